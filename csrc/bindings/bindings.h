@@ -1,0 +1,13 @@
+// Each file of csrc/bindings/ binds one part of the core into orion._core.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace orion::bindings {
+
+void bind_errors(pybind11::module_& m);   // errors.cpp: C++ exceptions -> orion.errors classes
+void bind_mil(pybind11::module_& m);      // mil.cpp: orion._core.mil (program model, text, BLOBFILE)
+void bind_kernels(pybind11::module_& m);  // kernels.cpp: orion._core.kernels (benchmarks, kernel tests)
+void bind_runtime(pybind11::module_& m);  // runtime.cpp: compile/evaluate, surfaces, budget
+
+}  // namespace orion::bindings

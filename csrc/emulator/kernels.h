@@ -1,0 +1,46 @@
+// The emulator's hot loops: fp16 rounding, 1x1 convolution with fp16 weights, matrix multiply,
+// and a small thread pool. AVX2/F16C/FMA paths are chosen at run time; a portable path is always
+// there. Every kernel accumulates in fp32.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace orion::emu::kernels {
+
+// Rounds every value to the nearest fp16 (ties to even; overflow -> +-inf), in place.
+void round_fp16(float* data, size_t n);
+void half_to_float(const uint16_t* src, float* dst, size_t n);
+void float_to_half(const float* src, uint16_t* dst, size_t n);
+
+// A 1x1 convolution weight [cout][cin] in fp16, repacked once at compile (bake) time into the
+// layout the kernel streams.
+struct PackedConv1x1 {
+    int64_t cout = 0;
+    int64_t cin = 0;
+    std::vector<uint16_t> data;
+};
+PackedConv1x1 pack_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin);
+
+// out[o*S + s] = sum_c W[o][c] * x[c*S + s] for s < lanes (fp32 accumulation); the first `lanes`
+// lanes of each output row are written (rounded to fp16 when round_fp16 is set), the others are
+// left untouched. x is [cin][S], out is [cout][S], both channel-major fp32.
+void conv1x1(const PackedConv1x1& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16);
+
+// C[m][n] = sum_k A(m,k) * B(k,n), with A(m,k) = a[m*a_rs + k*a_cs] and B(k,n) = b[k*b_rs + n*b_cs]
+// (strides express transposes), C row-major with row stride c_rs; fp32 accumulation, rounded to
+// fp16 when round_fp16 is set.
+void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
+          int64_t b_rs, int64_t b_cs, float* c, int64_t c_rs, bool round_fp16);
+
+// Runs fn(begin, end) over [0, n) split across the pool's threads in chunks of at least `grain`.
+// Runs inline when the work is small or when called from inside a pool thread.
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+int num_threads();  // ORION_NUM_THREADS, else the hardware's
+
+// Which SIMD path the kernels use on this CPU: "avx2+f16c+fma" or "portable".
+const char* simd_path();
+
+}  // namespace orion::emu::kernels

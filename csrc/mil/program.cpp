@@ -1,0 +1,90 @@
+#include "mil/program.h"
+
+#include <cmath>
+
+namespace orion::mil {
+
+namespace {
+struct DTypeInfo {
+    DType dtype;
+    const char* name;
+    size_t size;
+};
+constexpr DTypeInfo kDTypes[] = {
+    {DType::fp16, "fp16", 2},   {DType::fp32, "fp32", 4},     {DType::int32, "int32", 4},
+    {DType::int16, "int16", 2}, {DType::int8, "int8", 1},     {DType::uint16, "uint16", 2},
+    {DType::uint8, "uint8", 1}, {DType::boolean, "bool", 1}, {DType::string, "string", 0},
+    {DType::uint64, "uint64", 8},
+};
+const DTypeInfo& info(DType d) {
+    for (const auto& i : kDTypes)
+        if (i.dtype == d) return i;
+    return kDTypes[0];
+}
+}  // namespace
+
+const char* dtype_name(DType dtype) { return info(dtype).name; }
+size_t dtype_size(DType dtype) { return info(dtype).size; }
+bool is_float(DType dtype) { return dtype == DType::fp16 || dtype == DType::fp32; }
+
+std::optional<DType> dtype_from_name(const std::string& name) {
+    for (const auto& i : kDTypes)
+        if (name == i.name) return i.dtype;
+    return std::nullopt;
+}
+
+int64_t Type::element_count() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+}
+
+std::string Type::str() const {
+    if (!is_tensor) return dtype_name(dtype);
+    std::string s = std::string("tensor<") + dtype_name(dtype) + ", [";
+    for (size_t i = 0; i < shape.size(); ++i) {
+        if (i) s += ", ";
+        s += std::to_string(shape[i]);
+    }
+    return s + "]>";
+}
+
+bool Value::operator==(const Value& o) const {
+    if (kind != o.kind || type != o.type) return false;
+    switch (kind) {
+        case Kind::blob: return blob_path == o.blob_path && blob_offset == o.blob_offset;
+        case Kind::scalar:
+            if (type.dtype == DType::string) return text == o.text;
+            [[fallthrough]];
+        case Kind::list:
+            if (numbers.size() != o.numbers.size()) return false;
+            for (size_t i = 0; i < numbers.size(); ++i) {
+                // NaN equals NaN here: a program equals its own re-parse.
+                if (!(numbers[i] == o.numbers[i]) && !(std::isnan(numbers[i]) && std::isnan(o.numbers[i])))
+                    return false;
+            }
+            return true;
+    }
+    return false;
+}
+
+const Argument* Operation::arg(const std::string& arg_name) const {
+    for (const auto& a : args)
+        if (a.name == arg_name) return &a;
+    return nullptr;
+}
+
+BuildInfo default_build_info() {
+    return {{"coremlc-component-MIL", "3510.2.1"},
+            {"coremlc-version", "3505.4.1"},
+            {"coremltools-component-milinternal", ""},
+            {"coremltools-version", "9.0"}};
+}
+
+const Function* Program::find_function(const std::string& name) const {
+    for (const auto& f : functions)
+        if (f.name == name) return &f;
+    return nullptr;
+}
+
+}  // namespace orion::mil

@@ -1,0 +1,2 @@
+// placeholder: the MIL emitter lands here
+#include "mil/text.h"

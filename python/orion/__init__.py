@@ -1,7 +1,14 @@
-"""Orion: compile transformer LLMs to MIL and run them on the Apple Neural Engine."""
+"""Orion: compile transformer LLMs to MIL and run them on the Apple Neural Engine.
+
+Low-level API: ``orion.compile(mil, weights)`` returns a :class:`Program`; call it with numpy
+arrays or ``evaluate`` it on :class:`Surface` objects. Without an ANE, programs run on a
+faithful software emulator (``orion.backend() == "emulator"``).
+"""
 
 from __future__ import annotations
 
+from orion import blobfile, mil
+from orion.backend import backend, compile_budget, compile_count
 from orion.errors import (
     CompileBudgetExhausted,
     CompileError,
@@ -10,5 +17,26 @@ from orion.errors import (
     OrionError,
     ParseError,
 )
+from orion.program import Program, TensorSpec, compile
+from orion.surface import MIN_SURFACE_BYTES, Surface
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "CompileBudgetExhausted",
+    "CompileError",
+    "ConstraintError",
+    "EvaluateError",
+    "MIN_SURFACE_BYTES",
+    "OrionError",
+    "ParseError",
+    "Program",
+    "Surface",
+    "TensorSpec",
+    "backend",
+    "blobfile",
+    "compile",
+    "compile_budget",
+    "compile_count",
+    "mil",
+]

@@ -1,0 +1,101 @@
+// The op library of the software ANE. Each op has a builder that, at compile time, checks its
+// arguments, infers the output type, and returns the kernel that computes it at evaluate time.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "emulator/kernels.h"
+#include "emulator/tensor.h"
+#include "mil/program.h"
+
+namespace orion::emu {
+
+// Per-program evaluation state: one tensor per MIL variable, allocated once at compile.
+struct Frame {
+    std::vector<Tensor> values;
+};
+
+using Kernel = std::function<void(Frame&)>;
+
+// What compile time knows about a variable.
+struct ValueInfo {
+    mil::Type type;
+    int slot = -1;                           // index in Frame::values
+    const mil::Value* constant = nullptr;    // set for const() variables
+    std::shared_ptr<const std::string> blob;  // raw payload bytes of a BLOBFILE const
+    bool used_as_data = false;               // some kernel reads it: materialise it in the frame
+};
+
+class OpContext {
+public:
+    OpContext(const mil::Operation& op, std::vector<ValueInfo>& values, const std::vector<int>& arg_ids,
+              std::vector<std::vector<int>> tuple_ids, int out_slot)
+        : op_(op), values_(values), arg_ids_(arg_ids), tuple_ids_(std::move(tuple_ids)), out_slot_(out_slot) {}
+
+    const mil::Operation& op() const { return op_; }
+    int out_slot() const { return out_slot_; }
+    bool has(const char* arg) const;
+
+    // A runtime operand: its slot (the kernel reads Frame::values[slot]) and type.
+    int slot(const char* arg);
+    const mil::Type& type(const char* arg) const;
+    std::vector<int> tuple_slots(const char* arg);
+    std::vector<mil::Type> tuple_types(const char* arg) const;
+    // Compile-time constant arguments (must be const() values).
+    const ValueInfo& constant(const char* arg) const;
+    std::vector<int64_t> ints(const char* arg) const;
+    int64_t int_scalar(const char* arg) const;
+    double number(const char* arg) const;  // a numeric scalar or one-element tensor
+    bool boolean(const char* arg) const;
+    std::string text(const char* arg) const;
+    std::vector<float> floats(const char* arg) const;  // a whole const tensor as fp32
+
+    // Throws CompileError naming the op, its line and `message`.
+    [[noreturn]] void fail(const std::string& message) const;
+    // Throws unless every argument is one of `allowed` and every one of `required` is present.
+    void expect_args(const std::vector<const char*>& required, const std::vector<const char*>& optional) const;
+
+private:
+    const ValueInfo& info(const char* arg) const;
+    const mil::Operation& op_;
+    std::vector<ValueInfo>& values_;
+    const std::vector<int>& arg_ids_;  // per op argument: value id (-1 for tuples)
+    std::vector<std::vector<int>> tuple_ids_;
+    int out_slot_;
+};
+
+struct BuiltOp {
+    mil::Type type;  // inferred output type (checked against the declared one)
+    Kernel kernel;
+};
+
+using OpBuilder = BuiltOp (*)(OpContext&);
+
+// The builder of `op`, or nullptr when the emulator does not know the op.
+OpBuilder find_op(const std::string& op);
+
+// Registration, one call per ops_*.cpp file (see ops.cpp).
+struct OpEntry {
+    const char* name;
+    OpBuilder build;
+};
+std::vector<OpEntry> elementwise_ops();
+std::vector<OpEntry> tensor_ops();
+std::vector<OpEntry> linear_ops();
+std::vector<OpEntry> reduction_ops();
+std::vector<OpEntry> quantization_ops();
+
+// Shared helpers for op builders.
+// A BLOBFILE const's payload as fp32 values, decoded by its dtype.
+std::vector<float> blob_floats(const ValueInfo& v);
+Shape broadcast_shapes(OpContext& ctx, const Shape& a, const Shape& b);
+// Rounds a freshly computed tensor to its dtype: fp16 rounding, or whole numbers for integers.
+void finish(Tensor& t);
+mil::Type tensor_type(mil::DType dtype, const Shape& shape);
+// Normalises a possibly negative axis against `rank`; fails with the op's name when out of range.
+int64_t normalize_axis(OpContext& ctx, int64_t axis, int64_t rank);
+
+}  // namespace orion::emu

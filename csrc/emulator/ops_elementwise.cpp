@@ -1,0 +1,126 @@
+// Elementwise ops: binary arithmetic with numpy broadcasting, and unary activations.
+#include <cmath>
+
+#include "emulator/ops.h"
+
+namespace orion::emu {
+
+namespace {
+
+// Calls fn(out_offset, x_offset, x_inner_stride, y_offset, y_inner_stride, inner_count) once per
+// row of the innermost dimension of the broadcast output.
+template <typename Fn>
+void for_each_row(const Shape& out, const Shape& xs, const Shape& ys, Fn&& fn) {
+    const size_t rank = out.size();
+    if (rank == 0) return fn(0, 0, 0, 0, 0, 1);
+    auto broadcast_strides = [&](const Shape& s) {
+        std::vector<int64_t> st(rank, 0);
+        const auto own = strides_of(s);
+        for (size_t i = 0; i < s.size(); ++i) {
+            const size_t o = rank - s.size() + i;
+            st[o] = s[i] == 1 ? 0 : own[i];
+        }
+        return st;
+    };
+    const auto sx = broadcast_strides(xs), sy = broadcast_strides(ys);
+    const int64_t inner = out[rank - 1];
+    const int64_t rows = element_count(out) / (inner == 0 ? 1 : inner);
+    if (inner == 0) return;
+    std::vector<int64_t> idx(rank, 0);
+    for (int64_t r = 0; r < rows; ++r) {
+        int64_t ox = 0, oy = 0;
+        for (size_t d = 0; d + 1 < rank; ++d) {
+            ox += idx[d] * sx[d];
+            oy += idx[d] * sy[d];
+        }
+        fn(r * inner, ox, sx[rank - 1], oy, sy[rank - 1], inner);
+        for (int64_t d = static_cast<int64_t>(rank) - 2; d >= 0; --d) {
+            if (++idx[d] < out[d]) break;
+            idx[d] = 0;
+        }
+    }
+}
+
+template <typename F>
+BuiltOp binary(OpContext& ctx, F f) {
+    ctx.expect_args({"x", "y"}, {});
+    const mil::Type tx = ctx.type("x"), ty = ctx.type("y");
+    if (tx.dtype != ty.dtype)
+        ctx.fail(std::string("x is ") + mil::dtype_name(tx.dtype) + " but y is " + mil::dtype_name(ty.dtype) +
+                 ": cast one of them first");
+    const Shape out_shape = broadcast_shapes(ctx, tx.shape, ty.shape);
+    const int x = ctx.slot("x"), y = ctx.slot("y"), o = ctx.out_slot();
+    mil::Type type = tx.is_tensor || ty.is_tensor ? tensor_type(tx.dtype, out_shape) : mil::Type::scalar(tx.dtype);
+    const Shape xs = tx.shape, ys = ty.shape;
+    const bool same = xs == ys;
+    return {type, [=](Frame& fr) {
+                const float* a = fr.values[x].data.data();
+                const float* b = fr.values[y].data.data();
+                Tensor& out = fr.values[o];
+                float* c = out.data.data();
+                if (same) {
+                    for (int64_t i = 0, n = out.size(); i < n; ++i) c[i] = f(a[i], b[i]);
+                } else {
+                    for_each_row(out.shape, xs, ys, [&](int64_t oo, int64_t ox, int64_t sx, int64_t oy, int64_t sy, int64_t n) {
+                        for (int64_t i = 0; i < n; ++i) c[oo + i] = f(a[ox + i * sx], b[oy + i * sy]);
+                    });
+                }
+                finish(out);
+            }};
+}
+
+template <typename F>
+BuiltOp unary(OpContext& ctx, F f, std::vector<const char*> optional = {}) {
+    ctx.expect_args({"x"}, optional);
+    const mil::Type tx = ctx.type("x");
+    if (!mil::is_float(tx.dtype)) ctx.fail(std::string("x must be fp16 or fp32, got ") + mil::dtype_name(tx.dtype));
+    const int x = ctx.slot("x"), o = ctx.out_slot();
+    return {tx, [=](Frame& fr) {
+                const float* a = fr.values[x].data.data();
+                Tensor& out = fr.values[o];
+                float* c = out.data.data();
+                for (int64_t i = 0, n = out.size(); i < n; ++i) c[i] = f(a[i]);
+                finish(out);
+            }};
+}
+
+float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
+
+BuiltOp build_gelu(OpContext& ctx) {
+    const std::string mode = ctx.has("mode") ? ctx.text("mode") : "EXACT";
+    if (mode == "EXACT")
+        return unary(ctx, [](float v) { return 0.5f * v * (1.0f + std::erf(v * 0.70710678f)); }, {"mode"});
+    if (mode == "TANH_APPROXIMATION")
+        return unary(
+            ctx, [](float v) { return 0.5f * v * (1.0f + std::tanh(0.7978845608f * (v + 0.044715f * v * v * v))); },
+            {"mode"});
+    if (mode == "SIGMOID_APPROXIMATION") return unary(ctx, [](float v) { return v * sigmoid(1.702f * v); }, {"mode"});
+    ctx.fail("unknown gelu mode '" + mode + "' (EXACT, TANH_APPROXIMATION or SIGMOID_APPROXIMATION)");
+}
+
+BuiltOp build_rsqrt(OpContext& ctx) {
+    const float eps = ctx.has("epsilon") ? static_cast<float>(ctx.number("epsilon")) : 1e-12f;
+    return unary(ctx, [eps](float v) { return 1.0f / std::sqrt(v + eps); }, {"epsilon"});
+}
+
+}  // namespace
+
+std::vector<OpEntry> elementwise_ops() {
+    return {
+        {"add", [](OpContext& c) { return binary(c, [](float a, float b) { return a + b; }); }},
+        {"sub", [](OpContext& c) { return binary(c, [](float a, float b) { return a - b; }); }},
+        {"mul", [](OpContext& c) { return binary(c, [](float a, float b) { return a * b; }); }},
+        {"real_div", [](OpContext& c) { return binary(c, [](float a, float b) { return a / b; }); }},
+        {"pow", [](OpContext& c) { return binary(c, [](float a, float b) { return std::pow(a, b); }); }},
+        {"tanh", [](OpContext& c) { return unary(c, [](float v) { return std::tanh(v); }); }},
+        {"sigmoid", [](OpContext& c) { return unary(c, sigmoid); }},
+        {"exp", [](OpContext& c) { return unary(c, [](float v) { return std::exp(v); }); }},
+        {"relu", [](OpContext& c) { return unary(c, [](float v) { return v > 0.0f ? v : 0.0f; }); }},
+        {"identity", [](OpContext& c) { return unary(c, [](float v) { return v; }); }},
+        {"sqrt", [](OpContext& c) { return unary(c, [](float v) { return std::sqrt(v); }); }},
+        {"rsqrt", build_rsqrt},
+        {"gelu", build_gelu},
+    };
+}
+
+}  // namespace orion::emu

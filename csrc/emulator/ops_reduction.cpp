@@ -1,0 +1,233 @@
+// Ops that combine many elements: reductions, softmax, layer_norm and attention. Intermediate
+// sums are fp32; only the op's result is rounded to fp16.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "emulator/ops.h"
+
+namespace orion::emu {
+
+namespace {
+
+// The reduced axes of a `axes` argument (all axes when absent), sorted and unique.
+std::vector<int64_t> reduced_axes(OpContext& ctx, size_t rank) {
+    std::vector<int64_t> axes;
+    if (!ctx.has("axes")) {
+        for (size_t d = 0; d < rank; ++d) axes.push_back(static_cast<int64_t>(d));
+        return axes;
+    }
+    for (int64_t a : ctx.ints("axes")) axes.push_back(normalize_axis(ctx, a, static_cast<int64_t>(rank)));
+    std::sort(axes.begin(), axes.end());
+    if (std::adjacent_find(axes.begin(), axes.end()) != axes.end()) ctx.fail("axes repeat an axis");
+    return axes;
+}
+
+// For each element of `shape`, the flat index of its reduction group (reduced axes dropped).
+std::vector<int64_t> group_index(const Shape& shape, const std::vector<int64_t>& axes) {
+    Shape kept = shape;
+    for (int64_t a : axes) kept[a] = 1;
+    const auto kstr = strides_of(kept);
+    const int64_t n = element_count(shape);
+    std::vector<int64_t> out(static_cast<size_t>(n));
+    std::vector<int64_t> idx(shape.size(), 0);
+    for (int64_t i = 0; i < n; ++i) {
+        int64_t g = 0;
+        for (size_t d = 0; d < shape.size(); ++d) g += (kept[d] == 1 ? 0 : idx[d]) * kstr[d];
+        out[i] = g;
+        for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+            if (++idx[d] < shape[d]) break;
+            idx[d] = 0;
+        }
+    }
+    return out;
+}
+
+enum class Reduce { sum, max, mean };
+
+BuiltOp build_reduce(OpContext& ctx, Reduce kind) {
+    ctx.expect_args({"x"}, {"axes", "keep_dims"});
+    const mil::Type tx = ctx.type("x");
+    const auto axes = reduced_axes(ctx, tx.shape.size());
+    const bool keep = ctx.has("keep_dims") && ctx.boolean("keep_dims");
+    Shape kept = tx.shape, out;
+    for (int64_t a : axes) kept[a] = 1;
+    for (size_t d = 0; d < kept.size(); ++d)
+        if (keep || !std::binary_search(axes.begin(), axes.end(), static_cast<int64_t>(d))) out.push_back(kept[d]);
+    const auto groups = std::make_shared<std::vector<int64_t>>(group_index(tx.shape, axes));
+    int64_t count = 1;
+    for (int64_t a : axes) count *= tx.shape[a];
+    const int x = ctx.slot("x"), o = ctx.out_slot();
+    return {tensor_type(tx.dtype, out), [=](Frame& fr) {
+                const float* a = fr.values[x].data.data();
+                Tensor& t = fr.values[o];
+                const float init = kind == Reduce::max ? -std::numeric_limits<float>::infinity() : 0.0f;
+                std::fill(t.data.begin(), t.data.end(), init);
+                const auto& g = *groups;
+                for (size_t i = 0; i < g.size(); ++i)
+                    t.data[g[i]] = kind == Reduce::max ? std::max(t.data[g[i]], a[i]) : t.data[g[i]] + a[i];
+                if (kind == Reduce::mean)
+                    for (float& v : t.data) v /= static_cast<float>(count);
+                finish(t);
+            }};
+}
+
+struct Lines {
+    int64_t outer, n, inner;  // element (o, i, j) at (o * n + i) * inner + j
+};
+
+Lines lines_along(const Shape& shape, int64_t axis) {
+    Lines l{1, shape[axis], 1};
+    for (int64_t d = 0; d < axis; ++d) l.outer *= shape[d];
+    for (size_t d = static_cast<size_t>(axis) + 1; d < shape.size(); ++d) l.inner *= shape[d];
+    return l;
+}
+
+// In-place softmax of each line of `v` along the axis described by `l`, in fp32.
+void softmax_lines(float* v, const Lines& l) {
+    for (int64_t o = 0; o < l.outer; ++o)
+        for (int64_t j = 0; j < l.inner; ++j) {
+            float* p = v + o * l.n * l.inner + j;
+            float m = -std::numeric_limits<float>::infinity();
+            for (int64_t i = 0; i < l.n; ++i) m = std::max(m, p[i * l.inner]);
+            float sum = 0.0f;
+            for (int64_t i = 0; i < l.n; ++i) sum += (p[i * l.inner] = std::exp(p[i * l.inner] - m));
+            for (int64_t i = 0; i < l.n; ++i) p[i * l.inner] /= sum;
+        }
+}
+
+BuiltOp build_softmax(OpContext& ctx) {
+    ctx.expect_args({"x"}, {"axis"});
+    const mil::Type tx = ctx.type("x");
+    if (!mil::is_float(tx.dtype) || tx.shape.empty()) ctx.fail("x must be an fp16 or fp32 tensor");
+    const int64_t axis = normalize_axis(ctx, ctx.has("axis") ? ctx.int_scalar("axis") : -1, static_cast<int64_t>(tx.shape.size()));
+    const Lines l = lines_along(tx.shape, axis);
+    const int x = ctx.slot("x"), o = ctx.out_slot();
+    return {tx, [=](Frame& fr) {
+                Tensor& t = fr.values[o];
+                t.data = fr.values[x].data;
+                softmax_lines(t.data.data(), l);
+                finish(t);
+            }};
+}
+
+BuiltOp build_layer_norm(OpContext& ctx) {
+    ctx.expect_args({"x"}, {"axes", "beta", "epsilon", "gamma"});
+    const mil::Type tx = ctx.type("x");
+    if (!mil::is_float(tx.dtype)) ctx.fail("x must be fp16 or fp32");
+    const auto axes = reduced_axes(ctx, tx.shape.size());
+    int64_t count = 1;
+    for (int64_t a : axes) count *= tx.shape[a];
+    auto affine = [&](const char* arg, float fill) {
+        if (!ctx.has(arg)) return std::vector<float>(static_cast<size_t>(count), fill);
+        auto v = ctx.floats(arg);
+        if (static_cast<int64_t>(v.size()) != count)
+            ctx.fail(std::string(arg) + " must have " + std::to_string(count) + " elements (the normalised axes)");
+        return v;
+    };
+    const auto gamma = affine("gamma", 1.0f), beta = affine("beta", 0.0f);
+    const float eps = ctx.has("epsilon") ? static_cast<float>(ctx.number("epsilon")) : 1e-5f;
+    // Position of each element inside its normalised group (indexes gamma/beta).
+    Shape inner_shape;
+    for (int64_t a : axes) inner_shape.push_back(tx.shape[a]);
+    std::vector<int64_t> not_axes;
+    for (size_t d = 0; d < tx.shape.size(); ++d)
+        if (!std::binary_search(axes.begin(), axes.end(), static_cast<int64_t>(d))) not_axes.push_back(static_cast<int64_t>(d));
+    const auto groups = std::make_shared<std::vector<int64_t>>(group_index(tx.shape, axes));
+    const auto within = std::make_shared<std::vector<int64_t>>(group_index(tx.shape, not_axes));
+    const int64_t ngroups = element_count(tx.shape) / std::max<int64_t>(count, 1);
+    const int x = ctx.slot("x"), o = ctx.out_slot();
+    return {tx, [=](Frame& fr) {
+                const float* a = fr.values[x].data.data();
+                Tensor& t = fr.values[o];
+                std::vector<float> mean(static_cast<size_t>(ngroups), 0.0f), var(static_cast<size_t>(ngroups), 0.0f);
+                const auto& g = *groups;
+                for (size_t i = 0; i < g.size(); ++i) mean[g[i]] += a[i];
+                for (float& m : mean) m /= static_cast<float>(count);
+                for (size_t i = 0; i < g.size(); ++i) var[g[i]] += (a[i] - mean[g[i]]) * (a[i] - mean[g[i]]);
+                for (float& v : var) v = 1.0f / std::sqrt(v / static_cast<float>(count) + eps);
+                for (size_t i = 0; i < g.size(); ++i) {
+                    const int64_t w = (*within)[i];
+                    t.data[i] = (a[i] - mean[g[i]]) * var[g[i]] * gamma[w] + beta[w];
+                }
+                finish(t);
+            }};
+}
+
+BuiltOp build_sdpa(OpContext& ctx) {
+    ctx.expect_args({"key", "query", "value"}, {"attn_mask"});
+    const mil::Type tq = ctx.type("query"), tk = ctx.type("key"), tv = ctx.type("value");
+    const size_t r = tq.shape.size();
+    if (r < 2 || tk.shape.size() != r || tv.shape.size() != r) ctx.fail("query, key and value need one rank >= 2");
+    if (tq.dtype != tk.dtype || tq.dtype != tv.dtype || !mil::is_float(tq.dtype)) ctx.fail("query, key and value need one float dtype");
+    const int64_t L = tq.shape[r - 2], E = tq.shape[r - 1], S = tk.shape[r - 2], Ev = tv.shape[r - 1];
+    const Shape batch(tq.shape.begin(), tq.shape.end() - 2);
+    if (tk.shape[r - 1] != E || tv.shape[r - 2] != S || Shape(tk.shape.begin(), tk.shape.end() - 2) != batch ||
+        Shape(tv.shape.begin(), tv.shape.end() - 2) != batch)
+        ctx.fail("expected query [..., L, E], key [..., S, E], value [..., S, Ev] with one batch shape");
+    Shape out = batch;
+    out.push_back(L);
+    out.push_back(Ev);
+    int mask = -1;
+    bool bool_mask = false;
+    Shape mask_shape;
+    if (ctx.has("attn_mask")) {
+        const mil::Type tm = ctx.type("attn_mask");
+        Shape scores = batch;
+        scores.push_back(L);
+        scores.push_back(S);
+        if (broadcast_shapes(ctx, scores, tm.shape) != scores) ctx.fail("attn_mask must broadcast to [..., L, S]");
+        mask = ctx.slot("attn_mask");
+        bool_mask = tm.dtype == mil::DType::boolean;
+        mask_shape = tm.shape;
+    }
+    const int q = ctx.slot("query"), k = ctx.slot("key"), v = ctx.slot("value"), o = ctx.out_slot();
+    const int64_t nb = element_count(batch);
+    const bool round = tq.dtype == mil::DType::fp16;
+    return {tensor_type(tq.dtype, out), [=](Frame& fr) {
+                std::vector<float> scores(static_cast<size_t>(L * S));
+                const float scale = 1.0f / std::sqrt(static_cast<float>(E));
+                Shape full = batch;
+                full.push_back(L);
+                full.push_back(S);
+                const auto mstr = strides_of(mask_shape);
+                for (int64_t b = 0; b < nb; ++b) {
+                    kernels::gemm(L, S, E, fr.values[q].data.data() + b * L * E, E, 1, fr.values[k].data.data() + b * S * E, 1,
+                                  E, scores.data(), S, false);
+                    for (int64_t i = 0; i < L * S; ++i) {
+                        float s = scores[i] * scale;
+                        if (mask >= 0) {
+                            // Index of this score in the (broadcast) mask.
+                            int64_t flat = b * L * S + i, mi = 0;
+                            for (int64_t d = static_cast<int64_t>(full.size()) - 1, rest = flat; d >= 0; --d) {
+                                const int64_t idx = rest % full[d];
+                                rest /= full[d];
+                                const int64_t md = d - static_cast<int64_t>(full.size() - mask_shape.size());
+                                if (md >= 0 && mask_shape[md] != 1) mi += idx * mstr[md];
+                            }
+                            const float m = fr.values[mask].data[mi];
+                            s = bool_mask ? (m != 0.0f ? s : -std::numeric_limits<float>::infinity()) : s + m;
+                        }
+                        scores[i] = s;
+                    }
+                    softmax_lines(scores.data(), Lines{L, S, 1});
+                    kernels::gemm(L, Ev, S, scores.data(), S, 1, fr.values[v].data.data() + b * S * Ev, Ev, 1,
+                                  fr.values[o].data.data() + b * L * Ev, Ev, round);
+                }
+            }};
+}
+
+}  // namespace
+
+std::vector<OpEntry> reduction_ops() {
+    return {
+        {"reduce_sum", [](OpContext& c) { return build_reduce(c, Reduce::sum); }},
+        {"reduce_max", [](OpContext& c) { return build_reduce(c, Reduce::max); }},
+        {"reduce_mean", [](OpContext& c) { return build_reduce(c, Reduce::mean); }},
+        {"softmax", build_softmax},
+        {"layer_norm", build_layer_norm},
+        {"scaled_dot_product_attention", build_sdpa},
+    };
+}
+
+}  // namespace orion::emu

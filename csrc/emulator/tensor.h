@@ -1,0 +1,44 @@
+// Values inside the software ANE. Every tensor is held as fp32 storage whose values are exactly
+// representable in its MIL dtype: fp16 tensors are rounded to fp16 after every op, integer and
+// bool tensors hold whole numbers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mil/program.h"
+
+namespace orion::emu {
+
+using Shape = std::vector<int64_t>;
+
+struct Tensor {
+    mil::DType dtype = mil::DType::fp16;
+    Shape shape;
+    std::vector<float> data;
+
+    int64_t size() const { return static_cast<int64_t>(data.size()); }
+};
+
+inline int64_t element_count(const Shape& shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+}
+
+// Row-major strides of a shape, in elements.
+inline std::vector<int64_t> strides_of(const Shape& shape) {
+    std::vector<int64_t> s(shape.size(), 1);
+    for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i) s[i] = s[i + 1] * shape[i + 1];
+    return s;
+}
+
+// "[1, 768, 1, 32]"
+inline std::string shape_str(const Shape& shape) {
+    std::string s = "[";
+    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
+}
+
+}  // namespace orion::emu

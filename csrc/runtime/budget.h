@@ -1,0 +1,15 @@
+// The per-process compile budget. The ANE fails (silently, or by destabilising the process) after
+// about 119 compiles in one process (FACTS section 1); both backends count every compile here and
+// refuse loudly once the budget is spent. ORION_COMPILE_BUDGET overrides the limit (tests).
+#pragma once
+
+namespace orion::runtime {
+
+inline constexpr int kDefaultCompileBudget = 119;
+
+int compile_budget();  // the limit in force
+int compile_count();   // compiles done in this process
+// Counts one compile; throws CompileBudgetExhausted when none is left.
+void consume_compile();
+
+}  // namespace orion::runtime

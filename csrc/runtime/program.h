@@ -1,0 +1,62 @@
+// A compiled and loaded program, whatever backend runs it, and the binding rules both backends
+// share: which surface goes to which MIL parameter, and the size rules the ANE imposes on them.
+#pragma once
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "mil/program.h"
+#include "runtime/surface.h"
+
+namespace orion::runtime {
+
+struct TensorSpec {
+    std::string name;
+    mil::Type type;
+};
+
+// Surfaces named by the MIL parameter / returned variable they bind to.
+using Bindings = std::vector<std::pair<std::string, Surface*>>;
+
+// Maps each BLOBFILE path of the MIL (e.g. "@model_path/weights/w.bin") to the whole file.
+using WeightFiles = std::map<std::string, std::string_view>;
+
+enum class Profile {
+    hardware,    // every known ANE rule enforced (the default)
+    permissive,  // op and form bans lifted, for experiments and the disputed forms
+};
+Profile profile_from_name(const std::string& name);
+
+class LoadedProgram {
+public:
+    virtual ~LoadedProgram() = default;
+    // Inputs and outputs in binding order: alphabetical by name (FACTS section 3).
+    const std::vector<TensorSpec>& inputs() const { return inputs_; }
+    const std::vector<TensorSpec>& outputs() const { return outputs_; }
+    // Runs the program once, synchronously. `inputs`/`outputs` must be in binding order.
+    virtual void evaluate(const Bindings& inputs, const Bindings& outputs) = 0;
+    virtual void unload() = 0;
+    virtual bool loaded() const = 0;
+
+protected:
+    std::vector<TensorSpec> inputs_, outputs_;
+};
+
+// Binding order of a function's I/O: parameters and returned names sorted by name.
+std::vector<TensorSpec> sorted_inputs(const mil::Function& fn);
+std::vector<TensorSpec> sorted_outputs(const mil::Function& fn);
+
+// Checks surfaces against the rules of FACTS section 3 before an evaluate: names in binding
+// order (ANE-20), each surface large enough for its tensor and >= 49,152 bytes (ANE-12), one size
+// for all inputs and one for all outputs (ANE-13), no surface bound twice (ANE-15).
+void check_bindings(const std::vector<TensorSpec>& inputs, const Bindings& in_surfaces,
+                    const std::vector<TensorSpec>& outputs, const Bindings& out_surfaces);
+
+// Checks the weight dictionary keys (ANE-34): relative `@model_path/` paths, no '..', and
+// returns the file name each key is written to under the model directory.
+std::string weight_file_relpath(const std::string& key);
+
+}  // namespace orion::runtime

@@ -1,0 +1,142 @@
+"""Compiled programs: compile MIL text + BLOBFILE weights, then evaluate on surfaces."""
+
+from __future__ import annotations
+
+from typing import Mapping, NamedTuple
+
+import numpy as np
+
+from orion import _core
+from orion.backend import backend
+from orion.dtypes import numpy_dtype
+from orion.errors import EvaluateError
+from orion.surface import MIN_SURFACE_BYTES, Surface
+
+
+class TensorSpec(NamedTuple):
+    """Shape and numpy dtype of a program input or output."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+def _specs(native_specs: list[tuple[str, list[int], str]]) -> dict[str, TensorSpec]:
+    return {name: TensorSpec(tuple(shape), numpy_dtype(dtype)) for name, shape, dtype in native_specs}
+
+
+class Program:
+    """A compiled, loaded MIL program. Call it with numpy arrays, or ``evaluate`` on surfaces.
+
+    Inputs and outputs bind to the hardware in alphabetical order of their names; this class
+    does the sorting, callers pass names.
+    """
+
+    def __init__(self, native: _core.LoadedProgram, mil_dtypes: dict[str, str]) -> None:
+        self._native = native
+        self._mil_dtypes = mil_dtypes
+        self.inputs: dict[str, TensorSpec] = _specs(native.inputs)
+        """name -> (shape, dtype) of each MIL parameter."""
+        self.outputs: dict[str, TensorSpec] = _specs(native.outputs)
+        """name -> (shape, dtype) of each returned value."""
+        self._surfaces: tuple[dict[str, Surface], dict[str, Surface]] | None = None
+
+    @property
+    def backend(self) -> str:
+        return backend()
+
+    @property
+    def loaded(self) -> bool:
+        return self._native.loaded
+
+    def allocate_surfaces(self) -> tuple[dict[str, Surface], dict[str, Surface]]:
+        """New input and output surfaces that satisfy the ANE's size rules (each at least
+        49,152 bytes, one size for all inputs and one for all outputs)."""
+        return self._allocate(self.inputs), self._allocate(self.outputs)
+
+    def _allocate(self, specs: Mapping[str, TensorSpec]) -> dict[str, Surface]:
+        size = max([MIN_SURFACE_BYTES] + [int(np.prod(s.shape)) * s.dtype.itemsize for s in specs.values()])
+        return {name: Surface(s.shape, self._mil_dtypes[name], nbytes=size) for name, s in specs.items()}
+
+    def evaluate(self, inputs: Mapping[str, Surface], outputs: Mapping[str, Surface]) -> None:
+        """Runs the program once on caller-owned surfaces (zero-copy; reuse them across calls)."""
+        self._check_surfaces("input", self.inputs, inputs)
+        self._check_surfaces("output", self.outputs, outputs)
+        self._native.evaluate(
+            [(name, inputs[name].native) for name in sorted(inputs)],
+            [(name, outputs[name].native) for name in sorted(outputs)],
+        )
+
+    def __call__(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
+        """Runs the program on numpy arrays (by input name); returns arrays by output name."""
+        if self._surfaces is None:
+            self._surfaces = self.allocate_surfaces()
+        in_surfaces, out_surfaces = self._surfaces
+        _check_names("input", self.inputs, arrays)
+        for name, value in arrays.items():
+            spec = self.inputs[name]
+            value = np.asarray(value)
+            if value.shape != spec.shape:
+                raise EvaluateError(f"input {name!r} has shape {list(value.shape)}, the program expects {list(spec.shape)}")
+            if not np.can_cast(value.dtype, spec.dtype, casting="same_kind"):
+                raise EvaluateError(f"input {name!r} is {value.dtype}, which does not convert to {spec.dtype}")
+            if value.dtype.kind == "f" and np.isnan(value).any():
+                raise EvaluateError(f"input {name!r} contains NaN")
+            in_surfaces[name].write(value)
+        self.evaluate(in_surfaces, out_surfaces)
+        return {name: surface.read() for name, surface in out_surfaces.items()}
+
+    def _check_surfaces(self, side: str, specs: Mapping[str, TensorSpec], surfaces: Mapping[str, Surface]) -> None:
+        _check_names(side, specs, surfaces)
+        for name, surface in surfaces.items():
+            spec = specs[name]
+            if not isinstance(surface, Surface):
+                raise EvaluateError(f"{side} {name!r} must be an orion.Surface, got {type(surface).__name__}")
+            if surface.shape != spec.shape or surface.dtype != self._mil_dtypes[name]:
+                raise EvaluateError(
+                    f"{side} {name!r}: the surface holds {surface.dtype} {list(surface.shape)} but the program "
+                    f"reads {self._mil_dtypes[name]} {list(spec.shape)}"
+                )
+
+    def unload(self) -> None:
+        """Releases the program on the device. Further evaluates raise EvaluateError."""
+        self._native.unload()
+
+    def __enter__(self) -> "Program":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.unload()
+
+    def __repr__(self) -> str:
+        fmt = lambda specs: ", ".join(f"{n}: {s.dtype} {list(s.shape)}" for n, s in specs.items())  # noqa: E731
+        return f"Program(inputs={{{fmt(self.inputs)}}}, outputs={{{fmt(self.outputs)}}}, backend={self.backend!r})"
+
+
+def _check_names(side: str, specs: Mapping[str, object], given: Mapping[str, object]) -> None:
+    missing = sorted(set(specs) - set(given))
+    unknown = sorted(set(given) - set(specs))
+    if missing or unknown:
+        parts = []
+        if missing:
+            parts.append(f"missing {side}s {missing}")
+        if unknown:
+            parts.append(f"unknown {side}s {unknown}")
+        raise EvaluateError(f"{'; '.join(parts)} (the program's {side}s are {sorted(specs)})")
+
+
+def compile(  # noqa: A001 - mirrors the ANE API's verb
+    mil: str | bytes,
+    weights: Mapping[str, bytes | bytearray | memoryview] | None = None,
+    *,
+    profile: str = "hardware",
+) -> Program:
+    """Compiles and loads MIL text.
+
+    ``weights`` maps each BLOBFILE ``path`` string of the MIL (e.g. ``"@model_path/weights/w.bin"``)
+    to the whole file's bytes; they are baked in, later changes to the buffers change nothing.
+    ``profile="permissive"`` lifts the ANE's op and form bans (experiments only). Counts one
+    compile toward the per-process budget.
+    """
+    text = mil.encode("utf-8") if isinstance(mil, str) else bytes(mil)
+    native = _core.compile(text, dict(weights or {}), profile)
+    return Program(native, {name: dtype for name, _, dtype in native.inputs + native.outputs})

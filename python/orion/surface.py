@@ -1,0 +1,54 @@
+"""Surfaces: the byte buffers a program reads its inputs from and writes its outputs to.
+
+On the ANE they are IOSurfaces; on the emulator, aligned host memory. A tensor is stored packed
+from offset 0 in its MIL-declared shape; a surface may be larger (the ANE needs at least
+49,152 bytes, and one size for all inputs of a program), the tail is padding.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from orion import _core
+from orion.dtypes import numpy_dtype
+
+MIN_SURFACE_BYTES: int = _core.min_surface_bytes()
+
+
+class Surface:
+    """A surface holding one tensor of ``shape`` and MIL ``dtype``, exposed as a numpy view.
+
+    ``nbytes`` defaults to the tensor's size rounded up to the ANE minimum.
+    """
+
+    def __init__(self, shape: Sequence[int], dtype: str = "fp16", nbytes: int | None = None) -> None:
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = dtype
+        np_dtype = numpy_dtype(dtype)
+        count = int(np.prod(self.shape, dtype=np.int64))
+        needed = count * np_dtype.itemsize
+        if nbytes is None:
+            nbytes = max(needed, MIN_SURFACE_BYTES)
+        if nbytes < needed:
+            raise ValueError(f"a surface for {dtype} {list(self.shape)} needs {needed} bytes, got nbytes={nbytes}")
+        self.native = _core.Surface(nbytes)
+        self.array: np.ndarray = np.frombuffer(self.native, dtype=np_dtype, count=count).reshape(self.shape)
+        """Writable view of the tensor, packed from offset 0 (no copy)."""
+
+    @property
+    def nbytes(self) -> int:
+        """Allocated size in bytes (tensor plus padding)."""
+        return self.native.nbytes
+
+    def write(self, values: np.ndarray) -> None:
+        """Copies ``values`` into the surface (converted to the surface's dtype)."""
+        np.copyto(self.array, np.asarray(values).reshape(self.shape), casting="same_kind")
+
+    def read(self) -> np.ndarray:
+        """A copy of the tensor."""
+        return self.array.copy()
+
+    def __repr__(self) -> str:
+        return f"Surface({self.dtype} {list(self.shape)}, {self.nbytes} bytes)"

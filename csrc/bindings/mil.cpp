@@ -2,6 +2,7 @@
 #include <pybind11/operators.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <deque>
 #include <set>
 
@@ -55,6 +56,14 @@ const char* argument_kind_name(Argument::Kind k) {
         case Argument::Kind::literal: return "literal";
     }
     return "";
+}
+
+// Raises ValueError unless `v` can be a `dtype` literal. Non-finite floats are kept: the model may
+// hold them, emit() rejects them by variable name.
+void check_number(DType dtype, double v) {
+    if (is_valid_number(dtype, v) || (is_float(dtype) && !std::isfinite(v))) return;
+    throw py::value_error(py::repr(py::float_(v)).cast<std::string>() + " is not a valid " + dtype_name(dtype) +
+                          " literal");
 }
 
 Value tensor_value(const Type& type, const char* what) {
@@ -124,8 +133,7 @@ void bind_types(py::module_& m) {
     py::class_<Value>(m, "Value", "A literal: a number, a string, a list of numbers or a BLOBFILE reference.")
         .def_static("number", [](const std::string& dtype, double v) {
             DType d = dtype_named(dtype);
-            if (!is_valid_number(d, v)) throw py::value_error(py::repr(py::float_(v)).cast<std::string>() +
-                                                              " is not a valid " + dtype + " literal");
+            check_number(d, v);
             return Value::number(d, v);
         }, py::arg("dtype"), py::arg("v"))
         .def_static("string", &Value::string, py::arg("s"))
@@ -133,10 +141,7 @@ void bind_types(py::module_& m) {
             Value v = tensor_value(type, "a list value");
             if (static_cast<int64_t>(values.size()) != type.element_count())
                 throw py::value_error(std::to_string(values.size()) + " values for " + type.str());
-            for (double x : values)
-                if (!is_valid_number(type.dtype, x))
-                    throw py::value_error(py::repr(py::float_(x)).cast<std::string>() + " is not a valid " +
-                                          dtype_name(type.dtype) + " literal");
+            for (double x : values) check_number(type.dtype, x);
             return Value::list(type, std::move(values));
         }, py::arg("type"), py::arg("values"))
         .def_static("blob", [](const Type& type, const std::string& path, uint64_t offset) {

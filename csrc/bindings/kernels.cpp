@@ -1,7 +1,166 @@
+// orion._core.kernels: the emulator's kernels on numpy arrays, for benchmarks and kernel tests.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
 #include "bindings/bindings.h"
+#include "emulator/kernels.h"
+
+namespace py = pybind11;
+namespace kern = orion::emu::kernels;
 
 namespace orion::bindings {
+namespace {
 
-void bind_kernels(pybind11::module_& m) {}  // filled in by its owner
+// `obj` as a numpy array of exactly `dtype` (native byte order) with `ndim` dimensions (any if < 0).
+py::array checked_array(const py::object& obj, const char* name, const char* dtype, int ndim) {
+    if (!py::isinstance<py::array>(obj)) throw py::value_error(std::string(name) + " must be a numpy array");
+    auto arr = py::reinterpret_borrow<py::array>(obj);
+    if (!arr.dtype().equal(py::dtype(dtype)))
+        throw py::value_error(std::string(name) + " must have dtype " + dtype + ", got " +
+                              py::str(arr.dtype()).cast<std::string>());
+    if (ndim >= 0 && arr.ndim() != ndim)
+        throw py::value_error(std::string(name) + " must be " + std::to_string(ndim) + "-D, got " +
+                              std::to_string(arr.ndim()) + "-D");
+    return arr;
+}
+
+py::array c_contiguous(const py::array& arr) { return py::array::ensure(arr, py::array::c_style); }
+
+py::array_t<float> zeros(int64_t rows, int64_t cols) {
+    py::array_t<float> out({rows, cols});
+    std::fill(out.mutable_data(), out.mutable_data() + rows * cols, 0.0f);
+    return out;
+}
+
+kern::PackedConv1x1 pack(const py::object& weight_obj) {
+    const py::array weight = c_contiguous(checked_array(weight_obj, "weight", "float16", 2));
+    const auto* data = static_cast<const uint16_t*>(weight.data());
+    const int64_t cout = weight.shape(0), cin = weight.shape(1);
+    py::gil_scoped_release release;
+    return kern::pack_conv1x1(data, cout, cin);
+}
+
+py::array_t<float> run_conv(const kern::PackedConv1x1& w, const py::object& x_obj, std::optional<int64_t> lanes,
+                            bool round) {
+    const py::array x = c_contiguous(checked_array(x_obj, "x", "float32", 2));
+    if (x.shape(0) != w.cin)
+        throw py::value_error("x has " + std::to_string(x.shape(0)) + " channels, the weight expects " +
+                              std::to_string(w.cin));
+    const int64_t S = x.shape(1);
+    const int64_t live = lanes.value_or(S);
+    if (live < 0 || live > S)
+        throw py::value_error("lanes must be in [0, " + std::to_string(S) + "], got " + std::to_string(live));
+    py::array_t<float> out = zeros(w.cout, S);
+    const auto* x_data = static_cast<const float*>(x.data());
+    float* out_data = out.mutable_data();
+    {
+        py::gil_scoped_release release;
+        kern::conv1x1(w, x_data, S, live, out_data, round);
+    }
+    return out;
+}
+
+// Element stride of dimension `dim`; arrays whose byte strides are not whole elements are copied.
+int64_t element_stride(const py::array& arr, int dim) { return arr.strides(dim) / static_cast<int64_t>(sizeof(float)); }
+
+py::array_t<float> run_gemm(const py::object& a_obj, const py::object& b_obj, bool transpose_a, bool transpose_b,
+                            bool round) {
+    py::array a = checked_array(a_obj, "a", "float32", 2);
+    py::array b = checked_array(b_obj, "b", "float32", 2);
+    for (py::array* arr : {&a, &b})
+        if (arr->strides(0) % sizeof(float) != 0 || arr->strides(1) % sizeof(float) != 0) *arr = c_contiguous(*arr);
+    const int ar = transpose_a ? 1 : 0, ac = 1 - ar;  // A(m, k) = a[m, k] or a[k, m]
+    const int br = transpose_b ? 1 : 0, bc = 1 - br;  // B(k, n) = b[k, n] or b[n, k]
+    const int64_t M = a.shape(ar), K = a.shape(ac), N = b.shape(bc);
+    if (b.shape(br) != K)
+        throw py::value_error("gemm: inner dimensions differ: A is [" + std::to_string(M) + ", " + std::to_string(K) +
+                              "], B is [" + std::to_string(b.shape(br)) + ", " + std::to_string(N) + "]");
+    py::array_t<float> c({M, N});
+    const auto* a_data = static_cast<const float*>(a.data());
+    const auto* b_data = static_cast<const float*>(b.data());
+    const int64_t a_rs = element_stride(a, ar), a_cs = element_stride(a, ac);
+    const int64_t b_rs = element_stride(b, br), b_cs = element_stride(b, bc);
+    float* c_data = c.mutable_data();
+    {
+        py::gil_scoped_release release;
+        kern::gemm(M, N, K, a_data, a_rs, a_cs, b_data, b_rs, b_cs, c_data, N, round);
+    }
+    return c;
+}
+
+// Test hook: how often each index of [0, n) was visited by parallel_for; raises ValueError from
+// inside the chunk that holds `fail_at`; with `nested`, each chunk visits its range through a
+// nested parallel_for.
+py::array_t<int32_t> parallel_for_probe(int64_t n, int64_t grain, int64_t fail_at, bool nested) {
+    if (n < 0) throw py::value_error("n must be >= 0");
+    std::vector<std::atomic<int32_t>> visits(static_cast<size_t>(n));
+    auto visit = [&](int64_t begin, int64_t end) {
+        if (fail_at >= begin && fail_at < end) throw std::invalid_argument("failure at index " + std::to_string(fail_at));
+        for (int64_t i = begin; i < end; ++i) visits[static_cast<size_t>(i)].fetch_add(1);
+    };
+    {
+        py::gil_scoped_release release;
+        kern::parallel_for(n, grain, [&](int64_t begin, int64_t end) {
+            if (nested)
+                kern::parallel_for(end - begin, 1, [&](int64_t b, int64_t e) { visit(begin + b, begin + e); });
+            else
+                visit(begin, end);
+        });
+    }
+    py::array_t<int32_t> out(n);
+    for (int64_t i = 0; i < n; ++i) out.mutable_data()[i] = visits[static_cast<size_t>(i)].load();
+    return out;
+}
+
+}  // namespace
+
+void bind_kernels(py::module_& m) {
+    py::module_ k = m.def_submodule("kernels", "The emulator's fp16/fp32 kernels on numpy arrays.");
+
+    k.def(
+        "round_fp16",
+        [](const py::object& a_obj) {
+            const py::array a = c_contiguous(checked_array(a_obj, "a", "float32", -1));
+            py::array_t<float> out(std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim()));
+            const auto n = static_cast<size_t>(a.size());
+            float* data = out.mutable_data();
+            std::memcpy(data, a.data(), n * sizeof(float));
+            py::gil_scoped_release release;
+            kern::round_fp16(data, n);
+            return out;
+        },
+        py::arg("a"), "A float32 copy of `a` rounded to the nearest fp16 (ties to even, overflow to inf).");
+
+    py::class_<kern::PackedConv1x1>(k, "PackedConv1x1", "A float16 [cout, cin] 1x1 conv weight, packed once.")
+        .def(py::init(&pack), py::arg("weight"))
+        .def_readonly("cout", &kern::PackedConv1x1::cout)
+        .def_readonly("cin", &kern::PackedConv1x1::cin)
+        .def("__call__", &run_conv, py::arg("x"), py::arg("lanes") = py::none(), py::arg("round") = true,
+             "float32 [cout, S] = W @ x[:, :lanes] in fp32, rounded to fp16 if `round`; other lanes are 0.");
+
+    k.def(
+        "conv1x1",
+        [](const py::object& weight, const py::object& x, std::optional<int64_t> lanes, bool round) {
+            return run_conv(pack(weight), x, lanes, round);
+        },
+        py::arg("weight"), py::arg("x"), py::arg("lanes") = py::none(), py::arg("round") = true,
+        "Packs a float16 [cout, cin] weight and applies it to float32 x [cin, S] (see PackedConv1x1).");
+
+    k.def("gemm", &run_gemm, py::arg("a"), py::arg("b"), py::arg("transpose_a") = false,
+          py::arg("transpose_b") = false, py::arg("round") = true,
+          "float32 op(a) @ op(b) with fp32 accumulation, rounded to fp16 if `round`; op transposes if asked.");
+    k.def("num_threads", &kern::num_threads, "Threads the kernels use (ORION_NUM_THREADS, else the hardware's).");
+    k.def("simd_path", &kern::simd_path, "\"avx2+f16c+fma\" or \"portable\" (forced by ORION_SIMD=portable).");
+    k.def("_parallel_for_probe", &parallel_for_probe, py::arg("n"), py::arg("grain"), py::arg("fail_at") = -1,
+          py::arg("nested") = false);
+}
 
 }  // namespace orion::bindings

@@ -27,6 +27,38 @@ const char* dtype_name(DType dtype) { return info(dtype).name; }
 size_t dtype_size(DType dtype) { return info(dtype).size; }
 bool is_float(DType dtype) { return dtype == DType::fp16 || dtype == DType::fp32; }
 
+bool is_valid_number(DType dtype, double v) {
+    if (!std::isfinite(v)) return false;
+    double lo = 0, hi = 0;  // inclusive integer range
+    switch (dtype) {
+        case DType::fp16:
+        case DType::fp32: return true;
+        case DType::string: return false;
+        case DType::boolean: return v == 0 || v == 1;
+        case DType::int32: lo = -2147483648.0, hi = 2147483647.0; break;
+        case DType::int16: lo = -32768, hi = 32767; break;
+        case DType::int8: lo = -128, hi = 127; break;
+        case DType::uint16: hi = 65535; break;
+        case DType::uint8: hi = 255; break;
+        case DType::uint64: hi = 18446744073709549568.0; break;  // largest double below 2^64
+    }
+    return v == std::floor(v) && v >= lo && v <= hi;
+}
+
+bool is_identifier(std::string_view s) {
+    auto alpha = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; };
+    if (s.empty() || !alpha(s[0])) return false;
+    for (char c : s)
+        if (!alpha(c) && !(c >= '0' && c <= '9')) return false;
+    return true;
+}
+
+bool is_version_number(std::string_view s) {
+    auto digits = [](std::string_view d) { return !d.empty() && d.find_first_not_of("0123456789") == d.npos; };
+    size_t dot = s.find('.');
+    return digits(s.substr(0, dot)) && (dot == s.npos || digits(s.substr(dot + 1)));
+}
+
 std::optional<DType> dtype_from_name(const std::string& name) {
     for (const auto& i : kDTypes)
         if (name == i.name) return i.dtype;

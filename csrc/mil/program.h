@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -22,6 +23,13 @@ const char* dtype_name(DType dtype);                    // "fp16", ..., "bool", 
 std::optional<DType> dtype_from_name(const std::string& name);
 size_t dtype_size(DType dtype);                          // bytes per element (0 for string)
 bool is_float(DType dtype);
+// Whether `v` can be a literal of `dtype`: finite for floats, 0/1 for bool, an integer in range
+// for integer dtypes, never for string.
+bool is_valid_number(DType dtype, double v);
+// `[A-Za-z_][A-Za-z0-9_]*`: the spelling of variables, ops, functions and opsets in MIL text.
+bool is_identifier(std::string_view s);
+// `1.3`: digits, optionally a '.' and more digits (the `program(...)` version).
+bool is_version_number(std::string_view s);
 
 // `tensor<fp16, [1, 768, 1, 32]>` (is_tensor) or a scalar `fp16`.
 struct Type {

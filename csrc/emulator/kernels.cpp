@@ -1,0 +1,410 @@
+// Kernels: portable C++ drivers (packing, blocking, threading) around small inner kernels that
+// come in two flavours, AVX2+F16C+FMA and portable, picked once at run time.
+#include "emulator/kernels.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "emulator/fp16.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#include <immintrin.h>
+#define ORION_X86 1
+#define ORION_AVX2 __attribute__((target("avx2,fma,f16c")))
+#endif
+
+namespace orion::emu::kernels {
+namespace {
+
+constexpr int64_t kConvPanel = 16;     // output channels interleaved per packed conv panel
+constexpr int kConvMaxLanes = 6;       // lanes per conv register tile (16 x 6 accumulators)
+constexpr int64_t kConvKBlock = 128;   // input channels per fp32 weight slice (8 KiB, stays in L1)
+constexpr int kConvConvertBlocks = 3;  // from this many lane tiles on, convert weights once per slice
+constexpr int64_t kGemmMR = 6, kGemmNR = 16;  // gemm register tile: 6 rows x 16 columns
+constexpr int64_t kGemmKC = 256, kGemmMC = 96, kGemmMaxNC = 256;
+constexpr int64_t kParallelWork = int64_t{1} << 16;  // multiply-adds worth a chunk of their own
+
+// The inner kernels of one SIMD flavour.
+struct Kernels {
+    const char* name;
+    void (*round_fp16)(float* data, size_t n);
+    void (*half_to_float)(const uint16_t* src, float* dst, size_t n);
+    void (*float_to_half)(const float* src, uint16_t* dst, size_t n);
+    // acc[l*16 + j] (+)= sum_{c<k} w[c*16 + j] * x[c*S + l] for l < lanes (<= kConvMaxLanes).
+    void (*conv_tile_f16)(const uint16_t* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
+    void (*conv_tile_f32)(const float* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
+    // c[i*c_rs + j] (+)= sum_{p<k} a[p*MR + i] * b[p*NR + j] for i < rows, j < cols.
+    void (*gemm_tile)(int64_t k, const float* a, const float* b, float* c, int64_t c_rs, int64_t rows, int64_t cols,
+                      bool add);
+};
+
+// ---------------------------------------------------------------------------------------------
+// Portable flavour: plain loops (auto-vectorised where the compiler can), exact conversions.
+
+const float* half_table() {
+    static const std::vector<float> table = [] {
+        std::vector<float> t(65536);
+        for (uint32_t h = 0; h < 65536; ++h) t[h] = emu::half_to_float(static_cast<uint16_t>(h));
+        return t;
+    }();
+    return table.data();
+}
+
+void round_fp16_portable(float* data, size_t n) {
+    for (size_t i = 0; i < n; ++i) data[i] = emu::round_to_fp16(data[i]);
+}
+
+void half_to_float_portable(const uint16_t* src, float* dst, size_t n) {
+    const float* table = half_table();
+    for (size_t i = 0; i < n; ++i) dst[i] = table[src[i]];
+}
+
+void float_to_half_portable(const float* src, uint16_t* dst, size_t n) {
+    for (size_t i = 0; i < n; ++i) dst[i] = emu::float_to_half(src[i]);
+}
+
+template <typename W>
+void conv_tile_portable(const W* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add) {
+    const float* table = half_table();
+    for (int l = 0; l < lanes; ++l) {
+        float sum[kConvPanel] = {};
+        for (int64_t c = 0; c < k; ++c) {
+            const float xv = x[c * S + l];
+            for (int j = 0; j < kConvPanel; ++j) {
+                if constexpr (sizeof(W) == 2) {
+                    sum[j] += table[w[c * kConvPanel + j]] * xv;
+                } else {
+                    sum[j] += w[c * kConvPanel + j] * xv;
+                }
+            }
+        }
+        for (int j = 0; j < kConvPanel; ++j) acc[l * kConvPanel + j] = (add ? acc[l * kConvPanel + j] : 0.0f) + sum[j];
+    }
+}
+
+void gemm_tile_portable(int64_t k, const float* a, const float* b, float* c, int64_t c_rs, int64_t rows, int64_t cols,
+                        bool add) {
+    float sum[kGemmMR][kGemmNR] = {};
+    for (int64_t p = 0; p < k; ++p)
+        for (int i = 0; i < kGemmMR; ++i)
+            for (int j = 0; j < kGemmNR; ++j) sum[i][j] += a[p * kGemmMR + i] * b[p * kGemmNR + j];
+    for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) c[i * c_rs + j] = (add ? c[i * c_rs + j] : 0.0f) + sum[i][j];
+}
+
+constexpr Kernels kPortable = {
+    "portable",         round_fp16_portable,           half_to_float_portable,
+    float_to_half_portable, conv_tile_portable<uint16_t>, conv_tile_portable<float>,
+    gemm_tile_portable,
+};
+
+// ---------------------------------------------------------------------------------------------
+// AVX2 + F16C + FMA flavour.
+#ifdef ORION_X86
+
+ORION_AVX2 inline __m256 round8(__m256 v) {
+    return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+
+ORION_AVX2 void round_fp16_avx2(float* data, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(data + i, round8(_mm256_loadu_ps(data + i)));
+    for (; i < n; ++i) data[i] = emu::round_to_fp16(data[i]);
+}
+
+ORION_AVX2 void half_to_float_avx2(const uint16_t* src, float* dst, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+    for (; i < n; ++i) dst[i] = emu::half_to_float(src[i]);
+}
+
+ORION_AVX2 void float_to_half_avx2(const float* src, uint16_t* dst, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; ++i) dst[i] = emu::float_to_half(src[i]);
+}
+
+ORION_AVX2 inline __m256 load8(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+ORION_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+
+// 16 outputs x L lanes in 2*L*U accumulators; U interleaved partial sums over the input channels
+// keep enough FMAs in flight when L is small (the bandwidth-bound decode case).
+template <int L, int U, typename W>
+ORION_AVX2 void conv_tile_avx2_fixed(const W* w, const float* x, int64_t S, int64_t k, float* acc, bool add) {
+    __m256 lo[U][L], hi[U][L];
+    for (int u = 0; u < U; ++u)
+        for (int l = 0; l < L; ++l) lo[u][l] = hi[u][l] = _mm256_setzero_ps();
+    if (add)
+        for (int l = 0; l < L; ++l) {
+            lo[0][l] = _mm256_loadu_ps(acc + l * kConvPanel);
+            hi[0][l] = _mm256_loadu_ps(acc + l * kConvPanel + 8);
+        }
+    int64_t c = 0;
+    for (; c + U <= k; c += U) {
+        for (int u = 0; u < U; ++u) {
+            const W* wc = w + (c + u) * kConvPanel;
+            const float* xc = x + (c + u) * S;
+            const __m256 w_lo = load8(wc), w_hi = load8(wc + 8);
+            for (int l = 0; l < L; ++l) {
+                const __m256 xv = _mm256_broadcast_ss(xc + l);
+                lo[u][l] = _mm256_fmadd_ps(w_lo, xv, lo[u][l]);
+                hi[u][l] = _mm256_fmadd_ps(w_hi, xv, hi[u][l]);
+            }
+        }
+    }
+    for (; c < k; ++c) {
+        const W* wc = w + c * kConvPanel;
+        const __m256 w_lo = load8(wc), w_hi = load8(wc + 8);
+        for (int l = 0; l < L; ++l) {
+            const __m256 xv = _mm256_broadcast_ss(x + c * S + l);
+            lo[0][l] = _mm256_fmadd_ps(w_lo, xv, lo[0][l]);
+            hi[0][l] = _mm256_fmadd_ps(w_hi, xv, hi[0][l]);
+        }
+    }
+    for (int u = 1; u < U; ++u)
+        for (int l = 0; l < L; ++l) {
+            lo[0][l] = _mm256_add_ps(lo[0][l], lo[u][l]);
+            hi[0][l] = _mm256_add_ps(hi[0][l], hi[u][l]);
+        }
+    for (int l = 0; l < L; ++l) {
+        _mm256_storeu_ps(acc + l * kConvPanel, lo[0][l]);
+        _mm256_storeu_ps(acc + l * kConvPanel + 8, hi[0][l]);
+    }
+}
+
+template <typename W>
+ORION_AVX2 void conv_tile_avx2(const W* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add) {
+    switch (lanes) {
+        case 1: return conv_tile_avx2_fixed<1, 4>(w, x, S, k, acc, add);
+        case 2: return conv_tile_avx2_fixed<2, 2>(w, x, S, k, acc, add);
+        case 3: return conv_tile_avx2_fixed<3, 2>(w, x, S, k, acc, add);
+        case 4: return conv_tile_avx2_fixed<4, 1>(w, x, S, k, acc, add);
+        case 5: return conv_tile_avx2_fixed<5, 1>(w, x, S, k, acc, add);
+        default: return conv_tile_avx2_fixed<6, 1>(w, x, S, k, acc, add);
+    }
+}
+
+ORION_AVX2 void gemm_tile_avx2(int64_t k, const float* a, const float* b, float* c, int64_t c_rs, int64_t rows,
+                               int64_t cols, bool add) {
+    __m256 acc[kGemmMR][2];
+    for (int i = 0; i < kGemmMR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (int64_t p = 0; p < k; ++p) {
+        const __m256 b0 = _mm256_loadu_ps(b + p * kGemmNR), b1 = _mm256_loadu_ps(b + p * kGemmNR + 8);
+        for (int i = 0; i < kGemmMR; ++i) {
+            const __m256 av = _mm256_broadcast_ss(a + p * kGemmMR + i);
+            acc[i][0] = _mm256_fmadd_ps(av, b0, acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(av, b1, acc[i][1]);
+        }
+    }
+    if (rows == kGemmMR && cols == kGemmNR) {
+        for (int i = 0; i < kGemmMR; ++i) {
+            float* ci = c + i * c_rs;
+            if (add) {
+                acc[i][0] = _mm256_add_ps(acc[i][0], _mm256_loadu_ps(ci));
+                acc[i][1] = _mm256_add_ps(acc[i][1], _mm256_loadu_ps(ci + 8));
+            }
+            _mm256_storeu_ps(ci, acc[i][0]);
+            _mm256_storeu_ps(ci + 8, acc[i][1]);
+        }
+        return;
+    }
+    float tile[kGemmMR][kGemmNR];
+    for (int i = 0; i < kGemmMR; ++i) {
+        _mm256_storeu_ps(tile[i], acc[i][0]);
+        _mm256_storeu_ps(tile[i] + 8, acc[i][1]);
+    }
+    for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) c[i * c_rs + j] = (add ? c[i * c_rs + j] : 0.0f) + tile[i][j];
+}
+
+constexpr Kernels kAvx2 = {
+    "avx2+f16c+fma",    round_fp16_avx2,           half_to_float_avx2,
+    float_to_half_avx2, conv_tile_avx2<uint16_t>, conv_tile_avx2<float>,
+    gemm_tile_avx2,
+};
+
+bool cpu_has_avx2_f16c_fma() {
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & bit_F16C)) return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");  // these also check OS support
+}
+#endif  // ORION_X86
+
+// ---------------------------------------------------------------------------------------------
+
+const Kernels& select_kernels() {
+    const char* env = std::getenv("ORION_SIMD");  // "portable" forces the portable path
+    if (env && std::string(env) == "portable") return kPortable;
+#ifdef ORION_X86
+    if (cpu_has_avx2_f16c_fma()) return kAvx2;
+#endif
+    return kPortable;
+}
+
+const Kernels& active() {
+    static const Kernels& kernels = select_kernels();
+    return kernels;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Scratch buffers reused by each thread across calls.
+float* scratch(std::vector<float>& buffer, size_t n) {
+    if (buffer.size() < n) buffer.resize(n);
+    return buffer.data();
+}
+
+// One conv panel (16 output channels) over the first `lanes` lanes, written to out rows.
+void conv_panel(const Kernels& k, const uint16_t* w, int64_t cin, const float* x, int64_t S, int64_t lanes, float* out,
+                int64_t rows, bool round) {
+    thread_local std::vector<float> acc_buffer, weight_buffer;
+    float* acc = scratch(acc_buffer, static_cast<size_t>(lanes * kConvPanel));
+    const int tiles = static_cast<int>(ceil_div(lanes, kConvMaxLanes));
+    auto tile_lanes = [&](int t) { return t * lanes / tiles; };  // balanced tiles of <= 6 lanes
+    if (tiles < kConvConvertBlocks || cin == 0) {
+        for (int t = 0; t < tiles; ++t) {
+            const int64_t s0 = tile_lanes(t);
+            k.conv_tile_f16(w, x + s0, S, cin, static_cast<int>(tile_lanes(t + 1) - s0), acc + s0 * kConvPanel, false);
+        }
+    } else {
+        float* w32 = scratch(weight_buffer, kConvKBlock * kConvPanel);
+        for (int64_t c0 = 0; c0 < cin; c0 += kConvKBlock) {
+            const int64_t kc = std::min(kConvKBlock, cin - c0);
+            k.half_to_float(w + c0 * kConvPanel, w32, static_cast<size_t>(kc * kConvPanel));
+            for (int t = 0; t < tiles; ++t) {
+                const int64_t s0 = tile_lanes(t);
+                k.conv_tile_f32(w32, x + c0 * S + s0, S, kc, static_cast<int>(tile_lanes(t + 1) - s0),
+                                acc + s0 * kConvPanel, c0 > 0);
+            }
+        }
+    }
+    if (round) k.round_fp16(acc, static_cast<size_t>(lanes * kConvPanel));
+    for (int64_t j = 0; j < rows; ++j)
+        for (int64_t s = 0; s < lanes; ++s) out[j * S + s] = acc[s * kConvPanel + j];
+}
+
+// Packs A(m0.., p0..) [mc x kc] into row panels [kc][MR], zero-padding the last panel's rows.
+void pack_a(const float* a, int64_t a_rs, int64_t a_cs, int64_t m0, int64_t mc, int64_t p0, int64_t kc, float* dst) {
+    for (int64_t i0 = 0; i0 < mc; i0 += kGemmMR, dst += kc * kGemmMR) {
+        const int64_t rows = std::min(kGemmMR, mc - i0);
+        for (int64_t p = 0; p < kc; ++p) {
+            const float* src = a + (m0 + i0) * a_rs + (p0 + p) * a_cs;
+            for (int64_t i = 0; i < kGemmMR; ++i) dst[p * kGemmMR + i] = i < rows ? src[i * a_rs] : 0.0f;
+        }
+    }
+}
+
+// Packs B(p0.., n0..) [kc x nc] into column panels [kc][NR], zero-padding the last panel's columns.
+void pack_b(const float* b, int64_t b_rs, int64_t b_cs, int64_t p0, int64_t kc, int64_t n0, int64_t nc, float* dst) {
+    for (int64_t j0 = 0; j0 < nc; j0 += kGemmNR, dst += kc * kGemmNR) {
+        const int64_t cols = std::min(kGemmNR, nc - j0);
+        for (int64_t p = 0; p < kc; ++p) {
+            const float* src = b + (p0 + p) * b_rs + (n0 + j0) * b_cs;
+            float* row = dst + p * kGemmNR;
+            if (b_cs == 1) {
+                std::memcpy(row, src, static_cast<size_t>(cols) * sizeof(float));
+            } else {
+                for (int64_t j = 0; j < cols; ++j) row[j] = src[j * b_cs];
+            }
+            for (int64_t j = cols; j < kGemmNR; ++j) row[j] = 0.0f;
+        }
+    }
+}
+
+}  // namespace
+
+void round_fp16(float* data, size_t n) {
+    const Kernels& k = active();
+    constexpr int64_t kGrain = int64_t{1} << 16;
+    parallel_for(static_cast<int64_t>(n), kGrain, [&](int64_t begin, int64_t end) {
+        k.round_fp16(data + begin, static_cast<size_t>(end - begin));
+    });
+}
+
+void half_to_float(const uint16_t* src, float* dst, size_t n) { active().half_to_float(src, dst, n); }
+
+void float_to_half(const float* src, uint16_t* dst, size_t n) { active().float_to_half(src, dst, n); }
+
+PackedConv1x1 pack_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin) {
+    if (cout < 0 || cin < 0) throw std::invalid_argument("pack_conv1x1: negative weight shape");
+    PackedConv1x1 packed;
+    packed.cout = cout;
+    packed.cin = cin;
+    packed.data.assign(static_cast<size_t>(ceil_div(cout, kConvPanel) * cin * kConvPanel), 0);
+    for (int64_t o = 0; o < cout; ++o) {
+        uint16_t* panel = packed.data.data() + (o / kConvPanel) * cin * kConvPanel + o % kConvPanel;
+        for (int64_t c = 0; c < cin; ++c) panel[c * kConvPanel] = weight[o * cin + c];
+    }
+    return packed;
+}
+
+void conv1x1(const PackedConv1x1& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16) {
+    const int64_t panels = ceil_div(w.cout, kConvPanel);
+    if (w.cout < 0 || w.cin < 0 || static_cast<int64_t>(w.data.size()) != panels * w.cin * kConvPanel)
+        throw std::invalid_argument("conv1x1: weight is not a packed [cout, cin] conv weight");
+    if (lanes < 0 || lanes > S) throw std::invalid_argument("conv1x1: lanes must be in [0, S]");
+    if (lanes == 0 || panels == 0) return;
+    const Kernels& k = active();
+    const int64_t panel_work = w.cin * kConvPanel * (lanes + 4);  // + the fp16 weight stream's cost
+    parallel_for(panels, std::max<int64_t>(1, kParallelWork / std::max<int64_t>(panel_work, 1)),
+                 [&](int64_t begin, int64_t end) {
+                     for (int64_t p = begin; p < end; ++p) {
+                         const int64_t o0 = p * kConvPanel;
+                         conv_panel(k, w.data.data() + o0 * w.cin, w.cin, x, S, lanes, out + o0 * S,
+                                    std::min(kConvPanel, w.cout - o0), round_fp16);
+                     }
+                 });
+}
+
+void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t b_rs,
+          int64_t b_cs, float* c, int64_t c_rs, bool round_fp16) {
+    if (M < 0 || N < 0 || K < 0) throw std::invalid_argument("gemm: negative size");
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+        for (int64_t m = 0; m < M; ++m) std::fill(c + m * c_rs, c + m * c_rs + N, 0.0f);
+        return;
+    }
+    const Kernels& k = active();
+    // Tiles of C [mc x nc], each computed over all of K by one thread; nc shrinks (down to 48) so
+    // that there are a few tiles per thread.
+    const int64_t tiles_m = ceil_div(M, kGemmMC);
+    const int64_t wanted_tiles_n = ceil_div(int64_t{4} * num_threads(), tiles_m);
+    const int64_t nc_max =
+        std::clamp(ceil_div(ceil_div(N, wanted_tiles_n), kGemmNR) * kGemmNR, int64_t{48}, kGemmMaxNC);
+    const int64_t tiles_n = ceil_div(N, nc_max);
+    const int64_t tile_work = std::min(M, kGemmMC) * std::min(N, nc_max) * K;
+    parallel_for(tiles_m * tiles_n, std::max<int64_t>(1, kParallelWork / tile_work), [&](int64_t begin, int64_t end) {
+        thread_local std::vector<float> a_buffer, b_buffer;
+        float* a_packed = scratch(a_buffer, kGemmMC * kGemmKC);
+        float* b_packed = scratch(b_buffer, kGemmMaxNC * kGemmKC);
+        for (int64_t t = begin; t < end; ++t) {
+            const int64_t m0 = t / tiles_n * kGemmMC, n0 = t % tiles_n * nc_max;
+            const int64_t mc = std::min(kGemmMC, M - m0), nc = std::min(nc_max, N - n0);
+            for (int64_t p0 = 0; p0 < K; p0 += kGemmKC) {
+                const int64_t kc = std::min(kGemmKC, K - p0);
+                pack_b(b, b_rs, b_cs, p0, kc, n0, nc, b_packed);
+                pack_a(a, a_rs, a_cs, m0, mc, p0, kc, a_packed);
+                for (int64_t j = 0; j < nc; j += kGemmNR)
+                    for (int64_t i = 0; i < mc; i += kGemmMR)
+                        k.gemm_tile(kc, a_packed + i * kc, b_packed + j * kc, c + (m0 + i) * c_rs + n0 + j, c_rs,
+                                    std::min(kGemmMR, mc - i), std::min(kGemmNR, nc - j), p0 > 0);
+            }
+            if (round_fp16)
+                for (int64_t i = 0; i < mc; ++i) k.round_fp16(c + (m0 + i) * c_rs + n0, static_cast<size_t>(nc));
+        }
+    });
+}
+
+const char* simd_path() { return active().name; }
+
+}  // namespace orion::emu::kernels

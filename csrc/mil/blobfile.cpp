@@ -1,0 +1,84 @@
+// BLOBFILE weight files, byte layout of FACTS section 5 (little-endian).
+#include "mil/blobfile.h"
+
+#include "errors.h"
+
+namespace orion::mil::blobfile {
+
+namespace {
+
+constexpr size_t kVersionByte = 4;       // file header: byte 0 = 0x01, byte 4 = 0x02
+constexpr size_t kChunkTypeByte = 4;     // chunk header: 0x01 (fp16 in all known files)
+constexpr size_t kChunkSizeField = 8;    // payload bytes
+constexpr size_t kChunkDataField = 16;   // absolute payload offset
+
+void put_u32(std::string& out, size_t at, uint64_t v) {
+    for (int i = 0; i < 4; ++i) out[at + i] = static_cast<char>((v >> (8 * i)) & 0xff);
+}
+
+uint64_t get_le(std::string_view in, size_t at, int bytes) {
+    uint64_t v = 0;
+    for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(in[at + i]);
+    return v;
+}
+
+}  // namespace
+
+std::vector<uint64_t> chunk_offsets(const std::vector<uint64_t>& payload_sizes) {
+    std::vector<uint64_t> offsets;
+    uint64_t at = kFileHeaderSize;
+    for (uint64_t size : payload_sizes) {
+        offsets.push_back(at);
+        at += kChunkHeaderSize + size;
+    }
+    return offsets;
+}
+
+std::string write(const std::vector<std::string_view>& payloads) {
+    std::vector<uint64_t> sizes;
+    for (auto p : payloads) sizes.push_back(p.size());
+    std::vector<uint64_t> offsets = chunk_offsets(sizes);
+    uint64_t total = offsets.empty() ? kFileHeaderSize : offsets.back() + kChunkHeaderSize + sizes.back();
+    if (total > UINT32_MAX) throw CompileError("BLOBFILE would be " + std::to_string(total) + " bytes; the format's offsets are 32-bit");
+    std::string out(total, '\0');
+    out[0] = 0x01;
+    out[kVersionByte] = 0x02;
+    for (size_t i = 0; i < payloads.size(); ++i) {
+        size_t chunk = offsets[i];
+        put_u32(out, chunk, kChunkMagic);
+        out[chunk + kChunkTypeByte] = 0x01;
+        put_u32(out, chunk + kChunkSizeField, sizes[i]);
+        put_u32(out, chunk + kChunkDataField, chunk + kChunkHeaderSize);
+        payloads[i].copy(out.data() + chunk + kChunkHeaderSize, payloads[i].size());
+    }
+    return out;
+}
+
+Chunk read_chunk(std::string_view file, uint64_t offset, const std::string& what) {
+    const std::string where = what + " at offset " + std::to_string(offset);
+    if (file.size() < kFileHeaderSize)
+        throw CompileError(what + ": truncated BLOBFILE (" + std::to_string(file.size()) +
+                           " bytes, shorter than the 64-byte file header)");
+    if (file[kVersionByte] != 0x02) throw CompileError(what + ": not a BLOBFILE (file header byte 4 is not 0x02)");
+    bool has_magic = offset >= kFileHeaderSize && offset <= file.size() && file.size() - offset >= 4 &&
+                     get_le(file, offset, 4) == kChunkMagic;
+    if (!has_magic)
+        throw ConstraintError(constraints::BLOB_OFFSET,
+                              where + " (file of " + std::to_string(file.size()) +
+                                  " bytes): no chunk header (magic 0xDEADBEEF) there; the MIL offset must be "
+                                  "the chunk header, 64 for a single-tensor file");
+    if (file.size() - offset < kChunkHeaderSize) throw CompileError(where + ": truncated chunk header");
+    // Size and payload offset are read as 64-bit: the FACTS files leave the upper bytes zero and
+    // Core ML's own weight files store 64-bit fields there.
+    Chunk chunk{offset, get_le(file, offset + kChunkDataField, 8), get_le(file, offset + kChunkSizeField, 8)};
+    if (chunk.data_offset < offset + kChunkHeaderSize)
+        throw CompileError(where + ": inconsistent chunk header (payload offset " + std::to_string(chunk.data_offset) +
+                           " overlaps the header)");
+    if (chunk.data_offset > file.size() || file.size() - chunk.data_offset < chunk.size)
+        throw CompileError(where + ": truncated BLOBFILE (payload of " + std::to_string(chunk.size) + " bytes at " +
+                           std::to_string(chunk.data_offset) + " runs past the end of the " +
+                           std::to_string(file.size()) + "-byte file)");
+    return chunk;
+}
+
+}  // namespace orion::mil::blobfile

@@ -1,0 +1,192 @@
+"""MIL text: the golden emitter output of FACTS section 4, parser variations and parse errors."""
+
+from __future__ import annotations
+
+import pytest
+
+import orion
+from orion.mil import Program, Type, Value, emit, parse
+
+FACTS_EXAMPLE = """\
+program(1.3)
+[buildInfo = dict<string, string>({{"coremlc-component-MIL", "3510.2.1"}, {"coremlc-version", "3505.4.1"}, {"coremltools-component-milinternal", ""}, {"coremltools-version", "9.0"}})]
+{
+    func main<ios18>(tensor<fp16, [1, 768, 1, 32]> x, tensor<fp16, [1, 768, 1, 32]> y) {
+        tensor<int32, [4]> pd = const()[name=string("pd"), val=tensor<int32, [4]>([0,0,0,0])];
+        fp16 eps = const()[name=string("eps"), val=fp16(0.00001)];
+        tensor<fp16, [768, 768, 1, 1]> Wq = const()[name=string("Wq"), val=tensor<fp16, [768, 768, 1, 1]>(BLOBFILE(path=string("@model_path/weights/wq.bin"), offset=uint64(64)))];
+        tensor<fp16, [1, 768, 1, 32]> out_a = add(x=x, y=y)[name=string("out_a")];
+        tensor<fp16, [1, 768, 1, 32]> c = concat(axis=ax, interleave=il, values=(a, b))[name=string("c")];
+    } -> (out_a, out_b);
+}
+"""
+
+ACT = Type.tensor("fp16", [1, 768, 1, 32])
+
+
+def facts_program() -> Program:
+    p = Program()
+    p.add_input("x", ACT)
+    p.add_input("y", ACT)
+    p.add_const("pd", Value.list(Type.tensor("int32", [4]), [0, 0, 0, 0]))
+    p.add_const("eps", Value.number("fp16", 0.00001))
+    p.add_const("Wq", Value.blob(Type.tensor("fp16", [768, 768, 1, 1]), "@model_path/weights/wq.bin"))
+    p.add_op("add", "out_a", ACT, [("x", "x"), ("y", "y")])
+    p.add_op("concat", "c", ACT, [("axis", "ax"), ("interleave", "il"), ("values", ["a", "b"])])
+    p.outputs = ["out_a", "out_b"]
+    return p
+
+
+def test_emits_the_facts_example_byte_for_byte() -> None:
+    assert emit(facts_program()) == FACTS_EXAMPLE
+
+
+def test_parses_the_facts_example() -> None:
+    p = parse(FACTS_EXAMPLE)
+    assert p == facts_program()
+    assert [(op.line, op.column) for op in p.operations] == [(5, 9), (6, 9), (7, 9), (8, 9), (9, 9)]
+    concat = p.operations[4]
+    assert [(a.name, a.kind, a.refs) for a in concat.args] == [
+        ("axis", "ref", ["ax"]), ("interleave", "ref", ["il"]), ("values", "tuple", ["a", "b"])]
+
+
+def test_empty_function_and_scalar_spellings() -> None:
+    p = Program()
+    p.add_const("t", Value.number("bool", True))
+    p.add_const("pt", Value.string('va"l\\id\n'))
+    p.add_const("one", Value.number("fp16", 1.0))
+    p.add_const("big", Value.number("fp16", -65504.0))
+    p.add_const("k", Value.number("int32", -3))
+    p.add_op("matmul", "m", ACT, [("transpose_x", Value.number("bool", False)), ("y", Value.number("fp16", 2.0))])
+    lines = emit(p).splitlines()
+    assert lines[3] == "    func main<ios18>() {"
+    assert lines[4:10] == [
+        '        bool t = const()[name=string("t"), val=bool(true)];',
+        '        string pt = const()[name=string("pt"), val=string("va\\"l\\\\id\\n")];',
+        '        fp16 one = const()[name=string("one"), val=fp16(1.0)];',
+        '        fp16 big = const()[name=string("big"), val=fp16(-65504.0)];',
+        '        int32 k = const()[name=string("k"), val=int32(-3)];',
+        '        tensor<fp16, [1, 768, 1, 32]> m = matmul(transpose_x=false, y=fp16(2.0))[name=string("m")];',
+    ]
+    assert lines[10] == "    } -> ();"
+    assert emit(p).endswith("}\n")
+
+
+@pytest.mark.parametrize("value, spelling", [
+    (0.125, "0.125"), (1e-5, "0.00001"), (1 / 3, "0.3333333333333333"), (-0.0, "-0.0"), (65504.0, "65504.0"),
+    (2.0 ** -24, "5.960464477539063e-08"), (1e20, "1e+20"),
+])
+def test_float_literal_spelling(value: float, spelling: str) -> None:
+    p = Program()
+    p.add_const("v", Value.number("fp32", value))
+    assert f"val=fp32({spelling})]" in emit(p)
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+def test_non_finite_float_is_a_compile_error_naming_the_variable(value: float) -> None:
+    p = Program()
+    p.add_const("bad_eps", Value.number("fp16", value))
+    with pytest.raises(orion.CompileError, match="bad_eps"):
+        emit(p)
+
+
+VARIANT = """// weights for one projection
+program(1.3) {
+  func main<ios18>(tensor<fp16,[1,768,1,32]> x) {   // no buildInfo line: the default is used
+    tensor<fp16,[768,768,1,1]>   W=const()[name=string("W"),
+        val=tensor<fp16,[768,768,1,1]>(BLOBFILE(path=string("@model_path/weights/w.bin"),offset=uint64(64)))];
+    fp16 a = const()[name = string("a"), val = fp16(1e-5)];
+    fp16 b = const()[name=string("b"), val=fp16(-3)];
+    fp16 c = const()[val=fp16(.5), name=string("c")];
+    fp16 h = const()[name=string("h"), val=fp16(0x1p-3)];
+    fp32 g = const()[name=string("g"), val=fp32(-0x1.8p+1)];
+    tensor<fp16, []> r = const()[name=string("r"), val=tensor<fp16, []>([0.25])];
+    tensor<fp16, []> s = const()[name=string("s"), val=tensor<fp16, []>(0.75)];
+    tensor<int32, [2]> ax = const()[name=string("ax"), val=tensor<int32, [2]>([ 1 , -2 ])];
+    tensor<fp16, [1, 768, 1, 32]> y = matmul(transpose_x = false, transpose_y=true, x=x, y=fp16(2.0))
+        [name=string("y")];
+    tensor<fp16, [1, 1536, 1, 32]> z = concat(axis=ax, values=(x,y))[name=string("z")];
+  } -> (y, z);
+  func second<ios17>() {
+  } -> ();
+}"""
+
+
+def test_parses_real_world_variations() -> None:
+    p = parse(VARIANT)
+    assert p.functions == ["main", "second"]
+    assert p.build_info == Program().build_info
+    ops = {op.output: op for op in p.operations}
+    assert ops["W"].val == Value.blob(Type.tensor("fp16", [768, 768, 1, 1]), "@model_path/weights/w.bin", 64)
+    assert ops["a"].val.numbers == [1e-5]
+    assert ops["b"].val.numbers == [-3.0]
+    assert ops["c"].val.numbers == [0.5] and ops["c"].name == "c"
+    assert ops["h"].val.numbers == [0.125]
+    assert ops["g"].val == Value.number("fp32", -3.0)
+    assert ops["r"].val == Value.list(Type.tensor("fp16", []), [0.25])
+    assert ops["s"].val.numbers == [0.75] and ops["s"].type == Type.tensor("fp16", [])
+    assert ops["ax"].val.numbers == [1.0, -2.0]
+    assert [(a.name, a.kind) for a in ops["y"].args] == [
+        ("transpose_x", "literal"), ("transpose_y", "literal"), ("x", "ref"), ("y", "literal")]
+    assert ops["y"].args[0].literal == Value.number("bool", False)
+    assert ops["y"].args[3].literal == Value.number("fp16", 2.0)
+    assert ops["z"].args[1].refs == ["x", "y"]
+    assert p.outputs == ["y", "z"]
+    assert (ops["W"].line, ops["W"].column) == (4, 5)
+    assert (ops["y"].line, ops["y"].column) == (14, 5)
+    assert parse(emit(p)) == p
+
+
+def test_parses_bytes_and_empty_build_info() -> None:
+    text = 'program(1.3)\n[buildInfo = dict<string, string>({})]\n{\n}\n'
+    p = parse(text.encode())
+    assert p.build_info == [] and p.functions == []
+    assert emit(p) == text
+
+
+def error_at(text: str) -> orion.ParseError:
+    with pytest.raises(orion.ParseError) as info:
+        parse(text)
+    return info.value
+
+
+HEADER = "program(1.3)\n{\n    func main<ios18>(tensor<fp16, [1, 4, 1, 32]> x) {\n"
+FOOTER = "    } -> (y);\n}\n"
+
+
+@pytest.mark.parametrize("statement, line, column, message", [
+    ('        tensor<fp16, [1, 4, 1, 32]> y = relu(x=x;\n', 4, 49, "expected ')' after argument list, found ';'"),
+    ('        fp64 e = const()[name=string("e"), val=fp64(1.0)];\n', 4, 9, "unknown dtype 'fp64'"),
+    ('        tensor<fp64, [1]> e = const()[name=string("e"), val=fp16(1.0)];\n', 4, 16, "unknown dtype 'fp64'"),
+    ('        tensor<fp16, [1, x]> e = relu(x=x)[name=string("e")];\n', 4, 26,
+     "expected a non-negative integer dimension, found 'x'"),
+    ('        tensor<fp16, [1, -2]> e = relu(x=x)[name=string("e")];\n', 4, 26,
+     "expected a non-negative integer dimension, found '-2'"),
+    ('        tensor<fp16, [1, 4, 1, 32]> x = relu(x=x)[name=string("y")];\n', 4, 37, "duplicate variable name 'x'"),
+    ('        fp16 e = const()[name=string("e), val=fp16(1.0)];\n', 4, 38, "unterminated string"),
+    ('        fp16 e = const()[name=string("e"), val=fp16(1.0)]\n        fp16 f = const()[name=string("f"), val=fp16(1.0)];\n',
+     5, 9, "expected ';' after the statement, found 'fp16'"),
+    ('        tensor<fp16, [1, 4, 1, 32]> y = relu(x=x)[];\n', 4, 51, "expected an attribute name, found ']'"),
+    ('        tensor<fp16, [1, 4, 1, 32]> y = relu(x=x)[val=fp16(1.0)];\n', 4, 50, "op 'y' has no name= attribute"),
+    ('        fp16 e = const()[name=string("e")];\n', 4, 25, "const 'e' has no val= attribute"),
+    ('        fp16 e = const()[name=string("e"), val=fp32(1.0)];\n', 4, 48,
+     "const 'e' is declared fp16 but its value is fp32"),
+    ('        tensor<int32, [2]> e = const()[name=string("e"), val=tensor<int32, [2]>([1,2,3])];\n', 4, 81,
+     "3 values for tensor<int32, [2]>"),
+    ('        int32 e = const()[name=string("e"), val=int32(1.5)];\n', 4, 55, "1.5 is not a valid int32 literal"),
+    ('        fp16 e = const()[name=string("e"), val=fp16(1e999)];\n', 4, 53, "number 1e999 is out of range"),
+    ('        fp16 e = const()[name=string("e"), val=fp16(1.0)]; @\n', 4, 60, "unexpected character '@'"),
+])
+def test_parse_errors_name_line_column_and_expectation(statement: str, line: int, column: int, message: str) -> None:
+    error = error_at(HEADER + statement + FOOTER)
+    assert (error.line, error.column) == (line, column)
+    assert str(error) == f"line {line}, column {column}: {message}"
+
+
+def test_parse_errors_at_program_level() -> None:
+    assert str(error_at("")) == "line 1, column 1: expected 'program' at the start of the program, found end of input"
+    assert str(error_at("program(1.3) {")) == "line 1, column 15: expected '}' to close the program body (or 'func'), found end of input"
+    assert str(error_at(HEADER + "    }\n}")).startswith("line 5, column 1: expected '->' after the function body")
+    error = error_at(HEADER + FOOTER + "trailing")
+    assert (error.line, error.column) == (6, 1)
+    assert isinstance(error, orion.CompileError)

@@ -1,0 +1,24 @@
+"""``python -m orion``: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orion", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser("demo", help="compile and run a GPT-2-sized MLP block, checked against numpy")
+    demo.add_argument("--lanes", type=int, default=32, help="token lanes per evaluate (default 32)")
+    demo.add_argument("--iterations", type=int, default=50)
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        from orion import demo as demo_module
+
+        return demo_module.main(lanes=args.lanes, iterations=args.iterations)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The low-level Python API: Program, Surface, backend, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import orion
+from handmil import op, program, ttype
+
+ACT = (1, 64, 1, 32)
+T = ttype("fp16", ACT)
+TEXT = program({"x": T, "y": T}, [op("s", T, "add", x="x", y="y"), op("p", T, "mul", x="x", y="y")], ["s", "p"])
+
+
+def test_backend_and_specs() -> None:
+    assert orion.backend() == "emulator"
+    p = orion.compile(TEXT)
+    assert p.inputs == {"x": (ACT, np.dtype(np.float16)), "y": (ACT, np.dtype(np.float16))}
+    assert list(p.outputs) == ["p", "s"] and p.outputs["s"].shape == ACT
+
+
+def test_call_and_zero_copy_evaluate_agree() -> None:
+    p = orion.compile(TEXT)
+    x, y = np.full(ACT, 1.5, np.float16), np.full(ACT, 2.0, np.float16)
+    out = p(x=x, y=y)
+    assert out["s"].dtype == np.float16 and np.all(out["s"] == 3.5) and np.all(out["p"] == 3.0)
+    ins, outs = p.allocate_surfaces()
+    assert all(s.nbytes >= orion.MIN_SURFACE_BYTES for s in [*ins.values(), *outs.values()])
+    ins["x"].array[...] = x  # write through the numpy view
+    ins["y"].write(y)
+    for _ in range(3):  # surfaces are reused
+        p.evaluate(ins, outs)
+    assert outs["s"].array.base is not None and np.all(outs["s"].array == 3.5)
+
+
+def test_float32_inputs_are_converted_and_results_do_not_alias() -> None:
+    p = orion.compile(TEXT)
+    a = p(x=np.ones(ACT, np.float32), y=np.ones(ACT))
+    b = p(x=np.zeros(ACT, np.float32), y=np.zeros(ACT))
+    assert np.all(a["s"] == 2) and np.all(b["s"] == 0)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(x=np.ones(ACT, np.float16)), r"missing inputs \['y'\]"),
+    (dict(x=np.ones(ACT), y=np.ones(ACT), z=np.ones(ACT)), r"unknown inputs \['z'\]"),
+    (dict(x=np.ones((1, 64, 1, 16)), y=np.ones(ACT)), r"input 'x' has shape \[1, 64, 1, 16\].*\[1, 64, 1, 32\]"),
+    (dict(x=np.ones(ACT, np.complex64), y=np.ones(ACT)), r"input 'x' is complex64"),
+    (dict(x=np.full(ACT, np.nan), y=np.ones(ACT)), r"input 'x' contains NaN"),
+])
+def test_bad_call_arguments(kwargs, match) -> None:
+    with pytest.raises(orion.EvaluateError, match=match):
+        orion.compile(TEXT)(**kwargs)
+
+
+def test_surface_of_the_wrong_type_or_size() -> None:
+    p = orion.compile(TEXT)
+    ins, outs = p.allocate_surfaces()
+    ins["x"] = orion.Surface(ACT, "fp32", nbytes=ins["y"].nbytes)
+    with pytest.raises(orion.EvaluateError, match=r"input 'x': the surface holds fp32"):
+        p.evaluate(ins, outs)
+    with pytest.raises(ValueError, match="needs 4096 bytes"):
+        orion.Surface(ACT, nbytes=100)
+    ins, outs = p.allocate_surfaces()
+    with pytest.raises(orion.EvaluateError, match=r"needs 4096 bytes .* has 16"):
+        p._native.evaluate([(n, orion._core.Surface(16)) for n in ("x", "y")], [(n, outs[n].native) for n in ("p", "s")])
+
+
+def test_unload_and_context_manager() -> None:
+    with orion.compile(TEXT) as p:
+        assert p.loaded
+        p(x=np.ones(ACT), y=np.ones(ACT))
+    assert not p.loaded
+    with pytest.raises(orion.EvaluateError, match="unloaded"):
+        p(x=np.ones(ACT), y=np.ones(ACT))
+
+
+def test_compile_count_moves_by_one_per_compile() -> None:
+    before = orion.compile_count()
+    orion.compile(TEXT)
+    assert orion.compile_count() == before + 1
+
+
+@pytest.mark.parametrize("text,line,column", [
+    ("program(1.3)\n{\n    func main<ios18>(tensor<fp16, [1, 64, 1, 32]> x {\n", 3, 53),
+    ("program(1.3)\n{\n    func main<ios18>(tensor<fp99, [1]> x) {\n", 3, 29),
+])
+def test_malformed_mil_gives_line_and_column(text, line, column) -> None:
+    with pytest.raises(orion.ParseError) as e:
+        orion.compile(text)
+    assert (e.value.line, e.value.column) == (line, column)
+    assert f"line {line}, column {column}" in str(e.value)
+
+
+@pytest.mark.parametrize("body,match", [
+    ([op("out", T, "tanh", x="nope")], r"uses 'nope', which is not defined"),
+    ([op("out", T, "frobnicate", x="x")], r"unknown op 'frobnicate'"),
+    ([op("out", ttype("fp16", [1, 64, 1, 64]), "tanh", x="x")], r"declares tensor<fp16, \[1, 64, 1, 64\]> but its inputs give"),
+    ([op("out", T, "tanh", x="x", y="x")], r"unknown argument 'y'"),
+    ([op("out", T, "add", x="x")], r"missing required argument 'y'"),
+])
+def test_type_and_reference_errors_name_the_op(body, match) -> None:
+    with pytest.raises(orion.CompileError, match=match) as e:
+        orion.compile(program({"x": T}, body, ["out"]))
+    assert "line 4: op 'out'" in str(e.value)
+
+
+def test_unknown_profile_and_backend_env(monkeypatch) -> None:
+    with pytest.raises(orion.CompileError, match="unknown profile 'fast'"):
+        orion.compile(TEXT, profile="fast")
+    monkeypatch.setenv("ORION_BACKEND", "ane")
+    with pytest.raises(orion.OrionError, match="needs macOS on Apple Silicon"):
+        orion.backend()
+    monkeypatch.setenv("ORION_BACKEND", "gpu")
+    with pytest.raises(orion.OrionError, match="not a backend"):
+        orion.backend()

@@ -3,8 +3,6 @@ at the end of the session by test_schema_replay.py) and helpers to skip until or
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 import orion
@@ -14,7 +12,11 @@ EMITTED: list[tuple[str, str, dict[str, bytes]]] = []  # (test id, MIL text, wei
 
 
 def have_mil() -> bool:
-    return importlib.util.find_spec("orion.mil") is not None and importlib.util.find_spec("orion.blobfile") is not None
+    try:
+        from orion import blobfile, mil  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def have_compile() -> bool:
@@ -41,3 +43,9 @@ def _record_emitted(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Run the schema replay last so it sees every program the other tests emitted."""
     items.sort(key=lambda item: "test_schema_replay" in item.nodeid)
+
+
+@pytest.fixture(params=["ir", pytest.param("emulator", marks=needs_compile)])
+def mode(request: pytest.FixtureRequest) -> str:
+    """Check legalizations on the legalized IR in numpy, and end to end on the emulator once merged."""
+    return request.param

@@ -19,8 +19,7 @@ class _Builder:
     """Emits the statements of one program, naming each op's consts ``<var>_<arg>``."""
 
     def __init__(self, graph: Graph) -> None:
-        import orion.blobfile as blobfile
-        import orion.mil as mil
+        from orion import blobfile, mil
 
         self.mil, self.blobfile, self.graph = mil, blobfile, graph
         self.program = mil.Program()

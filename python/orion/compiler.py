@@ -47,13 +47,13 @@ class Lowered:
 def lower_graph(graph: Graph, *, io_dtype: str = "fp16", max_layers: int = 1,
                 sram_budget: int = SRAM_BYTES) -> Lowered:
     """Run the whole pipeline up to MIL text; ``graph`` itself is not modified."""
-    from orion import mil
-
     check_fusion_depth(graph, max_layers)
     legal = legalize(graph)
     layout = prepare_io(legal, io_dtype)
     report = run_pipeline(legal, PassContext(layout, sram_budget))
     program, weights = to_program(legal)
+    from orion import mil
+
     return Lowered(mil.emit(program), weights, layout, report)
 
 

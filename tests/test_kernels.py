@@ -211,7 +211,7 @@ def test_conv1x1_accepts_non_contiguous_input():
 # --- gemm ---------------------------------------------------------------------------------------
 
 GEMM_SIZES = [(1, 1, 1), (1, 17, 5), (7, 1, 300), (13, 29, 17), (6, 16, 256), (100, 257, 300), (97, 513, 70),
-              (200, 40, 600), (1, 1000, 64), (33, 7, 1)]
+              (200, 40, 600), (1, 1000, 64), (33, 7, 1), (2, 300, 129), (3, 70, 1000), (4, 9, 11)]
 
 
 @pytest.mark.parametrize("M,N,K", GEMM_SIZES)
@@ -232,9 +232,12 @@ def test_gemm(M, N, K, transpose_a, transpose_b):
 def test_gemm_strided_views():
     big_a = RNG.standard_normal((90, 120)).astype(np.float32)
     big_b = RNG.standard_normal((150, 80)).astype(np.float32)
-    a, b = big_a[::2, ::3], big_b[1::3, ::-2]  # [45, 40] and [50, 40]: b.T is [40, 50]
-    got = kernels.gemm(a, b, transpose_b=True, round=False)
-    assert_close(got, a.astype(np.float64) @ b.T.astype(np.float64), fp32_bound(a, b.T), False)
+    for rows in (1, 2, 3, 45):  # few rows stream B, more rows pack it
+        a, b = big_a[: 2 * rows : 2, ::3], big_b[1::3, ::-2]  # [rows, 40] and [50, 40]: b.T is [40, 50]
+        for b_view, transpose_b in ((b, True), (b.T, False), (np.ascontiguousarray(b.T)[:, ::2], False)):
+            b_mat = b_view.T if transpose_b else b_view
+            got = kernels.gemm(a, b_view, transpose_b=transpose_b, round=False)
+            assert_close(got, a.astype(np.float64) @ b_mat.astype(np.float64), fp32_bound(a, b_mat), False)
 
 
 def test_gemm_empty_and_zero_k():

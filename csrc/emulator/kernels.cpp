@@ -17,6 +17,16 @@
 #define ORION_AVX2 __attribute__((target("avx2,fma,f16c")))
 #endif
 
+// Fully unrolls a constant-trip loop so that arrays of vector accumulators live in registers (GCC
+// otherwise keeps them on the stack).
+#if defined(__clang__)
+#define ORION_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define ORION_UNROLL _Pragma("GCC unroll 16")
+#else
+#define ORION_UNROLL
+#endif
+
 namespace orion::emu::kernels {
 namespace {
 
@@ -26,6 +36,7 @@ constexpr int64_t kConvKBlock = 128;   // input channels per fp32 weight slice (
 constexpr int kConvConvertBlocks = 3;  // from this many lane tiles on, convert weights once per slice
 constexpr int64_t kGemmMR = 6, kGemmNR = 16;  // gemm register tile: 6 rows x 16 columns
 constexpr int64_t kGemmKC = 256, kGemmMC = 96, kGemmMaxNC = 256;
+constexpr int64_t kGemvMaxM = 3;  // up to this many rows of A, gemm streams B instead of packing it
 constexpr int64_t kParallelWork = int64_t{1} << 16;  // multiply-adds worth a chunk of their own
 
 // The inner kernels of one SIMD flavour.
@@ -40,6 +51,10 @@ struct Kernels {
     // c[i*c_rs + j] (+)= sum_{p<k} a[p*MR + i] * b[p*NR + j] for i < rows, j < cols.
     void (*gemm_tile)(int64_t k, const float* a, const float* b, float* c, int64_t c_rs, int64_t rows, int64_t cols,
                       bool add);
+    // c[j] = sum_{p<k} a[p*a_cs] * b[p*b_rs + j] for j < n (rows of B contiguous).
+    void (*gemv_rows)(int64_t k, int64_t n, const float* a, int64_t a_cs, const float* b, int64_t b_rs, float* c);
+    // c[j] = sum_{p<k} a[p] * b[j*b_cs + p] for j < n (columns of B contiguous).
+    void (*gemv_cols)(int64_t k, int64_t n, const float* a, const float* b, int64_t b_cs, float* c);
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -96,10 +111,27 @@ void gemm_tile_portable(int64_t k, const float* a, const float* b, float* c, int
         for (int64_t j = 0; j < cols; ++j) c[i * c_rs + j] = (add ? c[i * c_rs + j] : 0.0f) + sum[i][j];
 }
 
+void gemv_rows_portable(int64_t k, int64_t n, const float* a, int64_t a_cs, const float* b, int64_t b_rs, float* c) {
+    std::fill(c, c + n, 0.0f);
+    for (int64_t p = 0; p < k; ++p) {
+        const float ap = a[p * a_cs];
+        const float* bp = b + p * b_rs;
+        for (int64_t j = 0; j < n; ++j) c[j] += ap * bp[j];
+    }
+}
+
+void gemv_cols_portable(int64_t k, int64_t n, const float* a, const float* b, int64_t b_cs, float* c) {
+    for (int64_t j = 0; j < n; ++j) {
+        float sum = 0.0f;
+        for (int64_t p = 0; p < k; ++p) sum += a[p] * b[j * b_cs + p];
+        c[j] = sum;
+    }
+}
+
 constexpr Kernels kPortable = {
     "portable",         round_fp16_portable,           half_to_float_portable,
     float_to_half_portable, conv_tile_portable<uint16_t>, conv_tile_portable<float>,
-    gemm_tile_portable,
+    gemm_tile_portable, gemv_rows_portable,            gemv_cols_portable,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -141,19 +173,24 @@ ORION_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 template <int L, int U, typename W>
 ORION_AVX2 void conv_tile_avx2_fixed(const W* w, const float* x, int64_t S, int64_t k, float* acc, bool add) {
     __m256 lo[U][L], hi[U][L];
+    ORION_UNROLL
     for (int u = 0; u < U; ++u)
+        ORION_UNROLL
         for (int l = 0; l < L; ++l) lo[u][l] = hi[u][l] = _mm256_setzero_ps();
     if (add)
+        ORION_UNROLL
         for (int l = 0; l < L; ++l) {
             lo[0][l] = _mm256_loadu_ps(acc + l * kConvPanel);
             hi[0][l] = _mm256_loadu_ps(acc + l * kConvPanel + 8);
         }
     int64_t c = 0;
     for (; c + U <= k; c += U) {
+        ORION_UNROLL
         for (int u = 0; u < U; ++u) {
             const W* wc = w + (c + u) * kConvPanel;
             const float* xc = x + (c + u) * S;
             const __m256 w_lo = load8(wc), w_hi = load8(wc + 8);
+            ORION_UNROLL
             for (int l = 0; l < L; ++l) {
                 const __m256 xv = _mm256_broadcast_ss(xc + l);
                 lo[u][l] = _mm256_fmadd_ps(w_lo, xv, lo[u][l]);
@@ -164,17 +201,21 @@ ORION_AVX2 void conv_tile_avx2_fixed(const W* w, const float* x, int64_t S, int6
     for (; c < k; ++c) {
         const W* wc = w + c * kConvPanel;
         const __m256 w_lo = load8(wc), w_hi = load8(wc + 8);
+        ORION_UNROLL
         for (int l = 0; l < L; ++l) {
             const __m256 xv = _mm256_broadcast_ss(x + c * S + l);
             lo[0][l] = _mm256_fmadd_ps(w_lo, xv, lo[0][l]);
             hi[0][l] = _mm256_fmadd_ps(w_hi, xv, hi[0][l]);
         }
     }
+    ORION_UNROLL
     for (int u = 1; u < U; ++u)
+        ORION_UNROLL
         for (int l = 0; l < L; ++l) {
             lo[0][l] = _mm256_add_ps(lo[0][l], lo[u][l]);
             hi[0][l] = _mm256_add_ps(hi[0][l], hi[u][l]);
         }
+    ORION_UNROLL
     for (int l = 0; l < L; ++l) {
         _mm256_storeu_ps(acc + l * kConvPanel, lo[0][l]);
         _mm256_storeu_ps(acc + l * kConvPanel + 8, hi[0][l]);
@@ -196,9 +237,11 @@ ORION_AVX2 void conv_tile_avx2(const W* w, const float* x, int64_t S, int64_t k,
 ORION_AVX2 void gemm_tile_avx2(int64_t k, const float* a, const float* b, float* c, int64_t c_rs, int64_t rows,
                                int64_t cols, bool add) {
     __m256 acc[kGemmMR][2];
+    ORION_UNROLL
     for (int i = 0; i < kGemmMR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     for (int64_t p = 0; p < k; ++p) {
         const __m256 b0 = _mm256_loadu_ps(b + p * kGemmNR), b1 = _mm256_loadu_ps(b + p * kGemmNR + 8);
+        ORION_UNROLL
         for (int i = 0; i < kGemmMR; ++i) {
             const __m256 av = _mm256_broadcast_ss(a + p * kGemmMR + i);
             acc[i][0] = _mm256_fmadd_ps(av, b0, acc[i][0]);
@@ -206,6 +249,7 @@ ORION_AVX2 void gemm_tile_avx2(int64_t k, const float* a, const float* b, float*
         }
     }
     if (rows == kGemmMR && cols == kGemmNR) {
+        ORION_UNROLL
         for (int i = 0; i < kGemmMR; ++i) {
             float* ci = c + i * c_rs;
             if (add) {
@@ -218,6 +262,7 @@ ORION_AVX2 void gemm_tile_avx2(int64_t k, const float* a, const float* b, float*
         return;
     }
     float tile[kGemmMR][kGemmNR];
+    ORION_UNROLL
     for (int i = 0; i < kGemmMR; ++i) {
         _mm256_storeu_ps(tile[i], acc[i][0]);
         _mm256_storeu_ps(tile[i] + 8, acc[i][1]);
@@ -226,10 +271,76 @@ ORION_AVX2 void gemm_tile_avx2(int64_t k, const float* a, const float* b, float*
         for (int64_t j = 0; j < cols; ++j) c[i * c_rs + j] = (add ? c[i * c_rs + j] : 0.0f) + tile[i][j];
 }
 
+// Streams B row by row, four rows per pass over c (which stays in L1).
+ORION_AVX2 void gemv_rows_avx2(int64_t k, int64_t n, const float* a, int64_t a_cs, const float* b, int64_t b_rs,
+                               float* c) {
+    std::fill(c, c + n, 0.0f);
+    int64_t p = 0;
+    for (; p + 4 <= k; p += 4) {
+        const float a0 = a[p * a_cs], a1 = a[(p + 1) * a_cs], a2 = a[(p + 2) * a_cs], a3 = a[(p + 3) * a_cs];
+        const float *b0 = b + p * b_rs, *b1 = b0 + b_rs, *b2 = b1 + b_rs, *b3 = b2 + b_rs;
+        const __m256 v0 = _mm256_set1_ps(a0), v1 = _mm256_set1_ps(a1), v2 = _mm256_set1_ps(a2),
+                     v3 = _mm256_set1_ps(a3);
+        int64_t j = 0;
+        for (; j + 8 <= n; j += 8) {
+            __m256 sum = _mm256_fmadd_ps(v0, _mm256_loadu_ps(b0 + j), _mm256_loadu_ps(c + j));
+            sum = _mm256_fmadd_ps(v1, _mm256_loadu_ps(b1 + j), sum);
+            sum = _mm256_fmadd_ps(v2, _mm256_loadu_ps(b2 + j), sum);
+            _mm256_storeu_ps(c + j, _mm256_fmadd_ps(v3, _mm256_loadu_ps(b3 + j), sum));
+        }
+        for (; j < n; ++j) c[j] += a0 * b0[j] + a1 * b1[j] + a2 * b2[j] + a3 * b3[j];
+    }
+    for (; p < k; ++p) {
+        const float ap = a[p * a_cs];
+        const float* bp = b + p * b_rs;
+        const __m256 v = _mm256_set1_ps(ap);
+        int64_t j = 0;
+        for (; j + 8 <= n; j += 8) _mm256_storeu_ps(c + j, _mm256_fmadd_ps(v, _mm256_loadu_ps(bp + j), _mm256_loadu_ps(c + j)));
+        for (; j < n; ++j) c[j] += ap * bp[j];
+    }
+}
+
+ORION_AVX2 inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// Dot products of a with four columns of B at a time.
+ORION_AVX2 void gemv_cols_avx2(int64_t k, int64_t n, const float* a, const float* b, int64_t b_cs, float* c) {
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const float* bj = b + j * b_cs;
+        __m256 acc[4];
+        ORION_UNROLL
+        for (int q = 0; q < 4; ++q) acc[q] = _mm256_setzero_ps();
+        int64_t p = 0;
+        for (; p + 8 <= k; p += 8) {
+            const __m256 av = _mm256_loadu_ps(a + p);
+            ORION_UNROLL
+            for (int q = 0; q < 4; ++q) acc[q] = _mm256_fmadd_ps(av, _mm256_loadu_ps(bj + q * b_cs + p), acc[q]);
+        }
+        ORION_UNROLL
+        for (int q = 0; q < 4; ++q) {
+            float sum = hsum(acc[q]);
+            for (int64_t r = p; r < k; ++r) sum += a[r] * bj[q * b_cs + r];
+            c[j + q] = sum;
+        }
+    }
+    for (; j < n; ++j) {
+        __m256 acc = _mm256_setzero_ps();
+        int64_t p = 0;
+        for (; p + 8 <= k; p += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + p), _mm256_loadu_ps(b + j * b_cs + p), acc);
+        float sum = hsum(acc);
+        for (; p < k; ++p) sum += a[p] * b[j * b_cs + p];
+        c[j] = sum;
+    }
+}
+
 constexpr Kernels kAvx2 = {
     "avx2+f16c+fma",    round_fp16_avx2,           half_to_float_avx2,
     float_to_half_avx2, conv_tile_avx2<uint16_t>, conv_tile_avx2<float>,
-    gemm_tile_avx2,
+    gemm_tile_avx2,     gemv_rows_avx2,            gemv_cols_avx2,
 };
 
 bool cpu_has_avx2_f16c_fma() {
@@ -375,6 +486,27 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t
         return;
     }
     const Kernels& k = active();
+    if (M <= kGemvMaxM && (b_cs == 1 || b_rs == 1)) {
+        // A few rows: stream B once per row in its natural order, split over columns.
+        constexpr int64_t kColumnBlock = 64;
+        const int64_t blocks = ceil_div(N, kColumnBlock);
+        parallel_for(blocks, std::max<int64_t>(1, kParallelWork / (kColumnBlock * K)), [&](int64_t begin, int64_t end) {
+            const int64_t n0 = begin * kColumnBlock, n = std::min(N, end * kColumnBlock) - n0;
+            thread_local std::vector<float> row_buffer;
+            for (int64_t m = 0; m < M; ++m) {
+                float* c_row = c + m * c_rs + n0;
+                if (b_cs == 1) {
+                    k.gemv_rows(K, n, a + m * a_rs, a_cs, b + n0, b_rs, c_row);
+                } else {
+                    float* a_row = scratch(row_buffer, static_cast<size_t>(K));
+                    for (int64_t p = 0; p < K; ++p) a_row[p] = a[m * a_rs + p * a_cs];
+                    k.gemv_cols(K, n, a_row, b + n0 * b_cs, b_cs, c_row);
+                }
+                if (round_fp16) k.round_fp16(c_row, static_cast<size_t>(n));
+            }
+        });
+        return;
+    }
     // Tiles of C [mc x nc], each computed over all of K by one thread; nc shrinks (down to 48) so
     // that there are a few tiles per thread.
     const int64_t tiles_m = ceil_div(M, kGemmMC);

@@ -515,6 +515,8 @@ class Parser {
     }
 
     static bool element_count_is(const Type& type, size_t n) {
+        for (int64_t d : type.shape)
+            if (d == 0) return n == 0;
         uint64_t count = 1;
         for (int64_t d : type.shape) {
             count *= static_cast<uint64_t>(d);  // dims are < 2^31: stop before it can overflow

@@ -1,0 +1,131 @@
+"""The compiler driver: graph -> legalize -> I/O -> passes -> MIL text + weights -> ``orion.compile``.
+
+``lower(graph)`` gives the MIL text and weight files without compiling; ``compile_graph(graph)`` compiles
+them (once per content hash in this process, to spare the compile budget, ANE-11) and returns a
+:class:`CompiledGraph` that takes and returns unpadded arrays under the graph's own I/O names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from orion.errors import EvaluateError
+from orion.graph.builder import Graph
+from orion.lowering.check import check_fusion_depth
+from orion.lowering.io import IOLayout, prepare_io
+from orion.lowering.legalize import legalize
+from orion.lowering.mil import to_program
+from orion.passes import PassContext, PipelineReport, run_pipeline
+from orion.passes.base import SRAM_BYTES
+
+_NUMPY_DTYPES = {"fp16": np.float16, "fp32": np.float32}
+_PROGRAMS: dict[tuple[str, str], Any] = {}  # (content hash, profile) -> orion.Program
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """Everything lowering produces: MIL text, weight files by path, I/O layout and the pass report."""
+
+    mil: str
+    weights: dict[str, bytes]
+    layout: IOLayout
+    report: PipelineReport
+
+    @property
+    def content_hash(self) -> str:
+        """SHA-256 over the MIL text and every weight file (path and bytes): the cache key."""
+        h = hashlib.sha256(self.mil.encode())
+        for path in sorted(self.weights):
+            h.update(path.encode() + b"\0" + len(self.weights[path]).to_bytes(8, "little") + self.weights[path])
+        return h.hexdigest()
+
+
+def lower_graph(graph: Graph, *, io_dtype: str = "fp16", max_layers: int = 1,
+                sram_budget: int = SRAM_BYTES) -> Lowered:
+    """Run the whole pipeline up to MIL text; ``graph`` itself is not modified."""
+    check_fusion_depth(graph, max_layers)
+    legal = legalize(graph)
+    layout = prepare_io(legal, io_dtype)
+    report = run_pipeline(legal, PassContext(layout, sram_budget))
+    program, weights = to_program(legal)
+    from orion import mil
+
+    return Lowered(mil.emit(program), weights, layout, report)
+
+
+def lower(graph: Graph, *, io_dtype: str = "fp16", max_layers: int = 1) -> tuple[str, dict[str, bytes]]:
+    """``(mil_text, weights)`` for ``graph``: the input of ``orion.compile``."""
+    lowered = lower_graph(graph, io_dtype=io_dtype, max_layers=max_layers)
+    return lowered.mil, lowered.weights
+
+
+class CompiledGraph:
+    """A compiled graph: call it with the graph's input names, get a dict of the graph's output names."""
+
+    def __init__(self, lowered: Lowered, program: Any) -> None:
+        self.lowered = lowered
+        self.program = program
+
+    @property
+    def mil(self) -> str:
+        return self.lowered.mil
+
+    @property
+    def weights(self) -> dict[str, bytes]:
+        return self.lowered.weights
+
+    @property
+    def layout(self) -> IOLayout:
+        return self.lowered.layout
+
+    @property
+    def report(self) -> PipelineReport:
+        return self.lowered.report
+
+    @property
+    def content_hash(self) -> str:
+        return self.lowered.content_hash
+
+    def pack_inputs(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Unpadded arrays by graph name -> packed, zero-padded surface arrays by MIL name (ANE-21)."""
+        missing = sorted({s.name for s in self.layout.inputs} - set(arrays))
+        extra = sorted(set(arrays) - {s.name for s in self.layout.inputs})
+        if missing or extra:
+            raise EvaluateError(f"inputs: missing {missing}, unexpected {extra}. "
+                                f"Fix: pass exactly {[s.name for s in self.layout.inputs]}")
+        packed = {}
+        for spec in self.layout.inputs:
+            a = np.asarray(arrays[spec.name])
+            if a.shape != spec.shape:
+                raise EvaluateError(f"input '{spec.name}': shape {list(a.shape)}, expected {list(spec.shape)}. "
+                                    "Fix: pass the shape the graph declares")
+            buf = np.zeros(spec.padded, dtype=_NUMPY_DTYPES[spec.dtype])
+            buf[..., : spec.shape[3]] = a
+            packed[spec.mil_name] = buf
+        return packed
+
+    def unpack_outputs(self, results: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Surface arrays by MIL name -> unpadded arrays by graph name."""
+        return {s.name: np.ascontiguousarray(np.asarray(results[s.mil_name])[..., : s.shape[3]])
+                for s in self.layout.outputs}
+
+    def __call__(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
+        return self.unpack_outputs(self.program(**self.pack_inputs(arrays)))
+
+
+def compile_graph(graph: Graph, *, io_dtype: str = "fp16", profile: str = "hardware", max_layers: int = 1,
+                  sram_budget: int = SRAM_BYTES, verbose: bool = False) -> CompiledGraph:
+    """Lower and compile ``graph``; programs with an identical content hash are compiled once."""
+    import orion
+
+    lowered = lower_graph(graph, io_dtype=io_dtype, max_layers=max_layers, sram_budget=sram_budget)
+    if verbose:
+        print(f"graph '{graph.name}' ({lowered.content_hash[:12]}):\n{lowered.report}")
+    key = (lowered.content_hash, profile)
+    if key not in _PROGRAMS:
+        _PROGRAMS[key] = orion.compile(lowered.mil, lowered.weights, profile=profile)
+    return CompiledGraph(lowered, _PROGRAMS[key])

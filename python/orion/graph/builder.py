@@ -1,0 +1,308 @@
+"""The public graph builder: ``g = Graph("mlp"); x = g.input("x", [1, 768, 1, 32]); ...; g.output(y, "y")``.
+
+Tensors are ``[1, C, 1, S]`` channel-major (FACTS section 1). Every method infers the result's shape
+and dtype immediately, so a mistake raises where it is written. Scalars and numpy arrays given as
+operands become named ``const`` nodes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any, Union
+
+import numpy as np
+
+from orion.constraints import violation
+from orion.graph.infer import infer
+from orion.graph.ir import GraphError, Node
+
+FP16_MAX = 65504.0
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+Operand = Union[Node, float, int, np.ndarray]
+
+
+class Graph:
+    """A dataflow graph of named nodes in topological order, with named inputs and outputs."""
+
+    def __init__(self, name: str) -> None:
+        self.name = _check_ident(name, "graph name")
+        self.nodes: list[Node] = []
+        self.inputs: list[Node] = []
+        self.outputs: dict[str, Node] = {}
+        self._taken: set[str] = set()
+        self._counter = 0
+
+    # -- infrastructure -------------------------------------------------------------------------
+    def unique_name(self, base: str) -> str:
+        """``base`` if unused in this graph, else ``base_1``, ``base_2``, ..."""
+        name, i = base, 0
+        while name in self._taken:
+            i += 1
+            name = f"{base}_{i}"
+        return name
+
+    def add_node(self, op: str, inputs: Sequence[Node], attrs: dict[str, Any] | None = None, *, name: str,
+                 value: np.ndarray | None = None, origin: str = "", shape: tuple[int, ...] | None = None,
+                 dtype: str = "fp16") -> Node:
+        """Append a node, inferring its type (``shape``/``dtype`` are only given for input and const)."""
+        attrs = dict(attrs or {})
+        name = self.unique_name(name)
+        if shape is None:
+            shape, dtype = infer(op, origin or name, list(inputs), attrs)
+        node = Node(op, name, list(inputs), attrs, tuple(int(d) for d in shape), dtype, value, origin or name)
+        self._taken.add(name)
+        self.nodes.append(node)
+        if op == "input":
+            self.inputs.append(node)
+        return node
+
+    def rename(self, node: Node, new: str) -> None:
+        """Rename ``node`` to ``new``, first moving any other node called ``new`` out of the way."""
+        if node.name == new:
+            return
+        for other in self.nodes:
+            if other.name == new:
+                self.rename(other, self.unique_name(f"{new}_r"))
+        self._taken.discard(node.name)
+        node.name = new
+        self._taken.add(new)
+
+    def reserve(self, name: str) -> None:
+        """Keep ``name`` free for a later use (renaming a node that has it)."""
+        for other in self.nodes:
+            if other.name == name:
+                self.rename(other, self.unique_name(f"{name}_v"))
+        self._taken.add(name)
+
+    def replace_uses(self, old: Node, new: Node, *, skip: Node | None = None) -> None:
+        """Make every consumer of ``old`` (except ``skip``) and every output use ``new`` instead."""
+        for n in self.nodes:
+            if n is not skip:
+                n.inputs = [new if i is old else i for i in n.inputs]
+        for key, out in self.outputs.items():
+            if out is old:
+                self.outputs[key] = new
+
+    def move_after(self, node: Node, anchor: Node) -> None:
+        """Move ``node`` right after ``anchor`` in the node order."""
+        self.nodes.remove(node)
+        self.nodes.insert(self.nodes.index(anchor) + 1, node)
+
+    def remove(self, node: Node) -> None:
+        """Drop an unused node."""
+        self.nodes.remove(node)
+        self._taken.discard(node.name)
+        if node in self.inputs:
+            self.inputs.remove(node)
+
+    def _name(self, name: str | None, op: str) -> str:
+        if name is not None:
+            return self.unique_name(_check_ident(name, "node name"))
+        self._counter += 1
+        return self.unique_name(f"{op}_{self._counter}")
+
+    def _operand(self, v: Operand, name: str, like: Node) -> Node:
+        if isinstance(v, Node):
+            return v
+        return self.const(name, np.asarray(v, dtype=np.float64), dtype=like.dtype)
+
+    def _op(self, op: str, inputs: Sequence[Node], attrs: dict[str, Any] | None = None,
+            name: str | None = None) -> Node:
+        return self.add_node(op, inputs, attrs, name=self._name(name, op))
+
+    # -- sources and sinks ----------------------------------------------------------------------
+    def input(self, name: str, shape: Sequence[int], dtype: str = "fp16") -> Node:
+        """A graph input of shape ``[1, C, 1, S]`` (its surface dtype is chosen at compile time)."""
+        shape = tuple(int(d) for d in shape)
+        if len(shape) != 4 or shape[0] != 1 or shape[2] != 1 or min(shape) <= 0:
+            raise GraphError(f"input '{name}': shape {list(shape)} is not [1, C, 1, S]. Fix: give [1, C, 1, S]")
+        if _check_ident(name, "input name") in self._taken:
+            raise GraphError(f"input '{name}': the name is already used. Fix: pick another name")
+        return self.add_node("input", [], name=name, shape=shape, dtype=dtype)
+
+    def const(self, name: str, array: np.ndarray | float, dtype: str = "fp16") -> Node:
+        """A named constant (weights, masks, scalars); values must fit fp16 (ANE-25)."""
+        value = np.asarray(array, dtype=np.float64)
+        node_name = self.unique_name(_check_ident(name, "const name"))
+        if not np.all(np.isfinite(value)) or (value.size and np.abs(value).max() > FP16_MAX):
+            raise violation("ANE-25", node_name, "the constant has values that are not finite or beyond +-65504",
+                            "clamp or rescale the constant into fp16 range")
+        return self.add_node("const", [], name=node_name, value=value, shape=value.shape, dtype=dtype)
+
+    def output(self, node: Node, name: str) -> None:
+        """Return ``node`` under ``name``; outputs must be ``[1, C, 1, S]``."""
+        _check_ident(name, "output name")
+        if name in self.outputs:
+            raise GraphError(f"output '{name}': the name is already used. Fix: pick another name")
+        s = node.shape
+        if len(s) != 4 or s[0] != 1 or s[2] != 1:
+            raise GraphError(f"output '{name}' (node '{node.name}'): shape {list(s)} is not [1, C, 1, S]. "
+                             "Fix: reshape it to [1, C, 1, S]")
+        self.outputs[name] = node
+
+    # -- linear algebra -------------------------------------------------------------------------
+    def linear(self, x: Node, weight: Node | np.ndarray, bias: Node | np.ndarray | None = None, *,
+               name: str | None = None) -> Node:
+        """``W @ x (+ b)`` over channels: weight ``[Cout, Cin]`` (W[out][in]), bias ``[Cout]``; a 1x1 conv."""
+        name = self._name(name, "linear")
+        inputs = [x, self._operand(weight, f"{name}_weight", x)]
+        if bias is not None:
+            inputs.append(self._operand(bias, f"{name}_bias", x))
+        return self.add_node("linear", inputs, name=name)
+
+    def matmul(self, x: Node, y: Node | np.ndarray, *, transpose_x: bool = False, transpose_y: bool = False,
+               name: str | None = None) -> Node:
+        """Batched matrix product over the last two axes (both operands may be runtime values)."""
+        name = self._name(name, "matmul")
+        return self.add_node("matmul", [x, self._operand(y, f"{name}_y", x)],
+                             {"transpose_x": transpose_x, "transpose_y": transpose_y}, name=name)
+
+    # -- elementwise ----------------------------------------------------------------------------
+    def _binary(self, op: str, x: Node, y: Operand, name: str | None) -> Node:
+        name = self._name(name, op)
+        return self.add_node(op, [x, self._operand(y, f"{name}_y", x)], name=name)
+
+    def add(self, x: Node, y: Operand, *, name: str | None = None) -> Node:
+        """``x + y`` with broadcasting."""
+        return self._binary("add", x, y, name)
+
+    def sub(self, x: Node, y: Operand, *, name: str | None = None) -> Node:
+        """``x - y`` with broadcasting."""
+        return self._binary("sub", x, y, name)
+
+    def mul(self, x: Node, y: Operand, *, name: str | None = None) -> Node:
+        """``x * y`` with broadcasting."""
+        return self._binary("mul", x, y, name)
+
+    def div(self, x: Node, y: Operand, *, name: str | None = None) -> Node:
+        """``x / y`` (legalized to a multiplication by the reciprocal)."""
+        return self._binary("div", x, y, name)
+
+    def pow(self, x: Node, exponent: float, *, name: str | None = None) -> Node:
+        """``x ** exponent`` for a constant exponent."""
+        name = self._name(name, "pow")
+        return self.add_node("pow", [x, self.const(f"{name}_y", float(exponent), dtype=x.dtype)], name=name)
+
+    def _unary(self, op: str, x: Node, name: str | None) -> Node:
+        return self._op(op, [x], name=name)
+
+    def neg(self, x: Node, *, name: str | None = None) -> Node:
+        """``-x``."""
+        return self._unary("neg", x, name)
+
+    def exp(self, x: Node, *, name: str | None = None) -> Node:
+        """``e ** x``."""
+        return self._unary("exp", x, name)
+
+    def tanh(self, x: Node, *, name: str | None = None) -> Node:
+        """Hyperbolic tangent."""
+        return self._unary("tanh", x, name)
+
+    def sigmoid(self, x: Node, *, name: str | None = None) -> Node:
+        """Logistic sigmoid."""
+        return self._unary("sigmoid", x, name)
+
+    def relu(self, x: Node, *, name: str | None = None) -> Node:
+        """``max(x, 0)``."""
+        return self._unary("relu", x, name)
+
+    def identity(self, x: Node, *, name: str | None = None) -> Node:
+        """``x`` unchanged (removed by the identity-elimination pass)."""
+        return self._unary("identity", x, name)
+
+    def gelu(self, x: Node, *, name: str | None = None) -> Node:
+        """GELU, computed with the tanh approximation."""
+        return self._unary("gelu", x, name)
+
+    def silu(self, x: Node, *, name: str | None = None) -> Node:
+        """SiLU: ``x * sigmoid(x)``."""
+        return self._unary("silu", x, name)
+
+    def rsqrt(self, x: Node, *, name: str | None = None) -> Node:
+        """``1 / sqrt(x)``."""
+        return self._unary("rsqrt", x, name)
+
+    def sqrt(self, x: Node, *, name: str | None = None) -> Node:
+        """``sqrt(x)``."""
+        return self._unary("sqrt", x, name)
+
+    # -- reductions and normalization -----------------------------------------------------------
+    def softmax(self, x: Node, axis: int = -1, *, name: str | None = None) -> Node:
+        """Softmax along ``axis``; its extent must be a power of two (ANE-08)."""
+        return self._op("softmax", [x], {"axis": axis}, name)
+
+    def reduce_sum(self, x: Node, axis: int, *, name: str | None = None) -> Node:
+        """Sum along ``axis``, keeping it with size 1."""
+        return self._op("reduce_sum", [x], {"axis": axis}, name)
+
+    def reduce_max(self, x: Node, axis: int, *, name: str | None = None) -> Node:
+        """Maximum along ``axis``, keeping it with size 1."""
+        return self._op("reduce_max", [x], {"axis": axis}, name)
+
+    def reduce_mean(self, x: Node, axis: int, *, name: str | None = None) -> Node:
+        """Mean along ``axis``, keeping it with size 1."""
+        return self._op("reduce_mean", [x], {"axis": axis}, name)
+
+    def layer_norm(self, x: Node, gamma: np.ndarray, beta: np.ndarray, eps: float = 1e-5, *,
+                   name: str | None = None) -> Node:
+        """LayerNorm over channels of ``[1, C, 1, S]``: ``(x - mean) / sqrt(var + eps) * gamma + beta``."""
+        name = self._name(name, "layer_norm")
+        params = [self._operand(gamma, f"{name}_gamma", x), self._operand(beta, f"{name}_beta", x)]
+        return self.add_node("layer_norm", [x, *params], {"eps": float(eps)}, name=name)
+
+    def rms_norm(self, x: Node, gamma: np.ndarray, eps: float = 1e-5, *, name: str | None = None) -> Node:
+        """RMSNorm over channels of ``[1, C, 1, S]``: ``x / sqrt(mean(x^2) + eps) * gamma``."""
+        name = self._name(name, "rms_norm")
+        return self.add_node("rms_norm", [x, self._operand(gamma, f"{name}_gamma", x)], {"eps": float(eps)},
+                             name=name)
+
+    def attention(self, q: Node, k: Node, v: Node, heads: int, *, causal: bool = True,
+                  name: str | None = None) -> Node:
+        """Multi-head attention of ``[1, heads*head_dim, 1, S]`` q, k, v; S must be a power of two."""
+        return self._op("attention", [q, k, v], {"heads": int(heads), "causal": bool(causal)}, name)
+
+    # -- layout ---------------------------------------------------------------------------------
+    def reshape(self, x: Node, shape: Sequence[int], *, name: str | None = None) -> Node:
+        """Same data, new shape (same element count, no -1)."""
+        return self._op("reshape", [x], {"shape": [int(d) for d in shape]}, name)
+
+    def transpose(self, x: Node, perm: Sequence[int], *, name: str | None = None) -> Node:
+        """Permute the axes."""
+        return self._op("transpose", [x], {"perm": [int(p) for p in perm]}, name)
+
+    def cast(self, x: Node, dtype: str, *, name: str | None = None) -> Node:
+        """Convert to ``"fp16"`` or ``"fp32"``."""
+        return self._op("cast", [x], {"dtype": dtype}, name)
+
+    def slice(self, x: Node, axis: int, start: int, stop: int, *, name: str | None = None) -> Node:
+        """``x[..., start:stop, ...]`` along ``axis`` (non-negative indices)."""
+        return self._op("slice", [x], {"axis": axis, "start": int(start), "stop": int(stop)}, name)
+
+    def split(self, x: Node, sizes: Sequence[int], axis: int, *, name: str | None = None) -> list[Node]:
+        """Consecutive slices of ``sizes`` along ``axis`` (sugar over :meth:`slice`)."""
+        base = self._name(name, "split")
+        if sum(sizes) != x.shape[axis]:
+            raise GraphError(f"node '{base}' (split): sizes {list(sizes)} do not add up to {x.shape[axis]}. "
+                             "Fix: give sizes summing to the axis extent")
+        bounds = np.cumsum([0, *sizes])
+        return [self.slice(x, axis, int(a), int(b), name=f"{base}_{i}") for i, (a, b) in
+                enumerate(zip(bounds[:-1], bounds[1:]))]
+
+    def pad(self, x: Node, axis: int, before: int, after: int, *, name: str | None = None) -> Node:
+        """Zero padding along the channel (1) or sequence (3) axis."""
+        return self._op("pad", [x], {"axis": axis, "before": int(before), "after": int(after)}, name)
+
+    def concat(self, xs: Sequence[Node], axis: int, *, name: str | None = None) -> Node:
+        """Concatenation along the channel (1) or sequence (3) axis (legalized: no concat on the ANE)."""
+        return self._op("concat", list(xs), {"axis": axis}, name)
+
+    def __repr__(self) -> str:
+        return f"Graph({self.name}: {len(self.nodes)} nodes, inputs {[n.name for n in self.inputs]}, " \
+               f"outputs {list(self.outputs)})"
+
+
+def _check_ident(name: str, what: str) -> str:
+    if not isinstance(name, str) or not _IDENT.match(name):
+        raise GraphError(f"{what} {name!r} is not an identifier. Fix: use letters, digits and '_'")
+    return name

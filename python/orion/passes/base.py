@@ -1,0 +1,56 @@
+"""What every pass shares: the context it runs in and the reports it produces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from orion.graph.builder import Graph
+from orion.lowering.io import IOLayout
+
+SRAM_BYTES = 32 * 1024 * 1024  # ~32 MB on-chip SRAM (FACTS section 1)
+
+
+@dataclass
+class PassContext:
+    """Compile-wide facts passes read: the I/O layout (updated by padding) and the SRAM budget."""
+
+    layout: IOLayout
+    sram_budget: int = SRAM_BYTES
+    analyses: dict[str, Any] = field(default_factory=dict)
+
+
+# A pass rewrites the graph in place and returns one line per change it made (empty: nothing changed).
+PassFn = Callable[[Graph, PassContext], list[str]]
+
+
+@dataclass
+class PassReport:
+    """What one pass changed in one iteration of the pipeline."""
+
+    name: str
+    iteration: int
+    changes: list[str]
+
+
+@dataclass
+class PipelineReport:
+    """Every pass run, the number of iterations and whether the pipeline reached a fixed point."""
+
+    runs: list[PassReport] = field(default_factory=list)
+    iterations: int = 0
+    fixed_point: bool = False
+    analyses: dict[str, Any] = field(default_factory=dict)
+
+    def changes(self, name: str) -> list[str]:
+        """All changes made by pass ``name`` over every iteration."""
+        return [c for r in self.runs if r.name == name for c in r.changes]
+
+    def __str__(self) -> str:
+        lines = [f"passes: {self.iterations} iteration(s), fixed point: {self.fixed_point}"]
+        for r in self.runs:
+            if r.changes:
+                lines.append(f"  [{r.iteration}] {r.name}: {len(r.changes)} change(s)")
+                lines.extend(f"      {c}" for c in r.changes)
+        lines.extend(f"  {name}: {value}" for name, value in self.analyses.items())
+        return "\n".join(lines)

@@ -1,0 +1,142 @@
+"""Each pass's effect on a small graph, and the pipeline reaching a fixed point."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from orion.graph import Graph
+from orion.lowering.io import prepare_io
+from orion.lowering.legalize import legalize
+from orion.passes import DEFAULT_PASSES, PassContext, run_pipeline
+from orion.passes import cast_fusion, dce, identity, io_padding, sram
+from orion.passes.io_padding import MIN_SURFACE_BYTES, plan
+
+
+def prepared(g: Graph, io_dtype: str = "fp16") -> tuple[Graph, PassContext]:
+    legal = legalize(g)
+    return legal, PassContext(prepare_io(legal, io_dtype))
+
+
+def test_dce_removes_unused_nodes_keeps_inputs() -> None:
+    g = Graph("dce")
+    x, _ = g.input("x", [1, 64, 1, 32]), g.input("unused", [1, 64, 1, 32])
+    g.exp(x, name="dead")
+    g.output(g.relu(x), "y")
+    legal, ctx = prepared(g)
+    assert dce.run(legal, ctx) == ["removed dead (exp)"]
+    assert [n.op for n in legal.nodes] == ["input", "input", "relu"]
+    assert dce.run(legal, ctx) == []
+
+
+def test_identity_elimination() -> None:
+    g = Graph("ident")
+    x = g.input("x", [1, 64, 1, 32])
+    g.output(g.relu(g.identity(g.identity(x))), "y")
+    legal, ctx = prepared(g)
+    assert len(identity.run(legal, ctx)) == 2
+    relu = next(n for n in legal.nodes if n.op == "relu")
+    assert relu.inputs == legal.inputs and "identity" not in {n.op for n in legal.nodes}
+
+
+def test_cast_fusion_leaves_no_cast_pairs() -> None:
+    g = Graph("casts")
+    x = g.input("x", [1, 64, 1, 32])
+    g.output(g.relu(g.cast(g.cast(x, "fp32"), "fp16")), "y")
+    g.output(g.cast(g.cast(g.relu(x), "fp32"), "fp32"), "z")
+    legal, ctx = prepared(g, "fp32")
+    report = run_pipeline(legal, ctx)
+    casts = [n for n in legal.nodes if n.op == "cast"]
+    assert not any(c.inputs[0].op == "cast" for c in casts)
+    assert all(c.inputs[0].dtype != c.dtype for c in casts)
+    assert report.changes(cast_fusion.NAME)
+
+
+def test_io_padding_min_size_and_lanes() -> None:
+    assert plan([(1, 768, 1, 1)], "fp16", "in") == [(1, 768, 1, 32)]  # 49,152 bytes, >= 32 lanes
+    assert plan([(1, 768, 1, 1)], "fp32", "in") == [(1, 768, 1, 16)]
+    assert plan([(1, 4096, 1, 1)], "fp16", "in") == [(1, 4096, 1, 32)]  # lanes, not size, decide
+    assert plan([(1, 8, 1, 16)], "fp16", "in") == [(1, 8, 1, MIN_SURFACE_BYTES // 16)]
+
+
+def test_io_padding_lanes() -> None:
+    for shape, dtype in [((1, 4096, 1, 4), "fp16"), ((1, 4096, 1, 4), "fp32")]:
+        (padded,) = plan([shape], dtype, "in")
+        assert padded[3] >= io_padding.MIN_LANES[dtype]
+
+
+def test_io_padding_uniform() -> None:
+    shapes = [(1, 768, 1, 16), (1, 2048, 1, 1), (1, 64, 1, 32)]
+    padded = plan(shapes, "fp16", "in")
+    sizes = {int(np.prod(p)) * 2 for p in padded}
+    assert len(sizes) == 1 and sizes.pop() >= MIN_SURFACE_BYTES
+    assert all(p[1] == s[1] and p[3] >= max(s[3], 32) for p, s in zip(padded, shapes))
+
+
+def test_io_padding_pass_records_layout_and_is_idempotent() -> None:
+    g = Graph("pad")
+    x, m = g.input("x", [1, 64, 1, 8]), g.input("m", [1, 128, 1, 8])
+    g.output(g.relu(x), "y")
+    g.output(g.exp(m), "z")
+    legal, ctx = prepared(g)
+    changes = io_padding.run(legal, ctx)
+    assert len(changes) == 4
+    assert {s.padded for s in ctx.layout.inputs} == {(1, 64, 1, 384), (1, 128, 1, 192)}
+    assert [n.shape for n in legal.inputs] == [s.padded for s in ctx.layout.inputs]
+    assert all(legal.outputs[s.mil_name].shape == s.padded for s in ctx.layout.outputs)
+    assert io_padding.run(legal, ctx) == []
+
+
+def test_io_padding_rejects_channel_counts_without_common_size() -> None:
+    from orion.errors import ConstraintError
+    with pytest.raises(ConstraintError) as err:
+        plan([(1, 997, 1, 64), (1, 1009, 1, 64)], "fp16", "inputs")
+    assert err.value.constraint == "ANE-13"
+
+
+def test_sram_under_budget() -> None:
+    g = Graph("small")
+    g.output(g.linear(g.input("x", [1, 64, 1, 32]), np.zeros((64, 64))), "y")
+    legal, ctx = prepared(g)
+    assert sram.run(legal, ctx) == []
+    report = ctx.analyses[sram.NAME]
+    assert report.weight_bytes == 64 * 64 * 2 and not report.over_budget
+    assert "0.095 ms" in str(report)
+
+
+def test_sram_over_budget_warns_with_split_hint() -> None:
+    g = Graph("big")
+    x = g.input("x", [1, 2048, 1, 32])
+    for i in range(5):  # 5 x 8 MB of fp16 weights
+        x = g.linear(x, np.zeros((2048, 2048)), name=f"fc{i}")
+    g.output(x, "y")
+    legal, ctx = prepared(g)
+    with pytest.warns(sram.SRAMBudgetWarning, match="split into >= 2 programs"):
+        sram.run(legal, ctx)
+    assert ctx.analyses[sram.NAME].over_budget
+
+
+def test_sram_reports_const_matmul() -> None:
+    g = Graph("mm")
+    g.output(g.matmul(g.input("x", [1, 64, 1, 32]), np.zeros((32, 32)), name="slow"), "y")
+    legal, ctx = prepared(g)
+    sram.run(legal, ctx)
+    assert ctx.analyses[sram.NAME].const_matmuls == ("slow",)
+    assert "ANE-27" in str(ctx.analyses[sram.NAME])
+
+
+def test_pipeline_reaches_fixed_point_and_reports() -> None:
+    g = Graph("pipe")
+    x = g.input("x", [1, 64, 1, 8])
+    g.exp(x, name="dead")
+    g.output(g.cast(g.cast(g.identity(g.relu(x)), "fp32"), "fp16"), "y")
+    legal, ctx = prepared(g)
+    report = run_pipeline(legal, ctx)
+    assert report.fixed_point and report.iterations >= 2
+    last = [r for r in report.runs if r.iteration == report.iterations]
+    assert [r.name for r in last] == [name for name, _ in DEFAULT_PASSES] and not any(r.changes for r in last)
+    assert report.changes(dce.NAME) and report.changes(identity.NAME) and report.changes(io_padding.NAME)
+    text = str(report)
+    assert "fixed point: True" in text and "removed dead" in text
+    again = run_pipeline(legal, ctx)
+    assert again.iterations == 1 and again.fixed_point

@@ -1,0 +1,328 @@
+"""orion._core.kernels against independent numpy references.
+
+Tolerances: results accumulate in fp32 in an order of the kernel's choosing, so they are compared
+with a float64 reference within 2 * K * eps32 * (|A| @ |B|) (K = reduction length); rounded
+results must in addition be fp16 values within half an fp16 ulp of that band. Conversions and
+rounding are exact and compared bit for bit. The whole file also runs once more in a subprocess
+with ORION_SIMD=portable (and ORION_NUM_THREADS=3) so that both SIMD paths are covered.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+from orion._core import kernels
+
+EPS32 = float(np.finfo(np.float32).eps)
+RNG = np.random.default_rng(1234)
+
+
+def fp32_bound(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    k = a.shape[1]
+    return 2.0 * max(k, 1) * EPS32 * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))) + 1e-30
+
+
+def half_ulp16(ref: np.ndarray) -> np.ndarray:
+    """Half the fp16 spacing at |ref| (subnormal spacing below the normal range)."""
+    mag = np.maximum(np.abs(ref), 2.0**-14)
+    return np.exp2(np.floor(np.log2(mag)) - 11)
+
+
+def assert_close(got: np.ndarray, ref: np.ndarray, bound: np.ndarray, rounded: bool) -> None:
+    assert got.dtype == np.float32
+    if rounded:
+        assert np.array_equal(got, got.astype(np.float16).astype(np.float32)), "not fp16 values"
+        bound = bound + half_ulp16(ref) * (1 + 1e-6)
+    err = np.abs(got.astype(np.float64) - ref)
+    if not np.all(err <= bound):
+        worst = np.argmax(err - bound)
+        raise AssertionError(f"err {err.flat[worst]} > bound {bound.flat[worst]}")
+
+
+def test_simd_path_and_threads():
+    expected = "portable" if os.environ.get("ORION_SIMD") == "portable" else None
+    assert kernels.simd_path() in ("avx2+f16c+fma", "portable")
+    if expected:
+        assert kernels.simd_path() == expected
+    if "ORION_NUM_THREADS" in os.environ:
+        assert kernels.num_threads() == int(os.environ["ORION_NUM_THREADS"])
+    assert kernels.num_threads() >= 1
+
+
+# --- round_fp16 ---------------------------------------------------------------------------------
+
+
+def reference_round(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return x.astype(np.float16).astype(np.float32)
+
+
+def assert_same_bits(got: np.ndarray, ref: np.ndarray) -> None:
+    nan = np.isnan(ref)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.uint32), ref[~nan].view(np.uint32))
+
+
+def test_round_fp16_all_half_values_are_fixed_points():
+    halves = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+    assert_same_bits(kernels.round_fp16(halves), halves)
+
+
+def test_round_fp16_ties_go_to_even():
+    finite = np.arange(0, 0x7C00, dtype=np.uint16).view(np.float16).astype(np.float64)
+    mids = ((finite[:-1] + finite[1:]) / 2).astype(np.float32)  # exact in fp32
+    mids = np.concatenate([mids, -mids, [np.float32(65520.0)]])  # 65520 ties up to inf
+    got = kernels.round_fp16(mids)
+    assert_same_bits(got, reference_round(mids))
+    assert got[-1] == np.inf
+    assert kernels.round_fp16(np.array([2049.0], np.float32))[0] == 2048.0  # tie -> even mantissa
+    assert kernels.round_fp16(np.array([2051.0], np.float32))[0] == 2052.0
+
+
+def test_round_fp16_random_floats_overflow_and_specials():
+    bits = RNG.integers(0, 2**32, size=200_001, dtype=np.uint64).astype(np.uint32)
+    scaled = (RNG.standard_normal(100_003) * np.exp2(RNG.uniform(-30, 20, 100_003))).astype(np.float32)
+    specials = np.array(
+        [0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 65519.99, 65520.0, -65520.0, 1e9, -1e30,
+         2.0**-24, 2.0**-25, 2.0**-25 * 1.0001, 3 * 2.0**-26, 2.0**-14, 2.0**-14 - 2.0**-25, 1e-45],
+        dtype=np.float32,
+    )
+    for x in (bits.view(np.float32), scaled, specials):
+        assert_same_bits(kernels.round_fp16(x), reference_round(x))
+    got = kernels.round_fp16(specials)
+    assert np.isposinf(got[7]) and np.isneginf(got[8]) and np.isposinf(got[9])
+    assert np.signbit(got[1]) and got[1] == 0
+
+
+def test_round_fp16_shapes_and_copies():
+    x = RNG.standard_normal((3, 5, 7)).astype(np.float32)
+    before = x.copy()
+    view = x[:, ::2, 1:]
+    got = kernels.round_fp16(view)
+    assert got.shape == view.shape
+    assert_same_bits(got, reference_round(view))
+    assert np.array_equal(x, before), "input must not be modified"
+    assert kernels.round_fp16(np.array(1.0001, np.float32)) == np.float32(np.float16(1.0001))
+    assert kernels.round_fp16(np.zeros(0, np.float32)).shape == (0,)
+
+
+def test_round_fp16_rejects_other_dtypes():
+    with pytest.raises(ValueError, match="float32"):
+        kernels.round_fp16(np.zeros(4, np.float64))
+    with pytest.raises(ValueError, match="numpy array"):
+        kernels.round_fp16([1.0, 2.0])
+
+
+# --- conv1x1 ------------------------------------------------------------------------------------
+
+
+def conv_case(cout: int, cin: int, S: int, lanes: int | None, round_: bool) -> None:
+    weight = RNG.standard_normal((cout, cin)).astype(np.float16)
+    x = RNG.standard_normal((cin, S)).astype(np.float32)
+    got = kernels.conv1x1(weight, x, lanes=lanes, round=round_)
+    live = S if lanes is None else lanes
+    assert got.shape == (cout, S)
+    w32 = weight.astype(np.float32)
+    ref = w32.astype(np.float64) @ x[:, :live].astype(np.float64)
+    assert_close(got[:, :live], ref, fp32_bound(w32, x[:, :live]), round_)
+    assert np.all(got[:, live:] == 0), "lanes past `lanes` must be left untouched"
+
+
+@pytest.mark.parametrize("cout", [1, 5, 16, 17, 33, 100])
+@pytest.mark.parametrize("cin", [1, 7, 16, 40, 129, 300])
+def test_conv1x1_shapes(cout, cin):
+    for S in (1, 2, 3, 5, 8, 13, 32, 64):
+        conv_case(cout, cin, S, None, round_=True)
+    conv_case(cout, cin, 13, 7, round_=False)
+    conv_case(cout, cin, 64, 1, round_=True)
+
+
+@pytest.mark.parametrize("lanes", list(range(0, 20)) + [31, 32, 33, 47, 63, 64])
+def test_conv1x1_every_lane_count(lanes):
+    conv_case(70, 200, 64, lanes, round_=lanes % 2 == 0)
+
+
+def test_conv1x1_large_gpt2_shapes():
+    for cout, cin in ((768, 768), (3072, 768), (768, 3072)):
+        conv_case(cout, cin, 32, 32, round_=True)
+        conv_case(cout, cin, 32, 1, round_=True)
+
+
+def test_conv1x1_reproduces_fp16_weights_exactly():
+    cout, cin = 37, 45
+    bits = RNG.integers(0, 0x7C00, size=(cout, cin), dtype=np.uint16)  # finite, incl. subnormals
+    bits |= RNG.integers(0, 2, size=(cout, cin), dtype=np.uint16) << 15
+    weight = bits.view(np.float16)
+    got = kernels.conv1x1(weight, np.eye(cin, dtype=np.float32), round=False)  # one-hot lanes
+    assert np.array_equal(got, weight.astype(np.float32))
+    got = kernels.PackedConv1x1(weight)(np.eye(cin, dtype=np.float32)[:, ::-1], round=True)
+    assert np.array_equal(got, weight.astype(np.float32)[:, ::-1])
+
+
+def test_packed_conv1x1_reuse_and_attributes():
+    weight = RNG.standard_normal((19, 23)).astype(np.float16)
+    packed = kernels.PackedConv1x1(weight)
+    assert (packed.cout, packed.cin) == (19, 23)
+    x = RNG.standard_normal((23, 9)).astype(np.float32)
+    first = packed(x, lanes=4)
+    assert np.array_equal(first, packed(x, lanes=4))
+    assert np.array_equal(first, kernels.conv1x1(weight, x, lanes=4))
+
+
+def test_conv1x1_empty_and_degenerate():
+    assert kernels.conv1x1(np.zeros((0, 5), np.float16), np.ones((5, 3), np.float32)).shape == (0, 3)
+    got = kernels.conv1x1(np.zeros((4, 0), np.float16), np.ones((0, 3), np.float32))
+    assert got.shape == (4, 3) and np.all(got == 0)
+    assert np.all(kernels.conv1x1(np.ones((4, 5), np.float16), np.ones((5, 3), np.float32), lanes=0) == 0)
+
+
+def test_conv1x1_rejects_bad_input():
+    w = np.ones((4, 5), np.float16)
+    x = np.ones((5, 3), np.float32)
+    with pytest.raises(ValueError, match="float16"):
+        kernels.conv1x1(w.astype(np.float32), x)
+    with pytest.raises(ValueError, match="float32"):
+        kernels.conv1x1(w, x.astype(np.float16))
+    with pytest.raises(ValueError, match="2-D"):
+        kernels.conv1x1(w, x[None])
+    with pytest.raises(ValueError, match="channels"):
+        kernels.conv1x1(w, np.ones((6, 3), np.float32))
+    for lanes in (-1, 4):
+        with pytest.raises(ValueError, match="lanes"):
+            kernels.conv1x1(w, x, lanes=lanes)
+    with pytest.raises(ValueError, match="float16"):
+        kernels.PackedConv1x1(w.astype(">f2"))
+
+
+def test_conv1x1_accepts_non_contiguous_input():
+    weight = RNG.standard_normal((20, 30)).astype(np.float16)
+    x = RNG.standard_normal((60, 10)).astype(np.float32)[::2]
+    assert np.array_equal(kernels.conv1x1(weight, x), kernels.conv1x1(weight, np.ascontiguousarray(x)))
+    assert np.array_equal(kernels.conv1x1(np.asfortranarray(weight), x), kernels.conv1x1(weight, x))
+
+
+# --- gemm ---------------------------------------------------------------------------------------
+
+GEMM_SIZES = [(1, 1, 1), (1, 17, 5), (7, 1, 300), (13, 29, 17), (6, 16, 256), (100, 257, 300), (97, 513, 70),
+              (200, 40, 600), (1, 1000, 64), (33, 7, 1), (2, 300, 129), (3, 70, 1000), (4, 9, 11)]
+
+
+@pytest.mark.parametrize("M,N,K", GEMM_SIZES)
+@pytest.mark.parametrize("transpose_a", [False, True])
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_gemm(M, N, K, transpose_a, transpose_b):
+    A = RNG.standard_normal((M, K)).astype(np.float32)
+    B = RNG.standard_normal((K, N)).astype(np.float32)
+    a = np.ascontiguousarray(A.T) if transpose_a else A
+    b = np.ascontiguousarray(B.T) if transpose_b else B
+    ref = A.astype(np.float64) @ B.astype(np.float64)
+    for round_ in (False, True):
+        got = kernels.gemm(a, b, transpose_a=transpose_a, transpose_b=transpose_b, round=round_)
+        assert got.shape == (M, N)
+        assert_close(got, ref, fp32_bound(A, B), round_)
+
+
+def test_gemm_strided_views():
+    big_a = RNG.standard_normal((90, 120)).astype(np.float32)
+    big_b = RNG.standard_normal((150, 80)).astype(np.float32)
+    for rows in (1, 2, 3, 45):  # few rows stream B, more rows pack it
+        a, b = big_a[: 2 * rows : 2, ::3], big_b[1::3, ::-2]  # [rows, 40] and [50, 40]: b.T is [40, 50]
+        for b_view, transpose_b in ((b, True), (b.T, False), (np.ascontiguousarray(b.T)[:, ::2], False)):
+            b_mat = b_view.T if transpose_b else b_view
+            got = kernels.gemm(a, b_view, transpose_b=transpose_b, round=False)
+            assert_close(got, a.astype(np.float64) @ b_mat.astype(np.float64), fp32_bound(a, b_mat), False)
+
+
+def test_gemm_empty_and_zero_k():
+    assert kernels.gemm(np.zeros((0, 3), np.float32), np.zeros((3, 4), np.float32)).shape == (0, 4)
+    got = kernels.gemm(np.zeros((2, 0), np.float32), np.zeros((0, 4), np.float32))
+    assert got.shape == (2, 4) and np.all(got == 0)
+
+
+def test_gemm_rejects_bad_input():
+    a = np.ones((3, 4), np.float32)
+    with pytest.raises(ValueError, match="inner dimensions"):
+        kernels.gemm(a, np.ones((5, 2), np.float32))
+    with pytest.raises(ValueError, match="float32"):
+        kernels.gemm(a.astype(np.float64), np.ones((4, 2), np.float32))
+    with pytest.raises(ValueError, match="2-D"):
+        kernels.gemm(a, np.ones(4, np.float32))
+
+
+# --- thread pool --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n,grain", [(0, 1), (1, 1), (7, 1), (100, 3), (1000, 1), (1000, 400), (12345, 17)])
+def test_parallel_for_covers_each_index_once(n, grain):
+    assert np.all(kernels._parallel_for_probe(n, grain) == 1)
+    assert np.all(kernels._parallel_for_probe(n, grain, nested=True) == 1)
+
+
+def test_parallel_for_propagates_exceptions_and_survives():
+    for fail_at in (0, 5, 999):
+        with pytest.raises(ValueError, match=f"failure at index {fail_at}"):
+            kernels._parallel_for_probe(1000, 1, fail_at=fail_at)
+        with pytest.raises(ValueError, match="failure"):
+            kernels._parallel_for_probe(1000, 1, fail_at=fail_at, nested=True)
+    assert np.all(kernels._parallel_for_probe(1000, 1) == 1)
+    weight = RNG.standard_normal((64, 64)).astype(np.float16)
+    x = RNG.standard_normal((64, 4)).astype(np.float32)
+    assert np.array_equal(kernels.conv1x1(weight, x), kernels.conv1x1(weight, x))
+
+
+def test_concurrent_callers():
+    weight = RNG.standard_normal((512, 256)).astype(np.float16)
+    x = RNG.standard_normal((256, 16)).astype(np.float32)
+    packed = kernels.PackedConv1x1(weight)
+    expected = packed(x)
+    failures = []
+
+    def worker():
+        for _ in range(20):
+            if not np.array_equal(packed(x), expected) or not np.all(kernels._parallel_for_probe(5000, 1) == 1):
+                failures.append(1)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+
+
+def run_python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})})
+
+
+def test_process_exit_and_fork_do_not_hang():
+    done = run_python(
+        """
+        import os, numpy as np
+        from orion._core import kernels
+        w = np.ones((256, 256), np.float16); x = np.ones((256, 8), np.float32)
+        assert kernels.conv1x1(w, x)[0, 0] == 256
+        pid = os.fork()
+        if pid == 0:
+            ok = kernels.conv1x1(w, x)[0, 0] == 256 and (kernels._parallel_for_probe(1000, 1) == 1).all()
+            os._exit(0 if ok else 3)
+        assert os.waitpid(pid, 0)[1] == 0
+        print("done")
+        """
+    )
+    assert done.returncode == 0 and "done" in done.stdout, done.stderr
+
+
+@pytest.mark.skipif(os.environ.get("ORION_SIMD") == "portable", reason="this is the portable run")
+def test_portable_path_in_subprocess():
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
+                          capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "ORION_SIMD": "portable", "ORION_NUM_THREADS": "3"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

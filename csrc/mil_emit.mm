@@ -128,8 +128,8 @@ class Emitter {
                 break;
             case Argument::Kind::literal: {
                 const Value& v = a.literal;
-                bool bare_bool = v.kind == Value::Kind::scalar && v.type.dtype == DType::boolean;
-                out_ += bare_bool ? number(DType::boolean, v.numbers.at(0)) : value(v);
+                bool bare_bool = v.kind == Value::Kind::scalar && v.type == Type::scalar(DType::boolean);
+                out_ += bare_bool ? number(DType::boolean, scalar_number(v)) : value(v);
                 break;
             }
         }
@@ -152,13 +152,17 @@ class Emitter {
         return is_float(dtype) ? float_literal(v) : integer_literal(v);
     }
 
+    double scalar_number(const Value& v) const {
+        if (v.numbers.size() != 1) throw CompileError(where_ + ": a scalar value needs exactly one number");
+        return v.numbers[0];
+    }
+
     std::string value(const Value& v) const {
         switch (v.kind) {
             case Value::Kind::scalar:
                 if (v.type.is_tensor) throw CompileError(where_ + ": a scalar value has tensor type");
                 if (v.type.dtype == DType::string) return "string(" + quoted(v.text) + ")";
-                if (v.numbers.size() != 1) throw CompileError(where_ + ": a scalar value needs one number");
-                return std::string(dtype_name(v.type.dtype)) + "(" + number(v.type.dtype, v.numbers[0]) + ")";
+                return std::string(dtype_name(v.type.dtype)) + "(" + number(v.type.dtype, scalar_number(v)) + ")";
             case Value::Kind::list: {
                 if (!v.type.is_tensor) throw CompileError(where_ + ": a list value needs a tensor type");
                 if (static_cast<int64_t>(v.numbers.size()) != v.type.element_count())

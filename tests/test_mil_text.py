@@ -190,3 +190,36 @@ def test_parse_errors_at_program_level() -> None:
     error = error_at(HEADER + FOOTER + "trailing")
     assert (error.line, error.column) == (6, 1)
     assert isinstance(error, orion.CompileError)
+
+
+def test_builder_rejects_bad_and_duplicate_names() -> None:
+    p = Program()
+    p.add_input("x", ACT)
+    p.add_const("k", Value.number("int32", 1), name="k_const")
+    for bad in (lambda: p.add_input("x", ACT), lambda: p.add_input("", ACT), lambda: p.add_input("1x", ACT),
+                lambda: p.add_const("k", Value.number("fp16", 1.0)),
+                lambda: p.add_const("k2", Value.number("fp16", 1.0), name="k_const"),
+                lambda: p.add_const("k3", Value.number("fp16", 1.0), name=""),
+                lambda: p.add_op("relu", "x", ACT, [("x", "x")]),
+                lambda: p.add_op("relu", "r", ACT, [("x", "x"), ("x", "k")]),
+                lambda: p.add_op("relu", "r", ACT, [("x", "")]),
+                lambda: Value.number("int32", 0.5), lambda: Value.number("string", 1.0),
+                lambda: Value.list(Type.tensor("fp16", [2]), [1.0]), lambda: Value.list(Type.scalar("fp16"), [1.0]),
+                lambda: Type.scalar("fp64"), lambda: Type.tensor("fp16", [-1])):
+        with pytest.raises(ValueError):
+            bad()
+    assert [op.output for op in p.operations] == ["k"] and p.inputs == [("x", ACT)]
+
+
+def test_model_properties() -> None:
+    t = Type.tensor("fp16", [1, 768, 1, 32])
+    assert (t.dtype, t.is_tensor, t.shape, t.element_count, t.byte_size) == ("fp16", True, [1, 768, 1, 32], 24576, 49152)
+    assert str(t) == "tensor<fp16, [1, 768, 1, 32]>" and str(Type.scalar("bool")) == "bool"
+    v = Value.blob(Type.tensor("int8", [4]), "@model_path/weights/q.bin", 192)
+    assert (v.kind, v.blob_path, v.blob_offset, v.type) == ("blob", "@model_path/weights/q.bin", 192, Type.tensor("int8", [4]))
+    assert Value.string("valid").text == "valid" and Value.string("valid").kind == "scalar"
+    p = parse(FACTS_EXAMPLE)
+    op = p.operations[1]
+    assert (op.op, op.output, op.name, op.type, op.args) == ("const", "eps", "eps", Type.scalar("fp16"), [])
+    assert p.operations[3].val is None and p.operations[3].args[0].literal is None
+    assert "eps" in repr(op) and "fp16" in repr(op.val) and p != Program()

@@ -108,7 +108,8 @@ Argument make_argument(const std::string& name, const py::handle& v) {
     return Argument::tuple(name, std::move(refs));
 }
 
-py::object text_argument(const py::object& text) {
+// A str as its UTF-8 bytes; any other object as it is (it must be a buffer).
+py::object as_buffer(const py::object& text) {
     return py::isinstance<py::str>(text) ? py::object(text.attr("encode")("utf-8")) : text;
 }
 
@@ -252,7 +253,7 @@ void bind_program(py::module_& m) {
 
     m.def("emit", &emit, py::arg("program"), "The canonical MIL text of `program`.");
     m.def("parse", [](const py::object& text) {
-        py::object data = text_argument(text);
+        py::object data = as_buffer(text);
         ByteView view(data);
         return parse(view.bytes());
     }, py::arg("text"), "Parses MIL text (str or bytes); raises orion.ParseError with line and column.");

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from orion import blobfile, mil
 from orion.backend import backend, compile_budget, compile_count
+from orion.compiler import CompiledGraph, compile_graph, lower
+from orion.graph import Graph
 from orion.errors import (
     CompileBudgetExhausted,
     CompileError,
@@ -24,9 +26,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CompileBudgetExhausted",
+    "CompiledGraph",
     "CompileError",
     "ConstraintError",
     "EvaluateError",
+    "Graph",
     "MIN_SURFACE_BYTES",
     "OrionError",
     "ParseError",
@@ -38,5 +42,7 @@ __all__ = [
     "compile",
     "compile_budget",
     "compile_count",
+    "compile_graph",
+    "lower",
     "mil",
 ]

@@ -12,12 +12,15 @@ def main(argv: list[str] | None = None) -> int:
     demo = commands.add_parser("demo", help="compile and run a GPT-2-sized MLP block, checked against numpy")
     demo.add_argument("--lanes", type=int, default=32, help="token lanes per evaluate (default 32)")
     demo.add_argument("--iterations", type=int, default=50)
+    commands.add_parser("constraints", help="print the catalog of known ANE constraints and how Orion handles each")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from orion import demo as demo_module
 
         return demo_module.main(lanes=args.lanes, iterations=args.iterations)
-    return 2
+    from orion import constraints
+
+    return constraints.main()
 
 
 if __name__ == "__main__":

@@ -57,9 +57,8 @@ def replay(program: Any, weights: dict[str, bytes]) -> list[str]:
     from coremltools.converters.mil.mil import types
 
     mismatches: list[str] = []
-    specs = [mb.TensorSpec(shape=tuple(p.type.shape), dtype=types.string_to_builtin(p.type.dtype))
-             for p in program.inputs]
-    names = [p.name for p in program.inputs]
+    specs = [mb.TensorSpec(shape=tuple(t.shape), dtype=types.string_to_builtin(t.dtype)) for _, t in program.inputs]
+    names = [name for name, _ in program.inputs]
 
     def run(args: list[Any]) -> Any:
         env = dict(zip(names, args))

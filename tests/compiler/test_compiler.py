@@ -11,7 +11,6 @@ from orion.errors import EvaluateError
 from orion.graph import Graph
 
 from . import reference as ref
-from .conftest import needs_compile, needs_mil
 
 
 def block(w_scale: float = 0.1) -> tuple[Graph, dict[str, np.ndarray]]:
@@ -34,7 +33,6 @@ def block_reference(x: np.ndarray, p: dict[str, np.ndarray]) -> np.ndarray:
     return ref.tensor(ref.cs(x) + p["wo"] @ att)
 
 
-@needs_compile
 @pytest.mark.parametrize("io_dtype", ["fp16", "fp32"])
 def test_attention_block_matches_numpy(io_dtype: str) -> None:
     g, p = block()
@@ -45,7 +43,6 @@ def test_attention_block_matches_numpy(io_dtype: str) -> None:
     np.testing.assert_allclose(y.astype(np.float32), block_reference(x, p), atol=3e-2, rtol=3e-2)
 
 
-@needs_compile
 def test_compile_cache_by_hash(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
     real = orion.compile
@@ -55,12 +52,10 @@ def test_compile_cache_by_hash(monkeypatch: pytest.MonkeyPatch) -> None:
     assert first.content_hash == second.content_hash and first.program is second.program and len(calls) <= 1
 
 
-@needs_mil
 def test_hash_changes_with_weights() -> None:
     assert lower_graph(block(0.1)[0]).content_hash != lower_graph(block(0.2)[0]).content_hash
 
 
-@needs_mil
 def test_padding_layout_is_packed() -> None:
     g = Graph("decode")
     g.output(g.relu(g.input("x", [1, 64, 1, 1])), "y")
@@ -80,7 +75,6 @@ def test_padding_layout_is_packed() -> None:
         compiled.pack_inputs({})
 
 
-@needs_compile
 def test_verbose_prints_report(capsys: pytest.CaptureFixture[str]) -> None:
     g = Graph("v")
     g.output(g.identity(g.relu(g.input("x", [1, 64, 1, 32]))), "y")
@@ -89,7 +83,6 @@ def test_verbose_prints_report(capsys: pytest.CaptureFixture[str]) -> None:
     assert "identity elimination" in out and "fixed point: True" in out and "SRAM" in out
 
 
-@needs_compile
 def test_docs_example_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     from pathlib import Path
 

@@ -11,7 +11,6 @@ from orion.compiler import lower, lower_graph
 from orion.graph import Graph
 from orion.lowering.io import io_names
 
-from .conftest import needs_mil
 
 
 def mlp() -> Graph:
@@ -35,7 +34,6 @@ def test_io_names_sort_in_natural_order() -> None:
     assert sorted(many) == many and many[0] == "out_000_o0"
 
 
-@needs_mil
 def test_no_inline_literals() -> None:
     for stmt in statements(lower(mlp())[0]):
         if "= const()" in stmt:
@@ -46,7 +44,6 @@ def test_no_inline_literals() -> None:
         assert re.search(r'\[name=string\("\w+"\)\]', stmt)
 
 
-@needs_mil
 def test_outputs_are_live_ops() -> None:
     g = Graph("alias")
     x = g.input("x", [1, 64, 1, 32])
@@ -61,7 +58,6 @@ def test_outputs_are_live_ops() -> None:
     assert set(returned) <= defined
 
 
-@needs_mil
 def test_weights_one_file_offset_64() -> None:
     mil, weights = lower(mlp())
     paths = re.findall(r'BLOBFILE\(path=string\("([^"]+)"\), offset=uint64\((\d+)\)\)', mil)
@@ -76,7 +72,6 @@ def test_weights_one_file_offset_64() -> None:
     np.testing.assert_array_equal(w, expected)
 
 
-@needs_mil
 def test_weights_dict_empty_not_none() -> None:
     g = Graph("noweights")
     g.output(g.relu(g.input("x", [1, 768, 1, 32])), "y")
@@ -84,14 +79,12 @@ def test_weights_dict_empty_not_none() -> None:
     assert weights == {} and "BLOBFILE" not in mil
 
 
-@needs_mil
 def test_deterministic_bytes_and_hash() -> None:
     a, b = lower_graph(mlp()), lower_graph(mlp())
     assert a.mil == b.mil and a.weights == b.weights and a.content_hash == b.content_hash
     assert lower_graph(mlp(), io_dtype="fp32").content_hash != a.content_hash
 
 
-@needs_mil
 def test_fp32_io_casts_at_the_edges() -> None:
     mil = lower(mlp(), io_dtype="fp32")[0]
     header = re.search(r"main<ios18>\(([^)]*)\)", mil).group(1)

@@ -2,6 +2,8 @@
 
 Inputs are [1, C, 1, 32] activations, i.e. x is [cin, 32] channel-major; the decode rows use one
 live lane of the 32. Each timing is the best of --repeat runs of a loop lasting about --min-time.
+For 32 lanes, "program ms" times the whole path as well: a compiled one-conv MIL program
+evaluated on surfaces (fp16 I/O conversion included).
 
     python benchmarks/bench_conv.py [--repeat N] [--min-time S] [--json]
 """
@@ -15,7 +17,9 @@ import time
 
 import numpy as np
 
+import orion
 from orion._core import kernels
+from orion.mil import Program, Type, Value
 
 SHAPES = [(768, 768), (768, 3072), (3072, 768)]  # (cin, cout), GPT-2 124M's projections
 SEQ = 32
@@ -38,6 +42,24 @@ def best_time(fn, repeat: int, min_time: float) -> float:
     return best
 
 
+def conv_program(weight16: np.ndarray) -> orion.Program:
+    """A compiled MIL program computing one 1x1 conv on [1, cin, 1, SEQ]."""
+    cout, cin = weight16.shape
+    p = Program()
+    p.add_input("x", Type.tensor("fp16", [1, cin, 1, SEQ]))
+    p.add_const("dl", Value.list(Type.tensor("int32", [2]), [1, 1]))
+    p.add_const("gr", Value.number("int32", 1))
+    p.add_const("pd", Value.list(Type.tensor("int32", [4]), [0, 0, 0, 0]))
+    p.add_const("pt", Value.string("valid"))
+    p.add_const("st", Value.list(Type.tensor("int32", [2]), [1, 1]))
+    p.add_const("w", Value.blob(Type.tensor("fp16", [cout, cin, 1, 1]), "@model_path/weights/w.bin"))
+    p.add_op("conv", "y", Type.tensor("fp16", [1, cout, 1, SEQ]),
+             [("dilations", "dl"), ("groups", "gr"), ("pad", "pd"), ("pad_type", "pt"), ("strides", "st"),
+              ("weight", "w"), ("x", "x")])
+    p.outputs = ["y"]
+    return orion.compile(orion.mil.emit(p), {"@model_path/weights/w.bin": orion.blobfile.write(weight16)})
+
+
 def bench_case(cin: int, cout: int, lanes: int, repeat: int, min_time: float) -> dict:
     rng = np.random.default_rng(0)
     weight16 = (rng.standard_normal((cout, cin)) / np.sqrt(cin)).astype(np.float16)
@@ -52,8 +74,15 @@ def bench_case(cin: int, cout: int, lanes: int, repeat: int, min_time: float) ->
 
     t_orion = best_time(lambda: packed(x, lanes=lanes, round=True), repeat, min_time)
     t_numpy = best_time(lambda: weight32 @ x_live, repeat, min_time)
+    t_program = None
+    if lanes == SEQ:
+        program = conv_program(weight16)
+        inputs, outputs = program.allocate_surfaces()
+        inputs["x"].write(x.reshape(1, cin, 1, SEQ))
+        t_program = best_time(lambda: program.evaluate(inputs, outputs), repeat, min_time)
     flops = 2.0 * cout * cin * lanes
     return {
+        "program_ms": None if t_program is None else t_program * 1e3,
         "cin": cin,
         "cout": cout,
         "seq": SEQ,
@@ -94,7 +123,7 @@ def main() -> None:
         print(f"  {name}: {'set to ' + repr(value) if value is not None else 'not set'}")
     header = (
         f"{'conv (cin->cout)':>17} {'lanes':>5} | {'orion ms':>9} {'GFLOP/s':>8} {'w GB/s':>7} | "
-        f"{'numpy ms':>9} {'GFLOP/s':>8} {'w GB/s':>7} | {'orion/numpy':>11}"
+        f"{'numpy ms':>9} {'GFLOP/s':>8} {'w GB/s':>7} | {'orion/numpy':>11} | {'program ms':>10}"
     )
     print(header)
     print("-" * len(header))
@@ -102,7 +131,8 @@ def main() -> None:
         print(
             f"{r['cin']:>8}->{r['cout']:<8} {r['lanes']:>5} | {r['orion_ms']:>9.4f} {r['orion_gflops']:>8.1f} "
             f"{r['orion_weight_gbps']:>7.1f} | {r['numpy_ms']:>9.4f} {r['numpy_gflops']:>8.1f} "
-            f"{r['numpy_weight_gbps']:>7.1f} | {r['speedup']:>10.2f}x"
+            f"{r['numpy_weight_gbps']:>7.1f} | {r['speedup']:>10.2f}x | "
+            + (f"{r['program_ms']:>10.4f}" if r["program_ms"] is not None else f"{'-':>10}")
         )
     print("orion/numpy = numpy time / orion time (>1: Orion faster); w GB/s = weight bytes streamed per second")
 

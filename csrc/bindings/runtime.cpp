@@ -52,13 +52,13 @@ void bind_runtime(py::module_& m) {
         .def(
             "evaluate",
             [](runtime::LoadedProgram& p, const std::vector<std::pair<std::string, runtime::Surface*>>& inputs,
-               const std::vector<std::pair<std::string, runtime::Surface*>>& outputs) {
+               const std::vector<std::pair<std::string, runtime::Surface*>>& outputs, const runtime::LiveLanes& live) {
                 const auto in = bindings(inputs), out = bindings(outputs);
                 py::gil_scoped_release release;
-                p.evaluate(in, out);
+                p.evaluate(in, out, live);
             },
-            py::arg("inputs"), py::arg("outputs"),
-            "Runs once; inputs/outputs are [(name, Surface)] in binding order.")
+            py::arg("inputs"), py::arg("outputs"), py::arg("live_lanes") = runtime::LiveLanes{},
+            "Runs once; inputs/outputs are [(name, Surface)] in binding order; live_lanes: {input: lanes}.")
         .def("unload", &runtime::LoadedProgram::unload);
 
     m.def(

@@ -1,5 +1,6 @@
 #include "emulator/emulator.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -37,8 +38,18 @@ std::shared_ptr<const std::string> bake_blob(const mil::Operation& op, const run
     return std::make_shared<const std::string>(file->second.substr(chunk.data_offset, chunk.size));
 }
 
-// Converts between a surface's packed bytes and a frame tensor.
+// Converts between a surface's packed bytes and a frame tensor (the live lanes of each row when
+// the tensor is partially live, the whole tensor otherwise).
 void load_input(const uint8_t* src, Tensor& t) {
+    if (t.partial() && mil::is_float(t.dtype)) {
+        for_each_live_row(t, [&](int64_t at, int64_t n) {
+            if (t.dtype == mil::DType::fp16)
+                kernels::half_to_float(reinterpret_cast<const uint16_t*>(src) + at, t.data.data() + at, static_cast<size_t>(n));
+            else
+                std::memcpy(t.data.data() + at, src + at * 4, static_cast<size_t>(n) * 4);
+        });
+        return;
+    }
     const size_t n = t.data.size();
     switch (t.dtype) {
         case mil::DType::fp16: kernels::half_to_float(reinterpret_cast<const uint16_t*>(src), t.data.data(), n); break;
@@ -62,6 +73,15 @@ void load_input(const uint8_t* src, Tensor& t) {
 }
 
 void store_output(const Tensor& t, uint8_t* dst) {
+    if (t.partial() && mil::is_float(t.dtype)) {
+        for_each_live_row(t, [&](int64_t at, int64_t n) {
+            if (t.dtype == mil::DType::fp16)
+                kernels::float_to_half(t.data.data() + at, reinterpret_cast<uint16_t*>(dst) + at, static_cast<size_t>(n));
+            else
+                std::memcpy(dst + at * 4, t.data.data() + at, static_cast<size_t>(n) * 4);
+        });
+        return;
+    }
     const size_t n = t.data.size();
     switch (t.dtype) {
         case mil::DType::fp16: kernels::float_to_half(t.data.data(), reinterpret_cast<uint16_t*>(dst), n); break;
@@ -95,11 +115,17 @@ public:
         for (const auto& s : outputs_) output_slots_.push_back(ids_.at(s.name));
     }
 
-    void evaluate(const runtime::Bindings& inputs, const runtime::Bindings& outputs) override {
+    void evaluate(const runtime::Bindings& inputs, const runtime::Bindings& outputs,
+                  const runtime::LiveLanes& live) override {
         std::lock_guard<std::mutex> lock(mutex_);
         if (!loaded_) throw EvaluateError("the program was unloaded; compile it again");
         runtime::check_bindings(inputs_, inputs, outputs_, outputs);
-        for (size_t i = 0; i < inputs.size(); ++i) load_input(inputs[i].second->data(), frame_.values[input_slots_[i]]);
+        for (size_t i = 0; i < inputs.size(); ++i) {
+            Tensor& t = frame_.values[input_slots_[i]];
+            auto hint = live.find(inputs_[i].name);
+            t.lanes = hint == live.end() ? t.last_dim() : std::clamp<int64_t>(hint->second, 1, t.last_dim());
+            load_input(inputs[i].second->data(), t);
+        }
         for (const Kernel& k : kernels_) k(frame_);
         for (size_t i = 0; i < outputs.size(); ++i) store_output(frame_.values[output_slots_[i]], outputs[i].second->data());
     }
@@ -169,6 +195,7 @@ private:
             Tensor& t = frame_.values[v.slot];
             t.dtype = v.type.dtype;
             t.shape = v.type.shape;
+            t.lanes = t.last_dim();
             const bool is_const = v.constant != nullptr;
             if (is_const && !v.used_as_data) continue;  // read at build time only (e.g. packed conv weights)
             if (!is_const) {

@@ -142,8 +142,11 @@ Shape broadcast_shapes(OpContext& ctx, const Shape& a, const Shape& b) {
 }
 
 void finish(Tensor& t) {
+    float* d = t.data.data();
     switch (t.dtype) {
-        case mil::DType::fp16: kernels::round_fp16(t.data.data(), t.data.size()); break;
+        case mil::DType::fp16:
+            for_each_live_row(t, [&](int64_t at, int64_t n) { kernels::round_fp16(d + at, static_cast<size_t>(n)); });
+            break;
         case mil::DType::fp32: break;
         case mil::DType::boolean:
             for (float& v : t.data) v = v != 0.0f ? 1.0f : 0.0f;

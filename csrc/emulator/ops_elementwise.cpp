@@ -1,4 +1,5 @@
 // Elementwise ops: binary arithmetic with numpy broadcasting, and unary activations.
+#include <algorithm>
 #include <cmath>
 
 #include "emulator/ops.h"
@@ -54,15 +55,23 @@ BuiltOp binary(OpContext& ctx, F f) {
     const Shape xs = tx.shape, ys = ty.shape;
     const bool same = xs == ys;
     return {type, [=](Frame& fr) {
-                const float* a = fr.values[x].data.data();
-                const float* b = fr.values[y].data.data();
+                const Tensor &ta = fr.values[x], &tb = fr.values[y];
                 Tensor& out = fr.values[o];
+                // Live lanes: the widest live prefix among operands that span the output's last axis.
+                const int64_t width = out.last_dim();
+                int64_t lanes = 0;
+                for (const Tensor* t : {&ta, &tb})
+                    if (t->last_dim() == width) lanes = std::max(lanes, t->lanes);
+                out.lanes = lanes > 0 ? lanes : width;
+                const float* a = ta.data.data();
+                const float* b = tb.data.data();
                 float* c = out.data.data();
-                if (same) {
+                if (same && !out.partial()) {
                     for (int64_t i = 0, n = out.size(); i < n; ++i) c[i] = f(a[i], b[i]);
                 } else {
+                    const int64_t live = out.lanes;
                     for_each_row(out.shape, xs, ys, [&](int64_t oo, int64_t ox, int64_t sx, int64_t oy, int64_t sy, int64_t n) {
-                        for (int64_t i = 0; i < n; ++i) c[oo + i] = f(a[ox + i * sx], b[oy + i * sy]);
+                        for (int64_t i = 0, m = std::min(n, live); i < m; ++i) c[oo + i] = f(a[ox + i * sx], b[oy + i * sy]);
                     });
                 }
                 finish(out);
@@ -78,8 +87,11 @@ BuiltOp unary(OpContext& ctx, F f, std::vector<const char*> optional = {}) {
     return {tx, [=](Frame& fr) {
                 const float* a = fr.values[x].data.data();
                 Tensor& out = fr.values[o];
+                out.lanes = fr.values[x].lanes;
                 float* c = out.data.data();
-                for (int64_t i = 0, n = out.size(); i < n; ++i) c[i] = f(a[i]);
+                for_each_live_row(out, [&](int64_t at, int64_t n) {
+                    for (int64_t i = at; i < at + n; ++i) c[i] = f(a[i]);
+                });
                 finish(out);
             }};
 }

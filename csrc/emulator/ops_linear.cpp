@@ -98,10 +98,14 @@ BuiltOp build_conv(OpContext& ctx) {
         auto packed = std::make_shared<kernels::PackedConv1x1>(kernels::pack_conv1x1(halves.data(), g.cout, g.cin));
         return {out_type, [=](Frame& fr) {
                     const int64_t S = g.h * g.w;
+                    const Tensor& in = fr.values[x];
                     Tensor& out = fr.values[o];
+                    // With one row per channel (H = 1) the lanes are independent: compute the live ones.
+                    out.lanes = g.h == 1 ? in.lanes : out.last_dim();
+                    const int64_t lanes = g.h == 1 ? in.lanes : S;
                     for (int64_t b = 0; b < g.n; ++b) {
                         float* c = out.data.data() + b * g.cout * S;
-                        kernels::conv1x1(*packed, fr.values[x].data.data() + b * g.cin * S, S, S, c, round && bias.empty());
+                        kernels::conv1x1(*packed, in.data.data() + b * g.cin * S, S, lanes, c, round && bias.empty());
                         add_bias(c);
                     }
                     if (!bias.empty()) finish(out);
@@ -184,11 +188,20 @@ BuiltOp build_matmul(OpContext& ctx) {
     const int64_t a_rs = tx_t ? 1 : K, a_cs = tx_t ? M : 1;
     const int64_t b_rs = ty_t ? 1 : N, b_cs = ty_t ? K : 1;
     return {tensor_type(tx.dtype, out), [=](Frame& fr) {
-                const float* a = fr.values[x].data.data();
-                const float* b = fr.values[y].data.data();
-                float* c = fr.values[o].data.data();
+                const Tensor &tx_v = fr.values[x], &ty_v = fr.values[y];
+                Tensor& out_v = fr.values[o];
+                // Live lanes: a partially live contracted axis is summed over its live prefix only;
+                // a partially live N axis (y's last) leaves the output live on the same prefix.
+                int64_t k = K;
+                if (!tx_t && tx_v.partial()) k = std::min(k, tx_v.lanes);
+                if (ty_t && ty_v.partial()) k = std::min(k, ty_v.lanes);
+                const int64_t n = !ty_t && ty_v.partial() ? ty_v.lanes : N;
+                out_v.lanes = n;
+                const float* a = tx_v.data.data();
+                const float* b = ty_v.data.data();
+                float* c = out_v.data.data();
                 for (int64_t i = 0; i < nb; ++i)
-                    kernels::gemm(M, N, K, a + xoff[i], a_rs, a_cs, b + yoff[i], b_rs, b_cs, c + i * M * N, N, round);
+                    kernels::gemm(M, n, k, a + xoff[i], a_rs, a_cs, b + yoff[i], b_rs, b_cs, c + i * M * N, N, round);
             }};
 }
 

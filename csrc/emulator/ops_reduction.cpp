@@ -58,16 +58,23 @@ BuiltOp build_reduce(OpContext& ctx, Reduce kind) {
     int64_t count = 1;
     for (int64_t a : axes) count *= tx.shape[a];
     const int x = ctx.slot("x"), o = ctx.out_slot();
+    const bool reduces_lanes = !axes.empty() && axes.back() == static_cast<int64_t>(tx.shape.size()) - 1;
     return {tensor_type(tx.dtype, out), [=](Frame& fr) {
-                const float* a = fr.values[x].data.data();
+                const Tensor& in = fr.values[x];
+                const float* a = in.data.data();
                 Tensor& t = fr.values[o];
+                t.lanes = reduces_lanes || !in.partial() ? t.last_dim() : in.lanes;
                 const float init = kind == Reduce::max ? -std::numeric_limits<float>::infinity() : 0.0f;
                 std::fill(t.data.begin(), t.data.end(), init);
                 const auto& g = *groups;
-                for (size_t i = 0; i < g.size(); ++i)
-                    t.data[g[i]] = kind == Reduce::max ? std::max(t.data[g[i]], a[i]) : t.data[g[i]] + a[i];
-                if (kind == Reduce::mean)
-                    for (float& v : t.data) v /= static_cast<float>(count);
+                for_each_live_row(in, [&](int64_t at, int64_t n) {
+                    for (int64_t i = at; i < at + n; ++i)
+                        t.data[g[i]] = kind == Reduce::max ? std::max(t.data[g[i]], a[i]) : t.data[g[i]] + a[i];
+                });
+                if (kind == Reduce::mean) {
+                    const float live_count = static_cast<float>(reduces_lanes ? count / in.last_dim() * in.lanes : count);
+                    for (float& v : t.data) v /= live_count;
+                }
                 finish(t);
             }};
 }
@@ -83,10 +90,12 @@ Lines lines_along(const Shape& shape, int64_t axis) {
     return l;
 }
 
-// In-place softmax of each line of `v` along the axis described by `l`, in fp32.
-void softmax_lines(float* v, const Lines& l) {
+// In-place softmax of each line of `v` along the axis described by `l`, in fp32. Only the first
+// `lanes` entries of each run of `width` along the inner dimensions are computed.
+void softmax_lines(float* v, const Lines& l, int64_t width = 1, int64_t lanes = 1) {
     for (int64_t o = 0; o < l.outer; ++o)
         for (int64_t j = 0; j < l.inner; ++j) {
+            if (j % width >= lanes) continue;
             float* p = v + o * l.n * l.inner + j;
             float m = -std::numeric_limits<float>::infinity();
             for (int64_t i = 0; i < l.n; ++i) m = std::max(m, p[i * l.inner]);
@@ -102,11 +111,17 @@ BuiltOp build_softmax(OpContext& ctx) {
     if (!mil::is_float(tx.dtype) || tx.shape.empty()) ctx.fail("x must be an fp16 or fp32 tensor");
     const int64_t axis = normalize_axis(ctx, ctx.has("axis") ? ctx.int_scalar("axis") : -1, static_cast<int64_t>(tx.shape.size()));
     const Lines l = lines_along(tx.shape, axis);
+    const bool over_lanes = axis == static_cast<int64_t>(tx.shape.size()) - 1;
     const int x = ctx.slot("x"), o = ctx.out_slot();
     return {tx, [=](Frame& fr) {
+                const Tensor& in = fr.values[x];
                 Tensor& t = fr.values[o];
-                t.data = fr.values[x].data;
-                softmax_lines(t.data.data(), l);
+                t.data = in.data;
+                t.lanes = in.lanes;
+                if (over_lanes)  // each row's live prefix is one line
+                    for (int64_t at = 0; at < t.size(); at += t.last_dim()) softmax_lines(t.data.data() + at, Lines{1, t.lanes, 1});
+                else
+                    softmax_lines(t.data.data(), l, in.last_dim(), in.lanes);
                 finish(t);
             }};
 }

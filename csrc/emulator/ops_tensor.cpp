@@ -31,7 +31,20 @@ BuiltOp build_reshape(OpContext& ctx) {
         ctx.fail("cannot reshape " + shape_str(tx.shape) + " (" + std::to_string(n) + " elements) to " + shape_str(shape));
     }
     const int x = ctx.slot("x"), o = ctx.out_slot();
-    return {tensor_type(tx.dtype, shape), [=](Frame& fr) { fr.values[o].data = fr.values[x].data; }};
+    const bool keeps_lanes = !tx.shape.empty() && !shape.empty() && tx.shape.back() == shape.back();
+    return {tensor_type(tx.dtype, shape), [=](Frame& fr) {
+                const Tensor& in = fr.values[x];
+                Tensor& out = fr.values[o];
+                if (keeps_lanes && in.partial()) {  // copy the live prefix of each row only
+                    out.lanes = in.lanes;
+                    for_each_live_row(in, [&](int64_t at, int64_t n) {
+                        std::copy(in.data.begin() + at, in.data.begin() + at + n, out.data.begin() + at);
+                    });
+                } else {
+                    out.lanes = out.last_dim();
+                    out.data = in.data;
+                }
+            }};
 }
 
 BuiltOp build_transpose(OpContext& ctx) {
@@ -52,8 +65,10 @@ BuiltOp build_transpose(OpContext& ctx) {
     std::vector<int64_t> src_strides(static_cast<size_t>(rank));  // input stride of each output dim
     for (int64_t i = 0; i < rank; ++i) src_strides[i] = in_strides[perm[i]];
     const int x = ctx.slot("x"), o = ctx.out_slot();
+    const bool keeps_lanes = rank > 0 && perm.back() == rank - 1;
     return {tensor_type(tx.dtype, out), [=](Frame& fr) {
                 const float* a = fr.values[x].data.data();
+                fr.values[o].lanes = keeps_lanes ? fr.values[x].lanes : fr.values[o].last_dim();
                 float* c = fr.values[o].data.data();
                 const int64_t n = element_count(out);
                 std::vector<int64_t> idx(static_cast<size_t>(rank), 0);
@@ -84,6 +99,7 @@ BuiltOp build_cast(OpContext& ctx) {
     return {type, [=](Frame& fr) {
                 Tensor& out = fr.values[o];
                 out.data = fr.values[x].data;
+                out.lanes = fr.values[x].lanes;
                 if (!mil::is_float(to) && to != mil::DType::boolean) {
                     // Float to integer truncates toward zero and saturates at the type's range.
                     double lo = -2147483648.0, hi = 2147483647.0;
@@ -135,8 +151,16 @@ BuiltOp build_slice_by_size(OpContext& ctx) {
             ctx.fail("slice begin " + shape_str(ctx.ints("begin")) + " size " + shape_str(ctx.ints("size")) +
                      " is outside x of shape " + shape_str(tx.shape));
     }
-    return {tensor_type(tx.dtype, box),
-            strided_copy(ctx.slot("x"), ctx.out_slot(), tx.shape, begin, std::vector<int64_t>(rank, 1), box)};
+    const int x = ctx.slot("x"), o = ctx.out_slot();
+    const Kernel copy = strided_copy(x, o, tx.shape, begin, std::vector<int64_t>(rank, 1), box);
+    const int64_t lane_begin = rank ? begin.back() : 0, lane_size = rank ? box.back() : 1;
+    const bool slices_lanes = rank && box.back() != tx.shape.back();
+    return {tensor_type(tx.dtype, box), [=](Frame& fr) {
+                copy(fr);
+                // Slicing inside the live prefix keeps part of it live; everything else is fully live.
+                const int64_t live = fr.values[x].lanes - (slices_lanes ? lane_begin : 0);
+                fr.values[o].lanes = live > 0 && live < lane_size ? live : lane_size;
+            }};
 }
 
 std::vector<bool> bool_mask(OpContext& ctx, const char* arg, size_t rank) {

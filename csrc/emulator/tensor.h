@@ -17,9 +17,23 @@ struct Tensor {
     mil::DType dtype = mil::DType::fp16;
     Shape shape;
     std::vector<float> data;
+    // Leading entries of the last axis that hold live data (see runtime::LiveLanes); the rest of
+    // each row is stale. Equal to the last dimension unless a live-lanes hint reached this value.
+    int64_t lanes = 1;
 
     int64_t size() const { return static_cast<int64_t>(data.size()); }
+    int64_t last_dim() const { return shape.empty() ? 1 : shape.back(); }
+    bool partial() const { return lanes < last_dim(); }
 };
+
+// Calls fn(offset, count) for the live prefix of every row of t's last axis (one call when all
+// lanes are live).
+template <typename Fn>
+void for_each_live_row(const Tensor& t, Fn&& fn) {
+    if (!t.partial()) return fn(int64_t{0}, t.size());
+    const int64_t width = t.last_dim();
+    for (int64_t offset = 0; offset < t.size(); offset += width) fn(offset, t.lanes);
+}
 
 inline int64_t element_count(const Shape& shape) {
     int64_t n = 1;

@@ -21,6 +21,11 @@ struct TensorSpec {
 // Surfaces named by the MIL parameter / returned variable they bind to.
 using Bindings = std::vector<std::pair<std::string, Surface*>>;
 
+// Per input name, how many leading lanes (last-axis entries) hold data the outputs depend on. A
+// performance hint: the emulator computes only those lanes, the ANE ignores it. Lanes past the
+// hint in the outputs are undefined.
+using LiveLanes = std::map<std::string, int64_t>;
+
 // Maps each BLOBFILE path of the MIL (e.g. "@model_path/weights/w.bin") to the whole file.
 using WeightFiles = std::map<std::string, std::string_view>;
 
@@ -37,7 +42,7 @@ public:
     const std::vector<TensorSpec>& inputs() const { return inputs_; }
     const std::vector<TensorSpec>& outputs() const { return outputs_; }
     // Runs the program once, synchronously. `inputs`/`outputs` must be in binding order.
-    virtual void evaluate(const Bindings& inputs, const Bindings& outputs) = 0;
+    virtual void evaluate(const Bindings& inputs, const Bindings& outputs, const LiveLanes& live = {}) = 0;
     virtual void unload() = 0;
     virtual bool loaded() const = 0;
 

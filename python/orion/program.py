@@ -57,13 +57,30 @@ class Program:
         size = max([MIN_SURFACE_BYTES] + [int(np.prod(s.shape)) * s.dtype.itemsize for s in specs.values()])
         return {name: Surface(s.shape, self._mil_dtypes[name], nbytes=size) for name, s in specs.items()}
 
-    def evaluate(self, inputs: Mapping[str, Surface], outputs: Mapping[str, Surface]) -> None:
-        """Runs the program once on caller-owned surfaces (zero-copy; reuse them across calls)."""
+    def evaluate(
+        self,
+        inputs: Mapping[str, Surface],
+        outputs: Mapping[str, Surface],
+        *,
+        live_lanes: Mapping[str, int] | None = None,
+    ) -> None:
+        """Runs the program once on caller-owned surfaces (zero-copy; reuse them across calls).
+
+        ``live_lanes`` optionally declares, per input, that only its first n lanes (entries of the
+        last axis) hold data the outputs depend on, e.g. one live token in a 32-lane decode input
+        or the filled part of a KV cache. The emulator then computes only those lanes; the ANE
+        ignores the hint. Output lanes past the live ones are undefined.
+        """
         self._check_surfaces("input", self.inputs, inputs)
         self._check_surfaces("output", self.outputs, outputs)
+        for name, lanes in (live_lanes or {}).items():
+            spec = self.inputs.get(name)
+            if spec is None or not spec.shape or not 1 <= lanes <= spec.shape[-1]:
+                raise EvaluateError(f"live_lanes[{name!r}]={lanes}: give an input name and 1..last-axis size lanes")
         self._native.evaluate(
             [(name, inputs[name].native) for name in sorted(inputs)],
             [(name, outputs[name].native) for name in sorted(outputs)],
+            dict(live_lanes or {}),
         )
 
     def __call__(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:

@@ -110,7 +110,7 @@ class CompiledGraph:
 
     def unpack_outputs(self, results: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Surface arrays by MIL name -> unpadded arrays by graph name."""
-        return {s.name: np.ascontiguousarray(np.asarray(results[s.mil_name])[..., : s.shape[3]])
+        return {s.name: np.ascontiguousarray(np.asarray(results[s.mil_name])[..., :: s.repeat])
                 for s in self.layout.outputs}
 
     def __call__(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:

@@ -69,8 +69,9 @@ CATALOG: tuple[Constraint, ...] = (
                "tests/compiler/test_compiler.py::test_compile_cache_by_hash"),
     Constraint("ANE-12", "eval fail", "[O][E] ([M] saw 8 KB on M5)",
                LEGALIZED, "orion.passes.io_padding", "tests/compiler/test_passes.py::test_io_padding_min_size_and_lanes"),
-    Constraint("ANE-13", "eval fail", "[O]",
-               LEGALIZED, "orion.passes.io_padding", "tests/compiler/test_passes.py::test_io_padding_uniform"),
+    Constraint("ANE-13", "eval fail", "[O] ([E] used mixed sizes)",
+               RUNTIME, "orion.Program.allocate_surfaces pads every input (and every output) surface to the largest; "
+               "the runtime refuses mixed sizes", "tests/compiler/test_passes.py::test_io_padding_leaves_uniform_sizes_to_the_surfaces"),
     Constraint("ANE-14", "eval fail", "[E]",
                LEGALIZED, "orion.passes.io_padding", "tests/compiler/test_passes.py::test_io_padding_lanes"),
     Constraint("ANE-15", "eval fail", "[E]",

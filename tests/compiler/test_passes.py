@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import numpy as np
+
 import pytest
+
+import orion
 
 from orion.graph import Graph
 from orion.lowering.io import prepare_io
 from orion.lowering.legalize import legalize
 from orion.passes import DEFAULT_PASSES, PassContext, run_pipeline
 from orion.passes import cast_fusion, dce, identity, io_padding, sram
-from orion.passes.io_padding import MIN_SURFACE_BYTES, plan
+from orion.passes.io_padding import MIN_SURFACE_BYTES, padded_lanes
 
 
 def prepared(g: Graph, io_dtype: str = "fp16") -> tuple[Graph, PassContext]:
@@ -53,24 +56,16 @@ def test_cast_fusion_leaves_no_cast_pairs() -> None:
 
 
 def test_io_padding_min_size_and_lanes() -> None:
-    assert plan([(1, 768, 1, 1)], "fp16", "in") == [(1, 768, 1, 32)]  # 49,152 bytes, >= 32 lanes
-    assert plan([(1, 768, 1, 1)], "fp32", "in") == [(1, 768, 1, 16)]
-    assert plan([(1, 4096, 1, 1)], "fp16", "in") == [(1, 4096, 1, 32)]  # lanes, not size, decide
-    assert plan([(1, 8, 1, 16)], "fp16", "in") == [(1, 8, 1, MIN_SURFACE_BYTES // 16)]
+    assert padded_lanes((1, 768, 1, 1), "fp16") == 32  # 49,152 bytes, >= 32 lanes
+    assert padded_lanes((1, 768, 1, 1), "fp32") == 16
+    assert padded_lanes((1, 4096, 1, 1), "fp16") == 32  # lanes, not size, decide
+    assert padded_lanes((1, 8, 1, 16), "fp16") == MIN_SURFACE_BYTES // 16
+    assert padded_lanes((1, 64, 1, 1024), "fp16") == 1024  # already large enough
 
 
 def test_io_padding_lanes() -> None:
     for shape, dtype in [((1, 4096, 1, 4), "fp16"), ((1, 4096, 1, 4), "fp32")]:
-        (padded,) = plan([shape], dtype, "in")
-        assert padded[3] >= io_padding.MIN_LANES[dtype]
-
-
-def test_io_padding_uniform() -> None:
-    shapes = [(1, 768, 1, 16), (1, 2048, 1, 1), (1, 64, 1, 32)]
-    padded = plan(shapes, "fp16", "in")
-    sizes = {int(np.prod(p)) * 2 for p in padded}
-    assert len(sizes) == 1 and sizes.pop() >= MIN_SURFACE_BYTES
-    assert all(p[1] == s[1] and p[3] >= max(s[3], 32) for p, s in zip(padded, shapes))
+        assert padded_lanes(shape, dtype) >= io_padding.MIN_LANES[dtype]
 
 
 def test_io_padding_pass_records_layout_and_is_idempotent() -> None:
@@ -82,16 +77,25 @@ def test_io_padding_pass_records_layout_and_is_idempotent() -> None:
     changes = io_padding.run(legal, ctx)
     assert len(changes) == 4
     assert {s.padded for s in ctx.layout.inputs} == {(1, 64, 1, 384), (1, 128, 1, 192)}
+    assert [s.repeat for s in ctx.layout.outputs] == [48, 24]  # outputs repeat each lane
     assert [n.shape for n in legal.inputs] == [s.padded for s in ctx.layout.inputs]
     assert all(legal.outputs[s.mil_name].shape == s.padded for s in ctx.layout.outputs)
     assert io_padding.run(legal, ctx) == []
 
 
-def test_io_padding_rejects_channel_counts_without_common_size() -> None:
-    from orion.errors import ConstraintError
-    with pytest.raises(ConstraintError) as err:
-        plan([(1, 997, 1, 64), (1, 1009, 1, 64)], "fp16", "inputs")
-    assert err.value.constraint == "ANE-13"
+def test_io_padding_leaves_uniform_sizes_to_the_surfaces() -> None:
+    g = Graph("mixed")
+    a, b = g.input("a", [1, 997, 1, 64]), g.input("b", [1, 1009, 1, 1])
+    g.output(g.relu(a), "ra")
+    g.output(g.exp(b), "eb")
+    compiled = orion.compile_graph(g)
+    ins, outs = compiled.program.allocate_surfaces()
+    assert len({s.nbytes for s in ins.values()}) == 1 and len({s.nbytes for s in outs.values()}) == 1
+    rng = np.random.default_rng(0)
+    av, bv = rng.standard_normal((1, 997, 1, 64)), rng.standard_normal((1, 1009, 1, 1))
+    out = compiled(a=av, b=bv)
+    np.testing.assert_allclose(out["ra"], np.maximum(av, 0), atol=2e-3)
+    np.testing.assert_allclose(out["eb"], np.exp(bv), rtol=2e-3)
 
 
 def test_sram_under_budget() -> None:

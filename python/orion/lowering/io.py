@@ -12,14 +12,15 @@ IO_DTYPES = ("fp16", "fp32")
 
 @dataclass
 class IOSpec:
-    """One program input or output: the graph's name, the MIL name, the shape the caller sees and the
-    (possibly padded) shape of the surface."""
+    """One program input or output: the graph's name, the MIL name, the shape the caller sees, the
+    (possibly padded) shape of the surface and, for outputs, how many times each lane is repeated."""
 
     name: str
     mil_name: str
     shape: tuple[int, ...]
     padded: tuple[int, ...]
     dtype: str
+    repeat: int = 1
 
 
 @dataclass

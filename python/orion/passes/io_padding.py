@@ -1,9 +1,15 @@
-"""Uniform I/O padding (ANE-12, -13, -14, -21): every input surface gets one size, every output surface
-one size, each >= 49,152 bytes and with enough lanes, by padding the last (sequence) axis.
+"""I/O padding (ANE-12, -14, -21): every I/O tensor gets at least 49,152 bytes and 32 lanes (16 for
+fp32 I/O), by padding its last (sequence) axis.
 
-Inputs are declared padded and sliced back (``slice_by_size``) right after their fp16 cast; outputs are
-padded by a matmul with a const 0/1 placement matrix before their final cast. The padded shapes are
-recorded in the I/O layout so callers pass and get unpadded arrays.
+Inputs are declared padded and sliced back (``slice_by_size``) right after their fp16 cast. Outputs
+are widened by repeating each lane k times: ``[1, C, 1, S] -> reshape [1, C, S, 1] -> + zeros
+[1, 1, 1, k] -> reshape [1, C, 1, S*k]`` (a plain broadcast add when S = 1), which costs one
+elementwise op instead of a placement matmul; the caller reads every k-th lane. The padded shapes
+and the repeat factor are recorded in the I/O layout so callers pass and get unpadded arrays.
+
+One surface size for all inputs and one for all outputs (ANE-13) is a property of the surface
+allocations, not of the tensor shapes: ``orion.Program.allocate_surfaces`` pads them (FACTS section 3:
+the ANE reads the declared shape packed from offset 0 of a larger surface).
 """
 
 from __future__ import annotations
@@ -12,35 +18,25 @@ import math
 
 import numpy as np
 
-from orion.constraints import violation
 from orion.graph.builder import Graph
 from orion.graph.ir import GraphError, dtype_size
 from orion.lowering.io import IOSpec
 from orion.passes.base import PassContext
 
-NAME = "uniform I/O padding"
+NAME = "I/O padding"
 MIN_SURFACE_BYTES = 49_152
 MIN_LANES = {"fp16": 32, "fp32": 16}
-MAX_OVERSHOOT = 4  # give up when uniform sizes would need more than 4x the largest surface
 
 
-def plan(shapes: list[tuple[int, ...]], dtype: str, what: str) -> list[tuple[int, ...]]:
-    """Padded ``[1, C, 1, S']`` shapes: one byte size for all, >= the minimum surface and lane count."""
-    elem = dtype_size(dtype)
-    lanes = [max(s[3], MIN_LANES[dtype], math.ceil(MIN_SURFACE_BYTES / (s[1] * elem))) for s in shapes]
-    largest = max(s[1] * n * elem for s, n in zip(shapes, lanes))
-    step = math.lcm(*(s[1] * elem for s in shapes))
-    size = math.ceil(largest / step) * step
-    if size > MAX_OVERSHOOT * largest:
-        raise violation("ANE-13", what, f"channel counts {[s[1] for s in shapes]} need {size} bytes per surface to be "
-                        f"uniform ({largest} needed otherwise)",
-                        "give the I/O tensors channel counts with a small common multiple, or split the program")
-    return [(1, s[1], 1, size // (s[1] * elem)) for s in shapes]
+def padded_lanes(shape: tuple[int, ...], dtype: str) -> int:
+    """The lane count a ``[1, C, 1, S]`` I/O tensor needs: >= S, the minimum lanes and the minimum size."""
+    return max(shape[3], MIN_LANES[dtype], math.ceil(MIN_SURFACE_BYTES / (shape[1] * dtype_size(dtype))))
 
 
 def _pad_inputs(graph: Graph, specs: list[IOSpec]) -> list[str]:
     changes = []
-    for spec, padded in zip(specs, plan([s.shape for s in specs], specs[0].dtype, "inputs")):
+    for spec in specs:
+        padded = (1, spec.shape[1], 1, padded_lanes(spec.shape, spec.dtype))
         spec.padded = padded
         node = next(n for n in graph.inputs if n.name == spec.mil_name)
         if node.shape == padded:
@@ -58,27 +54,32 @@ def _pad_inputs(graph: Graph, specs: list[IOSpec]) -> list[str]:
 
 def _pad_outputs(graph: Graph, specs: list[IOSpec]) -> list[str]:
     changes = []
-    for spec, padded in zip(specs, plan([s.shape for s in specs], specs[0].dtype, "outputs")):
-        spec.padded = padded
+    for spec in specs:
         out = graph.outputs[spec.mil_name]
-        if out.shape == padded:
+        _, c, _, s = spec.shape
+        repeat = math.ceil(padded_lanes(spec.shape, spec.dtype) / s)
+        spec.padded, spec.repeat = (1, c, 1, s * repeat), repeat
+        if out.shape == spec.padded:  # already padded (or large enough)
             continue
         src = out.inputs[0] if out.op == "cast" and out.inputs[0].dtype == "fp16" else out
-        s, sp = spec.shape[3], padded[3]
-        place = np.zeros((1, 1, s, sp))
-        place[0, 0, np.arange(s), np.arange(s)] = 1.0
-        p = graph.add_node("const", [], name=f"{spec.mil_name}_pad_y", value=place, shape=place.shape,
-                           dtype=src.dtype, origin="io padding")
-        pad = graph.add_node("matmul", [src, p], {"transpose_x": False, "transpose_y": False},
-                             name=f"{spec.mil_name}_pad", origin="io padding")
+        name = spec.mil_name
+        zeros = graph.add_node("const", [], name=f"{name}_pad_zeros", value=np.zeros((1, 1, 1, repeat)),
+                               shape=(1, 1, 1, repeat), dtype=src.dtype, origin="io padding")
+        wide = src
+        if s > 1:
+            wide = graph.add_node("reshape", [src], {"shape": [1, c, s, 1]}, name=f"{name}_pad_rows", origin="io padding")
+        wide = graph.add_node("add", [wide, zeros], name=f"{name}_pad_repeat", origin="io padding")
+        if s > 1:
+            wide = graph.add_node("reshape", [wide], {"shape": list(spec.padded)}, name=f"{name}_pad",
+                                  origin="io padding")
         if src is out:
-            graph.outputs[spec.mil_name] = pad
+            graph.outputs[name] = wide
         else:
-            out.inputs = [pad]
-            out.shape = padded
+            out.inputs = [wide]
+            out.shape = spec.padded
             graph.nodes.remove(out)
             graph.nodes.append(out)
-        changes.append(f"output {spec.mil_name}: {list(spec.shape)} -> {list(padded)}")
+        changes.append(f"output {name}: {list(spec.shape)} -> {list(spec.padded)} (each lane x{repeat})")
     return changes
 
 

@@ -33,7 +33,7 @@ class Lowered:
     mil: str
     weights: dict[str, bytes]
     layout: IOLayout
-    report: PipelineReport
+    report: PipelineReport | None  # None when read back from the on-disk program cache
 
     @property
     def content_hash(self) -> str:
@@ -104,28 +104,33 @@ class CompiledGraph:
                 raise EvaluateError(f"input '{spec.name}': shape {list(a.shape)}, expected {list(spec.shape)}. "
                                     "Fix: pass the shape the graph declares")
             buf = np.zeros(spec.padded, dtype=_NUMPY_DTYPES[spec.dtype])
-            buf[..., : spec.shape[3]] = a
+            buf.reshape(-1)[: a.size] = a.reshape(-1)  # packed at the front (ANE-21)
             packed[spec.mil_name] = buf
         return packed
 
     def unpack_outputs(self, results: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Surface arrays by MIL name -> unpadded arrays by graph name."""
-        return {s.name: np.ascontiguousarray(np.asarray(results[s.mil_name])[..., :: s.repeat])
+        return {s.name: np.asarray(results[s.mil_name]).reshape(-1)[: int(np.prod(s.shape))].reshape(s.shape).copy()
                 for s in self.layout.outputs}
 
     def __call__(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
         return self.unpack_outputs(self.program(**self.pack_inputs(arrays)))
 
 
-def compile_graph(graph: Graph, *, io_dtype: str = "fp16", profile: str = "hardware", max_layers: int = 1,
-                  sram_budget: int = SRAM_BYTES, verbose: bool = False) -> CompiledGraph:
-    """Lower and compile ``graph``; programs with an identical content hash are compiled once."""
+def compile_lowered(lowered: Lowered, *, profile: str = "hardware") -> CompiledGraph:
+    """Compile an already lowered program; identical content is compiled once per process."""
     import orion
 
-    lowered = lower_graph(graph, io_dtype=io_dtype, max_layers=max_layers, sram_budget=sram_budget)
-    if verbose:
-        print(f"graph '{graph.name}' ({lowered.content_hash[:12]}):\n{lowered.report}")
     key = (lowered.content_hash, profile)
     if key not in _PROGRAMS:
         _PROGRAMS[key] = orion.compile(lowered.mil, lowered.weights, profile=profile)
     return CompiledGraph(lowered, _PROGRAMS[key])
+
+
+def compile_graph(graph: Graph, *, io_dtype: str = "fp16", profile: str = "hardware", max_layers: int = 1,
+                  sram_budget: int = SRAM_BYTES, verbose: bool = False) -> CompiledGraph:
+    """Lower and compile ``graph``; programs with an identical content hash are compiled once."""
+    lowered = lower_graph(graph, io_dtype=io_dtype, max_layers=max_layers, sram_budget=sram_budget)
+    if verbose:
+        print(f"graph '{graph.name}' ({lowered.content_hash[:12]}):\n{lowered.report}")
+    return compile_lowered(lowered, profile=profile)

@@ -13,7 +13,8 @@ from orion.lowering.io import prepare_io
 from orion.lowering.legalize import legalize
 from orion.passes import DEFAULT_PASSES, PassContext, run_pipeline
 from orion.passes import cast_fusion, dce, identity, io_padding, sram
-from orion.passes.io_padding import MIN_SURFACE_BYTES, padded_lanes
+from orion.graph.ir import GraphError
+from orion.passes.io_padding import MIN_SURFACE_BYTES, padded_shape
 
 
 def prepared(g: Graph, io_dtype: str = "fp16") -> tuple[Graph, PassContext]:
@@ -56,16 +57,19 @@ def test_cast_fusion_leaves_no_cast_pairs() -> None:
 
 
 def test_io_padding_min_size_and_lanes() -> None:
-    assert padded_lanes((1, 768, 1, 1), "fp16") == 32  # 49,152 bytes, >= 32 lanes
-    assert padded_lanes((1, 768, 1, 1), "fp32") == 16
-    assert padded_lanes((1, 4096, 1, 1), "fp16") == 32  # lanes, not size, decide
-    assert padded_lanes((1, 8, 1, 16), "fp16") == MIN_SURFACE_BYTES // 16
-    assert padded_lanes((1, 64, 1, 1024), "fp16") == 1024  # already large enough
+    assert padded_shape((1, 768, 1, 1), "fp16", "x") == (1, 32, 1, 768)  # packed at the front, 49,152 bytes
+    assert padded_shape((1, 768, 1, 1), "fp32", "x") == (1, 16, 1, 768)
+    assert padded_shape((1, 4096, 1, 1), "fp16", "x") == (1, 6, 1, 4096)
+    assert padded_shape((1, 8, 1, 16), "fp16", "x") == (1, 192, 1, 128)
+    assert padded_shape((1, 64, 1, 1024), "fp16", "x") == (1, 64, 1, 1024)  # already large enough
+    assert padded_shape((1, 768, 1, 32), "fp16", "x") == (1, 768, 1, 32)
 
 
 def test_io_padding_lanes() -> None:
     for shape, dtype in [((1, 4096, 1, 4), "fp16"), ((1, 4096, 1, 4), "fp32")]:
-        assert padded_lanes(shape, dtype) >= io_padding.MIN_LANES[dtype]
+        assert padded_shape(shape, dtype, "x")[3] >= io_padding.MIN_LANES[dtype]
+    with pytest.raises(GraphError, match="cannot make the 32 lanes"):
+        padded_shape((1, 4, 1, 4), "fp16", "input 'tiny'")
 
 
 def test_io_padding_pass_records_layout_and_is_idempotent() -> None:
@@ -76,11 +80,29 @@ def test_io_padding_pass_records_layout_and_is_idempotent() -> None:
     legal, ctx = prepared(g)
     changes = io_padding.run(legal, ctx)
     assert len(changes) == 4
-    assert {s.padded for s in ctx.layout.inputs} == {(1, 64, 1, 384), (1, 128, 1, 192)}
-    assert [s.repeat for s in ctx.layout.outputs] == [48, 24]  # outputs repeat each lane
+    assert [s.padded for s in ctx.layout.inputs] == [(1, 48, 1, 512), (1, 24, 1, 1024)]
+    assert [s.padded for s in ctx.layout.outputs] == [(1, 48, 1, 512), (1, 24, 1, 1024)]
     assert [n.shape for n in legal.inputs] == [s.padded for s in ctx.layout.inputs]
     assert all(legal.outputs[s.mil_name].shape == s.padded for s in ctx.layout.outputs)
     assert io_padding.run(legal, ctx) == []
+
+
+def test_padded_outputs_chain_into_padded_inputs() -> None:
+    """A padded output's surface feeds the next program's padded input unchanged (data packed at the front)."""
+    first, second = Graph("first"), Graph("second")
+    first.output(first.relu(first.input("x", [1, 64, 1, 8])), "y")
+    second.output(second.exp(second.input("y", [1, 64, 1, 8])), "z")
+    a, b = orion.compile_graph(first), orion.compile_graph(second)
+    (x_in,), (y_out,) = a.layout.inputs, a.layout.outputs
+    (y_in,), (z_out,) = b.layout.inputs, b.layout.outputs
+    assert y_out.padded == y_in.padded
+    ins, outs = a.program.allocate_surfaces()
+    xv = np.random.default_rng(1).standard_normal((1, 64, 1, 8)).astype(np.float16)
+    ins[x_in.mil_name].array.reshape(-1)[: xv.size] = xv.reshape(-1)
+    a.program.evaluate(ins, outs)
+    chained = b.program(**{y_in.mil_name: outs[y_out.mil_name].array})
+    z = chained[z_out.mil_name].reshape(-1)[: xv.size].reshape(xv.shape)
+    np.testing.assert_allclose(z, np.exp(np.maximum(xv.astype(np.float32), 0)), rtol=2e-3)
 
 
 def test_io_padding_leaves_uniform_sizes_to_the_surfaces() -> None:

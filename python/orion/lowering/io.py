@@ -12,15 +12,14 @@ IO_DTYPES = ("fp16", "fp32")
 
 @dataclass
 class IOSpec:
-    """One program input or output: the graph's name, the MIL name, the shape the caller sees, the
-    (possibly padded) shape of the surface and, for outputs, how many times each lane is repeated."""
+    """One program input or output: the graph's name, the MIL name, the shape the caller sees and the
+    (possibly padded) shape of the surface, which holds the data packed at its front."""
 
     name: str
     mil_name: str
     shape: tuple[int, ...]
     padded: tuple[int, ...]
     dtype: str
-    repeat: int = 1
 
 
 @dataclass

@@ -1,15 +1,16 @@
-"""I/O padding (ANE-12, -14, -21): every I/O tensor gets at least 49,152 bytes and 32 lanes (16 for
-fp32 I/O), by padding its last (sequence) axis.
+"""I/O padding (ANE-12, -14, -21): every I/O tensor the ANE sees has at least 49,152 bytes and 32
+lanes (16 for fp32 I/O).
 
-Inputs are declared padded and sliced back (``slice_by_size``) right after their fp16 cast. Outputs
-are widened by repeating each lane k times: ``[1, C, 1, S] -> reshape [1, C, S, 1] -> + zeros
-[1, 1, 1, k] -> reshape [1, C, 1, S*k]`` (a plain broadcast add when S = 1), which costs one
-elementwise op instead of a placement matmul; the caller reads every k-th lane. The padded shapes
-and the repeat factor are recorded in the I/O layout so callers pass and get unpadded arrays.
+A ``[1, C, 1, S]`` tensor that is too small is exposed as ``[1, k, 1, C*S]``: its data packed at the
+front (element ``(c, s)`` at ``c*S + s``, as the ANE reads and writes surfaces, FACTS section 3)
+followed by padding. Inside the program an input is cut back with ``slice_by_size`` and a
+``reshape``; an output is flattened by a ``reshape`` and widened by adding a zero const of the
+padded shape (broadcasting ``[1, 1, 1, N]`` with ``[1, k, 1, N]``). Callers, and chained programs,
+read and write the first ``C*S`` elements either way, so a program's padded output can feed the
+next program's padded input unchanged.
 
 One surface size for all inputs and one for all outputs (ANE-13) is a property of the surface
-allocations, not of the tensor shapes: ``orion.Program.allocate_surfaces`` pads them (FACTS section 3:
-the ANE reads the declared shape packed from offset 0 of a larger surface).
+allocations, not of the tensor shapes: ``orion.Program.allocate_surfaces`` pads them.
 """
 
 from __future__ import annotations
@@ -28,50 +29,54 @@ MIN_SURFACE_BYTES = 49_152
 MIN_LANES = {"fp16": 32, "fp32": 16}
 
 
-def padded_lanes(shape: tuple[int, ...], dtype: str) -> int:
-    """The lane count a ``[1, C, 1, S]`` I/O tensor needs: >= S, the minimum lanes and the minimum size."""
-    return max(shape[3], MIN_LANES[dtype], math.ceil(MIN_SURFACE_BYTES / (shape[1] * dtype_size(dtype))))
+def padded_shape(shape: tuple[int, ...], dtype: str, what: str) -> tuple[int, ...]:
+    """The shape a ``[1, C, 1, S]`` I/O tensor is exposed with: itself when large enough, else
+    ``[1, k, 1, C*S]`` with the fewest channels k reaching the minimum size."""
+    _, c, _, s = shape
+    elem, lanes = dtype_size(dtype), MIN_LANES[dtype]
+    if s >= lanes and c * s * elem >= MIN_SURFACE_BYTES:
+        return tuple(shape)
+    if c * s < lanes:
+        raise GraphError(f"{what} {list(shape)}: {c * s} elements cannot make the {lanes} lanes the ANE needs "
+                         f"for {dtype} I/O. Fix: give it at least {lanes} elements")
+    return (1, math.ceil(MIN_SURFACE_BYTES / (c * s * elem)), 1, c * s)
 
 
 def _pad_inputs(graph: Graph, specs: list[IOSpec]) -> list[str]:
     changes = []
     for spec in specs:
-        padded = (1, spec.shape[1], 1, padded_lanes(spec.shape, spec.dtype))
-        spec.padded = padded
+        spec.padded = padded_shape(spec.shape, spec.dtype, f"input '{spec.name}'")
         node = next(n for n in graph.inputs if n.name == spec.mil_name)
-        if node.shape == padded:
+        if node.shape == spec.padded:
             continue
         users = [n for n in graph.nodes if node in n.inputs]
         anchor = users[0] if len(users) == 1 and users[0].op == "cast" else node
-        node.shape = anchor.shape = padded
-        cut = graph.add_node("slice_by_size", [anchor], {"begin": [0, 0, 0, 0], "size": list(spec.shape)},
+        node.shape = anchor.shape = spec.padded
+        flat = spec.padded[3]
+        cut = graph.add_node("slice_by_size", [anchor], {"begin": [0, 0, 0, 0], "size": [1, 1, 1, flat]},
                              name=f"{spec.mil_name}_unpad", origin="io padding")
+        back = graph.add_node("reshape", [cut], {"shape": list(spec.shape)}, name=f"{spec.mil_name}_unflat",
+                              origin="io padding")
         graph.move_after(cut, anchor)
-        graph.replace_uses(anchor, cut, skip=cut)
-        changes.append(f"input {spec.mil_name}: {list(spec.shape)} -> {list(padded)}")
+        graph.move_after(back, cut)
+        graph.replace_uses(anchor, back, skip=cut)
+        changes.append(f"input {spec.mil_name}: {list(spec.shape)} -> {list(spec.padded)}")
     return changes
 
 
 def _pad_outputs(graph: Graph, specs: list[IOSpec]) -> list[str]:
     changes = []
     for spec in specs:
+        spec.padded = padded_shape(spec.shape, spec.dtype, f"output '{spec.name}'")
         out = graph.outputs[spec.mil_name]
-        _, c, _, s = spec.shape
-        repeat = math.ceil(padded_lanes(spec.shape, spec.dtype) / s)
-        spec.padded, spec.repeat = (1, c, 1, s * repeat), repeat
-        if out.shape == spec.padded:  # already padded (or large enough)
+        if out.shape == spec.padded:
             continue
         src = out.inputs[0] if out.op == "cast" and out.inputs[0].dtype == "fp16" else out
-        name = spec.mil_name
-        zeros = graph.add_node("const", [], name=f"{name}_pad_zeros", value=np.zeros((1, 1, 1, repeat)),
-                               shape=(1, 1, 1, repeat), dtype=src.dtype, origin="io padding")
-        wide = src
-        if s > 1:
-            wide = graph.add_node("reshape", [src], {"shape": [1, c, s, 1]}, name=f"{name}_pad_rows", origin="io padding")
-        wide = graph.add_node("add", [wide, zeros], name=f"{name}_pad_repeat", origin="io padding")
-        if s > 1:
-            wide = graph.add_node("reshape", [wide], {"shape": list(spec.padded)}, name=f"{name}_pad",
-                                  origin="io padding")
+        name, flat = spec.mil_name, spec.padded[3]
+        row = graph.add_node("reshape", [src], {"shape": [1, 1, 1, flat]}, name=f"{name}_flat", origin="io padding")
+        zeros = graph.add_node("const", [], name=f"{name}_pad_zeros", value=np.zeros(spec.padded),
+                               shape=spec.padded, dtype=src.dtype, origin="io padding")
+        wide = graph.add_node("add", [zeros, row], name=f"{name}_pad", origin="io padding")
         if src is out:
             graph.outputs[name] = wide
         else:
@@ -79,7 +84,7 @@ def _pad_outputs(graph: Graph, specs: list[IOSpec]) -> list[str]:
             out.shape = spec.padded
             graph.nodes.remove(out)
             graph.nodes.append(out)
-        changes.append(f"output {name}: {list(spec.shape)} -> {list(spec.padded)} (each lane x{repeat})")
+        changes.append(f"output {name}: {list(spec.shape)} -> {list(spec.padded)}")
     return changes
 
 

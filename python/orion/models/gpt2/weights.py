@@ -1,0 +1,282 @@
+"""GPT-2 weights as float32 numpy arrays in Orion's conv layout, and Hugging Face checkpoints.
+
+Orion stores every projection as ``[out, in]`` (a 1x1 conv's weight); Hugging Face GPT-2's
+``Conv1D`` stores ``[in, out]``, so loading and saving transpose those four matrices per block.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import struct
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
+
+from orion.errors import OrionError
+from orion.models.gpt2.config import GPT2Config
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+PREFIX = "transformer."
+DIRECTORY_HELP = (
+    "a GPT-2 directory holds a Hugging Face config.json and model.safetensors "
+    "(and tokenizer.json for text in/out)"
+)
+PROGRESS_EVERY = 50  # tensors between progress lines
+PROGRESS_MIN_BYTES = 64 << 20  # with progress=None, report only for files at least this large
+
+# Orion field -> (name under "h.N." in a Hugging Face checkpoint, stored transposed as [in, out]).
+_BLOCK_NAMES: dict[str, tuple[str, bool]] = {
+    "ln1_g": ("ln_1.weight", False),
+    "ln1_b": ("ln_1.bias", False),
+    "w_qkv": ("attn.c_attn.weight", True),
+    "b_qkv": ("attn.c_attn.bias", False),
+    "w_attn_out": ("attn.c_proj.weight", True),
+    "b_attn_out": ("attn.c_proj.bias", False),
+    "ln2_g": ("ln_2.weight", False),
+    "ln2_b": ("ln_2.bias", False),
+    "w_fc": ("mlp.c_fc.weight", True),
+    "b_fc": ("mlp.c_fc.bias", False),
+    "w_proj": ("mlp.c_proj.weight", True),
+    "b_proj": ("mlp.c_proj.bias", False),
+}
+_TOP_NAMES: dict[str, str] = {"wte": "wte.weight", "wpe": "wpe.weight", "ln_f_g": "ln_f.weight", "ln_f_b": "ln_f.bias"}
+_BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers in older checkpoints
+_FLOAT_DTYPES = {"F16", "F32", "F64", "BF16"}
+
+
+class WeightsError(OrionError):
+    """GPT-2 weights are missing, malformed or do not match their configuration."""
+
+
+@dataclass
+class BlockWeights:
+    """One transformer block; projections are ``[out, in]``."""
+
+    ln1_g: np.ndarray
+    ln1_b: np.ndarray
+    w_qkv: np.ndarray
+    b_qkv: np.ndarray
+    w_attn_out: np.ndarray
+    b_attn_out: np.ndarray
+    ln2_g: np.ndarray
+    ln2_b: np.ndarray
+    w_fc: np.ndarray
+    b_fc: np.ndarray
+    w_proj: np.ndarray
+    b_proj: np.ndarray
+
+
+@dataclass
+class GPT2Weights:
+    """All GPT-2 weights (float32); the LM head is tied to ``wte``."""
+
+    wte: np.ndarray
+    wpe: np.ndarray
+    ln_f_g: np.ndarray
+    ln_f_b: np.ndarray
+    blocks: list[BlockWeights]
+
+    def arrays(self) -> Iterator[tuple[str, np.ndarray]]:
+        """Every array with its Orion name (``wte``, ``blocks.0.w_qkv``, ...), in a fixed order."""
+        for name in _TOP_NAMES:
+            yield name, getattr(self, name)
+        for i, block in enumerate(self.blocks):
+            for f in fields(BlockWeights):
+                yield f"blocks.{i}.{f.name}", getattr(block, f.name)
+
+    def validate(self, config: GPT2Config) -> None:
+        """Raise :class:`WeightsError` unless every array is float32 with the shape ``config`` implies."""
+        if len(self.blocks) != config.n_layer:
+            raise WeightsError(f"GPT2Weights has {len(self.blocks)} blocks, config.n_layer is {config.n_layer}")
+        shapes = expected_shapes(config)
+        for name, array in self.arrays():
+            expected = shapes[name.split(".")[-1]]
+            if not isinstance(array, np.ndarray) or array.dtype != np.float32 or array.shape != expected:
+                found = (array.dtype, array.shape) if isinstance(array, np.ndarray) else type(array).__name__
+                raise WeightsError(f"GPT2Weights.{name}: expected float32 {expected}, found {found}")
+
+    def content_hash(self, config: GPT2Config) -> str:
+        """sha256 (hex) of the configuration and every array's name, shape and raw bytes."""
+        self.validate(config)
+        digest = hashlib.sha256(b"orion-gpt2-weights-v1\0")
+        digest.update(json.dumps(config.to_hf_json(), sort_keys=True).encode())
+        for name, array in self.arrays():
+            digest.update(f"\0{name}{array.shape}\0".encode())
+            digest.update(memoryview(np.ascontiguousarray(array)).cast("B"))
+        return digest.hexdigest()
+
+
+def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
+    """Shape of each field of :class:`GPT2Weights` and :class:`BlockWeights` in Orion's layout."""
+    c = config.n_embd
+    return {
+        "wte": (config.vocab_size, c), "wpe": (config.n_positions, c), "ln_f_g": (c,), "ln_f_b": (c,),
+        "ln1_g": (c,), "ln1_b": (c,), "w_qkv": (3 * c, c), "b_qkv": (3 * c,),
+        "w_attn_out": (c, c), "b_attn_out": (c,), "ln2_g": (c,), "ln2_b": (c,),
+        "w_fc": (4 * c, c), "b_fc": (4 * c,), "w_proj": (c, 4 * c), "b_proj": (c,),
+    }
+
+
+def random_weights(config: GPT2Config | None = None, seed: int = 0) -> GPT2Weights:
+    """Deterministic weights with GPT-2's initialization.
+
+    Matrices and embeddings are normal(0, 0.02); the residual projections (``w_attn_out``,
+    ``w_proj``) are scaled by 1/sqrt(2 * n_layer); LayerNorm gammas are 1, betas and biases 0.
+    """
+    config = config or GPT2Config()
+    rng = np.random.default_rng(seed)
+    shapes = expected_shapes(config)
+    residual_std = 0.02 / math.sqrt(2 * config.n_layer)
+
+    def normal(name: str, std: float = 0.02) -> np.ndarray:
+        array = rng.standard_normal(shapes[name], dtype=np.float32)
+        array *= np.float32(std)
+        return array
+
+    def const(name: str, value: float) -> np.ndarray:
+        return np.full(shapes[name], value, np.float32)
+
+    wte, wpe = normal("wte"), normal("wpe")
+    blocks = [
+        BlockWeights(
+            ln1_g=const("ln1_g", 1.0), ln1_b=const("ln1_b", 0.0),
+            w_qkv=normal("w_qkv"), b_qkv=const("b_qkv", 0.0),
+            w_attn_out=normal("w_attn_out", residual_std), b_attn_out=const("b_attn_out", 0.0),
+            ln2_g=const("ln2_g", 1.0), ln2_b=const("ln2_b", 0.0),
+            w_fc=normal("w_fc"), b_fc=const("b_fc", 0.0),
+            w_proj=normal("w_proj", residual_std), b_proj=const("b_proj", 0.0),
+        )
+        for _ in range(config.n_layer)
+    ]
+    return GPT2Weights(wte=wte, wpe=wpe, ln_f_g=const("ln_f_g", 1.0), ln_f_b=const("ln_f_b", 0.0), blocks=blocks)
+
+
+def _hf_names(config: GPT2Config) -> dict[str, tuple[str, int | None, bool]]:
+    """Hugging Face name (without ``transformer.``) -> (Orion field, block index or None, transposed)."""
+    names: dict[str, tuple[str, int | None, bool]] = {hf: (ours, None, False) for ours, hf in _TOP_NAMES.items()}
+    for i in range(config.n_layer):
+        for ours, (hf, transposed) in _BLOCK_NAMES.items():
+            names[f"h.{i}.{hf}"] = (ours, i, transposed)
+    return names
+
+
+def _require_file(directory: Path, name: str) -> Path:
+    if not directory.is_dir():
+        raise WeightsError(f"{directory}: no such directory; {DIRECTORY_HELP}")
+    path = directory / name
+    if not path.is_file():
+        hint = ""
+        if name == WEIGHTS_FILE and (directory / "pytorch_model.bin").is_file():
+            hint = "; it has pytorch_model.bin only: re-save it as safetensors (save_pretrained(safe_serialization=True))"
+        raise WeightsError(f"{path}: missing {name}; {DIRECTORY_HELP}{hint}")
+    return path
+
+
+def _raw_bf16(path: Path, name: str) -> np.ndarray:
+    """A BF16 tensor read from the file's bytes (numpy has no bfloat16), widened to float32."""
+    with path.open("rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        entry = json.loads(f.read(header_len))[name]
+        start, end = entry["data_offsets"]
+        f.seek(8 + header_len + start)
+        half = np.frombuffer(f.read(end - start), dtype="<u2")
+    return (half.astype(np.uint32) << 16).view(np.float32).reshape(entry["shape"])
+
+
+def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple[GPT2Config, GPT2Weights]:
+    """Load a Hugging Face GPT-2 directory (``config.json`` + ``model.safetensors``) as float32.
+
+    Tensor names may carry the ``transformer.`` prefix or not; ``lm_head.weight`` must be absent or
+    equal to ``wte`` (tied). ``progress``: one line to stderr every few tensors (None: only for
+    files of at least 64 MiB).
+    """
+    directory = Path(path)
+    config = GPT2Config.from_hf_json(_require_file(directory, CONFIG_FILE))
+    file = _require_file(directory, WEIGHTS_FILE)
+    if progress is None:
+        progress = file.stat().st_size >= PROGRESS_MIN_BYTES
+    expected = _hf_names(config)
+    shapes = expected_shapes(config)
+    found: dict[str, np.ndarray] = {}
+    stored_as: dict[str, str] = {}
+    lm_head: np.ndarray | None = None
+    try:
+        handle = safe_open(str(file), framework="np")
+    except (SafetensorError, OSError) as exc:
+        raise WeightsError(f"{file}: not a readable safetensors file ({exc})") from exc
+    with handle as f:
+        keys = sorted(f.keys())
+        for count, key in enumerate(keys, 1):
+            name = key[len(PREFIX):] if key.startswith(PREFIX) else key
+            if name.endswith(_BUFFER_SUFFIXES):
+                continue
+            if name != "lm_head.weight" and name not in expected:
+                raise WeightsError(
+                    f"{file}: unexpected tensor {key!r}: not a GPT-2 weight for n_layer={config.n_layer} "
+                    f"(is config.json for this checkpoint?)"
+                )
+            if name in stored_as:
+                raise WeightsError(f"{file}: tensor {name!r} stored twice, as {stored_as[name]!r} and {key!r}")
+            stored_as[name] = key
+            dtype = f.get_slice(key).get_dtype()
+            if dtype not in _FLOAT_DTYPES:
+                raise WeightsError(f"{file}: tensor {key!r} has dtype {dtype}; expected a float (F16, BF16, F32)")
+            array = _raw_bf16(file, key) if dtype == "BF16" else f.get_tensor(key)
+            array = array.astype(np.float32, copy=False)
+            if name == "lm_head.weight":
+                lm_head = array
+            else:
+                ours, _, transposed = expected[name]
+                want = shapes[ours][::-1] if transposed else shapes[ours]
+                if array.shape != want:
+                    layout = " (Hugging Face Conv1D layout [in, out])" if transposed else ""
+                    raise WeightsError(
+                        f"{file}: tensor {key!r} has shape {tuple(array.shape)}, expected {want}{layout} "
+                        f"for {CONFIG_FILE}'s n_embd={config.n_embd}, vocab_size={config.vocab_size}, "
+                        f"n_positions={config.n_positions}"
+                    )
+                found[name] = np.ascontiguousarray(array.T) if transposed else array
+            if progress and (count % PROGRESS_EVERY == 0 or count == len(keys)):
+                print(f"orion: loading {file.name}: {count}/{len(keys)} tensors", file=sys.stderr, flush=True)
+    missing = [name for name in expected if name not in found]
+    if missing:
+        raise WeightsError(
+            f"{file}: missing tensor {missing[0]!r} (looked for it with and without the {PREFIX!r} prefix)"
+            + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+        )
+    if lm_head is not None and not np.array_equal(lm_head, found["wte.weight"]):
+        raise WeightsError(
+            f"{file}: {stored_as['lm_head.weight']!r} differs from wte.weight; "
+            f"Orion's GPT-2 ties the LM head to the token embedding"
+        )
+    top = {ours: found[hf] for ours, hf in _TOP_NAMES.items()}
+    blocks = [
+        BlockWeights(**{ours: found[f"h.{i}.{hf}"] for ours, (hf, _) in _BLOCK_NAMES.items()})
+        for i in range(config.n_layer)
+    ]
+    return config, GPT2Weights(**top, blocks=blocks)
+
+
+def save_hf(path: str | os.PathLike[str], config: GPT2Config, weights: GPT2Weights) -> None:
+    """Write a standard Hugging Face GPT-2 directory: ``config.json`` and float32 ``model.safetensors``.
+
+    Tensors are named ``transformer.h.N.*`` in ``Conv1D`` layout; the tied LM head is not stored.
+    """
+    weights.validate(config)
+    directory = Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, np.ndarray] = {}
+    for hf, (ours, block, transposed) in _hf_names(config).items():
+        array = getattr(weights if block is None else weights.blocks[block], ours)
+        tensors[PREFIX + hf] = np.ascontiguousarray(array.T if transposed else array)
+    (directory / CONFIG_FILE).write_text(json.dumps(config.to_hf_json(), indent=2) + "\n")
+    save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})

@@ -1,6 +1,7 @@
 // Elementwise ops: binary arithmetic with numpy broadcasting, and unary activations.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "emulator/ops.h"
 
@@ -9,9 +10,11 @@ namespace orion::emu {
 namespace {
 
 // Calls fn(out_offset, x_offset, x_inner_stride, y_offset, y_inner_stride, inner_count) once per
-// row of the innermost dimension of the broadcast output.
+// row of the innermost dimension of the broadcast output. With `coalesce`, dimensions that are
+// contiguous (or broadcast) for both operands are merged first, so rows are as long as possible;
+// without it a row is exactly the output's last axis (what live lanes restrict).
 template <typename Fn>
-void for_each_row(const Shape& out, const Shape& xs, const Shape& ys, Fn&& fn) {
+void for_each_row(const Shape& out, const Shape& xs, const Shape& ys, bool coalesce, Fn&& fn) {
     const size_t rank = out.size();
     if (rank == 0) return fn(0, 0, 0, 0, 0, 1);
     auto broadcast_strides = [&](const Shape& s) {
@@ -23,20 +26,38 @@ void for_each_row(const Shape& out, const Shape& xs, const Shape& ys, Fn&& fn) {
         }
         return st;
     };
-    const auto sx = broadcast_strides(xs), sy = broadcast_strides(ys);
-    const int64_t inner = out[rank - 1];
-    const int64_t rows = element_count(out) / (inner == 0 ? 1 : inner);
+    std::vector<int64_t> dims = out, sx = broadcast_strides(xs), sy = broadcast_strides(ys);
+    if (coalesce) {
+        std::vector<int64_t> d2, x2, y2;
+        for (size_t i = 0; i < rank; ++i) {
+            if (dims[i] == 1) continue;
+            if (!d2.empty() && x2.back() == sx[i] * dims[i] && y2.back() == sy[i] * dims[i]) {
+                d2.back() *= dims[i];
+                x2.back() = sx[i];
+                y2.back() = sy[i];
+            } else {
+                d2.push_back(dims[i]);
+                x2.push_back(sx[i]);
+                y2.push_back(sy[i]);
+            }
+        }
+        if (d2.empty()) return fn(0, 0, 0, 0, 0, 1);
+        dims = d2, sx = x2, sy = y2;
+    }
+    const size_t r = dims.size();
+    const int64_t inner = dims[r - 1];
     if (inner == 0) return;
-    std::vector<int64_t> idx(rank, 0);
-    for (int64_t r = 0; r < rows; ++r) {
+    const int64_t rows = element_count(dims) / inner;
+    std::vector<int64_t> idx(r, 0);
+    for (int64_t row = 0; row < rows; ++row) {
         int64_t ox = 0, oy = 0;
-        for (size_t d = 0; d + 1 < rank; ++d) {
+        for (size_t d = 0; d + 1 < r; ++d) {
             ox += idx[d] * sx[d];
             oy += idx[d] * sy[d];
         }
-        fn(r * inner, ox, sx[rank - 1], oy, sy[rank - 1], inner);
-        for (int64_t d = static_cast<int64_t>(rank) - 2; d >= 0; --d) {
-            if (++idx[d] < out[d]) break;
+        fn(row * inner, ox, sx[r - 1], oy, sy[r - 1], inner);
+        for (int64_t d = static_cast<int64_t>(r) - 2; d >= 0; --d) {
+            if (++idx[d] < dims[d]) break;
             idx[d] = 0;
         }
     }
@@ -66,13 +87,24 @@ BuiltOp binary(OpContext& ctx, F f) {
                 const float* a = ta.data.data();
                 const float* b = tb.data.data();
                 float* c = out.data.data();
-                if (same && !out.partial()) {
+                const bool full = !out.partial();
+                if (same && full) {
                     for (int64_t i = 0, n = out.size(); i < n; ++i) c[i] = f(a[i], b[i]);
                 } else {
-                    const int64_t live = out.lanes;
-                    for_each_row(out.shape, xs, ys, [&](int64_t oo, int64_t ox, int64_t sx, int64_t oy, int64_t sy, int64_t n) {
-                        for (int64_t i = 0, m = std::min(n, live); i < m; ++i) c[oo + i] = f(a[ox + i * sx], b[oy + i * sy]);
-                    });
+                    const int64_t live = full ? std::numeric_limits<int64_t>::max() : out.lanes;
+                    for_each_row(out.shape, xs, ys, full,
+                                 [&](int64_t oo, int64_t ox, int64_t sx, int64_t oy, int64_t sy, int64_t n) {
+                                     const int64_t m = std::min(n, live);
+                                     if (sx == 1 && sy == 0) {
+                                         const float bv = b[oy];
+                                         for (int64_t i = 0; i < m; ++i) c[oo + i] = f(a[ox + i], bv);
+                                     } else if (sx == 0 && sy == 1) {
+                                         const float av = a[ox];
+                                         for (int64_t i = 0; i < m; ++i) c[oo + i] = f(av, b[oy + i]);
+                                     } else {
+                                         for (int64_t i = 0; i < m; ++i) c[oo + i] = f(a[ox + i * sx], b[oy + i * sy]);
+                                     }
+                                 });
                 }
                 finish(out);
             }};

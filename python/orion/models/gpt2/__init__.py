@@ -1,0 +1,6 @@
+"""GPT-2 (any GPT-2-family size) on Orion."""
+
+from orion.models.gpt2.config import GPT2Config
+from orion.models.gpt2.model import GPT2
+
+__all__ = ["GPT2", "GPT2Config"]

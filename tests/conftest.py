@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("ORION_COMPILE_BUDGET", "1000000")  # the suite compiles far more than 119 programs
+os.environ.setdefault("ORION_CACHE_DIR", "off")  # tests that use the program cache give it a temp dir
 
 import pytest  # noqa: E402
 

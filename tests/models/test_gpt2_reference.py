@@ -4,25 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gpt2_fixtures import lively_weights
 from gpt2_reference import reference_greedy, reference_logits
 
 from orion.models.gpt2.config import GPT2Config
-from orion.models.gpt2.weights import GPT2Weights, random_weights, save_hf
+from orion.models.gpt2.weights import random_weights, save_hf
 
 SMALL = GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=512, n_positions=128)
-
-
-def lively_weights(config: GPT2Config, seed: int = 0) -> GPT2Weights:
-    """GPT-2 init with every array perturbed (non-zero biases, non-unit gammas, 20x matrices),
-    so that each parameter matters to the logits and greedy decoding does not collapse at once."""
-    w = random_weights(config, seed)
-    rng = np.random.default_rng(seed + 1000)
-    for _, array in w.arrays():
-        if array.ndim == 2:
-            array *= 20
-        else:
-            array += rng.normal(0, 0.2, array.shape).astype(np.float32)
-    return w
 
 
 def test_shape_dtype_and_finite():

@@ -23,7 +23,10 @@ def next_token(logits: np.ndarray, temperature: float, top_k: int | None, top_p:
     scaled = logits.astype(np.float64) / temperature
     if top_k is not None and top_k < scaled.size:
         kth = np.partition(scaled, -top_k)[-top_k]
-        scaled = np.where(scaled >= kth, scaled, -np.inf)
+        keep = scaled > kth
+        ties = np.flatnonzero(scaled == kth)[: top_k - int(keep.sum())]  # lowest ids first, as argmax
+        keep[ties] = True
+        scaled = np.where(keep, scaled, -np.inf)
     probs = np.exp(scaled - scaled.max())
     probs /= probs.sum()
     if top_p is not None and top_p < 1:

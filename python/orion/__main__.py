@@ -13,7 +13,17 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--lanes", type=int, default=32, help="token lanes per evaluate (default 32)")
     demo.add_argument("--iterations", type=int, default=50)
     commands.add_parser("constraints", help="print the catalog of known ANE constraints and how Orion handles each")
+    generate = commands.add_parser("generate", help="generate text with a GPT-2 model directory (streams tokens)")
+    generate.add_argument("--model", required=True, help="Hugging Face GPT-2 directory with tokenizer.json")
+    generate.add_argument("--prompt", required=True)
+    generate.add_argument("--max-new-tokens", type=int, default=64)
+    generate.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    generate.add_argument("--top-k", type=int, default=None)
+    generate.add_argument("--top-p", type=float, default=None)
+    generate.add_argument("--seed", type=int, default=None)
     args = parser.parse_args(argv)
+    if args.command == "generate":
+        return _generate(args)
     if args.command == "demo":
         from orion import demo as demo_module
 
@@ -21,6 +31,24 @@ def main(argv: list[str] | None = None) -> int:
     from orion import constraints
 
     return constraints.main()
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from orion.errors import OrionError
+    from orion.models import GPT2
+
+    try:
+        model = GPT2.from_pretrained(args.model)
+        sys.stdout.write(args.prompt)
+        for piece in model.generate_text(args.prompt, args.max_new_tokens, temperature=args.temperature,
+                                         top_k=args.top_k, top_p=args.top_p, seed=args.seed):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    except (OrionError, ValueError) as err:
+        print(f"\nerror: {err}", file=sys.stderr)
+        return 1
+    sys.stdout.write("\n")
+    return 0
 
 
 if __name__ == "__main__":

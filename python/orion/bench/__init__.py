@@ -1,0 +1,1 @@
+"""``python -m orion.bench``: Orion's own benchmarks."""

@@ -1,0 +1,134 @@
+"""GPT-2 decode benchmark: compile times (cold and cached), prefill time, decode tok/s and ms/token
+percentiles, ANE dispatches and bytes moved per token."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import orion
+from orion.models import GPT2, GPT2Config
+
+
+def load_model(model_dir: str | None, **options: Any) -> GPT2:
+    """GPT-2 from a Hugging Face directory, or the 124M shape with deterministic random weights."""
+    if model_dir:
+        return GPT2.from_pretrained(model_dir, **options)
+    return GPT2.random(GPT2Config(), seed=0, **options)
+
+
+def measure_decode(model: GPT2, prompt: list[int], new_tokens: int) -> dict[str, Any]:
+    """Greedy-generates ``new_tokens`` after ``prompt``, timing the prefill and every decode step."""
+    model.prefill(prompt)  # compiles the prefill bucket outside the timings
+    start = time.perf_counter()
+    logits = model.prefill(prompt)
+    prefill_s = time.perf_counter() - start
+    tokens, steps = [int(np.argmax(logits))], []
+    for _ in range(new_tokens - 1):
+        start = time.perf_counter()
+        logits = model.decode_step(tokens[-1])
+        steps.append(time.perf_counter() - start)
+        tokens.append(int(np.argmax(logits)))
+    ms = np.array(steps) * 1e3
+    return {
+        "prefill_ms": prefill_s * 1e3,
+        "decode_tok_s": len(steps) / (ms.sum() / 1e3) if len(steps) else float("nan"),
+        "ms_per_token_p50": float(np.percentile(ms, 50)) if len(steps) else float("nan"),
+        "ms_per_token_p90": float(np.percentile(ms, 90)) if len(steps) else float("nan"),
+        "tokens": tokens,
+    }
+
+
+def _cached_start(model_dir: str | None, cache: str) -> float:
+    """Seconds to build the model in a fresh process whose program cache is already filled."""
+    code = ("import sys, time; from orion.bench.decode import load_model; t = time.perf_counter(); "
+            "load_model(sys.argv[1] or None, progress=False); print(time.perf_counter() - t)")
+    env = {**os.environ, "ORION_CACHE_DIR": cache}
+    out = subprocess.run([sys.executable, "-c", code, model_dir or ""], env=env, capture_output=True, text=True,
+                         check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def run(model_dir: str | None = None, prompt_tokens: int = 16, new_tokens: int = 128,
+        fusion_depth: int | None = None, lm_head: str = "ane") -> dict[str, Any]:
+    """The whole benchmark; returns every figure (see ``report``)."""
+    options = dict(fusion_depth=fusion_depth, lm_head=lm_head)
+    with tempfile.TemporaryDirectory(prefix="orion-bench-cache-") as cache:
+        previous = os.environ.get("ORION_CACHE_DIR")
+        os.environ["ORION_CACHE_DIR"] = cache  # a cold start: nothing lowered yet
+        try:
+            start = time.perf_counter()
+            model = load_model(model_dir, **options)
+            cold_s = time.perf_counter() - start
+        finally:
+            if previous is None:
+                os.environ.pop("ORION_CACHE_DIR")
+            else:
+                os.environ["ORION_CACHE_DIR"] = previous
+        cached_s = _cached_start(model_dir, cache) if fusion_depth is None and lm_head == "ane" else float("nan")
+    config = model.config
+    prompt = [int(t) for t in np.random.default_rng(0).integers(0, config.vocab_size, prompt_tokens)]
+    result = measure_decode(model, prompt, new_tokens)
+    plan = model.decode_plan
+    return {
+        "backend": orion.backend(),
+        "model": str(model_dir or "random GPT-2 124M"),
+        "parameters": config.param_count(),
+        "config": config.to_hf_json(),
+        "compile_cold_s": cold_s,
+        "compile_cached_s": cached_s,
+        "compiles": orion.compile_count(),
+        "prompt_tokens": prompt_tokens,
+        "new_tokens": new_tokens,
+        **result,
+        "dispatches_per_token": plan.dispatches_per_token,
+        "fusion_depth": plan.fusion_depth,
+        "lm_head": plan.options.lm_head,
+        "bytes_per_token": sum(p.bytes_per_token for p in plan.programs),
+        "programs": [{"name": p.name, "flops_per_token": p.flops_per_token, "bytes_per_token": p.bytes_per_token}
+                     for p in plan.programs],
+    }
+
+
+def report(r: dict[str, Any]) -> str:
+    lines = [
+        f"backend            {r['backend']}",
+        f"model              {r['model']} ({r['parameters'] / 1e6:.1f}M parameters)",
+        f"compile            cold {r['compile_cold_s']:.2f} s, cached {r['compile_cached_s']:.2f} s "
+        f"(a new process reading the program cache); {r['compiles']} compiles in this process",
+        f"prefill            {r['prefill_ms']:.1f} ms for {r['prompt_tokens']} tokens",
+        f"decode             {r['decode_tok_s']:.1f} tok/s; ms/token p50 {r['ms_per_token_p50']:.2f}, "
+        f"p90 {r['ms_per_token_p90']:.2f} ({r['new_tokens']} new tokens, greedy)",
+        f"dispatches/token   {r['dispatches_per_token']} (fusion depth {r['fusion_depth']}, LM head on {r['lm_head']})",
+        f"bytes/token        {r['bytes_per_token'] / 1e6:.1f} MB (fp16 weights + surfaces, full-context KV cache)",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m orion.bench decode", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="a Hugging Face GPT-2 directory (default: random 124M weights)")
+    parser.add_argument("--prompt-tokens", type=int, default=16)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--fusion-depth", type=int, default=None, help="layers per decode program (default: SRAM-sized)")
+    parser.add_argument("--lm-head", choices=("ane", "cpu"), default="ane")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if args.model and not Path(args.model).is_dir():
+        parser.error(f"--model {args.model}: not a directory")
+    result = run(args.model, args.prompt_tokens, args.new_tokens, args.fusion_depth, args.lm_head)
+    if args.json:
+        print(json.dumps({k: v for k, v in result.items() if k != "tokens"}))
+    else:
+        print(report(result))
+    return 0

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Callable
 
 import orion
-from orion.compiler import Lowered, lower_graph
+from orion import compiler
+from orion.compiler import Lowered
 from orion.graph import Graph
 from orion.lowering.io import IOLayout, IOSpec
 
@@ -87,7 +88,7 @@ def lower_cached(description: dict, build: Callable[[], Graph], **lower_options)
             return _load(root / key), True
         except (OSError, ValueError, KeyError, TypeError):
             shutil.rmtree(root / key, ignore_errors=True)  # a damaged entry is rebuilt
-    lowered = lower_graph(build(), **lower_options)
+    lowered = compiler.lower_graph(build(), **lower_options)
     if root is not None:
         _save(root / key, lowered)
     return lowered, False

@@ -127,6 +127,7 @@ def timed_tokens(tokens) -> tuple[list[int], float, float]:
 
 
 def rate(tokens: list[int], decode_s: float) -> float:
+    """Decode tokens per second: the tokens after the first over the time after the first."""
     return (len(tokens) - 1) / decode_s if len(tokens) > 1 and decode_s > 0 else float("nan")
 
 

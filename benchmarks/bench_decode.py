@@ -2,7 +2,9 @@
 
 Both run greedy decoding from the same random weights (GPT-2 init, ``random_weights(config, seed)``)
 and the same random prompt. Decode tok/s counts the tokens after the first one (prefill is timed
-apart); each side does a short warm-up first. Hugging Face runs fp32 with 2 threads and its KV cache.
+apart); each side does a short warm-up first. Hugging Face runs fp32 with 2 threads (--hf-threads)
+and its KV cache. The load average is recorded: on a shared machine, busy cores slow PyTorch's
+OpenMP threads badly, so compare runs made at low load.
 
 The ANE estimate per token is ``dispatches x dispatch cost + sum over programs of
 max(FLOPs / peak, bytes / bandwidth)``, for Orion's decode plan and for Orion's original design
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -36,7 +39,6 @@ ANE_TFLOPS = 19.0  # M4 ANE: 38 TOPS as advertised (int8) = 19 TFLOPS fp16
 ANE_BANDWIDTH_GBS = 120.0  # M4: LPDDR5X-7500 on a 128-bit bus, Apple's advertised 120 GB/s
 CPU_GFLOPS = 100.0  # assumed sustained fp32 GEMV rate of the CPU side of the original design
 ORIGINAL_LANES = 16  # the original design padded the sequence axis to 16 lanes
-HF_THREADS = 2
 
 
 @dataclass
@@ -125,6 +127,7 @@ def timed_tokens(tokens) -> tuple[list[int], float, float]:
 
 
 def rate(tokens: list[int], decode_s: float) -> float:
+    """Decode tokens per second: the tokens after the first over the time after the first."""
     return (len(tokens) - 1) / decode_s if len(tokens) > 1 and decode_s > 0 else float("nan")
 
 
@@ -153,12 +156,12 @@ class _Timestamps:
         pass
 
 
-def run_hf(config: GPT2Config, prompt: list[int], new_tokens: int, seed: int) -> dict[str, Any]:
+def run_hf(config: GPT2Config, prompt: list[int], new_tokens: int, seed: int, threads: int = 2) -> dict[str, Any]:
     """Greedy decode with Hugging Face GPT2LMHeadModel (fp32, KV cache) on the same random weights."""
     import torch
     import transformers
 
-    torch.set_num_threads(HF_THREADS)
+    torch.set_num_threads(threads)
     transformers.utils.logging.disable_progress_bar()
     with tempfile.TemporaryDirectory() as directory:
         save_hf(directory, config, random_weights(config, seed))
@@ -178,7 +181,7 @@ def run_hf(config: GPT2Config, prompt: list[int], new_tokens: int, seed: int) ->
     tokens = out[0, len(prompt):].tolist()
     first = stamps.times[1] if len(stamps.times) > 1 else end  # times[0]: the prompt itself
     return {"versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-            "threads": HF_THREADS, "prefill_ms": 1e3 * (first - start),
+            "threads": threads, "prefill_ms": 1e3 * (first - start),
             "decode_tok_per_s": rate(tokens, end - first), "tokens": tokens}
 
 
@@ -204,7 +207,7 @@ def agreeing_prefix(a: list[int], b: list[int]) -> int:
 
 def run(config_name: str = "124m", prompt_tokens: int = 16, new_tokens: int = 128, seed: int = 0,
         bandwidth_gbs: float = ANE_BANDWIDTH_GBS, cpu_gflops: float = CPU_GFLOPS,
-        with_hf: bool = True) -> dict[str, Any]:
+        with_hf: bool = True, hf_threads: int = 2) -> dict[str, Any]:
     """The whole benchmark as one JSON-ready dict."""
     config = CONFIGS[config_name]
     if prompt_tokens < 1 or new_tokens < 2 or prompt_tokens + new_tokens > config.n_positions:
@@ -215,6 +218,7 @@ def run(config_name: str = "124m", prompt_tokens: int = 16, new_tokens: int = 12
     result: dict[str, Any] = {
         "config": config_name, "params": config.param_count(), "prompt_tokens": prompt_tokens,
         "new_tokens": new_tokens, "seed": seed, "orion": None, "hf": None, "notes": [],
+        "load_average_before": os.getloadavg()[0],
     }
 
     gpt2, why = load_orion_gpt2()
@@ -227,7 +231,7 @@ def run(config_name: str = "124m", prompt_tokens: int = 16, new_tokens: int = 12
 
     why = hf_available() if with_hf else "Hugging Face comparison skipped (--no-hf)"
     if why is None:
-        result["hf"] = run_hf(config, prompt, new_tokens, seed)
+        result["hf"] = run_hf(config, prompt, new_tokens, seed, hf_threads)
     else:
         result["notes"].append(why)
 
@@ -256,15 +260,18 @@ def report(result: dict[str, Any]) -> str:
     """Human-readable summary of ``run``'s result."""
     lines = [f"GPT-2 {result['config']} ({result['params'] / 1e6:.1f}M params): greedy decode, "
              f"{result['prompt_tokens']}-token prompt, {result['new_tokens']} new tokens"]
-    for key, label in (("orion", "Orion"), ("hf", f"Hugging Face (PyTorch fp32, {HF_THREADS} threads)")):
+    for key in ("orion", "hf"):
         side = result[key]
         if side:
+            label = "Orion" if key == "orion" else f"Hugging Face (PyTorch fp32, {side['threads']} threads)"
             lines.append(f"  {label:<44} {side['decode_tok_per_s']:8.1f} tok/s decode   "
                          f"prefill {side['prefill_ms']:7.1f} ms")
     if "orion_over_hf" in result:
         lines.append(f"  Orion / Hugging Face: {result['orion_over_hf']:.2f}x; first "
                      f"{result['tokens_agreeing']}/{result['new_tokens']} generated tokens agree")
     lines += [f"  note: {note}" for note in result["notes"]]
+    lines.append(f"  load average before the run: {result['load_average_before']:.2f} "
+                 f"(timings are only comparable at low load)")
     est = result["ane_estimate"]
     a = est["assumptions"]
     lines.append("ANE cost model per decoded token: " + a["model"])
@@ -293,11 +300,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ane-bandwidth-gbs", type=float, default=ANE_BANDWIDTH_GBS)
     parser.add_argument("--cpu-gflops", type=float, default=CPU_GFLOPS)
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face comparison")
+    parser.add_argument("--hf-threads", type=int, default=2, help="PyTorch threads for Hugging Face")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     try:
         result = run(args.config, args.prompt_tokens, args.new_tokens, args.seed, args.ane_bandwidth_gbs,
-                     args.cpu_gflops, not args.no_hf)
+                     args.cpu_gflops, not args.no_hf, args.hf_threads)
     except ValueError as exc:
         parser.error(str(exc))
     if args.json:

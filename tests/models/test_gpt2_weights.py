@@ -323,6 +323,9 @@ def test_untied_lm_head_is_rejected(checkpoint):
     rewrite(checkpoint, lambda t: t.update({"lm_head.weight": t["transformer.wte.weight"] + 1}))
     with pytest.raises(WeightsError, match="'lm_head.weight' differs from wte.weight"):
         load_hf(checkpoint)
+    rewrite(checkpoint, lambda t: t.update({"lm_head.weight": t["transformer.wte.weight"][:100]}))
+    with pytest.raises(WeightsError, match=r"'lm_head.weight' has shape \(100, 64\), expected \(512, 64\)"):
+        load_hf(checkpoint)
 
 
 def test_duplicate_and_non_float_tensors(checkpoint):

@@ -214,11 +214,9 @@ def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple
     except (SafetensorError, OSError) as exc:
         raise WeightsError(f"{file}: not a readable safetensors file ({exc})") from exc
     with handle as f:
-        keys = sorted(f.keys())
+        keys = sorted(k for k in f.keys() if not k.endswith(_BUFFER_SUFFIXES))
         for count, key in enumerate(keys, 1):
             name = key[len(PREFIX):] if key.startswith(PREFIX) else key
-            if name.endswith(_BUFFER_SUFFIXES):
-                continue
             if name != "lm_head.weight" and name not in expected:
                 raise WeightsError(
                     f"{file}: unexpected tensor {key!r}: not a GPT-2 weight for n_layer={config.n_layer} "
@@ -227,23 +225,23 @@ def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple
             if name in stored_as:
                 raise WeightsError(f"{file}: tensor {name!r} stored twice, as {stored_as[name]!r} and {key!r}")
             stored_as[name] = key
-            dtype = f.get_slice(key).get_dtype()
+            stored = f.get_slice(key)
+            dtype, shape = stored.get_dtype(), tuple(stored.get_shape())
             if dtype not in _FLOAT_DTYPES:
                 raise WeightsError(f"{file}: tensor {key!r} has dtype {dtype}; expected a float (F16, BF16, F32)")
-            array = _raw_bf16(file, key) if dtype == "BF16" else f.get_tensor(key)
-            array = array.astype(np.float32, copy=False)
+            ours, _, transposed = expected.get(name, ("wte", None, False))  # lm_head.weight is [V, C] like wte
+            want = shapes[ours][::-1] if transposed else shapes[ours]
+            if shape != want:
+                layout = " (Hugging Face Conv1D layout [in, out])" if transposed else ""
+                raise WeightsError(
+                    f"{file}: tensor {key!r} has shape {shape}, expected {want}{layout} "
+                    f"for {CONFIG_FILE}'s n_embd={config.n_embd}, vocab_size={config.vocab_size}, "
+                    f"n_positions={config.n_positions}"
+                )
+            array = (_raw_bf16(file, key) if dtype == "BF16" else f.get_tensor(key)).astype(np.float32, copy=False)
             if name == "lm_head.weight":
                 lm_head = array
             else:
-                ours, _, transposed = expected[name]
-                want = shapes[ours][::-1] if transposed else shapes[ours]
-                if array.shape != want:
-                    layout = " (Hugging Face Conv1D layout [in, out])" if transposed else ""
-                    raise WeightsError(
-                        f"{file}: tensor {key!r} has shape {tuple(array.shape)}, expected {want}{layout} "
-                        f"for {CONFIG_FILE}'s n_embd={config.n_embd}, vocab_size={config.vocab_size}, "
-                        f"n_positions={config.n_positions}"
-                    )
                 found[name] = np.ascontiguousarray(array.T) if transposed else array
             if progress and (count % PROGRESS_EVERY == 0 or count == len(keys)):
                 print(f"orion: loading {file.name}: {count}/{len(keys)} tensors", file=sys.stderr, flush=True)

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from orion.models.gpt2.config import GPT2Config
+from orion.models import GPT2, GPT2Config
 from orion.models.gpt2.weights import random_weights, save_hf
 
 CONFIGS = {
@@ -105,15 +105,6 @@ def orion_plan_stages(plan: Any) -> tuple[list[Stage], int]:
     return stages, int(plan.dispatches_per_token)
 
 
-def load_orion_gpt2() -> tuple[Any, str | None]:
-    """Orion's GPT2 class, or None and the reason it cannot be imported."""
-    try:
-        from orion.models import GPT2
-    except ImportError as exc:
-        return None, f"Orion's GPT-2 model (orion.models.GPT2) is not available in this build ({exc})"
-    return GPT2, None
-
-
 def timed_tokens(tokens) -> tuple[list[int], float, float]:
     """Consume a token iterator: (tokens, seconds to the first token, seconds for the rest)."""
     start = time.perf_counter()
@@ -131,10 +122,10 @@ def rate(tokens: list[int], decode_s: float) -> float:
     return (len(tokens) - 1) / decode_s if len(tokens) > 1 and decode_s > 0 else float("nan")
 
 
-def run_orion(gpt2: Any, config: GPT2Config, prompt: list[int], new_tokens: int, seed: int) -> dict[str, Any]:
+def run_orion(config: GPT2Config, prompt: list[int], new_tokens: int, seed: int) -> dict[str, Any]:
     """Greedy decode with Orion: timings, tokens and the model's decode plan."""
     start = time.perf_counter()
-    model = gpt2.random(config=config, seed=seed)
+    model = GPT2.random(config=config, seed=seed)
     list(model.generate(prompt, max_new_tokens=2))  # warm-up: compiles and loads the programs
     setup = time.perf_counter() - start
     model.reset()
@@ -221,13 +212,9 @@ def run(config_name: str = "124m", prompt_tokens: int = 16, new_tokens: int = 12
         "load_average_before": os.getloadavg()[0],
     }
 
-    gpt2, why = load_orion_gpt2()
-    if gpt2 is None:
-        result["notes"].append(why)
-    else:
-        orion_result = run_orion(gpt2, config, prompt, new_tokens, seed)
-        plan = orion_result.pop("plan")
-        result["orion"] = orion_result
+    orion_result = run_orion(config, prompt, new_tokens, seed)
+    plan = orion_result.pop("plan")
+    result["orion"] = orion_result
 
     why = hf_available() if with_hf else "Hugging Face comparison skipped (--no-hf)"
     if why is None:
@@ -235,7 +222,7 @@ def run(config_name: str = "124m", prompt_tokens: int = 16, new_tokens: int = 12
     else:
         result["notes"].append(why)
 
-    if result["orion"] and result["hf"]:
+    if result["hf"]:
         result["orion_over_hf"] = result["orion"]["decode_tok_per_s"] / result["hf"]["decode_tok_per_s"]
         result["tokens_agreeing"] = agreeing_prefix(result["orion"]["tokens"], result["hf"]["tokens"])
 
@@ -249,9 +236,8 @@ def run(config_name: str = "124m", prompt_tokens: int = 16, new_tokens: int = 12
     estimates: dict[str, Any] = {"assumptions": assumptions}
     stages, dispatches = original_design(config, context)
     estimates["original_design"] = estimate(stages, dispatches, bandwidth_gbs, cpu_gflops)
-    if result["orion"]:
-        stages, dispatches = orion_plan_stages(plan)
-        estimates["orion_plan"] = estimate(stages, dispatches, bandwidth_gbs, cpu_gflops)
+    stages, dispatches = orion_plan_stages(plan)
+    estimates["orion_plan"] = estimate(stages, dispatches, bandwidth_gbs, cpu_gflops)
     result["ane_estimate"] = estimates
     return result
 

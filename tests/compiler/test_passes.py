@@ -14,7 +14,7 @@ from orion.lowering.legalize import legalize
 from orion.passes import DEFAULT_PASSES, PassContext, run_pipeline
 from orion.passes import cast_fusion, dce, identity, io_padding, sram
 from orion.graph.ir import GraphError
-from orion.passes.io_padding import MIN_SURFACE_BYTES, padded_shape
+from orion.passes.io_padding import padded_shape
 
 
 def prepared(g: Graph, io_dtype: str = "fp16") -> tuple[Graph, PassContext]:

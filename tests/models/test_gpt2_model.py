@@ -99,7 +99,7 @@ def test_bad_input_gets_clear_errors(model) -> None:
     with pytest.raises(ValueError, match="temperature"):
         next(model.generate([1], 3, temperature=-1))
     with pytest.raises(orion.OrionError, match="no tokenizer"):
-        model.tokenizer
+        _ = model.tokenizer
 
 
 def test_cpu_lm_head_agrees_with_the_ane_one() -> None:
@@ -156,4 +156,4 @@ def test_from_pretrained_reads_a_hugging_face_directory(tmp_path, monkeypatch) -
     assert again._compiler.built == 0 and again._compiler.cached > 0
     np.testing.assert_array_equal(again.logits(ids), model.logits(ids))
     with pytest.raises(orion.OrionError, match="tokenizer.json"):
-        model.tokenizer
+        _ = model.tokenizer

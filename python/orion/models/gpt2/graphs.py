@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from orion.graph import Graph
 from orion.graph.ir import Node
 from orion.models.gpt2.config import GPT2Config
@@ -105,8 +103,3 @@ def lm_head_graph(config: GPT2Config, weights: GPT2Weights, vocab: range, seq: i
     h = g.layer_norm(x, weights.ln_f_g, weights.ln_f_b, config.layer_norm_epsilon, name="ln_f")
     g.output(g.linear(h, weights.wte[vocab.start:vocab.stop], name="lm_head"), "logits")
     return g
-
-
-def empty_mask(config: GPT2Config) -> np.ndarray:
-    """The mask of an empty cache."""
-    return np.full((1, 1, 1, config.n_positions), MASKED, dtype=np.float16)

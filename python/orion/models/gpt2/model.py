@@ -14,10 +14,11 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from orion.backend import backend
 from orion.errors import OrionError
 from orion.models.gpt2.config import GPT2Config
 from orion.models.gpt2.graphs import MASKED
-from orion.models.gpt2.plan import (Compiler, DecodePlan, PlanOptions, PrefillPlan, Stage, build_decode_plan,
+from orion.models.gpt2.plan import (Compiler, DecodePlan, PlanOptions, PrefillPlan, build_decode_plan,
                                     build_prefill_plan, packed_view)
 from orion.models.gpt2.sampling import check_sampling, next_token
 from orion.models.gpt2.tokenizer import Tokenizer, TokenizerNotFound, load_tokenizer
@@ -82,7 +83,7 @@ class GPT2:
         self.options = PlanOptions(fusion_depth=fusion_depth, lm_head=lm_head)
         if progress:
             print(f"compiling GPT-2 ({config.param_count() / 1e6:.0f}M parameters, {config.n_layer} layers) "
-                  f"for {self._backend()}", file=sys.stderr, flush=True)
+                  f"for {backend()}", file=sys.stderr, flush=True)
         start = time.perf_counter()
         self._compiler = Compiler(config, weights, weights.content_hash(config), self.options.io_dtype, progress)
         self.decode_plan: DecodePlan = build_decode_plan(self._compiler, self.options)
@@ -203,11 +204,6 @@ class GPT2:
             yield tokenizer.decode([token])
 
     # -- internals ------------------------------------------------------------------------------------
-    def _backend(self) -> str:
-        import orion
-
-        return orion.backend()
-
     def _check_ids(self, ids: Iterable[int]) -> list[int]:
         ids = [int(i) for i in ids]
         if not ids:

@@ -246,10 +246,12 @@ def report(result: dict[str, Any]) -> str:
     """Human-readable summary of ``run``'s result."""
     lines = [f"GPT-2 {result['config']} ({result['params'] / 1e6:.1f}M params): greedy decode, "
              f"{result['prompt_tokens']}-token prompt, {result['new_tokens']} new tokens"]
-    for key in ("orion", "hf"):
+    hf = result["hf"]
+    labels = {"orion": "Orion",
+              "hf": hf and f"Hugging Face (PyTorch fp32, {hf['threads']} thread{'s' * (hf['threads'] != 1)})"}
+    for key, label in labels.items():
         side = result[key]
         if side:
-            label = "Orion" if key == "orion" else f"Hugging Face (PyTorch fp32, {side['threads']} threads)"
             lines.append(f"  {label:<44} {side['decode_tok_per_s']:8.1f} tok/s decode   "
                          f"prefill {side['prefill_ms']:7.1f} ms")
     if "orion_over_hf" in result:

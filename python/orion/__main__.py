@@ -13,7 +13,16 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--lanes", type=int, default=32, help="token lanes per evaluate (default 32)")
     demo.add_argument("--iterations", type=int, default=50)
     commands.add_parser("constraints", help="print the catalog of known ANE constraints and how Orion handles each")
+    doctor = commands.add_parser("doctor", help="platform, backend and why, ANE framework, compile budget; runs a "
+                                 "tiny program end to end")
+    doctor.add_argument("--probe", action="store_true", help="also run the probe suite and write its JSON report")
+    doctor.add_argument("--out", help="where --probe writes its report (default orion-probe-<backend>.json)")
+    doctor.add_argument("--json", action="store_true", help="print the doctor report as JSON")
     args = parser.parse_args(argv)
+    if args.command == "doctor":
+        from orion import doctor as doctor_module
+
+        return doctor_module.main(probe=args.probe, out=args.out, as_json=args.json)
     if args.command == "demo":
         from orion import demo as demo_module
 

@@ -45,12 +45,12 @@ class Lowered:
 
 
 def lower_graph(graph: Graph, *, io_dtype: str = "fp16", max_layers: int = 1,
-                sram_budget: int = SRAM_BYTES) -> Lowered:
+                sram_budget: int = SRAM_BYTES, min_surface_bytes: int = 49_152) -> Lowered:
     """Run the whole pipeline up to MIL text; ``graph`` itself is not modified."""
     check_fusion_depth(graph, max_layers)
     legal = legalize(graph)
     layout = prepare_io(legal, io_dtype)
-    report = run_pipeline(legal, PassContext(layout, sram_budget))
+    report = run_pipeline(legal, PassContext(layout, sram_budget, min_surface_bytes))
     program, weights = to_program(legal)
     from orion import mil
 
@@ -118,14 +118,24 @@ class CompiledGraph:
 
 
 def compile_graph(graph: Graph, *, io_dtype: str = "fp16", profile: str = "hardware", max_layers: int = 1,
-                  sram_budget: int = SRAM_BYTES, verbose: bool = False) -> CompiledGraph:
-    """Lower and compile ``graph``; programs with an identical content hash are compiled once."""
-    import orion
+                  sram_budget: int = SRAM_BYTES, verbose: bool = False, probe_report: Any = None) -> CompiledGraph:
+    """Lower and compile ``graph``; programs with an identical content hash are compiled once.
 
-    lowered = lower_graph(graph, io_dtype=io_dtype, max_layers=max_layers, sram_budget=sram_budget)
+    ``probe_report``: a saved ``python -m orion doctor --probe`` report (path) or the
+    :class:`orion.probes.Relaxations` of one; conservative rules it proved safe on this machine are
+    relaxed (today: a smaller minimum surface size)."""
+    import orion
+    from orion import probes
+
+    relax = probes.load_report(probe_report) if isinstance(probe_report, (str, bytes)) or hasattr(probe_report, "__fspath__") \
+        else (probe_report or probes.Relaxations())
+    min_bytes = relax.min_surface_bytes or 49_152
+    lowered = lower_graph(graph, io_dtype=io_dtype, max_layers=max_layers, sram_budget=sram_budget,
+                          min_surface_bytes=min_bytes)
     if verbose:
         print(f"graph '{graph.name}' ({lowered.content_hash[:12]}):\n{lowered.report}")
     key = (lowered.content_hash, profile)
     if key not in _PROGRAMS:
-        _PROGRAMS[key] = orion.compile(lowered.mil, lowered.weights, profile=profile)
+        _PROGRAMS[key] = orion.compile(lowered.mil, lowered.weights, profile=profile,
+                                       min_surface_bytes=relax.min_surface_bytes)
     return CompiledGraph(lowered, _PROGRAMS[key])

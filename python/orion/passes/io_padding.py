@@ -24,10 +24,12 @@ MIN_LANES = {"fp16": 32, "fp32": 16}
 MAX_OVERSHOOT = 4  # give up when uniform sizes would need more than 4x the largest surface
 
 
-def plan(shapes: list[tuple[int, ...]], dtype: str, what: str) -> list[tuple[int, ...]]:
-    """Padded ``[1, C, 1, S']`` shapes: one byte size for all, >= the minimum surface and lane count."""
+def plan(shapes: list[tuple[int, ...]], dtype: str, what: str,
+         min_bytes: int = MIN_SURFACE_BYTES) -> list[tuple[int, ...]]:
+    """Padded ``[1, C, 1, S']`` shapes: one byte size for all, >= the minimum surface and lane count.
+    ``min_bytes`` is the conservative 49,152 unless a probe report proved less (orion.probes)."""
     elem = dtype_size(dtype)
-    lanes = [max(s[3], MIN_LANES[dtype], math.ceil(MIN_SURFACE_BYTES / (s[1] * elem))) for s in shapes]
+    lanes = [max(s[3], MIN_LANES[dtype], math.ceil(min_bytes / (s[1] * elem))) for s in shapes]
     largest = max(s[1] * n * elem for s, n in zip(shapes, lanes))
     step = math.lcm(*(s[1] * elem for s in shapes))
     size = math.ceil(largest / step) * step
@@ -38,9 +40,9 @@ def plan(shapes: list[tuple[int, ...]], dtype: str, what: str) -> list[tuple[int
     return [(1, s[1], 1, size // (s[1] * elem)) for s in shapes]
 
 
-def _pad_inputs(graph: Graph, specs: list[IOSpec]) -> list[str]:
+def _pad_inputs(graph: Graph, specs: list[IOSpec], min_bytes: int = MIN_SURFACE_BYTES) -> list[str]:
     changes = []
-    for spec, padded in zip(specs, plan([s.shape for s in specs], specs[0].dtype, "inputs")):
+    for spec, padded in zip(specs, plan([s.shape for s in specs], specs[0].dtype, "inputs", min_bytes)):
         spec.padded = padded
         node = next(n for n in graph.inputs if n.name == spec.mil_name)
         if node.shape == padded:
@@ -56,9 +58,9 @@ def _pad_inputs(graph: Graph, specs: list[IOSpec]) -> list[str]:
     return changes
 
 
-def _pad_outputs(graph: Graph, specs: list[IOSpec]) -> list[str]:
+def _pad_outputs(graph: Graph, specs: list[IOSpec], min_bytes: int = MIN_SURFACE_BYTES) -> list[str]:
     changes = []
-    for spec, padded in zip(specs, plan([s.shape for s in specs], specs[0].dtype, "outputs")):
+    for spec, padded in zip(specs, plan([s.shape for s in specs], specs[0].dtype, "outputs", min_bytes)):
         spec.padded = padded
         out = graph.outputs[spec.mil_name]
         if out.shape == padded:
@@ -86,4 +88,5 @@ def run(graph: Graph, ctx: PassContext) -> list[str]:
     if not ctx.layout.inputs or not ctx.layout.outputs:
         raise GraphError(f"graph '{graph.name}': a program needs at least one input and one output. "
                          "Fix: add the missing g.input(...) or g.output(...)")
-    return _pad_inputs(graph, ctx.layout.inputs) + _pad_outputs(graph, ctx.layout.outputs)
+    return (_pad_inputs(graph, ctx.layout.inputs, ctx.min_surface_bytes)
+            + _pad_outputs(graph, ctx.layout.outputs, ctx.min_surface_bytes))

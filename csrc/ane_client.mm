@@ -138,10 +138,12 @@ void* iosurface_create(size_t bytes, uint8_t** base) {
 }
 void iosurface_destroy(void* handle) { CFRelease(static_cast<IOSurfaceRef>(handle)); }
 void iosurface_lock(void* handle, bool read_only) {
-    IOSurfaceLock(static_cast<IOSurfaceRef>(handle), read_only ? kIOSurfaceLockReadOnly : 0, nullptr);
+    IOSurfaceLock(static_cast<IOSurfaceRef>(handle), static_cast<IOSurfaceLockOptions>(read_only ? kIOSurfaceLockReadOnly : 0),
+                  nullptr);
 }
 void iosurface_unlock(void* handle, bool read_only) {
-    IOSurfaceUnlock(static_cast<IOSurfaceRef>(handle), read_only ? kIOSurfaceLockReadOnly : 0, nullptr);
+    IOSurfaceUnlock(static_cast<IOSurfaceRef>(handle), static_cast<IOSurfaceLockOptions>(read_only ? kIOSurfaceLockReadOnly : 0),
+                    nullptr);
 }
 const runtime::SurfaceAllocator kIOSurfaces{"iosurface", iosurface_create, iosurface_destroy, iosurface_lock,
                                             iosurface_unlock};

@@ -201,6 +201,17 @@ void bind_runtime(py::module_& m) {
         return std::string();
 #endif
     });
+    m.def(
+        "_emulator_build",
+        [](const py::buffer& mil, const std::map<std::string, py::buffer>& weights, const std::string& profile,
+           size_t min_surface_bytes) {
+            const runtime::WeightFiles files = weight_files(weights);
+            auto program = emu::build(bytes_view(mil, "the MIL text"), files, runtime::profile_from_name(profile));
+            if (min_surface_bytes) program->set_min_surface_bytes(min_surface_bytes);
+            return program;
+        },
+        py::arg("mil"), py::arg("weights"), py::arg("profile") = "hardware", py::arg("min_surface_bytes") = 0,
+        "Tests only: an emulator program built without counting a compile (the harness's bit-for-bit twin).");
     py::module_ plan = m.def_submodule("ane_plan");
     bind_ane_plan(plan);
 

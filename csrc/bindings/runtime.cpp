@@ -6,8 +6,13 @@
 #include "constraints.h"
 #include "emulator/emulator.h"
 #include "errors.h"
+#include "runtime/ane_plan.h"
+#include "runtime/backend.h"
 #include "runtime/budget.h"
 #include "runtime/program.h"
+#ifdef ORION_HAVE_ANE_CLIENT
+#include "ane_client.h"
+#endif
 
 namespace py = pybind11;
 
@@ -32,13 +37,93 @@ runtime::Bindings bindings(const std::vector<std::pair<std::string, runtime::Sur
     return runtime::Bindings(given.begin(), given.end());
 }
 
+runtime::WeightFiles weight_files(const std::map<std::string, py::buffer>& weights) {
+    runtime::WeightFiles files;
+    for (const auto& [key, buf] : weights) files[key] = bytes_view(buf, ("weight file '" + key + "'").c_str());
+    return files;
+}
+
+py::dict selection_dict(const runtime::Selection& s) {
+    py::dict d;
+    d["name"] = s.name;
+    d["reason"] = s.reason;
+    d["warning"] = s.warning;
+    return d;
+}
+
+// Portable pieces of the ane backend, exposed for tests (tests/test_ane_plan.py).
+void bind_ane_plan(py::module_& m) {
+    namespace plan = runtime::ane_plan;
+    m.doc() = "Decisions of the ane backend, in portable code (tested on every platform).";
+    m.attr("QOS") = plan::kQoS;
+    m.attr("LOAD_RETRY_DELAY_MS") = plan::kLoadRetryDelay.count();
+    m.def("plan_model", [](const py::buffer& mil, const std::map<std::string, py::buffer>& weights) {
+        const auto p = plan::plan_model(bytes_view(mil, "the MIL text"), weight_files(weights));
+        py::list files, dict;
+        for (const auto& f : p.files) files.append(py::make_tuple(f.relpath, py::bytes(f.bytes.data(), f.bytes.size())));
+        for (const auto& w : p.weights) dict.append(py::make_tuple(w.key, w.offset, py::bytes(w.data.data(), w.data.size())));
+        return py::make_tuple(p.dirs, files, dict);
+    });
+    m.def("model_dir_path", &plan::model_dir_path);
+    m.def("write_model_dir", [](const std::string& dir, const py::buffer& mil, const std::map<std::string, py::buffer>& w) {
+        plan::write_model_dir(dir, plan::plan_model(bytes_view(mil, "the MIL text"), weight_files(w)));
+    });
+    m.def("patch_data", [](const std::map<std::string, py::buffer>& w) {
+        const std::string d = plan::patch_data(weight_files(w));
+        return py::bytes(d);
+    });
+    m.def("write_patch_files", [](const std::string& donor, const std::string& dir, const std::map<std::string, py::buffer>& w) {
+        plan::write_patch_files(donor, dir, weight_files(w));
+    });
+    m.def("lease_model_dir", [](const std::string& dir) {
+        bool fresh = false;
+        auto lease = plan::lease_model_dir(dir, &fresh);
+        return py::make_tuple(py::capsule(new std::shared_ptr<plan::DirLease>(lease), [](void* p) {
+                                  delete static_cast<std::shared_ptr<plan::DirLease>*>(p);
+                              }),
+                              fresh);
+    }, "A lease on dir (a capsule: the directory is removed when the last lease is garbage-collected) and whether it is new.");
+    m.def("load_with_retry", [](const py::function& attempt, int delay_ms) {
+        const auto outcome = plan::load_with_retry(
+            [&] {
+                const auto r = attempt().cast<std::pair<bool, std::string>>();
+                return plan::Attempt{r.first, r.second};
+            },
+            std::chrono::milliseconds(delay_ms));
+        return py::make_tuple(outcome.ok, outcome.attempts, outcome.error);
+    }, py::arg("attempt"), py::arg("delay_ms") = plan::kLoadRetryDelay.count());
+    m.def("surface_properties", [](size_t bytes) {
+        const auto p = plan::surface_properties(bytes);
+        py::dict d;
+        d["Width"] = p.width; d["Height"] = p.height; d["BytesPerElement"] = p.bytes_per_element;
+        d["BytesPerRow"] = p.bytes_per_row; d["AllocSize"] = p.alloc_size; d["PixelFormat"] = p.pixel_format;
+        return d;
+    });
+    m.def("select_backend", [](const std::string& requested, const std::vector<std::tuple<std::string, bool, std::string>>& statuses,
+                               const std::string& platform) {
+        std::vector<runtime::BackendStatus> s;
+        for (const auto& [name, ok, detail] : statuses) s.push_back({name, ok, detail});
+        return selection_dict(runtime::select_backend(requested, s, platform));
+    });
+}
+
 }  // namespace
 
 void bind_runtime(py::module_& m) {
+    runtime::register_backend(emu::backend());
+#ifdef ORION_HAVE_ANE_CLIENT
+    runtime::register_backend(ane::backend());
+#endif
     py::class_<runtime::Surface>(m, "Surface", py::buffer_protocol(),
-                                 "A flat, 64-byte aligned byte buffer bound to a program input or output.")
+                                 "A flat, 64-byte aligned byte buffer bound to a program input or output "
+                                 "(host memory, or an IOSurface under the ane backend).")
         .def(py::init<size_t>(), py::arg("nbytes"))
         .def_property_readonly("nbytes", &runtime::Surface::size)
+        .def_property_readonly("kind", [](const runtime::Surface& s) { return std::string(s.allocator().name); })
+        .def("lock", &runtime::Surface::lock, py::arg("read_only") = false,
+             "Begins CPU access (IOSurfaceLock); never hold it across an evaluate.")
+        .def("unlock", &runtime::Surface::unlock)
+        .def_property_readonly("locked", &runtime::Surface::locked)
         .def_buffer([](runtime::Surface& s) {
             return py::buffer_info(s.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
                                    {static_cast<py::ssize_t>(s.size())}, {1});
@@ -59,20 +144,76 @@ void bind_runtime(py::module_& m) {
             },
             py::arg("inputs"), py::arg("outputs"), py::arg("live_lanes") = runtime::LiveLanes{},
             "Runs once; inputs/outputs are [(name, Surface)] in binding order; live_lanes: {input: lanes}.")
-        .def("unload", &runtime::LoadedProgram::unload);
+        .def("unload", &runtime::LoadedProgram::unload)
+        .def_property_readonly("backend", [](const runtime::LoadedProgram& p) { return std::string(p.backend()); })
+        .def_property_readonly("min_surface_bytes", &runtime::LoadedProgram::min_surface_bytes)
+        .def(
+            "with_weights",
+            [](runtime::LoadedProgram& p, const std::map<std::string, py::buffer>& weights) {
+                const runtime::WeightFiles files = weight_files(weights);
+                py::gil_scoped_release release;
+                return p.with_weights(files);
+            },
+            py::arg("weights"), "The same MIL with new weight files, loaded without compiling.");
 
     m.def(
         "compile",
-        [](const py::buffer& mil, const std::map<std::string, py::buffer>& weights, const std::string& profile) {
+        [](const py::buffer& mil, const std::map<std::string, py::buffer>& weights, const std::string& profile,
+           const std::string& backend, size_t min_surface_bytes) {
             const std::string_view text = bytes_view(mil, "the MIL text");
-            runtime::WeightFiles files;
-            for (const auto& [key, buf] : weights) files[key] = bytes_view(buf, ("weight file '" + key + "'").c_str());
+            const runtime::WeightFiles files = weight_files(weights);
             const runtime::Profile p = runtime::profile_from_name(profile);
-            py::gil_scoped_release release;
-            return emu::compile(text, files, p);
+            const std::string name = backend.empty() ? runtime::current_selection().name : backend;
+            const runtime::Backend& b = runtime::find_backend(name);
+            std::unique_ptr<runtime::LoadedProgram> program;
+            {
+                py::gil_scoped_release release;
+                program = b.compile(text, files, p);
+            }
+            if (min_surface_bytes) program->set_min_surface_bytes(min_surface_bytes);
+            return program;
         },
-        py::arg("mil"), py::arg("weights"), py::arg("profile") = "hardware",
-        "Compiles and loads MIL text with its BLOBFILE weights on the emulator backend.");
+        py::arg("mil"), py::arg("weights"), py::arg("profile") = "hardware", py::arg("backend") = "",
+        py::arg("min_surface_bytes") = 0,
+        "Compiles and loads MIL text with its BLOBFILE weights on `backend` ('' = the selected one). "
+        "min_surface_bytes: a smaller surface minimum proved by a probe report (0 = the conservative 49,152).");
+    m.def("backend_selection", [] { return selection_dict(runtime::current_selection()); },
+          "{name, reason, warning}: the backend this process uses and why (reads ORION_BACKEND).");
+    m.def("backends", [] {
+        py::list out;
+        for (const auto& b : runtime::registered_backends()) {
+            const auto s = b.probe();
+            out.append(py::make_tuple(s.name, s.available, s.detail));
+        }
+        return out;
+    }, "[(name, available, detail)] for every backend in this build.");
+    m.def("ane_client_built", [] {
+#ifdef ORION_HAVE_ANE_CLIENT
+        return true;
+#else
+        return false;
+#endif
+    });
+    m.def("ane_framework_path", [] {
+#ifdef ORION_HAVE_ANE_CLIENT
+        return ane::framework_path();
+#else
+        return std::string();
+#endif
+    });
+    m.def(
+        "_emulator_build",
+        [](const py::buffer& mil, const std::map<std::string, py::buffer>& weights, const std::string& profile,
+           size_t min_surface_bytes) {
+            const runtime::WeightFiles files = weight_files(weights);
+            auto program = emu::build(bytes_view(mil, "the MIL text"), files, runtime::profile_from_name(profile));
+            if (min_surface_bytes) program->set_min_surface_bytes(min_surface_bytes);
+            return program;
+        },
+        py::arg("mil"), py::arg("weights"), py::arg("profile") = "hardware", py::arg("min_surface_bytes") = 0,
+        "Tests only: an emulator program built without counting a compile (the harness's bit-for-bit twin).");
+    py::module_ plan = m.def_submodule("ane_plan");
+    bind_ane_plan(plan);
 
     m.def("compile_count", &runtime::compile_count, "Compiles done in this process.");
     m.def("compile_budget", &runtime::compile_budget, "Compiles allowed per process (ORION_COMPILE_BUDGET).");

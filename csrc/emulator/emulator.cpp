@@ -103,8 +103,8 @@ void store_output(const Tensor& t, uint8_t* dst) {
 
 class EmulatedProgram final : public runtime::LoadedProgram {
 public:
-    EmulatedProgram(mil::Program program, const runtime::WeightFiles& weights, runtime::Profile profile)
-        : program_(std::move(program)) {
+    EmulatedProgram(std::string_view text, const runtime::WeightFiles& weights, runtime::Profile profile)
+        : text_(text), profile_(profile), program_(mil::parse(text)) {
         const mil::Function* fn = program_.find_function("main");
         if (!fn) throw CompileError("the program has no function 'main' (the ANE runs main)");
         check_hardware_rules(*fn, profile);
@@ -119,7 +119,7 @@ public:
                   const runtime::LiveLanes& live) override {
         std::lock_guard<std::mutex> lock(mutex_);
         if (!loaded_) throw EvaluateError("the program was unloaded; compile it again");
-        runtime::check_bindings(inputs_, inputs, outputs_, outputs);
+        runtime::check_bindings(inputs_, inputs, outputs_, outputs, min_surface_bytes_);
         for (size_t i = 0; i < inputs.size(); ++i) {
             Tensor& t = frame_.values[input_slots_[i]];
             auto hint = live.find(inputs_[i].name);
@@ -138,6 +138,17 @@ public:
     }
 
     bool loaded() const override { return loaded_; }
+
+    // Re-bakes the same MIL with new weights: a new program, no compile counted.
+    std::unique_ptr<runtime::LoadedProgram> with_weights(const runtime::WeightFiles& weights) override {
+        if (!loaded_) throw CompileError("with_weights: the program was unloaded");
+        for (const auto& [key, bytes] : weights) runtime::weight_file_relpath(key);
+        auto p = std::make_unique<EmulatedProgram>(text_, weights, profile_);
+        p->set_min_surface_bytes(min_surface_bytes_);
+        return p;
+    }
+
+    const char* backend() const override { return "emulator"; }
 
 private:
     int define(const std::string& name, const mil::Type& type, const mil::Operation* op) {
@@ -209,6 +220,8 @@ private:
         }
     }
 
+    std::string text_;
+    runtime::Profile profile_;
     mil::Program program_;  // owns the statements that values_ point into
     std::map<std::string, int> ids_;
     std::vector<ValueInfo> values_;
@@ -224,8 +237,29 @@ private:
 std::unique_ptr<runtime::LoadedProgram> compile(std::string_view mil_text, const runtime::WeightFiles& weights,
                                                 runtime::Profile profile) {
     runtime::consume_compile();
+    return build(mil_text, weights, profile);
+}
+
+std::unique_ptr<runtime::LoadedProgram> build(std::string_view mil_text, const runtime::WeightFiles& weights,
+                                              runtime::Profile profile) {
     for (const auto& [key, bytes] : weights) runtime::weight_file_relpath(key);
-    return std::make_unique<EmulatedProgram>(mil::parse(mil_text), weights, profile);
+    return std::make_unique<EmulatedProgram>(mil_text, weights, profile);
+}
+
+std::pair<std::vector<runtime::TensorSpec>, std::vector<runtime::TensorSpec>> check(
+    std::string_view mil_text, const runtime::WeightFiles& weights, runtime::Profile profile) {
+    for (const auto& [key, bytes] : weights) runtime::weight_file_relpath(key);
+    EmulatedProgram p(mil_text, weights, profile);
+    return {p.inputs(), p.outputs()};
+}
+
+runtime::Backend backend() {
+    runtime::Backend b;
+    b.name = "emulator";
+    b.compile = &compile;
+    b.probe = [] { return runtime::BackendStatus{"emulator", true, "software ANE emulator (always available)"}; };
+    b.surfaces = []() -> const runtime::SurfaceAllocator* { return nullptr; };
+    return b;
 }
 
 }  // namespace orion::emu

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string_view>
 
+#include "runtime/backend.h"
 #include "runtime/program.h"
 
 namespace orion::emu {
@@ -13,5 +14,18 @@ namespace orion::emu {
 // per-process budget. Throws CompileError / ConstraintError / CompileBudgetExhausted.
 std::unique_ptr<runtime::LoadedProgram> compile(std::string_view mil_text, const runtime::WeightFiles& weights,
                                                 runtime::Profile profile);
+
+// compile() without counting a compile (the harness's stand-in framework loads with it).
+std::unique_ptr<runtime::LoadedProgram> build(std::string_view mil_text, const runtime::WeightFiles& weights,
+                                              runtime::Profile profile);
+
+// The emulator's front end without a compile: parses, checks every hardware rule of `profile`,
+// type-checks and reads the weights exactly as compile() does (same errors), and returns the
+// inputs and outputs in binding order. The ane backend runs it before the framework's compiler.
+std::pair<std::vector<runtime::TensorSpec>, std::vector<runtime::TensorSpec>> check(
+    std::string_view mil_text, const runtime::WeightFiles& weights, runtime::Profile profile);
+
+// The "emulator" entry of the backend registry.
+runtime::Backend backend();
 
 }  // namespace orion::emu

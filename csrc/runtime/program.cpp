@@ -20,7 +20,7 @@ std::vector<TensorSpec> sorted(std::vector<TensorSpec> specs) {
 }
 
 void check_side(const char* side, const std::vector<TensorSpec>& specs, const Bindings& given,
-                std::set<const Surface*>& seen) {
+                std::set<const Surface*>& seen, size_t min_bytes) {
     if (given.size() != specs.size())
         throw EvaluateError(std::string("expected ") + std::to_string(specs.size()) + " " + side + " surfaces, got " +
                             std::to_string(given.size()));
@@ -41,10 +41,10 @@ void check_side(const char* side, const std::vector<TensorSpec>& specs, const Bi
             throw EvaluateError(std::string(side) + " '" + name + "' needs " + std::to_string(need) +
                                 " bytes for " + specs[i].type.str() + " but its surface has " +
                                 std::to_string(surface->size()));
-        if (surface->size() < kMinSurfaceBytes)
+        if (surface->size() < min_bytes)
             throw ConstraintError(constraints::SURFACE_MIN_SIZE,
                                   std::string(side) + " '" + name + "' surface is " + std::to_string(surface->size()) +
-                                      " bytes; allocate at least " + std::to_string(kMinSurfaceBytes) +
+                                      " bytes; allocate at least " + std::to_string(min_bytes) +
                                       " (pad the lane dimension)");
         if (i == 0) common_size = surface->size();
         if (surface->size() != common_size)
@@ -77,10 +77,11 @@ std::vector<TensorSpec> sorted_outputs(const mil::Function& fn) {
 }
 
 void check_bindings(const std::vector<TensorSpec>& inputs, const Bindings& in_surfaces,
-                    const std::vector<TensorSpec>& outputs, const Bindings& out_surfaces) {
+                    const std::vector<TensorSpec>& outputs, const Bindings& out_surfaces,
+                    size_t min_surface_bytes) {
     std::set<const Surface*> seen;
-    check_side("input", inputs, in_surfaces, seen);
-    check_side("output", outputs, out_surfaces, seen);
+    check_side("input", inputs, in_surfaces, seen, min_surface_bytes);
+    check_side("output", outputs, out_surfaces, seen, min_surface_bytes);
 }
 
 std::string weight_file_relpath(const std::string& key) {

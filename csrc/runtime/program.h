@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -45,9 +46,20 @@ public:
     virtual void evaluate(const Bindings& inputs, const Bindings& outputs, const LiveLanes& live = {}) = 0;
     virtual void unload() = 0;
     virtual bool loaded() const = 0;
+    // A program of the same MIL with new weight files, without compiling (no compile is counted):
+    // the emulator re-bakes, the ANE loads through the patch path (FACTS section 6). Every BLOBFILE
+    // path of the MIL must be given again. This program stays loaded.
+    virtual std::unique_ptr<LoadedProgram> with_weights(const WeightFiles& weights) = 0;
+    virtual const char* backend() const = 0;
+
+    // The smallest surface evaluate accepts: the conservative 49,152 bytes (ANE-12) unless a probe
+    // report proved a smaller size works on this machine (orion.probes).
+    size_t min_surface_bytes() const { return min_surface_bytes_; }
+    void set_min_surface_bytes(size_t bytes) { min_surface_bytes_ = bytes; }
 
 protected:
     std::vector<TensorSpec> inputs_, outputs_;
+    size_t min_surface_bytes_ = kMinSurfaceBytes;
 };
 
 // Binding order of a function's I/O: parameters and returned names sorted by name.
@@ -58,7 +70,8 @@ std::vector<TensorSpec> sorted_outputs(const mil::Function& fn);
 // order (ANE-20), each surface large enough for its tensor and >= 49,152 bytes (ANE-12), one size
 // for all inputs and one for all outputs (ANE-13), no surface bound twice (ANE-15).
 void check_bindings(const std::vector<TensorSpec>& inputs, const Bindings& in_surfaces,
-                    const std::vector<TensorSpec>& outputs, const Bindings& out_surfaces);
+                    const std::vector<TensorSpec>& outputs, const Bindings& out_surfaces,
+                    size_t min_surface_bytes = kMinSurfaceBytes);
 
 // Checks the weight dictionary keys (ANE-34): relative `@model_path/` paths, no '..', and
 // returns the file name each key is written to under the model directory.

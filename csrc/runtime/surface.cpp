@@ -1,19 +1,75 @@
 #include "runtime/surface.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <stdexcept>
+#include <string>
+
+#include "errors.h"
 
 namespace orion::runtime {
 
-void Surface::Free::operator()(uint8_t* p) const { std::free(p); }
-
-Surface::Surface(size_t bytes) : size_(bytes) {
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+namespace {
+void* host_create(size_t bytes, uint8_t** base) {
+    const size_t rounded = bytes == 0 ? 64 : (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
     if (!p) throw std::bad_alloc();
-    std::memset(p, 0, rounded == 0 ? 64 : rounded);
-    data_.reset(static_cast<uint8_t*>(p));
+    std::memset(p, 0, rounded);
+    *base = static_cast<uint8_t*>(p);
+    return p;
+}
+void host_destroy(void* handle) { std::free(handle); }
+void host_lock(void*, bool) {}
+void host_unlock(void*, bool) {}
+
+const SurfaceAllocator kHost{"host", host_create, host_destroy, host_lock, host_unlock};
+
+thread_local uint8_t* t_view_base = nullptr;
+void* view_create(size_t, uint8_t** base) {
+    *base = t_view_base;
+    return t_view_base;
+}
+void view_destroy(void*) {}
+const SurfaceAllocator kView{"view", view_create, view_destroy, host_lock, host_unlock};
+std::atomic<const SurfaceAllocator*> g_default{&kHost};
+}  // namespace
+
+const SurfaceAllocator& host_allocator() { return kHost; }
+
+void set_default_surface_allocator(const SurfaceAllocator* allocator) { g_default = allocator ? allocator : &kHost; }
+
+const SurfaceAllocator& default_surface_allocator() { return *g_default.load(); }
+
+Surface::Surface(size_t bytes) : Surface(bytes, default_surface_allocator()) {}
+
+Surface::Surface(size_t bytes, const SurfaceAllocator& allocator) : allocator_(&allocator), size_(bytes) {
+    handle_ = allocator_->create(bytes, &data_);
+}
+
+std::unique_ptr<Surface> Surface::view(uint8_t* data, size_t bytes) {
+    t_view_base = data;
+    auto s = std::make_unique<Surface>(bytes, kView);
+    t_view_base = nullptr;
+    return s;
+}
+
+Surface::~Surface() {
+    if (lock_state_) allocator_->unlock(handle_, lock_state_ == 2);
+    allocator_->destroy(handle_);
+}
+
+void Surface::lock(bool read_only) {
+    if (lock_state_) throw EvaluateError("surface is already locked: unlock it before locking it again");
+    allocator_->lock(handle_, read_only);
+    lock_state_ = read_only ? 2 : 1;
+}
+
+void Surface::unlock() {
+    if (!lock_state_) throw EvaluateError("surface is not locked");
+    allocator_->unlock(handle_, lock_state_ == 2);
+    lock_state_ = 0;
 }
 
 }  // namespace orion::runtime

@@ -8,7 +8,7 @@ faithful software emulator (``orion.backend() == "emulator"``).
 from __future__ import annotations
 
 from orion import blobfile, mil
-from orion.backend import backend, compile_budget, compile_count
+from orion.backend import backend, backend_info, compile_budget, compile_count
 from orion.compiler import CompiledGraph, compile_graph, lower
 from orion.graph import Graph
 from orion.errors import (
@@ -38,6 +38,7 @@ __all__ = [
     "Surface",
     "TensorSpec",
     "backend",
+    "backend_info",
     "blobfile",
     "compile",
     "compile_budget",

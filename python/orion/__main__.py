@@ -21,9 +21,18 @@ def main(argv: list[str] | None = None) -> int:
     generate.add_argument("--top-k", type=int, default=None)
     generate.add_argument("--top-p", type=float, default=None)
     generate.add_argument("--seed", type=int, default=None)
+    doctor = commands.add_parser("doctor", help="platform, backend and why, ANE framework, compile budget; runs a "
+                                 "tiny program end to end")
+    doctor.add_argument("--probe", action="store_true", help="also run the probe suite and write its JSON report")
+    doctor.add_argument("--out", help="where --probe writes its report (default orion-probe-<backend>.json)")
+    doctor.add_argument("--json", action="store_true", help="print the doctor report as JSON")
     args = parser.parse_args(argv)
     if args.command == "generate":
         return _generate(args)
+    if args.command == "doctor":
+        from orion import doctor as doctor_module
+
+        return doctor_module.main(probe=args.probe, out=args.out, as_json=args.json)
     if args.command == "demo":
         from orion import demo as demo_module
 

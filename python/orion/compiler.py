@@ -45,12 +45,12 @@ class Lowered:
 
 
 def lower_graph(graph: Graph, *, io_dtype: str = "fp16", max_layers: int = 1,
-                sram_budget: int = SRAM_BYTES) -> Lowered:
+                sram_budget: int = SRAM_BYTES, min_surface_bytes: int = 49_152) -> Lowered:
     """Run the whole pipeline up to MIL text; ``graph`` itself is not modified."""
     check_fusion_depth(graph, max_layers)
     legal = legalize(graph)
     layout = prepare_io(legal, io_dtype)
-    report = run_pipeline(legal, PassContext(layout, sram_budget))
+    report = run_pipeline(legal, PassContext(layout, sram_budget, min_surface_bytes))
     program, weights = to_program(legal)
     from orion import mil
 
@@ -117,20 +117,31 @@ class CompiledGraph:
         return self.unpack_outputs(self.program(**self.pack_inputs(arrays)))
 
 
-def compile_lowered(lowered: Lowered, *, profile: str = "hardware") -> CompiledGraph:
-    """Compile an already lowered program; identical content is compiled once per process."""
+def compile_lowered(lowered: Lowered, *, profile: str = "hardware", min_surface_bytes: int | None = None) -> CompiledGraph:
+    """Compile an already lowered program; identical content is compiled once per process.
+    ``min_surface_bytes``: a smaller surface minimum a probe report proved (see ``compile_graph``)."""
     import orion
 
     key = (lowered.content_hash, profile)
     if key not in _PROGRAMS:
-        _PROGRAMS[key] = orion.compile(lowered.mil, lowered.weights, profile=profile)
+        _PROGRAMS[key] = orion.compile(lowered.mil, lowered.weights, profile=profile,
+                                       min_surface_bytes=min_surface_bytes)
     return CompiledGraph(lowered, _PROGRAMS[key])
 
 
 def compile_graph(graph: Graph, *, io_dtype: str = "fp16", profile: str = "hardware", max_layers: int = 1,
-                  sram_budget: int = SRAM_BYTES, verbose: bool = False) -> CompiledGraph:
-    """Lower and compile ``graph``; programs with an identical content hash are compiled once."""
-    lowered = lower_graph(graph, io_dtype=io_dtype, max_layers=max_layers, sram_budget=sram_budget)
+                  sram_budget: int = SRAM_BYTES, verbose: bool = False, probe_report: Any = None) -> CompiledGraph:
+    """Lower and compile ``graph``; programs with an identical content hash are compiled once.
+
+    ``probe_report``: a saved ``python -m orion doctor --probe`` report (path) or the
+    :class:`orion.probes.Relaxations` of one; conservative rules it proved safe on this machine are
+    relaxed (today: a smaller minimum surface size)."""
+    from orion import probes
+
+    relax = probes.load_report(probe_report) if isinstance(probe_report, (str, bytes)) or hasattr(probe_report, "__fspath__") \
+        else (probe_report or probes.Relaxations())
+    lowered = lower_graph(graph, io_dtype=io_dtype, max_layers=max_layers, sram_budget=sram_budget,
+                          min_surface_bytes=relax.min_surface_bytes or 49_152)
     if verbose:
         print(f"graph '{graph.name}' ({lowered.content_hash[:12]}):\n{lowered.report}")
-    return compile_lowered(lowered, profile=profile)
+    return compile_lowered(lowered, profile=profile, min_surface_bytes=relax.min_surface_bytes)

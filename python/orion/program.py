@@ -42,7 +42,7 @@ class Program:
 
     @property
     def backend(self) -> str:
-        return backend()
+        return self._native.backend
 
     @property
     def loaded(self) -> bool:
@@ -54,7 +54,8 @@ class Program:
         return self._allocate(self.inputs), self._allocate(self.outputs)
 
     def _allocate(self, specs: Mapping[str, TensorSpec]) -> dict[str, Surface]:
-        size = max([MIN_SURFACE_BYTES] + [int(np.prod(s.shape)) * s.dtype.itemsize for s in specs.values()])
+        minimum = self._native.min_surface_bytes  # MIN_SURFACE_BYTES unless a probe report relaxed it
+        size = max([minimum] + [int(np.prod(s.shape)) * s.dtype.itemsize for s in specs.values()])
         return {name: Surface(s.shape, self._mil_dtypes[name], nbytes=size) for name, s in specs.items()}
 
     def evaluate(
@@ -114,6 +115,13 @@ class Program:
                     f"reads {self._mil_dtypes[name]} {list(spec.shape)}"
                 )
 
+    def with_weights(self, weights: Mapping[str, bytes | bytearray | memoryview]) -> "Program":
+        """A new program of the same MIL with new weight files, loaded without compiling: the
+        compile count does not move. The emulator re-bakes the weights; the ANE loads through the
+        weight-patch path (FACTS section 6). Give every BLOBFILE path again; this program stays valid.
+        """
+        return Program(self._native.with_weights(dict(weights)), self._mil_dtypes)
+
     def unload(self) -> None:
         """Releases the program on the device. Further evaluates raise EvaluateError."""
         self._native.unload()
@@ -146,14 +154,17 @@ def compile(  # noqa: A001 - mirrors the ANE API's verb
     weights: Mapping[str, bytes | bytearray | memoryview] | None = None,
     *,
     profile: str = "hardware",
+    min_surface_bytes: int | None = None,
 ) -> Program:
     """Compiles and loads MIL text.
 
     ``weights`` maps each BLOBFILE ``path`` string of the MIL (e.g. ``"@model_path/weights/w.bin"``)
     to the whole file's bytes; they are baked in, later changes to the buffers change nothing.
     ``profile="permissive"`` lifts the ANE's op and form bans (experiments only). Counts one
-    compile toward the per-process budget.
+    compile toward the per-process budget. ``min_surface_bytes`` lowers the surface minimum below the
+    conservative 49,152 bytes; only pass what a probe report proved (``orion.probes``).
     """
     text = mil.encode("utf-8") if isinstance(mil, str) else bytes(mil)
-    native = _core.compile(text, dict(weights or {}), profile)
+    backend()  # selects the backend (and its surface kind), warns once about a fallback
+    native = _core.compile(text, dict(weights or {}), profile, min_surface_bytes=min_surface_bytes or 0)
     return Program(native, {name: dtype for name, _, dtype in native.inputs + native.outputs})

@@ -7,7 +7,8 @@ from offset 0 in its MIL-declared shape; a surface may be larger (the ANE needs 
 
 from __future__ import annotations
 
-from typing import Sequence
+import contextlib
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -33,22 +34,44 @@ class Surface:
             nbytes = max(needed, MIN_SURFACE_BYTES)
         if nbytes < needed:
             raise ValueError(f"a surface for {dtype} {list(self.shape)} needs {needed} bytes, got nbytes={nbytes}")
+        try:
+            _core.backend_selection()  # surfaces are IOSurfaces under the ane backend, host memory otherwise
+        except Exception:  # a bad ORION_BACKEND is reported by orion.backend() and orion.compile
+            pass
         self.native = _core.Surface(nbytes)
         self.array: np.ndarray = np.frombuffer(self.native, dtype=np_dtype, count=count).reshape(self.shape)
-        """Writable view of the tensor, packed from offset 0 (no copy)."""
+        """Writable view of the tensor, packed from offset 0 (no copy). Under the ane backend, bracket
+        direct access with :meth:`cpu_access` (``write``/``read`` do it for you)."""
 
     @property
     def nbytes(self) -> int:
         """Allocated size in bytes (tensor plus padding)."""
         return self.native.nbytes
 
+    @property
+    def kind(self) -> str:
+        """``"iosurface"`` (ane backend) or ``"host"``."""
+        return self.native.kind
+
+    @contextlib.contextmanager
+    def cpu_access(self, read_only: bool = False) -> Iterator[np.ndarray]:
+        """Locks the surface for CPU access (IOSurfaceLock) and yields the array; unlocks on exit.
+        Never evaluate inside the block."""
+        self.native.lock(read_only)
+        try:
+            yield self.array
+        finally:
+            self.native.unlock()
+
     def write(self, values: np.ndarray) -> None:
-        """Copies ``values`` into the surface (converted to the surface's dtype)."""
-        np.copyto(self.array, np.asarray(values).reshape(self.shape), casting="same_kind")
+        """Copies ``values`` into the surface (converted to the surface's dtype), under a lock."""
+        with self.cpu_access() as array:
+            np.copyto(array, np.asarray(values).reshape(self.shape), casting="same_kind")
 
     def read(self) -> np.ndarray:
-        """A copy of the tensor."""
-        return self.array.copy()
+        """A copy of the tensor, taken under a read-only lock."""
+        with self.cpu_access(read_only=True) as array:
+            return array.copy()
 
     def __repr__(self) -> str:
         return f"Surface({self.dtype} {list(self.shape)}, {self.nbytes} bytes)"

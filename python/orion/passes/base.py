@@ -17,6 +17,7 @@ class PassContext:
 
     layout: IOLayout
     sram_budget: int = SRAM_BYTES
+    min_surface_bytes: int = 49_152  # lower only where a probe report proved it (orion.probes)
     analyses: dict[str, Any] = field(default_factory=dict)
 
 

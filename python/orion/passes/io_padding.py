@@ -29,23 +29,25 @@ MIN_SURFACE_BYTES = 49_152
 MIN_LANES = {"fp16": 32, "fp32": 16}
 
 
-def padded_shape(shape: tuple[int, ...], dtype: str, what: str) -> tuple[int, ...]:
+def padded_shape(shape: tuple[int, ...], dtype: str, what: str,
+                 min_bytes: int = MIN_SURFACE_BYTES) -> tuple[int, ...]:
     """The shape a ``[1, C, 1, S]`` I/O tensor is exposed with: itself when large enough, else
-    ``[1, k, 1, C*S]`` with the fewest channels k reaching the minimum size."""
+    ``[1, k, 1, C*S]`` with the fewest channels k reaching ``min_bytes`` (the conservative 49,152
+    unless a probe report proved less, see ``orion.probes``)."""
     _, c, _, s = shape
     elem, lanes = dtype_size(dtype), MIN_LANES[dtype]
-    if s >= lanes and c * s * elem >= MIN_SURFACE_BYTES:
+    if s >= lanes and c * s * elem >= min_bytes:
         return tuple(shape)
     if c * s < lanes:
         raise GraphError(f"{what} {list(shape)}: {c * s} elements cannot make the {lanes} lanes the ANE needs "
                          f"for {dtype} I/O. Fix: give it at least {lanes} elements")
-    return (1, math.ceil(MIN_SURFACE_BYTES / (c * s * elem)), 1, c * s)
+    return (1, math.ceil(min_bytes / (c * s * elem)), 1, c * s)
 
 
-def _pad_inputs(graph: Graph, specs: list[IOSpec]) -> list[str]:
+def _pad_inputs(graph: Graph, specs: list[IOSpec], min_bytes: int) -> list[str]:
     changes = []
     for spec in specs:
-        spec.padded = padded_shape(spec.shape, spec.dtype, f"input '{spec.name}'")
+        spec.padded = padded_shape(spec.shape, spec.dtype, f"input '{spec.name}'", min_bytes)
         node = next(n for n in graph.inputs if n.name == spec.mil_name)
         if node.shape == spec.padded:
             continue
@@ -64,10 +66,10 @@ def _pad_inputs(graph: Graph, specs: list[IOSpec]) -> list[str]:
     return changes
 
 
-def _pad_outputs(graph: Graph, specs: list[IOSpec]) -> list[str]:
+def _pad_outputs(graph: Graph, specs: list[IOSpec], min_bytes: int) -> list[str]:
     changes = []
     for spec in specs:
-        spec.padded = padded_shape(spec.shape, spec.dtype, f"output '{spec.name}'")
+        spec.padded = padded_shape(spec.shape, spec.dtype, f"output '{spec.name}'", min_bytes)
         out = graph.outputs[spec.mil_name]
         if out.shape == spec.padded:
             continue
@@ -92,4 +94,5 @@ def run(graph: Graph, ctx: PassContext) -> list[str]:
     if not ctx.layout.inputs or not ctx.layout.outputs:
         raise GraphError(f"graph '{graph.name}': a program needs at least one input and one output. "
                          "Fix: add the missing g.input(...) or g.output(...)")
-    return _pad_inputs(graph, ctx.layout.inputs) + _pad_outputs(graph, ctx.layout.outputs)
+    return (_pad_inputs(graph, ctx.layout.inputs, ctx.min_surface_bytes)
+            + _pad_outputs(graph, ctx.layout.outputs, ctx.min_surface_bytes))

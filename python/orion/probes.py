@@ -1,0 +1,265 @@
+"""``python -m orion doctor --probe``: tiny programs that settle, on the machine they run on, the rules
+the public reports disagree about (FACTS sections 3, 4, 6, 7), and the report the compiler reads back.
+
+On the ane backend each probe runs with Orion's own op bans lifted (``profile="permissive"``) and, for
+surface probes, Orion's surface minimum lowered, so the hardware decides. On the emulator the probes
+show the *modelled* (conservative) behaviour. The report is JSON::
+
+    {"schema": 1, "orion": "0.1.0", "backend": "ane", "chip": "...", "os": "...", "machine": "...",
+     "probes": {"<id>": {"rule": "ANE-12", "question": "...", "outcome": "works", "detail": "..."}}}
+
+Outcomes: ``works`` (ran, output matches numpy), ``wrong_data`` (ran, output differs: silent wrong
+data), ``compile_fails``, ``evaluate_fails``, ``refused`` (Orion's modelled rule refused it; the
+emulator's answer), ``not_probed`` (needs hardware access Orion does not have yet).
+
+:func:`load_report` turns a saved report into :class:`Relaxations` for ``orion.compile_graph(...,
+probe_report=...)``; only probes run on the ``ane`` backend of *this* machine relax anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+import orion
+from orion import blobfile
+
+SCHEMA = 1
+HEADER = "program(1.3)\n{\n    func main<ios18>(%s) {\n%s    } -> (%s);\n}\n"
+
+
+def _t(shape: tuple[int, ...], dtype: str = "fp16") -> str:
+    return f"tensor<{dtype}, [{', '.join(map(str, shape))}]>"
+
+
+def _mil(params: dict[str, tuple[int, ...]], body: list[str], outputs: list[str]) -> str:
+    return HEADER % (", ".join(f"{_t(s)} {n}" for n, s in params.items()), "".join(f"        {b}\n" for b in body),
+                     ", ".join(outputs))
+
+
+def _const(name: str, dtype: str, value: str, shape: tuple[int, ...] | None = None) -> str:
+    t = _t(shape, dtype) if shape else dtype
+    v = f"{t}([{value}])" if shape else f"{dtype}({value})"
+    return f'{t} {name} = const()[name=string("{name}"), val={v}];'
+
+
+def _op(out: str, shape: tuple[int, ...], name: str, **args: str) -> str:
+    return f'{_t(shape)} {out} = {name}({", ".join(f"{k}={v}" for k, v in sorted(args.items()))})[name=string("{out}")];'
+
+
+@dataclass
+class Probe:
+    id: str
+    rule: str
+    question: str
+    run: Callable[[str], tuple[str, str]]  # backend -> (outcome, detail)
+    relaxes: str = ""  # what a "works" on the ane backend lets the compiler relax
+
+
+def _attempt(mil: str, arrays: dict[str, np.ndarray], expected: dict[str, np.ndarray], backend: str, *,
+             weights: dict[str, bytes] | None = None, nbytes: int | None = None,
+             in_sizes: dict[str, int] | None = None) -> tuple[str, str]:
+    hardware = backend == "ane"
+    smallest = min([nbytes or orion.MIN_SURFACE_BYTES, *(in_sizes or {}).values()])
+
+    def refused(e: orion.ConstraintError) -> tuple[str, str]:
+        # the emulator's refusal is the modelled answer; on the ANE it means Orion's own runtime check
+        # stopped the probe before the hardware saw it
+        return ("not_probed", f"Orion's runtime refuses it before the hardware: {e}") if hardware else ("refused", str(e))
+
+    try:
+        p = orion.compile(mil, weights, profile="permissive" if hardware else "hardware",
+                          min_surface_bytes=(smallest if hardware else None))
+    except orion.ConstraintError as e:
+        return refused(e)
+    except orion.CompileError as e:
+        return "compile_fails", str(e)
+    try:
+        ins = {n: orion.Surface(a.shape, "fp16", nbytes=(in_sizes or {}).get(n, nbytes)) for n, a in arrays.items()}
+        outs = {n: orion.Surface(s.shape, "fp16", nbytes=nbytes) for n, s in p.outputs.items()}
+        for n, a in arrays.items():
+            ins[n].write(a)
+        p.evaluate(ins, outs)
+    except orion.ConstraintError as e:
+        return refused(e)
+    except (orion.EvaluateError, ValueError) as e:
+        return "evaluate_fails", str(e)
+    finally:
+        p.unload()
+    for name, want in expected.items():
+        got = outs[name].read().astype(np.float32)
+        if not np.allclose(got, want, rtol=2e-2, atol=2e-2):
+            return "wrong_data", f"output {name}: max error {float(np.max(np.abs(got - want))):.4g}"
+    return "works", "output matches numpy"
+
+
+def _rng_input(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float16)
+
+
+def _concat(backend: str) -> tuple[str, str]:
+    s = (1, 64, 1, 384)
+    x = _rng_input(s)
+    mil = _mil({"x": s}, [_const("ax", "int32", "1"), _const("il", "bool", "false"),
+                          _op("y", (1, 128, 1, 384), "concat", values="(x, x)", axis="ax", interleave="il")], ["y"])
+    return _attempt(mil, {"x": x}, {"y": np.concatenate([x, x], axis=1).astype(np.float32)}, backend, nbytes=98304,
+                    in_sizes={"x": 49152})
+
+
+def _reduce_mean(backend: str) -> tuple[str, str]:
+    s = (1, 64, 1, 384)
+    x = _rng_input(s)
+    mil = _mil({"x": s}, [_const("ax", "int32", "1", (1,)), _const("kd", "bool", "true"),
+                          _op("m", (1, 1, 1, 384), "reduce_mean", x="x", axes="ax", keep_dims="kd"),
+                          _op("y", s, "add", x="x", y="m")], ["y"])
+    want = (x.astype(np.float32) + x.astype(np.float32).mean(axis=1, keepdims=True))
+    return _attempt(mil, {"x": x}, {"y": want}, backend)
+
+
+def _softmax_extent(backend: str) -> tuple[str, str]:
+    s = (1, 64, 1, 400)  # 400 lanes: not a power of two
+    x = _rng_input(s)
+    mil = _mil({"x": s}, [_const("ax", "int32", "3"), _op("y", s, "softmax", x="x", axis="ax")], ["y"])
+    e = np.exp(x.astype(np.float32) - x.astype(np.float32).max(axis=3, keepdims=True))
+    return _attempt(mil, {"x": x}, {"y": e / e.sum(axis=3, keepdims=True)}, backend, nbytes=51200)
+
+
+def _small_surface(backend: str) -> tuple[str, str]:
+    s = (1, 64, 1, 64)  # fp16: 8,192 bytes, the size [M] saw work on M5
+    x = _rng_input(s)
+    mil = _mil({"x": s}, [_op("y", s, "tanh", x="x")], ["y"])
+    return _attempt(mil, {"x": x}, {"y": np.tanh(x.astype(np.float32))}, backend, nbytes=8192)
+
+
+def _channel_vector(backend: str) -> tuple[str, str]:
+    s = (1, 768, 1, 1)  # a [1,C,1,1] tensor in a surface padded to the minimum
+    x = _rng_input(s)
+    mil = _mil({"x": s}, [_op("y", s, "tanh", x="x")], ["y"])
+    return _attempt(mil, {"x": x}, {"y": np.tanh(x.astype(np.float32))}, backend, nbytes=49152)
+
+
+def _nonuniform(backend: str) -> tuple[str, str]:
+    a, b = (1, 64, 1, 384), (1, 64, 1, 512)
+    x, y = _rng_input(a, 1), _rng_input(b, 2)
+    mil = _mil({"x": a, "y": b}, [_op("u", a, "tanh", x="x"), _op("v", b, "tanh", x="y")], ["u", "v"])
+    return _attempt(mil, {"x": x, "y": y}, {"u": np.tanh(x.astype(np.float32)), "v": np.tanh(y.astype(np.float32))},
+                    backend, nbytes=65536, in_sizes={"x": 49152, "y": 65536})
+
+
+def _patch_path(backend: str) -> tuple[str, str]:
+    c = 64
+    s = (1, c, 1, 384)
+    x = _rng_input(s)
+    path = "@model_path/weights/w.bin"
+    mil = _mil({"x": s}, [
+        f'{_t((c, c, 1, 1))} W = const()[name=string("W"), val={_t((c, c, 1, 1))}(BLOBFILE(path=string("{path}"), '
+        'offset=uint64(64)))];',
+        _const("dl", "int32", "1, 1", (2,)), _const("gr", "int32", "1"), _const("pd", "int32", "0, 0, 0, 0", (4,)),
+        _const("pt", "string", '"valid"'), _const("st", "int32", "1, 1", (2,)),
+        _op("y", s, "conv", dilations="dl", groups="gr", pad="pd", pad_type="pt", strides="st", weight="W", x="x")],
+        ["y"])
+    w1, w2 = (np.random.default_rng(k).standard_normal((c, c, 1, 1)) / 8 for k in (1, 2))
+    try:
+        p = orion.compile(mil, {path: blobfile.write(w1)})
+        q = p.with_weights({path: blobfile.write(w2)})
+        got = q(x=x)["y"].astype(np.float32)
+        p.unload()
+        q.unload()
+    except orion.OrionError as e:
+        return "compile_fails", str(e)
+    want = np.einsum("oi,is->os", w2[:, :, 0, 0].astype(np.float16).astype(np.float32), x[0, :, 0, :].astype(np.float32))
+    ok = np.allclose(got[0, :, 0, :], want, rtol=2e-2, atol=2e-2)
+    return ("works", "outputs follow the new weights without a compile") if ok else ("wrong_data", "stale weights")
+
+
+def _not_probed(reason: str) -> Callable[[str], tuple[str, str]]:
+    return lambda backend: ("not_probed", reason)
+
+
+PROBES: tuple[Probe, ...] = (
+    Probe("concat", "ANE-01", "does concat (axis const, interleave const) compile and run?", _concat),
+    Probe("reduce_mean", "ANE-07", "does reduce_mean compile and run?", _reduce_mean),
+    Probe("softmax_non_pow2", "ANE-08", "does softmax over 400 lanes (not a power of two) run?", _softmax_extent),
+    Probe("surface_8k", "ANE-12", "does an 8,192-byte surface evaluate?", _small_surface,
+          relaxes="min_surface_bytes=8192"),
+    Probe("channel_vector", "ANE-21", "does a [1,768,1,1] fp16 tensor in a 49,152-byte surface read right?",
+          _channel_vector),
+    Probe("nonuniform_io", "ANE-13", "do inputs of different surface sizes evaluate?", _nonuniform),
+    Probe("weight_patch", "ANE-24", "does the weight-patch path (FACTS section 6) give the new weights' outputs?",
+          _patch_path),
+    Probe("weight_reload_in_place", "ANE-24", "does overwriting weight files and unload/load change outputs?",
+          _not_probed("needs direct access to the model directory; Orion never reloads in place")),
+    Probe("fusion_depth", "ANE-09", "how many fused layers compile?",
+          _not_probed("needs a layer-sized program; run the GPT-2 fusion sweep instead")),
+)
+
+
+def machine() -> dict[str, str]:
+    """Chip, OS version and architecture of this machine (what a report is valid for)."""
+    chip = platform.processor() or platform.machine()
+    if platform.system() == "Darwin":
+        try:
+            chip = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                                  timeout=5).stdout.strip() or chip
+        except OSError:
+            pass
+        os_version = "macOS " + platform.mac_ver()[0]
+    else:
+        os_version = f"{platform.system()} {platform.release()}"
+    return {"chip": chip, "os": os_version, "machine": platform.machine()}
+
+
+def run(probes: tuple[Probe, ...] = PROBES) -> dict[str, Any]:
+    """Runs every probe on the current backend; returns the report (see the module docstring)."""
+    backend = orion.backend()
+    report: dict[str, Any] = {"schema": SCHEMA, "orion": orion.__version__, "backend": backend, **machine(),
+                              "probes": {}}
+    for p in probes:
+        outcome, detail = p.run(backend)
+        report["probes"][p.id] = {"rule": p.rule, "question": p.question, "outcome": outcome, "detail": detail,
+                                  "relaxes": p.relaxes}
+    return report
+
+
+@dataclass(frozen=True)
+class Relaxations:
+    """Conservative rules a probe report proved safe on this machine (None: keep the conservative rule)."""
+
+    min_surface_bytes: int | None = None
+    source: str = ""
+
+
+def relaxations(report: dict[str, Any], *, require_same_machine: bool = True) -> Relaxations:
+    """What ``report`` allows: nothing unless it was produced by the ane backend (and, by default, on
+    this chip and OS version)."""
+    if report.get("schema") != SCHEMA:
+        raise orion.OrionError(f"probe report schema {report.get('schema')!r} is not {SCHEMA}: rerun "
+                               "`python -m orion doctor --probe`")
+    if report.get("backend") != "ane":
+        return Relaxations(source="report from the emulator: nothing is relaxed")
+    here = machine()
+    if require_same_machine and any(report.get(k) != here[k] for k in ("chip", "os", "machine")):
+        return Relaxations(source=f"report from {report.get('chip')} / {report.get('os')}, not this machine: "
+                                  "nothing is relaxed")
+    small = report.get("probes", {}).get("surface_8k", {}).get("outcome") == "works"
+    return Relaxations(min_surface_bytes=8192 if small else None,
+                       source=f"ane probe report, {report.get('chip')} / {report.get('os')}")
+
+
+def load_report(path: str | os.PathLike, *, require_same_machine: bool = True) -> Relaxations:
+    """Reads a report saved by ``python -m orion doctor --probe --out PATH``."""
+    with open(path, encoding="utf-8") as f:
+        return relaxations(json.load(f), require_same_machine=require_same_machine)
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = [f"probes on backend '{report['backend']}' ({report['chip']}, {report['os']}):"]
+    for pid, r in report["probes"].items():
+        lines.append(f"  {pid:24s} {r['rule']}  {r['outcome']:15s} {r['question']}")
+    return "\n".join(lines)

@@ -1,0 +1,84 @@
+"""`python -m orion doctor [--probe]`, the probe report and its round trip into the compiler."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import orion
+from orion import probes
+from orion.graph import Graph
+
+OUTCOMES = {"works", "wrong_data", "compile_fails", "evaluate_fails", "refused", "not_probed"}
+# What the emulator models (the conservative forms of FACTS): the report CI checks on every run.
+MODELLED = {"concat": "refused", "reduce_mean": "refused", "softmax_non_pow2": "refused", "surface_8k": "refused",
+            "channel_vector": "refused", "nonuniform_io": "refused", "weight_patch": "works",
+            "weight_reload_in_place": "not_probed", "fusion_depth": "not_probed"}
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    return probes.run()
+
+
+def test_every_probe_runs_and_the_emulator_shows_the_modelled_behaviour(report) -> None:
+    assert set(report["probes"]) == {p.id for p in probes.PROBES}
+    assert {r["outcome"] for r in report["probes"].values()} <= OUTCOMES
+    assert report["backend"] == orion.backend() and report["chip"] and report["os"]
+    if report["backend"] == "emulator":
+        assert {k: r["outcome"] for k, r in report["probes"].items()} == MODELLED
+        assert report["probes"]["surface_8k"]["detail"].startswith("ANE-12")
+
+
+def test_report_round_trips_into_the_compiler(report, tmp_path) -> None:
+    path = tmp_path / "probe.json"
+    path.write_text(json.dumps(report))
+    relaxed = probes.load_report(path)
+    if report["backend"] == "emulator":
+        assert relaxed.min_surface_bytes is None and "emulator" in relaxed.source
+    # the same report, as if the ane backend of this machine had proven 8 KB surfaces
+    ane = {**report, "backend": "ane", **probes.machine(),
+           "probes": {**report["probes"], "surface_8k": {**report["probes"]["surface_8k"], "outcome": "works"}}}
+    path.write_text(json.dumps(ane))
+    assert probes.load_report(path).min_surface_bytes == 8192
+    assert probes.load_report(path, require_same_machine=True).min_surface_bytes == 8192
+    other = {**ane, "chip": "Apple M1 (not this one)"}
+    assert probes.relaxations(other).min_surface_bytes is None
+    assert probes.relaxations(other, require_same_machine=False).min_surface_bytes == 8192
+    with pytest.raises(orion.OrionError, match="schema"):
+        probes.relaxations({**ane, "schema": 99})
+
+    g = Graph("probe_relaxed")
+    g.output(g.tanh(g.input("x", [1, 64, 1, 32])), "y")
+    x = np.random.default_rng(0).standard_normal((1, 64, 1, 32)).astype(np.float16)
+    conservative = orion.compile_graph(g)
+    relaxed_graph = orion.compile_graph(g, probe_report=str(path))
+    assert conservative.layout.inputs[0].padded == (1, 12, 1, 2048)  # 49,152 bytes, packed at the front
+    assert relaxed_graph.layout.inputs[0].padded == (1, 2, 1, 2048)  # 8,192 bytes, proven by the report
+    assert relaxed_graph.program.allocate_surfaces()[0][next(iter(relaxed_graph.program.inputs))].nbytes == 8192
+    assert np.array_equal(relaxed_graph(x=x)["y"], conservative(x=x)["y"])
+    # without the report the small surfaces are refused at evaluate (ANE-12)
+    small = relaxed_graph.program
+    plain = orion.compile(relaxed_graph.mil, relaxed_graph.weights)
+    ins, outs = small.allocate_surfaces()
+    with pytest.raises(orion.ConstraintError) as e:
+        plain.evaluate(ins, outs)
+    assert e.value.constraint == "ANE-12"
+
+
+def test_doctor_command_explains_the_backend(tmp_path) -> None:
+    out = tmp_path / "r.json"
+    run = subprocess.run([sys.executable, "-m", "orion", "doctor", "--probe", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for line in ("platform:", "backend:", "ANE framework:", "compile budget:", "cache:", "end to end:      ok"):
+        assert line in run.stdout
+    if orion.backend() == "emulator":
+        assert "backend:         emulator: software ANE emulator: " in run.stdout
+    assert json.loads(out.read_text())["schema"] == probes.SCHEMA
+    js = subprocess.run([sys.executable, "-m", "orion", "doctor", "--json"], capture_output=True, text=True, timeout=120)
+    assert json.loads(js.stdout)["end_to_end"]["ok"] is True

@@ -69,8 +69,11 @@ class Program:
 
         ``live_lanes`` optionally declares, per input, that only its first n lanes (entries of the
         last axis) hold data the outputs depend on, e.g. one live token in a 32-lane decode input
-        or the filled part of a KV cache. The emulator then computes only those lanes; the ANE
-        ignores the hint. Output lanes past the live ones are undefined.
+        or the filled part of a KV cache. The emulator then computes only those lanes (reductions
+        and matmuls over the lane axis see the live ones only); the ANE ignores the hint and
+        computes everything. Declare lanes dead only where they cannot change the live outputs
+        (e.g. masked cache positions), or the two backends disagree. Output lanes past the live
+        ones are undefined.
         """
         self._check_surfaces("input", self.inputs, inputs)
         self._check_surfaces("output", self.outputs, outputs)

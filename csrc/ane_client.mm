@@ -220,7 +220,9 @@ public:
 
     // FACTS section 2 steps 7-9: a new request per call (ANE-16), surfaces bound in the order
     // check_bindings verified (alphabetical, ANE-20), no lock held (section 3).
-    void evaluate(const runtime::Bindings& inputs, const runtime::Bindings& outputs, const runtime::LiveLanes&) override {
+    void evaluate(const runtime::Bindings& inputs, const runtime::Bindings& outputs,
+                  const runtime::LiveLanes& live) override {
+        runtime::check_live_lanes(inputs_, live);  // the hint is valid, then ignored: the ANE computes every lane
         std::lock_guard<std::mutex> guard(mutex_);
         if (!loaded_) throw EvaluateError("the program was unloaded; compile it again");
         if (!fault("skip_binding_checks"))

@@ -120,10 +120,11 @@ public:
         std::lock_guard<std::mutex> lock(mutex_);
         if (!loaded_) throw EvaluateError("the program was unloaded; compile it again");
         runtime::check_bindings(inputs_, inputs, outputs_, outputs, min_surface_bytes_);
+        runtime::check_live_lanes(inputs_, live);
         for (size_t i = 0; i < inputs.size(); ++i) {
             Tensor& t = frame_.values[input_slots_[i]];
             auto hint = live.find(inputs_[i].name);
-            t.lanes = hint == live.end() ? t.last_dim() : std::clamp<int64_t>(hint->second, 1, t.last_dim());
+            t.lanes = hint == live.end() ? t.last_dim() : hint->second;
             load_input(inputs[i].second->data(), t);
         }
         for (const Kernel& k : kernels_) k(frame_);

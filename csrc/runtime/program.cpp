@@ -76,6 +76,17 @@ std::vector<TensorSpec> sorted_outputs(const mil::Function& fn) {
     return sorted(std::move(specs));
 }
 
+void check_live_lanes(const std::vector<TensorSpec>& inputs, const LiveLanes& live) {
+    for (const auto& [name, lanes] : live) {
+        auto spec = std::find_if(inputs.begin(), inputs.end(), [&](const TensorSpec& s) { return s.name == name; });
+        if (spec == inputs.end()) throw EvaluateError("live_lanes names '" + name + "', which is not an input");
+        const int64_t width = spec->type.shape.empty() ? 1 : spec->type.shape.back();
+        if (lanes < 1 || lanes > width)
+            throw EvaluateError("live_lanes['" + name + "'] = " + std::to_string(lanes) + ": give 1.." +
+                                std::to_string(width) + " (the input's last dimension)");
+    }
+}
+
 void check_bindings(const std::vector<TensorSpec>& inputs, const Bindings& in_surfaces,
                     const std::vector<TensorSpec>& outputs, const Bindings& out_surfaces,
                     size_t min_surface_bytes) {

@@ -69,6 +69,9 @@ std::vector<TensorSpec> sorted_outputs(const mil::Function& fn);
 // Checks surfaces against the rules of FACTS section 3 before an evaluate: names in binding
 // order (ANE-20), each surface large enough for its tensor and >= 49,152 bytes (ANE-12), one size
 // for all inputs and one for all outputs (ANE-13), no surface bound twice (ANE-15).
+// Checks a live-lanes hint: every name an input, every count in 1..the input's last dimension.
+void check_live_lanes(const std::vector<TensorSpec>& inputs, const LiveLanes& live);
+
 void check_bindings(const std::vector<TensorSpec>& inputs, const Bindings& in_surfaces,
                     const std::vector<TensorSpec>& outputs, const Bindings& out_surfaces,
                     size_t min_surface_bytes = kMinSurfaceBytes);

@@ -75,17 +75,15 @@ class Program:
         (e.g. masked cache positions), or the two backends disagree. Output lanes past the live
         ones are undefined.
         """
+        self.bind(inputs, outputs)(live_lanes)
+
+    def bind(self, inputs: Mapping[str, Surface], outputs: Mapping[str, Surface]) -> "BoundProgram":
+        """Checks the surfaces once and returns a callable evaluating the program on them: the
+        fast path for loops that reuse the same surfaces every call (e.g. a decode step)."""
         self._check_surfaces("input", self.inputs, inputs)
         self._check_surfaces("output", self.outputs, outputs)
-        for name, lanes in (live_lanes or {}).items():
-            spec = self.inputs.get(name)
-            if spec is None or not spec.shape or not 1 <= lanes <= spec.shape[-1]:
-                raise EvaluateError(f"live_lanes[{name!r}]={lanes}: give an input name and 1..last-axis size lanes")
-        self._native.evaluate(
-            [(name, inputs[name].native) for name in sorted(inputs)],
-            [(name, outputs[name].native) for name in sorted(outputs)],
-            dict(live_lanes or {}),
-        )
+        return BoundProgram(self._native, [(name, inputs[name].native) for name in sorted(inputs)],
+                            [(name, outputs[name].native) for name in sorted(outputs)])
 
     def __call__(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
         """Runs the program on numpy arrays (by input name); returns arrays by output name."""
@@ -138,6 +136,17 @@ class Program:
     def __repr__(self) -> str:
         fmt = lambda specs: ", ".join(f"{n}: {s.dtype} {list(s.shape)}" for n, s in specs.items())  # noqa: E731
         return f"Program(inputs={{{fmt(self.inputs)}}}, outputs={{{fmt(self.outputs)}}}, backend={self.backend!r})"
+
+
+class BoundProgram:
+    """A program with its surfaces bound in binding (alphabetical) order; call it to evaluate."""
+
+    def __init__(self, native: _core.LoadedProgram, inputs: list, outputs: list) -> None:
+        self._native, self._inputs, self._outputs = native, inputs, outputs
+
+    def __call__(self, live_lanes: Mapping[str, int] | None = None) -> None:
+        """Runs the program once (see :meth:`Program.evaluate` for ``live_lanes``)."""
+        self._native.evaluate(self._inputs, self._outputs, live_lanes or {})
 
 
 def _check_names(side: str, specs: Mapping[str, object], given: Mapping[str, object]) -> None:

@@ -79,6 +79,8 @@ class Stage:
                                  {n: s for n, s in shared.items() if not n.startswith("out:")})
         self.outputs = self._fill(self.mil_out, self.program.outputs,
                                   {n[4:]: s for n, s in shared.items() if n.startswith("out:")})
+        self._bound = self.program.bind({self.mil_name[n]: s for n, s in self.inputs.items()},
+                                        {self.mil_out[n]: s for n, s in self.outputs.items()})
 
     @staticmethod
     def _fill(mil_names: Mapping[str, str], specs: Mapping[str, TensorSpec],
@@ -94,9 +96,8 @@ class Stage:
         return packed_view(self.inputs[name], self.in_shape[name])
 
     def run(self, live_lanes: Mapping[str, int] | None = None) -> None:
-        self.program.evaluate({self.mil_name[n]: s for n, s in self.inputs.items()},
-                              {self.mil_out[n]: s for n, s in self.outputs.items()},
-                              live_lanes={self.mil_name[n]: v for n, v in (live_lanes or {}).items()})
+        """Evaluates the program once; ``live_lanes`` by graph input name (see ``Program.evaluate``)."""
+        self._bound({self.mil_name[n]: v for n, v in live_lanes.items()} if live_lanes else None)
 
     def output(self, name: str) -> np.ndarray:
         """A view of output ``name`` in the graph's shape (padded surfaces hold it packed at the front)."""

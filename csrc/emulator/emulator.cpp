@@ -111,8 +111,8 @@ public:
         build(*fn, weights);
         inputs_ = runtime::sorted_inputs(*fn);
         outputs_ = runtime::sorted_outputs(*fn);
-        for (const auto& s : inputs_) input_slots_.push_back(ids_.at(s.name));
-        for (const auto& s : outputs_) output_slots_.push_back(ids_.at(s.name));
+        for (const auto& s : inputs_) input_slots_.push_back(values_[ids_.at(s.name)].slot);
+        for (const auto& s : outputs_) output_slots_.push_back(values_[ids_.at(s.name)].slot);
     }
 
     void evaluate(const runtime::Bindings& inputs, const runtime::Bindings& outputs,
@@ -199,11 +199,17 @@ private:
             BuiltOp built = builder(ctx);
             if (built.type != op.type)
                 throw CompileError(where(op) + " declares " + op.type.str() + " but its inputs give " + built.type.str());
-            define(op.output, op.type, &op);
+            const int id = define(op.output, op.type, &op);
+            if (built.view_of >= 0) {
+                values_[id].slot = built.view_of;  // shares the data; no kernel to run
+                continue;
+            }
             kernels_.push_back(std::move(built.kernel));
         }
         frame_.values.resize(values_.size());
-        for (const ValueInfo& v : values_) {
+        for (size_t i = 0; i < values_.size(); ++i) {
+            const ValueInfo& v = values_[i];
+            if (v.slot != static_cast<int>(i)) continue;  // a view: its data lives in another slot
             Tensor& t = frame_.values[v.slot];
             t.dtype = v.type.dtype;
             t.shape = v.type.shape;

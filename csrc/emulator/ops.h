@@ -70,6 +70,7 @@ private:
 struct BuiltOp {
     mil::Type type;  // inferred output type (checked against the declared one)
     Kernel kernel;
+    int view_of = -1;  // >= 0: no kernel, the output is a view of this slot's data (same order)
 };
 
 using OpBuilder = BuiltOp (*)(OpContext&);

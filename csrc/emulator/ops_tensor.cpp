@@ -31,19 +31,13 @@ BuiltOp build_reshape(OpContext& ctx) {
         ctx.fail("cannot reshape " + shape_str(tx.shape) + " (" + std::to_string(n) + " elements) to " + shape_str(shape));
     }
     const int x = ctx.slot("x"), o = ctx.out_slot();
-    const bool keeps_lanes = !tx.shape.empty() && !shape.empty() && tx.shape.back() == shape.back();
+    // Keeping the last axis, the output is a view of the input: same data, same lanes. Kernels read
+    // shapes from their build-time types, and the lane layout (last dimension) is unchanged.
+    if (!tx.shape.empty() && !shape.empty() && tx.shape.back() == shape.back())
+        return {tensor_type(tx.dtype, shape), nullptr, x};
     return {tensor_type(tx.dtype, shape), [=](Frame& fr) {
-                const Tensor& in = fr.values[x];
-                Tensor& out = fr.values[o];
-                if (keeps_lanes && in.partial()) {  // copy the live prefix of each row only
-                    out.lanes = in.lanes;
-                    for_each_live_row(in, [&](int64_t at, int64_t n) {
-                        std::copy(in.data.begin() + at, in.data.begin() + at + n, out.data.begin() + at);
-                    });
-                } else {
-                    out.lanes = out.last_dim();
-                    out.data = in.data;
-                }
+                fr.values[o].data = fr.values[x].data;
+                fr.values[o].lanes = fr.values[o].last_dim();
             }};
 }
 

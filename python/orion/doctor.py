@@ -11,6 +11,7 @@ import time
 import numpy as np
 
 import orion
+from orion.program_cache import cache_dir
 
 TINY = """program(1.3)
 {
@@ -37,6 +38,7 @@ def report() -> dict:
         "framework_path": info["framework_path"],
         "compile_budget": {"used": orion.compile_count(), "limit": orion.compile_budget()},
         "cache": {"compiled_programs": "in-process, by content hash (orion.compiler); the OS caches ANE compiles",
+                  "lowered_programs": str(cache_dir() or "off (ORION_CACHE_DIR=off)"),
                   "model_dirs": tempfile.gettempdir() + "/<hexStringIdentifier> while a program is loaded (ane)"},
     }
     x = np.random.default_rng(0).standard_normal((1, 64, 1, 384)).astype(np.float16)
@@ -63,7 +65,8 @@ def main(probe: bool = False, out: str | None = None, as_json: bool = False) -> 
         fw = r["ane_framework"]
         print(f"ANE framework:   {'found' if fw['available'] else 'not found'} ({fw['detail']})")
         print(f"compile budget:  {r['compile_budget']['used']} of {r['compile_budget']['limit']} used")
-        print(f"cache:           {r['cache']['compiled_programs']}; model dirs: {r['cache']['model_dirs']}")
+        print(f"cache:           lowered programs on disk: {r['cache']['lowered_programs']} (ORION_CACHE_DIR); "
+              f"compiled: {r['cache']['compiled_programs']}; model dirs: {r['cache']['model_dirs']}")
         e2e = r["end_to_end"]
         print(f"end to end:      {'ok' if e2e['ok'] else 'FAILED'} "
               + (f"(max error {e2e['max_error']:.3g}, {e2e['ms']} ms)" if "ms" in e2e else e2e.get("error", "")))

@@ -117,3 +117,9 @@ def test_unknown_profile_and_backend_env(monkeypatch) -> None:
     monkeypatch.setenv("ORION_BACKEND", "gpu")
     with pytest.raises(orion.OrionError, match="not a backend"):
         orion.backend()
+
+
+def test_a_program_too_large_for_memory_is_refused_by_name() -> None:
+    huge = ttype("fp16", [1_000_000, 1_000_000])
+    with pytest.raises(orion.CompileError, match=r"GB of emulator memory \(largest tensor 'x'"):
+        orion.compile(program({"x": huge}, [op("y", huge, "tanh", x="x")], ["y"]), profile="permissive")

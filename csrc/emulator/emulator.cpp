@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unistd.h>
 #include <map>
 #include <mutex>
 
@@ -206,6 +207,7 @@ private:
             }
             kernels_.push_back(std::move(built.kernel));
         }
+        check_frame_size();
         frame_.values.resize(values_.size());
         for (size_t i = 0; i < values_.size(); ++i) {
             const ValueInfo& v = values_[i];
@@ -224,6 +226,29 @@ private:
                 t.data.assign(v.constant->numbers.begin(), v.constant->numbers.end());
                 finish(t);  // an fp16 const holds the fp16 nearest its literal
             }
+        }
+    }
+
+    // The emulator holds every intermediate tensor in fp32: refuse, with the culprit named, a program
+    // that cannot fit in half of this machine's memory instead of failing deep inside an allocation.
+    void check_frame_size() const {
+        double bytes = 0, largest = 0;
+        const ValueInfo* worst = nullptr;
+        for (size_t i = 0; i < values_.size(); ++i) {
+            const ValueInfo& v = values_[i];
+            if (v.slot != static_cast<int>(i) || (v.constant && !v.used_as_data)) continue;
+            const double b = 4.0 * static_cast<double>(v.type.element_count());
+            bytes += b;
+            if (b > largest) largest = b, worst = &v;
+        }
+        const double limit = 0.5 * static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+        if (worst && limit > 0 && bytes > limit) {
+            std::string name;
+            for (const auto& [n, id] : ids_)
+                if (&values_[id] == worst) name = n;
+            throw CompileError("the program needs " + std::to_string(static_cast<int64_t>(bytes / 1e9)) +
+                               " GB of emulator memory (largest tensor '" + name + "', " + worst->type.str() +
+                               "), more than half of this machine's; split it into smaller programs");
         }
     }
 

@@ -37,8 +37,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 # ---- ane harness: every evaluate on the ane backend is checked bit for bit against the emulator ----
 # ORION_HARNESS_COMPARE=1 (set by .ci/run for the harness run) rebuilds each program on the emulator
-# (without counting a compile) and compares every output byte of every evaluate. Evaluates with a
-# live_lanes hint are not compared (lanes past the hint are undefined).
+# (without counting a compile) and compares every output byte of every evaluate. The twin gets the
+# same live_lanes hint the ane backend ignores, so decode steps also check that the hinted emulator
+# computes exactly what the full computation does.
 HARNESS_COMPARED = [0]
 
 if os.environ.get("ORION_HARNESS_COMPARE") == "1":
@@ -47,7 +48,7 @@ if os.environ.get("ORION_HARNESS_COMPARE") == "1":
     import orion
     import orion.program as _program
 
-    _compile, _evaluate, _with_weights = _program.compile, _program.Program.evaluate, _program.Program.with_weights
+    _compile, _call, _with_weights = _program.compile, _program.BoundProgram.__call__, _program.Program.with_weights
 
     def _recording_compile(mil, weights=None, **kwargs):
         p = _compile(mil, weights, **kwargs)
@@ -62,31 +63,36 @@ if os.environ.get("ORION_HARNESS_COMPARE") == "1":
             p._harness_source = (source[0], dict(weights), source[2])
         return p
 
-    def _checked_evaluate(self, inputs, outputs, *, live_lanes=None):
-        _evaluate(self, inputs, outputs, live_lanes=live_lanes)
-        source = getattr(self, "_harness_source", None)
-        if source is None or live_lanes or self.backend != "ane":
+    def _bytes(surface) -> _np.ndarray:
+        return _np.frombuffer(surface, dtype=_np.uint8)
+
+    def _checked_call(self, live_lanes=None):
+        _call(self, live_lanes)
+        program = self.program
+        source = getattr(program, "_harness_source", None)
+        if source is None or program.backend != "ane":
             return
-        twin = self.__dict__.get("_harness_twin")
+        twin = program.__dict__.get("_harness_twin")
         if twin is None:
-            twin = orion._core._emulator_build(*source, min_surface_bytes=self._native.min_surface_bytes)
-            self._harness_twin = twin
+            twin = orion._core._emulator_build(*source, min_surface_bytes=program._native.min_surface_bytes)
+            program._harness_twin = twin
         copies = {}
-        for name, s in [*inputs.items(), *outputs.items()]:
-            c = orion.Surface(s.shape, s.dtype, nbytes=s.nbytes)
-            if name in inputs:
-                c.array[...] = s.array
-            copies[name] = c
-        twin.evaluate([(n, copies[n].native) for n in sorted(inputs)], [(n, copies[n].native) for n in sorted(outputs)])
-        for name, s in outputs.items():
-            got, want = s.array.view(_np.uint8), copies[name].array.view(_np.uint8)
-            assert _np.array_equal(got, want), (
-                f"ane backend output '{name}' differs from the emulator's in "
-                f"{int((got != want).sum())} of {got.size} bytes")
+        for name, s in [*self.inputs, *self.outputs]:
+            copies[name] = orion._core.Surface(s.nbytes)
+        for name, s in self.inputs:
+            _bytes(copies[name])[:] = _bytes(s)
+        twin.evaluate([(n, copies[n]) for n, _ in self.inputs], [(n, copies[n]) for n, _ in self.outputs],
+                      dict(live_lanes or {}))
+        for name, s in self.outputs:
+            spec = program.outputs[name]
+            size = int(_np.prod(spec.shape)) * spec.dtype.itemsize
+            assert _np.array_equal(_bytes(s)[:size], _bytes(copies[name])[:size]), (
+                f"ane backend output '{name}' differs from the emulator's"
+                + (f" (live_lanes {dict(live_lanes)})" if live_lanes else ""))
         HARNESS_COMPARED[0] += 1
 
     orion.compile = _program.compile = _recording_compile
-    _program.Program.evaluate = _checked_evaluate
+    _program.BoundProgram.__call__ = _checked_call
     _program.Program.with_weights = _recording_with_weights
 
 

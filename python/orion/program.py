@@ -82,7 +82,7 @@ class Program:
         fast path for loops that reuse the same surfaces every call (e.g. a decode step)."""
         self._check_surfaces("input", self.inputs, inputs)
         self._check_surfaces("output", self.outputs, outputs)
-        return BoundProgram(self._native, [(name, inputs[name].native) for name in sorted(inputs)],
+        return BoundProgram(self, [(name, inputs[name].native) for name in sorted(inputs)],
                             [(name, outputs[name].native) for name in sorted(outputs)])
 
     def __call__(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
@@ -141,12 +141,12 @@ class Program:
 class BoundProgram:
     """A program with its surfaces bound in binding (alphabetical) order; call it to evaluate."""
 
-    def __init__(self, native: _core.LoadedProgram, inputs: list, outputs: list) -> None:
-        self._native, self._inputs, self._outputs = native, inputs, outputs
+    def __init__(self, program: Program, inputs: list, outputs: list) -> None:
+        self.program, self.inputs, self.outputs = program, inputs, outputs
 
     def __call__(self, live_lanes: Mapping[str, int] | None = None) -> None:
         """Runs the program once (see :meth:`Program.evaluate` for ``live_lanes``)."""
-        self._native.evaluate(self._inputs, self._outputs, live_lanes or {})
+        self.program._native.evaluate(self.inputs, self.outputs, live_lanes or {})
 
 
 def _check_names(side: str, specs: Mapping[str, object], given: Mapping[str, object]) -> None:

@@ -326,3 +326,13 @@ def test_portable_path_in_subprocess():
                           capture_output=True, text=True, timeout=900,
                           env={**os.environ, "ORION_SIMD": "portable", "ORION_NUM_THREADS": "3"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_tanh_is_accurate_far_below_fp16_rounding() -> None:
+    x = np.concatenate([np.linspace(-12, 12, 400_001, dtype=np.float32),
+                        np.array([0.0, -0.0, 1e-30, -1e-30, 0.0625, 88, -88, 1e4, -1e4, np.inf, -np.inf], np.float32)])
+    got = kernels.tanh(x)
+    want = np.tanh(x.astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=0)  # fp16 rounding is 4.9e-4 relative
+    assert np.signbit(got[x == 0]).tolist() == np.signbit(x[x == 0]).tolist()
+    assert np.isnan(kernels.tanh(np.array([np.nan], np.float32)))[0]

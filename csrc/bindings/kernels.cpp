@@ -139,6 +139,20 @@ void bind_kernels(py::module_& m) {
         },
         py::arg("a"), "A float32 copy of `a` rounded to the nearest fp16 (ties to even, overflow to inf).");
 
+    k.def(
+        "tanh",
+        [](const py::object& a_obj) {
+            const py::array a = c_contiguous(checked_array(a_obj, "a", "float32", -1));
+            py::array_t<float> out(std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim()));
+            const auto n = static_cast<size_t>(a.size());
+            const float* src = static_cast<const float*>(a.data());
+            float* dst = out.mutable_data();
+            py::gil_scoped_release release;
+            kern::tanh(src, dst, n);
+            return out;
+        },
+        py::arg("a"), "tanh of a float32 array, as the emulator's tanh op computes it (before fp16 rounding).");
+
     py::class_<kern::PackedConv1x1>(k, "PackedConv1x1", "A float16 [cout, cin] 1x1 conv weight, packed once.")
         .def(py::init(&pack), py::arg("weight"))
         .def_readonly("cout", &kern::PackedConv1x1::cout)

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -45,6 +46,7 @@ struct Kernels {
     void (*round_fp16)(float* data, size_t n);
     void (*half_to_float)(const uint16_t* src, float* dst, size_t n);
     void (*float_to_half)(const float* src, uint16_t* dst, size_t n);
+    void (*tanh)(const float* src, float* dst, size_t n);
     // acc[l*16 + j] (+)= sum_{c<k} w[c*16 + j] * x[c*S + l] for l < lanes (<= kConvMaxLanes).
     void (*conv_tile_f16)(const uint16_t* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
     void (*conv_tile_f32)(const float* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
@@ -128,9 +130,13 @@ void gemv_cols_portable(int64_t k, int64_t n, const float* a, const float* b, in
     }
 }
 
+void tanh_portable(const float* src, float* dst, size_t n) {
+    for (size_t i = 0; i < n; ++i) dst[i] = std::tanh(src[i]);
+}
+
 constexpr Kernels kPortable = {
     "portable",         round_fp16_portable,           half_to_float_portable,
-    float_to_half_portable, conv_tile_portable<uint16_t>, conv_tile_portable<float>,
+    float_to_half_portable, tanh_portable,           conv_tile_portable<uint16_t>, conv_tile_portable<float>,
     gemm_tile_portable, gemv_rows_portable,            gemv_cols_portable,
 };
 
@@ -337,9 +343,41 @@ ORION_AVX2 void gemv_cols_avx2(int64_t k, int64_t n, const float* a, const float
     }
 }
 
+// e^x for x in [-88, 88]: x = k ln2 + r with |r| <= ln2/2, e^r by its Taylor series to r^7
+// (relative error < 2e-8 there), scaled by 2^k through the exponent bits.
+ORION_AVX2 inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.0f)), _mm256_set1_ps(88.0f));
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693145752f), x);  // ln2 split in a short high part
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(1.42860677e-6f), r);          // and the rest
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    for (const float c : {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f})
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
+}
+
+// tanh(a) = 1 - 2 / (e^(2a) + 1) for a = |x| >= 1/16; an odd series below, where that form cancels.
+ORION_AVX2 void tanh_avx2(const float* src, float* dst, size_t n) {
+    const __m256 sign_bit = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f), two = _mm256_set1_ps(2.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(src + i);
+        const __m256 a = _mm256_andnot_ps(sign_bit, x);
+        const __m256 big = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(exp8(_mm256_add_ps(a, a)), one)));
+        const __m256 a2 = _mm256_mul_ps(a, a);
+        const __m256 series = _mm256_mul_ps(
+            a, _mm256_fmadd_ps(a2, _mm256_fmadd_ps(a2, _mm256_set1_ps(2.0f / 15.0f), _mm256_set1_ps(-1.0f / 3.0f)), one));
+        const __m256 t = _mm256_blendv_ps(big, series, _mm256_cmp_ps(a, _mm256_set1_ps(0.0625f), _CMP_LT_OQ));
+        _mm256_storeu_ps(dst + i, _mm256_or_ps(t, _mm256_and_ps(x, sign_bit)));  // NaN stays NaN via big
+    }
+    for (; i < n; ++i) dst[i] = std::tanh(src[i]);
+}
+
 constexpr Kernels kAvx2 = {
     "avx2+f16c+fma",    round_fp16_avx2,           half_to_float_avx2,
-    float_to_half_avx2, conv_tile_avx2<uint16_t>, conv_tile_avx2<float>,
+    float_to_half_avx2, tanh_avx2,                 conv_tile_avx2<uint16_t>, conv_tile_avx2<float>,
     gemm_tile_avx2,     gemv_rows_avx2,            gemv_cols_avx2,
 };
 
@@ -443,6 +481,8 @@ void round_fp16(float* data, size_t n) {
 }
 
 void half_to_float(const uint16_t* src, float* dst, size_t n) { active().half_to_float(src, dst, n); }
+
+void tanh(const float* src, float* dst, size_t n) { active().tanh(src, dst, n); }
 
 void float_to_half(const float* src, uint16_t* dst, size_t n) { active().float_to_half(src, dst, n); }
 

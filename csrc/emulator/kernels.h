@@ -15,6 +15,9 @@ void round_fp16(float* data, size_t n);
 void half_to_float(const uint16_t* src, float* dst, size_t n);
 void float_to_half(const float* src, uint16_t* dst, size_t n);
 
+// dst[i] = tanh(src[i]) in fp32, within a few float ulps (far below fp16 rounding); src may be dst.
+void tanh(const float* src, float* dst, size_t n);
+
 // A 1x1 convolution weight [cout][cin] in fp16, repacked once at compile (bake) time into the
 // layout the kernel streams.
 struct PackedConv1x1 {

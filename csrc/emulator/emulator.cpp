@@ -112,8 +112,15 @@ public:
         build(*fn, weights);
         inputs_ = runtime::sorted_inputs(*fn);
         outputs_ = runtime::sorted_outputs(*fn);
-        for (const auto& s : inputs_) input_slots_.push_back(values_[ids_.at(s.name)].slot);
-        for (const auto& s : outputs_) output_slots_.push_back(values_[ids_.at(s.name)].slot);
+        for (const auto& s : outputs_) {
+            output_slots_.push_back(values_[ids_.at(s.name)].slot);
+            values_[static_cast<size_t>(output_slots_.back())].needs_fp32 = true;  // stored from fp32 data
+        }
+        for (const auto& s : inputs_) {
+            const int slot = values_[ids_.at(s.name)].slot;
+            input_slots_.push_back(slot);
+            in_place_.push_back(s.type.dtype == mil::DType::fp16 && !values_[static_cast<size_t>(slot)].needs_fp32);
+        }
     }
 
     void evaluate(const runtime::Bindings& inputs, const runtime::Bindings& outputs,
@@ -126,7 +133,10 @@ public:
             Tensor& t = frame_.values[input_slots_[i]];
             auto hint = live.find(inputs_[i].name);
             t.lanes = hint == live.end() ? t.last_dim() : hint->second;
-            load_input(inputs[i].second->data(), t);
+            if (in_place_[i])  // every reader takes fp16 as it is: no conversion
+                t.half = reinterpret_cast<const uint16_t*>(inputs[i].second->data());
+            else
+                load_input(inputs[i].second->data(), t);
         }
         for (const Kernel& k : kernels_) k(frame_);
         for (size_t i = 0; i < outputs.size(); ++i) store_output(frame_.values[output_slots_[i]], outputs[i].second->data());
@@ -259,6 +269,7 @@ private:
     std::vector<ValueInfo> values_;
     std::vector<Kernel> kernels_;
     std::vector<int> input_slots_, output_slots_;
+    std::vector<bool> in_place_;  // per input: fp16 read in place from the surface (Tensor::half)
     Frame frame_;
     std::mutex mutex_;
     bool loaded_ = true;

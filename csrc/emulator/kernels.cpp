@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <stdexcept>
 #include <string>
 
@@ -53,10 +54,13 @@ struct Kernels {
     // c[i*c_rs + j] (+)= sum_{p<k} a[p*MR + i] * b[p*NR + j] for i < rows, j < cols.
     void (*gemm_tile)(int64_t k, const float* a, const float* b, float* c, int64_t c_rs, int64_t rows, int64_t cols,
                       bool add);
-    // c[j] = sum_{p<k} a[p*a_cs] * b[p*b_rs + j] for j < n (rows of B contiguous).
+    // c[j] = sum_{p<k} a[p*a_cs] * b[p*b_rs + j] for j < n (rows of B contiguous); B in fp32 or fp16.
     void (*gemv_rows)(int64_t k, int64_t n, const float* a, int64_t a_cs, const float* b, int64_t b_rs, float* c);
-    // c[j] = sum_{p<k} a[p] * b[j*b_cs + p] for j < n (columns of B contiguous).
+    void (*gemv_rows_f16)(int64_t k, int64_t n, const float* a, int64_t a_cs, const uint16_t* b, int64_t b_rs,
+                          float* c);
+    // c[j] = sum_{p<k} a[p] * b[j*b_cs + p] for j < n (columns of B contiguous); B in fp32 or fp16.
     void (*gemv_cols)(int64_t k, int64_t n, const float* a, const float* b, int64_t b_cs, float* c);
+    void (*gemv_cols_f16)(int64_t k, int64_t n, const float* a, const uint16_t* b, int64_t b_cs, float* c);
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -113,19 +117,24 @@ void gemm_tile_portable(int64_t k, const float* a, const float* b, float* c, int
         for (int64_t j = 0; j < cols; ++j) c[i * c_rs + j] = (add ? c[i * c_rs + j] : 0.0f) + sum[i][j];
 }
 
-void gemv_rows_portable(int64_t k, int64_t n, const float* a, int64_t a_cs, const float* b, int64_t b_rs, float* c) {
+inline float as_float(float v) { return v; }
+inline float as_float(uint16_t h) { return emu::half_to_float(h); }
+
+template <typename B>
+void gemv_rows_portable(int64_t k, int64_t n, const float* a, int64_t a_cs, const B* b, int64_t b_rs, float* c) {
     std::fill(c, c + n, 0.0f);
     for (int64_t p = 0; p < k; ++p) {
         const float ap = a[p * a_cs];
-        const float* bp = b + p * b_rs;
-        for (int64_t j = 0; j < n; ++j) c[j] += ap * bp[j];
+        const B* bp = b + p * b_rs;
+        for (int64_t j = 0; j < n; ++j) c[j] += ap * as_float(bp[j]);
     }
 }
 
-void gemv_cols_portable(int64_t k, int64_t n, const float* a, const float* b, int64_t b_cs, float* c) {
+template <typename B>
+void gemv_cols_portable(int64_t k, int64_t n, const float* a, const B* b, int64_t b_cs, float* c) {
     for (int64_t j = 0; j < n; ++j) {
         float sum = 0.0f;
-        for (int64_t p = 0; p < k; ++p) sum += a[p] * b[j * b_cs + p];
+        for (int64_t p = 0; p < k; ++p) sum += a[p] * as_float(b[j * b_cs + p]);
         c[j] = sum;
     }
 }
@@ -137,7 +146,8 @@ void tanh_portable(const float* src, float* dst, size_t n) {
 constexpr Kernels kPortable = {
     "portable",         round_fp16_portable,           half_to_float_portable,
     float_to_half_portable, tanh_portable,           conv_tile_portable<uint16_t>, conv_tile_portable<float>,
-    gemm_tile_portable, gemv_rows_portable,            gemv_cols_portable,
+    gemm_tile_portable, gemv_rows_portable<float>,    gemv_rows_portable<uint16_t>,
+    gemv_cols_portable<float>, gemv_cols_portable<uint16_t>,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -278,31 +288,33 @@ ORION_AVX2 void gemm_tile_avx2(int64_t k, const float* a, const float* b, float*
 }
 
 // Streams B row by row, four rows per pass over c (which stays in L1).
-ORION_AVX2 void gemv_rows_avx2(int64_t k, int64_t n, const float* a, int64_t a_cs, const float* b, int64_t b_rs,
+template <typename B>
+ORION_AVX2 void gemv_rows_avx2(int64_t k, int64_t n, const float* a, int64_t a_cs, const B* b, int64_t b_rs,
                                float* c) {
     std::fill(c, c + n, 0.0f);
     int64_t p = 0;
     for (; p + 4 <= k; p += 4) {
         const float a0 = a[p * a_cs], a1 = a[(p + 1) * a_cs], a2 = a[(p + 2) * a_cs], a3 = a[(p + 3) * a_cs];
-        const float *b0 = b + p * b_rs, *b1 = b0 + b_rs, *b2 = b1 + b_rs, *b3 = b2 + b_rs;
+        const B *b0 = b + p * b_rs, *b1 = b0 + b_rs, *b2 = b1 + b_rs, *b3 = b2 + b_rs;
         const __m256 v0 = _mm256_set1_ps(a0), v1 = _mm256_set1_ps(a1), v2 = _mm256_set1_ps(a2),
                      v3 = _mm256_set1_ps(a3);
         int64_t j = 0;
         for (; j + 8 <= n; j += 8) {
-            __m256 sum = _mm256_fmadd_ps(v0, _mm256_loadu_ps(b0 + j), _mm256_loadu_ps(c + j));
-            sum = _mm256_fmadd_ps(v1, _mm256_loadu_ps(b1 + j), sum);
-            sum = _mm256_fmadd_ps(v2, _mm256_loadu_ps(b2 + j), sum);
-            _mm256_storeu_ps(c + j, _mm256_fmadd_ps(v3, _mm256_loadu_ps(b3 + j), sum));
+            __m256 sum = _mm256_fmadd_ps(v0, load8(b0 + j), _mm256_loadu_ps(c + j));
+            sum = _mm256_fmadd_ps(v1, load8(b1 + j), sum);
+            sum = _mm256_fmadd_ps(v2, load8(b2 + j), sum);
+            _mm256_storeu_ps(c + j, _mm256_fmadd_ps(v3, load8(b3 + j), sum));
         }
-        for (; j < n; ++j) c[j] += a0 * b0[j] + a1 * b1[j] + a2 * b2[j] + a3 * b3[j];
+        for (; j < n; ++j)
+            c[j] += a0 * as_float(b0[j]) + a1 * as_float(b1[j]) + a2 * as_float(b2[j]) + a3 * as_float(b3[j]);
     }
     for (; p < k; ++p) {
         const float ap = a[p * a_cs];
-        const float* bp = b + p * b_rs;
+        const B* bp = b + p * b_rs;
         const __m256 v = _mm256_set1_ps(ap);
         int64_t j = 0;
-        for (; j + 8 <= n; j += 8) _mm256_storeu_ps(c + j, _mm256_fmadd_ps(v, _mm256_loadu_ps(bp + j), _mm256_loadu_ps(c + j)));
-        for (; j < n; ++j) c[j] += ap * bp[j];
+        for (; j + 8 <= n; j += 8) _mm256_storeu_ps(c + j, _mm256_fmadd_ps(v, load8(bp + j), _mm256_loadu_ps(c + j)));
+        for (; j < n; ++j) c[j] += ap * as_float(bp[j]);
     }
 }
 
@@ -313,10 +325,11 @@ ORION_AVX2 inline float hsum(__m256 v) {
 }
 
 // Dot products of a with four columns of B at a time.
-ORION_AVX2 void gemv_cols_avx2(int64_t k, int64_t n, const float* a, const float* b, int64_t b_cs, float* c) {
+template <typename B>
+ORION_AVX2 void gemv_cols_avx2(int64_t k, int64_t n, const float* a, const B* b, int64_t b_cs, float* c) {
     int64_t j = 0;
     for (; j + 4 <= n; j += 4) {
-        const float* bj = b + j * b_cs;
+        const B* bj = b + j * b_cs;
         __m256 acc[4];
         ORION_UNROLL
         for (int q = 0; q < 4; ++q) acc[q] = _mm256_setzero_ps();
@@ -324,21 +337,21 @@ ORION_AVX2 void gemv_cols_avx2(int64_t k, int64_t n, const float* a, const float
         for (; p + 8 <= k; p += 8) {
             const __m256 av = _mm256_loadu_ps(a + p);
             ORION_UNROLL
-            for (int q = 0; q < 4; ++q) acc[q] = _mm256_fmadd_ps(av, _mm256_loadu_ps(bj + q * b_cs + p), acc[q]);
+            for (int q = 0; q < 4; ++q) acc[q] = _mm256_fmadd_ps(av, load8(bj + q * b_cs + p), acc[q]);
         }
         ORION_UNROLL
         for (int q = 0; q < 4; ++q) {
             float sum = hsum(acc[q]);
-            for (int64_t r = p; r < k; ++r) sum += a[r] * bj[q * b_cs + r];
+            for (int64_t r = p; r < k; ++r) sum += a[r] * as_float(bj[q * b_cs + r]);
             c[j + q] = sum;
         }
     }
     for (; j < n; ++j) {
         __m256 acc = _mm256_setzero_ps();
         int64_t p = 0;
-        for (; p + 8 <= k; p += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + p), _mm256_loadu_ps(b + j * b_cs + p), acc);
+        for (; p + 8 <= k; p += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + p), load8(b + j * b_cs + p), acc);
         float sum = hsum(acc);
-        for (; p < k; ++p) sum += a[p] * b[j * b_cs + p];
+        for (; p < k; ++p) sum += a[p] * as_float(b[j * b_cs + p]);
         c[j] = sum;
     }
 }
@@ -378,7 +391,8 @@ ORION_AVX2 void tanh_avx2(const float* src, float* dst, size_t n) {
 constexpr Kernels kAvx2 = {
     "avx2+f16c+fma",    round_fp16_avx2,           half_to_float_avx2,
     float_to_half_avx2, tanh_avx2,                 conv_tile_avx2<uint16_t>, conv_tile_avx2<float>,
-    gemm_tile_avx2,     gemv_rows_avx2,            gemv_cols_avx2,
+    gemm_tile_avx2,     gemv_rows_avx2<float>,     gemv_rows_avx2<uint16_t>,
+    gemv_cols_avx2<float>, gemv_cols_avx2<uint16_t>,
 };
 
 bool cpu_has_avx2_f16c_fma() {
@@ -517,36 +531,62 @@ void conv1x1(const PackedConv1x1& w, const float* x, int64_t S, int64_t lanes, f
                  });
 }
 
-void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t b_rs,
-          int64_t b_cs, float* c, int64_t c_rs, bool round_fp16) {
+namespace {
+
+// A few rows of A: stream B once per row in its natural order, split over columns.
+template <typename B>
+void gemv_path(const Kernels& k, int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t a_cs,
+               const B* b, int64_t b_rs, int64_t b_cs, float* c, int64_t c_rs, bool round_fp16) {
+    constexpr int64_t kColumnBlock = 64;
+    const int64_t blocks = ceil_div(N, kColumnBlock);
+    parallel_for(blocks, std::max<int64_t>(1, kParallelWork / (kColumnBlock * K)), [&](int64_t begin, int64_t end) {
+        const int64_t n0 = begin * kColumnBlock, n = std::min(N, end * kColumnBlock) - n0;
+        thread_local std::vector<float> row_buffer;
+        for (int64_t m = 0; m < M; ++m) {
+            float* c_row = c + m * c_rs + n0;
+            if (b_cs == 1) {
+                if constexpr (std::is_same_v<B, float>) k.gemv_rows(K, n, a + m * a_rs, a_cs, b + n0, b_rs, c_row);
+                else k.gemv_rows_f16(K, n, a + m * a_rs, a_cs, b + n0, b_rs, c_row);
+            } else {
+                float* a_row = scratch(row_buffer, static_cast<size_t>(K));
+                for (int64_t p = 0; p < K; ++p) a_row[p] = a[m * a_rs + p * a_cs];
+                if constexpr (std::is_same_v<B, float>) k.gemv_cols(K, n, a_row, b + n0 * b_cs, b_cs, c_row);
+                else k.gemv_cols_f16(K, n, a_row, b + n0 * b_cs, b_cs, c_row);
+            }
+            if (round_fp16) k.round_fp16(c_row, static_cast<size_t>(n));
+        }
+    });
+}
+
+bool zero_sized(int64_t M, int64_t N, int64_t K, float* c, int64_t c_rs) {
     if (M < 0 || N < 0 || K < 0) throw std::invalid_argument("gemm: negative size");
-    if (M == 0 || N == 0) return;
+    if (M == 0 || N == 0) return true;
     if (K == 0) {
         for (int64_t m = 0; m < M; ++m) std::fill(c + m * c_rs, c + m * c_rs + N, 0.0f);
-        return;
+        return true;
     }
+    return false;
+}
+
+}  // namespace
+
+void gemm_f16b(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t a_cs, const uint16_t* b,
+               int64_t b_rs, int64_t b_cs, float* c, int64_t c_rs, bool round_fp16) {
+    if (zero_sized(M, N, K, c, c_rs)) return;
+    if (M <= kGemvMaxM && (b_cs == 1 || b_rs == 1))
+        return gemv_path(active(), M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, c, c_rs, round_fp16);
+    std::vector<float> b32(static_cast<size_t>(K * N));  // other shapes: B in fp32 once, then the packed gemm
+    for (int64_t p = 0; p < K; ++p)
+        for (int64_t j = 0; j < N; ++j) b32[p * N + j] = emu::half_to_float(b[p * b_rs + j * b_cs]);
+    gemm(M, N, K, a, a_rs, a_cs, b32.data(), N, 1, c, c_rs, round_fp16);
+}
+
+void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t b_rs,
+          int64_t b_cs, float* c, int64_t c_rs, bool round_fp16) {
+    if (zero_sized(M, N, K, c, c_rs)) return;
     const Kernels& k = active();
-    if (M <= kGemvMaxM && (b_cs == 1 || b_rs == 1)) {
-        // A few rows: stream B once per row in its natural order, split over columns.
-        constexpr int64_t kColumnBlock = 64;
-        const int64_t blocks = ceil_div(N, kColumnBlock);
-        parallel_for(blocks, std::max<int64_t>(1, kParallelWork / (kColumnBlock * K)), [&](int64_t begin, int64_t end) {
-            const int64_t n0 = begin * kColumnBlock, n = std::min(N, end * kColumnBlock) - n0;
-            thread_local std::vector<float> row_buffer;
-            for (int64_t m = 0; m < M; ++m) {
-                float* c_row = c + m * c_rs + n0;
-                if (b_cs == 1) {
-                    k.gemv_rows(K, n, a + m * a_rs, a_cs, b + n0, b_rs, c_row);
-                } else {
-                    float* a_row = scratch(row_buffer, static_cast<size_t>(K));
-                    for (int64_t p = 0; p < K; ++p) a_row[p] = a[m * a_rs + p * a_cs];
-                    k.gemv_cols(K, n, a_row, b + n0 * b_cs, b_cs, c_row);
-                }
-                if (round_fp16) k.round_fp16(c_row, static_cast<size_t>(n));
-            }
-        });
-        return;
-    }
+    if (M <= kGemvMaxM && (b_cs == 1 || b_rs == 1))
+        return gemv_path(k, M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, c, c_rs, round_fp16);
     // Tiles of C [mc x nc], each computed over all of K by one thread; nc shrinks (down to 48) so
     // that there are a few tiles per thread.
     const int64_t tiles_m = ceil_div(M, kGemmMC);

@@ -38,6 +38,10 @@ void conv1x1(const PackedConv1x1& w, const float* x, int64_t S, int64_t lanes, f
 void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
           int64_t b_rs, int64_t b_cs, float* c, int64_t c_rs, bool round_fp16);
 
+// gemm with B in fp16, read in place (e.g. a KV cache straight from its surface); same contract.
+void gemm_f16b(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t a_cs, const uint16_t* b,
+               int64_t b_rs, int64_t b_cs, float* c, int64_t c_rs, bool round_fp16);
+
 // Runs fn(begin, end) over [0, n) split across the pool's threads in chunks of at least `grain`.
 // Runs inline when the work is small or when called from inside a pool thread.
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);

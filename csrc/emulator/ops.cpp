@@ -51,9 +51,10 @@ const ValueInfo& OpContext::info(const char* arg) const {
     return values_[static_cast<size_t>(arg_ids_[index])];
 }
 
-int OpContext::slot(const char* arg) {
+int OpContext::slot(const char* arg, bool fp16_in_place) {
     const ValueInfo& v = info(arg);
     const_cast<ValueInfo&>(v).used_as_data = true;
+    if (!fp16_in_place) values_[static_cast<size_t>(v.slot)].needs_fp32 = true;
     return v.slot;
 }
 
@@ -67,6 +68,7 @@ std::vector<int> OpContext::tuple_slots(const char* arg) {
     std::vector<int> slots;
     for (int id : tuple_ids_[index]) {
         values_[static_cast<size_t>(id)].used_as_data = true;
+        values_[static_cast<size_t>(values_[static_cast<size_t>(id)].slot)].needs_fp32 = true;
         slots.push_back(values_[static_cast<size_t>(id)].slot);
     }
     return slots;

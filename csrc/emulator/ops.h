@@ -27,6 +27,7 @@ struct ValueInfo {
     const mil::Value* constant = nullptr;    // set for const() variables
     std::shared_ptr<const std::string> blob;  // raw payload bytes of a BLOBFILE const
     bool used_as_data = false;               // some kernel reads it: materialise it in the frame
+    bool needs_fp32 = false;                 // (on a slot's owner) some kernel reads its fp32 data
 };
 
 class OpContext {
@@ -39,8 +40,9 @@ public:
     int out_slot() const { return out_slot_; }
     bool has(const char* arg) const;
 
-    // A runtime operand: its slot (the kernel reads Frame::values[slot]) and type.
-    int slot(const char* arg);
+    // A runtime operand: its slot (the kernel reads Frame::values[slot]) and type. With
+    // fp16_in_place the kernel also accepts the operand as Tensor::half (see tensor.h).
+    int slot(const char* arg, bool fp16_in_place = false);
     const mil::Type& type(const char* arg) const;
     std::vector<int> tuple_slots(const char* arg);
     std::vector<mil::Type> tuple_types(const char* arg) const;

@@ -162,7 +162,7 @@ BuiltOp build_matmul(OpContext& ctx) {
     out.push_back(M);
     out.push_back(N);
     const bool round = tx.dtype == mil::DType::fp16;
-    const int x = ctx.slot("x"), y = ctx.slot("y"), o = ctx.out_slot();
+    const int x = ctx.slot("x"), y = ctx.slot("y", /*fp16_in_place=*/true), o = ctx.out_slot();
     // Offsets of each batch's x and y matrices (broadcast batch dims repeat a matrix).
     const int64_t nb = element_count(batch);
     std::vector<int64_t> xoff(static_cast<size_t>(nb)), yoff(static_cast<size_t>(nb));
@@ -198,10 +198,15 @@ BuiltOp build_matmul(OpContext& ctx) {
                 const int64_t n = !ty_t && ty_v.partial() ? ty_v.lanes : N;
                 out_v.lanes = n;
                 const float* a = tx_v.data.data();
-                const float* b = ty_v.data.data();
                 float* c = out_v.data.data();
-                for (int64_t i = 0; i < nb; ++i)
-                    kernels::gemm(M, n, k, a + xoff[i], a_rs, a_cs, b + yoff[i], b_rs, b_cs, c + i * M * N, N, round);
+                for (int64_t i = 0; i < nb; ++i) {
+                    if (ty_v.half)  // an fp16 input read in place (e.g. a KV cache)
+                        kernels::gemm_f16b(M, n, k, a + xoff[i], a_rs, a_cs, ty_v.half + yoff[i], b_rs, b_cs,
+                                           c + i * M * N, N, round);
+                    else
+                        kernels::gemm(M, n, k, a + xoff[i], a_rs, a_cs, ty_v.data.data() + yoff[i], b_rs, b_cs,
+                                      c + i * M * N, N, round);
+                }
             }};
 }
 

@@ -30,11 +30,11 @@ BuiltOp build_reshape(OpContext& ctx) {
     } else if (known != n) {
         ctx.fail("cannot reshape " + shape_str(tx.shape) + " (" + std::to_string(n) + " elements) to " + shape_str(shape));
     }
-    const int x = ctx.slot("x"), o = ctx.out_slot();
     // Keeping the last axis, the output is a view of the input: same data, same lanes. Kernels read
     // shapes from their build-time types, and the lane layout (last dimension) is unchanged.
     if (!tx.shape.empty() && !shape.empty() && tx.shape.back() == shape.back())
-        return {tensor_type(tx.dtype, shape), nullptr, x};
+        return {tensor_type(tx.dtype, shape), nullptr, ctx.slot("x", /*fp16_in_place=*/true)};
+    const int x = ctx.slot("x"), o = ctx.out_slot();
     return {tensor_type(tx.dtype, shape), [=](Frame& fr) {
                 fr.values[o].data = fr.values[x].data;
                 fr.values[o].lanes = fr.values[o].last_dim();

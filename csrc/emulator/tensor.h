@@ -20,6 +20,9 @@ struct Tensor {
     // Leading entries of the last axis that hold live data (see runtime::LiveLanes); the rest of
     // each row is stale. Equal to the last dimension unless a live-lanes hint reached this value.
     int64_t lanes = 1;
+    // Set during an evaluate when this is an fp16 input read in place from its surface (only ops
+    // that declared they can, such as matmul's y, see it); `data` is then not filled.
+    const uint16_t* half = nullptr;
 
     int64_t size() const { return static_cast<int64_t>(data.size()); }
     int64_t last_dim() const { return shape.empty() ? 1 : shape.back(); }

@@ -110,8 +110,9 @@ BuiltOp binary(OpContext& ctx, F f) {
             }};
 }
 
-template <typename F>
-BuiltOp unary(OpContext& ctx, F f, std::vector<const char*> optional = {}) {
+// A unary op computed row by row over the live lanes: rows(src, dst, n).
+template <typename Rows>
+BuiltOp unary_rows(OpContext& ctx, Rows rows, std::vector<const char*> optional = {}) {
     ctx.expect_args({"x"}, optional);
     const mil::Type tx = ctx.type("x");
     if (!mil::is_float(tx.dtype)) ctx.fail(std::string("x must be fp16 or fp32, got ") + mil::dtype_name(tx.dtype));
@@ -120,31 +121,24 @@ BuiltOp unary(OpContext& ctx, F f, std::vector<const char*> optional = {}) {
                 const float* a = fr.values[x].data.data();
                 Tensor& out = fr.values[o];
                 out.lanes = fr.values[x].lanes;
-                float* c = out.data.data();
                 for_each_live_row(out, [&](int64_t at, int64_t n) {
-                    for (int64_t i = at; i < at + n; ++i) c[i] = f(a[i]);
+                    rows(a + at, out.data.data() + at, static_cast<size_t>(n));
                 });
                 finish(out);
             }};
+}
+
+// A unary op from its per-element function.
+template <typename F>
+BuiltOp unary(OpContext& ctx, F f, std::vector<const char*> optional = {}) {
+    return unary_rows(
+        ctx, [f](const float* src, float* dst, size_t n) {
+            for (size_t i = 0; i < n; ++i) dst[i] = f(src[i]);
+        },
+        std::move(optional));
 }
 
 float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
-
-BuiltOp build_tanh(OpContext& ctx) {  // the vectorised kernel over each live row
-    ctx.expect_args({"x"}, {});
-    const mil::Type tx = ctx.type("x");
-    if (!mil::is_float(tx.dtype)) ctx.fail(std::string("x must be fp16 or fp32, got ") + mil::dtype_name(tx.dtype));
-    const int x = ctx.slot("x"), o = ctx.out_slot();
-    return {tx, [=](Frame& fr) {
-                const float* a = fr.values[x].data.data();
-                Tensor& out = fr.values[o];
-                out.lanes = fr.values[x].lanes;
-                for_each_live_row(out, [&](int64_t at, int64_t n) {
-                    kernels::tanh(a + at, out.data.data() + at, static_cast<size_t>(n));
-                });
-                finish(out);
-            }};
-}
 
 BuiltOp build_gelu(OpContext& ctx) {
     const std::string mode = ctx.has("mode") ? ctx.text("mode") : "EXACT";
@@ -172,7 +166,7 @@ std::vector<OpEntry> elementwise_ops() {
         {"mul", [](OpContext& c) { return binary(c, [](float a, float b) { return a * b; }); }},
         {"real_div", [](OpContext& c) { return binary(c, [](float a, float b) { return a / b; }); }},
         {"pow", [](OpContext& c) { return binary(c, [](float a, float b) { return std::pow(a, b); }); }},
-        {"tanh", build_tanh},
+        {"tanh", [](OpContext& c) { return unary_rows(c, kernels::tanh); }},  // the vectorised kernel
         {"sigmoid", [](OpContext& c) { return unary(c, sigmoid); }},
         {"exp", [](OpContext& c) { return unary(c, [](float v) { return std::exp(v); }); }},
         {"relu", [](OpContext& c) { return unary(c, [](float v) { return v > 0.0f ? v : 0.0f; }); }},

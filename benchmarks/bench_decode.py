@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from orion.limits import DISPATCH_MS
 from orion.models import GPT2, GPT2Config
 from orion.models.gpt2.weights import random_weights, save_hf
 
@@ -34,7 +35,6 @@ CONFIGS = {
     "124m": GPT2Config(),
     "tiny": GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=512, n_positions=256),  # smoke runs
 }
-DISPATCH_MS = 0.095  # measured cost of one ANE program evaluation (request + completion)
 ANE_TFLOPS = 19.0  # M4 ANE: 38 TOPS as advertised (int8) = 19 TFLOPS fp16
 ANE_BANDWIDTH_GBS = 120.0  # M4: LPDDR5X-7500 on a 128-bit bus, Apple's advertised 120 GB/s
 CPU_GFLOPS = 100.0  # assumed sustained fp32 GEMV rate of the CPU side of the original design

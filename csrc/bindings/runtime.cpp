@@ -6,6 +6,7 @@
 #include "constraints.h"
 #include "emulator/emulator.h"
 #include "errors.h"
+#include "hardware_limits.h"
 #include "runtime/ane_plan.h"
 #include "runtime/backend.h"
 #include "runtime/budget.h"
@@ -217,7 +218,14 @@ void bind_runtime(py::module_& m) {
 
     m.def("compile_count", &runtime::compile_count, "Compiles done in this process.");
     m.def("compile_budget", &runtime::compile_budget, "Compiles allowed per process (ORION_COMPILE_BUDGET).");
-    m.def("min_surface_bytes", [] { return runtime::kMinSurfaceBytes; });
+    m.def("min_surface_bytes", [] { return limits::MIN_SURFACE_BYTES; });
+    m.def("hardware_limits", [] {
+        py::dict out;
+#define ORION_EXPORT_LIMIT(name, type, value, doc) out[#name] = py::make_tuple(limits::name, doc);
+        ORION_HARDWARE_LIMITS(ORION_EXPORT_LIMIT)
+#undef ORION_EXPORT_LIMIT
+        return out;
+    }, "name -> (value, description) of every hardware limit in csrc/hardware_limits.h.");
     m.def("constraint_ids", [] {
         py::list out;
         for (const auto& c : constraints::all()) out.append(py::make_tuple(c.id, c.title));

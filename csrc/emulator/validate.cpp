@@ -4,6 +4,7 @@
 #include <set>
 
 #include "errors.h"
+#include "hardware_limits.h"
 
 namespace orion::emu {
 
@@ -54,7 +55,7 @@ void check_op(const mil::Operation& op, const std::map<std::string, const mil::O
             throw ConstraintError(constraints::CONV_FORM,
                                   where(op) + ": weight must be a const() (a BLOBFILE); for runtime weights use matmul");
         const auto& wt = types.at(w->refs[0]);
-        if (wt.shape.size() == 4 && wt.shape[1] >= 32000)
+        if (wt.shape.size() == 4 && wt.shape[1] >= limits::MAX_CONV_INPUT_CHANNELS)
             throw ConstraintError(constraints::CONV_CHANNELS,
                                   where(op) + " has " + std::to_string(wt.shape[1]) +
                                       " input channels; split the input channels into chunks below 32,000 and add the results");

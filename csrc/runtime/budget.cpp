@@ -1,5 +1,7 @@
 #include "runtime/budget.h"
 
+#include "hardware_limits.h"
+
 #include <atomic>
 #include <cstdlib>
 #include <string>
@@ -13,7 +15,7 @@ std::atomic<int> g_compiles{0};
 
 int read_budget() {
     const char* env = std::getenv("ORION_COMPILE_BUDGET");
-    if (!env || !*env) return kDefaultCompileBudget;
+    if (!env || !*env) return limits::DEFAULT_COMPILE_BUDGET;
     char* end = nullptr;
     const long v = std::strtol(env, &end, 10);
     if (*end != '\0' || v < 0 || v > 1000000000L)

@@ -5,8 +5,6 @@
 
 namespace orion::runtime {
 
-inline constexpr int kDefaultCompileBudget = 119;
-
 int compile_budget();  // the limit in force
 int compile_count();   // compiles done in this process
 // Counts one compile; throws CompileBudgetExhausted when none is left.

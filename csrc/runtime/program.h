@@ -59,7 +59,7 @@ public:
 
 protected:
     std::vector<TensorSpec> inputs_, outputs_;
-    size_t min_surface_bytes_ = kMinSurfaceBytes;
+    size_t min_surface_bytes_ = limits::MIN_SURFACE_BYTES;
 };
 
 // Binding order of a function's I/O: parameters and returned names sorted by name.
@@ -74,7 +74,7 @@ void check_live_lanes(const std::vector<TensorSpec>& inputs, const LiveLanes& li
 
 void check_bindings(const std::vector<TensorSpec>& inputs, const Bindings& in_surfaces,
                     const std::vector<TensorSpec>& outputs, const Bindings& out_surfaces,
-                    size_t min_surface_bytes = kMinSurfaceBytes);
+                    size_t min_surface_bytes = limits::MIN_SURFACE_BYTES);
 
 // Checks the weight dictionary keys (ANE-34): relative `@model_path/` paths, no '..', and
 // returns the file name each key is written to under the model directory.

@@ -12,10 +12,9 @@
 #include <cstdint>
 #include <memory>
 
-namespace orion::runtime {
+#include "hardware_limits.h"
 
-// Surfaces under this size fail at evaluate on the ANE (FACTS section 3, conservative form).
-inline constexpr size_t kMinSurfaceBytes = 49152;
+namespace orion::runtime {
 
 struct SurfaceAllocator {
     const char* name;  // "host", "iosurface"

@@ -20,7 +20,8 @@ from orion.errors import (
     ParseError,
 )
 from orion.program import Program, TensorSpec, compile
-from orion.surface import MIN_SURFACE_BYTES, Surface
+from orion.limits import MIN_SURFACE_BYTES
+from orion.surface import Surface
 
 __version__ = "0.1.0"
 

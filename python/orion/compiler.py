@@ -20,7 +20,7 @@ from orion.lowering.io import IOLayout, prepare_io
 from orion.lowering.legalize import legalize
 from orion.lowering.mil import to_program
 from orion.passes import PassContext, PipelineReport, run_pipeline
-from orion.passes.base import SRAM_BYTES
+from orion.limits import MIN_SURFACE_BYTES, SRAM_BYTES
 
 _NUMPY_DTYPES = {"fp16": np.float16, "fp32": np.float32}
 _PROGRAMS: dict[tuple[str, str], Any] = {}  # (content hash, profile) -> orion.Program
@@ -45,7 +45,7 @@ class Lowered:
 
 
 def lower_graph(graph: Graph, *, io_dtype: str = "fp16", max_layers: int = 1,
-                sram_budget: int = SRAM_BYTES, min_surface_bytes: int = 49_152) -> Lowered:
+                sram_budget: int = SRAM_BYTES, min_surface_bytes: int = MIN_SURFACE_BYTES) -> Lowered:
     """Run the whole pipeline up to MIL text; ``graph`` itself is not modified."""
     check_fusion_depth(graph, max_layers)
     legal = legalize(graph)
@@ -141,7 +141,7 @@ def compile_graph(graph: Graph, *, io_dtype: str = "fp16", profile: str = "hardw
     relax = probes.load_report(probe_report) if isinstance(probe_report, (str, bytes)) or hasattr(probe_report, "__fspath__") \
         else (probe_report or probes.Relaxations())
     lowered = lower_graph(graph, io_dtype=io_dtype, max_layers=max_layers, sram_budget=sram_budget,
-                          min_surface_bytes=relax.min_surface_bytes or 49_152)
+                          min_surface_bytes=relax.min_surface_bytes or MIN_SURFACE_BYTES)
     if verbose:
         print(f"graph '{graph.name}' ({lowered.content_hash[:12]}):\n{lowered.report}")
     return compile_lowered(lowered, profile=profile, min_surface_bytes=relax.min_surface_bytes)

@@ -29,6 +29,7 @@ import numpy as np
 
 import orion
 from orion import blobfile
+from orion.limits import MIN_SURFACE_BYTES
 
 SCHEMA = 1
 HEADER = "program(1.3)\n{\n    func main<ios18>(%s) {\n%s    } -> (%s);\n}\n"
@@ -109,7 +110,7 @@ def _concat(backend: str) -> tuple[str, str]:
     mil = _mil({"x": s}, [_const("ax", "int32", "1"), _const("il", "bool", "false"),
                           _op("y", (1, 128, 1, 384), "concat", values="(x, x)", axis="ax", interleave="il")], ["y"])
     return _attempt(mil, {"x": x}, {"y": np.concatenate([x, x], axis=1).astype(np.float32)}, backend, nbytes=98304,
-                    in_sizes={"x": 49152})
+                    in_sizes={"x": MIN_SURFACE_BYTES})
 
 
 def _reduce_mean(backend: str) -> tuple[str, str]:
@@ -141,7 +142,7 @@ def _channel_vector(backend: str) -> tuple[str, str]:
     s = (1, 768, 1, 1)  # a [1,C,1,1] tensor in a surface padded to the minimum
     x = _rng_input(s)
     mil = _mil({"x": s}, [_op("y", s, "tanh", x="x")], ["y"])
-    return _attempt(mil, {"x": x}, {"y": np.tanh(x.astype(np.float32))}, backend, nbytes=49152)
+    return _attempt(mil, {"x": x}, {"y": np.tanh(x.astype(np.float32))}, backend, nbytes=MIN_SURFACE_BYTES)
 
 
 def _nonuniform(backend: str) -> tuple[str, str]:
@@ -149,7 +150,7 @@ def _nonuniform(backend: str) -> tuple[str, str]:
     x, y = _rng_input(a, 1), _rng_input(b, 2)
     mil = _mil({"x": a, "y": b}, [_op("u", a, "tanh", x="x"), _op("v", b, "tanh", x="y")], ["u", "v"])
     return _attempt(mil, {"x": x, "y": y}, {"u": np.tanh(x.astype(np.float32)), "v": np.tanh(y.astype(np.float32))},
-                    backend, nbytes=65536, in_sizes={"x": 49152, "y": 65536})
+                    backend, nbytes=65536, in_sizes={"x": MIN_SURFACE_BYTES, "y": 65536})
 
 
 def _patch_path(backend: str) -> tuple[str, str]:

@@ -10,7 +10,7 @@ from orion import _core
 from orion.backend import backend
 from orion.dtypes import numpy_dtype
 from orion.errors import EvaluateError
-from orion.surface import MIN_SURFACE_BYTES, Surface
+from orion.surface import Surface
 
 
 class TensorSpec(NamedTuple):

@@ -14,8 +14,8 @@ import numpy as np
 
 from orion import _core
 from orion.dtypes import numpy_dtype
+from orion.limits import MIN_SURFACE_BYTES
 
-MIN_SURFACE_BYTES: int = _core.min_surface_bytes()
 
 
 class Surface:

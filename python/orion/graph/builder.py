@@ -16,8 +16,8 @@ import numpy as np
 from orion.constraints import violation
 from orion.graph.infer import infer
 from orion.graph.ir import GraphError, Node
+from orion.limits import FP16_MAX
 
-FP16_MAX = 65504.0
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 Operand = Union[Node, float, int, np.ndarray]
 
@@ -126,7 +126,7 @@ class Graph:
         value = np.asarray(array, dtype=np.float64)
         node_name = self.unique_name(_check_ident(name, "const name"))
         if not np.all(np.isfinite(value)) or (value.size and np.abs(value).max() > FP16_MAX):
-            raise violation("ANE-25", node_name, "the constant has values that are not finite or beyond +-65504",
+            raise violation("ANE-25", node_name, f"the constant has values that are not finite or beyond +-{FP16_MAX:.0f}",
                             "clamp or rescale the constant into fp16 range")
         return self.add_node("const", [], name=node_name, value=value, shape=value.shape, dtype=dtype)
 

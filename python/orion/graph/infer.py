@@ -14,7 +14,7 @@ from orion.constraints import violation
 from orion.graph.ir import GraphError, Node
 
 Shape = tuple[int, ...]
-MAX_CONV_INPUT_CHANNELS = 32_000  # ANE-10: 32,000 input channels and more are rejected.
+from orion.limits import FP16_MAX, MAX_CONV_INPUT_CHANNELS
 
 
 def _fail(name: str, op: str, detail: str, fix: str) -> GraphError:
@@ -107,7 +107,7 @@ def _softmax(name: str, op: str, xs: list[Node], attrs: dict[str, Any]) -> tuple
 def _check_pow2(name: str, extent: int) -> None:
     if extent & (extent - 1):
         raise violation("ANE-08", name, f"softmax over an extent of {extent}",
-                        f"pad that axis to {1 << extent.bit_length()} with a -65504 mask, or split it")
+                        f"pad that axis to {1 << extent.bit_length()} with a -{FP16_MAX:.0f} mask, or split it")
 
 
 def _reduce(name: str, op: str, xs: list[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:

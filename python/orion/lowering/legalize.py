@@ -15,8 +15,9 @@ import numpy as np
 from orion.errors import CompileError
 from orion.graph.builder import Graph
 from orion.graph.ir import DIALECT_OPS, Node
+from orion.limits import FP16_MAX
 
-MASK_VALUE = -65504.0  # additive causal mask above the diagonal (FACTS section 5)
+MASK_VALUE = -FP16_MAX  # additive causal mask above the diagonal
 GELU_C = math.sqrt(2.0 / math.pi)
 
 

@@ -7,8 +7,8 @@ from typing import Any, Callable
 
 from orion.graph.builder import Graph
 from orion.lowering.io import IOLayout
+from orion.limits import MIN_SURFACE_BYTES, SRAM_BYTES
 
-SRAM_BYTES = 32 * 1024 * 1024  # ~32 MB on-chip SRAM (FACTS section 1)
 
 
 @dataclass
@@ -17,7 +17,7 @@ class PassContext:
 
     layout: IOLayout
     sram_budget: int = SRAM_BYTES
-    min_surface_bytes: int = 49_152  # lower only where a probe report proved it (orion.probes)
+    min_surface_bytes: int = MIN_SURFACE_BYTES  # lower only where a probe report proved it (orion.probes)
     analyses: dict[str, Any] = field(default_factory=dict)
 
 

@@ -22,11 +22,10 @@ import numpy as np
 from orion.graph.builder import Graph
 from orion.graph.ir import GraphError, dtype_size
 from orion.lowering.io import IOSpec
+from orion.limits import MIN_LANES, MIN_SURFACE_BYTES
 from orion.passes.base import PassContext
 
 NAME = "I/O padding"
-MIN_SURFACE_BYTES = 49_152
-MIN_LANES = {"fp16": 32, "fp32": 16}
 
 
 def padded_shape(shape: tuple[int, ...], dtype: str, what: str,

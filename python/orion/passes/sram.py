@@ -12,10 +12,10 @@ import warnings
 from dataclasses import dataclass
 
 from orion.graph.builder import Graph
+from orion.limits import DISPATCH_MS
 from orion.passes.base import PassContext
 
 NAME = "SRAM budgeting"
-DISPATCH_MS = 0.095
 
 
 class SRAMBudgetWarning(UserWarning):

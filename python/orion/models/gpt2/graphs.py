@@ -14,10 +14,11 @@ import math
 
 from orion.graph import Graph
 from orion.graph.ir import Node
+from orion.limits import FP16_MAX
 from orion.models.gpt2.config import GPT2Config
 from orion.models.gpt2.weights import BlockWeights, GPT2Weights
 
-MASKED = -65504.0  # additive mask of an empty cache position (fp16's lowest finite value)
+MASKED = -FP16_MAX  # additive mask of an empty cache position (fp16's lowest finite value)
 
 
 def _mlp(g: Graph, x: Node, b: BlockWeights, eps: float, name: str) -> Node:

@@ -23,7 +23,8 @@ from orion.models.gpt2.plan import (Compiler, DecodePlan, PlanOptions, PrefillPl
 from orion.models.gpt2.sampling import check_sampling, next_token
 from orion.models.gpt2.tokenizer import Tokenizer, TokenizerNotFound, load_tokenizer
 from orion.models.gpt2.weights import GPT2Weights, load_hf, random_weights
-from orion.passes.io_padding import MIN_LANES, MIN_SURFACE_BYTES, padded_shape
+from orion.limits import MIN_LANES, MIN_SURFACE_BYTES
+from orion.passes.io_padding import padded_shape
 from orion.surface import Surface
 
 

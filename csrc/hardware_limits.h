@@ -1,0 +1,23 @@
+// The ANE's numeric limits, in one place (docs/hardware.md gives the sources). Python reads them
+// through `orion.limits`; no other file writes these numbers as literals.
+#pragma once
+
+#include <cstddef>
+
+namespace orion::limits {
+
+#define ORION_HARDWARE_LIMITS(X)                                                                      \
+    X(MIN_SURFACE_BYTES, size_t, 49152, "smallest I/O surface the ANE evaluates (ANE-12)")                \
+    X(MIN_LANES_FP16, int, 32, "fewest lanes (last dim) of an fp16 I/O tensor (ANE-14)")                  \
+    X(MIN_LANES_FP32, int, 16, "fewest lanes (last dim) of an fp32 I/O tensor (ANE-14)")                  \
+    X(MAX_CONV_INPUT_CHANNELS, int, 32000, "conv input channels from which the compiler refuses (ANE-10)") \
+    X(SRAM_BYTES, size_t, 33554432, "on-chip SRAM a program's working set should fit (ANE-26)")           \
+    X(DEFAULT_COMPILE_BUDGET, int, 119, "compiles per process before the ANE fails (ANE-11)")             \
+    X(DISPATCH_MS, double, 0.095, "cost of one evaluate's dispatch in milliseconds (ANE-28)")             \
+    X(FP16_MAX, double, 65504.0, "largest finite fp16 value; beyond it activations overflow (ANE-25)")
+
+#define ORION_DECLARE_LIMIT(name, type, value, doc) inline constexpr type name = value;
+ORION_HARDWARE_LIMITS(ORION_DECLARE_LIMIT)
+#undef ORION_DECLARE_LIMIT
+
+}  // namespace orion::limits

@@ -88,3 +88,21 @@ def test_auto_names_are_unique_and_deterministic() -> None:
         return [n.name for n in g.nodes]
     names = build()
     assert names == build() and len(set(names)) == len(names)
+
+
+def test_scope_prefixes_node_and_const_names_but_not_io():
+    g = Graph("scoped")
+    x = g.input("x", [1, 8, 1, 32])
+    with g.scope("h3.attn"):
+        q = g.linear(x, np.ones((8, 8)), name="q")
+        with g.scope("inner"):
+            c = g.const("table", np.ones(8))
+            auto = g.relu(q)
+    g.output(q, "y")
+    assert q.name == "h3_attn_q" and q.inputs[1].name == "h3_attn_q_weight"
+    assert c.name == "h3_attn_inner_table" and auto.name.startswith("h3_attn_inner_relu_")
+    assert x.name == "x" and list(g.outputs) == ["y"]
+    assert g.relu(x, name="after").name == "after"  # the scope ended
+    with pytest.raises(GraphError, match="scope name"):
+        with g.scope("bad name"):
+            pass

@@ -7,8 +7,9 @@ operands become named ``const`` nodes.
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Union
 
 import numpy as np
@@ -32,6 +33,25 @@ class Graph:
         self.outputs: dict[str, Node] = {}
         self._taken: set[str] = set()
         self._counter = 0
+        self._scopes: list[str] = []
+
+    @contextlib.contextmanager
+    def scope(self, name: str) -> Iterator[None]:
+        """Prefix the names of the nodes built inside: ``with g.scope("h3.attn"): g.linear(x, w, name="q")``
+        makes ``h3_attn_q``. Scopes nest; a dot separates levels. Graph inputs and outputs keep their names
+        (they are the program's interface)."""
+        parts = name.split(".")
+        for part in parts:
+            _check_ident(part, "scope name")
+        self._scopes.extend(parts)
+        try:
+            yield
+        finally:
+            del self._scopes[-len(parts):]
+
+    def scoped(self, name: str) -> str:
+        """``name`` under the current scope (unchanged outside any scope)."""
+        return "_".join([*self._scopes, name])
 
     # -- infrastructure -------------------------------------------------------------------------
     def unique_name(self, base: str) -> str:
@@ -98,14 +118,14 @@ class Graph:
 
     def _name(self, name: str | None, op: str) -> str:
         if name is not None:
-            return self.unique_name(_check_ident(name, "node name"))
+            return self.unique_name(self.scoped(_check_ident(name, "node name")))
         self._counter += 1
-        return self.unique_name(f"{op}_{self._counter}")
+        return self.unique_name(self.scoped(f"{op}_{self._counter}"))
 
     def _operand(self, v: Operand, name: str, like: Node) -> Node:
         if isinstance(v, Node):
             return v
-        return self.const(name, np.asarray(v, dtype=np.float64), dtype=like.dtype)
+        return self._const(name, np.asarray(v, dtype=np.float64), dtype=like.dtype)
 
     def _op(self, op: str, inputs: Sequence[Node], attrs: dict[str, Any] | None = None,
             name: str | None = None) -> Node:
@@ -123,8 +143,12 @@ class Graph:
 
     def const(self, name: str, array: np.ndarray | float, dtype: str = "fp16") -> Node:
         """A named constant (weights, masks, scalars); values must fit fp16 (ANE-25)."""
+        return self._const(self.scoped(_check_ident(name, "const name")), array, dtype)
+
+    def _const(self, name: str, array: np.ndarray | float, dtype: str = "fp16") -> Node:
+        """``const`` under an already scoped ``name`` (the operand consts of a named node)."""
         value = np.asarray(array, dtype=np.float64)
-        node_name = self.unique_name(_check_ident(name, "const name"))
+        node_name = self.unique_name(name)
         if not np.all(np.isfinite(value)) or (value.size and np.abs(value).max() > FP16_MAX):
             raise violation("ANE-25", node_name, f"the constant has values that are not finite or beyond +-{FP16_MAX:.0f}",
                             "clamp or rescale the constant into fp16 range")
@@ -182,7 +206,7 @@ class Graph:
     def pow(self, x: Node, exponent: float, *, name: str | None = None) -> Node:
         """``x ** exponent`` for a constant exponent."""
         name = self._name(name, "pow")
-        return self.add_node("pow", [x, self.const(f"{name}_y", float(exponent), dtype=x.dtype)], name=name)
+        return self.add_node("pow", [x, self._const(f"{name}_y", float(exponent), dtype=x.dtype)], name=name)
 
     def _unary(self, op: str, x: Node, name: str | None) -> Node:
         return self._op(op, [x], name=name)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import orion
-from handmil import op, program, ttype
+from support.handmil import op, program, ttype
 
 ACT = (1, 64, 1, 32)
 T = ttype("fp16", ACT)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpt2_fixtures import lively_weights
+from support.gpt2_fixtures import lively_weights
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from orion.models import GPT2Config

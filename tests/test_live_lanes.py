@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import orion
-from handmil import const, op, program, ttype
+from support.handmil import const, op, program, ttype
 from test_ops import CONV_ARGS, conv_consts
 
 C, S = 48, 64

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import orion
-from handmil import blob_const, blobfile, const, op, program, ttype
+from support.handmil import blob_const, blobfile, const, op, program, ttype
 
 RNG = np.random.default_rng(1234)
 MIL_OF = {np.float16: "fp16", np.float32: "fp32", np.int32: "int32", np.int8: "int8", np.uint8: "uint8", np.bool_: "bool"}

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import orion
-from handmil import blob_const, blobfile, const, op, program, ttype
+from support.handmil import blob_const, blobfile, const, op, program, ttype
 
 ACT = (1, 64, 1, 32)
 T = ttype("fp16", ACT)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import orion
-from weighted import TEXT, W_PATH, ACT, reference, weights
+from support.weighted import TEXT, W_PATH, ACT, reference, weights
 
 
 def test_outputs_follow_the_new_weights_and_no_compile_is_counted() -> None:

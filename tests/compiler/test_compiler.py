@@ -10,7 +10,7 @@ from orion.compiler import CompiledGraph, compile_graph, lower_graph
 from orion.errors import EvaluateError
 from orion.graph import Graph
 
-from . import reference as ref
+from support.compiler import reference as ref
 
 
 def block(w_scale: float = 0.1) -> tuple[Graph, dict[str, np.ndarray]]:

@@ -9,8 +9,8 @@ import pytest
 from orion.graph import Graph
 from orion.lowering.legalize import causal_mask, legalize
 
-from . import reference as ref
-from .checks import run, tolerance
+from support.compiler import reference as ref
+from support.compiler.checks import run, tolerance
 
 RNG = np.random.default_rng(1234)
 C, S = 64, 32

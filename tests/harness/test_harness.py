@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import orion
-from handmil import op, program, ttype
-from weighted import ACT, TEXT as WEIGHTED, weights
+from support.handmil import op, program, ttype
+from support.weighted import ACT, TEXT as WEIGHTED, weights
 
 T = ttype("fp16", ACT)
 SUB = program({"a": T, "b": T}, [op("d", T, "sub", x="a", y="b")], ["d"])

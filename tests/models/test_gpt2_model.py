@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpt2_fixtures import lively_weights
-from gpt2_reference import reference_greedy, reference_logits
+from support.gpt2_fixtures import lively_weights
+from support.gpt2_reference import reference_greedy, reference_logits
 
 import orion
 from orion.models import GPT2, GPT2Config

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpt2_fixtures import lively_weights
-from gpt2_reference import reference_greedy, reference_logits
+from support.gpt2_fixtures import lively_weights
+from support.gpt2_reference import reference_greedy, reference_logits
 
 from orion.models.gpt2.config import GPT2Config
 from orion.models.gpt2.weights import random_weights, save_hf

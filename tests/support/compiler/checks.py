@@ -10,7 +10,7 @@ from orion.compiler import compile_graph
 from orion.graph import DIALECT_OPS, Graph
 from orion.lowering.legalize import legalize
 
-from .dialect_eval import evaluate
+from support.compiler.dialect_eval import evaluate
 
 MIL_OPS = DIALECT_OPS - {"input"}
 

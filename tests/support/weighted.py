@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from handmil import blob_const, blobfile, const, op, program, ttype
+from support.handmil import blob_const, blobfile, const, op, program, ttype
 
 C, S = 64, 32
 ACT = (1, C, 1, S)

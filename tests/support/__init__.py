@@ -1,0 +1,1 @@
+"""Helpers shared by the tests: hand-written MIL, independent numpy references, fixtures."""

@@ -1,0 +1,1 @@
+"""Compiler-test helpers: the dialect evaluator, numpy references and the coremltools schema replay."""

@@ -46,7 +46,7 @@ if os.environ.get("ORION_HARNESS_COMPARE") == "1":
     import numpy as _np
 
     import orion
-    import orion.program as _program
+    import orion.runtime.program as _program
 
     _compile, _call, _with_weights = _program.compile, _program.BoundProgram.__call__, _program.Program.with_weights
 

@@ -226,7 +226,7 @@ def test_with_weights_uses_the_patch_path_without_compiling(standin) -> None:
     d = delta(standin.stats(), before)
     assert orion.compile_count() == count and d["compiles"] == 0 and d["loads"] == 1
     assert not np.array_equal(p(x=x)["y"], q(x=x)["y"])
-    twin = orion.program.Program(orion._core._emulator_build(WEIGHTED.encode(), w2), {"x": "fp16", "y": "fp16"})
+    twin = orion.runtime.program.Program(orion._core._emulator_build(WEIGHTED.encode(), w2), {"x": "fp16", "y": "fp16"})
     assert np.array_equal(q(x=x)["y"], twin(x=x)["y"])
     p.unload()
     with pytest.raises(orion.CompileError, match="unloaded"):

@@ -14,7 +14,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from orion.backend import backend
+from orion.runtime.backend import backend
 from orion.errors import OrionError
 from orion.models.gpt2.config import GPT2Config
 from orion.models.gpt2.graphs import MASKED
@@ -25,7 +25,7 @@ from orion.models.gpt2.tokenizer import Tokenizer, TokenizerNotFound, load_token
 from orion.models.gpt2.weights import GPT2Weights, load_hf, random_weights
 from orion.limits import MIN_LANES, MIN_SURFACE_BYTES
 from orion.passes.io_padding import padded_shape
-from orion.surface import Surface
+from orion.runtime.surface import Surface
 
 
 class ContextFull(OrionError):

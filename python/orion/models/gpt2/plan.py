@@ -24,10 +24,10 @@ from orion.models.gpt2.config import GPT2Config
 from orion.models.gpt2.graphs import decode_graph, lm_head_graph, prefill_graph
 from orion.models.gpt2.weights import GPT2Weights
 from orion.program_cache import lower_cached
-from orion.dtypes import mil_dtype
-from orion.program import TensorSpec
+from orion.runtime.dtypes import mil_dtype
+from orion.runtime.program import TensorSpec
 from orion.limits import MIN_SURFACE_BYTES, SRAM_BYTES
-from orion.surface import Surface
+from orion.runtime.surface import Surface
 
 LM_HEAD_PLACEMENTS = ("ane", "cpu")
 SRAM_SHARE = 0.75  # keep each program's weights under 3/4 of the SRAM, leaving room for activations

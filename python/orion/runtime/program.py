@@ -7,10 +7,10 @@ from typing import Mapping, NamedTuple
 import numpy as np
 
 from orion import _core
-from orion.backend import backend
-from orion.dtypes import numpy_dtype
+from orion.runtime.backend import backend
+from orion.runtime.dtypes import numpy_dtype
 from orion.errors import EvaluateError
-from orion.surface import Surface
+from orion.runtime.surface import Surface
 
 
 class TensorSpec(NamedTuple):

@@ -13,7 +13,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from orion import _core
-from orion.dtypes import numpy_dtype
+from orion.runtime.dtypes import numpy_dtype
 from orion.limits import MIN_SURFACE_BYTES
 
 

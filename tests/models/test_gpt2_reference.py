@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support import references
 from support.gpt2_fixtures import lively_weights
 from support.gpt2_reference import reference_greedy, reference_logits
 
@@ -55,9 +56,7 @@ def test_greedy_appends_argmax_tokens():
 
 @pytest.fixture(scope="module")
 def torch_and_transformers():
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    return torch, transformers
+    return references.require("torch", "transformers")
 
 
 @pytest.mark.parametrize("config", [

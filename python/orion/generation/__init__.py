@@ -1,0 +1,1 @@
+"""Generation on top of compiled models: streaming text, stop strings."""

@@ -7,12 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from orion import constraints
 from orion.compiler import lower_graph
 from orion.errors import ConstraintError
 from orion.graph import DIALECT_OPS, HIGH_LEVEL_OPS, Graph
-
 
 ROOT = Path(__file__).resolve().parents[2]
 

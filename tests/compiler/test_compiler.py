@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
-
 import orion
+import pytest
 from orion.compiler import CompiledGraph, compile_graph, lower_graph
 from orion.errors import EvaluateError
 from orion.graph import Graph
-
 from support.compiler import reference as ref
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from orion.graph import Graph
-from orion.lowering.legalize import causal_mask, legalize
-
+from orion.legalize import legalize
+from orion.ops import causal_mask
 from support.compiler import reference as ref
 from support.compiler.checks import run, tolerance
 

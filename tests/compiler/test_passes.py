@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import numpy as np
-
-import pytest
-
 import orion
-
+import pytest
 from orion.graph import Graph
-from orion.lowering.io import prepare_io
-from orion.lowering.legalize import legalize
-from orion.passes import DEFAULT_PASSES, PassContext, run_pipeline
-from orion.passes import cast_fusion, dce, identity, io_padding, sram
 from orion.graph.ir import GraphError
+from orion.legalize import legalize, prepare_io
+from orion.passes import (
+    ONCE,
+    OPTIMIZATIONS,
+    PassContext,
+    cast_fusion,
+    dce,
+    identity,
+    io_padding,
+    run_pipeline,
+    sram,
+)
 from orion.passes.io_padding import padded_shape
 
 
@@ -160,8 +165,11 @@ def test_pipeline_reaches_fixed_point_and_reports() -> None:
     report = run_pipeline(legal, ctx)
     assert report.fixed_point and report.iterations >= 2
     last = [r for r in report.runs if r.iteration == report.iterations]
-    assert [r.name for r in last] == [name for name, _ in DEFAULT_PASSES] and not any(r.changes for r in last)
+    assert [r.name for r in last] == [name for name, _ in OPTIMIZATIONS] and not any(r.changes for r in last)
     assert report.changes(dce.NAME) and report.changes(identity.NAME) and report.changes(io_padding.NAME)
+    once = [(r.name, r.iteration) for r in report.runs[-2:]]
+    assert once == [(io_padding.NAME, ONCE), (sram.NAME, ONCE)]  # after the fixed point, exactly once
+    assert [r.name for r in report.runs].count(io_padding.NAME) == 1
     text = str(report)
     assert "fixed point: True" in text and "removed dead" in text
     again = run_pipeline(legal, ctx)

@@ -62,6 +62,7 @@ def test_cast_fusion_leaves_no_cast_pairs() -> None:
 
 
 def test_io_padding_min_size_and_lanes() -> None:
+    """ANE-12: every I/O tensor is padded to at least 49,152 bytes."""
     assert padded_shape((1, 768, 1, 1), "fp16", "x") == (1, 32, 1, 768)  # packed at the front, 49,152 bytes
     assert padded_shape((1, 768, 1, 1), "fp32", "x") == (1, 16, 1, 768)
     assert padded_shape((1, 4096, 1, 1), "fp16", "x") == (1, 6, 1, 4096)
@@ -71,6 +72,7 @@ def test_io_padding_min_size_and_lanes() -> None:
 
 
 def test_io_padding_lanes() -> None:
+    """ANE-14: every I/O tensor has at least 32 lanes (16 for fp32)."""
     for shape, dtype in [((1, 4096, 1, 4), "fp16"), ((1, 4096, 1, 4), "fp32")]:
         assert padded_shape(shape, dtype, "x")[3] >= io_padding.MIN_LANES[dtype]
     with pytest.raises(GraphError, match="cannot make the 32 lanes"):
@@ -111,6 +113,7 @@ def test_padded_outputs_chain_into_padded_inputs() -> None:
 
 
 def test_io_padding_leaves_uniform_sizes_to_the_surfaces() -> None:
+    """ANE-13: all input (and all output) surfaces get one size."""
     g = Graph("mixed")
     a, b = g.input("a", [1, 997, 1, 64]), g.input("b", [1, 1009, 1, 1])
     g.output(g.relu(a), "ra")
@@ -126,6 +129,7 @@ def test_io_padding_leaves_uniform_sizes_to_the_surfaces() -> None:
 
 
 def test_sram_under_budget() -> None:
+    """ANE-28: the report gives the per-evaluate dispatch cost."""
     g = Graph("small")
     g.output(g.linear(g.input("x", [1, 64, 1, 32]), np.zeros((64, 64))), "y")
     legal, ctx = prepared(g)
@@ -136,6 +140,7 @@ def test_sram_under_budget() -> None:
 
 
 def test_sram_over_budget_warns_with_split_hint() -> None:
+    """ANE-26: over the SRAM budget, a warning suggests a split."""
     g = Graph("big")
     x = g.input("x", [1, 2048, 1, 32])
     for i in range(5):  # 5 x 8 MB of fp16 weights

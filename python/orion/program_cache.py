@@ -25,7 +25,7 @@ from orion.compiler import Lowered
 from orion.graph import Graph
 from orion.legalize.io import IOLayout, IOSpec
 
-_COMPILER_PARTS = ("compiler.py", "graph", "passes", "lowering", "models")
+_COMPILER_PARTS = ("compiler.py", "ops", "graph", "legalize", "passes", "emit.py", "models")
 
 
 def cache_dir() -> Path | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import copy
 import importlib
 import inspect
 import re
@@ -60,13 +61,18 @@ def checks_something(fn: ast.FunctionDef) -> bool:
         or any(isinstance(n, ast.Call) and getattr(n.func, "attr", "").startswith("assert_") for n in ast.walk(fn))
 
 
-def runnable(c: constraints.Constraint) -> tuple[Callable[..., Any], dict[str, Any]] | None:
+def runnable(c: constraints.Constraint, monkeypatch: pytest.MonkeyPatch) -> tuple[Callable[..., Any], dict[str, Any]] | None:
     """The cited compiler test and arguments to call it with (the "ir" mode, each parameter's first
-    value), or None when it is not a compiler test."""
+    value), or None when it is not a compiler test. The module's random generators are copied for the
+    run, so the test's own run later draws the same data."""
     path, _, name = c.test.partition("::")
     if not path.startswith("tests/compiler/"):
         return None
-    fn = getattr(importlib.import_module(path[len("tests/"):-3].replace("/", ".")), name)
+    module = importlib.import_module(path[len("tests/"):-3].replace("/", "."))
+    for attr, value in vars(module).items():
+        if isinstance(value, np.random.Generator):
+            monkeypatch.setattr(module, attr, copy.deepcopy(value))
+    fn = getattr(module, name)
     firsts = {arg: values[0] for mark in getattr(fn, "pytestmark", []) if mark.name == "parametrize"
               for arg, values in [mark.args]}
     kwargs = {}
@@ -86,7 +92,7 @@ def test_every_cited_test_exercises_its_constraint(c: constraints.Constraint, mo
     assert mentions(fn, c.id), f"{c.test} never names {c.id}: say in its docstring what it shows"
     assert checks_something(fn), f"{c.test} asserts nothing"
     legalized_ops = {name for name, op in ops.REGISTRY.ops.items() if op.rule == c.id}
-    run = runnable(c) if constraints.REJECTED in c.handling or legalized_ops else None
+    run = runnable(c, monkeypatch) if constraints.REJECTED in c.handling or legalized_ops else None
     if run is None:
         return
     raised: list[str] = []

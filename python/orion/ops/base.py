@@ -145,6 +145,9 @@ class OpDef:
             if spec.kind == CONST and not node.is_const:
                 raise GraphError(f"node '{where}' ({self.name}): operand '{spec.name}' ('{node.name}') is computed "
                                  "at runtime. Fix: pass a numpy array or a g.const(...)")
+            if spec.kind == RUNTIME and node.is_const:
+                raise GraphError(f"node '{where}' ({self.name}): operand '{spec.name}' ('{node.name}') is a const. "
+                                 "Fix: pass a runtime value (a graph input or a computed node)")
             if node.dtype not in spec.dtypes:
                 raise GraphError(f"node '{where}' ({self.name}): operand '{spec.name}' has dtype {node.dtype}. "
                                  f"Fix: cast it to one of {sorted(spec.dtypes)}")

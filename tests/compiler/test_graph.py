@@ -104,3 +104,10 @@ def test_scope_prefixes_node_and_const_names_but_not_io():
     assert g.relu(x, name="after").name == "after"  # the scope ended
     with pytest.raises(GraphError, match="scope name"), g.scope("bad name"):
         pass
+
+
+def test_first_operand_must_be_a_node():
+    g = Graph("first")
+    x = g.input("x", [1, 16, 1, 32])
+    with pytest.raises(GraphError, match=r"'s' \(add\): the first operand is not a graph node.*Fix"):
+        g.add(2.0, x, name="s")

@@ -136,6 +136,9 @@ class Graph:
         ``<node>_<operand>``, attributes get the registry's defaults and conversions."""
         definition = ops.get(op)
         node_name = self._name(name, op)
+        if not operands or not isinstance(operands[0], Node):
+            raise GraphError(f"node '{node_name}' ({op}): the first operand is not a graph node. "
+                             "Fix: pass a node (g.input(...), g.const(...) or an op's result) first")
         specs = definition.operands
         inputs = [self._operand(v, f"{node_name}_{specs[min(i, len(specs) - 1)].name}", operands[0])
                   for i, v in enumerate(operands)]

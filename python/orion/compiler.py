@@ -1,4 +1,5 @@
-"""The compiler driver: graph -> legalize -> I/O -> passes -> MIL text + weights -> ``orion.compile``.
+"""The compiler driver: check -> legalize -> I/O -> optimize (fixed point) -> pad I/O -> analyze -> emit
+-> ``orion.compile``.
 
 ``lower(graph)`` gives the MIL text and weight files without compiling; ``compile_graph(graph)`` compiles
 them (once per content hash in this process, to spare the compile budget, ANE-11) and returns a
@@ -13,14 +14,13 @@ from typing import Any
 
 import numpy as np
 
+from orion import mil
+from orion.emit import to_program
 from orion.errors import EvaluateError
 from orion.graph.builder import Graph
-from orion.lowering.check import check_fusion_depth
-from orion.lowering.io import IOLayout, prepare_io
-from orion.lowering.legalize import legalize
-from orion.lowering.mil import to_program
-from orion.passes import PassContext, PipelineReport, run_pipeline
+from orion.legalize import IOLayout, check_fusion_depth, legalize, prepare_io
 from orion.limits import MIN_SURFACE_BYTES, SRAM_BYTES
+from orion.passes import PassContext, PipelineReport, run_pipeline
 
 _NUMPY_DTYPES = {"fp16": np.float16, "fp32": np.float32}
 _PROGRAMS: dict[tuple[str, str], Any] = {}  # (content hash, profile) -> orion.Program
@@ -50,10 +50,8 @@ def lower_graph(graph: Graph, *, io_dtype: str = "fp16", max_layers: int = 1,
     check_fusion_depth(graph, max_layers)
     legal = legalize(graph)
     layout = prepare_io(legal, io_dtype)
-    report = run_pipeline(legal, PassContext(layout, sram_budget, min_surface_bytes))
+    report = run_pipeline(legal, PassContext(layout, sram_budget, min_surface_bytes))  # optimize, pad, analyze
     program, weights = to_program(legal)
-    from orion import mil
-
     return Lowered(mil.emit(program), weights, layout, report)
 
 

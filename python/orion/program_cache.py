@@ -23,9 +23,9 @@ import orion
 from orion import compiler
 from orion.compiler import Lowered
 from orion.graph import Graph
-from orion.lowering.io import IOLayout, IOSpec
+from orion.legalize.io import IOLayout, IOSpec
 
-_COMPILER_PARTS = ("compiler.py", "graph", "passes", "lowering", "models")
+_COMPILER_PARTS = ("compiler.py", "ops", "graph", "legalize", "passes", "emit.py", "models")
 
 
 def cache_dir() -> Path | None:

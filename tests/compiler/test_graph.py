@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from orion.graph import Graph, GraphError
 
 
@@ -103,6 +102,12 @@ def test_scope_prefixes_node_and_const_names_but_not_io():
     assert c.name == "h3_attn_inner_table" and auto.name.startswith("h3_attn_inner_relu_")
     assert x.name == "x" and list(g.outputs) == ["y"]
     assert g.relu(x, name="after").name == "after"  # the scope ended
-    with pytest.raises(GraphError, match="scope name"):
-        with g.scope("bad name"):
-            pass
+    with pytest.raises(GraphError, match="scope name"), g.scope("bad name"):
+        pass
+
+
+def test_first_operand_must_be_a_node():
+    g = Graph("first")
+    x = g.input("x", [1, 16, 1, 32])
+    with pytest.raises(GraphError, match=r"'s' \(add\): the first operand is not a graph node.*Fix"):
+        g.add(2.0, x, name="s")

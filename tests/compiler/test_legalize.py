@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from orion.graph import Graph
-from orion.lowering.legalize import causal_mask, legalize
-
+from orion.legalize import legalize
+from orion.ops import causal_mask
 from support.compiler import reference as ref
 from support.compiler.checks import run, tolerance
 
@@ -27,6 +26,7 @@ def unary_graph(op: str) -> Graph:
 
 
 def test_gelu(mode: str) -> None:
+    """ANE-02: gelu is rejected, so it becomes the tanh approximation."""
     x = rand(1, C, 1, S, scale=2)
     y = run(unary_graph("gelu"), mode, x=x)["y"]
     np.testing.assert_allclose(y, ref.gelu(x), atol=2e-3 if mode == "ir" else 3e-2, rtol=2e-2)  # tanh approx
@@ -38,6 +38,7 @@ def test_silu(mode: str) -> None:
 
 
 def test_rsqrt_sqrt(mode: str) -> None:
+    """ANE-03: rsqrt and sqrt are rejected, so they become pow."""
     x = np.abs(rand(1, C, 1, S)) + 0.5
     np.testing.assert_allclose(run(unary_graph("rsqrt"), mode, x=x)["y"], 1 / np.sqrt(x), **tolerance(mode))
     np.testing.assert_allclose(run(unary_graph("sqrt"), mode, x=x)["y"], np.sqrt(x), **tolerance(mode))
@@ -51,6 +52,7 @@ def test_neg(mode: str) -> None:
 
 
 def test_div(mode: str) -> None:
+    """ANE-30: real_div is rejected, so div becomes a mul by 1/c or by pow(y, -1)."""
     g = Graph("div")
     x, z = g.input("x", [1, C, 1, S]), g.input("z", [1, C, 1, S])
     g.output(g.div(x, 4.0), "by_const")
@@ -62,6 +64,7 @@ def test_div(mode: str) -> None:
 
 
 def test_reduce_mean(mode: str) -> None:
+    """ANE-07: reduce_mean is rejected, so it becomes reduce_sum times 1/N."""
     g = Graph("mean")
     x = g.input("x", [1, C, 1, S])
     g.output(g.reduce_mean(x, axis=1), "over_channels")
@@ -74,6 +77,7 @@ def test_reduce_mean(mode: str) -> None:
 
 
 def test_linear_bias(mode: str) -> None:
+    """ANE-04: conv takes no bias, so linear becomes a conv plus an add."""
     w, b = rand(96, C, scale=0.1), rand(96)
     g = Graph("linear")
     g.output(g.linear(g.input("x", [1, C, 1, S]), w, b), "y")
@@ -87,6 +91,7 @@ def test_linear_bias(mode: str) -> None:
 
 
 def test_layer_norm(mode: str) -> None:
+    """ANE-31: layer_norm is rejected, so it becomes reductions, mul and pow."""
     gamma, beta = rand(C), rand(C)
     g = Graph("ln")
     g.output(g.layer_norm(g.input("x", [1, C, 1, S]), gamma, beta, eps=1e-5), "y")
@@ -106,6 +111,7 @@ def test_rms_norm(mode: str) -> None:
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_attention(mode: str, causal: bool) -> None:
+    """ANE-23: SDPA ignores its mask, so attention becomes matmul, scale, mask add, softmax, matmul."""
     heads = 4
     g = Graph("attn")
     q, k, v = (g.input(n, [1, C, 1, S]) for n in ("q", "k", "v"))
@@ -125,6 +131,7 @@ def test_causal_mask_values() -> None:
 
 
 def test_slice_split(mode: str) -> None:
+    """ANE-29: slice_by_index is rejected, so slices become slice_by_size."""
     g = Graph("slices")
     x = g.input("x", [1, C, 1, S])
     a, b = g.split(x, [16, C - 16], axis=1)
@@ -141,6 +148,7 @@ def test_slice_split(mode: str) -> None:
 
 @pytest.mark.parametrize("axis", [1, 3])
 def test_concat(mode: str, axis: int) -> None:
+    """ANE-01: concat is rejected, so it becomes placement convs/matmuls summed with add."""
     g = Graph("cat")
     x, z = g.input("x", [1, C, 1, S]), g.input("z", [1, C, 1, S])
     g.output(g.relu(g.concat([x, g.neg(z), x], axis=axis)), "y")

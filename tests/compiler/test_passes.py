@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import numpy as np
-
-import pytest
-
 import orion
-
+import pytest
 from orion.graph import Graph
-from orion.lowering.io import prepare_io
-from orion.lowering.legalize import legalize
-from orion.passes import DEFAULT_PASSES, PassContext, run_pipeline
-from orion.passes import cast_fusion, dce, identity, io_padding, sram
 from orion.graph.ir import GraphError
+from orion.legalize import legalize, prepare_io
+from orion.passes import (
+    ONCE,
+    OPTIMIZATIONS,
+    PassContext,
+    cast_fusion,
+    dce,
+    identity,
+    io_padding,
+    run_pipeline,
+    sram,
+)
 from orion.passes.io_padding import padded_shape
 
 
@@ -57,6 +62,7 @@ def test_cast_fusion_leaves_no_cast_pairs() -> None:
 
 
 def test_io_padding_min_size_and_lanes() -> None:
+    """ANE-12: every I/O tensor is padded to at least 49,152 bytes."""
     assert padded_shape((1, 768, 1, 1), "fp16", "x") == (1, 32, 1, 768)  # packed at the front, 49,152 bytes
     assert padded_shape((1, 768, 1, 1), "fp32", "x") == (1, 16, 1, 768)
     assert padded_shape((1, 4096, 1, 1), "fp16", "x") == (1, 6, 1, 4096)
@@ -66,6 +72,7 @@ def test_io_padding_min_size_and_lanes() -> None:
 
 
 def test_io_padding_lanes() -> None:
+    """ANE-14: every I/O tensor has at least 32 lanes (16 for fp32)."""
     for shape, dtype in [((1, 4096, 1, 4), "fp16"), ((1, 4096, 1, 4), "fp32")]:
         assert padded_shape(shape, dtype, "x")[3] >= io_padding.MIN_LANES[dtype]
     with pytest.raises(GraphError, match="cannot make the 32 lanes"):
@@ -106,6 +113,7 @@ def test_padded_outputs_chain_into_padded_inputs() -> None:
 
 
 def test_io_padding_leaves_uniform_sizes_to_the_surfaces() -> None:
+    """ANE-13: all input (and all output) surfaces get one size."""
     g = Graph("mixed")
     a, b = g.input("a", [1, 997, 1, 64]), g.input("b", [1, 1009, 1, 1])
     g.output(g.relu(a), "ra")
@@ -121,6 +129,7 @@ def test_io_padding_leaves_uniform_sizes_to_the_surfaces() -> None:
 
 
 def test_sram_under_budget() -> None:
+    """ANE-28: the report gives the per-evaluate dispatch cost."""
     g = Graph("small")
     g.output(g.linear(g.input("x", [1, 64, 1, 32]), np.zeros((64, 64))), "y")
     legal, ctx = prepared(g)
@@ -131,6 +140,7 @@ def test_sram_under_budget() -> None:
 
 
 def test_sram_over_budget_warns_with_split_hint() -> None:
+    """ANE-26: over the SRAM budget, a warning suggests a split."""
     g = Graph("big")
     x = g.input("x", [1, 2048, 1, 32])
     for i in range(5):  # 5 x 8 MB of fp16 weights
@@ -160,8 +170,11 @@ def test_pipeline_reaches_fixed_point_and_reports() -> None:
     report = run_pipeline(legal, ctx)
     assert report.fixed_point and report.iterations >= 2
     last = [r for r in report.runs if r.iteration == report.iterations]
-    assert [r.name for r in last] == [name for name, _ in DEFAULT_PASSES] and not any(r.changes for r in last)
+    assert [r.name for r in last] == [name for name, _ in OPTIMIZATIONS] and not any(r.changes for r in last)
     assert report.changes(dce.NAME) and report.changes(identity.NAME) and report.changes(io_padding.NAME)
+    once = [(r.name, r.iteration) for r in report.runs[-2:]]
+    assert once == [(io_padding.NAME, ONCE), (sram.NAME, ONCE)]  # after the fixed point, exactly once
+    assert [r.name for r in report.runs].count(io_padding.NAME) == 1
     text = str(report)
     assert "fixed point: True" in text and "removed dead" in text
     again = run_pipeline(legal, ctx)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from conftest import EMITTED
 from support.compiler.mil_schema_check import coremltools, replay
+
 from .test_compiler import block
 from .test_lowering import mlp
 

@@ -1,6 +1,7 @@
 """The public graph builder: ``g = Graph("mlp"); x = g.input("x", [1, 768, 1, 32]); ...; g.output(y, "y")``.
 
-Tensors are ``[1, C, 1, S]`` channel-major (FACTS section 1). Every method infers the result's shape
+Tensors are ``[1, C, 1, S]`` channel-major (FACTS section 1). Each op method is a thin typed wrapper
+over the op registry (``orion.ops``, via :meth:`Graph.apply`). Every method infers the result's shape
 and dtype immediately, so a mistake raises where it is written. Scalars and numpy arrays given as
 operands become named ``const`` nodes.
 """
@@ -8,19 +9,21 @@ operands become named ``const`` nodes.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 from collections.abc import Iterator, Sequence
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
+from orion import ops
 from orion.constraints import violation
 from orion.graph.infer import infer
 from orion.graph.ir import GraphError, Node
 from orion.limits import FP16_MAX
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-Operand = Union[Node, float, int, np.ndarray]
+Operand = Node | float | int | np.ndarray
 
 
 class Graph:
@@ -127,9 +130,19 @@ class Graph:
             return v
         return self._const(name, np.asarray(v, dtype=np.float64), dtype=like.dtype)
 
-    def _op(self, op: str, inputs: Sequence[Node], attrs: dict[str, Any] | None = None,
-            name: str | None = None) -> Node:
-        return self.add_node(op, inputs, attrs, name=self._name(name, op))
+    def apply(self, op: str, operands: Sequence[Operand], attrs: dict[str, Any] | None = None, *,
+              name: str | None = None) -> Node:
+        """Build registry op ``op`` (see ``orion.ops``): operands that are not nodes become consts named
+        ``<node>_<operand>``, attributes get the registry's defaults and conversions."""
+        definition = ops.get(op)
+        node_name = self._name(name, op)
+        if not operands or not isinstance(operands[0], Node):
+            raise GraphError(f"node '{node_name}' ({op}): the first operand is not a graph node. "
+                             "Fix: pass a node (g.input(...), g.const(...) or an op's result) first")
+        specs = definition.operands
+        inputs = [self._operand(v, f"{node_name}_{specs[min(i, len(specs) - 1)].name}", operands[0])
+                  for i, v in enumerate(operands)]
+        return self.add_node(op, inputs, definition.make_attrs(node_name, dict(attrs or {})), name=node_name)
 
     # -- sources and sinks ----------------------------------------------------------------------
     def input(self, name: str, shape: Sequence[int], dtype: str = "fp16") -> Node:
@@ -169,139 +182,121 @@ class Graph:
     def linear(self, x: Node, weight: Node | np.ndarray, bias: Node | np.ndarray | None = None, *,
                name: str | None = None) -> Node:
         """``W @ x (+ b)`` over channels: weight ``[Cout, Cin]`` (W[out][in]), bias ``[Cout]``; a 1x1 conv."""
-        name = self._name(name, "linear")
-        inputs = [x, self._operand(weight, f"{name}_weight", x)]
-        if bias is not None:
-            inputs.append(self._operand(bias, f"{name}_bias", x))
-        return self.add_node("linear", inputs, name=name)
+        return self.apply("linear", [x, weight] if bias is None else [x, weight, bias], name=name)
 
     def matmul(self, x: Node, y: Node | np.ndarray, *, transpose_x: bool = False, transpose_y: bool = False,
                name: str | None = None) -> Node:
         """Batched matrix product over the last two axes (both operands may be runtime values)."""
-        name = self._name(name, "matmul")
-        return self.add_node("matmul", [x, self._operand(y, f"{name}_y", x)],
-                             {"transpose_x": transpose_x, "transpose_y": transpose_y}, name=name)
+        return self.apply("matmul", [x, y], {"transpose_x": transpose_x, "transpose_y": transpose_y}, name=name)
 
     # -- elementwise ----------------------------------------------------------------------------
-    def _binary(self, op: str, x: Node, y: Operand, name: str | None) -> Node:
-        name = self._name(name, op)
-        return self.add_node(op, [x, self._operand(y, f"{name}_y", x)], name=name)
-
     def add(self, x: Node, y: Operand, *, name: str | None = None) -> Node:
         """``x + y`` with broadcasting."""
-        return self._binary("add", x, y, name)
+        return self.apply("add", [x, y], name=name)
 
     def sub(self, x: Node, y: Operand, *, name: str | None = None) -> Node:
         """``x - y`` with broadcasting."""
-        return self._binary("sub", x, y, name)
+        return self.apply("sub", [x, y], name=name)
 
     def mul(self, x: Node, y: Operand, *, name: str | None = None) -> Node:
         """``x * y`` with broadcasting."""
-        return self._binary("mul", x, y, name)
+        return self.apply("mul", [x, y], name=name)
 
     def div(self, x: Node, y: Operand, *, name: str | None = None) -> Node:
         """``x / y`` (legalized to a multiplication by the reciprocal)."""
-        return self._binary("div", x, y, name)
+        return self.apply("div", [x, y], name=name)
 
     def pow(self, x: Node, exponent: float, *, name: str | None = None) -> Node:
         """``x ** exponent`` for a constant exponent."""
-        name = self._name(name, "pow")
-        return self.add_node("pow", [x, self._const(f"{name}_y", float(exponent), dtype=x.dtype)], name=name)
-
-    def _unary(self, op: str, x: Node, name: str | None) -> Node:
-        return self._op(op, [x], name=name)
+        return self.apply("pow", [x, float(exponent)], name=name)
 
     def neg(self, x: Node, *, name: str | None = None) -> Node:
         """``-x``."""
-        return self._unary("neg", x, name)
+        return self.apply("neg", [x], name=name)
 
     def exp(self, x: Node, *, name: str | None = None) -> Node:
         """``e ** x``."""
-        return self._unary("exp", x, name)
+        return self.apply("exp", [x], name=name)
 
     def tanh(self, x: Node, *, name: str | None = None) -> Node:
         """Hyperbolic tangent."""
-        return self._unary("tanh", x, name)
+        return self.apply("tanh", [x], name=name)
 
     def sigmoid(self, x: Node, *, name: str | None = None) -> Node:
         """Logistic sigmoid."""
-        return self._unary("sigmoid", x, name)
+        return self.apply("sigmoid", [x], name=name)
 
     def relu(self, x: Node, *, name: str | None = None) -> Node:
         """``max(x, 0)``."""
-        return self._unary("relu", x, name)
+        return self.apply("relu", [x], name=name)
 
     def identity(self, x: Node, *, name: str | None = None) -> Node:
         """``x`` unchanged (removed by the identity-elimination pass)."""
-        return self._unary("identity", x, name)
+        return self.apply("identity", [x], name=name)
 
     def gelu(self, x: Node, *, name: str | None = None) -> Node:
         """GELU, computed with the tanh approximation."""
-        return self._unary("gelu", x, name)
+        return self.apply("gelu", [x], name=name)
 
     def silu(self, x: Node, *, name: str | None = None) -> Node:
         """SiLU: ``x * sigmoid(x)``."""
-        return self._unary("silu", x, name)
+        return self.apply("silu", [x], name=name)
 
     def rsqrt(self, x: Node, *, name: str | None = None) -> Node:
         """``1 / sqrt(x)``."""
-        return self._unary("rsqrt", x, name)
+        return self.apply("rsqrt", [x], name=name)
 
     def sqrt(self, x: Node, *, name: str | None = None) -> Node:
         """``sqrt(x)``."""
-        return self._unary("sqrt", x, name)
+        return self.apply("sqrt", [x], name=name)
 
     # -- reductions and normalization -----------------------------------------------------------
     def softmax(self, x: Node, axis: int = -1, *, name: str | None = None) -> Node:
         """Softmax along ``axis``; its extent must be a power of two (ANE-08)."""
-        return self._op("softmax", [x], {"axis": axis}, name)
+        return self.apply("softmax", [x], {"axis": axis}, name=name)
 
     def reduce_sum(self, x: Node, axis: int, *, name: str | None = None) -> Node:
         """Sum along ``axis``, keeping it with size 1."""
-        return self._op("reduce_sum", [x], {"axis": axis}, name)
+        return self.apply("reduce_sum", [x], {"axis": axis}, name=name)
 
     def reduce_max(self, x: Node, axis: int, *, name: str | None = None) -> Node:
         """Maximum along ``axis``, keeping it with size 1."""
-        return self._op("reduce_max", [x], {"axis": axis}, name)
+        return self.apply("reduce_max", [x], {"axis": axis}, name=name)
 
     def reduce_mean(self, x: Node, axis: int, *, name: str | None = None) -> Node:
         """Mean along ``axis``, keeping it with size 1."""
-        return self._op("reduce_mean", [x], {"axis": axis}, name)
+        return self.apply("reduce_mean", [x], {"axis": axis}, name=name)
 
     def layer_norm(self, x: Node, gamma: np.ndarray, beta: np.ndarray, eps: float = 1e-5, *,
                    name: str | None = None) -> Node:
         """LayerNorm over channels of ``[1, C, 1, S]``: ``(x - mean) / sqrt(var + eps) * gamma + beta``."""
-        name = self._name(name, "layer_norm")
-        params = [self._operand(gamma, f"{name}_gamma", x), self._operand(beta, f"{name}_beta", x)]
-        return self.add_node("layer_norm", [x, *params], {"eps": float(eps)}, name=name)
+        return self.apply("layer_norm", [x, gamma, beta], {"eps": eps}, name=name)
 
     def rms_norm(self, x: Node, gamma: np.ndarray, eps: float = 1e-5, *, name: str | None = None) -> Node:
         """RMSNorm over channels of ``[1, C, 1, S]``: ``x / sqrt(mean(x^2) + eps) * gamma``."""
-        name = self._name(name, "rms_norm")
-        return self.add_node("rms_norm", [x, self._operand(gamma, f"{name}_gamma", x)], {"eps": float(eps)},
-                             name=name)
+        return self.apply("rms_norm", [x, gamma], {"eps": eps}, name=name)
 
     def attention(self, q: Node, k: Node, v: Node, heads: int, *, causal: bool = True,
                   name: str | None = None) -> Node:
         """Multi-head attention of ``[1, heads*head_dim, 1, S]`` q, k, v; S must be a power of two."""
-        return self._op("attention", [q, k, v], {"heads": int(heads), "causal": bool(causal)}, name)
+        return self.apply("attention", [q, k, v], {"heads": heads, "causal": causal}, name=name)
 
     # -- layout ---------------------------------------------------------------------------------
     def reshape(self, x: Node, shape: Sequence[int], *, name: str | None = None) -> Node:
         """Same data, new shape (same element count, no -1)."""
-        return self._op("reshape", [x], {"shape": [int(d) for d in shape]}, name)
+        return self.apply("reshape", [x], {"shape": shape}, name=name)
 
     def transpose(self, x: Node, perm: Sequence[int], *, name: str | None = None) -> Node:
         """Permute the axes."""
-        return self._op("transpose", [x], {"perm": [int(p) for p in perm]}, name)
+        return self.apply("transpose", [x], {"perm": perm}, name=name)
 
     def cast(self, x: Node, dtype: str, *, name: str | None = None) -> Node:
         """Convert to ``"fp16"`` or ``"fp32"``."""
-        return self._op("cast", [x], {"dtype": dtype}, name)
+        return self.apply("cast", [x], {"dtype": dtype}, name=name)
 
     def slice(self, x: Node, axis: int, start: int, stop: int, *, name: str | None = None) -> Node:
         """``x[..., start:stop, ...]`` along ``axis`` (non-negative indices)."""
-        return self._op("slice", [x], {"axis": axis, "start": int(start), "stop": int(stop)}, name)
+        return self.apply("slice", [x], {"axis": axis, "start": start, "stop": stop}, name=name)
 
     def split(self, x: Node, sizes: Sequence[int], axis: int, *, name: str | None = None) -> list[Node]:
         """Consecutive slices of ``sizes`` along ``axis`` (sugar over :meth:`slice`)."""
@@ -311,15 +306,15 @@ class Graph:
                              "Fix: give sizes summing to the axis extent")
         bounds = np.cumsum([0, *sizes])
         return [self.slice(x, axis, int(a), int(b), name=f"{base}_{i}") for i, (a, b) in
-                enumerate(zip(bounds[:-1], bounds[1:]))]
+                enumerate(itertools.pairwise(bounds))]
 
     def pad(self, x: Node, axis: int, before: int, after: int, *, name: str | None = None) -> Node:
         """Zero padding along the channel (1) or sequence (3) axis."""
-        return self._op("pad", [x], {"axis": axis, "before": int(before), "after": int(after)}, name)
+        return self.apply("pad", [x], {"axis": axis, "before": before, "after": after}, name=name)
 
     def concat(self, xs: Sequence[Node], axis: int, *, name: str | None = None) -> Node:
         """Concatenation along the channel (1) or sequence (3) axis (legalized: no concat on the ANE)."""
-        return self._op("concat", list(xs), {"axis": axis}, name)
+        return self.apply("concat", list(xs), {"axis": axis}, name=name)
 
     def __repr__(self) -> str:
         return f"Graph({self.name}: {len(self.nodes)} nodes, inputs {[n.name for n in self.inputs]}, " \

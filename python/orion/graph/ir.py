@@ -7,18 +7,6 @@ from typing import Any
 
 import numpy as np
 
-# Ops of the conservative MIL dialect (FACTS section 4) plus the graph's own input/const nodes.
-DIALECT_OPS = frozenset({
-    "input", "const", "conv", "matmul", "add", "sub", "mul", "pow", "tanh", "sigmoid", "exp", "relu",
-    "identity", "softmax", "reduce_sum", "reduce_max", "reshape", "transpose", "cast", "slice_by_size",
-})
-
-# High-level ops that orion.lowering.legalize expands into DIALECT_OPS.
-HIGH_LEVEL_OPS = frozenset({
-    "linear", "neg", "div", "reduce_mean", "slice", "pad", "concat", "gelu", "silu", "rsqrt", "sqrt",
-    "layer_norm", "rms_norm", "attention",
-})
-
 
 class GraphError(ValueError):
     """A graph is built wrong (shape, dtype, name); the message names the node and the fix."""

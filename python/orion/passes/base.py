@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from orion.graph.builder import Graph
-from orion.lowering.io import IOLayout
+from orion.legalize.io import IOLayout
 from orion.limits import MIN_SURFACE_BYTES, SRAM_BYTES
 
-
+ONCE = 0  # the iteration number of a stage that runs once, after the fixed point (padding, analysis)
 
 @dataclass
 class PassContext:
@@ -27,7 +28,7 @@ PassFn = Callable[[Graph, PassContext], list[str]]
 
 @dataclass
 class PassReport:
-    """What one pass changed in one iteration of the pipeline."""
+    """What one pass changed in one iteration of the pipeline (``ONCE`` for padding and analysis)."""
 
     name: str
     iteration: int
@@ -51,7 +52,8 @@ class PipelineReport:
         lines = [f"passes: {self.iterations} iteration(s), fixed point: {self.fixed_point}"]
         for r in self.runs:
             if r.changes:
-                lines.append(f"  [{r.iteration}] {r.name}: {len(r.changes)} change(s)")
+                when = "once" if r.iteration == ONCE else r.iteration
+                lines.append(f"  [{when}] {r.name}: {len(r.changes)} change(s)")
                 lines.extend(f"      {c}" for c in r.changes)
         lines.extend(f"  {name}: {value}" for name, value in self.analyses.items())
         return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""Identity elimination: ``identity(x)`` is replaced by ``x`` everywhere (lowering re-adds one only where
+"""Identity elimination: ``identity(x)`` is replaced by ``x`` everywhere (emission re-adds one only where
 a returned name needs its own variable)."""
 
 from __future__ import annotations

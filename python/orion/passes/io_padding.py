@@ -1,4 +1,5 @@
-"""I/O padding (ANE-12, -14, -21): every I/O tensor the ANE sees has at least 49,152 bytes and 32
+"""I/O padding (ANE-12, -14, -21), run once after the optimizations: it is the program's ABI, not an
+optimization. Every I/O tensor the ANE sees has at least 49,152 bytes and 32
 lanes (16 for fp32 I/O).
 
 A ``[1, C, 1, S]`` tensor that is too small is exposed as ``[1, k, 1, C*S]``: its data packed at the
@@ -21,7 +22,7 @@ import numpy as np
 
 from orion.graph.builder import Graph
 from orion.graph.ir import GraphError, dtype_size
-from orion.lowering.io import IOSpec
+from orion.legalize.io import IOSpec
 from orion.limits import MIN_LANES, MIN_SURFACE_BYTES
 from orion.passes.base import PassContext
 

@@ -1,4 +1,4 @@
-"""SRAM budgeting (analysis only): weights plus peak live activations of the program against ~32 MB.
+"""SRAM budgeting (analysis only, run once on the final graph): weights plus peak live activations of the program against ~32 MB.
 
 Over budget the program still compiles but runs ~30% slower (ANE-26): the report says so and a
 :class:`SRAMBudgetWarning` suggests how many programs to split it into. It also reports matmuls with a

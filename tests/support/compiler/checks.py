@@ -5,10 +5,9 @@ from __future__ import annotations
 import re
 
 import numpy as np
-
 from orion.compiler import compile_graph
 from orion.graph import DIALECT_OPS, Graph
-from orion.lowering.legalize import legalize
+from orion.legalize import legalize
 
 from support.compiler.dialect_eval import evaluate
 
@@ -17,7 +16,7 @@ MIL_OPS = DIALECT_OPS - {"input"}
 
 def emitted_ops(mil: str) -> set[str]:
     """Op names of every statement of a MIL text."""
-    return set(re.findall(r"^\s*[^=\n]*=\s*([a-z_]+)\(", mil, re.M))
+    return set(re.findall(r"^\s*[^=\n]*=\s*([a-z_]+)\(", mil, re.MULTILINE))
 
 
 def run(g: Graph, mode: str, io_dtype: str = "fp16", **inputs: np.ndarray) -> dict[str, np.ndarray]:

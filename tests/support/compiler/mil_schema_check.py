@@ -2,11 +2,12 @@
 (iOS18 opset) and compare every declared output type with coremltools' own type inference.
 
 coremltools 9.0 is optional (``pip install coremltools==9.0 'numpy<2.4'`` in a venv); :func:`coremltools`
-returns None when it is not importable.
+returns None when it is not installed (an installed but broken coremltools raises).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import struct
 from typing import Any
 
@@ -16,12 +17,11 @@ NUMPY = {"fp16": np.float16, "fp32": np.float32, "int32": np.int32, "bool": np.b
 
 
 def coremltools() -> Any | None:
-    """The coremltools module, or None."""
-    try:
-        import coremltools as ct
-        from coremltools.converters.mil.mil import Builder  # noqa: F401
-    except Exception:  # noqa: BLE001 - any import failure means "not available"
+    """The coremltools module, or None when it is not installed."""
+    if importlib.util.find_spec("coremltools") is None:
         return None
+    import coremltools as ct
+
     return ct
 
 

@@ -1,0 +1,112 @@
+"""Emit: the program's graph -> an ``orion.mil.Program`` (the MIL-program binding) and its weight files.
+
+Every argument is a named const ``<var>_<arg>``, args in alphabetical order, one BLOBFILE per weight
+tensor at ``@model_path/weights/<name>.bin``, offset 64 (FACTS sections 4 and 5). Each op's arguments
+come from its registry definition (``OpDef.emit``) and are checked against its MIL signature
+(``OpDef.mil``): an op missing from the registry, or not a dialect op, is an error, never a default.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from orion import blobfile, mil, ops
+from orion.errors import CompileError
+from orion.graph.builder import Graph
+from orion.graph.ir import Node
+
+BLOB_OFFSET = 64
+WEIGHT_DIR = "@model_path/weights/"
+Arg = tuple[str, Any]
+
+
+class Emitter:
+    """Emits the statements of one program, naming each op's consts ``<var>_<arg>``."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.program = mil.Program()
+        self.weights: dict[str, bytes] = {}
+        self.var: dict[int, str] = {id(n): n.name for n in graph.nodes}
+
+    # -- argument consts (what OpDef.emit functions call) --------------------------------------
+    def const(self, owner: str, arg: str, value: Any) -> str:
+        """A named const ``<owner>_<arg>`` holding ``value``; returns its name."""
+        name = f"{owner}_{arg}"
+        self.program.add_const(name, value, name=name)
+        return name
+
+    def ints(self, owner: str, arg: str, values: list[int]) -> str:
+        """An int32 list const."""
+        v = mil.Value.list(mil.Type.tensor("int32", [len(values)]), [float(x) for x in values])
+        return self.const(owner, arg, v)
+
+    def scalar(self, owner: str, arg: str, dtype: str, value: float) -> str:
+        """A scalar const of ``dtype`` (int32, bool, fp16, ...)."""
+        return self.const(owner, arg, mil.Value.number(dtype, float(value)))
+
+    def string(self, owner: str, arg: str, text: str) -> str:
+        """A string const."""
+        return self.const(owner, arg, mil.Value.string(text))
+
+    # -- statements -------------------------------------------------------------------------------
+    def type_of(self, node: Node) -> Any:
+        return mil.Type.tensor(node.dtype, list(node.shape)) if node.shape else mil.Type.scalar(node.dtype)
+
+    def constant(self, node: Node) -> None:
+        name = self.var[id(node)]
+        if not node.shape:
+            self.program.add_const(name, mil.Value.number(node.dtype, float(node.value)), name=name)
+            return
+        path = f"{WEIGHT_DIR}{name}.bin"
+        self.weights[path] = blobfile.write(node.value.astype(np.float16))
+        self.program.add_const(name, mil.Value.blob(self.type_of(node), path, BLOB_OFFSET), name=name)
+
+    def args(self, node: Node, out: str) -> list[Arg]:
+        """The MIL arguments of ``node`` by its registry definition, checked against its MIL signature."""
+        definition = ops.get(node.op, node.name)
+        if not definition.is_dialect:
+            raise CompileError(f"node '{node.name}' ({node.op}): a high-level op reached MIL emission. "
+                               "Fix: legalize the graph first (orion.legalize.legalize)")
+        args = definition.emit(self, node, out, [self.var[id(i)] for i in node.inputs])
+        names, sig = [name for name, _ in args], definition.mil
+        missing = sorted(set(sig.required) - set(names))
+        unknown = sorted(set(names) - set(sig.required) - set(sig.optional))
+        if missing or unknown or names != sorted(names):
+            raise CompileError(f"node '{node.name}' ({node.op}): emitted arguments {names} (missing {missing}, "
+                               f"unknown {unknown}) do not match the MIL signature. Fix: OpDef.emit of '{node.op}' "
+                               "must give every required argument, in alphabetical order")
+        return args
+
+    def operation(self, node: Node) -> None:
+        out = self.var[id(node)]
+        self.program.add_op(node.op, out, self.type_of(node), self.args(node, out), name=out)
+
+    def build(self) -> tuple[Any, dict[str, bytes]]:
+        outputs = self.graph.outputs
+        claimed: set[int] = set()
+        aliases: list[tuple[str, Node]] = []  # outputs that need an identity to get their own variable
+        for mil_name, node in outputs.items():
+            if node.op in ops.SOURCES or id(node) in claimed:
+                aliases.append((mil_name, node))
+            else:
+                claimed.add(id(node))
+                self.var[id(node)] = mil_name
+        for node in sorted(self.graph.inputs, key=lambda n: n.name):
+            self.program.add_input(node.name, self.type_of(node))
+        for node in self.graph.nodes:
+            if node.op == "const":
+                self.constant(node)
+            elif node.op != "input":
+                self.operation(node)
+        for mil_name, node in aliases:
+            self.program.add_op("identity", mil_name, self.type_of(node), [("x", self.var[id(node)])], name=mil_name)
+        self.program.outputs = sorted(outputs)
+        return self.program, self.weights
+
+
+def to_program(graph: Graph) -> tuple[Any, dict[str, bytes]]:
+    """The ``orion.mil.Program`` of a legalized, I/O-prepared graph and its weight files by path."""
+    return Emitter(graph).build()

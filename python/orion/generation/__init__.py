@@ -1,0 +1,3 @@
+"""Model-independent text generation: the decode plan, the KV cache, the generation loop, sampling
+and the tokenizer. A model (``orion.models.*``) supplies its graphs and weights through the hooks
+of :class:`orion.generation.loop.CausalLM`."""

@@ -7,8 +7,8 @@ fp16 tolerance, and the attention block's own numpy reference)."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np

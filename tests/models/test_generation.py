@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 from support.gpt2_fixtures import lively_weights
 from support.gpt2_reference import reference_logits
+from tokenizers import Tokenizer, pre_tokenizers
+from tokenizers import models as tok_models
 
 import orion
 from orion import models
@@ -112,8 +114,6 @@ def test_nan_logits_stop_generate_naming_the_step(model, monkeypatch) -> None:
 
 
 def test_generate_text_stops_at_the_eos_ids_of_the_model_files(model, model_dir, monkeypatch) -> None:
-    from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
-
     vocab = {f"t{i}": i for i in range(CONFIG.vocab_size)}
     tok = Tokenizer(tok_models.WordLevel(vocab, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -125,3 +125,45 @@ def test_generate_text_stops_at_the_eos_ids_of_the_model_files(model, model_dir,
     assert loaded.tokenizer.eos_token_ids == (CONFIG.vocab_size - 1, stop)
     text = "".join(loaded.generate_text("t1 t2 t3", 12))
     assert text == "".join(f"t{t}" for t in greedy[: greedy.index(stop) + 1])
+
+
+class InGraphPositions(GPT2):
+    """GPT-2 whose position embedding enters layer 0's programs as a per-position input ``pos``
+    (the way a rotary model passes its tables), instead of being added on the CPU by ``embed``."""
+
+    def embed(self, ids: list[int], start: int) -> np.ndarray:
+        return self.weights.wte[ids]
+
+    def position_inputs(self, positions: range) -> dict[str, np.ndarray]:
+        return {"pos": self.weights.wpe[positions.start:positions.stop].T}
+
+    def decode_graph(self, layers: range) -> orion.Graph:
+        return self._with_positions(super().decode_graph(layers), layers)
+
+    def prefill_graph(self, layers: range, seq: int) -> orion.Graph:
+        return self._with_positions(super().prefill_graph(layers, seq), layers)
+
+    def _with_positions(self, g: orion.Graph, layers: range) -> orion.Graph:
+        if layers.start == 0:
+            x = g.inputs[0]
+            pos = g.input("pos", x.shape)
+            summed = g.add(x, pos, name="x_plus_pos")
+            g.replace_uses(x, summed, skip=summed)
+            g.move_after(pos, x)
+            g.move_after(summed, pos)
+        return g
+
+
+def test_position_inputs_reach_every_layer_program_that_declares_them() -> None:
+    weights = lively_weights(CONFIG, seed=5)
+    model = InGraphPositions(CONFIG, weights, fusion_depth=1, progress=False)
+    ids = [7, 3, 9, 1]
+    want = reference_logits(CONFIG, weights, ids + [11, 12])
+
+    def close(got: np.ndarray, ref: np.ndarray) -> None:
+        np.testing.assert_allclose(got, ref, rtol=0, atol=0.03 * float(np.abs(ref).max()))
+
+    close(model.prefill(ids), want[3])
+    close(model.decode_step(11), want[4])
+    close(model.decode_step(12), want[5])
+    close(model.logits(ids), want[:4])

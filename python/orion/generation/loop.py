@@ -81,10 +81,9 @@ class CausalLM:
     token ids and ``generate_text(...)`` text. All logits are float32 numpy arrays ``[vocab]``.
 
     Hooks a model implements: ``model_type`` (its ``config.json`` name) and ``display_name`` (class
-    attributes), ``program_identity()``,
-    ``decode_graph(layers)``, ``prefill_graph(layers, seq)``, ``lm_head_graph(vocab, seq)``,
-    ``embed(ids, start)``, ``cpu_logits(x)``, ``layer_weight_bytes()`` and
-    ``program_costs(layer_ranges, head_ranges, lm_head)``.
+    attributes), ``program_identity()``, ``decode_graph(layers)``, ``prefill_graph(layers, seq)``,
+    ``lm_head_graph(vocab, seq)``, ``embed(ids, start)``, ``cpu_logits(x)``, ``layer_weight_bytes()``
+    and ``program_costs(layer_ranges, head_ranges, lm_head)``; optionally ``position_inputs(positions)``.
     """
 
     model_type: ClassVar[str]
@@ -126,6 +125,11 @@ class CausalLM:
     def program_costs(self, layer_ranges: list[range], head_ranges: list[range], lm_head: str) -> list[ProgramInfo]:
         """FLOPs and bytes moved per token of each decode program."""
         raise NotImplementedError
+
+    def position_inputs(self, positions: range) -> dict[str, np.ndarray]:
+        """Extra per-position layer inputs (e.g. rotary tables): name -> float32 ``[channels, len(positions)]``,
+        written into the first lanes of that input of every layer program declaring it. None by default."""
+        return {}
 
     # -- construction ---------------------------------------------------------------------------------
     def _setup(self, *, tokenizer: Tokenizer | None, tokenizer_error: TokenizerNotFound | None,
@@ -196,6 +200,9 @@ class CausalLM:
                                   f"reset() or start a new prompt")
             self._check_ids([token])
             self._layers[0].input("x")[0, :, 0, 0] = self.embed([token], pos)[0]
+            extra = self.position_inputs(range(pos, pos + 1))
+            if extra:
+                _write_lanes(self._layers, extra)
             for stage, layers in zip(self._layers, self.decode_plan.layer_ranges):
                 # Positions >= pos of the caches and the mask are dead lanes: the emulator skips them.
                 live = {name: pos for i in layers for name in (f"k{i}", f"v{i}")} if cache.lane_hints else {}
@@ -290,6 +297,9 @@ class CausalLM:
         x = stages[0].input("x")
         x[...] = 0.0
         x[0, :, 0, :n] = self.embed(ids, 0).T
+        extra = self.position_inputs(range(n))
+        if extra:
+            _write_lanes(stages, extra)
         for stage, layers in zip(stages, self.decode_plan.layer_ranges):
             stage.run()
             for i in layers:
@@ -308,6 +318,14 @@ class CausalLM:
         for head in self._heads:
             head.run()
         return np.concatenate([h.output("logits")[0, :, 0, 0] for h in self._heads]).astype(np.float32)
+
+
+def _write_lanes(stages: list[Stage], values: dict[str, np.ndarray]) -> None:
+    """``values[name]`` ([channels, n]) into the first n lanes of input ``name`` of each stage that has it."""
+    for stage in stages:
+        for name, value in values.items():
+            if name in stage.mil_name:
+                stage.input(name)[0, :, 0, : value.shape[1]] = value
 
 
 class _Exclusive:

@@ -36,7 +36,7 @@ class Tokenizer:
     """Encodes text to token ids and back.
 
     ``eos_token_ids``: every id that ends a generation (empty if the model's files name none);
-    ``eos_token_id`` is the first or None. ``bos_token_id`` is None without one. Thread-safe."""
+    ``eos_token_id`` is the first or None. ``bos_token_id`` is None without one."""
 
     def __init__(self, backend: tokenizers.Tokenizer, path: Path, *, eos_token_ids: tuple[int, ...] = (),
                  bos_token_id: int | None = None, add_bos: bool = False) -> None:

@@ -25,6 +25,16 @@ from orion.runtime.surface import Surface
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    """``orion.models`` is imported on first use (it brings the tokenizer and safetensors libraries)."""
+    if name == "models":
+        import importlib
+
+        return importlib.import_module("orion.models")
+    raise AttributeError(f"module 'orion' has no attribute {name!r}")
+
+
 __all__ = [
     "CompileBudgetExhausted",
     "CompiledGraph",
@@ -47,4 +57,5 @@ __all__ = [
     "compile_graph",
     "lower",
     "mil",
+    "models",
 ]

@@ -21,6 +21,7 @@ from orion.graph.builder import Graph
 from orion.legalize import IOLayout, check_fusion_depth, legalize, prepare_io
 from orion.limits import MIN_SURFACE_BYTES, SRAM_BYTES
 from orion.passes import PassContext, PipelineReport, run_pipeline
+from orion.runtime.packing import packed_view
 
 _NUMPY_DTYPES = {"fp16": np.float16, "fp32": np.float32}
 _PROGRAMS: dict[tuple[str, str], Any] = {}  # (content hash, profile) -> orion.Program
@@ -102,26 +103,27 @@ class CompiledGraph:
                 raise EvaluateError(f"input '{spec.name}': shape {list(a.shape)}, expected {list(spec.shape)}. "
                                     "Fix: pass the shape the graph declares")
             buf = np.zeros(spec.padded, dtype=_NUMPY_DTYPES[spec.dtype])
-            buf.reshape(-1)[: a.size] = a.reshape(-1)  # packed at the front (ANE-21)
+            packed_view(buf, spec.shape)[...] = a  # packed at the front (ANE-21)
             packed[spec.mil_name] = buf
         return packed
 
     def unpack_outputs(self, results: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Surface arrays by MIL name -> unpadded arrays by graph name."""
-        return {s.name: np.asarray(results[s.mil_name]).reshape(-1)[: int(np.prod(s.shape))].reshape(s.shape).copy()
-                for s in self.layout.outputs}
+        return {s.name: packed_view(np.asarray(results[s.mil_name]), s.shape).copy() for s in self.layout.outputs}
 
     def __call__(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
         return self.unpack_outputs(self.program(**self.pack_inputs(arrays)))
 
 
 def compile_lowered(lowered: Lowered, *, profile: str = "hardware", min_surface_bytes: int | None = None) -> CompiledGraph:
-    """Compile an already lowered program; identical content is compiled once per process.
-    ``min_surface_bytes``: a smaller surface minimum a probe report proved (see ``compile_graph``)."""
+    """Compile an already lowered program; identical content is compiled once per process (and again
+    if that program was unloaded). Programs of identical content are shared: unloading one unloads
+    it for every holder. ``min_surface_bytes``: a smaller surface minimum a probe report proved
+    (see ``compile_graph``)."""
     import orion
 
     key = (lowered.content_hash, profile)
-    if key not in _PROGRAMS:
+    if key not in _PROGRAMS or not _PROGRAMS[key].loaded:
         _PROGRAMS[key] = orion.compile(lowered.mil, lowered.weights, profile=profile,
                                        min_surface_bytes=min_surface_bytes)
     return CompiledGraph(lowered, _PROGRAMS[key])

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import platform
-import sys
 import tempfile
 import time
 
 import numpy as np
 
 import orion
-from orion.program_cache import cache_dir
+from orion import models
+from orion.errors import OrionError
+from orion.program_cache import CacheDirError, cache_dir
 
 TINY = """program(1.3)
 {
@@ -21,6 +22,17 @@ TINY = """program(1.3)
     } -> (t);
 }
 """
+
+
+class ReportNotWritten(OrionError):
+    """The probe report cannot be written where ``--out`` says."""
+
+
+def _lowered_cache() -> str:
+    try:
+        return str(cache_dir() or "off (ORION_CACHE_DIR=off)")
+    except CacheDirError as err:
+        return f"unusable: {err}"
 
 
 def report() -> dict:
@@ -38,8 +50,9 @@ def report() -> dict:
         "framework_path": info["framework_path"],
         "compile_budget": {"used": orion.compile_count(), "limit": orion.compile_budget()},
         "cache": {"compiled_programs": "in-process, by content hash (orion.compiler); the OS caches ANE compiles",
-                  "lowered_programs": str(cache_dir() or "off (ORION_CACHE_DIR=off)"),
+                  "lowered_programs": _lowered_cache(),
                   "model_dirs": tempfile.gettempdir() + "/<hexStringIdentifier> while a program is loaded (ane)"},
+        "models": {"model_types": models.model_types(), "random_shapes": models.shape_names()},
     }
     x = np.random.default_rng(0).standard_normal((1, 64, 1, 384)).astype(np.float16)
     y = np.random.default_rng(1).standard_normal((1, 64, 1, 384)).astype(np.float16)
@@ -67,6 +80,8 @@ def main(probe: bool = False, out: str | None = None, as_json: bool = False) -> 
         print(f"compile budget:  {r['compile_budget']['used']} of {r['compile_budget']['limit']} used")
         print(f"cache:           lowered programs on disk: {r['cache']['lowered_programs']} (ORION_CACHE_DIR); "
               f"compiled: {r['cache']['compiled_programs']}; model dirs: {r['cache']['model_dirs']}")
+        print(f"models:          model_type {', '.join(r['models']['model_types'])} (orion.models.load); "
+              f"random shapes {', '.join(r['models']['random_shapes'])} (orion.models.random)")
         e2e = r["end_to_end"]
         print(f"end to end:      {'ok' if e2e['ok'] else 'FAILED'} "
               + (f"(max error {e2e['max_error']:.3g}, {e2e['ms']} ms)" if "ms" in e2e else e2e.get("error", "")))
@@ -77,7 +92,11 @@ def main(probe: bool = False, out: str | None = None, as_json: bool = False) -> 
         rep = probes.run()
         print(probes.format_report(rep))
         path = out or f"orion-probe-{rep['backend']}.json"
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(rep, f, indent=2)
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(rep, f, indent=2)
+        except OSError as exc:
+            raise ReportNotWritten(f"--out {path}: cannot write the probe report ({exc.strerror}); "
+                                   f"give a path in a writable directory") from None
         print(f"report written to {path}; use it with orion.compile_graph(..., probe_report={path!r})")
     return 0 if ok else 1

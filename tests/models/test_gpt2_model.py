@@ -14,7 +14,7 @@ from support.gpt2_reference import reference_greedy, reference_logits
 
 import orion
 from orion.models import GPT2, GPT2Config
-from orion.models.gpt2 import plan as plan_module
+from orion.runtime.builder import ProgramBuilder
 from orion.models.gpt2.weights import save_hf
 
 CONFIGS = [
@@ -116,14 +116,14 @@ def test_cpu_lm_head_agrees_with_the_ane_one() -> None:
 def test_fusion_depth_falls_back_when_a_compile_fails(monkeypatch) -> None:
     config = GPT2Config(n_layer=4, n_head=2, n_embd=64, vocab_size=256, n_positions=64)
     weights = lively_weights(config, seed=1)
-    real = plan_module.Compiler.compile
+    real = ProgramBuilder.build
 
-    def refuse_deep(self, kind, build, max_layers=1, **params):
+    def refuse_deep(self, kind, graph, max_layers=1, **params):
         if kind == "decode" and max_layers > 1:
             raise orion.CompileError(f"simulated ANE compile failure at fusion depth {max_layers}")
-        return real(self, kind, build, max_layers, **params)
+        return real(self, kind, graph, max_layers, **params)
 
-    monkeypatch.setattr(plan_module.Compiler, "compile", refuse_deep)
+    monkeypatch.setattr(ProgramBuilder, "build", refuse_deep)
     model = GPT2(config, weights, fusion_depth=4, progress=False)
     assert model.decode_plan.fusion_depth == 1 and len(model.decode_plan.layer_programs) == 4
     ids = [1, 2, 3]
@@ -149,11 +149,11 @@ def test_from_pretrained_reads_a_hugging_face_directory(tmp_path, monkeypatch) -
     save_hf(tmp_path, config, weights)
     monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path / "cache"))
     model = GPT2.from_pretrained(tmp_path, progress=False)
-    assert model.config == config and model._compiler.built > 0 and model._compiler.cached == 0
+    assert model.config == config and model.builder.built > 0 and model.builder.cached == 0
     ids = [11, 22, 33]
     close_logits(model.logits(ids), reference_logits(config, weights, ids))
     again = GPT2.from_pretrained(tmp_path, progress=False)  # lowered programs come from the disk cache
-    assert again._compiler.built == 0 and again._compiler.cached > 0
+    assert again.builder.built == 0 and again.builder.cached > 0
     np.testing.assert_array_equal(again.logits(ids), model.logits(ids))
     with pytest.raises(orion.OrionError, match="tokenizer.json"):
         _ = model.tokenizer

@@ -1,14 +1,16 @@
-"""GPT-2 tokenizer loading: tiny tokenizer.json files built here with the tokenizers library."""
+"""Tokenizer loading: tiny tokenizer.json files built here with the tokenizers library, and the
+special tokens taken from the model's JSON files."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import orion
-from orion.models.gpt2.tokenizer import TokenizerError, TokenizerNotFound, load_tokenizer
+from orion.generation.tokenizer import TokenizerError, TokenizerNotFound, load_tokenizer
 
 SENTENCES = [
     "The Apple Neural Engine runs transformer models.",
@@ -28,7 +30,16 @@ def bpe_dir(tmp_path_factory) -> Path:
     tok.train_from_iterator(SENTENCES, trainer)
     directory = tmp_path_factory.mktemp("bpe")
     tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "<|endoftext|>"}}))
     return directory
+
+
+def copy_with(bpe_dir: Path, target: Path, **files: dict) -> Path:
+    """``bpe_dir``'s tokenizer.json in ``target`` with the given JSON files (``config`` -> config.json)."""
+    (target / "tokenizer.json").write_bytes((bpe_dir / "tokenizer.json").read_bytes())
+    for name, data in files.items():
+        (target / f"{name}.json").write_text(json.dumps(data))
+    return target
 
 
 def test_byte_level_round_trip(bpe_dir):
@@ -47,6 +58,27 @@ def test_eos_token(bpe_dir):
     assert tok.decode([*tok.encode("end"), tok.eos_token_id]) == "end<|endoftext|>"
     assert tok.vocab_size == 300
     assert tok.path == bpe_dir / "tokenizer.json"
+
+
+def test_eos_and_bos_come_from_the_model_files_in_order(bpe_dir, tmp_path):
+    plain = load_tokenizer(copy_with(bpe_dir, tmp_path))
+    assert plain.eos_token_ids == () and plain.eos_token_id is None and plain.bos_token_id is None  # nothing hard-coded
+    both = copy_with(bpe_dir, tmp_path, config={"eos_token_id": 7, "bos_token_id": 5},
+                     tokenizer_config={"eos_token": "<|endoftext|>", "add_bos_token": True})
+    tok = load_tokenizer(both)
+    assert tok.eos_token_ids == (7,) and tok.bos_token_id == 5  # config.json wins over tokenizer_config.json
+    assert tok.encode("end") == [5, *plain.encode("end")]  # add_bos_token
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [9, 3]}))
+    assert load_tokenizer(tmp_path).eos_token_ids == (9, 3)  # generation_config.json wins, lists allowed
+
+
+def test_bad_special_tokens_name_the_file(bpe_dir, tmp_path):
+    copy_with(bpe_dir, tmp_path, tokenizer_config={"eos_token": "</s>"})
+    with pytest.raises(TokenizerError, match=r"tokenizer_config.json: eos_token '</s>' is not in the vocabulary"):
+        load_tokenizer(tmp_path)
+    copy_with(bpe_dir, tmp_path, config={"eos_token_id": "two"})
+    with pytest.raises(TokenizerError, match=r"config.json: eos_token_id 'two' is not a token id"):
+        load_tokenizer(tmp_path)
 
 
 def test_word_level_without_eos(tmp_path):

@@ -1,4 +1,4 @@
-"""``python -m orion.bench decode [options]``: Orion's benchmarks (``decode`` is the GPT-2 one)."""
+"""``python -m orion.bench decode [options]``: Orion's benchmarks (``decode``: any registered model)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""GPT-2 decode benchmark: compile times (cold and cached), prefill time, decode tok/s and ms/token
-percentiles, ANE dispatches and bytes moved per token."""
+"""Decode benchmark of any registered model: compile times (cold and cached), prefill time, decode
+tok/s and ms/token percentiles, ANE dispatches and bytes moved per token."""
 
 from __future__ import annotations
 
@@ -15,17 +15,26 @@ from typing import Any
 import numpy as np
 
 import orion
-from orion.models import GPT2, GPT2Config
+from orion import models
+from orion.errors import OrionError
+from orion.cli import positive_int, report_errors
+from orion.generation.loop import CausalLM
+
+DEFAULT_SHAPE = "gpt2"
 
 
-def load_model(model_dir: str | None, **options: Any) -> GPT2:
-    """GPT-2 from a Hugging Face directory, or the 124M shape with deterministic random weights."""
+class BenchError(OrionError):
+    """The benchmark's settings do not fit the model."""
+
+
+def load_model(model_dir: str | None, shape: str = DEFAULT_SHAPE, **options: Any) -> CausalLM:
+    """The model in a Hugging Face directory, or registered random ``shape`` with deterministic weights."""
     if model_dir:
-        return GPT2.from_pretrained(model_dir, **options)
-    return GPT2.random(GPT2Config(), seed=0, **options)
+        return models.load(model_dir, **options)
+    return models.random(shape, seed=0, **options)
 
 
-def measure_decode(model: GPT2, prompt: list[int], new_tokens: int) -> dict[str, Any]:
+def measure_decode(model: CausalLM, prompt: list[int], new_tokens: int) -> dict[str, Any]:
     """Greedy-generates ``new_tokens`` after ``prompt``, timing the prefill and every decode step."""
     model.prefill(prompt)  # compiles the prefill bucket outside the timings
     start = time.perf_counter()
@@ -47,41 +56,45 @@ def measure_decode(model: GPT2, prompt: list[int], new_tokens: int) -> dict[str,
     }
 
 
-def _cached_start(model_dir: str | None, cache: str) -> float:
+def _cached_start(model_dir: str | None, shape: str, cache: str) -> float:
     """Seconds to build the model in a fresh process whose program cache is already filled."""
     code = ("import sys, time; from orion.bench.decode import load_model; t = time.perf_counter(); "
-            "load_model(sys.argv[1] or None, progress=False); print(time.perf_counter() - t)")
+            "load_model(sys.argv[1] or None, sys.argv[2], progress=False); print(time.perf_counter() - t)")
     env = {**os.environ, "ORION_CACHE_DIR": cache}
-    out = subprocess.run([sys.executable, "-c", code, model_dir or ""], env=env, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run([sys.executable, "-c", code, model_dir or "", shape], env=env, capture_output=True,
+                         text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 
 def run(model_dir: str | None = None, prompt_tokens: int = 16, new_tokens: int = 128,
-        fusion_depth: int | None = None, lm_head: str = "ane") -> dict[str, Any]:
-    """The whole benchmark; returns every figure (see ``report``)."""
+        fusion_depth: int | None = None, lm_head: str = "ane", shape: str = DEFAULT_SHAPE) -> dict[str, Any]:
+    """The whole benchmark; returns every figure (see ``report``). ``shape``: the registered random
+    shape used without ``model_dir``."""
     options = dict(fusion_depth=fusion_depth, lm_head=lm_head)
     with tempfile.TemporaryDirectory(prefix="orion-bench-cache-") as cache:
         previous = os.environ.get("ORION_CACHE_DIR")
         os.environ["ORION_CACHE_DIR"] = cache  # a cold start: nothing lowered yet
         try:
             start = time.perf_counter()
-            model = load_model(model_dir, **options)
+            model = load_model(model_dir, shape, **options)
             cold_s = time.perf_counter() - start
         finally:
             if previous is None:
                 os.environ.pop("ORION_CACHE_DIR")
             else:
                 os.environ["ORION_CACHE_DIR"] = previous
-        cached_s = _cached_start(model_dir, cache) if fusion_depth is None and lm_head == "ane" else float("nan")
+        cached_s = _cached_start(model_dir, shape, cache) if fusion_depth is None and lm_head == "ane" else float("nan")
     config = model.config
-    prompt = [int(t) for t in np.random.default_rng(0).integers(0, config.vocab_size, prompt_tokens)]
+    if prompt_tokens + new_tokens > model.dims.context:
+        raise BenchError(f"--prompt-tokens {prompt_tokens} + --new-tokens {new_tokens} exceed the model's context "
+                         f"length {model.dims.context}; ask for fewer tokens")
+    prompt = [int(t) for t in np.random.default_rng(0).integers(0, model.dims.vocab_size, prompt_tokens)]
     result = measure_decode(model, prompt, new_tokens)
     plan = model.decode_plan
     return {
         "backend": orion.backend(),
-        "model": str(model_dir or "random GPT-2 124M"),
-        "parameters": config.param_count(),
+        "model": str(model_dir or f"random {shape} ({model.display_name})"),
+        "parameters": model.dims.parameters,
         "config": config.to_hf_json(),
         "compile_cold_s": cold_s,
         "compile_cached_s": cached_s,
@@ -117,17 +130,24 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m orion.bench decode", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="a Hugging Face GPT-2 directory (default: random 124M weights)")
-    parser.add_argument("--prompt-tokens", type=int, default=16)
-    parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--fusion-depth", type=int, default=None, help="layers per decode program (default: SRAM-sized)")
+    parser.add_argument("--model", help="a Hugging Face model directory (default: random weights of --random)")
+    parser.add_argument("--random", default=DEFAULT_SHAPE, choices=models.shape_names(),
+                        help=f"the registered random shape to run without --model (default {DEFAULT_SHAPE})")
+    parser.add_argument("--prompt-tokens", type=positive_int, default=16)
+    parser.add_argument("--new-tokens", type=positive_int, default=128)
+    parser.add_argument("--fusion-depth", type=positive_int, default=None,
+                        help="layers per decode program (default: SRAM-sized)")
     parser.add_argument("--lm-head", choices=("ane", "cpu"), default="ane")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.model and not Path(args.model).is_dir():
         parser.error(f"--model {args.model}: not a directory")
-    result = run(args.model, args.prompt_tokens, args.new_tokens, args.fusion_depth, args.lm_head)
-    if args.json:
+    return report_errors(lambda: _print(run(args.model, args.prompt_tokens, args.new_tokens, args.fusion_depth,
+                                            args.lm_head, args.random), args.json))
+
+
+def _print(result: dict[str, Any], as_json: bool) -> int:
+    if as_json:
         print(json.dumps({k: v for k, v in result.items() if k != "tokens"}))
     else:
         print(report(result))

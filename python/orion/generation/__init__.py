@@ -1,1 +1,4 @@
-"""Generation on top of compiled models: streaming text, stop strings."""
+"""Model-independent text generation: the decode plan, the KV cache, the generation loop, sampling,
+the tokenizer and streaming text (incremental detokenization, stop strings). A model
+(``orion.models.*``) supplies its graphs and weights through the hooks of
+:class:`orion.generation.loop.CausalLM`."""

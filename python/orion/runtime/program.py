@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Mapping, NamedTuple
 
 import numpy as np
@@ -29,6 +30,10 @@ class Program:
 
     Inputs and outputs bind to the hardware in alphabetical order of their names; this class
     does the sorting, callers pass names.
+
+    Threads: a program is thread-safe. Calls (``program(**arrays)``) from several threads are
+    serialized on the program's own surfaces; ``evaluate`` and bound programs may run from several
+    threads as long as each thread uses its own surfaces (a :class:`Surface` is not thread-safe).
     """
 
     def __init__(self, native: _core.LoadedProgram, mil_dtypes: dict[str, str]) -> None:
@@ -39,6 +44,7 @@ class Program:
         self.outputs: dict[str, TensorSpec] = _specs(native.outputs)
         """name -> (shape, dtype) of each returned value."""
         self._surfaces: tuple[dict[str, Surface], dict[str, Surface]] | None = None
+        self._call_lock = threading.Lock()  # guards _surfaces: one __call__ at a time writes and reads them
 
     @property
     def backend(self) -> str:
@@ -86,10 +92,15 @@ class Program:
                             [(name, outputs[name].native) for name in sorted(outputs)])
 
     def __call__(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
-        """Runs the program on numpy arrays (by input name); returns arrays by output name."""
-        if self._surfaces is None:
-            self._surfaces = self.allocate_surfaces()
-        in_surfaces, out_surfaces = self._surfaces
+        """Runs the program on numpy arrays (by input name); returns arrays by output name.
+        Thread-safe: concurrent calls take turns on the program's cached surfaces."""
+        with self._call_lock:
+            if self._surfaces is None:
+                self._surfaces = self.allocate_surfaces()
+            return self._call_on(*self._surfaces, arrays)
+
+    def _call_on(self, in_surfaces: dict[str, Surface], out_surfaces: dict[str, Surface],
+                 arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         _check_names("input", self.inputs, arrays)
         for name, value in arrays.items():
             spec = self.inputs[name]

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from orion.errors import OrionError
+from orion.generation.hf_files import ModelFileError, read_json_object
 
 
 class ConfigError(OrionError, ValueError):
@@ -81,11 +81,9 @@ class GPT2Config:
             if not path.is_file():
                 raise ConfigError(f"{path}: no such file; a GPT-2 directory needs a Hugging Face config.json")
             try:
-                data = json.loads(path.read_text())
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise ConfigError(f"{path}: not a readable JSON config ({exc})") from exc
-            if not isinstance(data, dict):
-                raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
+                data = read_json_object(path)
+            except ModelFileError as exc:
+                raise ConfigError(str(exc)) from None
             where = str(path)
         model_type = data.get("model_type", "gpt2")
         if model_type != "gpt2":

@@ -5,35 +5,25 @@ padding pass gives its surfaces the lanes the ANE needs) and each layer's KV cac
 ``[1, C, 1, T]`` inputs (``T = n_positions``) with an additive mask ``[1, 1, 1, T]``: 0 for filled
 positions, -65504 for the rest. The new token's own key and value are merged into the attention
 inside the program, so a decode graph needs no cache write before it runs; it returns them so the
-caller stores them at the token's position.
+caller stores them at the token's position. Node names follow Hugging Face's: ``h3_attn_qkv``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from orion.graph import Graph
 from orion.graph.ir import Node
-from orion.limits import FP16_MAX
 from orion.models.gpt2.config import GPT2Config
-from orion.models.gpt2.weights import BlockWeights, GPT2Weights
+from orion.models.gpt2.weights import GPT2Weights
 
-MASKED = -FP16_MAX  # additive mask of an empty cache position (fp16's lowest finite value)
-
-
-def _mlp(g: Graph, x: Node, b: BlockWeights, eps: float, name: str) -> Node:
-    h = g.layer_norm(x, b.ln2_g, b.ln2_b, eps, name=f"{name}_ln2")
-    up = g.gelu(g.linear(h, b.w_fc, b.b_fc, name=f"{name}_fc"), name=f"{name}_gelu")
-    return g.add(x, g.linear(up, b.w_proj, b.b_proj, name=f"{name}_proj"), name=f"{name}_out")
-
-
-def _qkv(g: Graph, x: Node, b: BlockWeights, c: int, eps: float, name: str) -> list[Node]:
-    h = g.layer_norm(x, b.ln1_g, b.ln1_b, eps, name=f"{name}_ln1")
-    return g.split(g.linear(h, b.w_qkv, b.b_qkv, name=f"{name}_qkv"), [c, c, c], axis=1, name=f"{name}_qkv")
+# (layer, q, k, v) -> attention output, [1, C, 1, S]
+Attend = Callable[[int, Node, Node, Node], Node]
 
 
 def cached_attention(g: Graph, q: Node, k: Node, v: Node, k_cache: Node, v_cache: Node, mask: Node,
-                     heads: int, name: str) -> Node:
+                     heads: int) -> Node:
     """One token's multi-head attention over a KV cache plus its own key/value.
 
     softmax([q.K_cache + mask, q.k]) . [V_cache, v] written with reductions, so the new key needs no
@@ -41,59 +31,70 @@ def cached_attention(g: Graph, q: Node, k: Node, v: Node, k_cache: Node, v_cache
     """
     c, t = q.shape[1], k_cache.shape[3]
     d = c // heads
-    qh = g.reshape(g.mul(q, 1.0 / math.sqrt(d), name=f"{name}_qs"), [1, heads, 1, d], name=f"{name}_qh")
-    kh, vh = (g.reshape(n, [1, heads, 1, d], name=f"{name}_{p}h") for n, p in ((k, "k"), (v, "v")))
-    keys = g.reshape(k_cache, [1, heads, d, t], name=f"{name}_keys")
-    values = g.reshape(v_cache, [1, heads, d, t], name=f"{name}_values")
-    scores = g.add(g.matmul(qh, keys, name=f"{name}_scores"), mask, name=f"{name}_masked")  # [1,H,1,T]
-    self_score = g.reduce_sum(g.mul(qh, kh, name=f"{name}_qk"), axis=3, name=f"{name}_self")  # [1,H,1,1]
-    top = g.reduce_max(scores, axis=3, name=f"{name}_top")
-    m = g.add(self_score, g.relu(g.sub(top, self_score, name=f"{name}_gap"), name=f"{name}_over"),
-              name=f"{name}_max")  # max(top, self_score) without a max op
-    e = g.exp(g.sub(scores, m, name=f"{name}_shift"), name=f"{name}_e")
-    e_self = g.exp(g.sub(self_score, m, name=f"{name}_shift_self"), name=f"{name}_e_self")
-    denom = g.add(g.reduce_sum(e, axis=3, name=f"{name}_esum"), e_self, name=f"{name}_denom")
-    num = g.add(g.matmul(e, values, transpose_y=True, name=f"{name}_ev"),
-                g.mul(e_self, vh, name=f"{name}_ev_self"), name=f"{name}_num")  # [1,H,1,D]
-    out = g.mul(num, g.pow(denom, -1.0, name=f"{name}_inv"), name=f"{name}_ctx")
-    return g.reshape(out, [1, c, 1, 1], name=f"{name}_merged")
+    qh = g.reshape(g.mul(q, 1.0 / math.sqrt(d), name="qs"), [1, heads, 1, d], name="qh")
+    kh, vh = (g.reshape(n, [1, heads, 1, d], name=f"{p}h") for n, p in ((k, "k"), (v, "v")))
+    keys = g.reshape(k_cache, [1, heads, d, t], name="keys")
+    values = g.reshape(v_cache, [1, heads, d, t], name="values")
+    scores = g.add(g.matmul(qh, keys, name="scores"), mask, name="masked")  # [1,H,1,T]
+    self_score = g.reduce_sum(g.mul(qh, kh, name="qk"), axis=3, name="self")  # [1,H,1,1]
+    top = g.reduce_max(scores, axis=3, name="top")
+    m = g.add(self_score, g.relu(g.sub(top, self_score, name="gap"), name="over"),
+              name="max")  # max(top, self_score) without a max op
+    e = g.exp(g.sub(scores, m, name="shift"), name="e")
+    e_self = g.exp(g.sub(self_score, m, name="shift_self"), name="e_self")
+    denom = g.add(g.reduce_sum(e, axis=3, name="esum"), e_self, name="denom")
+    num = g.add(g.matmul(e, values, transpose_y=True, name="ev"), g.mul(e_self, vh, name="ev_self"),
+                name="num")  # [1,H,1,D]
+    out = g.mul(num, g.pow(denom, -1.0, name="inv"), name="ctx")
+    return g.reshape(out, [1, c, 1, 1], name="merged")
+
+
+def _layers(g: Graph, x: Node, config: GPT2Config, weights: GPT2Weights, layers: range, attend: Attend) -> Node:
+    """Blocks ``layers`` on the residual stream ``x``; each block's key and value become outputs
+    ``k<i>``/``v<i>``. ``attend`` is the attention itself (causal over the prompt, or over the cache)."""
+    c, eps = config.n_embd, config.layer_norm_epsilon
+    for i in layers:
+        b = weights.blocks[i]
+        with g.scope(f"h{i}.attn"):
+            h = g.layer_norm(x, b.ln1_g, b.ln1_b, eps, name="ln")
+            q, k, v = g.split(g.linear(h, b.w_qkv, b.b_qkv, name="qkv"), [c, c, c], axis=1, name="qkv")
+            g.output(k, f"k{i}")
+            g.output(v, f"v{i}")
+            a = attend(i, q, k, v)
+            x = g.add(x, g.linear(a, b.w_attn_out, b.b_attn_out, name="proj"), name="res")
+        with g.scope(f"h{i}.mlp"):
+            h = g.layer_norm(x, b.ln2_g, b.ln2_b, eps, name="ln")
+            up = g.gelu(g.linear(h, b.w_fc, b.b_fc, name="fc"), name="gelu")
+            x = g.add(x, g.linear(up, b.w_proj, b.b_proj, name="proj"), name="res")
+    return x
 
 
 def decode_graph(config: GPT2Config, weights: GPT2Weights, layers: range) -> Graph:
     """Layers ``layers`` for one token: inputs ``x``, ``mask``, ``k<i>``/``v<i>`` caches; outputs
     ``x`` (the residual stream after the last layer) and each layer's new ``k<i>``/``v<i>``."""
-    c, t, eps = config.n_embd, config.n_positions, config.layer_norm_epsilon
+    c, t = config.n_embd, config.n_positions
     g = Graph(f"gpt2_decode_{layers.start}_{layers.stop}")
     x = g.input("x", [1, c, 1, 1])
     mask = g.input("mask", [1, 1, 1, t])
     caches = {i: (g.input(f"k{i}", [1, c, 1, t]), g.input(f"v{i}", [1, c, 1, t])) for i in layers}
-    for i in layers:
-        b, name = weights.blocks[i], f"l{i}"
-        q, k, v = _qkv(g, x, b, c, eps, name)
-        g.output(k, f"k{i}")
-        g.output(v, f"v{i}")
-        a = cached_attention(g, q, k, v, *caches[i], mask, config.n_head, f"{name}_attn")
-        x = g.add(x, g.linear(a, b.w_attn_out, b.b_attn_out, name=f"{name}_attn_proj"), name=f"{name}_res")
-        x = _mlp(g, x, b, eps, name)
-    g.output(x, "x")
+
+    def attend(i: int, q: Node, k: Node, v: Node) -> Node:
+        return cached_attention(g, q, k, v, *caches[i], mask, config.n_head)
+
+    g.output(_layers(g, x, config, weights, layers, attend), "x")
     return g
 
 
 def prefill_graph(config: GPT2Config, weights: GPT2Weights, layers: range, seq: int) -> Graph:
     """Layers ``layers`` over ``seq`` tokens (a power of two) with causal attention: input ``x``;
     outputs ``x`` and each layer's ``k<i>``/``v<i>`` for the cache."""
-    c, eps = config.n_embd, config.layer_norm_epsilon
     g = Graph(f"gpt2_prefill_{layers.start}_{layers.stop}_s{seq}")
-    x = g.input("x", [1, c, 1, seq])
-    for i in layers:
-        b, name = weights.blocks[i], f"l{i}"
-        q, k, v = _qkv(g, x, b, c, eps, name)
-        g.output(k, f"k{i}")
-        g.output(v, f"v{i}")
-        a = g.attention(q, k, v, config.n_head, causal=True, name=f"{name}_attn")
-        x = g.add(x, g.linear(a, b.w_attn_out, b.b_attn_out, name=f"{name}_attn_proj"), name=f"{name}_res")
-        x = _mlp(g, x, b, eps, name)
-    g.output(x, "x")
+    x = g.input("x", [1, config.n_embd, 1, seq])
+
+    def attend(i: int, q: Node, k: Node, v: Node) -> Node:
+        return g.attention(q, k, v, config.n_head, causal=True, name="core")
+
+    g.output(_layers(g, x, config, weights, layers, attend), "x")
     return g
 
 

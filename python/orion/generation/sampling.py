@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from orion.errors import OrionError
+
+
+class SamplingError(OrionError, ValueError):
+    """A sampling setting makes no sense."""
+
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
     """Clear errors for settings that make no sense."""
     if temperature < 0 or not np.isfinite(temperature):
-        raise ValueError(f"temperature={temperature}: use 0 (greedy) or a positive number")
+        raise SamplingError(f"temperature={temperature}: use 0 (greedy) or a positive number")
     if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k={top_k}: use a positive number of tokens, or None")
+        raise SamplingError(f"top_k={top_k}: use a positive number of tokens, or None")
     if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p={top_p}: use a probability in (0, 1], or None")
+        raise SamplingError(f"top_p={top_p}: use a probability in (0, 1], or None")
 
 
 def next_token(logits: np.ndarray, temperature: float, top_k: int | None, top_p: float | None,

@@ -1,0 +1,157 @@
+"""The execution plan of a decoder-only model: which layers share a program, where the LM head
+runs, and the compiled programs bound to their surfaces.
+
+Decode runs ``ceil(n_layer / fusion_depth)`` layer programs and, with the LM head on the ANE, one
+program per vocabulary chunk: that is the number of dispatches per token. The default fusion depth
+is the largest that keeps a program's weights inside ``SRAM_SHARE`` of the SRAM; when a compile
+fails at some depth, the plan falls back to shallower fusion (the hardware's fusion limit is not
+known). The residual stream ``x`` flows from each layer program to the next through one chain of
+surfaces; the KV cache surfaces are bound as the decode programs' ``k<i>``/``v<i>`` inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from orion.compiler import CompiledGraph
+from orion.errors import OrionError
+from orion.graph import Graph
+from orion.limits import MIN_SURFACE_BYTES, SRAM_BYTES
+from orion.runtime.builder import ProgramBuilder
+from orion.runtime.stage import Stage
+from orion.runtime.surface import Surface
+
+LM_HEAD_PLACEMENTS = ("ane", "cpu")
+SRAM_SHARE = 0.75  # keep each program's weights under 3/4 of the SRAM, leaving room for activations
+
+
+class PlanError(OrionError, ValueError):
+    """A plan option makes no sense."""
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """Choices of the plan. ``fusion_depth=None`` picks the deepest that fits the SRAM budget."""
+
+    fusion_depth: int | None = None
+    lm_head: str = "ane"
+    io_dtype: str = "fp16"
+
+    def __post_init__(self) -> None:
+        if self.lm_head not in LM_HEAD_PLACEMENTS:
+            raise PlanError(f"lm_head={self.lm_head!r}: use one of {LM_HEAD_PLACEMENTS}")
+        if self.fusion_depth is not None and self.fusion_depth < 1:
+            raise PlanError(f"fusion_depth={self.fusion_depth}: use a positive number of layers (or None)")
+
+
+@dataclass(frozen=True)
+class ProgramInfo:
+    """Per-token cost of one decode program (for the ANE cost model)."""
+
+    name: str
+    flops_per_token: float
+    bytes_per_token: float
+
+
+def layer_ranges(n_layer: int, depth: int) -> list[range]:
+    """Consecutive groups of ``depth`` layers (the last may be shorter)."""
+    return [range(i, min(i + depth, n_layer)) for i in range(0, n_layer, depth)]
+
+
+def sram_fusion_depth(n_layer: int, layer_weight_bytes: int, budget: int = SRAM_BYTES) -> int:
+    """The most layers whose weights fit ``SRAM_SHARE`` of the SRAM budget (at least one)."""
+    return max(1, min(n_layer, int(budget * SRAM_SHARE // layer_weight_bytes)))
+
+
+def vocab_chunks(vocab_size: int, hidden: int, budget: int = SRAM_BYTES) -> list[range]:
+    """Vocabulary chunks whose fp16 LM-head rows (``hidden`` values each) fit ``SRAM_SHARE`` of the SRAM."""
+    n = max(1, math.ceil(vocab_size * 2 * hidden / (budget * SRAM_SHARE)))
+    bounds = np.linspace(0, vocab_size, n + 1).round().astype(int)
+    return [range(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+@dataclass
+class DecodePlan:
+    """The compiled decode programs and what one token costs."""
+
+    options: PlanOptions
+    fusion_depth: int
+    layer_ranges: list[range]
+    layer_programs: list[CompiledGraph]
+    head_ranges: list[range]
+    head_programs: list[CompiledGraph]  # empty when the LM head runs on the CPU
+    programs: list[ProgramInfo]
+
+    @property
+    def dispatches_per_token(self) -> int:
+        return len(self.layer_programs) + len(self.head_programs)
+
+    def bind(self, cache: Mapping[str, Surface]) -> tuple[list[Stage], list[Stage]]:
+        """Layer and LM-head stages bound to ``cache`` (KV cache and mask surfaces by graph name, all
+        of one size, which the residual-stream surfaces take too)."""
+        nbytes = cache["mask"].nbytes
+        first = self.layer_programs[0]
+        x_spec = first.program.inputs[first.layout.inputs[0].mil_name]
+        x = [Surface(x_spec.shape, self.options.io_dtype, nbytes) for _ in range(len(self.layer_programs) + 1)]
+        layers = []
+        for i, (cg, r) in enumerate(zip(self.layer_programs, self.layer_ranges)):
+            own = {"x": x[i], "out:x": x[i + 1], "mask": cache["mask"]}
+            own.update({name: cache[name] for j in r for name in (f"k{j}", f"v{j}")})
+            layers.append(Stage(cg, own))
+        return layers, [Stage(cg, {"x": x[-1]}) for cg in self.head_programs]
+
+
+@dataclass
+class PrefillPlan:
+    """The compiled prefill programs of one bucket (sequence length ``seq``)."""
+
+    seq: int
+    layer_ranges: list[range]
+    layer_programs: list[CompiledGraph]
+    head_programs: list[CompiledGraph]  # empty unless the plan computes every position's logits
+
+    def bind(self, io_dtype: str) -> tuple[list[Stage], list[Stage]]:
+        """Layer and LM-head stages on new surfaces, the residual stream chained between them."""
+        first = self.layer_programs[0]
+        x_spec = first.program.inputs[first.layout.inputs[0].mil_name]
+        nbytes = max(MIN_SURFACE_BYTES, int(np.prod(x_spec.shape)) * x_spec.dtype.itemsize)
+        x = [Surface(x_spec.shape, io_dtype, nbytes) for _ in range(len(self.layer_programs) + 1)]
+        layers = [Stage(cg, {"x": x[i], "out:x": x[i + 1]}) for i, cg in enumerate(self.layer_programs)]
+        return layers, [Stage(cg, {"x": x[-1]}) for cg in self.head_programs]
+
+
+
+def build_decode_plan(builder: ProgramBuilder, options: PlanOptions, n_layer: int, default_depth: int,
+                      head_ranges: list[range], decode_graph: Callable[[range], Graph],
+                      lm_head_graph: Callable[[range, int], Graph],
+                      costs: Callable[[list[range], list[range], str], list[ProgramInfo]]) -> DecodePlan:
+    """Compiles the decode programs (falling back to shallower fusion when a compile fails)."""
+
+    def build_depth(depth: int) -> list[CompiledGraph]:
+        return [builder.build("decode", lambda r=r: decode_graph(r), max_layers=depth, layers=[r.start, r.stop])
+                for r in layer_ranges(n_layer, depth)]
+
+    depth, layers = builder.with_fallback(options.fusion_depth or default_depth, build_depth)
+    ranges = layer_ranges(n_layer, depth)
+    heads = []
+    if options.lm_head == "ane":
+        heads = [builder.build("lm_head", lambda r=r: lm_head_graph(r, 1), vocab=[r.start, r.stop], seq=1)
+                 for r in head_ranges]
+    return DecodePlan(options, depth, ranges, layers, head_ranges, heads, costs(ranges, head_ranges, options.lm_head))
+
+
+def build_prefill_plan(builder: ProgramBuilder, n_layer: int, depth: int, seq: int, head_ranges: list[range],
+                       prefill_graph: Callable[[range, int], Graph],
+                       lm_head_graph: Callable[[range, int], Graph]) -> PrefillPlan:
+    """Compiles the layer programs for ``seq`` tokens, and the LM head over all of them when
+    ``head_ranges`` is not empty."""
+    ranges = layer_ranges(n_layer, depth)
+    layers = [builder.build("prefill", lambda r=r: prefill_graph(r, seq), max_layers=depth,
+                            layers=[r.start, r.stop], seq=seq) for r in ranges]
+    heads = [builder.build("lm_head", lambda r=r: lm_head_graph(r, seq), vocab=[r.start, r.stop], seq=seq)
+             for r in head_ranges]
+    return PrefillPlan(seq, ranges, layers, heads)

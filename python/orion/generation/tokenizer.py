@@ -1,0 +1,109 @@
+"""Text in/out: a Hugging Face ``tokenizer.json`` loaded with the ``tokenizers`` library, with the
+special tokens the model's own files name.
+
+End-of-sequence ids come from ``generation_config.json``, else ``config.json`` (``eos_token_id``,
+an id or a list of ids), else ``tokenizer_config.json`` (``eos_token``, a token string looked up in
+the vocabulary). The beginning-of-sequence token is found the same way, and ``encode`` prepends it
+when ``tokenizer_config.json`` says ``add_bos_token``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import tokenizers
+
+from orion.errors import OrionError
+from orion.generation.hf_files import CONFIG_FILE, read_optional
+
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+
+
+class TokenizerError(OrionError):
+    """A tokenizer cannot be loaded."""
+
+
+class TokenizerNotFound(TokenizerError, FileNotFoundError):
+    """A model directory has no ``tokenizer.json``."""
+
+
+class Tokenizer:
+    """Encodes text to token ids and back.
+
+    ``eos_token_ids``: every id that ends a generation (empty if the model's files name none);
+    ``eos_token_id`` is the first or None. ``bos_token_id`` is None without one."""
+
+    def __init__(self, backend: tokenizers.Tokenizer, path: Path, *, eos_token_ids: tuple[int, ...] = (),
+                 bos_token_id: int | None = None, add_bos: bool = False) -> None:
+        self._backend = backend
+        self.path = path
+        self.eos_token_ids = eos_token_ids
+        self.bos_token_id = bos_token_id
+        self.add_bos = add_bos and bos_token_id is not None
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.eos_token_ids[0] if self.eos_token_ids else None
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, added tokens included."""
+        return self._backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``: the BOS id first when the model's files ask for it, no other special tokens."""
+        ids = self._backend.encode(text, add_special_tokens=False).ids
+        return [self.bos_token_id, *ids] if self.add_bos else ids
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ``ids``, special tokens included as written."""
+        return self._backend.decode(list(ids), skip_special_tokens=False)
+
+
+def load_tokenizer(directory: str | os.PathLike[str]) -> Tokenizer:
+    """The tokenizer in ``directory/tokenizer.json`` with the special tokens its neighbouring files
+    name; raises :class:`TokenizerNotFound` without a ``tokenizer.json``."""
+    directory = Path(directory)
+    path = directory / TOKENIZER_FILE
+    if not path.is_file():
+        raise TokenizerNotFound(
+            f"{directory}: no {TOKENIZER_FILE}; text in/out needs the Hugging Face {TOKENIZER_FILE} "
+            f"next to the weights (copy it from the model's repository), while token ids work without one"
+        )
+    try:
+        backend = tokenizers.Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception for malformed files
+        raise TokenizerError(f"{path}: not a valid Hugging Face tokenizer file ({exc})") from exc
+    files = [(directory / name, read_optional(directory, name))
+             for name in (GENERATION_CONFIG_FILE, CONFIG_FILE, TOKENIZER_CONFIG_FILE)]
+    bos = _special_ids(backend, files, "bos")
+    return Tokenizer(backend, path, eos_token_ids=_special_ids(backend, files, "eos"),
+                     bos_token_id=bos[0] if bos else None,
+                     add_bos=bool(files[2][1].get("add_bos_token", False)))
+
+
+def _special_ids(backend: tokenizers.Tokenizer, files: list[tuple[Path, dict[str, Any]]], kind: str) -> tuple[int, ...]:
+    """The ``<kind>_token_id`` of the first file that names one (ids, or a token string to look up)."""
+    for path, data in files:
+        value = data.get(f"{kind}_token_id")
+        if value is None and f"{kind}_token" in data:
+            token = data[f"{kind}_token"]
+            token = token.get("content") if isinstance(token, dict) else token
+            if token is None:
+                continue
+            value = backend.token_to_id(str(token))
+            if value is None:
+                raise TokenizerError(f"{path}: {kind}_token {token!r} is not in the vocabulary of {TOKENIZER_FILE}; "
+                                     f"fix the file or remove the entry")
+        if value is None:
+            continue
+        ids = value if isinstance(value, list) else [value]
+        if not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+            raise TokenizerError(f"{path}: {kind}_token_id {value!r} is not a token id or a list of them")
+        return tuple(ids)
+    return ()

@@ -1,0 +1,30 @@
+"""GPT-2's cost formulas: weight bytes per layer, and FLOPs and bytes moved per decoded token."""
+
+from __future__ import annotations
+
+from orion.generation.plan import ProgramInfo
+from orion.models.gpt2.config import GPT2Config
+
+
+def layer_params(config: GPT2Config) -> int:
+    """Parameters of one transformer block (its matrices and vectors)."""
+    c = config.n_embd
+    return 12 * c * c + 13 * c
+
+
+def decode_program_costs(config: GPT2Config, layer_ranges: list[range], head_ranges: list[range],
+                         lm_head: str) -> list[ProgramInfo]:
+    """FLOPs and bytes moved per token of each decode program (weights fp16, full-context caches)."""
+    c, t = config.n_embd, config.n_positions
+    infos = []
+    for r in layer_ranges:
+        n = len(r)
+        weights = n * layer_params(config)
+        flops = n * (2 * 12 * c * c + 2 * 2 * c * t)  # projections + scores and weighted values
+        io = 2 * (c * 32 * 3 * n + n * 2 * c * t + t)  # x/k/v surfaces, both caches, mask (fp16)
+        infos.append(ProgramInfo(f"layers {r.start}-{r.stop - 1}", flops, 2 * weights + io))
+    if lm_head == "ane":
+        for r in head_ranges:
+            v = len(r)
+            infos.append(ProgramInfo(f"lm_head {r.start}-{r.stop - 1}", 2 * v * c, 2 * (v * c + c * 32 + v * 32)))
+    return infos

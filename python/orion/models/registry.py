@@ -1,0 +1,90 @@
+"""The model registry: which class runs a ``config.json``'s ``model_type``, and named random shapes.
+
+Adding a model is one :func:`register` call (its class and config class); adding a named random
+shape is one :func:`register_shape` call. A model class provides ``model_type``,
+``from_pretrained(path, **options)`` and ``random(config, seed, **options)``; its config class
+provides ``param_count()`` and ``to_hf_json()``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orion.errors import OrionError
+from orion.generation.hf_files import CONFIG_FILE, ModelFileError, read_json_object
+
+
+class UnknownModel(OrionError, ValueError):
+    """No registered model runs this ``model_type``, shape name or config."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """A registered model: its class and its config class."""
+
+    model: type
+    config: type
+
+
+_FAMILIES: dict[str, Family] = {}
+_SHAPES: dict[str, Any] = {}
+
+
+def register(model: type, config: type) -> None:
+    """Make ``model`` (with its ``model_type``) the class that runs configs of that type."""
+    _FAMILIES[model.model_type] = Family(model, config)
+
+
+def register_shape(name: str, config: Any) -> None:
+    """Name a config of a registered model for :func:`random` (e.g. ``"gpt2"``, ``"124m"``)."""
+    family_of(config)
+    _SHAPES[name] = config
+
+
+def model_types() -> list[str]:
+    """The ``model_type`` values :func:`load` accepts."""
+    return sorted(_FAMILIES)
+
+
+def shape_names() -> list[str]:
+    """The names :func:`random` accepts."""
+    return sorted(_SHAPES)
+
+
+def family_of(config: Any) -> Family:
+    """The registered family whose config class ``config`` is."""
+    for family in _FAMILIES.values():
+        if isinstance(config, family.config):
+            return family
+    raise UnknownModel(f"{type(config).__name__} is not the config of a registered model "
+                       f"(registered: {model_types()}); register the model with orion.models.register")
+
+
+def load(path: str | os.PathLike[str], **options: Any) -> Any:
+    """The model in Hugging Face directory ``path``, by its ``config.json``'s ``model_type``."""
+    directory = Path(path)
+    if not directory.is_dir():
+        raise ModelFileError(f"{directory}: no such directory; give a Hugging Face model directory "
+                             f"(config.json and model.safetensors)")
+    config_path = directory / CONFIG_FILE
+    if not config_path.is_file():
+        raise ModelFileError(f"{config_path}: no such file; a model directory holds the model's Hugging Face "
+                             f"{CONFIG_FILE} (its model_type picks the model) and weights")
+    model_type = read_json_object(config_path).get("model_type")
+    if model_type not in _FAMILIES:
+        what = "has no model_type" if model_type is None else f"has model_type {model_type!r}"
+        raise UnknownModel(f"{config_path}: {what}; Orion runs model types {model_types()}")
+    return _FAMILIES[model_type].model.from_pretrained(directory, **options)
+
+
+def random(shape: str | Any, seed: int = 0, **options: Any) -> Any:
+    """A model with deterministic random weights: ``shape`` is a registered name (see
+    :func:`shape_names`) or a config of a registered model."""
+    if isinstance(shape, str):
+        if shape not in _SHAPES:
+            raise UnknownModel(f"no random shape named {shape!r}; the registered shapes are {shape_names()}")
+        shape = _SHAPES[shape]
+    return family_of(shape).model.random(shape, seed=seed, **options)

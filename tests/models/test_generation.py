@@ -1,0 +1,169 @@
+"""The model-independent runtime: the registry, the KV cache's shapes, the generation loop's errors
+and the tokenizer's special tokens, exercised through GPT-2.
+
+References: the independent numpy GPT-2 (support.gpt2_reference; tolerance 3% of the largest logit,
+as in test_gpt2_model.py) and hand-computed shapes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from support.gpt2_fixtures import lively_weights
+from support.gpt2_reference import reference_logits
+from tokenizers import Tokenizer, pre_tokenizers
+from tokenizers import models as tok_models
+
+import orion
+from orion import models
+from orion.generation.kv_cache import MASKED, KVCache
+from orion.models import GPT2, GPT2Config
+from orion.models.gpt2.weights import save_hf
+
+CONFIG = GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=512, n_positions=128)
+DEEP = '{"a": ' * 100_000 + "1" + "}" * 100_000
+
+
+@pytest.fixture(scope="module")
+def model() -> GPT2:
+    return GPT2(CONFIG, lively_weights(CONFIG, seed=3), progress=False)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("gpt2")
+    save_hf(directory, CONFIG, lively_weights(CONFIG, seed=3))
+    return directory
+
+
+def test_import_orion_then_models_works() -> None:
+    code = "import orion; print(orion.models.GPT2.__name__, orion.models.model_types())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["GPT2", "['gpt2']"]
+
+
+def test_load_picks_the_class_from_model_type(model_dir) -> None:
+    loaded = models.load(model_dir, progress=False)
+    assert type(loaded) is GPT2 and loaded.config == CONFIG
+    ids = [3, 1, 4, 1, 5]
+    want = reference_logits(CONFIG, loaded.weights, ids)
+    np.testing.assert_allclose(loaded.logits(ids), want, rtol=0, atol=0.03 * float(np.abs(want).max()))
+
+
+def test_load_refuses_an_unknown_or_missing_model_type(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba"}))
+    with pytest.raises(models.UnknownModel, match=r"config.json: has model_type 'mamba'; Orion runs model types \['gpt2'\]"):
+        models.load(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"n_layer": 2}))
+    with pytest.raises(models.UnknownModel, match="config.json: has no model_type"):
+        models.load(tmp_path)
+    with pytest.raises(orion.OrionError, match="no such directory"):
+        models.load(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(orion.OrionError, match="config.json: no such file"):
+        models.load(tmp_path / "empty")
+
+
+def test_a_deeply_nested_config_is_an_orion_error(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(DEEP)
+    for load in (models.load, GPT2Config.from_hf_json, GPT2.from_pretrained):
+        with pytest.raises(orion.OrionError, match=r"config.json: nested too deeply"):
+            load(tmp_path)
+
+
+def test_random_shapes_by_name_or_config() -> None:
+    assert {"gpt2", "124m"} <= set(models.shape_names())
+    small = models.random(CONFIG, seed=3, progress=False)
+    assert type(small) is GPT2 and small.config == CONFIG
+    np.testing.assert_array_equal(small.weights.wte, GPT2.random(CONFIG, seed=3, progress=False).weights.wte)
+    with pytest.raises(models.UnknownModel, match=r"no random shape named 'gpt5'; the registered shapes are \["):
+        models.random("gpt5")
+    with pytest.raises(models.UnknownModel, match="dict is not the config of a registered model"):
+        models.random({"n_layer": 2})
+
+
+def test_kv_cache_holds_only_the_kv_heads() -> None:
+    cache = KVCache(layers=3, kv_heads=2, head_dim=16, context=64, io_dtype="fp16")  # e.g. 8 query heads, GQA 4:1
+    assert sorted(cache.surfaces) == ["k0", "k1", "k2", "mask", "v0", "v1", "v2"]
+    assert cache.shape == (1, 32, 1, 64) and cache.keys[2].shape == (32, 64) and cache.mask.shape == (64,)
+    assert len({s.nbytes for s in cache.surfaces.values()}) == 1  # one size, so programs can bind them
+    assert np.all(cache.mask == np.float16(MASKED)) and cache.length == 0
+    cache.keys[1][:, :3] = 1.5
+    cache.mask[:3] = 0
+    cache.length = 3
+    twin = KVCache(layers=3, kv_heads=2, head_dim=16, context=64, io_dtype="fp16")
+    twin.copy_from(cache)
+    assert twin.length == 3 and np.all(twin.keys[1][:, :3] == 1.5) and np.all(twin.mask[:3] == 0)
+    np.testing.assert_array_equal(twin.surfaces["k1"].array, cache.surfaces["k1"].array)
+
+
+def test_nan_logits_stop_generate_naming_the_step(model, monkeypatch) -> None:
+    nan = np.full(CONFIG.vocab_size, np.nan, np.float32)
+    monkeypatch.setattr(model, "decode_step", lambda token: nan)
+    tokens = model.generate([1, 2, 3], 5)
+    assert isinstance(next(tokens), int)  # the prompt's logits are fine
+    with pytest.raises(orion.OrionError, match=r"generate: the logits of new token 1 \(position 3\) contain NaN"):
+        next(tokens)
+    monkeypatch.setattr(model, "prefill", lambda ids: nan)
+    with pytest.raises(orion.OrionError, match=r"new token 0 .* contain NaN"):
+        list(model.generate([1, 2, 3], 5, temperature=0.7, seed=0))
+
+
+def test_generate_text_stops_at_the_eos_ids_of_the_model_files(model, model_dir, monkeypatch) -> None:
+    vocab = {f"t{i}": i for i in range(CONFIG.vocab_size)}
+    tok = Tokenizer(tok_models.WordLevel(vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(model_dir / "tokenizer.json"))
+    greedy = list(model.generate([1, 2, 3], 12))
+    stop = greedy[4]
+    (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [CONFIG.vocab_size - 1, stop]}))
+    loaded = models.load(model_dir, progress=False)
+    assert loaded.tokenizer.eos_token_ids == (CONFIG.vocab_size - 1, stop)
+    text = "".join(loaded.generate_text("t1 t2 t3", 12))
+    assert text == "".join(f"t{t}" for t in greedy[: greedy.index(stop) + 1])
+
+
+class InGraphPositions(GPT2):
+    """GPT-2 whose position embedding enters layer 0's programs as a per-position input ``pos``
+    (the way a rotary model passes its tables), instead of being added on the CPU by ``embed``."""
+
+    def embed(self, ids: list[int], start: int) -> np.ndarray:
+        return self.weights.wte[ids]
+
+    def position_inputs(self, positions: range) -> dict[str, np.ndarray]:
+        return {"pos": self.weights.wpe[positions.start:positions.stop].T}
+
+    def decode_graph(self, layers: range) -> orion.Graph:
+        return self._with_positions(super().decode_graph(layers), layers)
+
+    def prefill_graph(self, layers: range, seq: int) -> orion.Graph:
+        return self._with_positions(super().prefill_graph(layers, seq), layers)
+
+    def _with_positions(self, g: orion.Graph, layers: range) -> orion.Graph:
+        if layers.start == 0:
+            x = g.inputs[0]
+            pos = g.input("pos", x.shape)
+            summed = g.add(x, pos, name="x_plus_pos")
+            g.replace_uses(x, summed, skip=summed)
+            g.move_after(pos, x)
+            g.move_after(summed, pos)
+        return g
+
+
+def test_position_inputs_reach_every_layer_program_that_declares_them() -> None:
+    weights = lively_weights(CONFIG, seed=5)
+    model = InGraphPositions(CONFIG, weights, fusion_depth=1, progress=False)
+    ids = [7, 3, 9, 1]
+    want = reference_logits(CONFIG, weights, ids + [11, 12])
+
+    def close(got: np.ndarray, ref: np.ndarray) -> None:
+        np.testing.assert_allclose(got, ref, rtol=0, atol=0.03 * float(np.abs(ref).max()))
+
+    close(model.prefill(ids), want[3])
+    close(model.decode_step(11), want[4])
+    close(model.decode_step(12), want[5])
+    close(model.logits(ids), want[:4])

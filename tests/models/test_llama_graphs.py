@@ -8,15 +8,16 @@ reach RMS ~10) with non-unit norm gains.
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
-from support.llama_reference import head_logits, layer_forward, rms_norm
+from dataclasses import replace
 
+import numpy as np
 import orion
+import pytest
 from orion.graph import Graph
 from orion.models.llama import graphs
 from orion.models.llama.config import LlamaConfig
 from orion.models.llama.weights import random_weights, to_rope_convention
+from support.llama_reference import head_logits, layer_forward, rms_norm
 
 SEQ, CONTEXT = 16, 32
 CONFIGS = {
@@ -160,7 +161,7 @@ def test_lm_head_in_vocabulary_chunks(model) -> None:
     want = head_logits(config, weights, x)
     half = config.vocab_size // 2
     chunks = [orion.compile_graph(graphs.lm_head_graph(config, weights, r, SEQ))(x=channels(x))["logits"]
-              for r in (range(0, half), range(half, config.vocab_size))]
+              for r in (range(half), range(half, config.vocab_size))]
     close(np.concatenate([rows(c) for c in chunks], axis=1), want)
 
 
@@ -186,3 +187,21 @@ def test_rope_tables_follow_the_convention() -> None:
     cos, sin = graphs.rope_tables(half, np.array([5]))
     np.testing.assert_array_equal(cos[:16], cos[16:])  # pairs (i, i + 16) share an angle
     np.testing.assert_allclose(sin[1, 0], np.sin(5 * 500.0 ** (-2 / 32)))
+
+
+def test_stories110m_shape_layer_decode_and_prefill() -> None:
+    config = replace(LlamaConfig.stories110m(), n_layers=1)
+    weights = random_weights(config, seed=0)
+    pos, t = 100, config.max_position_embeddings
+    xs = _hidden(config, pos + 1, 7)
+    want, keys, values = layer_forward(config, weights.layers[0], xs)
+    k = np.zeros((1, config.kv_dim, 1, t), np.float32)
+    v = np.zeros_like(k)
+    k[0, :, 0, :pos], v[0, :, 0, :pos] = keys[:pos].T, values[:pos].T
+    mask = np.full((1, 1, 1, t), graphs.MASKED, np.float32)
+    mask[..., :pos] = 0
+    decode = orion.compile_graph(graphs.decode_graph(config, weights, range(1)))
+    got = decode(x=channels(xs[pos:pos + 1]), mask=mask, rope=graphs.rope_row(config, pos), k0=k, v0=v)
+    close(rows(got["x"])[0], want[pos])
+    prefill = orion.compile_graph(graphs.prefill_graph(config, weights, range(1), 64))
+    close(rows(prefill(x=channels(xs[:64]))["x"]), want[:64])

@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.llama_reference import reference_greedy, reference_logits
-
 from orion.models.llama.config import LlamaConfig
-from orion.models.llama.weights import load_hf, load_llama2c, random_weights, save_hf, save_llama2c
+from orion.models.llama.weights import (
+    load_hf,
+    load_llama2c,
+    random_weights,
+    save_hf,
+    save_llama2c,
+)
+from support.llama_reference import reference_greedy, reference_logits
 
 torch = pytest.importorskip("torch", reason="the transformers comparison needs torch (the 'reference' extra)")
 transformers = pytest.importorskip("transformers", reason="the transformers comparison needs transformers")
@@ -23,9 +28,9 @@ TOLERANCE = 1e-4  # of max |logit|: both sides compute in fp32
 
 def _hf_model(kind: str, tied: bool, seed: int):
     torch.manual_seed(seed)
-    shape = dict(vocab_size=96, hidden_size=64, intermediate_size=80, num_hidden_layers=2, num_attention_heads=8,
-                 num_key_value_heads=2, head_dim=16, max_position_embeddings=64, rms_norm_eps=1e-5,
-                 tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2)
+    shape = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 80, "num_hidden_layers": 2,
+             "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 64,
+             "rms_norm_eps": 1e-5, "tie_word_embeddings": tied, "bos_token_id": 1, "eos_token_id": 2}
     if kind == "llama":
         config = transformers.LlamaConfig(**shape, rope_theta=500.0)
         model = transformers.LlamaForCausalLM(config)
@@ -71,7 +76,7 @@ def test_reference_matches_transformers_on_a_checkpoint_it_saved(tmp_path, kind,
 def test_half_precision_checkpoints_load_as_transformers_reads_them(tmp_path, dtype) -> None:
     model = _hf_model("llama", False, seed=3).to(getattr(torch, dtype))
     model.save_pretrained(tmp_path)
-    config, weights = load_hf(tmp_path, progress=False)
+    _, weights = load_hf(tmp_path, progress=False)
     for (name, p), (_, ours) in zip(model.state_dict().items(), _ordered(weights, model)):
         np.testing.assert_array_equal(ours, p.float().numpy(), err_msg=name)
 
@@ -81,7 +86,8 @@ def _ordered(weights, model):
     fields = {"embed_tokens.weight": "embed", "norm.weight": "norm", "input_layernorm.weight": "attn_norm",
               "self_attn.q_proj.weight": "wq", "self_attn.k_proj.weight": "wk", "self_attn.v_proj.weight": "wv",
               "self_attn.o_proj.weight": "wo", "post_attention_layernorm.weight": "mlp_norm",
-              "mlp.gate_proj.weight": "w_gate", "mlp.up_proj.weight": "w_up", "mlp.down_proj.weight": "w_down"}
+              "mlp.gate_proj.weight": "w_gate", "mlp.up_proj.weight": "w_up", "mlp.down_proj.weight": "w_down",
+              "self_attn.q_proj.bias": "bq", "self_attn.k_proj.bias": "bk", "self_attn.v_proj.bias": "bv"}
     for name in model.state_dict():
         if name == "lm_head.weight":
             yield name, weights.classifier
@@ -106,3 +112,17 @@ def test_a_llama2c_checkpoint_converted_to_hugging_face_runs_the_same_in_transfo
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     ids = [int(i) for i in np.random.default_rng(1).integers(0, 80, 20)]
     _close(reference_logits(config, weights, ids), _hf_logits(model, ids))
+
+
+def test_transformers_reads_the_bf16_shards_orion_writes(tmp_path) -> None:
+    config = LlamaConfig(dim=64, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=16, hidden_dim=80, vocab_size=96,
+                         max_position_embeddings=64, qkv_bias=True, model_type="qwen2")
+    weights = random_weights(config, seed=2)
+    save_hf(tmp_path, config, weights, dtype="bfloat16", max_shard_bytes=20_000)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    _, ours = load_hf(tmp_path, progress=False)
+    for (name, p), (_, array) in zip(model.state_dict().items(), _ordered(ours, model)):
+        np.testing.assert_array_equal(p.numpy(), array, err_msg=name)
+    assert np.abs(ours.layers[0].wq - weights.layers[0].wq).max() <= 2.0 ** -8 * np.abs(weights.layers[0].wq).max()
+    ids = [5, 6, 7, 8, 9]
+    _close(reference_logits(config, ours, ids), _hf_logits(model, ids))

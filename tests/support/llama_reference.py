@@ -19,7 +19,7 @@ def rms_norm(x: np.ndarray, gain: np.ndarray, eps: float) -> np.ndarray:
 
 def rope(x: np.ndarray, positions: np.ndarray, theta: float, convention: str) -> np.ndarray:
     """Rotate x [T, heads, head_dim] for positions [T] as complex pairs."""
-    t, heads, d = x.shape
+    d = x.shape[-1]
     freqs = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)           # [d/2]
     angle = np.exp(1j * np.outer(positions, freqs))[:, None, :]             # [T, 1, d/2]
     if convention == "interleaved":

@@ -481,5 +481,4 @@ def save_llama2c(path: str | os.PathLike[str], config: LlamaConfig, weights: Lla
                 arrays = [tables[name]]
             else:
                 arrays = [getattr(layer, name) for layer in weights.layers]
-            for array in arrays:
-                f.write(np.ascontiguousarray(array, dtype="<f4").tobytes())
+            f.writelines(np.ascontiguousarray(array, dtype="<f4").tobytes() for array in arrays)

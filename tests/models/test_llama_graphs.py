@@ -179,6 +179,19 @@ def test_both_rope_conventions_compute_the_same_layer() -> None:
     close(got["half"], want)
 
 
+def test_spans_beyond_the_context_are_errors() -> None:
+    config = CONFIGS["mha4-half-untied"]
+    weights = lively(config)
+    with pytest.raises(orion.OrionError, match="position 32: outside the context length"):
+        graphs.rope_row(config, CONTEXT)
+    with pytest.raises(orion.OrionError, match="prefill of 64 tokens: outside the context length"):
+        graphs.prefill_graph(config, weights, range(1), 64)
+    with pytest.raises(orion.OrionError, match="decode cache of 33 positions"):
+        graphs.decode_graph(config, weights, range(1), CONTEXT + 1)
+    with pytest.raises(orion.OrionError, match="vocabulary chunk"):
+        graphs.lm_head_graph(config, weights, range(90, 100), 1)
+
+
 def test_rope_tables_follow_the_convention() -> None:
     config = CONFIGS["gqa8x2-interleaved"]
     cos, _ = graphs.rope_tables(config, np.array([3]))

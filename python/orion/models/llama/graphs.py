@@ -18,6 +18,10 @@ tables; a decode graph takes the current position's cos/sin as its ``rope`` inpu
 ``x``, ``mask`` ``[1, 1, 1, T]`` (0 for filled positions, -65504 for the rest) and per layer
 ``k<i>``/``v<i>`` caches ``[1, kv_dim, 1, T]`` of rotated keys and values; it returns the new token's
 ``k<i>``/``v<i>`` for the caller to store at its position.
+
+Broadcasts stay one-sided: ``[1, C, 1, S]`` with ``[1, 1, 1, S]`` or ``[1, C, 1, 1]`` (norms, GPT-2's
+decode attention) and ``[1, H, a, b]`` with ``[1, 1, a, b]`` (RoPE tables, the causal mask, and the
+constant RoPE partner matrix as a batch-broadcast matmul operand, as legalization's placement matmuls do).
 """
 
 from __future__ import annotations
@@ -28,12 +32,10 @@ import numpy as np
 
 from orion.graph import Graph
 from orion.graph.ir import Node
-from orion.limits import FP16_MAX
-from orion.models.gpt2.graphs import cached_attention
-from orion.models.llama.config import LlamaConfig
+from orion.models.gpt2.graphs import MASKED, cached_attention
+from orion.models.llama.config import ConfigError, LlamaConfig
 from orion.models.llama.weights import LayerWeights, LlamaWeights
 
-MASKED = -FP16_MAX  # additive mask of a position a query must not see
 RMS_FLOOR = 2.0 ** -14  # added to max|x| before dividing by it: fp16's smallest normal, keeps 1/s finite
 
 
@@ -58,6 +60,12 @@ def rms_norm(g: Graph, x: Node, gain: np.ndarray, eps: float, name: str) -> Node
     rstd = g.pow(g.add(mean_sq, scaled_eps, name=f"{name}_var"), -0.5, name=f"{name}_rstd")
     normed = g.mul(y, rstd, name=f"{name}_normed")
     return g.mul(normed, gain.reshape(1, c, 1, 1), name=name)
+
+
+def _check_span(config: LlamaConfig, length: int, what: str) -> None:
+    if not 0 < length <= config.max_position_embeddings:
+        raise ConfigError(f"{what}: outside the context length (max_position_embeddings "
+                          f"{config.max_position_embeddings}); Orion does not extrapolate RoPE past it")
 
 
 # -- RoPE ----------------------------------------------------------------------------------------
@@ -86,6 +94,7 @@ def rope_tables(config: LlamaConfig, positions: np.ndarray) -> tuple[np.ndarray,
 def rope_row(config: LlamaConfig, position: int) -> np.ndarray:
     """The decode graph's ``rope`` input ``[1, 2 * head_dim, 1, 1]`` for the token at ``position``: the cos
     column of :func:`rope_tables`, then the sin column."""
+    _check_span(config, position + 1, f"position {position}")
     cos, sin = rope_tables(config, np.array([position]))
     return np.concatenate([cos[:, 0], sin[:, 0]]).reshape(1, -1, 1, 1).astype(np.float32)
 
@@ -164,6 +173,7 @@ def prefill_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, seq
     """Layers ``layers`` over ``seq`` tokens at positions ``0..seq-1`` (a power of two; pad a shorter prompt
     at the end, the causal mask keeps padding out of earlier tokens): input ``x`` ``[1, dim, 1, seq]``;
     outputs ``x`` and each layer's rotated keys ``k<i>`` and values ``v<i>`` ``[1, kv_dim, 1, seq]``."""
+    _check_span(config, seq, f"prefill of {seq} tokens")
     kv, d = config.n_kv_heads, config.head_dim
     g = Graph(f"llama_prefill_{layers.start}_{layers.stop}_s{seq}")
     x = g.input("x", [1, config.dim, 1, seq])
@@ -194,6 +204,7 @@ def decode_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, cont
     ``[1, 2 * head_dim, 1, 1]`` (:func:`rope_row`) and caches ``k<i>``/``v<i>`` ``[1, kv_dim, 1, T]``
     (``T = context``, default ``max_position_embeddings``); outputs ``x`` and each layer's new ``k<i>``/``v<i>``."""
     t = context or config.max_position_embeddings
+    _check_span(config, t, f"decode cache of {t} positions")
     kv, d = config.n_kv_heads, config.head_dim
     g = Graph(f"llama_decode_{layers.start}_{layers.stop}_t{t}")
     x = g.input("x", [1, config.dim, 1, 1])
@@ -222,6 +233,9 @@ def decode_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, cont
 
 def lm_head_graph(config: LlamaConfig, weights: LlamaWeights, vocab: range, seq: int) -> Graph:
     """Final RMSNorm and the LM head (tied or not) for token ids ``vocab``: ``x`` -> ``logits`` ``[1, V, 1, S]``."""
+    if not 0 <= vocab.start < vocab.stop <= config.vocab_size or vocab.step != 1:
+        raise ConfigError(f"lm_head_graph: vocabulary chunk {vocab} is not a non-empty slice of range(0, "
+                          f"{config.vocab_size})")
     g = Graph(f"llama_lm_head_{vocab.start}_{vocab.stop}_s{seq}")
     x = g.input("x", [1, config.dim, 1, seq])
     h = rms_norm(g, x, weights.norm, config.rms_norm_eps, "final_norm")

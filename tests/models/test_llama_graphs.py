@@ -17,7 +17,13 @@ from orion.graph import Graph
 from orion.models.llama import graphs
 from orion.models.llama.config import LlamaConfig
 from orion.models.llama.weights import random_weights, to_rope_convention
-from support.llama_reference import head_logits, layer_forward, rms_norm
+from support.llama_reference import (
+    head_logits,
+    layer_forward,
+    reference_greedy,
+    reference_logits,
+    rms_norm,
+)
 
 SEQ, CONTEXT = 16, 32
 CONFIGS = {
@@ -218,3 +224,39 @@ def test_stories110m_shape_layer_decode_and_prefill() -> None:
     close(rows(got["x"])[0], want[pos])
     prefill = orion.compile_graph(graphs.prefill_graph(config, weights, range(1), 64))
     close(rows(prefill(x=channels(xs[:64]))["x"]), want[:64])
+
+
+def test_chained_programs_reproduce_the_reference_logits_and_greedy_tokens(model) -> None:
+    """Prefill (padded to a bucket) then decode steps, chained by hand: the graphs alone, no runtime."""
+    config, weights = model
+    layers = range(config.n_layers)
+    prefill = [orion.compile_graph(graphs.prefill_graph(config, weights, range(i, i + 1), SEQ)) for i in layers]
+    decode = [orion.compile_graph(graphs.decode_graph(config, weights, range(i, i + 1), CONTEXT)) for i in layers]
+    head = orion.compile_graph(graphs.lm_head_graph(config, weights, range(config.vocab_size), 1))
+    prompt = [3, 14, 15, 92, 65]
+    x = np.zeros((SEQ, config.dim), np.float32)
+    x[:len(prompt)] = weights.embed[prompt]  # padding after the prompt: the causal mask keeps it out
+    keys = np.zeros((config.n_layers, 1, config.kv_dim, 1, CONTEXT), np.float32)
+    values = np.zeros_like(keys)
+    h = channels(x)
+    for i in layers:
+        out = prefill[i](x=h)
+        h = out["x"]
+        keys[i][..., :len(prompt)] = out[f"k{i}"][..., :len(prompt)]
+        values[i][..., :len(prompt)] = out[f"v{i}"][..., :len(prompt)]
+    logits = rows(head(x=h[..., len(prompt) - 1:len(prompt)])["logits"])[0]
+    close(logits, reference_logits(config, weights, prompt)[-1])
+    tokens = []
+    for pos in range(len(prompt), len(prompt) + 8):
+        tokens.append(int(np.argmax(logits)))
+        want = reference_logits(config, weights, prompt + tokens)[-1]
+        mask = np.full((1, 1, 1, CONTEXT), graphs.MASKED, np.float32)
+        mask[..., :pos] = 0
+        h = channels(weights.embed[tokens[-1:]])
+        for i in layers:
+            out = decode[i](x=h, mask=mask, rope=graphs.rope_row(config, pos), **{f"k{i}": keys[i], f"v{i}": values[i]})
+            h = out["x"]
+            keys[i][..., pos], values[i][..., pos] = out[f"k{i}"][..., 0], out[f"v{i}"][..., 0]
+        logits = rows(head(x=h)["logits"])[0]
+        close(logits, want)
+    assert tokens == reference_greedy(config, weights, prompt, 8)

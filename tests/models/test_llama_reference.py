@@ -1,4 +1,4 @@
-"""The numpy Llama reference against transformers' LlamaForCausalLM and Qwen2ForCausalLM.
+"""The numpy Llama reference against transformers' LlamaForCausalLM, Qwen2ForCausalLM and MistralForCausalLM.
 
 Checkpoints are tiny random models that transformers itself saved; Orion's loader reads them, and the
 reference must reproduce transformers' fp32 logits to 1e-4 of the largest logit magnitude and its
@@ -34,6 +34,9 @@ def _hf_model(kind: str, tied: bool, seed: int):
     if kind == "llama":
         config = transformers.LlamaConfig(**shape, rope_theta=500.0)
         model = transformers.LlamaForCausalLM(config)
+    elif kind == "mistral":
+        config = transformers.MistralConfig(**shape, rope_theta=2e4, sliding_window=None)
+        model = transformers.MistralForCausalLM(config)
     else:
         config = transformers.Qwen2Config(**shape, rope_theta=1e6)
         model = transformers.Qwen2ForCausalLM(config)
@@ -49,9 +52,9 @@ def _hf_logits(model, ids: list[int]) -> np.ndarray:
 
 
 def _hf_greedy(model, ids: list[int], n: int) -> list[int]:
+    model.generation_config.eos_token_id = None  # greedy for n tokens, through EOS as the reference does
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                             pad_token_id=0)
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, pad_token_id=0)
     return out[0, len(ids):].tolist()
 
 
@@ -59,7 +62,8 @@ def _close(got: np.ndarray, want: np.ndarray) -> None:
     np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE * float(np.abs(want).max()))
 
 
-@pytest.mark.parametrize("kind,tied", [("llama", False), ("llama", True), ("qwen2", False), ("qwen2", True)])
+@pytest.mark.parametrize("kind,tied", [("llama", False), ("llama", True), ("qwen2", False), ("qwen2", True),
+                                       ("mistral", False)])
 def test_reference_matches_transformers_on_a_checkpoint_it_saved(tmp_path, kind, tied) -> None:
     model = _hf_model(kind, tied, seed=len(kind) + tied)
     model.save_pretrained(tmp_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -72,6 +73,17 @@ def test_interleaved_weights_are_stored_rotate_half_with_the_same_logits(tmp_pat
     back_config, back = to_rope_convention(config, loaded, "interleaved")
     assert back_config == GQA
     same(back, weights)
+
+
+def test_rope_conversion_permutes_the_q_k_biases_too() -> None:
+    config = replace(QWEN, rope_convention="interleaved")
+    weights = random_weights(config, seed=6)
+    half_config, half = to_rope_convention(config, weights, "half")
+    assert not np.array_equal(half.layers[0].bk, weights.layers[0].bk)
+    np.testing.assert_array_equal(half.layers[0].bv, weights.layers[0].bv)
+    ids = [7, 0, 3, 3, 9, 100]
+    np.testing.assert_allclose(reference_logits(half_config, half, ids), reference_logits(config, weights, ids),
+                               atol=1e-5)
 
 
 def _tensors(path) -> dict[str, np.ndarray]:

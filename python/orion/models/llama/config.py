@@ -1,0 +1,305 @@
+"""Llama-family hyperparameters (Llama, Qwen2, Mistral, llama2.c), validated, and their Hugging Face
+``config.json`` form.
+
+Every ``config.json`` field is either mapped to a :class:`LlamaConfig` field, checked to hold a value
+Orion implements (else a :class:`ConfigError` naming the field), or listed in :data:`IGNORED_FIELDS`
+with the reason it does not change the model's outputs. An unknown field is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orion.errors import OrionError
+
+ROPE_CONVENTIONS = ("interleaved", "half")  # llama2.c/Meta pairs (2i, 2i+1); Hugging Face rotate-half
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+
+
+class ConfigError(OrionError, ValueError):
+    """A Llama configuration is invalid, or a ``config.json`` holds something Orion does not implement."""
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """A Llama-family shape. ``head_dim`` may differ from ``dim // n_heads``; ``n_kv_heads < n_heads`` is
+    grouped-query attention. ``rope_convention`` says how the q/k weights pair rotated channels."""
+
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_convention: str = "half"
+    tie_embeddings: bool = False
+    qkv_bias: bool = False
+    model_type: str = "llama"
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim", "vocab_size",
+                     "max_position_embeddings"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"LlamaConfig.{name} must be a positive integer, got {value!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(f"LlamaConfig: n_heads ({self.n_heads}) must be a multiple of n_kv_heads "
+                              f"({self.n_kv_heads}); each KV head serves a whole group of query heads")
+        if self.head_dim % 2:
+            raise ConfigError(f"LlamaConfig.head_dim ({self.head_dim}) must be even: RoPE rotates channel pairs")
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"LlamaConfig.{name} must be a positive number, got {value!r}")
+        if self.rope_convention not in ROPE_CONVENTIONS:
+            raise ConfigError(f"LlamaConfig.rope_convention is {self.rope_convention!r}; "
+                              f"use one of {', '.join(map(repr, ROPE_CONVENTIONS))}")
+        if self.model_type not in MODEL_TYPES:
+            raise ConfigError(f"LlamaConfig.model_type is {self.model_type!r}; use one of {sorted(MODEL_TYPES)}")
+        for token in (self.bos_token_id, *self.eos_token_ids):
+            if token is not None and not 0 <= token < self.vocab_size:
+                raise ConfigError(f"LlamaConfig: special token id {token} is outside the vocabulary "
+                                  f"(vocab_size {self.vocab_size})")
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head."""
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def q_dim(self) -> int:
+        """Channels of all query heads."""
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """Channels of all KV heads (one cache row per token and layer)."""
+        return self.n_kv_heads * self.head_dim
+
+    def param_count(self) -> int:
+        """Number of parameters, counting a tied LM head once (109,529,856 for Stories110M)."""
+        d, q, kv = self.dim, self.q_dim, self.kv_dim
+        per_layer = 2 * d + d * q + 2 * d * kv + q * d + 3 * d * self.hidden_dim
+        if self.qkv_bias:
+            per_layer += q + 2 * kv
+        heads = 1 if self.tie_embeddings else 2
+        return heads * self.vocab_size * d + self.n_layers * per_layer + d
+
+    @classmethod
+    def stories110m(cls) -> LlamaConfig:
+        """llama2.c's Stories110M: dim 768, 12 layers, 12 heads (MHA), SwiGLU hidden 2048, vocab 32,000,
+        context 1024, interleaved RoPE with theta 10000, tied embeddings, BOS 1 / EOS 2."""
+        return cls(dim=768, n_layers=12, n_heads=12, n_kv_heads=12, head_dim=64, hidden_dim=2048,
+                   vocab_size=32000, max_position_embeddings=1024, rms_norm_eps=1e-5, rope_theta=10000.0,
+                   rope_convention="interleaved", tie_embeddings=True, bos_token_id=1, eos_token_ids=(2,))
+
+    @classmethod
+    def from_hf_json(cls, source: dict[str, Any] | str | os.PathLike[str]) -> LlamaConfig:
+        """Read a Hugging Face Llama / Qwen2 / Mistral ``config.json`` (a dict, the file or its directory)."""
+        data, where = _read_json(source)
+        try:
+            return cls(**_map_hf(data, where))
+        except ConfigError as exc:
+            if str(exc).startswith(where):
+                raise
+            raise ConfigError(f"{where}: {exc}") from None
+
+    def to_hf_json(self) -> dict[str, Any]:
+        """The ``config.json`` transformers reads for this shape. Hugging Face checkpoints use rotate-half
+        RoPE, so this needs ``rope_convention == "half"`` (``weights.to_rope_convention`` converts)."""
+        if self.rope_convention != "half":
+            raise ConfigError("LlamaConfig.to_hf_json: Hugging Face checkpoints use rotate-half RoPE, this config is "
+                              f"{self.rope_convention!r}. Fix: convert with orion.models.llama.weights.to_rope_convention")
+        if self.qkv_bias and self.model_type != "qwen2":
+            raise ConfigError(f"LlamaConfig.to_hf_json: q/k/v biases exist only in Qwen2 checkpoints, model_type is "
+                              f"{self.model_type!r}. Fix: use model_type='qwen2'")
+        if self.model_type == "qwen2" and not self.qkv_bias:
+            raise ConfigError("LlamaConfig.to_hf_json: Qwen2 checkpoints always have q/k/v biases, qkv_bias is False. "
+                              "Fix: set qkv_bias=True or use model_type='llama'")
+        eos: Any = list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else \
+            (self.eos_token_ids[0] if self.eos_token_ids else None)
+        out: dict[str, Any] = {
+            "model_type": self.model_type, "architectures": [MODEL_TYPES[self.model_type]],
+            "hidden_size": self.dim, "num_hidden_layers": self.n_layers, "num_attention_heads": self.n_heads,
+            "num_key_value_heads": self.n_kv_heads, "head_dim": self.head_dim,
+            "intermediate_size": self.hidden_dim, "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_position_embeddings, "rms_norm_eps": self.rms_norm_eps,
+            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "hidden_act": "silu", "tie_word_embeddings": self.tie_embeddings,
+            "bos_token_id": self.bos_token_id, "eos_token_id": eos,
+        }
+        if self.model_type == "llama":
+            out.update(attention_bias=False, mlp_bias=False)
+        elif self.model_type == "qwen2":
+            out.update(use_sliding_window=False, sliding_window=None)
+        else:
+            out.update(sliding_window=None)
+        return out
+
+
+# Hugging Face fields that do not change the logits of a causal LM at inference, with the reason.
+IGNORED_FIELDS: dict[str, str] = {
+    **dict.fromkeys(("_name_or_path", "transformers_version", "architectures", "torch_dtype", "dtype",
+                     "id2label", "label2id", "problem_type", "finetuning_task", "tokenizer_class", "prefix",
+                     "task_specific_params", "_commit_hash", "_attn_implementation_autoset"),
+                    "bookkeeping"),
+    **dict.fromkeys(("use_cache", "return_dict", "output_attentions", "output_hidden_states", "torchscript",
+                     "chunk_size_feed_forward", "pruned_heads", "pretraining_tp", "_attn_implementation"),
+                    "a transformers execution setting, same outputs"),
+    **dict.fromkeys(("initializer_range", "attention_dropout", "hidden_dropout", "embd_pdrop", "resid_pdrop"),
+                    "training only"),
+    **dict.fromkeys(("pad_token_id", "sep_token_id", "decoder_start_token_id"), "a tokenizer setting"),
+    **dict.fromkeys(("max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+                     "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+                     "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+                     "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+                     "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
+                     "suppress_tokens", "begin_suppress_tokens", "tf_legacy_loss", "is_decoder",
+                     "is_encoder_decoder", "add_cross_attention", "cross_attention_hidden_size",
+                     "tie_encoder_decoder"), "a generation default or an encoder-decoder setting"),
+    **dict.fromkeys(("rope_interleaved", "is_llama_config"), "nanotron bookkeeping that transformers ignores too"),
+}
+
+_REQUIRED = {"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
+             "hidden_dim": "intermediate_size", "vocab_size": "vocab_size",
+             "max_position_embeddings": "max_position_embeddings"}
+
+
+def _read_json(source: dict[str, Any] | str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
+    if isinstance(source, dict):
+        return source, "config dict"
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file; a Llama-family directory needs a Hugging Face config.json")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: not a readable JSON config ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data, str(path)
+
+
+def _unsupported(where: str, field: str, value: Any, what: str) -> ConfigError:
+    return ConfigError(f"{where}: field {field!r} is {json.dumps(value)}: {what} is not implemented by Orion. "
+                       "Fix: use a checkpoint without it (Orion never ignores a field that changes the model)")
+
+
+def _rope_theta(data: dict[str, Any], where: str, used: set[str]) -> float:
+    """``rope_theta`` from ``rope_parameters`` (transformers >= 5) or the older ``rope_theta``/``rope_scaling``."""
+    theta = data.get("rope_theta", 10000.0)
+    params = data.get("rope_parameters")
+    used.update(("rope_theta", "rope_parameters", "rope_scaling"))
+    if params is not None:
+        if not isinstance(params, dict):
+            raise ConfigError(f"{where}: field 'rope_parameters' must be an object, got {json.dumps(params)}")
+        for key, value in params.items():
+            if key == "rope_theta":
+                theta = value
+            elif key in ("rope_type", "type"):
+                if value != "default":
+                    raise _unsupported(where, f"rope_parameters.{key}", value, f"RoPE scaling {value!r}")
+            elif not (key == "partial_rotary_factor" and value == 1.0):
+                raise _unsupported(where, f"rope_parameters.{key}", value, "this RoPE parameter")
+    scaling = data.get("rope_scaling")
+    if scaling is not None and not (isinstance(scaling, dict) and
+                                    scaling.get("rope_type", scaling.get("type")) == "default" and
+                                    set(scaling) <= {"rope_type", "type", "rope_theta"}):
+        raise _unsupported(where, "rope_scaling", scaling, "RoPE scaling")
+    return theta
+
+
+def _check_sliding_window(data: dict[str, Any], where: str, model_type: str, n_layers: int, context: int,
+                          used: set[str]) -> None:
+    """Sliding-window attention is refused unless it can never drop a position within the context."""
+    used.update(("sliding_window", "use_sliding_window", "max_window_layers", "layer_types"))
+    window = data.get("sliding_window")
+    layer_types = data.get("layer_types")
+    if layer_types is not None:
+        if not isinstance(layer_types, list) or len(layer_types) != n_layers or \
+                not set(layer_types) <= {"full_attention", "sliding_attention"}:
+            raise _unsupported(where, "layer_types", layer_types,
+                               f"anything but {n_layers} entries of 'full_attention' or 'sliding_attention'")
+        sliding_layers = "sliding_attention" in layer_types
+    elif model_type == "qwen2":
+        sliding_layers = bool(data.get("use_sliding_window", False)) and data.get("max_window_layers", 0) < n_layers
+    else:
+        sliding_layers = True
+    if model_type == "llama" and window is not None:
+        raise _unsupported(where, "sliding_window", window, "sliding-window attention in a Llama config")
+    if sliding_layers and window is not None and window < context:
+        raise ConfigError(f"{where}: field 'sliding_window' is {window} with a context of {context}: sliding-window "
+                          "attention is not implemented by Orion. Fix: set max_position_embeddings to at most "
+                          f"{window} (the window then never slides)")
+
+
+def _map_hf(data: dict[str, Any], where: str) -> dict[str, Any]:
+    model_type = data.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise ConfigError(f"{where}: model_type is {model_type!r}; Orion's Llama family reads "
+                          f"{', '.join(map(repr, MODEL_TYPES))}")
+    arch = data.get("architectures")
+    if arch is not None and arch != [MODEL_TYPES[model_type]]:
+        raise ConfigError(f"{where}: field 'architectures' is {json.dumps(arch)}; Orion runs "
+                          f"{MODEL_TYPES[model_type]} only (a causal LM with an LM head)")
+    used = {"model_type"}
+    values: dict[str, Any] = {"model_type": model_type, "rope_convention": "half"}
+    for ours, key in _REQUIRED.items():
+        if key not in data:
+            raise ConfigError(f"{where}: missing key {key!r} (LlamaConfig.{ours})")
+        values[ours] = data[key]
+        used.add(key)
+    kv = data.get("num_key_value_heads")
+    values["n_kv_heads"] = values["n_heads"] if kv is None else kv
+    head_dim = data.get("head_dim")
+    if head_dim is None:
+        if not isinstance(values["n_heads"], int) or not values["n_heads"] or values["dim"] % values["n_heads"]:
+            raise ConfigError(f"{where}: no 'head_dim', and hidden_size {values['dim']} is not a multiple of "
+                              f"num_attention_heads {values['n_heads']}. Fix: give head_dim")
+        head_dim = values["dim"] // values["n_heads"]
+    values["head_dim"] = head_dim
+    values["rms_norm_eps"] = data.get("rms_norm_eps", 1e-6)
+    values["tie_embeddings"] = bool(data.get("tie_word_embeddings", False))
+    values["rope_theta"] = _rope_theta(data, where, used)
+    used.update(("num_key_value_heads", "head_dim", "rms_norm_eps", "tie_word_embeddings"))
+
+    act = data.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise _unsupported(where, "hidden_act", act, "an MLP activation other than SiLU")
+    used.add("hidden_act")
+    if model_type == "llama":
+        for key in ("attention_bias", "mlp_bias"):
+            if data.get(key, False):
+                raise _unsupported(where, key, data[key], "Llama with projection biases")
+        used.update(("attention_bias", "mlp_bias"))
+    values["qkv_bias"] = model_type == "qwen2"
+    if model_type == "qwen2":
+        if data.get("use_mrope", False):
+            raise _unsupported(where, "use_mrope", data["use_mrope"], "multimodal RoPE")
+        used.add("use_mrope")
+    _check_sliding_window(data, where, model_type, values["n_layers"], values["max_position_embeddings"], used)
+
+    values["bos_token_id"] = data.get("bos_token_id")
+    eos = data.get("eos_token_id")
+    values["eos_token_ids"] = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+    used.update(("bos_token_id", "eos_token_id"))
+
+    unknown = sorted(set(data) - used - set(IGNORED_FIELDS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown field {unknown[0]!r} for model_type {model_type!r}"
+                          + (f" (and {len(unknown) - 1} more: {', '.join(unknown[1:])})" if len(unknown) > 1 else "")
+                          + "; Orion cannot tell whether it changes the model. Fix: remove it if it is bookkeeping, "
+                          "or add it to orion.models.llama.config.IGNORED_FIELDS with the reason")
+    return values

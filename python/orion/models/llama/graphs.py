@@ -1,0 +1,243 @@
+"""Llama-family layers as Orion graphs: RMSNorm, RoPE, grouped-query attention and SwiGLU, for prefill
+(a whole sequence, causal) and for one decode step over a KV cache, plus the final norm and LM head.
+
+Every tensor is ``[1, C, 1, S]``, channel-major, and only conservative ops are used (1x1 conv for
+projections, matmul for attention, no concat, SiLU as ``x * sigmoid(x)``, an explicit additive causal
+mask). Attention is computed per *query group*: the fused qkv projection orders the query heads
+group-major, so query group ``j`` (head ``kv * group_size + j`` of every KV head ``kv``) is one
+contiguous ``[1, kv_dim, 1, S]`` slice that attends to the KV heads as plain multi-head attention.
+The KV tensors are shared by every group (never copied per query head), the cache holds
+``kv_dim = n_kv_heads * head_dim`` channels per token, and the output projection is the sum of one
+projection per group, so no group outputs are concatenated.
+
+RoPE multiplies by cos/sin tables ``[1, 1, head_dim, S]`` broadcast over heads and adds the rotation
+partner (each channel's pair mate, signed), made by a matmul with a constant ``[head_dim, head_dim]``
+signed permutation: one formula for both conventions. Prefill covers positions ``0..S-1`` from const
+tables; a decode graph takes the current position's cos/sin as its ``rope`` input
+(:func:`rope_row`), so one program serves every position. The decode graph's I/O match GPT-2's:
+``x``, ``mask`` ``[1, 1, 1, T]`` (0 for filled positions, -65504 for the rest) and per layer
+``k<i>``/``v<i>`` caches ``[1, kv_dim, 1, T]`` of rotated keys and values; it returns the new token's
+``k<i>``/``v<i>`` for the caller to store at its position.
+
+Broadcasts stay one-sided: ``[1, C, 1, S]`` with ``[1, 1, 1, S]`` or ``[1, C, 1, 1]`` (norms, GPT-2's
+decode attention) and ``[1, H, a, b]`` with ``[1, 1, a, b]`` (RoPE tables, the causal mask, and the
+constant RoPE partner matrix as a batch-broadcast matmul operand, as legalization's placement matmuls do).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from orion.graph import Graph
+from orion.graph.ir import Node
+from orion.models.gpt2.graphs import MASKED, cached_attention
+from orion.models.llama.config import ConfigError, LlamaConfig
+from orion.models.llama.weights import LayerWeights, LlamaWeights
+
+RMS_FLOOR = 2.0 ** -14  # added to max|x| before dividing by it: fp16's smallest normal, keeps 1/s finite
+
+
+def rms_norm(g: Graph, x: Node, gain: np.ndarray, eps: float, name: str) -> Node:
+    """RMSNorm over the channels of ``[1, C, 1, S]`` that is exact for any fp16 input.
+
+    With s = max|x| + 2^-14 and y = x / s (so |y| <= 1 and sum(y^2) <= C):
+    x / sqrt(mean(x^2) + eps) = y / sqrt(mean(y^2) + eps / s^2). The naive form squares x first,
+    and sum(x^2) overflows fp16 once RMS(x) > sqrt(65504 / C) (9.2 at C = 768), giving 0.
+    eps / s^2 is formed as (sqrt(eps) / s)^2, which stays finite for s >= 2^-14.
+    """
+    c = x.shape[1]
+    top = g.reduce_max(x, axis=1, name=f"{name}_top")
+    bottom = g.reduce_max(g.neg(x, name=f"{name}_neg"), axis=1, name=f"{name}_bottom")
+    peak = g.add(top, g.relu(g.sub(bottom, top, name=f"{name}_gap"), name=f"{name}_over"), name=f"{name}_peak")
+    inv = g.pow(g.add(peak, RMS_FLOOR, name=f"{name}_scale"), -1.0, name=f"{name}_inv")
+    y = g.mul(x, inv, name=f"{name}_unit")
+    mean_sq = g.mul(g.reduce_sum(g.mul(y, y, name=f"{name}_sq"), axis=1, name=f"{name}_sqsum"), 1.0 / c,
+                    name=f"{name}_meansq")
+    root_eps = g.mul(inv, math.sqrt(eps), name=f"{name}_root_eps")
+    scaled_eps = g.mul(root_eps, root_eps, name=f"{name}_eps")
+    rstd = g.pow(g.add(mean_sq, scaled_eps, name=f"{name}_var"), -0.5, name=f"{name}_rstd")
+    normed = g.mul(y, rstd, name=f"{name}_normed")
+    return g.mul(normed, gain.reshape(1, c, 1, 1), name=name)
+
+
+def _check_span(config: LlamaConfig, length: int, what: str) -> None:
+    if not 0 < length <= config.max_position_embeddings:
+        raise ConfigError(f"{what}: outside the context length (max_position_embeddings "
+                          f"{config.max_position_embeddings}); Orion does not extrapolate RoPE past it")
+
+
+# -- RoPE ----------------------------------------------------------------------------------------
+
+def _pair_mate(config: LlamaConfig) -> tuple[np.ndarray, np.ndarray]:
+    """For each channel of a head: the channel it is paired with and the sign of the mate's term."""
+    d = config.head_dim
+    idx = np.arange(d)
+    if config.rope_convention == "interleaved":
+        return idx ^ 1, np.where(idx % 2 == 0, -1.0, 1.0)
+    half = d // 2
+    return (idx + half) % d, np.where(idx < half, -1.0, 1.0)
+
+
+def rope_tables(config: LlamaConfig, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin ``[head_dim, len(positions)]`` in the convention's channel order (each pair's angle on
+    both of its channels)."""
+    d = config.head_dim
+    idx = np.arange(d)
+    pair = idx // 2 if config.rope_convention == "interleaved" else idx % (d // 2)
+    freqs = config.rope_theta ** (-2.0 * pair / d)
+    angles = np.outer(freqs, np.asarray(positions, dtype=np.float64))
+    return np.cos(angles), np.sin(angles)
+
+
+def rope_row(config: LlamaConfig, position: int) -> np.ndarray:
+    """The decode graph's ``rope`` input ``[1, 2 * head_dim, 1, 1]`` for the token at ``position``: the cos
+    column of :func:`rope_tables`, then the sin column."""
+    _check_span(config, position + 1, f"position {position}")
+    cos, sin = rope_tables(config, np.array([position]))
+    return np.concatenate([cos[:, 0], sin[:, 0]]).reshape(1, -1, 1, 1).astype(np.float32)
+
+
+def _rope_partner(g: Graph, config: LlamaConfig) -> Node:
+    """``[1, 1, head_dim, head_dim]`` signed permutation P with (P x)[c] = sign[c] * x[mate[c]]."""
+    mate, sign = _pair_mate(config)
+    p = np.zeros((config.head_dim, config.head_dim))
+    p[np.arange(config.head_dim), mate] = sign
+    return g.const("rope_partner", p.reshape(1, 1, config.head_dim, config.head_dim))
+
+
+def apply_rope(g: Graph, x: Node, heads: int, cos: Node, sin: Node, partner: Node, name: str) -> Node:
+    """Rotate ``x`` ``[1, heads*head_dim, 1, S]``; returns head form ``[1, heads, head_dim, S]``."""
+    d, s = cos.shape[2], x.shape[3]
+    xh = g.reshape(x, [1, heads, d, s], name=f"{name}_heads")
+    mate = g.matmul(partner, xh, name=f"{name}_mate")
+    return g.add(g.mul(xh, cos, name=f"{name}_cos"), g.mul(mate, sin, name=f"{name}_sin"), name=name)
+
+
+# -- layer pieces ----------------------------------------------------------------------------------
+
+def group_rows(config: LlamaConfig, group: int) -> np.ndarray:
+    """Rows of ``wq`` (columns of ``wo``) of query group ``group``: head ``kv * group_size + group`` of each KV head."""
+    heads = np.arange(config.n_kv_heads) * config.group_size + group
+    return (heads[:, None] * config.head_dim + np.arange(config.head_dim)[None, :]).reshape(-1)
+
+
+def _qkv(g: Graph, x: Node, config: LlamaConfig, layer: LayerWeights) -> tuple[list[Node], Node, Node]:
+    """Fused projection: the query groups (each ``[1, kv_dim, 1, S]``), then keys and values."""
+    h = rms_norm(g, x, layer.attn_norm, config.rms_norm_eps, "attn_norm")
+    order = np.concatenate([group_rows(config, j) for j in range(config.group_size)])
+    weight = np.concatenate([layer.wq[order], layer.wk, layer.wv])
+    bias = None if layer.bq is None else np.concatenate([layer.bq[order], layer.bk, layer.bv])
+    qkv = g.linear(h, weight, bias, name="qkv")
+    parts = g.split(qkv, [config.kv_dim] * (config.group_size + 2), axis=1, name="qkv")
+    return parts[:-2], parts[-2], parts[-1]
+
+
+def _out_proj(g: Graph, x: Node, contexts: list[Node], config: LlamaConfig, layer: LayerWeights) -> Node:
+    """Residual plus the output projection, summed over query groups."""
+    acc = None
+    for j, ctx in enumerate(contexts):
+        part = g.linear(ctx, layer.wo[:, group_rows(config, j)], name=f"o_g{j}")
+        acc = part if acc is None else g.add(acc, part, name=f"o_sum{j}")
+    return g.add(x, acc, name="attn_res")
+
+
+def _mlp(g: Graph, x: Node, config: LlamaConfig, layer: LayerWeights) -> Node:
+    """SwiGLU: x + W_down(silu(W_gate h) * W_up h) with h = RMSNorm(x) and silu(a) = a * sigmoid(a)."""
+    h = rms_norm(g, x, layer.mlp_norm, config.rms_norm_eps, "mlp_norm")
+    gate, up = g.split(g.linear(h, np.concatenate([layer.w_gate, layer.w_up]), name="gate_up"),
+                       [config.hidden_dim, config.hidden_dim], axis=1, name="gate_up")
+    act = g.mul(gate, g.sigmoid(gate, name="gate_sigmoid"), name="silu")
+    down = g.linear(g.mul(act, up, name="swiglu"), layer.w_down, name="down")
+    return g.add(x, down, name="mlp_res")
+
+
+def causal_mask(seq: int) -> np.ndarray:
+    """``[1, 1, S, S]`` additive mask: 0 on and below the diagonal, -65504 above (broadcast over heads)."""
+    return (np.triu(np.ones((seq, seq)), k=1) * MASKED).reshape(1, 1, seq, seq)
+
+
+def _group_attention(g: Graph, q: Node, k: Node, v: Node, mask: Node, name: str) -> Node:
+    """Causal attention of one query group ``[1, KV, hd, S]`` over keys/values ``[1, KV, hd, S]``."""
+    kv, d, s = q.shape[1], q.shape[2], q.shape[3]
+    scores = g.matmul(q, k, transpose_x=True, name=f"{name}_scores")  # [1, KV, S, S]
+    probs = g.softmax(g.add(scores, mask, name=f"{name}_masked"), axis=-1, name=f"{name}_probs")
+    ctx = g.matmul(v, probs, transpose_y=True, name=f"{name}_ctx")  # [1, KV, hd, S]
+    return g.reshape(ctx, [1, kv * d, 1, s], name=f"{name}_merged")
+
+
+# -- graphs --------------------------------------------------------------------------------------
+
+def prefill_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, seq: int) -> Graph:
+    """Layers ``layers`` over ``seq`` tokens at positions ``0..seq-1`` (a power of two; pad a shorter prompt
+    at the end, the causal mask keeps padding out of earlier tokens): input ``x`` ``[1, dim, 1, seq]``;
+    outputs ``x`` and each layer's rotated keys ``k<i>`` and values ``v<i>`` ``[1, kv_dim, 1, seq]``."""
+    _check_span(config, seq, f"prefill of {seq} tokens")
+    kv, d = config.n_kv_heads, config.head_dim
+    g = Graph(f"llama_prefill_{layers.start}_{layers.stop}_s{seq}")
+    x = g.input("x", [1, config.dim, 1, seq])
+    cos_table, sin_table = rope_tables(config, np.arange(seq))
+    cos, sin = (g.const(n, t.reshape(1, 1, d, seq)) for n, t in (("rope_cos", cos_table), ("rope_sin", sin_table)))
+    partner = _rope_partner(g, config)
+    mask = g.const("causal_mask", causal_mask(seq))
+    for i in layers:
+        layer = weights.layers[i]
+        with g.scope(f"l{i}"):
+            queries, k, v = _qkv(g, x, config, layer)
+            kh = apply_rope(g, k, kv, cos, sin, partner, "k_rope")
+            g.output(g.reshape(kh, [1, config.kv_dim, 1, seq], name="k_out"), f"k{i}")
+            g.output(v, f"v{i}")
+            vh = g.reshape(v, [1, kv, d, seq], name="v_heads")
+            contexts = []
+            for j, q in enumerate(queries):
+                qh = apply_rope(g, q, kv, cos, sin, partner, f"q{j}_rope")
+                qh = g.mul(qh, 1.0 / math.sqrt(d), name=f"q{j}_scaled")
+                contexts.append(_group_attention(g, qh, kh, vh, mask, f"attn_g{j}"))
+            x = _mlp(g, _out_proj(g, x, contexts, config, layer), config, layer)
+    g.output(x, "x")
+    return g
+
+
+def decode_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, context: int | None = None) -> Graph:
+    """Layers ``layers`` for one token: inputs ``x`` ``[1, dim, 1, 1]``, ``mask`` ``[1, 1, 1, T]``, ``rope``
+    ``[1, 2 * head_dim, 1, 1]`` (:func:`rope_row`) and caches ``k<i>``/``v<i>`` ``[1, kv_dim, 1, T]``
+    (``T = context``, default ``max_position_embeddings``); outputs ``x`` and each layer's new ``k<i>``/``v<i>``."""
+    t = context or config.max_position_embeddings
+    _check_span(config, t, f"decode cache of {t} positions")
+    kv, d = config.n_kv_heads, config.head_dim
+    g = Graph(f"llama_decode_{layers.start}_{layers.stop}_t{t}")
+    x = g.input("x", [1, config.dim, 1, 1])
+    mask = g.input("mask", [1, 1, 1, t])
+    cos, sin = (g.reshape(part, [1, 1, d, 1], name=f"rope_{n}") for part, n in
+                zip(g.split(g.input("rope", [1, 2 * d, 1, 1]), [d, d], axis=1, name="rope"), ("cos", "sin")))
+    caches = {i: (g.input(f"k{i}", [1, config.kv_dim, 1, t]), g.input(f"v{i}", [1, config.kv_dim, 1, t]))
+              for i in layers}
+    partner = _rope_partner(g, config)
+    for i in layers:
+        layer = weights.layers[i]
+        with g.scope(f"l{i}"):
+            queries, k, v = _qkv(g, x, config, layer)
+            k = g.reshape(apply_rope(g, k, kv, cos, sin, partner, "k_rope"), [1, config.kv_dim, 1, 1], name="k_out")
+            g.output(k, f"k{i}")
+            g.output(v, f"v{i}")
+            contexts = []
+            for j, q in enumerate(queries):
+                q = g.reshape(apply_rope(g, q, kv, cos, sin, partner, f"q{j}_rope"), [1, config.kv_dim, 1, 1],
+                              name=f"q{j}_rotated")
+                contexts.append(cached_attention(g, q, k, v, *caches[i], mask, kv, f"attn_g{j}"))
+            x = _mlp(g, _out_proj(g, x, contexts, config, layer), config, layer)
+    g.output(x, "x")
+    return g
+
+
+def lm_head_graph(config: LlamaConfig, weights: LlamaWeights, vocab: range, seq: int) -> Graph:
+    """Final RMSNorm and the LM head (tied or not) for token ids ``vocab``: ``x`` -> ``logits`` ``[1, V, 1, S]``."""
+    if not 0 <= vocab.start < vocab.stop <= config.vocab_size or vocab.step != 1:
+        raise ConfigError(f"lm_head_graph: vocabulary chunk {vocab} is not a non-empty slice of range(0, "
+                          f"{config.vocab_size})")
+    g = Graph(f"llama_lm_head_{vocab.start}_{vocab.stop}_s{seq}")
+    x = g.input("x", [1, config.dim, 1, seq])
+    h = rms_norm(g, x, weights.norm, config.rms_norm_eps, "final_norm")
+    g.output(g.linear(h, weights.classifier[vocab.start:vocab.stop], name="lm_head"), "logits")
+    return g

@@ -1,0 +1,484 @@
+"""Llama-family weights as float32 numpy arrays (projections ``[out, in]``), and their checkpoint formats:
+Hugging Face directories (``model.safetensors`` or a sharded ``model.safetensors.index.json``, in fp32,
+fp16 or bf16) and llama2.c's legacy ``.bin``.
+
+RoPE conventions: llama2.c/Meta weights rotate interleaved channel pairs (2i, 2i+1) of each head;
+Hugging Face checkpoints store the same q/k rows permuted per head so that rotate-half pairs
+(i, i + head_dim/2) give the same attention. :func:`to_rope_convention` applies that permutation, so
+the two layouts compute identical logits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import struct
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import numpy as np
+from safetensors import SafetensorError, safe_open
+
+from orion.errors import OrionError
+from orion.models.gpt2.weights import PROGRESS_EVERY, PROGRESS_MIN_BYTES, _raw_bf16
+from orion.models.llama.config import LlamaConfig
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+DIRECTORY_HELP = (
+    "a Llama-family directory holds a Hugging Face config.json and model.safetensors "
+    "(or model.safetensors.index.json with its shards)"
+)
+LLAMA2C_MAGIC = 0x616B3432  # "ak42": llama2.c's versioned export formats (Orion reads the legacy one)
+LLAMA2C_HEADER = struct.Struct("<7i")  # dim, hidden_dim, n_layers, n_heads, n_kv_heads, +-vocab_size, seq_len
+LLAMA2C_THETA, LLAMA2C_EPS = 10000.0, 1e-5  # fixed by llama2.c's model.py and run.c
+SAVE_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+_READ_DTYPES = {"F16", "BF16", "F32", "F64"}
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)  # RoPE buffers older transformers saved; recomputed from theta
+
+# Orion field -> name under "model.layers.N." in a Hugging Face checkpoint.
+_LAYER_NAMES: dict[str, str] = {
+    "attn_norm": "input_layernorm.weight",
+    "wq": "self_attn.q_proj.weight", "wk": "self_attn.k_proj.weight", "wv": "self_attn.v_proj.weight",
+    "bq": "self_attn.q_proj.bias", "bk": "self_attn.k_proj.bias", "bv": "self_attn.v_proj.bias",
+    "wo": "self_attn.o_proj.weight",
+    "mlp_norm": "post_attention_layernorm.weight",
+    "w_gate": "mlp.gate_proj.weight", "w_up": "mlp.up_proj.weight", "w_down": "mlp.down_proj.weight",
+}
+_TOP_NAMES: dict[str, str] = {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight",
+                              "lm_head": "lm_head.weight"}
+_BIASES = ("bq", "bk", "bv")
+_LLAMA2C_LAYER_ORDER = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_down", "w_up")
+
+
+class WeightsError(OrionError):
+    """Llama weights are missing, malformed or do not match their configuration."""
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer; projections are ``[out, in]``; q/k/v biases only for ``config.qkv_bias``."""
+
+    attn_norm: np.ndarray
+    wq: np.ndarray
+    wk: np.ndarray
+    wv: np.ndarray
+    wo: np.ndarray
+    mlp_norm: np.ndarray
+    w_gate: np.ndarray
+    w_up: np.ndarray
+    w_down: np.ndarray
+    bq: np.ndarray | None = None
+    bk: np.ndarray | None = None
+    bv: np.ndarray | None = None
+
+
+@dataclass
+class LlamaWeights:
+    """All weights (float32); ``lm_head`` is None when the LM head is tied to ``embed``."""
+
+    embed: np.ndarray
+    norm: np.ndarray
+    layers: list[LayerWeights]
+    lm_head: np.ndarray | None = None
+
+    @property
+    def classifier(self) -> np.ndarray:
+        """The LM head matrix ``[vocab, dim]`` (``embed`` when tied)."""
+        return self.embed if self.lm_head is None else self.lm_head
+
+    def arrays(self) -> Iterator[tuple[str, np.ndarray]]:
+        """Every stored array with its Orion name (``embed``, ``layers.0.wq``, ...), in a fixed order."""
+        yield "embed", self.embed
+        yield "norm", self.norm
+        if self.lm_head is not None:
+            yield "lm_head", self.lm_head
+        for i, layer in enumerate(self.layers):
+            for f in fields(LayerWeights):
+                array = getattr(layer, f.name)
+                if array is not None:
+                    yield f"layers.{i}.{f.name}", array
+
+    def validate(self, config: LlamaConfig) -> None:
+        """Raise :class:`WeightsError` unless every array is float32 with the shape ``config`` implies,
+        biases are present exactly when ``config.qkv_bias`` and the LM head exactly when untied."""
+        if len(self.layers) != config.n_layers:
+            raise WeightsError(f"LlamaWeights has {len(self.layers)} layers, config.n_layers is {config.n_layers}")
+        if (self.lm_head is None) != config.tie_embeddings:
+            raise WeightsError(f"LlamaWeights.lm_head is {'absent' if self.lm_head is None else 'present'} but "
+                               f"config.tie_embeddings is {config.tie_embeddings}")
+        for i, layer in enumerate(self.layers):
+            for b in _BIASES:
+                if (getattr(layer, b) is None) == config.qkv_bias:
+                    raise WeightsError(f"LlamaWeights.layers.{i}.{b} is {'absent' if config.qkv_bias else 'present'} "
+                                       f"but config.qkv_bias is {config.qkv_bias}")
+        shapes = expected_shapes(config)
+        for name, array in self.arrays():
+            expected = shapes[name.split(".")[-1]]
+            if not isinstance(array, np.ndarray) or array.dtype != np.float32 or array.shape != expected:
+                found = (array.dtype, array.shape) if isinstance(array, np.ndarray) else type(array).__name__
+                raise WeightsError(f"LlamaWeights.{name}: expected float32 {expected}, found {found}")
+
+    def content_hash(self, config: LlamaConfig) -> str:
+        """sha256 (hex) of the configuration and every array's name, shape and raw bytes."""
+        self.validate(config)
+        digest = hashlib.sha256(b"orion-llama-weights-v1\0")
+        digest.update(repr(config).encode())
+        for name, array in self.arrays():
+            digest.update(f"\0{name}{array.shape}\0".encode())
+            digest.update(memoryview(np.ascontiguousarray(array)).cast("B"))
+        return digest.hexdigest()
+
+
+def expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Shape of each field of :class:`LlamaWeights` and :class:`LayerWeights`."""
+    d, q, kv, h = config.dim, config.q_dim, config.kv_dim, config.hidden_dim
+    return {
+        "embed": (config.vocab_size, d), "norm": (d,), "lm_head": (config.vocab_size, d),
+        "attn_norm": (d,), "wq": (q, d), "wk": (kv, d), "wv": (kv, d), "bq": (q,), "bk": (kv,), "bv": (kv,),
+        "wo": (d, q), "mlp_norm": (d,), "w_gate": (h, d), "w_up": (h, d), "w_down": (d, h),
+    }
+
+
+def random_weights(config: LlamaConfig, seed: int = 0) -> LlamaWeights:
+    """Deterministic weights with llama2.c's initialization: matrices normal(0, 0.02), ``wo`` and ``w_up``
+    (llama2.c's w3) scaled by 1/sqrt(2 * n_layers), RMSNorm gains 1; q/k/v biases normal(0, 0.02)."""
+    rng = np.random.default_rng(seed)
+    shapes = expected_shapes(config)
+    residual_std = 0.02 / math.sqrt(2 * config.n_layers)
+
+    def normal(name: str, std: float = 0.02) -> np.ndarray:
+        array = rng.standard_normal(shapes[name], dtype=np.float32)
+        array *= np.float32(std)
+        return array
+
+    def ones(name: str) -> np.ndarray:
+        return np.ones(shapes[name], np.float32)
+
+    embed = normal("embed")
+    layers = [
+        LayerWeights(attn_norm=ones("attn_norm"), wq=normal("wq"), wk=normal("wk"), wv=normal("wv"),
+                     wo=normal("wo", residual_std), mlp_norm=ones("mlp_norm"), w_gate=normal("w_gate"),
+                     w_up=normal("w_up", residual_std), w_down=normal("w_down"),
+                     **({b: normal(b) for b in _BIASES} if config.qkv_bias else {}))
+        for _ in range(config.n_layers)
+    ]
+    lm_head = None if config.tie_embeddings else normal("lm_head")
+    return LlamaWeights(embed=embed, norm=ones("norm"), layers=layers, lm_head=lm_head)
+
+
+# -- RoPE conventions --------------------------------------------------------------------------------
+
+def _half_order(head_dim: int) -> np.ndarray:
+    """Row order turning interleaved pairs into rotate-half pairs: half row j = interleaved row order[j]."""
+    return np.concatenate([np.arange(0, head_dim, 2), np.arange(1, head_dim, 2)])
+
+
+def _permute_heads(array: np.ndarray, heads: int, order: np.ndarray) -> np.ndarray:
+    rows = (np.arange(heads)[:, None] * len(order) + order[None, :]).reshape(-1)
+    return np.ascontiguousarray(array[rows])
+
+
+def to_rope_convention(config: LlamaConfig, weights: LlamaWeights, convention: str) -> tuple[LlamaConfig, LlamaWeights]:
+    """The same model with its q/k rows (and biases) permuted per head for ``convention``; logits are unchanged."""
+    target = replace(config, rope_convention=convention)  # validates the name
+    if convention == config.rope_convention:
+        return target, weights
+    order = _half_order(config.head_dim)
+    if convention == "interleaved":
+        order = np.argsort(order)
+    layers = []
+    for layer in weights.layers:
+        changes = {"wq": _permute_heads(layer.wq, config.n_heads, order),
+                   "wk": _permute_heads(layer.wk, config.n_kv_heads, order)}
+        if layer.bq is not None:
+            changes["bq"] = _permute_heads(layer.bq, config.n_heads, order)
+            changes["bk"] = _permute_heads(layer.bk, config.n_kv_heads, order)
+        layers.append(replace(layer, **changes))
+    return target, replace(weights, layers=layers)
+
+
+# -- Hugging Face directories ------------------------------------------------------------------------
+
+def _hf_names(config: LlamaConfig) -> dict[str, tuple[str, int | None]]:
+    """Hugging Face tensor name -> (Orion field, layer index or None) for every tensor the checkpoint stores."""
+    names: dict[str, tuple[str, int | None]] = {hf: (ours, None) for ours, hf in _TOP_NAMES.items()
+                                                if ours != "lm_head" or not config.tie_embeddings}
+    for i in range(config.n_layers):
+        for ours, hf in _LAYER_NAMES.items():
+            if ours not in _BIASES or config.qkv_bias:
+                names[f"model.layers.{i}.{hf}"] = (ours, i)
+    return names
+
+
+def _shape_detail(config: LlamaConfig, field: str) -> str:
+    dims = {"embed": "vocab_size, dim", "lm_head": "vocab_size, dim", "wq": "n_heads*head_dim, dim",
+            "wk": "n_kv_heads*head_dim, dim", "wv": "n_kv_heads*head_dim, dim", "bq": "n_heads*head_dim",
+            "bk": "n_kv_heads*head_dim", "bv": "n_kv_heads*head_dim", "wo": "dim, n_heads*head_dim",
+            "w_gate": "hidden_dim, dim", "w_up": "hidden_dim, dim", "w_down": "dim, hidden_dim"}.get(field, "dim")
+    return (f"[{dims}] with dim={config.dim}, n_heads={config.n_heads}, n_kv_heads={config.n_kv_heads}, "
+            f"head_dim={config.head_dim}, hidden_dim={config.hidden_dim}, vocab_size={config.vocab_size}")
+
+
+def _shards(directory: Path) -> dict[Path, set[str] | None]:
+    """Weight files -> the tensor names the index assigns to each (None: a single unindexed file)."""
+    if not directory.is_dir():
+        raise WeightsError(f"{directory}: no such directory; {DIRECTORY_HELP}")
+    single, index = directory / WEIGHTS_FILE, directory / INDEX_FILE
+    if single.is_file():
+        return {single: None}
+    if not index.is_file():
+        hint = ""
+        if any(directory.glob("pytorch_model*.bin")):
+            hint = "; it has pytorch_model*.bin only: re-save it as safetensors (save_pretrained(safe_serialization=True))"
+        raise WeightsError(f"{directory}: neither {WEIGHTS_FILE} nor {INDEX_FILE}; {DIRECTORY_HELP}{hint}")
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        if not isinstance(weight_map, dict):
+            raise TypeError("weight_map is not an object")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise WeightsError(f"{index}: not a safetensors index with a 'weight_map' ({exc!r})") from exc
+    shards: dict[Path, set[str] | None] = {}
+    for name, file in weight_map.items():
+        path = directory / str(file)
+        if Path(str(file)).is_absolute() or ".." in Path(str(file)).parts or not path.is_file():
+            raise WeightsError(f"{index}: tensor {name!r} is in shard {file!r}, which is not a file in {directory}")
+        shards.setdefault(path, set()).add(name)  # type: ignore[union-attr]
+    return shards
+
+
+def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple[LlamaConfig, LlamaWeights]:
+    """Load a Hugging Face Llama / Qwen2 / Mistral directory as float32 (tensors stored as F32, F16 or BF16).
+
+    Every stored tensor must be one the config implies (except RoPE ``inv_freq`` buffers); a tied
+    checkpoint may store ``lm_head.weight`` only if it equals the embedding. ``progress``: a line to
+    stderr every few tensors (None: only for at least 64 MiB of weights).
+    """
+    directory = Path(path)
+    if not directory.is_dir():
+        raise WeightsError(f"{directory}: no such directory; {DIRECTORY_HELP}")
+    config = LlamaConfig.from_hf_json(directory)
+    shards = _shards(directory)
+    if progress is None:
+        progress = sum(f.stat().st_size for f in shards) >= PROGRESS_MIN_BYTES
+    expected = _hf_names(config)
+    shapes = expected_shapes(config)
+    found: dict[str, np.ndarray] = {}
+    where: dict[str, Path] = {}
+    count = 0
+    for file, listed in shards.items():
+        try:
+            handle = safe_open(str(file), framework="np")
+        except (SafetensorError, OSError) as exc:
+            raise WeightsError(f"{file}: not a readable safetensors file ({exc})") from exc
+        with handle as f:
+            keys = sorted(f.keys())
+            absent = sorted((listed or set()) - set(keys))
+            if absent:
+                raise WeightsError(f"{directory / INDEX_FILE}: lists tensor {absent[0]!r} in {file.name}, which lacks it")
+            for key in keys:
+                if key.endswith(_IGNORED_SUFFIXES):
+                    continue
+                if listed is not None and key not in listed:
+                    raise WeightsError(f"{file}: tensor {key!r} is not listed for this shard in {INDEX_FILE}")
+                tied_head = key == _TOP_NAMES["lm_head"] and config.tie_embeddings
+                if key not in expected and not tied_head:
+                    raise WeightsError(
+                        f"{file}: unexpected tensor {key!r}: not a weight of this {config.model_type} config "
+                        f"(n_layers={config.n_layers}, q/k/v biases: {config.qkv_bias}, tied: {config.tie_embeddings}); "
+                        f"is {CONFIG_FILE} the checkpoint's own?")
+                if key in where:
+                    raise WeightsError(f"{file}: tensor {key!r} is stored twice (also in {where[key]})")
+                where[key] = file
+                field = "lm_head" if tied_head else expected[key][0]
+                stored = f.get_slice(key)
+                dtype, shape = stored.get_dtype(), tuple(stored.get_shape())
+                if dtype not in _READ_DTYPES:
+                    raise WeightsError(f"{file}: tensor {key!r} has dtype {dtype}; expected F32, F16 or BF16")
+                if shape != shapes[field]:
+                    raise WeightsError(f"{file}: tensor {key!r} has shape {shape}, expected {shapes[field]} "
+                                       f"({_shape_detail(config, field)} from {CONFIG_FILE})")
+                array = _raw_bf16(file, key) if dtype == "BF16" else f.get_tensor(key)
+                found[key] = np.ascontiguousarray(array, dtype=np.float32)
+                count += 1
+                if progress and count % PROGRESS_EVERY == 0:
+                    print(f"orion: loading {directory.name}: {count} tensors", file=sys.stderr, flush=True)
+    missing = [name for name in expected if name not in found]
+    if missing:
+        raise WeightsError(f"{directory}: missing tensor {missing[0]!r}"
+                           + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+                           + f" that {CONFIG_FILE} implies ({config.model_type}, tied: {config.tie_embeddings})")
+    if config.tie_embeddings and _TOP_NAMES["lm_head"] in found and \
+            not np.array_equal(found.pop(_TOP_NAMES["lm_head"]), found[_TOP_NAMES["embed"]]):
+        raise WeightsError(f"{where[_TOP_NAMES['lm_head']]}: 'lm_head.weight' differs from 'model.embed_tokens.weight' "
+                           f"but {CONFIG_FILE} has tie_word_embeddings=true. Fix: set it to false")
+    top = {ours: found[hf] for ours, hf in _TOP_NAMES.items() if hf in found}
+    layers = [LayerWeights(**{ours: found[f"model.layers.{i}.{hf}"] for ours, hf in _LAYER_NAMES.items()
+                              if f"model.layers.{i}.{hf}" in found}) for i in range(config.n_layers)]
+    if progress:
+        print(f"orion: loaded {directory.name}: {count} tensors", file=sys.stderr, flush=True)
+    return config, LlamaWeights(**top, layers=layers)
+
+
+def _encode(array: np.ndarray, dtype: str) -> bytes:
+    """Little-endian bytes of ``array`` in safetensors dtype ``dtype`` (bf16 rounded to nearest even)."""
+    if dtype == "BF16":
+        bits = np.ascontiguousarray(array, dtype="<f4").view("<u4").astype(np.uint64)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2").tobytes()
+    return np.ascontiguousarray(array, dtype="<f4" if dtype == "F32" else "<f2").tobytes()
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray], dtype: str) -> int:
+    """Write ``tensors`` to a safetensors file in ``dtype`` (F32, F16 or BF16); returns the data bytes."""
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    blobs, offset = [], 0
+    for name, array in tensors.items():
+        blob = _encode(array, dtype)
+        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with path.open("wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        for blob in blobs:
+            f.write(blob)
+    return offset
+
+
+def save_hf(path: str | os.PathLike[str], config: LlamaConfig, weights: LlamaWeights, dtype: str = "float32",
+            max_shard_bytes: int | None = None) -> None:
+    """Write a Hugging Face directory transformers reads: ``config.json`` and ``model.safetensors``, or with
+    ``max_shard_bytes`` shards plus ``model.safetensors.index.json``. Interleaved-RoPE weights are
+    permuted to rotate-half first; a tied LM head is not stored."""
+    if dtype not in SAVE_DTYPES:
+        raise WeightsError(f"save_hf: dtype {dtype!r} is not one of {', '.join(SAVE_DTYPES)}")
+    weights.validate(config)
+    config, weights = to_rope_convention(config, weights, "half")
+    meta = config.to_hf_json() | {"dtype": dtype}
+    directory = Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {hf: getattr(weights if layer is None else weights.layers[layer], ours)
+               for hf, (ours, layer) in _hf_names(config).items()}
+    code = SAVE_DTYPES[dtype]
+    (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    if max_shard_bytes is None:
+        write_safetensors(directory / WEIGHTS_FILE, tensors, code)
+        return
+    groups: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    itemsize = 4 if code == "F32" else 2
+    for name, array in tensors.items():
+        if groups[-1] and size + array.size * itemsize > max_shard_bytes:
+            groups.append({})
+            size = 0
+        groups[-1][name] = array
+        size += array.size * itemsize
+    weight_map, total = {}, 0
+    for i, group in enumerate(groups, 1):
+        file = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
+        total += write_safetensors(directory / file, group, code)
+        weight_map.update(dict.fromkeys(group, file))
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+
+
+# -- llama2.c legacy .bin --------------------------------------------------------------------------
+
+def llama2c_freq_tables(head_dim: int, seq_len: int, theta: float = LLAMA2C_THETA) -> tuple[np.ndarray, np.ndarray]:
+    """llama2.c's ``freq_cis_real`` and ``freq_cis_imag`` tables, ``[seq_len, head_dim / 2]`` float32."""
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2)[: head_dim // 2].astype(np.float32) / head_dim)
+    angles = np.outer(np.arange(seq_len, dtype=np.float32), freqs.astype(np.float32))
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def _llama2c_layout(config: LlamaConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """(Orion field, shape) of every tensor in file order; layer tensors are stacked ``[n_layers, ...]``."""
+    shapes, n = expected_shapes(config), config.n_layers
+    half = config.head_dim // 2
+    layout = [("embed", shapes["embed"])]
+    layout += [(f, (n, *shapes[f])) for f in _LLAMA2C_LAYER_ORDER]
+    layout += [("norm", shapes["norm"]), ("freq_cis_real", (config.max_position_embeddings, half)),
+               ("freq_cis_imag", (config.max_position_embeddings, half))]
+    if not config.tie_embeddings:
+        layout.append(("lm_head", shapes["lm_head"]))
+    return layout
+
+
+def load_llama2c(path: str | os.PathLike[str]) -> tuple[LlamaConfig, LlamaWeights]:
+    """Load a llama2.c legacy checkpoint (``export.py --version 0``, e.g. ``stories110M.bin``): a 7 x int32
+    header, then fp32 tensors in llama2.c's order; a negative vocab size means an untied classifier."""
+    file = Path(path)
+    if not file.is_file():
+        raise WeightsError(f"{file}: no such file; expected a llama2.c legacy .bin checkpoint")
+    size = file.stat().st_size
+    with file.open("rb") as f:
+        head = f.read(LLAMA2C_HEADER.size)
+    if len(head) < LLAMA2C_HEADER.size:
+        raise WeightsError(f"{file}: {size} bytes, too short for llama2.c's 28-byte header")
+    dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len = LLAMA2C_HEADER.unpack(head)
+    if dim == LLAMA2C_MAGIC:
+        raise WeightsError(f"{file}: starts with llama2.c's 'ak42' magic (a versioned export); Orion reads the "
+                           "legacy format. Fix: re-export with llama2.c's export.py --version 0")
+    if n_heads <= 0 or dim % n_heads:
+        raise WeightsError(f"{file}: header dim={dim}, n_heads={n_heads}: dim must be a positive multiple of n_heads")
+    try:
+        config = LlamaConfig(dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv, head_dim=dim // n_heads,
+                             hidden_dim=hidden, vocab_size=abs(vocab), max_position_embeddings=seq_len,
+                             rms_norm_eps=LLAMA2C_EPS, rope_theta=LLAMA2C_THETA, rope_convention="interleaved",
+                             tie_embeddings=vocab > 0, bos_token_id=1, eos_token_ids=(2,))
+    except OrionError as exc:
+        raise WeightsError(f"{file}: header (dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len) = "
+                           f"{(dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len)} is not a valid model: {exc}") from None
+    layout = _llama2c_layout(config)
+    want = LLAMA2C_HEADER.size + 4 * sum(math.prod(shape) for _, shape in layout)
+    if size != want:
+        raise WeightsError(f"{file}: {size} bytes, but its header (dim={dim}, hidden_dim={hidden}, n_layers={n_layers}, "
+                           f"n_heads={n_heads}, n_kv_heads={n_kv}, vocab_size={vocab}, seq_len={seq_len}) implies {want}; "
+                           "the file is truncated or not a llama2.c legacy checkpoint")
+    data = np.memmap(file, dtype="<f4", mode="r", offset=LLAMA2C_HEADER.size)
+    arrays: dict[str, np.ndarray] = {}
+    offset = 0
+    for name, shape in layout:
+        count = math.prod(shape)
+        arrays[name] = np.array(data[offset:offset + count], dtype=np.float32).reshape(shape)
+        offset += count
+    del data
+    cos, sin = llama2c_freq_tables(config.head_dim, seq_len)
+    if not (np.allclose(arrays["freq_cis_real"], cos, atol=1e-4) and np.allclose(arrays["freq_cis_imag"], sin, atol=1e-4)):
+        raise WeightsError(f"{file}: freq_cis tables are not RoPE's with theta={LLAMA2C_THETA:g} for head_dim "
+                           f"{config.head_dim}; the checkpoint is corrupt or not a llama2.c model")
+    layers = [LayerWeights(**{f: arrays[f][i] for f in _LLAMA2C_LAYER_ORDER}) for i in range(n_layers)]
+    return config, LlamaWeights(embed=arrays["embed"], norm=arrays["norm"], layers=layers,
+                                lm_head=arrays.get("lm_head"))
+
+
+def save_llama2c(path: str | os.PathLike[str], config: LlamaConfig, weights: LlamaWeights) -> None:
+    """Write a llama2.c legacy ``.bin`` (what ``export.py --version 0`` writes); rotate-half weights are
+    permuted to interleaved pairs first."""
+    weights.validate(config)
+    fixed = {"model_type": (config.model_type, "llama"), "qkv_bias": (config.qkv_bias, False),
+             "head_dim": (config.head_dim, config.dim // config.n_heads), "rope_theta": (config.rope_theta, LLAMA2C_THETA),
+             "rms_norm_eps": (config.rms_norm_eps, LLAMA2C_EPS)}
+    for name, (value, required) in fixed.items():
+        if value != required:
+            raise WeightsError(f"save_llama2c: config.{name} is {value!r}; llama2.c's format can only hold {required!r}")
+    config, weights = to_rope_convention(config, weights, "interleaved")
+    vocab = config.vocab_size if config.tie_embeddings else -config.vocab_size
+    cos, sin = llama2c_freq_tables(config.head_dim, config.max_position_embeddings)
+    tables = {"freq_cis_real": cos, "freq_cis_imag": sin, "embed": weights.embed, "norm": weights.norm,
+              "lm_head": weights.lm_head}
+    with Path(path).open("wb") as f:
+        f.write(LLAMA2C_HEADER.pack(config.dim, config.hidden_dim, config.n_layers, config.n_heads, config.n_kv_heads,
+                                    vocab, config.max_position_embeddings))
+        for name, _ in _llama2c_layout(config):
+            if name in tables:
+                arrays = [tables[name]]
+            else:
+                arrays = [getattr(layer, name) for layer in weights.layers]
+            f.writelines(np.ascontiguousarray(array, dtype="<f4").tobytes() for array in arrays)

@@ -32,7 +32,8 @@ import numpy as np
 
 from orion.graph import Graph
 from orion.graph.ir import Node
-from orion.models.gpt2.graphs import MASKED, cached_attention
+from orion.generation.kv_cache import MASKED
+from orion.models.gpt2.graphs import cached_attention
 from orion.models.llama.config import ConfigError, LlamaConfig
 from orion.models.llama.weights import LayerWeights, LlamaWeights
 
@@ -225,7 +226,8 @@ def decode_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, cont
             for j, q in enumerate(queries):
                 q = g.reshape(apply_rope(g, q, kv, cos, sin, partner, f"q{j}_rope"), [1, config.kv_dim, 1, 1],
                               name=f"q{j}_rotated")
-                contexts.append(cached_attention(g, q, k, v, *caches[i], mask, kv, f"attn_g{j}"))
+                with g.scope(f"attn_g{j}"):
+                    contexts.append(cached_attention(g, q, k, v, *caches[i], mask, kv))
             x = _mlp(g, _out_proj(g, x, contexts, config, layer), config, layer)
     g.output(x, "x")
     return g

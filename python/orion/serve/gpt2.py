@@ -1,0 +1,151 @@
+"""The engine protocol for Orion's GPT-2 (:class:`orion.models.GPT2`).
+
+What it takes from the model runtime: ``GPT2.from_pretrained(dir, progress=)``, ``config.n_positions``
+and ``config.vocab_size``, ``tokenizer`` (``encode``/``decode``/``eos_token_id``), ``prefill(ids)`` and
+``decode_step(id)`` returning float32 logits, ``fork()`` for each extra concurrent sequence, and
+``next_token`` (greedy/temperature/top-k/top-p) from the GPT-2 sampling module.
+
+Chat prompts use ``chat_template`` from the directory's ``tokenizer_config.json``, rendered with
+Jinja2 in a sandbox as Hugging Face renders it. Without a template, the plain format is one line
+``"{role}: {content}"`` per message, then ``"assistant:"``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from orion.models import GPT2
+from orion.models.gpt2.sampling import next_token
+from orion.models.gpt2.tokenizer import load_tokenizer
+from orion.serve.engine import PromptError, SamplingParams
+from orion.serve.logits import LogitsProcessor
+
+TOKENIZER_CONFIG = "tokenizer_config.json"
+
+
+class GPT2Engine:
+    """Serves one GPT-2 model; up to ``max_sequences`` sequences at once, each with its own KV cache."""
+
+    def __init__(self, model: GPT2, model_id: str, chat_template: str | None = None,
+                 special_tokens: dict[str, str] | None = None, max_sequences: int = 4) -> None:
+        if max_sequences < 1:
+            raise ValueError(f"max_sequences={max_sequences}: use 1 or more")
+        self.model = model
+        self.tokenizer = model.tokenizer  # raises TokenizerNotFound when the model has none
+        self.model_id = model_id
+        self.context_length = model.config.n_positions
+        self.vocab_size = model.config.vocab_size
+        self.eos_token_id = self.tokenizer.eos_token_id
+        self.max_sequences = max_sequences
+        self.chat_template = chat_template
+        self._special_tokens = special_tokens or {}
+        self._free: list[GPT2] = [model]  # sequences (the model and its forks) not generating now
+        self._sequences = 1
+
+    @classmethod
+    def from_directory(cls, path: str | os.PathLike[str], model_id: str | None = None, progress: bool = True,
+                       max_sequences: int = 4) -> GPT2Engine:
+        """Load (and compile) the Hugging Face GPT-2 directory ``path``; the tokenizer is checked first."""
+        load_tokenizer(path)  # a missing or broken tokenizer.json fails before the compile
+        template, special = read_chat_template(Path(path))
+        model = GPT2.from_pretrained(path, progress=progress)
+        return cls(model, model_id or Path(path).resolve().name, template, special, max_sequences)
+
+    # -- text ---------------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
+        if self.chat_template is None:
+            return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+        return render_chat_template(self.chat_template, messages, self._special_tokens)
+
+    # -- generation ---------------------------------------------------------------------------------
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
+                 cancelled: Callable[[], bool]) -> Iterator[int]:
+        sequence = self._acquire()
+        healthy = False
+        try:
+            yield from self._steps(sequence, list(prompt_ids), params, cancelled)
+            healthy = True
+        except GeneratorExit:  # closed early by the caller: the sequence is intact
+            healthy = True
+            raise
+        finally:
+            if healthy:
+                self._free.append(sequence)
+            else:  # a failure mid-step may leave its cache half-written: drop it
+                self._sequences -= 1
+
+    def _steps(self, sequence: GPT2, ids: list[int], params: SamplingParams,
+               cancelled: Callable[[], bool]) -> Iterator[int]:
+        rng = np.random.default_rng(params.seed)
+        process = LogitsProcessor(params, ids, self.vocab_size)
+        logits = sequence.prefill(ids)
+        for produced in range(params.max_tokens):
+            token = next_token(process(logits), params.temperature, params.top_k, params.top_p, rng)
+            process.record(token)
+            yield token
+            done = token in params.stop_token_ids or produced + 1 == params.max_tokens
+            if done or len(ids) + produced >= self.context_length or cancelled():
+                return
+            logits = sequence.decode_step(token)
+
+    def _acquire(self) -> GPT2:
+        if self._free:
+            return self._free.pop()
+        if self._sequences >= self.max_sequences:
+            raise RuntimeError(f"all {self.max_sequences} sequences are generating: the scheduler must not "
+                               f"open more generators than max_sequences")
+        self._sequences += 1
+        return self.model.fork()
+
+
+def read_chat_template(directory: Path) -> tuple[str | None, dict[str, str]]:
+    """``chat_template`` (the default one when several are named) and the special-token strings
+    (``bos_token``, ``eos_token``, ...) of ``directory/tokenizer_config.json``; (None, {}) without one."""
+    path = directory / TOKENIZER_CONFIG
+    if not path.is_file():
+        return None, {}
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise PromptError(f"{path}: not valid JSON ({exc}); fix or remove the file") from exc
+    template = config.get("chat_template")
+    if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    if template is not None and not isinstance(template, str):
+        raise PromptError(f"{path}: chat_template must be a string or a list of named templates with a 'default'")
+    special = {}
+    for key, value in config.items():
+        if key.endswith("_token"):
+            content = value.get("content") if isinstance(value, dict) else value
+            if isinstance(content, str):
+                special[key] = content
+    return template, special
+
+
+def render_chat_template(template: str, messages: Sequence[dict[str, str]], special: dict[str, str]) -> str:
+    """Render a Hugging Face chat template with the generation prompt, as ``apply_chat_template`` does."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise PromptError(f"the chat template refuses these messages: {message}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(template).render(messages=list(messages), add_generation_prompt=True, **special)
+    except jinja2.TemplateError as exc:
+        raise PromptError(f"the chat template in {TOKENIZER_CONFIG} fails: {exc}") from exc

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 import uvicorn
-from support.gpt2_fixtures import lively_weights
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from orion.models import GPT2, GPT2Config
 from orion.models.gpt2.weights import save_hf
 from orion.serve.app import Limits, create_app
 from orion.serve.gpt2 import GPT2Engine
+from support.gpt2_fixtures import lively_weights
 
 EOS = "<|endoftext|>"
 CORPUS = [

@@ -62,7 +62,8 @@ def _is_loopback(host: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the server until Ctrl-C; 0 on a clean stop, 1 when the model or the address cannot be used."""
+    """Run the server until Ctrl-C: 0 on a clean stop, 1 when the model or the address cannot be used, 2 for
+    bad arguments, 130 when interrupted while loading."""
     parser = build_parser()
     args = parser.parse_args(argv)
     _check(args, parser)
@@ -84,13 +85,19 @@ def main(argv: list[str] | None = None) -> int:
         except (OrionError, ValueError, OSError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:
+            print("interrupted while loading", file=sys.stderr)
+            return 130
         limits = Limits(max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout,
                         send_timeout=args.send_timeout)
         app = create_app(engine, max_waiting=args.max_queue, retry_after=args.retry_after, limits=limits)
         host, port = listener.getsockname()[:2]
         server = _ReadyServer(uvicorn.Config(app, log_level=args.log_level),
                               f"ready: serving {engine.model_id!r} at http://{host}:{port}/v1")
-        server.run(sockets=[listener])
+        try:
+            server.run(sockets=[listener])
+        except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has shut down gracefully
+            pass
     return 0
 
 

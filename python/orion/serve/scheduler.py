@@ -49,6 +49,10 @@ class Job:
         self.cancelled.set()
 
 
+class ServerStopping(Exception):
+    """The worker stopped before this job finished."""
+
+
 class QueueFull(Exception):
     """Every queue slot is taken; retry after ``retry_after`` seconds."""
 
@@ -132,16 +136,26 @@ class Scheduler:
                 if not self._step(running):
                     with self._wake:
                         self._active.remove(running)
+        stopping = ServerStopping("the server is shutting down: retry on another instance or after it restarts")
         for running in self._active:
             running.tokens.close()
+            running.job.emit(Failed(stopping))
+        for job in self._waiting:
+            job.emit(Failed(stopping))
 
     def _admit(self, job: Job) -> None:
         if job.cancelled.is_set():
             self.stats.cancelled += 1
             return
         engine = self.engine
-        tokens = engine.generate(job.prompt_ids, job.params, job.cancelled.is_set)
-        text = TextStream(engine.decode, job.prompt_ids, job.stops, job.params.stop_token_ids)
+        try:
+            tokens = engine.generate(job.prompt_ids, job.params, job.cancelled.is_set)
+            text = TextStream(engine.decode, job.prompt_ids, job.stops, job.params.stop_token_ids)
+        except Exception as exc:  # an engine that fails before its first token fails this request only
+            log.exception("generation failed to start")
+            self.stats.failed += 1
+            job.emit(Failed(exc))
+            return
         self._active.append(_Running(job, tokens, text))
 
     def _step(self, running: _Running) -> bool:

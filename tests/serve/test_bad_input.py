@@ -100,7 +100,9 @@ def test_body_over_the_limit(base_url, engine) -> None:
 def test_slow_client_gets_408_and_others_are_served(base_url, engine) -> None:
     host, port = httpx.URL(base_url).host, httpx.URL(base_url).port
     body = json.dumps(completion(engine)).encode()
-    with socket.create_connection((host, port), timeout=10) as slow:
+    with socket.create_connection((host, port), timeout=10) as slow, \
+            socket.create_connection((host, port), timeout=10) as slower:
+        slower.sendall(b"POST /v1/compl")  # half a request line, then nothing: it must not hold anyone up
         slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n" % len(body) + body[:10])  # then nothing more
         start = time.monotonic()

@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: listening on {args.host}, not loopback: anyone who can reach this machine can use the model",
               file=sys.stderr)
     try:
-        listener = socket.create_server((args.host, args.port))
+        family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+        listener = socket.create_server((args.host, args.port), family=family)
     except OSError as exc:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                         send_timeout=args.send_timeout)
         app = create_app(engine, max_waiting=args.max_queue, retry_after=args.retry_after, limits=limits)
         host, port = listener.getsockname()[:2]
+        host = f"[{host}]" if ":" in host else host
         server = _ReadyServer(uvicorn.Config(app, log_level=args.log_level),
                               f"ready: serving {engine.model_id!r} at http://{host}:{port}/v1")
         try:

@@ -84,9 +84,11 @@ def test_plain_chat_format_without_a_template(tmp_path) -> None:
 def test_a_refusing_or_broken_template_is_a_prompt_error(engine) -> None:
     with pytest.raises(PromptError, match="start with a user or system message"):
         engine.chat_prompt([{"role": "assistant", "content": "hi"}])
-    broken = GPT2Engine(engine.model, "m", chat_template="{% for %}")
+    with pytest.raises(PromptError, match="does not parse"):
+        GPT2Engine(engine.model, "m", chat_template="{% for %}")
+    failing = GPT2Engine(engine.model, "m", chat_template="{{ messages[5]['content'] }}")  # no 6th message
     with pytest.raises(PromptError, match="fails"):
-        broken.chat_prompt(MESSAGES)
+        failing.chat_prompt(MESSAGES)
 
 
 def test_greedy_and_seeded_generation_equal_the_model(engine, reference) -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -51,23 +53,26 @@ def test_missing_tokenizer_is_reported(model_dir, tmp_path, capsys) -> None:
 def test_serves_until_ctrl_c(model_dir) -> None:
     server = launch("--model", str(model_dir), "--port", "0", "--model-name", "tiny")
     try:
-        lines = []
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in server.stderr], daemon=True).start()
+        seen = []
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # stderr: compile progress, then the ready line
-            line = server.stderr.readline()
-            assert line, f"the server exited early: {''.join(lines)}"
-            lines.append(line)
-            if line.startswith("ready:"):
-                break
-        assert any("compiling" in line for line in lines[:-1])  # progress came before ready
-        url = re.search(r"http://127\.0\.0\.1:\d+", lines[-1]).group(0)
+        while not (seen and seen[-1].startswith("ready:")):  # stderr: compile progress, then the ready line
+            assert server.poll() is None, f"the server exited early: {''.join(seen)}"
+            seen.append(lines.get(timeout=max(0.01, deadline - time.monotonic())))
+        assert any("compiling" in line for line in seen[:-1])  # progress came before ready
+        url = re.search(r"http://127\.0\.0\.1:\d+", seen[-1]).group(0)
         assert httpx.get(url + "/health", timeout=10).json()["status"] == "ok"
         out = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "hello", "max_tokens": 3},
                          timeout=10)
         assert out.status_code == 200 and out.json()["usage"]["completion_tokens"] >= 1
         server.send_signal(signal.SIGINT)
         assert server.wait(20) == 0
-        assert "Traceback" not in server.stderr.read()
+        time.sleep(0.1)  # let the reader thread take the last lines
+        rest = []
+        while not lines.empty():
+            rest.append(lines.get_nowait())
+        assert "Traceback" not in "".join(rest)
     finally:
         if server.poll() is None:
             server.kill()

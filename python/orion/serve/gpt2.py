@@ -12,6 +12,7 @@ Jinja2 in a sandbox as Hugging Face renders it. Without a template, the plain fo
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -43,6 +44,8 @@ class GPT2Engine:
         self.eos_token_id = self.tokenizer.eos_token_id
         self.max_sequences = max_sequences
         self.chat_template = chat_template
+        if chat_template is not None:
+            _check_template(chat_template)  # a broken template fails at load, not at the first chat request
         self._special_tokens = special_tokens or {}
         self._free: list[GPT2] = [model]  # sequences (the model and its forks) not generating now
         self._sequences = 1
@@ -137,15 +140,32 @@ def read_chat_template(directory: Path) -> tuple[str | None, dict[str, str]]:
 def render_chat_template(template: str, messages: Sequence[dict[str, str]], special: dict[str, str]) -> str:
     """Render a Hugging Face chat template with the generation prompt, as ``apply_chat_template`` does."""
     import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    def raise_exception(message: str) -> None:
-        raise PromptError(f"the chat template refuses these messages: {message}")
+    try:
+        return _compiled(template).render(messages=list(messages), add_generation_prompt=True, **special)
+    except jinja2.TemplateError as exc:
+        raise PromptError(f"the chat template in {TOKENIZER_CONFIG} fails: {exc}") from exc
+
+
+def _check_template(template: str) -> None:
+    import jinja2
+
+    try:
+        _compiled(template)
+    except jinja2.TemplateError as exc:
+        raise PromptError(f"the chat template in {TOKENIZER_CONFIG} does not parse: {exc}; fix or remove it") from exc
+
+
+def _raise_exception(message: str) -> None:
+    raise PromptError(f"the chat template refuses these messages: {message}")
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(template: str):  # noqa: ANN202  (a jinja2.Template; jinja2 is imported lazily)
+    """``template`` parsed once, in a sandbox with Hugging Face's extras (``raise_exception``, ``tojson``)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
-    env.globals["raise_exception"] = raise_exception
-    try:
-        return env.from_string(template).render(messages=list(messages), add_generation_prompt=True, **special)
-    except jinja2.TemplateError as exc:
-        raise PromptError(f"the chat template in {TOKENIZER_CONFIG} fails: {exc}") from exc
+    env.globals["raise_exception"] = _raise_exception
+    return env.from_string(template)

@@ -75,8 +75,8 @@ def test_disconnect_cancels_at_the_next_token(engine, stream) -> None:
         wait_for(lambda: health(url)["active"] == 0, timeout=5)
         state = health(url)
         assert state["cancelled"] == 1 and state["completed"] == 0
-        # stopped within a few tokens of the hang-up (0.02 s each), far from the 100 asked for
-        assert len(slow.runs[0]) <= at_close + 15 < 100
+        # stopped soon after the hang-up (0.02 s a token; slack for a loaded machine), far from the 100 asked for
+        assert len(slow.runs[0]) <= at_close + 25 < 100
         assert httpx.post(url + "/v1/completions", json=body(engine, max_tokens=3), timeout=10).status_code == 200
 
 
@@ -131,7 +131,7 @@ def test_a_crash_fails_only_its_request(engine, reference) -> None:
 
 
 def test_active_streams_take_turns(engine) -> None:
-    slow = TestEngine(engine, per_token=0.01, max_sequences=2)
+    slow = TestEngine(engine, per_token=0.02, max_sequences=2)
     arrivals: dict[str, list[float]] = {"a": [], "b": []}
     with serving(create_app(slow, limits=LIMITS)) as url:
         def read(name: str, prompt: str) -> None:

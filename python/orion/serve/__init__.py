@@ -1,0 +1,27 @@
+"""An OpenAI-compatible HTTP server for Orion models (the ``serve`` extra: Starlette, uvicorn, sse-starlette).
+
+``python -m orion serve --model DIR [--host 127.0.0.1] [--port 8000]`` loads and compiles the model once,
+then prints ``ready: ...`` on stderr. It listens on loopback unless another address is given (and warns
+then). Endpoints:
+
+- ``POST /v1/completions`` (``prompt``: a string or token ids) and ``POST /v1/chat/completions``
+  (``messages``), both streamed as server-sent events ending in ``data: [DONE]`` with ``stream: true``
+  (``stream_options.include_usage`` adds a last chunk with the token counts);
+- ``GET /v1/models``, ``GET /v1/models/{id}``, and ``GET /health`` (queue and counters).
+
+Parameters: ``max_tokens`` (``max_completion_tokens``), ``temperature``, ``top_p``, ``top_k``, ``min_p``,
+``seed``, ``stop`` (a string or a list), ``repetition_penalty``, ``frequency_penalty``,
+``presence_penalty``, ``n=1``, ``user``. A ``max_tokens`` past the context is cut to what fits and the
+answer then ends with ``finish_reason: "length"``; the end-of-text token or a stop string ends it with
+``"stop"``. Every other field is refused with a 400 that names it. Errors have OpenAI's shape
+``{"error": {"message", "type", "param", "code"}}``: 400 bad JSON or values, 404 unknown model, 408 a body
+slower than ``--body-timeout``, 413 a body over ``--max-body-bytes``, 503 with ``Retry-After`` when
+``--max-queue`` requests already wait, 500 when generation itself fails (that request only).
+
+One worker thread owns the device: it admits requests in arrival order and steps up to
+``--max-sequences`` of them in turn, one token each; a client that disconnects stops its generation
+before the next token.
+
+In code: ``create_app(engine)`` builds the ASGI application over any :class:`~orion.serve.engine.Engine`;
+:class:`~orion.serve.model_engine.ModelEngine` adapts Orion's GPT-2; ``orion.serve.cli.main(argv)`` is the command.
+"""

@@ -1,0 +1,66 @@
+"""The engine protocol: everything the server needs from a model, and nothing about its internals.
+
+The server drives an :class:`Engine` from one worker thread (the thread that owns the device). It
+may hold several generators open at once and step them in turn, one token each; an engine that can
+hold only one sequence at a time says so with ``max_sequences = 1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from orion.errors import OrionError
+
+
+class PromptError(OrionError, ValueError):
+    """A prompt cannot be built from the request (for example a chat template refuses the messages)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to choose each new token (OpenAI's parameters, already validated by the server).
+
+    Order of application to each step's logits: ``repetition_penalty`` (Hugging Face's rule, over the
+    prompt and the new tokens), ``frequency_penalty``/``presence_penalty`` (OpenAI's rule, over the new
+    tokens), ``min_p`` (relative to the most likely token after ``temperature``), then ``temperature``,
+    ``top_k`` and ``top_p``. ``temperature == 0`` is greedy.
+    """
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    stop_token_ids: frozenset[int] = field(default_factory=frozenset)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A loaded model the server can tokenize with and generate from."""
+
+    model_id: str  # the name clients pass as ``model``
+    context_length: int  # positions in the KV cache: a prompt longer than this is refused
+    vocab_size: int  # token ids are in [0, vocab_size)
+    eos_token_id: int | None  # ends generation (finish_reason "stop"); also the BOS of an empty prompt
+    max_sequences: int  # how many generators may be open at once
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, special tokens written in it included, none added."""
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``."""
+
+    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
+        """The prompt text for chat ``messages`` (``role``/``content`` pairs), ending where the assistant's
+        reply starts: the tokenizer's chat template when it has one, else a documented plain format."""
+
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
+                 cancelled: Callable[[], bool]) -> Iterator[int]:
+        """Yield up to ``params.max_tokens`` new ids; stop after a token in ``params.stop_token_ids``, at
+        the context end, or before computing the next token once ``cancelled()`` is true."""

@@ -1,0 +1,200 @@
+"""One worker thread owns the engine (and so the device): it admits queued requests in arrival order
+and steps the active ones in turn, one token each, so that every stream makes progress."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from orion.serve.engine import Engine, SamplingParams
+from orion.serve.text import TextStream
+
+log = logging.getLogger("orion.serve")
+
+
+@dataclass
+class Delta:
+    text: str
+
+
+@dataclass
+class Finished:
+    reason: str  # "stop" or "length"
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class Failed:
+    error: BaseException
+
+
+Event = Delta | Finished | Failed
+
+
+@dataclass
+class Job:
+    """One generation request; ``emit`` delivers its events (called from the worker thread)."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    stops: list[str]
+    emit: Callable[[Event], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+class ServerStopping(Exception):
+    """The worker stopped before this job finished."""
+
+
+class QueueFull(Exception):
+    """Every queue slot is taken; retry after ``retry_after`` seconds."""
+
+    def __init__(self, waiting: int, retry_after: int) -> None:
+        super().__init__(f"the server is busy: {waiting} requests are waiting")
+        self.retry_after = retry_after
+
+
+@dataclass
+class _Running:
+    job: Job
+    tokens: Iterator[int]
+    text: TextStream
+    produced: int = 0
+
+
+@dataclass
+class Stats:
+    """Counters for /health."""
+
+    completed: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    rejected: int = 0
+    tokens: int = 0
+
+
+class Scheduler:
+    """A bounded FIFO of waiting jobs and up to ``engine.max_sequences`` active ones, round-robin."""
+
+    def __init__(self, engine: Engine, max_waiting: int = 64, retry_after: int = 1) -> None:
+        if max_waiting < 1:
+            raise ValueError(f"max_waiting={max_waiting}: use 1 or more")
+        self.engine, self.max_waiting, self.retry_after = engine, max_waiting, retry_after
+        self.stats = Stats()
+        self._waiting: deque[Job] = deque()
+        self._active: list[_Running] = []
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="orion-serve-worker", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def load(self) -> tuple[int, int]:
+        """(waiting, active) job counts."""
+        with self._wake:
+            return len(self._waiting), len(self._active)
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job``; raises :class:`QueueFull` when ``max_waiting`` jobs already wait."""
+        with self._wake:
+            if len(self._waiting) >= self.max_waiting:
+                self.stats.rejected += 1
+                raise QueueFull(len(self._waiting), self.retry_after)
+            self._waiting.append(job)
+            self._wake.notify()
+
+    # -- worker -------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not (self._stopping or self._waiting or self._active):
+                    self._wake.wait()
+                if self._stopping:
+                    break
+                while self._waiting and len(self._active) < self.engine.max_sequences:
+                    self._admit(self._waiting.popleft())
+                round_robin = list(self._active)
+            for running in round_robin:  # one token each, outside the lock so submit never waits on the device
+                if not self._step(running):
+                    with self._wake:
+                        self._active.remove(running)
+        stopping = ServerStopping("the server is shutting down: retry on another instance or after it restarts")
+        for running in self._active:
+            running.tokens.close()
+            running.job.emit(Failed(stopping))
+        for job in self._waiting:
+            job.emit(Failed(stopping))
+
+    def _admit(self, job: Job) -> None:
+        if job.cancelled.is_set():
+            self.stats.cancelled += 1
+            return
+        engine = self.engine
+        try:
+            tokens = engine.generate(job.prompt_ids, job.params, job.cancelled.is_set)
+            text = TextStream(engine.decode, job.prompt_ids, job.stops, job.params.stop_token_ids)
+        except Exception as exc:  # an engine that fails before its first token fails this request only
+            log.exception("generation failed to start")
+            self.stats.failed += 1
+            job.emit(Failed(exc))
+            return
+        self._active.append(_Running(job, tokens, text))
+
+    def _step(self, running: _Running) -> bool:
+        """Advance ``running`` by one token; False once it has ended."""
+        job = running.job
+        try:
+            if job.cancelled.is_set():
+                return self._cancel(running)
+            try:
+                token = next(running.tokens)
+            except StopIteration:
+                if job.cancelled.is_set():
+                    return self._cancel(running)
+                text, reason = running.text.finish()
+                return self._finish(running, text, reason)
+            running.produced += 1
+            self.stats.tokens += 1
+            text, reason = running.text.push(token)
+            if reason is not None:
+                running.tokens.close()
+                return self._finish(running, text, reason)
+            if text:
+                job.emit(Delta(text))
+            return True
+        except Exception as exc:  # a crash in generation fails this request only
+            log.exception("generation failed")
+            self.stats.failed += 1
+            running.tokens.close()
+            job.emit(Failed(exc))
+            return False
+
+    def _finish(self, running: _Running, text: str, reason: str) -> bool:
+        if text:
+            running.job.emit(Delta(text))
+        running.job.emit(Finished(reason, len(running.job.prompt_ids), running.produced))
+        self.stats.completed += 1
+        return False
+
+    def _cancel(self, running: _Running) -> bool:
+        running.tokens.close()
+        self.stats.cancelled += 1
+        return False

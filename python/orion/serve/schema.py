@@ -1,0 +1,264 @@
+"""OpenAI request bodies to generation requests: every field checked, every mistake a clear 4xx.
+
+Fields Orion cannot honour (``n`` above 1, ``logprobs``, tools, ``echo``...) are refused with an error
+naming the field, and so are fields OpenAI does not define, as OpenAI does: none is ignored silently.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from orion.serve.engine import Engine, PromptError, SamplingParams
+
+MAX_STOP_STRINGS = 16
+CHAT_ROLES = ("system", "developer", "user", "assistant")
+
+
+class APIError(Exception):
+    """An error response in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A validated request: the prompt's ids, how to sample, and how to answer."""
+
+    chat: bool
+    prompt_ids: list[int]
+    params: SamplingParams
+    stops: list[str]
+    stream: bool
+    include_usage: bool
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object (NaN and Infinity refused)."""
+
+    def no_constants(name: str) -> None:
+        raise ValueError(f"{name} is not a JSON number")
+
+    try:
+        body = json.loads(raw, parse_constant=no_constants)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, not {_json_type(body)}", code="invalid_json")
+    return body
+
+
+# -- field checks ----------------------------------------------------------------------------------
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {str: "a string", list: "an array", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def _number(lo: float, hi: float, lo_open: bool = False) -> Callable[[Any], bool]:
+    def check(v: Any) -> bool:
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        return ok and (lo < v if lo_open else lo <= v) and v <= hi
+    return check
+
+
+def _integer(lo: int) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= lo
+
+
+def _is(kind: type) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, kind)
+
+
+def _only(*allowed: Any) -> Callable[[Any], bool]:
+    return lambda v: any(v == a and type(v) is type(a) for a in allowed)
+
+
+def _stop(v: Any) -> bool:
+    if isinstance(v, str):
+        return True
+    return isinstance(v, list) and len(v) <= MAX_STOP_STRINGS and all(isinstance(s, str) for s in v)
+
+
+# name: (check, what a valid value is); null is always allowed and means the default.
+_SAMPLING = {
+    "max_tokens": (_integer(1), "an integer >= 1"),
+    "temperature": (_number(0, 2), "a number in [0, 2] (0 is greedy)"),
+    "top_p": (_number(0, 1, lo_open=True), "a number in (0, 1]"),
+    "top_k": (lambda v: _integer(1)(v) or _only(-1)(v), "an integer >= 1, or -1 for no limit"),
+    "min_p": (_number(0, 1), "a number in [0, 1]"),
+    "repetition_penalty": (_number(0, 10, lo_open=True), "a number in (0, 10] (1 is none)"),
+    "frequency_penalty": (_number(-2, 2), "a number in [-2, 2]"),
+    "presence_penalty": (_number(-2, 2), "a number in [-2, 2]"),
+    "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "stop": (_stop, f"a string or a list of at most {MAX_STOP_STRINGS} strings"),
+    "n": (_only(1), "1 (Orion generates one choice per request)"),
+    "stream": (_is(bool), "a boolean"),
+    "stream_options": (lambda v: isinstance(v, dict) and set(v) <= {"include_usage"}
+                       and isinstance(v.get("include_usage", False), bool), '{"include_usage": true|false}'),
+    "user": (_is(str), "a string"),
+    "logit_bias": (_only({}), "absent (Orion does not support logit_bias yet)"),
+}
+_COMPLETION = {
+    **_SAMPLING,
+    "prompt": (lambda v: True, "a string or a list of token ids"),
+    "logprobs": (lambda v: False, "absent (Orion does not return log-probabilities)"),
+    "echo": (_only(False), "false (Orion does not echo the prompt)"),
+    "best_of": (_only(1), "1"),
+    "suffix": (lambda v: False, "absent (Orion does not support suffix)"),
+}
+_CHAT = {
+    **_SAMPLING,
+    "messages": (lambda v: True, "a list of messages"),
+    "max_completion_tokens": _SAMPLING["max_tokens"],
+    "logprobs": (_only(False), "false (Orion does not return log-probabilities)"),
+    "top_logprobs": (lambda v: False, "absent (Orion does not return log-probabilities)"),
+    "response_format": (_only({"type": "text"}), '{"type": "text"}'),
+    "tools": (_only([]), "absent (Orion does not call tools)"),
+    "tool_choice": (_only("none"), '"none" (Orion does not call tools)'),
+    "parallel_tool_calls": (_is(bool), "a boolean"),
+}
+
+
+def _check_fields(body: dict[str, Any], spec: dict[str, tuple[Callable[[Any], bool], str]]) -> None:
+    for name, value in body.items():
+        if name == "model":
+            continue
+        if name not in spec:
+            raise APIError(400, f"unknown field {name!r}: see the OpenAI API reference for this endpoint", param=name,
+                           code="unknown_field")
+        check, expected = spec[name]
+        if value is not None and not check(value):
+            raise APIError(400, f"{name} must be {expected}, got {json.dumps(value)[:80]} ({_json_type(value)})",
+                           param=name, code="invalid_value")
+
+
+def check_model(body: dict[str, Any], engine: Engine) -> None:
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise APIError(400, f"model must be a string naming the served model ({engine.model_id!r}), "
+                       f"got {_json_type(model)}", param="model", code="invalid_value")
+    if model != engine.model_id:
+        raise APIError(404, f"the model {model!r} does not exist: this server serves {engine.model_id!r} "
+                       f"(GET /v1/models)", param="model", code="model_not_found")
+
+
+# -- prompts ---------------------------------------------------------------------------------------
+def _completion_prompt(prompt: Any, engine: Engine) -> list[int]:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return engine.encode(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        bad = [t for t in prompt if not 0 <= t < engine.vocab_size]
+        if bad:
+            raise APIError(400, f"prompt token ids {bad[:5]} are outside the vocabulary [0, {engine.vocab_size})",
+                           param="prompt", code="invalid_value")
+        return list(prompt)
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+        raise APIError(400, f"prompt holds {len(prompt)} prompts: Orion serves one prompt per request, send "
+                       f"them as separate requests", param="prompt", code="invalid_value")
+    raise APIError(400, f"prompt must be a string or a non-empty list of token ids, got {_json_type(prompt)}",
+                   param="prompt", code="invalid_value")
+
+
+def _chat_messages(messages: Any) -> list[dict[str, str]]:
+    if not isinstance(messages, list) or not messages:
+        raise APIError(400, f"messages must be a non-empty list of messages, got {_json_type(messages)}",
+                       param="messages", code="invalid_value")
+    out = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise APIError(400, f"{where} must be an object with role and content", param=where, code="invalid_value")
+        extra = set(message) - {"role", "content", "name"}
+        if extra:
+            raise APIError(400, f"{where} has unsupported fields {sorted(extra)}: Orion takes role, content and name",
+                           param=where, code="invalid_value")
+        role = message.get("role")
+        if role not in CHAT_ROLES:
+            raise APIError(400, f"{where}.role must be one of {', '.join(CHAT_ROLES)}, got {json.dumps(role)}",
+                           param=f"{where}.role", code="invalid_value")
+        out.append({**message, "content": _content(message.get("content"), f"{where}.content")})
+    return out
+
+
+def _content(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise APIError(400, f'{where}[{j}] must be {{"type": "text", "text": "..."}}: Orion takes text only',
+                               param=f"{where}[{j}]", code="invalid_value")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise APIError(400, f"{where} must be a string or a list of text parts, got {_json_type(content)}",
+                   param=where, code="invalid_value")
+
+
+# -- requests --------------------------------------------------------------------------------------
+def parse_request(body: dict[str, Any], engine: Engine, chat: bool) -> GenerationRequest:
+    """Check ``body`` (a /v1/chat/completions one when ``chat``, else /v1/completions) against ``engine``."""
+    _check_fields(body, _CHAT if chat else _COMPLETION)
+    check_model(body, engine)
+    if chat:
+        try:
+            prompt_ids = engine.encode(engine.chat_prompt(_chat_messages(body.get("messages"))))
+        except PromptError as exc:
+            raise APIError(400, str(exc), param="messages", code="invalid_value") from exc
+    else:
+        if "prompt" not in body:
+            raise APIError(400, "prompt is required", param="prompt", code="missing_field")
+        prompt_ids = _completion_prompt(body["prompt"], engine)
+    if not prompt_ids:  # an empty prompt starts from the beginning-of-text token, as transformers does
+        if engine.eos_token_id is None:
+            raise APIError(400, "the prompt is empty and the tokenizer has no end-of-text token to start from",
+                           param="prompt", code="invalid_value")
+        prompt_ids = [engine.eos_token_id]
+    if len(prompt_ids) > engine.context_length:
+        raise APIError(400, f"the prompt has {len(prompt_ids)} tokens, over the model's context length of "
+                       f"{engine.context_length}: shorten it", param="messages" if chat else "prompt",
+                       code="context_length_exceeded")
+    room = engine.context_length - len(prompt_ids) + 1  # the last position's logits give one more token
+    requested = body.get("max_completion_tokens") if chat else None
+    requested = requested if requested is not None else body.get("max_tokens")
+    default = room if chat else 16  # OpenAI's defaults: the context for chat, 16 for completions
+    top_k = body.get("top_k")
+    params = SamplingParams(
+        max_tokens=min(requested if requested is not None else default, room),
+        temperature=_get(body, "temperature", 1.0),
+        top_k=None if top_k in (None, -1) else top_k,
+        top_p=body.get("top_p"),
+        min_p=body.get("min_p"),
+        repetition_penalty=body.get("repetition_penalty"),
+        frequency_penalty=_get(body, "frequency_penalty", 0.0),
+        presence_penalty=_get(body, "presence_penalty", 0.0),
+        seed=body.get("seed"),
+        stop_token_ids=frozenset(() if engine.eos_token_id is None else (engine.eos_token_id,)),
+    )
+    stop = body.get("stop")
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    options = body.get("stream_options") or {}
+    return GenerationRequest(chat, prompt_ids, params, [s for s in stops if s], bool(body.get("stream")),
+                             bool(options.get("include_usage")))
+
+
+def _get(body: dict[str, Any], name: str, default: Any) -> Any:
+    value = body.get(name)
+    return default if value is None else value

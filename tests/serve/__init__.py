@@ -1,0 +1,1 @@
+"""Tests of orion.serve over HTTP."""

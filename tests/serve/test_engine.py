@@ -1,0 +1,138 @@
+"""The GPT-2 engine: logits processors against transformers, chat prompts, generation, cancellation."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import MinPLogitsWarper, PreTrainedTokenizerFast, RepetitionPenaltyLogitsProcessor
+
+from orion.serve.engine import Engine, PromptError, SamplingParams
+from orion.serve.model_engine import ModelEngine
+from orion.serve.logits import LogitsProcessor
+
+from .conftest import EOS, write_model
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+    "'\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    "{# {{ messages | tojson }} #}"
+)
+MESSAGES = [{"role": "system", "content": "you are terse"}, {"role": "user", "content": "café 🙂 \"quoted\""},
+            {"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}]
+
+
+def test_engine_satisfies_the_protocol(engine) -> None:
+    assert isinstance(engine, Engine)
+    config = engine.model.config
+    assert (engine.context_length, engine.vocab_size) == (config.n_positions, config.vocab_size)
+    assert engine.eos_token_id == engine.tokenizer.encode(EOS)[0]
+
+
+def test_repetition_and_min_p_match_transformers() -> None:
+    rng = np.random.default_rng(0)
+    vocab, prompt, new = 50, [3, 4, 4, 9], [9, 17, 3]
+    logits = rng.normal(0, 3, vocab).astype(np.float32)
+    params = SamplingParams(max_tokens=8, temperature=0.7, repetition_penalty=1.3, min_p=0.05)
+    process = LogitsProcessor(params, prompt, vocab)
+    for token in new:
+        process.record(token)
+    ours = process(logits)
+    ids = torch.tensor([prompt + new])
+    want = RepetitionPenaltyLogitsProcessor(1.3)(ids, torch.tensor(logits)[None])
+    # transformers applies min-p to the tempered scores; Orion masks the untempered ones, then tempers
+    tempered = MinPLogitsWarper(0.05)(ids, want / 0.7)[0].numpy()
+    kept = np.isfinite(tempered)
+    assert 0 < kept.sum() < vocab
+    np.testing.assert_array_equal(np.isfinite(ours), kept)
+    np.testing.assert_allclose(ours[kept], want[0].numpy()[kept], rtol=1e-6)
+
+
+def test_frequency_and_presence_penalties_follow_openai() -> None:
+    logits = np.linspace(-2, 2, 10, dtype=np.float32)
+    params = SamplingParams(max_tokens=4, frequency_penalty=0.5, presence_penalty=0.25)
+    process = LogitsProcessor(params, prompt_ids=[1, 2], vocab_size=10)  # the prompt does not count
+    for token in (7, 7, 3):
+        process.record(token)
+    want = logits.astype(np.float64).copy()
+    for token, count in ((7, 2), (3, 1)):
+        want[token] -= count * 0.5 + 0.25
+    np.testing.assert_allclose(process(logits), want, rtol=0, atol=1e-6)
+
+
+def test_no_processor_leaves_logits_alone() -> None:
+    logits = np.arange(5, dtype=np.float32)
+    assert LogitsProcessor(SamplingParams(max_tokens=1, min_p=0.5, temperature=0), [0], 5)(logits) is logits
+
+
+def test_chat_template_renders_as_transformers_does(tmp_path) -> None:
+    directory = write_model(tmp_path, chat_template=CHATML)
+    engine = ModelEngine.from_directory(directory, progress=False)
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"),
+                                 **json.loads((directory / "tokenizer_config.json").read_text()))
+    assert engine.chat_prompt(MESSAGES) == hf.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+
+
+def test_plain_chat_format_without_a_template(tmp_path) -> None:
+    engine = ModelEngine.from_directory(write_model(tmp_path, chat_template=None), progress=False)
+    assert engine.chat_template is None
+    assert engine.chat_prompt(MESSAGES[:2]) == 'system: you are terse\nuser: café 🙂 "quoted"\nassistant:'
+
+
+def test_a_refusing_or_broken_template_is_a_prompt_error(engine) -> None:
+    with pytest.raises(PromptError, match="start with a user or system message"):
+        engine.chat_prompt([{"role": "assistant", "content": "hi"}])
+    with pytest.raises(PromptError, match="does not parse"):
+        ModelEngine(engine.model, "m", chat_template="{% for %}")
+    failing = ModelEngine(engine.model, "m", chat_template="{{ messages[5]['content'] }}")  # no 6th message
+    with pytest.raises(PromptError, match="fails"):
+        failing.chat_prompt(MESSAGES)
+
+
+def test_greedy_and_seeded_generation_equal_the_model(engine, reference) -> None:
+    ids = reference.tokenizer.encode("hello world")
+    never = lambda: False
+    for sampling in ({"temperature": 0.0}, {"temperature": 1.1, "top_k": 20, "seed": 4}):
+        params = SamplingParams(max_tokens=20, **sampling)
+        assert list(engine.generate(ids, params, never)) == list(reference.generate(ids, 20, **sampling))
+
+
+def test_interleaved_sequences_do_not_mix(engine, reference) -> None:
+    prompts = [reference.tokenizer.encode(p) for p in ("hello world", "the engine", "café")]
+    params = SamplingParams(max_tokens=15, temperature=0.0)
+    gens = [engine.generate(p, params, lambda: False) for p in prompts]
+    got: list[list[int]] = [[] for _ in prompts]
+    for _ in range(15):
+        for out, gen in zip(got, gens, strict=True):
+            out.append(next(gen))
+    assert got == [list(reference.generate(p, 15)) for p in prompts]
+
+
+def test_cancellation_stops_before_the_next_token(engine) -> None:
+    produced: list[int] = []
+    tokens = engine.generate([1, 2, 3], SamplingParams(max_tokens=50, temperature=0.0), lambda: len(produced) >= 3)
+    for token in tokens:
+        produced.append(token)
+    assert len(produced) == 3
+
+
+def test_a_failed_sequence_is_replaced(engine, monkeypatch) -> None:
+    model = engine.model
+    calls = {"n": 0}
+    original = type(model).decode_step
+
+    def failing(self, token):  # noqa: ANN001, ANN202
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("device fault")
+        return original(self, token)
+
+    monkeypatch.setattr(type(model), "decode_step", failing)
+    with pytest.raises(RuntimeError, match="device fault"):
+        list(engine.generate([1, 2], SamplingParams(max_tokens=10, temperature=0.0), lambda: False))
+    monkeypatch.undo()
+    before = engine._sequences
+    assert len(list(engine.generate([1, 2], SamplingParams(max_tokens=10, temperature=0.0), lambda: False))) == 10
+    assert engine._sequences <= before + 1 <= engine.max_sequences

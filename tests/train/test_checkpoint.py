@@ -58,6 +58,15 @@ def test_round_trip_and_keep_last(tmp_path: Path) -> None:
     assert checkpoint.latest_valid(tmp_path / "absent") is None
 
 
+def test_resaving_a_step_replaces_it(tmp_path: Path) -> None:
+    checkpoint.save(tmp_path, 3, _tensors(3), _state(3), CONFIG)
+    path = checkpoint.save(tmp_path, 3, _tensors(4), {"again": True}, CONFIG)
+    loaded = checkpoint.load(path)
+    assert loaded.state == {"again": True}
+    np.testing.assert_array_equal(loaded.tensors["param.w"], _tensors(4)["param.w"])
+    assert checkpoint.checkpoints(tmp_path) == [path]
+
+
 def test_config_hash_is_canonical() -> None:
     assert checkpoint.config_hash({"a": 1, "b": [1, 2]}) == checkpoint.config_hash({"b": [1, 2], "a": 1})
     assert checkpoint.config_hash({"a": 1}) != checkpoint.config_hash({"a": 2})

@@ -131,6 +131,19 @@ def test_clipping_fused_into_the_step_equals_clipping_first() -> None:
         np.testing.assert_allclose(fused[n], separate[n], rtol=1e-6, atol=1e-8, err_msg=n)
 
 
+def test_vector_and_scalar_paths_give_the_same_bits() -> None:
+    rng = np.random.default_rng(11)
+    values = rng.standard_normal(64).astype(np.float32)
+    grads = rng.standard_normal(64).astype(np.float32)
+    whole = {"w": values.copy()}  # 64 elements: the four-lane loop
+    singles = {f"s{i}": values[i:i + 1].copy() for i in range(64)}  # one element each: the scalar tail
+    a, b = AdamW(whole, weight_decay=0.1, decay={"w"}), AdamW(singles, weight_decay=0.1, decay=set(singles))
+    for _ in range(3):
+        a.step({"w": grads}, grad_scale=0.3)
+        b.step({f"s{i}": grads[i:i + 1] for i in range(64)}, grad_scale=0.3)
+    np.testing.assert_array_equal(whole["w"], np.concatenate([singles[f"s{i}"] for i in range(64)]))
+
+
 def test_nonfinite_values_are_counted_never_rewritten() -> None:
     grads = _grads(6)
     grads["w1"][3, 5] = np.nan

@@ -7,6 +7,7 @@ the SHA-256 and size of the safetensors file, and the SHA-256 of the manifest it
 written to a temporary name, fsynced, renamed into place and the directory fsynced; the manifest
 goes last, so it is the commit record: a checkpoint without its manifest does not exist, and one
 whose files do not match their checksums is refused. ``save`` keeps the newest ``keep`` checkpoints.
+A checkpoint directory has one writer at a time (``save`` removes temporaries left by dead writers).
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ def save(directory: str | os.PathLike, step: int, tensors: Mapping[str, np.ndarr
     manifest_path = directory / f"ckpt-{step:08d}.json"
     tensor_path = manifest_path.with_suffix(".safetensors")
     arrays = {name: np.ascontiguousarray(a) for name, a in tensors.items()}
+    if manifest_path.exists():  # re-saving a step: retire the old one first, so a crash leaves no mismatched pair
+        manifest_path.unlink()
+        _fsync_dir(directory)
     tmp = directory / f"{_TMP_PREFIX}{os.getpid()}-{tensor_path.name}"
     save_file(arrays, str(tmp))
     _fsync_file(tmp)

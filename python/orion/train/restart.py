@@ -46,7 +46,10 @@ def exec_restart(logs: Sequence[IO] = (), resume_flag: str = RESUME_FLAG) -> NoR
     ``restart_argv()``. Returns only by raising (TrainError) if the exec fails."""
     for log in logs:
         log.flush()
-        os.fsync(log.fileno())
+        try:
+            os.fsync(log.fileno())
+        except OSError:  # a pipe or a terminal: flushed is all there is
+            pass
     for handler in logging.getLogger().handlers:
         handler.flush()
     sys.stdout.flush()

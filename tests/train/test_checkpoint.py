@@ -138,7 +138,10 @@ def test_bad_state_and_keep_are_refused(tmp_path: Path) -> None:
         checkpoint.save(tmp_path, 1, _tensors(1), {"loss": float("nan")}, CONFIG)
     with pytest.raises(CheckpointError, match="keep=0"):
         checkpoint.save(tmp_path, 1, _tensors(1), {}, CONFIG, keep=0)
+    with pytest.raises(CheckpointError, match="cannot write"):
+        checkpoint.save(tmp_path, 1, {"x": np.zeros((2, 2), np.float32)[:, :1].T.astype(object)}, {}, CONFIG)
     assert checkpoint.checkpoints(tmp_path) == []  # nothing half-written is taken as a checkpoint
+    assert [p for p in tmp_path.iterdir()] == []
 
 
 WRITER = textwrap.dedent("""

@@ -224,6 +224,8 @@ def test_bad_parameters_and_hyperparameters_raise() -> None:
         AdamW(_params(), betas=(0.9, 1.0)).step(_grads(0))
     with pytest.raises(TrainError, match="lr=nan"):
         AdamW(_params()).step(_grads(0), lr=float("nan"))
+    with pytest.raises(TrainError, match="lr and grad_scale must be numbers"):
+        AdamW(_params()).step(_grads(0), lr="fast")
     with pytest.raises(TrainError, match="not an AdamW state dict"):
         AdamW(_params()).load_state_dict({"step": 1})
     other = AdamW({"x": np.zeros(3, np.float32)}).state_dict()

@@ -53,6 +53,11 @@ def save(directory: str | os.PathLike, step: int, tensors: Mapping[str, np.ndarr
     """Writes checkpoint ``step`` atomically, deletes all but the newest ``keep``; returns its manifest path."""
     if keep < 1:
         raise CheckpointError(f"checkpoint.save: keep={keep} must be >= 1")
+    try:
+        _canonical(dict(state))
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint.save: the state is not JSON-serializable ({exc}); pass plain numbers, "
+                              "strings, lists and dicts (tensors go in `tensors`)") from exc
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(directory)
@@ -63,19 +68,19 @@ def save(directory: str | os.PathLike, step: int, tensors: Mapping[str, np.ndarr
         manifest_path.unlink()
         _fsync_dir(directory)
     tmp = directory / f"{_TMP_PREFIX}{os.getpid()}-{tensor_path.name}"
-    save_file(arrays, str(tmp))
+    try:
+        save_file(arrays, str(tmp))
+    except (SafetensorError, OSError) as exc:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"checkpoint.save: cannot write {tensor_path} ({exc}); check the free space and "
+                              f"permissions of {directory}", manifest_path, None) from exc
     _fsync_file(tmp)
     digest, size = _sha256(tmp), tmp.stat().st_size
     os.replace(tmp, tensor_path)
     _fsync_dir(directory)
     body = {"format": FORMAT, "step": int(step), "config_hash": config_hash, "state": dict(state),
             "files": {tensor_path.name: {"sha256": digest, "bytes": size}}}
-    try:
-        text = json.dumps({**body, "manifest_sha256": hashlib.sha256(_canonical(body)).hexdigest()}, indent=1,
-                          allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint.save: the state is not JSON-serializable ({exc}); pass plain numbers, "
-                              "strings, lists and dicts (tensors go in `tensors`)") from exc
+    text = json.dumps({**body, "manifest_sha256": hashlib.sha256(_canonical(body)).hexdigest()}, indent=1)
     _write_atomically(manifest_path, text.encode())
     _prune(directory, keep)
     return manifest_path
@@ -170,8 +175,9 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         raise _Damaged(f"the manifest {path} does not match its own SHA-256 (corrupted)")
     files = manifest.get("files")
     if not (isinstance(files, dict) and len(files) == 1 and isinstance(manifest.get("step"), int)
+            and {"config_hash", "state"} <= set(manifest)
             and all(isinstance(f, dict) and {"sha256", "bytes"} <= set(f) for f in files.values())):
-        raise _Damaged(f"the manifest {path} lacks its step or its file list")
+        raise _Damaged(f"the manifest {path} lacks its step, config hash, state or file list")
     return manifest
 
 

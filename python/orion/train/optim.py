@@ -81,11 +81,15 @@ class AdamW:
         if missing or extra:
             raise TrainError(f"AdamW.step: gradients missing for {sorted(missing)[:8]}, unknown {sorted(extra)[:8]}; "
                              "pass exactly one gradient per parameter")
+        try:
+            lr, grad_scale = float(self.lr if lr is None else lr), float(grad_scale)
+        except (TypeError, ValueError) as exc:
+            raise TrainError(f"AdamW.step: lr and grad_scale must be numbers ({exc})") from exc
         names = list(self.params)
         _core.train.adamw_step(
             names, [self.params[n] for n in names], [grads[n] for n in names], [self.exp_avg[n] for n in names],
-            [self.exp_avg_sq[n] for n in names], [n in self.decay for n in names], self.lr if lr is None else lr,
-            self.betas[0], self.betas[1], self.eps, self.weight_decay, self.step_count + 1, grad_scale)
+            [self.exp_avg_sq[n] for n in names], [n in self.decay for n in names], lr, self.betas[0], self.betas[1],
+            self.eps, self.weight_decay, self.step_count + 1, grad_scale)
         self.step_count += 1
 
     def state_dict(self) -> dict[str, Any]:

@@ -31,7 +31,7 @@ void check_array(const py::handle& obj, const std::string& name, const char* rol
                  const py::array* like = nullptr) {
     const std::string where = std::string(role) + " of '" + name + "'";
     if (!py::isinstance<py::array>(obj))
-        throw train::TrainError(where + " is a " + std::string(py::str(obj.get_type().attr("__name__"))) +
+        throw train::TrainError(where + " is a " + std::string(py::str(py::type::handle_of(obj).attr("__name__"))) +
                                 ", not a numpy array; pass a float32 numpy array");
     const auto a = py::reinterpret_borrow<py::array>(obj);
     if (!a.dtype().is(py::dtype::of<float>()))
@@ -50,7 +50,9 @@ float* mutable_floats(const py::handle& obj) {
     return static_cast<float*>(py::reinterpret_borrow<py::array>(obj).mutable_data());
 }
 
-const float* floats(const py::handle& obj) { return static_cast<const float*>(py::reinterpret_borrow<py::array>(obj).data()); }
+const float* floats(const py::handle& obj) {
+    return static_cast<const float*>(py::reinterpret_borrow<py::array>(obj).data());
+}
 
 void adamw_step(const std::vector<std::string>& names, const py::list& params, const py::list& grads,
                 const py::list& exp_avgs, const py::list& exp_avg_sqs, const std::vector<bool>& decay, double lr,

@@ -9,5 +9,6 @@ void bind_errors(pybind11::module_& m);   // errors.cpp: C++ exceptions -> orion
 void bind_mil(pybind11::module_& m);      // mil.cpp: orion._core.mil (program model, text, BLOBFILE)
 void bind_kernels(pybind11::module_& m);  // kernels.cpp: orion._core.kernels (benchmarks, kernel tests)
 void bind_runtime(pybind11::module_& m);  // runtime.cpp: compile/evaluate, surfaces, budget
+void bind_train(pybind11::module_& m);    // train.cpp: orion._core.train (AdamW, gradient norm, fp16 clamp)
 
 }  // namespace orion::bindings

@@ -6,4 +6,5 @@ PYBIND11_MODULE(_core, m) {
     orion::bindings::bind_mil(m);
     orion::bindings::bind_kernels(m);
     orion::bindings::bind_runtime(m);
+    orion::bindings::bind_train(m);
 }

@@ -1,0 +1,132 @@
+// orion._core.train: AdamW, the global gradient norm and the fp16-range clamp on numpy float32 arrays,
+// in place. Every array is checked (dtype, shape, C-contiguity, writability) before any is touched.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+#include <vector>
+
+#include "bindings/bindings.h"
+#include "hardware_limits.h"
+#include "train/adamw.h"
+#include "train/tensor_stats.h"
+#include "train/train_error.h"
+
+namespace py = pybind11;
+
+namespace orion::bindings {
+
+namespace {
+
+std::string shape_text(const py::array& a) {
+    std::string s = "(";
+    for (py::ssize_t d = 0; d < a.ndim(); ++d) s += (d ? ", " : "") + std::to_string(a.shape(d));
+    return s + (a.ndim() == 1 ? ",)" : ")");
+}
+
+// Checks that `a` (the `role` of tensor `name`) is a C-contiguous float32 array, writable if asked,
+// with the shape of `like` if given.
+void check_array(const py::handle& obj, const std::string& name, const char* role, bool writable,
+                 const py::array* like = nullptr) {
+    const std::string where = std::string(role) + " of '" + name + "'";
+    if (!py::isinstance<py::array>(obj))
+        throw train::TrainError(where + " is a " + std::string(py::str(py::type::handle_of(obj).attr("__name__"))) +
+                                ", not a numpy array; pass a float32 numpy array");
+    const auto a = py::reinterpret_borrow<py::array>(obj);
+    if (!a.dtype().is(py::dtype::of<float>()))
+        throw train::TrainError(where + " has dtype " + std::string(py::str(a.dtype())) +
+                                "; it must be float32 (use .astype(np.float32))");
+    if (!(a.flags() & py::array::c_style))
+        throw train::TrainError(where + " is not C-contiguous; pass np.ascontiguousarray(...) of it");
+    if (writable && !a.writeable())
+        throw train::TrainError(where + " is read-only; it is updated in place, so pass a writable array");
+    if (like && !(a.ndim() == like->ndim() && std::equal(a.shape(), a.shape() + a.ndim(), like->shape())))
+        throw train::TrainError(where + " has shape " + shape_text(a) + ", the parameter has " +
+                                shape_text(*like) + "; they must match");
+}
+
+float* mutable_floats(const py::handle& obj) {
+    return static_cast<float*>(py::reinterpret_borrow<py::array>(obj).mutable_data());
+}
+
+const float* floats(const py::handle& obj) {
+    return static_cast<const float*>(py::reinterpret_borrow<py::array>(obj).data());
+}
+
+void adamw_step(const std::vector<std::string>& names, const py::list& params, const py::list& grads,
+                const py::list& exp_avgs, const py::list& exp_avg_sqs, const std::vector<bool>& decay, double lr,
+                double beta1, double beta2, double eps, double weight_decay, int64_t step, double grad_scale) {
+    const size_t n = names.size();
+    if (params.size() != n || grads.size() != n || exp_avgs.size() != n || exp_avg_sqs.size() != n ||
+        decay.size() != n)
+        throw train::TrainError("adamw_step: names, params, grads, exp_avgs, exp_avg_sqs and decay must have the "
+                                "same length (" + std::to_string(n) + " names)");
+    train::AdamWHyper h{lr, beta1, beta2, eps, weight_decay, step, grad_scale};
+    train::check_hyper(h);
+    std::vector<train::AdamWTensor> tensors;
+    for (size_t i = 0; i < n; ++i) {
+        check_array(params[i], names[i], "parameter", true);
+        const auto param = py::reinterpret_borrow<py::array>(params[i]);
+        check_array(grads[i], names[i], "gradient", false, &param);
+        check_array(exp_avgs[i], names[i], "exp_avg (AdamW m)", true, &param);
+        check_array(exp_avg_sqs[i], names[i], "exp_avg_sq (AdamW v)", true, &param);
+        tensors.push_back({mutable_floats(params[i]), floats(grads[i]), mutable_floats(exp_avgs[i]),
+                           mutable_floats(exp_avg_sqs[i]), static_cast<int64_t>(param.size()), decay[i]});
+    }
+    py::gil_scoped_release release;
+    train::adamw_step(tensors, h);
+}
+
+py::tuple sum_of_squares(const std::vector<std::string>& names, const py::list& arrays) {
+    if (arrays.size() != names.size())
+        throw train::TrainError("sum_of_squares: " + std::to_string(names.size()) + " names for " +
+                                std::to_string(arrays.size()) + " arrays");
+    std::vector<train::FloatSpan> spans;
+    for (size_t i = 0; i < names.size(); ++i) {
+        check_array(arrays[i], names[i], "gradient", false);
+        spans.push_back({floats(arrays[i]), static_cast<int64_t>(py::reinterpret_borrow<py::array>(arrays[i]).size())});
+    }
+    train::SquaresAndNonfinite r;
+    {
+        py::gil_scoped_release release;
+        r = train::sum_of_squares(spans);
+    }
+    return py::make_tuple(r.sum_of_squares, r.nonfinite);
+}
+
+py::tuple clamp_fp16(const std::string& name, const py::handle& array) {
+    check_array(array, name, "tensor", true);
+    const auto a = py::reinterpret_borrow<py::array>(array);
+    train::ClampCounts r;
+    {
+        py::gil_scoped_release release;
+        r = train::clamp_finite(mutable_floats(array), static_cast<int64_t>(a.size()),
+                                static_cast<float>(limits::FP16_MAX));
+    }
+    return py::make_tuple(r.clamped, r.nonfinite);
+}
+
+}  // namespace
+
+void bind_train(py::module_& root) {
+    py::module_ m = root.def_submodule("train", "AdamW, gradient norm and fp16-range clamp (orion.train wraps these).");
+    py::register_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) std::rethrow_exception(p);
+        } catch (const train::TrainError& e) {
+            py::object cls = py::module_::import("orion.train.errors").attr("TrainError");
+            PyErr_SetObject(cls.ptr(), cls(e.what()).ptr());
+        }
+    });
+    m.def("adamw_step", &adamw_step, py::arg("names"), py::arg("params"), py::arg("grads"), py::arg("exp_avgs"),
+          py::arg("exp_avg_sqs"), py::arg("decay"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
+          py::arg("weight_decay"), py::arg("step"), py::arg("grad_scale"),
+          "One AdamW update of every tensor, in place (gradients read as grad * grad_scale).");
+    m.def("sum_of_squares", &sum_of_squares, py::arg("names"), py::arg("arrays"),
+          "(sum of squares of the finite values, count of NaN/Inf values) over all arrays, in one pass.");
+    m.def("clamp_fp16", &clamp_fp16, py::arg("name"), py::arg("array"),
+          "Clamps finite values to +-FP16_MAX in place; returns (clamped, nonfinite). NaN/Inf are left as they are.");
+}
+
+}  // namespace orion::bindings

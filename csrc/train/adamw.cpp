@@ -1,0 +1,81 @@
+#include "train/adamw.h"
+
+#include <cmath>
+#include <string>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "train/blocks.h"
+#include "train/train_error.h"
+
+namespace orion::train {
+
+void check_hyper(const AdamWHyper& h) {
+    auto fail = [](const std::string& what) { throw TrainError("AdamW: " + what); };
+    if (!std::isfinite(h.lr) || h.lr < 0) fail("lr=" + std::to_string(h.lr) + " must be finite and >= 0");
+    if (!(h.beta1 >= 0 && h.beta1 < 1)) fail("beta1=" + std::to_string(h.beta1) + " must be in [0, 1)");
+    if (!(h.beta2 >= 0 && h.beta2 < 1)) fail("beta2=" + std::to_string(h.beta2) + " must be in [0, 1)");
+    if (!(h.eps > 0) || !std::isfinite(h.eps)) fail("eps=" + std::to_string(h.eps) + " must be finite and > 0");
+    if (!std::isfinite(h.weight_decay) || h.weight_decay < 0)
+        fail("weight_decay=" + std::to_string(h.weight_decay) + " must be finite and >= 0");
+    if (h.step < 1) fail("step=" + std::to_string(h.step) + " must be >= 1 (the 1-based index of this update)");
+    if (!std::isfinite(h.grad_scale)) fail("grad_scale=" + std::to_string(h.grad_scale) + " must be finite");
+}
+
+void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWHyper& h) {
+    check_hyper(h);
+    // Scalars as torch computes them (in double, then used against fp32 tensors).
+    const double bias1 = 1.0 - std::pow(h.beta1, static_cast<double>(h.step));
+    const double bias2 = 1.0 - std::pow(h.beta2, static_cast<double>(h.step));
+    const float step_size = static_cast<float>(h.lr / bias1);
+    const float bias2_sqrt = static_cast<float>(std::sqrt(bias2));
+    const float one_minus_b1 = static_cast<float>(1.0 - h.beta1);
+    const float b2 = static_cast<float>(h.beta2), one_minus_b2 = static_cast<float>(1.0 - h.beta2);
+    const float eps = static_cast<float>(h.eps), gs = static_cast<float>(h.grad_scale);
+    const float decay_factor = static_cast<float>(1.0 - h.lr * h.weight_decay);
+
+    std::vector<int64_t> sizes;
+    sizes.reserve(tensors.size());
+    for (const auto& t : tensors) sizes.push_back(t.size);
+    for_each_block(sizes, [&](size_t which, int64_t begin, int64_t end) {
+        const AdamWTensor& t = tensors[which];
+        float* __restrict p = t.param;
+        const float* __restrict g = t.grad;
+        float* __restrict m = t.exp_avg;
+        float* __restrict v = t.exp_avg_sq;
+        const float decay = t.decay ? decay_factor : 1.0f;
+        int64_t i = begin;
+#if defined(__SSE2__)
+        // Four lanes with the scalar loop's exact operation order (no FMA), so both give the same bits;
+        // written out because std::sqrt's errno keeps GCC from vectorizing the scalar loop.
+        const __m128 v_gs = _mm_set1_ps(gs), v_1mb1 = _mm_set1_ps(one_minus_b1), v_b2 = _mm_set1_ps(b2),
+                     v_1mb2 = _mm_set1_ps(one_minus_b2), v_decay = _mm_set1_ps(decay),
+                     v_step = _mm_set1_ps(step_size), v_bias2 = _mm_set1_ps(bias2_sqrt), v_eps = _mm_set1_ps(eps);
+        for (; i + 4 <= end; i += 4) {
+            const __m128 gi = _mm_mul_ps(_mm_loadu_ps(g + i), v_gs);
+            const __m128 m0 = _mm_loadu_ps(m + i), v0 = _mm_loadu_ps(v + i);
+            const __m128 mi = _mm_add_ps(m0, _mm_mul_ps(v_1mb1, _mm_sub_ps(gi, m0)));
+            const __m128 vi = _mm_add_ps(_mm_mul_ps(v0, v_b2), _mm_mul_ps(_mm_mul_ps(v_1mb2, gi), gi));
+            _mm_storeu_ps(m + i, mi);
+            _mm_storeu_ps(v + i, vi);
+            const __m128 denom = _mm_add_ps(_mm_div_ps(_mm_sqrt_ps(vi), v_bias2), v_eps);
+            const __m128 pi = _mm_sub_ps(_mm_mul_ps(_mm_loadu_ps(p + i), v_decay),
+                                         _mm_mul_ps(v_step, _mm_div_ps(mi, denom)));
+            _mm_storeu_ps(p + i, pi);
+        }
+#endif
+        for (; i < end; ++i) {
+            // The operation order of torch's single-tensor AdamW (lerp for m, addcmul for v, addcdiv).
+            const float gi = g[i] * gs;
+            const float mi = m[i] + one_minus_b1 * (gi - m[i]);
+            const float vi = v[i] * b2 + one_minus_b2 * gi * gi;
+            m[i] = mi;
+            v[i] = vi;
+            p[i] = p[i] * decay - step_size * (mi / (std::sqrt(vi) / bias2_sqrt + eps));
+        }
+    });
+}
+
+}  // namespace orion::train

@@ -1,0 +1,78 @@
+#include "train/tensor_stats.h"
+
+#include <cstring>
+
+#include "train/blocks.h"
+
+namespace orion::train {
+namespace {
+
+inline bool is_finite(float x) {
+    uint32_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    return (bits & 0x7f800000u) != 0x7f800000u;  // exponent all ones: Inf or NaN
+}
+
+}  // namespace
+
+SquaresAndNonfinite sum_of_squares(const std::vector<FloatSpan>& tensors) {
+    std::vector<int64_t> sizes;
+    for (const auto& t : tensors) sizes.push_back(t.size);
+    const std::vector<Block> blocks = make_blocks(sizes);
+    std::vector<SquaresAndNonfinite> partial(blocks.size());
+    for_each_block(blocks, [&](size_t index, const Block& b) {
+        const float* x = tensors[b.tensor].data;
+        // Four interleaved double sums break the add dependency chain (and let GCC vectorize); the
+        // order is fixed, so the result does not depend on the thread count.
+        double sum[4] = {0.0, 0.0, 0.0, 0.0};
+        int64_t bad = 0;
+        int64_t i = b.begin;
+        for (; i + 4 <= b.end; i += 4) {
+            for (int k = 0; k < 4; ++k) {
+                const bool finite = is_finite(x[i + k]);
+                const double xi = finite ? static_cast<double>(x[i + k]) : 0.0;
+                sum[k] += xi * xi;
+                bad += finite ? 0 : 1;
+            }
+        }
+        for (; i < b.end; ++i) {
+            const bool finite = is_finite(x[i]);
+            const double xi = finite ? static_cast<double>(x[i]) : 0.0;
+            sum[0] += xi * xi;
+            bad += finite ? 0 : 1;
+        }
+        partial[index] = {(sum[0] + sum[1]) + (sum[2] + sum[3]), bad};
+    });
+    SquaresAndNonfinite total{0.0, 0};
+    for (const auto& p : partial) {
+        total.sum_of_squares += p.sum_of_squares;
+        total.nonfinite += p.nonfinite;
+    }
+    return total;
+}
+
+ClampCounts clamp_finite(float* data, int64_t size, float limit) {
+    const std::vector<Block> blocks = make_blocks({size});
+    std::vector<ClampCounts> partial(blocks.size());
+    for_each_block(blocks, [&](size_t index, const Block& b) {
+        int64_t clamped = 0, bad = 0;
+        for (int64_t i = b.begin; i < b.end; ++i) {
+            const float x = data[i];
+            if (!is_finite(x)) {
+                ++bad;
+            } else if (x > limit || x < -limit) {
+                data[i] = x > 0 ? limit : -limit;
+                ++clamped;
+            }
+        }
+        partial[index] = {clamped, bad};
+    });
+    ClampCounts total{0, 0};
+    for (const auto& p : partial) {
+        total.clamped += p.clamped;
+        total.nonfinite += p.nonfinite;
+    }
+    return total;
+}
+
+}  // namespace orion::train

@@ -1,6 +1,6 @@
 """AdamW speed on Stories110M-shaped tensors: orion (C++) against torch.optim.AdamW, same arrays, same run.
 
-Run: ``ORION_NUM_THREADS=2 python tests/train/bench_adamw.py [--repeats 5]``. Prints the median ms per
+Run: ``ORION_NUM_THREADS=2 python benchmarks/bench_adamw.py [--repeats 5]``. Prints the median ms per
 step of each, measured interleaved (orion, torch foreach=False, torch foreach=True, repeat). torch runs
 at 2 threads, and also at 1: on a shared machine its 2-thread OpenMP runs suffer most from a busy neighbour.
 """

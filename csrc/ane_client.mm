@@ -1,7 +1,7 @@
 // The ane backend: Apple's private AppleNeuralEngine framework, driven with the sequence of
 // FACTS section 2. Thin on purpose: what to write where, the weight dictionary, the binding order,
 // the retry policy, the compile budget and the front-end checks are decided by portable code
-// (runtime/ane_plan, runtime/program, runtime/budget, emulator::check) that is tested on Linux.
+// (runtime/ane_plan, runtime/program, runtime/budget, frontend/) that is tested on Linux.
 // This file only performs the calls.
 //
 // Portability rules (it is compiled by Apple clang on macOS and by clang + GNUstep on Linux for
@@ -27,6 +27,7 @@
 
 #include "ane_client.h"
 #include "emulator/emulator.h"
+#include "frontend/frontend.h"
 #include "errors.h"
 #include "runtime/ane_plan.h"
 #include "runtime/budget.h"
@@ -152,15 +153,18 @@ class AneProgram final : public runtime::LoadedProgram {
 public:
     // FACTS section 2 steps 1-6. With a donor, the weight-patch path of section 6 (no compile).
     static std::unique_ptr<AneProgram> create(std::string_view mil, const runtime::WeightFiles& weights,
-                                              runtime::Profile profile, const AneProgram* donor) {
+                                              const runtime::CompileOptions& options, const AneProgram* donor) {
         const Framework& fw = framework();
         if (!fw.ok) throw CompileError("the ane backend is unavailable: " + fw.detail);
-        auto [inputs, outputs] = emu::check(mil, weights, profile);  // same errors as the emulator
+        // The shared front end and type step: the emulator refuses the same programs with the same
+        // errors. No emulator program is built: nothing is baked, no frame sized, no host-memory check.
+        frontend::CheckedProgram checked = frontend::check(mil, weights, options);
+        emu::check_types(checked, weights);
         const plan::ModelPlan layout = plan::plan_model(mil, weights);
 
-        std::unique_ptr<AneProgram> p(new AneProgram(mil, profile));
-        p->inputs_ = std::move(inputs);
-        p->outputs_ = std::move(outputs);
+        std::unique_ptr<AneProgram> p(new AneProgram(mil, options));
+        p->inputs_ = std::move(checked.inputs);
+        p->outputs_ = std::move(checked.outputs);
         Pool pool;
         id mil_arg = fault("mil_as_string")
                          ? (id)[[[NSString alloc] initWithBytes:mil.data() length:mil.size() encoding:NSUTF8StringEncoding] autorelease]
@@ -189,8 +193,9 @@ public:
         NSError* error = nil;
         if (donor) {
             plan::write_patch_files(donor->dir_->dir(), dir, weights);
-        } else if (!fault("skip_compile")) {
-            if (![p->model_ compileWithQoS:plan::kQoS options:@{} error:&error])
+        } else {
+            runtime::consume_compile();  // only what reaches the device compiler counts
+            if (!fault("skip_compile") && ![p->model_ compileWithQoS:plan::kQoS options:@{} error:&error])
                 throw CompileError(plan::framework_error("compileWithQoS:", text(error)));
         }
         if (!fault("skip_load")) {
@@ -293,7 +298,7 @@ public:
     std::unique_ptr<runtime::LoadedProgram> with_weights(const runtime::WeightFiles& weights) override {
         std::lock_guard<std::mutex> guard(mutex_);
         if (!loaded_) throw CompileError("with_weights: the program was unloaded, so there is no compiled donor");
-        auto p = create(mil_, weights, profile_, this);
+        auto p = create(mil_, weights, options_, this);
         p->set_min_surface_bytes(min_surface_bytes_);
         return p;
     }
@@ -301,7 +306,7 @@ public:
     const char* backend() const override { return "ane"; }
 
 private:
-    AneProgram(std::string_view mil, runtime::Profile profile) : mil_(mil), profile_(profile) {}
+    AneProgram(std::string_view mil, runtime::CompileOptions options) : mil_(mil), options_(std::move(options)) {}
 
     // Unloads when loaded (always: ANE-33) and drops the temp dir lease; returns the error text.
     std::string release_device() {
@@ -317,7 +322,7 @@ private:
     }
 
     std::string mil_;
-    runtime::Profile profile_;
+    runtime::CompileOptions options_;
     id model_ = nil;
     id last_request_ = nil;  // only with the reuse_request fault
     std::shared_ptr<plan::DirLease> dir_;
@@ -326,9 +331,8 @@ private:
 };
 
 std::unique_ptr<runtime::LoadedProgram> compile(std::string_view mil, const runtime::WeightFiles& weights,
-                                                runtime::Profile profile) {
-    runtime::consume_compile();
-    return AneProgram::create(mil, weights, profile, nullptr);
+                                                const runtime::CompileOptions& options) {
+    return AneProgram::create(mil, weights, options, nullptr);
 }
 
 runtime::BackendStatus probe() {
@@ -353,5 +357,9 @@ runtime::Backend backend() {
     b.surfaces = &surfaces;
     return b;
 }
+
+namespace {
+[[maybe_unused]] const bool registered = (runtime::register_backend(backend()), true);
+}  // namespace
 
 }  // namespace orion::ane

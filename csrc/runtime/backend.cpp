@@ -88,10 +88,12 @@ Selection current_selection() {
     requested.erase(0, requested.find_first_not_of(" \t"));
     requested.erase(requested.find_last_not_of(" \t") + 1);
     std::transform(requested.begin(), requested.end(), requested.begin(), [](unsigned char c) { return std::tolower(c); });
-    Selection s = select_backend(requested, statuses, host_platform());
-    const SurfaceAllocator* alloc = find_backend(s.name).surfaces();
-    set_default_surface_allocator(alloc);
-    return s;
+    return select_backend(requested, statuses, host_platform());
+}
+
+const SurfaceAllocator& surface_allocator(const std::string& backend) {
+    const SurfaceAllocator* alloc = find_backend(backend).surfaces();
+    return alloc ? *alloc : host_allocator();
 }
 
 }  // namespace orion::runtime

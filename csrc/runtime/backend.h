@@ -21,13 +21,16 @@ struct BackendStatus {
 
 struct Backend {
     std::string name;
-    // Compiles and loads; counts one compile toward the budget.
-    std::unique_ptr<LoadedProgram> (*compile)(std::string_view mil, const WeightFiles& weights, Profile profile);
+    // Compiles and loads; counts one compile toward the budget once the program reaches the device
+    // compiler (a program the front end refuses costs nothing).
+    std::unique_ptr<LoadedProgram> (*compile)(std::string_view mil, const WeightFiles& weights,
+                                              const CompileOptions& options);
     BackendStatus (*probe)();                   // cheap after the first call
     const SurfaceAllocator* (*surfaces)();       // allocator its programs need; nullptr = any
 };
 
-// Registers a backend (later registrations of the same name replace earlier ones).
+// Registers a backend (later registrations of the same name replace earlier ones). Each backend
+// registers itself from its own file, at static initialisation.
 void register_backend(const Backend& backend);
 std::vector<Backend> registered_backends();
 const Backend& find_backend(const std::string& name);  // throws CompileError for an unknown name
@@ -44,8 +47,10 @@ struct Selection {
 Selection select_backend(const std::string& requested, const std::vector<BackendStatus>& statuses,
                          const std::string& platform);
 
-// The selection for this process from ORION_BACKEND and the registered backends' probes. Installs
-// the chosen backend's surface allocator as the default one.
+// The selection for this process from ORION_BACKEND and the registered backends' probes.
 Selection current_selection();
+
+// The allocator surfaces for `backend`'s programs come from (host memory when it takes any).
+const SurfaceAllocator& surface_allocator(const std::string& backend);
 
 }  // namespace orion::runtime

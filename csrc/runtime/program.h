@@ -4,6 +4,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -35,6 +36,14 @@ enum class Profile {
     permissive,  // op and form bans lifted, for experiments and the disputed forms
 };
 Profile profile_from_name(const std::string& name);
+
+// What a compile is asked for, besides the text and its weights.
+struct CompileOptions {
+    Profile profile = Profile::hardware;
+    // Disputed ops (mil/op_table.h) a probe report proved on this machine; refused otherwise
+    // under the hardware profile (ANE-35).
+    std::set<std::string> relaxed_ops;
+};
 
 class LoadedProgram {
 public:

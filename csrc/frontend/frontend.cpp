@@ -68,7 +68,6 @@ void check_io(const mil::Function& fn, const std::vector<runtime::TensorSpec>& i
                                "' twice: return each value once (add an identity for a second copy)");
     for (const auto* side : {&inputs, &outputs})
         for (const auto& s : *side) {
-            if (s.type.dtype == mil::DType::string) continue;  // dead-return or type errors name these
             if (!is_io_dtype(s.type.dtype))
                 throw CompileError(std::string(side == &inputs ? "input '" : "output '") + s.name + "' is " + s.type.str() +
                                    ": I/O tensors must be fp16, fp32, int32, int8, uint8 or bool; cast it inside the "

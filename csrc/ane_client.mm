@@ -62,17 +62,8 @@ namespace {
 // break one requirement on purpose, so the harness tests can show the stand-in framework catches
 // it. Faults: mil_as_string, nil_weights, no_temp_dir, no_weight_files, skip_compile, skip_load,
 // skip_binding_checks, reverse_inputs, hold_lock, no_unload, reuse_request, no_retry.
-bool fault(const char* name) {
-#ifdef ORION_ANE_FAULT_INJECTION
-    const char* env = std::getenv("ORION_ANE_FAULT");
-    if (!env) return false;
-    const std::string list = std::string(",") + env + ",";
-    return list.find(std::string(",") + name + ",") != std::string::npos;
-#else
-    (void)name;
-    return false;
-#endif
-}
+// skip_binding_checks is honoured by the shared checks (runtime::LoadedProgram::evaluate).
+bool fault(const char* name) { return runtime::fault_injected(name); }
 
 struct Pool {  // an autorelease pool for the scope
     NSAutoreleasePool* pool = [[NSAutoreleasePool alloc] init];
@@ -223,25 +214,19 @@ public:
         [model_ release];
     }
 
+    const char* backend() const override { return "ane"; }
+
+private:
     // FACTS section 2 steps 7-9: a new request per call (ANE-16), surfaces bound in the order
-    // check_bindings verified (alphabetical, ANE-20), no lock held (section 3).
-    void evaluate(const runtime::Bindings& inputs, const runtime::Bindings& outputs,
-                  const runtime::LiveLanes& live) override {
-        runtime::check_live_lanes(inputs_, live);  // the hint is valid, then ignored: the ANE computes every lane
-        std::lock_guard<std::mutex> guard(mutex_);
-        if (!loaded_) throw EvaluateError("the program was unloaded; compile it again");
-        if (!fault("skip_binding_checks"))
-            runtime::check_bindings(inputs_, inputs, outputs_, outputs, min_surface_bytes_);
+    // check_bindings verified (alphabetical, ANE-20), no lock held (section 3). The live-lanes hint
+    // was checked, then ignored: the ANE computes every lane.
+    void run(const runtime::Bindings& inputs, const runtime::Bindings& outputs, const runtime::LiveLanes&) override {
         for (const auto* side : {&inputs, &outputs})
-            for (const auto& [name, surface] : *side) {
+            for (const auto& [name, surface] : *side)
                 if (&surface->allocator() != &kIOSurfaces)
                     throw EvaluateError("'" + name + "' is bound to a " + surface->allocator().name +
                                         " surface; the ane backend needs IOSurfaces: create surfaces after the "
                                         "backend is chosen (orion.Surface, Program.allocate_surfaces)");
-                if (surface->locked())
-                    throw EvaluateError("'" + name + "' is locked: unlock surfaces before evaluate "
-                                        "(never hold a lock across an evaluate)");
-            }
         Pool pool;
         std::vector<runtime::Surface*> held;
         if (fault("hold_lock"))
@@ -287,26 +272,19 @@ public:
     }
 
     // Step 10, then the temp dir goes when no other program shares it.
-    void unload() override {
-        std::lock_guard<std::mutex> guard(mutex_);
+    void release() override {
         const std::string error = release_device();
         if (!error.empty()) throw EvaluateError(error);
     }
 
-    bool loaded() const override { return loaded_; }
-
-    std::unique_ptr<runtime::LoadedProgram> with_weights(const runtime::WeightFiles& weights) override {
-        std::lock_guard<std::mutex> guard(mutex_);
-        if (!loaded_) throw CompileError("with_weights: the program was unloaded, so there is no compiled donor");
-        auto p = create(mil_, weights, options_, this);
-        p->set_min_surface_bytes(min_surface_bytes_);
-        return p;
+    // The weight-patch path: this program is the compiled donor.
+    std::unique_ptr<runtime::LoadedProgram> reload(const runtime::WeightFiles& weights) override {
+        return create(mil_, weights, options_, this);
     }
 
-    const char* backend() const override { return "ane"; }
-
-private:
-    AneProgram(std::string_view mil, runtime::CompileOptions options) : mil_(mil), options_(std::move(options)) {}
+    AneProgram(std::string_view mil, runtime::CompileOptions options) : mil_(mil), options_(std::move(options)) {
+        loaded_ = false;  // until loadWithQoS: succeeds
+    }
 
     // Unloads when loaded (always: ANE-33) and drops the temp dir lease; returns the error text.
     std::string release_device() {
@@ -326,8 +304,6 @@ private:
     id model_ = nil;
     id last_request_ = nil;  // only with the reuse_request fault
     std::shared_ptr<plan::DirLease> dir_;
-    std::mutex mutex_;
-    bool loaded_ = false;
 };
 
 std::unique_ptr<runtime::LoadedProgram> compile(std::string_view mil, const runtime::WeightFiles& weights,

@@ -4,7 +4,6 @@
 #include <cstring>
 #include <unistd.h>
 #include <map>
-#include <mutex>
 
 #include "emulator/ops.h"
 #include "errors.h"
@@ -191,12 +190,12 @@ public:
         for (auto& v : values()) v.blob.reset();  // the caller's weight buffers are not kept
     }
 
-    void evaluate(const runtime::Bindings& inputs, const runtime::Bindings& outputs,
-                  const runtime::LiveLanes& live) override {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (!loaded_) throw EvaluateError("the program was unloaded; compile it again");
-        runtime::check_bindings(inputs_, inputs, outputs_, outputs, min_surface_bytes_);
-        runtime::check_live_lanes(inputs_, live);
+    const char* backend() const override { return "emulator"; }
+
+private:
+    // After the shared checks (runtime::LoadedProgram::evaluate), under the program's lock.
+    void run(const runtime::Bindings& inputs, const runtime::Bindings& outputs,
+             const runtime::LiveLanes& live) override {
         for (size_t i = 0; i < inputs.size(); ++i) {
             Tensor& t = frame_.values[input_slots_[i]];
             auto hint = live.find(inputs_[i].name);
@@ -210,26 +209,16 @@ public:
         for (size_t i = 0; i < outputs.size(); ++i) store_output(frame_.values[output_slots_[i]], outputs[i].second->data());
     }
 
-    void unload() override {
-        std::lock_guard<std::mutex> lock(mutex_);
-        loaded_ = false;
+    void release() override {
         kernels_.clear();
         frame_.values.clear();
     }
 
-    bool loaded() const override { return loaded_; }
-
     // Re-bakes the same MIL with new weights: a new program, no compile counted.
-    std::unique_ptr<runtime::LoadedProgram> with_weights(const runtime::WeightFiles& weights) override {
-        if (!loaded_) throw CompileError("with_weights: the program was unloaded");
-        auto p = build(text_, weights, options_);
-        p->set_min_surface_bytes(min_surface_bytes_);
-        return p;
+    std::unique_ptr<runtime::LoadedProgram> reload(const runtime::WeightFiles& weights) override {
+        return build(text_, weights, options_);
     }
 
-    const char* backend() const override { return "emulator"; }
-
-private:
     std::vector<ValueInfo>& values() { return model_.values_; }
 
     // The kernel step, after the type step passed for every op and the memory guard.
@@ -282,8 +271,6 @@ private:
     std::vector<int> input_slots_, output_slots_;
     std::vector<bool> in_place_;  // per input: fp16 read in place from the surface (Tensor::half)
     Frame frame_;
-    std::mutex mutex_;
-    bool loaded_ = true;
 };
 
 std::unique_ptr<runtime::LoadedProgram> build_checked(std::string_view text, const runtime::WeightFiles& weights,

@@ -4,6 +4,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <string_view>
@@ -45,6 +46,9 @@ struct CompileOptions {
     std::set<std::string> relaxed_ops;
 };
 
+// The backend interface is the protected part: a backend implements run(), reload() and release();
+// the public calls run the checks every backend shares first (loaded, bindings, live lanes, locks,
+// weight keys), under one lock per program, so no backend can skip them.
 class LoadedProgram {
 public:
     virtual ~LoadedProgram() = default;
@@ -52,13 +56,14 @@ public:
     const std::vector<TensorSpec>& inputs() const { return inputs_; }
     const std::vector<TensorSpec>& outputs() const { return outputs_; }
     // Runs the program once, synchronously. `inputs`/`outputs` must be in binding order.
-    virtual void evaluate(const Bindings& inputs, const Bindings& outputs, const LiveLanes& live = {}) = 0;
-    virtual void unload() = 0;
-    virtual bool loaded() const = 0;
+    void evaluate(const Bindings& inputs, const Bindings& outputs, const LiveLanes& live = {});
+    // Releases the program on its device (always, ANE-33); later evaluates raise EvaluateError.
+    void unload();
+    bool loaded() const { return loaded_; }
     // A program of the same MIL with new weight files, without compiling (no compile is counted):
     // the emulator re-bakes, the ANE loads through the patch path (FACTS section 6). Every BLOBFILE
     // path of the MIL must be given again. This program stays loaded.
-    virtual std::unique_ptr<LoadedProgram> with_weights(const WeightFiles& weights) = 0;
+    std::unique_ptr<LoadedProgram> with_weights(const WeightFiles& weights);
     virtual const char* backend() const = 0;
 
     // The smallest surface evaluate accepts: the conservative 49,152 bytes (ANE-12) unless a probe
@@ -67,8 +72,17 @@ public:
     void set_min_surface_bytes(size_t bytes) { min_surface_bytes_ = bytes; }
 
 protected:
+    // Called with the program's lock held, after the shared checks passed.
+    virtual void run(const Bindings& inputs, const Bindings& outputs, const LiveLanes& live) = 0;
+    virtual std::unique_ptr<LoadedProgram> reload(const WeightFiles& weights) = 0;
+    virtual void release() = 0;  // frees the device side; the program is marked unloaded even if it throws
+
     std::vector<TensorSpec> inputs_, outputs_;
     size_t min_surface_bytes_ = limits::MIN_SURFACE_BYTES;
+    bool loaded_ = true;  // set by the backend once its program is loaded
+
+private:
+    std::mutex mutex_;
 };
 
 // Binding order of a function's I/O: parameters and returned names sorted by name.
@@ -84,6 +98,11 @@ void check_live_lanes(const std::vector<TensorSpec>& inputs, const LiveLanes& li
 void check_bindings(const std::vector<TensorSpec>& inputs, const Bindings& in_surfaces,
                     const std::vector<TensorSpec>& outputs, const Bindings& out_surfaces,
                     size_t min_surface_bytes = limits::MIN_SURFACE_BYTES);
+
+// Harness builds only (ORION_ANE_FAULT_INJECTION): whether ORION_ANE_FAULT=name[,name] names this
+// fault, so the harness can show the stand-in framework catches what the client failed to check.
+// Always false in other builds.
+bool fault_injected(const char* name);
 
 // Checks the weight dictionary keys (ANE-34): relative `@model_path/` paths, no '..', and
 // returns the file name each key is written to under the model directory.

@@ -26,8 +26,8 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 def run_isolated(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Runs `code` (with orion and tests/support importable) in a fresh interpreter."""
     prelude = f"import sys; sys.path.insert(0, {TESTS!r})\n"
-    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, **(env or {})})
+    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], check=False, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **(env or {})})
 
 
 def assert_clean_error(result: subprocess.CompletedProcess, pattern: str) -> None:
@@ -39,8 +39,8 @@ def assert_clean_error(result: subprocess.CompletedProcess, pattern: str) -> Non
 # --- 1. quantize ops with an empty scale (SIGSEGV) -----------------------------------------------------------
 
 EMPTY = [
-    ("quantize", "int8", [const("dt", "string", "int8")], dict(input="x", output_dtype="dt")),
-    ("dequantize", "fp16", [], dict(input="x")),
+    ("quantize", "int8", [const("dt", "string", "int8")], {"input": "x", "output_dtype": "dt"}),
+    ("dequantize", "fp16", [], {"input": "x"}),
 ]
 
 

@@ -246,12 +246,12 @@ def test_default_compile_budget_is_119() -> None:
 
 QUANTIZED = [
     ("quantize", [const("sc", "fp16", 0.5), const("dt", "string", "int8")],
-     dict(input="x", scale="sc", output_dtype="dt"), "int8", {}),
-    ("dequantize", [const("sc", "fp16", 0.5)], dict(input="x", scale="sc"), "fp16", {}),
+     {"input": "x", "scale": "sc", "output_dtype": "dt"}, "int8", {}),
+    ("dequantize", [const("sc", "fp16", 0.5)], {"input": "x", "scale": "sc"}, "fp16", {}),
     ("constexpr_affine_dequantize",
      [blob_const("qd", "int8", ACT, "@model_path/weights/q.bin"), const("sc", "fp16", 0.5), const("zp", "int8", 0),
       const("ax", "int32", 0)],
-     dict(quantized_data="qd", scale="sc", zero_point="zp", axis="ax"), "fp16",
+     {"quantized_data": "qd", "scale": "sc", "zero_point": "zp", "axis": "ax"}, "fp16",
      {"@model_path/weights/q.bin": blobfile(np.arange(np.prod(ACT), dtype=np.int64).astype(np.int8).tobytes())}),
 ]
 

@@ -75,7 +75,7 @@ def test_weight_updates_work_after_the_compile_budget_is_exhausted() -> None:
             q.unload()
         print("compiles", orion.compile_count(), "of", orion.compile_budget())
     """)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+    result = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120,
                             env={**os.environ, "ORION_COMPILE_BUDGET": "2"})
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "compiles 2 of 2"

@@ -98,38 +98,6 @@ std::vector<TensorSpec> sorted_outputs(const mil::Function& fn) {
     return sorted(std::move(specs));
 }
 
-void LoadedProgram::evaluate(const Bindings& inputs, const Bindings& outputs, const LiveLanes& live) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!loaded_) throw EvaluateError("the program was unloaded; compile it again");
-    check_live_lanes(inputs_, live);
-    if (!fault_injected("skip_binding_checks")) check_bindings(inputs_, inputs, outputs_, outputs, min_surface_bytes_);
-    for (const auto* side : {&inputs, &outputs})
-        for (const auto& [name, surface] : *side)
-            if (surface && surface->locked())
-                throw EvaluateError("'" + name + "' is locked: unlock surfaces before evaluate "
-                                    "(never hold a lock across an evaluate)");
-    run(inputs, outputs, live);
-}
-
-void LoadedProgram::unload() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!loaded_) return;
-    struct MarkUnloaded {
-        bool& loaded;
-        ~MarkUnloaded() { loaded = false; }
-    } mark{loaded_};
-    release();
-}
-
-std::unique_ptr<LoadedProgram> LoadedProgram::with_weights(const WeightFiles& weights) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!loaded_) throw CompileError("with_weights: the program was unloaded; compile it again");
-    for (const auto& [key, bytes] : weights) weight_file_relpath(key);
-    auto program = reload(weights);
-    program->set_min_surface_bytes(min_surface_bytes_);
-    return program;
-}
-
 bool fault_injected(const char* name) {
 #ifdef ORION_ANE_FAULT_INJECTION
     const char* env = std::getenv("ORION_ANE_FAULT");

@@ -1,10 +1,10 @@
-// A compiled and loaded program, whatever backend runs it, and the binding rules both backends
-// share: which surface goes to which MIL parameter, and the size rules the ANE imposes on them.
+// What a compiled program binds and the rules both backends share: which surface goes to which MIL
+// parameter, the size rules the ANE imposes on them, and the weight dictionary's keys. The program
+// itself (runtime::LoadedProgram) is the backend interface, in runtime/backend.h.
 #pragma once
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <string_view>
@@ -44,45 +44,6 @@ struct CompileOptions {
     // Disputed ops (mil/op_table.h) a probe report proved on this machine; refused otherwise
     // under the hardware profile (ANE-35).
     std::set<std::string> relaxed_ops;
-};
-
-// The backend interface is the protected part: a backend implements run(), reload() and release();
-// the public calls run the checks every backend shares first (loaded, bindings, live lanes, locks,
-// weight keys), under one lock per program, so no backend can skip them.
-class LoadedProgram {
-public:
-    virtual ~LoadedProgram() = default;
-    // Inputs and outputs in binding order: alphabetical by name (FACTS section 3).
-    const std::vector<TensorSpec>& inputs() const { return inputs_; }
-    const std::vector<TensorSpec>& outputs() const { return outputs_; }
-    // Runs the program once, synchronously. `inputs`/`outputs` must be in binding order.
-    void evaluate(const Bindings& inputs, const Bindings& outputs, const LiveLanes& live = {});
-    // Releases the program on its device (always, ANE-33); later evaluates raise EvaluateError.
-    void unload();
-    bool loaded() const { return loaded_; }
-    // A program of the same MIL with new weight files, without compiling (no compile is counted):
-    // the emulator re-bakes, the ANE loads through the patch path (FACTS section 6). Every BLOBFILE
-    // path of the MIL must be given again. This program stays loaded.
-    std::unique_ptr<LoadedProgram> with_weights(const WeightFiles& weights);
-    virtual const char* backend() const = 0;
-
-    // The smallest surface evaluate accepts: the conservative 49,152 bytes (ANE-12) unless a probe
-    // report proved a smaller size works on this machine (orion.probes).
-    size_t min_surface_bytes() const { return min_surface_bytes_; }
-    void set_min_surface_bytes(size_t bytes) { min_surface_bytes_ = bytes; }
-
-protected:
-    // Called with the program's lock held, after the shared checks passed.
-    virtual void run(const Bindings& inputs, const Bindings& outputs, const LiveLanes& live) = 0;
-    virtual std::unique_ptr<LoadedProgram> reload(const WeightFiles& weights) = 0;
-    virtual void release() = 0;  // frees the device side; the program is marked unloaded even if it throws
-
-    std::vector<TensorSpec> inputs_, outputs_;
-    size_t min_surface_bytes_ = limits::MIN_SURFACE_BYTES;
-    bool loaded_ = true;  // set by the backend once its program is loaded
-
-private:
-    std::mutex mutex_;
 };
 
 // Binding order of a function's I/O: parameters and returned names sorted by name.

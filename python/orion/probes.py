@@ -187,8 +187,8 @@ def _quantized_ops(backend: str) -> tuple[str, str]:
     s = (1, 64, 1, 64)
     x = _rng_input(s)
     mil = _mil({"x": s}, [_const("sc", "fp16", "0.03125"), _const("zp", "int8", "0"), _const("dt", "string", '"int8"'),
-                          f'{_t(s, "int8")} q = quantize(input=x, output_dtype=dt, scale=sc, zero_point=zp)'
-                          '[name=string("q")];',
+                          (f'{_t(s, "int8")} q = quantize(input=x, output_dtype=dt, scale=sc, zero_point=zp)'
+                           '[name=string("q")];'),
                           _op("y", s, "dequantize", input="q", scale="sc", zero_point="zp")], ["y"])
     want = np.clip(np.round(x.astype(np.float32) / 0.03125), -128, 127) * 0.03125
     return _attempt(mil, {"x": x}, {"y": want}, backend)

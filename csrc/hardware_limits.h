@@ -19,7 +19,8 @@ namespace orion::limits {
 
 // What the core accepts from a caller, whatever the hardware could do: inputs past these are refused
 // with an error naming the limit, before anything is allocated. Every tensor type (I/O, op result,
-// const) is held to the rank, dimension and element limits.
+// const) is held to the rank, dimension and element limits. MIL's grammar nests to a fixed depth
+// (program { func { statement; } }, flat tuples and lists), so no nesting limit is needed.
 #define ORION_INPUT_LIMITS(X)                                                                          \
     X(MAX_MIL_TEXT_BYTES, size_t, 67108864, "largest MIL text orion.compile parses (64 MiB)")            \
     X(MAX_OPS, size_t, 200000, "most statements (ops and consts) in one MIL function")                    \

@@ -226,13 +226,15 @@ void bind_runtime(py::module_& m) {
     });
     m.def(
         "_emulator_build",
-        [](const py::object& mil, const PyWeights& weights, const std::string& profile, size_t min_surface_bytes) {
+        [](const py::object& mil, const PyWeights& weights, const std::string& profile,
+           const std::vector<std::string>& relaxed_ops, size_t min_surface_bytes) {
             const HeldBytes text(mil, "the MIL text");
-            auto program = emu::build(text.bytes(), HeldWeights(weights).files(), compile_options(profile, {}));
+            auto program = emu::build(text.bytes(), HeldWeights(weights).files(), compile_options(profile, relaxed_ops));
             if (min_surface_bytes) program->set_min_surface_bytes(min_surface_bytes);
             return program;
         },
-        py::arg("mil"), py::arg("weights"), py::arg("profile") = "hardware", py::arg("min_surface_bytes") = 0,
+        py::arg("mil"), py::arg("weights"), py::arg("profile") = "hardware",
+        py::arg("relaxed_ops") = std::vector<std::string>{}, py::arg("min_surface_bytes") = 0,
         "Tests only: an emulator program built without counting a compile (the harness's bit-for-bit twin).");
     py::module_ plan = m.def_submodule("ane_plan");
     bind_ane_plan(plan);

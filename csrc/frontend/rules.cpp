@@ -4,17 +4,13 @@
 #include <set>
 
 #include "errors.h"
+#include "frontend/frontend.h"
 #include "hardware_limits.h"
 #include "mil/op_table.h"
 
 namespace orion::frontend {
 
 namespace {
-
-std::string where(const mil::Operation& op) {
-    std::string w = "op '" + op.name + "' (" + op.op + ")";
-    return op.loc.line > 0 ? "line " + std::to_string(op.loc.line) + ": " + w : w;
-}
 
 bool is_power_of_two(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 

@@ -1,7 +1,7 @@
 // The ane backend: Apple's private AppleNeuralEngine framework, driven with the sequence of
 // FACTS section 2. Thin on purpose: what to write where, the weight dictionary, the binding order,
 // the retry policy, the compile budget and the front-end checks are decided by portable code
-// (runtime/ane_plan, runtime/program, runtime/budget, emulator::check) that is tested on Linux.
+// (runtime/ane_plan, runtime/program, runtime/budget, frontend/) that is tested on Linux.
 // This file only performs the calls.
 //
 // Portability rules (it is compiled by Apple clang on macOS and by clang + GNUstep on Linux for
@@ -27,6 +27,7 @@
 
 #include "ane_client.h"
 #include "emulator/emulator.h"
+#include "frontend/frontend.h"
 #include "errors.h"
 #include "runtime/ane_plan.h"
 #include "runtime/budget.h"
@@ -61,17 +62,8 @@ namespace {
 // break one requirement on purpose, so the harness tests can show the stand-in framework catches
 // it. Faults: mil_as_string, nil_weights, no_temp_dir, no_weight_files, skip_compile, skip_load,
 // skip_binding_checks, reverse_inputs, hold_lock, no_unload, reuse_request, no_retry.
-bool fault(const char* name) {
-#ifdef ORION_ANE_FAULT_INJECTION
-    const char* env = std::getenv("ORION_ANE_FAULT");
-    if (!env) return false;
-    const std::string list = std::string(",") + env + ",";
-    return list.find(std::string(",") + name + ",") != std::string::npos;
-#else
-    (void)name;
-    return false;
-#endif
-}
+// skip_binding_checks is honoured by the shared checks (runtime::LoadedProgram::evaluate).
+bool fault(const char* name) { return runtime::fault_injected(name); }
 
 struct Pool {  // an autorelease pool for the scope
     NSAutoreleasePool* pool = [[NSAutoreleasePool alloc] init];
@@ -152,15 +144,18 @@ class AneProgram final : public runtime::LoadedProgram {
 public:
     // FACTS section 2 steps 1-6. With a donor, the weight-patch path of section 6 (no compile).
     static std::unique_ptr<AneProgram> create(std::string_view mil, const runtime::WeightFiles& weights,
-                                              runtime::Profile profile, const AneProgram* donor) {
+                                              const runtime::CompileOptions& options, const AneProgram* donor) {
         const Framework& fw = framework();
         if (!fw.ok) throw CompileError("the ane backend is unavailable: " + fw.detail);
-        auto [inputs, outputs] = emu::check(mil, weights, profile);  // same errors as the emulator
+        // The shared front end and type step: the emulator refuses the same programs with the same
+        // errors. No emulator program is built: nothing is baked, no frame sized, no host-memory check.
+        frontend::CheckedProgram checked = frontend::check(mil, weights, options);
+        emu::check_types(checked, weights);
         const plan::ModelPlan layout = plan::plan_model(mil, weights);
 
-        std::unique_ptr<AneProgram> p(new AneProgram(mil, profile));
-        p->inputs_ = std::move(inputs);
-        p->outputs_ = std::move(outputs);
+        std::unique_ptr<AneProgram> p(new AneProgram(mil, options));
+        p->inputs_ = std::move(checked.inputs);
+        p->outputs_ = std::move(checked.outputs);
         Pool pool;
         id mil_arg = fault("mil_as_string")
                          ? (id)[[[NSString alloc] initWithBytes:mil.data() length:mil.size() encoding:NSUTF8StringEncoding] autorelease]
@@ -189,8 +184,9 @@ public:
         NSError* error = nil;
         if (donor) {
             plan::write_patch_files(donor->dir_->dir(), dir, weights);
-        } else if (!fault("skip_compile")) {
-            if (![p->model_ compileWithQoS:plan::kQoS options:@{} error:&error])
+        } else {
+            runtime::consume_compile();  // only what reaches the device compiler counts
+            if (!fault("skip_compile") && ![p->model_ compileWithQoS:plan::kQoS options:@{} error:&error])
                 throw CompileError(plan::framework_error("compileWithQoS:", text(error)));
         }
         if (!fault("skip_load")) {
@@ -218,25 +214,19 @@ public:
         [model_ release];
     }
 
+    const char* backend() const override { return "ane"; }
+
+private:
     // FACTS section 2 steps 7-9: a new request per call (ANE-16), surfaces bound in the order
-    // check_bindings verified (alphabetical, ANE-20), no lock held (section 3).
-    void evaluate(const runtime::Bindings& inputs, const runtime::Bindings& outputs,
-                  const runtime::LiveLanes& live) override {
-        runtime::check_live_lanes(inputs_, live);  // the hint is valid, then ignored: the ANE computes every lane
-        std::lock_guard<std::mutex> guard(mutex_);
-        if (!loaded_) throw EvaluateError("the program was unloaded; compile it again");
-        if (!fault("skip_binding_checks"))
-            runtime::check_bindings(inputs_, inputs, outputs_, outputs, min_surface_bytes_);
+    // check_bindings verified (alphabetical, ANE-20), no lock held (section 3). The live-lanes hint
+    // was checked, then ignored: the ANE computes every lane.
+    void run(const runtime::Bindings& inputs, const runtime::Bindings& outputs, const runtime::LiveLanes&) override {
         for (const auto* side : {&inputs, &outputs})
-            for (const auto& [name, surface] : *side) {
+            for (const auto& [name, surface] : *side)
                 if (&surface->allocator() != &kIOSurfaces)
                     throw EvaluateError("'" + name + "' is bound to a " + surface->allocator().name +
                                         " surface; the ane backend needs IOSurfaces: create surfaces after the "
                                         "backend is chosen (orion.Surface, Program.allocate_surfaces)");
-                if (surface->locked())
-                    throw EvaluateError("'" + name + "' is locked: unlock surfaces before evaluate "
-                                        "(never hold a lock across an evaluate)");
-            }
         Pool pool;
         std::vector<runtime::Surface*> held;
         if (fault("hold_lock"))
@@ -282,26 +272,19 @@ public:
     }
 
     // Step 10, then the temp dir goes when no other program shares it.
-    void unload() override {
-        std::lock_guard<std::mutex> guard(mutex_);
+    void release() override {
         const std::string error = release_device();
         if (!error.empty()) throw EvaluateError(error);
     }
 
-    bool loaded() const override { return loaded_; }
-
-    std::unique_ptr<runtime::LoadedProgram> with_weights(const runtime::WeightFiles& weights) override {
-        std::lock_guard<std::mutex> guard(mutex_);
-        if (!loaded_) throw CompileError("with_weights: the program was unloaded, so there is no compiled donor");
-        auto p = create(mil_, weights, profile_, this);
-        p->set_min_surface_bytes(min_surface_bytes_);
-        return p;
+    // The weight-patch path: this program is the compiled donor.
+    std::unique_ptr<runtime::LoadedProgram> reload(const runtime::WeightFiles& weights) override {
+        return create(mil_, weights, options_, this);
     }
 
-    const char* backend() const override { return "ane"; }
-
-private:
-    AneProgram(std::string_view mil, runtime::Profile profile) : mil_(mil), profile_(profile) {}
+    AneProgram(std::string_view mil, runtime::CompileOptions options) : mil_(mil), options_(std::move(options)) {
+        loaded_ = false;  // until loadWithQoS: succeeds
+    }
 
     // Unloads when loaded (always: ANE-33) and drops the temp dir lease; returns the error text.
     std::string release_device() {
@@ -317,18 +300,15 @@ private:
     }
 
     std::string mil_;
-    runtime::Profile profile_;
+    runtime::CompileOptions options_;
     id model_ = nil;
     id last_request_ = nil;  // only with the reuse_request fault
     std::shared_ptr<plan::DirLease> dir_;
-    std::mutex mutex_;
-    bool loaded_ = false;
 };
 
 std::unique_ptr<runtime::LoadedProgram> compile(std::string_view mil, const runtime::WeightFiles& weights,
-                                                runtime::Profile profile) {
-    runtime::consume_compile();
-    return AneProgram::create(mil, weights, profile, nullptr);
+                                                const runtime::CompileOptions& options) {
+    return AneProgram::create(mil, weights, options, nullptr);
 }
 
 runtime::BackendStatus probe() {
@@ -353,5 +333,9 @@ runtime::Backend backend() {
     b.surfaces = &surfaces;
     return b;
 }
+
+namespace {
+[[maybe_unused]] const bool registered = (runtime::register_backend(backend()), true);
+}  // namespace
 
 }  // namespace orion::ane

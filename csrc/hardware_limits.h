@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace orion::limits {
 
@@ -16,8 +17,21 @@ namespace orion::limits {
     X(DISPATCH_MS, double, 0.095, "cost of one evaluate's dispatch in milliseconds (ANE-28)")             \
     X(FP16_MAX, double, 65504.0, "largest finite fp16 value; beyond it activations overflow (ANE-25)")
 
+// What the core accepts from a caller, whatever the hardware could do: inputs past these are refused
+// with an error naming the limit, before anything is allocated. Every tensor type (I/O, op result,
+// const) is held to the rank, dimension and element limits. MIL's grammar nests to a fixed depth
+// (program { func { statement; } }, flat tuples and lists), so no nesting limit is needed.
+#define ORION_INPUT_LIMITS(X)                                                                          \
+    X(MAX_MIL_TEXT_BYTES, size_t, 67108864, "largest MIL text orion.compile parses (64 MiB)")            \
+    X(MAX_OPS, size_t, 200000, "most statements (ops and consts) in one MIL function")                    \
+    X(MAX_RANK, size_t, 8, "highest tensor rank")                                                        \
+    X(MAX_DIM, int64_t, 2147483647, "largest tensor dimension (int32 range)")                            \
+    X(MAX_ELEMENTS, int64_t, 2147483648, "most elements in one tensor (2^31)")                            \
+    X(MAX_WEIGHT_FILES, size_t, 100000, "most weight files in one compile")
+
 #define ORION_DECLARE_LIMIT(name, type, value, doc) inline constexpr type name = value;
 ORION_HARDWARE_LIMITS(ORION_DECLARE_LIMIT)
+ORION_INPUT_LIMITS(ORION_DECLARE_LIMIT)
 #undef ORION_DECLARE_LIMIT
 
 }  // namespace orion::limits

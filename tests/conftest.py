@@ -53,14 +53,16 @@ if os.environ.get("ORION_HARNESS_COMPARE") == "1":
     def _recording_compile(mil, weights=None, **kwargs):
         p = _compile(mil, weights, **kwargs)
         text = mil.encode("utf-8") if isinstance(mil, str) else bytes(mil)
-        p._harness_source = (text, dict(weights or {}), kwargs.get("profile", "hardware"))
+        # copies: the program baked its weights, so later changes to the caller's buffers must not reach the twin
+        p._harness_source = (text, {k: bytes(v) for k, v in (weights or {}).items()}, kwargs.get("profile", "hardware"),
+                             tuple(kwargs.get("relaxed_ops", ())))
         return p
 
     def _recording_with_weights(self, weights):
         p = _with_weights(self, weights)
         source = getattr(self, "_harness_source", None)
         if source is not None:
-            p._harness_source = (source[0], dict(weights), source[2])
+            p._harness_source = (source[0], {k: bytes(v) for k, v in weights.items()}, *source[2:])
         return p
 
     def _bytes(surface) -> _np.ndarray:

@@ -301,7 +301,7 @@ def test_quantize_dequantize_round_trip() -> None:
         op("q", ttype("int8", ACT), "quantize", input="x", scale="sc", zero_point="zp", output_dtype="dt"),
         op("d", ttype("fp16", ACT), "dequantize", input="q", scale="sc", zero_point="zp"),
     ], ["d"])
-    out = orion.compile(text)(x=x)["d"]
+    out = orion.compile(text, relaxed_ops=("quantize", "dequantize"))(x=x)["d"]  # disputed (ANE-35)
     q = np.clip(np.round(x.astype(np.float32) / np.float32(scale)) + 3, -128, 127)
     close(out, (q - 3) * np.float32(scale), rtol=1e-3, atol=1e-4)
 
@@ -319,6 +319,6 @@ def test_constexpr_affine_dequantize_per_channel() -> None:
            zero_point="zp", axis="ax"),
         op("out", ttype("fp16", [64, 32]), "add", x="x", y="w"),
     ], ["out"])
-    out = orion.compile(text, weights)(x=x)["out"]
+    out = orion.compile(text, weights, relaxed_ops=("constexpr_affine_dequantize",))(x=x)["out"]  # ANE-35
     w = (q.astype(np.float32) - zp[:, None]) * scale.astype(np.float32)[:, None]
     close(out, x.astype(np.float32) + w.astype(np.float16).astype(np.float32), rtol=1e-3, atol=1e-3)

@@ -17,7 +17,7 @@ OUTCOMES = {"works", "wrong_data", "compile_fails", "evaluate_fails", "refused",
 # What the emulator models (the conservative forms of FACTS): the report CI checks on every run.
 MODELLED = {"concat": "refused", "reduce_mean": "refused", "softmax_non_pow2": "refused", "surface_8k": "refused",
             "channel_vector": "refused", "nonuniform_io": "refused", "weight_patch": "works",
-            "weight_reload_in_place": "not_probed", "fusion_depth": "not_probed"}
+            "quantized_ops": "refused", "weight_reload_in_place": "not_probed", "fusion_depth": "not_probed"}
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +45,10 @@ def test_report_round_trips_into_the_compiler(report, tmp_path) -> None:
            "probes": {**report["probes"], "surface_8k": {**report["probes"]["surface_8k"], "outcome": "works"}}}
     path.write_text(json.dumps(ane))
     assert probes.load_report(path).min_surface_bytes == 8192
+    proved = report["probes"]["quantized_ops"]["outcome"] == "works"  # never on the emulator (MODELLED)
+    assert probes.load_report(path).ops == (probes.QUANTIZED_OPS if proved else ())
+    quantized = {**ane, "probes": {**ane["probes"], "quantized_ops": {**ane["probes"]["quantized_ops"], "outcome": "works"}}}
+    assert probes.relaxations(quantized).ops == ("quantize", "dequantize")
     assert probes.load_report(path, require_same_machine=True).min_surface_bytes == 8192
     other = {**ane, "chip": "Apple M1 (not this one)"}
     assert probes.relaxations(other).min_surface_bytes is None

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import orion
+from orion import probes
 from support.handmil import blob_const, blobfile, const, op, program, ttype
 
 ACT = (1, 64, 1, 32)
@@ -241,3 +242,64 @@ def test_default_compile_budget_is_119() -> None:
     out = subprocess.run([sys.executable, "-c", "import orion; print(orion.compile_budget())"], env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "119", out.stderr
+
+
+QUANTIZED = [
+    ("quantize", [const("sc", "fp16", 0.5), const("dt", "string", "int8")],
+     {"input": "x", "scale": "sc", "output_dtype": "dt"}, "int8", {}),
+    ("dequantize", [const("sc", "fp16", 0.5)], {"input": "x", "scale": "sc"}, "fp16", {}),
+    ("constexpr_affine_dequantize",
+     [blob_const("qd", "int8", ACT, "@model_path/weights/q.bin"), const("sc", "fp16", 0.5), const("zp", "int8", 0),
+      const("ax", "int32", 0)],
+     {"quantized_data": "qd", "scale": "sc", "zero_point": "zp", "axis": "ax"}, "fp16",
+     {"@model_path/weights/q.bin": blobfile(np.arange(np.prod(ACT), dtype=np.int64).astype(np.int8).tobytes())}),
+]
+
+
+@pytest.mark.parametrize("name,consts,args,out_dtype,weights", QUANTIZED, ids=[q[0] for q in QUANTIZED])
+def test_ane35_quantized_ops_are_refused_unless_a_probe_relaxed_them(name, consts, args, out_dtype, weights) -> None:
+    in_dtype = "int8" if name == "dequantize" else "fp16"
+    text = program({"x": ttype(in_dtype, ACT)}, consts + [op("out", ttype(out_dtype, ACT), name, **args)], ["out"])
+    with pytest.raises(orion.ConstraintError) as e:
+        orion.compile(text, weights)
+    assert constraint_of(e) == "ANE-35"
+    assert f"line {4 + len(consts)}: op 'out' ({name})" in str(e.value) and "relax" in str(e.value)
+    # a report from the emulator relaxes nothing, so the op stays refused
+    emulator_report = {"schema": probes.SCHEMA, "backend": "emulator", "probes": {}}
+    with pytest.raises(orion.ConstraintError):
+        orion.compile(text, weights, relaxed_ops=probes.relaxations(emulator_report).ops)
+    # an op proved on this machine compiles under the hardware profile; only that op is relaxed
+    orion.compile(text, weights, relaxed_ops=(name,))
+    other = next(q[0] for q in QUANTIZED if q[0] != name)
+    with pytest.raises(orion.ConstraintError):
+        orion.compile(text, weights, relaxed_ops=(other,))
+
+
+@pytest.mark.parametrize("relaxed", [("concat",), ("no_such_op",)])
+def test_only_disputed_ops_can_be_relaxed(relaxed) -> None:
+    with pytest.raises(orion.CompileError, match=f"'{relaxed[0]}', which is not a disputed op.*quantize"):
+        orion.compile(tanh_program(), relaxed_ops=relaxed)
+    with pytest.raises(orion.CompileError, match="not the string"):
+        orion.compile(tanh_program(), relaxed_ops="quantize")
+
+
+def test_the_op_table_lists_every_ban_and_dispute_these_tests_break() -> None:
+    table = {row["name"]: row for row in orion._core.op_table()}
+    assert all(set(row) == {"name", "required", "optional", "status", "constraint"} for row in table.values())
+    banned = {n: r["constraint"] for n, r in table.items() if r["status"] == "banned"}
+    assert banned == {name: cid for name, cid, *_ in BANNED}
+    disputed = {n: r["constraint"] for n, r in table.items() if r["status"] == "disputed"}
+    assert disputed == {name: "ANE-35" for name, *_ in QUANTIZED}
+    assert all(r["constraint"] == "" for r in table.values() if r["status"] == "allowed")
+
+
+def test_conv_arguments_are_the_op_tables_under_every_profile() -> None:
+    """validate and the emulator read one row: under permissive, conv still needs its seven arguments."""
+    assert orion._core.op_table()[[r["name"] for r in orion._core.op_table()].index("conv")]["required"] == [
+        "dilations", "groups", "pad", "pad_type", "strides", "weight", "x"]
+    text, weights = conv_program(pad=None)
+    with pytest.raises(orion.ConstraintError) as e:
+        orion.compile(text, weights)
+    assert constraint_of(e) == "ANE-32"
+    with pytest.raises(orion.CompileError, match=r"op 'out' \(conv\): missing required argument 'pad'"):
+        orion.compile(text, weights, profile="permissive")

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
 import orion
 from support.weighted import TEXT, W_PATH, ACT, reference, weights
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 def test_outputs_follow_the_new_weights_and_no_compile_is_counted() -> None:
@@ -46,11 +53,29 @@ def test_every_weight_path_is_required_and_a_donor_must_be_loaded() -> None:
         p.with_weights(w1)
 
 
-def test_compile_budget_exhaustion_is_not_hit_by_weight_updates(monkeypatch) -> None:
-    w1, _, _ = weights(1)
-    p = orion.compile(TEXT, w1)
-    start = orion.compile_count()
-    programs = [p.with_weights(weights(seed)[0]) for seed in range(3, 8)]
-    assert orion.compile_count() == start
-    for q in programs + [p]:
-        q.unload()
+def test_weight_updates_work_after_the_compile_budget_is_exhausted() -> None:
+    """In a fresh process with ORION_COMPILE_BUDGET=2: the third compile is refused, yet weight
+    updates of a compiled program keep working and change the outputs."""
+    code = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {TESTS!r})
+        import numpy as np, orion
+        from support.weighted import TEXT, ACT, reference, weights
+        x = np.random.default_rng(0).standard_normal(ACT).astype(np.float16)
+        p = orion.compile(TEXT, weights(1)[0])
+        orion.compile(TEXT, weights(2)[0]).unload()
+        try:
+            orion.compile(TEXT, weights(3)[0])
+            raise SystemExit("a third compile passed a budget of 2")
+        except orion.CompileBudgetExhausted as e:
+            assert "ANE-11" in str(e), e
+        for seed in range(3, 8):
+            w, a, b = weights(seed)
+            q = p.with_weights(w)
+            np.testing.assert_allclose(q(x=x)["y"], reference(x, a, b), rtol=2e-2, atol=2e-2)
+            q.unload()
+        print("compiles", orion.compile_count(), "of", orion.compile_budget())
+    """)
+    result = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "ORION_COMPILE_BUDGET": "2"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "compiles 2 of 2"

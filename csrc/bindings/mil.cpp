@@ -7,6 +7,7 @@
 #include <set>
 
 #include "bindings/bindings.h"
+#include "bindings/buffers.h"
 #include "mil/blobfile.h"
 #include "mil/program.h"
 #include "mil/text.h"
@@ -18,21 +19,6 @@ namespace orion::bindings {
 namespace {
 
 using namespace orion::mil;
-
-// Borrows the bytes of any contiguous buffer (bytes, bytearray, memoryview, numpy) without copying.
-class ByteView {
-   public:
-    explicit ByteView(const py::handle& obj) {
-        if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_SIMPLE) != 0) throw py::error_already_set();
-    }
-    ~ByteView() { PyBuffer_Release(&view_); }
-    ByteView(const ByteView&) = delete;
-    ByteView& operator=(const ByteView&) = delete;
-    std::string_view bytes() const { return {static_cast<const char*>(view_.buf), static_cast<size_t>(view_.len)}; }
-
-   private:
-    Py_buffer view_{};
-};
 
 DType dtype_named(const std::string& name) {
     auto d = dtype_from_name(name);
@@ -254,22 +240,22 @@ void bind_program(py::module_& m) {
     m.def("emit", &emit, py::arg("program"), "The canonical MIL text of `program`.");
     m.def("parse", [](const py::object& text) {
         py::object data = as_buffer(text);
-        ByteView view(data);
+        const HeldBytes view(data, "the MIL text");
         return parse(view.bytes());
     }, py::arg("text"), "Parses MIL text (str or bytes); raises orion.ParseError with line and column.");
 }
 
 void bind_blobfile(py::module_& m) {
     m.def("blobfile_write", [](const py::iterable& payloads) {
-        std::deque<ByteView> views;
+        std::deque<HeldBytes> views;
         std::vector<std::string_view> bytes;
-        for (auto p : payloads) bytes.push_back(views.emplace_back(p).bytes());
+        for (auto p : payloads) bytes.push_back(views.emplace_back(p, "payload " + std::to_string(bytes.size())).bytes());
         return py::bytes(blobfile::write(bytes));
     }, py::arg("payloads"), "One BLOBFILE holding every payload, in order.");
     m.def("blobfile_chunk_offsets", &blobfile::chunk_offsets, py::arg("sizes"),
           "The MIL offsets (chunk header offsets) blobfile_write gives payloads of these sizes.");
     m.def("blobfile_read_chunk", [](const py::object& data, uint64_t offset, const std::string& what) {
-        ByteView view(data);
+        const HeldBytes view(data, what);
         blobfile::Chunk c = blobfile::read_chunk(view.bytes(), offset, what);
         return py::make_tuple(c.data_offset, c.size);
     }, py::arg("data"), py::arg("offset"), py::arg("what") = "<bytes>",

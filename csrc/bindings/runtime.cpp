@@ -3,10 +3,12 @@
 #include <pybind11/stl.h>
 
 #include "bindings/bindings.h"
+#include "bindings/buffers.h"
 #include "constraints.h"
 #include "emulator/emulator.h"
 #include "errors.h"
 #include "hardware_limits.h"
+#include "mil/op_table.h"
 #include "runtime/ane_plan.h"
 #include "runtime/backend.h"
 #include "runtime/budget.h"
@@ -21,13 +23,6 @@ namespace orion::bindings {
 
 namespace {
 
-std::string_view bytes_view(const py::buffer& b, const char* what) {
-    py::buffer_info info = b.request();
-    if (info.ndim > 1 && !(info.strides.empty() || info.strides.back() == info.itemsize))
-        throw CompileError(std::string(what) + " must be a contiguous buffer");
-    return {static_cast<const char*>(info.ptr), static_cast<size_t>(info.size * info.itemsize)};
-}
-
 py::list specs(const std::vector<runtime::TensorSpec>& list) {
     py::list out;
     for (const auto& s : list) out.append(py::make_tuple(s.name, s.type.shape, mil::dtype_name(s.type.dtype)));
@@ -38,10 +33,33 @@ runtime::Bindings bindings(const std::vector<std::pair<std::string, runtime::Sur
     return runtime::Bindings(given.begin(), given.end());
 }
 
-runtime::WeightFiles weight_files(const std::map<std::string, py::buffer>& weights) {
-    runtime::WeightFiles files;
-    for (const auto& [key, buf] : weights) files[key] = bytes_view(buf, ("weight file '" + key + "'").c_str());
-    return files;
+using PyWeights = std::map<std::string, py::object>;
+
+py::dict op_row(const mil::OpSpec& spec) {
+    py::dict d;
+    d["name"] = spec.name;
+    d["required"] = spec.required;
+    d["optional"] = spec.optional;
+    d["status"] = mil::op_status_name(spec.status);
+    d["constraint"] = spec.constraint ? spec.constraint->id : "";
+    return d;
+}
+
+runtime::CompileOptions compile_options(const std::string& profile, const std::vector<std::string>& relaxed_ops) {
+    runtime::CompileOptions options;
+    options.profile = runtime::profile_from_name(profile);
+    for (const auto& name : relaxed_ops) {
+        const mil::OpSpec* spec = mil::find_op_spec(name);
+        if (!spec || spec->status != mil::OpStatus::disputed) {
+            std::string disputed;
+            for (const auto& s : mil::op_table())
+                if (s.status == mil::OpStatus::disputed) disputed += (disputed.empty() ? "" : ", ") + std::string(s.name);
+            throw CompileError("relaxed_ops names '" + name + "', which is not a disputed op; only these can be relaxed: " +
+                               disputed);
+        }
+        options.relaxed_ops.insert(name);
+    }
+    return options;
 }
 
 py::dict selection_dict(const runtime::Selection& s) {
@@ -58,23 +76,25 @@ void bind_ane_plan(py::module_& m) {
     m.doc() = "Decisions of the ane backend, in portable code (tested on every platform).";
     m.attr("QOS") = plan::kQoS;
     m.attr("LOAD_RETRY_DELAY_MS") = plan::kLoadRetryDelay.count();
-    m.def("plan_model", [](const py::buffer& mil, const std::map<std::string, py::buffer>& weights) {
-        const auto p = plan::plan_model(bytes_view(mil, "the MIL text"), weight_files(weights));
+    m.def("plan_model", [](const py::object& mil, const PyWeights& weights) {
+        const HeldBytes text(mil, "the MIL text");
+        const auto p = plan::plan_model(text.bytes(), HeldWeights(weights).files());
         py::list files, dict;
         for (const auto& f : p.files) files.append(py::make_tuple(f.relpath, py::bytes(f.bytes.data(), f.bytes.size())));
         for (const auto& w : p.weights) dict.append(py::make_tuple(w.key, w.offset, py::bytes(w.data.data(), w.data.size())));
         return py::make_tuple(p.dirs, files, dict);
     });
     m.def("model_dir_path", &plan::model_dir_path);
-    m.def("write_model_dir", [](const std::string& dir, const py::buffer& mil, const std::map<std::string, py::buffer>& w) {
-        plan::write_model_dir(dir, plan::plan_model(bytes_view(mil, "the MIL text"), weight_files(w)));
+    m.def("write_model_dir", [](const std::string& dir, const py::object& mil, const PyWeights& w) {
+        const HeldBytes text(mil, "the MIL text");
+        plan::write_model_dir(dir, plan::plan_model(text.bytes(), HeldWeights(w).files()));
     });
-    m.def("patch_data", [](const std::map<std::string, py::buffer>& w) {
-        const std::string d = plan::patch_data(weight_files(w));
+    m.def("patch_data", [](const PyWeights& w) {
+        const std::string d = plan::patch_data(HeldWeights(w).files());
         return py::bytes(d);
     });
-    m.def("write_patch_files", [](const std::string& donor, const std::string& dir, const std::map<std::string, py::buffer>& w) {
-        plan::write_patch_files(donor, dir, weight_files(w));
+    m.def("write_patch_files", [](const std::string& donor, const std::string& dir, const PyWeights& w) {
+        plan::write_patch_files(donor, dir, HeldWeights(w).files());
     });
     m.def("lease_model_dir", [](const std::string& dir) {
         bool fresh = false;
@@ -111,14 +131,15 @@ void bind_ane_plan(py::module_& m) {
 }  // namespace
 
 void bind_runtime(py::module_& m) {
-    runtime::register_backend(emu::backend());
-#ifdef ORION_HAVE_ANE_CLIENT
-    runtime::register_backend(ane::backend());
-#endif
     py::class_<runtime::Surface>(m, "Surface", py::buffer_protocol(),
                                  "A flat, 64-byte aligned byte buffer bound to a program input or output "
                                  "(host memory, or an IOSurface under the ane backend).")
-        .def(py::init<size_t>(), py::arg("nbytes"))
+        .def(py::init([](size_t nbytes, const std::string& backend) {
+                 const std::string name = backend.empty() ? runtime::current_selection().name : backend;
+                 return std::make_unique<runtime::Surface>(nbytes, runtime::surface_allocator(name));
+             }),
+             py::arg("nbytes"), py::arg("backend") = "",
+             "nbytes zero-filled bytes from the allocator of `backend` ('' = the selected one).")
         .def_property_readonly("nbytes", &runtime::Surface::size)
         .def_property_readonly("kind", [](const runtime::Surface& s) { return std::string(s.allocator().name); })
         .def("lock", &runtime::Surface::lock, py::arg("read_only") = false,
@@ -150,34 +171,35 @@ void bind_runtime(py::module_& m) {
         .def_property_readonly("min_surface_bytes", &runtime::LoadedProgram::min_surface_bytes)
         .def(
             "with_weights",
-            [](runtime::LoadedProgram& p, const std::map<std::string, py::buffer>& weights) {
-                const runtime::WeightFiles files = weight_files(weights);
+            [](runtime::LoadedProgram& p, const PyWeights& weights) {
+                const HeldWeights held(weights);  // held until the GIL-released work is done
                 py::gil_scoped_release release;
-                return p.with_weights(files);
+                return p.with_weights(held.files());
             },
             py::arg("weights"), "The same MIL with new weight files, loaded without compiling.");
 
     m.def(
         "compile",
-        [](const py::buffer& mil, const std::map<std::string, py::buffer>& weights, const std::string& profile,
-           const std::string& backend, size_t min_surface_bytes) {
-            const std::string_view text = bytes_view(mil, "the MIL text");
-            const runtime::WeightFiles files = weight_files(weights);
-            const runtime::Profile p = runtime::profile_from_name(profile);
+        [](const py::object& mil, const PyWeights& weights, const std::string& profile, const std::string& backend,
+           size_t min_surface_bytes, const std::vector<std::string>& relaxed_ops) {
+            const HeldBytes text(mil, "the MIL text");
+            const HeldWeights held(weights);  // held until the GIL-released work is done
+            const runtime::CompileOptions options = compile_options(profile, relaxed_ops);
             const std::string name = backend.empty() ? runtime::current_selection().name : backend;
             const runtime::Backend& b = runtime::find_backend(name);
             std::unique_ptr<runtime::LoadedProgram> program;
             {
                 py::gil_scoped_release release;
-                program = b.compile(text, files, p);
+                program = b.compile(text.bytes(), held.files(), options);
             }
             if (min_surface_bytes) program->set_min_surface_bytes(min_surface_bytes);
             return program;
         },
         py::arg("mil"), py::arg("weights"), py::arg("profile") = "hardware", py::arg("backend") = "",
-        py::arg("min_surface_bytes") = 0,
+        py::arg("min_surface_bytes") = 0, py::arg("relaxed_ops") = std::vector<std::string>{},
         "Compiles and loads MIL text with its BLOBFILE weights on `backend` ('' = the selected one). "
-        "min_surface_bytes: a smaller surface minimum proved by a probe report (0 = the conservative 49,152).");
+        "min_surface_bytes: a smaller surface minimum proved by a probe report (0 = the conservative 49,152). "
+        "relaxed_ops: disputed ops (op_table() status 'disputed') a probe report proved on this machine.");
     m.def("backend_selection", [] { return selection_dict(runtime::current_selection()); },
           "{name, reason, warning}: the backend this process uses and why (reads ORION_BACKEND).");
     m.def("backends", [] {
@@ -204,14 +226,15 @@ void bind_runtime(py::module_& m) {
     });
     m.def(
         "_emulator_build",
-        [](const py::buffer& mil, const std::map<std::string, py::buffer>& weights, const std::string& profile,
-           size_t min_surface_bytes) {
-            const runtime::WeightFiles files = weight_files(weights);
-            auto program = emu::build(bytes_view(mil, "the MIL text"), files, runtime::profile_from_name(profile));
+        [](const py::object& mil, const PyWeights& weights, const std::string& profile,
+           const std::vector<std::string>& relaxed_ops, size_t min_surface_bytes) {
+            const HeldBytes text(mil, "the MIL text");
+            auto program = emu::build(text.bytes(), HeldWeights(weights).files(), compile_options(profile, relaxed_ops));
             if (min_surface_bytes) program->set_min_surface_bytes(min_surface_bytes);
             return program;
         },
-        py::arg("mil"), py::arg("weights"), py::arg("profile") = "hardware", py::arg("min_surface_bytes") = 0,
+        py::arg("mil"), py::arg("weights"), py::arg("profile") = "hardware",
+        py::arg("relaxed_ops") = std::vector<std::string>{}, py::arg("min_surface_bytes") = 0,
         "Tests only: an emulator program built without counting a compile (the harness's bit-for-bit twin).");
     py::module_ plan = m.def_submodule("ane_plan");
     bind_ane_plan(plan);
@@ -223,9 +246,15 @@ void bind_runtime(py::module_& m) {
         py::dict out;
 #define ORION_EXPORT_LIMIT(name, type, value, doc) out[#name] = py::make_tuple(limits::name, doc);
         ORION_HARDWARE_LIMITS(ORION_EXPORT_LIMIT)
+        ORION_INPUT_LIMITS(ORION_EXPORT_LIMIT)
 #undef ORION_EXPORT_LIMIT
         return out;
-    }, "name -> (value, description) of every hardware limit in csrc/hardware_limits.h.");
+    }, "name -> (value, description) of every limit in csrc/hardware_limits.h (hardware and input limits).");
+    m.def("op_table", [] {
+        py::list out;
+        for (const auto& spec : mil::op_table()) out.append(op_row(spec));
+        return out;
+    }, "Every MIL op the core knows (csrc/mil/op_table.h): [{name, required, optional, status, constraint}].");
     m.def("constraint_ids", [] {
         py::list out;
         for (const auto& c : constraints::all()) out.append(py::make_tuple(c.id, c.title));

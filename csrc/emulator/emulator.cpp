@@ -4,40 +4,17 @@
 #include <cstring>
 #include <unistd.h>
 #include <map>
-#include <mutex>
 
 #include "emulator/ops.h"
-#include "emulator/validate.h"
 #include "errors.h"
 #include "mil/blobfile.h"
-#include "mil/text.h"
 #include "runtime/budget.h"
 
 namespace orion::emu {
 
 namespace {
 
-std::string where(const mil::Operation& op) {
-    std::string w = "op '" + op.name + "' (" + op.op + ")";
-    return op.loc.line > 0 ? "line " + std::to_string(op.loc.line) + ": " + w : w;
-}
-
-// Reads a BLOBFILE const's payload out of the weight files: the bytes are copied (baked), so
-// later changes to the caller's buffers change nothing (ANE-24).
-std::shared_ptr<const std::string> bake_blob(const mil::Operation& op, const runtime::WeightFiles& weights) {
-    const mil::Value& v = *op.val;
-    auto file = weights.find(v.blob_path);
-    if (file == weights.end())
-        throw CompileError(where(op) + " reads BLOBFILE '" + v.blob_path + "' but no weight file has that path: pass it in "
-                           "weights={'" + v.blob_path + "': bytes}");
-    const auto chunk = mil::blobfile::read_chunk(file->second, v.blob_offset, v.blob_path);
-    const int64_t expected = v.type.byte_size();
-    if (static_cast<int64_t>(chunk.size) != expected)
-        throw CompileError(where(op) + ": BLOBFILE '" + v.blob_path + "' chunk at offset " + std::to_string(v.blob_offset) +
-                           " holds " + std::to_string(chunk.size) + " bytes but " + v.type.str() + " needs " +
-                           std::to_string(expected));
-    return std::make_shared<const std::string>(file->second.substr(chunk.data_offset, chunk.size));
-}
+using frontend::where;
 
 // Converts between a surface's packed bytes and a frame tensor (the live lanes of each row when
 // the tensor is partially live, the whole tensor otherwise).
@@ -52,6 +29,7 @@ void load_input(const uint8_t* src, Tensor& t) {
         return;
     }
     const size_t n = t.data.size();
+    if (n == 0) return;  // an empty tensor (memcpy may not be given its null data)
     switch (t.dtype) {
         case mil::DType::fp16: kernels::half_to_float(reinterpret_cast<const uint16_t*>(src), t.data.data(), n); break;
         case mil::DType::fp32: std::memcpy(t.data.data(), src, n * 4); break;
@@ -69,7 +47,7 @@ void load_input(const uint8_t* src, Tensor& t) {
         case mil::DType::boolean:
             for (size_t i = 0; i < n; ++i) t.data[i] = static_cast<float>(src[i]);
             break;
-        default: throw EvaluateError(std::string("unsupported I/O dtype ") + mil::dtype_name(t.dtype));
+        default: throw EvaluateError(std::string("unsupported I/O dtype ") + mil::dtype_name(t.dtype) + " (the front end refuses it at compile)");
     }
 }
 
@@ -84,6 +62,7 @@ void store_output(const Tensor& t, uint8_t* dst) {
         return;
     }
     const size_t n = t.data.size();
+    if (n == 0) return;  // an empty tensor (memcpy may not be given its null data)
     switch (t.dtype) {
         case mil::DType::fp16: kernels::float_to_half(t.data.data(), reinterpret_cast<uint16_t*>(dst), n); break;
         case mil::DType::fp32: std::memcpy(dst, t.data.data(), n * 4); break;
@@ -98,37 +77,127 @@ void store_output(const Tensor& t, uint8_t* dst) {
         case mil::DType::boolean:
             for (size_t i = 0; i < n; ++i) dst[i] = static_cast<uint8_t>(static_cast<int32_t>(t.data[i]));
             break;
-        default: throw EvaluateError(std::string("unsupported I/O dtype ") + mil::dtype_name(t.dtype));
+        default: throw EvaluateError(std::string("unsupported I/O dtype ") + mil::dtype_name(t.dtype) + " (the front end refuses it at compile)");
     }
 }
 
-class EmulatedProgram final : public runtime::LoadedProgram {
+// The compile-time state of a program: one ValueInfo per variable, and per op the ids its
+// builder reads. The type step fills it for the whole program before the kernel step allocates.
+class ProgramModel {
 public:
-    EmulatedProgram(std::string_view text, const runtime::WeightFiles& weights, runtime::Profile profile)
-        : text_(text), profile_(profile), program_(mil::parse(text)) {
-        const mil::Function* fn = program_.find_function("main");
-        if (!fn) throw CompileError("the program has no function 'main' (the ANE runs main)");
-        check_hardware_rules(*fn, profile);
-        build(*fn, weights);
-        inputs_ = runtime::sorted_inputs(*fn);
-        outputs_ = runtime::sorted_outputs(*fn);
-        for (const auto& s : outputs_) {
-            output_slots_.push_back(values_[ids_.at(s.name)].slot);
-            values_[static_cast<size_t>(output_slots_.back())].needs_fp32 = true;  // stored from fp32 data
-        }
-        for (const auto& s : inputs_) {
-            const int slot = values_[ids_.at(s.name)].slot;
-            input_slots_.push_back(slot);
-            in_place_.push_back(s.type.dtype == mil::DType::fp16 && !values_[static_cast<size_t>(slot)].needs_fp32);
+    ProgramModel(const mil::Function& fn, const runtime::WeightFiles& weights) {
+        for (const auto& p : fn.inputs) define(p.name, p.type);
+        for (const auto& op : fn.body) {
+            if (op.op == "const") {
+                const int id = define(op.output, op.type);
+                values_[id].constant = &*op.val;
+                if (op.val->kind == mil::Value::Kind::blob) values_[id].blob = payload(*op.val, weights);
+                continue;
+            }
+            Step step{&op, find_op(op.op), {}, {}, -1};
+            if (!step.build) throw CompileError(where(op) + ": the emulator has no kernel for '" + op.op + "'");
+            for (const auto& a : op.args) {
+                std::vector<int> ids;
+                int single = -1;
+                if (a.kind == mil::Argument::Kind::literal) {  // permissive profile only
+                    single = static_cast<int>(values_.size());
+                    values_.push_back(ValueInfo{a.literal.type, single, &a.literal, std::nullopt, false, false});
+                } else if (a.kind == mil::Argument::Kind::ref) {
+                    single = ids_.at(a.refs[0]);  // the front end checked every name is defined before use
+                } else {
+                    for (const auto& r : a.refs) ids.push_back(ids_.at(r));
+                }
+                step.arg_ids.push_back(single);
+                step.tuple_ids.push_back(std::move(ids));
+            }
+            step.out = static_cast<int>(values_.size());  // the slot define() gives
+            OpContext ctx(op, values_, step.arg_ids, step.tuple_ids, step.out, /*types_only=*/true);
+            const BuiltOp typed = step.build(ctx);
+            if (typed.type != op.type)
+                throw CompileError(where(op) + " declares " + op.type.str() + " but its inputs give " + typed.type.str());
+            scratch_bytes_ += typed.scratch_bytes;
+            const int id = define(op.output, op.type);
+            if (typed.view_of >= 0) values_[id].slot = typed.view_of;
+            steps_.push_back(std::move(step));
         }
     }
 
-    void evaluate(const runtime::Bindings& inputs, const runtime::Bindings& outputs,
-                  const runtime::LiveLanes& live) override {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (!loaded_) throw EvaluateError("the program was unloaded; compile it again");
-        runtime::check_bindings(inputs_, inputs, outputs_, outputs, min_surface_bytes_);
-        runtime::check_live_lanes(inputs_, live);
+    // The fp32 memory the kernel step and the frame will hold at most: every tensor that owns its
+    // data, every const (its payload may be materialised), and the builders' scratch.
+    double planned_bytes(const ValueInfo** largest) const {
+        double bytes = scratch_bytes_, worst = 0;
+        for (size_t i = 0; i < values_.size(); ++i) {
+            const ValueInfo& v = values_[i];
+            if (v.slot != static_cast<int>(i)) continue;  // a view
+            const double b = 4.0 * static_cast<double>(v.type.element_count()) +
+                             (v.blob ? static_cast<double>(v.blob->size()) : 0.0);
+            bytes += b;
+            if (b > worst) worst = b, *largest = &v;
+        }
+        return bytes;
+    }
+
+    std::string name_of(const ValueInfo* v) const {
+        for (const auto& [n, id] : ids_)
+            if (&values_[id] == v) return n;
+        return "";
+    }
+
+    struct Step {
+        const mil::Operation* op;
+        OpBuilder build;
+        std::vector<int> arg_ids;
+        std::vector<std::vector<int>> tuple_ids;
+        int out;
+    };
+
+    std::map<std::string, int> ids_;
+    std::vector<ValueInfo> values_;
+    std::vector<Step> steps_;
+
+private:
+    int define(const std::string& name, const mil::Type& type) {
+        const int id = static_cast<int>(values_.size());
+        ids_[name] = id;
+        values_.push_back(ValueInfo{type, id, nullptr, std::nullopt, false, false});
+        return id;
+    }
+
+    static std::string_view payload(const mil::Value& v, const runtime::WeightFiles& weights) {
+        const std::string_view file = weights.at(v.blob_path);  // the front end checked path and size
+        const auto chunk = mil::blobfile::read_chunk(file, v.blob_offset, v.blob_path);
+        return file.substr(chunk.data_offset, chunk.size);
+    }
+
+    double scratch_bytes_ = 0;
+};
+
+class EmulatedProgram final : public runtime::LoadedProgram {
+public:
+    EmulatedProgram(std::string_view text, frontend::CheckedProgram checked, ProgramModel model,
+                    runtime::CompileOptions options)
+        : text_(text), options_(std::move(options)), program_(std::move(checked.program)), model_(std::move(model)) {
+        inputs_ = std::move(checked.inputs);
+        outputs_ = std::move(checked.outputs);
+        build_kernels();
+        for (const auto& s : outputs_) {
+            output_slots_.push_back(values()[model_.ids_.at(s.name)].slot);
+            values()[static_cast<size_t>(output_slots_.back())].needs_fp32 = true;  // stored from fp32 data
+        }
+        for (const auto& s : inputs_) {
+            const int slot = values()[model_.ids_.at(s.name)].slot;
+            input_slots_.push_back(slot);
+            in_place_.push_back(s.type.dtype == mil::DType::fp16 && !values()[static_cast<size_t>(slot)].needs_fp32);
+        }
+        for (auto& v : values()) v.blob.reset();  // the caller's weight buffers are not kept
+    }
+
+    const char* backend() const override { return "emulator"; }
+
+private:
+    // After the shared checks (runtime::LoadedProgram::evaluate), under the program's lock.
+    void run(const runtime::Bindings& inputs, const runtime::Bindings& outputs,
+             const runtime::LiveLanes& live) override {
         for (size_t i = 0; i < inputs.size(); ++i) {
             Tensor& t = frame_.values[input_slots_[i]];
             auto hint = live.find(inputs_[i].name);
@@ -142,85 +211,29 @@ public:
         for (size_t i = 0; i < outputs.size(); ++i) store_output(frame_.values[output_slots_[i]], outputs[i].second->data());
     }
 
-    void unload() override {
-        std::lock_guard<std::mutex> lock(mutex_);
-        loaded_ = false;
+    void release() override {
         kernels_.clear();
         frame_.values.clear();
     }
 
-    bool loaded() const override { return loaded_; }
-
     // Re-bakes the same MIL with new weights: a new program, no compile counted.
-    std::unique_ptr<runtime::LoadedProgram> with_weights(const runtime::WeightFiles& weights) override {
-        if (!loaded_) throw CompileError("with_weights: the program was unloaded");
-        for (const auto& [key, bytes] : weights) runtime::weight_file_relpath(key);
-        auto p = std::make_unique<EmulatedProgram>(text_, weights, profile_);
-        p->set_min_surface_bytes(min_surface_bytes_);
-        return p;
+    std::unique_ptr<runtime::LoadedProgram> reload(const runtime::WeightFiles& weights) override {
+        return build(text_, weights, options_);
     }
 
-    const char* backend() const override { return "emulator"; }
+    std::vector<ValueInfo>& values() { return model_.values_; }
 
-private:
-    int define(const std::string& name, const mil::Type& type, const mil::Operation* op) {
-        if (ids_.count(name)) throw CompileError((op ? where(*op) : "input '" + name + "'") + ": '" + name + "' is defined twice");
-        const int id = static_cast<int>(values_.size());
-        ids_[name] = id;
-        values_.push_back(ValueInfo{type, id, nullptr, nullptr, false});
-        return id;
-    }
-
-    int lookup(const mil::Operation& op, const std::string& ref) const {
-        auto it = ids_.find(ref);
-        if (it == ids_.end()) throw CompileError(where(op) + " uses '" + ref + "', which is not defined before it");
-        return it->second;
-    }
-
-    void build(const mil::Function& fn, const runtime::WeightFiles& weights) {
-        for (const auto& p : fn.inputs) define(p.name, p.type, nullptr);
-        for (const auto& op : fn.body) {
-            if (op.op == "const") {
-                if (!op.val) throw CompileError(where(op) + " has no val");
-                const int id = define(op.output, op.type, &op);
-                values_[id].constant = &*op.val;
-                if (op.val->kind == mil::Value::Kind::blob) values_[id].blob = bake_blob(op, weights);
-                continue;
-            }
-            std::vector<int> arg_ids;
-            std::vector<std::vector<int>> tuple_ids;
-            for (const auto& a : op.args) {
-                std::vector<int> ids;
-                int single = -1;
-                if (a.kind == mil::Argument::Kind::literal) {  // permissive profile only
-                    single = static_cast<int>(values_.size());
-                    values_.push_back(ValueInfo{a.literal.type, single, &a.literal, nullptr, false});
-                } else if (a.kind == mil::Argument::Kind::ref) {
-                    single = lookup(op, a.refs[0]);
-                } else {
-                    for (const auto& r : a.refs) ids.push_back(lookup(op, r));
-                }
-                arg_ids.push_back(single);
-                tuple_ids.push_back(std::move(ids));
-            }
-            const OpBuilder builder = find_op(op.op);
-            if (!builder) throw CompileError(where(op) + ": unknown op '" + op.op + "'");
-            const int out = static_cast<int>(values_.size());  // the slot define() will give
-            OpContext ctx(op, values_, arg_ids, std::move(tuple_ids), out);
-            BuiltOp built = builder(ctx);
-            if (built.type != op.type)
-                throw CompileError(where(op) + " declares " + op.type.str() + " but its inputs give " + built.type.str());
-            const int id = define(op.output, op.type, &op);
-            if (built.view_of >= 0) {
-                values_[id].slot = built.view_of;  // shares the data; no kernel to run
-                continue;
-            }
-            kernels_.push_back(std::move(built.kernel));
-        }
+    // The kernel step, after the type step passed for every op and the memory guard.
+    void build_kernels() {
         check_frame_size();
-        frame_.values.resize(values_.size());
-        for (size_t i = 0; i < values_.size(); ++i) {
-            const ValueInfo& v = values_[i];
+        for (const auto& step : model_.steps_) {
+            OpContext ctx(*step.op, values(), step.arg_ids, step.tuple_ids, step.out, /*types_only=*/false);
+            BuiltOp built = step.build(ctx);
+            if (built.view_of < 0) kernels_.push_back(std::move(built.kernel));
+        }
+        frame_.values.resize(values().size());
+        for (size_t i = 0; i < values().size(); ++i) {
+            const ValueInfo& v = values()[i];
             if (v.slot != static_cast<int>(i)) continue;  // a view: its data lives in another slot
             Tensor& t = frame_.values[v.slot];
             t.dtype = v.type.dtype;
@@ -240,60 +253,34 @@ private:
     }
 
     // The emulator holds every intermediate tensor in fp32: refuse, with the culprit named, a program
-    // that cannot fit in half of this machine's memory instead of failing deep inside an allocation.
+    // that cannot fit in half of this machine's memory, before anything is allocated. The host-memory
+    // limit is the emulator's alone: the ane backend never runs it.
     void check_frame_size() const {
-        double bytes = 0, largest = 0;
         const ValueInfo* worst = nullptr;
-        for (size_t i = 0; i < values_.size(); ++i) {
-            const ValueInfo& v = values_[i];
-            if (v.slot != static_cast<int>(i) || (v.constant && !v.used_as_data)) continue;
-            const double b = 4.0 * static_cast<double>(v.type.element_count());
-            bytes += b;
-            if (b > largest) largest = b, worst = &v;
-        }
+        const double bytes = model_.planned_bytes(&worst);
         const double limit = 0.5 * static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-        if (worst && limit > 0 && bytes > limit) {
-            std::string name;
-            for (const auto& [n, id] : ids_)
-                if (&values_[id] == worst) name = n;
+        if (worst && limit > 0 && bytes > limit)
             throw CompileError("the program needs " + std::to_string(static_cast<int64_t>(bytes / 1e9)) +
-                               " GB of emulator memory (largest tensor '" + name + "', " + worst->type.str() +
-                               "), more than half of this machine's; split it into smaller programs");
-        }
+                               " GB of emulator memory (largest tensor '" + model_.name_of(worst) + "', " +
+                               worst->type.str() + "), more than half of this machine's; split it into smaller programs");
     }
 
     std::string text_;
-    runtime::Profile profile_;
-    mil::Program program_;  // owns the statements that values_ point into
-    std::map<std::string, int> ids_;
-    std::vector<ValueInfo> values_;
+    runtime::CompileOptions options_;
+    mil::Program program_;  // owns the statements that the model points into
+    ProgramModel model_;
     std::vector<Kernel> kernels_;
     std::vector<int> input_slots_, output_slots_;
     std::vector<bool> in_place_;  // per input: fp16 read in place from the surface (Tensor::half)
     Frame frame_;
-    std::mutex mutex_;
-    bool loaded_ = true;
 };
 
-}  // namespace
-
-std::unique_ptr<runtime::LoadedProgram> compile(std::string_view mil_text, const runtime::WeightFiles& weights,
-                                                runtime::Profile profile) {
-    runtime::consume_compile();
-    return build(mil_text, weights, profile);
-}
-
-std::unique_ptr<runtime::LoadedProgram> build(std::string_view mil_text, const runtime::WeightFiles& weights,
-                                              runtime::Profile profile) {
-    for (const auto& [key, bytes] : weights) runtime::weight_file_relpath(key);
-    return std::make_unique<EmulatedProgram>(mil_text, weights, profile);
-}
-
-std::pair<std::vector<runtime::TensorSpec>, std::vector<runtime::TensorSpec>> check(
-    std::string_view mil_text, const runtime::WeightFiles& weights, runtime::Profile profile) {
-    for (const auto& [key, bytes] : weights) runtime::weight_file_relpath(key);
-    EmulatedProgram p(mil_text, weights, profile);
-    return {p.inputs(), p.outputs()};
+std::unique_ptr<runtime::LoadedProgram> build_checked(std::string_view text, const runtime::WeightFiles& weights,
+                                                      const runtime::CompileOptions& options, bool count_compile) {
+    frontend::CheckedProgram checked = frontend::check(text, weights, options);
+    ProgramModel model(checked.main(), weights);
+    if (count_compile) runtime::consume_compile();
+    return std::make_unique<EmulatedProgram>(text, std::move(checked), std::move(model), options);
 }
 
 runtime::Backend backend() {
@@ -303,6 +290,25 @@ runtime::Backend backend() {
     b.probe = [] { return runtime::BackendStatus{"emulator", true, "software ANE emulator (always available)"}; };
     b.surfaces = []() -> const runtime::SurfaceAllocator* { return nullptr; };
     return b;
+}
+
+[[maybe_unused]] const bool registered = (runtime::register_backend(backend()), true);
+
+}  // namespace
+
+std::unique_ptr<runtime::LoadedProgram> compile(std::string_view mil_text, const runtime::WeightFiles& weights,
+                                                const runtime::CompileOptions& options) {
+    return build_checked(mil_text, weights, options, /*count_compile=*/true);
+}
+
+std::unique_ptr<runtime::LoadedProgram> build(std::string_view mil_text, const runtime::WeightFiles& weights,
+                                              const runtime::CompileOptions& options) {
+    return build_checked(mil_text, weights, options, /*count_compile=*/false);
+}
+
+void check_types(const frontend::CheckedProgram& checked, const runtime::WeightFiles& weights) {
+    const ProgramModel typed(checked.main(), weights);  // throws on the first op whose type does not check
+    (void)typed;
 }
 
 }  // namespace orion::emu

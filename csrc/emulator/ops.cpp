@@ -6,6 +6,7 @@
 #include <map>
 
 #include "errors.h"
+#include "frontend/frontend.h"
 
 namespace orion::emu {
 
@@ -21,27 +22,9 @@ const mil::Argument* find_arg(const mil::Operation& op, const char* name, size_t
 }
 }  // namespace
 
-void OpContext::fail(const std::string& message) const {
-    std::string where = "op '" + op_.name + "' (" + op_.op + ")";
-    if (op_.loc.line > 0) where = "line " + std::to_string(op_.loc.line) + ": " + where;
-    throw CompileError(where + ": " + message);
-}
+void OpContext::fail(const std::string& message) const { throw CompileError(frontend::where(op_) + ": " + message); }
 
 bool OpContext::has(const char* arg) const { return find_arg(op_, arg) != nullptr; }
-
-void OpContext::expect_args(const std::vector<const char*>& required, const std::vector<const char*>& optional) const {
-    for (const char* r : required)
-        if (!has(r)) fail(std::string("missing required argument '") + r + "'");
-    for (const auto& a : op_.args) {
-        auto same = [&](const char* n) { return a.name == n; };
-        if (std::none_of(required.begin(), required.end(), same) && std::none_of(optional.begin(), optional.end(), same)) {
-            std::string names;
-            for (const auto* list : {&required, &optional})
-                for (const char* n : *list) names += std::string(names.empty() ? "" : ", ") + n;
-            fail("unknown argument '" + a.name + "' (expected: " + names + ")");
-        }
-    }
-}
 
 const ValueInfo& OpContext::info(const char* arg) const {
     size_t index = 0;
@@ -53,6 +36,7 @@ const ValueInfo& OpContext::info(const char* arg) const {
 
 int OpContext::slot(const char* arg, bool fp16_in_place) {
     const ValueInfo& v = info(arg);
+    if (types_only_) return v.slot;
     const_cast<ValueInfo&>(v).used_as_data = true;
     if (!fp16_in_place) values_[static_cast<size_t>(v.slot)].needs_fp32 = true;
     return v.slot;
@@ -67,6 +51,10 @@ std::vector<int> OpContext::tuple_slots(const char* arg) {
     if (a->kind != mil::Argument::Kind::tuple) fail(std::string("argument '") + arg + "' must be a tuple like (a, b)");
     std::vector<int> slots;
     for (int id : tuple_ids_[index]) {
+        if (types_only_) {
+            slots.push_back(values_[static_cast<size_t>(id)].slot);
+            continue;
+        }
         values_[static_cast<size_t>(id)].used_as_data = true;
         values_[static_cast<size_t>(values_[static_cast<size_t>(id)].slot)].needs_fp32 = true;
         slots.push_back(values_[static_cast<size_t>(id)].slot);
@@ -169,7 +157,7 @@ int64_t normalize_axis(OpContext& ctx, int64_t axis, int64_t rank) {
 }
 
 std::vector<float> blob_floats(const ValueInfo& v) {
-    const std::string& bytes = *v.blob;
+    const std::string_view bytes = *v.blob;
     std::vector<float> out;
     switch (v.type.dtype) {
         case mil::DType::fp16: {

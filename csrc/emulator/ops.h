@@ -1,9 +1,14 @@
-// The op library of the software ANE. Each op has a builder that, at compile time, checks its
-// arguments, infers the output type, and returns the kernel that computes it at evaluate time.
+// The op library of the software ANE. Each op has a builder that runs in two steps. The type step
+// (OpContext::types_only()) checks the op's arguments and infers its output type, allocating
+// nothing tensor-sized; the emulator runs it over the whole program first. The kernel step then
+// returns the kernel that computes the op at evaluate time. Argument names are checked against
+// the op table (mil/op_table.h) by the front end before either step.
 #pragma once
 
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -25,7 +30,9 @@ struct ValueInfo {
     mil::Type type;
     int slot = -1;                           // index in Frame::values
     const mil::Value* constant = nullptr;    // set for const() variables
-    std::shared_ptr<const std::string> blob;  // raw payload bytes of a BLOBFILE const
+    // Payload bytes of a BLOBFILE const, in the caller's weight file: valid while the program is
+    // built (kernels and the frame copy what they need: weights are baked, ANE-24).
+    std::optional<std::string_view> blob;
     bool used_as_data = false;               // some kernel reads it: materialise it in the frame
     bool needs_fp32 = false;                 // (on a slot's owner) some kernel reads its fp32 data
 };
@@ -33,10 +40,13 @@ struct ValueInfo {
 class OpContext {
 public:
     OpContext(const mil::Operation& op, std::vector<ValueInfo>& values, const std::vector<int>& arg_ids,
-              std::vector<std::vector<int>> tuple_ids, int out_slot)
-        : op_(op), values_(values), arg_ids_(arg_ids), tuple_ids_(std::move(tuple_ids)), out_slot_(out_slot) {}
+              const std::vector<std::vector<int>>& tuple_ids, int out_slot, bool types_only)
+        : op_(op), values_(values), arg_ids_(arg_ids), tuple_ids_(tuple_ids), out_slot_(out_slot),
+          types_only_(types_only) {}
 
     const mil::Operation& op() const { return op_; }
+    // The type step: the builder returns once it knows the output type (and its scratch estimate).
+    bool types_only() const { return types_only_; }
     int out_slot() const { return out_slot_; }
     bool has(const char* arg) const;
 
@@ -57,22 +67,22 @@ public:
 
     // Throws CompileError naming the op, its line and `message`.
     [[noreturn]] void fail(const std::string& message) const;
-    // Throws unless every argument is one of `allowed` and every one of `required` is present.
-    void expect_args(const std::vector<const char*>& required, const std::vector<const char*>& optional) const;
 
 private:
     const ValueInfo& info(const char* arg) const;
     const mil::Operation& op_;
     std::vector<ValueInfo>& values_;
     const std::vector<int>& arg_ids_;  // per op argument: value id (-1 for tuples)
-    std::vector<std::vector<int>> tuple_ids_;
+    const std::vector<std::vector<int>>& tuple_ids_;
     int out_slot_;
+    bool types_only_;
 };
 
 struct BuiltOp {
     mil::Type type;  // inferred output type (checked against the declared one)
     Kernel kernel;
     int view_of = -1;  // >= 0: no kernel, the output is a view of this slot's data (same order)
+    double scratch_bytes = 0;  // type step: memory the kernel step holds besides the frame (tables, copies)
 };
 
 using OpBuilder = BuiltOp (*)(OpContext&);

@@ -65,14 +65,14 @@ void for_each_row(const Shape& out, const Shape& xs, const Shape& ys, bool coale
 
 template <typename F>
 BuiltOp binary(OpContext& ctx, F f) {
-    ctx.expect_args({"x", "y"}, {});
     const mil::Type tx = ctx.type("x"), ty = ctx.type("y");
     if (tx.dtype != ty.dtype)
         ctx.fail(std::string("x is ") + mil::dtype_name(tx.dtype) + " but y is " + mil::dtype_name(ty.dtype) +
                  ": cast one of them first");
     const Shape out_shape = broadcast_shapes(ctx, tx.shape, ty.shape);
-    const int x = ctx.slot("x"), y = ctx.slot("y"), o = ctx.out_slot();
     mil::Type type = tx.is_tensor || ty.is_tensor ? tensor_type(tx.dtype, out_shape) : mil::Type::scalar(tx.dtype);
+    if (ctx.types_only()) return {type};
+    const int x = ctx.slot("x"), y = ctx.slot("y"), o = ctx.out_slot();
     const Shape xs = tx.shape, ys = ty.shape;
     const bool same = xs == ys;
     return {type, [=](Frame& fr) {
@@ -112,10 +112,10 @@ BuiltOp binary(OpContext& ctx, F f) {
 
 // A unary op computed row by row over the live lanes: rows(src, dst, n).
 template <typename Rows>
-BuiltOp unary_rows(OpContext& ctx, Rows rows, std::vector<const char*> optional = {}) {
-    ctx.expect_args({"x"}, optional);
+BuiltOp unary_rows(OpContext& ctx, Rows rows) {
     const mil::Type tx = ctx.type("x");
     if (!mil::is_float(tx.dtype)) ctx.fail(std::string("x must be fp16 or fp32, got ") + mil::dtype_name(tx.dtype));
+    if (ctx.types_only()) return {tx};
     const int x = ctx.slot("x"), o = ctx.out_slot();
     return {tx, [=](Frame& fr) {
                 const float* a = fr.values[x].data.data();
@@ -130,12 +130,10 @@ BuiltOp unary_rows(OpContext& ctx, Rows rows, std::vector<const char*> optional 
 
 // A unary op from its per-element function.
 template <typename F>
-BuiltOp unary(OpContext& ctx, F f, std::vector<const char*> optional = {}) {
-    return unary_rows(
-        ctx, [f](const float* src, float* dst, size_t n) {
-            for (size_t i = 0; i < n; ++i) dst[i] = f(src[i]);
-        },
-        std::move(optional));
+BuiltOp unary(OpContext& ctx, F f) {
+    return unary_rows(ctx, [f](const float* src, float* dst, size_t n) {
+        for (size_t i = 0; i < n; ++i) dst[i] = f(src[i]);
+    });
 }
 
 float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
@@ -143,18 +141,17 @@ float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
 BuiltOp build_gelu(OpContext& ctx) {
     const std::string mode = ctx.has("mode") ? ctx.text("mode") : "EXACT";
     if (mode == "EXACT")
-        return unary(ctx, [](float v) { return 0.5f * v * (1.0f + std::erf(v * 0.70710678f)); }, {"mode"});
+        return unary(ctx, [](float v) { return 0.5f * v * (1.0f + std::erf(v * 0.70710678f)); });
     if (mode == "TANH_APPROXIMATION")
         return unary(
-            ctx, [](float v) { return 0.5f * v * (1.0f + std::tanh(0.7978845608f * (v + 0.044715f * v * v * v))); },
-            {"mode"});
-    if (mode == "SIGMOID_APPROXIMATION") return unary(ctx, [](float v) { return v * sigmoid(1.702f * v); }, {"mode"});
+            ctx, [](float v) { return 0.5f * v * (1.0f + std::tanh(0.7978845608f * (v + 0.044715f * v * v * v))); });
+    if (mode == "SIGMOID_APPROXIMATION") return unary(ctx, [](float v) { return v * sigmoid(1.702f * v); });
     ctx.fail("unknown gelu mode '" + mode + "' (EXACT, TANH_APPROXIMATION or SIGMOID_APPROXIMATION)");
 }
 
 BuiltOp build_rsqrt(OpContext& ctx) {
     const float eps = ctx.has("epsilon") ? static_cast<float>(ctx.number("epsilon")) : 1e-12f;
-    return unary(ctx, [eps](float v) { return 1.0f / std::sqrt(v + eps); }, {"epsilon"});
+    return unary(ctx, [eps](float v) { return 1.0f / std::sqrt(v + eps); });
 }
 
 }  // namespace

@@ -73,11 +73,11 @@ ConvGeometry conv_geometry(OpContext& ctx, const mil::Type& tx, const mil::Type&
 }
 
 BuiltOp build_conv(OpContext& ctx) {
-    ctx.expect_args({"weight", "x"}, {"bias", "dilations", "groups", "pad", "pad_type", "strides"});
     const mil::Type tx = ctx.type("x"), tw = ctx.type("weight");
     if (!mil::is_float(tx.dtype)) ctx.fail("x must be fp16 or fp32");
     const ConvGeometry g = conv_geometry(ctx, tx, tw);
     const mil::Type out_type = tensor_type(tx.dtype, {g.n, g.cout, g.oh, g.ow});
+    if (ctx.types_only()) return {out_type, nullptr, -1, 6 * tw.element_count()};  // fp16 + fp32 weight copies
     const bool round = tx.dtype == mil::DType::fp16;
     std::vector<float> bias;
     if (ctx.has("bias")) {
@@ -146,7 +146,6 @@ BuiltOp build_conv(OpContext& ctx) {
 }
 
 BuiltOp build_matmul(OpContext& ctx) {
-    ctx.expect_args({"x", "y"}, {"transpose_x", "transpose_y"});
     const mil::Type tx = ctx.type("x"), ty = ctx.type("y");
     if (tx.dtype != ty.dtype || !mil::is_float(tx.dtype)) ctx.fail("x and y must both be fp16 or both fp32");
     if (tx.shape.size() < 2 || ty.shape.size() < 2) ctx.fail("matmul operands must have rank >= 2");
@@ -161,10 +160,11 @@ BuiltOp build_matmul(OpContext& ctx) {
     Shape out = batch;
     out.push_back(M);
     out.push_back(N);
+    const int64_t nb = element_count(batch);
+    if (ctx.types_only()) return {tensor_type(tx.dtype, out), nullptr, -1, 16 * nb};  // per-batch offsets
     const bool round = tx.dtype == mil::DType::fp16;
     const int x = ctx.slot("x"), y = ctx.slot("y", /*fp16_in_place=*/true), o = ctx.out_slot();
     // Offsets of each batch's x and y matrices (broadcast batch dims repeat a matrix).
-    const int64_t nb = element_count(batch);
     std::vector<int64_t> xoff(static_cast<size_t>(nb)), yoff(static_cast<size_t>(nb));
     const auto bstr = strides_of(batch);
     for (int64_t i = 0; i < nb; ++i) {

@@ -20,7 +20,11 @@ struct Affine {
 Affine affine(OpContext& ctx, const Shape& shape, bool axis_required) {
     Affine a;
     a.scale = ctx.floats("scale");
-    if (ctx.has("zero_point")) a.zero = ctx.floats("zero_point");
+    if (a.scale.empty()) ctx.fail("scale is empty: give one scale, or one per index along axis");
+    if (ctx.has("zero_point")) {
+        a.zero = ctx.floats("zero_point");
+        if (a.zero.empty()) ctx.fail("zero_point is empty: give one zero point, or one per index along axis");
+    }
     const bool per_axis = a.scale.size() > 1 || a.zero.size() > 1;
     if (!per_axis && !axis_required) return a;
     if (!ctx.has("axis")) ctx.fail("per-channel scale or zero_point needs an axis");
@@ -35,7 +39,6 @@ Affine affine(OpContext& ctx, const Shape& shape, bool axis_required) {
 }
 
 BuiltOp build_quantize(OpContext& ctx) {
-    ctx.expect_args({"input", "output_dtype", "scale"}, {"axis", "zero_point"});
     const mil::Type t = ctx.type("input");
     const std::string dt = ctx.text("output_dtype");
     if (dt != "int8" && dt != "uint8") ctx.fail("output_dtype must be \"int8\" or \"uint8\"");
@@ -43,6 +46,7 @@ BuiltOp build_quantize(OpContext& ctx) {
     const float lo = dt == "int8" ? -128.0f : 0.0f, hi = dt == "int8" ? 127.0f : 255.0f;
     mil::Type out = t;
     out.dtype = dt == "int8" ? mil::DType::int8 : mil::DType::uint8;
+    if (ctx.types_only()) return {out};
     const int x = ctx.slot("input"), o = ctx.out_slot();
     return {out, [=](Frame& fr) {
                 const float* v = fr.values[x].data.data();
@@ -53,12 +57,12 @@ BuiltOp build_quantize(OpContext& ctx) {
 }
 
 BuiltOp build_dequantize(OpContext& ctx) {
-    ctx.expect_args({"input", "scale"}, {"axis", "zero_point"});
     const mil::Type t = ctx.type("input");
     if (t.dtype != mil::DType::int8 && t.dtype != mil::DType::uint8) ctx.fail("input must be int8 or uint8");
     const Affine a = affine(ctx, t.shape, false);
     mil::Type out = t;
     out.dtype = ctx.type("scale").dtype;
+    if (ctx.types_only()) return {out};
     const int x = ctx.slot("input"), o = ctx.out_slot();
     return {out, [=](Frame& fr) {
                 const float* v = fr.values[x].data.data();
@@ -69,10 +73,10 @@ BuiltOp build_dequantize(OpContext& ctx) {
 }
 
 BuiltOp build_constexpr_affine_dequantize(OpContext& ctx) {
-    ctx.expect_args({"axis", "quantized_data", "scale", "zero_point"}, {});
     const mil::Type t = ctx.constant("quantized_data").type;
     if (t.dtype != mil::DType::int8 && t.dtype != mil::DType::uint8) ctx.fail("quantized_data must be int8 or uint8");
     const Affine a = affine(ctx, t.shape, true);
+    if (ctx.types_only()) return {tensor_type(ctx.type("scale").dtype, t.shape), nullptr, -1, 8 * t.element_count()};
     const std::vector<float> q = ctx.floats("quantized_data");
     Tensor folded;
     folded.dtype = ctx.type("scale").dtype;

@@ -46,7 +46,6 @@ std::vector<int64_t> group_index(const Shape& shape, const std::vector<int64_t>&
 enum class Reduce { sum, max, mean };
 
 BuiltOp build_reduce(OpContext& ctx, Reduce kind) {
-    ctx.expect_args({"x"}, {"axes", "keep_dims"});
     const mil::Type tx = ctx.type("x");
     const auto axes = reduced_axes(ctx, tx.shape.size());
     const bool keep = ctx.has("keep_dims") && ctx.boolean("keep_dims");
@@ -54,6 +53,7 @@ BuiltOp build_reduce(OpContext& ctx, Reduce kind) {
     for (int64_t a : axes) kept[a] = 1;
     for (size_t d = 0; d < kept.size(); ++d)
         if (keep || !std::binary_search(axes.begin(), axes.end(), static_cast<int64_t>(d))) out.push_back(kept[d]);
+    if (ctx.types_only()) return {tensor_type(tx.dtype, out), nullptr, -1, 8 * tx.element_count()};  // group index
     const auto groups = std::make_shared<std::vector<int64_t>>(group_index(tx.shape, axes));
     int64_t count = 1;
     for (int64_t a : axes) count *= tx.shape[a];
@@ -72,7 +72,8 @@ BuiltOp build_reduce(OpContext& ctx, Reduce kind) {
                         t.data[g[i]] = kind == Reduce::max ? std::max(t.data[g[i]], a[i]) : t.data[g[i]] + a[i];
                 });
                 if (kind == Reduce::mean) {
-                    const float live_count = static_cast<float>(reduces_lanes ? count / in.last_dim() * in.lanes : count);
+                    const bool lanes_cut = reduces_lanes && in.last_dim() > 0;  // an empty last axis: mean of nothing
+                    const float live_count = static_cast<float>(lanes_cut ? count / in.last_dim() * in.lanes : count);
                     for (float& v : t.data) v /= live_count;
                 }
                 finish(t);
@@ -106,12 +107,12 @@ void softmax_lines(float* v, const Lines& l, int64_t width = 1, int64_t lanes = 
 }
 
 BuiltOp build_softmax(OpContext& ctx) {
-    ctx.expect_args({"x"}, {"axis"});
     const mil::Type tx = ctx.type("x");
     if (!mil::is_float(tx.dtype) || tx.shape.empty()) ctx.fail("x must be an fp16 or fp32 tensor");
     const int64_t axis = normalize_axis(ctx, ctx.has("axis") ? ctx.int_scalar("axis") : -1, static_cast<int64_t>(tx.shape.size()));
     const Lines l = lines_along(tx.shape, axis);
     const bool over_lanes = axis == static_cast<int64_t>(tx.shape.size()) - 1;
+    if (ctx.types_only()) return {tx};
     const int x = ctx.slot("x"), o = ctx.out_slot();
     return {tx, [=](Frame& fr) {
                 const Tensor& in = fr.values[x];
@@ -127,7 +128,6 @@ BuiltOp build_softmax(OpContext& ctx) {
 }
 
 BuiltOp build_layer_norm(OpContext& ctx) {
-    ctx.expect_args({"x"}, {"axes", "beta", "epsilon", "gamma"});
     const mil::Type tx = ctx.type("x");
     if (!mil::is_float(tx.dtype)) ctx.fail("x must be fp16 or fp32");
     const auto axes = reduced_axes(ctx, tx.shape.size());
@@ -142,6 +142,7 @@ BuiltOp build_layer_norm(OpContext& ctx) {
     };
     const auto gamma = affine("gamma", 1.0f), beta = affine("beta", 0.0f);
     const float eps = ctx.has("epsilon") ? static_cast<float>(ctx.number("epsilon")) : 1e-5f;
+    if (ctx.types_only()) return {tx, nullptr, -1, 16 * tx.element_count()};  // two group indexes
     // Position of each element inside its normalised group (indexes gamma/beta).
     Shape inner_shape;
     for (int64_t a : axes) inner_shape.push_back(tx.shape[a]);
@@ -170,7 +171,6 @@ BuiltOp build_layer_norm(OpContext& ctx) {
 }
 
 BuiltOp build_sdpa(OpContext& ctx) {
-    ctx.expect_args({"key", "query", "value"}, {"attn_mask"});
     const mil::Type tq = ctx.type("query"), tk = ctx.type("key"), tv = ctx.type("value");
     const size_t r = tq.shape.size();
     if (r < 2 || tk.shape.size() != r || tv.shape.size() != r) ctx.fail("query, key and value need one rank >= 2");
@@ -192,10 +192,11 @@ BuiltOp build_sdpa(OpContext& ctx) {
         scores.push_back(L);
         scores.push_back(S);
         if (broadcast_shapes(ctx, scores, tm.shape) != scores) ctx.fail("attn_mask must broadcast to [..., L, S]");
-        mask = ctx.slot("attn_mask");
+        if (!ctx.types_only()) mask = ctx.slot("attn_mask");
         bool_mask = tm.dtype == mil::DType::boolean;
         mask_shape = tm.shape;
     }
+    if (ctx.types_only()) return {tensor_type(tq.dtype, out)};
     const int q = ctx.slot("query"), k = ctx.slot("key"), v = ctx.slot("value"), o = ctx.out_slot();
     const int64_t nb = element_count(batch);
     const bool round = tq.dtype == mil::DType::fp16;

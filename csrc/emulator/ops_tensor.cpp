@@ -3,13 +3,13 @@
 #include <cmath>
 
 #include "emulator/ops.h"
+#include "hardware_limits.h"
 
 namespace orion::emu {
 
 namespace {
 
 BuiltOp build_reshape(OpContext& ctx) {
-    ctx.expect_args({"shape", "x"}, {});
     const mil::Type tx = ctx.type("x");
     Shape shape = ctx.ints("shape");
     int64_t known = 1, infer = -1;
@@ -20,6 +20,9 @@ BuiltOp build_reshape(OpContext& ctx) {
         } else if (shape[i] <= 0) {
             ctx.fail("shape " + shape_str(shape) + " has a non-positive dimension");
         } else {
+            if (known > limits::MAX_ELEMENTS / shape[i])
+                ctx.fail("shape " + shape_str(shape) + " has more than MAX_ELEMENTS (" +
+                         std::to_string(limits::MAX_ELEMENTS) + ") elements");
             known *= shape[i];
         }
     }
@@ -34,6 +37,7 @@ BuiltOp build_reshape(OpContext& ctx) {
     // shapes from their build-time types, and the lane layout (last dimension) is unchanged.
     if (!tx.shape.empty() && !shape.empty() && tx.shape.back() == shape.back())
         return {tensor_type(tx.dtype, shape), nullptr, ctx.slot("x", /*fp16_in_place=*/true)};
+    if (ctx.types_only()) return {tensor_type(tx.dtype, shape)};
     const int x = ctx.slot("x"), o = ctx.out_slot();
     return {tensor_type(tx.dtype, shape), [=](Frame& fr) {
                 fr.values[o].data = fr.values[x].data;
@@ -42,7 +46,6 @@ BuiltOp build_reshape(OpContext& ctx) {
 }
 
 BuiltOp build_transpose(OpContext& ctx) {
-    ctx.expect_args({"perm", "x"}, {});
     const mil::Type tx = ctx.type("x");
     std::vector<int64_t> perm = ctx.ints("perm");
     const int64_t rank = static_cast<int64_t>(tx.shape.size());
@@ -55,6 +58,7 @@ BuiltOp build_transpose(OpContext& ctx) {
     }
     Shape out(static_cast<size_t>(rank));
     for (int64_t i = 0; i < rank; ++i) out[i] = tx.shape[perm[i]];
+    if (ctx.types_only()) return {tensor_type(tx.dtype, out)};
     const auto in_strides = strides_of(tx.shape);
     std::vector<int64_t> src_strides(static_cast<size_t>(rank));  // input stride of each output dim
     for (int64_t i = 0; i < rank; ++i) src_strides[i] = in_strides[perm[i]];
@@ -80,7 +84,6 @@ BuiltOp build_transpose(OpContext& ctx) {
 }
 
 BuiltOp build_cast(OpContext& ctx) {
-    ctx.expect_args({"dtype", "x"}, {});
     const mil::Type tx = ctx.type("x");
     const std::string name = ctx.text("dtype");
     const auto dtype = mil::dtype_from_name(name);
@@ -88,6 +91,7 @@ BuiltOp build_cast(OpContext& ctx) {
         ctx.fail("cannot cast to '" + name + "' (use fp16, fp32, int32, int16, int8, uint16, uint8 or bool)");
     mil::Type type = tx;
     type.dtype = *dtype;
+    if (ctx.types_only()) return {type};
     const int x = ctx.slot("x"), o = ctx.out_slot();
     const mil::DType to = *dtype;
     return {type, [=](Frame& fr) {
@@ -130,7 +134,6 @@ Kernel strided_copy(int x, int o, Shape in_shape, std::vector<int64_t> begin, st
 }
 
 BuiltOp build_slice_by_size(OpContext& ctx) {
-    ctx.expect_args({"begin", "size", "x"}, {});
     const mil::Type tx = ctx.type("x");
     auto begin = ctx.ints("begin");
     auto size = ctx.ints("size");
@@ -145,6 +148,7 @@ BuiltOp build_slice_by_size(OpContext& ctx) {
             ctx.fail("slice begin " + shape_str(ctx.ints("begin")) + " size " + shape_str(ctx.ints("size")) +
                      " is outside x of shape " + shape_str(tx.shape));
     }
+    if (ctx.types_only()) return {tensor_type(tx.dtype, box)};
     const int x = ctx.slot("x"), o = ctx.out_slot();
     const Kernel copy = strided_copy(x, o, tx.shape, begin, std::vector<int64_t>(rank, 1), box);
     const int64_t lane_begin = rank ? begin.back() : 0, lane_size = rank ? box.back() : 1;
@@ -168,7 +172,6 @@ std::vector<bool> bool_mask(OpContext& ctx, const char* arg, size_t rank) {
 }
 
 BuiltOp build_slice_by_index(OpContext& ctx) {
-    ctx.expect_args({"begin", "end", "x"}, {"stride", "begin_mask", "end_mask", "squeeze_mask"});
     const mil::Type tx = ctx.type("x");
     const size_t rank = tx.shape.size();
     auto begin = ctx.ints("begin"), end = ctx.ints("end");
@@ -195,11 +198,11 @@ BuiltOp build_slice_by_index(OpContext& ctx) {
             out.push_back(box[d]);
         }
     }
+    if (ctx.types_only()) return {tensor_type(tx.dtype, out)};
     return {tensor_type(tx.dtype, out), strided_copy(ctx.slot("x"), ctx.out_slot(), tx.shape, begin, stride, box)};
 }
 
 BuiltOp build_concat(OpContext& ctx) {
-    ctx.expect_args({"axis", "values"}, {"interleave"});
     const auto types = ctx.tuple_types("values");
     if (types.empty()) ctx.fail("values must hold at least one tensor");
     const size_t rank = types[0].shape.size();
@@ -221,6 +224,7 @@ BuiltOp build_concat(OpContext& ctx) {
     int64_t outer = 1, inner = 1;
     for (int64_t d = 0; d < axis; ++d) outer *= out[d];
     for (size_t d = static_cast<size_t>(axis) + 1; d < rank; ++d) inner *= out[d];
+    if (ctx.types_only()) return {tensor_type(types[0].dtype, out)};
     const auto slots = ctx.tuple_slots("values");
     const int o = ctx.out_slot();
     return {tensor_type(types[0].dtype, out), [=](Frame& fr) {

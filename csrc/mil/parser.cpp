@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "errors.h"
+#include "hardware_limits.h"
 #include "mil/text.h"
 
 namespace orion::mil {
@@ -310,7 +311,13 @@ class Parser {
         }
         expect(")", "after the function inputs");
         expect("{", "to open the function body");
-        while (!peek_punct("}")) f.body.push_back(statement(variables, op_names));
+        while (!peek_punct("}")) {
+            if (f.body.size() == limits::MAX_OPS)
+                error("function '" + f.name + "' has more than MAX_OPS (" + std::to_string(limits::MAX_OPS) +
+                          ") statements: split the program",
+                      peek());
+            f.body.push_back(statement(variables, op_names));
+        }
         advance();
         take(Token::Kind::arrow, "'->' after the function body");
         expect("(", "before the returned names");
@@ -321,6 +328,23 @@ class Parser {
         expect(")", "after the returned names");
         expect(";", "after the return tuple");
         return f;
+    }
+
+    // Rank and element count within orion::limits (dims are already <= MAX_DIM).
+    void check_shape_limits(const std::vector<int64_t>& shape, const Token& at) {
+        if (shape.size() > limits::MAX_RANK)
+            error("a rank-" + std::to_string(shape.size()) + " shape is over MAX_RANK (" + std::to_string(limits::MAX_RANK) +
+                      "): merge dimensions",
+                  at);
+        int64_t count = 1;
+        for (int64_t d : shape) {
+            if (d == 0) return;
+            if (count > limits::MAX_ELEMENTS / d)
+                error("a shape of more than MAX_ELEMENTS (" + std::to_string(limits::MAX_ELEMENTS) +
+                          ") elements: split the tensor",
+                      at);
+            count *= d;
+        }
     }
 
     bool peek_type() const {
@@ -347,18 +371,22 @@ class Parser {
         expect(",", "after the tensor dtype");
         expect("[", "to open the tensor shape");
         std::vector<int64_t> shape;
+        const Token& open = peek();
         if (!peek_punct("]")) {
             do {
                 const Token& dim = peek();
                 int64_t d = 0;
                 auto [end, ec] = std::from_chars(dim.text.data(), dim.text.data() + dim.text.size(), d);
                 if (dim.kind != Token::Kind::number || ec != std::errc() || end != dim.text.data() + dim.text.size() ||
-                    d < 0 || d > INT32_MAX)
+                    d < 0)
                     fail("a non-negative integer dimension", dim);
+                if (d > limits::MAX_DIM)
+                    error("dimension " + dim.text + " is over MAX_DIM (" + std::to_string(limits::MAX_DIM) + ")", dim);
                 shape.push_back(d);
                 advance();
             } while (accept(","));
         }
+        check_shape_limits(shape, open);
         expect("]", "to close the tensor shape");
         expect(">", "after the tensor shape");
         return Type::tensor(dtype, std::move(shape));
@@ -555,6 +583,11 @@ class Parser {
 
 }  // namespace
 
-Program parse(std::string_view text) { return Parser(text).program(); }
+Program parse(std::string_view text) {
+    if (text.size() > limits::MAX_MIL_TEXT_BYTES)
+        throw CompileError("the MIL text is " + std::to_string(text.size()) + " bytes, over MAX_MIL_TEXT_BYTES (" +
+                           std::to_string(limits::MAX_MIL_TEXT_BYTES) + "): split the program");
+    return Parser(text).program();
+}
 
 }  // namespace orion::mil

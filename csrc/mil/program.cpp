@@ -1,5 +1,8 @@
 #include "mil/program.h"
 
+#include "errors.h"
+#include "hardware_limits.h"
+
 #include <cmath>
 
 namespace orion::mil {
@@ -67,7 +70,13 @@ std::optional<DType> dtype_from_name(const std::string& name) {
 
 int64_t Type::element_count() const {
     int64_t n = 1;
-    for (int64_t d : shape) n *= d;
+    for (int64_t d : shape) {
+        if (d == 0) return 0;
+        if (d < 0 || n > limits::MAX_ELEMENTS / d)
+            throw CompileError(str() + " has more than MAX_ELEMENTS (" + std::to_string(limits::MAX_ELEMENTS) +
+                               ") elements: split the tensor");
+        n *= d;
+    }
     return n;
 }
 

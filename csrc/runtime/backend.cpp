@@ -39,6 +39,38 @@ std::string host_platform() {
 }
 }  // namespace
 
+void LoadedProgram::evaluate(const Bindings& inputs, const Bindings& outputs, const LiveLanes& live) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!loaded_) throw EvaluateError("the program was unloaded; compile it again");
+    check_live_lanes(inputs_, live);
+    if (!fault_injected("skip_binding_checks")) check_bindings(inputs_, inputs, outputs_, outputs, min_surface_bytes_);
+    for (const auto* side : {&inputs, &outputs})
+        for (const auto& [name, surface] : *side)
+            if (surface && surface->locked())
+                throw EvaluateError("'" + name + "' is locked: unlock surfaces before evaluate "
+                                    "(never hold a lock across an evaluate)");
+    run(inputs, outputs, live);
+}
+
+void LoadedProgram::unload() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!loaded_) return;
+    struct MarkUnloaded {
+        bool& loaded;
+        ~MarkUnloaded() { loaded = false; }
+    } mark{loaded_};
+    release();
+}
+
+std::unique_ptr<LoadedProgram> LoadedProgram::with_weights(const WeightFiles& weights) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!loaded_) throw CompileError("with_weights: the program was unloaded; compile it again");
+    for (const auto& [key, bytes] : weights) weight_file_relpath(key);
+    auto program = reload(weights);
+    program->set_min_surface_bytes(min_surface_bytes_);
+    return program;
+}
+
 void register_backend(const Backend& backend) {
     std::lock_guard<std::mutex> lock(g_mutex);
     auto& r = registry();
@@ -88,10 +120,12 @@ Selection current_selection() {
     requested.erase(0, requested.find_first_not_of(" \t"));
     requested.erase(requested.find_last_not_of(" \t") + 1);
     std::transform(requested.begin(), requested.end(), requested.begin(), [](unsigned char c) { return std::tolower(c); });
-    Selection s = select_backend(requested, statuses, host_platform());
-    const SurfaceAllocator* alloc = find_backend(s.name).surfaces();
-    set_default_surface_allocator(alloc);
-    return s;
+    return select_backend(requested, statuses, host_platform());
+}
+
+const SurfaceAllocator& surface_allocator(const std::string& backend) {
+    const SurfaceAllocator* alloc = find_backend(backend).surfaces();
+    return alloc ? *alloc : host_allocator();
 }
 
 }  // namespace orion::runtime

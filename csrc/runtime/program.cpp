@@ -1,6 +1,7 @@
 #include "runtime/program.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 
 #include "errors.h"
@@ -14,6 +15,22 @@ Profile profile_from_name(const std::string& name) {
 }
 
 namespace {
+// `text` with control characters written as \xNN, for messages.
+std::string printable(const std::string& text) {
+    static const char* hex = "0123456789abcdef";
+    std::string out;
+    for (unsigned char c : text) {
+        if (c >= 0x20 && c != 0x7f) {
+            out += static_cast<char>(c);
+        } else {
+            out += "\\x";
+            out += hex[c >> 4];
+            out += hex[c & 15];
+        }
+    }
+    return out;
+}
+
 std::vector<TensorSpec> sorted(std::vector<TensorSpec> specs) {
     std::sort(specs.begin(), specs.end(), [](const TensorSpec& a, const TensorSpec& b) { return a.name < b.name; });
     return specs;
@@ -21,9 +38,14 @@ std::vector<TensorSpec> sorted(std::vector<TensorSpec> specs) {
 
 void check_side(const char* side, const std::vector<TensorSpec>& specs, const Bindings& given,
                 std::set<const Surface*>& seen, size_t min_bytes) {
-    if (given.size() != specs.size())
-        throw EvaluateError(std::string("expected ") + std::to_string(specs.size()) + " " + side + " surfaces, got " +
-                            std::to_string(given.size()));
+    if (given.size() != specs.size()) {
+        std::string expected, got;
+        for (const auto& s : specs) expected += (expected.empty() ? "'" : ", '") + s.name + "'";
+        for (const auto& g : given) got += (got.empty() ? "'" : ", '") + g.first + "'";
+        throw EvaluateError(std::string("expected ") + std::to_string(specs.size()) + " " + side + " surfaces (" +
+                            expected + "), got " + std::to_string(given.size()) + (got.empty() ? "" : " (" + got + ")") +
+                            ": bind one surface per " + side + " name");
+    }
     size_t common_size = 0;
     for (size_t i = 0; i < specs.size(); ++i) {
         const auto& [name, surface] = given[i];
@@ -76,6 +98,18 @@ std::vector<TensorSpec> sorted_outputs(const mil::Function& fn) {
     return sorted(std::move(specs));
 }
 
+bool fault_injected(const char* name) {
+#ifdef ORION_ANE_FAULT_INJECTION
+    const char* env = std::getenv("ORION_ANE_FAULT");
+    if (!env) return false;
+    const std::string list = std::string(",") + env + ",";
+    return list.find(std::string(",") + name + ",") != std::string::npos;
+#else
+    (void)name;
+    return false;
+#endif
+}
+
 void check_live_lanes(const std::vector<TensorSpec>& inputs, const LiveLanes& live) {
     for (const auto& [name, lanes] : live) {
         auto spec = std::find_if(inputs.begin(), inputs.end(), [&](const TensorSpec& s) { return s.name == name; });
@@ -100,6 +134,11 @@ std::string weight_file_relpath(const std::string& key) {
     if (key.compare(0, prefix.size(), prefix) != 0)
         throw ConstraintError(constraints::WEIGHT_PATHS,
                               "weight path '" + key + "' must start with '@model_path/' (e.g. @model_path/weights/w.bin)");
+    for (unsigned char c : key)
+        if (c < 0x20 || c == 0x7f)
+            throw ConstraintError(constraints::WEIGHT_PATHS,
+                                  "weight path '" + printable(key) + "' contains a control character (byte " +
+                                      std::to_string(c) + "): use printable file names");
     const std::string rel = key.substr(prefix.size());
     if (rel.empty() || rel.front() == '/' || rel.back() == '/')
         throw ConstraintError(constraints::WEIGHT_PATHS, "weight path '" + key + "' must name a file under @model_path/");

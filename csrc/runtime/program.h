@@ -1,9 +1,11 @@
-// A compiled and loaded program, whatever backend runs it, and the binding rules both backends
-// share: which surface goes to which MIL parameter, and the size rules the ANE imposes on them.
+// What a compiled program binds and the rules both backends share: which surface goes to which MIL
+// parameter, the size rules the ANE imposes on them, and the weight dictionary's keys. The program
+// itself (runtime::LoadedProgram) is the backend interface, in runtime/backend.h.
 #pragma once
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -36,30 +38,12 @@ enum class Profile {
 };
 Profile profile_from_name(const std::string& name);
 
-class LoadedProgram {
-public:
-    virtual ~LoadedProgram() = default;
-    // Inputs and outputs in binding order: alphabetical by name (FACTS section 3).
-    const std::vector<TensorSpec>& inputs() const { return inputs_; }
-    const std::vector<TensorSpec>& outputs() const { return outputs_; }
-    // Runs the program once, synchronously. `inputs`/`outputs` must be in binding order.
-    virtual void evaluate(const Bindings& inputs, const Bindings& outputs, const LiveLanes& live = {}) = 0;
-    virtual void unload() = 0;
-    virtual bool loaded() const = 0;
-    // A program of the same MIL with new weight files, without compiling (no compile is counted):
-    // the emulator re-bakes, the ANE loads through the patch path (FACTS section 6). Every BLOBFILE
-    // path of the MIL must be given again. This program stays loaded.
-    virtual std::unique_ptr<LoadedProgram> with_weights(const WeightFiles& weights) = 0;
-    virtual const char* backend() const = 0;
-
-    // The smallest surface evaluate accepts: the conservative 49,152 bytes (ANE-12) unless a probe
-    // report proved a smaller size works on this machine (orion.probes).
-    size_t min_surface_bytes() const { return min_surface_bytes_; }
-    void set_min_surface_bytes(size_t bytes) { min_surface_bytes_ = bytes; }
-
-protected:
-    std::vector<TensorSpec> inputs_, outputs_;
-    size_t min_surface_bytes_ = limits::MIN_SURFACE_BYTES;
+// What a compile is asked for, besides the text and its weights.
+struct CompileOptions {
+    Profile profile = Profile::hardware;
+    // Disputed ops (mil/op_table.h) a probe report proved on this machine; refused otherwise
+    // under the hardware profile (ANE-35).
+    std::set<std::string> relaxed_ops;
 };
 
 // Binding order of a function's I/O: parameters and returned names sorted by name.
@@ -75,6 +59,11 @@ void check_live_lanes(const std::vector<TensorSpec>& inputs, const LiveLanes& li
 void check_bindings(const std::vector<TensorSpec>& inputs, const Bindings& in_surfaces,
                     const std::vector<TensorSpec>& outputs, const Bindings& out_surfaces,
                     size_t min_surface_bytes = limits::MIN_SURFACE_BYTES);
+
+// Harness builds only (ORION_ANE_FAULT_INJECTION): whether ORION_ANE_FAULT=name[,name] names this
+// fault, so the harness can show the stand-in framework catches what the client failed to check.
+// Always false in other builds.
+bool fault_injected(const char* name);
 
 // Checks the weight dictionary keys (ANE-34): relative `@model_path/` paths, no '..', and
 // returns the file name each key is written to under the model directory.

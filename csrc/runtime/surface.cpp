@@ -1,6 +1,5 @@
 #include "runtime/surface.h"
 
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -33,16 +32,9 @@ void* view_create(size_t, uint8_t** base) {
 }
 void view_destroy(void*) {}
 const SurfaceAllocator kView{"view", view_create, view_destroy, host_lock, host_unlock};
-std::atomic<const SurfaceAllocator*> g_default{&kHost};
 }  // namespace
 
 const SurfaceAllocator& host_allocator() { return kHost; }
-
-void set_default_surface_allocator(const SurfaceAllocator* allocator) { g_default = allocator ? allocator : &kHost; }
-
-const SurfaceAllocator& default_surface_allocator() { return *g_default.load(); }
-
-Surface::Surface(size_t bytes) : Surface(bytes, default_surface_allocator()) {}
 
 Surface::Surface(size_t bytes, const SurfaceAllocator& allocator) : allocator_(&allocator), size_(bytes) {
     handle_ = allocator_->create(bytes, &data_);

@@ -2,8 +2,8 @@
 // (IOSurfaces on the ANE, FACTS section 3). A tensor of the MIL-declared shape is stored packed
 // from offset 0; the rest of the surface is padding the hardware ignores.
 //
-// Memory comes from a SurfaceAllocator: host memory by default, IOSurfaces when the ane backend
-// is in use (it installs its allocator, see ane_client.h). Either kind works with the emulator;
+// Memory comes from the SurfaceAllocator each surface is created with: host memory, or IOSurfaces
+// for the ane backend (Backend::surfaces, see ane_client.h). Either kind works with the emulator;
 // the ane backend needs its own kind. CPU access goes through lock()/unlock() (FACTS section 3:
 // lock, copy, unlock; never hold a lock across an evaluate).
 #pragma once
@@ -27,14 +27,10 @@ struct SurfaceAllocator {
 };
 
 const SurfaceAllocator& host_allocator();
-// The allocator new surfaces use. nullptr restores host memory.
-void set_default_surface_allocator(const SurfaceAllocator* allocator);
-const SurfaceAllocator& default_surface_allocator();
 
 class Surface {
 public:
-    explicit Surface(size_t bytes);  // zero-filled, with the default allocator
-    Surface(size_t bytes, const SurfaceAllocator& allocator);
+    Surface(size_t bytes, const SurfaceAllocator& allocator);  // zero-filled
     // A non-owning surface over memory someone else owns (the harness's stand-in framework).
     static std::unique_ptr<Surface> view(uint8_t* data, size_t bytes);
     ~Surface();

@@ -24,7 +24,7 @@ from orion.passes import PassContext, PipelineReport, run_pipeline
 from orion.runtime.packing import packed_view
 
 _NUMPY_DTYPES = {"fp16": np.float16, "fp32": np.float32}
-_PROGRAMS: dict[tuple[str, str], Any] = {}  # (content hash, profile) -> orion.Program
+_PROGRAMS: dict[tuple[str, str, tuple[str, ...]], Any] = {}  # (content hash, profile, relaxed ops) -> Program
 
 
 @dataclass(frozen=True)
@@ -115,17 +115,18 @@ class CompiledGraph:
         return self.unpack_outputs(self.program(**self.pack_inputs(arrays)))
 
 
-def compile_lowered(lowered: Lowered, *, profile: str = "hardware", min_surface_bytes: int | None = None) -> CompiledGraph:
+def compile_lowered(lowered: Lowered, *, profile: str = "hardware", min_surface_bytes: int | None = None,
+                    relaxed_ops: tuple[str, ...] = ()) -> CompiledGraph:
     """Compile an already lowered program; identical content is compiled once per process (and again
     if that program was unloaded). Programs of identical content are shared: unloading one unloads
     it for every holder. ``min_surface_bytes``: a smaller surface minimum a probe report proved
-    (see ``compile_graph``)."""
+    and ``relaxed_ops``: disputed ops (ANE-35) a probe report proved on this machine (see ``compile_graph``)."""
     import orion
 
-    key = (lowered.content_hash, profile)
+    key = (lowered.content_hash, profile, tuple(sorted(relaxed_ops)))
     if key not in _PROGRAMS or not _PROGRAMS[key].loaded:
         _PROGRAMS[key] = orion.compile(lowered.mil, lowered.weights, profile=profile,
-                                       min_surface_bytes=min_surface_bytes)
+                                       min_surface_bytes=min_surface_bytes, relaxed_ops=relaxed_ops)
     return CompiledGraph(lowered, _PROGRAMS[key])
 
 
@@ -135,7 +136,7 @@ def compile_graph(graph: Graph, *, io_dtype: str = "fp16", profile: str = "hardw
 
     ``probe_report``: a saved ``python -m orion doctor --probe`` report (path) or the
     :class:`orion.probes.Relaxations` of one; conservative rules it proved safe on this machine are
-    relaxed (today: a smaller minimum surface size)."""
+    relaxed (a smaller minimum surface size, disputed ops that compiled and ran here)."""
     from orion import probes
 
     relax = probes.load_report(probe_report) if isinstance(probe_report, (str, bytes)) or hasattr(probe_report, "__fspath__") \
@@ -144,4 +145,5 @@ def compile_graph(graph: Graph, *, io_dtype: str = "fp16", profile: str = "hardw
                           min_surface_bytes=relax.min_surface_bytes or MIN_SURFACE_BYTES)
     if verbose:
         print(f"graph '{graph.name}' ({lowered.content_hash[:12]}):\n{lowered.report}")
-    return compile_lowered(lowered, profile=profile, min_surface_bytes=relax.min_surface_bytes)
+    return compile_lowered(lowered, profile=profile, min_surface_bytes=relax.min_surface_bytes,
+                           relaxed_ops=relax.ops)

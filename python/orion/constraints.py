@@ -134,8 +134,8 @@ CATALOG: tuple[Constraint, ...] = (
     Constraint("ANE-34", "crash", "[O]",
                RUNTIME + " + " + LEGALIZED, "runtime compile validates keys; orion.emit names "
                "@model_path/weights/<node>.bin", "tests/compiler/test_lowering.py::test_weights_one_file_offset_64"),
-    Constraint("ANE-35", "compile fail", "[M][E]", REJECTED, "orion.graph has no quantized ops; legalize emits fp16 only",
-               "tests/compiler/test_catalog.py::test_ane35_no_quantized_ops"),
+    Constraint("ANE-35", "compile fail", "[M][E]", REJECTED, "disputed ops in csrc/mil/op_table.h, refused unless relaxed_ops",
+               "tests/test_rules.py::test_ane35_quantized_ops_are_refused_unless_a_probe_relaxed_them"),
     Constraint("ANE-36", "eval fail", "[M]",
                RUNTIME, "runtime.ane_plan.load_with_retry (ane_client.mm load)",
                "tests/harness/test_harness.py::test_ane36_load_is_retried_once_after_100ms"),

@@ -179,6 +179,21 @@ def _patch_path(backend: str) -> tuple[str, str]:
     return ("works", "outputs follow the new weights without a compile") if ok else ("wrong_data", "stale weights")
 
 
+QUANTIZED_OPS = ("quantize", "dequantize")
+"""The disputed ops (ANE-35) the quantize probe settles; constexpr_affine_dequantize is not probed."""
+
+
+def _quantized_ops(backend: str) -> tuple[str, str]:
+    s = (1, 64, 1, 64)
+    x = _rng_input(s)
+    mil = _mil({"x": s}, [_const("sc", "fp16", "0.03125"), _const("zp", "int8", "0"), _const("dt", "string", '"int8"'),
+                          (f'{_t(s, "int8")} q = quantize(input=x, output_dtype=dt, scale=sc, zero_point=zp)'
+                           '[name=string("q")];'),
+                          _op("y", s, "dequantize", input="q", scale="sc", zero_point="zp")], ["y"])
+    want = np.clip(np.round(x.astype(np.float32) / 0.03125), -128, 127) * 0.03125
+    return _attempt(mil, {"x": x}, {"y": want}, backend)
+
+
 def _not_probed(reason: str) -> Callable[[str], tuple[str, str]]:
     return lambda backend: ("not_probed", reason)
 
@@ -196,6 +211,8 @@ PROBES: tuple[Probe, ...] = (
           _patch_path),
     Probe("weight_reload_in_place", "ANE-24", "does overwriting weight files and unload/load change outputs?",
           _not_probed("needs direct access to the model directory; Orion never reloads in place")),
+    Probe("quantized_ops", "ANE-35", "do quantize and dequantize (int8, scalar scale) compile and run?",
+          _quantized_ops, relaxes="relaxed_ops=" + ",".join(QUANTIZED_OPS)),
     Probe("fusion_depth", "ANE-09", "how many fused layers compile?",
           _not_probed("needs a layer-sized program; run the GPT-2 fusion sweep instead")),
 )
@@ -233,6 +250,8 @@ class Relaxations:
     """Conservative rules a probe report proved safe on this machine (None: keep the conservative rule)."""
 
     min_surface_bytes: int | None = None
+    ops: tuple[str, ...] = ()
+    """Disputed ops (ANE-35) proved to compile and run here: pass as ``orion.compile(..., relaxed_ops=ops)``."""
     source: str = ""
 
 
@@ -248,8 +267,10 @@ def relaxations(report: dict[str, Any], *, require_same_machine: bool = True) ->
     if require_same_machine and any(report.get(k) != here[k] for k in ("chip", "os", "machine")):
         return Relaxations(source=f"report from {report.get('chip')} / {report.get('os')}, not this machine: "
                                   "nothing is relaxed")
-    small = report.get("probes", {}).get("surface_8k", {}).get("outcome") == "works"
-    return Relaxations(min_surface_bytes=8192 if small else None,
+    probes = report.get("probes", {})
+    small = probes.get("surface_8k", {}).get("outcome") == "works"
+    quantized = probes.get("quantized_ops", {}).get("outcome") == "works"
+    return Relaxations(min_surface_bytes=8192 if small else None, ops=QUANTIZED_OPS if quantized else (),
                        source=f"ane probe report, {report.get('chip')} / {report.get('os')}")
 
 

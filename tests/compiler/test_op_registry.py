@@ -69,7 +69,6 @@ SAMPLES: dict[str, Callable[[Graph, Node, Node], Node]] = {
 LEGALIZATION_TARGETS = {"conv": "linear", "slice_by_size": "slice"}
 ALL_OPS = sorted(ops.REGISTRY.ops)
 NOT_ALLOWED = sorted(name for name, m in ops.REGISTRY.mil_ops().items() if m.status != ops.ALLOWED)
-HAS_OP_TABLE = hasattr(_core, "op_table")
 
 
 def sample(op: str) -> tuple[Graph, Node]:
@@ -176,11 +175,7 @@ def banned_program(name: str) -> str:
     return orion.mil.emit(p)
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(
-        not HAS_OP_TABLE and ops.REGISTRY.mil_ops()[n].status == ops.DISPUTED, strict=True,
-        reason="the hardware profile still compiles the quantize ops (ANE-35); fixed with the C++ op table"))
-    for n in NOT_ALLOWED])
+@pytest.mark.parametrize("name", NOT_ALLOWED)
 def test_not_allowed_mil_op_raises_its_constraint_id(name: str) -> None:
     cid = ops.REGISTRY.mil_ops()[name].constraint
     with pytest.raises(ConstraintError) as err:
@@ -188,8 +183,6 @@ def test_not_allowed_mil_op_raises_its_constraint_id(name: str) -> None:
     assert err.value.constraint == cid and name in str(err.value)
 
 
-@pytest.mark.skipif(not HAS_OP_TABLE, reason="orion._core.op_table() lands with the C++ op table (issue 8); "
-                    "un-skip at merge")
 def test_python_registry_agrees_with_the_cpp_op_table() -> None:
     cpp = {row["name"]: row for row in _core.op_table()}
     python = {name: m.row() for name, m in ops.REGISTRY.mil_ops().items()}

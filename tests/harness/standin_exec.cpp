@@ -16,7 +16,9 @@ Program* build(std::string_view mil, const std::vector<std::pair<std::string, st
         orion::runtime::WeightFiles files;
         for (const auto& [key, bytes] : weights) files[key] = bytes;
         auto p = std::make_unique<Program>();
-        p->program = orion::emu::build(mil, files, orion::runtime::Profile::permissive);
+        orion::runtime::CompileOptions options;
+        options.profile = orion::runtime::Profile::permissive;
+        p->program = orion::emu::build(mil, files, options);
         p->program->set_min_surface_bytes(0);
         return p.release();
     } catch (const std::exception& e) {

@@ -35,7 +35,7 @@ def _emit_conv(e: Emitter, n: Node, out: str, refs: list[str]) -> list[tuple[str
 
 define(OpDef("conv", (Operand("x"), Operand("weight", CONST)), _infer_conv,
              lambda xs, a: np.einsum("oc,bcis->bois", xs[1][:, :, 0, 0], xs[0]),
-             emit=_emit_conv, mil=MilOp("conv", CONV_ARGS),
+             emit=_emit_conv, mil=MilOp("conv", CONV_ARGS, ("bias",)),  # bias= is MIL's, refused by ANE-04
              doc="1x1 convolution of [1, Cin, 1, S] by a const [Cout, Cin, 1, 1] weight"))
 
 

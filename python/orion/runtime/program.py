@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import threading
-from typing import Mapping, NamedTuple
+from typing import Iterable, Mapping, NamedTuple
 
 import numpy as np
 
 from orion import _core
 from orion.runtime.backend import backend
 from orion.runtime.dtypes import numpy_dtype
-from orion.errors import EvaluateError
+from orion.errors import CompileError, EvaluateError
 from orion.runtime.surface import Surface
 
 
@@ -178,6 +178,7 @@ def compile(  # noqa: A001 - mirrors the ANE API's verb
     *,
     profile: str = "hardware",
     min_surface_bytes: int | None = None,
+    relaxed_ops: Iterable[str] = (),
 ) -> Program:
     """Compiles and loads MIL text.
 
@@ -185,9 +186,16 @@ def compile(  # noqa: A001 - mirrors the ANE API's verb
     to the whole file's bytes; they are baked in, later changes to the buffers change nothing.
     ``profile="permissive"`` lifts the ANE's op and form bans (experiments only). Counts one
     compile toward the per-process budget. ``min_surface_bytes`` lowers the surface minimum below the
-    conservative 49,152 bytes; only pass what a probe report proved (``orion.probes``).
+    conservative 49,152 bytes; only pass what a probe report proved (``orion.probes``). ``relaxed_ops``
+    names disputed ops (``_core.op_table()`` status ``"disputed"``, e.g. ``quantize``, ANE-35) that a probe
+    report proved on this machine (``orion.probes.Relaxations.ops``); the hardware profile refuses them
+    otherwise.
     """
+    if isinstance(relaxed_ops, str):
+        raise CompileError(f"relaxed_ops must be a collection of op names, not the string {relaxed_ops!r}: "
+                           f"write relaxed_ops=({relaxed_ops!r},)")
     text = mil.encode("utf-8") if isinstance(mil, str) else bytes(mil)
     backend()  # selects the backend (and its surface kind), warns once about a fallback
-    native = _core.compile(text, dict(weights or {}), profile, min_surface_bytes=min_surface_bytes or 0)
+    native = _core.compile(text, dict(weights or {}), profile, min_surface_bytes=min_surface_bytes or 0,
+                           relaxed_ops=sorted(relaxed_ops))
     return Program(native, {name: dtype for name, _, dtype in native.inputs + native.outputs})

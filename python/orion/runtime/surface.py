@@ -13,6 +13,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from orion import _core
+from orion.runtime.backend import backend
 from orion.runtime.dtypes import numpy_dtype
 from orion.limits import MIN_SURFACE_BYTES
 
@@ -34,11 +35,9 @@ class Surface:
             nbytes = max(needed, MIN_SURFACE_BYTES)
         if nbytes < needed:
             raise ValueError(f"a surface for {dtype} {list(self.shape)} needs {needed} bytes, got nbytes={nbytes}")
-        try:
-            _core.backend_selection()  # surfaces are IOSurfaces under the ane backend, host memory otherwise
-        except Exception:  # a bad ORION_BACKEND is reported by orion.backend() and orion.compile
-            pass
-        self.native = _core.Surface(nbytes)
+        # The allocator is the selected backend's (IOSurfaces under the ane backend, host memory
+        # otherwise); a bad ORION_BACKEND raises here as it does in orion.compile.
+        self.native = _core.Surface(nbytes, backend())
         self.array: np.ndarray = np.frombuffer(self.native, dtype=np_dtype, count=count).reshape(self.shape)
         """Writable view of the tensor, packed from offset 0 (no copy). Under the ane backend, bracket
         direct access with :meth:`cpu_access` (``write``/``read`` do it for you)."""

@@ -1,43 +1,33 @@
-#include "emulator/validate.h"
+#include "frontend/rules.h"
 
 #include <map>
 #include <set>
 
 #include "errors.h"
+#include "frontend/frontend.h"
 #include "hardware_limits.h"
+#include "mil/op_table.h"
 
-namespace orion::emu {
+namespace orion::frontend {
 
 namespace {
 
-std::string where(const mil::Operation& op) {
-    std::string w = "op '" + op.name + "' (" + op.op + ")";
-    return op.loc.line > 0 ? "line " + std::to_string(op.loc.line) + ": " + w : w;
-}
-
-// Ops the emulator runs but the ANE compiler rejects, with the rewrite that replaces each.
-const std::map<std::string, std::pair<constraints::Constraint, const char*>>& banned_ops() {
-    static const std::map<std::string, std::pair<constraints::Constraint, const char*>> banned = {
-        {"concat", {constraints::CONCAT, "return the parts as separate outputs"}},
-        {"gelu", {constraints::GELU, "use 0.5*x*(1+tanh(0.7978845608*(x+0.044715*x^3)))"}},
-        {"rsqrt", {constraints::SQRT, "use pow(x, -0.5) with a named fp16 const"}},
-        {"sqrt", {constraints::SQRT, "use pow(x, 0.5) with a named fp16 const"}},
-        {"reduce_mean", {constraints::REDUCE_MEAN, "use reduce_sum then mul by a 1/N const"}},
-        {"scaled_dot_product_attention", {constraints::SDPA, "write matmul, mul by scale, add a causal mask, softmax, matmul"}},
-        {"slice_by_index", {constraints::SLICE_BY_INDEX, "use slice_by_size"}},
-        {"real_div", {constraints::REAL_DIV, "mul by a reciprocal const (or pow(y, -1))"}},
-        {"layer_norm", {constraints::LAYER_NORM, "decompose into reduce_sum, sub, mul, pow, add"}},
-    };
-    return banned;
-}
-
 bool is_power_of_two(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
+// The op's status in the op table: banned ops always refused, disputed ones unless relaxed.
+void check_status(const mil::Operation& op, const std::set<std::string>& relaxed_ops) {
+    const mil::OpSpec* spec = mil::find_op_spec(op.op);
+    if (!spec || spec->status == mil::OpStatus::allowed) return;
+    if (spec->status == mil::OpStatus::banned)
+        throw ConstraintError(*spec->constraint, where(op) + " is not accepted by the ANE compiler: " + spec->fix);
+    if (!relaxed_ops.count(op.op))
+        throw ConstraintError(*spec->constraint, where(op) + " works on some ANE generations and fails to compile on "
+                                                 "others; " + spec->fix + " (orion.probes.Relaxations.ops)");
+}
+
 void check_op(const mil::Operation& op, const std::map<std::string, const mil::Operation*>& consts,
-              const std::map<std::string, mil::Type>& types) {
-    auto banned = banned_ops().find(op.op);
-    if (banned != banned_ops().end())
-        throw ConstraintError(banned->second.first, where(op) + " is not accepted by the ANE compiler: " + banned->second.second);
+              const std::map<std::string, mil::Type>& types, const std::set<std::string>& relaxed_ops) {
+    check_status(op, relaxed_ops);
     for (const auto& a : op.args)
         if (a.kind == mil::Argument::Kind::literal)
             throw ConstraintError(constraints::INLINE_LITERAL,
@@ -46,7 +36,7 @@ void check_op(const mil::Operation& op, const std::map<std::string, const mil::O
     if (op.op == "conv") {
         if (op.arg("bias"))
             throw ConstraintError(constraints::CONV_BIAS, where(op) + " has bias=; drop it and add the bias with an add op");
-        for (const char* required : {"dilations", "groups", "pad", "pad_type", "strides", "weight", "x"})
+        for (const std::string& required : mil::find_op_spec("conv")->required)
             if (!op.arg(required))
                 throw ConstraintError(constraints::CONV_FORM, where(op) + " lacks '" + required +
                                                                   "': give all of dilations, groups, pad, pad_type, strides, weight, x");
@@ -81,7 +71,8 @@ void check_op(const mil::Operation& op, const std::map<std::string, const mil::O
 
 }  // namespace
 
-void check_hardware_rules(const mil::Function& fn, runtime::Profile profile) {
+void check_hardware_rules(const mil::Function& fn, const runtime::CompileOptions& options) {
+    const runtime::Profile profile = options.profile;
     std::map<std::string, const mil::Operation*> consts;
     std::map<std::string, mil::Type> types;
     std::set<std::string> computed;
@@ -93,7 +84,7 @@ void check_hardware_rules(const mil::Function& fn, runtime::Profile profile) {
             continue;
         }
         computed.insert(op.output);
-        if (profile == runtime::Profile::hardware) check_op(op, consts, types);
+        if (profile == runtime::Profile::hardware) check_op(op, consts, types, options.relaxed_ops);
     }
     for (const auto& name : fn.outputs)
         if (!computed.count(name))
@@ -112,4 +103,4 @@ void check_hardware_rules(const mil::Function& fn, runtime::Profile profile) {
     for (const auto& name : fn.outputs) check_lanes(name, types.at(name), "output");
 }
 
-}  // namespace orion::emu
+}  // namespace orion::frontend

@@ -48,9 +48,10 @@ START_NEW_TOKENS = 32  # tokens the warm-start process generates before it repor
 MiB = 1 << 20
 
 # Largest |logit - transformers fp32 logit| allowed, as a fraction of max |transformers logit|.
-# Orion computes in fp16 (its own GPT-2 test allows 0.03); llama.cpp's f32 file differs by
-# accumulation order only; f16 and q8_0 round the weights.
-CHECK_TOLERANCE = {"orion": 0.03, "llama.cpp-f32": 1e-4, "llama.cpp-f16": 0.01, "llama.cpp-q8_0": 0.03}
+# Orion computes in fp16 (its own GPT-2 test allows 0.03). llama.cpp's f32 file still keeps its
+# KV cache in f16 (its default) and evaluates GELU from an fp16 table: 6e-4 measured on 124M;
+# f16 weights: 1e-3, q8_0: 2e-2. A transposed attention projection gives 0.11 on the tiny model.
+CHECK_TOLERANCE = {"orion": 0.03, "llama.cpp-f32": 3e-3, "llama.cpp-f16": 0.01, "llama.cpp-q8_0": 0.05}
 
 
 @dataclass(frozen=True)
@@ -571,7 +572,8 @@ def report(result: dict[str, Any], setup: Setup) -> str:
                      f"{result['orion_cache_empty_at_start']}); in later passes it reads the program cache")
     lines.append("settings: transformers fp32 GPT2LMHeadModel, torch threads as above, logits of the last position "
                  f"only; llama.cpp n_ctx = n_batch = {prep['n_positions']}, n_ubatch default, flash_attn "
-                 f"{'on' if result['flash_attn'] else 'off'}, mmap on")
+                 f"{'on (llama.cpp default: auto)' if result['flash_attn'] else 'off (--no-flash-attn)'}, mmap on, "
+                 f"KV cache f16 (default)")
     lines += [f"note: {n}" for n in result["notes"]]
     return "\n".join(lines)
 
@@ -623,7 +625,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated subset of {','.join(ENGINES)}")
     parser.add_argument("--threads", type=int, default=2, help="threads for every engine (default 2)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--flash-attn", action="store_true", help="llama.cpp with flash attention")
+    parser.add_argument("--no-flash-attn", dest="flash_attn", action="store_false",
+                        help="llama.cpp without flash attention (llama-cpp-python's default; llama.cpp's own "
+                             "default, auto, turns it on for the CPU)")
     parser.add_argument("--check", action="store_true", help="verify the engines' logits instead of timing")
     parser.add_argument("--profile", action="store_true", help="also profile one warm Orion prefill (cProfile)")
     parser.add_argument("--json", metavar="PATH", help="write every figure to PATH")

@@ -11,8 +11,8 @@ interleaved (A, B, C, A, B, C, ...). Per pass and engine:
 
 - a workload process: load; prefill at each length (the first call timed apart: for Orion it
   compiles the length's bucket, or reads it from the program cache after the first pass; then the
-  median of the warm repeats); greedy decode (``--new-tokens`` after a 16-token prompt: tok/s
-  over the steps after the first token); its peak RSS (VmHWM).
+  median of the warm repeats); greedy decode of 128 new tokens after a 16-token prompt (tok/s
+  over the steps after the first token, and the median ms per step); its peak RSS (VmHWM).
 - a warm-start process, right after it (OS page cache and Orion's program cache warm): seconds
   from process start to the first generated token of the 16-token prompt, then 32 new tokens in
   all, and its peak RSS.
@@ -23,6 +23,7 @@ the decode roofline for fp16 weights. ``--check`` verifies instead that every en
 with transformers fp32 (teacher-forced: a prefill, then decode steps) within stated tolerances.
 
     python benchmarks/bench_peers.py [--passes 3] [--quick] [--json out.json] [--check] [--profile]
+                                     [--engines orion,transformers,...] [--threads 2] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -202,22 +203,21 @@ def timed(call: Callable[..., Any], *args: Any) -> tuple[Any, float]:
     return out, time.perf_counter() - start
 
 
-def greedy(engine, prompt: list[int], new_tokens: int) -> tuple[list[int], list[float], float]:
-    """(tokens, seconds per decode step, prefill seconds) of a greedy generation."""
+def greedy(engine, prompt: list[int], new_tokens: int) -> tuple[list[int], list[float]]:
+    """(tokens, seconds per decode step) of a greedy generation; the first token comes from the prefill."""
     import numpy as np
 
-    logits, prefill_s = timed(engine.prefill, prompt)
-    tokens, steps = [int(np.argmax(logits))], []
+    tokens, steps = [int(np.argmax(engine.prefill(prompt)))], []
     for _ in range(new_tokens - 1):
         start = time.perf_counter()
         tokens.append(int(np.argmax(engine.decode_step(tokens[-1]))))
         steps.append(time.perf_counter() - start)
-    return tokens, steps, prefill_s
+    return tokens, steps
 
 
 def decode_figures(engine, prompt: list[int], new_tokens: int) -> dict[str, Any]:
     """Greedy decode: tokens, per-step seconds, tok/s over the steps after the first token, p50 ms."""
-    tokens, steps, _ = greedy(engine, prompt, new_tokens)
+    tokens, steps = greedy(engine, prompt, new_tokens)
     return {"tokens": tokens, "step_s": steps, "tok_s": len(steps) / sum(steps),
             "p50_ms": 1e3 * statistics.median(steps)}
 
@@ -247,9 +247,8 @@ def child_start(spec: dict[str, Any]) -> dict[str, Any]:
     main_t = time.monotonic()
     engine = open_engine(spec)
     loaded_t = time.monotonic()
-    first = int(np.argmax(engine.prefill(prompt_ids(spec, spec["prompt_tokens"]))))
+    token = int(np.argmax(engine.prefill(prompt_ids(spec, spec["prompt_tokens"]))))
     first_t = time.monotonic()
-    token = first
     for _ in range(START_NEW_TOKENS - 1):
         token = int(np.argmax(engine.decode_step(token)))
     spawn = spec["spawn_monotonic"]

@@ -1,0 +1,721 @@
+"""Orion against its installed peers, side by side: GPT-2 with random weights on the CPU.
+
+Engines: Orion (its default backend: the ANE emulator here), Hugging Face transformers fp32
+(``GPT2LMHeadModel``) and llama.cpp through llama-cpp-python at f16, q8_0 and f32, all on the same
+weights: one Hugging Face directory written by Orion's ``save_hf``, converted to GGUF by
+``gguf_export.py`` for llama.cpp. Absent peers are skipped with a note. Every engine uses the same
+number of threads (``--threads``, default 2) and is fed token ids.
+
+Each engine runs in its own subprocesses, so start-up and peak RSS are its own; passes are
+interleaved (A, B, C, A, B, C, ...). Per pass and engine:
+
+- a workload process: load; prefill at each length (the first call timed apart: for Orion it
+  compiles the length's bucket, or reads it from the program cache after the first pass; then the
+  median of the warm repeats); greedy decode of 128 new tokens after a 16-token prompt (tok/s
+  over the steps after the first token, and the median ms per step); its peak RSS (VmHWM).
+- a warm-start process, right after it (OS page cache and Orion's program cache warm): seconds
+  from process start to the first generated token of the 16-token prompt, then 32 new tokens in
+  all, and its peak RSS.
+
+Ratios are Orion's advantage: the peer's time (or RSS) over Orion's, Orion's tok/s over the
+peer's; above 1 means Orion is better. A probe measures the machine's DRAM read bandwidth, giving
+the decode roofline for fp16 weights. ``--check`` verifies instead that every engine's logits agree
+with transformers fp32 (teacher-forced: a prefill, then decode steps) within stated tolerances.
+
+    python benchmarks/bench_peers.py [--passes 3] [--quick] [--json out.json] [--check] [--profile]
+                                     [--engines orion,transformers,...] [--threads 2] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+LLAMA_TYPES = ("f16", "q8_0", "f32")
+ENGINES = ("orion", "transformers") + tuple(f"llama.cpp-{t}" for t in LLAMA_TYPES)
+START_NEW_TOKENS = 32  # tokens the warm-start process generates before it reports its peak RSS
+MiB = 1 << 20
+
+# Largest |logit - transformers fp32 logit| allowed, as a fraction of max |transformers logit|.
+# Orion computes in fp16 (its own GPT-2 test allows 0.03). llama.cpp's f32 file still keeps its
+# KV cache in f16 (its default) and evaluates GELU from an fp16 table: 6e-4 measured on 124M;
+# f16 weights: 1e-3, q8_0: 2e-2. A transposed attention projection gives 0.11 on the tiny model.
+CHECK_TOLERANCE = {"orion": 0.03, "llama.cpp-f32": 3e-3, "llama.cpp-f16": 0.01, "llama.cpp-q8_0": 0.05}
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a run measures: the model shape and the workload."""
+
+    config: str  # "124m" or "tiny"
+    prefill_lengths: tuple[int, ...]
+    prompt_tokens: int
+    new_tokens: int
+    repeats: int  # warm prefill calls per length
+    probe_mib: int  # size of the bandwidth probe's array
+
+
+FULL = Setup("124m", (16, 128, 1000), 16, 128, 3, 1024)
+QUICK = Setup("tiny", (16, 64, 200), 16, 32, 2, 256)
+
+
+def gpt2_config(name: str):
+    """Orion's GPT2Config for ``name``: GPT-2 small, or a tiny shape for smoke runs."""
+    from orion.models import GPT2Config
+
+    if name == "tiny":
+        return GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=512, n_positions=256)
+    return GPT2Config()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Child side: engines behind one interface, and what each child process measures.
+# ---------------------------------------------------------------------------------------------------
+
+class OrionEngine:
+    """Orion's public GPT-2 API on the Hugging Face directory."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        from orion.models import GPT2
+
+        self.model = GPT2.from_pretrained(spec["hf_dir"], progress=False)
+
+    def prefill(self, ids: list[int]):
+        return self.model.prefill(ids)
+
+    def decode_step(self, token: int):
+        return self.model.decode_step(token)
+
+
+class TransformersEngine:
+    """``GPT2LMHeadModel`` fp32 with its KV cache; prefill computes the last position's logits only."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        import torch
+        import transformers
+
+        torch.set_num_threads(spec["threads"])
+        transformers.utils.logging.set_verbosity_error()
+        self.torch = torch
+        self.model = transformers.GPT2LMHeadModel.from_pretrained(spec["hf_dir"], dtype=torch.float32).eval()
+        self.past = None
+
+    def _run(self, ids: list[int], past):
+        with self.torch.inference_mode():
+            out = self.model(self.torch.tensor([ids]), past_key_values=past, use_cache=True, logits_to_keep=1)
+        self.past = out.past_key_values
+        return out.logits[0, -1].numpy()
+
+    def prefill(self, ids: list[int]):
+        return self._run(ids, None)
+
+    def decode_step(self, token: int):
+        return self._run([token], self.past)
+
+
+class LlamaEngine:
+    """llama.cpp through llama-cpp-python on a GGUF file; logits of the last evaluated token."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        import llama_cpp
+
+        self.api = llama_cpp
+        self.llm = llama_cpp.Llama(model_path=spec["gguf"], n_ctx=spec["n_positions"], n_batch=spec["n_positions"],
+                                   n_threads=spec["threads"], n_threads_batch=spec["threads"],
+                                   flash_attn=spec["flash_attn"], verbose=False)
+        self.n_vocab = self.llm.n_vocab()
+
+    def _logits(self):
+        import numpy as np
+
+        pointer = self.api.llama_get_logits_ith(self.llm.ctx, -1)
+        return np.ctypeslib.as_array(pointer, shape=(self.n_vocab,)).copy()
+
+    def prefill(self, ids: list[int]):
+        self.llm.reset()
+        self.llm.eval(ids)
+        return self._logits()
+
+    def decode_step(self, token: int):
+        self.llm.eval([token])
+        return self._logits()
+
+
+def open_engine(spec: dict[str, Any]):
+    """The engine ``spec["engine"]`` names, loaded."""
+    name = spec["engine"]
+    if name == "orion":
+        return OrionEngine(spec)
+    if name == "transformers":
+        return TransformersEngine(spec)
+    return LlamaEngine(spec)
+
+
+def engine_versions(name: str) -> dict[str, str]:
+    """Versions of the packages behind an engine (imported already)."""
+    if name == "orion":
+        import orion
+        from orion.runtime.backend import backend
+
+        return {"orion": orion.__version__, "backend": backend()}
+    if name == "transformers":
+        import torch
+        import transformers
+
+        return {"torch": torch.__version__, "transformers": transformers.__version__}
+    import llama_cpp
+
+    return {"llama_cpp_python": llama_cpp.__version__}
+
+
+def prompt_ids(spec: dict[str, Any], n: int) -> list[int]:
+    """The first ``n`` ids of the run's random prompt (the same for every engine)."""
+    import numpy as np
+
+    longest = max(spec["prefill_lengths"] + [spec["prompt_tokens"]])
+    return [int(t) for t in np.random.default_rng(spec["seed"]).integers(0, spec["vocab_size"], longest)[:n]]
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set (VmHWM), in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def timed(call: Callable[..., Any], *args: Any) -> tuple[Any, float]:
+    """``call(*args)`` and its wall time in seconds."""
+    start = time.perf_counter()
+    out = call(*args)
+    return out, time.perf_counter() - start
+
+
+def greedy(engine, prompt: list[int], new_tokens: int) -> tuple[list[int], list[float]]:
+    """(tokens, seconds per decode step) of a greedy generation; the first token comes from the prefill."""
+    import numpy as np
+
+    tokens, steps = [int(np.argmax(engine.prefill(prompt)))], []
+    for _ in range(new_tokens - 1):
+        start = time.perf_counter()
+        tokens.append(int(np.argmax(engine.decode_step(tokens[-1]))))
+        steps.append(time.perf_counter() - start)
+    return tokens, steps
+
+
+def decode_figures(engine, prompt: list[int], new_tokens: int) -> dict[str, Any]:
+    """Greedy decode: tokens, per-step seconds, tok/s over the steps after the first token, p50 ms."""
+    tokens, steps = greedy(engine, prompt, new_tokens)
+    return {"tokens": tokens, "step_s": steps, "tok_s": len(steps) / sum(steps),
+            "p50_ms": 1e3 * statistics.median(steps)}
+
+
+def child_workload(spec: dict[str, Any]) -> dict[str, Any]:
+    """Load, prefill at every length (first call and warm repeats), greedy decode, peak RSS."""
+    engine, load_s = timed(open_engine, spec)
+    out: dict[str, Any] = {"load_s": load_s, "versions": engine_versions(spec["engine"]), "prefill": {}}
+    prompt = prompt_ids(spec, spec["prompt_tokens"])
+    for n in spec["prefill_lengths"]:
+        ids = prompt_ids(spec, n)
+        _, first = timed(engine.prefill, ids)
+        warm = [timed(engine.prefill, ids)[1] for _ in range(spec["repeats"])]
+        out["prefill"][str(n)] = {"first_s": first, "warm_s": warm}
+        if n == spec["prompt_tokens"]:  # decode right after its prompt's bucket is warm, as a user would
+            out["decode"] = decode_figures(engine, prompt, spec["new_tokens"])
+    if "decode" not in out:
+        out["decode"] = decode_figures(engine, prompt, spec["new_tokens"])
+    out["peak_rss_mib"] = peak_rss_mib()
+    return out
+
+
+def child_start(spec: dict[str, Any]) -> dict[str, Any]:
+    """From the parent's spawn time: seconds to main, to loaded, to the first token; then 32 tokens."""
+    import numpy as np
+
+    main_t = time.monotonic()
+    engine = open_engine(spec)
+    loaded_t = time.monotonic()
+    token = int(np.argmax(engine.prefill(prompt_ids(spec, spec["prompt_tokens"]))))
+    first_t = time.monotonic()
+    for _ in range(START_NEW_TOKENS - 1):
+        token = int(np.argmax(engine.decode_step(token)))
+    spawn = spec["spawn_monotonic"]
+    return {"to_main_s": main_t - spawn, "to_loaded_s": loaded_t - spawn, "to_first_token_s": first_t - spawn,
+            "peak_rss_mib": peak_rss_mib()}
+
+
+def child_check(spec: dict[str, Any]) -> dict[str, Any]:
+    """Teacher-forced logits: prefill the first half of the prompt, then decode the rest of it."""
+    import numpy as np
+
+    ids = prompt_ids(spec, spec["check_tokens"])
+    half = len(ids) // 2
+    engine = open_engine(spec)
+    rows = [engine.prefill(ids[:half])] + [engine.decode_step(t) for t in ids[half:]]
+    path = Path(spec["out"]).with_suffix(".npy")
+    np.save(path, np.stack(rows).astype(np.float32))
+    return {"logits": str(path), "positions": [half - 1 + i for i in range(len(rows))]}
+
+
+def child_probe(spec: dict[str, Any]) -> dict[str, Any]:
+    """Read bandwidth of a numpy float64 max-reduction (SIMD, far cheaper than the memory traffic):
+    over an array far larger than the caches (DRAM) with ``threads`` threads each reducing its own
+    slice (numpy releases the GIL) and with 1, and over a cache-resident array, which shows that the
+    reduction itself is not the limit. Best of ``tries`` each."""
+    import threading
+
+    import numpy as np
+
+    threads, tries = spec["threads"], 5
+    big = np.ones(spec["probe_mib"] * MiB // 8, np.float64)
+    small = np.ones(256 * 1024 // 8, np.float64)  # 256 KiB: in L2
+
+    def best_gbs(chunks: list, repeat: int) -> float:
+        def work(chunk) -> None:
+            for _ in range(repeat):
+                chunk.max()
+        best = float("inf")
+        for _ in range(tries):
+            pool = [threading.Thread(target=work, args=(c,)) for c in chunks]
+            start = time.perf_counter()
+            for t in pool:
+                t.start()
+            for t in pool:
+                t.join()
+            best = min(best, time.perf_counter() - start)
+        return sum(c.nbytes for c in chunks) * repeat / best / 1e9
+
+    return {"threads": threads, "array_mib": spec["probe_mib"],
+            "dram_gbs": best_gbs(np.array_split(big, threads), 1),
+            "dram_1thread_gbs": best_gbs([big], 1),
+            "in_cache_1thread_gbs": best_gbs([small], 2000),
+            "method": f"numpy float64 max over a {spec['probe_mib']} MiB array split across {threads} threads, "
+                      f"best of {tries}: sequential DRAM reads by the cores, a lower bound on the read bandwidth"}
+
+
+def child_profile(spec: dict[str, Any]) -> dict[str, Any]:
+    """cProfile of one warm Orion prefill at the longest length: own time split between Python code,
+    Orion's native calls (``orion._core``) and other built-ins (numpy and the like)."""
+    import cProfile
+    import pstats
+
+    engine = OrionEngine(spec)
+    ids = prompt_ids(spec, max(spec["prefill_lengths"]))
+    engine.prefill(ids)
+    _, wall = timed(engine.prefill, ids)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    engine.prefill(ids)
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats  # (file, line, name) -> (calls, primitive calls, tottime, cumtime, callers)
+    split = {"orion_native_s": 0.0, "other_builtin_s": 0.0, "python_s": 0.0}
+    rows = []
+    for (file, line, name), (calls, _, own, cumulative, _) in stats.items():
+        kind = "python_s" if file != "~" else "orion_native_s" if "orion" in name else "other_builtin_s"
+        split[kind] += own
+        rows.append({"function": name if file == "~" else f"{Path(file).name}:{line} {name}", "calls": calls,
+                     "own_s": own, "cumulative_s": cumulative, "kind": kind[:-2]})
+    rows.sort(key=lambda r: -r["own_s"])
+    return {"tokens": len(ids), "wall_s_unprofiled": wall, **split, "top": rows[:12]}
+
+
+
+
+def child_main(role: str, spec_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    result = CHILD_ROLES[role](spec)
+    Path(spec["out"]).write_text(json.dumps(result))
+
+
+def prepare(workdir: Path, setup: Setup, seed: int, llama_types: list[str]) -> dict[str, Any]:
+    """The Hugging Face directory (Orion's random GPT-2 weights) and a GGUF per llama.cpp type."""
+    sys.path.insert(0, str(HERE))
+    from gguf_export import write_gguf
+
+    from orion.models.gpt2.weights import random_weights, save_hf
+
+    config = gpt2_config(setup.config)
+    weights = random_weights(config, seed)
+    hf_dir = workdir / "hf"
+    save_hf(hf_dir, config, weights)
+    ggufs, seconds = {}, {}
+    for dtype in llama_types:
+        start = time.perf_counter()
+        ggufs[dtype] = str(write_gguf(workdir / f"gpt2-{dtype}.gguf", config, weights, dtype))
+        seconds[dtype] = time.perf_counter() - start
+    return {"hf_dir": str(hf_dir), "gguf": ggufs, "convert_s": seconds, "vocab_size": config.vocab_size,
+            "n_positions": config.n_positions, "n_layer": config.n_layer, "n_embd": config.n_embd,
+            "params": config.param_count()}
+
+
+def child_prepare(spec: dict[str, Any]) -> dict[str, Any]:
+    return prepare(Path(spec["workdir"]), QUICK if spec["config"] == "tiny" else FULL, spec["seed"],
+                   spec["llama_types"])
+
+
+CHILD_ROLES = {"prepare": child_prepare, "workload": child_workload, "start": child_start, "check": child_check,
+               "probe": child_probe, "profile": child_profile}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Parent side: spawning, interleaving, summarising. The parent stays small (no numpy, no model) so
+# that a child's peak RSS is not inflated by what it inherits at fork.
+# ---------------------------------------------------------------------------------------------------
+
+class ChildFailed(RuntimeError):
+    """A child process exited with an error; its stderr tail is in the message."""
+
+
+def child_env(workdir: Path, threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "ORION_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+        "OPENBLAS_NUM_THREADS": str(threads), "ORION_CACHE_DIR": str(workdir / "orion-cache"),
+        "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH", "")])),
+    })
+    return env
+
+
+def spawn(role: str, spec: dict[str, Any], workdir: Path, threads: int, tag: str) -> dict[str, Any]:
+    """Run one child; its result plus its wall time and peak RSS as seen by ``wait4``."""
+    spec_path = workdir / f"{tag}.spec.json"
+    spec = {**spec, "out": str(workdir / f"{tag}.out.json")}
+    log = workdir / f"{tag}.log"
+    with log.open("w") as stderr:
+        spec["spawn_monotonic"] = time.monotonic()
+        spec_path.write_text(json.dumps(spec))
+        start = time.monotonic()
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", role, str(spec_path)],
+                                stdout=stderr, stderr=subprocess.STDOUT, env=child_env(workdir, threads))
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.monotonic() - start
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise ChildFailed(f"{tag}: exit status {proc.returncode}; the end of {log}:\n{tail}")
+    result = json.loads(Path(spec["out"]).read_text())
+    return {**result, "wall_s": wall, "wait4_maxrss_mib": usage.ru_maxrss / 1024}
+
+
+def available_engines(wanted: list[str]) -> tuple[list[str], list[str]]:
+    """The engines that can run, and a note for each one skipped."""
+    import importlib.util
+
+    notes, engines = [], []
+    for name in wanted:
+        module = {"orion": "orion", "transformers": "transformers"}.get(name, "llama_cpp")
+        needed = [module, "torch"] if name == "transformers" else [module]
+        if any(importlib.util.find_spec(m) is None for m in needed):
+            hint = {"llama_cpp": "pip install llama-cpp-python", "transformers": "pip install torch transformers",
+                    "orion": "pip install -e ."}[module]
+            notes.append(f"{name} skipped: {module} is not installed ({hint})")
+            continue
+        if name.startswith("llama.cpp") and importlib.util.find_spec("gguf") is None:
+            notes.append(f"{name} skipped: the gguf package (it writes the GGUF file) is missing: pip install gguf")
+            continue
+        engines.append(name)
+    return engines, notes
+
+
+def base_spec(prepared: dict[str, Any], setup: Setup, seed: int, threads: int, flash_attn: bool) -> dict[str, Any]:
+    return {"hf_dir": prepared["hf_dir"], "vocab_size": prepared["vocab_size"], "n_positions": prepared["n_positions"],
+            "prefill_lengths": list(setup.prefill_lengths), "prompt_tokens": setup.prompt_tokens,
+            "new_tokens": setup.new_tokens, "repeats": setup.repeats, "seed": seed, "threads": threads,
+            "probe_mib": setup.probe_mib, "flash_attn": flash_attn}
+
+
+def engine_spec(base: dict[str, Any], prepared: dict[str, Any], engine: str) -> dict[str, Any]:
+    spec = {**base, "engine": engine}
+    if engine.startswith("llama.cpp-"):
+        spec["gguf"] = prepared["gguf"][engine.removeprefix("llama.cpp-")]
+    return spec
+
+
+def metrics(setup: Setup) -> list[tuple[str, str, str, bool]]:
+    """(key, label, unit, higher is better) of every figure a pass yields per engine."""
+    rows = []
+    for n in setup.prefill_lengths:
+        rows += [(f"prefill_{n}_warm_ms", f"prefill {n} tok, warm", "ms", False),
+                 (f"prefill_{n}_first_ms", f"prefill {n} tok, first call", "ms", False)]
+    return rows + [
+        ("decode_tok_s", f"decode, {setup.prompt_tokens}-tok prompt, {setup.new_tokens} new", "tok/s", True),
+        ("decode_p50_ms", "decode ms/token p50", "ms", False),
+        ("warm_start_s", "warm start to 1st token", "s", False),
+        ("load_s", "load in the workload process", "s", False),
+        ("peak_rss_mib", "peak RSS, workload", "MiB", False),
+        ("start_peak_rss_mib", f"peak RSS, start + {START_NEW_TOKENS} tok", "MiB", False),
+    ]
+
+
+def figures(workload: dict[str, Any], start: dict[str, Any]) -> dict[str, float]:
+    """One pass of one engine, flattened to the keys of ``metrics``."""
+    out = {}
+    for n, p in workload["prefill"].items():
+        out[f"prefill_{n}_warm_ms"] = 1e3 * statistics.median(p["warm_s"])
+        out[f"prefill_{n}_first_ms"] = 1e3 * p["first_s"]
+    out.update(decode_tok_s=workload["decode"]["tok_s"], decode_p50_ms=workload["decode"]["p50_ms"],
+               warm_start_s=start["to_first_token_s"], load_s=workload["load_s"],
+               peak_rss_mib=workload["peak_rss_mib"], start_peak_rss_mib=start["peak_rss_mib"])
+    return out
+
+
+def advantage(orion: float, peer: float, higher_is_better: bool) -> float:
+    """Orion's advantage over a peer on one figure: > 1 means Orion is better."""
+    if not orion or not peer:
+        return float("nan")
+    return orion / peer if higher_is_better else peer / orion
+
+
+def roofline(prepared: dict[str, Any], setup: Setup, dram_gbs: float) -> dict[str, float]:
+    """Decode upper bound for fp16 weights: bytes read per token over the probe's bandwidth."""
+    c, layers, vocab = prepared["n_embd"], prepared["n_layer"], prepared["vocab_size"]
+    matrices = layers * 12 * c * c + vocab * c  # QKV, out, MLP up/down per layer; the tied LM head
+    small = layers * 13 * c + 2 * c  # biases and LayerNorms
+    mean_context = setup.prompt_tokens + setup.new_tokens // 2
+    kv = 2 * layers * c * mean_context  # keys and values read per token, at the mean context
+    nbytes = 2 * (matrices + small + kv)
+    return {"bytes_per_token": nbytes, "mean_context": mean_context, "tok_s": dram_gbs * 1e9 / nbytes}
+
+
+def agreeing_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def summarise(result: dict[str, Any], setup: Setup) -> None:
+    """Per-pass figures, per-pass ratios to Orion and medians, added to ``result``."""
+    passes = result["passes"]
+    engines = result["engines"]
+    per_engine = {e: [figures(p[e]["workload"], p[e]["start"]) for p in passes if e in p] for e in engines}
+    result["figures"] = per_engine
+    result["medians"] = {e: {k: statistics.median(f[k] for f in rows) for k in rows[0]}
+                         for e, rows in per_engine.items() if rows}
+    ratios: dict[str, dict[str, Any]] = {}
+    if "orion" in per_engine:
+        for peer in engines:
+            if peer == "orion":
+                continue
+            ratios[peer] = {}
+            for key, _, _, higher in metrics(setup):
+                pairs = zip(per_engine["orion"], per_engine[peer], strict=True)
+                per_pass = [advantage(o[key], p[key], higher) for o, p in pairs]
+                ratios[peer][key] = {"per_pass": per_pass, "median": statistics.median(per_pass)}
+    result["ratios"] = ratios
+    reference = "transformers" if "transformers" in engines else engines[0]
+    ref_tokens = passes[0][reference]["workload"]["decode"]["tokens"]
+    result["tokens_agreeing_with"] = {"reference": reference, **{
+        e: agreeing_prefix(passes[0][e]["workload"]["decode"]["tokens"], ref_tokens) for e in engines}}
+
+
+def report(result: dict[str, Any], setup: Setup) -> str:
+    """The printed tables."""
+    prep, probe = result["model"], result["probe"]
+    lines = [f"GPT-2 {prep['params'] / 1e6:.1f}M ({setup.config}), random weights (seed {result['seed']}); "
+             f"{len(result['passes'])} interleaved passes; {result['threads']} threads for every engine; "
+             f"machine: {os.cpu_count()} CPUs",
+             f"load average (1/5/15 min) before {fmt_load(result['load_before'])}, "
+             f"after {fmt_load(result['load_after'])}; shared machine: compare within a run, not across runs"]
+    if probe:
+        r = result["roofline"]
+        lines += [f"DRAM read bandwidth: {probe['dram_gbs']:.1f} GB/s with {probe['threads']} threads "
+                  f"({probe['dram_1thread_gbs']:.1f} GB/s with 1; the same reduction in cache: "
+                  f"{probe['in_cache_1thread_gbs']:.1f} GB/s on 1 thread)",
+                  f"  measured as: {probe['method']}",
+                  f"decode roofline, fp16 weights: {r['bytes_per_token'] / 1e6:.1f} MB read per token "
+                  f"(matrices + tied LM head + biases, KV at {r['mean_context']} tokens) / "
+                  f"{probe['dram_gbs']:.1f} GB/s = {r['tok_s']:.1f} tok/s"]
+    engines = result["engines"]
+    width = max(14, *(len(e) + 2 for e in engines))
+    lines += ["", f"{'median over passes':<42}" + "".join(f"{e:>{width}}" for e in engines)]
+    for key, label, unit, _ in metrics(setup):
+        values = "".join(f"{result['medians'][e][key]:>{width}.{digits(key)}f}" for e in engines)
+        lines.append(f"{label + ' (' + unit + ')':<42}" + values)
+    if "orion" in engines and "decode_tok_s" in result["medians"]["orion"] and probe:
+        share = result["medians"]["orion"]["decode_tok_s"] / result["roofline"]["tok_s"]
+        lines.append(f"Orion decode = {100 * share:.0f}% of the fp16 roofline")
+    if result["ratios"]:
+        lines += ["", "Orion's advantage, per pass | median: peer time (or RSS) / Orion's, Orion tok/s / peer's; "
+                      "> 1 means Orion is better"]
+        peers = list(result["ratios"])
+        cell = max(width, 5 * len(result["passes"]) + 8)
+        lines.append(f"{'':<42}" + "".join(f"{p:>{cell}}" for p in peers))
+        for key, label, _, _ in metrics(setup):
+            cells = []
+            for peer in peers:
+                r = result["ratios"][peer][key]
+                text = " ".join(f"{x:.2f}" for x in r["per_pass"]) + f" | {r['median']:.2f}"
+                cells.append(f"{text:>{cell}}")
+            lines.append(f"{label:<42}" + "".join(cells))
+    agree = result["tokens_agreeing_with"]
+    lines += ["", f"greedy tokens agreeing with {agree['reference']} (of {setup.new_tokens}, pass 1): "
+              + ", ".join(f"{e} {agree[e]}" for e in engines)]
+    if "orion" in engines:
+        lines.append("Orion's prefill 'first call' compiles the length's bucket in pass 1 (empty program cache: "
+                     f"{result['orion_cache_empty_at_start']}); in later passes it reads the program cache")
+    lines.append("settings: transformers fp32 GPT2LMHeadModel, torch threads as above, logits of the last position "
+                 f"only; llama.cpp n_ctx = n_batch = {prep['n_positions']}, n_ubatch default, flash_attn "
+                 f"{'on (llama.cpp default: auto)' if result['flash_attn'] else 'off (--no-flash-attn)'}, mmap on, "
+                 f"KV cache f16 (default)")
+    lines += [f"note: {n}" for n in result["notes"]]
+    return "\n".join(lines)
+
+
+def digits(key: str) -> int:
+    return 2 if key.endswith("_s") and not key.endswith("tok_s") or key.endswith("p50_ms") else 1
+
+
+def fmt_load(load: list[float]) -> str:
+    return "/".join(f"{x:.2f}" for x in load)
+
+
+def run_check(workdir: Path, engines: list[str], prepared: dict[str, Any], base: dict[str, Any],
+              threads: int) -> dict[str, Any]:
+    """Every engine's teacher-forced logits against transformers fp32 (else Orion)."""
+    import numpy as np
+
+    spec = {**base, "check_tokens": 32}
+    logits = {e: np.load(spawn("check", engine_spec(spec, prepared, e), workdir, threads, f"check-{e}")["logits"])
+              for e in engines}
+    reference = "transformers" if "transformers" in engines else "orion"
+    want = logits[reference]
+    scale = float(np.abs(want).max())
+    out = {"reference": reference, "tokens": spec["check_tokens"], "positions": want.shape[0], "engines": {}}
+    for e in engines:
+        if e == reference:
+            continue
+        err = float(np.abs(logits[e] - want).max()) / scale
+        tolerance = CHECK_TOLERANCE.get(e, 0.03)
+        out["engines"][e] = {"max_abs_error_over_max_logit": err, "tolerance": tolerance, "ok": err <= tolerance,
+                             "argmax_agree": int((logits[e].argmax(1) == want.argmax(1)).sum())}
+    return out
+
+
+def check_report(check: dict[str, Any]) -> str:
+    lines = [f"logit check against {check['reference']}: {check['tokens']}-token prompt, prefill of the first "
+             f"half then decode steps, {check['positions']} positions compared; error = max |logit - reference| "
+             f"/ max |reference|"]
+    for e, r in check["engines"].items():
+        lines.append(f"  {e:<16} error {r['max_abs_error_over_max_logit']:.2e} (tolerance {r['tolerance']:.0e}) "
+                     f"{'ok' if r['ok'] else 'FAILED'}; argmax agrees at {r['argmax_agree']}/{check['positions']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--passes", type=int, help="interleaved passes (default 3; 1 with --quick)")
+    parser.add_argument("--quick", action="store_true", help="a tiny GPT-2 and one pass: a smoke run")
+    parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated subset of {','.join(ENGINES)}")
+    parser.add_argument("--threads", type=int, default=2, help="threads for every engine (default 2)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-flash-attn", dest="flash_attn", action="store_false",
+                        help="llama.cpp without flash attention (llama-cpp-python's default; llama.cpp's own "
+                             "default, auto, turns it on for the CPU)")
+    parser.add_argument("--check", action="store_true", help="verify the engines' logits instead of timing")
+    parser.add_argument("--profile", action="store_true", help="also profile one warm Orion prefill (cProfile)")
+    parser.add_argument("--json", metavar="PATH", help="write every figure to PATH")
+    parser.add_argument("--workdir", help="keep weights, GGUF files, program cache and logs here (default: a "
+                                          "temporary directory, removed at the end)")
+    parser.add_argument("--child", nargs=2, metavar=("ROLE", "SPEC"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child_main(*args.child)
+        return 0
+    wanted = [e.strip() for e in args.engines.split(",") if e.strip()]
+    unknown = sorted(set(wanted) - set(ENGINES))
+    if unknown or not wanted:
+        parser.error(f"--engines: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(ENGINES)}")
+    setup = QUICK if args.quick else FULL
+    passes = args.passes if args.passes is not None else 1 if args.quick else 3
+    if passes < 1 or args.threads < 1:
+        parser.error("--passes and --threads must be at least 1")
+
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench-peers-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        return run(args, setup, passes, wanted, workdir)
+    except ChildFailed as exc:
+        print(f"bench_peers: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, setup: Setup, passes: int, wanted: list[str], workdir: Path) -> int:
+    engines, notes = available_engines(wanted)
+    if not engines:
+        print("bench_peers: no engine can run:\n  " + "\n  ".join(notes), file=sys.stderr)
+        return 1
+    threads = args.threads
+    llama_types = [e.removeprefix("llama.cpp-") for e in engines if e.startswith("llama.cpp-")]
+    cache_empty = not any((workdir / "orion-cache").glob("*"))
+    prep_spec = {"config": setup.config, "seed": args.seed, "llama_types": llama_types, "workdir": str(workdir)}
+    prepared = spawn("prepare", prep_spec, workdir, threads, "prepare")
+    base = base_spec(prepared, setup, args.seed, threads, args.flash_attn)
+    result: dict[str, Any] = {"setup": setup.__dict__, "seed": args.seed, "threads": threads, "engines": engines,
+                              "notes": notes, "flash_attn": args.flash_attn, "model": prepared,
+                              "orion_cache_empty_at_start": cache_empty}
+    if args.check:
+        result["check"] = run_check(workdir, engines, prepared, base, threads)
+        print(check_report(result["check"]))
+        write_json(args.json, result)
+        return 0 if all(r["ok"] for r in result["check"]["engines"].values()) else 1
+
+    result["load_before"] = list(os.getloadavg())
+    result["probe"] = spawn("probe", base, workdir, threads, "probe")
+    result["roofline"] = roofline(prepared, setup, result["probe"]["dram_gbs"])
+    result["passes"] = []
+    for p in range(passes):
+        this_pass: dict[str, Any] = {"load_before": list(os.getloadavg())}
+        for engine in engines:
+            spec = engine_spec(base, prepared, engine)
+            print(f"pass {p + 1}/{passes}: {engine}", file=sys.stderr, flush=True)
+            workload = spawn("workload", spec, workdir, threads, f"p{p}-{engine}-workload")
+            start = spawn("start", spec, workdir, threads, f"p{p}-{engine}-start")
+            this_pass[engine] = {"workload": workload, "start": start}
+        result["passes"].append(this_pass)
+    result["load_after"] = list(os.getloadavg())
+    if args.profile and "orion" in engines:
+        result["orion_prefill_profile"] = spawn("profile", engine_spec(base, prepared, "orion"), workdir, threads,
+                                                "profile")
+    summarise(result, setup)
+    print(report(result, setup))
+    if "orion_prefill_profile" in result:
+        print(profile_report(result["orion_prefill_profile"]))
+    write_json(args.json, result)
+    return 0
+
+
+def profile_report(profile: dict[str, Any]) -> str:
+    total = profile["orion_native_s"] + profile["other_builtin_s"] + profile["python_s"]
+    lines = [f"Orion warm prefill of {profile['tokens']} tokens: {profile['wall_s_unprofiled']:.2f} s unprofiled; "
+             f"under cProfile {total:.2f} s own time = Orion native calls {profile['orion_native_s']:.2f} s, "
+             f"other built-ins (numpy, ...) {profile['other_builtin_s']:.2f} s, Python {profile['python_s']:.2f} s"]
+    for row in profile["top"][:8]:
+        lines.append(f"  {row['own_s']:7.3f} s own {row['calls']:6d} calls  [{row['kind']}] {row['function']}")
+    return "\n".join(lines)
+
+
+def write_json(path: str | None, result: dict[str, Any]) -> None:
+    if path:
+        Path(path).write_text(json.dumps(result, indent=1) + "\n")
+
+if __name__ == "__main__":
+    sys.exit(main())

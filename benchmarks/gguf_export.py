@@ -1,0 +1,139 @@
+"""Write GPT-2 weights as a GGUF file that llama.cpp loads (architecture ``gpt2``), with the ``gguf``
+package of the llama.cpp project.
+
+Orion's ``[out, in]`` projection layout is GGUF's row-major layout for ggml's ``{in, out}`` tensors,
+so the matrices are written as they are (Hugging Face's ``Conv1D`` ``[in, out]`` is transposed on
+load by ``load_hf``). As llama.cpp's own ``convert_hf_to_gguf.py`` does: 1-D tensors (LayerNorms,
+biases) and the position embedding stay float32, every other matrix takes the requested type, and
+the tied LM head is written as ``output.weight``, a copy of the token embedding.
+
+The tokenizer section is synthetic, enough for llama.cpp to load and for callers that feed token
+ids: GPT-2's 256 byte-level symbols first (so any text still tokenizes), then placeholders
+``<tok N>``, the last id being ``<|endoftext|>`` (BOS/EOS) as in GPT-2, and one merge.
+
+    python benchmarks/gguf_export.py HF_DIR OUT.gguf [--type f32|f16|q8_0]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from orion.models import GPT2Config
+from orion.models.gpt2.weights import GPT2Weights, load_hf
+
+TYPES = {
+    "f32": (gguf.GGMLQuantizationType.F32, gguf.LlamaFileType.ALL_F32),
+    "f16": (gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16),
+    "q8_0": (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+}
+ARCH = gguf.MODEL_ARCH.GPT2
+END_OF_TEXT = "<|endoftext|>"
+
+
+def byte_symbols() -> list[str]:
+    """GPT-2's byte-level BPE alphabet: byte b -> a printable unicode character (``bytes_to_unicode``)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
+        + list(range(ord("®"), ord("ÿ") + 1))
+    symbols, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            symbols[b] = chr(b)
+        else:
+            symbols[b] = chr(256 + extra)
+            extra += 1
+    return [symbols[b] for b in range(256)]
+
+
+def synthetic_vocab(vocab_size: int) -> tuple[list[str], list[int]]:
+    """Unique token strings and GGUF token types for ``vocab_size`` ids; the last is ``<|endoftext|>``."""
+    if vocab_size < 257:
+        raise ValueError(f"vocab_size {vocab_size}: the synthetic vocabulary needs at least 257 ids "
+                         f"(256 byte symbols and {END_OF_TEXT})")
+    tokens = byte_symbols() + [f"<tok {i}>" for i in range(256, vocab_size - 1)] + [END_OF_TEXT]
+    types = [int(gguf.TokenType.NORMAL)] * (vocab_size - 1) + [int(gguf.TokenType.CONTROL)]
+    return tokens, types
+
+
+def tensor_name(kind: gguf.MODEL_TENSOR, suffix: str, block: int | None = None) -> str:
+    """GGUF tensor name of ``kind`` for GPT-2 (``blk.3.attn_qkv.weight``), checked against gguf's table."""
+    if kind not in gguf.MODEL_TENSORS[ARCH]:
+        raise ValueError(f"{kind} is not a GPT-2 tensor in gguf.MODEL_TENSORS")
+    base = gguf.TENSOR_NAMES[kind]
+    return (base.format(bid=block) if block is not None else base) + f".{suffix}"
+
+
+def gguf_tensors(weights: GPT2Weights) -> list[tuple[str, np.ndarray, bool]]:
+    """(GGUF name, float32 array, takes the file's type) for every tensor llama.cpp's GPT-2 loads."""
+    t = gguf.MODEL_TENSOR
+    out = [
+        (tensor_name(t.TOKEN_EMBD, "weight"), weights.wte, True),
+        (tensor_name(t.POS_EMBD, "weight"), weights.wpe, False),
+        (tensor_name(t.OUTPUT_NORM, "weight"), weights.ln_f_g, False),
+        (tensor_name(t.OUTPUT_NORM, "bias"), weights.ln_f_b, False),
+        (tensor_name(t.OUTPUT, "weight"), weights.wte, True),
+    ]
+    per_block = [  # (kind, weight field, bias field)
+        (t.ATTN_NORM, "ln1_g", "ln1_b"), (t.ATTN_QKV, "w_qkv", "b_qkv"), (t.ATTN_OUT, "w_attn_out", "b_attn_out"),
+        (t.FFN_NORM, "ln2_g", "ln2_b"), (t.FFN_UP, "w_fc", "b_fc"), (t.FFN_DOWN, "w_proj", "b_proj"),
+    ]
+    for i, block in enumerate(weights.blocks):
+        for kind, weight, bias in per_block:
+            w = getattr(block, weight)
+            out.append((tensor_name(kind, "weight", i), w, w.ndim == 2))
+            out.append((tensor_name(kind, "bias", i), getattr(block, bias), False))
+    return out
+
+
+def write_gguf(path: str | Path, config: GPT2Config, weights: GPT2Weights, dtype: str = "f16") -> Path:
+    """Write ``weights`` to ``path`` as a llama.cpp GPT-2 GGUF with matrices in ``dtype`` (f32, f16, q8_0)."""
+    if dtype not in TYPES:
+        raise ValueError(f"dtype {dtype!r}: choose one of {', '.join(TYPES)}")
+    weights.validate(config)
+    qtype, file_type = TYPES[dtype]
+    path = Path(path)
+    writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[ARCH])
+    writer.add_name(f"GPT-2 {config.param_count() / 1e6:.0f}M (Orion benchmark weights)")
+    writer.add_context_length(config.n_positions)
+    writer.add_embedding_length(config.n_embd)
+    writer.add_feed_forward_length(4 * config.n_embd)
+    writer.add_block_count(config.n_layer)
+    writer.add_head_count(config.n_head)
+    writer.add_layer_norm_eps(config.layer_norm_epsilon)
+    writer.add_file_type(file_type)
+    if qtype not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    tokens, types = synthetic_vocab(config.vocab_size)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges([f"{tokens[ord(' ')]} {tokens[ord('t')]}"])  # "Ġ t": one merge of two byte symbols
+    writer.add_bos_token_id(config.vocab_size - 1)
+    writer.add_eos_token_id(config.vocab_size - 1)
+    for name, array, typed in gguf_tensors(weights):
+        target = qtype if typed else gguf.GGMLQuantizationType.F32
+        writer.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(array, np.float32), target),
+                          raw_dtype=target)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("hf_dir", help="a Hugging Face GPT-2 directory (config.json + model.safetensors)")
+    parser.add_argument("out", help="the GGUF file to write")
+    parser.add_argument("--type", choices=sorted(TYPES), default="f16", help="type of the matrices")
+    args = parser.parse_args(argv)
+    config, weights = load_hf(args.hf_dir, progress=False)
+    print(write_gguf(args.out, config, weights, args.type))
+
+
+if __name__ == "__main__":
+    main()

@@ -84,7 +84,6 @@ def run(model_dir: str | None = None, prompt_tokens: int = 16, new_tokens: int =
             else:
                 os.environ["ORION_CACHE_DIR"] = previous
         cached_s = _cached_start(model_dir, shape, cache) if fusion_depth is None and lm_head == "ane" else float("nan")
-    config = model.config
     if prompt_tokens + new_tokens > model.dims.context:
         raise BenchError(f"--prompt-tokens {prompt_tokens} + --new-tokens {new_tokens} exceed the model's context "
                          f"length {model.dims.context}; ask for fewer tokens")
@@ -95,7 +94,7 @@ def run(model_dir: str | None = None, prompt_tokens: int = 16, new_tokens: int =
         "backend": orion.backend(),
         "model": str(model_dir or f"random {shape} ({model.display_name})"),
         "parameters": model.dims.parameters,
-        "config": config.to_hf_json(),
+        "config": model.builder.identity["config"],
         "compile_cold_s": cold_s,
         "compile_cached_s": cached_s,
         "compiles": orion.compile_count(),

@@ -7,6 +7,10 @@ are large and fp16 rounding is visible (about 0.3% here); greedy continuations m
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -202,24 +206,52 @@ def test_stories110m_shape() -> None:
     assert config.param_count() == 109_529_856
 
 
-def test_text_generation_stops_at_the_eos_of_the_model_config(tmp_path) -> None:
+TEXT_CONFIG = replace(CONFIGS["gqa8x2-half-qwen2-bias-untied"], bos_token_id=1)
+TEXT_PROMPT = [5, 9, 4]
+
+
+@pytest.fixture(scope="module")
+def text_dir(tmp_path_factory):
+    """A Qwen2 directory with a word-level tokenizer.json ("w<i>" is id i); its EOS is the 7th greedy token."""
     from tokenizers import Tokenizer, pre_tokenizers
     from tokenizers import models as tok_models
 
-    config = replace(CONFIGS["gqa8x2-half-qwen2-bias-untied"], bos_token_id=1)
-    weights = lively(config, seed=2)
-    vocab = {f"w{i}": i for i in range(config.vocab_size)}
-    tok = Tokenizer(tok_models.WordLevel(vocab, unk_token="w0"))
+    directory = tmp_path_factory.mktemp("qwen2")
+    weights = lively(TEXT_CONFIG, seed=2)
+    greedy = reference_greedy(TEXT_CONFIG, weights, TEXT_PROMPT, 12)
+    save_hf(directory, replace(TEXT_CONFIG, eos_token_ids=(greedy[6],)), weights)
+    tok = Tokenizer(tok_models.WordLevel({f"w{i}": i for i in range(TEXT_CONFIG.vocab_size)}, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    text = "w5 w9 w4"
-    greedy = reference_greedy(config, weights, [5, 9, 4], 12)
-    eos = greedy[6]
-    save_hf(tmp_path, replace(config, eos_token_ids=(eos,)), weights)
-    tok.save(str(tmp_path / "tokenizer.json"))
-    m = models.load(tmp_path, progress=False)
-    assert m.tokenizer.eos_token_ids == (eos,)
-    pieces = list(m.generate_text(text, 12))
-    assert pieces == [f"w{t}" for t in greedy[: greedy.index(eos) + 1]]
+    tok.save(str(directory / "tokenizer.json"))
+    return directory, greedy[: greedy.index(greedy[6]) + 1]
+
+
+def test_text_generation_stops_at_the_eos_of_the_model_config(text_dir) -> None:
+    directory, want = text_dir
+    m = models.load(directory, progress=False)
+    assert m.display_name == "Qwen2" and m.tokenizer.eos_token_ids == (want[-1],)
+    assert list(m.generate_text(" ".join(f"w{t}" for t in TEXT_PROMPT), 12)) == [f"w{t}" for t in want]
+
+
+def run_module(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ORION_CACHE_DIR": "off"}
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_the_command_line_streams_text_and_benchmarks_a_llama2c_file(text_dir, tmp_path) -> None:
+    directory, want = text_dir
+    text = " ".join(f"w{t}" for t in TEXT_PROMPT)
+    out = run_module("orion", "generate", "--model", str(directory), "--prompt", text, "--max-new-tokens", "12")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == text + "".join(f"w{t}" for t in want) + "\n"  # the word-level decoder joins pieces as-is
+    config = replace(CONFIGS["gqa8x2-interleaved-tied"], n_heads=4)
+    save_llama2c(tmp_path / "tiny.bin", config, lively(config))
+    out = run_module("orion.bench", "decode", "--model", str(tmp_path / "tiny.bin"), "--prompt-tokens", "3",
+                     "--new-tokens", "4", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["parameters"] == config.param_count() and result["config"]["rope_convention"] == "interleaved"
+    assert result["dispatches_per_token"] >= 2 and result["bytes_per_token"] > 2 * config.param_count()
 
 
 # -- against transformers on checkpoints it saved ----------------------------------------------------

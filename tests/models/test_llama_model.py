@@ -176,6 +176,21 @@ def test_a_shorter_context_caps_the_cache() -> None:
         Llama(config, weights, context=65, progress=False)
 
 
+def test_the_program_cache_keeps_contexts_apart(tmp_path, monkeypatch) -> None:
+    """One on-disk program cache, the same weights, two cache lengths: each model gets its own programs."""
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    config = replace(CONFIGS["gqa8x2-interleaved-tied"], max_position_embeddings=64)
+    weights = lively(config, seed=4)
+    first, longer, again = (Llama(config, weights, context=t, progress=False) for t in (CONTEXT, 64, CONTEXT))
+    assert first.builder.cached == 0 and longer.builder.cached == 0  # a longer cache is not a cache hit
+    assert again.builder.built == 0 and again.builder.cached > 0
+    ids = prompt(config, 40)
+    want = reference_logits(config, weights, ids)
+    for m in (first, longer, again):
+        m.prefill(ids[:30])
+        close(m.decode_step(ids[30]), want[30])
+
+
 def test_the_registry_loads_directories_and_llama2c_files(tmp_path) -> None:
     config = replace(CONFIGS["gqa8x2-interleaved-tied"], n_heads=4, bos_token_id=1, eos_token_ids=(2,))
     weights = lively(config, seed=5)

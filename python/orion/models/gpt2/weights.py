@@ -10,9 +10,9 @@ import json
 import math
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 from safetensors import SafetensorError, safe_open

@@ -81,6 +81,7 @@ class Llama(CausalLM):
     # -- hooks of CausalLM ----------------------------------------------------------------------------
     def program_identity(self) -> dict[str, Any]:
         return {"model_type": self.config.model_type, "config": asdict(self.config),
+                "context": self.dims.context,  # the decode programs' cache length
                 "weights": self.weights.content_hash(self.config)}
 
     def decode_graph(self, layers: range) -> Graph:

@@ -200,7 +200,7 @@ def test_the_registry_loads_directories_and_llama2c_files(tmp_path) -> None:
     from_bin = models.load(tmp_path / "stories.bin", progress=False)
     assert isinstance(from_bin, Llama) and from_bin.config.rope_convention == "interleaved"
     close(from_bin.logits(ids), want)
-    with pytest.raises(orion.OrionError, match="llama2.c checkpoint carries no tokenizer.json"):
+    with pytest.raises(orion.OrionError, match="no tokenizer.json next to this llama2.c checkpoint"):
         from_bin.tokenizer  # noqa: B018
     for model_type in ("llama", "mistral"):
         save_hf(tmp_path / model_type, replace(config, model_type=model_type), weights)
@@ -246,6 +246,20 @@ def test_text_generation_stops_at_the_eos_of_the_model_config(text_dir) -> None:
     m = models.load(directory, progress=False)
     assert m.display_name == "Qwen2" and m.tokenizer.eos_token_ids == (want[-1],)
     assert list(m.generate_text(" ".join(f"w{t}" for t in TEXT_PROMPT), 12)) == [f"w{t}" for t in want]
+
+
+def test_a_llama2c_file_uses_the_tokenizer_json_beside_it_with_bos_1_and_eos_2(text_dir, tmp_path) -> None:
+    import shutil
+
+    config = replace(CONFIGS["gqa8x2-interleaved-tied"], n_heads=4, bos_token_id=1, eos_token_ids=(2,))
+    weights = lively(config, seed=7)
+    save_llama2c(tmp_path / "model.bin", config, weights)
+    shutil.copy(text_dir[0] / "tokenizer.json", tmp_path)
+    m = models.load(tmp_path / "model.bin", progress=False)
+    assert m.tokenizer.encode("w5 w9") == [1, 5, 9] and m.tokenizer.eos_token_ids == (2,)
+    greedy = reference_greedy(config, weights, [1, 5, 9], 10)
+    want = greedy[: greedy.index(2) + 1] if 2 in greedy else greedy
+    assert list(m.generate_text("w5 w9", 10)) == [f"w{t}" for t in want]
 
 
 def run_module(*args: str) -> subprocess.CompletedProcess:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from orion.generation.loop import CausalLM, DecoderDims
 from orion.generation.plan import ProgramInfo
-from orion.generation.tokenizer import Tokenizer, TokenizerNotFound, load_tokenizer
+from orion.generation.tokenizer import TOKENIZER_FILE, Tokenizer, TokenizerNotFound, load_tokenizer
 from orion.graph import Graph
 from orion.models.llama import graphs
 from orion.models.llama.config import ConfigError, LlamaConfig
@@ -64,11 +65,19 @@ class Llama(CausalLM):
 
     @classmethod
     def from_llama2c(cls, path: str | os.PathLike[str], **options: Any) -> Llama:
-        """Load a llama2.c legacy ``.bin`` checkpoint (e.g. ``stories110M.bin``); it has no tokenizer."""
+        """Load a llama2.c legacy ``.bin`` checkpoint (e.g. ``stories110M.bin``). Text in/out uses a
+        ``tokenizer.json`` in the same directory when there is one (llama2.c's own ``tokenizer.bin`` is
+        not read), with BOS 1 prepended and EOS 2, as llama2.c's ``run.c`` does, unless its files say otherwise."""
         config, weights = load_llama2c(path)
-        error = TokenizerNotFound(f"{path}: a llama2.c checkpoint carries no tokenizer.json; pass token ids, or "
-                                  f"convert the model to a Hugging Face directory with its tokenizer.json")
-        return cls(config, weights, tokenizer_error=error, **options)
+        directory = Path(path).parent
+        if not (directory / TOKENIZER_FILE).is_file():
+            error = TokenizerNotFound(f"{path}: no {TOKENIZER_FILE} next to this llama2.c checkpoint (its "
+                                      f"tokenizer.bin is not read); pass token ids, or put the model's Hugging "
+                                      f"Face {TOKENIZER_FILE} in {directory}")
+            return cls(config, weights, tokenizer_error=error, **options)
+        defaults = {"bos_token_id": config.bos_token_id, "eos_token_id": list(config.eos_token_ids) or None,
+                    "add_bos_token": True}
+        return cls(config, weights, tokenizer=load_tokenizer(directory, defaults), **options)
 
     @classmethod
     def random(cls, config: LlamaConfig | None = None, seed: int = 0, **options: Any) -> Llama:

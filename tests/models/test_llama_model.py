@@ -18,10 +18,13 @@ import pytest
 
 import orion
 from orion import models
+from orion.generation import loop, plan
 from orion.generation.loop import ContextFull
+from orion.generation.plan import sram_fusion_depth
 from orion.models import Llama, LlamaConfig
 from orion.models.llama.config import ConfigError
 from orion.models.llama.weights import random_weights, save_hf, save_llama2c, to_rope_convention
+from orion.runtime.builder import ProgramBuilder
 from support import references
 from support.llama_reference import reference_greedy, reference_logits
 
@@ -130,18 +133,44 @@ def test_both_rope_conventions_give_the_same_model() -> None:
     close(Llama(half_config, half_weights, progress=False).logits(ids), want)
 
 
-def test_fusion_depth_and_vocabulary_chunks() -> None:
+def test_fusion_depth_is_sized_to_the_sram_and_falls_back(monkeypatch) -> None:
     config = CONFIGS["mha4-head-dim16-half-untied"]
     weights = lively(config, seed=1)
-    layered = Llama(config, weights, fusion_depth=1, progress=False)
-    plan = layered.decode_plan
-    assert plan.fusion_depth == 1 and len(plan.layer_programs) == config.n_layers
-    assert plan.dispatches_per_token == config.n_layers + len(plan.head_programs)
-    assert sum(len(r) for r in plan.head_ranges) == config.vocab_size
+    default = Llama(config, weights, progress=False)
+    assert default.decode_plan.fusion_depth == sram_fusion_depth(config.n_layers, 2 * config.layer_param_count()) == 3
+    real = ProgramBuilder.build
+
+    def refuse_deep(self, kind, graph, max_layers=1, **params):
+        if kind == "decode" and max_layers > 1:
+            raise orion.CompileError(f"simulated ANE compile failure at fusion depth {max_layers}")
+        return real(self, kind, graph, max_layers, **params)
+
+    monkeypatch.setattr(ProgramBuilder, "build", refuse_deep)
+    layered = Llama(config, weights, progress=False)
+    decode = layered.decode_plan
+    assert decode.fusion_depth == 1 and len(decode.layer_programs) == config.n_layers
+    assert decode.dispatches_per_token == config.n_layers + len(decode.head_programs)
     ids = prompt(config, 4)
     want = reference_logits(config, weights, ids + [5])
     layered.prefill(ids)
     close(layered.decode_step(5), want[4])
+    close(layered.logits(ids), want[:4])
+
+
+def test_the_lm_head_runs_in_vocabulary_chunks(monkeypatch) -> None:
+    """A small SRAM budget splits the LM head into several programs; their logits join seamlessly."""
+    config = CONFIGS["gqa8x2-half-qwen2-bias-untied"]
+    weights = lively(config, seed=5)
+    monkeypatch.setattr(loop, "vocab_chunks", lambda vocab, hidden: plan.vocab_chunks(vocab, hidden, budget=12_000))
+    chunked = Llama(config, weights, progress=False)
+    ranges = chunked.decode_plan.head_ranges
+    assert len(ranges) == len(chunked.decode_plan.head_programs) == 3
+    assert [r.start for r in ranges[1:]] == [r.stop for r in ranges[:-1]] and ranges[-1].stop == config.vocab_size
+    ids = prompt(config, 6)
+    want = reference_logits(config, weights, ids + [8])
+    close(chunked.logits(ids), want[:6])
+    chunked.prefill(ids)
+    close(chunked.decode_step(8), want[6])
 
 
 def test_a_context_that_is_not_a_power_of_two() -> None:

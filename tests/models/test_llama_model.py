@@ -291,6 +291,24 @@ def test_a_llama2c_file_uses_the_tokenizer_json_beside_it_with_bos_1_and_eos_2(t
     assert list(m.generate_text("w5 w9", 10)) == [f"w{t}" for t in want]
 
 
+def test_bos_follows_the_tokenizer_post_processor_when_no_file_says(text_dir, tmp_path) -> None:
+    """Llama 3 style: tokenizer.json's post-processor adds BOS, tokenizer_config.json has no add_bos_token."""
+    import shutil
+
+    from tokenizers import Tokenizer, processors
+
+    directory = text_dir[0]
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(directory / name, tmp_path)
+    tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    assert models.load(directory, progress=False).tokenizer.encode("w5 w9") == [5, 9]  # no post-processor: no BOS
+    tok.post_processor = processors.TemplateProcessing(single="w1 $A", special_tokens=[("w1", 1)])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    assert models.load(tmp_path, progress=False).tokenizer.encode("w5 w9") == [1, 5, 9]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": False}))
+    assert models.load(tmp_path, progress=False).tokenizer.encode("w5 w9") == [5, 9]  # the file's word wins
+
+
 def run_module(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "ORION_CACHE_DIR": "off"}
     return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=300, env=env)

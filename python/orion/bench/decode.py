@@ -28,7 +28,8 @@ class BenchError(OrionError):
 
 
 def load_model(model_dir: str | None, shape: str = DEFAULT_SHAPE, **options: Any) -> CausalLM:
-    """The model in a Hugging Face directory, or registered random ``shape`` with deterministic weights."""
+    """The model in a Hugging Face directory (or a checkpoint file of a registered format), or registered
+    random ``shape`` with deterministic weights."""
     if model_dir:
         return models.load(model_dir, **options)
     return models.random(shape, seed=0, **options)
@@ -84,7 +85,6 @@ def run(model_dir: str | None = None, prompt_tokens: int = 16, new_tokens: int =
             else:
                 os.environ["ORION_CACHE_DIR"] = previous
         cached_s = _cached_start(model_dir, shape, cache) if fusion_depth is None and lm_head == "ane" else float("nan")
-    config = model.config
     if prompt_tokens + new_tokens > model.dims.context:
         raise BenchError(f"--prompt-tokens {prompt_tokens} + --new-tokens {new_tokens} exceed the model's context "
                          f"length {model.dims.context}; ask for fewer tokens")
@@ -95,7 +95,7 @@ def run(model_dir: str | None = None, prompt_tokens: int = 16, new_tokens: int =
         "backend": orion.backend(),
         "model": str(model_dir or f"random {shape} ({model.display_name})"),
         "parameters": model.dims.parameters,
-        "config": config.to_hf_json(),
+        "config": model.builder.identity["config"],
         "compile_cold_s": cold_s,
         "compile_cached_s": cached_s,
         "compiles": orion.compile_count(),
@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m orion.bench decode", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="a Hugging Face model directory (default: random weights of --random)")
+    parser.add_argument("--model", help="a Hugging Face model directory, a llama2.c .bin file, or the name of a "
+                                         f"random shape ({', '.join(models.shape_names())}; default: --random)")
     parser.add_argument("--random", default=DEFAULT_SHAPE, choices=models.shape_names(),
                         help=f"the registered random shape to run without --model (default {DEFAULT_SHAPE})")
     parser.add_argument("--prompt-tokens", type=positive_int, default=16)
@@ -140,8 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lm-head", choices=("ane", "cpu"), default="ane")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    if args.model and not Path(args.model).is_dir():
-        parser.error(f"--model {args.model}: not a directory")
+    if args.model in models.shape_names() and not Path(args.model).exists():
+        args.model, args.random = None, args.model
+    elif args.model and not Path(args.model).exists():
+        parser.error(f"--model {args.model}: no such directory or file, and not a random shape "
+                     f"({', '.join(models.shape_names())})")
     return report_errors(lambda: _print(run(args.model, args.prompt_tokens, args.new_tokens, args.fusion_depth,
                                             args.lm_head, args.random), args.json))
 

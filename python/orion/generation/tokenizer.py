@@ -4,7 +4,8 @@ special tokens the model's own files name.
 End-of-sequence ids come from ``generation_config.json``, else ``config.json`` (``eos_token_id``,
 an id or a list of ids), else ``tokenizer_config.json`` (``eos_token``, a token string looked up in
 the vocabulary). The beginning-of-sequence token is found the same way, and ``encode`` prepends it
-when ``tokenizer_config.json`` says ``add_bos_token``.
+when ``tokenizer_config.json`` says ``add_bos_token`` (when no file says, when ``tokenizer.json``'s
+post-processor would).
 """
 
 from __future__ import annotations
@@ -65,9 +66,12 @@ class Tokenizer:
         return self._backend.decode(list(ids), skip_special_tokens=False)
 
 
-def load_tokenizer(directory: str | os.PathLike[str]) -> Tokenizer:
+def load_tokenizer(directory: str | os.PathLike[str], defaults: dict[str, Any] | None = None) -> Tokenizer:
     """The tokenizer in ``directory/tokenizer.json`` with the special tokens its neighbouring files
-    name; raises :class:`TokenizerNotFound` without a ``tokenizer.json``."""
+    name; raises :class:`TokenizerNotFound` without a ``tokenizer.json``.
+
+    ``defaults`` (``bos_token_id``, ``eos_token_id``, ``add_bos_token``) apply where none of those files
+    names the setting: the model's own config when it is not a Hugging Face file (a llama2.c header)."""
     directory = Path(directory)
     path = directory / TOKENIZER_FILE
     if not path.is_file():
@@ -81,10 +85,20 @@ def load_tokenizer(directory: str | os.PathLike[str]) -> Tokenizer:
         raise TokenizerError(f"{path}: not a valid Hugging Face tokenizer file ({exc})") from exc
     files = [(directory / name, read_optional(directory, name))
              for name in (GENERATION_CONFIG_FILE, CONFIG_FILE, TOKENIZER_CONFIG_FILE)]
+    files.append((directory / "(the model's config)", defaults or {}))
     bos = _special_ids(backend, files, "bos")
+    add_bos = files[2][1].get("add_bos_token", files[3][1].get("add_bos_token"))
+    if add_bos is None:  # no file says: follow the tokenizer.json's post-processor (Llama 3 adds BOS there)
+        add_bos = bool(bos) and _post_processor_prepends(backend, bos[0])
     return Tokenizer(backend, path, eos_token_ids=_special_ids(backend, files, "eos"),
-                     bos_token_id=bos[0] if bos else None,
-                     add_bos=bool(files[2][1].get("add_bos_token", False)))
+                     bos_token_id=bos[0] if bos else None, add_bos=bool(add_bos))
+
+
+def _post_processor_prepends(backend: tokenizers.Tokenizer, bos: int) -> bool:
+    """Whether encoding with special tokens puts ``bos`` first where encoding without them does not."""
+    with_special = backend.encode("a", add_special_tokens=True).ids
+    plain = backend.encode("a", add_special_tokens=False).ids
+    return with_special[:1] == [bos] and plain[:1] != [bos]
 
 
 def _special_ids(backend: tokenizers.Tokenizer, files: list[tuple[Path, dict[str, Any]]], kind: str) -> tuple[int, ...]:

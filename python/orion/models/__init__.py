@@ -1,13 +1,16 @@
 """Models written with Orion's graph compiler, and the registry that picks one for a directory:
-``orion.models.load(path)`` (by ``config.json``'s ``model_type``) or ``orion.models.random("gpt2")``."""
+``orion.models.load(path)`` (by ``config.json``'s ``model_type``, or a llama2.c ``.bin`` file) or
+``orion.models.random("gpt2")`` / ``random("stories110m")``."""
 
 from orion.models.gpt2 import GPT2, GPT2Config
+from orion.models.llama import Llama, LlamaConfig
 from orion.models.registry import (
     UnknownModel,
     load,
     model_types,
     random,
     register,
+    register_file_format,
     register_shape,
     shape_names,
 )
@@ -15,6 +18,9 @@ from orion.models.registry import (
 register(GPT2, GPT2Config)
 register_shape("gpt2", GPT2Config())
 register_shape("124m", GPT2Config())
+register(Llama, LlamaConfig, ("llama", "qwen2", "mistral"))
+register_file_format(".bin", Llama.from_llama2c)
+register_shape("stories110m", LlamaConfig.stories110m())
 
-__all__ = ["GPT2", "GPT2Config", "UnknownModel", "load", "model_types", "random", "register",
-           "register_shape", "shape_names"]
+__all__ = ["GPT2", "GPT2Config", "Llama", "LlamaConfig", "UnknownModel", "load", "model_types", "random",
+           "register", "register_file_format", "register_shape", "shape_names"]

@@ -1,14 +1,16 @@
 """The model registry: which class runs a ``config.json``'s ``model_type``, and named random shapes.
 
-Adding a model is one :func:`register` call (its class and config class); adding a named random
-shape is one :func:`register_shape` call. A model class provides ``model_type``,
-``from_pretrained(path, **options)`` and ``random(config, seed, **options)``; its config class
-provides ``param_count()`` and ``to_hf_json()``.
+Adding a model is one :func:`register` call (its class and config class, and the ``model_type``
+values it runs); adding a named random shape is one :func:`register_shape` call, and a checkpoint
+file format (a file rather than a directory, by suffix) one :func:`register_file_format` call. A
+model class provides ``model_type``, ``from_pretrained(path, **options)`` and
+``random(config, seed, **options)``; its config class provides ``param_count()``.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,11 +33,18 @@ class Family:
 
 _FAMILIES: dict[str, Family] = {}
 _SHAPES: dict[str, Any] = {}
+_FILE_FORMATS: dict[str, Callable[..., Any]] = {}
 
 
-def register(model: type, config: type) -> None:
-    """Make ``model`` (with its ``model_type``) the class that runs configs of that type."""
-    _FAMILIES[model.model_type] = Family(model, config)
+def register(model: type, config: type, model_types: Iterable[str] | None = None) -> None:
+    """Make ``model`` the class that runs configs of each of ``model_types`` (default: its ``model_type``)."""
+    for model_type in model_types or (model.model_type,):
+        _FAMILIES[model_type] = Family(model, config)
+
+
+def register_file_format(suffix: str, load_file: Callable[..., Any]) -> None:
+    """Make ``load_file(path, **options)`` the loader of checkpoint files ending in ``suffix`` (e.g. ``".bin"``)."""
+    _FILE_FORMATS[suffix] = load_file
 
 
 def register_shape(name: str, config: Any) -> None:
@@ -64,11 +73,15 @@ def family_of(config: Any) -> Family:
 
 
 def load(path: str | os.PathLike[str], **options: Any) -> Any:
-    """The model in Hugging Face directory ``path``, by its ``config.json``'s ``model_type``."""
+    """The model in Hugging Face directory ``path``, by its ``config.json``'s ``model_type``, or in a
+    checkpoint file of a registered format (by its suffix, e.g. a llama2.c ``.bin``)."""
     directory = Path(path)
+    if directory.is_file() and directory.suffix in _FILE_FORMATS:
+        return _FILE_FORMATS[directory.suffix](directory, **options)
     if not directory.is_dir():
+        formats = "".join(f", or a {suffix} file" for suffix in sorted(_FILE_FORMATS))
         raise ModelFileError(f"{directory}: no such directory; give a Hugging Face model directory "
-                             f"(config.json and model.safetensors)")
+                             f"(config.json and model.safetensors){formats}")
     config_path = directory / CONFIG_FILE
     if not config_path.is_file():
         raise ModelFileError(f"{config_path}: no such file; a model directory holds the model's Hugging Face "

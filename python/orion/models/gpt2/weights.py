@@ -6,32 +6,28 @@ Orion stores every projection as ``[out, in]`` (a 1x1 conv's weight); Hugging Fa
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
-import struct
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from orion.errors import OrionError
+from orion.generation.hf_files import CONFIG_FILE
 from orion.models.gpt2.config import GPT2Config
+from orion.models.weights_io import PROGRESS_EVERY, PROGRESS_MIN_BYTES, WEIGHTS_FILE, content_hash, raw_bf16
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 PREFIX = "transformer."
 DIRECTORY_HELP = (
     "a GPT-2 directory holds a Hugging Face config.json and model.safetensors "
     "(and tokenizer.json for text in/out)"
 )
-PROGRESS_EVERY = 50  # tensors between progress lines
-PROGRESS_MIN_BYTES = 64 << 20  # with progress=None, report only for files at least this large
 
 # Orion field -> (name under "h.N." in a Hugging Face checkpoint, stored transposed as [in, out]).
 _BLOCK_NAMES: dict[str, tuple[str, bool]] = {
@@ -107,12 +103,7 @@ class GPT2Weights:
     def content_hash(self, config: GPT2Config) -> str:
         """sha256 (hex) of the configuration and every array's name, shape and raw bytes."""
         self.validate(config)
-        digest = hashlib.sha256(b"orion-gpt2-weights-v1\0")
-        digest.update(json.dumps(config.to_hf_json(), sort_keys=True).encode())
-        for name, array in self.arrays():
-            digest.update(f"\0{name}{array.shape}\0".encode())
-            digest.update(memoryview(np.ascontiguousarray(array)).cast("B"))
-        return digest.hexdigest()
+        return content_hash("orion-gpt2-weights-v1", json.dumps(config.to_hf_json(), sort_keys=True), self.arrays())
 
 
 def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
@@ -181,17 +172,6 @@ def _require_file(directory: Path, name: str) -> Path:
     return path
 
 
-def _raw_bf16(path: Path, name: str) -> np.ndarray:
-    """A BF16 tensor read from the file's bytes (numpy has no bfloat16), widened to float32."""
-    with path.open("rb") as f:
-        (header_len,) = struct.unpack("<Q", f.read(8))
-        entry = json.loads(f.read(header_len))[name]
-        start, end = entry["data_offsets"]
-        f.seek(8 + header_len + start)
-        half = np.frombuffer(f.read(end - start), dtype="<u2")
-    return (half.astype(np.uint32) << 16).view(np.float32).reshape(entry["shape"])
-
-
 def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple[GPT2Config, GPT2Weights]:
     """Load a Hugging Face GPT-2 directory (``config.json`` + ``model.safetensors``) as float32.
 
@@ -238,7 +218,7 @@ def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple
                     f"for {CONFIG_FILE}'s n_embd={config.n_embd}, vocab_size={config.vocab_size}, "
                     f"n_positions={config.n_positions}"
                 )
-            array = (_raw_bf16(file, key) if dtype == "BF16" else f.get_tensor(key)).astype(np.float32, copy=False)
+            array = (raw_bf16(file, key) if dtype == "BF16" else f.get_tensor(key)).astype(np.float32, copy=False)
             if name == "lm_head.weight":
                 lm_head = array
             else:

@@ -88,12 +88,14 @@ class LlamaConfig:
 
     def param_count(self) -> int:
         """Number of parameters, counting a tied LM head once (109,529,856 for Stories110M)."""
+        heads = 1 if self.tie_embeddings else 2
+        return heads * self.vocab_size * self.dim + self.n_layers * self.layer_param_count() + self.dim
+
+    def layer_param_count(self) -> int:
+        """Parameters of one decoder layer (norm gains, projections, q/k/v biases if any)."""
         d, q, kv = self.dim, self.q_dim, self.kv_dim
         per_layer = 2 * d + d * q + 2 * d * kv + q * d + 3 * d * self.hidden_dim
-        if self.qkv_bias:
-            per_layer += q + 2 * kv
-        heads = 1 if self.tie_embeddings else 2
-        return heads * self.vocab_size * d + self.n_layers * per_layer + d
+        return per_layer + (q + 2 * kv if self.qkv_bias else 0)
 
     @classmethod
     def stories110m(cls) -> LlamaConfig:

@@ -30,10 +30,11 @@ import math
 
 import numpy as np
 
+from orion.generation.kv_cache import MASKED
 from orion.graph import Graph
 from orion.graph.ir import Node
-from orion.generation.kv_cache import MASKED
-from orion.models.gpt2.graphs import cached_attention
+from orion.limits import MIN_LANES
+from orion.models.blocks import cached_attention
 from orion.models.llama.config import ConfigError, LlamaConfig
 from orion.models.llama.weights import LayerWeights, LlamaWeights
 
@@ -171,10 +172,14 @@ def _group_attention(g: Graph, q: Node, k: Node, v: Node, mask: Node, name: str)
 # -- graphs --------------------------------------------------------------------------------------
 
 def prefill_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, seq: int) -> Graph:
-    """Layers ``layers`` over ``seq`` tokens at positions ``0..seq-1`` (a power of two; pad a shorter prompt
-    at the end, the causal mask keeps padding out of earlier tokens): input ``x`` ``[1, dim, 1, seq]``;
-    outputs ``x`` and each layer's rotated keys ``k<i>`` and values ``v<i>`` ``[1, kv_dim, 1, seq]``."""
-    _check_span(config, seq, f"prefill of {seq} tokens")
+    """Layers ``layers`` over ``seq`` tokens at positions ``0..seq-1`` (a power of two, at most the context
+    length rounded up to one; pad a shorter prompt at the end, the causal mask keeps padding out of earlier
+    tokens): input ``x`` ``[1, dim, 1, seq]``; outputs ``x`` and each layer's rotated keys ``k<i>`` and
+    values ``v<i>`` ``[1, kv_dim, 1, seq]``."""
+    bucket_limit = max(MIN_LANES["fp16"], 1 << (config.max_position_embeddings - 1).bit_length())
+    if not 0 < seq <= bucket_limit:  # positions past the context are padding lanes of the last bucket
+        raise ConfigError(f"prefill of {seq} tokens: outside the context length (max_position_embeddings "
+                          f"{config.max_position_embeddings}, so buckets of at most {bucket_limit} lanes)")
     kv, d = config.n_kv_heads, config.head_dim
     g = Graph(f"llama_prefill_{layers.start}_{layers.stop}_s{seq}")
     x = g.input("x", [1, config.dim, 1, seq])
@@ -211,7 +216,8 @@ def decode_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, cont
     x = g.input("x", [1, config.dim, 1, 1])
     mask = g.input("mask", [1, 1, 1, t])
     cos, sin = (g.reshape(part, [1, 1, d, 1], name=f"rope_{n}") for part, n in
-                zip(g.split(g.input("rope", [1, 2 * d, 1, 1]), [d, d], axis=1, name="rope"), ("cos", "sin")))
+                zip(g.split(g.input("rope", [1, 2 * d, 1, 1]), [d, d], axis=1, name="rope"), ("cos", "sin"),
+                    strict=True))
     caches = {i: (g.input(f"k{i}", [1, config.kv_dim, 1, t]), g.input(f"v{i}", [1, config.kv_dim, 1, t]))
               for i in layers}
     partner = _rope_partner(g, config)

@@ -10,7 +10,6 @@ the two layouts compute identical logits.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -24,12 +23,19 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from orion.errors import OrionError
-from orion.models.gpt2.weights import PROGRESS_EVERY, PROGRESS_MIN_BYTES, _raw_bf16
+from orion.generation.hf_files import CONFIG_FILE
 from orion.models.llama.config import LlamaConfig
+from orion.models.weights_io import (
+    INDEX_FILE,
+    PROGRESS_EVERY,
+    PROGRESS_MIN_BYTES,
+    WEIGHTS_FILE,
+    content_hash,
+    raw_bf16,
+    safetensors_files,
+    write_safetensors,
+)
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
 DIRECTORY_HELP = (
     "a Llama-family directory holds a Hugging Face config.json and model.safetensors "
     "(or model.safetensors.index.json with its shards)"
@@ -127,12 +133,7 @@ class LlamaWeights:
     def content_hash(self, config: LlamaConfig) -> str:
         """sha256 (hex) of the configuration and every array's name, shape and raw bytes."""
         self.validate(config)
-        digest = hashlib.sha256(b"orion-llama-weights-v1\0")
-        digest.update(repr(config).encode())
-        for name, array in self.arrays():
-            digest.update(f"\0{name}{array.shape}\0".encode())
-            digest.update(memoryview(np.ascontiguousarray(array)).cast("B"))
-        return digest.hexdigest()
+        return content_hash("orion-llama-weights-v1", repr(config), self.arrays())
 
 
 def expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
@@ -225,33 +226,6 @@ def _shape_detail(config: LlamaConfig, field: str) -> str:
             f"head_dim={config.head_dim}, hidden_dim={config.hidden_dim}, vocab_size={config.vocab_size}")
 
 
-def _shards(directory: Path) -> dict[Path, set[str] | None]:
-    """Weight files -> the tensor names the index assigns to each (None: a single unindexed file)."""
-    if not directory.is_dir():
-        raise WeightsError(f"{directory}: no such directory; {DIRECTORY_HELP}")
-    single, index = directory / WEIGHTS_FILE, directory / INDEX_FILE
-    if single.is_file():
-        return {single: None}
-    if not index.is_file():
-        hint = ""
-        if any(directory.glob("pytorch_model*.bin")):
-            hint = "; it has pytorch_model*.bin only: re-save it as safetensors (save_pretrained(safe_serialization=True))"
-        raise WeightsError(f"{directory}: neither {WEIGHTS_FILE} nor {INDEX_FILE}; {DIRECTORY_HELP}{hint}")
-    try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-        if not isinstance(weight_map, dict):
-            raise TypeError("weight_map is not an object")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise WeightsError(f"{index}: not a safetensors index with a 'weight_map' ({exc!r})") from exc
-    shards: dict[Path, set[str] | None] = {}
-    for name, file in weight_map.items():
-        path = directory / str(file)
-        if Path(str(file)).is_absolute() or ".." in Path(str(file)).parts or not path.is_file():
-            raise WeightsError(f"{index}: tensor {name!r} is in shard {file!r}, which is not a file in {directory}")
-        shards.setdefault(path, set()).add(name)  # type: ignore[union-attr]
-    return shards
-
-
 def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple[LlamaConfig, LlamaWeights]:
     """Load a Hugging Face Llama / Qwen2 / Mistral directory as float32 (tensors stored as F32, F16 or BF16).
 
@@ -263,7 +237,7 @@ def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple
     if not directory.is_dir():
         raise WeightsError(f"{directory}: no such directory; {DIRECTORY_HELP}")
     config = LlamaConfig.from_hf_json(directory)
-    shards = _shards(directory)
+    shards = safetensors_files(directory, WeightsError, DIRECTORY_HELP)
     if progress is None:
         progress = sum(f.stat().st_size for f in shards) >= PROGRESS_MIN_BYTES
     expected = _hf_names(config)
@@ -303,7 +277,7 @@ def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple
                 if shape != shapes[field]:
                     raise WeightsError(f"{file}: tensor {key!r} has shape {shape}, expected {shapes[field]} "
                                        f"({_shape_detail(config, field)} from {CONFIG_FILE})")
-                array = _raw_bf16(file, key) if dtype == "BF16" else f.get_tensor(key)
+                array = raw_bf16(file, key) if dtype == "BF16" else f.get_tensor(key)
                 found[key] = np.ascontiguousarray(array, dtype=np.float32)
                 count += 1
                 if progress and count % PROGRESS_EVERY == 0:
@@ -323,32 +297,6 @@ def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple
     if progress:
         print(f"orion: loaded {directory.name}: {count} tensors", file=sys.stderr, flush=True)
     return config, LlamaWeights(**top, layers=layers)
-
-
-def _encode(array: np.ndarray, dtype: str) -> bytes:
-    """Little-endian bytes of ``array`` in safetensors dtype ``dtype`` (bf16 rounded to nearest even)."""
-    if dtype == "BF16":
-        bits = np.ascontiguousarray(array, dtype="<f4").view("<u4").astype(np.uint64)
-        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2").tobytes()
-    return np.ascontiguousarray(array, dtype="<f4" if dtype == "F32" else "<f2").tobytes()
-
-
-def write_safetensors(path: Path, tensors: dict[str, np.ndarray], dtype: str) -> int:
-    """Write ``tensors`` to a safetensors file in ``dtype`` (F32, F16 or BF16); returns the data bytes."""
-    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
-    blobs, offset = [], 0
-    for name, array in tensors.items():
-        blob = _encode(array, dtype)
-        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with path.open("wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text)
-        for blob in blobs:
-            f.write(blob)
-    return offset
 
 
 def save_hf(path: str | os.PathLike[str], config: LlamaConfig, weights: LlamaWeights, dtype: str = "float32",

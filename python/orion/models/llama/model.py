@@ -1,0 +1,123 @@
+"""Llama-family models (Llama, Qwen2, Mistral, llama2.c's Stories) on Orion: the hooks of the
+model-independent generation loop (``orion.generation.loop``)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from orion.generation.loop import CausalLM, DecoderDims
+from orion.generation.plan import ProgramInfo
+from orion.generation.tokenizer import TOKENIZER_FILE, Tokenizer, TokenizerNotFound, load_tokenizer
+from orion.graph import Graph
+from orion.models.llama import graphs
+from orion.models.llama.config import ConfigError, LlamaConfig
+from orion.models.llama.costs import decode_program_costs
+from orion.models.llama.weights import LlamaWeights, load_hf, load_llama2c, random_weights
+
+DISPLAY_NAMES = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}
+
+
+class Llama(CausalLM):
+    """A Llama-family model compiled for the ANE (or the emulator): RMSNorm, RoPE (either convention),
+    grouped-query attention with a KV cache of ``n_kv_heads`` heads, SwiGLU, tied or untied LM head.
+
+    ``context`` caps the KV cache (and the longest sequence) below ``max_position_embeddings``, which
+    it defaults to. Beyond it, ``prefill``/``logits`` and ``decode_step`` raise
+    :class:`orion.generation.loop.ContextFull` and ``generate`` stops. See
+    :class:`orion.generation.loop.CausalLM` for the API and threads.
+    """
+
+    model_type = "llama"
+    display_name = "Llama"
+
+    def __init__(self, config: LlamaConfig, weights: LlamaWeights, *, tokenizer: Tokenizer | None = None,
+                 tokenizer_error: TokenizerNotFound | None = None, fusion_depth: int | None = None,
+                 lm_head: str = "ane", progress: bool = True, context: int | None = None) -> None:
+        weights.validate(config)
+        context = config.max_position_embeddings if context is None else context
+        if isinstance(context, bool) or not isinstance(context, int) or \
+                not 0 < context <= config.max_position_embeddings:
+            raise ConfigError(f"Llama: context={context!r}; use a positive number of positions up to the model's "
+                              f"max_position_embeddings ({config.max_position_embeddings})")
+        self.config, self.weights = config, weights
+        self.display_name = DISPLAY_NAMES[config.model_type]
+        self.dims = DecoderDims(n_layer=config.n_layers, hidden=config.dim, kv_heads=config.n_kv_heads,
+                                head_dim=config.head_dim, context=context, vocab_size=config.vocab_size,
+                                parameters=config.param_count())
+        self._setup(tokenizer=tokenizer, tokenizer_error=tokenizer_error, fusion_depth=fusion_depth,
+                    lm_head=lm_head, progress=progress)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike[str], **options: Any) -> Llama:
+        """Load a Hugging Face ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``MistralForCausalLM`` directory
+        (``config.json``, single or sharded safetensors, optionally ``tokenizer.json``)."""
+        config, weights = load_hf(path)
+        try:
+            tokenizer, error = load_tokenizer(path), None
+        except TokenizerNotFound as missing:
+            tokenizer, error = None, missing
+        return cls(config, weights, tokenizer=tokenizer, tokenizer_error=error, **options)
+
+    @classmethod
+    def from_llama2c(cls, path: str | os.PathLike[str], **options: Any) -> Llama:
+        """Load a llama2.c legacy ``.bin`` checkpoint (e.g. ``stories110M.bin``). Text in/out uses a
+        ``tokenizer.json`` in the same directory when there is one (llama2.c's own ``tokenizer.bin`` is
+        not read), with BOS 1 prepended and EOS 2, as llama2.c's ``run.c`` does, unless its files say otherwise."""
+        config, weights = load_llama2c(path)
+        directory = Path(path).parent
+        if not (directory / TOKENIZER_FILE).is_file():
+            error = TokenizerNotFound(f"{path}: no {TOKENIZER_FILE} next to this llama2.c checkpoint (its "
+                                      f"tokenizer.bin is not read); pass token ids, or put the model's Hugging "
+                                      f"Face {TOKENIZER_FILE} in {directory}")
+            return cls(config, weights, tokenizer_error=error, **options)
+        defaults = {"bos_token_id": config.bos_token_id, "eos_token_id": list(config.eos_token_ids) or None,
+                    "add_bos_token": True}
+        return cls(config, weights, tokenizer=load_tokenizer(directory, defaults), **options)
+
+    @classmethod
+    def random(cls, config: LlamaConfig | None = None, seed: int = 0, **options: Any) -> Llama:
+        """Deterministic random weights of ``config`` (default: the Stories110M shape); no tokenizer."""
+        config = config or LlamaConfig.stories110m()
+        error = TokenizerNotFound("a model with random weights has no tokenizer: pass token ids, or load a "
+                                  "directory with a tokenizer.json via Llama.from_pretrained")
+        return cls(config, random_weights(config, seed), tokenizer_error=error, **options)
+
+    # -- hooks of CausalLM ----------------------------------------------------------------------------
+    def program_identity(self) -> dict[str, Any]:
+        return {"model_type": self.config.model_type, "config": asdict(self.config),
+                "context": self.dims.context,  # the decode programs' cache length
+                "weights": self.weights.content_hash(self.config)}
+
+    def decode_graph(self, layers: range) -> Graph:
+        return graphs.decode_graph(self.config, self.weights, layers, self.dims.context)
+
+    def prefill_graph(self, layers: range, seq: int) -> Graph:
+        return graphs.prefill_graph(self.config, self.weights, layers, seq)
+
+    def lm_head_graph(self, vocab: range, seq: int) -> Graph:
+        return graphs.lm_head_graph(self.config, self.weights, vocab, seq)
+
+    def embed(self, ids: list[int], start: int) -> np.ndarray:
+        return self.weights.embed[ids]
+
+    def position_inputs(self, positions: range) -> dict[str, np.ndarray]:
+        """The decode graph's ``rope`` input: cos then sin of each position (prefill graphs hold const tables)."""
+        cos, sin = graphs.rope_tables(self.config, np.arange(positions.start, positions.stop))
+        return {"rope": np.concatenate([cos, sin]).astype(np.float32)}
+
+    def cpu_logits(self, x: np.ndarray) -> np.ndarray:
+        """Final RMSNorm and LM head in numpy float32."""
+        v = x.astype(np.float32)
+        h = v / np.sqrt(np.mean(v * v) + np.float32(self.config.rms_norm_eps)) * self.weights.norm
+        return self.weights.classifier @ h
+
+    def layer_weight_bytes(self) -> int:
+        return 2 * self.config.layer_param_count()
+
+    def program_costs(self, layer_ranges: list[range], head_ranges: list[range], lm_head: str) -> list[ProgramInfo]:
+        return decode_program_costs(self.config, self.dims.context, layer_ranges, head_ranges, lm_head)

@@ -278,13 +278,14 @@ def test_a_late_type_error_is_refused_in_milliseconds_without_building_reduction
                                 op("out", ttype("fp32", [16384, 2]), "tanh", x="s")], ["out"])
     result = run_isolated(f"""
         import resource, time, orion
+        base_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         start = time.perf_counter()
         try:
             orion.compile({text!r}, profile="permissive")
         except orion.CompileError as e:
             print("refused:", e)
         ms = (time.perf_counter() - start) * 1000
-        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base_mb  # growth of the peak
         print(f"ms={{ms:.0f}} rss_mb={{rss_mb:.0f}}")
     """)
     assert_clean_error(result, "op 'out' (tanh) declares tensor<fp32, [16384, 2]> but its inputs give")

@@ -4,6 +4,7 @@ compiler lowers like any graph. :mod:`orion.autodiff.partition` decides what of 
 ANE programs and what on the CPU."""
 
 from orion.autodiff.context import GradContext, GradientError
+from orion.autodiff import numpy_eval
 from orion.autodiff.transform import backward, differentiable_ops, grad_name
 
-__all__ = ["GradContext", "GradientError", "backward", "differentiable_ops", "grad_name"]
+__all__ = ["GradContext", "GradientError", "backward", "differentiable_ops", "grad_name", "numpy_eval"]

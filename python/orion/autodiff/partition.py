@@ -10,6 +10,7 @@ The embedding (a gather), the final norm, the classifier and cross-entropy alway
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ from orion.graph.builder import Graph
 from orion.graph.ir import GraphError
 from orion.limits import DISPATCH_MS, SRAM_BYTES
 from orion.passes.sram import NAME as SRAM_PASS
+from orion.passes.sram import SRAMBudgetWarning
 
 ANE, CPU = "ane", "cpu"
 
@@ -139,7 +141,9 @@ def _place(name: str, graph: Graph, count: int, budget: int, cost: CostModel, pr
     if prefer == "cpu":
         return Program(name, graph, CPU, flops, count, "CPU requested", fused=fused)
     try:
-        report = lower_graph(graph, sram_budget=budget, max_layers=fused).report
+        with warnings.catch_warnings():  # over budget is a planning outcome here, reported in the plan
+            warnings.simplefilter("ignore", SRAMBudgetWarning)
+            report = lower_graph(graph, sram_budget=budget, max_layers=fused).report
     except (OrionError, GraphError) as illegal:
         return Program(name, graph, CPU, flops, count, f"not ANE-legal: {illegal}", fused=fused)
     sram = report.analyses[SRAM_PASS]

@@ -41,8 +41,9 @@ def layer(request):
     rng = np.random.default_rng(2)
     params = model.params(weights)
     inputs = {name: input_layout(params[model.layer_param(0, name)]) for name in model.layer_shapes()}
-    for name, value in inputs.items():  # move norms and biases off 1 and 0, weights up to a trained scale
-        inputs[name] = value * rng.uniform(0.5, 1.5, value.shape) + rng.uniform(-0.1, 0.1, value.shape) * 5 * value.std()
+    for name, value in inputs.items():  # move norm gains off 1 and biases off 0, vary the weights
+        offset = rng.uniform(-0.2, 0.2, value.shape) if value.shape[3] == 1 else 0.0
+        inputs[name] = value * rng.uniform(0.5, 1.5, value.shape) + offset
     inputs["x"] = rng.standard_normal((1, model.dim, 1, SEQ))
     inputs = {k: v.astype(np.float16).astype(np.float64) for k, v in inputs.items()}
     graph = model.layer_graph(SEQ)

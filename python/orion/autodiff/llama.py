@@ -9,6 +9,7 @@ from orion.autodiff import cpu
 from orion.autodiff.context import GradientError
 from orion.autodiff.trainable import TrainableModel, input_shape
 from orion.graph.builder import Graph
+from orion.graph.ir import Node
 from orion.models.llama.config import LlamaConfig
 from orion.models.llama.graphs import _rope_partner, apply_rope, group_rows, rope_tables
 from orion.models.llama.weights import LayerWeights, LlamaWeights
@@ -83,8 +84,9 @@ class LlamaTrainable(TrainableModel):
         cos, sin = (g.const(n, t.reshape(1, 1, hd, seq)) for n, t in (("rope_cos", cos_table), ("rope_sin", sin_table)))
         partner = _rope_partner(g, cfg)
 
-        def rotated(t: object, name: str) -> object:
-            return g.reshape(apply_rope(g, t, kv, cos, sin, partner, name), [1, cfg.kv_dim, 1, seq], name=f"{name}_flat")
+        def rotated(t: Node, name: str) -> Node:
+            heads = apply_rope(g, t, kv, cos, sin, partner, name)
+            return g.reshape(heads, [1, cfg.kv_dim, 1, seq], name=f"{name}_flat")
 
         with g.scope("attn"):
             h = g.rms_norm(x, p["attn_norm"], eps, name="norm")

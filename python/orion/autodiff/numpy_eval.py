@@ -26,5 +26,8 @@ def evaluate(graph: Graph, inputs: dict[str, np.ndarray], dtype: type = np.float
             value = np.asarray(n.value, dtype)
         else:
             value = np.asarray(ops.get(n.op, n.name).reference([env[id(i)] for i in n.inputs], n.attrs), dtype)
+            if value.shape != n.shape:
+                raise EvaluateError(f"node '{n.name}' ({n.op}): the registry reference gave shape {list(value.shape)}, "
+                                    f"inference {list(n.shape)}. Fix: the op's reference in orion.ops")
         env[id(n)] = value
     return {name: env[id(node)] for name, node in graph.outputs.items()}

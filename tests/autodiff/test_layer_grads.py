@@ -77,3 +77,27 @@ def test_float64_gradient_matches_finite_differences(layer) -> None:
         fd = (losses[0] - losses[1]) / (2 * eps)
         analytic = float((exact[grad_name(name)] * direction).sum())
         assert fd == pytest.approx(analytic, rel=1e-5, abs=1e-8 * scale), name
+
+
+def test_inference_graph_with_baked_weights_differentiates_in_its_activations() -> None:
+    """GPT-2's prefill graph (const weights, outputs x and the layer's k/v) w.r.t. its input only: the shape of
+    a frozen base model under adapters. Same tolerances as above."""
+    from orion.models.gpt2.graphs import prefill_graph
+
+    model, weights = _gpt2()
+    graph = prefill_graph(model.config, weights, range(1), SEQ)
+    grad_graph = backward(graph, ["x"])
+    rng = np.random.default_rng(4)
+    arrays = {n.name: rng.standard_normal(n.shape).astype(np.float16).astype(np.float64) for n in grad_graph.inputs}
+    exact = numpy_eval.evaluate(grad_graph, arrays, np.float64)["grad_x"]
+    got = compile_graph(grad_graph)(**arrays)["grad_x"].astype(np.float64)
+    assert np.linalg.norm(got - exact) <= 5e-3 * np.linalg.norm(exact)
+    direction, eps = rng.standard_normal(exact.shape), 1e-5
+    cotangents = {out: arrays[grad_name(out)] for out in graph.outputs}
+
+    def loss(x: np.ndarray) -> float:
+        outs = numpy_eval.evaluate(graph, {"x": x}, np.float64)
+        return sum(float((outs[k] * cotangents[k]).sum()) for k in outs)
+
+    fd = (loss(arrays["x"] + eps * direction) - loss(arrays["x"] - eps * direction)) / (2 * eps)
+    assert fd == pytest.approx(float((exact * direction).sum()), rel=1e-5)

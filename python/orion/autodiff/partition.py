@@ -14,14 +14,17 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from orion.autodiff.flops import graph_flops
 from orion.autodiff.trainable import TrainableModel
 from orion.autodiff.transform import backward, grad_name
 from orion.compiler import lower_graph
 from orion.errors import OrionError
 from orion.graph.builder import Graph
-from orion.graph.ir import GraphError
-from orion.limits import DISPATCH_MS, SRAM_BYTES
+from orion.graph.ir import GraphError, dtype_size
+from orion.legalize import IOLayout
+from orion.limits import DISPATCH_MS, MIN_SURFACE_BYTES, SRAM_BYTES
 from orion.passes.sram import NAME as SRAM_PASS
 from orion.passes.sram import SRAMBudgetWarning
 
@@ -56,6 +59,7 @@ class Program:
     reason: str
     sram_bytes: int = 0
     fused: int = 1  # attention ops of the one layer the program holds (its ANE-09 max_layers)
+    surface_bytes: int = 0  # its I/O surfaces: every input, and every output, as large as the largest (ANE-13)
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,8 @@ class Plan:
                  f"{self.dispatches} ANE dispatches per step"]
         for p in self.programs:
             lines.append(f"  {p.device.upper()} {p.name} x{p.count}: {p.flops * p.count / 1e9:.3f} GFLOP, "
-                         f"{p.sram_bytes / 2**20:.1f} MB working set; {p.reason}")
+                         f"{p.sram_bytes / 2**20:.1f} MB working set, {p.surface_bytes / 2**20:.1f} MB of I/O "
+                         f"surfaces per layer; {p.reason}")
         for s in self.cpu:
             lines.append(f"  CPU {s.name}: {s.flops / 1e9:.3f} GFLOP; {s.reason}")
         return "\n".join(lines)
@@ -143,17 +148,28 @@ def _place(name: str, graph: Graph, count: int, budget: int, cost: CostModel, pr
     try:
         with warnings.catch_warnings():  # over budget is a planning outcome here, reported in the plan
             warnings.simplefilter("ignore", SRAMBudgetWarning)
-            report = lower_graph(graph, sram_budget=budget, max_layers=fused).report
+            lowered = lower_graph(graph, sram_budget=budget, max_layers=fused)
     except (OrionError, GraphError) as illegal:
         return Program(name, graph, CPU, flops, count, f"not ANE-legal: {illegal}", fused=fused)
-    sram = report.analyses[SRAM_PASS]
+    sram = lowered.report.analyses[SRAM_PASS]
+    sized = {"sram_bytes": sram.total, "fused": fused, "surface_bytes": _surface_bytes(lowered.layout)}
     if sram.over_budget:
-        return Program(name, graph, CPU, flops, count, f"over the SRAM budget (ANE-26): {sram}", sram.total, fused)
+        return Program(name, graph, CPU, flops, count, f"over the SRAM budget (ANE-26): {sram}", **sized)
     ane_ms, cpu_ms = cost.ane_ms(flops), cost.cpu_ms(flops)
     if prefer == "auto" and ane_ms >= cpu_ms:
         return Program(name, graph, CPU, flops, count,
-                       f"CPU pays: {cpu_ms:.3f} ms fp32 vs {ane_ms:.3f} ms on the ANE with dispatch", sram.total, fused)
-    return Program(name, graph, ANE, flops, count, f"ANE {ane_ms:.3f} ms vs CPU {cpu_ms:.3f} ms", sram.total, fused)
+                       f"CPU pays: {cpu_ms:.3f} ms fp32 vs {ane_ms:.3f} ms on the ANE with dispatch", **sized)
+    return Program(name, graph, ANE, flops, count, f"ANE {ane_ms:.3f} ms vs CPU {cpu_ms:.3f} ms", **sized)
+
+
+def _surface_bytes(layout: IOLayout) -> int:
+    """Bytes of one binding of a program's surfaces: all inputs as large as the largest input, all outputs as
+    large as the largest output, none below the minimum (ANE-12, ANE-13)."""
+    total = 0
+    for specs in (layout.inputs, layout.outputs):
+        largest = max([MIN_SURFACE_BYTES] + [int(np.prod(s.padded)) * dtype_size(s.dtype) for s in specs])
+        total += largest * len(specs)
+    return total
 
 
 def _weight_groups(layer: Graph, params: Sequence[str], count: int, budget: int, cost: CostModel,

@@ -50,6 +50,7 @@ CASES = [
     _case("mul_scalar", lambda g, i: g.mul(i["x"], 1.5), X),
     _case("div", lambda g, i: g.div(i["x"], i["y"]), XY, ranges={"y": POSITIVE}),
     _case("pow", lambda g, i: g.pow(i["x"], 3.0), X),
+    _case("pow_zero", lambda g, i: g.mul(g.pow(i["x"], 0.0), i["x"]), X),
     _case("pow_neg", lambda g, i: g.pow(i["x"], -1.0), X, ranges={"x": POSITIVE}),
     _case("rsqrt", lambda g, i: g.rsqrt(i["x"]), X, ranges={"x": POSITIVE}),
     _case("sqrt", lambda g, i: g.sqrt(i["x"]), X, ranges={"x": POSITIVE}),

@@ -105,7 +105,7 @@ def _infer_pow(name: str, op: str, xs: list[Node], attrs: dict[str, Any]) -> tup
 
 def _grad_pow(ctx: GradContext, n: Node, dy: Node) -> Grads:  # dy * c * x^(c-1)
     x, c = n.inputs[0], float(n.inputs[1].value)
-    slope = ctx.g.pow(x, c - 1.0) if c != 1.0 else None
+    slope = ctx.g.pow(x, c - 1.0) if c not in (0.0, 1.0) else None  # x^0 is constant: no x^-1 (inf at 0)
     return [ctx.scale(dy if slope is None else ctx.g.mul(dy, slope), c), None]
 
 

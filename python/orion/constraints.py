@@ -126,7 +126,8 @@ CATALOG: tuple[Constraint, ...] = (
                "tests/compiler/test_legalize.py::test_layer_norm"),
     Constraint("ANE-32", "compile fail",
                "[O][M]", REJECTED + " + " + LEGALIZED,
-               "orion.ops inference (linear weight must be const); orion.emit (all seven args)",
+               "orion.ops inference (a conv weight must be const; linear with a runtime [1, Cout, 1, Cin] weight "
+               "legalizes to matmul); orion.emit (all seven args)",
                "tests/compiler/test_catalog.py::test_ane32_linear_weight_must_be_const"),
     Constraint("ANE-33", "crash", "[M][O]",
                RUNTIME, "ane_client.mm: unload in unload(), the destructor and every error path",

@@ -3,7 +3,7 @@
 An :class:`OpDef` is everything Orion's Python side knows about one graph op: its operands, its
 attributes with their defaults, shape/dtype inference, its MIL argument emission (dialect ops), its
 legalization (high-level ops), the hardware status of the MIL op of that name, an independent numpy
-reference and a slot for its gradient rule.
+reference and its gradient rule (``grad``, used by :func:`orion.autodiff.backward`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from orion.errors import CompileError
 from orion.graph.ir import GraphError
 
 if TYPE_CHECKING:
+    from orion.autodiff.context import GradContext
     from orion.emit import Emitter
     from orion.graph.ir import Node
     from orion.legalize.rewrite import Legalizer
@@ -34,6 +35,8 @@ InferFn = Callable[[str, str, list["Node"], dict[str, Any]], tuple[Shape, str]]
 EmitFn = Callable[["Emitter", "Node", str, list[str]], list[Arg]]
 LegalizeFn = Callable[["Legalizer", "Node"], "Node"]
 ReferenceFn = Callable[[list[np.ndarray], dict[str, Any]], np.ndarray]
+# grad(ctx, node, dy) -> one cotangent per operand (None where none is needed), built with ctx.g's ops
+GradFn = Callable[["GradContext", "Node", "Node"], Sequence["Node | None"]]
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,7 @@ class OpDef:
     legalize: LegalizeFn | None = None
     mil: MilOp | None = None
     workaround: str = ""  # the catalog id a legalization works around when MIL has no counterpart op
-    grad: Callable[..., Any] | None = None  # the gradient rule (filled by the training work)
+    grad: GradFn | None = None  # the gradient rule, see orion.autodiff.context
     doc: str = ""
 
     def __post_init__(self) -> None:

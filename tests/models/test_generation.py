@@ -123,8 +123,11 @@ def test_generate_text_stops_at_the_eos_ids_of_the_model_files(model, model_dir,
     (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [CONFIG.vocab_size - 1, stop]}))
     loaded = models.load(model_dir, progress=False)
     assert loaded.tokenizer.eos_token_ids == (CONFIG.vocab_size - 1, stop)
-    text = "".join(loaded.generate_text("t1 t2 t3", 12))
-    assert text == "".join(f"t{t}" for t in greedy[: greedy.index(stop) + 1])
+    run = loaded.generate_text("t1 t2 t3", 12)
+    text = "".join(run)
+    # the stream is decode() of the new ids; the stop token's own text is not output
+    assert text == " " + " ".join(f"t{t}" for t in greedy[: greedy.index(stop)])
+    assert (run.finish_reason, run.stopped_by) == ("stop", stop)
 
 
 class InGraphPositions(GPT2):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from orion.errors import OrionError
+from orion.generation.defaults import GenerationDefaults
 from orion.generation.hf_files import CONFIG_FILE, ModelFileError, read_json_object
 
 
@@ -64,7 +65,8 @@ def family_of(config: Any) -> Family:
 
 
 def load(path: str | os.PathLike[str], **options: Any) -> Any:
-    """The model in Hugging Face directory ``path``, by its ``config.json``'s ``model_type``."""
+    """The model in Hugging Face directory ``path``, by its ``config.json``'s ``model_type``, with the
+    sampling defaults of its ``generation_config.json``."""
     directory = Path(path)
     if not directory.is_dir():
         raise ModelFileError(f"{directory}: no such directory; give a Hugging Face model directory "
@@ -77,7 +79,10 @@ def load(path: str | os.PathLike[str], **options: Any) -> Any:
     if model_type not in _FAMILIES:
         what = "has no model_type" if model_type is None else f"has model_type {model_type!r}"
         raise UnknownModel(f"{config_path}: {what}; Orion runs model types {model_types()}")
-    return _FAMILIES[model_type].model.from_pretrained(directory, **options)
+    model = _FAMILIES[model_type].model.from_pretrained(directory, **options)
+    if "generation_defaults" not in vars(model):  # a family whose from_pretrained does not read them
+        model.generation_defaults = GenerationDefaults.from_directory(directory)
+    return model
 
 
 def random(shape: str | Any, seed: int = 0, **options: Any) -> Any:

@@ -23,15 +23,17 @@ Attend = Callable[[int, Node, Node, Node], Node]
 
 
 def cached_attention(g: Graph, q: Node, k: Node, v: Node, k_cache: Node, v_cache: Node, mask: Node,
-                     heads: int) -> Node:
-    """One token's multi-head attention over a KV cache plus its own key/value.
+                     heads: int, scale: float | None = None) -> Node:
+    """One token's multi-head attention over a KV cache plus its own key/value; the scores are
+    scaled by ``scale`` (default ``1/sqrt(head_dim)``).
 
     softmax([q.K_cache + mask, q.k]) . [V_cache, v] written with reductions, so the new key needs no
     concat: m = max(max_t s_t, s_self); out = (sum_t e_t V_t + e_self v) / (sum_t e_t + e_self).
     """
     c, t = q.shape[1], k_cache.shape[3]
     d = c // heads
-    qh = g.reshape(g.mul(q, 1.0 / math.sqrt(d), name="qs"), [1, heads, 1, d], name="qh")
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    qh = g.reshape(g.mul(q, scale, name="qs"), [1, heads, 1, d], name="qh")
     kh, vh = (g.reshape(n, [1, heads, 1, d], name=f"{p}h") for n, p in ((k, "k"), (v, "v")))
     keys = g.reshape(k_cache, [1, heads, d, t], name="keys")
     values = g.reshape(v_cache, [1, heads, d, t], name="values")
@@ -49,6 +51,19 @@ def cached_attention(g: Graph, q: Node, k: Node, v: Node, k_cache: Node, v_cache
     return g.reshape(out, [1, c, 1, 1], name="merged")
 
 
+def activation(g: Graph, x: Node, name: str) -> Node:
+    """The MLP activation transformers calls ``name`` (one of ``config.ACTIVATIONS``)."""
+    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu"):
+        return g.gelu(x, name="gelu")
+    if name == "quick_gelu":  # x * sigmoid(1.702 x)
+        return g.mul(x, g.sigmoid(g.mul(x, 1.702, name="quick_scale"), name="quick_sigmoid"), name="quick_gelu")
+    if name in ("silu", "swish"):
+        return g.silu(x, name="silu")
+    if name == "linear":
+        return x
+    return {"relu": g.relu, "tanh": g.tanh, "sigmoid": g.sigmoid}[name](x, name=name)
+
+
 def _layers(g: Graph, x: Node, config: GPT2Config, weights: GPT2Weights, layers: range, attend: Attend) -> Node:
     """Blocks ``layers`` on the residual stream ``x``; each block's key and value become outputs
     ``k<i>``/``v<i>``. ``attend`` is the attention itself (causal over the prompt, or over the cache)."""
@@ -64,7 +79,7 @@ def _layers(g: Graph, x: Node, config: GPT2Config, weights: GPT2Weights, layers:
             x = g.add(x, g.linear(a, b.w_attn_out, b.b_attn_out, name="proj"), name="res")
         with g.scope(f"h{i}.mlp"):
             h = g.layer_norm(x, b.ln2_g, b.ln2_b, eps, name="ln")
-            up = g.gelu(g.linear(h, b.w_fc, b.b_fc, name="fc"), name="gelu")
+            up = activation(g, g.linear(h, b.w_fc, b.b_fc, name="fc"), config.activation_function)
             x = g.add(x, g.linear(up, b.w_proj, b.b_proj, name="proj"), name="res")
     return x
 
@@ -79,7 +94,7 @@ def decode_graph(config: GPT2Config, weights: GPT2Weights, layers: range) -> Gra
     caches = {i: (g.input(f"k{i}", [1, c, 1, t]), g.input(f"v{i}", [1, c, 1, t])) for i in layers}
 
     def attend(i: int, q: Node, k: Node, v: Node) -> Node:
-        return cached_attention(g, q, k, v, *caches[i], mask, config.n_head)
+        return cached_attention(g, q, k, v, *caches[i], mask, config.n_head, config.attention_scale(i))
 
     g.output(_layers(g, x, config, weights, layers, attend), "x")
     return g
@@ -92,6 +107,10 @@ def prefill_graph(config: GPT2Config, weights: GPT2Weights, layers: range, seq: 
     x = g.input("x", [1, config.n_embd, 1, seq])
 
     def attend(i: int, q: Node, k: Node, v: Node) -> Node:
+        # g.attention scales by 1/sqrt(head_dim): other scales are folded into q first.
+        factor = config.attention_scale(i) * math.sqrt(config.head_dim)
+        if factor != 1.0:
+            q = g.mul(q, factor, name="q_scale")
         return g.attention(q, k, v, config.n_head, causal=True, name="core")
 
     g.output(_layers(g, x, config, weights, layers, attend), "x")

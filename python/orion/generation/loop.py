@@ -14,7 +14,6 @@ surfaces, so different forks may run in different threads at once.
 from __future__ import annotations
 
 import copy
-import sys
 import threading
 import time
 import warnings
@@ -280,15 +279,17 @@ class CausalLM:
         d = self.dims
         self._tokenizer, self._tokenizer_error = tokenizer, tokenizer_error
         self.options = PlanOptions(fusion_depth=fusion_depth, lm_head=lm_head)
-        if progress:
-            print(f"compiling {self.display_name} ({d.parameters / 1e6:.0f}M parameters, {d.n_layer} layers) "
-                  f"for {backend()}", file=sys.stderr, flush=True)
         start = time.perf_counter()
         self.builder = ProgramBuilder(self.program_identity(), self.options.io_dtype, progress)
         self._head_ranges = vocab_chunks(d.vocab_size, d.hidden)
+        depth = self.options.fusion_depth or sram_fusion_depth(d.n_layer, self.layer_weight_bytes())
+        heads = len(self._head_ranges) if self.options.lm_head == "ane" else 0
+        self.builder.begin(f"{self.display_name} ({d.parameters / 1e6:.0f}M parameters, {d.n_layer} layers) "
+                           f"on {backend()}", -(-d.n_layer // depth) + heads)
         self.decode_plan: DecodePlan = build_decode_plan(
             self.builder, self.options, d.n_layer, sram_fusion_depth(d.n_layer, self.layer_weight_bytes()),
             self._head_ranges, self.decode_graph, self.lm_head_graph, self.program_costs)
+        self.builder.end()
         self.compile_seconds = time.perf_counter() - start
         self._prefill_plans: dict[tuple[int, bool], PrefillPlan] = {}  # shared by forks
         self._compile_lock = threading.Lock()  # shared by forks: one compiles a new prefill bucket at a time
@@ -518,9 +519,13 @@ class CausalLM:
         if key not in self._prefill_stages:
             with self._compile_lock:
                 if key not in self._prefill_plans:
+                    plan = self.decode_plan
+                    self.builder.begin(f"{self.display_name} prompts up to {seq} tokens", len(plan.layer_ranges)
+                                       + (len(self._head_ranges) if with_head else 0))
                     self._prefill_plans[key] = build_prefill_plan(
                         self.builder, self.dims.n_layer, self.decode_plan.fusion_depth, seq,
                         self._head_ranges if with_head else [], self.prefill_graph, self.lm_head_graph)
+                    self.builder.end()
             self._prefill_stages[key] = self._prefill_plans[key].bind(self.options.io_dtype)
         return self._prefill_stages[key]
 

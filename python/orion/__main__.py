@@ -114,7 +114,6 @@ def _read_prompt(args: argparse.Namespace) -> str:
 def _generate(args: argparse.Namespace) -> int:
     """Checks everything that can be checked before compiling, then compiles and streams."""
     from orion import models
-    from orion.generation.hf_files import CONFIG_FILE, ModelFileError
     from orion.generation.sampling import check_sampling
     from orion.generation.tokenizer import load_tokenizer
 
@@ -123,13 +122,7 @@ def _generate(args: argparse.Namespace) -> int:
     check_sampling(0.0 if args.temperature is None else args.temperature, args.top_k, args.top_p, args.min_p,
                    args.repetition_penalty)
     directory = Path(args.model)
-    if not directory.is_dir():
-        what = "a file, not a directory" if directory.exists() else "no such directory"
-        raise ModelFileError(f"--model {directory}: {what}; give a Hugging Face model directory "
-                             f"({CONFIG_FILE}, model.safetensors, tokenizer.json)")
-    if not (directory / CONFIG_FILE).is_file():
-        raise ModelFileError(f"--model {directory}: no {CONFIG_FILE}; a model directory holds the model's "
-                             f"Hugging Face {CONFIG_FILE} (its model_type picks the model) and weights")
+    models.registry.model_class(directory)  # the directory, its config.json and model_type
     tokenizer = load_tokenizer(directory)
     prompt_text = _read_prompt(args)
     prompt = [{"role": "user", "content": prompt_text}] if args.chat else prompt_text

@@ -64,12 +64,13 @@ def family_of(config: Any) -> Family:
                        f"(registered: {model_types()}); register the model with orion.models.register")
 
 
-def load(path: str | os.PathLike[str], **options: Any) -> Any:
-    """The model in Hugging Face directory ``path``, by its ``config.json``'s ``model_type``, with the
-    sampling defaults of its ``generation_config.json``."""
+def model_class(path: str | os.PathLike[str]) -> type:
+    """The registered class that runs Hugging Face directory ``path`` (by ``config.json``'s
+    ``model_type``), checked without reading the weights."""
     directory = Path(path)
     if not directory.is_dir():
-        raise ModelFileError(f"{directory}: no such directory; give a Hugging Face model directory "
+        what = "a file, not a directory" if directory.exists() else "no such directory"
+        raise ModelFileError(f"{directory}: {what}; give a Hugging Face model directory "
                              f"(config.json and model.safetensors)")
     config_path = directory / CONFIG_FILE
     if not config_path.is_file():
@@ -79,9 +80,15 @@ def load(path: str | os.PathLike[str], **options: Any) -> Any:
     if model_type not in _FAMILIES:
         what = "has no model_type" if model_type is None else f"has model_type {model_type!r}"
         raise UnknownModel(f"{config_path}: {what}; Orion runs model types {model_types()}")
-    model = _FAMILIES[model_type].model.from_pretrained(directory, **options)
+    return _FAMILIES[model_type].model
+
+
+def load(path: str | os.PathLike[str], **options: Any) -> Any:
+    """The model in Hugging Face directory ``path``, by its ``config.json``'s ``model_type``, with the
+    sampling defaults of its ``generation_config.json``."""
+    model = model_class(path).from_pretrained(Path(path), **options)
     if "generation_defaults" not in vars(model):  # a family whose from_pretrained does not read them
-        model.generation_defaults = GenerationDefaults.from_directory(directory)
+        model.generation_defaults = GenerationDefaults.from_directory(path)
     return model
 
 

@@ -19,6 +19,10 @@ from orion.progress import ProgressLine, warn_user
 T = TypeVar("T")
 
 
+def _programs(n: int) -> str:
+    return f"{n} program{'' if n == 1 else 's'}"
+
+
 def program_label(kind: str, params: dict[str, Any]) -> str:
     """A program's name for people: ``decode layers 0-3``, ``lm_head vocab 0-12564, 32 tokens``."""
     parts = []
@@ -54,12 +58,12 @@ class ProgramBuilder:
         self.what = what
         self._batch = (self.built, self.cached)
         self._over_sram = []
-        self.line.start(f"compiling {total} programs for {what}", total)
+        self.line.start(f"compiling {_programs(total)} for {what}", total)
 
     def end(self) -> None:
         """The batch's summary line and, if some programs exceed the SRAM, one warning saying so."""
         built, cached = self.built - self._batch[0], self.cached - self._batch[1]
-        self.line.finish(f"compiled {built + cached} programs for {self.what} in {{seconds}} "
+        self.line.finish(f"compiled {_programs(built + cached)} for {self.what} in {{seconds}} "
                          f"({built} built, {cached} loaded from cache)")
         if self._over_sram and self.progress:
             warn_user(f"{len(self._over_sram)} of {built + cached} programs for {self.what} exceed the ANE's "

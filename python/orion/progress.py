@@ -3,21 +3,25 @@ attributed to the caller's code rather than to Orion's internals."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import warnings
 from pathlib import Path
 from typing import TextIO
 
-_PACKAGE = str(Path(__file__).resolve().parent)
+_PACKAGE = str(Path(__file__).parent) + os.sep
 
 
 def warn_user(message: str, category: type[Warning]) -> None:
-    """``warnings.warn`` with the stack level of the first frame outside the ``orion`` package."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(_PACKAGE):
+    """``warnings.warn`` attributed to the code that called into Orion: the frame just outside the
+    outermost ``orion`` frame (a callback from Orion back into Orion does not count as the caller)."""
+    frame, level, outermost = sys._getframe(1), 2, 1  # stacklevel 2 is the caller of warn_user
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_PACKAGE):
+            outermost = level
         frame, level = frame.f_back, level + 1
-    warnings.warn(message, category, stacklevel=level)
+    warnings.warn(message, category, stacklevel=outermost + 1)
 
 
 class ProgressLine:

@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.gpt2_fixtures import lively_weights
-from support.text_fixtures import write_model_dir
 
 import orion
 from orion.models import GPT2Config
 from orion.models.gpt2.weights import save_hf
+from support.gpt2_fixtures import lively_weights
+from support.text_fixtures import write_model_dir
 
 CONFIG = GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=512, n_positions=128)
 
@@ -92,6 +92,8 @@ def test_demo_runs_and_checks_itself() -> None:
      "exceed the model's context length 128"),
     (("orion.bench", "decode", "--model", "{unknown}"), 1, "model_type 'mamba'"),
     (("orion.bench", "decode", "--random", "nope"), 2, "invalid choice: 'nope'"),
+    (("orion.bench", "decode", "--model", "{dir}", "--fusion-depth", "two"), 2, "'two' is not an integer"),
+    (("orion", "generate", "--model", "{dir}", "--prompt", "hi", "--prompt-file", "x"), 2, "not allowed with"),
 ])
 def test_bad_command_lines_explain_without_a_traceback(model_dir, tmp_path, args, status, message) -> None:
     unknown = tmp_path / "unknown"
@@ -287,3 +289,14 @@ def test_doctor_probe_on_the_emulator_is_labelled_and_gives_no_advice_to_use_it(
     assert out.returncode == 0, out.stderr
     assert "(emulator rules, not hardware)" in out.stdout and "FACTS" not in out.stdout
     assert "probe_report=" not in out.stdout
+
+
+def test_progress_never_interleaves_with_the_generated_text(model_dir) -> None:
+    env = {**os.environ, "ORION_CACHE_DIR": "off"}
+    out = subprocess.run([sys.executable, "-m", "orion", "generate", "--model", str(model_dir), "--prompt", "hello",
+                          "--max-new-tokens", "5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=env, timeout=300, stdin=subprocess.DEVNULL)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and len(lines) == 3, out.stdout
+    assert lines[0].startswith("compiled 2 programs") and lines[1].startswith("compiled 1 program")
+    assert lines[2].startswith("hello")  # the prompt's bucket is compiled before the prompt is echoed

@@ -70,10 +70,9 @@ def test_unloading_a_compiled_graph_does_not_poison_the_process_cache() -> None:
 
 
 def test_buckets_share_layer_weights_on_disk(tmp_path, monkeypatch) -> None:
-    from support.gpt2_fixtures import lively_weights
-
     from orion.models import GPT2, GPT2Config
     from orion.program_cache import BLOBS, usage
+    from support.gpt2_fixtures import lively_weights
 
     monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
     config = GPT2Config(n_layer=2, n_head=4, n_embd=256, vocab_size=512, n_positions=128)

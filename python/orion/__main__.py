@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = commands.add_parser("doctor", formatter_class=HelpFormatter,
                                  help="platform, backend and why, threads and SIMD, caches; runs a tiny program")
     doctor.add_argument("--probe", action="store_true", help="also run the probe suite and write its JSON report")
-    doctor.add_argument("--out", default=None, help="where --probe writes its report (None: orion-probe-<backend>.json)")
+    doctor.add_argument("--out", default=None,
+                        help="where --probe writes its report (None: orion-probe-<backend>.json)")
     doctor.add_argument("--json", action="store_true", help="print the doctor report as JSON")
     cache = commands.add_parser("cache", help="the on-disk program cache (ORION_CACHE_DIR): info or clear",
                                 formatter_class=HelpFormatter)

@@ -145,7 +145,7 @@ def _read_verified(directory: Path) -> tuple[dict[str, bytes], dict[str, bytes]]
     weights = {path: (blobs / ref["blob"], {"size": ref["size"], "crc32": ref["crc32"]})
                for path, ref in manifest["weights"].items()}
     out: tuple[dict[str, bytes], dict[str, bytes]] = ({}, {})
-    for found, table in zip(out, (own, weights)):
+    for found, table in zip(out, (own, weights), strict=True):
         for name, (path, expected) in table.items():
             data = path.read_bytes() if path.is_file() else b""
             if _checksum(data) != expected:

@@ -14,8 +14,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import references
-from support.text_fixtures import CONFIG, EOS, write_model_dir
 
 import orion
 from orion import models
@@ -23,6 +21,8 @@ from orion.generation.defaults import GenerationConfigWarning, GenerationDefault
 from orion.generation.loop import ContextLengthWarning, GenerationError
 from orion.generation.sampling import apply_repetition_penalty, sampling_probs
 from orion.generation.tokenizer import TokenizerError
+from support import references
+from support.text_fixtures import CONFIG, EOS, write_model_dir
 
 CHAT_TEMPLATE = ("{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + eos_token }}{% endfor %}"
                  "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
@@ -157,10 +157,24 @@ def test_text_prompts_and_empty_prompts_start_from_bos(model) -> None:
         bare.generate("text", 3)
 
 
-def test_a_tokenizer_smaller_than_the_vocabulary_is_an_error_not_empty_text(model) -> None:
+def test_a_tokenizer_smaller_than_the_vocabulary_is_an_error_not_empty_text(model, tmp_path) -> None:
     tok = model.tokenizer
     with pytest.raises(TokenizerError, match=r"token ids \[600\] are beyond .*tokenizer.json's 512 tokens"):
         tok.decode([5, 600])
+    from orion.generation.loop import TokenizerWarning
+    from orion.models import GPT2Config
+
+    big = GPT2Config(n_layer=1, n_head=4, n_embd=64, vocab_size=640, n_positions=64)
+    write_model_dir(tmp_path / "m", big, tokenizer=False)
+    from support.text_fixtures import byte_level_tokenizer
+
+    byte_level_tokenizer(512).save(str(tmp_path / "m" / "tokenizer.json"))
+    with pytest.warns(TokenizerWarning, match="has 512 tokens, the model's vocabulary 640"):
+        wide = models.load(tmp_path / "m", progress=False)
+    force = forcing([600])
+    force.prompt_len = 1
+    with pytest.raises(TokenizerError, match=r"\[600\] are beyond"):
+        list(wide.generate_text("a", 2, logits_processor=force))
 
 
 def test_repetition_penalty_and_min_p_match_transformers() -> None:
@@ -198,7 +212,8 @@ def test_generation_config_json_gives_the_defaults(tmp_path) -> None:
         {"do_sample": True, "temperature": 0.7, "top_p": 0.9, "max_new_tokens": 5, "repetition_penalty": 1.1,
          "transformers_version": "4.40"}))
     model = models.load(tmp_path, progress=False)
-    assert model.generation_defaults == GenerationDefaults(0.7, 50, 0.9, None, 1.1, 5, str(tmp_path / "generation_config.json"))
+    source = str(tmp_path / "generation_config.json")
+    assert model.generation_defaults == GenerationDefaults(0.7, 50, 0.9, None, 1.1, 5, source)
     run = model.generate([1, 2, 3], seed=4)
     tokens = list(run)
     assert len(tokens) == 5  # max_new_tokens from the file

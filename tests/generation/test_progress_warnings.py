@@ -8,12 +8,12 @@ import warnings
 
 import numpy as np
 import pytest
-from support.gpt2_fixtures import lively_weights
 
 import orion
 from orion import compiler
 from orion.models import GPT2, GPT2Config
 from orion.passes.sram import SRAMBudgetWarning
+from support.gpt2_fixtures import lively_weights
 
 CONFIG = GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=512, n_positions=128)
 

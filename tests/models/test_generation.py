@@ -170,3 +170,15 @@ def test_position_inputs_reach_every_layer_program_that_declares_them() -> None:
     close(model.decode_step(11), want[4])
     close(model.decode_step(12), want[5])
     close(model.logits(ids), want[:4])
+
+
+def test_progress_false_silences_weight_loading_too(model_dir, monkeypatch, capsys) -> None:
+    from orion.models.gpt2 import weights as gpt2_weights
+
+    monkeypatch.setattr(gpt2_weights, "PROGRESS_MIN_BYTES", 0)  # report even this small file
+    monkeypatch.setenv("ORION_CACHE_DIR", "off")
+    models.load(model_dir, progress=False)
+    assert capsys.readouterr().err == ""
+    models.load(model_dir)
+    err = capsys.readouterr().err
+    assert "loading model.safetensors" in err and "compiled 2 programs for GPT-2" in err

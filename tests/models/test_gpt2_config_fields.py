@@ -11,13 +11,13 @@ import warnings
 
 import numpy as np
 import pytest
-from support import references
-from support.gpt2_fixtures import lively_weights
 
 import orion
 from orion import models
 from orion.models.gpt2.config import ConfigError, ConfigWarning, GPT2Config
 from orion.models.gpt2.weights import save_hf
+from support import references
+from support.gpt2_fixtures import lively_weights
 
 BASE = dict(n_layer=2, n_head=4, n_embd=64, vocab_size=256, n_positions=64)
 IDS = [5, 17, 3, 99, 42, 7]

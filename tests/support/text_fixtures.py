@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from support.gpt2_fixtures import lively_weights
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from orion.models import GPT2Config
 from orion.models.gpt2.weights import save_hf
+from support.gpt2_fixtures import lively_weights
 
 CONFIG = GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=512, n_positions=128)
 EOS = "<|endoftext|>"

@@ -41,6 +41,7 @@ from orion.generation.streaming import IncrementalDetokenizer, StopStrings
 from orion.generation.tokenizer import Tokenizer, TokenizerNotFound
 from orion.graph import Graph
 from orion.limits import MIN_LANES
+from orion.progress import warn_user
 from orion.runtime.backend import backend
 from orion.runtime.builder import ProgramBuilder
 from orion.runtime.stage import Stage
@@ -60,6 +61,10 @@ class NonFiniteLogits(OrionError):
 
 class ConcurrentUse(OrionError):
     """A model object was called from a second thread while it was running."""
+
+
+class TokenizerWarning(UserWarning):
+    """The tokenizer does not cover the model's whole vocabulary."""
 
 
 class ContextLengthWarning(UserWarning):
@@ -278,6 +283,10 @@ class CausalLM:
         """Compiles the decode plan and binds it to a new KV cache (call at the end of ``__init__``)."""
         d = self.dims
         self._tokenizer, self._tokenizer_error = tokenizer, tokenizer_error
+        if tokenizer is not None and tokenizer.vocab_size < d.vocab_size:
+            warn_user(f"{tokenizer.path} has {tokenizer.vocab_size} tokens, the model's vocabulary {d.vocab_size}: "
+                      f"decoding a generated id >= {tokenizer.vocab_size} raises TokenizerError (it has no text)",
+                      TokenizerWarning)
         self.options = PlanOptions(fusion_depth=fusion_depth, lm_head=lm_head)
         start = time.perf_counter()
         self.builder = ProgramBuilder(self.program_identity(), self.options.io_dtype, progress)

@@ -155,6 +155,13 @@ def test_generate_prompt_sources_stop_and_no_echo(model_dir, tmp_path) -> None:
     assert stopped.returncode == 0 and stopped.stdout == want[: want.index(stop)] + "\n"
 
 
+def test_stop_values_understand_shell_escapes() -> None:
+    from orion.__main__ import _unescape
+
+    assert _unescape(["\\n", "a\\tb", "\\\\n", "café"]) == ["\n", "a\tb", "\\n", "café"]
+    assert _unescape(None) is None
+
+
 def test_an_empty_prompt_starts_from_bos(model_dir) -> None:
     out = run("orion", "generate", "--model", str(model_dir), "--prompt", "", "--max-new-tokens", "4")
     assert out.returncode == 0, out.stderr
@@ -165,7 +172,7 @@ def test_progress_is_one_summary_line_per_batch_and_quiet_is_silent(model_dir) -
     out = run("orion", "generate", "--model", str(model_dir), "--prompt", "hello", "--max-new-tokens", "3")
     lines = out.stderr.splitlines()
     assert out.returncode == 0 and len(lines) == 2, out.stderr
-    assert lines[0].startswith("compiled 2 programs for GPT-2 (0M parameters, 2 layers) on ")
+    assert lines[0].startswith("compiled 2 programs for GPT-2 (0.1M parameters, 2 layers) on ")
     assert lines[1].startswith("compiled 1 program for GPT-2 prompts up to 32 tokens in ")
     assert "\r" not in out.stderr and "(2 built, 0 loaded from cache)" in lines[0]
     quiet = run("orion", "generate", "--model", str(model_dir), "--prompt", "hello", "--max-new-tokens", "3",

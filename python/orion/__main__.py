@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_generate(commands: argparse._SubParsersAction) -> None:
     generate = commands.add_parser(
         "generate", formatter_class=HelpFormatter, help="generate text with a model directory (streams it)",
-        description="Stream the model's continuation of a prompt to stdout. The prompt comes from --prompt, "
+        description="Stream the model's continuation of a prompt to stdout. The prompt comes from --prompt,\n"
                     "--prompt-file, or stdin (--prompt - or a pipe); progress and warnings go to stderr.")
     generate.add_argument("--model", required=True,
                           help="Hugging Face model directory: config.json (its model_type picks the model), "
@@ -72,7 +73,8 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
                           help="divide the logits of tokens already seen (1 = none)")
     generate.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     generate.add_argument("--stop", action="append", default=None, metavar="TEXT",
-                          help="stop before this text (repeatable); the model's end-of-sequence tokens always stop")
+                          help="stop before this text (repeatable; \\n and \\t mean newline and tab); the model's "
+                               "end-of-sequence tokens always stop")
     generate.add_argument("--no-echo", action="store_true", help="print only the generated text, not the prompt")
     generate.add_argument("--quiet", action="store_true", help="no progress lines or warnings on stderr")
 
@@ -112,6 +114,12 @@ def _read_prompt(args: argparse.Namespace) -> str:
     return args.prompt
 
 
+def _unescape(stops: list[str] | None) -> list[str] | None:
+    """``\\n``, ``\\t`` and ``\\\\`` in ``--stop`` values, as typed in a shell, become the characters."""
+    table = {"n": "\n", "t": "\t", "\\": "\\"}
+    return None if stops is None else [re.sub(r"\\([nt\\])", lambda m: table[m.group(1)], s) for s in stops]
+
+
 def _generate(args: argparse.Namespace) -> int:
     """Checks everything that can be checked before compiling, then compiles and streams."""
     from orion import models
@@ -131,7 +139,7 @@ def _generate(args: argparse.Namespace) -> int:
         tokenizer.apply_chat_template(prompt)  # no chat_template: fail now, not after compiling
     model = models.load(directory, progress=not args.quiet)
     run = model.generate_text(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                              top_p=args.top_p, seed=args.seed, stop=args.stop, min_p=args.min_p,
+                              top_p=args.top_p, seed=args.seed, stop=_unescape(args.stop), min_p=args.min_p,
                               repetition_penalty=args.repetition_penalty)
     echo = not args.no_echo and not args.chat
     for piece in run:

@@ -293,7 +293,8 @@ class CausalLM:
         self._head_ranges = vocab_chunks(d.vocab_size, d.hidden)
         depth = self.options.fusion_depth or sram_fusion_depth(d.n_layer, self.layer_weight_bytes())
         heads = len(self._head_ranges) if self.options.lm_head == "ane" else 0
-        self.builder.begin(f"{self.display_name} ({d.parameters / 1e6:.0f}M parameters, {d.n_layer} layers) "
+        millions = f"{d.parameters / 1e6:.{0 if d.parameters >= 1e7 else 1}f}M"
+        self.builder.begin(f"{self.display_name} ({millions} parameters, {d.n_layer} layers) "
                            f"on {backend()}", -(-d.n_layer // depth) + heads)
         self.decode_plan: DecodePlan = build_decode_plan(
             self.builder, self.options, d.n_layer, sram_fusion_depth(d.n_layer, self.layer_weight_bytes()),

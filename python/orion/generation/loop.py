@@ -222,7 +222,9 @@ class CausalLM:
 
     ``prefill(ids)`` fills the KV cache and returns the last position's logits; ``decode_step(id)``
     appends one token; ``logits(ids)`` gives every position's logits; ``generate(...)`` yields new
-    token ids and ``generate_text(...)`` text. All logits are float32 numpy arrays ``[vocab]``.
+    token ids and ``generate_text(...)`` text, both as a :class:`Generation` that reports its
+    finish reason. All logits are float32 numpy arrays ``[vocab]``. With a tokenizer, prompts may
+    be text or a chat (``prompt_ids``); ``generation_defaults`` fill in unset sampling arguments.
 
     Hooks a model implements: ``model_type`` (its ``config.json`` name) and ``display_name`` (class
     attributes), ``program_identity()``, ``decode_graph(layers)``, ``prefill_graph(layers, seq)``,
@@ -380,12 +382,12 @@ class CausalLM:
                 head.run()
             return np.concatenate([h.output("logits")[0, :, 0, :n] for h in heads]).T.astype(np.float32)
 
-    def generate(self, prompt: Prompt, max_new_tokens: int | None = None, temperature: float | None = None,
+    def generate(self, ids: Prompt, max_new_tokens: int | None = None, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  stop: Stop = None, *, min_p: float | None = None, repetition_penalty: float | None = None,
                  logits_processor: LogitsProcessor | Sequence[LogitsProcessor] | None = None) -> Generation:
-        """Iterate over up to ``max_new_tokens`` new token ids after ``prompt`` (token ids, or text or a
-        chat when the model has a tokenizer; an empty prompt starts from the BOS token).
+        """Iterate over up to ``max_new_tokens`` new token ids after the prompt ``ids`` (token ids, or
+        text or a chat when the model has a tokenizer; an empty prompt starts from the BOS token).
 
         Greedy when ``temperature == 0``, else sampled (``top_k``/``top_p``/``min_p`` truncation,
         ``seed`` for reproducibility); ``repetition_penalty`` and ``logits_processor`` (``f(ids, logits)
@@ -394,7 +396,7 @@ class CausalLM:
 
         ``stop``: token ids and/or strings; the run ends after the token that hits one (stop strings
         are matched on the decoded text). The returned :class:`Generation` tells why it ended."""
-        finish, steps = self._start(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, min_p,
+        finish, steps = self._start(ids, max_new_tokens, temperature, top_k, top_p, seed, stop, min_p,
                                     repetition_penalty, logits_processor, eos=False)
         return Generation(finish, steps, lambda token, text: token)
 

@@ -210,8 +210,12 @@ def test_expected_errors_mid_run_end_cleanly(model_dir, tmp_path) -> None:
     (tmp_path / "long.txt").write_text("hello world " * 200)
     out = run("orion", "generate", "--model", str(model_dir), "--prompt-file", str(tmp_path / "long.txt"))
     assert out.returncode == 1 and "Traceback" not in out.stderr and out.stdout == ""
-    assert out.stderr.splitlines()[-1].startswith("error: ") and "exceed the context length 128" in out.stderr
-    assert "\n\nerror:" not in out.stderr and "\nerror" not in out.stdout
+    assert out.stderr.startswith("error: the prompt has ") and "more than the model's context length 128" in out.stderr
+    assert "compil" not in out.stderr  # found before compiling
+    for args in (("--model", str(model_dir)), ("--random", "gpt2")):  # the bench too, 124M included
+        bench = run("orion.bench", "decode", *args, "--prompt-tokens", "1000", "--new-tokens", "100")
+        assert bench.returncode == 1 and bench.stderr.startswith("error: --prompt-tokens 1000 + --new-tokens 100")
+        assert "compil" not in bench.stderr and "Traceback" not in bench.stderr
 
 
 def test_ctrl_c_exits_cleanly(model_dir) -> None:

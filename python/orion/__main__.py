@@ -123,6 +123,7 @@ def _unescape(stops: list[str] | None) -> list[str] | None:
 def _generate(args: argparse.Namespace) -> int:
     """Checks everything that can be checked before compiling, then compiles and streams."""
     from orion import models
+    from orion.generation.loop import ContextFull
     from orion.generation.sampling import check_sampling
     from orion.generation.tokenizer import load_tokenizer
 
@@ -135,8 +136,11 @@ def _generate(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(directory)
     prompt_text = _read_prompt(args)
     prompt = [{"role": "user", "content": prompt_text}] if args.chat else prompt_text
-    if args.chat:
-        tokenizer.apply_chat_template(prompt)  # no chat_template: fail now, not after compiling
+    text = tokenizer.apply_chat_template(prompt) if args.chat else prompt_text  # no chat_template: fail now
+    count, context = len(tokenizer.encode(text, add_special_tokens=not args.chat)), models.context_length(directory)
+    if context is not None and count > context:
+        raise ContextFull(f"the prompt has {count} tokens, more than the model's context length {context}: "
+                          f"shorten it")
     model = models.load(directory, progress=not args.quiet)
     run = model.generate_text(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                               top_p=args.top_p, seed=args.seed, stop=_unescape(args.stop), min_p=args.min_p,

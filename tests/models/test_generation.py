@@ -182,3 +182,8 @@ def test_progress_false_silences_weight_loading_too(model_dir, monkeypatch, caps
     models.load(model_dir)
     err = capsys.readouterr().err
     assert "loading model.safetensors" in err and "compiled 2 programs for GPT-2" in err
+
+
+def test_context_length_is_read_without_building_the_model(model_dir) -> None:
+    assert models.context_length(model_dir) == CONFIG.n_positions
+    assert models.context_length("gpt2") == 1024 and models.context_length(CONFIG) == 128

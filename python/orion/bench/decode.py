@@ -72,12 +72,19 @@ def _cached_start(model_dir: str | None, shape: str, cache: str) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def _check_context(context: int | None, prompt_tokens: int, new_tokens: int) -> None:
+    if context is not None and prompt_tokens + new_tokens > context:
+        raise BenchError(f"--prompt-tokens {prompt_tokens} + --new-tokens {new_tokens} exceed the model's "
+                         f"context length {context}; ask for fewer tokens")
+
+
 def run(model_dir: str | None = None, prompt_tokens: int = 16, new_tokens: int = 128,
         fusion_depth: int | None = None, lm_head: str = "ane", shape: str = DEFAULT_SHAPE,
         cache: str | None = None, progress: bool = True) -> dict[str, Any]:
     """The whole benchmark; returns every figure (see ``report``). ``shape``: the registered random
     shape used without ``model_dir``; ``cache``: the program cache to use (None: a temporary one)."""
     options = dict(fusion_depth=fusion_depth, lm_head=lm_head, progress=progress)
+    _check_context(models.context_length(model_dir or shape), prompt_tokens, new_tokens)
     with tempfile.TemporaryDirectory(prefix="orion-bench-cache-") as temporary:
         where = cache or temporary
         previous = os.environ.get("ORION_CACHE_DIR")
@@ -86,9 +93,7 @@ def run(model_dir: str | None = None, prompt_tokens: int = 16, new_tokens: int =
             start = time.perf_counter()
             model = load_model(model_dir, shape, **options)
             start_s = time.perf_counter() - start
-            if prompt_tokens + new_tokens > model.dims.context:
-                raise BenchError(f"--prompt-tokens {prompt_tokens} + --new-tokens {new_tokens} exceed the model's "
-                                 f"context length {model.dims.context}; ask for fewer tokens")
+            _check_context(model.dims.context, prompt_tokens, new_tokens)
             prompt = [int(t) for t in np.random.default_rng(0).integers(0, model.dims.vocab_size, prompt_tokens)]
             result = measure_decode(model, prompt, new_tokens)  # compiles the prompt's bucket into the cache
         finally:

@@ -4,6 +4,7 @@
 from orion.models.gpt2 import GPT2, GPT2Config
 from orion.models.registry import (
     UnknownModel,
+    context_length,
     load,
     model_types,
     random,
@@ -16,5 +17,5 @@ register(GPT2, GPT2Config)
 register_shape("gpt2", GPT2Config())
 register_shape("124m", GPT2Config())
 
-__all__ = ["GPT2", "GPT2Config", "UnknownModel", "load", "model_types", "random", "register",
+__all__ = ["GPT2", "GPT2Config", "UnknownModel", "context_length", "load", "model_types", "random", "register",
            "register_shape", "shape_names"]

@@ -64,6 +64,22 @@ def family_of(config: Any) -> Family:
                        f"(registered: {model_types()}); register the model with orion.models.register")
 
 
+_CONTEXT_KEYS = ("n_positions", "n_ctx", "max_position_embeddings")  # Hugging Face names of the context length
+
+
+def context_length(source: str | os.PathLike[str] | Any) -> int | None:
+    """The context length a model directory's ``config.json`` (or a registered shape name, or a
+    config) declares, read without building the model; None when it names none."""
+    if isinstance(source, str) and source in _SHAPES:
+        source = _SHAPES[source]
+    if isinstance(source, (str, os.PathLike)):
+        data = read_json_object(Path(source) / CONFIG_FILE)
+    else:
+        data = source.to_hf_json()
+    values = [data[k] for k in _CONTEXT_KEYS if isinstance(data.get(k), int)]
+    return values[0] if values else None
+
+
 def model_class(path: str | os.PathLike[str]) -> type:
     """The registered class that runs Hugging Face directory ``path`` (by ``config.json``'s
     ``model_type``), checked without reading the weights."""

@@ -9,34 +9,26 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.gpt2_fixtures import lively_weights
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import orion
 from orion.models import GPT2Config
 from orion.models.gpt2.weights import save_hf
+from support.gpt2_fixtures import lively_weights
+from support.text_fixtures import write_model_dir
 
 CONFIG = GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=512, n_positions=128)
 
 
-def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "ORION_CACHE_DIR": "off"}
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
+def run(*args: str, cwd: Path | None = None, stdin: str | None = None, **env: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ORION_CACHE_DIR": "off", **env}
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=300, env=env, cwd=cwd,
+                          input=stdin if stdin is not None else "")
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     """A small GPT-2 directory in the Hugging Face layout, with a byte-level BPE tokenizer.json."""
-    directory = tmp_path_factory.mktemp("gpt2")
-    save_hf(directory, CONFIG, lively_weights(CONFIG, seed=1))
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["the neural engine runs the model", "hello world, hello engine"], trainer)
-    tok.save(str(directory / "tokenizer.json"))
-    return directory
+    return write_model_dir(tmp_path_factory.mktemp("gpt2"), CONFIG)
 
 
 def test_bench_decode_json(model_dir) -> None:
@@ -46,7 +38,7 @@ def test_bench_decode_json(model_dir) -> None:
     assert result["backend"] == orion.backend() and result["decode_tok_s"] > 0
     layer_programs = -(-CONFIG.n_layer // result["fusion_depth"])
     assert result["dispatches_per_token"] == layer_programs + 1  # plus one LM-head chunk
-    assert "compiled decode" in out.stderr  # progress while compiling
+    assert "compiled 2 programs for GPT-2" in out.stderr and "program for GPT-2 prompts up to" in out.stderr
 
 
 def test_bench_decode_report(model_dir) -> None:
@@ -100,6 +92,8 @@ def test_demo_runs_and_checks_itself() -> None:
      "exceed the model's context length 128"),
     (("orion.bench", "decode", "--model", "{unknown}"), 1, "model_type 'mamba'"),
     (("orion.bench", "decode", "--random", "nope"), 2, "invalid choice: 'nope'"),
+    (("orion.bench", "decode", "--model", "{dir}", "--fusion-depth", "two"), 2, "'two' is not an integer"),
+    (("orion", "generate", "--model", "{dir}", "--prompt", "hi", "--prompt-file", "x"), 2, "not allowed with"),
 ])
 def test_bad_command_lines_explain_without_a_traceback(model_dir, tmp_path, args, status, message) -> None:
     unknown = tmp_path / "unknown"
@@ -122,3 +116,201 @@ def test_doctor_reports_an_unusable_cache_dir_and_an_unwritable_report(tmp_path)
     out = run("orion", "doctor", "--probe", "--out", str(tmp_path / "missing" / "report.json"))
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert "cannot write the probe report" in out.stderr
+
+
+# -- generate: checks before compiling, prompt sources, stops, echo, progress, quiet ------------------------
+def test_generate_checks_arguments_model_and_tokenizer_before_compiling(model_dir, tmp_path) -> None:
+    bare = write_model_dir(tmp_path / "bare", CONFIG, tokenizer=False)
+    (tmp_path / "file").write_text("x")
+    cases = [
+        (["--model", str(model_dir), "--prompt", "hi", "--temperature", "-1"], "temperature=-1"),
+        (["--model", str(model_dir), "--prompt", "hi", "--top-p", "1.5"], "top_p=1.5"),
+        (["--model", str(bare), "--prompt", "hi"], "no tokenizer.json"),
+        (["--model", str(tmp_path / "file"), "--prompt", "hi"], "a file, not a directory"),
+        (["--model", str(model_dir), "--prompt", "hi", "--chat"], "no chat_template"),
+        (["--model", str(model_dir), "--prompt-file", str(tmp_path / "missing.txt")], "--prompt-file"),
+    ]
+    for args, message in cases:
+        out = run("orion", "generate", *args)
+        assert out.returncode == 1 and out.stdout == "", (args, out.stderr)
+        assert out.stderr.startswith("error: ") and message in out.stderr and "compil" not in out.stderr, out.stderr
+
+
+def test_generate_prompt_sources_stop_and_no_echo(model_dir, tmp_path) -> None:
+    from orion import models as orion_models
+
+    model = orion_models.load(model_dir, progress=False)
+    want = "".join(model.generate_text("hello world", 12))
+    out = run("orion", "generate", "--model", str(model_dir), "--prompt", "hello world", "--max-new-tokens", "12")
+    assert out.returncode == 0 and out.stdout == "hello world" + want + "\n"
+    (tmp_path / "prompt.txt").write_text("hello world", encoding="utf-8")
+    from_file = run("orion", "generate", "--model", str(model_dir), "--prompt-file", str(tmp_path / "prompt.txt"),
+                    "--max-new-tokens", "12", "--no-echo")
+    from_stdin = run("orion", "generate", "--model", str(model_dir), "--max-new-tokens", "12", "--no-echo",
+                     stdin="hello world")
+    assert from_file.stdout == from_stdin.stdout == want + "\n"
+    stop = want[len(want) // 2: len(want) // 2 + 2]
+    stopped = run("orion", "generate", "--model", str(model_dir), "--prompt", "hello world", "--max-new-tokens", "12",
+                  "--stop", stop, "--no-echo")
+    assert stopped.returncode == 0 and stopped.stdout == want[: want.index(stop)] + "\n"
+
+
+def test_stop_values_understand_shell_escapes() -> None:
+    from orion.__main__ import _unescape
+
+    assert _unescape(["\\n", "a\\tb", "\\\\n", "café"]) == ["\n", "a\tb", "\\n", "café"]
+    assert _unescape(None) is None
+
+
+def test_an_empty_prompt_starts_from_bos(model_dir) -> None:
+    out = run("orion", "generate", "--model", str(model_dir), "--prompt", "", "--max-new-tokens", "4")
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout) > 1
+
+
+def test_progress_is_one_summary_line_per_batch_and_quiet_is_silent(model_dir) -> None:
+    out = run("orion", "generate", "--model", str(model_dir), "--prompt", "hello", "--max-new-tokens", "3")
+    lines = out.stderr.splitlines()
+    assert out.returncode == 0 and len(lines) == 2, out.stderr
+    assert lines[0].startswith("compiled 2 programs for GPT-2 (0.1M parameters, 2 layers) on ")
+    assert lines[1].startswith("compiled 1 program for GPT-2 prompts up to 32 tokens in ")
+    assert "\r" not in out.stderr and "(2 built, 0 loaded from cache)" in lines[0]
+    quiet = run("orion", "generate", "--model", str(model_dir), "--prompt", "hello", "--max-new-tokens", "3",
+                "--quiet")
+    assert quiet.returncode == 0 and quiet.stderr == "" and quiet.stdout == out.stdout
+
+
+def test_progress_line_updates_in_place_on_a_terminal() -> None:
+    import io
+
+    from orion.progress import ProgressLine
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    term = Terminal()
+    line = ProgressLine(stream=term)
+    line.start("compiling 3 programs for X", 3)
+    for detail in ("decode layers 0-0", "decode layers 1-1 (loaded from cache)", "lm_head vocab 0-511"):
+        line.step(detail)
+    line.finish("compiled 3 programs for X in {seconds}")
+    text = term.getvalue()
+    assert text.count("\n") == 1 and text.endswith(" s\n")
+    assert "\r\x1b[Kcompiling 3 programs for X 2/3: decode layers 1-1 (loaded from cache)" in text
+    silent = Terminal()
+    off = ProgressLine(False, stream=silent)
+    off.start("x", 1)
+    off.step("y")
+    off.finish("z")
+    assert silent.getvalue() == ""
+
+
+def test_expected_errors_mid_run_end_cleanly(model_dir, tmp_path) -> None:
+    (tmp_path / "long.txt").write_text("hello world " * 200)
+    out = run("orion", "generate", "--model", str(model_dir), "--prompt-file", str(tmp_path / "long.txt"))
+    assert out.returncode == 1 and "Traceback" not in out.stderr and out.stdout == ""
+    assert out.stderr.startswith("error: the prompt has ") and "more than the model's context length 128" in out.stderr
+    assert "compil" not in out.stderr  # found before compiling
+    for args in (("--model", str(model_dir)), ("--random", "gpt2")):  # the bench too, 124M included
+        bench = run("orion.bench", "decode", *args, "--prompt-tokens", "1000", "--new-tokens", "100")
+        assert bench.returncode == 1 and bench.stderr.startswith("error: --prompt-tokens 1000 + --new-tokens 100")
+        assert "compil" not in bench.stderr and "Traceback" not in bench.stderr
+
+
+def test_ctrl_c_exits_cleanly(model_dir) -> None:
+    import signal
+    import time
+
+    from orion.cli import report_errors
+
+    def interrupted() -> int:
+        raise KeyboardInterrupt
+
+    assert report_errors(interrupted) == 130
+    code = ("import sys, orion.__main__ as cli; print('ready', flush=True); "
+            f"sys.exit(cli.main(['generate', '--model', {str(model_dir)!r}, '--prompt', '-']))")
+    env = {**os.environ, "ORION_CACHE_DIR": "off"}
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline() == "ready\n"
+    time.sleep(1.0)  # now waiting for the prompt on stdin, which never comes
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err == "interrupted\n" and out == "", err
+
+
+def _options(parser) -> list:
+    import argparse
+
+    return [a for a in parser._actions if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]
+
+
+def test_every_option_has_help_and_its_default() -> None:
+    import argparse
+
+    from orion.__main__ import build_parser
+    from orion.bench.decode import build_parser as bench_parser
+
+    main = build_parser()
+    commands = next(a for a in main._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name, parser in [("generate", commands["generate"]), ("doctor", commands["doctor"]),
+                         ("bench decode", bench_parser())]:
+        text = parser.format_help()
+        for action in _options(parser):
+            assert action.help, f"{name} {action.option_strings} has no help"
+            assert action.default is argparse.SUPPRESS or "(default:" in text
+        assert text.count("(default:") >= len([a for a in _options(parser) if a.option_strings]), name
+    for flag in ("--stop", "--prompt-file", "--no-echo", "--chat", "--quiet", "--min-p", "--repetition-penalty"):
+        assert flag in commands["generate"].format_help()
+    top = run("orion", "--help")
+    assert top.returncode == 0 and "Apple Neural Engine" in top.stdout and "``" not in top.stdout
+    bench = run("orion.bench", "--help")
+    assert bench.returncode == 0 and "decode" in bench.stdout and "usage:" in bench.stdout
+
+
+# -- bench: cold start in a temporary cache by default, warm start in a kept one ---------------------------
+def test_bench_second_run_in_the_same_cache_is_warm_and_default_leaves_nothing(model_dir, tmp_path) -> None:
+    user_cache = tmp_path / "user-cache"
+    kept = tmp_path / "kept"
+    args = ("orion.bench", "decode", "--model", str(model_dir), "--prompt-tokens", "3", "--new-tokens", "2")
+    first = run(*args, "--cache", str(kept), ORION_CACHE_DIR=str(user_cache))
+    second = run(*args, "--cache", str(kept), ORION_CACHE_DIR=str(user_cache))
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    assert "start              cold: " in first.stdout and "0 of 3 programs loaded" in first.stdout
+    assert "start              warm: " in second.stdout and "3 of 3 programs loaded" in second.stdout
+    default = run(*args, "--json", ORION_CACHE_DIR=str(user_cache))
+    result = json.loads(default.stdout)
+    assert result["start"] == "cold" and result["cache"].startswith("temporary")
+    assert not user_cache.exists()  # nothing written to the user's cache
+
+
+# -- doctor ---------------------------------------------------------------------------------------------
+def test_doctor_reports_backend_errors_threads_simd_and_cache(tmp_path) -> None:
+    bad = run("orion", "doctor", ORION_BACKEND="bogus")
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert "backend:         ERROR: ORION_BACKEND='bogus' is not a backend" in bad.stdout
+    good = run("orion", "doctor", ORION_CACHE_DIR=str(tmp_path))
+    assert good.returncode == 0, good.stderr
+    for field in ("threads (ORION_NUM_THREADS), SIMD", "program cache:   " + str(tmp_path) + ": 0 programs, 0.0 MB",
+                  "docs/hardware.md"):
+        assert field in good.stdout
+    assert "FACTS" not in good.stdout
+
+
+def test_doctor_probe_on_the_emulator_is_labelled_and_gives_no_advice_to_use_it(tmp_path) -> None:
+    out = run("orion", "doctor", "--probe", "--out", str(tmp_path / "r.json"))
+    assert out.returncode == 0, out.stderr
+    assert "(emulator rules, not hardware)" in out.stdout and "FACTS" not in out.stdout
+    assert "probe_report=" not in out.stdout
+
+
+def test_progress_never_interleaves_with_the_generated_text(model_dir) -> None:
+    env = {**os.environ, "ORION_CACHE_DIR": "off"}
+    out = subprocess.run([sys.executable, "-m", "orion", "generate", "--model", str(model_dir), "--prompt", "hello",
+                          "--max-new-tokens", "5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=env, timeout=300, stdin=subprocess.DEVNULL)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and len(lines) == 3, out.stdout
+    assert lines[0].startswith("compiled 2 programs") and lines[1].startswith("compiled 1 program")
+    assert lines[2].startswith("hello")  # the prompt's bucket is compiled before the prompt is echoed

@@ -37,7 +37,7 @@ def test_a_damaged_entry_is_rebuilt_with_one_warning(tmp_path, monkeypatch, caps
     description = {"test": "damaged entry"}
     first, cached = lower_cached(description, graph)
     assert not cached
-    weight_file = max(tmp_path.glob("*/weights/*"), key=lambda f: f.stat().st_size)
+    weight_file = max(tmp_path.glob("blobs/*"), key=lambda f: f.stat().st_size)
     weight_file.write_bytes(weight_file.read_bytes()[:-100])  # truncated, as by a full disk
     capsys.readouterr()
     again, cached = lower_cached(description, graph)
@@ -67,3 +67,71 @@ def test_unloading_a_compiled_graph_does_not_poison_the_process_cache() -> None:
     again = orion.compile_graph(graph())
     assert again.program.loaded
     check_runs(again)
+
+
+def test_buckets_share_layer_weights_on_disk(tmp_path, monkeypatch) -> None:
+    from orion.models import GPT2, GPT2Config
+    from orion.program_cache import BLOBS, usage
+    from support.gpt2_fixtures import lively_weights
+
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    config = GPT2Config(n_layer=2, n_head=4, n_embd=256, vocab_size=512, n_positions=128)
+    weights = lively_weights(config, seed=0)
+    model = GPT2(config, weights, fusion_depth=1, progress=False)
+    after_decode = usage(tmp_path)["bytes"]
+    for n in (5, 40, 70):  # three prefill buckets: 32, 64 and 128 tokens
+        model.prefill(list(range(n)))
+    layer_bytes = 2 * sum(a.size for name, a in weights.arrays() if name.startswith("blocks."))
+    grown = usage(tmp_path)["bytes"] - after_decode
+    assert grown < layer_bytes / 2  # three buckets add MIL text and small constants, not the layers again
+    blob_bytes = sum(f.stat().st_size for f in (tmp_path / BLOBS).iterdir())
+    assert layer_bytes <= blob_bytes < 1.5 * (layer_bytes + 2 * weights.wte.size)
+
+
+def test_size_cap_evicts_least_recently_used_entries(tmp_path, monkeypatch) -> None:
+    from orion.program_cache import enforce_cap, usage
+
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    descriptions = [{"test": "lru", "n": i} for i in range(3)]
+    lower_cached(descriptions[0], graph)
+    one = usage(tmp_path)["bytes"]
+    lower_cached(descriptions[1], graph)  # the same weights: only the MIL and layout are new
+    two = usage(tmp_path)["bytes"]
+    assert two - one < one / 4
+    import os
+    import time
+    entry_0 = next(p for p in tmp_path.iterdir() if (p / "manifest.json").is_file())
+    past = time.time() - 100
+    for p in tmp_path.iterdir():
+        if (p / "manifest.json").is_file():
+            os.utime(p / "manifest.json", (past, past))
+    assert lower_cached(descriptions[0], graph)[1]  # a hit refreshes entry 0
+    del entry_0
+    monkeypatch.setenv("ORION_CACHE_MAX_SIZE", str(two))
+    lower_cached(descriptions[2], graph)  # over the cap: the least recently used entry (1) goes
+    assert usage(tmp_path)["entries"] == 2 and usage(tmp_path)["bytes"] <= two
+    assert lower_cached(descriptions[0], graph)[1] and lower_cached(descriptions[2], graph)[1]
+    assert not lower_cached(descriptions[1], graph)[1]
+    enforce_cap(tmp_path, 0)  # only the newest entry survives a zero cap; its blobs stay
+    assert usage(tmp_path)["entries"] == 1
+    check_runs(compile_lowered(lower_cached(descriptions[1], graph)[0]))
+
+
+def test_cache_info_and_clear_commands(tmp_path, monkeypatch) -> None:
+    import os
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    lower_cached({"test": "cli"}, graph)
+    env = {**os.environ, "ORION_CACHE_MAX_SIZE": "2G"}
+    run = lambda *a: subprocess.run([sys.executable, "-m", "orion", "cache", *a], capture_output=True, text=True,
+                                    env=env, timeout=120)
+    info = run("info")
+    assert info.returncode == 0 and str(tmp_path) in info.stdout
+    assert "1 programs, " in info.stdout and "of a 2147 MB cap" in info.stdout
+    cleared = run("clear")
+    assert cleared.returncode == 0 and "removed" in cleared.stdout and list(tmp_path.iterdir()) == []
+    bad = subprocess.run([sys.executable, "-m", "orion", "cache", "info"], capture_output=True, text=True,
+                         env={**env, "ORION_CACHE_MAX_SIZE": "lots"}, timeout=120)
+    assert bad.returncode == 1 and bad.stderr.startswith("error: ORION_CACHE_MAX_SIZE='lots'")

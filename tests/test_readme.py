@@ -2,7 +2,9 @@
 
 Each block is matched to a check of its results by a line it contains; the references are
 independent (the numpy GPT-2 of support.gpt2_reference at 3% of the largest logit, numpy tanh at
-fp16 tolerance, and the attention block's own numpy reference)."""
+fp16 tolerance, the attention block's own numpy reference, the tokenizer's own decode, and
+transformers' apply_chat_template). The text examples run in a directory holding ``gpt2-dir``, a small
+Hugging Face GPT-2 directory with a byte-level tokenizer and a chat template."""
 
 from __future__ import annotations
 
@@ -14,6 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 from support.gpt2_reference import reference_logits
+from support.text_fixtures import write_model_dir
+
+CHAT_TEMPLATE = ("{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + eos_token }}{% endfor %}"
+                 "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
@@ -44,15 +50,58 @@ def check_tanh(ns: dict[str, Any]) -> None:
     np.testing.assert_allclose(ns["outputs"]["y"].array.astype(np.float32), np.tanh(0.5), rtol=0, atol=2e-3)
 
 
+def check_text(ns: dict[str, Any]) -> None:
+    run, tok = ns["run"], ns["model"].tokenizer
+    full = tok.decode(run.token_ids)
+    if isinstance(run.stopped_by, str):  # the text ends right before the first stop string
+        assert run.finish_reason == "stop" and full.find(run.stopped_by) == len(run.text) and full.startswith(run.text)
+    elif run.stopped_by is not None:  # an end-of-sequence id: its own text is not output
+        assert run.finish_reason == "stop" and run.text == tok.decode(run.token_ids[:-1])
+    else:
+        assert run.finish_reason == "length" and run.text == full and len(run.token_ids) == 24
+    assert "\n" not in run.text and "engine" not in run.text
+    assert ns["reason"] == run.finish_reason and ns["text"] == run.text
+    assert ns["ids"] == list(ns["model"].generate(tok.encode("hello world"), 8))
+
+
+def check_chat(ns: dict[str, Any]) -> None:
+    model = ns["model"]
+    assert ns["prompt"] == "<|user|>Say hello.<|endoftext|><|assistant|>"
+    assert ns["reply"] == "".join(model.generate_text(model.prompt_ids(ns["chat"]), 16))
+
+
+def check_embedding(ns: dict[str, Any]) -> None:
+    model, ids, steps = ns["model"], ns["ids"], ns["steps"]
+    want = reference_logits(model.config, model.weights, ids + steps + [ns["runner_up"]])
+    close(ns["logits"], want[len(ids) + len(steps) - 1])
+    close(ns["branch_logits"], want[-1])
+    assert ns["branch"].cache.length == len(ids) + len(steps) + 1
+    assert steps == list(model.generate(ids, 5))
+    eos = set(model.tokenizer.eos_token_ids)
+    assert len(ns["tokens"]) == 6 and not eos & set(ns["tokens"]) and ns["finish"] == "length"
+
+
 CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
+    'stop=["\\n", "engine"]': check_text,
+    'chat = [{"role"': check_chat,
+    "def no_eos": check_embedding,
     "GPT2.random(": check_gpt2,
     'orion.Graph("attn_block")': check_attention,
     "program = orion.compile(mil)": check_tanh,
 }
 
 
+@pytest.fixture(scope="module")
+def text_models(tmp_path_factory):
+    """A working directory holding ``gpt2-dir``, as the text examples expect."""
+    root = tmp_path_factory.mktemp("readme")
+    write_model_dir(root / "gpt2-dir", chat_template=CHAT_TEMPLATE)
+    return root
+
+
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_example_runs_and_is_right(index: int) -> None:
+def test_readme_example_runs_and_is_right(index: int, text_models, monkeypatch) -> None:
+    monkeypatch.chdir(text_models)
     block = BLOCKS[index]
     checks = [check for marker, check in CHECKS.items() if marker in block]
     assert len(checks) == 1, f"README python block {index} needs exactly one check in tests/test_readme.py"
@@ -62,4 +111,4 @@ def test_readme_example_runs_and_is_right(index: int) -> None:
 
 
 def test_readme_has_examples() -> None:
-    assert len(BLOCKS) >= 3
+    assert len(BLOCKS) >= 6

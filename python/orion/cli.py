@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Callable
 
 from orion.errors import OrionError
@@ -29,11 +30,43 @@ def _int_at_least(text: str, low: int) -> int:
     return value
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default; descriptions keep their line breaks."""
+
+
+INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
+
+
 def report_errors(command: Callable[[], int]) -> int:
-    """Runs ``command``; an Orion error becomes one ``error:`` line on stderr and exit status 1."""
+    """Runs ``command``: an Orion error becomes one ``error:`` line on stderr and exit status 1,
+    Ctrl-C one ``interrupted`` line and status 130 (never a traceback). Warnings print as one
+    ``warning:`` line each."""
+    warnings.formatwarning = lambda message, category, *rest, **kw: f"warning: {message}\n"
     try:
         return command()
     except OrionError as err:
-        sys.stdout.flush()
-        print(f"error: {err}", file=sys.stderr)
+        _end_stdout_line()
+        print(f"error: {err}", file=sys.stderr, flush=True)
         return 1
+    except KeyboardInterrupt:
+        _end_stdout_line()
+        print("interrupted", file=sys.stderr, flush=True)
+        return INTERRUPTED
+
+
+_stdout_open_line = False
+
+
+def write_out(text: str) -> None:
+    """Text to stdout, remembering whether the line is still open (so an error ends it first)."""
+    global _stdout_open_line
+    if text:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        _stdout_open_line = not text.endswith("\n")
+
+
+def _end_stdout_line() -> None:
+    if _stdout_open_line:
+        write_out("\n")
+    sys.stdout.flush()

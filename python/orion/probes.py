@@ -1,5 +1,5 @@
 """``python -m orion doctor --probe``: tiny programs that settle, on the machine they run on, the rules
-the public reports disagree about (FACTS sections 3, 4, 6, 7), and the report the compiler reads back.
+the public reports disagree about (docs/hardware.md sections 3, 4, 6 and 7), and the report the compiler reads back.
 
 On the ane backend each probe runs with Orion's own op bans lifted (``profile="permissive"``) and, for
 surface probes, Orion's surface minimum lowered, so the hardware decides. On the emulator the probes
@@ -207,7 +207,7 @@ PROBES: tuple[Probe, ...] = (
     Probe("channel_vector", "ANE-21", "does a [1,768,1,1] fp16 tensor in a 49,152-byte surface read right?",
           _channel_vector),
     Probe("nonuniform_io", "ANE-13", "do inputs of different surface sizes evaluate?", _nonuniform),
-    Probe("weight_patch", "ANE-24", "does the weight-patch path (FACTS section 6) give the new weights' outputs?",
+    Probe("weight_patch", "ANE-24", "does the weight-patch path (docs/hardware.md §6) give the new weights' outputs?",
           _patch_path),
     Probe("weight_reload_in_place", "ANE-24", "does overwriting weight files and unload/load change outputs?",
           _not_probed("needs direct access to the model directory; Orion never reloads in place")),

@@ -6,10 +6,17 @@ straight to ``orion.compile``. The key covers the caller's description of the pr
 version and the compiler's own source, so a changed compiler never reuses stale programs.
 ``ORION_CACHE_DIR`` moves the cache (default ``~/.cache/orion``); ``ORION_CACHE_DIR=off`` disables it.
 
-Every entry carries a manifest with each file's size and CRC-32, checked on every read: a damaged
-entry (a truncated weight file, a disk error) is rebuilt with a one-line warning, never used.
-The cache is safe to share between processes: entries are written to a temporary directory and
-renamed into place.
+Weight files are stored once, by content (``blobs/<sha256>``), and entries reference them: the
+prefill buckets and decode programs of one model share the same layer weights on disk. Every entry
+carries a manifest with each file's size and CRC-32 (its blobs' too), checked on every read: a
+damaged entry (a truncated weight file, a disk error) is rebuilt with a one-line warning, never used.
+
+The cache has a size cap, ``ORION_CACHE_MAX_SIZE`` (bytes, or with a K/M/G suffix; default
+:data:`DEFAULT_MAX_SIZE`): after each new entry the least recently used entries are removed until
+it fits, then the blobs no entry references. ``python -m orion cache info`` shows it, ``cache clear``
+empties it. The cache is safe to share between processes: entries and blobs are written to temporary
+names and renamed into place, and unreferenced blobs younger than a minute are kept (another process
+may be writing the entry that references them).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import zlib
 from dataclasses import asdict
 from functools import lru_cache
@@ -35,6 +43,10 @@ from orion.legalize.io import IOLayout, IOSpec
 
 _COMPILER_PARTS = ("compiler.py", "ops", "graph", "legalize", "passes", "emit.py", "generation", "models")
 MANIFEST = "manifest.json"
+BLOBS = "blobs"
+FORMAT = 2  # the entry layout: 2 = weight files as shared blobs
+DEFAULT_MAX_SIZE = 8 << 30
+BLOB_GRACE_S = 60.0
 
 
 class CacheDirError(OrionError):
@@ -71,7 +83,8 @@ def _compiler_fingerprint() -> str:
 
 def program_key(description: dict) -> str:
     """The cache key of a program described by JSON-able ``description`` (include a weights hash)."""
-    blob = json.dumps({"program": description, "compiler": _compiler_fingerprint()}, sort_keys=True)
+    blob = json.dumps({"program": description, "compiler": _compiler_fingerprint(), "format": FORMAT},
+                      sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
@@ -79,52 +92,79 @@ def _checksum(data: bytes) -> dict[str, int]:
     return {"size": len(data), "crc32": zlib.crc32(data)}
 
 
-def _save(directory: Path, lowered: Lowered) -> None:
+def _blob_name(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _write_blob(blobs: Path, data: bytes) -> str:
+    """Stores ``data`` once under its hash (refreshing its time if there) and returns the name."""
+    name = _blob_name(data)
+    path = blobs / name
+    if path.is_file() and path.stat().st_size == len(data):
+        os.utime(path)
+        return name
+    fd, tmp = tempfile.mkstemp(dir=blobs, prefix=".tmp-")
     try:
-        directory.parent.mkdir(parents=True, exist_ok=True)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return name
+
+
+def _save(directory: Path, lowered: Lowered) -> None:
+    root = directory.parent
+    try:
+        (root / BLOBS).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise CacheDirError(f"ORION_CACHE_DIR: cannot create {directory.parent} ({exc}); point ORION_CACHE_DIR at "
+        raise CacheDirError(f"ORION_CACHE_DIR: cannot create {root} ({exc}); point ORION_CACHE_DIR at "
                             f"a writable directory or set ORION_CACHE_DIR=off") from exc
-    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=".tmp-"))
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
     try:
         layout = {"dtype": lowered.layout.dtype, "inputs": [asdict(s) for s in lowered.layout.inputs],
                   "outputs": [asdict(s) for s in lowered.layout.outputs]}
         files = {"model.mil": lowered.mil.encode(), "layout.json": json.dumps(layout).encode()}
-        files.update({f"weights/{Path(path).name}": data for path, data in lowered.weights.items()})
-        (tmp / "weights").mkdir()
         for name, data in files.items():
             (tmp / name).write_bytes(data)
-        (tmp / MANIFEST).write_text(json.dumps({name: _checksum(data) for name, data in files.items()}))
+        weights = {path: {"blob": _write_blob(root / BLOBS, data), **_checksum(data)}
+                   for path, data in lowered.weights.items()}
+        manifest = {"files": {name: _checksum(data) for name, data in files.items()}, "weights": weights}
+        (tmp / MANIFEST).write_text(json.dumps(manifest))
         tmp.rename(directory)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)  # another process won the race, or the disk is full: not fatal
 
 
-def _read_verified(directory: Path) -> dict[str, bytes]:
-    """Every file of the entry by relative name, checked against the manifest."""
+def _read_verified(directory: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """The entry's own files and its weight files (by MIL path), checked against the manifest."""
     manifest = json.loads((directory / MANIFEST).read_text())
-    on_disk = {f"weights/{f.name}" for f in (directory / "weights").iterdir()} | {"model.mil", "layout.json"}
-    if set(manifest) != on_disk:
-        raise DamagedEntry(f"files {sorted(on_disk ^ set(manifest))} differ from the manifest")
-    files = {}
-    for name, expected in manifest.items():
-        data = (directory / name).read_bytes()
-        if _checksum(data) != expected:
-            raise DamagedEntry(f"{name} has {len(data)} bytes and a different checksum from the manifest's "
-                               f"{expected['size']} bytes")
-        files[name] = data
-    return files
+    own = {name: (directory / name, expected) for name, expected in manifest["files"].items()}
+    blobs = directory.parent / BLOBS
+    weights = {path: (blobs / ref["blob"], {"size": ref["size"], "crc32": ref["crc32"]})
+               for path, ref in manifest["weights"].items()}
+    out: tuple[dict[str, bytes], dict[str, bytes]] = ({}, {})
+    for found, table in zip(out, (own, weights), strict=True):
+        for name, (path, expected) in table.items():
+            data = path.read_bytes() if path.is_file() else b""
+            if _checksum(data) != expected:
+                if path.parent == blobs:
+                    path.unlink(missing_ok=True)  # a damaged blob is rewritten by the rebuild
+                raise DamagedEntry(f"{name} has {len(data)} bytes and a different checksum from the manifest's "
+                                   f"{expected['size']} bytes")
+            found[name] = data
+    return out
 
 
 def _load(directory: Path) -> Lowered:
-    files = _read_verified(directory)
-    layout_json = json.loads(files.pop("layout.json"))
+    files, weights = _read_verified(directory)
+    layout_json = json.loads(files["layout.json"])
     spec = lambda d: IOSpec(**{**d, "shape": tuple(d["shape"]), "padded": tuple(d["padded"])})  # noqa: E731
     layout = IOLayout(layout_json["dtype"], [spec(d) for d in layout_json["inputs"]],
                       [spec(d) for d in layout_json["outputs"]])
-    mil = files.pop("model.mil").decode()
-    weights = {f"@model_path/{name}": data for name, data in sorted(files.items())}
-    return Lowered(mil, weights, layout, report=None)
+    os.utime(directory / MANIFEST)  # most recently used
+    return Lowered(files["model.mil"].decode(), dict(sorted(weights.items())), layout, report=None)
 
 
 def lower_cached(description: dict, build: Callable[[], Graph], **lower_options) -> tuple[Lowered, bool]:
@@ -142,4 +182,115 @@ def lower_cached(description: dict, build: Callable[[], Graph], **lower_options)
     lowered = compiler.lower_graph(build(), **lower_options)
     if root is not None:
         _save(root / key, lowered)
+        cap = max_size()
+        try:
+            enforce_cap(root, cap)
+        except OSError:  # another process is evicting at the same time: its pass does the work
+            pass
     return lowered, False
+
+
+# -- size cap, info and clear ---------------------------------------------------------------------------
+def max_size() -> int:
+    """The cap in bytes from ``ORION_CACHE_MAX_SIZE`` (e.g. ``500M``, ``8G``), else the default."""
+    setting = os.environ.get("ORION_CACHE_MAX_SIZE", "").strip()
+    if not setting:
+        return DEFAULT_MAX_SIZE
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    number, unit = (setting[:-1], units[setting[-1].upper()]) if setting[-1].upper() in units else (setting, 1)
+    try:
+        value = float(number) * unit
+    except ValueError:
+        value = -1
+    if not value >= 0:
+        raise CacheDirError(f"ORION_CACHE_MAX_SIZE={setting!r}: give a size in bytes or with K, M or G "
+                            f"(e.g. 8G)")
+    return int(value)
+
+
+def _entries(root: Path) -> list[Path]:
+    return [p for p in root.iterdir() if p.is_dir() and (p / MANIFEST).is_file() and not p.name.startswith(".")]
+
+
+def _references(entry: Path) -> set[str]:
+    try:
+        return {ref["blob"] for ref in json.loads((entry / MANIFEST).read_text()).get("weights", {}).values()}
+    except (OSError, ValueError, AttributeError, TypeError, KeyError):
+        return set()
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+
+
+def usage(root: Path | None = None) -> dict[str, int]:
+    """``{"entries", "blobs", "bytes"}`` of the cache (zeros when it is off or empty)."""
+    root = cache_dir() if root is None else root
+    if root is None or not root.is_dir():
+        return {"entries": 0, "blobs": 0, "bytes": 0}
+    blobs = [b for b in (root / BLOBS).iterdir()] if (root / BLOBS).is_dir() else []
+    return {"entries": len(_entries(root)), "blobs": len(blobs), "bytes": _size(root)}
+
+
+def enforce_cap(root: Path, cap: int) -> None:
+    """Remove least recently used entries until the cache fits ``cap``, then unreferenced blobs."""
+    entries = sorted(_entries(root), key=lambda e: (e / MANIFEST).stat().st_mtime)
+    refs = {e: _references(e) for e in entries}
+    blob_dir = root / BLOBS
+    total = _size(root)
+    if total <= cap:
+        return
+    count = {}
+    for names in refs.values():
+        for name in names:
+            count[name] = count.get(name, 0) + 1
+    for entry in entries[:-1]:  # the newest entry (just written) stays
+        if total <= cap:
+            break
+        total -= _size(entry)
+        shutil.rmtree(entry, ignore_errors=True)
+        for name in refs[entry]:
+            count[name] -= 1
+            if count[name] == 0 and (blob_dir / name).is_file():
+                total -= (blob_dir / name).stat().st_size
+                (blob_dir / name).unlink(missing_ok=True)
+    _collect_blobs(root, {name for name, n in count.items() if n > 0})
+
+
+def _collect_blobs(root: Path, keep: set[str], grace_s: float = BLOB_GRACE_S) -> None:
+    """Delete blobs outside ``keep`` older than ``grace_s`` (a writer may be about to reference them)."""
+    now = time.time()
+    blob_dir = root / BLOBS
+    for blob in blob_dir.iterdir() if blob_dir.is_dir() else []:
+        if blob.name not in keep and now - blob.stat().st_mtime > grace_s:
+            blob.unlink(missing_ok=True)
+
+
+def clear(root: Path | None = None) -> int:
+    """Delete every entry and blob of the cache; returns the bytes freed."""
+    root = cache_dir() if root is None else root
+    if root is None or not root.is_dir():
+        return 0
+    freed = 0
+    for path in root.iterdir():
+        if path.name == BLOBS or path.name.startswith(".tmp-") or (path / MANIFEST).is_file():
+            freed += _size(path)
+            shutil.rmtree(path, ignore_errors=True)
+    return freed
+
+
+def main(action: str) -> int:
+    """``python -m orion cache info|clear``."""
+    root = cache_dir()
+    if root is None:
+        print("program cache: off (ORION_CACHE_DIR=off)")
+        return 0
+    if action == "clear":
+        print(f"program cache {root}: removed {clear(root) / 1e6:.1f} MB")
+        return 0
+    u = usage(root)
+    print(f"program cache:   {root} (ORION_CACHE_DIR)")
+    print(f"entries:         {u['entries']} programs, {u['blobs']} weight files stored once by content")
+    print(f"size:            {u['bytes'] / 1e6:.1f} MB of a {max_size() / 1e6:.0f} MB cap (ORION_CACHE_MAX_SIZE; "
+          f"least recently used entries go first)")
+    return 0

@@ -125,8 +125,11 @@ def test_generate_text_stops_at_the_eos_ids_of_the_model_files(model, model_dir,
     (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [CONFIG.vocab_size - 1, stop]}))
     loaded = models.load(model_dir, progress=False)
     assert loaded.tokenizer.eos_token_ids == (CONFIG.vocab_size - 1, stop)
-    text = "".join(loaded.generate_text("t1 t2 t3", 12))
-    assert text == "".join(f"t{t}" for t in greedy[: greedy.index(stop) + 1])
+    run = loaded.generate_text("t1 t2 t3", 12)
+    text = "".join(run)
+    # the stream is decode() of the new ids; the stop token's own text is not output
+    assert text == " " + " ".join(f"t{t}" for t in greedy[: greedy.index(stop)])
+    assert (run.finish_reason, run.stopped_by) == ("stop", stop)
 
 
 class InGraphPositions(GPT2):
@@ -169,3 +172,20 @@ def test_position_inputs_reach_every_layer_program_that_declares_them() -> None:
     close(model.decode_step(11), want[4])
     close(model.decode_step(12), want[5])
     close(model.logits(ids), want[:4])
+
+
+def test_progress_false_silences_weight_loading_too(model_dir, monkeypatch, capsys) -> None:
+    from orion.models.gpt2 import weights as gpt2_weights
+
+    monkeypatch.setattr(gpt2_weights, "PROGRESS_MIN_BYTES", 0)  # report even this small file
+    monkeypatch.setenv("ORION_CACHE_DIR", "off")
+    models.load(model_dir, progress=False)
+    assert capsys.readouterr().err == ""
+    models.load(model_dir)
+    err = capsys.readouterr().err
+    assert "loading model.safetensors" in err and "compiled 2 programs for GPT-2" in err
+
+
+def test_context_length_is_read_without_building_the_model(model_dir) -> None:
+    assert models.context_length(model_dir) == CONFIG.n_positions
+    assert models.context_length("gpt2") == 1024 and models.context_length(CONFIG) == 128

@@ -1,21 +1,25 @@
-"""``python -m orion.bench decode [options]``: Orion's benchmarks (``decode``: any registered model)."""
+"""``python -m orion.bench BENCHMARK [options]``: Orion's benchmarks (``decode``: any registered model)."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 
-BENCHMARKS = ("decode",)
+from orion.cli import HelpFormatter
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in BENCHMARKS:
-        print(f"usage: python -m orion.bench {{{','.join(BENCHMARKS)}}} [options]  (--help after the name)",
-              file=sys.stderr)
-        return 2
     from orion.bench import decode
 
-    return decode.main(argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m orion.bench", formatter_class=HelpFormatter,
+                                     description="Orion's benchmarks. Each has its own --help.")
+    benchmarks = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+    bench = benchmarks.add_parser("decode", formatter_class=HelpFormatter, description=decode.__doc__,
+                                  help="prefill and KV-cache decode of a model: compile, tok/s, dispatches, bytes")
+    decode.add_arguments(bench)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    return decode.main(argv[1:]) if args.benchmark == "decode" else 2
 
 
 if __name__ == "__main__":

@@ -1,8 +1,14 @@
-"""Decode benchmark of any registered model: compile times (cold and cached), prefill time, decode
-tok/s and ms/token percentiles, ANE dispatches and bytes moved per token."""
+"""Decode benchmark of any registered model: compile times (cold or warm, and a new process reading
+the program cache), prefill time, decode tok/s and ms/token percentiles, ANE dispatches and bytes
+moved per token.
+
+By default the programs go to a temporary cache that is removed afterwards, so every run is a cold
+start and nothing is left in your program cache. ``--cache DIR`` keeps them in DIR: the first run
+there is cold, later runs are warm starts and the report says so."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -17,7 +23,7 @@ import numpy as np
 import orion
 from orion import models
 from orion.errors import OrionError
-from orion.cli import positive_int, report_errors
+from orion.cli import HelpFormatter, positive_int, report_errors
 from orion.generation.loop import CausalLM
 
 DEFAULT_SHAPE = "gpt2"
@@ -67,37 +73,49 @@ def _cached_start(model_dir: str | None, shape: str, cache: str) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def _check_context(context: int | None, prompt_tokens: int, new_tokens: int) -> None:
+    if context is not None and prompt_tokens + new_tokens > context:
+        raise BenchError(f"--prompt-tokens {prompt_tokens} + --new-tokens {new_tokens} exceed the model's "
+                         f"context length {context}; ask for fewer tokens")
+
+
 def run(model_dir: str | None = None, prompt_tokens: int = 16, new_tokens: int = 128,
-        fusion_depth: int | None = None, lm_head: str = "ane", shape: str = DEFAULT_SHAPE) -> dict[str, Any]:
+        fusion_depth: int | None = None, lm_head: str = "ane", shape: str = DEFAULT_SHAPE,
+        cache: str | None = None, progress: bool = True) -> dict[str, Any]:
     """The whole benchmark; returns every figure (see ``report``). ``shape``: the registered random
-    shape used without ``model_dir``."""
-    options = dict(fusion_depth=fusion_depth, lm_head=lm_head)
-    with tempfile.TemporaryDirectory(prefix="orion-bench-cache-") as cache:
+    shape used without ``model_dir``; ``cache``: the program cache to use (None: a temporary one)."""
+    options = dict(fusion_depth=fusion_depth, lm_head=lm_head, progress=progress)
+    _check_context(models.context_length(model_dir or shape), prompt_tokens, new_tokens)
+    with tempfile.TemporaryDirectory(prefix="orion-bench-cache-") as temporary:
+        where = cache or temporary
         previous = os.environ.get("ORION_CACHE_DIR")
-        os.environ["ORION_CACHE_DIR"] = cache  # a cold start: nothing lowered yet
+        os.environ["ORION_CACHE_DIR"] = where
         try:
             start = time.perf_counter()
             model = load_model(model_dir, shape, **options)
-            cold_s = time.perf_counter() - start
+            start_s = time.perf_counter() - start
+            _check_context(model.dims.context, prompt_tokens, new_tokens)
+            prompt = [int(t) for t in np.random.default_rng(0).integers(0, model.dims.vocab_size, prompt_tokens)]
+            result = measure_decode(model, prompt, new_tokens)  # compiles the prompt's bucket into the cache
         finally:
             if previous is None:
                 os.environ.pop("ORION_CACHE_DIR")
             else:
                 os.environ["ORION_CACHE_DIR"] = previous
-        cached_s = _cached_start(model_dir, shape, cache) if fusion_depth is None and lm_head == "ane" else float("nan")
-    if prompt_tokens + new_tokens > model.dims.context:
-        raise BenchError(f"--prompt-tokens {prompt_tokens} + --new-tokens {new_tokens} exceed the model's context "
-                         f"length {model.dims.context}; ask for fewer tokens")
-    prompt = [int(t) for t in np.random.default_rng(0).integers(0, model.dims.vocab_size, prompt_tokens)]
-    result = measure_decode(model, prompt, new_tokens)
+        loaded, total = model.builder.cached, model.builder.cached + model.builder.built
+        cached_s = _cached_start(model_dir, shape, where) if fusion_depth is None and lm_head == "ane" else float("nan")
     plan = model.decode_plan
     return {
         "backend": orion.backend(),
         "model": str(model_dir or f"random {shape} ({model.display_name})"),
         "parameters": model.dims.parameters,
         "config": model.builder.identity["config"],
-        "compile_cold_s": cold_s,
+        "start": "warm" if total and loaded == total else "partly warm" if loaded else "cold",
+        "compile_s": start_s,
         "compile_cached_s": cached_s,
+        "programs": total,
+        "programs_from_cache": loaded,
+        "cache": cache or "temporary (removed afterwards)",
         "compiles": orion.compile_count(),
         "prompt_tokens": prompt_tokens,
         "new_tokens": new_tokens,
@@ -106,8 +124,8 @@ def run(model_dir: str | None = None, prompt_tokens: int = 16, new_tokens: int =
         "fusion_depth": plan.fusion_depth,
         "lm_head": plan.options.lm_head,
         "bytes_per_token": sum(p.bytes_per_token for p in plan.programs),
-        "programs": [{"name": p.name, "flops_per_token": p.flops_per_token, "bytes_per_token": p.bytes_per_token}
-                     for p in plan.programs],
+        "decode_programs": [{"name": p.name, "flops_per_token": p.flops_per_token,
+                             "bytes_per_token": p.bytes_per_token} for p in plan.programs],
     }
 
 
@@ -115,8 +133,10 @@ def report(r: dict[str, Any]) -> str:
     lines = [
         f"backend            {r['backend']}",
         f"model              {r['model']} ({r['parameters'] / 1e6:.1f}M parameters)",
-        f"compile            cold {r['compile_cold_s']:.2f} s, cached {r['compile_cached_s']:.2f} s "
-        f"(a new process reading the program cache); {r['compiles']} compiles in this process",
+        f"start              {r['start']}: {r['compile_s']:.2f} s to build the model, {r['programs_from_cache']} of "
+        f"{r['programs']} programs loaded from the cache ({r['cache']})",
+        f"compile            a new process reading that cache: {r['compile_cached_s']:.2f} s; "
+        f"{r['compiles']} compiles in this process",
         f"prefill            {r['prefill_ms']:.1f} ms for {r['prompt_tokens']} tokens",
         f"decode             {r['decode_tok_s']:.1f} tok/s; ms/token p50 {r['ms_per_token_p50']:.2f}, "
         f"p90 {r['ms_per_token_p90']:.2f} ({r['new_tokens']} new tokens, greedy)",
@@ -127,19 +147,7 @@ def report(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m orion.bench decode", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="a Hugging Face model directory, a llama2.c .bin file, or the name of a "
-                                         f"random shape ({', '.join(models.shape_names())}; default: --random)")
-    parser.add_argument("--random", default=DEFAULT_SHAPE, choices=models.shape_names(),
-                        help=f"the registered random shape to run without --model (default {DEFAULT_SHAPE})")
-    parser.add_argument("--prompt-tokens", type=positive_int, default=16)
-    parser.add_argument("--new-tokens", type=positive_int, default=128)
-    parser.add_argument("--fusion-depth", type=positive_int, default=None,
-                        help="layers per decode program (default: SRAM-sized)")
-    parser.add_argument("--lm-head", choices=("ane", "cpu"), default="ane")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.model in models.shape_names() and not Path(args.model).exists():
         args.model, args.random = None, args.model
@@ -147,7 +155,33 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--model {args.model}: no such directory or file, and not a random shape "
                      f"({', '.join(models.shape_names())})")
     return report_errors(lambda: _print(run(args.model, args.prompt_tokens, args.new_tokens, args.fusion_depth,
-                                            args.lm_head, args.random), args.json))
+                                            args.lm_head, args.random, args.cache, not args.quiet), args.json))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``python -m orion.bench decode``."""
+    parser.add_argument("--model", default=None, help="a Hugging Face model directory, a llama2.c .bin file, or "
+                                                      f"the name of a random shape ({', '.join(models.shape_names())}; "
+                                                      "default: random weights of --random)")
+    parser.add_argument("--random", default=DEFAULT_SHAPE, choices=models.shape_names(),
+                        help="the registered random shape to run without --model")
+    parser.add_argument("--prompt-tokens", type=positive_int, default=16, help="prompt length (random token ids)")
+    parser.add_argument("--new-tokens", type=positive_int, default=128, help="tokens to decode (greedy)")
+    parser.add_argument("--fusion-depth", type=positive_int, default=None,
+                        help="layers per decode program (None: the most that fit the SRAM)")
+    parser.add_argument("--lm-head", choices=("ane", "cpu"), default="ane", help="where the LM head runs")
+    parser.add_argument("--cache", default=None, metavar="DIR",
+                        help="program cache to use and keep (None: a temporary one, removed afterwards, so the "
+                             "start is cold and your cache is untouched)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m orion.bench decode", description=__doc__,
+                                     formatter_class=HelpFormatter)
+    add_arguments(parser)
+    return parser
 
 
 def _print(result: dict[str, Any], as_json: bool) -> int:

@@ -14,16 +14,17 @@ surfaces, so different forks may run in different threads at once.
 from __future__ import annotations
 
 import copy
-import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
 from orion.errors import OrionError
+from orion.generation.defaults import GenerationDefaults
 from orion.generation.kv_cache import KVCache
 from orion.generation.plan import (
     DecodePlan,
@@ -35,10 +36,12 @@ from orion.generation.plan import (
     sram_fusion_depth,
     vocab_chunks,
 )
-from orion.generation.sampling import check_sampling, next_token
+from orion.generation.sampling import apply_repetition_penalty, check_sampling, next_token
+from orion.generation.streaming import IncrementalDetokenizer, StopStrings
 from orion.generation.tokenizer import Tokenizer, TokenizerNotFound
 from orion.graph import Graph
 from orion.limits import MIN_LANES
+from orion.progress import warn_user
 from orion.runtime.backend import backend
 from orion.runtime.builder import ProgramBuilder
 from orion.runtime.stage import Stage
@@ -60,6 +63,147 @@ class ConcurrentUse(OrionError):
     """A model object was called from a second thread while it was running."""
 
 
+class TokenizerWarning(UserWarning):
+    """The tokenizer does not cover the model's whole vocabulary."""
+
+
+class ContextLengthWarning(UserWarning):
+    """Generation ended at the context length before ``max_new_tokens``."""
+
+
+# A prompt: token ids, text, or a chat ([{"role": ..., "content": ...}, ...]) for a model with a tokenizer.
+Prompt = Sequence[int] | np.ndarray | str | Sequence[dict[str, Any]]
+# Stops: a token id, a string, or a sequence mixing them.
+Stop = int | str | Sequence[int | str] | None
+# Called on every step with every id so far (prompt and new) and the logits; returns the logits to sample.
+LogitsProcessor = Callable[[list[int], np.ndarray], np.ndarray]
+DEFAULT_MAX_NEW_TOKENS = 64  # when neither the caller nor generation_config.json says
+FINISH_REASONS = ("stop", "length")
+
+
+@dataclass
+class _Finish:
+    reason: str | None = None
+    stopped_by: int | str | None = None
+    context_full: bool = False
+
+
+class Generation:
+    """The iterator ``generate`` (token ids) and ``generate_text`` (text pieces) return.
+
+    Once it is exhausted, ``finish_reason`` says why, as OpenAI and transformers report it:
+    ``"stop"`` (an end-of-sequence token, a stop token or a stop string: ``stopped_by`` says which)
+    or ``"length"`` (``max_new_tokens`` reached, or the context length: then ``context_full`` is
+    True and a :class:`ContextLengthWarning` was issued). ``token_ids`` are the new tokens so far
+    and ``text`` their text (with ``generate``, only when stop strings needed decoding)."""
+
+    def __init__(self, finish: _Finish, steps: Iterator[tuple[int, str]], pick: Callable[[int, str], Any]) -> None:
+        self._finish, self._steps, self._pick = finish, steps, pick
+        self.token_ids: list[int] = []
+        self.text = ""
+
+    def __iter__(self) -> Generation:
+        return self
+
+    def __next__(self) -> Any:
+        token, piece = next(self._steps)
+        self.token_ids.append(token)
+        self.text += piece
+        return self._pick(token, piece)
+
+    @property
+    def finish_reason(self) -> str | None:
+        """``"stop"`` or ``"length"``; None while the generation runs."""
+        return self._finish.reason
+
+    @property
+    def stopped_by(self) -> int | str | None:
+        """The stop token id or stop string that ended a ``"stop"`` finish."""
+        return self._finish.stopped_by
+
+    @property
+    def context_full(self) -> bool:
+        """True when the context length, not ``max_new_tokens``, ended a ``"length"`` finish."""
+        return self._finish.context_full
+
+
+@dataclass
+class _Sampling:
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    min_p: float | None
+    repetition_penalty: float | None
+    processors: list[LogitsProcessor] = field(default_factory=list)
+
+    def process(self, history: list[int], logits: np.ndarray) -> np.ndarray:
+        """The repetition penalty, then each logits processor in order."""
+        logits = apply_repetition_penalty(logits, history, self.repetition_penalty)
+        for processor in self.processors:
+            out = processor(list(history), logits.copy())
+            if not isinstance(out, np.ndarray) or out.shape != logits.shape:
+                raise GenerationError(f"logits_processor {processor!r} returned "
+                                      f"{getattr(out, 'shape', type(out).__name__)}; it must return a numpy "
+                                      f"array of shape {logits.shape}")
+            logits = out
+        return logits
+
+
+def _processors(given: Any) -> list[LogitsProcessor]:
+    processors = [] if given is None else [given] if callable(given) else list(given) \
+        if isinstance(given, (list, tuple)) else [given]
+    for p in processors:
+        if not callable(p):
+            raise GenerationError(f"logits_processor {p!r} is not callable: give f(ids, logits) -> logits "
+                                  f"or a list of them")
+    return processors
+
+
+def _split_stops(stop: Stop) -> tuple[set[int], list[str]]:
+    """``stop`` as token ids and strings (an empty string never matches, so it is refused)."""
+    items = [stop] if isinstance(stop, (int, str, np.integer)) else list(stop or ())
+    ids, strings = set(), []
+    for item in items:
+        if isinstance(item, str):
+            if not item:
+                raise GenerationError("stop: an empty string would stop immediately; remove it")
+            strings.append(item)
+        else:
+            ids.add(_token_id(item, "stop"))
+    return ids, strings
+
+
+def _flush(detok: IncrementalDetokenizer | None, stops: StopStrings) -> str:
+    """The text held back when generation ends at a stop token."""
+    found = stops.feed(detok.flush() if detok else "")
+    return found.text if found.stopped else found.text + stops.finish()
+
+
+def _token_id(value: Any, what: str) -> int:
+    """``value`` as a token id: an integer (numpy integers too), never a float, bool or sequence."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        if isinstance(value, (list, tuple, np.ndarray, str)):
+            raise GenerationError(f"{what}: batched prompts are not supported (got a sequence of sequences); "
+                                  f"run one prompt at a time (fork() shares the compiled programs)")
+        raise GenerationError(f"{what}: token ids are integers, got {value} ({type(value).__name__}); "
+                              f"round or cast them explicitly (a float id is never truncated silently)")
+    return int(value)
+
+
+def _token_ids(ids: Any, what: str) -> list[int]:
+    if isinstance(ids, np.ndarray) and ids.ndim > 1:
+        raise GenerationError(f"{what}: batched prompts are not supported (got an array of shape {ids.shape}); "
+                              f"run one prompt at a time (fork() shares the compiled programs)")
+    try:
+        items = list(ids)
+    except TypeError:
+        raise GenerationError(f"{what}: expected a sequence of token ids, got {type(ids).__name__}") from None
+    if items and all(isinstance(i, str) for i in items):
+        raise GenerationError(f"{what}: batched prompts are not supported (got {len(items)} strings); "
+                              f"generate from one prompt at a time")
+    return [_token_id(i, what) for i in items]
+
+
 @dataclass(frozen=True)
 class DecoderDims:
     """The sizes the runtime needs: layers, hidden width, KV heads x head width, context, vocabulary."""
@@ -78,7 +222,9 @@ class CausalLM:
 
     ``prefill(ids)`` fills the KV cache and returns the last position's logits; ``decode_step(id)``
     appends one token; ``logits(ids)`` gives every position's logits; ``generate(...)`` yields new
-    token ids and ``generate_text(...)`` text. All logits are float32 numpy arrays ``[vocab]``.
+    token ids and ``generate_text(...)`` text, both as a :class:`Generation` that reports its
+    finish reason. All logits are float32 numpy arrays ``[vocab]``. With a tokenizer, prompts may
+    be text or a chat (``prompt_ids``); ``generation_defaults`` fill in unset sampling arguments.
 
     Hooks a model implements: ``model_type`` (its ``config.json`` name) and ``display_name`` (class
     attributes), ``program_identity()``, ``decode_graph(layers)``, ``prefill_graph(layers, seq)``,
@@ -89,6 +235,8 @@ class CausalLM:
     model_type: ClassVar[str]
     display_name: ClassVar[str]
     dims: DecoderDims
+    # Defaults of generate's sampling arguments: orion.models.load reads them from generation_config.json.
+    generation_defaults: GenerationDefaults = GenerationDefaults()
 
     # -- hooks ----------------------------------------------------------------------------------------
     def program_identity(self) -> dict[str, Any]:
@@ -137,16 +285,23 @@ class CausalLM:
         """Compiles the decode plan and binds it to a new KV cache (call at the end of ``__init__``)."""
         d = self.dims
         self._tokenizer, self._tokenizer_error = tokenizer, tokenizer_error
+        if tokenizer is not None and tokenizer.vocab_size < d.vocab_size:
+            warn_user(f"{tokenizer.path} has {tokenizer.vocab_size} tokens, the model's vocabulary {d.vocab_size}: "
+                      f"decoding a generated id >= {tokenizer.vocab_size} raises TokenizerError (it has no text)",
+                      TokenizerWarning)
         self.options = PlanOptions(fusion_depth=fusion_depth, lm_head=lm_head)
-        if progress:
-            print(f"compiling {self.display_name} ({d.parameters / 1e6:.0f}M parameters, {d.n_layer} layers) "
-                  f"for {backend()}", file=sys.stderr, flush=True)
         start = time.perf_counter()
         self.builder = ProgramBuilder(self.program_identity(), self.options.io_dtype, progress)
         self._head_ranges = vocab_chunks(d.vocab_size, d.hidden)
+        depth = self.options.fusion_depth or sram_fusion_depth(d.n_layer, self.layer_weight_bytes())
+        heads = len(self._head_ranges) if self.options.lm_head == "ane" else 0
+        millions = f"{d.parameters / 1e6:.{0 if d.parameters >= 1e7 else 1}f}M"
+        self.builder.begin(f"{self.display_name} ({millions} parameters, {d.n_layer} layers) "
+                           f"on {backend()}", -(-d.n_layer // depth) + heads)
         self.decode_plan: DecodePlan = build_decode_plan(
             self.builder, self.options, d.n_layer, sram_fusion_depth(d.n_layer, self.layer_weight_bytes()),
             self._head_ranges, self.decode_graph, self.lm_head_graph, self.program_costs)
+        self.builder.end()
         self.compile_seconds = time.perf_counter() - start
         self._prefill_plans: dict[tuple[int, bool], PrefillPlan] = {}  # shared by forks
         self._compile_lock = threading.Lock()  # shared by forks: one compiles a new prefill bucket at a time
@@ -180,9 +335,9 @@ class CausalLM:
         return self._tokenizer
 
     # -- inference ------------------------------------------------------------------------------------
-    def prefill(self, ids: Iterable[int]) -> np.ndarray:
-        """Reset the cache, run the prompt ``ids`` through every layer, and return the last
-        position's logits ``[vocab]``."""
+    def prefill(self, ids: Prompt) -> np.ndarray:
+        """Reset the cache, run the prompt ``ids`` (token ids, or text with a tokenizer) through every
+        layer, and return the last position's logits ``[vocab]``."""
         ids = self._check_ids(ids)
         with self._exclusive("prefill"):
             x = self._run_prefill(self._prefill_bucket(len(ids), with_head=False)[0], ids)
@@ -198,7 +353,7 @@ class CausalLM:
             if pos >= cache.context:
                 raise ContextFull(f"the KV cache holds {pos} tokens, the context length is {cache.context}: "
                                   f"reset() or start a new prompt")
-            self._check_ids([token])
+            self._check_ids([_token_id(token, "decode_step's token")])
             self._layers[0].input("x")[0, :, 0, 0] = self.embed([token], pos)[0]
             extra = self.position_inputs(range(pos, pos + 1))
             if extra:
@@ -214,7 +369,7 @@ class CausalLM:
             cache.length = pos + 1
             return self._head_logits(None)
 
-    def logits(self, ids: Iterable[int]) -> np.ndarray:
+    def logits(self, ids: Prompt) -> np.ndarray:
         """Logits ``[len(ids), vocab]`` of every position (fills the cache like ``prefill``)."""
         ids = self._check_ids(ids)
         n = len(ids)
@@ -227,17 +382,92 @@ class CausalLM:
                 head.run()
             return np.concatenate([h.output("logits")[0, :, 0, :n] for h in heads]).T.astype(np.float32)
 
-    def generate(self, ids: Iterable[int], max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
-                 top_p: float | None = None, seed: int | None = None,
-                 stop: int | Iterable[int] | None = None) -> Iterator[int]:
-        """Yield up to ``max_new_tokens`` new token ids after the prompt ``ids``: greedy when
-        ``temperature == 0``, else sampled (``top_k``/``top_p`` truncation, ``seed`` for
-        reproducibility). Stops after yielding a token in ``stop`` or when the context is full."""
-        check_sampling(temperature, top_k, top_p)
-        if max_new_tokens < 0:
-            raise GenerationError(f"max_new_tokens={max_new_tokens}: use a non-negative number")
-        stops = {stop} if isinstance(stop, int) else set(stop or ())
-        rng = np.random.default_rng(seed)
+    def generate(self, ids: Prompt, max_new_tokens: int | None = None, temperature: float | None = None,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 stop: Stop = None, *, min_p: float | None = None, repetition_penalty: float | None = None,
+                 logits_processor: LogitsProcessor | Sequence[LogitsProcessor] | None = None) -> Generation:
+        """Iterate over up to ``max_new_tokens`` new token ids after the prompt ``ids`` (token ids, or
+        text or a chat when the model has a tokenizer; an empty prompt starts from the BOS token).
+
+        Greedy when ``temperature == 0``, else sampled (``top_k``/``top_p``/``min_p`` truncation,
+        ``seed`` for reproducibility); ``repetition_penalty`` and ``logits_processor`` (``f(ids, logits)
+        -> logits`` on every step, before sampling) reshape the logits first. Arguments left at None
+        take the model's ``generation_defaults`` (its ``generation_config.json``).
+
+        ``stop``: token ids and/or strings; the run ends after the token that hits one (stop strings
+        are matched on the decoded text). The returned :class:`Generation` tells why it ended."""
+        finish, steps = self._start(ids, max_new_tokens, temperature, top_k, top_p, seed, stop, min_p,
+                                    repetition_penalty, logits_processor, eos=False)
+        return Generation(finish, steps, lambda token, text: token)
+
+    def generate_text(self, prompt: Prompt, max_new_tokens: int | None = None, temperature: float | None = None,
+                      top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                      stop: Stop = None, *, min_p: float | None = None, repetition_penalty: float | None = None,
+                      logits_processor: LogitsProcessor | Sequence[LogitsProcessor] | None = None) -> Generation:
+        """Like ``generate`` on text: iterate over text pieces that joined equal the decoded new
+        tokens (multi-byte characters are never split). Stops at the model's end-of-sequence tokens
+        and at ``stop`` (strings and/or token ids); neither the stop token's text nor any part of a
+        stop string is in the output."""
+        self.tokenizer  # noqa: B018 -- raises TokenizerNotFound before any work
+        finish, steps = self._start(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, min_p,
+                                    repetition_penalty, logits_processor, eos=True, text=True)
+        return Generation(finish, steps, lambda token, text: text)
+
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """The token ids of ``prompt``: token ids as given, text encoded, a chat (a list of
+        ``{"role", "content"}`` dicts) through the model's chat template; ``[BOS]`` when empty."""
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
+            ids = self.tokenizer.encode(self.tokenizer.apply_chat_template(list(prompt)), add_special_tokens=False)
+        else:
+            ids = _token_ids(prompt, "the prompt")
+        if not ids:
+            bos = self._tokenizer.bos_token_id if self._tokenizer is not None else None
+            if bos is None:
+                raise GenerationError("the prompt is empty and this model names no BOS token to start from: "
+                                      "give at least one token id")
+            ids = [bos]
+        return ids
+
+    # -- generation internals -------------------------------------------------------------------------
+    def _start(self, prompt: Prompt, max_new_tokens: int | None, temperature: float | None, top_k: int | None,
+               top_p: float | None, seed: int | None, stop: Stop, min_p: float | None,
+               repetition_penalty: float | None, logits_processor: Any, *, eos: bool,
+               text: bool = False) -> tuple[_Finish, Iterator[tuple[int, str]]]:
+        """Checks every argument now (not on the first ``next``) and returns the step generator."""
+        d = self.generation_defaults
+        params = _Sampling(
+            temperature=d.temperature if temperature is None else temperature,
+            top_k=d.top_k if top_k is None else top_k, top_p=d.top_p if top_p is None else top_p,
+            min_p=d.min_p if min_p is None else min_p,
+            repetition_penalty=d.repetition_penalty if repetition_penalty is None else repetition_penalty,
+            processors=_processors(logits_processor))
+        check_sampling(params.temperature, params.top_k, params.top_p, params.min_p, params.repetition_penalty)
+        if max_new_tokens is None:
+            max_new_tokens = d.max_new_tokens if d.max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
+            raise GenerationError(f"max_new_tokens={max_new_tokens}: use a non-negative integer")
+        stop_ids, stop_strings = _split_stops(stop)
+        if eos and self._tokenizer is not None:
+            stop_ids |= set(self._tokenizer.eos_token_ids)
+        if (stop_strings or text) and self._tokenizer is None:
+            self.tokenizer  # noqa: B018 -- raises TokenizerNotFound: stop strings need text
+        ids = self.prompt_ids(prompt)
+        self._check_context(ids)
+        finish = _Finish()
+        return finish, self._steps(finish, ids, int(max_new_tokens), params, np.random.default_rng(seed), stop_ids,
+                                   stop_strings, text or bool(stop_strings))
+
+    def _steps(self, finish: _Finish, ids: list[int], max_new_tokens: int, params: _Sampling,
+               rng: np.random.Generator, stop_ids: set[int], stop_strings: list[str],
+               decode: bool) -> Iterator[tuple[int, str]]:
+        """Yields ``(token, text safe to show)``; fills in ``finish`` on the last step."""
+        detok = IncrementalDetokenizer(self.tokenizer.decode, ids) if decode else None
+        stops = StopStrings(stop_strings)
+        history = list(ids)
+        if max_new_tokens == 0:
+            finish.reason = "length"
         logits = self.prefill(ids)
         for produced in range(max_new_tokens):
             if np.isnan(logits).any():
@@ -245,32 +475,50 @@ class CausalLM:
                     f"generate: the logits of new token {produced} (position {self.cache.length}) contain NaN, "
                     f"so no token can be chosen; the model overflowed fp16 or its weights are not finite: "
                     f"check the weights (or compare with lm_head='cpu')")
-            token = next_token(logits, temperature, top_k, top_p, rng)
-            yield token
-            if token in stops or produced + 1 == max_new_tokens or self.cache.length >= self.cache.context:
+            logits = params.process(history, logits)
+            token = next_token(logits, params.temperature, params.top_k, params.top_p, rng, params.min_p)
+            history.append(token)
+            last = produced + 1 == max_new_tokens
+            context_end = self.cache.length >= self.cache.context
+            if token in stop_ids:
+                finish.reason, finish.stopped_by = "stop", token
+                yield token, _flush(detok, stops)
+                return
+            piece = detok.push(token) if detok else ""
+            if detok and (last or context_end):
+                piece += detok.flush()
+            found = stops.feed(piece)
+            if found.stopped:
+                finish.reason, finish.stopped_by = "stop", found.stop
+                yield token, found.text
+                return
+            piece = found.text + (stops.finish() if last or context_end else "")
+            if last or context_end:
+                finish.reason, finish.context_full = "length", context_end and not last
+                if finish.context_full:
+                    warnings.warn(f"generation stopped after {produced + 1} of {max_new_tokens} new tokens: the "
+                                  f"sequence reached the context length {self.cache.context} (finish_reason "
+                                  f"'length'); use a shorter prompt or fewer new tokens", ContextLengthWarning,
+                                  stacklevel=3)
+            yield token, piece
+            if finish.reason:
                 return
             logits = self.decode_step(token)
 
-    def generate_text(self, prompt: str, max_new_tokens: int, **sampling: Any) -> Iterator[str]:
-        """Like ``generate`` on text: yields the decoded text of each new token; stops at the
-        model's end-of-sequence tokens unless ``stop`` is given."""
-        tokenizer = self.tokenizer
-        ids = tokenizer.encode(prompt)
-        stop = sampling.pop("stop", tokenizer.eos_token_ids)
-        for token in self.generate(ids, max_new_tokens, stop=stop, **sampling):
-            yield tokenizer.decode([token])
+    def _check_context(self, ids: list[int]) -> None:
+        if len(ids) > self.dims.context:
+            raise ContextFull(f"{len(ids)} tokens exceed the context length {self.dims.context}: shorten the prompt")
 
     # -- internals ------------------------------------------------------------------------------------
     def _exclusive(self, what: str) -> _Exclusive:
         return _Exclusive(self, what)
 
-    def _check_ids(self, ids: Iterable[int]) -> list[int]:
-        ids = [int(i) for i in ids]
+    def _check_ids(self, ids: Prompt) -> list[int]:
+        ids = _token_ids(ids, "the prompt") if not isinstance(ids, str) else self.prompt_ids(ids)
         d = self.dims
         if not ids:
             raise GenerationError("give at least one token id")
-        if len(ids) > d.context:
-            raise ContextFull(f"{len(ids)} tokens exceed the context length {d.context}")
+        self._check_context(ids)
         bad = [i for i in ids if not 0 <= i < d.vocab_size]
         if bad:
             raise GenerationError(f"token ids {bad[:5]} are outside the vocabulary [0, {d.vocab_size})")
@@ -283,9 +531,13 @@ class CausalLM:
         if key not in self._prefill_stages:
             with self._compile_lock:
                 if key not in self._prefill_plans:
+                    plan = self.decode_plan
+                    self.builder.begin(f"{self.display_name} prompts up to {seq} tokens", len(plan.layer_ranges)
+                                       + (len(self._head_ranges) if with_head else 0))
                     self._prefill_plans[key] = build_prefill_plan(
                         self.builder, self.dims.n_layer, self.decode_plan.fusion_depth, seq,
                         self._head_ranges if with_head else [], self.prefill_graph, self.lm_head_graph)
+                    self.builder.end()
             self._prefill_stages[key] = self._prefill_plans[key].bind(self.options.io_dtype)
         return self._prefill_stages[key]
 

@@ -5,7 +5,7 @@ End-of-sequence ids come from ``generation_config.json``, else ``config.json`` (
 an id or a list of ids), else ``tokenizer_config.json`` (``eos_token``, a token string looked up in
 the vocabulary). The beginning-of-sequence token is found the same way, and ``encode`` prepends it
 when ``tokenizer_config.json`` says ``add_bos_token`` (when no file says, when ``tokenizer.json``'s
-post-processor would).
+post-processor would). Its ``chat_template`` (Jinja) formats chats.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 import tokenizers
 
 from orion.errors import OrionError
+from orion.generation.chat import ChatTemplate
 from orion.generation.hf_files import CONFIG_FILE, read_optional
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -40,12 +41,14 @@ class Tokenizer:
     ``eos_token_id`` is the first or None. ``bos_token_id`` is None without one."""
 
     def __init__(self, backend: tokenizers.Tokenizer, path: Path, *, eos_token_ids: tuple[int, ...] = (),
-                 bos_token_id: int | None = None, add_bos: bool = False) -> None:
+                 bos_token_id: int | None = None, add_bos: bool = False,
+                 chat_template: ChatTemplate | None = None) -> None:
         self._backend = backend
         self.path = path
         self.eos_token_ids = eos_token_ids
         self.bos_token_id = bos_token_id
         self.add_bos = add_bos and bos_token_id is not None
+        self.chat_template = chat_template
 
     @property
     def eos_token_id(self) -> int | None:
@@ -56,14 +59,37 @@ class Tokenizer:
         """Number of ids, added tokens included."""
         return self._backend.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``: the BOS id first when the model's files ask for it, no other special tokens."""
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``: the BOS id first when the model's files ask for it (and
+        ``add_special_tokens``), no other special tokens."""
+        if not isinstance(text, str):
+            raise TokenizerError(f"encode needs a str, got {type(text).__name__}")
         ids = self._backend.encode(text, add_special_tokens=False).ids
-        return [self.bos_token_id, *ids] if self.add_bos else ids
+        return [self.bos_token_id, *ids] if self.add_bos and add_special_tokens else ids
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Text of ``ids``, special tokens included as written."""
-        return self._backend.decode(list(ids), skip_special_tokens=False)
+        """Text of ``ids``, special tokens included as written. An id the tokenizer does not have
+        (a model vocabulary padded beyond the tokenizer's) is an error, never decoded to ``""``."""
+        ids = list(ids)
+        size = self.vocab_size
+        unknown = [i for i in ids if not 0 <= i < size]
+        if unknown:
+            raise TokenizerError(f"token ids {unknown[:5]} are beyond {self.path}'s {size} tokens: the model's "
+                                 f"vocabulary is larger than its tokenizer's, so these ids have no text")
+        return self._backend.decode(ids, skip_special_tokens=False)
+
+    def token_text(self, token_id: int | None) -> str:
+        """The vocabulary entry of ``token_id`` ("" for None)."""
+        return "" if token_id is None else self._backend.id_to_token(token_id) or ""
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The chat ``messages`` (``{"role", "content"}`` dicts) as the model's chat template writes them."""
+        if self.chat_template is None:
+            raise TokenizerError(f"{self.path.parent / TOKENIZER_CONFIG_FILE}: no chat_template, so this model "
+                                 f"has no chat format; give a plain prompt instead of messages (without --chat)")
+        special = {"bos_token": self.token_text(self.bos_token_id), "eos_token": self.token_text(self.eos_token_id),
+                   **self.chat_template.special_tokens}
+        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, **special)
 
 
 def load_tokenizer(directory: str | os.PathLike[str], defaults: dict[str, Any] | None = None) -> Tokenizer:
@@ -87,18 +113,35 @@ def load_tokenizer(directory: str | os.PathLike[str], defaults: dict[str, Any] |
              for name in (GENERATION_CONFIG_FILE, CONFIG_FILE, TOKENIZER_CONFIG_FILE)]
     files.append((directory / "(the model's config)", defaults or {}))
     bos = _special_ids(backend, files, "bos")
-    add_bos = files[2][1].get("add_bos_token", files[3][1].get("add_bos_token"))
-    if add_bos is None:  # no file says: follow the tokenizer.json's post-processor (Llama 3 adds BOS there)
-        add_bos = bool(bos) and _post_processor_prepends(backend, bos[0])
+    tokenizer_config = files[2][1]
+    template = tokenizer_config.get("chat_template")
     return Tokenizer(backend, path, eos_token_ids=_special_ids(backend, files, "eos"),
-                     bos_token_id=bos[0] if bos else None, add_bos=bool(add_bos))
+                     bos_token_id=bos[0] if bos else None,
+                     add_bos=_adds_bos(backend, bos, files),
+                     chat_template=None if template is None else ChatTemplate(
+                         template, files[2][0], _special_strings(tokenizer_config)))
 
 
-def _post_processor_prepends(backend: tokenizers.Tokenizer, bos: int) -> bool:
-    """Whether encoding with special tokens puts ``bos`` first where encoding without them does not."""
-    with_special = backend.encode("a", add_special_tokens=True).ids
-    plain = backend.encode("a", add_special_tokens=False).ids
-    return with_special[:1] == [bos] and plain[:1] != [bos]
+def _adds_bos(backend: tokenizers.Tokenizer, bos: tuple[int, ...], files: list[tuple[Path, dict[str, Any]]]) -> bool:
+    """``add_bos_token`` from ``tokenizer_config.json`` or the model's config; when neither says, whether
+    ``tokenizer.json``'s post-processor puts BOS first (Llama 3 does)."""
+    add_bos = files[2][1].get("add_bos_token", files[3][1].get("add_bos_token"))
+    if add_bos is None:
+        with_special = backend.encode("a", add_special_tokens=True).ids
+        plain = backend.encode("a", add_special_tokens=False).ids
+        add_bos = bool(bos) and with_special[:1] == [bos[0]] and plain[:1] != [bos[0]]
+    return bool(add_bos)
+
+
+def _special_strings(tokenizer_config: dict[str, Any]) -> dict[str, str]:
+    """``bos_token``/``eos_token`` as ``tokenizer_config.json`` writes them (what chat templates print)."""
+    out = {}
+    for name in ("bos_token", "eos_token"):
+        token = tokenizer_config.get(name)
+        token = token.get("content") if isinstance(token, dict) else token
+        if isinstance(token, str):
+            out[name] = token
+    return out
 
 
 def _special_ids(backend: tokenizers.Tokenizer, files: list[tuple[Path, dict[str, Any]]], kind: str) -> tuple[int, ...]:

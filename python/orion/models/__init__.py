@@ -6,7 +6,9 @@ from orion.models.gpt2 import GPT2, GPT2Config
 from orion.models.llama import Llama, LlamaConfig
 from orion.models.registry import (
     UnknownModel,
+    context_length,
     load,
+    model_class,
     model_types,
     random,
     register,
@@ -22,5 +24,5 @@ register(Llama, LlamaConfig, ("llama", "qwen2", "mistral"))
 register_file_format(".bin", Llama.from_llama2c)
 register_shape("stories110m", LlamaConfig.stories110m())
 
-__all__ = ["GPT2", "GPT2Config", "Llama", "LlamaConfig", "UnknownModel", "load", "model_types", "random",
-           "register", "register_file_format", "register_shape", "shape_names"]
+__all__ = ["GPT2", "GPT2Config", "Llama", "LlamaConfig", "UnknownModel", "context_length", "load", "model_class",
+           "model_types", "random", "register", "register_file_format", "register_shape", "shape_names"]

@@ -9,8 +9,9 @@ from orion.graph.ir import Node
 
 
 def cached_attention(g: Graph, q: Node, k: Node, v: Node, k_cache: Node, v_cache: Node, mask: Node,
-                     heads: int) -> Node:
-    """One token's multi-head attention over a KV cache plus its own key/value.
+                     heads: int, scale: float | None = None) -> Node:
+    """One token's multi-head attention over a KV cache plus its own key/value; the scores are scaled
+    by ``scale`` (default ``1/sqrt(head_dim)``).
 
     ``q``, ``k``, ``v`` are ``[1, C, 1, 1]``, the caches ``[1, C, 1, T]`` and ``mask`` ``[1, 1, 1, T]``
     (additive: 0 for filled positions). softmax([q.K_cache + mask, q.k]) . [V_cache, v] written with
@@ -19,7 +20,8 @@ def cached_attention(g: Graph, q: Node, k: Node, v: Node, k_cache: Node, v_cache
     """
     c, t = q.shape[1], k_cache.shape[3]
     d = c // heads
-    qh = g.reshape(g.mul(q, 1.0 / math.sqrt(d), name="qs"), [1, heads, 1, d], name="qh")
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    qh = g.reshape(g.mul(q, scale, name="qs"), [1, heads, 1, d], name="qh")
     kh, vh = (g.reshape(n, [1, heads, 1, d], name=f"{p}h") for n, p in ((k, "k"), (v, "v")))
     keys = g.reshape(k_cache, [1, heads, d, t], name="keys")
     values = g.reshape(v_cache, [1, heads, d, t], name="values")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from orion.errors import OrionError
+from orion.generation.defaults import GenerationDefaults
 from orion.generation.hf_files import CONFIG_FILE, ModelFileError, read_json_object
 
 
@@ -72,15 +73,39 @@ def family_of(config: Any) -> Family:
                        f"(registered: {model_types()}); register the model with orion.models.register")
 
 
-def load(path: str | os.PathLike[str], **options: Any) -> Any:
-    """The model in Hugging Face directory ``path``, by its ``config.json``'s ``model_type``, or in a
-    checkpoint file of a registered format (by its suffix, e.g. a llama2.c ``.bin``)."""
+_CONTEXT_KEYS = ("n_positions", "n_ctx", "max_position_embeddings")  # Hugging Face names of the context length
+
+
+def _checkpoint_file(path: Path) -> bool:
+    return path.is_file() and path.suffix in _FILE_FORMATS
+
+
+def context_length(source: str | os.PathLike[str] | Any) -> int | None:
+    """The context length a model directory's ``config.json`` (or a registered shape name, or a
+    config) declares, read without building the model; None when it names none (or ``source`` is a
+    checkpoint file, whose header is read at load)."""
+    if isinstance(source, str) and source in _SHAPES:
+        source = _SHAPES[source]
+    if isinstance(source, (str, os.PathLike)):
+        if _checkpoint_file(Path(source)):
+            return None
+        data = read_json_object(Path(source) / CONFIG_FILE)
+    else:
+        data = source.to_hf_json()
+    values = [data[k] for k in _CONTEXT_KEYS if isinstance(data.get(k), int)]
+    return values[0] if values else None
+
+
+def model_class(path: str | os.PathLike[str]) -> type:
+    """The registered class that runs ``path``: a Hugging Face directory (by ``config.json``'s
+    ``model_type``) or a checkpoint file of a registered format; checked without reading the weights."""
     directory = Path(path)
-    if directory.is_file() and directory.suffix in _FILE_FORMATS:
-        return _FILE_FORMATS[directory.suffix](directory, **options)
+    if _checkpoint_file(directory):
+        return _FILE_FORMATS[directory.suffix].__self__  # the class whose classmethod loads the format
     if not directory.is_dir():
+        what = "a file, not a directory" if directory.exists() else "no such directory"
         formats = "".join(f", or a {suffix} file" for suffix in sorted(_FILE_FORMATS))
-        raise ModelFileError(f"{directory}: no such directory; give a Hugging Face model directory "
+        raise ModelFileError(f"{directory}: {what}; give a Hugging Face model directory "
                              f"(config.json and model.safetensors){formats}")
     config_path = directory / CONFIG_FILE
     if not config_path.is_file():
@@ -90,7 +115,20 @@ def load(path: str | os.PathLike[str], **options: Any) -> Any:
     if model_type not in _FAMILIES:
         what = "has no model_type" if model_type is None else f"has model_type {model_type!r}"
         raise UnknownModel(f"{config_path}: {what}; Orion runs model types {model_types()}")
-    return _FAMILIES[model_type].model.from_pretrained(directory, **options)
+    return _FAMILIES[model_type].model
+
+
+def load(path: str | os.PathLike[str], **options: Any) -> Any:
+    """The model in Hugging Face directory ``path``, by its ``config.json``'s ``model_type``, with the
+    sampling defaults of its ``generation_config.json``; or in a checkpoint file of a registered format
+    (by its suffix, e.g. a llama2.c ``.bin``)."""
+    path = Path(path)
+    if _checkpoint_file(path):
+        return _FILE_FORMATS[path.suffix](path, **options)
+    model = model_class(path).from_pretrained(path, **options)
+    if "generation_defaults" not in vars(model):  # a family whose from_pretrained does not read them
+        model.generation_defaults = GenerationDefaults.from_directory(path)
+    return model
 
 
 def random(shape: str | Any, seed: int = 0, **options: Any) -> Any:

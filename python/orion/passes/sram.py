@@ -8,12 +8,12 @@ const operand (ANE-27: a 1x1 conv is ~3x faster) and the per-evaluate dispatch c
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 
 from orion.graph.builder import Graph
 from orion.limits import DISPATCH_MS
 from orion.passes.base import PassContext
+from orion.progress import warn_user
 
 NAME = "SRAM budgeting"
 
@@ -79,6 +79,6 @@ def analyze(graph: Graph, budget: int) -> SRAMReport:
 def run(graph: Graph, ctx: PassContext) -> list[str]:
     report = analyze(graph, ctx.sram_budget)
     if report.over_budget and ctx.analyses.get(NAME) != report:
-        warnings.warn(f"graph '{graph.name}': {report}", SRAMBudgetWarning, stacklevel=2)
+        warn_user(f"graph '{graph.name}': {report}", SRAMBudgetWarning)
     ctx.analyses[NAME] = report
     return []

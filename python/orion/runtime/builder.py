@@ -1,48 +1,96 @@
 """Building a model's programs: lowered programs from the on-disk cache when there, compiled once
-per process, with one progress line each and a fallback to shallower fusion when a compile fails."""
+per process, shown as one progress line, with a fallback to shallower fusion when a compile fails."""
 
 from __future__ import annotations
 
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from orion.compiler import CompiledGraph, compile_lowered
 from orion.errors import CompileBudgetExhausted, CompileError, ConstraintError
 from orion.graph import Graph
+from orion.passes.sram import SRAMBudgetWarning
 from orion.program_cache import lower_cached
+from orion.progress import ProgressLine, warn_user
 
 T = TypeVar("T")
+
+
+def _programs(n: int) -> str:
+    return f"{n} program{'' if n == 1 else 's'}"
+
+
+def program_label(kind: str, params: dict[str, Any]) -> str:
+    """A program's name for people: ``decode layers 0-3``, ``lm_head vocab 0-12564, 32 tokens``."""
+    parts = []
+    for key, value in params.items():
+        if isinstance(value, list) and len(value) == 2:
+            parts.append(f"{key} {value[0]}-{value[1] - 1}")
+        elif key == "seq":
+            parts.append(f"{value} tokens")
+        else:
+            parts.append(f"{key} {value}")
+    return f"{kind} {', '.join(parts)}".strip()
 
 
 class ProgramBuilder:
     """Builds the programs of one model. ``identity`` (JSON-able: model type, config, weights hash)
     goes into every program-cache key, so two models never share an entry by accident.
 
-    ``built``/``cached`` count programs lowered here or read from the cache; ``seconds`` is the total."""
+    ``built``/``cached`` count programs lowered here or read from the cache; ``seconds`` is the total.
+    Between ``begin`` and ``end`` the builds show as one progress line, and the SRAM-budget warnings
+    of the per-graph compiler become one summary warning (``progress=False`` silences both)."""
 
     def __init__(self, identity: dict[str, Any], io_dtype: str = "fp16", progress: bool = True) -> None:
         self.identity, self.io_dtype, self.progress = identity, io_dtype, progress
         self.seconds = 0.0
         self.cached = 0
         self.built = 0
+        self.line = ProgressLine(progress)
+        self._over_sram: list[str] = []
+        self._batch = (0, 0)
+
+    def begin(self, what: str, total: int) -> None:
+        """Start a batch of ``total`` builds of ``what`` (e.g. "GPT-2 (124M parameters, 12 layers)")."""
+        self.what = what
+        self._batch = (self.built, self.cached)
+        self._over_sram = []
+        self.line.start(f"compiling {_programs(total)} for {what}", total)
+
+    def end(self) -> None:
+        """The batch's summary line and, if some programs exceed the SRAM, one warning saying so."""
+        built, cached = self.built - self._batch[0], self.cached - self._batch[1]
+        self.line.finish(f"compiled {_programs(built + cached)} for {self.what} in {{seconds}} "
+                         f"({built} built, {cached} loaded from cache)")
+        if self._over_sram and self.progress:
+            warn_user(f"{len(self._over_sram)} of {built + cached} programs for {self.what} exceed the ANE's "
+                      f"on-chip SRAM (ANE-26: they run, ~30% slower), e.g. {self._over_sram[0]}; a smaller "
+                      f"fusion_depth splits decode programs (orion.compile_graph shows a graph's own report)",
+                      SRAMBudgetWarning)
+        self._over_sram = []
 
     def build(self, kind: str, graph: Callable[[], Graph], max_layers: int = 1, **params: Any) -> CompiledGraph:
         """The compiled program of ``graph()`` (called only on a cache miss); ``kind`` and ``params``
         (JSON-able) name it in the cache key and in the progress line."""
         start = time.perf_counter()
-        lowered, was_cached = lower_cached({**self.identity, "kind": kind, **params}, graph,
-                                           io_dtype=self.io_dtype, max_layers=max_layers)
+        label = program_label(kind, params)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            lowered, was_cached = lower_cached({**self.identity, "kind": kind, **params}, graph,
+                                               io_dtype=self.io_dtype, max_layers=max_layers)
+        for w in caught:
+            if issubclass(w.category, SRAMBudgetWarning):
+                self._over_sram.append(label)
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         compiled = compile_lowered(lowered)
-        elapsed = time.perf_counter() - start
-        self.seconds += elapsed
+        self.seconds += time.perf_counter() - start
         self.cached += was_cached
         self.built += not was_cached
-        if self.progress:
-            detail = ", ".join(f"{k}={v}" for k, v in params.items())
-            print(f"  compiled {kind}({detail}) in {elapsed * 1e3:.0f} ms{' (cached)' if was_cached else ''}",
-                  file=sys.stderr, flush=True)
+        self.line.step(f"{label}{' (loaded from cache)' if was_cached else ''}")
         return compiled
 
     def with_fallback(self, depth: int, build_depth: Callable[[int], T]) -> tuple[int, T]:
@@ -59,6 +107,6 @@ class ProgramBuilder:
                 if depth == 1:
                     raise
                 if self.progress:
-                    print(f"  fusion depth {depth} failed to compile ({err}); retrying with {depth // 2}",
+                    print(f"\rfusion depth {depth} failed to compile ({err}); retrying with {depth // 2}",
                           file=sys.stderr, flush=True)
                 depth //= 2

@@ -1,8 +1,16 @@
-"""GPT-2's hyperparameters, validated, and their Hugging Face ``config.json`` form."""
+"""GPT-2's hyperparameters, validated, and their Hugging Face ``config.json`` form.
+
+Every key of a ``config.json`` is accounted for: the shape and the settings Orion implements
+(``activation_function``, ``n_inner``, ``scale_attn_weights``, ``scale_attn_by_inverse_layer_idx``)
+are read; keys that do not change inference (dropouts, initialization, token ids, bookkeeping) are
+inert; a key that would change the model and is not implemented is refused unless it has
+transformers' default value, and an unknown key gets a warning naming it.
+"""
 
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +23,10 @@ class ConfigError(OrionError, ValueError):
     """A GPT-2 configuration is invalid or a ``config.json`` cannot be read."""
 
 
+class ConfigWarning(UserWarning):
+    """A ``config.json`` has keys Orion does not know."""
+
+
 # Our field -> the Hugging Face config.json keys that may hold it, preferred first.
 _HF_KEYS: dict[str, tuple[str, ...]] = {
     "n_layer": ("n_layer",),
@@ -24,6 +36,29 @@ _HF_KEYS: dict[str, tuple[str, ...]] = {
     "n_positions": ("n_positions", "n_ctx"),
     "layer_norm_epsilon": ("layer_norm_epsilon",),
 }
+# Optional settings Orion implements: our field -> config.json key (absent: transformers' default).
+_HF_OPTIONAL: dict[str, str] = {
+    "activation_function": "activation_function",
+    "n_inner": "n_inner",
+    "scale_attn_weights": "scale_attn_weights",
+    "scale_attn_by_inverse_layer_idx": "scale_attn_by_inverse_layer_idx",
+}
+# transformers' names for the activations Orion's graphs compute. "gelu" (erf) runs as the tanh
+# approximation, which differs from it by under 5e-4, below fp16's resolution at 1.
+ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu", "quick_gelu", "relu", "silu", "swish",
+               "tanh", "sigmoid", "linear")
+# Keys that do not change the logits (training-only, bookkeeping, token ids read by the tokenizer).
+_INERT = {"model_type", "architectures", "resid_pdrop", "embd_pdrop", "attn_pdrop", "initializer_range",
+          "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+          "summary_first_dropout", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
+          "decoder_start_token_id", "use_cache", "transformers_version", "torch_dtype", "dtype", "_name_or_path",
+          "task_specific_params", "id2label", "label2id", "_num_labels", "num_labels", "problem_type",
+          "output_attentions", "output_hidden_states", "return_dict", "output_past", "gradient_checkpointing",
+          "finetuning_task", "tokenizer_class", "prefix", "chunk_size_feed_forward", "is_encoder_decoder",
+          "is_decoder", "n_ctx", "reorder_and_upcast_attn"}  # the last one: fp32 attention only, as Orion's
+# Keys Orion does not implement, with the value at which they change nothing.
+_NOT_IMPLEMENTED = {"add_cross_attention": False, "tie_word_embeddings": True, "pruned_heads": {},
+                    "torchscript": False, "cross_attention_hidden_size": None}
 
 
 @dataclass(frozen=True)
@@ -36,6 +71,10 @@ class GPT2Config:
     vocab_size: int = 50257
     n_positions: int = 1024
     layer_norm_epsilon: float = 1e-5
+    activation_function: str = "gelu_new"
+    n_inner: int | None = None  # the MLP's width; None: 4 * n_embd
+    scale_attn_weights: bool = True  # scores / sqrt(head_dim)
+    scale_attn_by_inverse_layer_idx: bool = False  # scores / (layer index + 1) as well
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "n_embd", "vocab_size", "n_positions"):
@@ -50,6 +89,25 @@ class GPT2Config:
         eps = self.layer_norm_epsilon
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
             raise ConfigError(f"GPT2Config.layer_norm_epsilon must be a positive number, got {eps!r}")
+        if self.activation_function not in ACTIVATIONS:
+            raise ConfigError(f"GPT2Config.activation_function {self.activation_function!r} is not implemented; "
+                              f"Orion runs {', '.join(ACTIVATIONS)}")
+        inner = self.n_inner
+        if inner is not None and (isinstance(inner, bool) or not isinstance(inner, int) or inner <= 0):
+            raise ConfigError(f"GPT2Config.n_inner must be a positive integer or None (4 * n_embd), got {inner!r}")
+        for name in ("scale_attn_weights", "scale_attn_by_inverse_layer_idx"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"GPT2Config.{name} must be true or false, got {getattr(self, name)!r}")
+
+    @property
+    def inner(self) -> int:
+        """The MLP's hidden width."""
+        return self.n_inner or 4 * self.n_embd
+
+    def attention_scale(self, layer: int) -> float:
+        """The factor on layer ``layer``'s attention scores, as transformers' GPT-2 applies it."""
+        scale = 1.0 / self.head_dim**0.5 if self.scale_attn_weights else 1.0
+        return scale / (layer + 1) if self.scale_attn_by_inverse_layer_idx else scale
 
     @property
     def head_dim(self) -> int:
@@ -58,14 +116,14 @@ class GPT2Config:
 
     def param_count(self) -> int:
         """Number of parameters, counting the tied LM head once (124,439,808 for GPT-2 small)."""
-        c = self.n_embd
+        c, f = self.n_embd, self.inner
         per_block = (
             2 * c                      # ln_1
             + 3 * c * c + 3 * c        # attn.c_attn
             + c * c + c                # attn.c_proj
             + 2 * c                    # ln_2
-            + 4 * c * c + 4 * c        # mlp.c_fc
-            + 4 * c * c + c            # mlp.c_proj
+            + f * c + f                # mlp.c_fc
+            + f * c + c                # mlp.c_proj
         )
         return (self.vocab_size + self.n_positions) * c + self.n_layer * per_block + 2 * c
 
@@ -94,6 +152,21 @@ class GPT2Config:
             if not found:
                 raise ConfigError(f"{where}: missing key {' or '.join(repr(k) for k in keys)} (GPT2Config.{name})")
             values[name] = data[found[0]]
+        for name, key in _HF_OPTIONAL.items():
+            if key in data:
+                values[name] = data[key]
+        for key, neutral in _NOT_IMPLEMENTED.items():
+            if key in data and data[key] != neutral:
+                raise ConfigError(f"{where}: {key}={data[key]!r} is not implemented by Orion's GPT-2 (it runs "
+                                  f"{key}={neutral!r}); the model would compute something else, so it is refused")
+        if "n_ctx" in data and "n_positions" in data and data["n_ctx"] != data["n_positions"]:
+            raise ConfigError(f"{where}: n_ctx={data['n_ctx']} differs from n_positions={data['n_positions']}; "
+                              f"Orion's GPT-2 needs them equal (the context length)")
+        unknown = sorted(set(data) - _INERT - set(_NOT_IMPLEMENTED) - set(_HF_OPTIONAL)
+                         - {k for keys in _HF_KEYS.values() for k in keys})
+        if unknown:
+            warnings.warn(f"{where}: Orion's GPT-2 does not know the keys {unknown}; they are not used, so check "
+                          f"that they do not change the model", ConfigWarning, stacklevel=2)
         try:
             return cls(**values)
         except ConfigError as exc:
@@ -107,13 +180,10 @@ class GPT2Config:
             "architectures": ["GPT2LMHeadModel"],
             **fields,
             "n_ctx": self.n_positions,
-            "activation_function": "gelu_new",
-            "n_inner": None,
             "resid_pdrop": 0.1,
             "embd_pdrop": 0.1,
             "attn_pdrop": 0.1,
             "initializer_range": 0.02,
-            "scale_attn_weights": True,
             "tie_word_embeddings": True,
             "bos_token_id": self.vocab_size - 1,  # <|endoftext|> is GPT-2's last token
             "eos_token_id": self.vocab_size - 1,

@@ -8,8 +8,8 @@ from orion.models.gpt2.config import GPT2Config
 
 def layer_params(config: GPT2Config) -> int:
     """Parameters of one transformer block (its matrices and vectors)."""
-    c = config.n_embd
-    return 12 * c * c + 13 * c
+    c, f = config.n_embd, config.inner
+    return 4 * c * c + 2 * f * c + f + 9 * c
 
 
 def decode_program_costs(config: GPT2Config, layer_ranges: list[range], head_ranges: list[range],
@@ -20,7 +20,7 @@ def decode_program_costs(config: GPT2Config, layer_ranges: list[range], head_ran
     for r in layer_ranges:
         n = len(r)
         weights = n * layer_params(config)
-        flops = n * (2 * 12 * c * c + 2 * 2 * c * t)  # projections + scores and weighted values
+        flops = n * (2 * (4 * c * c + 2 * c * config.inner) + 2 * 2 * c * t)  # projections + scores and weighted values
         io = 2 * (c * 32 * 3 * n + n * 2 * c * t + t)  # x/k/v surfaces, both caches, mask (fp16)
         infos.append(ProgramInfo(f"layers {r.start}-{r.stop - 1}", flops, 2 * weights + io))
     if lm_head == "ane":

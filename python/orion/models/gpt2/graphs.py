@@ -10,6 +10,7 @@ caller stores them at the token's position. Node names follow Hugging Face's: ``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from orion.graph import Graph
@@ -20,6 +21,19 @@ from orion.models.gpt2.weights import GPT2Weights
 
 # (layer, q, k, v) -> attention output, [1, C, 1, S]
 Attend = Callable[[int, Node, Node, Node], Node]
+
+
+def activation(g: Graph, x: Node, name: str) -> Node:
+    """The MLP activation transformers calls ``name`` (one of ``config.ACTIVATIONS``)."""
+    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu"):
+        return g.gelu(x, name="gelu")
+    if name == "quick_gelu":  # x * sigmoid(1.702 x)
+        return g.mul(x, g.sigmoid(g.mul(x, 1.702, name="quick_scale"), name="quick_sigmoid"), name="quick_gelu")
+    if name in ("silu", "swish"):
+        return g.silu(x, name="silu")
+    if name == "linear":
+        return x
+    return {"relu": g.relu, "tanh": g.tanh, "sigmoid": g.sigmoid}[name](x, name=name)
 
 
 def _layers(g: Graph, x: Node, config: GPT2Config, weights: GPT2Weights, layers: range, attend: Attend) -> Node:
@@ -37,7 +51,7 @@ def _layers(g: Graph, x: Node, config: GPT2Config, weights: GPT2Weights, layers:
             x = g.add(x, g.linear(a, b.w_attn_out, b.b_attn_out, name="proj"), name="res")
         with g.scope(f"h{i}.mlp"):
             h = g.layer_norm(x, b.ln2_g, b.ln2_b, eps, name="ln")
-            up = g.gelu(g.linear(h, b.w_fc, b.b_fc, name="fc"), name="gelu")
+            up = activation(g, g.linear(h, b.w_fc, b.b_fc, name="fc"), config.activation_function)
             x = g.add(x, g.linear(up, b.w_proj, b.b_proj, name="proj"), name="res")
     return x
 
@@ -52,7 +66,7 @@ def decode_graph(config: GPT2Config, weights: GPT2Weights, layers: range) -> Gra
     caches = {i: (g.input(f"k{i}", [1, c, 1, t]), g.input(f"v{i}", [1, c, 1, t])) for i in layers}
 
     def attend(i: int, q: Node, k: Node, v: Node) -> Node:
-        return cached_attention(g, q, k, v, *caches[i], mask, config.n_head)
+        return cached_attention(g, q, k, v, *caches[i], mask, config.n_head, config.attention_scale(i))
 
     g.output(_layers(g, x, config, weights, layers, attend), "x")
     return g
@@ -65,6 +79,10 @@ def prefill_graph(config: GPT2Config, weights: GPT2Weights, layers: range, seq: 
     x = g.input("x", [1, config.n_embd, 1, seq])
 
     def attend(i: int, q: Node, k: Node, v: Node) -> Node:
+        # g.attention scales by 1/sqrt(head_dim): other scales are folded into q first.
+        factor = config.attention_scale(i) * math.sqrt(config.head_dim)
+        if factor != 1.0:
+            q = g.mul(q, factor, name="q_scale")
         return g.attention(q, k, v, config.n_head, causal=True, name="core")
 
     g.output(_layers(g, x, config, weights, layers, attend), "x")

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from orion.generation.defaults import GenerationDefaults
 from orion.generation.loop import CausalLM, DecoderDims
 from orion.generation.plan import ProgramInfo
 from orion.generation.tokenizer import Tokenizer, TokenizerNotFound, load_tokenizer
@@ -41,13 +42,16 @@ class GPT2(CausalLM):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike[str], **options: Any) -> GPT2:
         """Load a Hugging Face GPT-2 directory (``config.json``, ``model.safetensors``, optionally
-        ``tokenizer.json``)."""
-        config, weights = load_hf(path)
+        ``tokenizer.json`` and ``generation_config.json``); ``progress=False`` silences weight loading too."""
+        config, weights = load_hf(path, progress=None if options.get("progress", True) else False)
         try:
             tokenizer, error = load_tokenizer(path), None
         except TokenizerNotFound as missing:
             tokenizer, error = None, missing
-        return cls(config, weights, tokenizer=tokenizer, tokenizer_error=error, **options)
+        defaults = GenerationDefaults.from_directory(path)
+        model = cls(config, weights, tokenizer=tokenizer, tokenizer_error=error, **options)
+        model.generation_defaults = defaults
+        return model
 
     @classmethod
     def random(cls, config: GPT2Config | None = None, seed: int = 0, **options: Any) -> GPT2:

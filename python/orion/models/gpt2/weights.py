@@ -108,12 +108,12 @@ class GPT2Weights:
 
 def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
     """Shape of each field of :class:`GPT2Weights` and :class:`BlockWeights` in Orion's layout."""
-    c = config.n_embd
+    c, f = config.n_embd, config.inner
     return {
         "wte": (config.vocab_size, c), "wpe": (config.n_positions, c), "ln_f_g": (c,), "ln_f_b": (c,),
         "ln1_g": (c,), "ln1_b": (c,), "w_qkv": (3 * c, c), "b_qkv": (3 * c,),
         "w_attn_out": (c, c), "b_attn_out": (c,), "ln2_g": (c,), "ln2_b": (c,),
-        "w_fc": (4 * c, c), "b_fc": (4 * c,), "w_proj": (c, 4 * c), "b_proj": (c,),
+        "w_fc": (f, c), "b_fc": (f,), "w_proj": (c, f), "b_proj": (c,),
     }
 
 

@@ -8,6 +8,7 @@ import json
 import httpx
 import openai
 import pytest
+from support import references
 
 PROMPTS = ["hello world", "the neural engine", "café 🙂", "stop strings end", "the server answers", "emoji 🚀 in",
            "one token at", "日本語の"]
@@ -24,9 +25,8 @@ def expected(reference, prompt_ids: list[int], max_tokens: int, **sampling) -> t
 
 def chat_ids(reference, model_dir, messages) -> list[int]:
     """The chat prompt as transformers renders the directory's template (an independent renderer)."""
-    from transformers import PreTrainedTokenizerFast
-
-    hf = PreTrainedTokenizerFast(tokenizer_file=str(model_dir / "tokenizer.json"),
+    (transformers,) = references.require("transformers")
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(model_dir / "tokenizer.json"),
                                  **json.loads((model_dir / "tokenizer_config.json").read_text()))
     text = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return reference.tokenizer.encode(text)
@@ -139,11 +139,9 @@ def test_generation_ends_at_the_context(client, engine, reference) -> None:
 
 def test_repetition_penalty_and_min_p_apply(client, engine, reference) -> None:
     """A repetition penalty changes greedy text as a transformers logits processor over the model's logits does."""
-    import torch
-    from transformers import RepetitionPenaltyLogitsProcessor
-
+    torch, transformers = references.require("torch", "transformers")
     ids = reference.tokenizer.encode("hello world, hello")
-    penalty = RepetitionPenaltyLogitsProcessor(1.5)
+    penalty = transformers.RepetitionPenaltyLogitsProcessor(1.5)
     seq, logits, new = list(ids), reference.prefill(ids), []
     for _ in range(12):
         scores = penalty(torch.tensor([seq]), torch.tensor(logits, dtype=torch.float32)[None])

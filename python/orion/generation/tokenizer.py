@@ -82,14 +82,17 @@ class Tokenizer:
         """The vocabulary entry of ``token_id`` ("" for None)."""
         return "" if token_id is None else self._backend.id_to_token(token_id) or ""
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """The chat ``messages`` (``{"role", "content"}`` dicts) as the model's chat template writes them."""
-        if self.chat_template is None:
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            template: ChatTemplate | None = None) -> str:
+        """The chat ``messages`` (``{"role", "content"}`` dicts) as the model's chat template (or
+        ``template``) writes them, with this tokenizer's special tokens."""
+        template = template or self.chat_template
+        if template is None:
             raise TokenizerError(f"{self.path.parent / TOKENIZER_CONFIG_FILE}: no chat_template, so this model "
                                  f"has no chat format; give a plain prompt instead of messages (without --chat)")
         special = {"bos_token": self.token_text(self.bos_token_id), "eos_token": self.token_text(self.eos_token_id),
-                   **self.chat_template.special_tokens}
-        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, **special)
+                   **template.special_tokens}
+        return template.render(messages, add_generation_prompt=add_generation_prompt, **special)
 
 
 def load_tokenizer(directory: str | os.PathLike[str], defaults: dict[str, Any] | None = None) -> Tokenizer:

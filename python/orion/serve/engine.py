@@ -24,8 +24,9 @@ class SamplingParams:
 
     Order of application to each step's logits: ``repetition_penalty`` (Hugging Face's rule, over the
     prompt and the new tokens), ``frequency_penalty``/``presence_penalty`` (OpenAI's rule, over the new
-    tokens), ``min_p`` (relative to the most likely token after ``temperature``), then ``temperature``,
-    ``top_k`` and ``top_p``. ``temperature == 0`` is greedy.
+    tokens), then the sampler of :mod:`orion.generation.sampling`: ``temperature``, ``top_k``, ``top_p``
+    and ``min_p`` (relative to the most likely token), in transformers' order. ``temperature == 0`` is
+    greedy.
     """
 
     max_tokens: int

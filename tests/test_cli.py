@@ -314,3 +314,17 @@ def test_progress_never_interleaves_with_the_generated_text(model_dir) -> None:
     assert out.returncode == 0 and len(lines) == 3, out.stdout
     assert lines[0].startswith("compiled 2 programs") and lines[1].startswith("compiled 1 program")
     assert lines[2].startswith("hello")  # the prompt's bucket is compiled before the prompt is echoed
+
+
+def test_serve_and_data_are_commands_of_their_own(tmp_path) -> None:
+    """``python -m orion serve|data ...`` runs those modules' command lines with the rest of the arguments."""
+    listed = run("orion", "--help")
+    assert listed.returncode == 0 and "serve" in listed.stdout and "data" in listed.stdout
+    assert "--max-queue" in run("orion", "serve", "--help").stdout
+    text = tmp_path / "a.txt"
+    text.write_text("the neural engine runs the model one token at a time\n" * 50, encoding="utf-8")
+    out = run("orion", "data", "prepare", str(text), "--out", str(tmp_path / "data"), "--vocab-size", "300")
+    assert out.returncode == 0, out.stderr
+    assert {"train.bin", "val.bin", "tokenizer.json", "meta.json"} <= {p.name for p in (tmp_path / "data").iterdir()}
+    missing = run("orion", "serve", "--model", str(tmp_path / "nowhere"))
+    assert missing.returncode != 0 and "Traceback" not in missing.stderr

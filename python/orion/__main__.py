@@ -18,8 +18,17 @@ or on its software ANE where there is none.
   python -m orion generate --model DIR --prompt "Hello"   stream text from a Hugging Face model directory
   python -m orion doctor                                  what this machine can run, and a tiny program end to end
   python -m orion cache info                              the on-disk program cache
+  python -m orion serve --model DIR                       an OpenAI-compatible HTTP server (its own --help)
+  python -m orion data prepare FILES... --out DIR         tokenize text for training (its own --help)
   python -m orion.bench decode                            the decode benchmark (its own --help)
 """
+
+
+# Commands with a command line of their own: ``python -m orion NAME ARGS...`` runs ``module.main(ARGS)``.
+DELEGATED = {
+    "serve": ("orion.serve.cli", "serve a model over OpenAI's HTTP API (needs the 'serve' extra)"),
+    "data": ("orion.train.data_cli", "prepare token files for training: data prepare TEXT_FILES... --out DIR"),
+}
 
 
 class UsageError(OrionError, ValueError):
@@ -46,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=HelpFormatter)
     cache.add_argument("action", choices=("info", "clear"), help="info: location, entries, size and cap; "
                        "clear: delete every entry")
+    for name, (_, summary) in DELEGATED.items():
+        commands.add_parser(name, help=summary, add_help=False)
     return parser
 
 
@@ -80,6 +91,11 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in DELEGATED:
+        import importlib
+
+        return importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "generate":
         return report_errors(lambda: _generate(args))

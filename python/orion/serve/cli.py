@@ -20,7 +20,7 @@ def build_parser(prog: str = "python -m orion serve") -> argparse.ArgumentParser
     p = argparse.ArgumentParser(prog=prog, description="Serve a model over OpenAI's HTTP API (/v1/completions, "
                                 "/v1/chat/completions, /v1/models, /health).",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", required=True, metavar="DIR", help="Hugging Face GPT-2 directory with tokenizer.json")
+    p.add_argument("--model", required=True, metavar="DIR", help="a model directory orion.models.load reads (config.json, weights, tokenizer.json)")
     p.add_argument("--model-name", help="the name clients pass as 'model' (default: the directory's name)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on; anything but loopback exposes the model "
                    "to the network")

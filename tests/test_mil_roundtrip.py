@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import struct
 
-import orion
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+import orion
 from orion import ops
 from orion.mil import Program, Type, Value, emit, parse
 

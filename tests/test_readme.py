@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from support.gpt2_reference import reference_logits
 from support.text_fixtures import write_model_dir
 

@@ -97,7 +97,7 @@ def test_conv_with_32000_input_channels_is_rejected() -> None:
 
 
 def test_inline_literal_arguments_are_rejected() -> None:
-    text = program({"x": T}, ['%s out = mul(x=x, y=fp16(2.0))[name=string("out")];' % T], ["out"])
+    text = program({"x": T}, [f'{T} out = mul(x=x, y=fp16(2.0))[name=string("out")];'], ["out"])
     with pytest.raises(orion.ConstraintError) as e:
         orion.compile(text)
     assert constraint_of(e) == "ANE-05" and "'y'" in str(e.value)

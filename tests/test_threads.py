@@ -9,10 +9,10 @@ import threading
 
 import numpy as np
 import pytest
-from support.gpt2_fixtures import lively_weights
 
 import orion
 from orion.models import GPT2, GPT2Config
+from support.gpt2_fixtures import lively_weights
 
 ADD_TANH = """program(1.3)
 {

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import orion
-from support.weighted import TEXT, W_PATH, ACT, reference, weights
+from support.weighted import ACT, TEXT, W_PATH, reference, weights
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 

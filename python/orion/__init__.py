@@ -8,9 +8,7 @@ faithful software emulator (``orion.backend() == "emulator"``).
 from __future__ import annotations
 
 from orion import blobfile, mil
-from orion.runtime.backend import backend, backend_info, compile_budget, compile_count
 from orion.compiler import CompiledGraph, compile_graph, lower
-from orion.graph import Graph
 from orion.errors import (
     CompileBudgetExhausted,
     CompileError,
@@ -19,8 +17,10 @@ from orion.errors import (
     OrionError,
     ParseError,
 )
-from orion.runtime.program import Program, TensorSpec, compile
+from orion.graph import Graph
 from orion.limits import MIN_SURFACE_BYTES
+from orion.runtime.backend import backend, backend_info, compile_budget, compile_count
+from orion.runtime.program import Program, TensorSpec, compile
 from orion.runtime.surface import Surface
 
 __version__ = "0.1.0"

@@ -22,8 +22,9 @@ import json
 import os
 import platform
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

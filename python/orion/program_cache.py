@@ -29,10 +29,10 @@ import sys
 import tempfile
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
 
 import orion
 from orion import compiler

@@ -12,11 +12,11 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+
 from orion import Graph, compile_graph
 from orion.autodiff import GradientError, backward, differentiable_ops
 from orion.graph import DIALECT_OPS
 from orion.legalize import legalize
-
 from support.compiler.dialect_eval import evaluate
 
 C, S = 32, 8  # every I/O needs >= 32 elements (ANE-14 lanes after repacking)

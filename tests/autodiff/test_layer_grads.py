@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from orion import compile_graph
 from orion.autodiff import backward, grad_name, numpy_eval
 from orion.autodiff.gpt2 import GPT2Trainable

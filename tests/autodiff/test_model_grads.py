@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from orion.autodiff.gpt2 import GPT2Trainable
 from orion.autodiff.llama import LlamaTrainable
 from orion.autodiff.runner import GradientRunner
@@ -20,7 +21,6 @@ from orion.models.gpt2 import weights as gpt2_weights
 from orion.models.gpt2.config import GPT2Config
 from orion.models.llama import weights as llama_weights
 from orion.models.llama.config import LlamaConfig
-
 from support import gpt2_reference, llama_reference, references
 
 SEQ = 32

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from orion import compile_count
 from orion.autodiff.gpt2 import GPT2Trainable
 from orion.autodiff.llama import LlamaTrainable

@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 import pytest
+
 from orion import Graph, compile_count, compile_graph
 from orion.compiler import lower_graph
 from orion.errors import ConstraintError

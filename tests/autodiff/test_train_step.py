@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from orion import compile_count
 from orion.autodiff.gpt2 import GPT2Trainable
 from orion.autodiff.llama import LlamaTrainable
@@ -17,7 +18,6 @@ from orion.models.gpt2 import weights as gpt2_weights
 from orion.models.gpt2.config import GPT2Config
 from orion.models.llama import weights as llama_weights
 from orion.models.llama.config import LlamaConfig
-
 from support import references
 
 SEQ, LR = 32, 0.05

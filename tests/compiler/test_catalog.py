@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orion.legalize.rewrite
 import pytest
+
+import orion.legalize.rewrite
 from orion import constraints, ops
 from orion.compiler import lower_graph
 from orion.errors import ConstraintError

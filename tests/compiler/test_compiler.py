@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-import orion
 import pytest
+
+import orion
 from orion.compiler import CompiledGraph, compile_graph, lower_graph
 from orion.errors import EvaluateError
 from orion.graph import Graph

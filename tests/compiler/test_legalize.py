@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from orion.graph import Graph
 from orion.legalize import legalize
 from orion.ops import causal_mask

@@ -6,6 +6,7 @@ import re
 import struct
 
 import numpy as np
+
 from orion.compiler import lower, lower_graph
 from orion.graph import Graph
 from orion.legalize import io_names

@@ -11,8 +11,9 @@ import inspect
 from collections.abc import Callable
 
 import numpy as np
-import orion
 import pytest
+
+import orion
 from orion import _core, ops
 from orion.compiler import Lowered, compile_lowered, lower_graph
 from orion.emit import to_program

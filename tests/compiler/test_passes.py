@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-import orion
 import pytest
+
+import orion
 from orion.graph import Graph
 from orion.graph.ir import GraphError
 from orion.legalize import legalize, prepare_io

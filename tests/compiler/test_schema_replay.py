@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import pytest
+
 from conftest import EMITTED
 from support.compiler.mil_schema_check import coremltools, replay
 

@@ -16,8 +16,9 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
-import orion  # noqa: E402
 import targets  # noqa: E402
+
+import orion  # noqa: E402
 from orion import blobfile  # noqa: E402
 from support.weighted import TEXT as WEIGHTED  # noqa: E402
 

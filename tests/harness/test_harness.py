@@ -20,7 +20,8 @@ import pytest
 
 import orion
 from support.handmil import op, program, ttype
-from support.weighted import ACT, TEXT as WEIGHTED, weights
+from support.weighted import ACT, weights
+from support.weighted import TEXT as WEIGHTED
 
 T = ttype("fp16", ACT)
 SUB = program({"a": T, "b": T}, [op("d", T, "sub", x="a", y="b")], ["d"])
@@ -65,7 +66,7 @@ def test_the_documented_sequence_runs_once_per_step(standin) -> None:
     a, b = inputs()
     ins, outs = p.allocate_surfaces()
     assert {s.kind for s in [*ins.values(), *outs.values()]} == {"iosurface"}
-    for i in range(3):
+    for _ in range(3):
         ins["a"].write(a)
         ins["b"].write(b)
         p.evaluate(ins, outs)

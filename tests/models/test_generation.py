@@ -12,8 +12,6 @@ import sys
 
 import numpy as np
 import pytest
-from support.gpt2_fixtures import lively_weights
-from support.gpt2_reference import reference_logits
 from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as tok_models
 
@@ -22,6 +20,8 @@ from orion import models
 from orion.generation.kv_cache import MASKED, KVCache
 from orion.models import GPT2, GPT2Config
 from orion.models.gpt2.weights import save_hf
+from support.gpt2_fixtures import lively_weights
+from support.gpt2_reference import reference_logits
 
 CONFIG = GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=512, n_positions=128)
 DEEP = '{"a": ' * 100_000 + "1" + "}" * 100_000

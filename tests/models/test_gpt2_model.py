@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.gpt2_fixtures import lively_weights
-from support.gpt2_reference import reference_greedy, reference_logits
 
 import orion
 from orion.generation.loop import ContextLengthWarning
 from orion.models import GPT2, GPT2Config
-from orion.runtime.builder import ProgramBuilder
 from orion.models.gpt2.weights import save_hf
+from orion.runtime.builder import ProgramBuilder
+from support.gpt2_fixtures import lively_weights
+from support.gpt2_reference import reference_greedy, reference_logits
 
 CONFIGS = [
     GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=512, n_positions=128),

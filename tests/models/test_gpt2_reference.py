@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support import references
-from support.gpt2_fixtures import lively_weights
-from support.gpt2_reference import reference_greedy, reference_logits
 
 from orion.models.gpt2.config import GPT2Config
 from orion.models.gpt2.weights import random_weights, save_hf
+from support import references
+from support.gpt2_fixtures import lively_weights
+from support.gpt2_reference import reference_greedy, reference_logits
 
 SMALL = GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=512, n_positions=128)
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 
-import orion
 import pytest
+
+import orion
 from orion.models.llama.config import IGNORED_FIELDS, ConfigError, LlamaConfig
 from support import references
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-import orion
 import pytest
+
+import orion
 from orion.graph import Graph
 from orion.models.llama import graphs
 from orion.models.llama.config import LlamaConfig

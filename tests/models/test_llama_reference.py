@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from orion.models.llama.config import LlamaConfig
 from orion.models.llama.weights import (
     load_hf,
@@ -41,7 +42,7 @@ def _hf_model(kind: str, tied: bool, seed: int):
         config = transformers.Qwen2Config(**shape, rope_theta=1e6)
         model = transformers.Qwen2ForCausalLM(config)
     with torch.no_grad():  # lively weights: non-unit norms and larger matrices make every parameter matter
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             p.add_(torch.randn_like(p) * (0.3 if p.ndim == 1 else 0.08))
     return model.eval()
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+
 from orion.models.llama.config import LlamaConfig
 from orion.models.llama.weights import (
     INDEX_FILE,

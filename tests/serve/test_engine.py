@@ -6,12 +6,12 @@ import json
 
 import numpy as np
 import pytest
-from support import references
 
 from orion.generation.chat import ChatTemplate, ChatTemplateError
 from orion.serve.engine import Engine, PromptError, SamplingParams
-from orion.serve.model_engine import ModelEngine
 from orion.serve.logits import LogitsProcessor
+from orion.serve.model_engine import ModelEngine
+from support import references
 
 from .conftest import EOS, write_model
 

@@ -8,6 +8,7 @@ import json
 import httpx
 import openai
 import pytest
+
 from support import references
 
 PROMPTS = ["hello world", "the neural engine", "café 🙂", "stop strings end", "the server answers", "emoji 🚀 in",

@@ -22,8 +22,8 @@ import numpy as np
 
 import orion
 from orion import models
-from orion.errors import OrionError
 from orion.cli import HelpFormatter, positive_int, report_errors
+from orion.errors import OrionError
 from orion.generation.loop import CausalLM
 
 DEFAULT_SHAPE = "gpt2"

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import threading
-from typing import Iterable, Mapping, NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 import numpy as np
 
 from orion import _core
+from orion.errors import CompileError, EvaluateError
 from orion.runtime.backend import backend
 from orion.runtime.dtypes import numpy_dtype
-from orion.errors import CompileError, EvaluateError
 from orion.runtime.surface import Surface
 
 
@@ -83,7 +84,7 @@ class Program:
         """
         self.bind(inputs, outputs)(live_lanes)
 
-    def bind(self, inputs: Mapping[str, Surface], outputs: Mapping[str, Surface]) -> "BoundProgram":
+    def bind(self, inputs: Mapping[str, Surface], outputs: Mapping[str, Surface]) -> BoundProgram:
         """Checks the surfaces once and returns a callable evaluating the program on them: the
         fast path for loops that reuse the same surfaces every call (e.g. a decode step)."""
         self._check_surfaces("input", self.inputs, inputs)
@@ -127,7 +128,7 @@ class Program:
                     f"reads {self._mil_dtypes[name]} {list(spec.shape)}"
                 )
 
-    def with_weights(self, weights: Mapping[str, bytes | bytearray | memoryview]) -> "Program":
+    def with_weights(self, weights: Mapping[str, bytes | bytearray | memoryview]) -> Program:
         """A new program of the same MIL with new weight files, loaded without compiling: the
         compile count does not move. The emulator re-bakes the weights; the ANE loads through the
         weight-patch path (FACTS section 6). Give every BLOBFILE path again; this program stays valid.
@@ -138,7 +139,7 @@ class Program:
         """Releases the program on the device. Further evaluates raise EvaluateError."""
         self._native.unload()
 
-    def __enter__(self) -> "Program":
+    def __enter__(self) -> Program:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -8,15 +8,14 @@ from offset 0 in its MIL-declared shape; a surface may be larger (the ANE needs 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from orion import _core
+from orion.limits import MIN_SURFACE_BYTES
 from orion.runtime.backend import backend
 from orion.runtime.dtypes import numpy_dtype
-from orion.limits import MIN_SURFACE_BYTES
-
 
 
 class Surface:

@@ -26,6 +26,7 @@ from orion.generation.tokenizer import load_tokenizer
 from orion.serve.engine import PromptError, SamplingParams
 from orion.serve.logits import LogitsProcessor
 
+
 class ModelEngine:
     """Serves one model; up to ``max_sequences`` sequences at once, each with its own KV cache."""
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 
 import numpy as np
+
 from orion.compiler import compile_graph
 from orion.graph import DIALECT_OPS, Graph
 from orion.legalize import legalize
-
 from support.compiler.dialect_eval import evaluate
 
 MIL_OPS = DIALECT_OPS - {"input"}

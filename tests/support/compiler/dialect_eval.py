@@ -5,6 +5,7 @@ reference of the user's op. Float64 math; it checks the rewrite, not fp16 roundi
 from __future__ import annotations
 
 import numpy as np
+
 from orion import ops
 from orion.autodiff import numpy_eval
 from orion.graph import Graph

@@ -1,5 +1,5 @@
 // The ane backend: Apple's private AppleNeuralEngine framework, driven with the sequence of
-// FACTS section 2. Thin on purpose: what to write where, the weight dictionary, the binding order,
+// docs/hardware.md §2. Thin on purpose: what to write where, the weight dictionary, the binding order,
 // the retry policy, the compile budget and the front-end checks are decided by portable code
 // (runtime/ane_plan, runtime/program, runtime/budget, frontend/) that is tested on Linux.
 // This file only performs the calls.
@@ -32,7 +32,7 @@
 #include "runtime/ane_plan.h"
 #include "runtime/budget.h"
 
-// FACTS section 2: the selectors of _ANEInMemoryModelDescriptor, _ANEInMemoryModel, _ANERequest
+// docs/hardware.md §2: the selectors of _ANEInMemoryModelDescriptor, _ANEInMemoryModel, _ANERequest
 // and _ANEIOSurfaceObject, with their argument types.
 @interface NSObject (OrionANEPrivateAPI)
 + (id)modelWithMILText:(NSData*)text weights:(NSDictionary*)weights optionsPlist:(NSDictionary*)options;
@@ -109,7 +109,7 @@ const Framework& framework() {
     return fw;
 }
 
-// IOSurfaces (FACTS section 3), as the ane backend's surface allocator.
+// IOSurfaces (docs/hardware.md §3), as the ane backend's surface allocator.
 void* iosurface_create(size_t bytes, uint8_t** base) {
     const plan::SurfaceProperties p = plan::surface_properties(bytes);
     Pool pool;
@@ -142,7 +142,7 @@ const runtime::SurfaceAllocator kIOSurfaces{"iosurface", iosurface_create, iosur
 
 class AneProgram final : public runtime::LoadedProgram {
 public:
-    // FACTS section 2 steps 1-6. With a donor, the weight-patch path of section 6 (no compile).
+    // docs/hardware.md §2 steps 1-6. With a donor, the weight-patch path of section 6 (no compile).
     static std::unique_ptr<AneProgram> create(std::string_view mil, const runtime::WeightFiles& weights,
                                               const runtime::CompileOptions& options, const AneProgram* donor) {
         const Framework& fw = framework();
@@ -217,7 +217,7 @@ public:
     const char* backend() const override { return "ane"; }
 
 private:
-    // FACTS section 2 steps 7-9: a new request per call (ANE-16), surfaces bound in the order
+    // docs/hardware.md §2 steps 7-9: a new request per call (ANE-16), surfaces bound in the order
     // check_bindings verified (alphabetical, ANE-20), no lock held (section 3). The live-lanes hint
     // was checked, then ignored: the ANE computes every lane.
     void run(const runtime::Bindings& inputs, const runtime::Bindings& outputs, const runtime::LiveLanes&) override {

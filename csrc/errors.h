@@ -35,7 +35,7 @@ struct ConstraintError : std::runtime_error {
         : std::runtime_error(std::string(c.id) + " (" + c.title + "): " + detail), id(c.id) {}
 };
 
-// The per-process compile budget is used up (FACTS: ~119 compiles per process).
+// The per-process compile budget is used up (docs/hardware.md §1: ~119 compiles per process).
 struct CompileBudgetExhausted : std::runtime_error {
     using std::runtime_error::runtime_error;
 };

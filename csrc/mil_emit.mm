@@ -1,4 +1,4 @@
-// The MIL emitter: writes a Program in the exact conventions of FACTS section 4. Portable C++17
+// The MIL emitter: writes a Program in the exact conventions of docs/hardware.md §4. Portable C++17
 // (no Objective-C) so that Linux builds compile it as C++.
 #include <charconv>
 #include <cmath>
@@ -38,7 +38,7 @@ std::string quoted(const std::string& s) {
 }
 
 // Shortest round-tripping decimal; fixed notation for 1e-5 <= |v| < 1e16 (so epsilons read as
-// `0.00001`, as in FACTS), scientific outside; always with a '.' or an exponent.
+// `0.00001`, as in docs/hardware.md §4), scientific outside; always with a '.' or an exponent.
 std::string float_literal(double v) {
     char buf[64];
     double magnitude = std::fabs(v);

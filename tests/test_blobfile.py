@@ -1,4 +1,4 @@
-"""BLOBFILE weight files: byte layout of FACTS section 5, round trips and offset errors."""
+"""BLOBFILE weight files: byte layout of docs/hardware.md §5, round trips and offset errors."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from orion._core import mil
 
 
 def expected_file(payloads: list[bytes]) -> bytes:
-    """The layout of FACTS section 5, written independently of the implementation."""
+    """The layout of docs/hardware.md §5, written independently of the implementation."""
     out = bytearray(struct.pack("<B3xB59x", 0x01, 0x02))
     for p in payloads:
         chunk = len(out)

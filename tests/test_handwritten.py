@@ -1,4 +1,4 @@
-"""A hand-written MIL program in the FACTS dialect (not produced by our emitter) runs and matches numpy.
+"""A hand-written MIL program in the dialect of docs/hardware.md §4 (not produced by our emitter) runs and matches numpy.
 
 It is a GPT-2 style MLP block with fp32 I/O: layer norm decomposed into reduce_sum / pow, two 1x1
 convs whose weights share one multi-chunk BLOBFILE, a tanh GELU, a residual add, and two outputs.
@@ -67,7 +67,7 @@ MIL = f"""program(1.3)
 
 
 def mlp_blobfile(w_up: np.ndarray, w_down: np.ndarray) -> bytes:
-    """Two tensors in one BLOBFILE (FACTS section 5), laid out by hand."""
+    """Two tensors in one BLOBFILE (docs/hardware.md §5), laid out by hand."""
     def chunk(payload: bytes, start: int) -> bytes:
         header = bytearray(64)
         header[0:4] = (0xDEADBEEF).to_bytes(4, "little")

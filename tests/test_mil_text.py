@@ -1,4 +1,4 @@
-"""MIL text: the golden emitter output of FACTS section 4, parser variations and parse errors."""
+"""MIL text: the golden emitter output for the example of docs/hardware.md §4, parser variations and parse errors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import orion
 from orion.mil import Program, Type, Value, emit, parse
 
-FACTS_EXAMPLE = """\
+DIALECT_EXAMPLE = """\
 program(1.3)
 [buildInfo = dict<string, string>({{"coremlc-component-MIL", "3510.2.1"}, {"coremlc-version", "3505.4.1"}, {"coremltools-component-milinternal", ""}, {"coremltools-version", "9.0"}})]
 {
@@ -24,7 +24,7 @@ program(1.3)
 ACT = Type.tensor("fp16", [1, 768, 1, 32])
 
 
-def facts_program() -> Program:
+def dialect_example() -> Program:
     p = Program()
     p.add_input("x", ACT)
     p.add_input("y", ACT)
@@ -38,12 +38,12 @@ def facts_program() -> Program:
 
 
 def test_emits_the_facts_example_byte_for_byte() -> None:
-    assert emit(facts_program()) == FACTS_EXAMPLE
+    assert emit(dialect_example()) == DIALECT_EXAMPLE
 
 
 def test_parses_the_facts_example() -> None:
-    p = parse(FACTS_EXAMPLE)
-    assert p == facts_program()
+    p = parse(DIALECT_EXAMPLE)
+    assert p == dialect_example()
     assert [(op.line, op.column) for op in p.operations] == [(5, 9), (6, 9), (7, 9), (8, 9), (9, 9)]
     concat = p.operations[4]
     assert [(a.name, a.kind, a.refs) for a in concat.args] == [
@@ -218,7 +218,7 @@ def test_model_properties() -> None:
     v = Value.blob(Type.tensor("int8", [4]), "@model_path/weights/q.bin", 192)
     assert (v.kind, v.blob_path, v.blob_offset, v.type) == ("blob", "@model_path/weights/q.bin", 192, Type.tensor("int8", [4]))
     assert Value.string("valid").text == "valid" and Value.string("valid").kind == "scalar"
-    p = parse(FACTS_EXAMPLE)
+    p = parse(DIALECT_EXAMPLE)
     op = p.operations[1]
     assert (op.op, op.output, op.name, op.type, op.args) == ("const", "eps", "eps", Type.scalar("fp16"), [])
     assert p.operations[3].val is None and p.operations[3].args[0].literal is None

@@ -1,4 +1,4 @@
-// The ANE's MIL-level rules (FACTS sections 4 and 7), checked before anything is compiled.
+// The ANE's MIL-level rules (docs/hardware.md §4, §7), checked before anything is compiled.
 #pragma once
 
 #include "mil/program.h"

@@ -1,4 +1,4 @@
-// BLOBFILE weight files, byte layout of FACTS section 5 (little-endian).
+// BLOBFILE weight files, byte layout of docs/hardware.md §5 (little-endian).
 #include "mil/blobfile.h"
 
 #include "errors.h"
@@ -68,7 +68,7 @@ Chunk read_chunk(std::string_view file, uint64_t offset, const std::string& what
                                   " bytes): no chunk header (magic 0xDEADBEEF) there; the MIL offset must be "
                                   "the chunk header, 64 for a single-tensor file");
     if (file.size() - offset < kChunkHeaderSize) throw CompileError(where + ": truncated chunk header");
-    // Size and payload offset are read as 64-bit: the FACTS files leave the upper bytes zero and
+    // Size and payload offset are read as 64-bit: the published files leave the upper bytes zero and
     // Core ML's own weight files store 64-bit fields there.
     Chunk chunk{offset, get_le(file, offset + kChunkDataField, 8), get_le(file, offset + kChunkSizeField, 8)};
     if (chunk.data_offset < offset + kChunkHeaderSize)

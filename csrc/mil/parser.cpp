@@ -1,4 +1,4 @@
-// The MIL text parser: a lexer and a recursive-descent parser for the dialect of FACTS section 4,
+// The MIL text parser: a lexer and a recursive-descent parser for the dialect of docs/hardware.md §4,
 // with the variations seen in the wild (free whitespace, `//` comments, hex floats, optional
 // buildInfo). Every error is a ParseError at the offending token.
 #include <algorithm>

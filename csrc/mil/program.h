@@ -1,4 +1,4 @@
-// The in-memory model of a MIL program, in the dialect the ANE compiler accepts (FACTS section 4).
+// The in-memory model of a MIL program, in the dialect the ANE compiler accepts (docs/hardware.md §4).
 //
 //   program(1.3) [buildInfo = ...] { func main<ios18>(inputs) { statements } -> (outputs); }
 //
@@ -134,7 +134,7 @@ struct Function {
 
 using BuildInfo = std::vector<std::pair<std::string, std::string>>;
 
-// The build info every known working program carries (FACTS section 4).
+// The build info every known working program carries (docs/hardware.md §4).
 BuildInfo default_build_info();
 
 struct Program {

@@ -1,4 +1,4 @@
-// MIL text in both directions: the emitter (mil_emit.mm) writes the dialect of FACTS section 4
+// MIL text in both directions: the emitter (mil_emit.mm) writes the dialect of docs/hardware.md §4
 // byte-for-byte in its conventions; the parser accepts that dialect with its real-world variations.
 #pragma once
 

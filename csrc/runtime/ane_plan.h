@@ -1,7 +1,7 @@
 // Every decision of the ane backend that does not need Objective-C, in portable C++ so that it is
 // compiled and tested on every platform (csrc/ane_client.mm only carries it out): the model
-// directory the framework compiles from (FACTS section 2, step 4), the weight dictionary, the
-// weight-patch files (FACTS section 6), the load retry policy (ANE-36) and the QoS value.
+// directory the framework compiles from (docs/hardware.md §2, step 4), the weight dictionary, the
+// weight-patch files (docs/hardware.md §6), the load retry policy (ANE-36) and the QoS value.
 #pragma once
 
 #include <chrono>
@@ -51,7 +51,7 @@ std::string model_dir_path(const std::string& temp_root, const std::string& hex_
 // Creates the directories and writes every file of the plan (ANE-19). Throws CompileError.
 void write_model_dir(const std::string& dir, const ModelPlan& plan);
 
-// FACTS section 6: the file `data` of a patched program holds the new BLOBFILE bytes. With several
+// docs/hardware.md §6: the file `data` of a patched program holds the new BLOBFILE bytes. With several
 // weight files they are concatenated in key order (unverified on hardware: see README).
 std::string patch_data(const WeightFiles& weights);
 
@@ -98,7 +98,7 @@ std::string framework_error(const std::string& step, const std::string& nserror_
 
 namespace orion::runtime::ane_plan {
 
-// FACTS section 3: an I/O surface is a flat byte buffer of `bytes` bytes.
+// docs/hardware.md §3: an I/O surface is a flat byte buffer of `bytes` bytes.
 struct SurfaceProperties {
     size_t width, height, bytes_per_element, bytes_per_row, alloc_size;
     uint32_t pixel_format;

@@ -22,7 +22,7 @@ namespace orion::runtime {
 class LoadedProgram {
 public:
     virtual ~LoadedProgram() = default;
-    // Inputs and outputs in binding order: alphabetical by name (FACTS section 3).
+    // Inputs and outputs in binding order: alphabetical by name (docs/hardware.md §3).
     const std::vector<TensorSpec>& inputs() const { return inputs_; }
     const std::vector<TensorSpec>& outputs() const { return outputs_; }
     // Runs the program once, synchronously. `inputs`/`outputs` must be in binding order.
@@ -31,7 +31,7 @@ public:
     void unload();
     bool loaded() const { return loaded_; }
     // A program of the same MIL with new weight files, without compiling (no compile is counted):
-    // the emulator re-bakes, the ANE loads through the patch path (FACTS section 6). Every BLOBFILE
+    // the emulator re-bakes, the ANE loads through the patch path (docs/hardware.md §6). Every BLOBFILE
     // path of the MIL must be given again. This program stays loaded.
     std::unique_ptr<LoadedProgram> with_weights(const WeightFiles& weights);
     virtual const char* backend() const = 0;

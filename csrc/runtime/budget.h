@@ -1,5 +1,5 @@
 // The per-process compile budget. The ANE fails (silently, or by destabilising the process) after
-// about 119 compiles in one process (FACTS section 1); both backends count every compile here and
+// about 119 compiles in one process (docs/hardware.md §1); both backends count every compile here and
 // refuse loudly once the budget is spent. ORION_COMPILE_BUDGET overrides the limit (tests).
 #pragma once
 

@@ -50,7 +50,7 @@ struct CompileOptions {
 std::vector<TensorSpec> sorted_inputs(const mil::Function& fn);
 std::vector<TensorSpec> sorted_outputs(const mil::Function& fn);
 
-// Checks surfaces against the rules of FACTS section 3 before an evaluate: names in binding
+// Checks surfaces against the rules of docs/hardware.md §3 before an evaluate: names in binding
 // order (ANE-20), each surface large enough for its tensor and >= 49,152 bytes (ANE-12), one size
 // for all inputs and one for all outputs (ANE-13), no surface bound twice (ANE-15).
 // Checks a live-lanes hint: every name an input, every count in 1..the input's last dimension.

@@ -1,10 +1,10 @@
 // Surfaces: the flat byte buffers a program reads its inputs from and writes its outputs to
-// (IOSurfaces on the ANE, FACTS section 3). A tensor of the MIL-declared shape is stored packed
+// (IOSurfaces on the ANE, docs/hardware.md §3). A tensor of the MIL-declared shape is stored packed
 // from offset 0; the rest of the surface is padding the hardware ignores.
 //
 // Memory comes from the SurfaceAllocator each surface is created with: host memory, or IOSurfaces
 // for the ane backend (Backend::surfaces, see ane_client.h). Either kind works with the emulator;
-// the ane backend needs its own kind. CPU access goes through lock()/unlock() (FACTS section 3:
+// the ane backend needs its own kind. CPU access goes through lock()/unlock() (docs/hardware.md §3:
 // lock, copy, unlock; never hold a lock across an evaluate).
 #pragma once
 

@@ -1,4 +1,4 @@
-"""BLOBFILE weight files (FACTS section 5): a 64-byte file header, then per tensor a 64-byte chunk
+"""BLOBFILE weight files (docs/hardware.md §5): a 64-byte file header, then per tensor a 64-byte chunk
 header and the payload. The MIL ``offset`` of a tensor is its chunk header: 64 for a one-tensor file.
 """
 

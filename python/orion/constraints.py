@@ -28,7 +28,7 @@ class Constraint:
 
     id: str
     symptom: str  # "compile fail" | "eval fail" | "crash" | "silent wrong data" | "slow"
-    sources: str  # "[O]", "[M]", "[E]" tags of FACTS.md
+    sources: str  # "[O]", "[M]", "[E]" tags of docs/hardware.md
     handling: str  # one of REJECTED / LEGALIZED / RUNTIME / REPORTED (or two joined by " + ")
     where: str  # module/function that does it
     test: str  # the test that shows the handling

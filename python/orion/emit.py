@@ -1,7 +1,7 @@
 """Emit: the program's graph -> an ``orion.mil.Program`` (the MIL-program binding) and its weight files.
 
 Every argument is a named const ``<var>_<arg>``, args in alphabetical order, one BLOBFILE per weight
-tensor at ``@model_path/weights/<name>.bin``, offset 64 (FACTS sections 4 and 5). Each op's arguments
+tensor at ``@model_path/weights/<name>.bin``, offset 64 (docs/hardware.md §4, §5). Each op's arguments
 come from its registry definition (``OpDef.emit``) and are checked against its MIL signature
 (``OpDef.mil``): an op missing from the registry, or not a dialect op, is an error, never a default.
 """

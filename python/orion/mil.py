@@ -1,4 +1,4 @@
-"""MIL programs in the dialect the ANE compiler accepts (FACTS section 4).
+"""MIL programs in the dialect the ANE compiler accepts (docs/hardware.md §4).
 
 ``Program`` is the in-memory model with builder methods, ``emit`` writes its canonical text and
 ``parse`` reads MIL text back (raising ``orion.ParseError`` with line and column).

@@ -1,13 +1,13 @@
 // Linux test harness: a behavioural stand-in for Apple's private AppleNeuralEngine.framework.
 // It defines the four classes csrc/ane_client.mm looks up, with exactly the selectors and argument
-// types of FACTS section 2, refuses what the real framework is known to refuse or crash on (each
+// types of docs/hardware.md §2, refuses what the real framework is known to refuse or crash on (each
 // refusal is printed to stderr as "AppleNeuralEngine stand-in: ANE-xx ..." and counted), and
 // executes programs through the emulator core (standin_exec.cpp). Built only with
 // -DORION_ANE_HARNESS=ON; loaded by the client through ORION_ANE_FRAMEWORK.
 //
 // Modelled behaviour: compile writes the compiled program (net.plist) and the baked weights (data)
 // into the model directory; load reads both, so weights changed on disk after compile are ignored
-// (FACTS section 6) and the patch path (donor net.plist + new data, load without compile) works.
+// (docs/hardware.md §6) and the patch path (donor net.plist + new data, load without compile) works.
 #import <Foundation/Foundation.h>
 #include <IOSurface/IOSurface.h>
 
@@ -322,7 +322,7 @@ static bool valid_side(NSArray* surfaces, NSArray* indices) {
     if (read_file([dir stringByAppendingPathComponent:@"net.plist"], &plist)) {
         fail(error, violation([NSString stringWithFormat:@"load before compile: %@ has no net.plist (call "
                                                          @"compileWithQoS: first, or copy a donor's net.plist for a "
-                                                         @"weight patch, FACTS section 6)", dir]), 2);
+                                                         @"weight patch, docs/hardware.md §6)", dir]), 2);
         return NO;
     }
     if (plist.find([[self milHash] UTF8String]) == std::string::npos) {
@@ -387,7 +387,7 @@ static bool valid_side(NSArray* surfaces, NSArray* indices) {
         for (_ANEIOSurfaceObject* o in arrays[side]) {
             if (OrionStandInIOSurfaceLockCount(o->surface_) != 0) {
                 fail(error, violation([NSString stringWithFormat:@"an %s surface is locked during evaluate: unlock "
-                                                                 @"surfaces before evaluateWithQoS: (FACTS section 3)",
+                                                                 @"surfaces before evaluateWithQoS: (docs/hardware.md §3)",
                                                                  names[side]]), 0x1d);
                 return NO;
             }

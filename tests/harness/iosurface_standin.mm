@@ -53,7 +53,7 @@ IOSurfaceRef IOSurfaceCreate(CFDictionaryRef properties) {
     if (width <= 0 || height != 1 || bpe != 1 || bpr != width || alloc != width || format != 0) {
         std::fprintf(stderr,
                      "IOSurface stand-in: an ANE I/O surface is a flat byte buffer (Width = BytesPerRow = AllocSize = "
-                     "bytes, Height = 1, BytesPerElement = 1, PixelFormat = 0; FACTS section 3), got %lld/%lld/%lld/%lld/%lld/%lld\n",
+                     "bytes, Height = 1, BytesPerElement = 1, PixelFormat = 0; docs/hardware.md §3), got %lld/%lld/%lld/%lld/%lld/%lld\n",
                      width, height, bpe, bpr, alloc, format);
         return nullptr;
     }

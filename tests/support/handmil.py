@@ -50,7 +50,7 @@ def op(out: str, out_type: str, name: str, **args: str | Sequence[str]) -> str:
 
 
 def blobfile(payload: bytes) -> bytes:
-    """A one-tensor BLOBFILE laid out by hand from FACTS section 5."""
+    """A one-tensor BLOBFILE laid out by hand from docs/hardware.md §5."""
     header = bytearray(64)
     header[0], header[4] = 1, 2
     chunk = bytearray(64)

@@ -1,6 +1,6 @@
 """The public graph builder: ``g = Graph("mlp"); x = g.input("x", [1, 768, 1, 32]); ...; g.output(y, "y")``.
 
-Tensors are ``[1, C, 1, S]`` channel-major (FACTS section 1). Each op method is a thin typed wrapper
+Tensors are ``[1, C, 1, S]`` channel-major (docs/hardware.md §1). Each op method is a thin typed wrapper
 over the op registry (``orion.ops``, via :meth:`Graph.apply`). Every method infers the result's shape
 and dtype immediately, so a mistake raises where it is written. Scalars and numpy arrays given as
 operands become named ``const`` nodes.

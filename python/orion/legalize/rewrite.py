@@ -1,7 +1,7 @@
 """Legalization: rewrite a user graph into a new graph that uses only the conservative MIL dialect.
 
 Each high-level op expands by its registry legalization (``OpDef.legalize``, in ``orion.ops``) into
-dialect ops (FACTS sections 4 and 7); expanded nodes are named ``<node>_<part>`` and keep the user
+dialect ops (docs/hardware.md §4, §7); expanded nodes are named ``<node>_<part>`` and keep the user
 node as their ``origin``. The result of an expansion keeps the user node's name.
 """
 

@@ -3,7 +3,7 @@ optimization. Every I/O tensor the ANE sees has at least 49,152 bytes and 32
 lanes (16 for fp32 I/O).
 
 A ``[1, C, 1, S]`` tensor that is too small is exposed as ``[1, k, 1, C*S]``: its data packed at the
-front (element ``(c, s)`` at ``c*S + s``, as the ANE reads and writes surfaces, FACTS section 3)
+front (element ``(c, s)`` at ``c*S + s``, as the ANE reads and writes surfaces, docs/hardware.md §3)
 followed by padding. Inside the program an input is cut back with ``slice_by_size`` and a
 ``reshape``; an output is flattened by a ``reshape`` and widened by adding a zero const of the
 padded shape (broadcasting ``[1, 1, 1, N]`` with ``[1, k, 1, N]``). Callers, and chained programs,

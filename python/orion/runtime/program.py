@@ -131,7 +131,7 @@ class Program:
     def with_weights(self, weights: Mapping[str, bytes | bytearray | memoryview]) -> Program:
         """A new program of the same MIL with new weight files, loaded without compiling: the
         compile count does not move. The emulator re-bakes the weights; the ANE loads through the
-        weight-patch path (FACTS section 6). Give every BLOBFILE path again; this program stays valid.
+        weight-patch path (docs/hardware.md §6). Give every BLOBFILE path again; this program stays valid.
         """
         return Program(self._native.with_weights(dict(weights)), self._mil_dtypes)
 

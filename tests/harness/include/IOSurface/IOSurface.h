@@ -1,7 +1,7 @@
 // Linux test harness: a host-memory stand-in for the part of Apple's IOSurface C API that
 // csrc/ane_client.mm uses. Same names and signatures as <IOSurface/IOSurface.h>; CF types are
 // opaque pointers (a CFDictionaryRef here is an NSDictionary, as toll-free bridging makes it on
-// Apple). IOSurfaceCreate checks the properties FACTS section 3 documents for ANE I/O surfaces.
+// Apple). IOSurfaceCreate checks the properties docs/hardware.md §3 documents for ANE I/O surfaces.
 #pragma once
 
 #include <stddef.h>

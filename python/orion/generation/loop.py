@@ -292,7 +292,7 @@ class CausalLM(AdapterHost):
                     self._prefill_plans[key] = build_prefill_plan(
                         self.builder, self.dims.n_layer, self.decode_plan.fusion_depth, seq,
                         self._head_ranges if with_head else [],
-                        lambda r, s: self.prefill_graph(r, s, adapters=self.lora_sites), self.lm_head_graph)
+                        self._variant_prefill_graph, self.lm_head_graph)
             self._prefill_stages[key] = self._prefill_plans[key].bind(self.options.io_dtype)
             self._write_adapter_inputs(self._prefill_stages[key][:1])
         return self._prefill_stages[key]

@@ -25,9 +25,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from orion.generation.plan import DecodePlan, PrefillPlan, largest_surface, rebuild_decode_layers
+from orion.graph import Graph
 from orion.lora import peft_format
 from orion.lora.adapter import AdapterError, LoraAdapter, Placement, check_fits, site_inputs
 from orion.runtime.builder import ProgramBuilder
+from orion.runtime.dtypes import numpy_dtype
 from orion.runtime.stage import Stage
 
 if TYPE_CHECKING:
@@ -130,7 +132,9 @@ class AdapterHost:
             raise AdapterError(f"{source}: an adapter named '{name}' is loaded already. Fix: pass another name")
         placements = self.lora_placements()
         check_fits(adapter, placements, source)
-        ranks, inputs = site_inputs(adapter, placements)
+        ranks, arrays = site_inputs(adapter, placements)
+        surface_dtype = numpy_dtype(self.options.io_dtype)  # converted once here, so a switch is a plain copy
+        inputs = {input_name: value.astype(surface_dtype) for input_name, value in arrays.items()}
         key: VariantKey = tuple(sorted(ranks.items()))
         with self._exclusive("add_adapter"):
             if key not in registry.variants:
@@ -197,6 +201,12 @@ class AdapterHost:
         else:
             self._layers, self._heads = self.decode_plan.bind(self.cache.surfaces)
             self._prefill_stages = {}
+
+    def _variant_prefill_graph(self: CausalLM, layers: range, seq: int) -> Graph:
+        """The active variant's prefill graph (the hook called as without adapters for the base programs)."""
+        if self.lora_sites is None:
+            return self.prefill_graph(layers, seq)
+        return self.prefill_graph(layers, seq, adapters=self.lora_sites)
 
     def _write_adapter_inputs(self, stage_lists: Iterable[list[Stage]]) -> None:
         """The active adapter's A/B arrays into every stage of ``stage_lists`` that reads them."""

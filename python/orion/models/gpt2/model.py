@@ -12,11 +12,11 @@ from orion.generation.loop import CausalLM, DecoderDims
 from orion.generation.plan import ProgramInfo
 from orion.generation.tokenizer import Tokenizer, TokenizerNotFound, load_tokenizer
 from orion.graph import Graph
+from orion.lora.adapter import Placement, Site
 from orion.models.gpt2 import graphs
 from orion.models.gpt2.config import GPT2Config
 from orion.models.gpt2.costs import decode_program_costs, layer_params
 from orion.models.gpt2.weights import GPT2Weights, load_hf, random_weights
-from orion.lora.adapter import Placement, Site
 
 
 class GPT2(CausalLM):

@@ -15,9 +15,9 @@ from orion.generation.loop import CausalLM, DecoderDims
 from orion.generation.plan import ProgramInfo
 from orion.generation.tokenizer import TOKENIZER_FILE, Tokenizer, TokenizerNotFound, load_tokenizer
 from orion.graph import Graph
+from orion.lora.adapter import Placement
 from orion.models.llama import graphs
 from orion.models.llama.config import ConfigError, LlamaConfig
-from orion.lora.adapter import Placement
 from orion.models.llama.costs import decode_program_costs
 from orion.models.llama.lora import lora_placements
 from orion.models.llama.weights import LlamaWeights, load_hf, load_llama2c, random_weights

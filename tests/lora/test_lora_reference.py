@@ -26,6 +26,7 @@ GPT2_CONFIG = GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=32, vocab_s
 LLAMA_CONFIG = LlamaConfig(dim=64, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=16, hidden_dim=96, vocab_size=160,
                            max_position_embeddings=32, rope_convention="half", tie_embeddings=False)
 IDS = [5, 17, 3, 42, 8, 61, 23]
+LLAMA_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # Hugging Face module (relative to one layer) -> Orion weight field, for the reference's own merge
 GPT2_FIELDS = {"attn.c_attn": "w_qkv", "attn.c_proj": "w_attn_out", "mlp.c_fc": "w_fc", "mlp.c_proj": "w_proj"}
 LLAMA_FIELDS = {"self_attn.q_proj": "wq", "self_attn.k_proj": "wk", "self_attn.v_proj": "wv", "self_attn.o_proj": "wo",
@@ -100,8 +101,7 @@ def test_llama_adapter_matches_the_merged_reference(convention) -> None:
         array *= 10 if array.ndim == 2 else 1
     config, orion_weights = to_rope_convention(LLAMA_CONFIG, weights, convention)
     model = Llama(config, orion_weights, progress=False)
-    adapter = random_adapter(model, 3, 12.0, llama_paths(config, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                                  "up_proj", "down_proj"]), seed=2, size=0.3)
+    adapter = random_adapter(model, 3, 12.0, llama_paths(config, LLAMA_MODULES), seed=2, size=0.3)
     model.add_adapter(adapter, "all7")
     model.set_adapter("all7")
     want = llama_reference.reference_logits(LLAMA_CONFIG, merged(weights, "layers", LLAMA_FIELDS, adapter,
@@ -128,6 +128,16 @@ def test_unset_and_zero_adapters_give_the_base_outputs_bit_for_bit(gpt2) -> None
         assert np.array_equal(got, want)
     gpt2.set_adapter(None)
     for got, want in zip(run(gpt2), base, strict=True):
+        assert np.array_equal(got, want)
+
+
+def test_a_zero_llama_adapter_on_every_target_gives_the_base_outputs_bit_for_bit() -> None:
+    model = Llama(LLAMA_CONFIG, random_weights(LLAMA_CONFIG, 6), progress=False)
+    base = run(model)
+    model.add_adapter(random_adapter(model, 2, 4.0, llama_paths(LLAMA_CONFIG, LLAMA_MODULES), seed=7,
+                                     zero_b=True), "zero")
+    model.set_adapter("zero")
+    for got, want in zip(run(model), base, strict=True):
         assert np.array_equal(got, want)
 
 

@@ -62,11 +62,6 @@ class LoraAdapter:
     def scale(self) -> float:
         return self.alpha / (math.sqrt(self.r) if self.use_rslora else self.r)
 
-    def delta(self, path: str) -> np.ndarray:
-        """The merged update ``scale * B @ A`` ``[out, in]`` of one module (float64)."""
-        a, b = self.modules[path]
-        return self.scale * (b.astype(np.float64) @ a.astype(np.float64))
-
 
 def check_fits(adapter: LoraAdapter, placements: Mapping[str, Placement], source: str) -> None:
     """Raises :class:`AdapterError` naming the module and the shapes when ``adapter`` does not fit."""

@@ -20,6 +20,8 @@ IDS = [int(i) for i in np.random.default_rng(7).integers(0, 96, 12)]
 SHAPES = {
     "gpt2": (lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
         n_layer=2, n_embd=64, n_head=4, n_positions=32, vocab_size=96)), ["c_attn", "c_proj", "c_fc"], 0.03),
+    "gpt2-rslora": (lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(  # scale alpha / sqrt(r)
+        n_layer=2, n_embd=64, n_head=4, n_positions=32, vocab_size=96)), ["c_attn", "c_fc"], 0.03),
     "llama": (lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=96, hidden_size=64, intermediate_size=80, num_hidden_layers=2, num_attention_heads=8,
         num_key_value_heads=2, head_dim=16, max_position_embeddings=32, rope_theta=500.0, tie_word_embeddings=False)),
@@ -47,7 +49,8 @@ def test_peft_adapter_in_orion_and_orion_adapter_in_peft(tmp_path, kind) -> None
             p.add_(torch.randn_like(p) * (0.3 if p.ndim == 1 else 0.08))
     base.save_pretrained(tmp_path / "base")
     config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False,
-                             fan_in_fan_out=kind == "gpt2", task_type="CAUSAL_LM")
+                             fan_in_fan_out=kind.startswith("gpt2"), use_rslora=kind.endswith("rslora"),
+                             task_type="CAUSAL_LM")
     tuned = peft.get_peft_model(base, config).eval()  # init_lora_weights=False: random A and B, a visible update
     tuned.save_pretrained(tmp_path / "peft")
     want = hf_logits(tuned)

@@ -159,7 +159,7 @@ class CausalLM(AdapterHost):
         """A new KV cache and the surfaces of this object alone (a fork calls it too)."""
         d = self.dims
         self.cache = KVCache(d.n_layer, d.kv_heads, d.head_dim, d.context, self.options.io_dtype,
-                             self._lora_registry().surface_bytes if "_lora" in self.__dict__ else 0)
+                             self._adapter_surface_bytes())
         self._layers, self._heads = self.decode_plan.bind(self.cache.surfaces)
         self._prefill_stages: dict[tuple[int, bool], tuple[list[Stage], list[Stage]]] = {}
         self._forget_bound_variants()

@@ -216,6 +216,10 @@ class AdapterHost:
                     if input_name in stage.mil_name:
                         stage.input(input_name)[...] = value
 
+    def _adapter_surface_bytes(self) -> int:
+        """The least KV-surface size the loaded variants' decode programs need (0 before any adapter)."""
+        return self._lora.surface_bytes if "_lora" in self.__dict__ else 0
+
     def _forget_bound_variants(self) -> None:
         """A fork binds its own surfaces: it must not reuse the stages of the object it was copied from."""
         self.__dict__.pop("_lora_bound", None)

@@ -23,12 +23,14 @@ class KVCache:
     ``[context]``. All surfaces have one size, so the decode programs can bind them (ANE-13).
     """
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, context: int, io_dtype: str) -> None:
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, context: int, io_dtype: str,
+                 min_bytes: int = 0) -> None:
+        """``min_bytes``: the least surface size (a program reading these surfaces may have larger inputs)."""
         self.shape = (1, kv_heads * head_dim, 1, context)
         cache_shape = padded_shape(self.shape, io_dtype, "the KV cache")
         mask_shape = padded_shape((1, 1, 1, context), io_dtype, "the attention mask")
         elem = numpy_dtype(io_dtype).itemsize
-        nbytes = max(MIN_SURFACE_BYTES, int(np.prod(cache_shape)) * elem, int(np.prod(mask_shape)) * elem)
+        nbytes = max(MIN_SURFACE_BYTES, min_bytes, int(np.prod(cache_shape)) * elem, int(np.prod(mask_shape)) * elem)
         self.surfaces = {"mask": Surface(mask_shape, io_dtype, nbytes)}
         for i in range(layers):
             for kind in "kv":

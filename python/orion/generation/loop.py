@@ -17,7 +17,7 @@ import copy
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -41,6 +41,7 @@ from orion.generation.streaming import IncrementalDetokenizer, StopStrings
 from orion.generation.tokenizer import Tokenizer, TokenizerNotFound
 from orion.graph import Graph
 from orion.limits import MIN_LANES
+from orion.lora.hot_swap import AdapterHost
 from orion.progress import warn_user
 from orion.runtime.backend import backend
 from orion.runtime.builder import ProgramBuilder
@@ -217,7 +218,7 @@ class DecoderDims:
     parameters: int
 
 
-class CausalLM:
+class CausalLM(AdapterHost):
     """A decoder-only language model compiled for the ANE (or the emulator).
 
     ``prefill(ids)`` fills the KV cache and returns the last position's logits; ``decode_step(id)``
@@ -230,6 +231,8 @@ class CausalLM:
     attributes), ``program_identity()``, ``decode_graph(layers)``, ``prefill_graph(layers, seq)``,
     ``lm_head_graph(vocab, seq)``, ``embed(ids, start)``, ``cpu_logits(x)``, ``layer_weight_bytes()``
     and ``program_costs(layer_ranges, head_ranges, lm_head)``; optionally ``position_inputs(positions)``.
+    The layer graph hooks take ``adapters`` (LoRA site ranks, None: the base graph) and ``lora_placements()``
+    says where each adaptable module lands (``orion.lora.hot_swap`` for adapters and the KV-cache policy).
     """
 
     model_type: ClassVar[str]
@@ -243,13 +246,13 @@ class CausalLM:
         """JSON-able identity of the model (type, config, weights hash) for the program-cache key."""
         raise NotImplementedError
 
-    def decode_graph(self, layers: range) -> Graph:
+    def decode_graph(self, layers: range, adapters: Mapping[str, int] | None = None) -> Graph:
         """Layers ``layers`` for one token. Inputs ``x`` [1, hidden, 1, 1], ``mask`` [1, 1, 1, context],
         ``k<i>``/``v<i>`` [1, kv_heads * head_dim, 1, context]; outputs ``x`` and each layer's new
         ``k<i>``/``v<i>`` [1, kv_heads * head_dim, 1, 1]."""
         raise NotImplementedError
 
-    def prefill_graph(self, layers: range, seq: int) -> Graph:
+    def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None) -> Graph:
         """Layers ``layers`` over ``seq`` tokens with causal attention: input ``x`` [1, hidden, 1, seq];
         outputs ``x`` and each layer's ``k<i>``/``v<i>`` [1, kv_heads * head_dim, 1, seq]."""
         raise NotImplementedError
@@ -310,9 +313,12 @@ class CausalLM:
     def _bind_cache(self) -> None:
         """A new KV cache and the surfaces of this object alone (a fork calls it too)."""
         d = self.dims
-        self.cache = KVCache(d.n_layer, d.kv_heads, d.head_dim, d.context, self.options.io_dtype)
+        self.cache = KVCache(d.n_layer, d.kv_heads, d.head_dim, d.context, self.options.io_dtype,
+                             self._adapter_surface_bytes())
         self._layers, self._heads = self.decode_plan.bind(self.cache.surfaces)
         self._prefill_stages: dict[tuple[int, bool], tuple[list[Stage], list[Stage]]] = {}
+        self._forget_bound_variants()
+        self._write_adapter_inputs([self._layers])
         self._busy = threading.Lock()
 
     def fork(self) -> CausalLM:
@@ -536,9 +542,10 @@ class CausalLM:
                                        + (len(self._head_ranges) if with_head else 0))
                     self._prefill_plans[key] = build_prefill_plan(
                         self.builder, self.dims.n_layer, self.decode_plan.fusion_depth, seq,
-                        self._head_ranges if with_head else [], self.prefill_graph, self.lm_head_graph)
+                        self._head_ranges if with_head else [], self._variant_prefill_graph, self.lm_head_graph)
                     self.builder.end()
             self._prefill_stages[key] = self._prefill_plans[key].bind(self.options.io_dtype)
+            self._write_adapter_inputs(self._prefill_stages[key][:1])
         return self._prefill_stages[key]
 
     def _run_prefill(self, stages: list[Stage], ids: list[int]) -> np.ndarray:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -118,11 +118,17 @@ class PrefillPlan:
         """Layer and LM-head stages on new surfaces, the residual stream chained between them."""
         first = self.layer_programs[0]
         x_spec = first.program.inputs[first.layout.inputs[0].mil_name]
-        nbytes = max(MIN_SURFACE_BYTES, int(np.prod(x_spec.shape)) * x_spec.dtype.itemsize)
+        nbytes = max(MIN_SURFACE_BYTES, largest_surface(self.layer_programs))  # one size for every input (ANE-13)
         x = [Surface(x_spec.shape, io_dtype, nbytes) for _ in range(len(self.layer_programs) + 1)]
         layers = [Stage(cg, {"x": x[i], "out:x": x[i + 1]}) for i, cg in enumerate(self.layer_programs)]
         return layers, [Stage(cg, {"x": x[-1]}) for cg in self.head_programs]
 
+
+
+def largest_surface(programs: list[CompiledGraph]) -> int:
+    """Bytes of the largest input or output tensor of ``programs``."""
+    return max(int(np.prod(spec.shape)) * spec.dtype.itemsize for cg in programs
+               for specs in (cg.program.inputs, cg.program.outputs) for spec in specs.values())
 
 
 def build_decode_plan(builder: ProgramBuilder, options: PlanOptions, n_layer: int, default_depth: int,
@@ -132,8 +138,7 @@ def build_decode_plan(builder: ProgramBuilder, options: PlanOptions, n_layer: in
     """Compiles the decode programs (falling back to shallower fusion when a compile fails)."""
 
     def build_depth(depth: int) -> list[CompiledGraph]:
-        return [builder.build("decode", lambda r=r: decode_graph(r), max_layers=depth, layers=[r.start, r.stop])
-                for r in layer_ranges(n_layer, depth)]
+        return _decode_layers(builder, layer_ranges(n_layer, depth), depth, decode_graph)
 
     depth, layers = builder.with_fallback(options.fusion_depth or default_depth, build_depth)
     ranges = layer_ranges(n_layer, depth)
@@ -142,6 +147,19 @@ def build_decode_plan(builder: ProgramBuilder, options: PlanOptions, n_layer: in
         heads = [builder.build("lm_head", lambda r=r: lm_head_graph(r, 1), vocab=[r.start, r.stop], seq=1)
                  for r in head_ranges]
     return DecodePlan(options, depth, ranges, layers, head_ranges, heads, costs(ranges, head_ranges, options.lm_head))
+
+
+def rebuild_decode_layers(builder: ProgramBuilder, base: DecodePlan,
+                          decode_graph: Callable[[range], Graph]) -> DecodePlan:
+    """``base`` with its layer programs built from ``decode_graph`` at the same fusion (a program variant of
+    the same layers, e.g. with LoRA inputs); the LM-head programs are ``base``'s own."""
+    return replace(base, layer_programs=_decode_layers(builder, base.layer_ranges, base.fusion_depth, decode_graph))
+
+
+def _decode_layers(builder: ProgramBuilder, ranges: list[range], depth: int,
+                   decode_graph: Callable[[range], Graph]) -> list[CompiledGraph]:
+    return [builder.build("decode", lambda r=r: decode_graph(r), max_layers=depth, layers=[r.start, r.stop])
+            for r in ranges]
 
 
 def build_prefill_plan(builder: ProgramBuilder, n_layer: int, depth: int, seq: int, head_ranges: list[range],

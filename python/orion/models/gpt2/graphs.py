@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from orion.graph import Graph
 from orion.graph.ir import Node
+from orion.lora.graph import Sites, adapted
 from orion.models.blocks import cached_attention
 from orion.models.gpt2.config import GPT2Config
 from orion.models.gpt2.weights import GPT2Weights
@@ -36,27 +37,39 @@ def activation(g: Graph, x: Node, name: str) -> Node:
     return {"relu": g.relu, "tanh": g.tanh, "sigmoid": g.sigmoid}[name](x, name=name)
 
 
-def _layers(g: Graph, x: Node, config: GPT2Config, weights: GPT2Weights, layers: range, attend: Attend) -> Node:
+def lora_site_names(layer: int) -> dict[str, str]:
+    """The LoRA sites of block ``layer`` by Hugging Face module (relative to ``transformer.h.<layer>``)."""
+    return {"attn.c_attn": f"h{layer}_attn_qkv", "attn.c_proj": f"h{layer}_attn_proj",
+            "mlp.c_fc": f"h{layer}_mlp_fc", "mlp.c_proj": f"h{layer}_mlp_proj"}
+
+
+def _layers(g: Graph, x: Node, config: GPT2Config, weights: GPT2Weights, layers: range, attend: Attend,
+            adapters: Sites | None) -> Node:
     """Blocks ``layers`` on the residual stream ``x``; each block's key and value become outputs
-    ``k<i>``/``v<i>``. ``attend`` is the attention itself (causal over the prompt, or over the cache)."""
+    ``k<i>``/``v<i>``. ``attend`` is the attention itself (causal over the prompt, or over the cache);
+    ``adapters`` the LoRA site ranks (``orion.lora.graph``)."""
     c, eps = config.n_embd, config.layer_norm_epsilon
     for i in layers:
-        b = weights.blocks[i]
+        b, site = weights.blocks[i], lora_site_names(i)
         with g.scope(f"h{i}.attn"):
             h = g.layer_norm(x, b.ln1_g, b.ln1_b, eps, name="ln")
-            q, k, v = g.split(g.linear(h, b.w_qkv, b.b_qkv, name="qkv"), [c, c, c], axis=1, name="qkv")
+            qkv = adapted(g, g.linear(h, b.w_qkv, b.b_qkv, name="qkv"), [h], site["attn.c_attn"], adapters)
+            q, k, v = g.split(qkv, [c, c, c], axis=1, name="qkv")
             g.output(k, f"k{i}")
             g.output(v, f"v{i}")
             a = attend(i, q, k, v)
-            x = g.add(x, g.linear(a, b.w_attn_out, b.b_attn_out, name="proj"), name="res")
+            proj = adapted(g, g.linear(a, b.w_attn_out, b.b_attn_out, name="proj"), [a], site["attn.c_proj"], adapters)
+            x = g.add(x, proj, name="res")
         with g.scope(f"h{i}.mlp"):
             h = g.layer_norm(x, b.ln2_g, b.ln2_b, eps, name="ln")
-            up = activation(g, g.linear(h, b.w_fc, b.b_fc, name="fc"), config.activation_function)
-            x = g.add(x, g.linear(up, b.w_proj, b.b_proj, name="proj"), name="res")
+            fc = adapted(g, g.linear(h, b.w_fc, b.b_fc, name="fc"), [h], site["mlp.c_fc"], adapters)
+            up = activation(g, fc, config.activation_function)
+            down = adapted(g, g.linear(up, b.w_proj, b.b_proj, name="proj"), [up], site["mlp.c_proj"], adapters)
+            x = g.add(x, down, name="res")
     return x
 
 
-def decode_graph(config: GPT2Config, weights: GPT2Weights, layers: range) -> Graph:
+def decode_graph(config: GPT2Config, weights: GPT2Weights, layers: range, adapters: Sites | None = None) -> Graph:
     """Layers ``layers`` for one token: inputs ``x``, ``mask``, ``k<i>``/``v<i>`` caches; outputs
     ``x`` (the residual stream after the last layer) and each layer's new ``k<i>``/``v<i>``."""
     c, t = config.n_embd, config.n_positions
@@ -68,13 +81,14 @@ def decode_graph(config: GPT2Config, weights: GPT2Weights, layers: range) -> Gra
     def attend(i: int, q: Node, k: Node, v: Node) -> Node:
         return cached_attention(g, q, k, v, *caches[i], mask, config.n_head, config.attention_scale(i))
 
-    g.output(_layers(g, x, config, weights, layers, attend), "x")
+    g.output(_layers(g, x, config, weights, layers, attend, adapters), "x")
     return g
 
 
-def prefill_graph(config: GPT2Config, weights: GPT2Weights, layers: range, seq: int) -> Graph:
+def prefill_graph(config: GPT2Config, weights: GPT2Weights, layers: range, seq: int,
+                  adapters: Sites | None = None) -> Graph:
     """Layers ``layers`` over ``seq`` tokens (a power of two) with causal attention: input ``x``;
-    outputs ``x`` and each layer's ``k<i>``/``v<i>`` for the cache."""
+    outputs ``x`` and each layer's ``k<i>``/``v<i>`` for the cache. ``adapters``: LoRA site ranks (None: base)."""
     g = Graph(f"gpt2_prefill_{layers.start}_{layers.stop}_s{seq}")
     x = g.input("x", [1, config.n_embd, 1, seq])
 
@@ -85,7 +99,7 @@ def prefill_graph(config: GPT2Config, weights: GPT2Weights, layers: range, seq: 
             q = g.mul(q, factor, name="q_scale")
         return g.attention(q, k, v, config.n_head, causal=True, name="core")
 
-    g.output(_layers(g, x, config, weights, layers, attend), "x")
+    g.output(_layers(g, x, config, weights, layers, attend, adapters), "x")
     return g
 
 

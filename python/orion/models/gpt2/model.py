@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ from orion.generation.loop import CausalLM, DecoderDims
 from orion.generation.plan import ProgramInfo
 from orion.generation.tokenizer import Tokenizer, TokenizerNotFound, load_tokenizer
 from orion.graph import Graph
+from orion.lora.adapter import Placement, Site
 from orion.models.gpt2 import graphs
 from orion.models.gpt2.config import GPT2Config
 from orion.models.gpt2.costs import decode_program_costs, layer_params
@@ -66,11 +68,25 @@ class GPT2(CausalLM):
         return {"model_type": self.model_type, "config": self.config.to_hf_json(),
                 "weights": self.weights.content_hash(self.config)}
 
-    def decode_graph(self, layers: range) -> Graph:
-        return graphs.decode_graph(self.config, self.weights, layers)
+    def decode_graph(self, layers: range, adapters: Mapping[str, int] | None = None) -> Graph:
+        return graphs.decode_graph(self.config, self.weights, layers, adapters)
 
-    def prefill_graph(self, layers: range, seq: int) -> Graph:
-        return graphs.prefill_graph(self.config, self.weights, layers, seq)
+    def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None) -> Graph:
+        return graphs.prefill_graph(self.config, self.weights, layers, seq, adapters)
+
+    peft_fan_in_fan_out = True  # Hugging Face GPT-2's projections are Conv1D ([in, out] weights)
+
+    def lora_placements(self) -> dict[str, Placement]:
+        """``transformer.h.<i>.{attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj}``, each one whole site."""
+        c, f = self.config.n_embd, 4 * self.config.n_embd
+        shapes = {"attn.c_attn": (c, 3 * c), "attn.c_proj": (c, c), "mlp.c_fc": (c, f), "mlp.c_proj": (f, c)}
+        placements = {}
+        for i in range(self.config.n_layer):
+            for module, site in graphs.lora_site_names(i).items():
+                fan_in, fan_out = shapes[module]
+                placements[f"transformer.h.{i}.{module}"] = Placement(Site(site, fan_out, (fan_in,)), fan_in, fan_out,
+                                                                      slice(0, fan_out))
+        return placements
 
     def lm_head_graph(self, vocab: range, seq: int) -> Graph:
         return graphs.lm_head_graph(self.config, self.weights, vocab, seq)

@@ -34,6 +34,7 @@ from orion.generation.kv_cache import MASKED
 from orion.graph import Graph
 from orion.graph.ir import Node
 from orion.limits import MIN_LANES
+from orion.lora.graph import Sites, adapted
 from orion.models.blocks import cached_attention
 from orion.models.llama.config import ConfigError, LlamaConfig
 from orion.models.llama.weights import LayerWeights, LlamaWeights
@@ -125,33 +126,52 @@ def group_rows(config: LlamaConfig, group: int) -> np.ndarray:
     return (heads[:, None] * config.head_dim + np.arange(config.head_dim)[None, :]).reshape(-1)
 
 
-def _qkv(g: Graph, x: Node, config: LlamaConfig, layer: LayerWeights) -> tuple[list[Node], Node, Node]:
+def lora_site_names(layer: int) -> dict[str, str]:
+    """The LoRA site of each Hugging Face module of layer ``layer`` (relative to ``model.layers.<layer>``):
+    q/k/v share the fused qkv projection, gate/up the fused gate_up one."""
+    qkv, gate_up = f"l{layer}_qkv", f"l{layer}_gate_up"
+    return {"self_attn.q_proj": qkv, "self_attn.k_proj": qkv, "self_attn.v_proj": qkv,
+            "self_attn.o_proj": f"l{layer}_o", "mlp.gate_proj": gate_up, "mlp.up_proj": gate_up,
+            "mlp.down_proj": f"l{layer}_down"}
+
+
+def qkv_order(config: LlamaConfig) -> np.ndarray:
+    """Rows of ``wq`` in the fused projection's order (query group after query group)."""
+    return np.concatenate([group_rows(config, j) for j in range(config.group_size)])
+
+
+def _qkv(g: Graph, x: Node, config: LlamaConfig, layer: LayerWeights, site: str,
+         adapters: Sites | None) -> tuple[list[Node], Node, Node]:
     """Fused projection: the query groups (each ``[1, kv_dim, 1, S]``), then keys and values."""
     h = rms_norm(g, x, layer.attn_norm, config.rms_norm_eps, "attn_norm")
-    order = np.concatenate([group_rows(config, j) for j in range(config.group_size)])
+    order = qkv_order(config)
     weight = np.concatenate([layer.wq[order], layer.wk, layer.wv])
     bias = None if layer.bq is None else np.concatenate([layer.bq[order], layer.bk, layer.bv])
-    qkv = g.linear(h, weight, bias, name="qkv")
+    qkv = adapted(g, g.linear(h, weight, bias, name="qkv"), [h], site, adapters)
     parts = g.split(qkv, [config.kv_dim] * (config.group_size + 2), axis=1, name="qkv")
     return parts[:-2], parts[-2], parts[-1]
 
 
-def _out_proj(g: Graph, x: Node, contexts: list[Node], config: LlamaConfig, layer: LayerWeights) -> Node:
-    """Residual plus the output projection, summed over query groups."""
+def _out_proj(g: Graph, x: Node, contexts: list[Node], config: LlamaConfig, layer: LayerWeights, site: str,
+              adapters: Sites | None) -> Node:
+    """Residual plus the output projection, summed over query groups (each group one LoRA input piece)."""
     acc = None
     for j, ctx in enumerate(contexts):
         part = g.linear(ctx, layer.wo[:, group_rows(config, j)], name=f"o_g{j}")
         acc = part if acc is None else g.add(acc, part, name=f"o_sum{j}")
-    return g.add(x, acc, name="attn_res")
+    return g.add(x, adapted(g, acc, contexts, site, adapters), name="attn_res")
 
 
-def _mlp(g: Graph, x: Node, config: LlamaConfig, layer: LayerWeights) -> Node:
+def _mlp(g: Graph, x: Node, config: LlamaConfig, layer: LayerWeights, sites: dict[str, str],
+         adapters: Sites | None) -> Node:
     """SwiGLU: x + W_down(silu(W_gate h) * W_up h) with h = RMSNorm(x) and silu(a) = a * sigmoid(a)."""
     h = rms_norm(g, x, layer.mlp_norm, config.rms_norm_eps, "mlp_norm")
-    gate, up = g.split(g.linear(h, np.concatenate([layer.w_gate, layer.w_up]), name="gate_up"),
-                       [config.hidden_dim, config.hidden_dim], axis=1, name="gate_up")
+    gate_up = adapted(g, g.linear(h, np.concatenate([layer.w_gate, layer.w_up]), name="gate_up"), [h],
+                      sites["mlp.gate_proj"], adapters)
+    gate, up = g.split(gate_up, [config.hidden_dim, config.hidden_dim], axis=1, name="gate_up")
     act = g.mul(gate, g.sigmoid(gate, name="gate_sigmoid"), name="silu")
-    down = g.linear(g.mul(act, up, name="swiglu"), layer.w_down, name="down")
+    swiglu = g.mul(act, up, name="swiglu")
+    down = adapted(g, g.linear(swiglu, layer.w_down, name="down"), [swiglu], sites["mlp.down_proj"], adapters)
     return g.add(x, down, name="mlp_res")
 
 
@@ -171,11 +191,12 @@ def _group_attention(g: Graph, q: Node, k: Node, v: Node, mask: Node, name: str)
 
 # -- graphs --------------------------------------------------------------------------------------
 
-def prefill_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, seq: int) -> Graph:
+def prefill_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, seq: int,
+                  adapters: Sites | None = None) -> Graph:
     """Layers ``layers`` over ``seq`` tokens at positions ``0..seq-1`` (a power of two, at most the context
     length rounded up to one; pad a shorter prompt at the end, the causal mask keeps padding out of earlier
     tokens): input ``x`` ``[1, dim, 1, seq]``; outputs ``x`` and each layer's rotated keys ``k<i>`` and
-    values ``v<i>`` ``[1, kv_dim, 1, seq]``."""
+    values ``v<i>`` ``[1, kv_dim, 1, seq]``. ``adapters``: LoRA site ranks (``orion.lora.graph``; None: base)."""
     bucket_limit = max(MIN_LANES["fp16"], 1 << (config.max_position_embeddings - 1).bit_length())
     if not 0 < seq <= bucket_limit:  # positions past the context are padding lanes of the last bucket
         raise ConfigError(f"prefill of {seq} tokens: outside the context length (max_position_embeddings "
@@ -188,9 +209,9 @@ def prefill_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, seq
     partner = _rope_partner(g, config)
     mask = g.const("causal_mask", causal_mask(seq))
     for i in layers:
-        layer = weights.layers[i]
+        layer, sites = weights.layers[i], lora_site_names(i)
         with g.scope(f"l{i}"):
-            queries, k, v = _qkv(g, x, config, layer)
+            queries, k, v = _qkv(g, x, config, layer, sites["self_attn.q_proj"], adapters)
             kh = apply_rope(g, k, kv, cos, sin, partner, "k_rope")
             g.output(g.reshape(kh, [1, config.kv_dim, 1, seq], name="k_out"), f"k{i}")
             g.output(v, f"v{i}")
@@ -200,12 +221,14 @@ def prefill_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, seq
                 qh = apply_rope(g, q, kv, cos, sin, partner, f"q{j}_rope")
                 qh = g.mul(qh, 1.0 / math.sqrt(d), name=f"q{j}_scaled")
                 contexts.append(_group_attention(g, qh, kh, vh, mask, f"attn_g{j}"))
-            x = _mlp(g, _out_proj(g, x, contexts, config, layer), config, layer)
+            attended = _out_proj(g, x, contexts, config, layer, sites["self_attn.o_proj"], adapters)
+            x = _mlp(g, attended, config, layer, sites, adapters)
     g.output(x, "x")
     return g
 
 
-def decode_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, context: int | None = None) -> Graph:
+def decode_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, context: int | None = None,
+                 adapters: Sites | None = None) -> Graph:
     """Layers ``layers`` for one token: inputs ``x`` ``[1, dim, 1, 1]``, ``mask`` ``[1, 1, 1, T]``, ``rope``
     ``[1, 2 * head_dim, 1, 1]`` (:func:`rope_row`) and caches ``k<i>``/``v<i>`` ``[1, kv_dim, 1, T]``
     (``T = context``, default ``max_position_embeddings``); outputs ``x`` and each layer's new ``k<i>``/``v<i>``."""
@@ -222,9 +245,9 @@ def decode_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, cont
               for i in layers}
     partner = _rope_partner(g, config)
     for i in layers:
-        layer = weights.layers[i]
+        layer, sites = weights.layers[i], lora_site_names(i)
         with g.scope(f"l{i}"):
-            queries, k, v = _qkv(g, x, config, layer)
+            queries, k, v = _qkv(g, x, config, layer, sites["self_attn.q_proj"], adapters)
             k = g.reshape(apply_rope(g, k, kv, cos, sin, partner, "k_rope"), [1, config.kv_dim, 1, 1], name="k_out")
             g.output(k, f"k{i}")
             g.output(v, f"v{i}")
@@ -234,7 +257,8 @@ def decode_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, cont
                               name=f"q{j}_rotated")
                 with g.scope(f"attn_g{j}"):
                     contexts.append(cached_attention(g, q, k, v, *caches[i], mask, kv))
-            x = _mlp(g, _out_proj(g, x, contexts, config, layer), config, layer)
+            attended = _out_proj(g, x, contexts, config, layer, sites["self_attn.o_proj"], adapters)
+            x = _mlp(g, attended, config, layer, sites, adapters)
     g.output(x, "x")
     return g
 

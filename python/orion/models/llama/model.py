@@ -4,6 +4,7 @@ model-independent generation loop (``orion.generation.loop``)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,11 @@ from orion.generation.loop import CausalLM, DecoderDims
 from orion.generation.plan import ProgramInfo
 from orion.generation.tokenizer import TOKENIZER_FILE, Tokenizer, TokenizerNotFound, load_tokenizer
 from orion.graph import Graph
+from orion.lora.adapter import Placement
 from orion.models.llama import graphs
 from orion.models.llama.config import ConfigError, LlamaConfig
 from orion.models.llama.costs import decode_program_costs
+from orion.models.llama.lora import lora_placements
 from orion.models.llama.weights import LlamaWeights, load_hf, load_llama2c, random_weights
 
 DISPLAY_NAMES = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}
@@ -93,11 +96,17 @@ class Llama(CausalLM):
                 "context": self.dims.context,  # the decode programs' cache length
                 "weights": self.weights.content_hash(self.config)}
 
-    def decode_graph(self, layers: range) -> Graph:
-        return graphs.decode_graph(self.config, self.weights, layers, self.dims.context)
+    def decode_graph(self, layers: range, adapters: Mapping[str, int] | None = None) -> Graph:
+        return graphs.decode_graph(self.config, self.weights, layers, self.dims.context, adapters)
 
-    def prefill_graph(self, layers: range, seq: int) -> Graph:
-        return graphs.prefill_graph(self.config, self.weights, layers, seq)
+    def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None) -> Graph:
+        return graphs.prefill_graph(self.config, self.weights, layers, seq, adapters)
+
+    def lora_placements(self) -> dict[str, Placement]:
+        """``model.layers.<i>.self_attn.{q,k,v,o}_proj`` and ``mlp.{gate,up,down}_proj`` on the fused graph sites:
+        q rows in query-group order (and, for interleaved RoPE, each head's rows permuted as the weights are),
+        o's input columns split by query group."""
+        return lora_placements(self.config)
 
     def lm_head_graph(self, vocab: range, seq: int) -> Graph:
         return graphs.lm_head_graph(self.config, self.weights, vocab, seq)

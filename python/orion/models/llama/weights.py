@@ -180,9 +180,19 @@ def _half_order(head_dim: int) -> np.ndarray:
     return np.concatenate([np.arange(0, head_dim, 2), np.arange(1, head_dim, 2)])
 
 
+def _head_rows(heads: int, order: np.ndarray) -> np.ndarray:
+    return (np.arange(heads)[:, None] * len(order) + order[None, :]).reshape(-1)
+
+
 def _permute_heads(array: np.ndarray, heads: int, order: np.ndarray) -> np.ndarray:
-    rows = (np.arange(heads)[:, None] * len(order) + order[None, :]).reshape(-1)
-    return np.ascontiguousarray(array[rows])
+    return np.ascontiguousarray(array[_head_rows(heads, order)])
+
+
+def hf_rows(config: LlamaConfig, heads: int) -> np.ndarray:
+    """For q (``heads = n_heads``) or k (``n_kv_heads``): the Hugging Face (rotate-half) row of each of Orion's rows
+    in ``config``'s RoPE convention, as :func:`to_rope_convention` permutes them."""
+    order = _half_order(config.head_dim)
+    return _head_rows(heads, np.argsort(order) if config.rope_convention == "interleaved" else np.arange(len(order)))
 
 
 def to_rope_convention(config: LlamaConfig, weights: LlamaWeights, convention: str) -> tuple[LlamaConfig, LlamaWeights]:

@@ -1,0 +1,225 @@
+"""Hot-swapped LoRA adapters for :class:`orion.generation.loop.CausalLM` (a mixin it inherits).
+
+Adapters with the same site ranks share one *program variant*: its layer programs (the base graphs
+plus one ``orion.lora.graph.adapted`` term per adapted site, A/B as inputs) are compiled when the
+first such adapter is loaded (decode) or a prompt length is first seen (prefill), reusing the base
+LM-head programs for decode. ``set_adapter(name)`` then only writes that adapter's A/B arrays into
+the bound input surfaces in place: no compile, no lowering. ``set_adapter(None)`` goes back to the
+base programs themselves, so outputs are the base outputs bit for bit.
+
+KV cache policy: any ``set_adapter`` call empties the KV cache (and so does ``add_adapter`` when the new
+variant's inputs outgrow the KV surfaces, which every decode input must match in size, ANE-13) (keys/values computed under another
+adapter would mix two models), so the next call must be ``prefill``/``logits``/``generate``;
+``decode_step`` raises until then. Forks share the loaded adapters and compiled variants, and each
+fork has its own active adapter and surfaces.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from orion.generation.plan import DecodePlan, PrefillPlan, largest_surface, rebuild_decode_layers
+from orion.graph import Graph
+from orion.lora import peft_format
+from orion.lora.adapter import AdapterError, LoraAdapter, Placement, check_fits, site_inputs
+from orion.runtime.builder import ProgramBuilder
+from orion.runtime.dtypes import numpy_dtype
+from orion.runtime.stage import Stage
+
+if TYPE_CHECKING:
+    from orion.generation.loop import CausalLM
+
+VariantKey = tuple[tuple[str, int], ...] | None  # sorted (site, rank); None: the base programs
+
+
+@dataclass
+class _Variant:
+    """Compiled programs of one set of site ranks (shared by forks)."""
+
+    sites: dict[str, int] | None
+    builder: ProgramBuilder
+    decode_plan: DecodePlan
+    prefill_plans: dict[tuple[int, bool], PrefillPlan]
+
+
+@dataclass
+class _Loaded:
+    adapter: LoraAdapter
+    key: VariantKey
+    inputs: dict[str, np.ndarray]
+
+
+@dataclass
+class _Registry:
+    """Loaded adapters and compiled variants, shared by a model and its forks."""
+
+    adapters: dict[str, _Loaded] = field(default_factory=dict)
+    variants: dict[VariantKey, _Variant] = field(default_factory=dict)
+    surface_bytes: int = 0  # the largest decode-program input of any variant (the KV surfaces' least size)
+
+
+def targeted_modules(targets: Any, paths: Iterable[str], source: str) -> set[str]:
+    """Module paths PEFT's ``target_modules`` selects: a name matches a path equal to it or ending in
+    ``.name``; a string is a regex matched against the whole path. A name matching nothing is an error."""
+    paths = sorted(paths)
+    if isinstance(targets, str):
+        return {p for p in paths if re.fullmatch(targets, p)}
+    chosen: set[str] = set()
+    for name in targets:
+        hits = {p for p in paths if p == name or p.endswith(f".{name}")}
+        if not hits:
+            known = ", ".join(sorted({p.rsplit(".", 1)[-1] for p in paths}))
+            raise AdapterError(f"{source}: target module '{name}' is no linear of this model (targets: {known}). "
+                               f"Fix: use an adapter trained on this base model")
+        chosen |= hits
+    return chosen
+
+
+def peft_target_names(modules: Iterable[str], paths: Iterable[str]) -> list[str]:
+    """The shortest PEFT ``target_modules`` selecting exactly ``modules``: the last one, two, ... components of
+    their paths (``c_attn``, ``attn.c_proj``), the first that selects no other module of the model."""
+    modules, paths = set(modules), set(paths)
+    for depth in range(1, max(m.count(".") for m in modules) + 1):
+        names = sorted({".".join(m.split(".")[-depth:]) for m in modules})
+        if targeted_modules(names, paths, "") == modules:
+            return names
+    return sorted(modules)
+
+
+class AdapterHost:
+    """LoRA adapters of a model: ``load_adapter``, ``add_adapter``, ``set_adapter``, ``save_adapter``.
+
+    A model provides ``lora_placements()`` (module path -> :class:`Placement`), ``peft_fan_in_fan_out``
+    and graph hooks taking ``adapters`` (site -> rank, or None for the base graphs)."""
+
+    peft_fan_in_fan_out: bool = False
+    lora_sites: dict[str, int] | None = None  # the active variant's site ranks (None: base programs)
+    active_adapter: str | None = None
+    _adapter_inputs: Mapping[str, np.ndarray] = {}  # graph input name -> array of the active adapter
+
+    def lora_placements(self: CausalLM) -> dict[str, Placement]:
+        """Every module path an adapter may target and where it lands in the graphs."""
+        raise NotImplementedError
+
+    # -- public ---------------------------------------------------------------------------------------
+    @property
+    def adapters(self: CausalLM) -> list[str]:
+        """Names of the loaded adapters."""
+        return sorted(self._lora_registry().adapters)
+
+    def load_adapter(self: CausalLM, path: str | os.PathLike[str], name: str | None = None) -> str:
+        """Load a PEFT LoRA directory under ``name`` (default: the directory's name); returns the name.
+        Compiles the decode programs of its variant unless an adapter of the same ranks is loaded."""
+        adapter, targets = peft_format.read(path)
+        placements = self.lora_placements()
+        wanted = targeted_modules(targets, placements, str(path))
+        missing = sorted(wanted - set(adapter.modules))
+        if missing:
+            raise AdapterError(f"{path}: target_modules selects '{missing[0]}' but {peft_format.WEIGHTS_FILE} has no "
+                               f"lora_A/lora_B for it ({len(missing)} such modules). Fix: re-save the adapter")
+        return self.add_adapter(adapter, name or os.path.basename(os.path.normpath(path)), source=str(path))
+
+    def add_adapter(self: CausalLM, adapter: LoraAdapter, name: str, source: str = "adapter") -> str:
+        """Register an in-memory adapter under ``name`` (see ``load_adapter``)."""
+        registry = self._lora_registry()
+        if name in registry.adapters:
+            raise AdapterError(f"{source}: an adapter named '{name}' is loaded already. Fix: pass another name")
+        placements = self.lora_placements()
+        check_fits(adapter, placements, source)
+        ranks, arrays = site_inputs(adapter, placements)
+        surface_dtype = numpy_dtype(self.options.io_dtype)  # converted once here, so a switch is a plain copy
+        inputs = {input_name: value.astype(surface_dtype) for input_name, value in arrays.items()}
+        key: VariantKey = tuple(sorted(ranks.items()))
+        with self._exclusive("add_adapter"):
+            if key not in registry.variants:
+                registry.variants[key] = self._compile_variant(ranks)
+            registry.adapters[name] = _Loaded(adapter, key, inputs)
+        if self.cache.surfaces["mask"].nbytes < registry.surface_bytes:
+            self._bind_cache()  # the decode programs read the KV surfaces: one size for all inputs (ANE-13)
+        return name
+
+    def set_adapter(self: CausalLM, name: str | None) -> None:
+        """Make ``name`` the active adapter (None: the base model). Writes its A/B inputs in place (no
+        compile) and empties the KV cache."""
+        registry = self._lora_registry()
+        if name is not None and name not in registry.adapters:
+            raise AdapterError(f"set_adapter: no adapter named {name!r} (loaded: {self.adapters}). "
+                               f"Fix: load_adapter(path, name) first")
+        loaded = registry.adapters.get(name) if name is not None else None
+        with self._exclusive("set_adapter"):
+            self._switch_variant(None if loaded is None else loaded.key)
+            self._adapter_inputs = {} if loaded is None else loaded.inputs
+            self.active_adapter = name
+            self._write_adapter_inputs([self._layers, *(s for pair in self._prefill_stages.values() for s in pair)])
+            self.cache.clear()
+
+    def save_adapter(self: CausalLM, path: str | os.PathLike[str], name: str | None = None) -> None:
+        """Write adapter ``name`` (default: the active one) as a PEFT LoRA directory that PEFT loads."""
+        name = name or self.active_adapter
+        registry = self._lora_registry()
+        if name not in registry.adapters:
+            raise AdapterError(f"save_adapter: no adapter named {name!r} (loaded: {self.adapters}). "
+                               f"Fix: name a loaded adapter")
+        adapter = registry.adapters[name].adapter
+        targets = peft_target_names(adapter.modules, self.lora_placements())
+        peft_format.write(path, adapter, targets, self.peft_fan_in_fan_out)
+
+    # -- internals (called by CausalLM) ---------------------------------------------------------------
+    def _lora_registry(self: CausalLM) -> _Registry:
+        if "_lora" not in self.__dict__:
+            self._lora = _Registry()
+            self._lora.variants[None] = _Variant(None, self.builder, self.decode_plan, self._prefill_plans)
+        return self._lora
+
+    def _compile_variant(self: CausalLM, ranks: dict[str, int]) -> _Variant:
+        base = self._lora_registry().variants[None]
+        builder = ProgramBuilder({**base.builder.identity, "lora": ranks}, base.builder.io_dtype,
+                                 base.builder.progress)
+        plan = rebuild_decode_layers(builder, base.decode_plan, lambda r: self.decode_graph(r, adapters=ranks))
+        registry = self._lora_registry()
+        registry.surface_bytes = max(registry.surface_bytes, largest_surface(plan.layer_programs))
+        return _Variant(ranks, builder, plan, {})
+
+    def _switch_variant(self: CausalLM, key: VariantKey) -> None:
+        """Point the loop at variant ``key``'s programs and this object's stages bound to them."""
+        current: VariantKey = None if self.lora_sites is None else tuple(sorted(self.lora_sites.items()))
+        if key == current:
+            return
+        bound = self.__dict__.setdefault("_lora_bound", {})
+        bound[current] = (self._layers, self._heads, self._prefill_stages)
+        variant = self._lora_registry().variants[key]
+        self.builder, self.decode_plan, self._prefill_plans = variant.builder, variant.decode_plan, variant.prefill_plans
+        self.lora_sites = variant.sites
+        if key in bound:
+            self._layers, self._heads, self._prefill_stages = bound.pop(key)
+        else:
+            self._layers, self._heads = self.decode_plan.bind(self.cache.surfaces)
+            self._prefill_stages = {}
+
+    def _variant_prefill_graph(self: CausalLM, layers: range, seq: int) -> Graph:
+        """The active variant's prefill graph (the hook called as without adapters for the base programs)."""
+        if self.lora_sites is None:
+            return self.prefill_graph(layers, seq)
+        return self.prefill_graph(layers, seq, adapters=self.lora_sites)
+
+    def _write_adapter_inputs(self, stage_lists: Iterable[list[Stage]]) -> None:
+        """The active adapter's A/B arrays into every stage of ``stage_lists`` that reads them."""
+        for stages in stage_lists:
+            for stage in stages:
+                for input_name, value in self._adapter_inputs.items():
+                    if input_name in stage.mil_name:
+                        stage.input(input_name)[...] = value
+
+    def _adapter_surface_bytes(self) -> int:
+        """The least KV-surface size the loaded variants' decode programs need (0 before any adapter)."""
+        return self._lora.surface_bytes if "_lora" in self.__dict__ else 0
+
+    def _forget_bound_variants(self) -> None:
+        """A fork binds its own surfaces: it must not reuse the stages of the object it was copied from."""
+        self.__dict__.pop("_lora_bound", None)

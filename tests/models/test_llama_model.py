@@ -375,3 +375,30 @@ def test_orion_matches_transformers_on_a_checkpoint_it_saved(tmp_path, kind, tie
     with torch.no_grad():
         hf_greedy = hf.generate(torch.tensor([ids[:3]]), max_new_tokens=16, do_sample=False, pad_token_id=0)
     assert list(m.generate(ids[:3], 16)) == hf_greedy[0, 3:].tolist()
+
+
+def test_llama_text_stops_on_a_string_and_streams_sentencepiece_text_whole(tmp_path) -> None:
+    """The stop-string and incremental-text rules hold for the Llama family: a Metaspace (SentencePiece)
+    tokenizer with byte fallback (byte tokens join into characters), and a stop string that spans tokens."""
+    from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
+    from tokenizers import models as tok_models
+
+    config = replace(CONFIGS["gqa8x2-interleaved-tied"], n_heads=4, vocab_size=320)  # 259 specials + merges
+    tok = Tokenizer(tok_models.BPE(byte_fallback=True, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    specials = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
+    tok.train_from_iterator(["the engine runs café 日本 tokens one at a time"] * 20,
+                            trainers.BpeTrainer(vocab_size=config.vocab_size, special_tokens=specials))
+    assert tok.get_vocab_size() <= config.vocab_size
+    save_hf(tmp_path, replace(config, bos_token_id=1, eos_token_ids=(2,)), lively(config, seed=5))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    m = models.load(tmp_path, progress=False)
+    ids = list(m.generate("the engine", 12))
+    new = [t for t in ids if t != 2][:12]
+    full = continuation(m.tokenizer, m.tokenizer.encode("the engine"), new)
+    assert "".join(m.generate_text("the engine", 12)) == full  # random weights may emit invalid bytes: as decode does
+    assert len(full) > 3
+    stop = full[1:3]  # a two-character stop string, wherever tokens split it
+    assert "".join(m.generate_text("the engine", 12, stop=stop)) == full[: full.index(stop)]

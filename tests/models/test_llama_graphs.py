@@ -18,6 +18,7 @@ from orion.graph import Graph
 from orion.models.llama import graphs
 from orion.models.llama.config import LlamaConfig
 from orion.models.llama.weights import random_weights, to_rope_convention
+from support.llama_fixtures import lively
 from support.llama_reference import (
     head_logits,
     layer_forward,
@@ -39,16 +40,6 @@ CONFIGS = {
                                     rope_theta=500.0),
 }
 
-
-def lively(config: LlamaConfig, seed: int = 0):
-    w = random_weights(config, seed)
-    rng = np.random.default_rng(seed + 100)
-    for _, array in w.arrays():
-        if array.ndim == 2:
-            array *= 10
-        else:
-            array += rng.normal(0, 0.3, array.shape).astype(np.float32)
-    return w
 
 
 def channels(x: np.ndarray) -> np.ndarray:

@@ -23,9 +23,10 @@ from orion.generation.loop import ContextFull
 from orion.generation.plan import sram_fusion_depth
 from orion.models import Llama, LlamaConfig
 from orion.models.llama.config import ConfigError
-from orion.models.llama.weights import random_weights, save_hf, save_llama2c, to_rope_convention
+from orion.models.llama.weights import save_hf, save_llama2c, to_rope_convention
 from orion.runtime.builder import ProgramBuilder
 from support import references
+from support.llama_fixtures import lively
 from support.llama_reference import reference_greedy, reference_logits
 
 TOLERANCE = 0.02  # of max |logit| (fp16 compute)
@@ -42,17 +43,6 @@ CONFIGS = {
         max_position_embeddings=CONTEXT, rope_convention="half", rope_theta=500.0),
 }
 
-
-def lively(config: LlamaConfig, seed: int = 0):
-    """Random weights large enough that every parameter matters, with non-unit norm gains."""
-    w = random_weights(config, seed)
-    rng = np.random.default_rng(seed + 100)
-    for _, array in w.arrays():
-        if array.ndim == 2:
-            array *= 10
-        else:
-            array += rng.normal(0, 0.3, array.shape).astype(np.float32)
-    return w
 
 
 def close(got: np.ndarray, want: np.ndarray) -> None:

@@ -87,6 +87,17 @@ def safetensors_files(directory: Path, error: type[OrionError], help: str) -> di
     return shards
 
 
+def check_float32_shapes(owner: str, arrays: Iterable[tuple[str, np.ndarray]], shapes: dict[str, tuple[int, ...]],
+                         error: type[OrionError]) -> None:
+    """Raise ``error`` unless every ``(name, array)`` is a float32 array of the shape ``shapes`` gives for
+    the last part of its dotted name (``blocks.3.w_qkv`` -> ``w_qkv``)."""
+    for name, array in arrays:
+        expected = shapes[name.split(".")[-1]]
+        if not isinstance(array, np.ndarray) or array.dtype != np.float32 or array.shape != expected:
+            found = (array.dtype, array.shape) if isinstance(array, np.ndarray) else type(array).__name__
+            raise error(f"{owner}.{name}: expected float32 {expected}, found {found}")
+
+
 def content_hash(tag: str, config_text: str, arrays: Iterable[tuple[str, np.ndarray]]) -> str:
     """sha256 (hex) of a format ``tag``, the configuration's text and every array's name, shape and raw bytes."""
     digest = hashlib.sha256(tag.encode() + b"\0")

@@ -21,7 +21,14 @@ from safetensors.numpy import save_file
 from orion.errors import OrionError
 from orion.generation.hf_files import CONFIG_FILE
 from orion.models.gpt2.config import GPT2Config
-from orion.models.weights_io import PROGRESS_EVERY, PROGRESS_MIN_BYTES, WEIGHTS_FILE, content_hash, raw_bf16
+from orion.models.weights_io import (
+    PROGRESS_EVERY,
+    PROGRESS_MIN_BYTES,
+    WEIGHTS_FILE,
+    check_float32_shapes,
+    content_hash,
+    raw_bf16,
+)
 
 PREFIX = "transformer."
 DIRECTORY_HELP = (
@@ -93,12 +100,7 @@ class GPT2Weights:
         """Raise :class:`WeightsError` unless every array is float32 with the shape ``config`` implies."""
         if len(self.blocks) != config.n_layer:
             raise WeightsError(f"GPT2Weights has {len(self.blocks)} blocks, config.n_layer is {config.n_layer}")
-        shapes = expected_shapes(config)
-        for name, array in self.arrays():
-            expected = shapes[name.split(".")[-1]]
-            if not isinstance(array, np.ndarray) or array.dtype != np.float32 or array.shape != expected:
-                found = (array.dtype, array.shape) if isinstance(array, np.ndarray) else type(array).__name__
-                raise WeightsError(f"GPT2Weights.{name}: expected float32 {expected}, found {found}")
+        check_float32_shapes("GPT2Weights", self.arrays(), expected_shapes(config), WeightsError)
 
     def content_hash(self, config: GPT2Config) -> str:
         """sha256 (hex) of the configuration and every array's name, shape and raw bytes."""

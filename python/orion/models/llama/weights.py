@@ -30,6 +30,7 @@ from orion.models.weights_io import (
     PROGRESS_EVERY,
     PROGRESS_MIN_BYTES,
     WEIGHTS_FILE,
+    check_float32_shapes,
     content_hash,
     raw_bf16,
     safetensors_files,
@@ -123,12 +124,7 @@ class LlamaWeights:
                 if (getattr(layer, b) is None) == config.qkv_bias:
                     raise WeightsError(f"LlamaWeights.layers.{i}.{b} is {'absent' if config.qkv_bias else 'present'} "
                                        f"but config.qkv_bias is {config.qkv_bias}")
-        shapes = expected_shapes(config)
-        for name, array in self.arrays():
-            expected = shapes[name.split(".")[-1]]
-            if not isinstance(array, np.ndarray) or array.dtype != np.float32 or array.shape != expected:
-                found = (array.dtype, array.shape) if isinstance(array, np.ndarray) else type(array).__name__
-                raise WeightsError(f"LlamaWeights.{name}: expected float32 {expected}, found {found}")
+        check_float32_shapes("LlamaWeights", self.arrays(), expected_shapes(config), WeightsError)
 
     def content_hash(self, config: LlamaConfig) -> str:
         """sha256 (hex) of the configuration and every array's name, shape and raw bytes."""

@@ -49,6 +49,16 @@ void give(std::vector<float>&& buffer) {
     p.idle.emplace(n, std::move(buffer));
 }
 
+void clear() {
+    Pool& p = pool();
+    std::multimap<size_t, std::vector<float>> idle;
+    {
+        std::lock_guard<std::mutex> lock(p.mutex);
+        idle.swap(p.idle);
+        p.bytes = 0;
+    }
+}  // freed here, outside the lock
+
 size_t pooled_bytes() {
     Pool& p = pool();
     std::lock_guard<std::mutex> lock(p.mutex);

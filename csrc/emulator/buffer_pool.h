@@ -9,12 +9,14 @@
 
 namespace orion::emu::buffer_pool {
 
-constexpr size_t kMaxPooledBytes = size_t{512} << 20;
+constexpr size_t kMaxPooledBytes = size_t{256} << 20;
 
 // A buffer of exactly n floats: a pooled one (stale contents) or a new zero-filled one.
 std::vector<float> take(size_t n);
 // Returns a buffer to the pool (or frees it when the pool is full).
 void give(std::vector<float>&& buffer);
+// Frees every idle buffer (the emulator calls it when a program is unloaded or destroyed).
+void clear();
 // Bytes held idle in the pool.
 size_t pooled_bytes();
 

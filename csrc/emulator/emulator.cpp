@@ -197,6 +197,8 @@ public:
         for (auto& v : values()) v.blob.reset();  // the caller's weight buffers are not kept
     }
 
+    ~EmulatedProgram() override { buffer_pool::clear(); }
+
     const char* backend() const override { return "emulator"; }
 
 private:
@@ -265,6 +267,7 @@ private:
     void release() override {
         kernels_.clear();
         frame_.values.clear();
+        buffer_pool::clear();
     }
 
     // Re-bakes the same MIL with new weights: a new program, no compile counted.
@@ -332,7 +335,8 @@ private:
             for (size_t axis = 0; axis + 1 < v.type.shape.size(); ++axis) {
                 size_t block = element;
                 for (size_t d = axis + 1; d < v.type.shape.size(); ++d) block *= static_cast<size_t>(v.type.shape[d]);
-                if (block == 0 || !repeats(*v.blob, block)) break;
+                if (block == 0) break;
+                if (v.type.shape[axis] != 1 && !repeats(*v.blob, block)) break;
                 keep_from = axis + 1;
             }
             if (keep_from == 0) continue;

@@ -19,6 +19,7 @@ from orion import models
 from orion.errors import OrionError
 from orion.cli import positive_int, report_errors
 from orion.generation.loop import CausalLM
+from orion.runtime import profile
 
 DEFAULT_SHAPE = "gpt2"
 
@@ -139,7 +140,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="layers per decode program (default: SRAM-sized)")
     parser.add_argument("--lm-head", choices=("ane", "cpu"), default="ane")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--profile", action="store_true",
+                        help="print the emulator's per-program, per-op profile at exit (as ORION_PROFILE=1)")
     args = parser.parse_args(argv)
+    if args.profile:
+        profile.enable_with_report()
     if args.model and not Path(args.model).is_dir():
         parser.error(f"--model {args.model}: not a directory")
     return report_errors(lambda: _print(run(args.model, args.prompt_tokens, args.new_tokens, args.fusion_depth,

@@ -95,9 +95,17 @@ def table(rows: list[Row] | None = None, top: int = 12) -> str:
     return "\n".join(lines)
 
 
-def _print_at_exit() -> None:
-    print(table(), file=sys.stderr)
+_report_registered = False
+
+
+def enable_with_report() -> None:
+    """Starts profiling and prints :func:`table` to stderr at exit (what ``ORION_PROFILE=1`` does)."""
+    global _report_registered
+    enable()
+    if not _report_registered:
+        _report_registered = True
+        atexit.register(lambda: print(table(), file=sys.stderr))
 
 
 if os.environ.get(ENV, "") not in ("", "0"):
-    atexit.register(_print_at_exit)
+    enable_with_report()

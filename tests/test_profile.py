@@ -15,11 +15,11 @@ from support.handmil import blob_const, blobfile, const, op, program, ttype
 M, K, N = 8, 32, 64
 
 
-def small_program() -> str:
+def small_program(m: int = M, n: int = N) -> str:
     """matmul -> add -> softmax over the last axis -> mul: four op kinds."""
-    out = ttype("fp16", [1, 1, M, N])
+    out = ttype("fp16", [1, 1, m, n])
     return program(
-        {"x": ttype("fp16", [1, 1, M, K]), "y": ttype("fp16", [1, 1, K, N])},
+        {"x": ttype("fp16", [1, 1, m, K]), "y": ttype("fp16", [1, 1, K, n])},
         [const("tf", "bool", False), const("half", "fp16", 0.5), const("last", "int32", -1),
          op("mm", out, "matmul", x="x", y="y", transpose_x="tf", transpose_y="tf"),
          op("b", out, "add", x="mm", y="half"),
@@ -38,10 +38,10 @@ def profiling():
     profile.reset()
 
 
-def inputs(seed: int = 0) -> dict[str, np.ndarray]:
+def inputs(seed: int = 0, m: int = M, n: int = N) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return {"x": rng.standard_normal((1, 1, M, K)).astype(np.float16),
-            "y": rng.standard_normal((1, 1, K, N)).astype(np.float16)}
+    return {"x": rng.standard_normal((1, 1, m, K)).astype(np.float16),
+            "y": rng.standard_normal((1, 1, K, n)).astype(np.float16)}
 
 
 def test_profile_reports_each_op_kind_with_costs_that_add_up(profiling) -> None:
@@ -82,18 +82,20 @@ def test_nothing_is_recorded_while_off() -> None:
 
 
 def test_pooled_intermediates_give_the_numpy_result_on_every_evaluate() -> None:
-    """The chain's intermediates share pooled buffers: repeated evaluates, interleaved with another
-    program of the same shapes, keep matching the reference."""
-    first, second = orion.compile(small_program()), orion.compile(small_program())
+    """The chain's intermediates (256 KiB of fp32 each, large enough to be pooled) share pooled
+    buffers: repeated evaluates, interleaved with another program of the same shapes, keep matching
+    the reference."""
+    m, n = 256, 256
+    first, second = orion.compile(small_program(m, n)), orion.compile(small_program(m, n))
     for seed in range(3):
         for p in (first, second):
-            given = inputs(seed)
+            given = inputs(seed, m, n)
             mm = (given["x"][0, 0].astype(np.float32) @ given["y"][0, 0].astype(np.float32)).astype(np.float16)
             b = (mm.astype(np.float32) + 0.5).astype(np.float16).astype(np.float32)
             e = np.exp(b - b.max(axis=-1, keepdims=True))
             want = ((e / e.sum(axis=-1, keepdims=True)).astype(np.float16).astype(np.float32) * 0.5)
             got = np.asarray(p(**given)["z"], dtype=np.float32)
-            np.testing.assert_allclose(got.reshape(M, N), want, rtol=2e-3, atol=1e-6)
+            np.testing.assert_allclose(got.reshape(m, n), want, rtol=2e-3, atol=1e-6)
 
 
 H, S = 3, 32

@@ -177,6 +177,10 @@ private:
     double scratch_bytes_ = 0;
 };
 
+// Intermediates below this many elements (256 KiB of fp32) keep their own buffer: pooling them
+// would cost more per evaluate (decode programs) than the memory it saves.
+constexpr int64_t kMinPooledElements = int64_t{1} << 16;
+
 class EmulatedProgram final : public runtime::LoadedProgram {
 public:
     EmulatedProgram(std::string_view text, frontend::CheckedProgram checked, ProgramModel model,
@@ -369,8 +373,9 @@ private:
         return true;
     }
 
-    // Liveness of the intermediate values: each one that is neither a const nor a program input or
-    // output gets a pooled buffer from its producing kernel to its last reader (acquire_/release_).
+    // Liveness of the intermediate values: each one of at least kMinPooledElements that is neither a
+    // const nor a program input or output gets a pooled buffer from its producing kernel to its last
+    // reader (acquire_/release_).
     // Returns, per slot, whether it is pooled.
     std::vector<bool> plan_buffers() {
         const size_t n = values().size();
@@ -396,6 +401,7 @@ private:
         for (size_t slot = 0; slot < n; ++slot) {
             const ValueInfo& v = values()[slot];
             if (v.slot != static_cast<int>(slot) || v.constant || pinned[slot] || first[slot] < 0) continue;
+            if (v.type.element_count() < kMinPooledElements) continue;  // small: cheaper to keep than to pool
             pooled[slot] = true;
             acquire_[static_cast<size_t>(first[slot])].push_back(static_cast<int>(slot));
             release_[static_cast<size_t>(last[slot])].push_back(static_cast<int>(slot));

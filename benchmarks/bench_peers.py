@@ -328,7 +328,14 @@ def child_profile(spec: dict[str, Any]) -> dict[str, Any]:
         rows.append({"function": name if file == "~" else f"{Path(file).name}:{line} {name}", "calls": calls,
                      "own_s": own, "cumulative_s": cumulative, "kind": kind[:-2]})
     rows.sort(key=lambda r: -r["own_s"])
-    return {"tokens": len(ids), "wall_s_unprofiled": wall, **split, "top": rows[:12]}
+    from orion.runtime import profile as emulator_profile
+
+    emulator_profile.reset()
+    emulator_profile.enable()
+    engine.prefill(ids)
+    emulator_profile.enable(False)
+    return {"tokens": len(ids), "wall_s_unprofiled": wall, **split, "top": rows[:12],
+            "emulator_profile": emulator_profile.table(top=8)}
 
 
 
@@ -628,7 +635,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="llama.cpp without flash attention (llama-cpp-python's default; llama.cpp's own "
                              "default, auto, turns it on for the CPU)")
     parser.add_argument("--check", action="store_true", help="verify the engines' logits instead of timing")
-    parser.add_argument("--profile", action="store_true", help="also profile one warm Orion prefill (cProfile)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile one warm Orion prefill (cProfile, then the emulator's per-op profile)")
     parser.add_argument("--json", metavar="PATH", help="write every figure to PATH")
     parser.add_argument("--workdir", help="keep weights, GGUF files, program cache and logs here (default: a "
                                           "temporary directory, removed at the end)")
@@ -710,6 +718,7 @@ def profile_report(profile: dict[str, Any]) -> str:
              f"other built-ins (numpy, ...) {profile['other_builtin_s']:.2f} s, Python {profile['python_s']:.2f} s"]
     for row in profile["top"][:8]:
         lines.append(f"  {row['own_s']:7.3f} s own {row['calls']:6d} calls  [{row['kind']}] {row['function']}")
+    lines.append(f"Emulator profile of one more warm prefill (ORION_PROFILE):\n{profile['emulator_profile']}")
     return "\n".join(lines)
 
 

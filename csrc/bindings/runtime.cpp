@@ -6,6 +6,7 @@
 #include "bindings/buffers.h"
 #include "constraints.h"
 #include "emulator/emulator.h"
+#include "emulator/profile.h"
 #include "errors.h"
 #include "hardware_limits.h"
 #include "mil/op_table.h"
@@ -130,7 +131,31 @@ void bind_ane_plan(py::module_& m) {
 
 }  // namespace
 
+// The emulator's profiler (orion.runtime.profile wraps it).
+void bind_profile(py::module_& m) {
+    namespace prof = emu::profile;
+    py::module_ p = m.def_submodule("profile", "The emulator's per-program, per-op-kind profiler (ORION_PROFILE=1).");
+    p.def("enabled", &prof::enabled, "Whether evaluates are being profiled.");
+    p.def("set_enabled", &prof::set_enabled, py::arg("on"), "Starts or stops profiling evaluates.");
+    p.def("reset", &prof::reset, "Forgets every recorded row.");
+    p.def("snapshot", [] {
+        py::list rows;
+        for (const auto& r : prof::snapshot()) {
+            py::dict d;
+            d["program"] = r.program;
+            d["op"] = r.op;
+            d["calls"] = r.calls;
+            d["seconds"] = r.seconds;
+            d["bytes"] = r.bytes;
+            d["flops"] = r.flops;
+            rows.append(d);
+        }
+        return rows;
+    }, "Every (program, op kind) row: calls, seconds, bytes, flops, summed over evaluates.");
+}
+
 void bind_runtime(py::module_& m) {
+    bind_profile(m);
     py::class_<runtime::Surface>(m, "Surface", py::buffer_protocol(),
                                  "A flat, 64-byte aligned byte buffer bound to a program input or output "
                                  "(host memory, or an IOSurface under the ane backend).")

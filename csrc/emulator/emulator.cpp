@@ -1,11 +1,16 @@
 #include "emulator/emulator.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <unistd.h>
 #include <map>
+#include <set>
+#include <utility>
 
+#include "emulator/buffer_pool.h"
 #include "emulator/ops.h"
+#include "emulator/profile.h"
 #include "errors.h"
 #include "mil/blobfile.h"
 #include "runtime/budget.h"
@@ -172,6 +177,10 @@ private:
     double scratch_bytes_ = 0;
 };
 
+// Intermediates below this many elements (256 KiB of fp32) keep their own buffer: pooling them
+// would cost more per evaluate (decode programs) than the memory it saves.
+constexpr int64_t kMinPooledElements = int64_t{1} << 16;
+
 class EmulatedProgram final : public runtime::LoadedProgram {
 public:
     EmulatedProgram(std::string_view text, frontend::CheckedProgram checked, ProgramModel model,
@@ -192,12 +201,16 @@ public:
         for (auto& v : values()) v.blob.reset();  // the caller's weight buffers are not kept
     }
 
+    ~EmulatedProgram() override { buffer_pool::clear(); }
+
     const char* backend() const override { return "emulator"; }
 
 private:
     // After the shared checks (runtime::LoadedProgram::evaluate), under the program's lock.
     void run(const runtime::Bindings& inputs, const runtime::Bindings& outputs,
              const runtime::LiveLanes& live) override {
+        const bool profiling = profile::enabled();
+        const auto start = profiling ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
         for (size_t i = 0; i < inputs.size(); ++i) {
             Tensor& t = frame_.values[input_slots_[i]];
             auto hint = live.find(inputs_[i].name);
@@ -207,13 +220,58 @@ private:
             else
                 load_input(inputs[i].second->data(), t);
         }
-        for (const Kernel& k : kernels_) k(frame_);
+        if (profiling) return run_profiled(outputs, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        for (size_t i = 0; i < kernels_.size(); ++i) run_kernel(i);
+        store_outputs(outputs);
+    }
+
+    // Kernel i with the pooled buffers of the values it defines taken before it and those whose
+    // last reader it is given back after it.
+    void run_kernel(size_t i) {
+        for (int slot : acquire_[i]) frame_.values[slot].data = buffer_pool::take(pooled_size(slot));
+        kernels_[i](frame_);
+        for (int slot : release_[i]) buffer_pool::give(std::exchange(frame_.values[slot].data, {}));
+    }
+
+    size_t pooled_size(int slot) const { return static_cast<size_t>(values_at(slot).type.element_count()); }
+    const ValueInfo& values_at(int slot) const { return model_.values_[static_cast<size_t>(slot)]; }
+
+    void store_outputs(const runtime::Bindings& outputs) {
         for (size_t i = 0; i < outputs.size(); ++i) store_output(frame_.values[output_slots_[i]], outputs[i].second->data());
+    }
+
+    // The kernels and the output stores of run(), each timed and recorded per op kind; the input
+    // loads took load_seconds. Surface loads and stores are the "(io)" row.
+    void run_profiled(const runtime::Bindings& outputs, double load_seconds) {
+        using clock = std::chrono::steady_clock;
+        std::map<std::string, profile::Row> by_kind;
+        for (size_t i = 0; i < kernels_.size(); ++i) {
+            const auto start = clock::now();
+            run_kernel(i);
+            const double seconds = std::chrono::duration<double>(clock::now() - start).count();
+            profile::Row& row = by_kind[kernel_kinds_[i]];
+            row.calls += 1, row.seconds += seconds;
+            row.bytes += kernel_costs_[i].bytes, row.flops += kernel_costs_[i].flops;
+        }
+        const auto start = clock::now();
+        store_outputs(outputs);
+        profile::Row& io = by_kind["(io)"];
+        io.calls += 1;
+        io.seconds += load_seconds + std::chrono::duration<double>(clock::now() - start).count();
+        for (const auto& s : inputs_) io.bytes += static_cast<double>(s.type.byte_size());
+        for (const auto& s : outputs_) io.bytes += static_cast<double>(s.type.byte_size());
+        std::vector<profile::Row> rows;
+        for (auto& [kind, row] : by_kind) {
+            row.program = label_, row.op = kind;
+            rows.push_back(std::move(row));
+        }
+        profile::record(rows);
     }
 
     void release() override {
         kernels_.clear();
         frame_.values.clear();
+        buffer_pool::clear();
     }
 
     // Re-bakes the same MIL with new weights: a new program, no compile counted.
@@ -226,11 +284,18 @@ private:
     // The kernel step, after the type step passed for every op and the memory guard.
     void build_kernels() {
         check_frame_size();
+        shrink_repeated_consts();
         for (const auto& step : model_.steps_) {
             OpContext ctx(*step.op, values(), step.arg_ids, step.tuple_ids, step.out, /*types_only=*/false);
             BuiltOp built = step.build(ctx);
-            if (built.view_of < 0) kernels_.push_back(std::move(built.kernel));
+            if (built.view_of >= 0) continue;
+            kernels_.push_back(std::move(built.kernel));
+            kernel_steps_.push_back(&step);
+            kernel_kinds_.push_back(step.op->op);
+            kernel_costs_.push_back(profile::op_cost(*step.op, operand_types(step), step.op->type));
         }
+        label_ = program_label();
+        const std::vector<bool> pooled = plan_buffers();
         frame_.values.resize(values().size());
         for (size_t i = 0; i < values().size(); ++i) {
             const ValueInfo& v = values()[i];
@@ -241,6 +306,7 @@ private:
             t.lanes = t.last_dim();
             const bool is_const = v.constant != nullptr;
             if (is_const && !v.used_as_data) continue;  // read at build time only (e.g. packed conv weights)
+            if (pooled[i]) continue;  // taken from the buffer pool while it is live (run_kernel)
             if (!is_const) {
                 t.data.assign(static_cast<size_t>(v.type.element_count()), 0.0f);
             } else if (v.blob) {
@@ -250,6 +316,120 @@ private:
                 finish(t);  // an fp16 const holds the fp16 nearest its literal
             }
         }
+    }
+
+    // A BLOBFILE const that repeats one block along its leading axes (e.g. a [1, H, S, S] causal mask,
+    // the same [S, S] for every head) and that only elementwise binary ops read, each against an
+    // operand of the full shape, is held once: its type becomes the block's, with ones in front, and
+    // those ops broadcast it. Values are unchanged; only the frame's copy shrinks.
+    void shrink_repeated_consts() {
+        static const std::set<std::string> broadcasting = {"add", "sub", "mul", "real_div", "maximum", "minimum"};
+        std::vector<std::vector<const ProgramModel::Step*>> readers(values().size());
+        for (const auto& step : model_.steps_)
+            for (size_t a = 0; a < step.arg_ids.size(); ++a) {
+                for (int id : step.tuple_ids[a]) readers[static_cast<size_t>(id)].push_back(nullptr);  // not shrinkable
+                if (step.arg_ids[a] >= 0) readers[static_cast<size_t>(step.arg_ids[a])].push_back(&step);
+            }
+        for (size_t id = 0; id < values().size(); ++id) {
+            ValueInfo& v = values()[id];
+            if (!v.blob || readers[id].empty() || v.type.shape.size() < 2) continue;
+            const size_t element = mil::dtype_size(v.type.dtype);
+            // The longest run of leading axes the payload repeats along.
+            size_t keep_from = 0;  // axes [keep_from, rank) form the block
+            for (size_t axis = 0; axis + 1 < v.type.shape.size(); ++axis) {
+                size_t block = element;
+                for (size_t d = axis + 1; d < v.type.shape.size(); ++d) block *= static_cast<size_t>(v.type.shape[d]);
+                if (block == 0) break;
+                if (v.type.shape[axis] != 1 && !repeats(*v.blob, block)) break;
+                keep_from = axis + 1;
+            }
+            if (keep_from == 0) continue;
+            Shape shrunk(keep_from, 1);
+            shrunk.insert(shrunk.end(), v.type.shape.begin() + static_cast<std::ptrdiff_t>(keep_from), v.type.shape.end());
+            if (shrunk == v.type.shape) continue;
+            bool all_broadcast = true;
+            for (const ProgramModel::Step* step : readers[id]) {
+                if (!step || !broadcasting.count(step->op->op) || step->arg_ids.size() != 2) {
+                    all_broadcast = false;
+                    break;
+                }
+                const int other = step->arg_ids[0] == static_cast<int>(id) ? step->arg_ids[1] : step->arg_ids[0];
+                if (other < 0 || other == static_cast<int>(id) || values()[static_cast<size_t>(other)].type.shape != step->op->type.shape) {
+                    all_broadcast = false;
+                    break;
+                }
+            }
+            if (!all_broadcast) continue;
+            v.type = mil::Type::tensor(v.type.dtype, shrunk);
+            v.blob = v.blob->substr(0, static_cast<size_t>(element_count(shrunk)) * element);
+        }
+    }
+
+    // Whether `bytes` is one block of `block` bytes repeated.
+    static bool repeats(std::string_view bytes, size_t block) {
+        if (bytes.size() % block != 0 || bytes.size() == block) return false;
+        for (size_t at = block; at < bytes.size(); at += block)
+            if (std::memcmp(bytes.data(), bytes.data() + at, block) != 0) return false;
+        return true;
+    }
+
+    // Liveness of the intermediate values: each one of at least kMinPooledElements that is neither a
+    // const nor a program input or output gets a pooled buffer from its producing kernel to its last
+    // reader (acquire_/release_).
+    // Returns, per slot, whether it is pooled.
+    std::vector<bool> plan_buffers() {
+        const size_t n = values().size();
+        std::vector<bool> pooled(n, false);
+        std::vector<int64_t> first(n, -1), last(n, -1);
+        auto owner = [&](int id) { return values()[static_cast<size_t>(id)].slot; };
+        for (size_t k = 0; k < kernel_steps_.size(); ++k) {
+            const ProgramModel::Step& step = *kernel_steps_[k];
+            const int out = owner(step.out);
+            if (first[static_cast<size_t>(out)] < 0) first[static_cast<size_t>(out)] = static_cast<int64_t>(k);
+            last[static_cast<size_t>(out)] = std::max<int64_t>(last[static_cast<size_t>(out)], static_cast<int64_t>(k));
+            for (size_t a = 0; a < step.arg_ids.size(); ++a) {
+                std::vector<int> ids = step.tuple_ids[a];
+                if (step.arg_ids[a] >= 0) ids.push_back(step.arg_ids[a]);
+                for (int id : ids) last[static_cast<size_t>(owner(id))] = static_cast<int64_t>(k);
+            }
+        }
+        std::vector<bool> pinned(n, false);  // program inputs and outputs keep their buffers
+        for (const auto* specs : {&inputs_, &outputs_})
+            for (const auto& spec : *specs) pinned[static_cast<size_t>(owner(model_.ids_.at(spec.name)))] = true;
+        acquire_.assign(kernels_.size(), {});
+        release_.assign(kernels_.size(), {});
+        for (size_t slot = 0; slot < n; ++slot) {
+            const ValueInfo& v = values()[slot];
+            if (v.slot != static_cast<int>(slot) || v.constant || pinned[slot] || first[slot] < 0) continue;
+            if (v.type.element_count() < kMinPooledElements) continue;  // small: cheaper to keep than to pool
+            pooled[slot] = true;
+            acquire_[static_cast<size_t>(first[slot])].push_back(static_cast<int>(slot));
+            release_[static_cast<size_t>(last[slot])].push_back(static_cast<int>(slot));
+        }
+        return pooled;
+    }
+
+    // The tensor operands of a step, by argument name (for its profile cost).
+    profile::Operands operand_types(const ProgramModel::Step& step) {
+        profile::Operands types;
+        for (size_t a = 0; a < step.arg_ids.size(); ++a) {
+            std::vector<int> ids = step.tuple_ids[a];
+            if (step.arg_ids[a] >= 0) ids.push_back(step.arg_ids[a]);
+            for (int id : ids)
+                if (values()[static_cast<size_t>(id)].type.is_tensor)
+                    types.emplace_back(step.op->args[a].name, &values()[static_cast<size_t>(id)].type);
+        }
+        return types;
+    }
+
+    // "x[1, 768, 1, 1024] -> y[1, 768, 1, 1024] (97 ops)": how the profile names this program.
+    std::string program_label() const {
+        auto list = [](const std::vector<runtime::TensorSpec>& specs) {
+            std::string s;
+            for (const auto& t : specs) s += (s.empty() ? "" : ", ") + t.name + shape_str(t.type.shape);
+            return s;
+        };
+        return list(inputs_) + " -> " + list(outputs_) + " (" + std::to_string(kernels_.size()) + " ops)";
     }
 
     // The emulator holds every intermediate tensor in fp32: refuse, with the culprit named, a program
@@ -272,6 +452,11 @@ private:
     std::vector<Kernel> kernels_;
     std::vector<int> input_slots_, output_slots_;
     std::vector<bool> in_place_;  // per input: fp16 read in place from the surface (Tensor::half)
+    std::vector<const ProgramModel::Step*> kernel_steps_;  // per kernel: its step
+    std::vector<std::vector<int>> acquire_, release_;      // per kernel: pooled slots taken before / given after it
+    std::vector<std::string> kernel_kinds_;     // per kernel: its op kind (the profile's rows)
+    std::vector<profile::Cost> kernel_costs_;   // per kernel: bytes and FLOPs by its types
+    std::string label_;                         // the program's name in the profile
     Frame frame_;
 };
 

@@ -36,6 +36,9 @@ constexpr int64_t kConvPanel = 16;     // output channels interleaved per packed
 constexpr int kConvMaxLanes = 6;       // lanes per conv register tile (16 x 6 accumulators)
 constexpr int64_t kConvKBlock = 128;   // input channels per fp32 weight slice (8 KiB, stays in L1)
 constexpr int kConvConvertBlocks = 3;  // from this many lane tiles on, convert weights once per slice
+// Lanes per conv job on long rows: the job's accumulators (16 KiB) stay in L1 and its input slice
+// (kConvKBlock x 256 fp32, 128 KiB) in L2, instead of streaming all lanes once per panel.
+constexpr int64_t kConvLaneChunk = 256;
 constexpr int64_t kGemmMR = 6, kGemmNR = 16;  // gemm register tile: 6 rows x 16 columns
 constexpr int64_t kGemmKC = 256, kGemmMC = 96, kGemmMaxNC = 256;
 constexpr int64_t kGemvMaxM = 3;  // up to this many rows of A, gemm streams B instead of packing it
@@ -520,13 +523,18 @@ void conv1x1(const PackedConv1x1& w, const float* x, int64_t S, int64_t lanes, f
     if (lanes < 0 || lanes > S) throw std::invalid_argument("conv1x1: lanes must be in [0, S]");
     if (lanes == 0 || panels == 0) return;
     const Kernels& k = active();
-    const int64_t panel_work = w.cin * kConvPanel * (lanes + 4);  // + the fp16 weight stream's cost
-    parallel_for(panels, std::max<int64_t>(1, kParallelWork / std::max<int64_t>(panel_work, 1)),
+    // Long rows are cut into balanced chunks of about kConvLaneChunk lanes (each >= 18, so every
+    // register tile keeps 4+ lanes and each output sums its inputs in the same order as unchunked).
+    const int64_t chunks = lanes >= 2 * kConvLaneChunk ? lanes / kConvLaneChunk : 1;
+    auto chunk_start = [&](int64_t c) { return c * lanes / chunks; };
+    const int64_t job_work = w.cin * kConvPanel * (lanes / chunks + 4);  // + the fp16 weight stream's cost
+    parallel_for(panels * chunks, std::max<int64_t>(1, kParallelWork / std::max<int64_t>(job_work, 1)),
                  [&](int64_t begin, int64_t end) {
-                     for (int64_t p = begin; p < end; ++p) {
-                         const int64_t o0 = p * kConvPanel;
-                         conv_panel(k, w.data.data() + o0 * w.cin, w.cin, x, S, lanes, out + o0 * S,
-                                    std::min(kConvPanel, w.cout - o0), round_fp16);
+                     for (int64_t job = begin; job < end; ++job) {
+                         const int64_t p = job / chunks, c = job % chunks, o0 = p * kConvPanel;
+                         const int64_t s0 = chunk_start(c);
+                         conv_panel(k, w.data.data() + o0 * w.cin, w.cin, x + s0, S, chunk_start(c + 1) - s0,
+                                    out + o0 * S + s0, std::min(kConvPanel, w.cout - o0), round_fp16);
                      }
                  });
 }

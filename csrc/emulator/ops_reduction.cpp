@@ -91,6 +91,10 @@ Lines lines_along(const Shape& shape, int64_t axis) {
     return l;
 }
 
+// std::exp, skipping the call where its fp32 result is exactly 0 (a masked score): below
+// ln(smallest denormal / 2), about -103.97.
+inline float exp_or_zero(float d) { return d < -110.0f ? 0.0f : std::exp(d); }
+
 // In-place softmax of each line of `v` along the axis described by `l`, in fp32. Only the first
 // `lanes` entries of each run of `width` along the inner dimensions are computed.
 void softmax_lines(float* v, const Lines& l, int64_t width = 1, int64_t lanes = 1) {
@@ -101,7 +105,7 @@ void softmax_lines(float* v, const Lines& l, int64_t width = 1, int64_t lanes = 
             float m = -std::numeric_limits<float>::infinity();
             for (int64_t i = 0; i < l.n; ++i) m = std::max(m, p[i * l.inner]);
             float sum = 0.0f;
-            for (int64_t i = 0; i < l.n; ++i) sum += (p[i * l.inner] = std::exp(p[i * l.inner] - m));
+            for (int64_t i = 0; i < l.n; ++i) sum += (p[i * l.inner] = exp_or_zero(p[i * l.inner] - m));
             for (int64_t i = 0; i < l.n; ++i) p[i * l.inner] /= sum;
         }
 }
@@ -117,12 +121,19 @@ BuiltOp build_softmax(OpContext& ctx) {
     return {tx, [=](Frame& fr) {
                 const Tensor& in = fr.values[x];
                 Tensor& t = fr.values[o];
-                t.data = in.data;
                 t.lanes = in.lanes;
-                if (over_lanes)  // each row's live prefix is one line
-                    for (int64_t at = 0; at < t.size(); at += t.last_dim()) softmax_lines(t.data.data() + at, Lines{1, t.lanes, 1});
-                else
+                if (over_lanes) {  // each row's live prefix is one line, rows in parallel
+                    const int64_t width = t.last_dim(), rows = width > 0 ? t.size() / width : 0, lanes = t.lanes;
+                    kernels::parallel_for(rows, 16, [&](int64_t begin, int64_t end) {
+                        for (int64_t r = begin; r < end; ++r) {
+                            std::copy_n(in.data.data() + r * width, width, t.data.data() + r * width);
+                            softmax_lines(t.data.data() + r * width, Lines{1, lanes, 1});
+                        }
+                    });
+                } else {
+                    t.data = in.data;
                     softmax_lines(t.data.data(), l, in.last_dim(), in.lanes);
+                }
                 finish(t);
             }};
 }

@@ -19,6 +19,7 @@ from orion.errors import (
 )
 from orion.graph import Graph
 from orion.limits import MIN_SURFACE_BYTES
+from orion.runtime import profile as _profile  # noqa: F401  (ORION_PROFILE=1 prints its table at exit)
 from orion.runtime.backend import backend, backend_info, compile_budget, compile_count
 from orion.runtime.program import Program, TensorSpec, compile
 from orion.runtime.surface import Surface

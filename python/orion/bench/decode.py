@@ -25,6 +25,7 @@ from orion import models
 from orion.cli import HelpFormatter, positive_int, report_errors
 from orion.errors import OrionError
 from orion.generation.loop import CausalLM
+from orion.runtime import profile
 
 DEFAULT_SHAPE = "gpt2"
 
@@ -149,6 +150,8 @@ def report(r: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.profile:
+        profile.enable_with_report()
     if args.model in models.shape_names() and not Path(args.model).exists():
         args.model, args.random = None, args.model
     elif args.model and not Path(args.model).exists():
@@ -175,6 +178,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "start is cold and your cache is untouched)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--profile", action="store_true",
+                        help="print the emulator's per-program, per-op profile at exit (as ORION_PROFILE=1)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,23 @@
+// Process-wide pool of fp32 buffers for the emulator's intermediate tensors. A program takes a
+// buffer when a value is first written and gives it back after its last reader, so one evaluate
+// holds only the values that are live at once, and programs run one after the other share the
+// same memory. Buffers are matched by exact size; the pool keeps at most kMaxPooledBytes idle.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+namespace orion::emu::buffer_pool {
+
+constexpr size_t kMaxPooledBytes = size_t{256} << 20;
+
+// A buffer of exactly n floats: a pooled one (stale contents) or a new zero-filled one.
+std::vector<float> take(size_t n);
+// Returns a buffer to the pool (or frees it when the pool is full).
+void give(std::vector<float>&& buffer);
+// Frees every idle buffer (the emulator calls it when a program is unloaded or destroyed).
+void clear();
+// Bytes held idle in the pool.
+size_t pooled_bytes();
+
+}  // namespace orion::emu::buffer_pool

@@ -181,7 +181,8 @@ class Graph:
     # -- linear algebra -------------------------------------------------------------------------
     def linear(self, x: Node, weight: Node | np.ndarray, bias: Node | np.ndarray | None = None, *,
                name: str | None = None) -> Node:
-        """``W @ x (+ b)`` over channels: weight ``[Cout, Cin]`` (W[out][in]), bias ``[Cout]``; a 1x1 conv."""
+        """``W @ x (+ b)`` over channels: a const weight ``[Cout, Cin]`` (W[out][in]) and bias ``[Cout]`` make a
+        1x1 conv; a runtime weight ``[1, Cout, 1, Cin]`` (and bias ``[1, Cout, 1, 1]``) a matmul."""
         return self.apply("linear", [x, weight] if bias is None else [x, weight, bias], name=name)
 
     def matmul(self, x: Node, y: Node | np.ndarray, *, transpose_x: bool = False, transpose_y: bool = False,
@@ -267,13 +268,15 @@ class Graph:
         """Mean along ``axis``, keeping it with size 1."""
         return self.apply("reduce_mean", [x], {"axis": axis}, name=name)
 
-    def layer_norm(self, x: Node, gamma: np.ndarray, beta: np.ndarray, eps: float = 1e-5, *,
+    def layer_norm(self, x: Node, gamma: Node | np.ndarray, beta: Node | np.ndarray, eps: float = 1e-5, *,
                    name: str | None = None) -> Node:
-        """LayerNorm over channels of ``[1, C, 1, S]``: ``(x - mean) / sqrt(var + eps) * gamma + beta``."""
+        """LayerNorm over channels of ``[1, C, 1, S]``: ``(x - mean) / sqrt(var + eps) * gamma + beta``
+        (parameters const ``[C]`` or runtime ``[1, C, 1, 1]``)."""
         return self.apply("layer_norm", [x, gamma, beta], {"eps": eps}, name=name)
 
-    def rms_norm(self, x: Node, gamma: np.ndarray, eps: float = 1e-5, *, name: str | None = None) -> Node:
-        """RMSNorm over channels of ``[1, C, 1, S]``: ``x / sqrt(mean(x^2) + eps) * gamma``."""
+    def rms_norm(self, x: Node, gamma: Node | np.ndarray, eps: float = 1e-5, *, name: str | None = None) -> Node:
+        """RMSNorm over channels of ``[1, C, 1, S]``: ``x / sqrt(mean(x^2) + eps) * gamma`` (gamma const ``[C]``
+        or runtime ``[1, C, 1, 1]``)."""
         return self.apply("rms_norm", [x, gamma], {"eps": eps}, name=name)
 
     def attention(self, q: Node, k: Node, v: Node, heads: int, *, causal: bool = True,

@@ -10,15 +10,18 @@ import numpy as np
 
 from orion.graph.infer import axis_of, check_cs, check_pow2, fail, reduce, same_dtype
 from orion.limits import FP16_MAX
-from orion.ops.base import BANNED, CONST, Attr, MilOp, OpDef, Operand, define
+from orion.ops.base import BANNED, Attr, MilOp, OpDef, Operand, define
+from orion.ops.elementwise import no_comparison
 
 if TYPE_CHECKING:
+    from orion.autodiff.context import GradContext
     from orion.emit import Emitter
     from orion.graph.ir import Node
     from orion.legalize.rewrite import Legalizer
 
 MASK_VALUE = -FP16_MAX  # additive causal mask above the diagonal
 X = Operand("x")
+Grads = list["Node | None"]
 
 
 def _infer_softmax(name: str, op: str, xs: list[Node], attrs: dict[str, Any]) -> tuple[tuple[int, ...], str]:
@@ -32,9 +35,15 @@ def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
     return e / e.sum(axis=axis, keepdims=True)
 
 
+def _grad_softmax(ctx: GradContext, n: Node, dy: Node) -> Grads:  # p * (dy - sum(dy * p))
+    g = ctx.g
+    return [g.mul(n, g.sub(dy, g.reduce_sum(g.mul(dy, n), n.attrs["axis"])))]
+
+
 define(OpDef("softmax", (X,), _infer_softmax, lambda xs, a: _softmax(xs[0], a["axis"]), attrs=(Attr("axis", int, -1),),
              emit=lambda e, n, out, refs: [("axis", e.scalar(out, "axis", "int32", n.attrs["axis"])), ("x", refs[0])],
-             mil=MilOp("softmax", ("x",), ("axis",)), doc="softmax along axis (a power-of-two extent, ANE-08)"))
+             mil=MilOp("softmax", ("x",), ("axis",)), grad=_grad_softmax,
+             doc="softmax along axis (a power-of-two extent, ANE-08)"))
 
 
 def _emit_reduce(e: Emitter, n: Node, out: str, refs: list[str]) -> list[tuple[str, Any]]:
@@ -42,12 +51,23 @@ def _emit_reduce(e: Emitter, n: Node, out: str, refs: list[str]) -> list[tuple[s
             ("keep_dims", e.scalar(out, "keep_dims", "bool", True)), ("x", refs[0])]
 
 
+def _grad_reduce_sum(ctx: GradContext, n: Node, dy: Node) -> Grads:
+    return [ctx.expand(dy, n.inputs[0].shape)]
+
+
+def _grad_reduce_mean(ctx: GradContext, n: Node, dy: Node) -> Grads:
+    x = n.inputs[0]
+    return [ctx.scale(ctx.expand(dy, x.shape), 1.0 / x.shape[n.attrs["axis"]])]
+
+
 define(OpDef("reduce_sum", (X,), reduce, lambda xs, a: xs[0].sum(axis=a["axis"], keepdims=True),
              attrs=(Attr("axis", int),), emit=_emit_reduce,
-             mil=MilOp("reduce_sum", ("x",), ("axes", "keep_dims")), doc="sum along axis, kept with size 1"))
+             mil=MilOp("reduce_sum", ("x",), ("axes", "keep_dims")), grad=_grad_reduce_sum,
+             doc="sum along axis, kept with size 1"))
 define(OpDef("reduce_max", (X,), reduce, lambda xs, a: xs[0].max(axis=a["axis"], keepdims=True),
              attrs=(Attr("axis", int),), emit=_emit_reduce,
-             mil=MilOp("reduce_max", ("x",), ("axes", "keep_dims")), doc="maximum along axis, kept with size 1"))
+             mil=MilOp("reduce_max", ("x",), ("axes", "keep_dims")), grad=no_comparison,
+             doc="maximum along axis, kept with size 1"))
 
 
 def _legalize_reduce_mean(L: Legalizer, n: Node) -> Node:
@@ -57,7 +77,7 @@ def _legalize_reduce_mean(L: Legalizer, n: Node) -> Node:
 
 
 define(OpDef("reduce_mean", (X,), reduce, lambda xs, a: xs[0].mean(axis=a["axis"], keepdims=True),
-             attrs=(Attr("axis", int),), legalize=_legalize_reduce_mean,
+             attrs=(Attr("axis", int),), legalize=_legalize_reduce_mean, grad=_grad_reduce_mean,
              mil=MilOp("reduce_mean", ("x",), ("axes", "keep_dims"), status=BANNED, constraint="ANE-07"),
              doc="mean along axis, kept with size 1"))
 
@@ -66,10 +86,11 @@ define(OpDef("reduce_mean", (X,), reduce, lambda xs, a: xs[0].mean(axis=a["axis"
 def _infer_norm(name: str, op: str, xs: list[Node], attrs: dict[str, Any]) -> tuple[tuple[int, ...], str]:
     x = xs[0]
     check_cs(name, op, x)
+    c = x.shape[1]
     for p in xs[1:]:
-        if not p.is_const or p.shape != (x.shape[1],):
-            raise fail(name, op, f"parameter '{p.name}' of shape {list(p.shape)} is not a const [{x.shape[1]}]",
-                       f"pass a numpy array of shape [{x.shape[1]}]")
+        if p.shape != ((c,) if p.is_const else (1, c, 1, 1)):
+            raise fail(name, op, f"parameter '{p.name}' of shape {list(p.shape)} is not a const [{c}] "
+                       f"or a runtime [1, {c}, 1, 1]", f"pass a numpy array of shape [{c}] or a runtime [1, {c}, 1, 1]")
     return x.shape, x.dtype
 
 
@@ -84,11 +105,11 @@ def _legalize_norm(L: Legalizer, n: Node, center: bool) -> Node:
     inv = L.op("pow", [L.op("add", [var, L.const("eps", n.attrs["eps"])], part="vareps"), L.const("rsqrt_y", -0.5)],
                part="rstd")
     normed = L.op("mul", [x, inv], part="normed")
-    gamma = L.const_as(n.inputs[1], (1, c, 1, 1))
+    gamma, *beta = (L.const_as(p, (1, c, 1, 1)) if p.is_const else L.get(p) for p in n.inputs[1:])
     if not center:
         return L.op("mul", [normed, gamma])
     scaled = L.op("mul", [normed, gamma], part="scaled")
-    return L.op("add", [scaled, L.const_as(n.inputs[2], (1, c, 1, 1))])
+    return L.op("add", [scaled, beta[0]])
 
 
 def _layer_norm_reference(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
@@ -102,13 +123,45 @@ def _rms_norm_reference(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarr
     return x / np.sqrt((x**2).mean(axis=1, keepdims=True) + attrs["eps"]) * gamma.reshape(1, -1, 1, 1)
 
 
-define(OpDef("layer_norm", (X, Operand("gamma", CONST), Operand("beta", CONST)), _infer_norm, _layer_norm_reference,
+def _norm_param(ctx: GradContext, p: Node) -> Node:
+    """A norm parameter as ``[1, C, 1, 1]``: runtime ones already are; a const ``[C]`` is reshaped."""
+    return p if not p.is_const else ctx.g.const(f"{p.name}_col", p.value.reshape(1, -1, 1, 1))
+
+
+def _grad_norm(ctx: GradContext, n: Node, dy: Node, center: bool) -> Grads:
+    """Direct rule, for any gamma: with x_hat = (x - mean) * r and r = (mean((x - mean)^2) + eps)^-1/2,
+    dx = r * (gy - mean(gy) - x_hat * mean(gy * x_hat)) with gy = gamma * dy (no centring terms for RMSNorm);
+    dgamma = sum over S of dy * x_hat, dbeta = sum over S of dy."""
+    g, x = ctx.g, n.inputs[0]
+    c = x.shape[1]
+
+    def mean(t: Node) -> Node:
+        return ctx.scale(g.reduce_sum(t, 1), 1.0 / c)
+
+    xc = g.sub(x, mean(x)) if center else x
+    r = g.pow(g.add(mean(g.mul(xc, xc)), n.attrs["eps"]), -0.5)
+    x_hat = g.mul(xc, r)
+    grads: Grads = [None] * len(n.inputs)
+    if ctx.needs(0):
+        gy = g.mul(dy, _norm_param(ctx, n.inputs[1]))
+        inner = g.sub(gy, g.mul(x_hat, mean(g.mul(gy, x_hat))))
+        grads[0] = g.mul(r, g.sub(inner, mean(gy)) if center else inner)
+    if ctx.needs(1):
+        grads[1] = g.reduce_sum(g.mul(dy, x_hat), 3)
+    if center and ctx.needs(2):
+        grads[2] = g.reduce_sum(dy, 3)
+    return grads
+
+
+define(OpDef("layer_norm", (X, Operand("gamma"), Operand("beta")), _infer_norm, _layer_norm_reference,
              attrs=(Attr("eps", float, 1e-5),), legalize=lambda L, n: _legalize_norm(L, n, True),
+             grad=lambda ctx, n, dy: _grad_norm(ctx, n, dy, True),
              mil=MilOp("layer_norm", ("x",), ("axes", "beta", "epsilon", "gamma"), status=BANNED, constraint="ANE-31"),
-             doc="LayerNorm over the channels of [1, C, 1, S]"))
-define(OpDef("rms_norm", (X, Operand("gamma", CONST)), _infer_norm, _rms_norm_reference,
+             doc="LayerNorm over the channels of [1, C, 1, S] (gamma, beta: const [C] or runtime [1, C, 1, 1])"))
+define(OpDef("rms_norm", (X, Operand("gamma")), _infer_norm, _rms_norm_reference,
              attrs=(Attr("eps", float, 1e-5),), legalize=lambda L, n: _legalize_norm(L, n, False), workaround="ANE-31",
-             doc="RMSNorm over the channels of [1, C, 1, S]"))
+             grad=lambda ctx, n, dy: _grad_norm(ctx, n, dy, False),
+             doc="RMSNorm over the channels of [1, C, 1, S] (gamma: const [C] or runtime [1, C, 1, 1])"))
 
 
 # -- attention ----------------------------------------------------------------------------------------
@@ -146,6 +199,25 @@ def _legalize_attention(L: Legalizer, n: Node) -> Node:
     return L.op("reshape", [ctx], {"shape": [1, d, 1, s]})
 
 
+def _grad_attention(ctx: GradContext, n: Node, dy: Node) -> Grads:
+    """Recomputes the softmax P of each head (S = q^T k / sqrt(hd) + mask, ctx = v P^T), then
+    dv = dctx P, dP = dctx^T v, dS = P * (dP - rowsum(P * dP)) / sqrt(hd), dq = k dS^T, dk = q dS."""
+    g = ctx.g
+    heads, (_, d, _, s) = n.attrs["heads"], n.shape
+    hd = d // heads
+    qh, kh, vh, dh = (g.reshape(t, [1, heads, hd, s]) for t in (*n.inputs, dy))
+    scores = g.mul(g.matmul(qh, kh, transpose_x=True), 1.0 / math.sqrt(hd))  # [1, H, S, S]
+    if n.attrs["causal"]:
+        scores = g.add(scores, g.const("mask", causal_mask(heads, s)))
+    probs = g.softmax(scores, -1)
+    d_probs = g.matmul(dh, vh, transpose_x=True)
+    d_scores = ctx.scale(g.mul(probs, g.sub(d_probs, g.reduce_sum(g.mul(probs, d_probs), -1))), 1.0 / math.sqrt(hd))
+    dq = g.matmul(kh, d_scores, transpose_y=True) if ctx.needs(0) else None
+    dk = g.matmul(qh, d_scores) if ctx.needs(1) else None
+    dv = g.matmul(dh, probs) if ctx.needs(2) else None
+    return [None if t is None else g.reshape(t, [1, d, 1, s]) for t in (dq, dk, dv)]
+
+
 def _attention_reference(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
     """Head by head on ``[S, hd]`` matrices; masked scores are dropped (-inf), not offset."""
     q, k, v = (t[0, :, 0, :] for t in xs)
@@ -161,7 +233,7 @@ def _attention_reference(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndar
 
 
 define(OpDef("attention", (Operand("q"), Operand("k"), Operand("v")), _infer_attention, _attention_reference,
-             attrs=(Attr("heads", int), Attr("causal", bool, True)), legalize=_legalize_attention,
+             attrs=(Attr("heads", int), Attr("causal", bool, True)), legalize=_legalize_attention, grad=_grad_attention,
              mil=MilOp("scaled_dot_product_attention", ("key", "query", "value"), ("attn_mask",), status=BANNED,
                        constraint="ANE-23"),
              doc="multi-head attention of [1, heads*head_dim, 1, S] q, k, v"))

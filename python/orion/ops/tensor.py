@@ -11,12 +11,14 @@ from orion.graph.infer import axis_of, fail, same_dtype
 from orion.ops.base import BANNED, Attr, MilOp, OpDef, Operand, define
 
 if TYPE_CHECKING:
+    from orion.autodiff.context import GradContext
     from orion.emit import Emitter
     from orion.graph.ir import Node
     from orion.legalize.rewrite import Legalizer
 
 X = Operand("x")
 Shape = tuple[int, ...]
+Grads = list["Node | None"]
 
 
 def _ints(values: Any) -> list[int]:
@@ -33,7 +35,8 @@ def _infer_reshape(name: str, op: str, xs: list[Node], attrs: dict[str, Any]) ->
 
 define(OpDef("reshape", (X,), _infer_reshape, lambda xs, a: xs[0].reshape(a["shape"]), attrs=(Attr("shape", _ints),),
              emit=lambda e, n, out, refs: [("shape", e.ints(out, "shape", n.attrs["shape"])), ("x", refs[0])],
-             mil=MilOp("reshape", ("shape", "x")), doc="same data, new shape"))
+             mil=MilOp("reshape", ("shape", "x")), grad=lambda ctx, n, dy: [ctx.g.reshape(dy, n.inputs[0].shape)],
+             doc="same data, new shape"))
 
 
 def _infer_transpose(name: str, op: str, xs: list[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
@@ -46,7 +49,9 @@ def _infer_transpose(name: str, op: str, xs: list[Node], attrs: dict[str, Any]) 
 define(OpDef("transpose", (X,), _infer_transpose, lambda xs, a: np.transpose(xs[0], a["perm"]),
              attrs=(Attr("perm", _ints),),
              emit=lambda e, n, out, refs: [("perm", e.ints(out, "perm", n.attrs["perm"])), ("x", refs[0])],
-             mil=MilOp("transpose", ("perm", "x")), doc="permute the axes"))
+             mil=MilOp("transpose", ("perm", "x")),
+             grad=lambda ctx, n, dy: [ctx.g.transpose(dy, [int(i) for i in np.argsort(n.attrs["perm"])])],
+             doc="permute the axes"))
 
 
 def _infer_cast(name: str, op: str, xs: list[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
@@ -57,7 +62,8 @@ def _infer_cast(name: str, op: str, xs: list[Node], attrs: dict[str, Any]) -> tu
 
 define(OpDef("cast", (X,), _infer_cast, lambda xs, a: xs[0], attrs=(Attr("dtype", str),),
              emit=lambda e, n, out, refs: [("dtype", e.string(out, "dtype", n.attrs["dtype"])), ("x", refs[0])],
-             mil=MilOp("cast", ("dtype", "x")), doc="convert to fp16 or fp32 (the reference keeps float64)"))
+             mil=MilOp("cast", ("dtype", "x")), grad=lambda ctx, n, dy: [ctx.g.cast(dy, n.inputs[0].dtype)],
+             doc="convert to fp16 or fp32 (the reference keeps float64)"))
 
 
 def _infer_slice_by_size(name: str, op: str, xs: list[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
@@ -73,9 +79,22 @@ def _emit_slice_by_size(e: Emitter, n: Node, out: str, refs: list[str]) -> list[
             ("x", refs[0])]
 
 
+def _grad_slice_by_size(ctx: GradContext, n: Node, dy: Node) -> Grads:
+    """dy placed back into zeros of the input's shape: one zero pad per cut axis (channels or sequence)."""
+    full = n.inputs[0].shape
+    for axis, (b, size, extent) in enumerate(zip(n.attrs["begin"], n.attrs["size"], full, strict=True)):
+        if size != extent:
+            if len(full) != 4 or axis not in (1, 3):
+                raise ctx.fail(f"a slice along axis {axis} of {list(full)}: only the channel (1) and sequence (3) "
+                               "axes of [1, C, 1, S] can be padded back",
+                               "slice [1, C, 1, S] tensors along axis 1 or 3")
+            dy = ctx.g.pad(dy, axis, b, extent - b - size)
+    return [dy]
+
+
 define(OpDef("slice_by_size", (X,), _infer_slice_by_size,
              lambda xs, a: xs[0][tuple(slice(b, b + s) for b, s in zip(a["begin"], a["size"]))],
-             attrs=(Attr("begin", _ints), Attr("size", _ints)), emit=_emit_slice_by_size,
+             attrs=(Attr("begin", _ints), Attr("size", _ints)), emit=_emit_slice_by_size, grad=_grad_slice_by_size,
              mil=MilOp("slice_by_size", ("begin", "size", "x")), doc="the block of size at begin"))
 
 
@@ -99,12 +118,21 @@ def _legalize_slice(L: Legalizer, n: Node) -> Node:
     return L.op("slice_by_size", [x], {"begin": begin, "size": list(n.shape)})
 
 
+def _grad_slice(ctx: GradContext, n: Node, dy: Node) -> Grads:
+    full, axis = n.inputs[0].shape, n.attrs["axis"] % len(n.inputs[0].shape)
+    if len(full) != 4 or axis not in (1, 3):
+        raise ctx.fail(f"a slice along axis {axis} of {list(full)}: only the channel (1) and sequence (3) axes of "
+                       "[1, C, 1, S] can be padded back", "slice [1, C, 1, S] tensors along axis 1 or 3")
+    return [ctx.g.pad(dy, axis, n.attrs["start"], full[axis] - n.attrs["stop"])]
+
+
 def _slice_reference(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
     return np.take(xs[0], range(attrs["start"], attrs["stop"]), axis=attrs["axis"])
 
 
 define(OpDef("slice", (X,), _infer_slice, _slice_reference,
              attrs=(Attr("axis", int), Attr("start", int), Attr("stop", int)), legalize=_legalize_slice,
+             grad=_grad_slice,
              mil=MilOp("slice_by_index", ("begin", "end", "x"), ("begin_mask", "end_mask", "squeeze_mask", "stride"),
                        status=BANNED, constraint="ANE-29"),
              doc="x[..., start:stop, ...] along axis"))
@@ -152,6 +180,8 @@ def _pad_reference(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
 
 define(OpDef("pad", (X,), _infer_pad, _pad_reference,
              attrs=(Attr("axis", int), Attr("before", int), Attr("after", int)), legalize=_legalize_pad,
+             grad=lambda ctx, n, dy: [ctx.g.slice(dy, n.attrs["axis"], n.attrs["before"],
+                                                  n.attrs["before"] + n.inputs[0].shape[n.attrs["axis"]])],
              doc="zero padding along the channel (1) or sequence (3) axis"))
 
 
@@ -181,7 +211,14 @@ def _legalize_concat(L: Legalizer, n: Node) -> Node:
     return acc if len(n.inputs) > 1 else L.op("identity", [acc])
 
 
+def _grad_concat(ctx: GradContext, n: Node, dy: Node) -> Grads:
+    bounds = np.cumsum([0, *(x.shape[n.attrs["axis"]] for x in n.inputs)])
+    return [ctx.g.slice(dy, n.attrs["axis"], int(a), int(b)) if ctx.needs(i) else None
+            for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))]
+
+
 define(OpDef("concat", (Operand("values", variadic=True),), _infer_concat,
              lambda xs, a: np.concatenate(xs, axis=a["axis"]), attrs=(Attr("axis", int),), legalize=_legalize_concat,
+             grad=_grad_concat,
              mil=MilOp("concat", ("axis", "values"), ("interleave",), status=BANNED, constraint="ANE-01"),
              doc="concatenation along the channel (1) or sequence (3) axis"))

@@ -9,8 +9,9 @@ from orion import ops
 from orion.graph import Graph
 
 
-def evaluate(graph: Graph, dialect_only: bool = True, **inputs: np.ndarray) -> dict[str, np.ndarray]:
-    """Outputs of ``graph`` by output name (``dialect_only``: every op must be a dialect op)."""
+def evaluate(graph: Graph, dialect_only: bool = True, dtype: type = np.float32,
+             **inputs: np.ndarray) -> dict[str, np.ndarray]:
+    """Outputs of ``graph`` by output name, as ``dtype`` (``dialect_only``: every op must be a dialect op)."""
     env: dict[int, np.ndarray] = {}
     for n in graph.nodes:
         if n.op == "input":
@@ -23,4 +24,4 @@ def evaluate(graph: Graph, dialect_only: bool = True, **inputs: np.ndarray) -> d
             r = definition.reference([env[id(i)] for i in n.inputs], n.attrs)
         assert r.shape == n.shape, (n, r.shape)
         env[id(n)] = r
-    return {name: env[id(node)].astype(np.float32) for name, node in graph.outputs.items()}
+    return {name: env[id(node)].astype(dtype) for name, node in graph.outputs.items()}

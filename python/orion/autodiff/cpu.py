@@ -1,0 +1,67 @@
+"""The fp32 numpy side of a training step: embedding gather/scatter, the final norm, the classifier and
+cross-entropy, forward and backward. Activations are ``[S, C]`` row-major (token per row)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def to_channels(x: np.ndarray) -> np.ndarray:
+    """``[S, C]`` -> the program layout ``[1, C, 1, S]``."""
+    return np.ascontiguousarray(x.T).reshape(1, x.shape[1], 1, x.shape[0])
+
+
+def from_channels(x: np.ndarray) -> np.ndarray:
+    """``[1, C, 1, S]`` -> ``[S, C]`` float32."""
+    return np.ascontiguousarray(x[0, :, 0, :].T, dtype=np.float32)
+
+
+def scatter_rows(table_shape: tuple[int, ...], ids: np.ndarray, d_rows: np.ndarray) -> np.ndarray:
+    """The gradient of ``table[ids]``: ``d_rows`` summed into the rows ``ids`` of a zero table."""
+    grad = np.zeros(table_shape, np.float32)
+    np.add.at(grad, ids, d_rows)
+    return grad
+
+
+def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> tuple[np.ndarray, tuple]:
+    """LayerNorm over the last axis; returns the output and what :func:`layer_norm_backward` needs."""
+    mu = x.mean(-1, keepdims=True)
+    r = 1.0 / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps)
+    x_hat = (x - mu) * r
+    return x_hat * gamma + beta, (x_hat, r, gamma)
+
+
+def layer_norm_backward(dy: np.ndarray, saved: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(dx, dgamma, dbeta)``."""
+    x_hat, r, gamma = saved
+    gy = dy * gamma
+    dx = r * (gy - gy.mean(-1, keepdims=True) - x_hat * (gy * x_hat).mean(-1, keepdims=True))
+    return dx, (dy * x_hat).sum(0), dy.sum(0)
+
+
+def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> tuple[np.ndarray, tuple]:
+    """RMSNorm over the last axis; returns the output and what :func:`rms_norm_backward` needs."""
+    r = 1.0 / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+    return x * r * gamma, (x * r, r, gamma)
+
+
+def rms_norm_backward(dy: np.ndarray, saved: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """``(dx, dgamma)``, right for any gamma: dx = r * (gamma dy - x_hat * mean(gamma dy x_hat))."""
+    x_hat, r, gamma = saved
+    gy = dy * gamma
+    return r * (gy - x_hat * (gy * x_hat).mean(-1, keepdims=True)), (dy * x_hat).sum(0)
+
+
+def cross_entropy(h: np.ndarray, classifier: np.ndarray, targets: np.ndarray
+                  ) -> tuple[float, np.ndarray, np.ndarray]:
+    """Mean cross-entropy of ``logits = h @ classifier.T`` against ``targets``; returns
+    ``(loss, dh, dclassifier)``."""
+    logits = h @ classifier.T
+    shifted = logits - logits.max(-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    n = len(targets)
+    loss = -float(log_probs[np.arange(n), targets].mean())
+    d_logits = np.exp(log_probs)
+    d_logits[np.arange(n), targets] -= 1.0
+    d_logits /= n
+    return loss, (d_logits @ classifier).astype(np.float32), (d_logits.T @ h).astype(np.float32)

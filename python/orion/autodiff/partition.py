@@ -1,0 +1,180 @@
+"""The partitioner: what of a training step runs as ANE programs and what on the CPU in fp32.
+
+Per layer (one graph shared by all layers, weights as inputs) it plans a forward program and the gradient
+program(s): the whole layer gradient (dx and every dW) as one program when it lowers under the hardware
+rules and fits the SRAM budget, else one dx program plus dW programs over parameter groups that fit.
+A program goes to the ANE when it is legal and pays for itself: its modeled ANE time (FLOPs at
+``CostModel.ane_flops`` plus one dispatch, ANE-28) beats its modeled CPU time (``CostModel.cpu_flops``).
+The embedding (a gather), the final norm, the classifier and cross-entropy always run on the CPU in fp32.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from orion.autodiff.flops import graph_flops
+from orion.autodiff.trainable import TrainableModel
+from orion.autodiff.transform import backward, grad_name
+from orion.compiler import lower_graph
+from orion.errors import OrionError
+from orion.graph.builder import Graph
+from orion.graph.ir import GraphError
+from orion.limits import DISPATCH_MS, SRAM_BYTES
+from orion.passes.sram import NAME as SRAM_PASS
+from orion.passes.sram import SRAMBudgetWarning
+
+ANE, CPU = "ane", "cpu"
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Throughputs the "does it pay" test assumes: sustained fp16 FLOP/s of the ANE on matmul-heavy programs
+    and fp32 FLOP/s of the CPU (2 cores, AVX2), plus the ANE's per-evaluate dispatch cost."""
+
+    ane_flops: float = 5e12
+    cpu_flops: float = 100e9
+    dispatch_ms: float = DISPATCH_MS
+
+    def ane_ms(self, flops: float) -> float:
+        return flops / self.ane_flops * 1e3 + self.dispatch_ms
+
+    def cpu_ms(self, flops: float) -> float:
+        return flops / self.cpu_flops * 1e3
+
+
+@dataclass(frozen=True)
+class Program:
+    """One planned program of a layer: its graph, where it runs and why; ``count`` evaluations per step."""
+
+    name: str
+    graph: Graph
+    device: str
+    flops: float
+    count: int
+    reason: str
+    sram_bytes: int = 0
+    fused: int = 1  # attention ops of the one layer the program holds (its ANE-09 max_layers)
+
+
+@dataclass(frozen=True)
+class CpuStage:
+    """Work that stays on the CPU in fp32, with its FLOPs per step."""
+
+    name: str
+    flops: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The partition of one training step (one sequence of ``seq`` tokens)."""
+
+    model: str
+    seq: int
+    forward: Program
+    gradients: tuple[Program, ...]
+    cpu: tuple[CpuStage, ...]
+
+    @property
+    def programs(self) -> tuple[Program, ...]:
+        return (self.forward, *self.gradients)
+
+    @property
+    def ane_flops(self) -> float:
+        return sum(p.flops * p.count for p in self.programs if p.device == ANE)
+
+    @property
+    def cpu_flops(self) -> float:
+        return sum(p.flops * p.count for p in self.programs if p.device == CPU) + sum(s.flops for s in self.cpu)
+
+    @property
+    def dispatches(self) -> int:
+        """ANE evaluations per step."""
+        return sum(p.count for p in self.programs if p.device == ANE)
+
+    def __str__(self) -> str:
+        total = self.ane_flops + self.cpu_flops
+        lines = [f"{self.model}, {self.seq} tokens per step: ANE {self.ane_flops / 1e9:.3f} GFLOP "
+                 f"({100 * self.ane_flops / total:.1f}%), CPU {self.cpu_flops / 1e9:.3f} GFLOP, "
+                 f"{self.dispatches} ANE dispatches per step"]
+        for p in self.programs:
+            lines.append(f"  {p.device.upper()} {p.name} x{p.count}: {p.flops * p.count / 1e9:.3f} GFLOP, "
+                         f"{p.sram_bytes / 2**20:.1f} MB working set; {p.reason}")
+        for s in self.cpu:
+            lines.append(f"  CPU {s.name}: {s.flops / 1e9:.3f} GFLOP; {s.reason}")
+        return "\n".join(lines)
+
+
+def partition(model: TrainableModel, seq: int, *, sram_budget: int = SRAM_BYTES, cost: CostModel | None = None,
+              prefer: str = "auto") -> Plan:
+    """Plan a training step of ``model`` over ``seq`` tokens. ``prefer="ane"`` puts every legal program that
+    fits on the ANE whatever the cost model says (tests use it to run tiny models through the programs);
+    ``"cpu"`` runs every layer program on the CPU."""
+    if prefer not in ("auto", "ane", "cpu"):
+        raise OrionError(f"partition: prefer={prefer!r}. Fix: use 'auto', 'ane' or 'cpu'")
+    cost = cost or CostModel()
+    layer = model.layer_graph(seq)
+    n = model.n_layers
+    fused = model.attention_per_layer
+    forward = _place("layer forward", layer, n, sram_budget, cost, prefer, fused)
+    params = list(model.layer_shapes())
+    whole = _place("layer gradient (dx and every dW)", backward(layer, ["x", *params]), n, sram_budget, cost, prefer,
+                   fused)
+    if whole.device == ANE or whole.reason.startswith("CPU pays") or prefer == "cpu":
+        gradients: tuple[Program, ...] = (whole,)
+    else:  # over budget or illegal as one program: dx alone, then dW over groups of parameters that fit
+        gradients = (_place("layer gradient dx", backward(layer, ["x"]), n, sram_budget, cost, prefer, fused),
+                     *_weight_groups(layer, params, n, sram_budget, cost, prefer, fused))
+    c, vocab = model.dim, model.vocab_size
+    cpu = (CpuStage("embedding gather and scatter", 0.0, "a table lookup, no ANE op; its gradient a scatter-add"),
+           CpuStage("final norm, classifier and cross-entropy (forward and backward)", 6.0 * seq * c * vocab,
+                    "fp32 over the vocabulary: logits, dlogits, dx and dW of the classifier"))
+    return Plan(model.name, seq, forward, gradients, cpu)
+
+
+def _place(name: str, graph: Graph, count: int, budget: int, cost: CostModel, prefer: str, fused: int) -> Program:
+    """Lower ``graph`` (``fused`` attention ops make one layer) to check it is legal and measure its working
+    set, then choose its device."""
+    flops = graph_flops(graph)
+    if prefer == "cpu":
+        return Program(name, graph, CPU, flops, count, "CPU requested", fused=fused)
+    try:
+        with warnings.catch_warnings():  # over budget is a planning outcome here, reported in the plan
+            warnings.simplefilter("ignore", SRAMBudgetWarning)
+            report = lower_graph(graph, sram_budget=budget, max_layers=fused).report
+    except (OrionError, GraphError) as illegal:
+        return Program(name, graph, CPU, flops, count, f"not ANE-legal: {illegal}", fused=fused)
+    sram = report.analyses[SRAM_PASS]
+    if sram.over_budget:
+        return Program(name, graph, CPU, flops, count, f"over the SRAM budget (ANE-26): {sram}", sram.total, fused)
+    ane_ms, cpu_ms = cost.ane_ms(flops), cost.cpu_ms(flops)
+    if prefer == "auto" and ane_ms >= cpu_ms:
+        return Program(name, graph, CPU, flops, count,
+                       f"CPU pays: {cpu_ms:.3f} ms fp32 vs {ane_ms:.3f} ms on the ANE with dispatch", sram.total, fused)
+    return Program(name, graph, ANE, flops, count, f"ANE {ane_ms:.3f} ms vs CPU {cpu_ms:.3f} ms", sram.total, fused)
+
+
+def _weight_groups(layer: Graph, params: Sequence[str], count: int, budget: int, cost: CostModel,
+                   prefer: str, fused: int) -> list[Program]:
+    """dW programs over consecutive parameter groups, each as large as still fits (a single parameter that
+    does not fit is planned alone, on the device :func:`_place` gives it)."""
+    programs, start = [], 0
+    while start < len(params):
+        best = None
+        for stop in range(start + 1, len(params) + 1):
+            group = list(params[start:stop])
+            placed = _place(f"layer gradient dW[{', '.join(group)}]", backward(layer, group), count, budget, cost,
+                            prefer, fused)
+            if placed.device != ANE and best is not None:
+                break
+            best, end = placed, stop
+        programs.append(best)
+        start = end
+    return programs
+
+
+def program_outputs(program: Program) -> list[str]:
+    """The parameter (or ``x``) names whose gradients ``program`` returns."""
+    return [name[len(grad_name("")):] for name in program.graph.outputs]

@@ -1,0 +1,103 @@
+"""Reverse-mode differentiation of a graph over the op registry: :func:`backward`.
+
+The gradient graph recomputes the forward nodes it needs (a copy of the forward graph; dead-code
+elimination drops the rest at compile time), takes the cotangent of each forward output that depends on
+the differentiated inputs as an input ``grad_<output>``, and returns ``grad_<input>`` for each input in
+``wrt``. Nodes are visited in reverse topological order; each op's rule (``OpDef.grad``, see
+:mod:`orion.autodiff.context`) maps the cotangent of its result to cotangents of its operands, and the
+cotangents of a value used several times are summed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from orion import ops
+from orion.autodiff.context import GradContext, GradientError
+from orion.graph.builder import Graph
+from orion.graph.ir import Node
+
+GRAD_PREFIX = "grad_"
+
+
+def grad_name(name: str) -> str:
+    """The gradient graph's name for the cotangent of forward input or output ``name``."""
+    return f"{GRAD_PREFIX}{name}"
+
+
+def backward(graph: Graph, wrt: Sequence[str], *, name: str | None = None) -> Graph:
+    """The gradient graph of ``graph`` with respect to its inputs ``wrt`` (activations or runtime weights).
+
+    Inputs: every input of ``graph`` (same names) and ``grad_<out>`` for each output that depends on
+    ``wrt``. Outputs: ``grad_<x>`` for each ``x`` in ``wrt``, in that order.
+    """
+    by_name = {n.name: n for n in graph.inputs}
+    unknown = [w for w in wrt if w not in by_name]
+    if unknown or not wrt:
+        raise GradientError(f"graph '{graph.name}': cannot differentiate with respect to {unknown or '[]'}. "
+                            f"Fix: name inputs of the graph, from {sorted(by_name)}")
+    g = Graph(name or f"{graph.name}_grad")
+    copy: dict[int, Node] = {}
+    for n in graph.nodes:
+        if n.op == "input":
+            copy[id(n)] = g.input(n.name, n.shape, n.dtype)
+        elif n.op == "const":
+            copy[id(n)] = g.add_node("const", [], name=n.name, value=n.value, shape=n.shape, dtype=n.dtype)
+        else:
+            copy[id(n)] = g.add_node(n.op, [copy[id(i)] for i in n.inputs], n.attrs, name=n.name)
+
+    depends = {id(by_name[w]) for w in wrt}
+    for n in graph.nodes:
+        if any(id(i) in depends for i in n.inputs):
+            depends.add(id(n))
+    cotangent: dict[int, Node] = {}
+    for out, node in graph.outputs.items():
+        if id(node) in depends:
+            if grad_name(out) in by_name:
+                raise GradientError(f"graph '{graph.name}': input '{grad_name(out)}' clashes with the cotangent of "
+                                    f"output '{out}'. Fix: rename that input")
+            _accumulate(g, cotangent, node, g.input(grad_name(out), node.shape, node.dtype))
+    if not cotangent:
+        raise GradientError(f"graph '{graph.name}': no output depends on {list(wrt)}. Fix: differentiate inputs "
+                            "that reach an output")
+
+    for n in reversed(graph.nodes):
+        dy = cotangent.get(id(n))
+        if dy is None or n.op in ("input", "const"):
+            continue
+        rule = ops.get(n.op, n.name).grad
+        if rule is None:
+            raise GradientError(f"node '{n.name}' ({n.op}): the op has no gradient rule. Fix: build the graph from "
+                                "ops with rules (orion.autodiff.differentiable_ops()) or define OpDef.grad for it")
+        ctx = GradContext(g, copy[id(n)], tuple(id(i) in depends for i in n.inputs))
+        with g.scope(f"d_{n.name}"):
+            grads = rule(ctx, copy[id(n)], dy)
+        if len(grads) != len(n.inputs):
+            raise GradientError(f"node '{n.name}' ({n.op}): its gradient rule returned {len(grads)} cotangents for "
+                                f"{len(n.inputs)} operands. Fix: return one per operand (None where none flows)")
+        for src, d in zip(n.inputs, grads, strict=True):
+            if d is not None and id(src) in depends:
+                if d.shape != src.shape:
+                    raise GradientError(f"node '{n.name}' ({n.op}): cotangent of operand '{src.name}' has shape "
+                                        f"{list(d.shape)}, expected {list(src.shape)}. Fix: the op's gradient rule")
+                _accumulate(g, cotangent, src, d)
+
+    for w in wrt:
+        d = cotangent.get(id(by_name[w]))
+        if d is None:
+            raise GradientError(f"graph '{graph.name}': input '{w}' does not reach any output. Fix: drop it from wrt")
+        if d.op == "input":  # an output must be computed in the program (ANE-06)
+            d = g.identity(d, name=f"{grad_name(w)}_copy")
+        g.output(d, grad_name(w))
+    return g
+
+
+def _accumulate(g: Graph, cotangent: dict[int, Node], node: Node, d: Node) -> None:
+    """Add ``d`` to the cotangent of ``node`` (a value used several times gets the sum of its uses)."""
+    prior = cotangent.get(id(node))
+    cotangent[id(node)] = d if prior is None else g.add(prior, d, name=f"acc_{node.name}")
+
+
+def differentiable_ops() -> frozenset[str]:
+    """The registry ops that have a gradient rule."""
+    return frozenset(name for name, op in ops.REGISTRY.ops.items() if op.grad is not None)

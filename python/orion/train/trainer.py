@@ -5,7 +5,7 @@ Each optimizer step draws ``accum`` batches of ``batch`` windows (the sampler's 
 sums the gradients in fp32, and then either skips the step (any NaN/Inf gradient: counted, the loss scale
 backs off, nothing is rewritten) or applies AdamW (C++; decay on matrices) at the warmup+cosine rate with the
 gradients read as ``grad * clip / (batch * accum)``. Every step appends one JSON line to ``train.jsonl``
-(loss, grad norm, loss scale, skips, clamps, lr, ms/step, tokens/s); validation runs every ``eval_every``
+(loss, grad norm, loss scale, skips, clamps, lr, ms/step, tokens/s, the process's compile count); validation runs every ``eval_every``
 steps and checkpoints (:mod:`orion.train.checkpoint`) every ``checkpoint_every``, keeping the last ``keep``.
 
 Compilation is deferred: the runner (which compiles every program) is built only once the run's
@@ -73,7 +73,7 @@ class TrainConfig:
     weight_decay: float = 0.1
     max_grad_norm: float = 1.0
     loss_scale: str | float = "dynamic"  # "dynamic", or a number for a static scale
-    initial_scale: float = 2.0**16    # the dynamic scale's start
+    initial_scale: float = 1024.0     # the dynamic scale's start (4x the static 256 that cured fp16 underflow)
     growth_interval: int = 2000       # good steps before the dynamic scale doubles
     seed: int = 0                     # initial weights of a random shape, and the batch sampler
     weights: str = "inputs"
@@ -112,8 +112,14 @@ class TrainConfig:
 
 def load_model(model: str | os.PathLike | GPT2Config | LlamaConfig, seed: int = 0
                ) -> tuple[TrainableModel, dict[str, np.ndarray], dict[str, Any]]:
-    """``(trainable model, fp32 parameters, description)`` of a shape name (:data:`SHAPES`), a config (random
-    weights from ``seed``) or a Hugging Face GPT-2 / Llama directory (its weights)."""
+    """``(trainable model, fp32 C-contiguous parameters, description)`` of a shape name (:data:`SHAPES`), a
+    config (random weights from ``seed``) or a Hugging Face GPT-2 / Llama directory (its weights)."""
+    trainable, params, description = _load_model(model, seed)
+    return trainable, {k: np.ascontiguousarray(v) for k, v in params.items()}, description
+
+
+def _load_model(model: str | os.PathLike | GPT2Config | LlamaConfig, seed: int
+                ) -> tuple[TrainableModel, dict[str, np.ndarray], dict[str, Any]]:
     if isinstance(model, str) and model in SHAPES:
         config, origin = SHAPES[model], f"random {model}, seed {seed}"
     elif isinstance(model, (GPT2Config, LlamaConfig)):
@@ -264,7 +270,7 @@ class Trainer:
         self.step += 1
         self.clamps_total += clamps
         seconds = time.perf_counter() - began
-        record.update(ms=seconds * 1e3, tokens_per_s=cfg.tokens_per_step / seconds)
+        record.update(ms=seconds * 1e3, tokens_per_s=cfg.tokens_per_step / seconds, compiles=compile_count())
         return record
 
     def _program_params(self) -> tuple[dict[str, np.ndarray], int]:

@@ -206,13 +206,12 @@ class Trainer:
         self.runner: GradientRunner | None = None
         self.plan: Plan | None = None
         self._log: IO[str] | None = None
-        self._resume = resume
+        self._resume, self._started, self._resume_logged, self._pending_note = resume, False, False, ""
 
     # -- the run ---------------------------------------------------------------------------------------
 
     def train(self) -> list[dict[str, Any]]:
         """Runs (or continues) the run to ``config.steps``; returns every step's log record of the run."""
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         self._start()
         runner = self._ensure_runner()
         cfg = self.config
@@ -319,26 +318,33 @@ class Trainer:
         return self.runner
 
     def _start(self) -> None:
-        """Loads the checkpoint to resume from (or refuses to overwrite a run), then trims the log to it."""
-        found = checkpoint.checkpoints(self.checkpoint_dir)
-        if found and not self._resume:
-            raise TrainError(f"{self.checkpoint_dir} already holds checkpoints (newest {found[-1].name}). Fix: resume "
-                             "(resume=True / --resume) or choose another output directory")
-        if self._resume and found and self.resumed_from is None:
-            try:
-                ckpt = checkpoint.load(found[-1], self.config_hash)
-            except CheckpointError as damaged:
-                if damaged.previous is None:
-                    raise
-                self._note(str(damaged))
-                ckpt = checkpoint.load(damaged.previous, self.config_hash)
-            self.load_checkpoint(ckpt)
-        keep = self.step
-        records = [r for r in read_log(self.log_path) if r.get("step", 0) <= keep] if self.log_path.exists() else []
-        _rewrite(self.log_path, records)
+        """Loads the checkpoint to resume from (or refuses to overwrite a run) once, trims the log to the
+        current step and opens it."""
+        self._close_log()
+        if not self._started:
+            found = checkpoint.checkpoints(self.checkpoint_dir)
+            if found and not self._resume:
+                raise TrainError(f"{self.checkpoint_dir} already holds checkpoints (newest {found[-1].name}). Fix: "
+                                 "resume (resume=True / --resume) or choose another output directory")
+            if self._resume and found:
+                try:
+                    ckpt = checkpoint.load(found[-1], self.config_hash)
+                except CheckpointError as damaged:
+                    if damaged.previous is None:
+                        raise
+                    ckpt = checkpoint.load(damaged.previous, self.config_hash)
+                    self._pending_note = str(damaged)
+                self.load_checkpoint(ckpt)
+            self._started = True
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        _rewrite(self.log_path, [r for r in read_log(self.log_path) if r.get("step", 0) <= self.step])
         self._log = open(self.log_path, "a", buffering=1)
-        if self.resumed_from is not None:
+        if self._pending_note:
+            self._note(self._pending_note)
+            self._pending_note = ""
+        if self.resumed_from is not None and not self._resume_logged:
             self._write({"event": "resume", "step": self.step, "checkpoint": self.resumed_from.name})
+            self._resume_logged = True
 
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """The full training state: ``(tensors, JSON state)`` as :func:`checkpoint.save` takes them."""

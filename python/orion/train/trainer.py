@@ -212,14 +212,12 @@ class Trainer:
 
     def train(self) -> list[dict[str, Any]]:
         """Runs (or continues) the run to ``config.steps``; returns every step's log record of the run."""
-        self._start()
-        runner = self._ensure_runner()
         cfg = self.config
+        self._start()
         started, first_step = time.perf_counter(), self.step
         try:
             while self.step < cfg.steps:
-                record = self._train_step(runner)
-                self._write(record)
+                record = self.train_step()
                 if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
                     self._write({"event": "eval", "step": self.step, "val_loss": self.validation_loss()})
                 if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
@@ -230,6 +228,14 @@ class Trainer:
                 print(file=sys.stderr)
             self._close_log()
         return [r for r in read_log(self.log_path) if r.get("event") == "step"]
+
+    def train_step(self) -> dict[str, Any]:
+        """One optimizer step (or a skipped one), logged; no validation or checkpoint (:meth:`train` adds them)."""
+        if self._log is None:
+            self._start()
+        record = self._train_step(self._ensure_runner())
+        self._write(record)
+        return record
 
     def _train_step(self, runner: GradientRunner) -> dict[str, Any]:
         cfg = self.config

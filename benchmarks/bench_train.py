@@ -25,9 +25,9 @@ import numpy as np
 from orion import backend, compile_count
 from orion.models.gpt2 import weights as gpt2_weights
 from orion.models.gpt2.config import GPT2Config
+from orion.models.llama import weights as llama_weights
 from orion.train.data import BatchSampler
 from orion.train.trainer import SHAPES, TrainConfig, Trainer
-from orion.models.llama import weights as llama_weights
 
 THREADS = 2
 
@@ -68,7 +68,7 @@ def _torch(trainer: Trainer, initial: dict[str, np.ndarray], steps: int, directo
     for _ in range(steps + 1):
         began = time.perf_counter()
         optimizer.zero_grad()
-        windows = [w for _ in range(cfg.accum) for w in zip(*sampler.next_batch())]
+        windows = [w for _ in range(cfg.accum) for w in zip(*sampler.next_batch(), strict=True)]
         loss = sum(torch.nn.functional.cross_entropy(model(torch.tensor(i)[None]).logits[0], torch.tensor(t))
                    for i, t in windows) / len(windows)
         loss.backward()

@@ -32,7 +32,6 @@ from orion.train.data import BatchSampler
 from orion.train.errors import CheckpointError, TrainError
 from orion.train.schedule import WarmupCosine
 from orion.train.trainer import Trainer, read_log
-
 from support import references
 
 VOCAB, SEQ = 64, 32
@@ -148,7 +147,7 @@ def _torch_losses(kind: str, trainer: Trainer, tmp_path: Path) -> list[float]:
     losses = []
     for step in range(cfg.steps):
         optimizer.zero_grad()
-        windows = [b for _ in range(cfg.accum) for b in zip(*sampler.next_batch())]
+        windows = [b for _ in range(cfg.accum) for b in zip(*sampler.next_batch(), strict=True)]
         loss = sum(torch.nn.functional.cross_entropy(hf(torch.tensor(ids)[None]).logits[0], torch.tensor(targets))
                    for ids, targets in windows) / len(windows)
         loss.backward()

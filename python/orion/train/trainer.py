@@ -5,8 +5,8 @@ Each optimizer step draws ``accum`` batches of ``batch`` windows (the sampler's 
 sums the gradients in fp32, and then either skips the step (any NaN/Inf gradient: counted, the loss scale
 backs off, nothing is rewritten) or applies AdamW (C++; decay on matrices) at the warmup+cosine rate with the
 gradients read as ``grad * clip / (batch * accum)``. Every step appends one JSON line to ``train.jsonl``
-(loss, grad norm, loss scale, skips, clamps, lr, ms/step, tokens/s, the process's compile count); validation runs every ``eval_every``
-steps and checkpoints (:mod:`orion.train.checkpoint`) every ``checkpoint_every``, keeping the last ``keep``.
+(loss, grad norm, loss scale, skips, clamps, lr, ms/step, tokens/s, the process's compile count); validation
+runs every ``eval_every`` steps and checkpoints (:mod:`orion.train.checkpoint`) every ``checkpoint_every``, keeping the last ``keep``.
 
 Compilation is deferred: the runner (which compiles every program) is built only once the run's
 checkpoint, if any, is loaded. Weights strategy ``"inputs"``: the programs take the weights as inputs, so an
@@ -246,7 +246,7 @@ class Trainer:
         total: dict[str, np.ndarray] | None = None
         losses: list[float] = []
         overflow = None
-        for ids, targets in ((i, t) for inputs, outputs in batches for i, t in zip(inputs, outputs)):
+        for ids, targets in ((i, t) for inputs, outputs in batches for i, t in zip(inputs, outputs, strict=True)):
             try:
                 loss, grads = runner.loss_and_grads(program_params, ids, targets, loss_scale=scale)
             except NonFiniteGradient as exc:
@@ -263,8 +263,8 @@ class Trainer:
         applied = self.scaler.update(nonfinite)
         windows = cfg.batch * cfg.accum
         record: dict[str, Any] = {"event": "step", "step": self.step + 1, "loss": None, "grad_norm": None,
-                                  "loss_scale": scale, "skipped": not applied, "skipped_steps": self.scaler.skipped_steps,
-                                  "clamps": clamps, "clamps_total": self.clamps_total + clamps, "lr": None}
+                                  "loss_scale": scale, "skipped": not applied,
+                                  "skipped_steps": self.scaler.skipped_steps, "clamps": clamps, "clamps_total": self.clamps_total + clamps, "lr": None}
         if applied:
             norm = stats.norm / windows
             coefficient = clip_coefficient(norm, cfg.max_grad_norm)
@@ -379,8 +379,8 @@ class Trainer:
             have = {k.split("/", 1)[1] for k in tensors if k.startswith(f"{kind}/")}
             if have != names:
                 raise CheckpointError(f"checkpoint {ckpt.path}: its {kind} tensors do not match this model's "
-                                      f"parameters (missing {sorted(names - have)[:4]}, extra {sorted(have - names)[:4]})",
-                                      ckpt.path)
+                                      f"parameters (missing {sorted(names - have)[:4]}, extra "
+                                      f"{sorted(have - names)[:4]})", ckpt.path)
         for name, p in self.params.items():
             np.copyto(p, tensors[f"param/{name}"])
         self.optimizer.load_state_dict({**state["optimizer"],
@@ -462,7 +462,7 @@ def _rewrite(path: Path, records: list[dict[str, Any]]) -> None:
 
 def _check_vocabulary(data: Dataset, vocab_size: int) -> None:
     for split in (data.train, data.val):
-        for array, source in zip(split.arrays, split.sources or ["?"] * len(split.arrays)):
+        for array, source in zip(split.arrays, split.sources or ["?"] * len(split.arrays), strict=True):
             top = int(array.max())
             if top >= vocab_size:
                 raise TrainError(f"{source}: token id {top} is outside the model's vocabulary of {vocab_size}. Fix: "

@@ -6,7 +6,8 @@ sums the gradients in fp32, and then either skips the step (any NaN/Inf gradient
 backs off, nothing is rewritten) or applies AdamW (C++; decay on matrices) at the warmup+cosine rate with the
 gradients read as ``grad * clip / (batch * accum)``. Every step appends one JSON line to ``train.jsonl``
 (loss, grad norm, loss scale, skips, clamps, lr, ms/step, tokens/s, the process's compile count); validation
-runs every ``eval_every`` steps and checkpoints (:mod:`orion.train.checkpoint`) every ``checkpoint_every``, keeping the last ``keep``.
+runs every ``eval_every`` steps and checkpoints (:mod:`orion.train.checkpoint`) every ``checkpoint_every``,
+keeping the last ``keep``.
 
 Compilation is deferred: the runner (which compiles every program) is built only once the run's
 checkpoint, if any, is loaded. Weights strategy ``"inputs"``: the programs take the weights as inputs, so an
@@ -264,7 +265,8 @@ class Trainer:
         windows = cfg.batch * cfg.accum
         record: dict[str, Any] = {"event": "step", "step": self.step + 1, "loss": None, "grad_norm": None,
                                   "loss_scale": scale, "skipped": not applied,
-                                  "skipped_steps": self.scaler.skipped_steps, "clamps": clamps, "clamps_total": self.clamps_total + clamps, "lr": None}
+                                  "skipped_steps": self.scaler.skipped_steps, "clamps": clamps,
+                                  "clamps_total": self.clamps_total + clamps, "lr": None}
         if applied:
             norm = stats.norm / windows
             coefficient = clip_coefficient(norm, cfg.max_grad_norm)

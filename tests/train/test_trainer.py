@@ -14,8 +14,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -199,3 +201,49 @@ def test_python_m_entry_point_reports_bad_arguments(tmp_path: Path) -> None:
                              str(tmp_path / "nothing"), "--steps", "3", "--out", str(tmp_path / "run")],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and result.stderr.startswith("error: ") and "does not exist" in result.stderr
+
+
+def _cli_command(tokens: Path, out: Path, steps: int) -> list[str]:
+    return [sys.executable, "-m", "orion.train.cli", "--model", "tiny-gpt2", "--data", str(tokens), "--steps",
+            str(steps), "--seq", str(SEQ), "--lr", "3e-3", "--checkpoint-every", "5", "--keep", "2", "--eval-every",
+            "1000", "--eval-batches", "1", "--out", str(out), "--quiet"]
+
+
+def _steps_logged(out: Path) -> list[dict]:
+    return [r for r in read_log(out / "train.jsonl") if r.get("event") == "step"]
+
+
+def test_kill_minus_nine_at_random_moments_loses_at_most_the_steps_since_the_last_checkpoint(
+        tokens: Path, tmp_path: Path) -> None:
+    steps, rng = 30, np.random.default_rng(7)
+    reference = tmp_path / "uninterrupted"
+    subprocess.run(_cli_command(tokens, reference, steps), check=True, timeout=300, capture_output=True)
+    out, kills = tmp_path / "killed", 0
+    command = _cli_command(tokens, out, steps)
+    while True:
+        logged_before = len(_steps_logged(out))
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        target = logged_before + int(rng.integers(2, 10))  # kill once this many steps are logged
+        while process.poll() is None and len(_steps_logged(out)) < target:
+            time.sleep(0.005)
+        if process.poll() is not None:
+            assert process.returncode == 0, process.stderr.read().decode()
+            break
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=60)
+        kills += 1
+        manifests = checkpoint.checkpoints(out / "checkpoints")
+        for manifest in manifests:
+            checkpoint.verify(manifest)  # never corrupt: every manifest present verifies
+        logged = len(_steps_logged(out))
+        newest = checkpoint.load(manifests[-1]).step if manifests else 0
+        assert logged - newest < 5 + 1  # lost at most the steps since the last checkpoint (every 5)
+        command = [*command, "--resume"] if "--resume" not in command else command
+    assert kills >= 2
+    strip = [{k: v for k, v in r.items() if k not in (*TIMING, "compiles")} for r in _steps_logged(out)]
+    assert strip == [{k: v for k, v in r.items() if k not in (*TIMING, "compiles")} for r in
+                     _steps_logged(reference)]
+    final, want = (checkpoint.load(checkpoint.checkpoints(d / "checkpoints")[-1]) for d in (out, reference))
+    assert final.step == want.step == steps
+    for name, array in want.tensors.items():
+        assert np.array_equal(final.tensors[name], array), name

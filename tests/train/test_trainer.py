@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -245,5 +246,38 @@ def test_kill_minus_nine_at_random_moments_loses_at_most_the_steps_since_the_las
                      _steps_logged(reference)]
     final, want = (checkpoint.load(checkpoint.checkpoints(d / "checkpoints")[-1]) for d in (out, reference))
     assert final.step == want.step == steps
+    for name, array in want.tensors.items():
+        assert np.array_equal(final.tensors[name], array), name
+
+
+RESTARTING = """
+import sys
+from orion.compiler import compile_graph
+from orion.graph.builder import Graph
+from orion.train.cli import main
+if "--resume" not in sys.argv:  # the first incarnation has used most of its compile budget elsewhere
+    for i in range(9):
+        g = Graph(f"filler{i}")
+        g.output(g.gelu(g.input("x", [1, 16 * (i + 1), 1, 64]), name="act"), "y")
+        compile_graph(g)
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_run_that_would_cross_the_compile_budget_checkpoints_execs_itself_and_resumes(tokens: Path,
+                                                                                       tmp_path: Path) -> None:
+    env = {**os.environ, "ORION_COMPILE_BUDGET": "12"}  # threshold 10: 9 filler compiles + 2 programs cross it
+    script = tmp_path / "restarting.py"
+    script.write_text(RESTARTING)
+    args = [*_cli_command(tokens, tmp_path / "run", 12)[3:], "--prefer", "ane"]
+    subprocess.run([sys.executable, str(script), *args], check=True, timeout=300, capture_output=True, env=env)
+    reference = [a if a != str(tmp_path / "run") else str(tmp_path / "reference") for a in args]
+    subprocess.run([sys.executable, "-m", "orion.train.cli", *reference], check=True, timeout=300,
+                   capture_output=True, env=env)
+    events = [(r["event"], r["step"]) for r in read_log(tmp_path / "run" / "train.jsonl")]
+    assert events[:3] == [("checkpoint", 0), ("resume", 0), ("step", 1)]  # restarted before compiling
+    final, want = (checkpoint.load(checkpoint.checkpoints(d / "checkpoints")[-1]) for d in
+                   (tmp_path / "run", tmp_path / "reference"))
+    assert final.step == want.step == 12
     for name, array in want.tensors.items():
         assert np.array_equal(final.tensors[name], array), name

@@ -6,15 +6,17 @@ at 2 threads, in the same run.
     python benchmarks/bench_train.py --model tiny-llama --steps 20
 
 Reported per side: ms/step and tokens/s over the timed steps (after one untimed warm-up step, which compiles
-Orion's programs); for Orion also the ANE dispatches and compiles per step and the partitioner's FLOP split
-between ANE and CPU, and the first-step loss of both sides (same weights and batch: they should agree to
-fp16 rounding). The last line estimates the wall time of a 1,000-step run at the measured ms/step, plus
-validation and checkpoints at the trainer's defaults (every 100 steps).
+Orion's programs; the two sides' steps alternate so both see the same machine load); for Orion also the ANE
+dispatches and compiles per step and the partitioner's FLOP split between ANE and CPU, and the first-step
+loss of both sides (same weights and batch: they should agree to fp16 rounding). The last line estimates the
+wall time of a 1,000-step run at the measured ms/step plus validation at the trainer's defaults (4 windows
+every 100 steps; checkpoint writes not counted).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -39,44 +41,37 @@ def _tokens(directory: Path, vocab: int, count: int = 200_000) -> Path:
     return directory
 
 
-def _orion(trainer: Trainer, steps: int) -> dict[str, float]:
-    first = trainer.train_step()  # compiles the programs
-    compiles_before = compile_count()
-    records = [trainer.train_step() for _ in range(steps)]
-    ms = float(np.mean([r["ms"] for r in records]))
-    plan = trainer.plan
-    return {"ms": ms, "first_loss": first["loss"], "compiles_per_step": (compile_count() - compiles_before) / steps,
-            "first_step_ms": first["ms"], "dispatches": plan.dispatches, "ane_gflop": plan.ane_flops / 1e9,
-            "cpu_gflop": plan.cpu_flops / 1e9}
+class _TorchSide:
+    """transformers' model from the same initial weights, trained on Orion's batches in order (fp32, AdamW)."""
 
+    def __init__(self, trainer: Trainer, initial: dict[str, np.ndarray], directory: Path) -> None:
+        import torch
+        import transformers
 
-def _torch(trainer: Trainer, initial: dict[str, np.ndarray], steps: int, directory: Path) -> dict[str, float]:
-    import torch
-    import transformers
+        torch.set_num_threads(THREADS)
+        self.torch, self.config = torch, trainer.config
+        module = gpt2_weights if isinstance(trainer.model.config, GPT2Config) else llama_weights
+        module.save_hf(directory / "hf", trainer.model.config, trainer.model.weights(initial))
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(directory / "hf", dtype=torch.float32,
+                                                                       attn_implementation="eager")
+        groups = [{"params": [p for p in self.model.parameters() if p.ndim >= 2],
+                   "weight_decay": self.config.weight_decay},
+                  {"params": [p for p in self.model.parameters() if p.ndim < 2], "weight_decay": 0.0}]
+        self.optimizer = torch.optim.AdamW(groups, lr=self.config.lr, betas=(0.9, 0.95))
+        self.sampler = BatchSampler(trainer.data.train, self.config.seq, self.config.batch, self.config.seed)
 
-    torch.set_num_threads(THREADS)
-    cfg = trainer.config
-    module = gpt2_weights if isinstance(trainer.model.config, GPT2Config) else llama_weights
-    module.save_hf(directory / "hf", trainer.model.config, trainer.model.weights(initial))
-    model = transformers.AutoModelForCausalLM.from_pretrained(directory / "hf", dtype=torch.float32,
-                                                              attn_implementation="eager")
-    groups = [{"params": [p for p in model.parameters() if p.ndim >= 2], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in model.parameters() if p.ndim < 2], "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
-    sampler = BatchSampler(trainer.data.train, cfg.seq, cfg.batch, cfg.seed)  # Orion's batches, in order
-    times, losses = [], []
-    for _ in range(steps + 1):
+    def step(self) -> tuple[float, float]:
+        """One training step: ``(loss, ms)``."""
+        torch, cfg = self.torch, self.config
         began = time.perf_counter()
-        optimizer.zero_grad()
-        windows = [w for _ in range(cfg.accum) for w in zip(*sampler.next_batch(), strict=True)]
-        loss = sum(torch.nn.functional.cross_entropy(model(torch.tensor(i)[None]).logits[0], torch.tensor(t))
+        self.optimizer.zero_grad()
+        windows = [w for _ in range(cfg.accum) for w in zip(*self.sampler.next_batch(), strict=True)]
+        loss = sum(torch.nn.functional.cross_entropy(self.model(torch.tensor(i)[None]).logits[0], torch.tensor(t))
                    for i, t in windows) / len(windows)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-        optimizer.step()
-        times.append(time.perf_counter() - began)
-        losses.append(loss.item())
-    return {"ms": float(np.mean(times[1:])) * 1e3, "first_loss": losses[0]}
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        self.optimizer.step()
+        return loss.item(), (time.perf_counter() - began) * 1e3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,22 +93,32 @@ def main(argv: list[str] | None = None) -> int:
         tokens = config.tokens_per_step
         print(f"{args.model}: {params / 1e6:.1f}M parameters, {tokens} tokens per step (seq {args.seq} x batch "
               f"{args.batch} x accum {args.accum}), backend {backend()}")
-        orion = _orion(trainer, args.steps)
-        print(trainer.plan)
-        total = orion["ane_gflop"] + orion["cpu_gflop"]
-        print(f"orion:   {orion['ms']:9.1f} ms/step {tokens / orion['ms'] * 1e3:9.1f} tokens/s | first step "
-              f"{orion['first_step_ms']:.0f} ms (compiles) | {orion['dispatches']} ANE dispatches/step, "
-              f"{orion['compiles_per_step']:.2f} compiles/step | FLOPs ANE {orion['ane_gflop']:.1f} GFLOP "
-              f"({100 * orion['ane_gflop'] / total:.1f}%), CPU {orion['cpu_gflop']:.1f} GFLOP | first loss "
-              f"{orion['first_loss']:.4f}")
-        if not args.no_torch:
-            ref = _torch(trainer, initial, args.steps, directory)
-            print(f"pytorch: {ref['ms']:9.1f} ms/step {tokens / ref['ms'] * 1e3:9.1f} tokens/s | fp32 CPU, "
-                  f"{THREADS} threads | first loss {ref['first_loss']:.4f}")
-            print(f"ratio:   Orion takes {orion['ms'] / ref['ms']:.2f}x PyTorch's time per step")
+        reference = None if args.no_torch else _TorchSide(trainer, initial, directory)
+        load = os.getloadavg()[0]
+        first = trainer.train_step()  # compiles Orion's programs; untimed on both sides
+        ref_first = reference.step()[0] if reference else None
+        compiles_before, orion_ms, torch_ms = compile_count(), [], []
+        for _ in range(args.steps):  # interleaved, so both sides see the same machine load
+            orion_ms.append(trainer.train_step()["ms"])
+            if reference:
+                torch_ms.append(reference.step()[1])
+        plan, ms = trainer.plan, float(np.mean(orion_ms))
+        print(plan)
+        ane, cpu = plan.ane_flops / 1e9, plan.cpu_flops / 1e9
+        print(f"orion:   {ms:9.1f} ms/step {tokens / ms * 1e3:9.1f} tokens/s | first step {first['ms']:.0f} ms "
+              f"(compiles) | {plan.dispatches} ANE dispatches/step, "
+              f"{(compile_count() - compiles_before) / args.steps:.2f} compiles/step | FLOPs ANE {ane:.1f} GFLOP "
+              f"({100 * ane / (ane + cpu):.1f}%), CPU {cpu:.1f} GFLOP | first loss {first['loss']:.4f}")
+        if reference:
+            ref = float(np.mean(torch_ms))
+            print(f"pytorch: {ref:9.1f} ms/step {tokens / ref * 1e3:9.1f} tokens/s | fp32 CPU, {THREADS} threads | "
+                  f"first loss {ref_first:.4f}")
+            print(f"ratio:   Orion takes {ms / ref:.2f}x PyTorch's time per step")
+        print(f"load average (1 min): {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on "
+              f"{os.cpu_count()} cores")
         evals = config.eval_batches * (config.steps // config.eval_every)  # each a forward+backward window
-        estimate = (orion["ms"] * config.steps + orion["ms"] / config.accum / config.batch * evals) / 1e3
-        print(f"1,000-step run estimate on this backend: {estimate / 3600:.2f} h ({orion['ms']:.0f} ms/step, "
+        estimate = (ms * config.steps + ms / config.accum / config.batch * evals) / 1e3
+        print(f"1,000-step run estimate on this backend: {estimate / 3600:.2f} h ({ms:.0f} ms/step, "
               f"{evals} validation windows, checkpoint writes not counted)")
     return 0
 

@@ -281,3 +281,16 @@ def test_a_run_that_would_cross_the_compile_budget_checkpoints_execs_itself_and_
     assert final.step == want.step == 12
     for name, array in want.tensors.items():
         assert np.array_equal(final.tensors[name], array), name
+
+
+def test_crossing_the_compile_budget_without_exec_restart_is_refused(tokens: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from orion.train import trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module.restart, "needs_restart", lambda programs: True)
+    monkeypatch.setattr(trainer_module, "compile_count", lambda: 95)
+    with pytest.raises(TrainError, match="pass exec_restart=True"):
+        _trainer("gpt2", tokens, tmp_path / "a", steps=5).train()
+    monkeypatch.setattr(trainer_module, "compile_count", lambda: 0)
+    with pytest.raises(TrainError, match="even in a fresh process. Fix: raise ORION_COMPILE_BUDGET"):
+        _trainer("gpt2", tokens, tmp_path / "b", steps=5, exec_restart=True).train()

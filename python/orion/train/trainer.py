@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -319,9 +318,13 @@ class Trainer:
                     raise TrainError(f"compiling this run's {programs} programs would cross the compile threshold "
                                      f"of {restart.compile_threshold()} even in a fresh process. Fix: raise "
                                      "ORION_COMPILE_BUDGET")
-                if self.exec_restart:
-                    self.save_checkpoint()
-                    restart.exec_restart([f for f in (self._log,) if f is not None])
+                if not self.exec_restart:
+                    raise TrainError(f"compiling this run's {programs} programs would take the process past the "
+                                     f"compile threshold ({compile_count()} compiled, threshold "
+                                     f"{restart.compile_threshold()}). Fix: pass exec_restart=True (the command "
+                                     "line does) or start the run in a fresh process")
+                self.save_checkpoint()
+                restart.exec_restart([f for f in (self._log,) if f is not None])
             self.runner = GradientRunner(self.model, self.config.seq, plan=self.plan)
         return self.runner
 
@@ -472,10 +475,9 @@ def _check_vocabulary(data: Dataset, vocab_size: int) -> None:
 
 
 def loss_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """First, last and minimum loss, skipped and non-finite steps, and mean ms/step of a run's step records."""
-    losses = [r["loss"] for r in records if r["loss"] is not None]
-    nan = sum(1 for x in losses if not math.isfinite(x))
+    """First, last and minimum loss, skipped (non-finite) steps and mean ms/step of a run's step records."""
+    losses = [r["loss"] for r in records if r["loss"] is not None]  # a non-finite step is skipped, loss None
     return {"steps": len(records), "first_loss": losses[0] if losses else None,
             "last_loss": losses[-1] if losses else None, "min_loss": min(losses) if losses else None,
-            "skipped": sum(r["skipped"] for r in records), "nan_losses": nan,
+            "skipped": sum(r["skipped"] for r in records),
             "ms_per_step": float(np.mean([r["ms"] for r in records])) if records else None}

@@ -246,6 +246,7 @@ def test_kill_minus_nine_at_random_moments_loses_at_most_the_steps_since_the_las
                      _steps_logged(reference)]
     final, want = (checkpoint.load(checkpoint.checkpoints(d / "checkpoints")[-1]) for d in (out, reference))
     assert final.step == want.step == steps
+    assert not [p.name for p in (out / "checkpoints").iterdir() if p.name.startswith(".tmp")]  # no stale temporaries
     for name, array in want.tensors.items():
         assert np.array_equal(final.tensors[name], array), name
 

@@ -8,8 +8,20 @@
 - ``orion.train.corpus``: the built-in default corpus (Python's standard library sources).
 - ``orion.train.checkpoint``: atomic, checksummed safetensors + JSON checkpoints.
 - ``orion.train.restart``: the exec() restart and the compile-budget predicate.
+- ``orion.train.trainer``: :class:`Trainer`, the loop over all of the above (``orion.train.cli.main``:
+  ``python -m orion train``). Imported on first use of ``orion.train.Trainer`` / ``TrainConfig``.
 """
+
+from typing import Any
 
 from orion.train.errors import CheckpointError, DataError, TrainError
 
-__all__ = ["CheckpointError", "DataError", "TrainError"]
+__all__ = ["CheckpointError", "DataError", "TrainConfig", "TrainError", "Trainer"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Trainer", "TrainConfig"):  # lazily: the trainer pulls in the compiler and the autodiff
+        from orion.train import trainer
+
+        return getattr(trainer, name)
+    raise AttributeError(f"module 'orion.train' has no attribute {name!r}")

@@ -194,9 +194,10 @@ def _prune(directory: Path, keep: int) -> None:
 
 
 def _remove_stale_temporaries(directory: Path) -> None:
-    """Temporaries of writers that died (a checkpoint directory has one writer at a time)."""
+    """Temporaries of writers that died (a checkpoint directory has one writer at a time): ours (``.tmp-``) and
+    the ``.tmpXXXXXX`` file safetensors' ``save_file`` writes before renaming it to our temporary name."""
     for p in directory.iterdir():
-        if p.name.startswith(_TMP_PREFIX):
+        if p.name.startswith(".tmp"):
             p.unlink(missing_ok=True)
 
 

@@ -1,0 +1,143 @@
+"""``python -m orion train --model (stories110m|gpt2|tiny-gpt2|tiny-llama|DIR) --data (DIR|FILE|stdlib) --steps N
+--out RUN_DIR [...]``: train with :class:`orion.train.trainer.Trainer`.
+
+``--data stdlib`` tokenizes the built-in standard-library corpus on first use into ``RUN_DIR/data`` (with the
+model directory's ``tokenizer.json`` if it has one, else a byte-level BPE of the model's vocabulary size,
+trained on the text) and reuses it afterwards. At the end a loss-curve PNG (``RUN_DIR/loss.png``) is written
+when matplotlib is installed; otherwise the log and the terminal say that no figure was written and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from orion.cli import positive_int, report_errors
+from orion.train.trainer import SHAPES, TrainConfig, Trainer, loss_summary, read_log
+
+STDLIB = "stdlib"
+DATA_SUBDIR, PLOT_FILE = "data", "loss.png"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m orion train", description="Train a GPT-2 or Llama on token data.")
+    p.add_argument("--model", required=True, help=f"a shape ({', '.join(SHAPES)}; random weights) or a Hugging "
+                   "Face GPT-2/Llama directory (its weights)")
+    p.add_argument("--data", required=True, help="a token directory (nanoGPT train.bin/val.bin or llama2.c shards), "
+                   "one .bin file, or 'stdlib' (the built-in corpus, prepared on first use)")
+    p.add_argument("--out", required=True, help="run directory: train.jsonl, checkpoints/, loss.png")
+    p.add_argument("--steps", type=positive_int, required=True, help="optimizer steps")
+    p.add_argument("--seq", type=positive_int, default=256, help="tokens per window (default 256)")
+    p.add_argument("--batch", type=positive_int, default=1, help="windows per micro-batch (default 1)")
+    p.add_argument("--accum", type=positive_int, default=1, help="micro-batches per optimizer step (default 1)")
+    p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (default 3e-4)")
+    p.add_argument("--min-lr", type=float, default=None, help="final learning rate (default lr/10)")
+    p.add_argument("--warmup", type=int, default=None, help="warmup steps (default min(100, steps/10))")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--max-grad-norm", type=float, default=1.0)
+    p.add_argument("--loss-scale", type=_loss_scale, default="dynamic",
+                   help="'dynamic' (default) or a number (static)")
+    p.add_argument("--seed", type=int, default=0, help="initial weights of a shape, and the batch order")
+    p.add_argument("--prefer", choices=("auto", "ane", "cpu"), default="auto",
+                   help="where the partitioner puts the layer programs (default auto: where they pay)")
+    p.add_argument("--eval-every", type=positive_int, default=100)
+    p.add_argument("--eval-batches", type=positive_int, default=4)
+    p.add_argument("--checkpoint-every", type=positive_int, default=100)
+    p.add_argument("--keep", type=positive_int, default=3, help="checkpoints kept (default 3)")
+    p.add_argument("--data-bytes", type=positive_int, default=8_000_000,
+                   help="with --data stdlib: how much of the corpus to tokenize (default 8 MB)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in --out")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs ``python -m orion train`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    args = parser().parse_args(argv)
+    return report_errors(lambda: _train(args))
+
+
+def _train(args: argparse.Namespace) -> int:
+    config = TrainConfig(steps=args.steps, seq=args.seq, batch=args.batch, accum=args.accum, lr=args.lr,
+                         min_lr=args.min_lr, warmup=args.warmup, weight_decay=args.weight_decay,
+                         max_grad_norm=args.max_grad_norm, loss_scale=args.loss_scale, seed=args.seed,
+                         prefer=args.prefer, eval_every=args.eval_every, eval_batches=args.eval_batches,
+                         checkpoint_every=args.checkpoint_every, keep=args.keep)
+    out = Path(args.out)
+    data = _stdlib_data(args.model, out, args.data_bytes, args.quiet) if args.data == STDLIB else args.data
+    trainer = Trainer(args.model, data, out, config, resume=args.resume, quiet=args.quiet, exec_restart=True)
+    records = trainer.train()
+    summary = loss_summary(records)
+    vals = [r["val_loss"] for r in read_log(trainer.log_path) if r.get("event") == "eval"]
+    print(f"{out}: {summary['steps']} steps, loss {_fmt(summary['first_loss'])} -> {_fmt(summary['last_loss'])} "
+          f"(min {_fmt(summary['min_loss'])}), val {_fmt(vals[-1] if vals else None)}, {summary['skipped']} skipped, "
+          f"{summary['ms_per_step']:.0f} ms/step")
+    _plot(trainer, records)
+    return 0
+
+
+def _stdlib_data(model: str, out: Path, max_bytes: int, quiet: bool) -> Path:
+    """The run's tokenized standard-library corpus, prepared once (cached in ``out/data``)."""
+    from orion.generation.hf_files import read_json_object
+    from orion.train.data import prepare
+
+    directory = out / DATA_SUBDIR
+    if (directory / "meta.json").is_file():
+        return directory
+    tokenizer = Path(model) / "tokenizer.json" if model not in SHAPES else None
+    vocab = SHAPES[model].vocab_size if model in SHAPES else int(read_json_object(Path(model) / "config.json")
+                                                                 ["vocab_size"])
+    if not quiet:
+        how = f"with {tokenizer}" if tokenizer and tokenizer.is_file() else f"training a BPE of {vocab} tokens"
+        print(f"preparing the standard-library corpus ({max_bytes:,} bytes) in {directory}, {how}", file=sys.stderr)
+    prepare(None, directory, tokenizer=tokenizer if tokenizer and tokenizer.is_file() else None, vocab_size=vocab,
+            max_bytes=max_bytes)
+    return directory
+
+
+def _plot(trainer: Trainer, records: list[dict[str, Any]]) -> None:
+    """Writes the loss curve next to the log, or says in the log (and on stderr) why it did not."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib import pyplot
+    except ImportError:
+        reason = "matplotlib is not installed (pip install matplotlib)"
+        trainer.log_event({"event": "plot", "written": False, "reason": reason})
+        print(f"no loss-curve figure written: {reason}", file=sys.stderr)
+        return
+    steps = [r for r in records if r["loss"] is not None]
+    evals = [r for r in read_log(trainer.log_path) if r.get("event") == "eval" and r["val_loss"] is not None]
+    figure, axes = pyplot.subplots(figsize=(7, 4))
+    axes.plot([r["step"] for r in steps], [r["loss"] for r in steps], label="train", linewidth=0.8)
+    axes.plot([r["step"] for r in evals], [r["val_loss"] for r in evals], "o-", label="validation")
+    axes.set(xlabel="optimizer step", ylabel="cross-entropy (nats)", title=str(trainer.out_dir.name))
+    axes.legend()
+    path = trainer.out_dir / PLOT_FILE
+    figure.savefig(path, dpi=120, bbox_inches="tight")
+    pyplot.close(figure)
+    trainer.log_event({"event": "plot", "written": True, "path": PLOT_FILE})
+
+
+def _loss_scale(text: str) -> str | float:
+    """An argparse type: ``dynamic`` or a positive number."""
+    if text == "dynamic":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither 'dynamic' nor a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value} must be > 0")
+    return value
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,483 @@
+"""The training loop: :class:`Trainer` (one model, one token dataset, one run directory).
+
+Each optimizer step draws ``accum`` batches of ``batch`` windows (the sampler's state is checkpointed), runs
+:meth:`GradientRunner.loss_and_grads` per window with the loss scale (fp16 programs, fp32 gradients back),
+sums the gradients in fp32, and then either skips the step (any NaN/Inf gradient: counted, the loss scale
+backs off, nothing is rewritten) or applies AdamW (C++; decay on matrices) at the warmup+cosine rate with the
+gradients read as ``grad * clip / (batch * accum)``. Every step appends one JSON line to ``train.jsonl``
+(loss, grad norm, loss scale, skips, clamps, lr, ms/step, tokens/s, the process's compile count); validation
+runs every ``eval_every`` steps and checkpoints (:mod:`orion.train.checkpoint`) every ``checkpoint_every``,
+keeping the last ``keep``.
+
+Compilation is deferred: the runner (which compiles every program) is built only once the run's
+checkpoint, if any, is loaded. Weights strategy ``"inputs"``: the programs take the weights as inputs, so an
+update needs no compile. Checkpoints are taken at optimizer-step boundaries only, so the saved accumulation
+phase is always 0 and a resumed run continues with exactly the batches, weights and moments of an
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from orion import compile_count
+from orion.autodiff.gpt2 import GPT2Trainable
+from orion.autodiff.llama import LlamaTrainable
+from orion.autodiff.partition import ANE, Plan, partition
+from orion.autodiff.runner import GradientRunner, NonFiniteGradient
+from orion.autodiff.trainable import TrainableModel
+from orion.limits import FP16_MAX
+from orion.models.gpt2 import weights as gpt2_weights
+from orion.models.gpt2.config import GPT2Config
+from orion.models.llama import weights as llama_weights
+from orion.models.llama.config import LlamaConfig
+from orion.train import checkpoint, loss_scale, restart, schedule
+from orion.train.data import BatchSampler, Dataset, eval_batches, open_dataset
+from orion.train.errors import CheckpointError, TrainError
+from orion.train.optim import AdamW, clip_coefficient, grad_norm
+
+LOG_FILE, CHECKPOINT_DIR = "train.jsonl", "checkpoints"
+WEIGHT_STRATEGIES = ("inputs",)
+
+SHAPES: dict[str, GPT2Config | LlamaConfig] = {
+    "tiny-gpt2": GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=512, n_positions=1024),
+    "tiny-llama": LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=192,
+                              vocab_size=512, max_position_embeddings=1024),
+    "gpt2": GPT2Config(),
+    "stories110m": LlamaConfig.stories110m(),
+}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What a run does. Everything but the bookkeeping fields (``eval_every``, ``checkpoint_every``, ``keep``)
+    enters the config hash a resumed run must match."""
+
+    steps: int = 100
+    seq: int = 256
+    batch: int = 1
+    accum: int = 1
+    lr: float = 3e-4
+    min_lr: float | None = None       # default lr / 10
+    warmup: int | None = None         # default min(100, steps // 10)
+    weight_decay: float = 0.1
+    max_grad_norm: float = 1.0
+    loss_scale: str | float = "dynamic"  # "dynamic", or a number for a static scale
+    initial_scale: float = 1024.0     # the dynamic scale's start (4x the static 256 that cured fp16 underflow)
+    growth_interval: int = 2000       # good steps before the dynamic scale doubles
+    seed: int = 0                     # initial weights of a random shape, and the batch sampler
+    weights: str = "inputs"
+    prefer: str = "auto"              # the partitioner's placement ("auto", "ane", "cpu")
+    eval_every: int = 100
+    eval_batches: int = 4
+    checkpoint_every: int = 100
+    keep: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "seq", "batch", "accum", "eval_every", "eval_batches", "checkpoint_every", "keep"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise TrainError(f"TrainConfig.{name}={value!r} must be an integer >= 1")
+        if self.weights not in WEIGHT_STRATEGIES:
+            raise TrainError(f"TrainConfig.weights={self.weights!r}: the trainer implements {WEIGHT_STRATEGIES}; "
+                             "'patch' and 'recompile' are not implemented yet. Fix: use weights='inputs'")
+        if not (isinstance(self.loss_scale, (int, float)) and self.loss_scale > 0) and self.loss_scale != "dynamic":
+            raise TrainError(f"TrainConfig.loss_scale={self.loss_scale!r}: use 'dynamic' or a positive number")
+        if self.warmup is not None and not 0 <= self.warmup < self.steps:
+            raise TrainError(f"TrainConfig.warmup={self.warmup} must be in [0, steps={self.steps})")
+
+    @property
+    def warmup_steps(self) -> int:
+        return min(100, self.steps // 10) if self.warmup is None else self.warmup
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq * self.batch * self.accum
+
+    def hashed(self) -> dict[str, Any]:
+        """The fields that change the trajectory (the config hash's part of this config)."""
+        skip = {"eval_every", "checkpoint_every", "keep"}
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
+
+
+def load_model(model: str | os.PathLike | GPT2Config | LlamaConfig, seed: int = 0
+               ) -> tuple[TrainableModel, dict[str, np.ndarray], dict[str, Any]]:
+    """``(trainable model, fp32 C-contiguous parameters, description)`` of a shape name (:data:`SHAPES`), a
+    config (random weights from ``seed``) or a Hugging Face GPT-2 / Llama directory (its weights)."""
+    trainable, params, description = _load_model(model, seed)
+    return trainable, {k: np.ascontiguousarray(v) for k, v in params.items()}, description
+
+
+def _load_model(model: str | os.PathLike | GPT2Config | LlamaConfig, seed: int
+                ) -> tuple[TrainableModel, dict[str, np.ndarray], dict[str, Any]]:
+    if isinstance(model, str) and model in SHAPES:
+        config, origin = SHAPES[model], f"random {model}, seed {seed}"
+    elif isinstance(model, (GPT2Config, LlamaConfig)):
+        config, origin = model, f"random, seed {seed}"
+    else:
+        path = Path(model)
+        if not path.is_dir():
+            raise TrainError(f"model {model!r} is neither a shape ({', '.join(SHAPES)}), a GPT2Config/LlamaConfig "
+                             "nor a model directory. Fix: name a shape or pass a Hugging Face GPT-2/Llama directory")
+        try:
+            model_type = json.loads((path / "config.json").read_text()).get("model_type")
+        except (OSError, json.JSONDecodeError) as exc:
+            raise TrainError(f"{path / 'config.json'}: cannot read the model's config ({exc})") from exc
+        if model_type == "gpt2":
+            config, weights = gpt2_weights.load_hf(path)
+        elif model_type == "llama":
+            config, weights = llama_weights.load_hf(path)
+        else:
+            raise TrainError(f"{path / 'config.json'}: model_type {model_type!r}; the trainer trains 'gpt2' and "
+                             "'llama' models")
+        trainable = _trainable(config)
+        return trainable, trainable.params(weights), {"config": _config_dict(config), "origin": str(path.resolve())}
+    trainable = _trainable(config)
+    module = gpt2_weights if isinstance(config, GPT2Config) else llama_weights
+    params = trainable.params(module.random_weights(config, seed=seed))
+    return trainable, params, {"config": _config_dict(config), "origin": origin}
+
+
+def _trainable(config: GPT2Config | LlamaConfig) -> TrainableModel:
+    return GPT2Trainable(config) if isinstance(config, GPT2Config) else LlamaTrainable(config)
+
+
+def _config_dict(config: GPT2Config | LlamaConfig) -> dict[str, Any]:
+    return {"class": type(config).__name__, **dataclasses.asdict(config)}
+
+
+def context_length(config: GPT2Config | LlamaConfig) -> int:
+    """The longest sequence the model's positions cover."""
+    return config.n_positions if isinstance(config, GPT2Config) else config.max_position_embeddings
+
+
+class Trainer:
+    """Trains ``model`` (see :func:`load_model`) on ``data`` (a :class:`Dataset` or a path for
+    :func:`open_dataset`), writing the log and checkpoints under ``out_dir``.
+
+    ``config`` (or keyword overrides of :class:`TrainConfig` fields) says what to do; ``resume=True``
+    continues from the newest valid checkpoint in ``out_dir`` (a fresh start if there is none);
+    ``exec_restart=True`` lets the run checkpoint and re-exec itself when compiling its programs would cross
+    the compile budget's threshold (:mod:`orion.train.restart`; for command-line runs).
+    """
+
+    def __init__(self, model: str | os.PathLike | GPT2Config | LlamaConfig, data: Dataset | str | os.PathLike,
+                 out_dir: str | os.PathLike, config: TrainConfig | None = None, *, resume: bool = False,
+                 quiet: bool = False, exec_restart: bool = False, **overrides: Any) -> None:
+        try:
+            self.config = dataclasses.replace(config or TrainConfig(), **overrides)
+        except TypeError as exc:
+            raise TrainError(f"Trainer: {exc}. Fix: pass only TrainConfig fields "
+                             f"({', '.join(f.name for f in dataclasses.fields(TrainConfig))})") from None
+        cfg = self.config
+        self.model, self.params, model_description = load_model(model, cfg.seed)
+        if cfg.seq > context_length(self.model.config):
+            raise TrainError(f"seq={cfg.seq} exceeds the model's context of {context_length(self.model.config)} "
+                             "positions. Fix: pass a shorter seq")
+        self.data = data if isinstance(data, Dataset) else open_dataset(data, vocab_size=self.model.vocab_size)
+        _check_vocabulary(self.data, self.model.vocab_size)
+        self.out_dir, self.quiet, self.exec_restart = Path(out_dir), quiet, exec_restart
+        self.checkpoint_dir, self.log_path = self.out_dir / CHECKPOINT_DIR, self.out_dir / LOG_FILE
+        self.sampler = BatchSampler(self.data.train, cfg.seq, cfg.batch, seed=cfg.seed)
+        next(eval_batches(self.data.val, cfg.seq, 1, cfg.eval_batches))  # a val split too short fails now
+        self.optimizer = AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+        self.schedule = schedule.WarmupCosine(cfg.lr, cfg.warmup_steps, cfg.steps,
+                                              cfg.lr / 10 if cfg.min_lr is None else cfg.min_lr)
+        self.scaler: loss_scale.LossScale = (
+            loss_scale.DynamicLossScale(scale=cfg.initial_scale, growth_interval=cfg.growth_interval)
+            if cfg.loss_scale == "dynamic" else loss_scale.StaticLossScale(float(cfg.loss_scale)))
+        data_description = {"layout": self.data.layout, "train": self.data.train.sources, "val": self.data.val.sources,
+                            "tokens": [self.data.train.num_tokens, self.data.val.num_tokens]}
+        self.config_hash = checkpoint.config_hash({"model": model_description, "data": data_description,
+                                                   "train": cfg.hashed()})
+        self.step = 0
+        self.clamps_total = 0
+        self.resumed_from: Path | None = None
+        self.runner: GradientRunner | None = None
+        self.plan: Plan | None = None
+        self._log: IO[str] | None = None
+        self._resume, self._started, self._resume_logged, self._pending_note = resume, False, False, ""
+
+    # -- the run ---------------------------------------------------------------------------------------
+
+    def train(self) -> list[dict[str, Any]]:
+        """Runs (or continues) the run to ``config.steps``; returns every step's log record of the run."""
+        cfg = self.config
+        self._start()
+        started, first_step = time.perf_counter(), self.step
+        try:
+            while self.step < cfg.steps:
+                record = self.train_step()
+                if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
+                    self._write({"event": "eval", "step": self.step, "val_loss": self.validation_loss()})
+                if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                    self.save_checkpoint()
+                self._progress(record, started, first_step)
+        finally:
+            if not self.quiet and self.step > first_step:
+                print(file=sys.stderr)
+            self._close_log()
+        return [r for r in read_log(self.log_path) if r.get("event") == "step"]
+
+    def train_step(self) -> dict[str, Any]:
+        """One optimizer step (or a skipped one), logged; no validation or checkpoint (:meth:`train` adds them)."""
+        if self._log is None:
+            self._start()
+        record = self._train_step(self._ensure_runner())
+        self._write(record)
+        return record
+
+    def _train_step(self, runner: GradientRunner) -> dict[str, Any]:
+        cfg = self.config
+        began = time.perf_counter()
+        lr, scale = schedule.current_lr(self.schedule), self.scaler.scale
+        batches = [self.sampler.next_batch() for _ in range(cfg.accum)]  # every step consumes accum batches
+        program_params, clamps = self._program_params()
+        total: dict[str, np.ndarray] | None = None
+        losses: list[float] = []
+        overflow = None
+        for ids, targets in ((i, t) for inputs, outputs in batches for i, t in zip(inputs, outputs, strict=True)):
+            try:
+                loss, grads = runner.loss_and_grads(program_params, ids, targets, loss_scale=scale)
+            except NonFiniteGradient as exc:
+                overflow = str(exc)
+                break
+            losses.append(loss)
+            if total is None:
+                total = grads
+            else:
+                for name, g in grads.items():
+                    total[name] += g
+        stats = grad_norm(total) if overflow is None else None
+        nonfinite = 1 if overflow is not None else stats.nonfinite
+        applied = self.scaler.update(nonfinite)
+        windows = cfg.batch * cfg.accum
+        record: dict[str, Any] = {"event": "step", "step": self.step + 1, "loss": None, "grad_norm": None,
+                                  "loss_scale": scale, "skipped": not applied,
+                                  "skipped_steps": self.scaler.skipped_steps, "clamps": clamps,
+                                  "clamps_total": self.clamps_total + clamps, "lr": None}
+        if applied:
+            norm = stats.norm / windows
+            coefficient = clip_coefficient(norm, cfg.max_grad_norm)
+            self.optimizer.step(total, lr=schedule.advance(self.schedule), grad_scale=coefficient / windows)
+            record.update(loss=float(np.mean(losses)), grad_norm=norm, lr=lr)
+        else:
+            record["nonfinite"] = overflow or f"{stats.nonfinite} non-finite gradient values"
+        self.step += 1
+        self.clamps_total += clamps
+        seconds = time.perf_counter() - began
+        record.update(ms=seconds * 1e3, tokens_per_s=cfg.tokens_per_step / seconds, compiles=compile_count())
+        return record
+
+    def _program_params(self) -> tuple[dict[str, np.ndarray], int]:
+        """The parameters as the programs get them: layer weights entering fp16 (ANE) programs clamped to
+        +-FP16_MAX in a copy (the master weights stay as they are), with the number of values clamped."""
+        if self.plan is None or not any(p.device == ANE for p in self.plan.programs):
+            return self.params, 0
+        out, clamped = dict(self.params), 0
+        for i in range(self.model.n_layers):
+            for name in self.model.layer_shapes():
+                key = self.model.layer_param(i, name)
+                p = self.params[key]
+                if p.max() > FP16_MAX or p.min() < -FP16_MAX:
+                    out[key] = p.copy()
+                    clamped += loss_scale.clamp_to_fp16(out[key], key).clamped
+        return out, clamped
+
+    def validation_loss(self) -> float | None:
+        """Mean loss over the fixed validation windows (``config.eval_batches`` of them); None if a forward
+        activation overflowed fp16."""
+        runner = self._ensure_runner()
+        losses = []
+        for inputs, targets in eval_batches(self.data.val, self.config.seq, 1, self.config.eval_batches):
+            try:
+                losses.append(runner.loss_and_grads(self.params, inputs[0], targets[0], loss_scale=1.0)[0])
+            except NonFiniteGradient:
+                return None
+        return float(np.mean(losses))
+
+    # -- compilation, checkpoints and resume -----------------------------------------------------------
+
+    def _ensure_runner(self) -> GradientRunner:
+        """Plans and compiles the programs (once); restarts the process first if that would cross the budget."""
+        if self.runner is None:
+            self.plan = partition(self.model, self.config.seq, prefer=self.config.prefer)
+            programs = sum(1 for p in self.plan.programs if p.device == ANE)
+            if restart.needs_restart(programs):
+                if compile_count() == 0:
+                    raise TrainError(f"compiling this run's {programs} programs would cross the compile threshold "
+                                     f"of {restart.compile_threshold()} even in a fresh process. Fix: raise "
+                                     "ORION_COMPILE_BUDGET")
+                if not self.exec_restart:
+                    raise TrainError(f"compiling this run's {programs} programs would take the process past the "
+                                     f"compile threshold ({compile_count()} compiled, threshold "
+                                     f"{restart.compile_threshold()}). Fix: pass exec_restart=True (the command "
+                                     "line does) or start the run in a fresh process")
+                self.save_checkpoint()
+                restart.exec_restart([f for f in (self._log,) if f is not None])
+            self.runner = GradientRunner(self.model, self.config.seq, plan=self.plan)
+        return self.runner
+
+    def _start(self) -> None:
+        """Loads the checkpoint to resume from (or refuses to overwrite a run) once, trims the log to the
+        current step and opens it."""
+        self._close_log()
+        if not self._started:
+            found = checkpoint.checkpoints(self.checkpoint_dir)
+            if found and not self._resume:
+                raise TrainError(f"{self.checkpoint_dir} already holds checkpoints (newest {found[-1].name}). Fix: "
+                                 "resume (resume=True / --resume) or choose another output directory")
+            if self._resume and found:
+                try:
+                    ckpt = checkpoint.load(found[-1], self.config_hash)
+                except CheckpointError as damaged:
+                    if damaged.previous is None:
+                        raise
+                    ckpt = checkpoint.load(damaged.previous, self.config_hash)
+                    self._pending_note = str(damaged)
+                self.load_checkpoint(ckpt)
+            self._started = True
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        _rewrite(self.log_path, [r for r in read_log(self.log_path) if r.get("step", 0) <= self.step])
+        self._log = open(self.log_path, "a", buffering=1)
+        if self._pending_note:
+            self._note(self._pending_note)
+            self._pending_note = ""
+        if self.resumed_from is not None and not self._resume_logged:
+            self._write({"event": "resume", "step": self.step, "checkpoint": self.resumed_from.name})
+            self._resume_logged = True
+
+    def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The full training state: ``(tensors, JSON state)`` as :func:`checkpoint.save` takes them."""
+        opt = self.optimizer.state_dict()
+        tensors = {f"param/{n}": p for n, p in self.params.items()}
+        tensors.update({f"exp_avg/{n}": a for n, a in opt["exp_avg"].items()})
+        tensors.update({f"exp_avg_sq/{n}": a for n, a in opt["exp_avg_sq"].items()})
+        state = {"step": self.step, "optimizer": {"step": opt["step"], "hyper": opt["hyper"]},
+                 "schedule": schedule.state_dict(self.schedule), "sampler": self.sampler.state_dict(),
+                 "accumulation_phase": 0, "loss_scale": loss_scale.state_dict(self.scaler),
+                 "clamps_total": self.clamps_total}
+        return tensors, state
+
+    def save_checkpoint(self) -> Path:
+        """Writes the full state at the current step (atomically; the newest ``config.keep`` are kept)."""
+        tensors, state = self.checkpoint_state()
+        path = checkpoint.save(self.checkpoint_dir, self.step, tensors, state, self.config_hash, keep=self.config.keep)
+        self._write({"event": "checkpoint", "step": self.step, "path": path.name})
+        return path
+
+    def load_checkpoint(self, ckpt: checkpoint.Checkpoint) -> None:
+        """Restores the state a checkpoint holds (weights copied into the master weights in place)."""
+        state, tensors = ckpt.state, ckpt.tensors
+        names = set(self.params)
+        for kind in ("param", "exp_avg", "exp_avg_sq"):
+            have = {k.split("/", 1)[1] for k in tensors if k.startswith(f"{kind}/")}
+            if have != names:
+                raise CheckpointError(f"checkpoint {ckpt.path}: its {kind} tensors do not match this model's "
+                                      f"parameters (missing {sorted(names - have)[:4]}, extra "
+                                      f"{sorted(have - names)[:4]})", ckpt.path)
+        for name, p in self.params.items():
+            np.copyto(p, tensors[f"param/{name}"])
+        self.optimizer.load_state_dict({**state["optimizer"],
+                                        "exp_avg": {n: tensors[f"exp_avg/{n}"] for n in names},
+                                        "exp_avg_sq": {n: tensors[f"exp_avg_sq/{n}"] for n in names}})
+        self.schedule = schedule.from_state_dict(state["schedule"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.scaler = loss_scale.from_state_dict(state["loss_scale"])
+        if state["accumulation_phase"] != 0:
+            raise CheckpointError(f"checkpoint {ckpt.path}: accumulation phase {state['accumulation_phase']}; this "
+                                  "trainer checkpoints at optimizer-step boundaries only (phase 0)", ckpt.path)
+        self.step, self.clamps_total = int(state["step"]), int(state["clamps_total"])
+        self.resumed_from = ckpt.path
+
+    # -- the log and the display -----------------------------------------------------------------------
+
+    def log_event(self, record: Mapping[str, Any]) -> None:
+        """Appends a record (e.g. the CLI's note about the loss-curve figure) to the run's JSONL log."""
+        opened = self._log is None
+        if opened:
+            self._log = open(self.log_path, "a", buffering=1)
+        try:
+            self._write({"step": self.step, **record})
+        finally:
+            if opened:
+                self._close_log()
+
+    def _write(self, record: Mapping[str, Any]) -> None:
+        if self._log is not None:
+            self._log.write(json.dumps(record, allow_nan=True) + "\n")
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def _note(self, message: str) -> None:
+        self._write({"event": "note", "step": self.step, "message": message})
+        if not self.quiet:
+            print(f"note: {message}", file=sys.stderr)
+
+    def _progress(self, record: Mapping[str, Any], started: float, first_step: int) -> None:
+        if self.quiet:
+            return
+        done, total = self.step, self.config.steps
+        per_step = (time.perf_counter() - started) / max(done - first_step, 1)
+        eta = int(per_step * (total - done))
+        loss = "skipped" if record["loss"] is None else f"{record['loss']:.4f}"
+        line = (f"\rstep {done}/{total} loss {loss} | {record['tokens_per_s']:,.0f} tok/s {record['ms']:.0f} ms/step "
+                f"| scale {record['loss_scale']:g} skipped {record['skipped_steps']} | ETA {eta // 3600}:"
+                f"{eta // 60 % 60:02d}:{eta % 60:02d}")
+        sys.stderr.write(line.ljust(100))
+        sys.stderr.flush()
+
+
+def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a run's JSONL log; a torn last line (a kill mid-write) is dropped."""
+    records = []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def _rewrite(path: Path, records: list[dict[str, Any]]) -> None:
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    with open(tmp, "w") as f:
+        f.writelines(json.dumps(r, allow_nan=True) + "\n" for r in records)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _check_vocabulary(data: Dataset, vocab_size: int) -> None:
+    for split in (data.train, data.val):
+        for array, source in zip(split.arrays, split.sources or ["?"] * len(split.arrays), strict=True):
+            top = int(array.max())
+            if top >= vocab_size:
+                raise TrainError(f"{source}: token id {top} is outside the model's vocabulary of {vocab_size}. Fix: "
+                                 "tokenize the data with the model's tokenizer (or a vocabulary that fits)")
+
+
+def loss_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """First, last and minimum loss, skipped (non-finite) steps and mean ms/step of a run's step records."""
+    losses = [r["loss"] for r in records if r["loss"] is not None]  # a non-finite step is skipped, loss None
+    return {"steps": len(records), "first_loss": losses[0] if losses else None,
+            "last_loss": losses[-1] if losses else None, "min_loss": min(losses) if losses else None,
+            "skipped": sum(r["skipped"] for r in records),
+            "ms_per_step": float(np.mean([r["ms"] for r in records])) if records else None}

@@ -316,10 +316,11 @@ def test_progress_never_interleaves_with_the_generated_text(model_dir) -> None:
     assert lines[2].startswith("hello")  # the prompt's bucket is compiled before the prompt is echoed
 
 
-def test_serve_and_data_are_commands_of_their_own(tmp_path) -> None:
+def test_serve_data_and_train_are_commands_of_their_own(tmp_path) -> None:
     """``python -m orion serve|data ...`` runs those modules' command lines with the rest of the arguments."""
     listed = run("orion", "--help")
-    assert listed.returncode == 0 and "serve" in listed.stdout and "data" in listed.stdout
+    assert listed.returncode == 0 and all(name in listed.stdout for name in ("serve", "data", "train"))
+    assert "--steps" in run("orion", "train", "--help").stdout
     assert "--max-queue" in run("orion", "serve", "--help").stdout
     text = tmp_path / "a.txt"
     text.write_text("the neural engine runs the model one token at a time\n" * 50, encoding="utf-8")

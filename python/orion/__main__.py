@@ -20,6 +20,7 @@ or on its software ANE where there is none.
   python -m orion cache info                              the on-disk program cache
   python -m orion serve --model DIR                       an OpenAI-compatible HTTP server (its own --help)
   python -m orion data prepare FILES... --out DIR         tokenize text for training (its own --help)
+  python -m orion train --model stories110m --data stdlib --steps 1000 --out RUN   train (its own --help)
   python -m orion.bench decode                            the decode benchmark (its own --help)
 """
 
@@ -28,6 +29,7 @@ or on its software ANE where there is none.
 DELEGATED = {
     "serve": ("orion.serve.cli", "serve a model over OpenAI's HTTP API (needs the 'serve' extra)"),
     "data": ("orion.train.data_cli", "prepare token files for training: data prepare TEXT_FILES... --out DIR"),
+    "train": ("orion.train.cli", "train a model (stories110m, gpt2, tiny-*, or a directory) with checkpoints"),
 }
 
 

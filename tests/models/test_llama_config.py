@@ -129,3 +129,9 @@ def test_transformers_reads_the_config_orion_writes() -> None:
     assert (theirs.hidden_size, theirs.num_key_value_heads, theirs.head_dim, theirs.intermediate_size) == (64, 2, 16, 96)
     assert theirs.rope_parameters["rope_theta"] == 500000.0 and theirs.tie_word_embeddings is False
     assert LlamaConfig.from_hf_json(theirs.to_dict()) == c
+
+
+def test_a_config_nested_past_the_recursion_limit_is_a_config_error(tmp_path) -> None:
+    (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        LlamaConfig.from_hf_json(tmp_path)

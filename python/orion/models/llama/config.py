@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from orion.errors import OrionError
+from orion.generation.hf_files import ModelFileError, read_json_object
 
 ROPE_CONVENTIONS = ("interleaved", "half")  # llama2.c/Meta pairs (2i, 2i+1); Hugging Face rotate-half
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
@@ -183,15 +184,10 @@ def _read_json(source: dict[str, Any] | str | os.PathLike[str]) -> tuple[dict[st
     path = Path(source)
     if path.is_dir():
         path = path / "config.json"
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such file; a Llama-family directory needs a Hugging Face config.json")
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: not a readable JSON config ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data, str(path)
+        return read_json_object(path), str(path)
+    except ModelFileError as err:
+        raise ConfigError(f"{err}; a Llama-family directory needs a Hugging Face config.json") from None
 
 
 def _unsupported(where: str, field: str, value: Any, what: str) -> ConfigError:

@@ -10,8 +10,14 @@ from typing import Any
 import numpy as np
 
 from orion._core.mil import blobfile_chunk_offsets, blobfile_read_chunk, blobfile_write
+from orion.errors import OrionError
 
-__all__ = ["read", "write", "write_many"]
+__all__ = ["BlobfileError", "read", "write", "write_many"]
+
+
+class BlobfileError(OrionError, ValueError):
+    """A BLOBFILE chunk does not hold the tensor asked for (its size does not fit the dtype or shape), or a
+    payload has a dtype BLOBFILEs do not store."""
 
 
 def _payload(array: np.ndarray) -> np.ndarray:
@@ -20,7 +26,7 @@ def _payload(array: np.ndarray) -> np.ndarray:
     if np.issubdtype(array.dtype, np.floating):
         array = array.astype(np.float16, copy=False)
     elif array.dtype not in (np.int8, np.uint8):
-        raise ValueError(f"BLOBFILE payloads are fp16, int8 or uint8; got {array.dtype} (convert it first)")
+        raise BlobfileError(f"BLOBFILE payloads are fp16, int8 or uint8; got {array.dtype} (convert it first)")
     return np.ascontiguousarray(array).reshape(-1)
 
 
@@ -38,17 +44,19 @@ def write_many(arrays: Iterable[np.ndarray]) -> tuple[bytes, list[int]]:
 def read(data: Any, offset: int = 64, dtype: Any = np.float16, shape: tuple[int, ...] | None = None) -> np.ndarray:
     """A copy of the tensor whose chunk header is at ``offset`` (reshaped when ``shape`` is given).
 
-    Raises ``orion.ConstraintError`` (ANE-22) when ``offset`` is not a chunk header and
-    ``orion.CompileError`` when the file is truncated.
+    Raises ``orion.ConstraintError`` (ANE-22) when ``offset`` is not a chunk header,
+    ``orion.CompileError`` when the file is truncated, and :class:`BlobfileError` when the chunk's size
+    does not fit ``dtype`` or ``shape``.
     """
     data_offset, size = blobfile_read_chunk(data, offset)
     dtype = np.dtype(dtype)
     if shape is not None:
         expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if expected != size:
-            raise ValueError(f"chunk at offset {offset} holds {size} bytes, but shape {tuple(shape)} of {dtype} "
-                             f"needs {expected}")
+            raise BlobfileError(f"chunk at offset {offset} holds {size} bytes, but shape {tuple(shape)} of {dtype} "
+                                f"needs {expected}; read it with the shape and dtype it was written with")
     elif size % dtype.itemsize:
-        raise ValueError(f"chunk at offset {offset} holds {size} bytes, not a whole number of {dtype} elements")
+        raise BlobfileError(f"chunk at offset {offset} holds {size} bytes, not a whole number of {dtype} "
+                            f"elements; read it with the dtype it was written with")
     array = np.frombuffer(data, dtype=np.uint8, count=size, offset=data_offset).view(dtype).copy()
     return array if shape is None else array.reshape(shape)

@@ -187,7 +187,7 @@ def test_cli_trains_on_the_stdlib_corpus_resumes_and_logs_the_missing_plot(tmp_p
         import matplotlib  # noqa: F401
     except ImportError:
         assert plot == [{"step": 12, "event": "plot", "written": False,
-                         "reason": "matplotlib is not installed (pip install matplotlib)"}]
+                         "reason": "matplotlib is not installed (pip install 'orion-ane[plot]')"}]
         assert "no loss-curve figure written" in capsys.readouterr().err
     else:
         assert plot[0]["written"] and (out / "loss.png").stat().st_size > 0

@@ -105,7 +105,7 @@ def _plot(trainer: Trainer, records: list[dict[str, Any]]) -> None:
         matplotlib.use("Agg")
         from matplotlib import pyplot
     except ImportError:
-        reason = "matplotlib is not installed (pip install matplotlib)"
+        reason = "matplotlib is not installed (pip install 'orion-ane[plot]')"
         trainer.log_event({"event": "plot", "written": False, "reason": reason})
         print(f"no loss-curve figure written: {reason}", file=sys.stderr)
         return

@@ -112,3 +112,11 @@ def test_first_operand_must_be_a_node():
     x = g.input("x", [1, 16, 1, 32])
     with pytest.raises(GraphError, match=r"'s' \(add\): the first operand is not a graph node.*Fix"):
         g.add(2.0, x, name="s")
+
+
+def test_graph_errors_are_orion_errors():
+    import orion
+
+    g = Graph("bad")
+    with pytest.raises(orion.OrionError, match="not \\[1, C, 1, S\\]"):
+        g.input("x", [2, 8, 1, 32])

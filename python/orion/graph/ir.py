@@ -7,8 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from orion.errors import OrionError
 
-class GraphError(ValueError):
+
+class GraphError(OrionError, ValueError):
     """A graph is built wrong (shape, dtype, name); the message names the node and the fix."""
 
 

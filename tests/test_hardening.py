@@ -319,6 +319,28 @@ def test_the_memory_guard_counts_reduction_tables_before_allocating() -> None:
     assert_clean_error(result, "GB of emulator memory (largest tensor 'x'")
 
 
+def test_compiling_allocates_no_frame_memory_until_the_first_evaluate() -> None:
+    """Fuzz finding (grammar): a program with gigabyte I/O took 10 GB and 19 s to compile, because the
+    emulator zero-filled its fp32 frame then. Here the frame would be 2 x 512 MiB: compiling must not
+    touch it; the first evaluate allocates it (and gets the right answer)."""
+    big = ttype("fp16", [1, 4096, 1, 32768])
+    text = program({"x": big}, [op("y", big, "tanh", x="x")], ["y"])
+    result = run_isolated(f"""
+        import resource, orion
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        program = orion.compile({text!r})
+        print("compile grew maxrss by", (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024, "MiB")
+    """)
+    assert_clean_error(result, "compile grew maxrss by")
+    grew = int(result.stdout.split("by")[1].split()[0])
+    assert grew < 128, result.stdout
+    small = ttype("fp16", [1, 4, 1, 32])
+    with orion.compile(program({"x": small}, [op("y", small, "tanh", x="x")], ["y"])) as p:
+        x = np.linspace(-3, 3, 128, dtype=np.float16).reshape(1, 4, 1, 32)
+        for _ in range(2):  # the first evaluate allocates, the second reuses
+            np.testing.assert_allclose(p(x=x)["y"].astype(np.float64), np.tanh(x.astype(np.float64)), atol=1e-3)
+
+
 # --- 13. control characters in weight paths ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("key", ["@model_path/weights/a\0x.bin", "@model_path/weights/a\nb.bin",

@@ -209,6 +209,7 @@ private:
     // After the shared checks (runtime::LoadedProgram::evaluate), under the program's lock.
     void run(const runtime::Bindings& inputs, const runtime::Bindings& outputs,
              const runtime::LiveLanes& live) override {
+        allocate_frame();
         const bool profiling = profile::enabled();
         const auto start = profiling ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
         for (size_t i = 0; i < inputs.size(); ++i) {
@@ -223,6 +224,15 @@ private:
         if (profiling) return run_profiled(outputs, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
         for (size_t i = 0; i < kernels_.size(); ++i) run_kernel(i);
         store_outputs(outputs);
+    }
+
+    // The frame's own (unpooled) tensors, zeroed, on the first evaluate: compiling a program costs no
+    // memory of its data, so programs compiled and never run (other prefill buckets, a program that
+    // only checks) hold nothing.
+    void allocate_frame() {
+        for (int slot : unallocated_)
+            frame_.values[static_cast<size_t>(slot)].data.assign(pooled_size(slot), 0.0f);
+        unallocated_.clear();
     }
 
     // Kernel i with the pooled buffers of the values it defines taken before it and those whose
@@ -270,6 +280,7 @@ private:
 
     void release() override {
         kernels_.clear();
+        unallocated_.clear();
         frame_.values.clear();
         buffer_pool::clear();
     }
@@ -308,7 +319,7 @@ private:
             if (is_const && !v.used_as_data) continue;  // read at build time only (e.g. packed conv weights)
             if (pooled[i]) continue;  // taken from the buffer pool while it is live (run_kernel)
             if (!is_const) {
-                t.data.assign(static_cast<size_t>(v.type.element_count()), 0.0f);
+                unallocated_.push_back(v.slot);  // allocated by the first evaluate (allocate_frame)
             } else if (v.blob) {
                 t.data = blob_floats(v);
             } else {
@@ -451,6 +462,7 @@ private:
     ProgramModel model_;
     std::vector<Kernel> kernels_;
     std::vector<int> input_slots_, output_slots_;
+    std::vector<int> unallocated_;  // frame slots allocate_frame() still has to allocate
     std::vector<bool> in_place_;  // per input: fp16 read in place from the surface (Tensor::half)
     std::vector<const ProgramModel::Step*> kernel_steps_;  // per kernel: its step
     std::vector<std::vector<int>> acquire_, release_;      // per kernel: pooled slots taken before / given after it

@@ -9,6 +9,7 @@ them (once per content hash in this process, to spare the compile budget, ANE-11
 from __future__ import annotations
 
 import hashlib
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,8 @@ from orion.runtime.packing import packed_view
 
 _NUMPY_DTYPES = {"fp16": np.float16, "fp32": np.float32}
 _PROGRAMS: dict[tuple[str, str, tuple[str, ...]], Any] = {}  # (content hash, profile, relaxed ops) -> Program
+_COMPILING: dict[tuple[str, str, tuple[str, ...]], threading.Lock] = {}  # per key: one thread compiles it
+_COMPILING_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -119,15 +122,18 @@ def compile_lowered(lowered: Lowered, *, profile: str = "hardware", min_surface_
                     relaxed_ops: tuple[str, ...] = ()) -> CompiledGraph:
     """Compile an already lowered program; identical content is compiled once per process (and again
     if that program was unloaded). Programs of identical content are shared: unloading one unloads
-    it for every holder. ``min_surface_bytes``: a smaller surface minimum a probe report proved
+    it for every holder. Thread-safe: concurrent calls for one program compile it once. ``min_surface_bytes``: a smaller surface minimum a probe report proved
     and ``relaxed_ops``: disputed ops (ANE-35) a probe report proved on this machine (see ``compile_graph``)."""
     import orion
 
     key = (lowered.content_hash, profile, tuple(sorted(relaxed_ops)))
-    if key not in _PROGRAMS or not _PROGRAMS[key].loaded:
-        _PROGRAMS[key] = orion.compile(lowered.mil, lowered.weights, profile=profile,
-                                       min_surface_bytes=min_surface_bytes, relaxed_ops=relaxed_ops)
-    return CompiledGraph(lowered, _PROGRAMS[key])
+    with _COMPILING_LOCK:
+        lock = _COMPILING.setdefault(key, threading.Lock())
+    with lock:  # threads compiling one program wait for the first instead of spending the budget twice
+        if key not in _PROGRAMS or not _PROGRAMS[key].loaded:
+            _PROGRAMS[key] = orion.compile(lowered.mil, lowered.weights, profile=profile,
+                                           min_surface_bytes=min_surface_bytes, relaxed_ops=relaxed_ops)
+        return CompiledGraph(lowered, _PROGRAMS[key])
 
 
 def compile_graph(graph: Graph, *, io_dtype: str = "fp16", profile: str = "hardware", max_layers: int = 1,

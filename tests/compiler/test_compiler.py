@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import orion
-from orion.compiler import CompiledGraph, compile_graph, lower_graph
+from orion.compiler import CompiledGraph, compile_graph, compile_lowered, lower_graph
 from orion.errors import EvaluateError
 from orion.graph import Graph
 from support.compiler import reference as ref
@@ -51,6 +51,31 @@ def test_compile_cache_by_hash(monkeypatch: pytest.MonkeyPatch) -> None:
     g, _ = block(0.05)
     first, second = compile_graph(g), compile_graph(block(0.05)[0])
     assert first.content_hash == second.content_hash and first.program is second.program and len(calls) == 1
+
+
+def test_threads_compiling_one_graph_compile_it_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ANE-11 under threads: two threads that lower the same graph at once share one compile (a slow
+    compile widens the window in which both would otherwise find the cache empty)."""
+    import threading
+    import time
+
+    calls = []
+    real = orion.compile
+    monkeypatch.setattr(orion, "compile", lambda *a, **k: calls.append(1) or time.sleep(0.2) or real(*a, **k))
+    monkeypatch.setattr(orion.compiler, "_PROGRAMS", {})
+    lowered = lower_graph(block(0.07)[0])
+    barrier, results = threading.Barrier(2), []
+
+    def job() -> None:
+        barrier.wait()
+        results.append(compile_lowered(lowered))
+
+    threads = [threading.Thread(target=job) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and results[0].program is results[1].program
 
 
 def test_hash_changes_with_weights() -> None:

@@ -48,7 +48,8 @@ void check_side(const char* side, const std::vector<TensorSpec>& specs, const Bi
     }
     size_t common_size = 0;
     for (size_t i = 0; i < specs.size(); ++i) {
-        const auto& [name, surface] = given[i];
+        const std::string& name = given[i].first;  // not a structured binding: lambdas capture it (C++17)
+        const auto& surface = given[i].second;
         if (name != specs[i].name) {
             const bool known = std::any_of(specs.begin(), specs.end(), [&](const TensorSpec& s) { return s.name == name; });
             if (!known) throw EvaluateError(std::string("no ") + side + " named '" + name + "' in this program");
@@ -111,7 +112,9 @@ bool fault_injected(const char* name) {
 }
 
 void check_live_lanes(const std::vector<TensorSpec>& inputs, const LiveLanes& live) {
-    for (const auto& [name, lanes] : live) {
+    for (const auto& entry : live) {
+        const std::string& name = entry.first;
+        const int64_t lanes = entry.second;
         auto spec = std::find_if(inputs.begin(), inputs.end(), [&](const TensorSpec& s) { return s.name == name; });
         if (spec == inputs.end()) throw EvaluateError("live_lanes names '" + name + "', which is not an input");
         const int64_t width = spec->type.shape.empty() ? 1 : spec->type.shape.back();

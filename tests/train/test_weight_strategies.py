@@ -6,7 +6,8 @@
   not move across steps, with "recompile" it moves by layers x programs per step;
 - the restart test: ``python -m orion train --weights recompile`` for N steps uninterrupted, and the same N steps
   with an ORION_COMPILE_BUDGET small enough that the run checkpoints and exec-restarts itself every 2 steps: the
-  final weights, AdamW moments and the loss log (step and validation records) are identical bit for bit.
+  final weights, AdamW moments and the loss log (step and validation records) are identical bit for bit (with
+  checkpoints every 2 steps too: the restart then reuses the step's checkpoint instead of writing it again).
 """
 
 from __future__ import annotations
@@ -68,11 +69,11 @@ def test_patch_and_recompile_reach_the_weights_of_inputs(kind: str, tokens: Path
                                                               if r.get("event") == "step"], rel=1e-3)
 
 
-def _train_command(tokens: Path, out: Path, kind: str, steps: int) -> list[str]:
+def _train_command(tokens: Path, out: Path, kind: str, steps: int, checkpoint_every: int) -> list[str]:
     return [sys.executable, "-m", "orion", "train", "--model", f"tiny-{kind}", "--data", str(tokens), "--steps",
             str(steps), "--seq", str(SEQ), "--lr", "3e-3", "--warmup", "1", "--weights", "recompile", "--prefer",
-            "ane", "--eval-every", "3", "--eval-batches", "1", "--checkpoint-every", "100", "--out", str(out),
-            "--quiet"]
+            "ane", "--eval-every", "3", "--eval-batches", "1", "--checkpoint-every", str(checkpoint_every),
+            "--out", str(out), "--quiet"]
 
 
 def _log(out: Path) -> list[dict]:
@@ -80,20 +81,23 @@ def _log(out: Path) -> list[dict]:
             if r.get("event") in ("step", "eval")]
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama"])
-def test_recompile_with_an_exec_restart_every_two_steps_is_bit_identical(kind: str, tokens: Path,
-                                                                         tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind,checkpoint_every", [("gpt2", 100), ("llama", 2)])
+def test_recompile_with_an_exec_restart_every_two_steps_is_bit_identical(kind: str, checkpoint_every: int,
+                                                                         tokens: Path, tmp_path: Path) -> None:
     steps = 6
     whole, restarted = tmp_path / "whole", tmp_path / "restarted"
-    subprocess.run(_train_command(tokens, whole, kind, steps), check=True, timeout=300, capture_output=True)
+    subprocess.run(_train_command(tokens, whole, kind, steps, checkpoint_every), check=True, timeout=300,
+                   capture_output=True)
     # 2 layers x 2 programs = 4 compiles to build and 4 per update; a budget of 15 (threshold 12) fits the build
     # and 2 updates: each process trains 2 steps, then checkpoints and execs itself
     env = {**os.environ, "ORION_COMPILE_BUDGET": "15"}
-    result = subprocess.run(_train_command(tokens, restarted, kind, steps), timeout=300, capture_output=True,
-                            text=True, env=env)
+    result = subprocess.run(_train_command(tokens, restarted, kind, steps, checkpoint_every), timeout=300,
+                            capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
-    events = [(r["event"], r["step"]) for r in read_log(restarted / "train.jsonl") if r["event"] == "resume"]
-    assert events == [("resume", 2), ("resume", 4)]
+    events = read_log(restarted / "train.jsonl")
+    assert [r["step"] for r in events if r["event"] == "resume"] == [2, 4]
+    # one checkpoint per restart (a step checkpointed by the loop is not written again) and the final one
+    assert [r["step"] for r in events if r["event"] == "checkpoint"] == [2, 4, 6]
     assert [r["compiles"] for r in read_log(restarted / "train.jsonl") if r["event"] == "step"] == [8, 12] * 3
     assert _log(restarted) == _log(whole) and len(_log(whole)) == steps + 2
     final, want = (checkpoint.load(checkpoint.checkpoints(d / "checkpoints")[-1]) for d in (restarted, whole))

@@ -210,6 +210,7 @@ class Trainer:
         self.plan: Plan | None = None
         self._log: IO[str] | None = None
         self._resume, self._started, self._resume_logged, self._pending_note = resume, False, False, ""
+        self._checkpointed_step: int | None = None  # the step of the last checkpoint this process wrote
 
     # -- the run ---------------------------------------------------------------------------------------
 
@@ -332,7 +333,8 @@ class Trainer:
                                  f"threshold ({compile_count()} compiled, threshold {restart.compile_threshold()}). "
                                  "Fix: pass exec_restart=True (the command line does) or start the run in a fresh "
                                  "process")
-            self.save_checkpoint()
+            if self._checkpointed_step != self.step:  # the step's own checkpoint may just have been written
+                self.save_checkpoint()
             restart.exec_restart([f for f in (self._log,) if f is not None])
         if self.runner is None:
             self.runner = GradientRunner(self.model, self.config.seq, plan=self.plan, weights=weights,
@@ -384,6 +386,7 @@ class Trainer:
         """Writes the full state at the current step (atomically; the newest ``config.keep`` are kept)."""
         tensors, state = self.checkpoint_state()
         path = checkpoint.save(self.checkpoint_dir, self.step, tensors, state, self.config_hash, keep=self.config.keep)
+        self._checkpointed_step = self.step
         self._write({"event": "checkpoint", "step": self.step, "path": path.name})
         return path
 

@@ -1,6 +1,6 @@
-"""``python -m orion.bench train`` (its main, in this process): runs on a tiny model in seconds and prints every figure the issue asks for;
-the M4 cost model is the stated formula over the plan's FLOPs and dispatches (checked by hand-written arithmetic);
-without torch it says so and reports Orion alone."""
+"""``python -m orion.bench train`` (its main, in this process): runs on a tiny model in seconds and prints every
+figure the issue asks for; the M4 cost model is the stated formula over the plan's FLOPs and dispatches (checked
+by hand-written arithmetic); without torch it says so and reports Orion alone."""
 
 from __future__ import annotations
 

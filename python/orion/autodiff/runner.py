@@ -224,8 +224,8 @@ class _PerLayer:
         files = {}
         for path, data in self.lowered.weights.items():
             stem = path[len(WEIGHT_DIR):-len(".bin")]
-            holders = [n for n in self.names if (stem == n or (stem.startswith(f"{n}_") and stem[len(n) + 1:].isdigit()))
-                       and data == _blob(values[n])]
+            named = [n for n in self.names if stem == n or (stem.startswith(f"{n}_") and stem[len(n) + 1:].isdigit())]
+            holders = [n for n in named if data == _blob(values[n])]
             if len(holders) == 1:
                 files[path] = holders[0]
         rng = np.random.default_rng(0)

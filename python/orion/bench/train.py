@@ -125,7 +125,7 @@ def run(model: str = DEFAULT_MODEL, seq: int = 256, batch: int = 1, accum: int =
     from orion import backend, compile_count
 
     cost = cost or M4CostModel()
-    missing = torch_available() if torch else "not asked for (--no-torch)"
+    missing = torch_available() if torch else "--no-torch"
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         config = TrainConfig(steps=1000, seq=seq, batch=batch, accum=accum, warmup=100, weights=weights, prefer=prefer)

@@ -67,8 +67,8 @@ def _train(args: argparse.Namespace) -> int:
     config = TrainConfig(steps=args.steps, seq=args.seq, batch=args.batch, accum=args.accum, lr=args.lr,
                          min_lr=args.min_lr, warmup=args.warmup, weight_decay=args.weight_decay,
                          max_grad_norm=args.max_grad_norm, loss_scale=args.loss_scale, seed=args.seed,
-                         prefer=args.prefer, weights=args.weights, eval_every=args.eval_every, eval_batches=args.eval_batches,
-                         checkpoint_every=args.checkpoint_every, keep=args.keep)
+                         prefer=args.prefer, weights=args.weights, eval_every=args.eval_every,
+                         eval_batches=args.eval_batches, checkpoint_every=args.checkpoint_every, keep=args.keep)
     out = Path(args.out)
     data = _stdlib_data(args.model, out, args.data_bytes, args.quiet) if args.data == STDLIB else args.data
     trainer = Trainer(args.model, data, out, config, resume=args.resume, quiet=args.quiet, exec_restart=True)

@@ -16,9 +16,9 @@ update needs no compile; ``"patch"``, per-layer programs with baked weights whos
 optimizer step, without a compile; ``"recompile"``, the same programs compiled again after each step. Before
 each step the trainer forecasts the step's compiles (building the runner, the update after the optimizer step)
 and, if they would cross the compile budget's threshold, checkpoints and exec-restarts
-(:mod:`orion.train.restart`; with ``exec_restart=True``, as the command line does). Checkpoints are taken at optimizer-step boundaries only, so the saved accumulation
-phase is always 0 and a resumed run continues with exactly the batches, weights and moments of an
-uninterrupted one.
+(:mod:`orion.train.restart`; with ``exec_restart=True``, as the command line does). Checkpoints are taken at
+optimizer-step boundaries only, so the saved accumulation phase is always 0 and a resumed run continues with
+exactly the batches, weights and moments of an uninterrupted one.
 """
 
 from __future__ import annotations

@@ -103,18 +103,21 @@ class GradientRunner:
     @property
     def rebakes(self) -> bool:
         """True when :meth:`update` has work: some baked weight is trained (``"patch"`` or ``"recompile"``)."""
-        return any(isinstance(s, _PerLayer) and set(s.names) & set(self.trainable) for s in self._slots)
+        return bool(self._rebaked())
 
     @property
     def _slots(self) -> list[_Shared | _PerLayer]:
         return [self._forward, *self._gradients]
 
+    def _rebaked(self) -> list[_PerLayer]:
+        """The per-layer programs holding a trained baked weight."""
+        return [s for s in self._slots if isinstance(s, _PerLayer) and set(s.names) & set(self.trainable)]
+
     def update(self, params: Mapping[str, np.ndarray]) -> None:
         """The parameters changed (an optimizer step): re-bake the trained baked weights from ``params``
         (``"patch"``: new weight files, no compile; ``"recompile"``: compiled again). Nothing to do otherwise."""
-        for slot in self._slots:
-            if isinstance(slot, _PerLayer) and set(slot.names) & set(self.trainable):
-                slot.rebake(params, recompile=self.weights == "recompile")
+        for slot in self._rebaked():
+            slot.rebake(params, recompile=self.weights == "recompile")
 
     def unload(self) -> None:
         """Releases the per-layer programs (the shared ones stay in the process's program cache)."""

@@ -239,8 +239,9 @@ class _PerLayer:
 
     def _weights(self, params: Mapping[str, np.ndarray], layer: int) -> dict[str, bytes]:
         values = self._values(params, layer)
-        if self.files is not None:
-            return {**self.lowered.weights, **{p: _blob(values[n]) for p, n in self.files.items()}}
+        if self.files is not None:  # each value converted to fp16 once, whatever number of files hold it
+            blobs = {n: _blob(values[n]) for n in set(self.files.values())}
+            return {**self.lowered.weights, **{p: blobs[n] for p, n in self.files.items()}}
         lowered = self._lower(values)
         if lowered.mil != self.lowered.mil:
             raise CompileError(f"{self.program.name}: baking layer {layer}'s weights changed the MIL text, not only "

@@ -341,6 +341,23 @@ def test_compiling_allocates_no_frame_memory_until_the_first_evaluate() -> None:
             np.testing.assert_allclose(p(x=x)["y"].astype(np.float64), np.tanh(x.astype(np.float64)), atol=1e-3)
 
 
+def test_integer_outputs_saturate_and_store_nan_as_zero() -> None:
+    """Fuzz finding (grammar, clang UBSan float-cast-overflow): an int8 output of 0/0 converted NaN to an
+    integer, undefined behaviour (a trap under the sanitizer). Reference: numpy, the fp32 result clipped."""
+    t8, t32 = ttype("int8", [1, 4, 1, 32]), ttype("int32", [1, 4, 1, 32])
+    text = program({"a": t8, "b": t32}, [op("q", t8, "real_div", x="a", y="a"), op("p", t32, "mul", x="b", y="b")],
+                   ["p", "q"])
+    with orion.compile(text, profile="permissive") as p:
+        a = np.arange(-64, 64, dtype=np.int8).reshape(1, 4, 1, 32)
+        b = np.linspace(-70000, 70000, 128).astype(np.int32).reshape(1, 4, 1, 32)
+        out = p(a=a, b=b)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        q = a.astype(np.float64) / a.astype(np.float64)
+    np.testing.assert_array_equal(out["q"], np.where(np.isnan(q), 0, q).astype(np.int8))
+    square = (b.astype(np.float32) * b.astype(np.float32)).astype(np.float64)  # the emulator holds integers in fp32
+    np.testing.assert_array_equal(out["p"], np.clip(square, -2**31, 2**31 - 1).astype(np.int64).astype(np.int32))
+
+
 # --- 13. control characters in weight paths ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("key", ["@model_path/weights/a\0x.bin", "@model_path/weights/a\nb.bin",

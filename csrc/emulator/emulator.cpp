@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <unistd.h>
 #include <map>
@@ -56,6 +58,14 @@ void load_input(const uint8_t* src, Tensor& t) {
     }
 }
 
+// An integer output element: the value saturated to [lo, hi], NaN as 0 (converting a float outside the
+// target's range is undefined behaviour in C++, and an integer has no NaN).
+template <typename Int>
+Int saturate(float v, double lo, double hi) {
+    if (std::isnan(v)) return 0;
+    return static_cast<Int>(std::clamp(static_cast<double>(v), lo, hi));
+}
+
 void store_output(const Tensor& t, uint8_t* dst) {
     if (t.partial() && mil::is_float(t.dtype)) {
         for_each_live_row(t, [&](int64_t at, int64_t n) {
@@ -73,14 +83,17 @@ void store_output(const Tensor& t, uint8_t* dst) {
         case mil::DType::fp32: std::memcpy(dst, t.data.data(), n * 4); break;
         case mil::DType::int32:
             for (size_t i = 0; i < n; ++i) {
-                const int32_t v = static_cast<int32_t>(t.data[i]);
+                const int32_t v = saturate<int32_t>(t.data[i], INT32_MIN, INT32_MAX);
                 std::memcpy(dst + 4 * i, &v, 4);
             }
             break;
         case mil::DType::int8:
         case mil::DType::uint8:
         case mil::DType::boolean:
-            for (size_t i = 0; i < n; ++i) dst[i] = static_cast<uint8_t>(static_cast<int32_t>(t.data[i]));
+            for (size_t i = 0; i < n; ++i) {
+                const double lo = t.dtype == mil::DType::int8 ? -128 : 0, hi = t.dtype == mil::DType::int8 ? 127 : 255;
+                dst[i] = static_cast<uint8_t>(saturate<int32_t>(t.data[i], lo, hi));
+            }
             break;
         default: throw EvaluateError(std::string("unsupported I/O dtype ") + mil::dtype_name(t.dtype) + " (the front end refuses it at compile)");
     }

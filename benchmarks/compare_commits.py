@@ -4,7 +4,9 @@ Each commit is built once in its own worktree, venv and build directory under --
 runs), unless --python-a/--python-b name an interpreter that already has it installed. Then passes of
 ``python -m orion.bench BENCH_ARGS --json`` alternate A, B, A, B, ... in fresh subprocesses, so that
 load from other work on the machine falls on both sides alike. The report gives each metric's median
-per side, the ratio B/A, and the 1-minute load average around the passes.
+per side, the ratio of the medians B/A, the median of the per-pass ratios (B over the A pass just
+before it: robust when the load changes during the run), and the 1-minute load average around the
+passes.
 
     python benchmarks/compare_commits.py c8c392c HEAD --python-b .venv/bin/python --passes 5 -- \\
         decode --prompt-tokens 16 --new-tokens 64
@@ -79,15 +81,19 @@ def compare(pythons: dict[str, Path], bench_args: list[str], passes: int, metric
             value = ", ".join(f"{m} {runs[side][-1].get(m, float('nan')):.2f}" for m in metrics)
             print(f"pass {i + 1}/{passes} {side}: {value} (load {loads[-1]:.2f})", file=sys.stderr, flush=True)
     medians = {side: {m: statistics.median(r[m] for r in rs) for m in metrics} for side, rs in runs.items()}
+    pair_ratios = {m: statistics.median(b[m] / a[m] for a, b in zip(runs["A"], runs["B"])) for m in metrics}
     return {"passes": passes, "runs": {s: [{m: r[m] for m in metrics} for r in rs] for s, rs in runs.items()},
             "medians": medians, "ratio_b_over_a": {m: medians["B"][m] / medians["A"][m] for m in metrics},
+            "pair_ratio_median": pair_ratios,
             "load_1min": {"min": min(loads), "median": statistics.median(loads), "max": max(loads)}}
 
 
 def report(result: dict[str, Any], labels: dict[str, str]) -> str:
-    lines = [f"{'metric':<20} {'A median':>12} {'B median':>12} {'B/A':>7}   (A = {labels['A']}, B = {labels['B']})"]
+    lines = [f"{'metric':<20} {'A median':>12} {'B median':>12} {'B/A':>7} {'pairs B/A':>10}   "
+             f"(A = {labels['A']}, B = {labels['B']})"]
     for m, ratio in result["ratio_b_over_a"].items():
-        lines.append(f"{m:<20} {result['medians']['A'][m]:>12.3f} {result['medians']['B'][m]:>12.3f} {ratio:>7.3f}")
+        lines.append(f"{m:<20} {result['medians']['A'][m]:>12.3f} {result['medians']['B'][m]:>12.3f} {ratio:>7.3f} "
+                     f"{result['pair_ratio_median'][m]:>10.3f}")
     load = result["load_1min"]
     lines.append(f"{result['passes']} interleaved passes per side; 1-min load average min {load['min']:.2f}, "
                  f"median {load['median']:.2f}, max {load['max']:.2f}")

@@ -26,7 +26,6 @@
 #include <vector>
 
 #include "ane_client.h"
-#include "emulator/emulator.h"
 #include "frontend/frontend.h"
 #include "errors.h"
 #include "runtime/ane_plan.h"
@@ -147,10 +146,9 @@ public:
                                               const runtime::CompileOptions& options, const AneProgram* donor) {
         const Framework& fw = framework();
         if (!fw.ok) throw CompileError("the ane backend is unavailable: " + fw.detail);
-        // The shared front end and type step: the emulator refuses the same programs with the same
-        // errors. No emulator program is built: nothing is baked, no frame sized, no host-memory check.
+        // The shared front end, type step included: the emulator refuses the same programs with the
+        // same errors. Nothing of the emulator's runs: nothing baked, no frame sized, no host-memory check.
         frontend::CheckedProgram checked = frontend::check(mil, weights, options);
-        emu::check_types(checked, weights);
         const plan::ModelPlan layout = plan::plan_model(mil, weights);
 
         std::unique_ptr<AneProgram> p(new AneProgram(mil, options));

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -141,3 +143,15 @@ def test_surfaces_lock_and_unlock() -> None:
     s.native.unlock()
     with pytest.raises(orion.EvaluateError, match="not locked"):
         s.native.unlock()
+
+
+CSRC = Path(__file__).resolve().parents[1] / "csrc"
+
+
+@pytest.mark.parametrize("source", ["ane_client.mm", *sorted(f"frontend/{p.name}" for p in (CSRC / "frontend").iterdir())])
+def test_the_ane_backend_and_the_front_end_use_nothing_of_the_emulator(source: str) -> None:
+    """AneProgram compiles through the shared front end (type step included) alone: neither it nor the
+    front end includes or calls anything of csrc/emulator/."""
+    text = (CSRC / source).read_text()
+    assert re.findall(r'#\s*(?:include|import)\s+"emulator/[^"]*"', text) == []
+    assert "emu::" not in text

@@ -285,7 +285,7 @@ def test_only_disputed_ops_can_be_relaxed(relaxed) -> None:
 
 def test_the_op_table_lists_every_ban_and_dispute_these_tests_break() -> None:
     table = {row["name"]: row for row in orion._core.op_table()}
-    assert all(set(row) == {"name", "required", "optional", "status", "constraint"} for row in table.values())
+    assert all(set(row) == {"name", "required", "optional", "status", "constraint", "type_rule"} for row in table.values())
     banned = {n: r["constraint"] for n, r in table.items() if r["status"] == "banned"}
     assert banned == {name: cid for name, cid, *_ in BANNED}
     disputed = {n: r["constraint"] for n, r in table.items() if r["status"] == "disputed"}

@@ -8,6 +8,7 @@
 #include "emulator/emulator.h"
 #include "emulator/profile.h"
 #include "errors.h"
+#include "frontend/types.h"
 #include "hardware_limits.h"
 #include "mil/op_table.h"
 #include "runtime/ane_plan.h"
@@ -43,6 +44,7 @@ py::dict op_row(const mil::OpSpec& spec) {
     d["optional"] = spec.optional;
     d["status"] = mil::op_status_name(spec.status);
     d["constraint"] = spec.constraint ? spec.constraint->id : "";
+    d["type_rule"] = frontend::has_type_rule(spec.name);
     return d;
 }
 
@@ -279,7 +281,8 @@ void bind_runtime(py::module_& m) {
         py::list out;
         for (const auto& spec : mil::op_table()) out.append(op_row(spec));
         return out;
-    }, "Every MIL op the core knows (csrc/mil/op_table.h): [{name, required, optional, status, constraint}].");
+    }, "Every MIL op the core knows (csrc/mil/op_table.h): [{name, required, optional, status, constraint, "
+          "type_rule}]; type_rule: the front end defines its type rule (csrc/frontend/types_*.cpp).");
     m.def("constraint_ids", [] {
         py::list out;
         for (const auto& c : constraints::all()) out.append(py::make_tuple(c.id, c.title));

@@ -100,19 +100,21 @@ void store_output(const Tensor& t, uint8_t* dst) {
 }
 
 // The compile-time state of a program: one ValueInfo per variable, and per op the ids its
-// builder reads. The type step fills it for the whole program before the kernel step allocates.
+// builder reads and the front end's type-step results. The plan step fills it for the whole
+// program before the kernel step allocates.
 class ProgramModel {
 public:
-    ProgramModel(const mil::Function& fn, const runtime::WeightFiles& weights) {
+    ProgramModel(const mil::Function& fn, std::vector<frontend::TypedOp> typed, const runtime::WeightFiles& weights) {
         for (const auto& p : fn.inputs) define(p.name, p.type);
-        for (const auto& op : fn.body) {
+        for (size_t i = 0; i < fn.body.size(); ++i) {
+            const mil::Operation& op = fn.body[i];
             if (op.op == "const") {
                 const int id = define(op.output, op.type);
                 values_[id].constant = &*op.val;
                 if (op.val->kind == mil::Value::Kind::blob) values_[id].blob = payload(*op.val, weights);
                 continue;
             }
-            Step step{&op, find_op(op.op), {}, {}, -1};
+            Step step{&op, find_op(op.op), {}, {}, -1, std::move(typed[i])};
             if (!step.build) throw CompileError(where(op) + ": the emulator has no kernel for '" + op.op + "'");
             for (const auto& a : op.args) {
                 std::vector<int> ids;
@@ -129,13 +131,11 @@ public:
                 step.tuple_ids.push_back(std::move(ids));
             }
             step.out = static_cast<int>(values_.size());  // the slot define() gives
-            OpContext ctx(op, values_, step.arg_ids, step.tuple_ids, step.out, /*types_only=*/true);
-            const BuiltOp typed = step.build(ctx);
-            if (typed.type != op.type)
-                throw CompileError(where(op) + " declares " + op.type.str() + " but its inputs give " + typed.type.str());
-            scratch_bytes_ += typed.scratch_bytes;
+            OpContext ctx(op, step.typed, values_, step.arg_ids, step.tuple_ids, step.out, /*plan_only=*/true);
+            const BuiltOp planned = step.build(ctx);
+            scratch_bytes_ += planned.scratch_bytes;
             const int id = define(op.output, op.type);
-            if (typed.view_of >= 0) values_[id].slot = typed.view_of;
+            if (planned.view_of >= 0) values_[id].slot = planned.view_of;
             steps_.push_back(std::move(step));
         }
     }
@@ -167,6 +167,7 @@ public:
         std::vector<int> arg_ids;
         std::vector<std::vector<int>> tuple_ids;
         int out;
+        frontend::TypedOp typed;  // its output type and what its type rule derived
     };
 
     std::map<std::string, int> ids_;
@@ -305,12 +306,12 @@ private:
 
     std::vector<ValueInfo>& values() { return model_.values_; }
 
-    // The kernel step, after the type step passed for every op and the memory guard.
+    // The kernel step, after the plan step of every op and the memory guard.
     void build_kernels() {
         check_frame_size();
         shrink_repeated_consts();
         for (const auto& step : model_.steps_) {
-            OpContext ctx(*step.op, values(), step.arg_ids, step.tuple_ids, step.out, /*types_only=*/false);
+            OpContext ctx(*step.op, step.typed, values(), step.arg_ids, step.tuple_ids, step.out, /*plan_only=*/false);
             BuiltOp built = step.build(ctx);
             if (built.view_of >= 0) continue;
             kernels_.push_back(std::move(built.kernel));
@@ -488,7 +489,7 @@ private:
 std::unique_ptr<runtime::LoadedProgram> build_checked(std::string_view text, const runtime::WeightFiles& weights,
                                                       const runtime::CompileOptions& options, bool count_compile) {
     frontend::CheckedProgram checked = frontend::check(text, weights, options);
-    ProgramModel model(checked.main(), weights);
+    ProgramModel model(checked.main(), std::move(checked.typed), weights);
     if (count_compile) runtime::consume_compile();
     return std::make_unique<EmulatedProgram>(text, std::move(checked), std::move(model), options);
 }
@@ -514,11 +515,6 @@ std::unique_ptr<runtime::LoadedProgram> compile(std::string_view mil_text, const
 std::unique_ptr<runtime::LoadedProgram> build(std::string_view mil_text, const runtime::WeightFiles& weights,
                                               const runtime::CompileOptions& options) {
     return build_checked(mil_text, weights, options, /*count_compile=*/false);
-}
-
-void check_types(const frontend::CheckedProgram& checked, const runtime::WeightFiles& weights) {
-    const ProgramModel typed(checked.main(), weights);  // throws on the first op whose type does not check
-    (void)typed;
 }
 
 }  // namespace orion::emu

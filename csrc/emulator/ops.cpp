@@ -36,7 +36,7 @@ const ValueInfo& OpContext::info(const char* arg) const {
 
 int OpContext::slot(const char* arg, bool fp16_in_place) {
     const ValueInfo& v = info(arg);
-    if (types_only_) return v.slot;
+    if (plan_only_) return v.slot;
     const_cast<ValueInfo&>(v).used_as_data = true;
     if (!fp16_in_place) values_[static_cast<size_t>(v.slot)].needs_fp32 = true;
     return v.slot;
@@ -51,7 +51,7 @@ std::vector<int> OpContext::tuple_slots(const char* arg) {
     if (a->kind != mil::Argument::Kind::tuple) fail(std::string("argument '") + arg + "' must be a tuple like (a, b)");
     std::vector<int> slots;
     for (int id : tuple_ids_[index]) {
-        if (types_only_) {
+        if (plan_only_) {
             slots.push_back(values_[static_cast<size_t>(id)].slot);
             continue;
         }
@@ -60,15 +60,6 @@ std::vector<int> OpContext::tuple_slots(const char* arg) {
         slots.push_back(values_[static_cast<size_t>(id)].slot);
     }
     return slots;
-}
-
-std::vector<mil::Type> OpContext::tuple_types(const char* arg) const {
-    size_t index = 0;
-    const mil::Argument* a = find_arg(op_, arg, &index);
-    if (!a || a->kind != mil::Argument::Kind::tuple) fail(std::string("argument '") + arg + "' must be a tuple like (a, b)");
-    std::vector<mil::Type> types;
-    for (int id : tuple_ids_[index]) types.push_back(values_[static_cast<size_t>(id)].type);
-    return types;
 }
 
 const ValueInfo& OpContext::constant(const char* arg) const {
@@ -81,54 +72,6 @@ std::vector<float> OpContext::floats(const char* arg) const {
     const ValueInfo& v = constant(arg);
     if (v.blob) return blob_floats(v);
     return std::vector<float>(v.constant->numbers.begin(), v.constant->numbers.end());
-}
-
-std::vector<int64_t> OpContext::ints(const char* arg) const {
-    const ValueInfo& v = constant(arg);
-    if (v.blob || v.type.dtype == mil::DType::string || mil::is_float(v.type.dtype))
-        fail(std::string("argument '") + arg + "' must be an integer const, got " + v.type.str());
-    std::vector<int64_t> out;
-    for (double d : v.constant->numbers) out.push_back(static_cast<int64_t>(d));
-    return out;
-}
-
-int64_t OpContext::int_scalar(const char* arg) const {
-    auto v = ints(arg);
-    if (v.size() != 1) fail(std::string("argument '") + arg + "' must be a single integer");
-    return v[0];
-}
-
-double OpContext::number(const char* arg) const {
-    const ValueInfo& v = constant(arg);
-    if (v.blob || v.constant->numbers.size() != 1) fail(std::string("argument '") + arg + "' must be a scalar const");
-    return v.constant->numbers[0];
-}
-
-bool OpContext::boolean(const char* arg) const {
-    const ValueInfo& v = constant(arg);
-    if (v.type.dtype != mil::DType::boolean || v.constant->numbers.size() != 1)
-        fail(std::string("argument '") + arg + "' must be a bool const, got " + v.type.str());
-    return v.constant->numbers[0] != 0.0;
-}
-
-std::string OpContext::text(const char* arg) const {
-    const ValueInfo& v = constant(arg);
-    if (v.type.dtype != mil::DType::string) fail(std::string("argument '") + arg + "' must be a string const");
-    return v.constant->text;
-}
-
-Shape broadcast_shapes(OpContext& ctx, const Shape& a, const Shape& b) {
-    const size_t rank = std::max(a.size(), b.size());
-    Shape out(rank);
-    for (size_t i = 0; i < rank; ++i) {
-        const int64_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
-        const int64_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
-        if (da != db && da != 1 && db != 1)
-            ctx.fail("shapes " + shape_str(a) + " and " + shape_str(b) + " do not broadcast (dimension " +
-                     std::to_string(i) + ": " + std::to_string(da) + " vs " + std::to_string(db) + ")");
-        out[i] = da == 1 ? db : da;
-    }
-    return out;
 }
 
 void finish(Tensor& t) {
@@ -145,15 +88,6 @@ void finish(Tensor& t) {
             for (float& v : t.data) v = std::nearbyint(v);
             break;
     }
-}
-
-mil::Type tensor_type(mil::DType dtype, const Shape& shape) { return mil::Type::tensor(dtype, shape); }
-
-int64_t normalize_axis(OpContext& ctx, int64_t axis, int64_t rank) {
-    const int64_t a = axis < 0 ? axis + rank : axis;
-    if (a < 0 || a >= rank)
-        ctx.fail("axis " + std::to_string(axis) + " is out of range for a rank-" + std::to_string(rank) + " tensor");
-    return a;
 }
 
 std::vector<float> blob_floats(const ValueInfo& v) {

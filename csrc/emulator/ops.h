@@ -1,8 +1,9 @@
-// The op library of the software ANE. Each op has a builder that runs in two steps. The type step
-// (OpContext::types_only()) checks the op's arguments and infers its output type, allocating
-// nothing tensor-sized; the emulator runs it over the whole program first. The kernel step then
-// returns the kernel that computes the op at evaluate time. Argument names are checked against
-// the op table (mil/op_table.h) by the front end before either step.
+// The op library of the software ANE: one builder per op, from the op's type-step results
+// (frontend/types.h: its output type and what its type rule derived, OpContext::attrs) to its
+// kernel. The emulator calls each builder twice: the plan step (OpContext::plan_only()) asks only
+// whether the output is a view and how much scratch the kernel will hold, allocating nothing
+// tensor-sized; the kernel step then returns the kernel that computes the op at evaluate time.
+// Operand types and attributes were checked by the front end before either step.
 #pragma once
 
 #include <functional>
@@ -10,10 +11,12 @@
 #include <optional>
 #include <string_view>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "emulator/kernels.h"
 #include "emulator/tensor.h"
+#include "frontend/types.h"
 #include "mil/program.h"
 
 namespace orion::emu {
@@ -39,15 +42,20 @@ struct ValueInfo {
 
 class OpContext {
 public:
-    OpContext(const mil::Operation& op, std::vector<ValueInfo>& values, const std::vector<int>& arg_ids,
-              const std::vector<std::vector<int>>& tuple_ids, int out_slot, bool types_only)
-        : op_(op), values_(values), arg_ids_(arg_ids), tuple_ids_(tuple_ids), out_slot_(out_slot),
-          types_only_(types_only) {}
+    OpContext(const mil::Operation& op, const frontend::TypedOp& typed, std::vector<ValueInfo>& values,
+              const std::vector<int>& arg_ids, const std::vector<std::vector<int>>& tuple_ids, int out_slot,
+              bool plan_only)
+        : op_(op), typed_(typed), values_(values), arg_ids_(arg_ids), tuple_ids_(tuple_ids), out_slot_(out_slot),
+          plan_only_(plan_only) {}
 
     const mil::Operation& op() const { return op_; }
-    // The type step: the builder returns once it knows the output type (and its scratch estimate).
-    bool types_only() const { return types_only_; }
+    // The plan step: the builder returns once it knows whether its output is a view, and its scratch.
+    bool plan_only() const { return plan_only_; }
     int out_slot() const { return out_slot_; }
+    const mil::Type& out_type() const { return typed_.type; }
+    // What the op's type rule derived (frontend/types.h), e.g. attrs<frontend::ConvGeometry>().
+    template <typename T>
+    const T& attrs() const { return std::get<T>(typed_.attrs); }
     bool has(const char* arg) const;
 
     // A runtime operand: its slot (the kernel reads Frame::values[slot]) and type. With
@@ -55,14 +63,8 @@ public:
     int slot(const char* arg, bool fp16_in_place = false);
     const mil::Type& type(const char* arg) const;
     std::vector<int> tuple_slots(const char* arg);
-    std::vector<mil::Type> tuple_types(const char* arg) const;
-    // Compile-time constant arguments (must be const() values).
+    // Compile-time constant arguments (const() values, as the type step checked).
     const ValueInfo& constant(const char* arg) const;
-    std::vector<int64_t> ints(const char* arg) const;
-    int64_t int_scalar(const char* arg) const;
-    double number(const char* arg) const;  // a numeric scalar or one-element tensor
-    bool boolean(const char* arg) const;
-    std::string text(const char* arg) const;
     std::vector<float> floats(const char* arg) const;  // a whole const tensor as fp32
 
     // Throws CompileError naming the op, its line and `message`.
@@ -71,18 +73,18 @@ public:
 private:
     const ValueInfo& info(const char* arg) const;
     const mil::Operation& op_;
+    const frontend::TypedOp& typed_;
     std::vector<ValueInfo>& values_;
     const std::vector<int>& arg_ids_;  // per op argument: value id (-1 for tuples)
     const std::vector<std::vector<int>>& tuple_ids_;
     int out_slot_;
-    bool types_only_;
+    bool plan_only_;
 };
 
 struct BuiltOp {
-    mil::Type type;  // inferred output type (checked against the declared one)
     Kernel kernel;
     int view_of = -1;  // >= 0: no kernel, the output is a view of this slot's data (same order)
-    double scratch_bytes = 0;  // type step: memory the kernel step holds besides the frame (tables, copies)
+    double scratch_bytes = 0;  // plan step: memory the kernel step holds besides the frame (tables, copies)
 };
 
 using OpBuilder = BuiltOp (*)(OpContext&);
@@ -104,11 +106,7 @@ std::vector<OpEntry> quantization_ops();
 // Shared helpers for op builders.
 // A BLOBFILE const's payload as fp32 values, decoded by its dtype.
 std::vector<float> blob_floats(const ValueInfo& v);
-Shape broadcast_shapes(OpContext& ctx, const Shape& a, const Shape& b);
 // Rounds a freshly computed tensor to its dtype: fp16 rounding, or whole numbers for integers.
 void finish(Tensor& t);
-mil::Type tensor_type(mil::DType dtype, const Shape& shape);
-// Normalises a possibly negative axis against `rank`; fails with the op's name when out of range.
-int64_t normalize_axis(OpContext& ctx, int64_t axis, int64_t rank);
 
 }  // namespace orion::emu

@@ -65,17 +65,11 @@ void for_each_row(const Shape& out, const Shape& xs, const Shape& ys, bool coale
 
 template <typename F>
 BuiltOp binary(OpContext& ctx, F f) {
-    const mil::Type tx = ctx.type("x"), ty = ctx.type("y");
-    if (tx.dtype != ty.dtype)
-        ctx.fail(std::string("x is ") + mil::dtype_name(tx.dtype) + " but y is " + mil::dtype_name(ty.dtype) +
-                 ": cast one of them first");
-    const Shape out_shape = broadcast_shapes(ctx, tx.shape, ty.shape);
-    mil::Type type = tx.is_tensor || ty.is_tensor ? tensor_type(tx.dtype, out_shape) : mil::Type::scalar(tx.dtype);
-    if (ctx.types_only()) return {type};
+    if (ctx.plan_only()) return {};
     const int x = ctx.slot("x"), y = ctx.slot("y"), o = ctx.out_slot();
-    const Shape xs = tx.shape, ys = ty.shape;
+    const Shape xs = ctx.type("x").shape, ys = ctx.type("y").shape;  // a repeated const may be held shrunk
     const bool same = xs == ys;
-    return {type, [=](Frame& fr) {
+    return {[=](Frame& fr) {
                 const Tensor &ta = fr.values[x], &tb = fr.values[y];
                 Tensor& out = fr.values[o];
                 // Live lanes: the widest live prefix among operands that span the output's last axis.
@@ -113,11 +107,9 @@ BuiltOp binary(OpContext& ctx, F f) {
 // A unary op computed row by row over the live lanes: rows(src, dst, n).
 template <typename Rows>
 BuiltOp unary_rows(OpContext& ctx, Rows rows) {
-    const mil::Type tx = ctx.type("x");
-    if (!mil::is_float(tx.dtype)) ctx.fail(std::string("x must be fp16 or fp32, got ") + mil::dtype_name(tx.dtype));
-    if (ctx.types_only()) return {tx};
+    if (ctx.plan_only()) return {};
     const int x = ctx.slot("x"), o = ctx.out_slot();
-    return {tx, [=](Frame& fr) {
+    return {[=](Frame& fr) {
                 const float* a = fr.values[x].data.data();
                 Tensor& out = fr.values[o];
                 out.lanes = fr.values[x].lanes;
@@ -139,18 +131,17 @@ BuiltOp unary(OpContext& ctx, F f) {
 float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
 
 BuiltOp build_gelu(OpContext& ctx) {
-    const std::string mode = ctx.has("mode") ? ctx.text("mode") : "EXACT";
-    if (mode == "EXACT")
-        return unary(ctx, [](float v) { return 0.5f * v * (1.0f + std::erf(v * 0.70710678f)); });
-    if (mode == "TANH_APPROXIMATION")
+    using Mode = frontend::GeluMode::Kind;
+    const Mode mode = ctx.attrs<frontend::GeluMode>().kind;
+    if (mode == Mode::tanh_approximation)
         return unary(
             ctx, [](float v) { return 0.5f * v * (1.0f + std::tanh(0.7978845608f * (v + 0.044715f * v * v * v))); });
-    if (mode == "SIGMOID_APPROXIMATION") return unary(ctx, [](float v) { return v * sigmoid(1.702f * v); });
-    ctx.fail("unknown gelu mode '" + mode + "' (EXACT, TANH_APPROXIMATION or SIGMOID_APPROXIMATION)");
+    if (mode == Mode::sigmoid_approximation) return unary(ctx, [](float v) { return v * sigmoid(1.702f * v); });
+    return unary(ctx, [](float v) { return 0.5f * v * (1.0f + std::erf(v * 0.70710678f)); });
 }
 
 BuiltOp build_rsqrt(OpContext& ctx) {
-    const float eps = ctx.has("epsilon") ? static_cast<float>(ctx.number("epsilon")) : 1e-12f;
+    const float eps = ctx.attrs<frontend::Epsilon>().value;
     return unary(ctx, [eps](float v) { return 1.0f / std::sqrt(v + eps); });
 }
 

@@ -24,61 +24,10 @@ std::vector<uint16_t> weight_halves(OpContext& ctx) {
     return h;
 }
 
-struct ConvGeometry {
-    int64_t n, cin, h, w, cout, kh, kw, groups, sh, sw, dh, dw, pt, pb, pl, pr, oh, ow;
-};
-
-ConvGeometry conv_geometry(OpContext& ctx, const mil::Type& tx, const mil::Type& tw) {
-    if (tx.shape.size() != 4 || tw.shape.size() != 4)
-        ctx.fail("conv needs rank-4 x [N, Cin, H, W] and weight [Cout, Cin/groups, kH, kW], got x " + shape_str(tx.shape) +
-                 " and weight " + shape_str(tw.shape));
-    ConvGeometry g{};
-    g.n = tx.shape[0], g.cin = tx.shape[1], g.h = tx.shape[2], g.w = tx.shape[3];
-    g.cout = tw.shape[0], g.kh = tw.shape[2], g.kw = tw.shape[3];
-    g.groups = ctx.has("groups") ? ctx.int_scalar("groups") : 1;
-    if (g.groups <= 0 || g.cin % g.groups || g.cout % g.groups || tw.shape[1] * g.groups != g.cin)
-        ctx.fail("weight " + shape_str(tw.shape) + " does not fit x with " + std::to_string(g.cin) + " channels in " +
-                 std::to_string(g.groups) + " group(s)");
-    auto pair = [&](const char* arg) {
-        if (!ctx.has(arg)) return std::vector<int64_t>{1, 1};
-        auto v = ctx.ints(arg);
-        if (v.size() != 2 || v[0] <= 0 || v[1] <= 0) ctx.fail(std::string(arg) + " must be two positive integers");
-        return v;
-    };
-    const auto st = pair("strides"), dl = pair("dilations");
-    g.sh = st[0], g.sw = st[1], g.dh = dl[0], g.dw = dl[1];
-    const std::string pad_type = ctx.has("pad_type") ? ctx.text("pad_type") : "valid";
-    const int64_t eff_kh = g.dh * (g.kh - 1) + 1, eff_kw = g.dw * (g.kw - 1) + 1;
-    if (pad_type == "custom") {
-        auto p = ctx.ints("pad");
-        if (p.size() != 4) ctx.fail("pad must have 4 entries [top, bottom, left, right]");
-        g.pt = p[0], g.pb = p[1], g.pl = p[2], g.pr = p[3];
-    } else if (pad_type == "same") {
-        const int64_t ph = std::max<int64_t>(0, ((g.h + g.sh - 1) / g.sh - 1) * g.sh + eff_kh - g.h);
-        const int64_t pw = std::max<int64_t>(0, ((g.w + g.sw - 1) / g.sw - 1) * g.sw + eff_kw - g.w);
-        g.pt = ph / 2, g.pb = ph - ph / 2, g.pl = pw / 2, g.pr = pw - pw / 2;
-    } else if (pad_type == "valid") {
-        if (ctx.has("pad")) {
-            auto p = ctx.ints("pad");
-            if (std::any_of(p.begin(), p.end(), [](int64_t v) { return v != 0; }))
-                ctx.fail("pad must be all zeros with pad_type \"valid\" (use \"custom\" to pad)");
-        }
-    } else {
-        ctx.fail("unknown pad_type '" + pad_type + "' (valid, same or custom)");
-    }
-    g.oh = (g.h + g.pt + g.pb - eff_kh) / g.sh + 1;
-    g.ow = (g.w + g.pl + g.pr - eff_kw) / g.sw + 1;
-    if (g.oh <= 0 || g.ow <= 0) ctx.fail("the kernel is larger than the padded input");
-    return g;
-}
-
 BuiltOp build_conv(OpContext& ctx) {
-    const mil::Type tx = ctx.type("x"), tw = ctx.type("weight");
-    if (!mil::is_float(tx.dtype)) ctx.fail("x must be fp16 or fp32");
-    const ConvGeometry g = conv_geometry(ctx, tx, tw);
-    const mil::Type out_type = tensor_type(tx.dtype, {g.n, g.cout, g.oh, g.ow});
-    if (ctx.types_only()) return {out_type, nullptr, -1, 6 * tw.element_count()};  // fp16 + fp32 weight copies
-    const bool round = tx.dtype == mil::DType::fp16;
+    if (ctx.plan_only()) return {nullptr, -1, 6.0 * ctx.type("weight").element_count()};  // fp16 + fp32 weight copies
+    const frontend::ConvGeometry g = ctx.attrs<frontend::ConvGeometry>();
+    const bool round = ctx.out_type().dtype == mil::DType::fp16;
     std::vector<float> bias;
     if (ctx.has("bias")) {
         bias = ctx.floats("bias");
@@ -96,7 +45,7 @@ BuiltOp build_conv(OpContext& ctx) {
                            g.pl == 0 && g.pr == 0;
     if (pointwise) {
         auto packed = std::make_shared<kernels::PackedConv1x1>(kernels::pack_conv1x1(halves.data(), g.cout, g.cin));
-        return {out_type, [=](Frame& fr) {
+        return {[=](Frame& fr) {
                     const int64_t S = g.h * g.w;
                     const Tensor& in = fr.values[x];
                     Tensor& out = fr.values[o];
@@ -113,7 +62,7 @@ BuiltOp build_conv(OpContext& ctx) {
     }
     auto weight = std::make_shared<std::vector<float>>(halves.size());
     kernels::half_to_float(halves.data(), weight->data(), halves.size());
-    return {out_type, [=](Frame& fr) {
+    return {[=](Frame& fr) {
                 const float* a = fr.values[x].data.data();
                 Tensor& out = fr.values[o];
                 const int64_t cin_g = g.cin / g.groups, cout_g = g.cout / g.groups;
@@ -146,23 +95,13 @@ BuiltOp build_conv(OpContext& ctx) {
 }
 
 BuiltOp build_matmul(OpContext& ctx) {
-    const mil::Type tx = ctx.type("x"), ty = ctx.type("y");
-    if (tx.dtype != ty.dtype || !mil::is_float(tx.dtype)) ctx.fail("x and y must both be fp16 or both fp32");
-    if (tx.shape.size() < 2 || ty.shape.size() < 2) ctx.fail("matmul operands must have rank >= 2");
-    const bool tx_t = ctx.has("transpose_x") && ctx.boolean("transpose_x");
-    const bool ty_t = ctx.has("transpose_y") && ctx.boolean("transpose_y");
-    const size_t rx = tx.shape.size(), ry = ty.shape.size();
-    const int64_t M = tx_t ? tx.shape[rx - 1] : tx.shape[rx - 2], K = tx_t ? tx.shape[rx - 2] : tx.shape[rx - 1];
-    const int64_t K2 = ty_t ? ty.shape[ry - 1] : ty.shape[ry - 2], N = ty_t ? ty.shape[ry - 2] : ty.shape[ry - 1];
-    if (K != K2) ctx.fail("inner dimensions differ: x gives " + std::to_string(K) + ", y gives " + std::to_string(K2));
-    const Shape bx(tx.shape.begin(), tx.shape.end() - 2), by(ty.shape.begin(), ty.shape.end() - 2);
-    const Shape batch = broadcast_shapes(ctx, bx, by);
-    Shape out = batch;
-    out.push_back(M);
-    out.push_back(N);
+    const frontend::MatmulDims& dims = ctx.attrs<frontend::MatmulDims>();
+    const Shape &batch = dims.batch, &bx = dims.x_batch, &by = dims.y_batch;
+    const bool tx_t = dims.transpose_x, ty_t = dims.transpose_y;
+    const int64_t M = dims.M, K = dims.K, N = dims.N;
     const int64_t nb = element_count(batch);
-    if (ctx.types_only()) return {tensor_type(tx.dtype, out), nullptr, -1, 16 * nb};  // per-batch offsets
-    const bool round = tx.dtype == mil::DType::fp16;
+    if (ctx.plan_only()) return {nullptr, -1, 16.0 * static_cast<double>(nb)};  // per-batch offsets
+    const bool round = ctx.out_type().dtype == mil::DType::fp16;
     const int x = ctx.slot("x"), y = ctx.slot("y", /*fp16_in_place=*/true), o = ctx.out_slot();
     // Offsets of each batch's x and y matrices (broadcast batch dims repeat a matrix).
     std::vector<int64_t> xoff(static_cast<size_t>(nb)), yoff(static_cast<size_t>(nb));
@@ -187,7 +126,7 @@ BuiltOp build_matmul(OpContext& ctx) {
     // Element strides of op(x) [M, K] and op(y) [K, N] inside one matrix.
     const int64_t a_rs = tx_t ? 1 : K, a_cs = tx_t ? M : 1;
     const int64_t b_rs = ty_t ? 1 : N, b_cs = ty_t ? K : 1;
-    return {tensor_type(tx.dtype, out), [=](Frame& fr) {
+    return {[=](Frame& fr) {
                 const Tensor &tx_v = fr.values[x], &ty_v = fr.values[y];
                 Tensor& out_v = fr.values[o];
                 // Live lanes: a partially live contracted axis is summed over its live prefix only;

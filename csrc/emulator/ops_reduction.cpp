@@ -10,19 +10,6 @@ namespace orion::emu {
 
 namespace {
 
-// The reduced axes of a `axes` argument (all axes when absent), sorted and unique.
-std::vector<int64_t> reduced_axes(OpContext& ctx, size_t rank) {
-    std::vector<int64_t> axes;
-    if (!ctx.has("axes")) {
-        for (size_t d = 0; d < rank; ++d) axes.push_back(static_cast<int64_t>(d));
-        return axes;
-    }
-    for (int64_t a : ctx.ints("axes")) axes.push_back(normalize_axis(ctx, a, static_cast<int64_t>(rank)));
-    std::sort(axes.begin(), axes.end());
-    if (std::adjacent_find(axes.begin(), axes.end()) != axes.end()) ctx.fail("axes repeat an axis");
-    return axes;
-}
-
 // For each element of `shape`, the flat index of its reduction group (reduced axes dropped).
 std::vector<int64_t> group_index(const Shape& shape, const std::vector<int64_t>& axes) {
     Shape kept = shape;
@@ -46,20 +33,14 @@ std::vector<int64_t> group_index(const Shape& shape, const std::vector<int64_t>&
 enum class Reduce { sum, max, mean };
 
 BuiltOp build_reduce(OpContext& ctx, Reduce kind) {
-    const mil::Type tx = ctx.type("x");
-    const auto axes = reduced_axes(ctx, tx.shape.size());
-    const bool keep = ctx.has("keep_dims") && ctx.boolean("keep_dims");
-    Shape kept = tx.shape, out;
-    for (int64_t a : axes) kept[a] = 1;
-    for (size_t d = 0; d < kept.size(); ++d)
-        if (keep || !std::binary_search(axes.begin(), axes.end(), static_cast<int64_t>(d))) out.push_back(kept[d]);
-    if (ctx.types_only()) return {tensor_type(tx.dtype, out), nullptr, -1, 8 * tx.element_count()};  // group index
+    const mil::Type& tx = ctx.type("x");
+    if (ctx.plan_only()) return {nullptr, -1, 8.0 * static_cast<double>(tx.element_count())};  // group index
+    const std::vector<int64_t>& axes = ctx.attrs<frontend::Reduction>().axes;
+    const int64_t count = ctx.attrs<frontend::Reduction>().count;
     const auto groups = std::make_shared<std::vector<int64_t>>(group_index(tx.shape, axes));
-    int64_t count = 1;
-    for (int64_t a : axes) count *= tx.shape[a];
     const int x = ctx.slot("x"), o = ctx.out_slot();
     const bool reduces_lanes = !axes.empty() && axes.back() == static_cast<int64_t>(tx.shape.size()) - 1;
-    return {tensor_type(tx.dtype, out), [=](Frame& fr) {
+    return {[=](Frame& fr) {
                 const Tensor& in = fr.values[x];
                 const float* a = in.data.data();
                 Tensor& t = fr.values[o];
@@ -111,14 +92,13 @@ void softmax_lines(float* v, const Lines& l, int64_t width = 1, int64_t lanes = 
 }
 
 BuiltOp build_softmax(OpContext& ctx) {
-    const mil::Type tx = ctx.type("x");
-    if (!mil::is_float(tx.dtype) || tx.shape.empty()) ctx.fail("x must be an fp16 or fp32 tensor");
-    const int64_t axis = normalize_axis(ctx, ctx.has("axis") ? ctx.int_scalar("axis") : -1, static_cast<int64_t>(tx.shape.size()));
-    const Lines l = lines_along(tx.shape, axis);
-    const bool over_lanes = axis == static_cast<int64_t>(tx.shape.size()) - 1;
-    if (ctx.types_only()) return {tx};
+    if (ctx.plan_only()) return {};
+    const Shape& shape = ctx.type("x").shape;
+    const int64_t axis = ctx.attrs<frontend::Axis>().axis;
+    const Lines l = lines_along(shape, axis);
+    const bool over_lanes = axis == static_cast<int64_t>(shape.size()) - 1;
     const int x = ctx.slot("x"), o = ctx.out_slot();
-    return {tx, [=](Frame& fr) {
+    return {[=](Frame& fr) {
                 const Tensor& in = fr.values[x];
                 Tensor& t = fr.values[o];
                 t.lanes = in.lanes;
@@ -139,21 +119,16 @@ BuiltOp build_softmax(OpContext& ctx) {
 }
 
 BuiltOp build_layer_norm(OpContext& ctx) {
-    const mil::Type tx = ctx.type("x");
-    if (!mil::is_float(tx.dtype)) ctx.fail("x must be fp16 or fp32");
-    const auto axes = reduced_axes(ctx, tx.shape.size());
-    int64_t count = 1;
-    for (int64_t a : axes) count *= tx.shape[a];
+    const mil::Type& tx = ctx.type("x");
+    if (ctx.plan_only()) return {nullptr, -1, 16.0 * static_cast<double>(tx.element_count())};  // two group indexes
+    const frontend::Normalization& norm = ctx.attrs<frontend::Normalization>();
+    const std::vector<int64_t>& axes = norm.reduced.axes;
+    const int64_t count = norm.reduced.count;
+    const float eps = norm.epsilon;
     auto affine = [&](const char* arg, float fill) {
-        if (!ctx.has(arg)) return std::vector<float>(static_cast<size_t>(count), fill);
-        auto v = ctx.floats(arg);
-        if (static_cast<int64_t>(v.size()) != count)
-            ctx.fail(std::string(arg) + " must have " + std::to_string(count) + " elements (the normalised axes)");
-        return v;
+        return ctx.has(arg) ? ctx.floats(arg) : std::vector<float>(static_cast<size_t>(count), fill);
     };
     const auto gamma = affine("gamma", 1.0f), beta = affine("beta", 0.0f);
-    const float eps = ctx.has("epsilon") ? static_cast<float>(ctx.number("epsilon")) : 1e-5f;
-    if (ctx.types_only()) return {tx, nullptr, -1, 16 * tx.element_count()};  // two group indexes
     // Position of each element inside its normalised group (indexes gamma/beta).
     Shape inner_shape;
     for (int64_t a : axes) inner_shape.push_back(tx.shape[a]);
@@ -164,7 +139,7 @@ BuiltOp build_layer_norm(OpContext& ctx) {
     const auto within = std::make_shared<std::vector<int64_t>>(group_index(tx.shape, not_axes));
     const int64_t ngroups = element_count(tx.shape) / std::max<int64_t>(count, 1);
     const int x = ctx.slot("x"), o = ctx.out_slot();
-    return {tx, [=](Frame& fr) {
+    return {[=](Frame& fr) {
                 const float* a = fr.values[x].data.data();
                 Tensor& t = fr.values[o];
                 std::vector<float> mean(static_cast<size_t>(ngroups), 0.0f), var(static_cast<size_t>(ngroups), 0.0f);
@@ -182,36 +157,22 @@ BuiltOp build_layer_norm(OpContext& ctx) {
 }
 
 BuiltOp build_sdpa(OpContext& ctx) {
-    const mil::Type tq = ctx.type("query"), tk = ctx.type("key"), tv = ctx.type("value");
-    const size_t r = tq.shape.size();
-    if (r < 2 || tk.shape.size() != r || tv.shape.size() != r) ctx.fail("query, key and value need one rank >= 2");
-    if (tq.dtype != tk.dtype || tq.dtype != tv.dtype || !mil::is_float(tq.dtype)) ctx.fail("query, key and value need one float dtype");
-    const int64_t L = tq.shape[r - 2], E = tq.shape[r - 1], S = tk.shape[r - 2], Ev = tv.shape[r - 1];
-    const Shape batch(tq.shape.begin(), tq.shape.end() - 2);
-    if (tk.shape[r - 1] != E || tv.shape[r - 2] != S || Shape(tk.shape.begin(), tk.shape.end() - 2) != batch ||
-        Shape(tv.shape.begin(), tv.shape.end() - 2) != batch)
-        ctx.fail("expected query [..., L, E], key [..., S, E], value [..., S, Ev] with one batch shape");
-    Shape out = batch;
-    out.push_back(L);
-    out.push_back(Ev);
+    if (ctx.plan_only()) return {};
+    const frontend::Attention& dims = ctx.attrs<frontend::Attention>();
+    const int64_t L = dims.L, E = dims.E, S = dims.S, Ev = dims.Ev;
+    const Shape batch = dims.batch;
     int mask = -1;
     bool bool_mask = false;
     Shape mask_shape;
     if (ctx.has("attn_mask")) {
-        const mil::Type tm = ctx.type("attn_mask");
-        Shape scores = batch;
-        scores.push_back(L);
-        scores.push_back(S);
-        if (broadcast_shapes(ctx, scores, tm.shape) != scores) ctx.fail("attn_mask must broadcast to [..., L, S]");
-        if (!ctx.types_only()) mask = ctx.slot("attn_mask");
-        bool_mask = tm.dtype == mil::DType::boolean;
-        mask_shape = tm.shape;
+        mask = ctx.slot("attn_mask");
+        bool_mask = ctx.type("attn_mask").dtype == mil::DType::boolean;
+        mask_shape = ctx.type("attn_mask").shape;
     }
-    if (ctx.types_only()) return {tensor_type(tq.dtype, out)};
     const int q = ctx.slot("query"), k = ctx.slot("key"), v = ctx.slot("value"), o = ctx.out_slot();
     const int64_t nb = element_count(batch);
-    const bool round = tq.dtype == mil::DType::fp16;
-    return {tensor_type(tq.dtype, out), [=](Frame& fr) {
+    const bool round = ctx.out_type().dtype == mil::DType::fp16;
+    return {[=](Frame& fr) {
                 std::vector<float> scores(static_cast<size_t>(L * S));
                 const float scale = 1.0f / std::sqrt(static_cast<float>(E));
                 Shape full = batch;

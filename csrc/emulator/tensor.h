@@ -51,11 +51,6 @@ inline std::vector<int64_t> strides_of(const Shape& shape) {
     return s;
 }
 
-// "[1, 768, 1, 32]"
-inline std::string shape_str(const Shape& shape) {
-    std::string s = "[";
-    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-    return s + "]";
-}
+using mil::shape_str;  // "[1, 768, 1, 32]"
 
 }  // namespace orion::emu

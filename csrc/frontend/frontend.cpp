@@ -109,7 +109,7 @@ void check_weight_keys(const runtime::WeightFiles& weights) {
 
 CheckedProgram check(std::string_view text, const runtime::WeightFiles& weights, const runtime::CompileOptions& options) {
     check_weight_keys(weights);
-    CheckedProgram checked{mil::parse(text), {}, {}};
+    CheckedProgram checked{mil::parse(text), {}, {}, {}};
     const mil::Function* fn = checked.program.find_function("main");
     if (!fn) throw CompileError("the program has no function 'main' (the ANE runs main)");
     check_hardware_rules(*fn, options);  // first: a broken rule is named by its id
@@ -118,6 +118,7 @@ CheckedProgram check(std::string_view text, const runtime::WeightFiles& weights,
     checked.outputs = runtime::sorted_outputs(*fn);
     check_io(*fn, checked.inputs, checked.outputs);
     check_weights(*fn, weights);
+    checked.typed = check_types(*fn);
     return checked;
 }
 

@@ -1,13 +1,14 @@
 // The MIL front end both backends share: parse (with the input limits of hardware_limits.h), the
-// op table's argument rules, the I/O rules, the hardware rules of the profile and the weight
-// checks. It allocates nothing the size of a tensor and constructs nothing of a backend's; the
-// emulator and the ane backend both start from its CheckedProgram.
+// op table's argument rules, the I/O rules, the hardware rules of the profile, the weight checks
+// and the type step (types.h). It allocates nothing the size of a tensor and constructs nothing of
+// a backend's; the emulator and the ane backend both start from its CheckedProgram.
 #pragma once
 
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "frontend/types.h"
 #include "mil/program.h"
 #include "runtime/program.h"
 
@@ -17,6 +18,7 @@ namespace orion::frontend {
 struct CheckedProgram {
     mil::Program program;
     std::vector<runtime::TensorSpec> inputs, outputs;  // binding order
+    std::vector<TypedOp> typed;                        // per statement of main, in order
     const mil::Function& main() const { return *program.find_function("main"); }
 };
 

@@ -1,6 +1,8 @@
 // Every MIL op the core knows, in one table: its argument names and its hardware status. The front
-// end's rules (frontend/rules.cpp), the emulator's argument checks (emulator/ops.cpp) and
-// orion._core.op_table() all read it; python/orion's op registry is checked against it by a test.
+// end's argument checks (frontend/frontend.cpp) and rules (frontend/rules.cpp) and
+// orion._core.op_table() all read it; each op's type rule (frontend/types_*.cpp) and emulator kernel
+// (emulator/ops_*.cpp) are registered under its name. python/orion's op registry is checked against
+// it by a test, and every row's type rule by another.
 //
 // Status: `allowed` ops form the conservative dialect; `banned` ops are refused under the hardware
 // profile with their constraint id and the rewrite in `fix`; `disputed` ops work on some chips and

@@ -80,14 +80,15 @@ int64_t Type::element_count() const {
     return n;
 }
 
+std::string shape_str(const std::vector<int64_t>& shape) {
+    std::string s = "[";
+    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
+}
+
 std::string Type::str() const {
     if (!is_tensor) return dtype_name(dtype);
-    std::string s = std::string("tensor<") + dtype_name(dtype) + ", [";
-    for (size_t i = 0; i < shape.size(); ++i) {
-        if (i) s += ", ";
-        s += std::to_string(shape[i]);
-    }
-    return s + "]>";
+    return std::string("tensor<") + dtype_name(dtype) + ", " + shape_str(shape) + ">";
 }
 
 bool Value::operator==(const Value& o) const {

@@ -30,6 +30,8 @@ bool is_valid_number(DType dtype, double v);
 bool is_identifier(std::string_view s);
 // `1.3`: digits, optionally a '.' and more digits (the `program(...)` version).
 bool is_version_number(std::string_view s);
+// "[1, 768, 1, 32]": how messages spell a shape.
+std::string shape_str(const std::vector<int64_t>& shape);
 
 // `tensor<fp16, [1, 768, 1, 32]>` (is_tensor) or a scalar `fp16`.
 struct Type {

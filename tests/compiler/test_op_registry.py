@@ -184,6 +184,10 @@ def test_not_allowed_mil_op_raises_its_constraint_id(name: str) -> None:
     assert err.value.constraint == cid and name in str(err.value)
 
 
+def test_every_cpp_op_has_a_front_end_type_rule() -> None:
+    assert [row["name"] for row in _core.op_table() if not row["type_rule"]] == []
+
+
 def test_python_registry_agrees_with_the_cpp_op_table() -> None:
     cpp = {row["name"]: row for row in _core.op_table()}
     python = {name: m.row() for name, m in ops.REGISTRY.mil_ops().items()}

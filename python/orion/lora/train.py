@@ -35,6 +35,9 @@ ALIASES = {
 }
 
 
+_NUMBERS = {"r": ("r", int), "alpha": ("alpha", float), "dropout": ("dropout", float)}  # --lora key: field, type
+
+
 @dataclass(frozen=True)
 class LoraSpec:
     """What to fine-tune: rank, alpha, target modules (short names of :data:`ALIASES` or PEFT module names)."""
@@ -76,22 +79,18 @@ class LoraSpec:
                 targets.append(name)
                 continue
             key = name
-            try:
-                if name == "r":
-                    fields["r"] = int(value)
-                elif name == "alpha":
-                    fields["alpha"] = float(value)
-                elif name == "dropout":
-                    fields["dropout"] = float(value)
-                elif name == "rslora":
-                    fields["use_rslora"] = value.lower() in ("1", "true", "yes")
-                elif name == "targets":
-                    targets.append(value)
-                else:
-                    raise AdapterError(f"--lora {text!r}: unknown key {name!r}. Fix: use r, alpha, targets, dropout, "
-                                       "rslora")
-            except ValueError:
-                raise AdapterError(f"--lora {text!r}: {name}={value!r} is not a number") from None
+            if name == "targets":
+                targets.append(value)
+            elif name == "rslora":
+                fields["use_rslora"] = value.lower() in ("1", "true", "yes")
+            elif name in _NUMBERS:
+                try:
+                    fields[_NUMBERS[name][0]] = _NUMBERS[name][1](value)
+                except ValueError:
+                    raise AdapterError(f"--lora {text!r}: {name}={value!r} is not a number") from None
+            else:
+                raise AdapterError(f"--lora {text!r}: unknown key {name!r}. Fix: use r, alpha, targets, dropout, "
+                                   "rslora")
         if targets:
             fields["targets"] = tuple(targets)
         return cls(**fields)  # type: ignore[arg-type]
@@ -101,7 +100,15 @@ def modules_of(base: TrainableModel, targets: tuple[str, ...] | list[str] | str)
     """The layer modules (relative to a layer, e.g. ``self_attn.q_proj``) that ``targets`` selects."""
     aliases = ALIASES.get(base.name, {})
     names = targets if isinstance(targets, str) else sorted({aliases.get(t, t) for t in targets})
-    return sorted(targeted_modules(names, base.lora_targets(), "--lora targets"))
+    try:
+        chosen = targeted_modules(names, base.lora_targets(), "--lora targets")
+    except AdapterError as exc:
+        raise AdapterError(f"{str(exc).split('. Fix:')[0]}; short names for {base.name}: {', '.join(aliases)}. "
+                           "Fix: name modules this model has") from None
+    if not chosen:
+        raise AdapterError(f"--lora targets {targets!r} select no module of {base.name}. Fix: name modules this model "
+                           f"has ({', '.join(base.lora_targets())})")
+    return sorted(chosen)
 
 
 def module_path(base: TrainableModel, layer: int, module: str) -> str:

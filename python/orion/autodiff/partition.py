@@ -11,7 +11,7 @@ The embedding (a gather), the final norm, the classifier and cross-entropy alway
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -113,10 +113,11 @@ class Plan:
 
 
 def partition(model: TrainableModel, seq: int, *, sram_budget: int = SRAM_BYTES, cost: CostModel | None = None,
-              prefer: str = "auto") -> Plan:
+              prefer: str = "auto", trainable: Collection[str] | None = None) -> Plan:
     """Plan a training step of ``model`` over ``seq`` tokens. ``prefer="ane"`` puts every legal program that
     fits on the ANE whatever the cost model says (tests use it to run tiny models through the programs);
-    ``"cpu"`` runs every layer program on the CPU."""
+    ``"cpu"`` runs every layer program on the CPU. ``trainable`` names the layer parameters that get a
+    gradient (default all of ``model.layer_shapes()``); the others are frozen: no dW is computed for them."""
     if prefer not in ("auto", "ane", "cpu"):
         raise OrionError(f"partition: prefer={prefer!r}. Fix: use 'auto', 'ane' or 'cpu'")
     cost = cost or CostModel()
@@ -124,8 +125,9 @@ def partition(model: TrainableModel, seq: int, *, sram_budget: int = SRAM_BYTES,
     n = model.n_layers
     fused = model.attention_per_layer
     forward = _place("layer forward", layer, n, sram_budget, cost, prefer, fused)
-    params = list(model.layer_shapes())
-    whole = _place("layer gradient (dx and every dW)", backward(layer, ["x", *params]), n, sram_budget, cost, prefer,
+    params = layer_params(model, trainable, "trainable")
+    what = "every dW" if len(params) == len(model.layer_shapes()) else f"the dW of {len(params)} trained parameters"
+    whole = _place(f"layer gradient (dx and {what})", backward(layer, ["x", *params]), n, sram_budget, cost, prefer,
                    fused)
     if whole.device == ANE or whole.reason.startswith("CPU pays") or prefer == "cpu":
         gradients: tuple[Program, ...] = (whole,)
@@ -137,6 +139,20 @@ def partition(model: TrainableModel, seq: int, *, sram_budget: int = SRAM_BYTES,
            CpuStage("final norm, classifier and cross-entropy (forward and backward)", 6.0 * seq * c * vocab,
                     "fp32 over the vocabulary: logits, dlogits, dx and dW of the classifier"))
     return Plan(model.name, seq, forward, gradients, cpu)
+
+
+def layer_params(model: TrainableModel, names: Collection[str] | None, what: str) -> list[str]:
+    """``names`` (all of ``model``'s layer parameters when None) in the model's order; unknown ones raise."""
+    shapes = model.layer_shapes()
+    if names is None:
+        return list(shapes)
+    if isinstance(names, str):
+        raise OrionError(f"{what}={names!r} is a string. Fix: pass a collection of layer parameter names")
+    unknown = sorted(set(names) - set(shapes))
+    if unknown:
+        raise OrionError(f"{what}: {unknown} are not layer parameters of {model.name} (they are {list(shapes)}). "
+                         "Fix: name parameters inside a layer, without the layer prefix")
+    return [name for name in shapes if name in set(names)]
 
 
 def _place(name: str, graph: Graph, count: int, budget: int, cost: CostModel, prefer: str, fused: int) -> Program:

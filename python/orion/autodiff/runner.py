@@ -1,29 +1,46 @@
 """Loss and gradients of a whole model through the planned programs: :class:`GradientRunner`.
 
-Every program is compiled once, at construction, and shared by all layers; each call only passes new
-arrays (weights are inputs, so parameter updates take effect without a compile). The step: embedding on the
-CPU, the layer forward programs (keeping each layer's input), the head and cross-entropy on the CPU in fp32,
-then the layer gradient programs from the last layer down (each recomputes its layer's forward), and the
-embedding's scatter. ANE programs run in fp16; the cotangent entering them is multiplied by ``loss_scale``
-and every gradient leaving them divided by it, in fp32 (the static form; the trainer's dynamic scaler wraps
-this). A non-finite gradient raises :class:`NonFiniteGradient` naming the tensor, never rewritten.
+The step: embedding on the CPU, the layer forward programs (keeping each layer's input), the head and
+cross-entropy on the CPU in fp32, then the layer gradient programs from the last layer down (each recomputes
+its layer's forward), and the embedding's scatter. ANE programs run in fp16; the cotangent entering them is
+multiplied by ``loss_scale`` and every gradient leaving them divided by it, in fp32 (the static form; the
+trainer's dynamic scaler wraps this). A non-finite gradient raises :class:`NonFiniteGradient` naming the
+tensor, never rewritten.
+
+How weights reach the programs (``weights=``, one API for three strategies, docs/autodiff.md):
+
+- ``"inputs"`` (default): every weight is a program input; each program kind is compiled once and shared by
+  all layers, and a parameter update needs no compile.
+- ``"patch"``: the ``baked`` weights are constants of per-layer programs (``orion.graph.bake`` of the
+  planned graphs, after the backward transform), compiled once per layer; :meth:`GradientRunner.update`
+  swaps their weight files through ``Program.with_weights``: no compile per step.
+- ``"recompile"``: the same per-layer programs, compiled again by every :meth:`GradientRunner.update`
+  (``compiles_per_update`` compiles; the trainer restarts the process before they cross the budget, ANE-11).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Collection, Mapping
 
 import numpy as np
 
+from orion import blobfile
 from orion.autodiff import cpu, numpy_eval
-from orion.autodiff.partition import ANE, Plan, Program, partition, program_outputs
-from orion.autodiff.trainable import TrainableModel
+from orion.autodiff.partition import ANE, Plan, Program, layer_params, partition, program_outputs
+from orion.autodiff.trainable import TrainableModel, input_layout
 from orion.autodiff.transform import grad_name
-from orion.compiler import compile_graph
-from orion.errors import EvaluateError
+from orion.compiler import CompiledGraph, Lowered, compile_graph, lower_graph
+from orion.constraints import violation
+from orion.emit import WEIGHT_DIR
+from orion.errors import CompileError, EvaluateError, OrionError
+from orion.graph.bake import bake
 from orion.limits import FP16_MAX
+from orion.passes.sram import SRAMBudgetWarning
+from orion.runtime.program import compile as compile_mil
 
 Run = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+WEIGHT_STRATEGIES = ("inputs", "patch", "recompile")
 
 
 class NonFiniteGradient(EvaluateError):
@@ -31,49 +48,206 @@ class NonFiniteGradient(EvaluateError):
 
 
 class GradientRunner:
-    """``loss_and_grads(params, ids, targets)`` for ``model`` over sequences of ``seq`` tokens."""
+    """``loss_and_grads(params, ids, targets)`` for ``model`` over sequences of ``seq`` tokens.
 
-    def __init__(self, model: TrainableModel, seq: int, plan: Plan | None = None, **partition_options: object) -> None:
-        self.model, self.seq = model, seq
-        self.plan = plan or partition(model, seq, **partition_options)
-        self._forward = self._runner(self.plan.forward)
-        self._gradients = [(self._runner(p), program_outputs(p)) for p in self.plan.gradients]
+    ``GradientRunner(model, seq, plan=None, *, weights="inputs", baked=None, trainable=None, params=None,
+    **partition_options)``:
 
-    @staticmethod
-    def _runner(program: Program) -> Run:
-        if program.device == ANE:
-            compiled = compile_graph(program.graph, max_layers=program.fused)
-            return lambda arrays: compiled(**arrays)
-        return lambda arrays: numpy_eval.evaluate(program.graph, arrays)
+    - ``weights``: ``"inputs"``, ``"patch"`` or ``"recompile"`` (see the module docstring).
+    - ``baked``: the layer parameters (names of ``model.layer_shapes()``) baked into per-layer programs; default
+      none for ``"inputs"``, all for ``"patch"``/``"recompile"``. Baking a parameter that is trained needs
+      ``"patch"`` or ``"recompile"``; a frozen one (not in ``trainable``) may be baked under any strategy and
+      is never re-baked (LoRA: frozen bases baked, adapters as inputs).
+    - ``trainable``: the layer parameters whose gradients are returned (default all); the plan computes no
+      dW for the others. Embedding and head gradients are always returned.
+    - ``params``: the values to bake, required when anything is baked.
+
+    After changing the parameters, call :meth:`update` with the new ones: it re-bakes the trained baked
+    weights (the other parameters are read from each ``loss_and_grads`` call's ``params``).
+    """
+
+    def __init__(self, model: TrainableModel, seq: int, plan: Plan | None = None, *, weights: str = "inputs",
+                 baked: Collection[str] | None = None, trainable: Collection[str] | None = None,
+                 params: Mapping[str, np.ndarray] | None = None, **partition_options: object) -> None:
+        if weights not in WEIGHT_STRATEGIES:
+            raise OrionError(f"GradientRunner: weights={weights!r}. Fix: use one of {WEIGHT_STRATEGIES}")
+        self.model, self.seq, self.weights = model, seq, weights
+        self.trainable = layer_params(model, trainable, "trainable")
+        default = () if weights == "inputs" else None
+        self.baked = layer_params(model, default if baked is None else baked, "baked")
+        rebaked = [n for n in self.baked if n in self.trainable]
+        if weights == "inputs" and rebaked:
+            raise OrionError(f"GradientRunner: {rebaked} are baked and trained, which weights='inputs' cannot update. "
+                             "Fix: use weights='patch' or 'recompile', or do not bake trained parameters")
+        if self.baked and params is None:
+            raise OrionError(f"GradientRunner: {len(self.baked)} baked parameters but no params to bake. Fix: pass "
+                             "params= (the model's parameters)")
+        self.plan = plan or partition(model, seq, trainable=self.trainable, **partition_options)
+        computed = {name for p in self.plan.gradients for name in program_outputs(p)}
+        missing = [n for n in ["x", *self.trainable] if n not in computed]
+        if missing:
+            raise OrionError(f"GradientRunner: the plan computes no gradient for {missing}. Fix: plan with "
+                             "partition(model, seq, trainable=...) covering them, or pass no plan")
+        self._forward = self._slot(self.plan.forward, params)
+        self._gradients = [self._slot(p, params) for p in self.plan.gradients]
+
+    def _slot(self, program: Program, params: Mapping[str, np.ndarray] | None) -> _Shared | _PerLayer:
+        names = [n for n in self.baked if n in {i.name for i in program.graph.inputs}]
+        if program.device == ANE and names:
+            return _PerLayer(self.model, program, names, params)
+        return _Shared(program)
+
+    @property
+    def compiles_per_update(self) -> int:
+        """Compiles one :meth:`update` does: per layer, each ANE program holding a trained baked weight, under
+        ``"recompile"``; 0 otherwise."""
+        if self.weights != "recompile":
+            return 0
+        return sum(s.layers for s in self._slots if isinstance(s, _PerLayer) and set(s.names) & set(self.trainable))
+
+    @property
+    def _slots(self) -> list[_Shared | _PerLayer]:
+        return [self._forward, *self._gradients]
+
+    def update(self, params: Mapping[str, np.ndarray]) -> None:
+        """The parameters changed (an optimizer step): re-bake the trained baked weights from ``params``
+        (``"patch"``: new weight files, no compile; ``"recompile"``: compiled again). Nothing to do otherwise."""
+        for slot in self._slots:
+            if isinstance(slot, _PerLayer) and set(slot.names) & set(self.trainable):
+                slot.rebake(params, recompile=self.weights == "recompile")
+
+    def unload(self) -> None:
+        """Releases the per-layer programs (the shared ones stay in the process's program cache)."""
+        for slot in self._slots:
+            if isinstance(slot, _PerLayer):
+                slot.unload()
 
     def loss_and_grads(self, params: dict[str, np.ndarray], ids: np.ndarray, targets: np.ndarray,
                        loss_scale: float = 1.0) -> tuple[float, dict[str, np.ndarray]]:
-        """Mean cross-entropy of predicting ``targets`` from ``ids`` and its fp32 gradient for every parameter."""
+        """Mean cross-entropy of predicting ``targets`` from ``ids`` and its fp32 gradient for every trained
+        parameter (baked weights hold the values of the last :meth:`update`, or of construction)."""
         ids, targets = np.asarray(ids), np.asarray(targets)
         if ids.shape != (self.seq,) or targets.shape != (self.seq,):
             raise EvaluateError(f"loss_and_grads: ids {ids.shape} and targets {targets.shape}, expected ({self.seq},) "
                                 f"each. Fix: pass {self.seq} token ids and {self.seq} targets")
         m = self.model
         x = m.embed(params, ids).astype(np.float32)
-        layer_inputs, inputs = [], []
+        layer_inputs = []
         for i in range(m.n_layers):
             arrays = {"x": cpu.to_channels(x), **m.layer_inputs(params, i)}
             layer_inputs.append(arrays)
-            x = _finite(cpu.from_channels(self._forward(arrays)["y"]), f"layer {i} output")
-            inputs.append(x)
+            x = _finite(cpu.from_channels(self._forward(i, arrays)["y"]), f"layer {i} output")
         loss, dx, grads = m.head(params, x, targets)
+        shapes = m.layer_shapes()
         for i in reversed(range(m.n_layers)):
             cotangent = _to_fp16_range(cpu.to_channels(dx * loss_scale))
             results: dict[str, np.ndarray] = {}
-            for run, _ in self._gradients:
-                results.update(run({**layer_inputs[i], grad_name("y"): cotangent}))
-            for name, shape in m.layer_shapes().items():
-                g = results[grad_name(name)].reshape(shape).astype(np.float32) / loss_scale
+            for slot in self._gradients:
+                results.update(slot(i, {**layer_inputs[i], grad_name("y"): cotangent}))
+            for name in self.trainable:
+                g = results[grad_name(name)].reshape(shapes[name]).astype(np.float32) / loss_scale
                 grads[m.layer_param(i, name)] = _finite(g, m.layer_param(i, name))
             dx = _finite(cpu.from_channels(results[grad_name("x")]) / loss_scale, f"layer {i} input gradient")
         for name, g in m.embed_backward(params, ids, dx).items():
             grads[name] = grads[name] + g if name in grads else g
         return loss, grads
+
+
+class _Shared:
+    """One program serving every layer: compiled once (ANE) or evaluated in fp32 numpy (CPU)."""
+
+    def __init__(self, program: Program) -> None:
+        self.inputs = [n.name for n in program.graph.inputs]
+        if program.device == ANE:
+            compiled = compile_graph(program.graph, max_layers=program.fused)
+            self._run: Run = lambda arrays: compiled(**arrays)
+        else:
+            self._run = lambda arrays: numpy_eval.evaluate(program.graph, arrays)
+
+    def __call__(self, layer: int, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._run({name: arrays[name] for name in self.inputs})
+
+
+class _PerLayer:
+    """An ANE program with ``names`` baked: one compiled program per layer, holding that layer's values.
+
+    The MIL text does not depend on the baked values, only the weight files do. When every weight file that
+    holds a baked value holds it as is (flat fp16; proven once, by lowering with other values and comparing),
+    new weights are written straight into those files; otherwise the baked graph is lowered again."""
+
+    def __init__(self, model: TrainableModel, program: Program, names: list[str],
+                 params: Mapping[str, np.ndarray]) -> None:
+        self.model, self.program, self.names, self.layers = model, program, names, model.n_layers
+        self.inputs = [n.name for n in program.graph.inputs if n.name not in names]
+        first = self._values(params, 0)
+        self.lowered = self._lower(first)
+        self.files = self._files(first)
+        self.compiled = [self._compile(self._weights(params, i)) for i in range(self.layers)]
+
+    def _values(self, params: Mapping[str, np.ndarray], layer: int) -> dict[str, np.ndarray]:
+        values = {n: input_layout(np.asarray(params[self.model.layer_param(layer, n)])) for n in self.names}
+        for name, v in values.items():
+            if not np.all(np.isfinite(v)) or np.abs(v).max(initial=0.0) > FP16_MAX:
+                raise violation("ANE-25", self.model.layer_param(layer, name), "a baked weight is not finite or "
+                                f"beyond +-{FP16_MAX:.0f}", "clamp the weights into fp16 range before baking them")
+        return values
+
+    def _lower(self, values: dict[str, np.ndarray]) -> Lowered:
+        with warnings.catch_warnings():  # the plan reports the working set; baked weights add to it (ANE-26)
+            warnings.simplefilter("ignore", SRAMBudgetWarning)
+            return lower_graph(bake(self.program.graph, values), max_layers=self.program.fused)
+
+    def _files(self, values: dict[str, np.ndarray]) -> dict[str, str] | None:
+        """Weight-file path -> the baked name it holds as is, or None when some file cannot be written directly."""
+        files = {}
+        for path, data in self.lowered.weights.items():
+            stem = path[len(WEIGHT_DIR):-len(".bin")]
+            holders = [n for n in self.names if (stem == n or (stem.startswith(f"{n}_") and stem[len(n) + 1:].isdigit()))
+                       and data == _blob(values[n])]
+            if len(holders) == 1:
+                files[path] = holders[0]
+        rng = np.random.default_rng(0)
+        probe = {n: rng.uniform(-1.0, 1.0, v.shape) for n, v in values.items()}
+        other = self._lower(probe)
+        written = {**self.lowered.weights, **{p: _blob(probe[n]) for p, n in files.items()}}
+        return files if other.mil == self.lowered.mil and other.weights == written else None
+
+    def _weights(self, params: Mapping[str, np.ndarray], layer: int) -> dict[str, bytes]:
+        values = self._values(params, layer)
+        if self.files is not None:
+            return {**self.lowered.weights, **{p: _blob(values[n]) for p, n in self.files.items()}}
+        lowered = self._lower(values)
+        if lowered.mil != self.lowered.mil:
+            raise CompileError(f"{self.program.name}: baking layer {layer}'s weights changed the MIL text, not only "
+                               "the weight files. Fix: report this; bake must not depend on the values")
+        return lowered.weights
+
+    def _compile(self, weights: dict[str, bytes]) -> CompiledGraph:
+        lowered = Lowered(self.lowered.mil, weights, self.lowered.layout, self.lowered.report)
+        return CompiledGraph(lowered, compile_mil(lowered.mil, weights))  # its own program: it is unloaded later
+
+    def rebake(self, params: Mapping[str, np.ndarray], *, recompile: bool) -> None:
+        """New baked values for every layer: compiled again, or patched into the loaded program."""
+        for i, old in enumerate(self.compiled):
+            weights = self._weights(params, i)
+            if recompile:
+                self.compiled[i] = self._compile(weights)
+            else:
+                lowered = Lowered(self.lowered.mil, weights, self.lowered.layout, self.lowered.report)
+                self.compiled[i] = CompiledGraph(lowered, old.program.with_weights(weights))
+            old.program.unload()
+
+    def unload(self) -> None:
+        for compiled in self.compiled:
+            compiled.program.unload()
+
+    def __call__(self, layer: int, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.compiled[layer](**{name: arrays[name] for name in self.inputs})
+
+
+def _blob(value: np.ndarray) -> bytes:
+    """The weight file of a baked value, as the emitter writes it."""
+    return blobfile.write(np.asarray(value).astype(np.float16))
 
 
 def _finite(a: np.ndarray, what: str) -> np.ndarray:

@@ -100,12 +100,12 @@ def runtime_weight_shape(cout: int, cin: int) -> tuple[int, int, int, int]:
 def _infer_linear(name: str, op: str, xs: list[Node], attrs: dict[str, Any]) -> tuple[tuple[int, ...], str]:
     x, w = xs[0], xs[1]
     check_cs(name, op, x)
-    if w.is_const:
+    if w.is_const and len(w.shape) != 4:
         if len(w.shape) != 2:
             raise fail(name, op, f"weight shape {list(w.shape)} is not [Cout, Cin]",
                        "give the weight as W[out][in] (transpose HF GPT-2 Conv1D weights)")
         cout, cin = w.shape
-    elif len(w.shape) == 4 and w.shape[0] == 1 and w.shape[2] == 1:
+    elif len(w.shape) == 4 and w.shape[0] == 1 and w.shape[2] == 1:  # runtime, or a baked input (a const)
         cout, cin = w.shape[1], w.shape[3]
     else:
         raise violation("ANE-32", name, f"the weight '{w.name}' of shape {list(w.shape)} is computed at runtime, "
@@ -130,7 +130,7 @@ def _infer_linear(name: str, op: str, xs: list[Node], attrs: dict[str, Any]) -> 
 def _legalize_linear(L: Legalizer, n: Node) -> Node:
     x, w = L.get(n.inputs[0]), n.inputs[1]
     if w.is_const:
-        cout, cin = w.shape
+        cout, cin = n.shape[1], x.shape[1]
         y = L.op("conv", [x, L.const_as(w, (cout, cin, 1, 1))], part="conv" if len(n.inputs) == 3 else None)
     else:  # a runtime weight [1, Cout, 1, Cin]: W x as one matmul on [Cout, Cin] x [Cin, S] (ANE-32)
         cout, cin, s = w.shape[1], w.shape[3], x.shape[3]
@@ -150,7 +150,7 @@ def _grad_linear(ctx: GradContext, n: Node, dy: Node) -> Grads:
     g, (x, w) = ctx.g, n.inputs[:2]
     grads: Grads = [None] * len(n.inputs)
     if w.is_const:
-        grads[0] = g.linear(dy, w.value.T) if ctx.needs(0) else None
+        grads[0] = g.linear(dy, w.value.reshape(n.shape[1], x.shape[1]).T) if ctx.needs(0) else None
     else:
         cout, cin, s = w.shape[1], w.shape[3], x.shape[3]
         dy2 = g.reshape(dy, [1, 1, cout, s])
@@ -172,5 +172,5 @@ def _linear_reference(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray
 define(OpDef("linear", (Operand("x"), Operand("weight"), Operand("bias", optional=True)),
              _infer_linear, _linear_reference, legalize=_legalize_linear, grad=_grad_linear,
              workaround="ANE-04",
-             doc="W @ x (+ b) over channels: a 1x1 conv for a const weight [Cout, Cin], a matmul for a runtime "
-                 "weight [1, Cout, 1, Cin] (both operands at runtime, ANE-32)"))
+             doc="W @ x (+ b) over channels: a 1x1 conv for a const weight [Cout, Cin] (or [1, Cout, 1, Cin]: a "
+                 "baked input), a matmul for a runtime weight [1, Cout, 1, Cin] (both operands at runtime, ANE-32)"))

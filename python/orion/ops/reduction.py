@@ -87,8 +87,8 @@ def _infer_norm(name: str, op: str, xs: list[Node], attrs: dict[str, Any]) -> tu
     x = xs[0]
     check_cs(name, op, x)
     c = x.shape[1]
-    for p in xs[1:]:
-        if p.shape != ((c,) if p.is_const else (1, c, 1, 1)):
+    for p in xs[1:]:  # a const may also come in the runtime layout (a baked input, orion.graph.bake)
+        if p.shape not in (((c,), (1, c, 1, 1)) if p.is_const else ((1, c, 1, 1),)):
             raise fail(name, op, f"parameter '{p.name}' of shape {list(p.shape)} is not a const [{c}] "
                        f"or a runtime [1, {c}, 1, 1]", f"pass a numpy array of shape [{c}] or a runtime [1, {c}, 1, 1]")
     return x.shape, x.dtype
@@ -125,7 +125,8 @@ def _rms_norm_reference(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarr
 
 def _norm_param(ctx: GradContext, p: Node) -> Node:
     """A norm parameter as ``[1, C, 1, 1]``: runtime ones already are; a const ``[C]`` is reshaped."""
-    return p if not p.is_const else ctx.g.const(f"{p.name}_col", p.value.reshape(1, -1, 1, 1))
+    return p if not p.is_const or p.shape == (1, p.shape[0] if len(p.shape) == 1 else p.shape[1], 1, 1) \
+        else ctx.g.const(f"{p.name}_col", p.value.reshape(1, -1, 1, 1))
 
 
 def _grad_norm(ctx: GradContext, n: Node, dy: Node, center: bool) -> Grads:

@@ -119,19 +119,23 @@ def test_adapter_gradients_match_torch_autograd(kind: str, convention: str | Non
     adapter_params = _lively(model, 1)
     rng = np.random.default_rng(2)
     ids, targets = rng.integers(0, VOCAB, SEQ), rng.integers(0, VOCAB, SEQ)
-    loss, grads = GradientRunner(model, SEQ, prefer="ane").loss_and_grads(adapter_params, ids, targets, 256.0)
-    got = model.to_adapter(grads).modules
-
     tuned = _peft_model(kind, base_dir, model.to_adapter(adapter_params))
     want_loss = torch.nn.functional.cross_entropy(tuned(torch.tensor(ids)[None]).logits[0], torch.tensor(targets))
     want_loss.backward()
-    want = _peft_grads(tuned, got)
-    assert abs(loss - want_loss.item()) <= 1e-3 * abs(want_loss.item())
-    assert len(got) == 2 * len(model.modules)
-    for path, (d_a, d_b) in want.items():
-        assert np.abs(d_a).max() > 0 and np.abs(d_b).max() > 0, path
-        assert _cosine(got[path][0], d_a) >= 0.999, (path, "A")
-        assert _cosine(got[path][1], d_b) >= 0.999, (path, "B")
+    options = model.runner_options()
+    frozen_inputs = {"trainable": options["trainable"]}  # the base weights as frozen program inputs instead
+    for runner_options in (options, frozen_inputs):
+        runner = GradientRunner(model, SEQ, prefer="ane", **runner_options)
+        loss, grads = runner.loss_and_grads(adapter_params, ids, targets, 256.0)
+        assert set(grads) == set(adapter_params)  # no gradient of any base weight
+        got = model.to_adapter(grads).modules
+        want = _peft_grads(tuned, got)
+        assert abs(loss - want_loss.item()) <= 1e-3 * abs(want_loss.item())
+        assert len(got) == 2 * len(model.modules)
+        for path, (d_a, d_b) in want.items():
+            assert np.abs(d_a).max() > 0 and np.abs(d_b).max() > 0, path
+            assert _cosine(got[path][0], d_a) >= 0.999, (path, "A")
+            assert _cosine(got[path][1], d_b) >= 0.999, (path, "B")
 
 
 def _torch_lora_losses(kind: str, trainer: Trainer, base_dir: Path) -> list[float]:
@@ -256,6 +260,8 @@ def test_lora_run_lowers_the_base_validation_loss_with_no_nan(kind: str, tokens:
     vals = [r["val_loss"] for r in evals]
     assert vals == sorted(vals, reverse=True) and vals[-1] < 0.9 * vals[0], vals
     assert trainer.optimizer.params.keys() == trainer.params.keys()  # AdamW state covers only the adapters
+    assert trainer.runner.baked == list(trainer.model.base.layer_shapes())  # the base baked per layer ...
+    assert trainer.runner.trainable == list(trainer.model.adapter_shapes())  # ... gradients for A and B only
     assert all(".lora_" in name for name in trainer.params)
 
 

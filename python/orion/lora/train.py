@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orion.autodiff.trainable import TrainableModel
+from orion.autodiff.trainable import TrainableModel, input_layout
 from orion.graph.builder import Graph
 from orion.lora import peft_format
 from orion.lora.adapter import AdapterError, LayerTarget, LoraAdapter
@@ -134,7 +134,7 @@ class LoraTrainable(TrainableModel):
         self.layer_prefix, self.attention_per_layer = base.layer_prefix, base.attention_per_layer
         self.targets = {m: base.lora_targets()[m] for m in modules}
 
-    def layer_shapes(self) -> dict[str, tuple[int, ...]]:
+    def adapter_shapes(self) -> dict[str, tuple[int, ...]]:
         """Per targeted module: one A ``[r, width]`` per input piece and B ``[out, r]`` (graph input names)."""
         shapes: dict[str, tuple[int, ...]] = {}
         r = self.spec.r
@@ -144,12 +144,22 @@ class LoraTrainable(TrainableModel):
             shapes[b_input(t.site)] = (sum(heights), r)
         return shapes
 
+    def layer_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every input of the layer graph: the base's (frozen) and the adapters' (trained)."""
+        return self.base.layer_shapes() | self.adapter_shapes()
+
     def layer_graph(self, seq: int) -> Graph:
         return self.base.layer_graph(seq, {t.site: self.spec.r for t in self.targets.values()}, self.spec.scale)
 
     def layer_inputs(self, params: dict[str, np.ndarray], layer: int) -> dict[str, np.ndarray]:
-        """The frozen base weights of layer ``layer`` and the adapters' A and B."""
-        return self.base.layer_inputs(self.base_params, layer) | super().layer_inputs(params, layer)
+        """The frozen base weights of layer ``layer`` and the adapters' A and B (``params``)."""
+        adapters = {name: input_layout(params[self.layer_param(layer, name)]) for name in self.adapter_shapes()}
+        return self.base.layer_inputs(self.base_params, layer) | adapters
+
+    def runner_options(self) -> dict[str, object]:
+        """``GradientRunner`` options: gradients for the adapters only, the base weights baked per layer."""
+        return {"trainable": list(self.adapter_shapes()), "baked": list(self.base.layer_shapes()),
+                "params": self.base_params}
 
     def embed(self, params: dict[str, np.ndarray], ids: np.ndarray) -> np.ndarray:
         return self.base.embed(self.base_params, ids)

@@ -338,6 +338,8 @@ class Trainer:
         for i in range(self.model.n_layers):
             for name in self.model.layer_shapes():
                 key = self.model.layer_param(i, name)
+                if key not in self.params:  # a frozen LoRA base weight: baked (and range-checked) by the runner
+                    continue
                 p = self.params[key]
                 if p.max() > FP16_MAX or p.min() < -FP16_MAX:
                     out[key] = p.copy()
@@ -361,8 +363,12 @@ class Trainer:
     def _ensure_runner(self) -> GradientRunner:
         """Plans and compiles the programs (once); restarts the process first if that would cross the budget."""
         if self.runner is None:
-            self.plan = partition(self.model, self.config.seq, prefer=self.config.prefer)
-            programs = sum(1 for p in self.plan.programs if p.device == ANE)
+            # LoRA: gradients for the adapters only, the frozen base baked per layer
+            options = self.model.runner_options() if isinstance(self.model, LoraTrainable) else {}
+            self.plan = partition(self.model, self.config.seq, prefer=self.config.prefer,
+                                  trainable=options.get("trainable"))
+            per_program = self.model.n_layers if options.get("baked") else 1  # baked: one program per layer
+            programs = sum(per_program for p in self.plan.programs if p.device == ANE)
             if restart.needs_restart(programs):
                 if compile_count() == 0:
                     raise TrainError(f"compiling this run's {programs} programs would cross the compile threshold "
@@ -375,7 +381,7 @@ class Trainer:
                                      "line does) or start the run in a fresh process")
                 self.save_checkpoint()
                 restart.exec_restart([f for f in (self._log,) if f is not None])
-            self.runner = GradientRunner(self.model, self.config.seq, plan=self.plan)
+            self.runner = GradientRunner(self.model, self.config.seq, plan=self.plan, **options)
         return self.runner
 
     def _start(self) -> None:

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+import orion
 from orion import models
 from orion.autodiff.runner import GradientRunner
 from orion.lora.adapter import AdapterError
@@ -317,3 +318,24 @@ def test_bad_lora_settings_are_refused(tmp_path: Path, tokens: Path, capsys: pyt
         train_main(["--model", "tiny-gpt2", "--data", str(tokens), "--steps", "2", "--out", str(tmp_path / "r"),
                     "--lora", "r=0"])
     assert "LoRA r=0 must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_a_full_trainer_checkpoint_is_a_base_and_a_lora_one_is_refused(tokens: Path, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    full = Trainer("tiny-gpt2", tokens, tmp_path / "full", steps=2, seq=SEQ, checkpoint_every=2, eval_every=2,
+                   eval_batches=1, quiet=True, prefer="ane")
+    full.train()
+    _, params, description = load_model(tmp_path / "full")  # the run directory: its newest checkpoint
+    assert params.keys() == full.params.keys() and "step 2" in description["origin"]
+    assert all(np.array_equal(params[k], full.params[k]) for k in params)
+    lora = Trainer(tmp_path / "full" / "checkpoints" / "ckpt-00000002.json", tokens, tmp_path / "lora", steps=2,
+                   seq=SEQ, checkpoint_every=2, eval_every=2, eval_batches=1, quiet=True, prefer="ane",
+                   lora=LoraSpec(r=2, alpha=4.0, targets=("q",)))
+    assert np.isfinite(lora.train()[-1]["loss"])
+    assert all(np.array_equal(lora.model.base_params[k], full.params[k]) for k in full.params)
+    with pytest.raises(orion.OrionError, match=r"match none of the shapes .* \(a LoRA run's checkpoint holds "
+                                               "only adapters\)"):
+        load_model(tmp_path / "lora")
+    assert train_main(["--model", str(tmp_path / "full"), "--data", "stdlib", "--steps", "2", "--out",
+                       str(tmp_path / "again"), "--lora", "r=2,targets=q"]) == 1
+    assert "a trainer checkpoint has no tokenizer" in capsys.readouterr().err

@@ -96,10 +96,10 @@ class LoraSpec:
         return cls(**fields)  # type: ignore[arg-type]
 
 
-def modules_of(base: TrainableModel, targets: tuple[str, ...] | list[str] | str) -> list[str]:
+def modules_of(base: TrainableModel, targets: tuple[str, ...] | list[str]) -> list[str]:
     """The layer modules (relative to a layer, e.g. ``self_attn.q_proj``) that ``targets`` selects."""
     aliases = ALIASES.get(base.name, {})
-    names = targets if isinstance(targets, str) else sorted({aliases.get(t, t) for t in targets})
+    names = sorted({aliases.get(t, t) for t in targets})
     try:
         chosen = targeted_modules(names, base.lora_targets(), "--lora targets")
     except AdapterError as exc:

@@ -334,7 +334,7 @@ def test_a_full_trainer_checkpoint_is_a_base_and_a_lora_one_is_refused(tokens: P
     assert np.isfinite(lora.train()[-1]["loss"])
     assert all(np.array_equal(lora.model.base_params[k], full.params[k]) for k in full.params)
     with pytest.raises(orion.OrionError, match=r"match none of the shapes .* \(a LoRA run's checkpoint holds "
-                                               "only adapters\)"):
+                                               r"only adapters\)"):
         load_model(tmp_path / "lora")
     assert train_main(["--model", str(tmp_path / "full"), "--data", "stdlib", "--steps", "2", "--out",
                        str(tmp_path / "again"), "--lora", "r=2,targets=q"]) == 1

@@ -68,7 +68,8 @@ def test_baked_strategies_match_inputs_and_follow_update(kind: str, weights: str
     runner = GradientRunner(model, SEQ, weights=weights, params=params, prefer="ane")
     assert compile_count() - before == 2 * model.n_layers  # forward and gradient, per layer
     assert runner.baked == list(model.layer_shapes())
-    _assert_close(runner.loss_and_grads(params, ids, targets, SCALE), inputs.loss_and_grads(params, ids, targets, SCALE))
+    want = inputs.loss_and_grads(params, ids, targets, SCALE)
+    _assert_close(runner.loss_and_grads(params, ids, targets, SCALE), want)
     moved = _moved(model, params, 1)
     stale = runner.loss_and_grads(moved, ids, targets, SCALE)[0]
     assert stale == runner.loss_and_grads(params, ids, targets, SCALE)[0]  # baked: new values need update()

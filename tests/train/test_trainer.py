@@ -121,8 +121,8 @@ def test_resume_skips_a_damaged_checkpoint_with_a_note_and_refuses_another_confi
 
 
 def test_bad_settings_are_refused(tokens: Path, tmp_path: Path) -> None:
-    with pytest.raises(TrainError, match="'patch' and 'recompile' are not implemented"):
-        _trainer("gpt2", tokens, tmp_path, weights="patch")
+    with pytest.raises(TrainError, match=r"weights='baked'. Fix: use one of \('inputs', 'patch', 'recompile'\)"):
+        _trainer("gpt2", tokens, tmp_path, weights="baked")
     with pytest.raises(TrainError, match="only TrainConfig fields"):
         _trainer("gpt2", tokens, tmp_path, learning_rate=1.0)
     with pytest.raises(TrainError, match="exceeds the model's context"):

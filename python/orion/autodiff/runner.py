@@ -92,18 +92,18 @@ class GradientRunner:
         self._gradients = [self._slot(p, params) for p in self.plan.gradients]
 
     def _slot(self, program: Program, params: Mapping[str, np.ndarray] | None) -> _Shared | _PerLayer:
-        names = [n for n in self.baked if n in {i.name for i in program.graph.inputs}]
-        if program.device == ANE and names:
-            return _PerLayer(self.model, program, names, params)
-        return _Shared(program)
+        names = _baked_inputs(program, self.baked)
+        return _PerLayer(self.model, program, names, params) if names else _Shared(program)
 
     @property
     def compiles_per_update(self) -> int:
-        """Compiles one :meth:`update` does: per layer, each ANE program holding a trained baked weight, under
-        ``"recompile"``; 0 otherwise."""
-        if self.weights != "recompile":
-            return 0
-        return sum(s.layers for s in self._slots if isinstance(s, _PerLayer) and set(s.names) & set(self.trainable))
+        """Compiles one :meth:`update` does (see :func:`planned_compiles`)."""
+        return planned_compiles(self.plan, self.model, self.weights, self.baked, self.trainable)[1]
+
+    @property
+    def rebakes(self) -> bool:
+        """True when :meth:`update` has work: some baked weight is trained (``"patch"`` or ``"recompile"``)."""
+        return any(isinstance(s, _PerLayer) and set(s.names) & set(self.trainable) for s in self._slots)
 
     @property
     def _slots(self) -> list[_Shared | _PerLayer]:
@@ -151,6 +151,28 @@ class GradientRunner:
         for name, g in m.embed_backward(params, ids, dx).items():
             grads[name] = grads[name] + g if name in grads else g
         return loss, grads
+
+
+def planned_compiles(plan: Plan, model: TrainableModel, weights: str = "inputs", baked: Collection[str] | None = None,
+                     trainable: Collection[str] | None = None) -> tuple[int, int]:
+    """``(to build, per update)``: the compiles a runner of ``plan`` does at construction (one per shared ANE
+    program, one per layer for each ANE program with a baked weight; at most: shared programs already in the
+    process's program cache cost none) and in each :meth:`GradientRunner.update` (``"recompile"``: one per
+    layer for each program holding a trained baked weight; 0 otherwise). Arguments as for the runner."""
+    baked = layer_params(model, (() if weights == "inputs" else None) if baked is None else baked, "baked")
+    trained = set(layer_params(model, trainable, "trainable"))
+    ane = [(p, _baked_inputs(p, baked)) for p in plan.programs if p.device == ANE]
+    build = sum(model.n_layers if names else 1 for _, names in ane)
+    update = sum(model.n_layers for _, names in ane if set(names) & trained) if weights == "recompile" else 0
+    return build, update
+
+
+def _baked_inputs(program: Program, baked: Collection[str]) -> list[str]:
+    """The ``baked`` names that are inputs of an ANE ``program`` (a CPU program takes every weight as input)."""
+    if program.device != ANE:
+        return []
+    inputs = {n.name for n in program.graph.inputs}
+    return [n for n in baked if n in inputs]
 
 
 class _Shared:
@@ -202,8 +224,8 @@ class _PerLayer:
         files = {}
         for path, data in self.lowered.weights.items():
             stem = path[len(WEIGHT_DIR):-len(".bin")]
-            holders = [n for n in self.names if (stem == n or (stem.startswith(f"{n}_") and stem[len(n) + 1:].isdigit()))
-                       and data == _blob(values[n])]
+            named = [n for n in self.names if stem == n or (stem.startswith(f"{n}_") and stem[len(n) + 1:].isdigit())]
+            holders = [n for n in named if data == _blob(values[n])]
             if len(holders) == 1:
                 files[path] = holders[0]
         rng = np.random.default_rng(0)

@@ -1,4 +1,5 @@
-"""``python -m orion.bench BENCHMARK [options]``: Orion's benchmarks (``decode``: any registered model)."""
+"""``python -m orion.bench BENCHMARK [options]``: Orion's benchmarks (``decode``: any registered model;
+``train``: a training step against PyTorch, with the M4 cost model)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from orion.cli import HelpFormatter
 
 
 def main(argv: list[str] | None = None) -> int:
-    from orion.bench import decode
+    from orion.bench import decode, train
 
     parser = argparse.ArgumentParser(prog="python -m orion.bench", formatter_class=HelpFormatter,
                                      description="Orion's benchmarks. Each has its own --help.")
@@ -17,9 +18,12 @@ def main(argv: list[str] | None = None) -> int:
     bench = benchmarks.add_parser("decode", formatter_class=HelpFormatter, description=decode.__doc__,
                                   help="prefill and KV-cache decode of a model: compile, tok/s, dispatches, bytes")
     decode.add_arguments(bench)
+    bench = benchmarks.add_parser("train", formatter_class=HelpFormatter, description=train.__doc__,
+                                  help="training steps side by side with PyTorch: ms/step, FLOP split, M4 model")
+    train.add_arguments(bench)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
-    return decode.main(argv[1:]) if args.benchmark == "decode" else 2
+    return {"decode": decode.main, "train": train.main}[args.benchmark](argv[1:])
 
 
 if __name__ == "__main__":

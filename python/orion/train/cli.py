@@ -21,7 +21,7 @@ from orion.cli import positive_int, report_errors
 from orion.lora.adapter import AdapterError
 from orion.lora.train import LoraSpec
 from orion.train.errors import TrainError
-from orion.train.trainer import SHAPES, TrainConfig, Trainer, loss_summary, read_log
+from orion.train.trainer import SHAPES, WEIGHT_STRATEGIES, TrainConfig, Trainer, loss_summary, read_log
 
 STDLIB = "stdlib"
 DATA_SUBDIR, PLOT_FILE, ADAPTER_SUBDIR = "data", "loss.png", "adapter"
@@ -49,6 +49,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="initial weights of a shape, and the batch order")
     p.add_argument("--prefer", choices=("auto", "ane", "cpu"), default="auto",
                    help="where the partitioner puts the layer programs (default auto: where they pay)")
+    p.add_argument("--weights", choices=WEIGHT_STRATEGIES, default="inputs",
+                   help="how updated weights reach the programs: inputs (default; no compile per step), patch "
+                   "(baked, weight files swapped: no compile per step) or recompile (baked, compiled every step; "
+                   "the run exec-restarts before the compile budget)")
     p.add_argument("--eval-every", type=positive_int, default=100)
     p.add_argument("--eval-batches", type=positive_int, default=4)
     p.add_argument("--checkpoint-every", type=positive_int, default=100)
@@ -73,8 +77,9 @@ def _train(args: argparse.Namespace) -> int:
     config = TrainConfig(steps=args.steps, seq=args.seq, batch=args.batch, accum=args.accum, lr=args.lr,
                          min_lr=args.min_lr, warmup=args.warmup, weight_decay=args.weight_decay,
                          max_grad_norm=args.max_grad_norm, loss_scale=args.loss_scale, seed=args.seed,
-                         prefer=args.prefer, eval_every=args.eval_every, eval_batches=args.eval_batches,
-                         checkpoint_every=args.checkpoint_every, keep=args.keep, lora=args.lora)
+                         prefer=args.prefer, weights=args.weights, eval_every=args.eval_every,
+                         eval_batches=args.eval_batches, checkpoint_every=args.checkpoint_every, keep=args.keep,
+                         lora=args.lora)
     out = Path(args.out)
     data = _stdlib_data(args.model, out, args.data_bytes, args.quiet) if args.data == STDLIB else args.data
     trainer = Trainer(args.model, data, out, config, resume=args.resume, quiet=args.quiet, exec_restart=True)

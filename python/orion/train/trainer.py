@@ -10,10 +10,15 @@ runs every ``eval_every`` steps and checkpoints (:mod:`orion.train.checkpoint`) 
 keeping the last ``keep``.
 
 Compilation is deferred: the runner (which compiles every program) is built only once the run's
-checkpoint, if any, is loaded. Weights strategy ``"inputs"``: the programs take the weights as inputs, so an
-update needs no compile. Checkpoints are taken at optimizer-step boundaries only, so the saved accumulation
-phase is always 0 and a resumed run continues with exactly the batches, weights and moments of an
-uninterrupted one.
+checkpoint, if any, is loaded. Weights strategy (``TrainConfig.weights``, see
+:class:`orion.autodiff.runner.GradientRunner`): ``"inputs"``, the programs take the weights as inputs, so an
+update needs no compile; ``"patch"``, per-layer programs with baked weights whose files are swapped after each
+optimizer step, without a compile; ``"recompile"``, the same programs compiled again after each step. Before
+each step the trainer forecasts the step's compiles (building the runner, the update after the optimizer step)
+and, if they would cross the compile budget's threshold, checkpoints and exec-restarts
+(:mod:`orion.train.restart`; with ``exec_restart=True``, as the command line does). Checkpoints are taken at
+optimizer-step boundaries only, so the saved accumulation phase is always 0 and a resumed run continues with
+exactly the batches, weights and moments of an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from orion import compile_count
 from orion.autodiff.gpt2 import GPT2Trainable
 from orion.autodiff.llama import LlamaTrainable
 from orion.autodiff.partition import ANE, Plan, partition
-from orion.autodiff.runner import GradientRunner, NonFiniteGradient
+from orion.autodiff.runner import WEIGHT_STRATEGIES, GradientRunner, NonFiniteGradient, planned_compiles
 from orion.autodiff.trainable import TrainableModel
 from orion.errors import OrionError
 from orion.limits import FP16_MAX
@@ -49,7 +54,6 @@ from orion.train.errors import CheckpointError, TrainError
 from orion.train.optim import AdamW, clip_coefficient, grad_norm
 
 LOG_FILE, CHECKPOINT_DIR = "train.jsonl", "checkpoints"
-WEIGHT_STRATEGIES = ("inputs",)
 
 SHAPES: dict[str, GPT2Config | LlamaConfig] = {
     "tiny-gpt2": GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=512, n_positions=1024),
@@ -78,7 +82,7 @@ class TrainConfig:
     initial_scale: float = 1024.0     # the dynamic scale's start (4x the static 256 that cured fp16 underflow)
     growth_interval: int = 2000       # good steps before the dynamic scale doubles
     seed: int = 0                     # initial weights of a random shape (or of the LoRA A), and the batch sampler
-    weights: str = "inputs"
+    weights: str = "inputs"           # how updated weights reach the programs: "inputs", "patch", "recompile"
     prefer: str = "auto"              # the partitioner's placement ("auto", "ane", "cpu")
     eval_every: int = 100
     eval_batches: int = 4
@@ -92,8 +96,7 @@ class TrainConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise TrainError(f"TrainConfig.{name}={value!r} must be an integer >= 1")
         if self.weights not in WEIGHT_STRATEGIES:
-            raise TrainError(f"TrainConfig.weights={self.weights!r}: the trainer implements {WEIGHT_STRATEGIES}; "
-                             "'patch' and 'recompile' are not implemented yet. Fix: use weights='inputs'")
+            raise TrainError(f"TrainConfig.weights={self.weights!r}. Fix: use one of {WEIGHT_STRATEGIES}")
         if not (isinstance(self.loss_scale, (int, float)) and self.loss_scale > 0) and self.loss_scale != "dynamic":
             raise TrainError(f"TrainConfig.loss_scale={self.loss_scale!r}: use 'dynamic' or a positive number")
         if self.warmup is not None and not 0 <= self.warmup < self.steps:
@@ -255,6 +258,7 @@ class Trainer:
         self.plan: Plan | None = None
         self._log: IO[str] | None = None
         self._resume, self._started, self._resume_logged, self._pending_note = resume, False, False, ""
+        self._checkpointed_step: int | None = None  # the step of the last checkpoint this process wrote
 
     # -- the run ---------------------------------------------------------------------------------------
 
@@ -280,10 +284,11 @@ class Trainer:
         return [r for r in read_log(self.log_path) if r.get("event") == "step"]
 
     def train_step(self) -> dict[str, Any]:
-        """One optimizer step (or a skipped one), logged; no validation or checkpoint (:meth:`train` adds them)."""
+        """One optimizer step (or a skipped one), logged; no validation or checkpoint (:meth:`train` adds them).
+        Restarts the process first (checkpoint, exec) if the step's compiles would cross the budget's threshold."""
         if self._log is None:
             self._start()
-        record = self._train_step(self._ensure_runner())
+        record = self._train_step(self._ensure_runner(updates=1))
         self._write(record)
         return record
 
@@ -320,6 +325,8 @@ class Trainer:
             norm = stats.norm / windows
             coefficient = clip_coefficient(norm, cfg.max_grad_norm)
             self.optimizer.step(total, lr=schedule.advance(self.schedule), grad_scale=coefficient / windows)
+            if runner.rebakes:  # baked weights follow the step ("patch", "recompile")
+                runner.update(self._program_params()[0])
             record.update(loss=float(np.mean(losses)), grad_norm=norm, lr=lr)
         else:
             record["nonfinite"] = overflow or f"{stats.nonfinite} non-finite gradient values"
@@ -360,28 +367,35 @@ class Trainer:
 
     # -- compilation, checkpoints and resume -----------------------------------------------------------
 
-    def _ensure_runner(self) -> GradientRunner:
-        """Plans and compiles the programs (once); restarts the process first if that would cross the budget."""
-        if self.runner is None:
-            # LoRA: gradients for the adapters only, the frozen base baked per layer
-            options = self.model.runner_options() if isinstance(self.model, LoraTrainable) else {}
+    def _ensure_runner(self, updates: int = 0) -> GradientRunner:
+        """Plans and compiles the programs (once). If that and ``updates`` weight updates would take the process
+        past the compile budget's threshold, checkpoints and restarts it first."""
+        weights = self.config.weights
+        # LoRA: gradients for the adapters only, the frozen base baked per layer (under any weights strategy)
+        options = self.model.runner_options() if isinstance(self.model, LoraTrainable) else {}
+        if self.plan is None:
             self.plan = partition(self.model, self.config.seq, prefer=self.config.prefer,
                                   trainable=options.get("trainable"))
-            per_program = self.model.n_layers if options.get("baked") else 1  # baked: one program per layer
-            programs = sum(per_program for p in self.plan.programs if p.device == ANE)
-            if restart.needs_restart(programs):
-                if compile_count() == 0:
-                    raise TrainError(f"compiling this run's {programs} programs would cross the compile threshold "
-                                     f"of {restart.compile_threshold()} even in a fresh process. Fix: raise "
-                                     "ORION_COMPILE_BUDGET")
-                if not self.exec_restart:
-                    raise TrainError(f"compiling this run's {programs} programs would take the process past the "
-                                     f"compile threshold ({compile_count()} compiled, threshold "
-                                     f"{restart.compile_threshold()}). Fix: pass exec_restart=True (the command "
-                                     "line does) or start the run in a fresh process")
+        build, per_update = planned_compiles(self.plan, self.model, weights, options.get("baked"),
+                                             options.get("trainable"))
+        compiles = (build if self.runner is None else 0) + updates * per_update
+        if restart.needs_restart(compiles):
+            if compile_count() == 0:
+                raise TrainError(f"this run's {compiles} compiles (building its programs and updating weights="
+                                 f"{weights!r}) would cross the compile threshold of {restart.compile_threshold()} "
+                                 "even in a fresh process. Fix: raise ORION_COMPILE_BUDGET or use weights='inputs'")
+            if not self.exec_restart:
+                raise TrainError(f"compiling {compiles} more programs would take the process past the compile "
+                                 f"threshold ({compile_count()} compiled, threshold {restart.compile_threshold()}). "
+                                 "Fix: pass exec_restart=True (the command line does) or start the run in a fresh "
+                                 "process")
+            if self._checkpointed_step != self.step:  # the step's own checkpoint may just have been written
                 self.save_checkpoint()
-                restart.exec_restart([f for f in (self._log,) if f is not None])
-            self.runner = GradientRunner(self.model, self.config.seq, plan=self.plan, **options)
+            restart.exec_restart([f for f in (self._log,) if f is not None])
+        if self.runner is None:
+            baking = {"params": self._program_params()[0]} if weights != "inputs" else {}
+            self.runner = GradientRunner(self.model, self.config.seq, plan=self.plan, weights=weights,
+                                         **(baking | options))
         return self.runner
 
     def _start(self) -> None:
@@ -429,6 +443,7 @@ class Trainer:
         """Writes the full state at the current step (atomically; the newest ``config.keep`` are kept)."""
         tensors, state = self.checkpoint_state()
         path = checkpoint.save(self.checkpoint_dir, self.step, tensors, state, self.config_hash, keep=self.config.keep)
+        self._checkpointed_step = self.step
         self._write({"event": "checkpoint", "step": self.step, "path": path.name})
         return path
 

@@ -21,6 +21,8 @@ or on its software ANE where there is none.
   python -m orion serve --model DIR                       an OpenAI-compatible HTTP server (its own --help)
   python -m orion data prepare FILES... --out DIR         tokenize text for training (its own --help)
   python -m orion train --model stories110m --data stdlib --steps 1000 --out RUN   train (its own --help)
+  python -m orion train ... --lora r=16,alpha=32,targets=q,v   fine-tune LoRA adapters only (PEFT format out)
+  python -m orion lora merge BASE ADAPTER OUT             fold an adapter into its base (a Hugging Face directory)
   python -m orion.bench decode                            the decode benchmark (its own --help)
 """
 
@@ -30,6 +32,7 @@ DELEGATED = {
     "serve": ("orion.serve.cli", "serve a model over OpenAI's HTTP API (needs the 'serve' extra)"),
     "data": ("orion.train.data_cli", "prepare token files for training: data prepare TEXT_FILES... --out DIR"),
     "train": ("orion.train.cli", "train a model (stories110m, gpt2, tiny-*, or a directory) with checkpoints"),
+    "lora": ("orion.lora.cli", "LoRA adapters: lora merge BASE ADAPTER OUT (a merged Hugging Face directory)"),
 }
 
 

@@ -7,6 +7,8 @@ import numpy as np
 from orion.autodiff import cpu
 from orion.autodiff.trainable import TrainableModel, input_shape
 from orion.graph.builder import Graph
+from orion.lora.adapter import LayerTarget
+from orion.lora.graph import Sites, adapted, adapted_parts
 from orion.models.gpt2.config import GPT2Config
 from orion.models.gpt2.weights import BlockWeights, GPT2Weights
 
@@ -15,6 +17,7 @@ class GPT2Trainable(TrainableModel):
     """GPT-2 (tied LM head): q, k and v are separate inputs so no gradient is placed back into a fused qkv."""
 
     layer_prefix = "h"
+    hf_layer_prefix, peft_fan_in_fan_out = "transformer.h.", True  # PEFT module paths; Conv1D weights
 
     def __init__(self, config: GPT2Config) -> None:
         self.config = config
@@ -56,20 +59,35 @@ class GPT2Trainable(TrainableModel):
                        "w_fc": (4 * c, c), "b_fc": (4 * c,), "w_proj": (c, 4 * c), "b_proj": (c,)})
         return shapes
 
-    def layer_graph(self, seq: int) -> Graph:
+    def lora_targets(self) -> dict[str, LayerTarget]:
+        """PEFT's modules of a block (``c_attn`` is q, k and v here, its rows split among them)."""
+        return {"attn.c_attn": LayerTarget("attn_c_attn", (("w_q",), ("w_k",), ("w_v",))),
+                "attn.c_proj": LayerTarget("attn_c_proj", (("w_attn_out",),)),
+                "mlp.c_fc": LayerTarget("mlp_c_fc", (("w_fc",),)),
+                "mlp.c_proj": LayerTarget("mlp_c_proj", (("w_proj",),))}
+
+    def layer_graph(self, seq: int, adapters: Sites | None = None, lora_scale: float = 1.0) -> Graph:
+        """The layer; with ``adapters`` (site of :meth:`lora_targets` -> rank) plus their LoRA terms."""
         c, eps = self.dim, self.config.layer_norm_epsilon
-        g = Graph(f"gpt2_train_layer_c{c}_s{seq}")
+        g = Graph(f"gpt2_train_layer_c{c}_s{seq}" + ("_lora" if adapters else ""))
         x = g.input("x", [1, c, 1, seq])
         p = {name: g.input(name, input_shape(shape)) for name, shape in self.layer_shapes().items()}
+        site = {module: t.site for module, t in self.lora_targets().items()}
         with g.scope("attn"):
             h = g.layer_norm(x, p["ln1_g"], p["ln1_b"], eps, name="ln")
-            q, k, v = (g.linear(h, p[f"w_{t}"], p[f"b_{t}"], name=t) for t in "qkv")
+            q, k, v = adapted_parts(g, [g.linear(h, p[f"w_{t}"], p[f"b_{t}"], name=t) for t in "qkv"], [h],
+                                    site["attn.c_attn"], adapters, lora_scale)
             a = g.attention(q, k, v, self.config.n_head, name="core")
-            x = g.add(x, g.linear(a, p["w_attn_out"], p["b_attn_out"], name="proj"), name="res")
+            proj = adapted(g, g.linear(a, p["w_attn_out"], p["b_attn_out"], name="proj"), [a], site["attn.c_proj"],
+                           adapters, lora_scale)
+            x = g.add(x, proj, name="res")
         with g.scope("mlp"):
             h = g.layer_norm(x, p["ln2_g"], p["ln2_b"], eps, name="ln")
-            up = g.gelu(g.linear(h, p["w_fc"], p["b_fc"], name="fc"), name="gelu")
-            x = g.add(x, g.linear(up, p["w_proj"], p["b_proj"], name="proj"), name="res")
+            fc = adapted(g, g.linear(h, p["w_fc"], p["b_fc"], name="fc"), [h], site["mlp.c_fc"], adapters, lora_scale)
+            up = g.gelu(fc, name="gelu")
+            down = adapted(g, g.linear(up, p["w_proj"], p["b_proj"], name="proj"), [up], site["mlp.c_proj"], adapters,
+                           lora_scale)
+            x = g.add(x, down, name="res")
         g.output(x, "y")
         return g
 

@@ -10,8 +10,11 @@ from orion.autodiff.context import GradientError
 from orion.autodiff.trainable import TrainableModel, input_shape
 from orion.graph.builder import Graph
 from orion.graph.ir import Node
+from orion.lora.adapter import LayerTarget
+from orion.lora.graph import Sites, adapted, adapted_parts
 from orion.models.llama.config import LlamaConfig
 from orion.models.llama.graphs import _rope_partner, apply_rope, group_rows, rope_tables
+from orion.models.llama.lora import lora_placements
 from orion.models.llama.weights import LayerWeights, LlamaWeights
 
 
@@ -21,6 +24,7 @@ class LlamaTrainable(TrainableModel):
     keys and values; RMSNorm is the registry op (its direct gradient rule holds for any gain)."""
 
     layer_prefix = "l"
+    hf_layer_prefix, peft_fan_in_fan_out = "model.layers.", False  # PEFT module paths; nn.Linear weights
 
     def __init__(self, config: LlamaConfig) -> None:
         if config.qkv_bias:
@@ -74,36 +78,54 @@ class LlamaTrainable(TrainableModel):
         shapes.update({"mlp_norm": (d,), "w_gate": (h, d), "w_up": (h, d), "w_down": (d, h)})
         return shapes
 
-    def layer_graph(self, seq: int) -> Graph:
+    def lora_targets(self) -> dict[str, LayerTarget]:
+        """PEFT's modules of a layer: q's rows split among the query groups (in the RoPE convention's row order,
+        as the inference placements say), o's columns among them, the others one parameter each."""
+        groups = range(self.config.group_size)
+        placed = {path.split(".", 3)[3]: p for path, p in lora_placements(self.config).items()
+                  if path.startswith("model.layers.0.")}
+        grids = {"self_attn.q_proj": tuple((f"wq_g{j}",) for j in groups), "self_attn.k_proj": (("wk",),),
+                 "self_attn.v_proj": (("wv",),), "self_attn.o_proj": (tuple(f"wo_g{j}" for j in groups),),
+                 "mlp.gate_proj": (("w_gate",),), "mlp.up_proj": (("w_up",),), "mlp.down_proj": (("w_down",),)}
+        return {module: LayerTarget(module.split(".")[1], grid, placed[module].src_rows, placed[module].cols)
+                for module, grid in grids.items()}
+
+    def layer_graph(self, seq: int, adapters: Sites | None = None, lora_scale: float = 1.0) -> Graph:
+        """The layer; with ``adapters`` (site of :meth:`lora_targets` -> rank) plus their LoRA terms."""
         cfg = self.config
         kv, hd, eps = cfg.n_kv_heads, cfg.head_dim, cfg.rms_norm_eps
-        g = Graph(f"llama_train_layer_d{self.dim}_s{seq}")
+        g = Graph(f"llama_train_layer_d{self.dim}_s{seq}" + ("_lora" if adapters else ""))
         x = g.input("x", [1, self.dim, 1, seq])
         p = {name: g.input(name, input_shape(shape)) for name, shape in self.layer_shapes().items()}
         cos_table, sin_table = rope_tables(cfg, np.arange(seq))
         cos, sin = (g.const(n, t.reshape(1, 1, hd, seq)) for n, t in (("rope_cos", cos_table), ("rope_sin", sin_table)))
         partner = _rope_partner(g, cfg)
+        site = {module: t.site for module, t in self.lora_targets().items()}
 
         def rotated(t: Node, name: str) -> Node:
             heads = apply_rope(g, t, kv, cos, sin, partner, name)
             return g.reshape(heads, [1, cfg.kv_dim, 1, seq], name=f"{name}_flat")
 
+        def linear(h: Node, weight: str, name: str, module: str) -> Node:
+            return adapted(g, g.linear(h, p[weight], name=name), [h], site[module], adapters, lora_scale)
+
         with g.scope("attn"):
             h = g.rms_norm(x, p["attn_norm"], eps, name="norm")
-            k = rotated(g.linear(h, p["wk"], name="k"), "k_rope")
-            v = g.linear(h, p["wv"], name="v")
-            out = None
-            for j in range(cfg.group_size):
-                q = rotated(g.linear(h, p[f"wq_g{j}"], name=f"q_g{j}"), f"q_g{j}_rope")
-                ctx = g.attention(q, k, v, kv, name=f"core_g{j}")
-                part = g.linear(ctx, p[f"wo_g{j}"], name=f"o_g{j}")
+            k = rotated(linear(h, "wk", "k", "self_attn.k_proj"), "k_rope")
+            v = linear(h, "wv", "v", "self_attn.v_proj")
+            queries = adapted_parts(g, [g.linear(h, p[f"wq_g{j}"], name=f"q_g{j}") for j in range(cfg.group_size)],
+                                    [h], site["self_attn.q_proj"], adapters, lora_scale)
+            out, contexts = None, []
+            for j, q in enumerate(queries):
+                contexts.append(g.attention(rotated(q, f"q_g{j}_rope"), k, v, kv, name=f"core_g{j}"))
+                part = g.linear(contexts[-1], p[f"wo_g{j}"], name=f"o_g{j}")
                 out = part if out is None else g.add(out, part, name=f"o_sum{j}")
-            x = g.add(x, out, name="res")
+            x = g.add(x, adapted(g, out, contexts, site["self_attn.o_proj"], adapters, lora_scale), name="res")
         with g.scope("mlp"):
             h = g.rms_norm(x, p["mlp_norm"], eps, name="norm")
-            act = g.silu(g.linear(h, p["w_gate"], name="gate"), name="silu")
-            x = g.add(x, g.linear(g.mul(act, g.linear(h, p["w_up"], name="up"), name="swiglu"), p["w_down"],
-                                  name="down"), name="res")
+            act = g.silu(linear(h, "w_gate", "gate", "mlp.gate_proj"), name="silu")
+            swiglu = g.mul(act, linear(h, "w_up", "up", "mlp.up_proj"), name="swiglu")
+            x = g.add(x, linear(swiglu, "w_down", "down", "mlp.down_proj"), name="res")
         g.output(x, "y")
         return g
 

@@ -47,6 +47,20 @@ class Placement:
     cols: tuple[np.ndarray | None, ...] = (None,)
 
 
+@dataclass(frozen=True, eq=False)
+class LayerTarget:
+    """A Hugging Face module as a training layer graph (``orion.autodiff``'s trainables) computes it: the layer
+    parameters ``grid[k][j]`` that make output block ``k`` from input piece ``j`` (their outputs stacked give the
+    module's rows, their inputs side by side its columns), the graph site of its LoRA inputs, and PEFT's layout
+    as in :class:`Placement`: graph row ``t`` is the module's row ``src_rows[t]`` (None: in order), input piece
+    ``j`` carries the module's input columns ``cols[j]`` (None: all)."""
+
+    site: str
+    grid: tuple[tuple[str, ...], ...]
+    src_rows: np.ndarray | None = None
+    cols: tuple[np.ndarray | None, ...] = (None,)
+
+
 @dataclass
 class LoraAdapter:
     """LoRA matrices by module path: ``modules[path] = (A [r, in], B [out, r])`` float32."""

@@ -1,5 +1,8 @@
-"""``python -m orion train --model (stories110m|gpt2|tiny-gpt2|tiny-llama|DIR) --data (DIR|FILE|stdlib) --steps N
---out RUN_DIR [...]``: train with :class:`orion.train.trainer.Trainer`.
+"""``python -m orion train --model (stories110m|gpt2|tiny-gpt2|tiny-llama|DIR|CHECKPOINT) --data (DIR|FILE|stdlib)
+--steps N --out RUN_DIR [--lora r=16,alpha=32,targets=q,v] [...]``: train with :class:`orion.train.trainer.Trainer`.
+
+``--lora`` fine-tunes only LoRA adapters over the frozen base (:mod:`orion.lora.train`): the checkpoints hold the
+adapters and the run state, and the run ends by writing ``RUN_DIR/adapter`` in PEFT's format.
 
 ``--data stdlib`` tokenizes the built-in standard-library corpus on first use into ``RUN_DIR/data`` (with the
 model directory's ``tokenizer.json`` if it has one, else a byte-level BPE of the model's vocabulary size,
@@ -15,16 +18,20 @@ from pathlib import Path
 from typing import Any
 
 from orion.cli import positive_int, report_errors
+from orion.lora.adapter import AdapterError
+from orion.lora.train import LoraSpec
+from orion.train.errors import TrainError
 from orion.train.trainer import SHAPES, WEIGHT_STRATEGIES, TrainConfig, Trainer, loss_summary, read_log
 
 STDLIB = "stdlib"
-DATA_SUBDIR, PLOT_FILE = "data", "loss.png"
+DATA_SUBDIR, PLOT_FILE, ADAPTER_SUBDIR = "data", "loss.png", "adapter"
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m orion train", description="Train a GPT-2 or Llama on token data.")
-    p.add_argument("--model", required=True, help=f"a shape ({', '.join(SHAPES)}; random weights) or a Hugging "
-                   "Face GPT-2/Llama directory (its weights)")
+    p.add_argument("--model", required=True, help=f"a shape ({', '.join(SHAPES)}; random weights), a Hugging "
+                   "Face GPT-2/Llama directory (its weights), or a trainer checkpoint of a shape (a run directory or "
+                   "ckpt-*.json: its weights)")
     p.add_argument("--data", required=True, help="a token directory (nanoGPT train.bin/val.bin or llama2.c shards), "
                    "one .bin file, or 'stdlib' (the built-in corpus, prepared on first use)")
     p.add_argument("--out", required=True, help="run directory: train.jsonl, checkpoints/, loss.png")
@@ -52,6 +59,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", type=positive_int, default=3, help="checkpoints kept (default 3)")
     p.add_argument("--data-bytes", type=positive_int, default=8_000_000,
                    help="with --data stdlib: how much of the corpus to tokenize (default 8 MB)")
+    p.add_argument("--lora", type=_lora_spec, default=None, metavar="r=R,alpha=A,targets=T[,T...][,dropout=0]",
+                   help="fine-tune LoRA adapters only (targets: q,k,v,o,gate,up,down or PEFT module names such as "
+                   "c_attn, c_proj, c_fc; on GPT-2 q/k/v all mean c_attn); writes RUN_DIR/adapter (PEFT format)")
     p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in --out")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     return p
@@ -68,7 +78,8 @@ def _train(args: argparse.Namespace) -> int:
                          min_lr=args.min_lr, warmup=args.warmup, weight_decay=args.weight_decay,
                          max_grad_norm=args.max_grad_norm, loss_scale=args.loss_scale, seed=args.seed,
                          prefer=args.prefer, weights=args.weights, eval_every=args.eval_every,
-                         eval_batches=args.eval_batches, checkpoint_every=args.checkpoint_every, keep=args.keep)
+                         eval_batches=args.eval_batches, checkpoint_every=args.checkpoint_every, keep=args.keep,
+                         lora=args.lora)
     out = Path(args.out)
     data = _stdlib_data(args.model, out, args.data_bytes, args.quiet) if args.data == STDLIB else args.data
     trainer = Trainer(args.model, data, out, config, resume=args.resume, quiet=args.quiet, exec_restart=True)
@@ -78,6 +89,11 @@ def _train(args: argparse.Namespace) -> int:
     print(f"{out}: {summary['steps']} steps, loss {_fmt(summary['first_loss'])} -> {_fmt(summary['last_loss'])} "
           f"(min {_fmt(summary['min_loss'])}), val {_fmt(vals[-1] if vals else None)}, {summary['skipped']} skipped, "
           f"{summary['ms_per_step']:.0f} ms/step")
+    if args.lora is not None:
+        adapter = out / ADAPTER_SUBDIR
+        trainer.model.save_peft(str(adapter), trainer.params, base_name=str(args.model))
+        trainer.log_event({"event": "adapter", "path": ADAPTER_SUBDIR})
+        print(f"{adapter}: the LoRA adapter (PEFT format; load it with model.load_adapter or peft)")
     _plot(trainer, records)
     return 0
 
@@ -90,6 +106,10 @@ def _stdlib_data(model: str, out: Path, max_bytes: int, quiet: bool) -> Path:
     directory = out / DATA_SUBDIR
     if (directory / "meta.json").is_file():
         return directory
+    if model not in SHAPES and not (Path(model) / "config.json").is_file():
+        raise TrainError(f"--data stdlib with --model {model}: a trainer checkpoint has no tokenizer, and a new BPE "
+                         "would not be the one the base learnt. Fix: pass --data with the base run's data directory "
+                         "(RUN_DIR/data)")
     tokenizer = Path(model) / "tokenizer.json" if model not in SHAPES else None
     vocab = SHAPES[model].vocab_size if model in SHAPES else int(read_json_object(Path(model) / "config.json")
                                                                  ["vocab_size"])
@@ -137,6 +157,14 @@ def _loss_scale(text: str) -> str | float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{value} must be > 0")
     return value
+
+
+def _lora_spec(text: str) -> LoraSpec:
+    """An argparse type: :meth:`LoraSpec.parse`."""
+    try:
+        return LoraSpec.parse(text)
+    except AdapterError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _fmt(value: float | None) -> str:

@@ -41,7 +41,9 @@ from orion.autodiff.llama import LlamaTrainable
 from orion.autodiff.partition import ANE, Plan, partition
 from orion.autodiff.runner import WEIGHT_STRATEGIES, GradientRunner, NonFiniteGradient, planned_compiles
 from orion.autodiff.trainable import TrainableModel
+from orion.errors import OrionError
 from orion.limits import FP16_MAX
+from orion.lora.train import LoraSpec, LoraTrainable, modules_of
 from orion.models.gpt2 import weights as gpt2_weights
 from orion.models.gpt2.config import GPT2Config
 from orion.models.llama import weights as llama_weights
@@ -79,13 +81,14 @@ class TrainConfig:
     loss_scale: str | float = "dynamic"  # "dynamic", or a number for a static scale
     initial_scale: float = 1024.0     # the dynamic scale's start (4x the static 256 that cured fp16 underflow)
     growth_interval: int = 2000       # good steps before the dynamic scale doubles
-    seed: int = 0                     # initial weights of a random shape, and the batch sampler
+    seed: int = 0                     # initial weights of a random shape (or of the LoRA A), and the batch sampler
     weights: str = "inputs"           # how updated weights reach the programs: "inputs", "patch", "recompile"
     prefer: str = "auto"              # the partitioner's placement ("auto", "ane", "cpu")
     eval_every: int = 100
     eval_batches: int = 4
     checkpoint_every: int = 100
     keep: int = 3
+    lora: LoraSpec | None = None      # fine-tune only LoRA adapters of these targets (the base frozen)
 
     def __post_init__(self) -> None:
         for name in ("steps", "seq", "batch", "accum", "eval_every", "eval_batches", "checkpoint_every", "keep"):
@@ -98,6 +101,9 @@ class TrainConfig:
             raise TrainError(f"TrainConfig.loss_scale={self.loss_scale!r}: use 'dynamic' or a positive number")
         if self.warmup is not None and not 0 <= self.warmup < self.steps:
             raise TrainError(f"TrainConfig.warmup={self.warmup} must be in [0, steps={self.steps})")
+        if self.lora is not None and not isinstance(self.lora, LoraSpec):
+            raise TrainError(f"TrainConfig.lora={self.lora!r}: pass an orion.lora.train.LoraSpec "
+                             "(LoraSpec.parse('r=16,alpha=32,targets=q,v'))")
 
     @property
     def warmup_steps(self) -> int:
@@ -129,9 +135,13 @@ def _load_model(model: str | os.PathLike | GPT2Config | LlamaConfig, seed: int
         config, origin = model, f"random, seed {seed}"
     else:
         path = Path(model)
+        manifest = _checkpoint_manifest(path)
+        if manifest is not None:
+            return _checkpoint_model(manifest)
         if not path.is_dir():
-            raise TrainError(f"model {model!r} is neither a shape ({', '.join(SHAPES)}), a GPT2Config/LlamaConfig "
-                             "nor a model directory. Fix: name a shape or pass a Hugging Face GPT-2/Llama directory")
+            raise TrainError(f"model {model!r} is neither a shape ({', '.join(SHAPES)}), a GPT2Config/LlamaConfig, "
+                             "a model directory nor a trainer checkpoint. Fix: name a shape or pass a Hugging Face "
+                             "GPT-2/Llama directory, a run directory or a ckpt-*.json")
         try:
             model_type = json.loads((path / "config.json").read_text()).get("model_type")
         except (OSError, json.JSONDecodeError) as exc:
@@ -149,6 +159,41 @@ def _load_model(model: str | os.PathLike | GPT2Config | LlamaConfig, seed: int
     module = gpt2_weights if isinstance(config, GPT2Config) else llama_weights
     params = trainable.params(module.random_weights(config, seed=seed))
     return trainable, params, {"config": _config_dict(config), "origin": origin}
+
+
+def _checkpoint_manifest(path: Path) -> Path | None:
+    """The checkpoint ``path`` names: a ``ckpt-*.json``, or the newest valid one of a run or checkpoints
+    directory (None: ``path`` is none of these)."""
+    if path.is_file() and path.suffix == ".json" and path.name.startswith("ckpt-"):
+        return path
+    for directory in (path / CHECKPOINT_DIR, path):
+        if path.is_dir() and checkpoint.checkpoints(directory):
+            newest = checkpoint.latest_valid(directory)
+            if newest is None:
+                raise TrainError(f"{directory}: no checkpoint passes its checksums. Fix: name a valid ckpt-*.json")
+            return newest
+    return None
+
+
+def _checkpoint_model(manifest: Path) -> tuple[TrainableModel, dict[str, np.ndarray], dict[str, Any]]:
+    """The weights of a (full) trainer checkpoint of one of the :data:`SHAPES`, recognized by its parameters."""
+    ckpt = checkpoint.load(manifest)
+    params = {k.split("/", 1)[1]: v for k, v in ckpt.tensors.items() if k.startswith("param/")}
+    for name, config in SHAPES.items():
+        trainable = _trainable(config)
+        layers = {trainable.layer_param(i, n): s for i in range(trainable.n_layers)
+                  for n, s in trainable.layer_shapes().items()}
+        if all(k in params and params[k].shape == s for k, s in layers.items()):
+            try:
+                weights = trainable.weights(params)
+                weights.validate(config)
+            except (KeyError, OrionError) as exc:
+                raise TrainError(f"checkpoint {manifest}: its layers are {name}'s but not the rest ({exc}). Fix: "
+                                 "pass a full (not LoRA) trainer checkpoint") from None
+            return trainable, trainable.params(weights), {"config": _config_dict(config),
+                                                          "origin": f"{manifest.resolve()} (step {ckpt.step})"}
+    raise TrainError(f"checkpoint {manifest}: its parameters match none of the shapes {', '.join(SHAPES)} (a LoRA run's "
+                     "checkpoint holds only adapters). Fix: pass a full trainer checkpoint of one of those shapes")
 
 
 def _trainable(config: GPT2Config | LlamaConfig) -> TrainableModel:
@@ -184,6 +229,9 @@ class Trainer:
                              f"({', '.join(f.name for f in dataclasses.fields(TrainConfig))})") from None
         cfg = self.config
         self.model, self.params, model_description = load_model(model, cfg.seed)
+        if cfg.lora is not None:  # the base becomes frozen; the parameters are the adapters alone
+            self.model = LoraTrainable(self.model, self.params, cfg.lora, modules_of(self.model, cfg.lora.targets))
+            self.params = self.model.init_params(cfg.seed)
         if cfg.seq > context_length(self.model.config):
             raise TrainError(f"seq={cfg.seq} exceeds the model's context of {context_length(self.model.config)} "
                              "positions. Fix: pass a shorter seq")
@@ -220,6 +268,8 @@ class Trainer:
         self._start()
         started, first_step = time.perf_counter(), self.step
         try:
+            if cfg.lora is not None and self.step == 0:  # B = 0: the base model's validation loss
+                self._write({"event": "eval", "step": 0, "val_loss": self.validation_loss()})
             while self.step < cfg.steps:
                 record = self.train_step()
                 if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
@@ -295,6 +345,8 @@ class Trainer:
         for i in range(self.model.n_layers):
             for name in self.model.layer_shapes():
                 key = self.model.layer_param(i, name)
+                if key not in self.params:  # a frozen LoRA base weight: baked (and range-checked) by the runner
+                    continue
                 p = self.params[key]
                 if p.max() > FP16_MAX or p.min() < -FP16_MAX:
                     out[key] = p.copy()
@@ -319,9 +371,13 @@ class Trainer:
         """Plans and compiles the programs (once). If that and ``updates`` weight updates would take the process
         past the compile budget's threshold, checkpoints and restarts it first."""
         weights = self.config.weights
+        # LoRA: gradients for the adapters only, the frozen base baked per layer (under any weights strategy)
+        options = self.model.runner_options() if isinstance(self.model, LoraTrainable) else {}
         if self.plan is None:
-            self.plan = partition(self.model, self.config.seq, prefer=self.config.prefer)
-        build, per_update = planned_compiles(self.plan, self.model, weights)
+            self.plan = partition(self.model, self.config.seq, prefer=self.config.prefer,
+                                  trainable=options.get("trainable"))
+        build, per_update = planned_compiles(self.plan, self.model, weights, options.get("baked"),
+                                             options.get("trainable"))
         compiles = (build if self.runner is None else 0) + updates * per_update
         if restart.needs_restart(compiles):
             if compile_count() == 0:
@@ -337,8 +393,9 @@ class Trainer:
                 self.save_checkpoint()
             restart.exec_restart([f for f in (self._log,) if f is not None])
         if self.runner is None:
+            baking = {"params": self._program_params()[0]} if weights != "inputs" else {}
             self.runner = GradientRunner(self.model, self.config.seq, plan=self.plan, weights=weights,
-                                         params=self._program_params()[0] if weights != "inputs" else None)
+                                         **(baking | options))
         return self.runner
 
     def _start(self) -> None:

@@ -1,0 +1,341 @@
+"""LoRA fine-tuning (orion.lora.train, ``Trainer(lora=...)``, ``python -m orion train --lora``, ``lora merge``) on tiny
+GPT-2 and Llama models, the layer programs on the emulator in fp16 (prefer="ane"):
+
+- Gradients of A and B against torch autograd through transformers + peft on the same weights and adapter:
+  cosine >= 0.999 per tensor (measured >= 0.99999), loss within 1e-3 relative. Llama also in the interleaved
+  RoPE convention (Stories110M's), whose q/k rows Orion permutes.
+- 30 Trainer steps against PEFT + torch fp32 AdamW from the same initial adapter on the same batches, rates and
+  clipping: every loss within 0.2% relative plus 1e-3 (fp16 programs against fp32). The base weights are bit for
+  bit unchanged, the checkpoint holds only adapter tensors, and the saved adapter gives the same logits in peft
+  as in Orion (3% / 2% of the largest logit, as the inference round trip).
+- ``lora merge``: every adapted weight equals ``W + (alpha/r) B A`` computed in float64 numpy on the Hugging
+  Face tensors (1e-6), every other tensor is the base's bit for bit; the merged model's logits equal the
+  base + adapter's (fp16 tolerance).
+- Loss falls from the base's validation loss with 0 NaN; a resumed LoRA run is bit-identical.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import orion
+from orion import models
+from orion.autodiff.runner import GradientRunner
+from orion.lora.adapter import AdapterError
+from orion.lora.cli import main as lora_main
+from orion.lora.train import LoraSpec, LoraTrainable, modules_of, read_adapter
+from orion.models.gpt2 import weights as gpt2_weights
+from orion.models.gpt2.config import GPT2Config
+from orion.models.llama import weights as llama_weights
+from orion.models.llama.config import LlamaConfig
+from orion.train import checkpoint
+from orion.train.cli import main as train_main
+from orion.train.data import BatchSampler
+from orion.train.schedule import WarmupCosine
+from orion.train.trainer import SHAPES, Trainer, load_model, read_log
+from support import references
+
+VOCAB, SEQ = 64, 32
+CONFIGS = {
+    "gpt2": GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=VOCAB, n_positions=SEQ),
+    "llama": LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=96, vocab_size=VOCAB,
+                         max_position_embeddings=SEQ),
+}
+ALL_TARGETS = {"gpt2": ("c_attn", "c_proj", "c_fc"), "llama": ("q", "k", "v", "o", "gate", "up", "down")}
+TIMING = ("ms", "tokens_per_s", "compiles")
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A periodic stream (period 23) of random tokens: learnable, so the loss must fall."""
+    directory = tmp_path_factory.mktemp("tokens")
+    stream = np.tile(np.random.default_rng(0).integers(0, VOCAB, 23), 400).astype("<u2")
+    cut = len(stream) * 9 // 10
+    stream[:cut].tofile(directory / "train.bin")
+    stream[cut:].tofile(directory / "val.bin")
+    return directory
+
+
+def _base_dir(kind: str, directory: Path, seed: int = 0) -> Path:
+    """A Hugging Face directory of random weights of ``CONFIGS[kind]``, written by Orion's ``save_hf``."""
+    module = gpt2_weights if kind == "gpt2" else llama_weights
+    module.save_hf(directory, CONFIGS[kind], module.random_weights(CONFIGS[kind], seed))
+    return directory
+
+
+def _lively(model: LoraTrainable, seed: int) -> dict[str, np.ndarray]:
+    """The model's initial parameters with B random too (a visible update)."""
+    rng = np.random.default_rng(seed)
+    return {k: (v + rng.normal(0, 0.1, v.shape)).astype(np.float32) for k, v in model.init_params(seed).items()}
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+# -- gradients and training against transformers + peft ----------------------------------------------------------
+
+def _peft_model(kind: str, base: Path, adapter):
+    """transformers' model of ``base`` wrapped by peft with ``adapter``'s A and B (float32, eager attention)."""
+    torch, transformers, peft = references.require("torch", "transformers", "peft")
+    torch.set_num_threads(2)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, attn_implementation="eager")
+    config = peft.LoraConfig(r=adapter.r, lora_alpha=adapter.alpha,
+                             target_modules=sorted({p.rsplit(".", 1)[-1] for p in adapter.modules}),
+                             fan_in_fan_out=kind == "gpt2", lora_dropout=0.0, task_type="CAUSAL_LM")
+    tuned = peft.get_peft_model(hf, config)
+    with torch.no_grad():
+        for path, (a, b) in adapter.modules.items():
+            layer = tuned.base_model.model.get_submodule(path)
+            layer.lora_A["default"].weight.copy_(torch.tensor(a))
+            layer.lora_B["default"].weight.copy_(torch.tensor(b))
+    return tuned
+
+
+def _peft_grads(tuned, paths) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    out = {}
+    for path in paths:
+        layer = tuned.base_model.model.get_submodule(path)
+        out[path] = (layer.lora_A["default"].weight.grad.numpy(), layer.lora_B["default"].weight.grad.numpy())
+    return out
+
+
+@pytest.mark.parametrize("kind,convention", [("gpt2", None), ("llama", "half"), ("llama", "interleaved")])
+def test_adapter_gradients_match_torch_autograd(kind: str, convention: str | None, tmp_path: Path) -> None:
+    torch, _, _ = references.require("torch", "transformers", "peft")
+    base_dir = _base_dir(kind, tmp_path / "base")
+    base, params, _ = load_model(base_dir)
+    if convention == "interleaved":  # the same model with q/k rows permuted per head (Stories110M's convention)
+        config, weights = llama_weights.to_rope_convention(base.config, base.weights(params), "interleaved")
+        base = type(base)(config)
+        params = base.params(weights)
+    spec = LoraSpec(r=4, alpha=8.0, targets=ALL_TARGETS[kind])
+    model = LoraTrainable(base, params, spec, modules_of(base, spec.targets))
+    adapter_params = _lively(model, 1)
+    rng = np.random.default_rng(2)
+    ids, targets = rng.integers(0, VOCAB, SEQ), rng.integers(0, VOCAB, SEQ)
+    tuned = _peft_model(kind, base_dir, model.to_adapter(adapter_params))
+    want_loss = torch.nn.functional.cross_entropy(tuned(torch.tensor(ids)[None]).logits[0], torch.tensor(targets))
+    want_loss.backward()
+    options = model.runner_options()
+    frozen_inputs = {"trainable": options["trainable"]}  # the base weights as frozen program inputs instead
+    for runner_options in (options, frozen_inputs):
+        runner = GradientRunner(model, SEQ, prefer="ane", **runner_options)
+        loss, grads = runner.loss_and_grads(adapter_params, ids, targets, 256.0)
+        assert set(grads) == set(adapter_params)  # no gradient of any base weight
+        got = model.to_adapter(grads).modules
+        want = _peft_grads(tuned, got)
+        assert abs(loss - want_loss.item()) <= 1e-3 * abs(want_loss.item())
+        assert len(got) == 2 * len(model.modules)
+        for path, (d_a, d_b) in want.items():
+            assert np.abs(d_a).max() > 0 and np.abs(d_b).max() > 0, path
+            assert _cosine(got[path][0], d_a) >= 0.999, (path, "A")
+            assert _cosine(got[path][1], d_b) >= 0.999, (path, "B")
+
+
+def _torch_lora_losses(kind: str, trainer: Trainer, base_dir: Path) -> list[float]:
+    """PEFT + torch fp32 training of the trainer's initial adapter on its batches, rates and clipping."""
+    torch, _, _ = references.require("torch", "transformers", "peft")
+    cfg = trainer.config
+    tuned = _peft_model(kind, base_dir, trainer.model.to_adapter(trainer.params))
+    trained = [p for p in tuned.parameters() if p.requires_grad]
+    assert sum(p.numel() for p in trained) == sum(v.size for v in trainer.params.values())  # the same adapters
+    optimizer = torch.optim.AdamW(trained, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=cfg.weight_decay)
+    rates = WarmupCosine(cfg.lr, cfg.warmup_steps, cfg.steps, cfg.lr / 10)
+    sampler = BatchSampler(trainer.data.train, cfg.seq, cfg.batch, cfg.seed)
+    losses = []
+    for step in range(cfg.steps):
+        optimizer.zero_grad()
+        windows = list(zip(*sampler.next_batch(), strict=True))
+        loss = sum(torch.nn.functional.cross_entropy(tuned(torch.tensor(ids)[None]).logits[0], torch.tensor(t))
+                   for ids, t in windows) / len(windows)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trained, cfg.max_grad_norm)
+        for group in optimizer.param_groups:
+            group["lr"] = rates.lr_at(step)
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_lora_steps_follow_peft_keep_the_base_and_load_back_in_peft(kind: str, tokens: Path, tmp_path: Path) -> None:
+    torch, transformers, peft = references.require("torch", "transformers", "peft")
+    base_dir = _base_dir(kind, tmp_path / "base")
+    spec = LoraSpec(r=4, alpha=8.0, targets=ALL_TARGETS[kind])
+    trainer = Trainer(base_dir, tokens, tmp_path / "run", steps=30, seq=SEQ, batch=2, lr=1e-2, eval_every=30,
+                      checkpoint_every=30, quiet=True, prefer="ane", lora=spec, seed=3)
+    base_before = {k: v.copy() for k, v in trainer.model.base_params.items()}
+    want = _torch_lora_losses(kind, trainer, base_dir)
+    got = [r["loss"] for r in trainer.train()]
+    np.testing.assert_allclose(got, want, rtol=2e-3, atol=1e-3)
+    assert want[-1] < 0.9 * want[0]  # a falling curve, not a flat one
+
+    _, fresh, _ = load_model(base_dir)
+    for name, value in trainer.model.base_params.items():  # the frozen base: bit for bit what was loaded
+        assert np.array_equal(value, base_before[name]) and np.array_equal(value, fresh[name]), name
+    ckpt = checkpoint.load(checkpoint.checkpoints(trainer.checkpoint_dir)[-1])
+    assert {k.split("/", 1)[1] for k in ckpt.tensors} == set(trainer.params)
+    assert {k.split("/", 1)[0] for k in ckpt.tensors} == {"param", "exp_avg", "exp_avg_sq"}
+
+    trainer.model.save_peft(str(tmp_path / "adapter"), trainer.params)
+    ids = [int(i) for i in np.random.default_rng(5).integers(0, VOCAB, 12)]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want_logits = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()(torch.tensor([ids])).logits[0]
+    orion_model = models.load(base_dir, progress=False)
+    base_logits = orion_model.logits(ids)
+    orion_model.set_adapter(orion_model.load_adapter(tmp_path / "adapter"))
+    got_logits = orion_model.logits(ids)
+    tolerance = (0.03 if kind == "gpt2" else 0.02) * float(want_logits.abs().max())
+    np.testing.assert_allclose(got_logits, want_logits.numpy(), rtol=0, atol=tolerance)
+    assert np.abs(got_logits - base_logits).max() > 2 * tolerance  # the trained adapter changes the logits
+
+
+# -- merge ----------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_merge_is_base_plus_scaled_ba_in_numpy_and_runs_like_the_adapter(kind: str, tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    base_dir = _base_dir(kind, tmp_path / "base")
+    base, params, _ = load_model(base_dir)
+    spec = LoraSpec(r=4, alpha=12.0, targets=ALL_TARGETS[kind])
+    model = LoraTrainable(base, params, spec, modules_of(base, spec.targets))
+    model.save_peft(str(tmp_path / "adapter"), _lively(model, 4))
+    assert lora_main(["merge", str(base_dir), str(tmp_path / "adapter"), str(tmp_path / "merged")]) == 0
+    assert "merged" in capsys.readouterr().out
+
+    before, after = load_file(str(base_dir / "model.safetensors")), load_file(str(tmp_path / "merged" /
+                                                                                 "model.safetensors"))
+    tensors = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    scale = config["lora_alpha"] / config["r"]
+    adapted = set()
+    for name in tensors:
+        if not name.endswith(".lora_A.weight"):
+            continue
+        module = name[len("base_model.model."):-len(".lora_A.weight")]
+        a = tensors[name].astype(np.float64)
+        b = tensors[name.replace("lora_A", "lora_B")].astype(np.float64)
+        delta = scale * b @ a
+        key = f"{module}.weight"
+        want = before[key].astype(np.float64) + (delta.T if kind == "gpt2" else delta)  # GPT-2: Conv1D [in, out]
+        np.testing.assert_allclose(after[key], want, rtol=0, atol=1e-6)
+        assert np.abs(delta).max() > 1e-3
+        adapted.add(key)
+    assert len(adapted) == len(model.modules) * base.n_layers
+    assert set(after) == set(before)
+    for key in set(before) - adapted:
+        assert np.array_equal(after[key], before[key]), key
+
+    ids = [int(i) for i in np.random.default_rng(5).integers(0, VOCAB, 12)]
+    merged = models.load(tmp_path / "merged", progress=False).logits(ids)
+    with_adapter = models.load(base_dir, progress=False)
+    with_adapter.set_adapter(with_adapter.load_adapter(tmp_path / "adapter"))
+    want_logits = with_adapter.logits(ids)
+    np.testing.assert_allclose(merged, want_logits, rtol=0, atol=0.02 * float(np.abs(want_logits).max()))
+
+
+# -- runs ----------------------------------------------------------------------------------------------------------
+
+def _lora_trainer(kind: str, tokens: Path, out: Path, **options) -> Trainer:
+    settings = {"steps": 60, "seq": SEQ, "lr": 1e-2, "eval_every": 20, "checkpoint_every": 20, "quiet": True,
+                "prefer": "ane", "lora": LoraSpec(r=8, alpha=16.0, targets=ALL_TARGETS[kind]), **options}
+    return Trainer(CONFIGS[kind], tokens, out, **settings)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_lora_run_lowers_the_base_validation_loss_with_no_nan(kind: str, tokens: Path, tmp_path: Path) -> None:
+    trainer = _lora_trainer(kind, tokens, tmp_path)
+    records = trainer.train()
+    assert all(r["loss"] is not None and np.isfinite(r["loss"]) for r in records)
+    assert not any(r["skipped"] for r in records)
+    evals = [r for r in read_log(trainer.log_path) if r.get("event") == "eval"]
+    assert [r["step"] for r in evals] == [0, 20, 40, 60]  # step 0: the base (B = 0) itself
+    vals = [r["val_loss"] for r in evals]
+    assert vals == sorted(vals, reverse=True) and vals[-1] < 0.9 * vals[0], vals
+    assert trainer.optimizer.params.keys() == trainer.params.keys()  # AdamW state covers only the adapters
+    assert trainer.runner.baked == list(trainer.model.base.layer_shapes())  # the base baked per layer ...
+    assert trainer.runner.trainable == list(trainer.model.adapter_shapes())  # ... gradients for A and B only
+    assert all(".lora_" in name for name in trainer.params)
+
+
+def test_resumed_lora_run_is_bit_identical(tokens: Path, tmp_path: Path) -> None:
+    options = {"steps": 12, "checkpoint_every": 4, "keep": 5, "eval_every": 6}
+    whole = _lora_trainer("llama", tokens, tmp_path / "whole", **options)
+    want = whole.train()
+    cut = _lora_trainer("llama", tokens, tmp_path / "cut", **options)
+    cut.train()
+    for manifest in checkpoint.checkpoints(cut.checkpoint_dir)[1:]:  # back to step 4
+        manifest.unlink()
+    resumed = _lora_trainer("llama", tokens, tmp_path / "cut", resume=True, **options)
+    got = resumed.train()
+    assert resumed.resumed_from.name == "ckpt-00000004.json"
+    strip = [{k: v for k, v in r.items() if k not in TIMING} for r in got]
+    assert strip == [{k: v for k, v in r.items() if k not in TIMING} for r in want]
+    for name, p in whole.params.items():
+        assert np.array_equal(p, resumed.params[name]), name
+        assert np.array_equal(whole.optimizer.exp_avg[name], resumed.optimizer.exp_avg[name]), name
+
+
+def test_cli_lora_run_writes_a_peft_adapter_that_orion_loads(tmp_path: Path, tokens: Path,
+                                                             capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "run"
+    args = ["--model", "tiny-gpt2", "--data", str(tokens), "--steps", "6", "--seq", str(SEQ), "--out", str(out),
+            "--lora", "r=4,alpha=8,targets=q,v,down", "--eval-every", "3", "--eval-batches", "1", "--quiet"]
+    assert train_main(args) == 0
+    config = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["fan_in_fan_out"]) == (4, 8.0, True)
+    assert sorted(config["target_modules"]) == ["attn.c_attn", "mlp.c_proj"]  # "c_proj" would select attn.c_proj
+    model = models.GPT2.random(SHAPES["tiny-gpt2"], progress=False)  # the shape's weights of seed 0
+    name = model.load_adapter(out / "adapter")
+    assert name == "adapter" and len(read_adapter(load_model("tiny-gpt2")[0], str(out / "adapter"))[0].modules) == 4
+    assert "the LoRA adapter" in capsys.readouterr().out
+
+
+def test_bad_lora_settings_are_refused(tmp_path: Path, tokens: Path, capsys: pytest.CaptureFixture) -> None:
+    assert LoraSpec.parse("r=8,alpha=16,targets=q,k,v,o") == LoraSpec(8, 16.0, ("q", "k", "v", "o"))
+    with pytest.raises(AdapterError, match="unknown key 'rank'"):
+        LoraSpec.parse("rank=8")
+    with pytest.raises(AdapterError, match="dropout=0.1: only 0 is implemented"):
+        LoraSpec.parse("r=8,dropout=0.1")
+    with pytest.raises(AdapterError, match="target module 'gate' is no linear of this model .* short names for gpt2: q, k, v, qkv"):
+        _lora_trainer("gpt2", tokens, tmp_path, lora=LoraSpec(targets=("gate",)))
+    base = _base_dir("llama", tmp_path / "llama")
+    spec = LoraSpec(r=4, alpha=8.0, targets=("q",))
+    model = LoraTrainable(load_model(base)[0], {}, spec, modules_of(load_model(base)[0], spec.targets))
+    model.save_peft(str(tmp_path / "adapter"), model.init_params(0))
+    gpt2 = _base_dir("gpt2", tmp_path / "gpt2")
+    assert lora_main(["merge", str(gpt2), str(tmp_path / "adapter"), str(tmp_path / "merged")]) == 1
+    assert "is not a linear this model can adapt" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse: exit status 2, the message on stderr
+        train_main(["--model", "tiny-gpt2", "--data", str(tokens), "--steps", "2", "--out", str(tmp_path / "r"),
+                    "--lora", "r=0"])
+    assert "LoRA r=0 must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_a_full_trainer_checkpoint_is_a_base_and_a_lora_one_is_refused(tokens: Path, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    full = Trainer("tiny-gpt2", tokens, tmp_path / "full", steps=2, seq=SEQ, checkpoint_every=2, eval_every=2,
+                   eval_batches=1, quiet=True, prefer="ane")
+    full.train()
+    _, params, description = load_model(tmp_path / "full")  # the run directory: its newest checkpoint
+    assert params.keys() == full.params.keys() and "step 2" in description["origin"]
+    assert all(np.array_equal(params[k], full.params[k]) for k in params)
+    lora = Trainer(tmp_path / "full" / "checkpoints" / "ckpt-00000002.json", tokens, tmp_path / "lora", steps=2,
+                   seq=SEQ, checkpoint_every=2, eval_every=2, eval_batches=1, quiet=True, prefer="ane",
+                   lora=LoraSpec(r=2, alpha=4.0, targets=("q",)))
+    assert np.isfinite(lora.train()[-1]["loss"])
+    assert all(np.array_equal(lora.model.base_params[k], full.params[k]) for k in full.params)
+    with pytest.raises(orion.OrionError, match=r"match none of the shapes .* \(a LoRA run's checkpoint holds "
+                                               r"only adapters\)"):
+        load_model(tmp_path / "lora")
+    assert train_main(["--model", str(tmp_path / "full"), "--data", "stdlib", "--steps", "2", "--out",
+                       str(tmp_path / "again"), "--lora", "r=2,targets=q"]) == 1
+    assert "a trainer checkpoint has no tokenizer" in capsys.readouterr().err

@@ -116,7 +116,10 @@ class TrainConfig:
     def hashed(self) -> dict[str, Any]:
         """The fields that change the trajectory (the config hash's part of this config)."""
         skip = {"eval_every", "checkpoint_every", "keep"}
-        return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
+        hashed = {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
+        if hashed["lora"] is None:  # added later: unset, it leaves the hashes of earlier runs (and --resume) intact
+            del hashed["lora"]
+        return hashed
 
 
 def load_model(model: str | os.PathLike | GPT2Config | LlamaConfig, seed: int = 0

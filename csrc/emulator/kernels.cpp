@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <stdexcept>
 #include <string>
@@ -17,6 +18,7 @@
 #include <immintrin.h>
 #define ORION_X86 1
 #define ORION_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define ORION_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
 #endif
 
 // Fully unrolls a constant-trip loop so that arrays of vector accumulators live in registers (GCC
@@ -33,7 +35,7 @@ namespace orion::emu::kernels {
 namespace {
 
 constexpr int64_t kConvPanel = 16;     // output channels interleaved per packed conv panel
-constexpr int kConvMaxLanes = 6;       // lanes per conv register tile (16 x 6 accumulators)
+constexpr int kConvMaxLanes = 12;      // lanes per conv register tile, at most (see Kernels::conv_lanes)
 constexpr int64_t kConvKBlock = 128;   // input channels per fp32 weight slice (8 KiB, stays in L1)
 constexpr int kConvConvertBlocks = 3;  // from this many lane tiles on, convert weights once per slice
 // Lanes per conv job on long rows: the job's accumulators (16 KiB) stay in L1 and its input slice
@@ -47,11 +49,14 @@ constexpr int64_t kParallelWork = int64_t{1} << 16;  // multiply-adds worth a ch
 // The inner kernels of one SIMD flavour.
 struct Kernels {
     const char* name;
+    int conv_lanes;  // lanes per conv register tile (<= kConvMaxLanes): what its registers hold
     void (*round_fp16)(float* data, size_t n);
     void (*half_to_float)(const uint16_t* src, float* dst, size_t n);
     void (*float_to_half)(const float* src, uint16_t* dst, size_t n);
     void (*tanh)(const float* src, float* dst, size_t n);
-    // acc[l*16 + j] (+)= sum_{c<k} w[c*16 + j] * x[c*S + l] for l < lanes (<= kConvMaxLanes).
+    // dst[i] = e^(src[i] - max) / sum_j e^(src[j] - max) for i < n; src may be dst.
+    void (*softmax)(const float* src, float* dst, int64_t n);
+    // acc[l*16 + j] (+)= sum_{c<k} w[c*16 + j] * x[c*S + l] for l < lanes (<= conv_lanes).
     void (*conv_tile_f16)(const uint16_t* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
     void (*conv_tile_f32)(const float* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
     // c[i*c_rs + j] (+)= sum_{p<k} a[p*MR + i] * b[p*NR + j] for i < rows, j < cols.
@@ -146,9 +151,21 @@ void tanh_portable(const float* src, float* dst, size_t n) {
     for (size_t i = 0; i < n; ++i) dst[i] = std::tanh(src[i]);
 }
 
+// std::exp, skipping the call where its fp32 result is exactly 0 (a masked score): below
+// ln(smallest denormal / 2), about -103.97.
+inline float exp_or_zero(float d) { return d < -110.0f ? 0.0f : std::exp(d); }
+
+void softmax_portable(const float* src, float* dst, int64_t n) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, src[i]);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; ++i) sum += (dst[i] = exp_or_zero(src[i] - m));
+    for (int64_t i = 0; i < n; ++i) dst[i] /= sum;
+}
+
 constexpr Kernels kPortable = {
-    "portable",         round_fp16_portable,           half_to_float_portable,
-    float_to_half_portable, tanh_portable,           conv_tile_portable<uint16_t>, conv_tile_portable<float>,
+    "portable",         6,                             round_fp16_portable,           half_to_float_portable,
+    float_to_half_portable, tanh_portable,  softmax_portable, conv_tile_portable<uint16_t>, conv_tile_portable<float>,
     gemm_tile_portable, gemv_rows_portable<float>,    gemv_rows_portable<uint16_t>,
     gemv_cols_portable<float>, gemv_cols_portable<uint16_t>,
 };
@@ -391,9 +408,113 @@ ORION_AVX2 void tanh_avx2(const float* src, float* dst, size_t n) {
     for (; i < n; ++i) dst[i] = std::tanh(src[i]);
 }
 
+ORION_AVX2 float hmax(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+// The max is exact; e^x by exp8 (relative error < 2e-8; below e^-87 it may give 0, which no fp16
+// result can tell from the true value since the sum is >= 1); the sum in 8 fp32 partial sums.
+ORION_AVX2 void softmax_avx2(const float* src, float* dst, int64_t n) {
+    if (n <= 0) return;
+    int64_t i = 0;
+    __m256 mv = _mm256_set1_ps(-std::numeric_limits<float>::infinity()), nan = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(src + i);
+        mv = _mm256_max_ps(mv, v);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    float m = hmax(mv);
+    bool special = _mm256_movemask_ps(nan) != 0;
+    for (; i < n; ++i) m = std::max(m, src[i]), special |= std::isnan(src[i]);
+    if (special || !std::isfinite(m)) return softmax_portable(src, dst, n);  // NaN or inf: IEEE's results
+    const __m256 m8 = _mm256_set1_ps(m);
+    __m256 sv = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= n; i += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(src + i), m8));
+        _mm256_storeu_ps(dst + i, e);
+        sv = _mm256_add_ps(sv, e);
+    }
+    float sum = hsum(sv);
+    for (; i < n; ++i) sum += (dst[i] = exp_or_zero(src[i] - m));
+    const __m256 s8 = _mm256_set1_ps(sum);
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_div_ps(_mm256_loadu_ps(dst + i), s8));
+    for (; i < n; ++i) dst[i] /= sum;
+}
+
 constexpr Kernels kAvx2 = {
-    "avx2+f16c+fma",    round_fp16_avx2,           half_to_float_avx2,
-    float_to_half_avx2, tanh_avx2,                 conv_tile_avx2<uint16_t>, conv_tile_avx2<float>,
+    "avx2+f16c+fma",    6,                         round_fp16_avx2,           half_to_float_avx2,
+    float_to_half_avx2, tanh_avx2,    softmax_avx2, conv_tile_avx2<uint16_t>, conv_tile_avx2<float>,
+    gemm_tile_avx2,     gemv_rows_avx2<float>,     gemv_rows_avx2<uint16_t>,
+    gemv_cols_avx2<float>, gemv_cols_avx2<uint16_t>,
+};
+
+// ---------------------------------------------------------------------------------------------
+// AVX-512 flavour: the AVX2 kernels, with a conv tile holding a whole panel (16 outputs) of one
+// lane in one register, so a tile spans up to 12 lanes. Each output sums its inputs exactly as the
+// AVX2 tile with the same lane count does (same partial sums, same order).
+
+ORION_AVX512 inline __m512 load16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+ORION_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+template <int L, int U, typename W>
+ORION_AVX512 void conv_tile_avx512_fixed(const W* w, const float* x, int64_t S, int64_t k, float* acc, bool add) {
+    __m512 sum[U][L];
+    ORION_UNROLL
+    for (int u = 0; u < U; ++u)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) sum[u][l] = _mm512_setzero_ps();
+    if (add)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) sum[0][l] = _mm512_loadu_ps(acc + l * kConvPanel);
+    int64_t c = 0;
+    for (; c + U <= k; c += U) {
+        ORION_UNROLL
+        for (int u = 0; u < U; ++u) {
+            const __m512 wv = load16(w + (c + u) * kConvPanel);
+            const float* xc = x + (c + u) * S;
+            ORION_UNROLL
+            for (int l = 0; l < L; ++l) sum[u][l] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xc[l]), sum[u][l]);
+        }
+    }
+    for (; c < k; ++c) {
+        const __m512 wv = load16(w + c * kConvPanel);
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) sum[0][l] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[c * S + l]), sum[0][l]);
+    }
+    ORION_UNROLL
+    for (int u = 1; u < U; ++u)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) sum[0][l] = _mm512_add_ps(sum[0][l], sum[u][l]);
+    ORION_UNROLL
+    for (int l = 0; l < L; ++l) _mm512_storeu_ps(acc + l * kConvPanel, sum[0][l]);
+}
+
+template <typename W>
+ORION_AVX512 void conv_tile_avx512(const W* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add) {
+    switch (lanes) {
+        case 1: return conv_tile_avx512_fixed<1, 4>(w, x, S, k, acc, add);
+        case 2: return conv_tile_avx512_fixed<2, 2>(w, x, S, k, acc, add);
+        case 3: return conv_tile_avx512_fixed<3, 2>(w, x, S, k, acc, add);
+        case 4: return conv_tile_avx512_fixed<4, 1>(w, x, S, k, acc, add);
+        case 5: return conv_tile_avx512_fixed<5, 1>(w, x, S, k, acc, add);
+        case 6: return conv_tile_avx512_fixed<6, 1>(w, x, S, k, acc, add);
+        case 7: return conv_tile_avx512_fixed<7, 1>(w, x, S, k, acc, add);
+        case 8: return conv_tile_avx512_fixed<8, 1>(w, x, S, k, acc, add);
+        case 9: return conv_tile_avx512_fixed<9, 1>(w, x, S, k, acc, add);
+        case 10: return conv_tile_avx512_fixed<10, 1>(w, x, S, k, acc, add);
+        case 11: return conv_tile_avx512_fixed<11, 1>(w, x, S, k, acc, add);
+        default: return conv_tile_avx512_fixed<12, 1>(w, x, S, k, acc, add);
+    }
+}
+
+constexpr Kernels kAvx512 = {
+    "avx512f+f16c+fma", kConvMaxLanes,             round_fp16_avx2,
+    half_to_float_avx2, float_to_half_avx2,        tanh_avx2,      softmax_avx2,
+    conv_tile_avx512<uint16_t>, conv_tile_avx512<float>,
     gemm_tile_avx2,     gemv_rows_avx2<float>,     gemv_rows_avx2<uint16_t>,
     gemv_cols_avx2<float>, gemv_cols_avx2<uint16_t>,
 };
@@ -404,15 +525,21 @@ bool cpu_has_avx2_f16c_fma() {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");  // these also check OS support
 }
+
+bool cpu_has_avx512f() {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f");  // also checks that the OS saves the zmm state
+}
 #endif  // ORION_X86
 
 // ---------------------------------------------------------------------------------------------
 
 const Kernels& select_kernels() {
-    const char* env = std::getenv("ORION_SIMD");  // "portable" forces the portable path
-    if (env && std::string(env) == "portable") return kPortable;
+    // ORION_SIMD=portable forces the portable path, ORION_SIMD=avx2 the AVX2 one (no AVX-512).
+    const std::string env = std::getenv("ORION_SIMD") ? std::getenv("ORION_SIMD") : "";
+    if (env == "portable") return kPortable;
 #ifdef ORION_X86
-    if (cpu_has_avx2_f16c_fma()) return kAvx2;
+    if (cpu_has_avx2_f16c_fma()) return env != "avx2" && cpu_has_avx512f() ? kAvx512 : kAvx2;
 #endif
     return kPortable;
 }
@@ -435,8 +562,8 @@ void conv_panel(const Kernels& k, const uint16_t* w, int64_t cin, const float* x
                 int64_t rows, bool round) {
     thread_local std::vector<float> acc_buffer, weight_buffer;
     float* acc = scratch(acc_buffer, static_cast<size_t>(lanes * kConvPanel));
-    const int tiles = static_cast<int>(ceil_div(lanes, kConvMaxLanes));
-    auto tile_lanes = [&](int t) { return t * lanes / tiles; };  // balanced tiles of <= 6 lanes
+    const int tiles = static_cast<int>(ceil_div(lanes, k.conv_lanes));
+    auto tile_lanes = [&](int t) { return t * lanes / tiles; };  // balanced tiles of <= conv_lanes lanes
     if (tiles < kConvConvertBlocks || cin == 0) {
         for (int t = 0; t < tiles; ++t) {
             const int64_t s0 = tile_lanes(t);
@@ -500,6 +627,8 @@ void round_fp16(float* data, size_t n) {
 void half_to_float(const uint16_t* src, float* dst, size_t n) { active().half_to_float(src, dst, n); }
 
 void tanh(const float* src, float* dst, size_t n) { active().tanh(src, dst, n); }
+
+void softmax(const float* src, float* dst, int64_t n) { active().softmax(src, dst, n); }
 
 void float_to_half(const float* src, uint16_t* dst, size_t n) { active().float_to_half(src, dst, n); }
 

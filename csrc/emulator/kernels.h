@@ -1,6 +1,6 @@
 // The emulator's hot loops: fp16 rounding, 1x1 convolution with fp16 weights, matrix multiply,
-// and a small thread pool. AVX2/F16C/FMA paths are chosen at run time; a portable path is always
-// there. Every kernel accumulates in fp32.
+// and a small thread pool. AVX-512 and AVX2 (with F16C/FMA) paths are chosen at run time; a portable
+// path is always there. Every kernel accumulates in fp32.
 #pragma once
 
 #include <cstddef>
@@ -17,6 +17,10 @@ void float_to_half(const float* src, uint16_t* dst, size_t n);
 
 // dst[i] = tanh(src[i]) in fp32, within a few float ulps (far below fp16 rounding); src may be dst.
 void tanh(const float* src, float* dst, size_t n);
+
+// dst[i] = e^(src[i] - m) / sum_j e^(src[j] - m), m = max_j src[j], in fp32 for i < n (within a
+// few float ulps); src may be dst.
+void softmax(const float* src, float* dst, int64_t n);
 
 // A 1x1 convolution weight [cout][cin] in fp16, repacked once at compile (bake) time into the
 // layout the kernel streams.
@@ -47,7 +51,8 @@ void gemm_f16b(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, in
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 int num_threads();  // ORION_NUM_THREADS, else the hardware's
 
-// Which SIMD path the kernels use on this CPU: "avx2+f16c+fma" or "portable".
+// Which SIMD path the kernels use on this CPU: "avx512f+f16c+fma", "avx2+f16c+fma" or "portable"
+// (ORION_SIMD=avx2 or ORION_SIMD=portable picks a narrower one).
 const char* simd_path();
 
 }  // namespace orion::emu::kernels

@@ -187,6 +187,9 @@ void bind_kernels(py::module_& m) {
     k.def("gemm", &run_gemm, py::arg("a"), py::arg("b"), py::arg("transpose_a") = false,
           py::arg("transpose_b") = false, py::arg("round") = true,
           "float32 op(a) @ op(b) with fp32 accumulation, rounded to fp16 if `round`; op transposes if asked.");
+    k.def("shared_conv_weights", &kern::shared_conv1x1_usage,
+          "(count, bytes) of the packed 1x1 conv weights alive in this process: one per distinct weight, "
+          "shared by every program that bakes it.");
     k.def("num_threads", &kern::num_threads, "Threads the kernels use (ORION_NUM_THREADS, else the hardware's).");
     k.def("simd_path", &kern::simd_path, "\"avx512f+f16c+fma\", \"avx2+f16c+fma\" or \"portable\" (ORION_SIMD=avx2 or =portable narrows it).");
     k.def("_parallel_for_probe", &parallel_for_probe, py::arg("n"), py::arg("grain"), py::arg("fail_at") = -1,

@@ -6,7 +6,11 @@
 #include <cstdlib>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
+#include <mutex>
+#include <string_view>
+#include <unordered_map>
 #include <type_traits>
 #include <stdexcept>
 #include <string>
@@ -643,6 +647,57 @@ PackedConv1x1 pack_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin) {
         for (int64_t c = 0; c < cin; ++c) panel[c * kConvPanel] = weight[o * cin + c];
     }
     return packed;
+}
+
+namespace {
+
+// Whether `packed` holds exactly `weight` [cout][cin].
+bool packs(const PackedConv1x1& packed, const uint16_t* weight, int64_t cout, int64_t cin) {
+    if (packed.cout != cout || packed.cin != cin) return false;
+    for (int64_t o = 0; o < cout; ++o) {
+        const uint16_t* panel = packed.data.data() + (o / kConvPanel) * cin * kConvPanel + o % kConvPanel;
+        for (int64_t c = 0; c < cin; ++c)
+            if (panel[c * kConvPanel] != weight[o * cin + c]) return false;
+    }
+    return true;
+}
+
+}  // namespace
+
+namespace {
+
+std::mutex shared_mutex;
+std::unordered_multimap<size_t, std::weak_ptr<const PackedConv1x1>> shared_held;  // by content hash
+
+}  // namespace
+
+std::shared_ptr<const PackedConv1x1> shared_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin) {
+    if (cout < 0 || cin < 0) throw std::invalid_argument("shared_conv1x1: negative weight shape");
+    auto& held = shared_held;
+    const std::string_view bytes(reinterpret_cast<const char*>(weight), static_cast<size_t>(cout * cin) * 2);
+    const size_t key = std::hash<std::string_view>{}(bytes) ^ (static_cast<size_t>(cout) * 0x9E3779B97F4A7C15ull);
+    std::lock_guard<std::mutex> lock(shared_mutex);
+    auto [first, last] = held.equal_range(key);
+    for (auto it = first; it != last;) {
+        if (auto alive = it->second.lock()) {
+            if (packs(*alive, weight, cout, cin)) return alive;  // equal content, not only an equal hash
+            ++it;
+        } else {
+            it = held.erase(it);
+        }
+    }
+    for (auto it = held.begin(); it != held.end();) it = it->second.expired() ? held.erase(it) : std::next(it);
+    auto packed = std::make_shared<const PackedConv1x1>(pack_conv1x1(weight, cout, cin));
+    held.emplace(key, packed);
+    return packed;
+}
+
+std::pair<int64_t, int64_t> shared_conv1x1_usage() {
+    std::lock_guard<std::mutex> lock(shared_mutex);
+    int64_t count = 0, bytes = 0;
+    for (const auto& [key, weak] : shared_held)
+        if (auto alive = weak.lock()) ++count, bytes += static_cast<int64_t>(alive->data.size() * 2);
+    return {count, bytes};
 }
 
 void conv1x1(const PackedConv1x1& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16) {

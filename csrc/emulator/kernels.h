@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <utility>
 #include <vector>
 
 namespace orion::emu::kernels {
@@ -30,6 +32,12 @@ struct PackedConv1x1 {
     std::vector<uint16_t> data;
 };
 PackedConv1x1 pack_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin);
+
+// pack_conv1x1, held once per process for each distinct weight: programs baking the same weight
+// (a model's prefill buckets and its decode programs) share one packed copy, freed with the last.
+std::shared_ptr<const PackedConv1x1> shared_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin);
+// (distinct packed weights alive, their bytes)
+std::pair<int64_t, int64_t> shared_conv1x1_usage();
 
 // out[o*S + s] = sum_c W[o][c] * x[c*S + s] for s < lanes (fp32 accumulation); the first `lanes`
 // lanes of each output row are written (rounded to fp16 when round_fp16 is set), the others are

@@ -159,6 +159,21 @@ def test_conv1x1_large_gpt2_shapes():
         conv_case(cout, cin, 32, 1, round_=True)
 
 
+def test_conv1x1_prefill_rows():
+    conv_case(48, 96, 1024, 1000, round_=True)  # chunked lanes, a pair of panels and a single one
+    conv_case(40, 33, 600, 517, round_=False)
+
+
+@pytest.mark.parametrize("lanes", [4, 25, 64, 300, 1000])
+def test_conv1x1_output_rows_do_not_depend_on_their_neighbours(lanes):
+    # Each output row sums its inputs the same way whether its panel runs alone or with another one.
+    weight = RNG.standard_normal((48, 200)).astype(np.float16)
+    x = RNG.standard_normal((200, 1024)).astype(np.float32)
+    whole = kernels.conv1x1(weight, x, lanes=lanes)
+    for rows in (slice(0, 16), slice(16, 32), slice(32, 48), slice(16, 48)):
+        np.testing.assert_array_equal(kernels.conv1x1(weight[rows], x, lanes=lanes), whole[rows])
+
+
 def test_conv1x1_reproduces_fp16_weights_exactly():
     cout, cin = 37, 45
     bits = RNG.integers(0, 0x7C00, size=(cout, cin), dtype=np.uint16)  # finite, incl. subnormals

@@ -63,6 +63,9 @@ struct Kernels {
     // acc[l*16 + j] (+)= sum_{c<k} w[c*16 + j] * x[c*S + l] for l < lanes (<= conv_lanes).
     void (*conv_tile_f16)(const uint16_t* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
     void (*conv_tile_f32)(const float* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
+    // Two panels at once (null when the flavour has no registers for it): acc[l*32 + j] (+)=
+    // sum_{c<k} w[c*32 + j] * x[c*S + l] for l < lanes (<= conv_lanes), one sum per output in c order.
+    void (*conv_pair_tile_f32)(const float* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
     // c[i*c_rs + j] (+)= sum_{p<k} a[p*MR + i] * b[p*NR + j] for i < rows, j < cols.
     void (*gemm_tile)(int64_t k, const float* a, const float* b, float* c, int64_t c_rs, int64_t rows, int64_t cols,
                       bool add);
@@ -170,6 +173,7 @@ void softmax_portable(const float* src, float* dst, int64_t n) {
 constexpr Kernels kPortable = {
     "portable",         6,                             round_fp16_portable,           half_to_float_portable,
     float_to_half_portable, tanh_portable,  softmax_portable, conv_tile_portable<uint16_t>, conv_tile_portable<float>,
+    nullptr,
     gemm_tile_portable, gemv_rows_portable<float>,    gemv_rows_portable<uint16_t>,
     gemv_cols_portable<float>, gemv_cols_portable<uint16_t>,
 };
@@ -450,6 +454,7 @@ ORION_AVX2 void softmax_avx2(const float* src, float* dst, int64_t n) {
 constexpr Kernels kAvx2 = {
     "avx2+f16c+fma",    6,                         round_fp16_avx2,           half_to_float_avx2,
     float_to_half_avx2, tanh_avx2,    softmax_avx2, conv_tile_avx2<uint16_t>, conv_tile_avx2<float>,
+    nullptr,
     gemm_tile_avx2,     gemv_rows_avx2<float>,     gemv_rows_avx2<uint16_t>,
     gemv_cols_avx2<float>, gemv_cols_avx2<uint16_t>,
 };
@@ -515,10 +520,57 @@ ORION_AVX512 void conv_tile_avx512(const W* w, const float* x, int64_t S, int64_
     }
 }
 
+// 32 outputs (two panels) x L lanes in 2L accumulators: two weight loads and L broadcasts feed 2L
+// FMAs, half the loads per FMA of the one-panel tile.
+template <int L>
+ORION_AVX512 void conv_pair_tile_avx512_fixed(const float* w, const float* x, int64_t S, int64_t k, float* acc,
+                                              bool add) {
+    constexpr int64_t W = 2 * kConvPanel;
+    __m512 lo[L], hi[L];
+    ORION_UNROLL
+    for (int l = 0; l < L; ++l) {
+        lo[l] = add ? _mm512_loadu_ps(acc + l * W) : _mm512_setzero_ps();
+        hi[l] = add ? _mm512_loadu_ps(acc + l * W + kConvPanel) : _mm512_setzero_ps();
+    }
+    for (int64_t c = 0; c < k; ++c) {
+        const __m512 w_lo = _mm512_loadu_ps(w + c * W), w_hi = _mm512_loadu_ps(w + c * W + kConvPanel);
+        const float* xc = x + c * S;
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) {
+            const __m512 xv = _mm512_set1_ps(xc[l]);
+            lo[l] = _mm512_fmadd_ps(w_lo, xv, lo[l]);
+            hi[l] = _mm512_fmadd_ps(w_hi, xv, hi[l]);
+        }
+    }
+    ORION_UNROLL
+    for (int l = 0; l < L; ++l) {
+        _mm512_storeu_ps(acc + l * W, lo[l]);
+        _mm512_storeu_ps(acc + l * W + kConvPanel, hi[l]);
+    }
+}
+
+ORION_AVX512 void conv_pair_tile_avx512(const float* w, const float* x, int64_t S, int64_t k, int lanes, float* acc,
+                                        bool add) {
+    switch (lanes) {
+        case 1: return conv_pair_tile_avx512_fixed<1>(w, x, S, k, acc, add);
+        case 2: return conv_pair_tile_avx512_fixed<2>(w, x, S, k, acc, add);
+        case 3: return conv_pair_tile_avx512_fixed<3>(w, x, S, k, acc, add);
+        case 4: return conv_pair_tile_avx512_fixed<4>(w, x, S, k, acc, add);
+        case 5: return conv_pair_tile_avx512_fixed<5>(w, x, S, k, acc, add);
+        case 6: return conv_pair_tile_avx512_fixed<6>(w, x, S, k, acc, add);
+        case 7: return conv_pair_tile_avx512_fixed<7>(w, x, S, k, acc, add);
+        case 8: return conv_pair_tile_avx512_fixed<8>(w, x, S, k, acc, add);
+        case 9: return conv_pair_tile_avx512_fixed<9>(w, x, S, k, acc, add);
+        case 10: return conv_pair_tile_avx512_fixed<10>(w, x, S, k, acc, add);
+        case 11: return conv_pair_tile_avx512_fixed<11>(w, x, S, k, acc, add);
+        default: return conv_pair_tile_avx512_fixed<12>(w, x, S, k, acc, add);
+    }
+}
+
 constexpr Kernels kAvx512 = {
     "avx512f+f16c+fma", kConvMaxLanes,             round_fp16_avx2,
     half_to_float_avx2, float_to_half_avx2,        tanh_avx2,      softmax_avx2,
-    conv_tile_avx512<uint16_t>, conv_tile_avx512<float>,
+    conv_tile_avx512<uint16_t>, conv_tile_avx512<float>, conv_pair_tile_avx512,
     gemm_tile_avx2,     gemv_rows_avx2<float>,     gemv_rows_avx2<uint16_t>,
     gemv_cols_avx2<float>, gemv_cols_avx2<uint16_t>,
 };
@@ -561,6 +613,12 @@ float* scratch(std::vector<float>& buffer, size_t n) {
     return buffer.data();
 }
 
+// Whether conv_panel converts the weights to fp32 once per slice for `lanes` lanes (enough tiles
+// reuse them), which is also when two panels can share one job (Kernels::conv_pair_tile_f32).
+bool converts_weights(const Kernels& k, int64_t cin, int64_t lanes) {
+    return cin > 0 && ceil_div(lanes, k.conv_lanes) >= kConvConvertBlocks;
+}
+
 // One conv panel (16 output channels) over the first `lanes` lanes, written to out rows.
 void conv_panel(const Kernels& k, const uint16_t* w, int64_t cin, const float* x, int64_t S, int64_t lanes, float* out,
                 int64_t rows, bool round) {
@@ -568,7 +626,7 @@ void conv_panel(const Kernels& k, const uint16_t* w, int64_t cin, const float* x
     float* acc = scratch(acc_buffer, static_cast<size_t>(lanes * kConvPanel));
     const int tiles = static_cast<int>(ceil_div(lanes, k.conv_lanes));
     auto tile_lanes = [&](int t) { return t * lanes / tiles; };  // balanced tiles of <= conv_lanes lanes
-    if (tiles < kConvConvertBlocks || cin == 0) {
+    if (!converts_weights(k, cin, lanes)) {
         for (int t = 0; t < tiles; ++t) {
             const int64_t s0 = tile_lanes(t);
             k.conv_tile_f16(w, x + s0, S, cin, static_cast<int>(tile_lanes(t + 1) - s0), acc + s0 * kConvPanel, false);
@@ -588,6 +646,35 @@ void conv_panel(const Kernels& k, const uint16_t* w, int64_t cin, const float* x
     if (round) k.round_fp16(acc, static_cast<size_t>(lanes * kConvPanel));
     for (int64_t j = 0; j < rows; ++j)
         for (int64_t s = 0; s < lanes; ++s) out[j * S + s] = acc[s * kConvPanel + j];
+}
+
+// Two adjacent panels (32 output channels; the second starts cin * 16 values after w) over the
+// first `lanes` lanes, written to out rows: conv_panel's converting path with the pair tile. Each
+// output sums exactly as conv_panel's would.
+void conv_pair(const Kernels& k, const uint16_t* w, int64_t cin, const float* x, int64_t S, int64_t lanes, float* out,
+               int64_t rows, bool round) {
+    constexpr int64_t W = 2 * kConvPanel;
+    thread_local std::vector<float> acc_buffer, weight_buffer;
+    float* acc = scratch(acc_buffer, static_cast<size_t>(lanes * W));
+    float* w32 = scratch(weight_buffer, kConvKBlock * W);
+    const int tiles = static_cast<int>(ceil_div(lanes, k.conv_lanes));
+    auto tile_lanes = [&](int t) { return t * lanes / tiles; };
+    const uint16_t* second = w + cin * kConvPanel;
+    for (int64_t c0 = 0; c0 < cin; c0 += kConvKBlock) {
+        const int64_t kc = std::min(kConvKBlock, cin - c0);
+        for (int64_t c = 0; c < kc; ++c) {
+            k.half_to_float(w + (c0 + c) * kConvPanel, w32 + c * W, kConvPanel);
+            k.half_to_float(second + (c0 + c) * kConvPanel, w32 + c * W + kConvPanel, kConvPanel);
+        }
+        for (int t = 0; t < tiles; ++t) {
+            const int64_t s0 = tile_lanes(t);
+            k.conv_pair_tile_f32(w32, x + c0 * S + s0, S, kc, static_cast<int>(tile_lanes(t + 1) - s0), acc + s0 * W,
+                                 c0 > 0);
+        }
+    }
+    if (round) k.round_fp16(acc, static_cast<size_t>(lanes * W));
+    for (int64_t j = 0; j < rows; ++j)
+        for (int64_t s = 0; s < lanes; ++s) out[j * S + s] = acc[s * W + j];
 }
 
 // Packs A(m0.., p0..) [mc x kc] into row panels [kc][MR], zero-padding the last panel's rows.
@@ -711,14 +798,21 @@ void conv1x1(const PackedConv1x1& w, const float* x, int64_t S, int64_t lanes, f
     // register tile keeps 4+ lanes and each output sums its inputs in the same order as unchunked).
     const int64_t chunks = lanes >= 2 * kConvLaneChunk ? lanes / kConvLaneChunk : 1;
     auto chunk_start = [&](int64_t c) { return c * lanes / chunks; };
-    const int64_t job_work = w.cin * kConvPanel * (lanes / chunks + 4);  // + the fp16 weight stream's cost
-    parallel_for(panels * chunks, std::max<int64_t>(1, kParallelWork / std::max<int64_t>(job_work, 1)),
+    // A job is one panel, or two adjacent ones when the flavour's pair tile applies.
+    const int64_t per_job = k.conv_pair_tile_f32 && converts_weights(k, w.cin, lanes / chunks) ? 2 : 1;
+    const int64_t job_work = per_job * w.cin * kConvPanel * (lanes / chunks + 4);  // + the weight stream's cost
+    parallel_for(ceil_div(panels, per_job) * chunks, std::max<int64_t>(1, kParallelWork / std::max<int64_t>(job_work, 1)),
                  [&](int64_t begin, int64_t end) {
                      for (int64_t job = begin; job < end; ++job) {
-                         const int64_t p = job / chunks, c = job % chunks, o0 = p * kConvPanel;
-                         const int64_t s0 = chunk_start(c);
-                         conv_panel(k, w.data.data() + o0 * w.cin, w.cin, x + s0, S, chunk_start(c + 1) - s0,
-                                    out + o0 * S + s0, std::min(kConvPanel, w.cout - o0), round_fp16);
+                         const int64_t p = job / chunks * per_job, c = job % chunks, o0 = p * kConvPanel;
+                         const int64_t s0 = chunk_start(c), n = chunk_start(c + 1) - s0;
+                         const uint16_t* panel = w.data.data() + o0 * w.cin;
+                         if (per_job == 2 && p + 1 < panels)
+                             conv_pair(k, panel, w.cin, x + s0, S, n, out + o0 * S + s0,
+                                       std::min(2 * kConvPanel, w.cout - o0), round_fp16);
+                         else
+                             conv_panel(k, panel, w.cin, x + s0, S, n, out + o0 * S + s0,
+                                        std::min(kConvPanel, w.cout - o0), round_fp16);
                      }
                  });
 }

@@ -69,6 +69,11 @@ struct Kernels {
     // c[i*c_rs + j] (+)= sum_{p<k} a[p*MR + i] * b[p*NR + j] for i < rows, j < cols.
     void (*gemm_tile)(int64_t k, const float* a, const float* b, float* c, int64_t c_rs, int64_t rows, int64_t cols,
                       bool add);
+    // A full 2MR x 2NR block of C from two A panels (rows 0..MR-1, MR..2MR-1) and two B panels
+    // (columns 0..NR-1, NR..2NR-1), each element summed as gemm_tile sums it; null when the flavour
+    // has no registers for it.
+    void (*gemm_block)(int64_t k, const float* a0, const float* a1, const float* b0, const float* b1, float* c,
+                       int64_t c_rs, bool add);
     // c[j] = sum_{p<k} a[p*a_cs] * b[p*b_rs + j] for j < n (rows of B contiguous); B in fp32 or fp16.
     void (*gemv_rows)(int64_t k, int64_t n, const float* a, int64_t a_cs, const float* b, int64_t b_rs, float* c);
     void (*gemv_rows_f16)(int64_t k, int64_t n, const float* a, int64_t a_cs, const uint16_t* b, int64_t b_rs,
@@ -174,7 +179,7 @@ constexpr Kernels kPortable = {
     "portable",         6,                             round_fp16_portable,           half_to_float_portable,
     float_to_half_portable, tanh_portable,  softmax_portable, conv_tile_portable<uint16_t>, conv_tile_portable<float>,
     nullptr,
-    gemm_tile_portable, gemv_rows_portable<float>,    gemv_rows_portable<uint16_t>,
+    gemm_tile_portable, nullptr,                   gemv_rows_portable<float>,    gemv_rows_portable<uint16_t>,
     gemv_cols_portable<float>, gemv_cols_portable<uint16_t>,
 };
 
@@ -455,7 +460,7 @@ constexpr Kernels kAvx2 = {
     "avx2+f16c+fma",    6,                         round_fp16_avx2,           half_to_float_avx2,
     float_to_half_avx2, tanh_avx2,    softmax_avx2, conv_tile_avx2<uint16_t>, conv_tile_avx2<float>,
     nullptr,
-    gemm_tile_avx2,     gemv_rows_avx2<float>,     gemv_rows_avx2<uint16_t>,
+    gemm_tile_avx2, nullptr,     gemv_rows_avx2<float>,     gemv_rows_avx2<uint16_t>,
     gemv_cols_avx2<float>, gemv_cols_avx2<uint16_t>,
 };
 
@@ -567,11 +572,46 @@ ORION_AVX512 void conv_pair_tile_avx512(const float* w, const float* x, int64_t 
     }
 }
 
+// C[12 x 32] from two packed A panels and two packed B panels: 24 accumulators, per step two
+// loads of B and twelve broadcasts of A feed 24 FMAs. Each element's sum is gemm_tile's (from 0
+// over p in order, then added to C when `add`).
+ORION_AVX512 void gemm_block_avx512(int64_t k, const float* a0, const float* a1, const float* b0, const float* b1,
+                                    float* c, int64_t c_rs, bool add) {
+    __m512 lo[2 * kGemmMR], hi[2 * kGemmMR];
+    ORION_UNROLL
+    for (int i = 0; i < 2 * kGemmMR; ++i) lo[i] = hi[i] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < k; ++p) {
+        const __m512 bl = _mm512_loadu_ps(b0 + p * kGemmNR), bh = _mm512_loadu_ps(b1 + p * kGemmNR);
+        ORION_UNROLL
+        for (int i = 0; i < kGemmMR; ++i) {
+            const __m512 av = _mm512_set1_ps(a0[p * kGemmMR + i]);
+            lo[i] = _mm512_fmadd_ps(av, bl, lo[i]);
+            hi[i] = _mm512_fmadd_ps(av, bh, hi[i]);
+        }
+        ORION_UNROLL
+        for (int i = 0; i < kGemmMR; ++i) {
+            const __m512 av = _mm512_set1_ps(a1[p * kGemmMR + i]);
+            lo[kGemmMR + i] = _mm512_fmadd_ps(av, bl, lo[kGemmMR + i]);
+            hi[kGemmMR + i] = _mm512_fmadd_ps(av, bh, hi[kGemmMR + i]);
+        }
+    }
+    ORION_UNROLL
+    for (int i = 0; i < 2 * kGemmMR; ++i) {
+        float* ci = c + i * c_rs;
+        if (add) {
+            lo[i] = _mm512_add_ps(lo[i], _mm512_loadu_ps(ci));
+            hi[i] = _mm512_add_ps(hi[i], _mm512_loadu_ps(ci + kGemmNR));
+        }
+        _mm512_storeu_ps(ci, lo[i]);
+        _mm512_storeu_ps(ci + kGemmNR, hi[i]);
+    }
+}
+
 constexpr Kernels kAvx512 = {
     "avx512f+f16c+fma", kConvMaxLanes,             round_fp16_avx2,
     half_to_float_avx2, float_to_half_avx2,        tanh_avx2,      softmax_avx2,
     conv_tile_avx512<uint16_t>, conv_tile_avx512<float>, conv_pair_tile_avx512,
-    gemm_tile_avx2,     gemv_rows_avx2<float>,     gemv_rows_avx2<uint16_t>,
+    gemm_tile_avx2, gemm_block_avx512,     gemv_rows_avx2<float>,     gemv_rows_avx2<uint16_t>,
     gemv_cols_avx2<float>, gemv_cols_avx2<uint16_t>,
 };
 
@@ -892,10 +932,20 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t
                 const int64_t kc = std::min(kGemmKC, K - p0);
                 pack_b(b, b_rs, b_cs, p0, kc, n0, nc, b_packed);
                 pack_a(a, a_rs, a_cs, m0, mc, p0, kc, a_packed);
-                for (int64_t j = 0; j < nc; j += kGemmNR)
-                    for (int64_t i = 0; i < mc; i += kGemmMR)
-                        k.gemm_tile(kc, a_packed + i * kc, b_packed + j * kc, c + (m0 + i) * c_rs + n0 + j, c_rs,
-                                    std::min(kGemmMR, mc - i), std::min(kGemmNR, nc - j), p0 > 0);
+                // Blocks of 2x2 register tiles where the flavour has them, single tiles at the edges.
+                const int64_t by = k.gemm_block ? 2 : 1;
+                for (int64_t j0 = 0; j0 < nc; j0 += by * kGemmNR)
+                    for (int64_t i0 = 0; i0 < mc; i0 += by * kGemmMR) {
+                        if (by == 2 && i0 + 2 * kGemmMR <= mc && j0 + 2 * kGemmNR <= nc) {
+                            k.gemm_block(kc, a_packed + i0 * kc, a_packed + (i0 + kGemmMR) * kc, b_packed + j0 * kc,
+                                         b_packed + (j0 + kGemmNR) * kc, c + (m0 + i0) * c_rs + n0 + j0, c_rs, p0 > 0);
+                            continue;
+                        }
+                        for (int64_t j = j0; j < std::min(nc, j0 + by * kGemmNR); j += kGemmNR)
+                            for (int64_t i = i0; i < std::min(mc, i0 + by * kGemmMR); i += kGemmMR)
+                                k.gemm_tile(kc, a_packed + i * kc, b_packed + j * kc, c + (m0 + i) * c_rs + n0 + j,
+                                            c_rs, std::min(kGemmMR, mc - i), std::min(kGemmNR, nc - j), p0 > 0);
+                    }
             }
             if (round_fp16)
                 for (int64_t i = 0; i < mc; ++i) k.round_fp16(c + (m0 + i) * c_rs + n0, static_cast<size_t>(nc));

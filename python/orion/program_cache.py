@@ -141,8 +141,10 @@ def _save(directory: Path, lowered: Lowered) -> None:
 
 
 # Read-only maps of the blobs in use, by (path, inode, size, mtime): entries that reference one blob
-# (a model's prefill buckets and decode programs) share one map, so its pages are in memory once.
+# (a model's prefill buckets and decode programs) share one map, so its pages are in memory once;
+# each map's checksum is computed once, when the first entry reads it.
 _MAPS: weakref.WeakValueDictionary[tuple, mmap.mmap] = weakref.WeakValueDictionary()
+_MAP_CHECKSUMS: weakref.WeakKeyDictionary[mmap.mmap, dict[str, int]] = weakref.WeakKeyDictionary()
 
 
 def _map_blob(path: Path) -> memoryview | bytes:
@@ -163,6 +165,16 @@ def _map_blob(path: Path) -> memoryview | bytes:
     return memoryview(found)  # holds the map alive
 
 
+def _verified_checksum(data: memoryview | bytes) -> dict[str, int]:
+    """``_checksum(data)``, once per shared blob map."""
+    shared = data.obj if isinstance(data, memoryview) and isinstance(data.obj, mmap.mmap) else None
+    if shared is None:
+        return _checksum(data)
+    if shared not in _MAP_CHECKSUMS:
+        _MAP_CHECKSUMS[shared] = _checksum(data)
+    return _MAP_CHECKSUMS[shared]
+
+
 def _read_verified(directory: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
     """The entry's own files and its weight files (by MIL path; shared read-only maps of the blobs),
     checked against the manifest."""
@@ -175,7 +187,7 @@ def _read_verified(directory: Path) -> tuple[dict[str, bytes], dict[str, bytes]]
     for found, table in zip(out, (own, weights), strict=True):
         for name, (path, expected) in table.items():
             data = _map_blob(path) if path.parent == blobs else path.read_bytes() if path.is_file() else b""
-            if _checksum(data) != expected:
+            if _verified_checksum(data) != expected:
                 if path.parent == blobs:
                     path.unlink(missing_ok=True)  # a damaged blob is rewritten by the rebuild
                 raise DamagedEntry(f"{name} has {len(data)} bytes and a different checksum from the manifest's "

@@ -4,7 +4,8 @@ Tolerances: results accumulate in fp32 in an order of the kernel's choosing, so 
 with a float64 reference within 2 * K * eps32 * (|A| @ |B|) (K = reduction length); rounded
 results must in addition be fp16 values within half an fp16 ulp of that band. Conversions and
 rounding are exact and compared bit for bit. The whole file also runs once more in a subprocess
-with ORION_SIMD=portable (and ORION_NUM_THREADS=3) so that both SIMD paths are covered.
+with ORION_SIMD=portable (and ORION_NUM_THREADS=3), and once with ORION_SIMD=avx2 on an AVX-512
+machine, so that every SIMD path is covered.
 """
 
 from __future__ import annotations
@@ -46,11 +47,14 @@ def assert_close(got: np.ndarray, ref: np.ndarray, bound: np.ndarray, rounded: b
         raise AssertionError(f"err {err.flat[worst]} > bound {bound.flat[worst]}")
 
 
+SIMD_PATHS = ("avx512f+f16c+fma", "avx2+f16c+fma", "portable")
+
+
 def test_simd_path_and_threads():
-    expected = "portable" if os.environ.get("ORION_SIMD") == "portable" else None
-    assert kernels.simd_path() in ("avx2+f16c+fma", "portable")
-    if expected:
-        assert kernels.simd_path() == expected
+    forced = {"portable": "portable", "avx2": "avx2+f16c+fma"}.get(os.environ.get("ORION_SIMD", ""))
+    assert kernels.simd_path() in SIMD_PATHS
+    if forced and not (forced == "avx2+f16c+fma" and kernels.simd_path() == "portable"):
+        assert kernels.simd_path() == forced
     if "ORION_NUM_THREADS" in os.environ:
         assert kernels.num_threads() == int(os.environ["ORION_NUM_THREADS"])
     assert kernels.num_threads() >= 1
@@ -153,6 +157,21 @@ def test_conv1x1_large_gpt2_shapes():
     for cout, cin in ((768, 768), (3072, 768), (768, 3072)):
         conv_case(cout, cin, 32, 32, round_=True)
         conv_case(cout, cin, 32, 1, round_=True)
+
+
+def test_conv1x1_prefill_rows():
+    conv_case(48, 96, 1024, 1000, round_=True)  # chunked lanes, a pair of panels and a single one
+    conv_case(40, 33, 600, 517, round_=False)
+
+
+@pytest.mark.parametrize("lanes", [4, 25, 64, 300, 1000])
+def test_conv1x1_output_rows_do_not_depend_on_their_neighbours(lanes):
+    # Each output row sums its inputs the same way whether its panel runs alone or with another one.
+    weight = RNG.standard_normal((48, 200)).astype(np.float16)
+    x = RNG.standard_normal((200, 1024)).astype(np.float32)
+    whole = kernels.conv1x1(weight, x, lanes=lanes)
+    for rows in (slice(0, 16), slice(16, 32), slice(32, 48), slice(16, 48)):
+        np.testing.assert_array_equal(kernels.conv1x1(weight[rows], x, lanes=lanes), whole[rows])
 
 
 def test_conv1x1_reproduces_fp16_weights_exactly():
@@ -320,11 +339,14 @@ def test_process_exit_and_fork_do_not_hang():
     assert done.returncode == 0 and "done" in done.stdout, done.stderr
 
 
-@pytest.mark.skipif(os.environ.get("ORION_SIMD") == "portable", reason="this is the portable run")
-def test_portable_path_in_subprocess():
+@pytest.mark.skipif("ORION_SIMD" in os.environ, reason="this is a narrower path's run")
+@pytest.mark.parametrize("path", ["portable", "avx2"])
+def test_narrower_path_in_subprocess(path: str):
+    if path == "avx2" and kernels.simd_path() != "avx512f+f16c+fma":
+        pytest.skip("the default path is already AVX2 or portable")
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
                           capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "ORION_SIMD": "portable", "ORION_NUM_THREADS": "3"})
+                          env={**os.environ, "ORION_SIMD": path, "ORION_NUM_THREADS": "3"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
@@ -336,3 +358,27 @@ def test_tanh_is_accurate_far_below_fp16_rounding() -> None:
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=0)  # fp16 rounding is 4.9e-4 relative
     assert np.signbit(got[x == 0]).tolist() == np.signbit(x[x == 0]).tolist()
     assert np.isnan(kernels.tanh(np.array([np.nan], np.float32)))[0]
+
+
+def reference_softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x.astype(np.float64) - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("width", [1, 7, 8, 33, 1024])
+def test_softmax_is_accurate_far_below_fp16_rounding(width: int) -> None:
+    x = (RNG.standard_normal((64, width)) * 8).astype(np.float32)
+    x[::3, width // 2:] += -65504.0  # masked tails (a causal mask): exactly 0 after the exp
+    got = kernels.softmax(x)
+    want = reference_softmax(x)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-30)  # fp16 rounding is 4.9e-4 relative
+    assert np.all(got[::3, width // 2:][:, 1:] == 0) if width > 2 else True
+    assert np.array_equal(got.max(axis=-1) > 0, np.ones(64, bool))
+
+
+def test_softmax_of_specials_follows_ieee() -> None:
+    x = np.array([[0.0, np.inf, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0],
+                  [np.nan] + [1.0] * 8,
+                  [-np.inf] * 9], np.float32)
+    got = kernels.softmax(x)
+    assert np.isnan(got[0, 1]) and np.isnan(got[1]).all() and np.isnan(got[2]).all()

@@ -135,3 +135,17 @@ def test_cache_info_and_clear_commands(tmp_path, monkeypatch) -> None:
     bad = subprocess.run([sys.executable, "-m", "orion", "cache", "info"], capture_output=True, text=True,
                          env={**env, "ORION_CACHE_MAX_SIZE": "lots"}, timeout=120)
     assert bad.returncode == 1 and bad.stderr.startswith("error: ORION_CACHE_MAX_SIZE='lots'")
+
+
+def test_entries_sharing_a_blob_read_it_as_one_map(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    built = [lower_cached({"test": "shared blob", "entry": i}, graph)[0] for i in range(2)]
+    first, cached = lower_cached({"test": "shared blob", "entry": 0}, graph)
+    second, cached_too = lower_cached({"test": "shared blob", "entry": 1}, graph)
+    assert cached and cached_too and len(list((tmp_path / "blobs").iterdir())) == len(first.weights)
+    for path, data in first.weights.items():
+        assert data == built[0].weights[path]  # the same bytes as the lowering wrote
+        assert isinstance(data, memoryview) and data.readonly
+        assert data.obj is second.weights[path].obj  # one map of the blob for both entries
+    check_runs(compile_lowered(first))
+    check_runs(compile_lowered(second))

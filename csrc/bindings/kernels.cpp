@@ -153,6 +153,22 @@ void bind_kernels(py::module_& m) {
         },
         py::arg("a"), "tanh of a float32 array, as the emulator's tanh op computes it (before fp16 rounding).");
 
+    k.def(
+        "softmax",
+        [](const py::object& a_obj) {
+            const py::array a = c_contiguous(checked_array(a_obj, "a", "float32", -1));
+            py::array_t<float> out(std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim()));
+            const int64_t width = a.ndim() ? static_cast<int64_t>(a.shape(a.ndim() - 1)) : 1;
+            const int64_t rows = width ? static_cast<int64_t>(a.size()) / width : 0;
+            const float* src = static_cast<const float*>(a.data());
+            float* dst = out.mutable_data();
+            py::gil_scoped_release release;
+            for (int64_t r = 0; r < rows; ++r) kern::softmax(src + r * width, dst + r * width, width);
+            return out;
+        },
+        py::arg("a"), "softmax over the last axis of a float32 array, as the emulator's softmax op computes it "
+                      "(before fp16 rounding).");
+
     py::class_<kern::PackedConv1x1>(k, "PackedConv1x1", "A float16 [cout, cin] 1x1 conv weight, packed once.")
         .def(py::init(&pack), py::arg("weight"))
         .def_readonly("cout", &kern::PackedConv1x1::cout)
@@ -171,8 +187,11 @@ void bind_kernels(py::module_& m) {
     k.def("gemm", &run_gemm, py::arg("a"), py::arg("b"), py::arg("transpose_a") = false,
           py::arg("transpose_b") = false, py::arg("round") = true,
           "float32 op(a) @ op(b) with fp32 accumulation, rounded to fp16 if `round`; op transposes if asked.");
+    k.def("shared_conv_weights", &kern::shared_conv1x1_usage,
+          "(count, bytes) of the packed 1x1 conv weights alive in this process: one per distinct weight, "
+          "shared by every program that bakes it.");
     k.def("num_threads", &kern::num_threads, "Threads the kernels use (ORION_NUM_THREADS, else the hardware's).");
-    k.def("simd_path", &kern::simd_path, "\"avx2+f16c+fma\" or \"portable\" (forced by ORION_SIMD=portable).");
+    k.def("simd_path", &kern::simd_path, "\"avx512f+f16c+fma\", \"avx2+f16c+fma\" or \"portable\" (ORION_SIMD=avx2 or =portable narrows it).");
     k.def("_parallel_for_probe", &parallel_for_probe, py::arg("n"), py::arg("grain"), py::arg("fail_at") = -1,
           py::arg("nested") = false);
 }

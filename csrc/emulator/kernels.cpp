@@ -6,6 +6,11 @@
 #include <cstdlib>
 #include <cmath>
 #include <cstring>
+#include <iterator>
+#include <limits>
+#include <mutex>
+#include <string_view>
+#include <unordered_map>
 #include <type_traits>
 #include <stdexcept>
 #include <string>
@@ -17,6 +22,7 @@
 #include <immintrin.h>
 #define ORION_X86 1
 #define ORION_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define ORION_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
 #endif
 
 // Fully unrolls a constant-trip loop so that arrays of vector accumulators live in registers (GCC
@@ -33,7 +39,7 @@ namespace orion::emu::kernels {
 namespace {
 
 constexpr int64_t kConvPanel = 16;     // output channels interleaved per packed conv panel
-constexpr int kConvMaxLanes = 6;       // lanes per conv register tile (16 x 6 accumulators)
+constexpr int kConvMaxLanes = 12;      // lanes per conv register tile, at most (see Kernels::conv_lanes)
 constexpr int64_t kConvKBlock = 128;   // input channels per fp32 weight slice (8 KiB, stays in L1)
 constexpr int kConvConvertBlocks = 3;  // from this many lane tiles on, convert weights once per slice
 // Lanes per conv job on long rows: the job's accumulators (16 KiB) stay in L1 and its input slice
@@ -47,16 +53,27 @@ constexpr int64_t kParallelWork = int64_t{1} << 16;  // multiply-adds worth a ch
 // The inner kernels of one SIMD flavour.
 struct Kernels {
     const char* name;
+    int conv_lanes;  // lanes per conv register tile (<= kConvMaxLanes): what its registers hold
     void (*round_fp16)(float* data, size_t n);
     void (*half_to_float)(const uint16_t* src, float* dst, size_t n);
     void (*float_to_half)(const float* src, uint16_t* dst, size_t n);
     void (*tanh)(const float* src, float* dst, size_t n);
-    // acc[l*16 + j] (+)= sum_{c<k} w[c*16 + j] * x[c*S + l] for l < lanes (<= kConvMaxLanes).
+    // dst[i] = e^(src[i] - max) / sum_j e^(src[j] - max) for i < n; src may be dst.
+    void (*softmax)(const float* src, float* dst, int64_t n);
+    // acc[l*16 + j] (+)= sum_{c<k} w[c*16 + j] * x[c*S + l] for l < lanes (<= conv_lanes).
     void (*conv_tile_f16)(const uint16_t* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
     void (*conv_tile_f32)(const float* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
+    // Two panels at once (null when the flavour has no registers for it): acc[l*32 + j] (+)=
+    // sum_{c<k} w[c*32 + j] * x[c*S + l] for l < lanes (<= conv_lanes), one sum per output in c order.
+    void (*conv_pair_tile_f32)(const float* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
     // c[i*c_rs + j] (+)= sum_{p<k} a[p*MR + i] * b[p*NR + j] for i < rows, j < cols.
     void (*gemm_tile)(int64_t k, const float* a, const float* b, float* c, int64_t c_rs, int64_t rows, int64_t cols,
                       bool add);
+    // A full 2MR x 2NR block of C from two A panels (rows 0..MR-1, MR..2MR-1) and two B panels
+    // (columns 0..NR-1, NR..2NR-1), each element summed as gemm_tile sums it; null when the flavour
+    // has no registers for it.
+    void (*gemm_block)(int64_t k, const float* a0, const float* a1, const float* b0, const float* b1, float* c,
+                       int64_t c_rs, bool add);
     // c[j] = sum_{p<k} a[p*a_cs] * b[p*b_rs + j] for j < n (rows of B contiguous); B in fp32 or fp16.
     void (*gemv_rows)(int64_t k, int64_t n, const float* a, int64_t a_cs, const float* b, int64_t b_rs, float* c);
     void (*gemv_rows_f16)(int64_t k, int64_t n, const float* a, int64_t a_cs, const uint16_t* b, int64_t b_rs,
@@ -146,10 +163,23 @@ void tanh_portable(const float* src, float* dst, size_t n) {
     for (size_t i = 0; i < n; ++i) dst[i] = std::tanh(src[i]);
 }
 
+// std::exp, skipping the call where its fp32 result is exactly 0 (a masked score): below
+// ln(smallest denormal / 2), about -103.97.
+inline float exp_or_zero(float d) { return d < -110.0f ? 0.0f : std::exp(d); }
+
+void softmax_portable(const float* src, float* dst, int64_t n) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, src[i]);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; ++i) sum += (dst[i] = exp_or_zero(src[i] - m));
+    for (int64_t i = 0; i < n; ++i) dst[i] /= sum;
+}
+
 constexpr Kernels kPortable = {
-    "portable",         round_fp16_portable,           half_to_float_portable,
-    float_to_half_portable, tanh_portable,           conv_tile_portable<uint16_t>, conv_tile_portable<float>,
-    gemm_tile_portable, gemv_rows_portable<float>,    gemv_rows_portable<uint16_t>,
+    "portable",         6,                             round_fp16_portable,           half_to_float_portable,
+    float_to_half_portable, tanh_portable,  softmax_portable, conv_tile_portable<uint16_t>, conv_tile_portable<float>,
+    nullptr,
+    gemm_tile_portable, nullptr,                   gemv_rows_portable<float>,    gemv_rows_portable<uint16_t>,
     gemv_cols_portable<float>, gemv_cols_portable<uint16_t>,
 };
 
@@ -391,10 +421,197 @@ ORION_AVX2 void tanh_avx2(const float* src, float* dst, size_t n) {
     for (; i < n; ++i) dst[i] = std::tanh(src[i]);
 }
 
+ORION_AVX2 float hmax(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+// The max is exact; e^x by exp8 (relative error < 2e-8; below e^-87 it may give 0, which no fp16
+// result can tell from the true value since the sum is >= 1); the sum in 8 fp32 partial sums.
+ORION_AVX2 void softmax_avx2(const float* src, float* dst, int64_t n) {
+    if (n <= 0) return;
+    int64_t i = 0;
+    __m256 mv = _mm256_set1_ps(-std::numeric_limits<float>::infinity()), nan = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(src + i);
+        mv = _mm256_max_ps(mv, v);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    float m = hmax(mv);
+    bool special = _mm256_movemask_ps(nan) != 0;
+    for (; i < n; ++i) m = std::max(m, src[i]), special |= std::isnan(src[i]);
+    if (special || !std::isfinite(m)) return softmax_portable(src, dst, n);  // NaN or inf: IEEE's results
+    const __m256 m8 = _mm256_set1_ps(m);
+    __m256 sv = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= n; i += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(src + i), m8));
+        _mm256_storeu_ps(dst + i, e);
+        sv = _mm256_add_ps(sv, e);
+    }
+    float sum = hsum(sv);
+    for (; i < n; ++i) sum += (dst[i] = exp_or_zero(src[i] - m));
+    const __m256 s8 = _mm256_set1_ps(sum);
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_div_ps(_mm256_loadu_ps(dst + i), s8));
+    for (; i < n; ++i) dst[i] /= sum;
+}
+
 constexpr Kernels kAvx2 = {
-    "avx2+f16c+fma",    round_fp16_avx2,           half_to_float_avx2,
-    float_to_half_avx2, tanh_avx2,                 conv_tile_avx2<uint16_t>, conv_tile_avx2<float>,
-    gemm_tile_avx2,     gemv_rows_avx2<float>,     gemv_rows_avx2<uint16_t>,
+    "avx2+f16c+fma",    6,                         round_fp16_avx2,           half_to_float_avx2,
+    float_to_half_avx2, tanh_avx2,    softmax_avx2, conv_tile_avx2<uint16_t>, conv_tile_avx2<float>,
+    nullptr,
+    gemm_tile_avx2, nullptr,     gemv_rows_avx2<float>,     gemv_rows_avx2<uint16_t>,
+    gemv_cols_avx2<float>, gemv_cols_avx2<uint16_t>,
+};
+
+// ---------------------------------------------------------------------------------------------
+// AVX-512 flavour: the AVX2 kernels, with a conv tile holding a whole panel (16 outputs) of one
+// lane in one register, so a tile spans up to 12 lanes. Each output sums its inputs exactly as the
+// AVX2 tile with the same lane count does (same partial sums, same order).
+
+ORION_AVX512 inline __m512 load16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+ORION_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+template <int L, int U, typename W>
+ORION_AVX512 void conv_tile_avx512_fixed(const W* w, const float* x, int64_t S, int64_t k, float* acc, bool add) {
+    __m512 sum[U][L];
+    ORION_UNROLL
+    for (int u = 0; u < U; ++u)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) sum[u][l] = _mm512_setzero_ps();
+    if (add)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) sum[0][l] = _mm512_loadu_ps(acc + l * kConvPanel);
+    int64_t c = 0;
+    for (; c + U <= k; c += U) {
+        ORION_UNROLL
+        for (int u = 0; u < U; ++u) {
+            const __m512 wv = load16(w + (c + u) * kConvPanel);
+            const float* xc = x + (c + u) * S;
+            ORION_UNROLL
+            for (int l = 0; l < L; ++l) sum[u][l] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xc[l]), sum[u][l]);
+        }
+    }
+    for (; c < k; ++c) {
+        const __m512 wv = load16(w + c * kConvPanel);
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) sum[0][l] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[c * S + l]), sum[0][l]);
+    }
+    ORION_UNROLL
+    for (int u = 1; u < U; ++u)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) sum[0][l] = _mm512_add_ps(sum[0][l], sum[u][l]);
+    ORION_UNROLL
+    for (int l = 0; l < L; ++l) _mm512_storeu_ps(acc + l * kConvPanel, sum[0][l]);
+}
+
+template <typename W>
+ORION_AVX512 void conv_tile_avx512(const W* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add) {
+    switch (lanes) {
+        case 1: return conv_tile_avx512_fixed<1, 4>(w, x, S, k, acc, add);
+        case 2: return conv_tile_avx512_fixed<2, 2>(w, x, S, k, acc, add);
+        case 3: return conv_tile_avx512_fixed<3, 2>(w, x, S, k, acc, add);
+        case 4: return conv_tile_avx512_fixed<4, 1>(w, x, S, k, acc, add);
+        case 5: return conv_tile_avx512_fixed<5, 1>(w, x, S, k, acc, add);
+        case 6: return conv_tile_avx512_fixed<6, 1>(w, x, S, k, acc, add);
+        case 7: return conv_tile_avx512_fixed<7, 1>(w, x, S, k, acc, add);
+        case 8: return conv_tile_avx512_fixed<8, 1>(w, x, S, k, acc, add);
+        case 9: return conv_tile_avx512_fixed<9, 1>(w, x, S, k, acc, add);
+        case 10: return conv_tile_avx512_fixed<10, 1>(w, x, S, k, acc, add);
+        case 11: return conv_tile_avx512_fixed<11, 1>(w, x, S, k, acc, add);
+        default: return conv_tile_avx512_fixed<12, 1>(w, x, S, k, acc, add);
+    }
+}
+
+// 32 outputs (two panels) x L lanes in 2L accumulators: two weight loads and L broadcasts feed 2L
+// FMAs, half the loads per FMA of the one-panel tile.
+template <int L>
+ORION_AVX512 void conv_pair_tile_avx512_fixed(const float* w, const float* x, int64_t S, int64_t k, float* acc,
+                                              bool add) {
+    constexpr int64_t W = 2 * kConvPanel;
+    __m512 lo[L], hi[L];
+    ORION_UNROLL
+    for (int l = 0; l < L; ++l) {
+        lo[l] = add ? _mm512_loadu_ps(acc + l * W) : _mm512_setzero_ps();
+        hi[l] = add ? _mm512_loadu_ps(acc + l * W + kConvPanel) : _mm512_setzero_ps();
+    }
+    for (int64_t c = 0; c < k; ++c) {
+        const __m512 w_lo = _mm512_loadu_ps(w + c * W), w_hi = _mm512_loadu_ps(w + c * W + kConvPanel);
+        const float* xc = x + c * S;
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) {
+            const __m512 xv = _mm512_set1_ps(xc[l]);
+            lo[l] = _mm512_fmadd_ps(w_lo, xv, lo[l]);
+            hi[l] = _mm512_fmadd_ps(w_hi, xv, hi[l]);
+        }
+    }
+    ORION_UNROLL
+    for (int l = 0; l < L; ++l) {
+        _mm512_storeu_ps(acc + l * W, lo[l]);
+        _mm512_storeu_ps(acc + l * W + kConvPanel, hi[l]);
+    }
+}
+
+ORION_AVX512 void conv_pair_tile_avx512(const float* w, const float* x, int64_t S, int64_t k, int lanes, float* acc,
+                                        bool add) {
+    switch (lanes) {
+        case 1: return conv_pair_tile_avx512_fixed<1>(w, x, S, k, acc, add);
+        case 2: return conv_pair_tile_avx512_fixed<2>(w, x, S, k, acc, add);
+        case 3: return conv_pair_tile_avx512_fixed<3>(w, x, S, k, acc, add);
+        case 4: return conv_pair_tile_avx512_fixed<4>(w, x, S, k, acc, add);
+        case 5: return conv_pair_tile_avx512_fixed<5>(w, x, S, k, acc, add);
+        case 6: return conv_pair_tile_avx512_fixed<6>(w, x, S, k, acc, add);
+        case 7: return conv_pair_tile_avx512_fixed<7>(w, x, S, k, acc, add);
+        case 8: return conv_pair_tile_avx512_fixed<8>(w, x, S, k, acc, add);
+        case 9: return conv_pair_tile_avx512_fixed<9>(w, x, S, k, acc, add);
+        case 10: return conv_pair_tile_avx512_fixed<10>(w, x, S, k, acc, add);
+        case 11: return conv_pair_tile_avx512_fixed<11>(w, x, S, k, acc, add);
+        default: return conv_pair_tile_avx512_fixed<12>(w, x, S, k, acc, add);
+    }
+}
+
+// C[12 x 32] from two packed A panels and two packed B panels: 24 accumulators, per step two
+// loads of B and twelve broadcasts of A feed 24 FMAs. Each element's sum is gemm_tile's (from 0
+// over p in order, then added to C when `add`).
+ORION_AVX512 void gemm_block_avx512(int64_t k, const float* a0, const float* a1, const float* b0, const float* b1,
+                                    float* c, int64_t c_rs, bool add) {
+    __m512 lo[2 * kGemmMR], hi[2 * kGemmMR];
+    ORION_UNROLL
+    for (int i = 0; i < 2 * kGemmMR; ++i) lo[i] = hi[i] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < k; ++p) {
+        const __m512 bl = _mm512_loadu_ps(b0 + p * kGemmNR), bh = _mm512_loadu_ps(b1 + p * kGemmNR);
+        ORION_UNROLL
+        for (int i = 0; i < kGemmMR; ++i) {
+            const __m512 av = _mm512_set1_ps(a0[p * kGemmMR + i]);
+            lo[i] = _mm512_fmadd_ps(av, bl, lo[i]);
+            hi[i] = _mm512_fmadd_ps(av, bh, hi[i]);
+        }
+        ORION_UNROLL
+        for (int i = 0; i < kGemmMR; ++i) {
+            const __m512 av = _mm512_set1_ps(a1[p * kGemmMR + i]);
+            lo[kGemmMR + i] = _mm512_fmadd_ps(av, bl, lo[kGemmMR + i]);
+            hi[kGemmMR + i] = _mm512_fmadd_ps(av, bh, hi[kGemmMR + i]);
+        }
+    }
+    ORION_UNROLL
+    for (int i = 0; i < 2 * kGemmMR; ++i) {
+        float* ci = c + i * c_rs;
+        if (add) {
+            lo[i] = _mm512_add_ps(lo[i], _mm512_loadu_ps(ci));
+            hi[i] = _mm512_add_ps(hi[i], _mm512_loadu_ps(ci + kGemmNR));
+        }
+        _mm512_storeu_ps(ci, lo[i]);
+        _mm512_storeu_ps(ci + kGemmNR, hi[i]);
+    }
+}
+
+constexpr Kernels kAvx512 = {
+    "avx512f+f16c+fma", kConvMaxLanes,             round_fp16_avx2,
+    half_to_float_avx2, float_to_half_avx2,        tanh_avx2,      softmax_avx2,
+    conv_tile_avx512<uint16_t>, conv_tile_avx512<float>, conv_pair_tile_avx512,
+    gemm_tile_avx2, gemm_block_avx512,     gemv_rows_avx2<float>,     gemv_rows_avx2<uint16_t>,
     gemv_cols_avx2<float>, gemv_cols_avx2<uint16_t>,
 };
 
@@ -404,15 +621,21 @@ bool cpu_has_avx2_f16c_fma() {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");  // these also check OS support
 }
+
+bool cpu_has_avx512f() {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f");  // also checks that the OS saves the zmm state
+}
 #endif  // ORION_X86
 
 // ---------------------------------------------------------------------------------------------
 
 const Kernels& select_kernels() {
-    const char* env = std::getenv("ORION_SIMD");  // "portable" forces the portable path
-    if (env && std::string(env) == "portable") return kPortable;
+    // ORION_SIMD=portable forces the portable path, ORION_SIMD=avx2 the AVX2 one (no AVX-512).
+    const std::string env = std::getenv("ORION_SIMD") ? std::getenv("ORION_SIMD") : "";
+    if (env == "portable") return kPortable;
 #ifdef ORION_X86
-    if (cpu_has_avx2_f16c_fma()) return kAvx2;
+    if (cpu_has_avx2_f16c_fma()) return env != "avx2" && cpu_has_avx512f() ? kAvx512 : kAvx2;
 #endif
     return kPortable;
 }
@@ -430,14 +653,20 @@ float* scratch(std::vector<float>& buffer, size_t n) {
     return buffer.data();
 }
 
+// Whether conv_panel converts the weights to fp32 once per slice for `lanes` lanes (enough tiles
+// reuse them), which is also when two panels can share one job (Kernels::conv_pair_tile_f32).
+bool converts_weights(const Kernels& k, int64_t cin, int64_t lanes) {
+    return cin > 0 && ceil_div(lanes, k.conv_lanes) >= kConvConvertBlocks;
+}
+
 // One conv panel (16 output channels) over the first `lanes` lanes, written to out rows.
 void conv_panel(const Kernels& k, const uint16_t* w, int64_t cin, const float* x, int64_t S, int64_t lanes, float* out,
                 int64_t rows, bool round) {
     thread_local std::vector<float> acc_buffer, weight_buffer;
     float* acc = scratch(acc_buffer, static_cast<size_t>(lanes * kConvPanel));
-    const int tiles = static_cast<int>(ceil_div(lanes, kConvMaxLanes));
-    auto tile_lanes = [&](int t) { return t * lanes / tiles; };  // balanced tiles of <= 6 lanes
-    if (tiles < kConvConvertBlocks || cin == 0) {
+    const int tiles = static_cast<int>(ceil_div(lanes, k.conv_lanes));
+    auto tile_lanes = [&](int t) { return t * lanes / tiles; };  // balanced tiles of <= conv_lanes lanes
+    if (!converts_weights(k, cin, lanes)) {
         for (int t = 0; t < tiles; ++t) {
             const int64_t s0 = tile_lanes(t);
             k.conv_tile_f16(w, x + s0, S, cin, static_cast<int>(tile_lanes(t + 1) - s0), acc + s0 * kConvPanel, false);
@@ -457,6 +686,35 @@ void conv_panel(const Kernels& k, const uint16_t* w, int64_t cin, const float* x
     if (round) k.round_fp16(acc, static_cast<size_t>(lanes * kConvPanel));
     for (int64_t j = 0; j < rows; ++j)
         for (int64_t s = 0; s < lanes; ++s) out[j * S + s] = acc[s * kConvPanel + j];
+}
+
+// Two adjacent panels (32 output channels; the second starts cin * 16 values after w) over the
+// first `lanes` lanes, written to out rows: conv_panel's converting path with the pair tile. Each
+// output sums exactly as conv_panel's would.
+void conv_pair(const Kernels& k, const uint16_t* w, int64_t cin, const float* x, int64_t S, int64_t lanes, float* out,
+               int64_t rows, bool round) {
+    constexpr int64_t W = 2 * kConvPanel;
+    thread_local std::vector<float> acc_buffer, weight_buffer;
+    float* acc = scratch(acc_buffer, static_cast<size_t>(lanes * W));
+    float* w32 = scratch(weight_buffer, kConvKBlock * W);
+    const int tiles = static_cast<int>(ceil_div(lanes, k.conv_lanes));
+    auto tile_lanes = [&](int t) { return t * lanes / tiles; };
+    const uint16_t* second = w + cin * kConvPanel;
+    for (int64_t c0 = 0; c0 < cin; c0 += kConvKBlock) {
+        const int64_t kc = std::min(kConvKBlock, cin - c0);
+        for (int64_t c = 0; c < kc; ++c) {
+            k.half_to_float(w + (c0 + c) * kConvPanel, w32 + c * W, kConvPanel);
+            k.half_to_float(second + (c0 + c) * kConvPanel, w32 + c * W + kConvPanel, kConvPanel);
+        }
+        for (int t = 0; t < tiles; ++t) {
+            const int64_t s0 = tile_lanes(t);
+            k.conv_pair_tile_f32(w32, x + c0 * S + s0, S, kc, static_cast<int>(tile_lanes(t + 1) - s0), acc + s0 * W,
+                                 c0 > 0);
+        }
+    }
+    if (round) k.round_fp16(acc, static_cast<size_t>(lanes * W));
+    for (int64_t j = 0; j < rows; ++j)
+        for (int64_t s = 0; s < lanes; ++s) out[j * S + s] = acc[s * W + j];
 }
 
 // Packs A(m0.., p0..) [mc x kc] into row panels [kc][MR], zero-padding the last panel's rows.
@@ -501,6 +759,8 @@ void half_to_float(const uint16_t* src, float* dst, size_t n) { active().half_to
 
 void tanh(const float* src, float* dst, size_t n) { active().tanh(src, dst, n); }
 
+void softmax(const float* src, float* dst, int64_t n) { active().softmax(src, dst, n); }
+
 void float_to_half(const float* src, uint16_t* dst, size_t n) { active().float_to_half(src, dst, n); }
 
 PackedConv1x1 pack_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin) {
@@ -516,6 +776,57 @@ PackedConv1x1 pack_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin) {
     return packed;
 }
 
+namespace {
+
+// Whether `packed` holds exactly `weight` [cout][cin].
+bool packs(const PackedConv1x1& packed, const uint16_t* weight, int64_t cout, int64_t cin) {
+    if (packed.cout != cout || packed.cin != cin) return false;
+    for (int64_t o = 0; o < cout; ++o) {
+        const uint16_t* panel = packed.data.data() + (o / kConvPanel) * cin * kConvPanel + o % kConvPanel;
+        for (int64_t c = 0; c < cin; ++c)
+            if (panel[c * kConvPanel] != weight[o * cin + c]) return false;
+    }
+    return true;
+}
+
+}  // namespace
+
+namespace {
+
+std::mutex shared_mutex;
+std::unordered_multimap<size_t, std::weak_ptr<const PackedConv1x1>> shared_held;  // by content hash
+
+}  // namespace
+
+std::shared_ptr<const PackedConv1x1> shared_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin) {
+    if (cout < 0 || cin < 0) throw std::invalid_argument("shared_conv1x1: negative weight shape");
+    auto& held = shared_held;
+    const std::string_view bytes(reinterpret_cast<const char*>(weight), static_cast<size_t>(cout * cin) * 2);
+    const size_t key = std::hash<std::string_view>{}(bytes) ^ (static_cast<size_t>(cout) * 0x9E3779B97F4A7C15ull);
+    std::lock_guard<std::mutex> lock(shared_mutex);
+    auto [first, last] = held.equal_range(key);
+    for (auto it = first; it != last;) {
+        if (auto alive = it->second.lock()) {
+            if (packs(*alive, weight, cout, cin)) return alive;  // equal content, not only an equal hash
+            ++it;
+        } else {
+            it = held.erase(it);
+        }
+    }
+    for (auto it = held.begin(); it != held.end();) it = it->second.expired() ? held.erase(it) : std::next(it);
+    auto packed = std::make_shared<const PackedConv1x1>(pack_conv1x1(weight, cout, cin));
+    held.emplace(key, packed);
+    return packed;
+}
+
+std::pair<int64_t, int64_t> shared_conv1x1_usage() {
+    std::lock_guard<std::mutex> lock(shared_mutex);
+    int64_t count = 0, bytes = 0;
+    for (const auto& [key, weak] : shared_held)
+        if (auto alive = weak.lock()) ++count, bytes += static_cast<int64_t>(alive->data.size() * 2);
+    return {count, bytes};
+}
+
 void conv1x1(const PackedConv1x1& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16) {
     const int64_t panels = ceil_div(w.cout, kConvPanel);
     if (w.cout < 0 || w.cin < 0 || static_cast<int64_t>(w.data.size()) != panels * w.cin * kConvPanel)
@@ -527,14 +838,21 @@ void conv1x1(const PackedConv1x1& w, const float* x, int64_t S, int64_t lanes, f
     // register tile keeps 4+ lanes and each output sums its inputs in the same order as unchunked).
     const int64_t chunks = lanes >= 2 * kConvLaneChunk ? lanes / kConvLaneChunk : 1;
     auto chunk_start = [&](int64_t c) { return c * lanes / chunks; };
-    const int64_t job_work = w.cin * kConvPanel * (lanes / chunks + 4);  // + the fp16 weight stream's cost
-    parallel_for(panels * chunks, std::max<int64_t>(1, kParallelWork / std::max<int64_t>(job_work, 1)),
+    // A job is one panel, or two adjacent ones when the flavour's pair tile applies.
+    const int64_t per_job = k.conv_pair_tile_f32 && converts_weights(k, w.cin, lanes / chunks) ? 2 : 1;
+    const int64_t job_work = per_job * w.cin * kConvPanel * (lanes / chunks + 4);  // + the weight stream's cost
+    parallel_for(ceil_div(panels, per_job) * chunks, std::max<int64_t>(1, kParallelWork / std::max<int64_t>(job_work, 1)),
                  [&](int64_t begin, int64_t end) {
                      for (int64_t job = begin; job < end; ++job) {
-                         const int64_t p = job / chunks, c = job % chunks, o0 = p * kConvPanel;
-                         const int64_t s0 = chunk_start(c);
-                         conv_panel(k, w.data.data() + o0 * w.cin, w.cin, x + s0, S, chunk_start(c + 1) - s0,
-                                    out + o0 * S + s0, std::min(kConvPanel, w.cout - o0), round_fp16);
+                         const int64_t p = job / chunks * per_job, c = job % chunks, o0 = p * kConvPanel;
+                         const int64_t s0 = chunk_start(c), n = chunk_start(c + 1) - s0;
+                         const uint16_t* panel = w.data.data() + o0 * w.cin;
+                         if (per_job == 2 && p + 1 < panels)
+                             conv_pair(k, panel, w.cin, x + s0, S, n, out + o0 * S + s0,
+                                       std::min(2 * kConvPanel, w.cout - o0), round_fp16);
+                         else
+                             conv_panel(k, panel, w.cin, x + s0, S, n, out + o0 * S + s0,
+                                        std::min(kConvPanel, w.cout - o0), round_fp16);
                      }
                  });
 }
@@ -614,10 +932,20 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t
                 const int64_t kc = std::min(kGemmKC, K - p0);
                 pack_b(b, b_rs, b_cs, p0, kc, n0, nc, b_packed);
                 pack_a(a, a_rs, a_cs, m0, mc, p0, kc, a_packed);
-                for (int64_t j = 0; j < nc; j += kGemmNR)
-                    for (int64_t i = 0; i < mc; i += kGemmMR)
-                        k.gemm_tile(kc, a_packed + i * kc, b_packed + j * kc, c + (m0 + i) * c_rs + n0 + j, c_rs,
-                                    std::min(kGemmMR, mc - i), std::min(kGemmNR, nc - j), p0 > 0);
+                // Blocks of 2x2 register tiles where the flavour has them, single tiles at the edges.
+                const int64_t by = k.gemm_block ? 2 : 1;
+                for (int64_t j0 = 0; j0 < nc; j0 += by * kGemmNR)
+                    for (int64_t i0 = 0; i0 < mc; i0 += by * kGemmMR) {
+                        if (by == 2 && i0 + 2 * kGemmMR <= mc && j0 + 2 * kGemmNR <= nc) {
+                            k.gemm_block(kc, a_packed + i0 * kc, a_packed + (i0 + kGemmMR) * kc, b_packed + j0 * kc,
+                                         b_packed + (j0 + kGemmNR) * kc, c + (m0 + i0) * c_rs + n0 + j0, c_rs, p0 > 0);
+                            continue;
+                        }
+                        for (int64_t j = j0; j < std::min(nc, j0 + by * kGemmNR); j += kGemmNR)
+                            for (int64_t i = i0; i < std::min(mc, i0 + by * kGemmMR); i += kGemmMR)
+                                k.gemm_tile(kc, a_packed + i * kc, b_packed + j * kc, c + (m0 + i) * c_rs + n0 + j,
+                                            c_rs, std::min(kGemmMR, mc - i), std::min(kGemmNR, nc - j), p0 > 0);
+                    }
             }
             if (round_fp16)
                 for (int64_t i = 0; i < mc; ++i) k.round_fp16(c + (m0 + i) * c_rs + n0, static_cast<size_t>(nc));

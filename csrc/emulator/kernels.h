@@ -1,11 +1,13 @@
 // The emulator's hot loops: fp16 rounding, 1x1 convolution with fp16 weights, matrix multiply,
-// and a small thread pool. AVX2/F16C/FMA paths are chosen at run time; a portable path is always
-// there. Every kernel accumulates in fp32.
+// and a small thread pool. AVX-512 and AVX2 (with F16C/FMA) paths are chosen at run time; a portable
+// path is always there. Every kernel accumulates in fp32.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <utility>
 #include <vector>
 
 namespace orion::emu::kernels {
@@ -18,6 +20,10 @@ void float_to_half(const float* src, uint16_t* dst, size_t n);
 // dst[i] = tanh(src[i]) in fp32, within a few float ulps (far below fp16 rounding); src may be dst.
 void tanh(const float* src, float* dst, size_t n);
 
+// dst[i] = e^(src[i] - m) / sum_j e^(src[j] - m), m = max_j src[j], in fp32 for i < n (within a
+// few float ulps); src may be dst.
+void softmax(const float* src, float* dst, int64_t n);
+
 // A 1x1 convolution weight [cout][cin] in fp16, repacked once at compile (bake) time into the
 // layout the kernel streams.
 struct PackedConv1x1 {
@@ -26,6 +32,12 @@ struct PackedConv1x1 {
     std::vector<uint16_t> data;
 };
 PackedConv1x1 pack_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin);
+
+// pack_conv1x1, held once per process for each distinct weight: programs baking the same weight
+// (a model's prefill buckets and its decode programs) share one packed copy, freed with the last.
+std::shared_ptr<const PackedConv1x1> shared_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin);
+// (distinct packed weights alive, their bytes)
+std::pair<int64_t, int64_t> shared_conv1x1_usage();
 
 // out[o*S + s] = sum_c W[o][c] * x[c*S + s] for s < lanes (fp32 accumulation); the first `lanes`
 // lanes of each output row are written (rounded to fp16 when round_fp16 is set), the others are
@@ -47,7 +59,8 @@ void gemm_f16b(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, in
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 int num_threads();  // ORION_NUM_THREADS, else the hardware's
 
-// Which SIMD path the kernels use on this CPU: "avx2+f16c+fma" or "portable".
+// Which SIMD path the kernels use on this CPU: "avx512f+f16c+fma", "avx2+f16c+fma" or "portable"
+// (ORION_SIMD=avx2 or ORION_SIMD=portable picks a narrower one).
 const char* simd_path();
 
 }  // namespace orion::emu::kernels

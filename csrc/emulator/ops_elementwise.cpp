@@ -9,6 +9,8 @@ namespace orion::emu {
 
 namespace {
 
+constexpr int64_t kElementwiseGrain = int64_t{1} << 15;  // elements worth a thread's chunk
+
 // Calls fn(out_offset, x_offset, x_inner_stride, y_offset, y_inner_stride, inner_count) once per
 // row of the innermost dimension of the broadcast output. With `coalesce`, dimensions that are
 // contiguous (or broadcast) for both operands are merged first, so rows are as long as possible;
@@ -81,26 +83,42 @@ BuiltOp binary(OpContext& ctx, F f) {
                 const float* a = ta.data.data();
                 const float* b = tb.data.data();
                 float* c = out.data.data();
-                const bool full = !out.partial();
-                if (same && full) {
-                    for (int64_t i = 0, n = out.size(); i < n; ++i) c[i] = f(a[i], b[i]);
-                } else {
-                    const int64_t live = full ? std::numeric_limits<int64_t>::max() : out.lanes;
-                    for_each_row(out.shape, xs, ys, full,
-                                 [&](int64_t oo, int64_t ox, int64_t sx, int64_t oy, int64_t sy, int64_t n) {
-                                     const int64_t m = std::min(n, live);
-                                     if (sx == 1 && sy == 0) {
-                                         const float bv = b[oy];
-                                         for (int64_t i = 0; i < m; ++i) c[oo + i] = f(a[ox + i], bv);
-                                     } else if (sx == 0 && sy == 1) {
-                                         const float av = a[ox];
-                                         for (int64_t i = 0; i < m; ++i) c[oo + i] = f(av, b[oy + i]);
-                                     } else {
-                                         for (int64_t i = 0; i < m; ++i) c[oo + i] = f(a[ox + i * sx], b[oy + i * sy]);
-                                     }
-                                 });
+                const bool full = !out.partial(), round = out.dtype == mil::DType::fp16;
+                if (same && full) {  // one flat range, split across the threads; fp16 rounding fused
+                    kernels::parallel_for(out.size(), kElementwiseGrain, [&](int64_t begin, int64_t end) {
+                        for (int64_t i = begin; i < end; ++i) c[i] = f(a[i], b[i]);
+                        if (round) kernels::round_fp16(c + begin, static_cast<size_t>(end - begin));
+                    });
+                    if (!round) finish(out);
+                    return;
                 }
-                finish(out);
+                struct Row {
+                    int64_t oo, ox, sx, oy, sy, n;
+                };
+                std::vector<Row> rows;
+                const int64_t live = full ? std::numeric_limits<int64_t>::max() : out.lanes;
+                for_each_row(out.shape, xs, ys, full,
+                             [&](int64_t oo, int64_t ox, int64_t sx, int64_t oy, int64_t sy, int64_t n) {
+                                 rows.push_back({oo, ox, sx, oy, sy, std::min(n, live)});
+                             });
+                const int64_t row_length = rows.empty() ? 1 : std::max<int64_t>(rows[0].n, 1);
+                kernels::parallel_for(static_cast<int64_t>(rows.size()), std::max<int64_t>(1, kElementwiseGrain / row_length),
+                                      [&](int64_t begin, int64_t end) {
+                                          for (int64_t r = begin; r < end; ++r) {
+                                              const auto [oo, ox, sx, oy, sy, m] = rows[static_cast<size_t>(r)];
+                                              if (sx == 1 && sy == 0) {
+                                                  const float bv = b[oy];
+                                                  for (int64_t i = 0; i < m; ++i) c[oo + i] = f(a[ox + i], bv);
+                                              } else if (sx == 0 && sy == 1) {
+                                                  const float av = a[ox];
+                                                  for (int64_t i = 0; i < m; ++i) c[oo + i] = f(av, b[oy + i]);
+                                              } else {
+                                                  for (int64_t i = 0; i < m; ++i) c[oo + i] = f(a[ox + i * sx], b[oy + i * sy]);
+                                              }
+                                              if (round) kernels::round_fp16(c + oo, static_cast<size_t>(m));
+                                          }
+                                      });
+                if (!round) finish(out);
             }};
 }
 
@@ -113,9 +131,19 @@ BuiltOp unary_rows(OpContext& ctx, Rows rows) {
                 const float* a = fr.values[x].data.data();
                 Tensor& out = fr.values[o];
                 out.lanes = fr.values[x].lanes;
-                for_each_live_row(out, [&](int64_t at, int64_t n) {
-                    rows(a + at, out.data.data() + at, static_cast<size_t>(n));
-                });
+                float* c = out.data.data();
+                if (!out.partial()) {  // one flat range, split across the threads
+                    kernels::parallel_for(out.size(), kElementwiseGrain, [&](int64_t begin, int64_t end) {
+                        rows(a + begin, c + begin, static_cast<size_t>(end - begin));
+                    });
+                } else {
+                    const int64_t width = std::max<int64_t>(out.last_dim(), 1);
+                    kernels::parallel_for(out.size() / width, std::max<int64_t>(1, kElementwiseGrain / width),
+                                          [&](int64_t begin, int64_t end) {
+                                              for (int64_t r = begin; r < end; ++r)
+                                                  rows(a + r * width, c + r * width, static_cast<size_t>(out.lanes));
+                                          });
+                }
                 finish(out);
             }};
 }

@@ -44,7 +44,7 @@ BuiltOp build_conv(OpContext& ctx) {
     const bool pointwise = g.kh == 1 && g.kw == 1 && g.groups == 1 && g.sh == 1 && g.sw == 1 && g.pt == 0 && g.pb == 0 &&
                            g.pl == 0 && g.pr == 0;
     if (pointwise) {
-        auto packed = std::make_shared<kernels::PackedConv1x1>(kernels::pack_conv1x1(halves.data(), g.cout, g.cin));
+        auto packed = kernels::shared_conv1x1(halves.data(), g.cout, g.cin);  // one copy across programs
         return {[=](Frame& fr) {
                     const int64_t S = g.h * g.w;
                     const Tensor& in = fr.values[x];

@@ -72,22 +72,21 @@ Lines lines_along(const Shape& shape, int64_t axis) {
     return l;
 }
 
-// std::exp, skipping the call where its fp32 result is exactly 0 (a masked score): below
-// ln(smallest denormal / 2), about -103.97.
-inline float exp_or_zero(float d) { return d < -110.0f ? 0.0f : std::exp(d); }
-
-// In-place softmax of each line of `v` along the axis described by `l`, in fp32. Only the first
-// `lanes` entries of each run of `width` along the inner dimensions are computed.
+// In-place softmax of each line of `v` along the axis described by `l` (kernels::softmax). Only the
+// first `lanes` entries of each run of `width` along the inner dimensions are computed.
 void softmax_lines(float* v, const Lines& l, int64_t width = 1, int64_t lanes = 1) {
+    std::vector<float> line(l.inner == 1 ? 0 : static_cast<size_t>(l.n));  // a strided line, gathered
     for (int64_t o = 0; o < l.outer; ++o)
         for (int64_t j = 0; j < l.inner; ++j) {
             if (j % width >= lanes) continue;
             float* p = v + o * l.n * l.inner + j;
-            float m = -std::numeric_limits<float>::infinity();
-            for (int64_t i = 0; i < l.n; ++i) m = std::max(m, p[i * l.inner]);
-            float sum = 0.0f;
-            for (int64_t i = 0; i < l.n; ++i) sum += (p[i * l.inner] = exp_or_zero(p[i * l.inner] - m));
-            for (int64_t i = 0; i < l.n; ++i) p[i * l.inner] /= sum;
+            if (l.inner == 1) {
+                kernels::softmax(p, p, l.n);
+                continue;
+            }
+            for (int64_t i = 0; i < l.n; ++i) line[i] = p[i * l.inner];
+            kernels::softmax(line.data(), line.data(), l.n);
+            for (int64_t i = 0; i < l.n; ++i) p[i * l.inner] = line[i];
         }
 }
 
@@ -105,10 +104,8 @@ BuiltOp build_softmax(OpContext& ctx) {
                 if (over_lanes) {  // each row's live prefix is one line, rows in parallel
                     const int64_t width = t.last_dim(), rows = width > 0 ? t.size() / width : 0, lanes = t.lanes;
                     kernels::parallel_for(rows, 16, [&](int64_t begin, int64_t end) {
-                        for (int64_t r = begin; r < end; ++r) {
-                            std::copy_n(in.data.data() + r * width, width, t.data.data() + r * width);
-                            softmax_lines(t.data.data() + r * width, Lines{1, lanes, 1});
-                        }
+                        for (int64_t r = begin; r < end; ++r)
+                            kernels::softmax(in.data.data() + r * width, t.data.data() + r * width, lanes);
                     });
                 } else {
                     t.data = in.data;

@@ -7,7 +7,8 @@ version and the compiler's own source, so a changed compiler never reuses stale 
 ``ORION_CACHE_DIR`` moves the cache (default ``~/.cache/orion``); ``ORION_CACHE_DIR=off`` disables it.
 
 Weight files are stored once, by content (``blobs/<sha256>``), and entries reference them: the
-prefill buckets and decode programs of one model share the same layer weights on disk. Every entry
+prefill buckets and decode programs of one model share the same layer weights on disk, and in
+memory (a read entry's weight files are read-only maps of its blobs, one map per blob per process). Every entry
 carries a manifest with each file's size and CRC-32 (its blobs' too), checked on every read: a
 damaged entry (a truncated weight file, a disk error) is rebuilt with a one-line warning, never used.
 
@@ -23,11 +24,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import sys
 import tempfile
 import time
+import weakref
 import zlib
 from collections.abc import Callable
 from dataclasses import asdict
@@ -137,8 +140,44 @@ def _save(directory: Path, lowered: Lowered) -> None:
         shutil.rmtree(tmp, ignore_errors=True)  # another process won the race, or the disk is full: not fatal
 
 
+# Read-only maps of the blobs in use, by (path, inode, size, mtime): entries that reference one blob
+# (a model's prefill buckets and decode programs) share one map, so its pages are in memory once;
+# each map's checksum is computed once, when the first entry reads it.
+_MAPS: weakref.WeakValueDictionary[tuple, mmap.mmap] = weakref.WeakValueDictionary()
+_MAP_CHECKSUMS: weakref.WeakKeyDictionary[mmap.mmap, dict[str, int]] = weakref.WeakKeyDictionary()
+
+
+def _map_blob(path: Path) -> memoryview | bytes:
+    """``path``'s bytes as a view of a shared read-only map (``b""`` when missing or empty: a damaged
+    blob). Views compare equal to bytes of the same content."""
+    try:
+        st = path.stat()
+    except OSError:
+        return b""
+    if st.st_size == 0:
+        return b""
+    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    found = _MAPS.get(key)
+    if found is None:
+        with open(path, "rb") as f:
+            found = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        _MAPS[key] = found
+    return memoryview(found)  # holds the map alive
+
+
+def _verified_checksum(data: memoryview | bytes) -> dict[str, int]:
+    """``_checksum(data)``, once per shared blob map."""
+    shared = data.obj if isinstance(data, memoryview) and isinstance(data.obj, mmap.mmap) else None
+    if shared is None:
+        return _checksum(data)
+    if shared not in _MAP_CHECKSUMS:
+        _MAP_CHECKSUMS[shared] = _checksum(data)
+    return _MAP_CHECKSUMS[shared]
+
+
 def _read_verified(directory: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
-    """The entry's own files and its weight files (by MIL path), checked against the manifest."""
+    """The entry's own files and its weight files (by MIL path; shared read-only maps of the blobs),
+    checked against the manifest."""
     manifest = json.loads((directory / MANIFEST).read_text())
     own = {name: (directory / name, expected) for name, expected in manifest["files"].items()}
     blobs = directory.parent / BLOBS
@@ -147,8 +186,8 @@ def _read_verified(directory: Path) -> tuple[dict[str, bytes], dict[str, bytes]]
     out: tuple[dict[str, bytes], dict[str, bytes]] = ({}, {})
     for found, table in zip(out, (own, weights), strict=True):
         for name, (path, expected) in table.items():
-            data = path.read_bytes() if path.is_file() else b""
-            if _checksum(data) != expected:
+            data = _map_blob(path) if path.parent == blobs else path.read_bytes() if path.is_file() else b""
+            if _verified_checksum(data) != expected:
                 if path.parent == blobs:
                     path.unlink(missing_ok=True)  # a damaged blob is rewritten by the rebuild
                 raise DamagedEntry(f"{name} has {len(data)} bytes and a different checksum from the manifest's "

@@ -36,6 +36,7 @@ from orion.train.errors import CheckpointError, TrainError
 from orion.train.schedule import WarmupCosine
 from orion.train.trainer import Trainer, read_log
 from support import references
+from support.token_files import periodic_tokens
 
 VOCAB, SEQ = 64, 32
 CONFIGS = {
@@ -49,12 +50,7 @@ TIMING = ("ms", "tokens_per_s")
 @pytest.fixture(scope="module")
 def tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A nanoGPT directory holding a periodic stream (period 23) of random tokens: learnable, so loss must fall."""
-    directory = tmp_path_factory.mktemp("tokens")
-    stream = np.tile(np.random.default_rng(0).integers(0, VOCAB, 23), 400).astype("<u2")
-    cut = len(stream) * 9 // 10
-    stream[:cut].tofile(directory / "train.bin")
-    stream[cut:].tofile(directory / "val.bin")
-    return directory
+    return periodic_tokens(tmp_path_factory.mktemp("tokens"), VOCAB)
 
 
 def _trainer(kind: str, tokens: Path, out: Path, **options) -> Trainer:

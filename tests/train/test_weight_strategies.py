@@ -24,6 +24,7 @@ from orion.models.gpt2.config import GPT2Config
 from orion.models.llama.config import LlamaConfig
 from orion.train import checkpoint
 from orion.train.trainer import Trainer, read_log
+from support.token_files import periodic_tokens
 
 VOCAB, SEQ, STEPS = 64, 32, 5
 CONFIGS = {
@@ -36,12 +37,7 @@ VOLATILE = ("ms", "tokens_per_s", "compiles")
 
 @pytest.fixture(scope="module")
 def tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("tokens")
-    stream = np.tile(np.random.default_rng(0).integers(0, VOCAB, 23), 200).astype("<u2")
-    cut = len(stream) * 9 // 10
-    stream[:cut].tofile(directory / "train.bin")
-    stream[cut:].tofile(directory / "val.bin")
-    return directory
+    return periodic_tokens(tmp_path_factory.mktemp("tokens"), VOCAB, repeats=200)
 
 
 def _run(kind: str, weights: str, tokens: Path, out: Path) -> tuple[Trainer, list[dict]]:

@@ -358,6 +358,16 @@ def test_integer_outputs_saturate_and_store_nan_as_zero() -> None:
     np.testing.assert_array_equal(out["p"], np.clip(square, -2**31, 2**31 - 1).astype(np.int64).astype(np.int32))
 
 
+@pytest.mark.parametrize("axis", [1, 3])
+def test_softmax_of_an_empty_tensor_is_empty(axis) -> None:
+    """Fuzz finding (grammar, clang UBSan): softmax along an axis of a [1, 0, 1, 32] tensor offset a null data
+    pointer (undefined behaviour, a trap under the sanitizer). Reference: numpy's result is empty too."""
+    t = ttype("fp16", [1, 0, 1, 32])
+    text = program({"x": t}, [const("ax", "int32", axis), op("y", t, "softmax", x="x", axis="ax")], ["y"])
+    with orion.compile(text, profile="permissive") as p:
+        assert p(x=np.zeros((1, 0, 1, 32), np.float16))["y"].shape == (1, 0, 1, 32)
+
+
 # --- 13. control characters in weight paths ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("key", ["@model_path/weights/a\0x.bin", "@model_path/weights/a\nb.bin",

@@ -75,6 +75,7 @@ Lines lines_along(const Shape& shape, int64_t axis) {
 // In-place softmax of each line of `v` along the axis described by `l` (kernels::softmax). Only the
 // first `lanes` entries of each run of `width` along the inner dimensions are computed.
 void softmax_lines(float* v, const Lines& l, int64_t width = 1, int64_t lanes = 1) {
+    if (l.n == 0 || l.inner == 0 || l.outer == 0) return;  // an empty tensor: no line (and v may be null)
     std::vector<float> line(l.inner == 1 ? 0 : static_cast<size_t>(l.n));  // a strided line, gathered
     for (int64_t o = 0; o < l.outer; ++o)
         for (int64_t j = 0; j < l.inner; ++j) {

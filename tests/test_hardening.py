@@ -368,6 +368,15 @@ def test_softmax_of_an_empty_tensor_is_empty(axis) -> None:
         assert p(x=np.zeros((1, 0, 1, 32), np.float16))["y"].shape == (1, 0, 1, 32)
 
 
+def test_a_zero_size_io_shape_numpy_cannot_view_is_an_orion_error() -> None:
+    """Fuzz finding (grammar): I/O of shape [2147483647, 0, 2147483647, 1] compiles (no elements), but numpy
+    refuses the view ("array is too big"): allocate_surfaces raised a bare ValueError."""
+    t = ttype("fp32", [2147483647, 0, 2147483647, 1])
+    with orion.compile(program({"x": t}, [op("y", t, "sigmoid", x="x")], ["y"])) as p:
+        with pytest.raises(orion.EvaluateError, match=r"\[2147483647, 0, 2147483647, 1\]: numpy cannot view"):
+            p.allocate_surfaces()
+
+
 # --- 13. control characters in weight paths ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("key", ["@model_path/weights/a\0x.bin", "@model_path/weights/a\nb.bin",

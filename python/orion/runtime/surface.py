@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from orion import _core
+from orion.errors import EvaluateError
 from orion.limits import MIN_SURFACE_BYTES
 from orion.runtime.backend import backend
 from orion.runtime.dtypes import numpy_dtype
@@ -37,7 +38,11 @@ class Surface:
         # The allocator is the selected backend's (IOSurfaces under the ane backend, host memory
         # otherwise); a bad ORION_BACKEND raises here as it does in orion.compile.
         self.native = _core.Surface(nbytes, backend())
-        self.array: np.ndarray = np.frombuffer(self.native, dtype=np_dtype, count=count).reshape(self.shape)
+        try:
+            self.array: np.ndarray = np.frombuffer(self.native, dtype=np_dtype, count=count).reshape(self.shape)
+        except ValueError as exc:  # e.g. a zero-size shape whose other dims overflow numpy's size
+            raise EvaluateError(f"a surface for {dtype} {list(self.shape)}: numpy cannot view this shape ({exc}). "
+                                "Fix: declare I/O dimensions whose product (zeros aside) fits in 2**63 bytes") from None
         """Writable view of the tensor, packed from offset 0 (no copy). Under the ane backend, bracket
         direct access with :meth:`cpu_access` (``write``/``read`` do it for you)."""
 

@@ -26,6 +26,7 @@ using frontend::where;
 // Converts between a surface's packed bytes and a frame tensor (the live lanes of each row when
 // the tensor is partially live, the whole tensor otherwise).
 void load_input(const uint8_t* src, Tensor& t) {
+    if (t.data.empty()) return;  // an empty tensor (memcpy may not be given its null data)
     if (t.partial() && mil::is_float(t.dtype)) {
         for_each_live_row(t, [&](int64_t at, int64_t n) {
             if (t.dtype == mil::DType::fp16)
@@ -36,7 +37,6 @@ void load_input(const uint8_t* src, Tensor& t) {
         return;
     }
     const size_t n = t.data.size();
-    if (n == 0) return;  // an empty tensor (memcpy may not be given its null data)
     switch (t.dtype) {
         case mil::DType::fp16: kernels::half_to_float(reinterpret_cast<const uint16_t*>(src), t.data.data(), n); break;
         case mil::DType::fp32: std::memcpy(t.data.data(), src, n * 4); break;
@@ -67,6 +67,7 @@ Int saturate(float v, double lo, double hi) {
 }
 
 void store_output(const Tensor& t, uint8_t* dst) {
+    if (t.data.empty()) return;
     if (t.partial() && mil::is_float(t.dtype)) {
         for_each_live_row(t, [&](int64_t at, int64_t n) {
             if (t.dtype == mil::DType::fp16)
@@ -77,7 +78,6 @@ void store_output(const Tensor& t, uint8_t* dst) {
         return;
     }
     const size_t n = t.data.size();
-    if (n == 0) return;  // an empty tensor (memcpy may not be given its null data)
     switch (t.dtype) {
         case mil::DType::fp16: kernels::float_to_half(t.data.data(), reinterpret_cast<uint16_t*>(dst), n); break;
         case mil::DType::fp32: std::memcpy(dst, t.data.data(), n * 4); break;
@@ -314,6 +314,9 @@ private:
             OpContext ctx(*step.op, step.typed, values(), step.arg_ids, step.tuple_ids, step.out, /*plan_only=*/false);
             BuiltOp built = step.build(ctx);
             if (built.view_of >= 0) continue;
+            // An op whose output has no elements computes nothing: a kernel run over an empty tensor
+            // may still loop over its other axes (a [2^31, 0, 1] concat walks 2^31 rows).
+            if (step.op->type.element_count() == 0) continue;
             kernels_.push_back(std::move(built.kernel));
             kernel_steps_.push_back(&step);
             kernel_kinds_.push_back(step.op->op);

@@ -29,8 +29,33 @@ def test_every_emitted_program_matches_coremltools_types() -> None:
             lower_graph(graph, io_dtype=io_dtype)
     programs = {text: (test_id, weights) for test_id, text, weights in EMITTED}
     failures = []
+    seen: set[tuple] = set()  # op signatures already replayed
     for text, (test_id, weights) in programs.items():
-        mismatches = replay(mil.parse(text), weights)
+        mismatches = replay(mil.parse(text), weights, seen)
         failures.extend(f"{test_id}: {m}" for m in mismatches)
     assert not failures, "\n".join(failures)
     assert len(programs) >= 4
+
+
+def test_the_replay_reports_a_declared_type_coremltools_disagrees_with() -> None:
+    """The check itself can fail: a reduce_sum declared with the wrong kept shape, and a second use of the
+    same op signature in another program (not rebuilt again, so reported once)."""
+    if coremltools() is None:
+        pytest.skip("coremltools 9.0 is not installed")
+    from orion import mil
+
+    text = """program(1.3)
+[buildInfo = dict<string, string>({{"coremlc-version", "3505.4.1"}})]
+{
+    func main<ios18>(tensor<fp16, [1, 4, 1, 8]> x) {
+            tensor<int32, [1]> ax = const()[name = string("ax"), val = tensor<int32, [1]>([1])];
+            bool kd = const()[name = string("kd"), val = bool(true)];
+            tensor<fp16, [1, 4, 1, 1]> y = reduce_sum(x = x, axes = ax, keep_dims = kd)[name = string("y")];
+    } -> (y);
+}"""
+    seen: set[tuple] = set()
+    first = replay(mil.parse(text), {}, seen)
+    assert first == ["y = reduce_sum(...): declared fp16 [1, 4, 1, 1], coremltools infers fp16 [1, 1, 1, 8]"]
+    assert replay(mil.parse(text), {}, seen) == []
+    fixed = text.replace("tensor<fp16, [1, 4, 1, 1]> y", "tensor<fp16, [1, 1, 1, 8]> y")
+    assert replay(mil.parse(fixed), {}, set()) == []

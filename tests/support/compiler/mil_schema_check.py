@@ -50,32 +50,60 @@ def const_value(value: Any, weights: dict[str, bytes]) -> Any:
     return NUMPY[dtype](value.numbers[0])
 
 
-def replay(program: Any, weights: dict[str, bytes]) -> list[str]:
-    """Mismatches between declared types and coremltools' inference ("" list when all agree)."""
+def _signature(op: Any, declared: dict[str, Any], consts: dict[str, Any], weights: dict[str, bytes]) -> tuple:
+    """What coremltools' inference of `op` reads: its kind, each operand's declared type and (for a
+    const that is not a blob) value, and the type `op` declares."""
+    def operand(ref: str) -> tuple:
+        t = declared[ref]
+        value = consts.get(ref)
+        shown = "" if value is None or _kind(value) == "blob" else repr(const_value(value, weights))
+        return t.dtype, tuple(t.shape), shown
+    return (op.op, tuple((a.name, tuple(operand(r) for r in a.refs)) for a in op.args),
+            op.type.dtype, tuple(op.type.shape))
+
+
+def replay(program: Any, weights: dict[str, bytes], seen: set[tuple] | None = None) -> list[str]:
+    """Mismatches between declared types and coremltools' inference (an empty list when all agree).
+
+    Each op is rebuilt on its own, its tensor operands as inputs of their declared types and its
+    consts as consts: as every declared type is checked, that checks what rebuilding the whole
+    program does. An op whose signature is in `seen` (shared across programs) is not rebuilt again.
+    """
     ct = coremltools()
     from coremltools.converters.mil.mil import Builder as mb
     from coremltools.converters.mil.mil import types
 
+    seen = set() if seen is None else seen
+    declared: dict[str, Any] = dict(program.inputs)
+    consts: dict[str, Any] = {}
     mismatches: list[str] = []
-    specs = [mb.TensorSpec(shape=tuple(t.shape), dtype=types.string_to_builtin(t.dtype)) for _, t in program.inputs]
-    names = [name for name, _ in program.inputs]
+    for op in program.operations:
+        declared[op.output] = op.type
+        if op.op == "const":
+            consts[op.output] = op.val
+            continue
+        signature = _signature(op, declared, consts, weights)
+        if signature in seen:
+            continue
+        seen.add(signature)
+        operands = list(dict.fromkeys(r for a in op.args for r in a.refs if r not in consts))
 
-    def run(args: list[Any]) -> Any:
-        env = dict(zip(names, args))
-        for op in program.operations:
-            if op.op == "const":
-                var = mb.const(val=const_value(op.val, weights), name=op.name)
-            else:
-                var = getattr(mb, op.op)(**{a.name: env[a.refs[0]] for a in op.args}, name=op.name)
-            env[op.output] = var
+        def run(args: list[Any], op: Any = op, operands: list[str] = operands) -> Any:
+            env = dict(zip(operands, args))
+            for ref in dict.fromkeys(r for a in op.args for r in a.refs if r in consts):
+                env[ref] = mb.const(val=const_value(consts[ref], weights), name=ref)
+            var = getattr(mb, op.op)(**{a.name: env[a.refs[0]] for a in op.args}, name=op.name)
             got = f"{types.builtin_to_string(var.dtype)} {list(var.shape)}"
             want = f"{op.type.dtype} {list(op.type.shape)}"
             if got != want:
                 mismatches.append(f"{op.output} = {op.op}(...): declared {want}, coremltools infers {got}")
-        return tuple(env[o] for o in program.outputs)
+            return var
 
-    # mb.program reads the input names off the function's code object: build one with those parameters.
-    scope: dict[str, Any] = {"run": run}
-    exec(f"def main({', '.join(names)}):\n    return run([{', '.join(names)}])", scope)  # noqa: S102
-    mb.program(input_specs=specs, opset_version=ct.target.iOS18)(scope["main"])
+        # mb.program reads the input names off the function's code object: build one with those parameters.
+        params = [f"x{k}" for k in range(len(operands))]
+        scope: dict[str, Any] = {"run": run}
+        exec(f"def main({', '.join(params)}):\n    return run([{', '.join(params)}])", scope)  # noqa: S102
+        specs = [mb.TensorSpec(shape=tuple(declared[r].shape), dtype=types.string_to_builtin(declared[r].dtype))
+                 for r in operands]
+        mb.program(input_specs=specs, opset_version=ct.target.iOS18)(scope["main"])
     return mismatches

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "emulator/buffer_pool.h"
+#include "emulator/causal_attention.h"
 #include "emulator/ops.h"
 #include "emulator/profile.h"
 #include "errors.h"
@@ -310,6 +311,9 @@ private:
     void build_kernels() {
         check_frame_size();
         shrink_repeated_consts();
+        internal_.assign(values().size(), false);
+        const std::map<const ProgramModel::Step*, AttentionChain> chains = find_causal_attention();
+        std::map<const ProgramModel::Step*, Kernel> chain_parts;  // a chain's steps' own kernels, until its last
         for (const auto& step : model_.steps_) {
             OpContext ctx(*step.op, step.typed, values(), step.arg_ids, step.tuple_ids, step.out, /*plan_only=*/false);
             BuiltOp built = step.build(ctx);
@@ -317,8 +321,14 @@ private:
             // An op whose output has no elements computes nothing: a kernel run over an empty tensor
             // may still loop over its other axes (a [2^31, 0, 1] concat walks 2^31 rows).
             if (step.op->type.element_count() == 0) continue;
+            if (const auto found = chains.find(&step); found != chains.end()) {
+                chain_parts[&step] = std::move(built.kernel);
+                if (&step != found->second.steps.back()) continue;  // the chain runs at its last step
+                add_fused_attention(found->second, chain_parts);
+                continue;
+            }
             kernels_.push_back(std::move(built.kernel));
-            kernel_steps_.push_back(&step);
+            kernel_steps_.push_back({&step});
             kernel_kinds_.push_back(step.op->op);
             kernel_costs_.push_back(profile::op_cost(*step.op, operand_types(step), step.op->type));
         }
@@ -328,6 +338,11 @@ private:
         for (size_t i = 0; i < values().size(); ++i) {
             const ValueInfo& v = values()[i];
             if (v.slot != static_cast<int>(i)) continue;  // a view: its data lives in another slot
+            if (internal_[i]) {  // a fused chain's intermediate: pooled by its kernel when it falls back
+                frame_.values[i].dtype = v.type.dtype, frame_.values[i].shape = v.type.shape;
+                frame_.values[i].lanes = frame_.values[i].last_dim();
+                continue;
+            }
             Tensor& t = frame_.values[v.slot];
             t.dtype = v.type.dtype;
             t.shape = v.type.shape;
@@ -410,17 +425,17 @@ private:
         std::vector<bool> pooled(n, false);
         std::vector<int64_t> first(n, -1), last(n, -1);
         auto owner = [&](int id) { return values()[static_cast<size_t>(id)].slot; };
-        for (size_t k = 0; k < kernel_steps_.size(); ++k) {
-            const ProgramModel::Step& step = *kernel_steps_[k];
-            const int out = owner(step.out);
-            if (first[static_cast<size_t>(out)] < 0) first[static_cast<size_t>(out)] = static_cast<int64_t>(k);
-            last[static_cast<size_t>(out)] = std::max<int64_t>(last[static_cast<size_t>(out)], static_cast<int64_t>(k));
-            for (size_t a = 0; a < step.arg_ids.size(); ++a) {
-                std::vector<int> ids = step.tuple_ids[a];
-                if (step.arg_ids[a] >= 0) ids.push_back(step.arg_ids[a]);
-                for (int id : ids) last[static_cast<size_t>(owner(id))] = static_cast<int64_t>(k);
+        for (size_t k = 0; k < kernel_steps_.size(); ++k)
+            for (const ProgramModel::Step* step : kernel_steps_[k]) {
+                const int out = owner(step->out);
+                if (first[static_cast<size_t>(out)] < 0) first[static_cast<size_t>(out)] = static_cast<int64_t>(k);
+                last[static_cast<size_t>(out)] = std::max<int64_t>(last[static_cast<size_t>(out)], static_cast<int64_t>(k));
+                for (size_t a = 0; a < step->arg_ids.size(); ++a) {
+                    std::vector<int> ids = step->tuple_ids[a];
+                    if (step->arg_ids[a] >= 0) ids.push_back(step->arg_ids[a]);
+                    for (int id : ids) last[static_cast<size_t>(owner(id))] = static_cast<int64_t>(k);
+                }
             }
-        }
         std::vector<bool> pinned(n, false);  // program inputs and outputs keep their buffers
         for (const auto* specs : {&inputs_, &outputs_})
             for (const auto& spec : *specs) pinned[static_cast<size_t>(owner(model_.ids_.at(spec.name)))] = true;
@@ -428,13 +443,154 @@ private:
         release_.assign(kernels_.size(), {});
         for (size_t slot = 0; slot < n; ++slot) {
             const ValueInfo& v = values()[slot];
-            if (v.slot != static_cast<int>(slot) || v.constant || pinned[slot] || first[slot] < 0) continue;
+            if (v.slot != static_cast<int>(slot) || v.constant || pinned[slot] || first[slot] < 0 || internal_[slot]) continue;
             if (v.type.element_count() < kMinPooledElements) continue;  // small: cheaper to keep than to pool
             pooled[slot] = true;
             acquire_[static_cast<size_t>(first[slot])].push_back(static_cast<int>(slot));
             release_[static_cast<size_t>(last[slot])].push_back(static_cast<int>(slot));
         }
         return pooled;
+    }
+
+    // A causal attention chain (causal_attention.h): its steps in order (scores, the optional scale,
+    // the mask, softmax, context) and its const operands.
+    struct AttentionChain {
+        std::vector<const ProgramModel::Step*> steps;
+        int scale = -1, mask = -1;  // value ids
+    };
+
+    // The chains whose intermediates nothing else reads, by each of their steps.
+    std::map<const ProgramModel::Step*, AttentionChain> find_causal_attention() const {
+        const auto& vals = model_.values_;
+        std::vector<int> readers(vals.size(), 0);
+        std::map<int, const ProgramModel::Step*> producer;
+        for (const auto& step : model_.steps_) {
+            producer[step.out] = &step;
+            for (size_t a = 0; a < step.arg_ids.size(); ++a) {
+                for (int id : step.tuple_ids[a]) ++readers[static_cast<size_t>(id)];
+                if (step.arg_ids[a] >= 0) ++readers[static_cast<size_t>(step.arg_ids[a])];
+            }
+        }
+        for (const auto& spec : outputs_) readers[static_cast<size_t>(model_.ids_.at(spec.name))] += 2;
+        auto arg = [](const ProgramModel::Step& step, const char* name) {
+            for (size_t a = 0; a < step.op->args.size(); ++a)
+                if (step.op->args[a].name == name) return step.arg_ids[a];
+            return -1;
+        };
+        auto is_const = [&](int id) { return id >= 0 && vals[static_cast<size_t>(id)].constant != nullptr; };
+        // The step computing `id`, when `op` is its kind and the chain is its only reader.
+        auto private_producer = [&](int id, const char* op) -> const ProgramModel::Step* {
+            if (id < 0 || readers[static_cast<size_t>(id)] != 1 || vals[static_cast<size_t>(id)].slot != id) return nullptr;
+            const auto found = producer.find(id);
+            return found != producer.end() && found->second->op->op == op ? found->second : nullptr;
+        };
+        // Of a binary step's operands, the one that is not a const (and the const).
+        auto split = [&](const ProgramModel::Step& step, int* constant) {
+            const int x = arg(step, "x"), y = arg(step, "y");
+            if (is_const(x) == is_const(y)) return -1;
+            *constant = is_const(x) ? x : y;
+            return is_const(x) ? y : x;
+        };
+        std::map<const ProgramModel::Step*, AttentionChain> chains;
+        for (const auto& context : model_.steps_) {
+            if (context.op->op != "matmul") continue;
+            const auto& cd = std::get<frontend::MatmulDims>(context.typed.attrs);
+            if (cd.transpose_x || !cd.transpose_y || cd.x_batch != cd.batch || cd.y_batch != cd.batch) continue;
+            const ProgramModel::Step* probs = private_producer(arg(context, "y"), "softmax");
+            if (!probs) continue;
+            const int64_t rank = static_cast<int64_t>(probs->op->type.shape.size());
+            if (std::get<frontend::Axis>(probs->typed.attrs).axis != rank - 1) continue;
+            const ProgramModel::Step* masked = private_producer(arg(*probs, "x"), "add");
+            if (!masked) continue;
+            AttentionChain chain;
+            int below = split(*masked, &chain.mask);
+            const ProgramModel::Step* scaled = nullptr;
+            if (const ProgramModel::Step* m = private_producer(below, "mul")) {
+                scaled = m;
+                below = split(*m, &chain.scale);
+                if (below < 0 || vals[static_cast<size_t>(chain.scale)].type.element_count() != 1) continue;
+            }
+            const ProgramModel::Step* scores = private_producer(below, "matmul");
+            if (!scores) continue;
+            const auto& sd = std::get<frontend::MatmulDims>(scores->typed.attrs);
+            const int64_t S = sd.N;
+            if (!sd.transpose_x || sd.transpose_y || sd.x_batch != sd.batch || sd.y_batch != sd.batch ||
+                sd.batch != cd.batch || sd.M != S || cd.K != S || cd.N != S || !causal_attention_applies(S, cd.M))
+                continue;
+            if (!is_causal_mask(vals[static_cast<size_t>(chain.mask)], S)) continue;
+            chain.steps = {scores};
+            if (scaled) chain.steps.push_back(scaled);
+            chain.steps.insert(chain.steps.end(), {masked, probs, &context});
+            for (const ProgramModel::Step* step : chain.steps) chains[step] = chain;
+        }
+        return chains;
+    }
+
+    // An [S, S] additive mask (any ones in front): exactly 0 on and below the diagonal, <= -65504 above.
+    static bool is_causal_mask(const ValueInfo& v, int64_t S) {
+        if (v.type.element_count() != S * S || !mil::is_float(v.type.dtype)) return false;
+        const std::vector<float> m =
+            v.blob ? blob_floats(v) : std::vector<float>(v.constant->numbers.begin(), v.constant->numbers.end());
+        for (int64_t i = 0; i < S; ++i)
+            for (int64_t j = 0; j < S; ++j)
+                if (j <= i ? m[static_cast<size_t>(i * S + j)] != 0.0f : !(m[static_cast<size_t>(i * S + j)] <= -65504.0f))
+                    return false;
+        return true;
+    }
+
+    // One kernel for a chain: the fused causal attention when it is exact for this call, else the
+    // chain's own kernels, with its intermediates taken from the buffer pool for the call.
+    void add_fused_attention(const AttentionChain& chain, std::map<const ProgramModel::Step*, Kernel>& parts) {
+        const ProgramModel::Step& scores = *chain.steps.front();
+        const ProgramModel::Step& context = *chain.steps.back();
+        const auto& sd = std::get<frontend::MatmulDims>(scores.typed.attrs);
+        const auto& cd = std::get<frontend::MatmulDims>(context.typed.attrs);
+        CausalAttention a;
+        a.batches = element_count(sd.batch), a.depth = sd.K, a.value_depth = cd.M, a.seq = sd.N;
+        for (int64_t b = 0; b < a.batches; ++b) {
+            a.q_offset.push_back(b * a.depth * a.seq), a.k_offset.push_back(b * a.depth * a.seq);
+            a.v_offset.push_back(b * a.value_depth * a.seq);
+        }
+        auto is_fp16 = [](const ProgramModel::Step* step) { return step->op->type.dtype == mil::DType::fp16; };
+        const size_t n = chain.steps.size();
+        a.has_scale = chain.scale >= 0;
+        a.round_scores = is_fp16(chain.steps[0]);
+        a.round_scaled = a.has_scale && is_fp16(chain.steps[1]);
+        a.round_masked = is_fp16(chain.steps[n - 3]), a.round_probs = is_fp16(chain.steps[n - 2]);
+        a.round_out = is_fp16(chain.steps[n - 1]);
+        OpContext sc(*scores.op, scores.typed, values(), scores.arg_ids, scores.tuple_ids, scores.out, false);
+        OpContext cc(*context.op, context.typed, values(), context.arg_ids, context.tuple_ids, context.out, false);
+        const int q = sc.slot("x"), k = sc.slot("y"), v = cc.slot("x"), o = context.out;  // fp32 (no in-place fp16)
+        const int mask = values()[static_cast<size_t>(chain.mask)].slot;
+        const int scale = a.has_scale ? values()[static_cast<size_t>(chain.scale)].slot : -1;
+        std::vector<Kernel> unfused;
+        std::vector<std::pair<int, size_t>> intermediates;  // (slot, elements)
+        profile::Cost cost;
+        for (const ProgramModel::Step* step : chain.steps) {
+            unfused.push_back(std::move(parts.at(step)));
+            const profile::Cost c = profile::op_cost(*step->op, operand_types(*step), step->op->type);
+            cost.bytes += c.bytes, cost.flops += c.flops;
+            if (step == &context) continue;
+            internal_[static_cast<size_t>(step->out)] = true;
+            intermediates.emplace_back(step->out, static_cast<size_t>(step->op->type.element_count()));
+        }
+        kernels_.push_back([=, unfused = std::move(unfused)](Frame& fr) {
+            const Tensor &tq = fr.values[q], &tk = fr.values[k], &tv = fr.values[v];
+            Tensor& out = fr.values[o];
+            const bool full = !tq.partial() && !tk.partial() && !tv.partial();
+            if (full && run_causal_attention(a, tq.data.data(), tk.data.data(), tv.data.data(),
+                                             scale >= 0 ? fr.values[scale].data[0] : 1.0f, fr.values[mask].data.data(),
+                                             out.data.data())) {
+                out.lanes = out.last_dim();
+                return;
+            }
+            for (const auto& [slot, size] : intermediates) fr.values[slot].data = buffer_pool::take(size);
+            for (const Kernel& kernel : unfused) kernel(fr);
+            for (const auto& [slot, size] : intermediates) buffer_pool::give(std::exchange(fr.values[slot].data, {}));
+        });
+        kernel_steps_.push_back(chain.steps);
+        kernel_kinds_.push_back("attention (causal, fused)");
+        kernel_costs_.push_back(cost);
     }
 
     // The tensor operands of a step, by argument name (for its profile cost).
@@ -481,7 +637,8 @@ private:
     std::vector<int> input_slots_, output_slots_;
     std::vector<int> unallocated_;  // frame slots allocate_frame() still has to allocate
     std::vector<bool> in_place_;  // per input: fp16 read in place from the surface (Tensor::half)
-    std::vector<const ProgramModel::Step*> kernel_steps_;  // per kernel: its step
+    std::vector<std::vector<const ProgramModel::Step*>> kernel_steps_;  // per kernel: the steps it computes
+    std::vector<bool> internal_;  // per slot: an intermediate of a fused chain (in no frame or pool plan)
     std::vector<std::vector<int>> acquire_, release_;      // per kernel: pooled slots taken before / given after it
     std::vector<std::string> kernel_kinds_;     // per kernel: its op kind (the profile's rows)
     std::vector<profile::Cost> kernel_costs_;   // per kernel: bytes and FLOPs by its types

@@ -126,9 +126,9 @@ def test_attention(mode: str, causal: bool) -> None:
 
 
 def test_causal_mask_values() -> None:
-    m = causal_mask(2, 4)
-    assert m.shape == (1, 2, 4, 4)
-    assert np.all(m[0, 1][np.tril_indices(4)] == 0) and np.all(m[0, 1][np.triu_indices(4, 1)] == -65504)
+    m = causal_mask(4)
+    assert m.shape == (1, 1, 4, 4)  # broadcast over the heads
+    assert np.all(m[0, 0][np.tril_indices(4)] == 0) and np.all(m[0, 0][np.triu_indices(4, 1)] == -65504)
 
 
 def test_slice_split(mode: str) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import orion
+from orion.generation.kv_cache import MASKED
 from orion.graph import Graph
 from orion.models.llama import graphs
 from orion.models.llama.config import LlamaConfig
@@ -123,7 +124,7 @@ def _cache(config: LlamaConfig, keys: np.ndarray, values: np.ndarray) -> tuple[n
     v = np.zeros_like(k)
     n = len(keys)
     k[0, :, 0, :n], v[0, :, 0, :n] = keys.T, values.T
-    mask = np.full((1, 1, 1, CONTEXT), graphs.MASKED, np.float32)
+    mask = np.full((1, 1, 1, CONTEXT), MASKED, np.float32)
     mask[..., :n] = 0
     return k, v, mask
 
@@ -209,7 +210,7 @@ def test_stories110m_shape_layer_decode_and_prefill() -> None:
     k = np.zeros((1, config.kv_dim, 1, t), np.float32)
     v = np.zeros_like(k)
     k[0, :, 0, :pos], v[0, :, 0, :pos] = keys[:pos].T, values[:pos].T
-    mask = np.full((1, 1, 1, t), graphs.MASKED, np.float32)
+    mask = np.full((1, 1, 1, t), MASKED, np.float32)
     mask[..., :pos] = 0
     decode = orion.compile_graph(graphs.decode_graph(config, weights, range(1)))
     got = decode(x=channels(xs[pos:pos + 1]), mask=mask, rope=graphs.rope_row(config, pos), k0=k, v0=v)
@@ -242,7 +243,7 @@ def test_chained_programs_reproduce_the_reference_logits_and_greedy_tokens(model
     for pos in range(len(prompt), len(prompt) + 8):
         tokens.append(int(np.argmax(logits)))
         want = reference_logits(config, weights, prompt + tokens)[-1]
-        mask = np.full((1, 1, 1, CONTEXT), graphs.MASKED, np.float32)
+        mask = np.full((1, 1, 1, CONTEXT), MASKED, np.float32)
         mask[..., :pos] = 0
         h = channels(weights.embed[tokens[-1:]])
         for i in layers:

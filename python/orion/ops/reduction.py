@@ -166,10 +166,10 @@ define(OpDef("rms_norm", (X, Operand("gamma")), _infer_norm, _rms_norm_reference
 
 
 # -- attention ----------------------------------------------------------------------------------------
-def causal_mask(heads: int, s: int) -> np.ndarray:
-    """``[1, heads, S, S]`` additive mask: 0 on and below the diagonal, -65504 above."""
-    upper = np.triu(np.ones((s, s)), k=1) * MASK_VALUE
-    return np.broadcast_to(upper, (1, heads, s, s)).copy()
+def causal_mask(s: int) -> np.ndarray:
+    """``[1, 1, S, S]`` additive mask, broadcast over the heads: 0 on and below the diagonal, -65504 above.
+    One [S, S] block rather than one per head (a 12-head 1024 bucket's would be 25 MB per layer)."""
+    return (np.triu(np.ones((s, s)), k=1) * MASK_VALUE).reshape(1, 1, s, s)
 
 
 def _infer_attention(name: str, op: str, xs: list[Node], attrs: dict[str, Any]) -> tuple[tuple[int, ...], str]:
@@ -194,7 +194,7 @@ def _legalize_attention(L: Legalizer, n: Node) -> Node:
     scores = L.op("matmul", [qh, kh], {"transpose_x": True, "transpose_y": False}, part="scores")  # [1,H,S,S]
     scaled = L.mul_scalar(scores, 1.0 / math.sqrt(hd), "scaled")
     if n.attrs["causal"]:
-        scaled = L.op("add", [scaled, L.const("mask", causal_mask(heads, s))], part="masked")
+        scaled = L.op("add", [scaled, L.const("mask", causal_mask(s))], part="masked")
     probs = L.op("softmax", [scaled], {"axis": -1}, part="probs")
     ctx = L.op("matmul", [vh, probs], {"transpose_x": False, "transpose_y": True}, part="ctx")  # [1,H,hd,S]
     return L.op("reshape", [ctx], {"shape": [1, d, 1, s]})
@@ -209,7 +209,7 @@ def _grad_attention(ctx: GradContext, n: Node, dy: Node) -> Grads:
     qh, kh, vh, dh = (g.reshape(t, [1, heads, hd, s]) for t in (*n.inputs, dy))
     scores = g.mul(g.matmul(qh, kh, transpose_x=True), 1.0 / math.sqrt(hd))  # [1, H, S, S]
     if n.attrs["causal"]:
-        scores = g.add(scores, g.const("mask", causal_mask(heads, s)))
+        scores = g.add(scores, g.const("mask", causal_mask(s)))
     probs = g.softmax(scores, -1)
     d_probs = g.matmul(dh, vh, transpose_x=True)
     d_scores = ctx.scale(g.mul(probs, g.sub(d_probs, g.reduce_sum(g.mul(probs, d_probs), -1))), 1.0 / math.sqrt(hd))

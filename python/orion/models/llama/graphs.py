@@ -30,7 +30,6 @@ import math
 
 import numpy as np
 
-from orion.generation.kv_cache import MASKED
 from orion.graph import Graph
 from orion.graph.ir import Node
 from orion.limits import MIN_LANES
@@ -38,6 +37,7 @@ from orion.lora.graph import Sites, adapted
 from orion.models.blocks import cached_attention
 from orion.models.llama.config import ConfigError, LlamaConfig
 from orion.models.llama.weights import LayerWeights, LlamaWeights
+from orion.ops import causal_mask
 
 RMS_FLOOR = 2.0 ** -14  # added to max|x| before dividing by it: fp16's smallest normal, keeps 1/s finite
 
@@ -173,11 +173,6 @@ def _mlp(g: Graph, x: Node, config: LlamaConfig, layer: LayerWeights, sites: dic
     swiglu = g.mul(act, up, name="swiglu")
     down = adapted(g, g.linear(swiglu, layer.w_down, name="down"), [swiglu], sites["mlp.down_proj"], adapters)
     return g.add(x, down, name="mlp_res")
-
-
-def causal_mask(seq: int) -> np.ndarray:
-    """``[1, 1, S, S]`` additive mask: 0 on and below the diagonal, -65504 above (broadcast over heads)."""
-    return (np.triu(np.ones((seq, seq)), k=1) * MASKED).reshape(1, 1, seq, seq)
 
 
 def _group_attention(g: Graph, q: Node, k: Node, v: Node, mask: Node, name: str) -> Node:

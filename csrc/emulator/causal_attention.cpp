@@ -1,0 +1,88 @@
+// The fused causal attention kernel (see causal_attention.h for why it is exact).
+#include "emulator/causal_attention.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "emulator/kernels.h"
+
+namespace orion::emu {
+
+namespace {
+
+constexpr int64_t kQueryBlock = 64;  // queries per task: more than gemm's matrix-vector rows
+constexpr int64_t kLaneGroup = 16;   // row prefixes are whole groups of the widest softmax vector
+constexpr double kScoreLimit = 16384.0;  // |scaled score| bound: a masked one stays below -65504 + 16384
+
+// The largest Euclidean norm among the S columns of a [D, S] matrix.
+double max_column_norm(const float* m, int64_t depth, int64_t seq) {
+    std::vector<double> sq(static_cast<size_t>(seq), 0.0);
+    for (int64_t d = 0; d < depth; ++d)
+        for (int64_t s = 0; s < seq; ++s) sq[static_cast<size_t>(s)] += static_cast<double>(m[d * seq + s]) * m[d * seq + s];
+    double worst = 0.0;
+    for (double v : sq) worst = std::max(worst, v);  // NaN never wins std::max: checked below
+    for (double v : sq)
+        if (!std::isfinite(v)) return INFINITY;
+    return std::sqrt(worst);
+}
+
+// Whether every score of every batch is bounded well inside fp16.
+bool scores_are_bounded(const CausalAttention& a, const float* q, const float* k, float scale) {
+    const double s = a.has_scale ? std::fabs(static_cast<double>(scale)) : 1.0;
+    if (!std::isfinite(s)) return false;
+    for (int64_t b = 0; b < a.batches; ++b) {
+        const double bound = 1.01 * max_column_norm(q + a.q_offset[b], a.depth, a.seq) *
+                             max_column_norm(k + a.k_offset[b], a.depth, a.seq);
+        if (!(bound < kScoreLimit * 2) || !(bound * s < kScoreLimit)) return false;
+    }
+    return true;
+}
+
+void maybe_round(bool round, float* row, int64_t n) {
+    if (round) kernels::round_fp16(row, static_cast<size_t>(n));
+}
+
+}  // namespace
+
+bool causal_attention_applies(int64_t seq, int64_t value_depth) {
+    return seq >= kQueryBlock && seq % kQueryBlock == 0 && value_depth >= 16;
+}
+
+bool run_causal_attention(const CausalAttention& a, const float* q, const float* k, const float* v, float scale,
+                          const float* mask, float* out) {
+    if (!scores_are_bounded(a, q, k, scale)) return false;
+    const int64_t S = a.seq, blocks = S / kQueryBlock;
+    kernels::parallel_for(a.batches * blocks, 1, [&](int64_t begin, int64_t end) {
+        thread_local std::vector<float> scratch;
+        for (int64_t task = begin; task < end; ++task) {
+            const int64_t b = task / blocks, i0 = task % blocks * kQueryBlock;
+            const int64_t keys = i0 + kQueryBlock;  // the block's last row needs keys [0, i0 + 64)
+            scratch.resize(static_cast<size_t>(kQueryBlock * keys));
+            float* p = scratch.data();
+            // s[i][j] = sum_d q[d][i] k[d][j] for the block's rows i and keys j < keys.
+            kernels::gemm(kQueryBlock, keys, a.depth, q + a.q_offset[b] + i0, 1, S, k + a.k_offset[b], S, 1, p, keys,
+                          a.round_scores);
+            for (int64_t r = 0; r < kQueryBlock; ++r) {
+                const int64_t i = i0 + r;
+                const int64_t live = std::min(keys, (i + kLaneGroup) / kLaneGroup * kLaneGroup);  // L_i
+                float* row = p + r * keys;
+                if (a.has_scale) {
+                    for (int64_t j = 0; j < live; ++j) row[j] *= scale;
+                    maybe_round(a.round_scaled, row, live);
+                }
+                const float* m = mask + i * S;
+                for (int64_t j = 0; j < live; ++j) row[j] += m[j];
+                maybe_round(a.round_masked, row, live);
+                kernels::softmax(row, row, live);
+                maybe_round(a.round_probs, row, live);
+                std::fill(row + live, row + keys, 0.0f);  // the masked tail: exact zeros
+            }
+            // o[d][i] = sum_j v[d][j] p[i][j] over the keys the block reaches.
+            kernels::gemm(a.value_depth, kQueryBlock, keys, v + a.v_offset[b], S, 1, p, 1, keys,
+                          out + b * a.value_depth * S + i0, S, a.round_out);
+        }
+    });
+    return true;
+}
+
+}  // namespace orion::emu

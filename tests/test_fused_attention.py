@@ -1,0 +1,142 @@
+"""The emulator's fused causal attention (csrc/emulator/causal_attention.h): the chain matmul -> [mul] ->
+add(causal mask) -> softmax -> matmul runs as one kernel that skips the work above the diagonal.
+
+It must compute exactly what the five ops do. The unfused twin is the same MIL with the softmax output
+also returned (an intermediate something else reads is never fused); both are compared bit for bit
+(an exact zero's sign aside), and against a float64 numpy reference."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import orion
+from orion.compiler import CompiledGraph, lower_graph
+from orion.graph import Graph
+from orion.runtime import profile
+
+FUSED = "attention (causal, fused)"
+
+
+def gpt2_attention(seq: int, heads: int, d: int) -> Graph:
+    """The graph op GPT-2 uses: legalized to matmul -> mul(scale) -> add(mask) -> softmax -> matmul."""
+    g = Graph("attn")
+    q, k, v = (g.input(n, [1, heads * d, 1, seq]) for n in "qkv")
+    g.output(g.attention(q, k, v, heads, causal=True, name="core"), "y")
+    return g
+
+
+def llama_attention(seq: int, groups: int, d: int) -> Graph:
+    """Llama's form (models/llama/graphs.py): q pre-scaled, no mul, a shared [1, 1, S, S] mask."""
+    g = Graph("gqa")
+    q, k, v = (g.reshape(g.input(n, [1, groups * d, 1, seq]), [1, groups, d, seq]) for n in "qkv")
+    mask = g.const("causal_mask", (np.triu(np.ones((seq, seq)), k=1) * -65504.0).reshape(1, 1, seq, seq))
+    probs = g.softmax(g.add(g.matmul(q, k, transpose_x=True), mask), axis=-1)
+    g.output(g.reshape(g.matmul(v, probs, transpose_y=True), [1, groups * d, 1, seq]), "y")
+    return g
+
+
+def twins(graph: Graph) -> tuple[CompiledGraph, CompiledGraph]:
+    """The compiled graph, and its unfused twin (the softmax output returned too, outside the layout)."""
+    lowered = lower_graph(graph)
+    probs = re.search(r"(\w+) = softmax", lowered.mil).group(1)
+    returned = re.search(r"\} -> \((.*)\);", lowered.mil).group(1)
+    unfused = lowered.mil.replace(f"}} -> ({returned});", f"}} -> ({returned}, {probs});")
+    return (CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights)),
+            CompiledGraph(lowered, orion.compile(unfused, lowered.weights, profile="permissive")))
+
+
+def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
+    """float64 causal softmax attention of [B, D, S] operands: [B, Dv, S]."""
+    scores = np.einsum("bdi,bdj->bij", q, k) * scale
+    scores = np.where(np.triu(np.ones(scores.shape[-2:], bool), k=1), -np.inf, scores)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("bdj,bij->bdi", v, p)
+
+
+def run_both(graph: Graph, amplitude: float = 1.0, seed: int = 0) -> tuple[dict, np.ndarray, np.ndarray]:
+    """Random inputs by graph name, and output "y" of the program and of its twin."""
+    fused, unfused = twins(graph)
+    rng = np.random.default_rng(seed)
+    xs = {s.name: (rng.standard_normal(s.shape) * amplitude).astype(np.float16) for s in fused.layout.inputs}
+    return xs, fused(**xs)["y"], unfused(**xs)["y"]
+
+
+@pytest.fixture
+def profiling():
+    was = profile.enabled()
+    profile.reset()
+    profile.enable()
+    yield
+    profile.enable(was)
+    profile.reset()
+
+
+@pytest.mark.parametrize("seq, heads, d", [(64, 2, 64), (256, 3, 32), (512, 2, 16)])
+def test_gpt2_attention_fused_is_the_unfused_ops_bit_for_bit_and_matches_float64(profiling, seq, heads, d) -> None:
+    xs, y, unfused = run_both(gpt2_attention(seq, heads, d))
+    assert np.array_equal(y, unfused)  # -0 == +0: an exact zero's sign is the one freedom
+    assert [r.op for r in profile.snapshot() if r.op == FUSED] == [FUSED]  # fused in one program, not the twin
+    q, k, v = (xs[n].astype(np.float64).reshape(heads, d, seq) for n in "qkv")
+    want = reference(q, k, v, 1 / np.sqrt(d)).reshape(y.shape)
+    np.testing.assert_allclose(y.astype(np.float64), want, atol=2e-2 * np.abs(want).max())  # fp16 rounding per op
+
+
+def test_llama_form_without_a_scale_is_fused_and_exact(profiling) -> None:
+    xs, fused, unfused = run_both(llama_attention(128, 2, 64))
+    assert np.array_equal(fused, unfused)
+    assert any(r.op == FUSED for r in profile.snapshot())
+    q, k, v = (xs[n].astype(np.float64).reshape(2, 64, 128) for n in "qkv")
+    want = reference(q, k, v, 1.0).reshape(fused.shape)
+    np.testing.assert_allclose(fused.astype(np.float64), want, atol=2e-2 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("amplitude", [40.0, 300.0])
+def test_scores_too_large_for_the_exactness_bound_take_the_unfused_path(amplitude) -> None:
+    """At 40 the scores pass 16384 (no fused shortcut is exact there), at 300 they overflow fp16 and the
+    rows turn to NaN: both must be what the five ops compute, NaN for NaN."""
+    _, fused, unfused = run_both(gpt2_attention(128, 2, 64), amplitude)
+    np.testing.assert_array_equal(fused, unfused)  # NaN in the same places
+    assert np.isnan(fused).any() == (amplitude > 100)
+
+
+def test_a_mask_that_is_not_causal_is_not_fused(profiling) -> None:
+    g = Graph("band")
+    q, k, v = (g.reshape(g.input(n, [1, 128, 1, 64]), [1, 2, 64, 64]) for n in "qkv")
+    band = np.triu(np.ones((64, 64)), k=1) * -65504.0
+    band[5, 3] = -65504.0  # one masked entry below the diagonal
+    probs = g.softmax(g.add(g.matmul(q, k, transpose_x=True), g.const("m", band.reshape(1, 1, 64, 64))), axis=-1)
+    g.output(g.reshape(g.matmul(v, probs, transpose_y=True), [1, 128, 1, 64]), "y")
+    _, fused, unfused = run_both(g)
+    assert np.array_equal(fused, unfused)
+    assert not any(r.op == FUSED for r in profile.snapshot())
+
+
+def test_fusion_keeps_the_intermediates_out_of_the_frame() -> None:
+    """The [B, S, S] scores, scaled, masked and probability tensors are never allocated: a 12-head 1024
+    attention grows the peak RSS by far less than the two 48 MiB ones live at once unfused (here in a
+    fresh interpreter, so the peak is this program's)."""
+    code = textwrap.dedent("""
+        import resource, numpy as np, orion
+        from orion.compiler import CompiledGraph, lower_graph
+        from orion.graph import Graph
+        g = Graph("attn")
+        q, k, v = (g.input(n, [1, 768, 1, 1024]) for n in "qkv")
+        g.output(g.attention(q, k, v, 12, causal=True), "y")
+        lowered = lower_graph(g)
+        p = orion.compile(lowered.mil, lowered.weights)
+        xs = {n: (np.random.default_rng(0).standard_normal(s.shape) * 0.5).astype(s.dtype) for n, s in p.inputs.items()}
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        p(**xs)
+        print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+    """)
+    result = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert int(result.stdout.split()[-1]) < 40, f"the attention grew the peak RSS by {result.stdout.strip()} MiB"

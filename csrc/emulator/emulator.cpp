@@ -7,11 +7,13 @@
 #include <cstring>
 #include <unistd.h>
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 
 #include "emulator/buffer_pool.h"
 #include "emulator/causal_attention.h"
+#include "emulator/fused_elementwise.h"
 #include "emulator/ops.h"
 #include "emulator/profile.h"
 #include "errors.h"
@@ -313,7 +315,8 @@ private:
         shrink_repeated_consts();
         internal_.assign(values().size(), false);
         const std::map<const ProgramModel::Step*, AttentionChain> chains = find_causal_attention();
-        std::map<const ProgramModel::Step*, Kernel> chain_parts;  // a chain's steps' own kernels, until its last
+        const std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>> runs = find_elementwise_runs(chains);
+        std::map<const ProgramModel::Step*, Kernel> chain_parts;  // a fused group's own kernels, until its last
         for (const auto& step : model_.steps_) {
             OpContext ctx(*step.op, step.typed, values(), step.arg_ids, step.tuple_ids, step.out, /*plan_only=*/false);
             BuiltOp built = step.build(ctx);
@@ -325,6 +328,12 @@ private:
                 chain_parts[&step] = std::move(built.kernel);
                 if (&step != found->second.steps.back()) continue;  // the chain runs at its last step
                 add_fused_attention(found->second, chain_parts);
+                continue;
+            }
+            if (const auto found = runs.find(&step); found != runs.end()) {
+                chain_parts[&step] = std::move(built.kernel);
+                if (&step != found->second.back()) continue;  // the run computes at its last step
+                add_fused_elementwise(found->second, chain_parts);
                 continue;
             }
             kernels_.push_back(std::move(built.kernel));
@@ -462,16 +471,9 @@ private:
     // The chains whose intermediates nothing else reads, by each of their steps.
     std::map<const ProgramModel::Step*, AttentionChain> find_causal_attention() const {
         const auto& vals = model_.values_;
-        std::vector<int> readers(vals.size(), 0);
+        const std::vector<int> readers = reader_counts();
         std::map<int, const ProgramModel::Step*> producer;
-        for (const auto& step : model_.steps_) {
-            producer[step.out] = &step;
-            for (size_t a = 0; a < step.arg_ids.size(); ++a) {
-                for (int id : step.tuple_ids[a]) ++readers[static_cast<size_t>(id)];
-                if (step.arg_ids[a] >= 0) ++readers[static_cast<size_t>(step.arg_ids[a])];
-            }
-        }
-        for (const auto& spec : outputs_) readers[static_cast<size_t>(model_.ids_.at(spec.name))] += 2;
+        for (const auto& step : model_.steps_) producer[step.out] = &step;
         auto arg = [](const ProgramModel::Step& step, const char* name) {
             for (size_t a = 0; a < step.op->args.size(); ++a)
                 if (step.op->args[a].name == name) return step.arg_ids[a];
@@ -536,6 +538,127 @@ private:
                 if (j <= i ? m[static_cast<size_t>(i * S + j)] != 0.0f : !(m[static_cast<size_t>(i * S + j)] <= -65504.0f))
                     return false;
         return true;
+    }
+
+    // How many steps read each value (a program output counts as a reader outside every group).
+    std::vector<int> reader_counts() const {
+        std::vector<int> readers(model_.values_.size(), 0);
+        for (const auto& step : model_.steps_)
+            for (size_t a = 0; a < step.arg_ids.size(); ++a) {
+                for (int id : step.tuple_ids[a]) ++readers[static_cast<size_t>(id)];
+                if (step.arg_ids[a] >= 0) ++readers[static_cast<size_t>(step.arg_ids[a])];
+            }
+        for (const auto& spec : outputs_) readers[static_cast<size_t>(model_.ids_.at(spec.name))] += 2;
+        return readers;
+    }
+
+    // How operand `id` of a binary op with output shape `out` is read row by row, if it can be.
+    std::optional<ElementwiseRun::Kind> operand_kind(int id, const Shape& out) const {
+        const ValueInfo& v = model_.values_[static_cast<size_t>(id)];
+        if (!v.type.is_tensor || !mil::is_float(v.type.dtype) || v.type.shape.size() > out.size()) return std::nullopt;
+        Shape t(out.size() - v.type.shape.size(), 1);
+        t.insert(t.end(), v.type.shape.begin(), v.type.shape.end());
+        if (t == out) return ElementwiseRun::Kind::full;
+        if (element_count(t) == 1) return ElementwiseRun::Kind::scalar;
+        const Shape leading(out.begin(), out.end() - 1);
+        if (t.back() == 1 && Shape(t.begin(), t.end() - 1) == leading) return ElementwiseRun::Kind::per_row;
+        if (t.back() == out.back() && element_count(t) == out.back()) return ElementwiseRun::Kind::lanes;
+        return std::nullopt;
+    }
+
+    // Runs of two or more consecutive binary elementwise steps of one float output shape (none of
+    // them in an attention chain), by each of their steps.
+    std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>> find_elementwise_runs(
+        const std::map<const ProgramModel::Step*, AttentionChain>& chains) const {
+        auto fusable = [&](const ProgramModel::Step& step) {
+            ElementwiseRun::Fn fn;
+            const mil::Type& t = step.op->type;
+            if (chains.count(&step) || !elementwise_fn(step.op->op, &fn) || !t.is_tensor || !mil::is_float(t.dtype) ||
+                t.shape.empty() || t.element_count() == 0 || step.arg_ids.size() != 2)
+                return false;
+            for (int id : step.arg_ids)
+                if (id < 0 || !operand_kind(id, t.shape)) return false;
+            return true;
+        };
+        std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>> runs;
+        std::vector<const ProgramModel::Step*> run;
+        auto close = [&] {
+            if (run.size() >= 2)
+                for (const ProgramModel::Step* step : run) runs[step] = run;
+            run.clear();
+        };
+        for (const auto& step : model_.steps_) {
+            if (!fusable(step)) {
+                close();
+                continue;
+            }
+            if (!run.empty() && run.front()->op->type.shape != step.op->type.shape) close();
+            run.push_back(&step);
+        }
+        close();
+        return runs;
+    }
+
+    // One kernel for a run: its rows in one pass when every operand is whole (no live-lane hint, no
+    // fp16 read in place), else the run's own kernels, with its intermediates pooled for the call.
+    void add_fused_elementwise(const std::vector<const ProgramModel::Step*>& steps,
+                               std::map<const ProgramModel::Step*, Kernel>& parts) {
+        const std::vector<int> readers = reader_counts();
+        const Shape& shape = steps.front()->op->type.shape;
+        ElementwiseRun run;
+        run.width = shape.back(), run.rows = element_count(shape) / shape.back();
+        std::map<int, int> step_of;  // value id -> index in the run
+        std::vector<int> reads;      // frame slots the run reads (checked whole at run time)
+        std::vector<Kernel> unfused;
+        std::vector<std::pair<int, size_t>> intermediates;
+        profile::Cost cost;
+        for (const ProgramModel::Step* step : steps) {
+            ElementwiseRun::Step s;
+            elementwise_fn(step->op->op, &s.fn);
+            s.round = step->op->type.dtype == mil::DType::fp16;
+            OpContext ctx(*step->op, step->typed, values(), step->arg_ids, step->tuple_ids, step->out, false);
+            for (const char* name : {"x", "y"}) {
+                ElementwiseRun::Operand& o = name[0] == 'x' ? s.x : s.y;
+                const int id = step->arg_ids[name[0] == 'x' ? 0 : 1];
+                o.kind = *operand_kind(id, shape);
+                if (const auto found = step_of.find(id); found != step_of.end()) {
+                    o.step = found->second;
+                } else {
+                    o.slot = ctx.slot(name);
+                    reads.push_back(o.slot);
+                }
+            }
+            int inside = 0;  // readers of this step's result within the run
+            for (const ProgramModel::Step* later : steps)
+                for (int id : later->arg_ids) inside += id == step->out;
+            if (readers[static_cast<size_t>(step->out)] == inside) {
+                internal_[static_cast<size_t>(step->out)] = true;
+                intermediates.emplace_back(step->out, static_cast<size_t>(step->op->type.element_count()));
+            } else {
+                s.out = step->out;
+            }
+            step_of[step->out] = static_cast<int>(run.steps.size());
+            run.steps.push_back(s);
+            unfused.push_back(std::move(parts.at(step)));
+            const profile::Cost c = profile::op_cost(*step->op, operand_types(*step), step->op->type);
+            cost.bytes += c.bytes, cost.flops += c.flops;
+        }
+        kernels_.push_back([run = std::move(run), reads, intermediates, unfused = std::move(unfused)](Frame& fr) {
+            bool whole = true;
+            for (int slot : reads) whole = whole && !fr.values[static_cast<size_t>(slot)].partial() && !fr.values[static_cast<size_t>(slot)].half;
+            if (whole) {
+                run_elementwise(run, fr);
+                for (const auto& step : run.steps)
+                    if (step.out >= 0) fr.values[static_cast<size_t>(step.out)].lanes = run.width;
+                return;
+            }
+            for (const auto& [slot, size] : intermediates) fr.values[slot].data = buffer_pool::take(size);
+            for (const Kernel& kernel : unfused) kernel(fr);
+            for (const auto& [slot, size] : intermediates) buffer_pool::give(std::exchange(fr.values[slot].data, {}));
+        });
+        kernel_steps_.push_back(steps);
+        kernel_kinds_.push_back("elementwise (fused)");
+        kernel_costs_.push_back(cost);
     }
 
     // One kernel for a chain: the fused causal attention when it is exact for this call, else the

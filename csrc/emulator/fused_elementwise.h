@@ -1,0 +1,41 @@
+// A run of binary elementwise ops (add, sub, mul, real_div, pow) of one output shape, computed row by
+// row in one pass over memory: each row of every op's result is computed while the rows it reads are
+// still in cache, and results nothing outside the run reads are never stored in the frame.
+//
+// Each element is computed exactly as the op's own kernel computes it (the same fp32 operation, then
+// the same rounding to the op's dtype), so the run's results are the ops' bit for bit. Operands are
+// whole tensors of the output's shape, rows broadcast along the lanes ([.., S] vectors shared by
+// every row), one value per row ([.., 1]) or a scalar.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "emulator/ops.h"
+
+namespace orion::emu {
+
+struct ElementwiseRun {
+    enum class Fn { add, sub, mul, div, pow };
+    enum class Kind { full, lanes, per_row, scalar };
+    struct Operand {
+        Kind kind = Kind::full;
+        int slot = -1;   // the frame value it reads, or
+        int step = -1;   // (>= 0) an earlier step of the run whose row it reads
+    };
+    struct Step {
+        Fn fn = Fn::add;
+        Operand x, y;
+        int out = -1;          // frame slot, or -1 when no one outside the run reads the result
+        bool round = true;     // fp16 result
+    };
+    std::vector<Step> steps;
+    int64_t rows = 0, width = 0;  // the output shape as rows of `width` lanes
+};
+
+// The Fn of a MIL op name, or false when the op is not a fusable binary op.
+bool elementwise_fn(const std::string& op, ElementwiseRun::Fn* fn);
+
+void run_elementwise(const ElementwiseRun& run, Frame& frame);
+
+}  // namespace orion::emu

@@ -1,0 +1,111 @@
+"""The emulator's fused elementwise runs (csrc/emulator/fused_elementwise.h): consecutive binary ops of one
+shape computed row by row in one pass, results nothing else reads never stored.
+
+The run must compute exactly what its ops compute one by one. The unfused twin is the same MIL with an
+``identity`` after every binary op (a unary op ends a run, and copies its input exactly); both are compared
+bit for bit, and against a float64 numpy reference."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import orion
+from orion.compiler import CompiledGraph, lower_graph
+from orion.graph import Graph
+from orion.runtime import profile
+
+FUSED = "elementwise (fused)"
+BINARY = re.compile(r"^(\s*)(tensor<[^>]*>) (\w+) = (add|sub|mul|real_div|pow)\((.*)$")
+
+
+def unfused_twin(mil: str) -> str:
+    """Each binary op's result renamed and passed through an identity under its old name."""
+    lines = []
+    for line in mil.splitlines():
+        m = BINARY.match(line)
+        if not m:
+            lines.append(line)
+            continue
+        indent, t, name, op, rest = m.groups()
+        renamed = rest.replace(f'string("{name}")', f'string("{name}_raw")')
+        lines.append(f"{indent}{t} {name}_raw = {op}({renamed}")
+        lines.append(f'{indent}{t} {name} = identity(x = {name}_raw)[name = string("{name}")];')
+    return "\n".join(lines)
+
+
+def layer(c: int, s: int, seed: int = 0) -> tuple[Graph, dict[str, np.ndarray]]:
+    """LayerNorm -> GELU (tanh form: its two binary runs around the tanh) -> residual add, with a runtime
+    per-channel scale ([1, C, 1, 1], one value per row) and a per-lane bias ([1, 1, 1, S], shared by rows)."""
+    rng = np.random.default_rng(seed)
+    g = Graph("ew")
+    x = g.input("x", [1, c, 1, s])
+    row_scale = g.input("row_scale", [1, c, 1, 1])
+    lane_bias = g.input("lane_bias", [1, 1, 1, s])
+    gamma, beta = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
+    h = g.gelu(g.layer_norm(x, gamma, beta))
+    y = g.add(g.mul(g.add(h, x), row_scale), lane_bias)
+    g.output(g.div(y, g.add(g.mul(x, x), 1.0)), "y")
+    xs = {"x": rng.standard_normal((1, c, 1, s)).astype(np.float16),
+          "row_scale": rng.standard_normal((1, c, 1, 1)).astype(np.float16),
+          "lane_bias": rng.standard_normal((1, 1, 1, s)).astype(np.float16)}
+    return g, xs | {"gamma": gamma, "beta": beta}
+
+
+def reference(xs: dict[str, np.ndarray]) -> np.ndarray:
+    x = xs["x"].astype(np.float64)
+    mean = x.mean(axis=1, keepdims=True)
+    ln = (x - mean) / np.sqrt(((x - mean) ** 2).mean(axis=1, keepdims=True) + 1e-5)
+    ln = ln * xs["gamma"].reshape(1, -1, 1, 1) + xs["beta"].reshape(1, -1, 1, 1)
+    gelu = 0.5 * ln * (1 + np.tanh(np.sqrt(2 / np.pi) * (ln + 0.044715 * ln ** 3)))
+    y = (gelu + x) * xs["row_scale"].astype(np.float64) + xs["lane_bias"].astype(np.float64)
+    return y / (x * x + 1)
+
+
+@pytest.fixture
+def profiling():
+    was = profile.enabled()
+    profile.reset()
+    profile.enable()
+    yield
+    profile.enable(was)
+    profile.reset()
+
+
+@pytest.mark.parametrize("c, s", [(64, 32), (96, 256), (768, 64)])
+def test_fused_runs_are_the_ops_bit_for_bit_and_match_float64(profiling, c, s) -> None:
+    g, xs = layer(c, s)
+    lowered = lower_graph(g)
+    fused = CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights))
+    twin = CompiledGraph(lowered, orion.compile(unfused_twin(lowered.mil), lowered.weights, profile="permissive"))
+    inputs = {k: v for k, v in xs.items() if k not in ("gamma", "beta")}
+    y, y_twin = fused(**inputs)["y"], twin(**inputs)["y"]
+    np.testing.assert_array_equal(y.view(np.uint16), y_twin.view(np.uint16))
+    rows = profile.snapshot()
+    assert sum(r.calls for r in rows if r.op == FUSED) >= 3  # LayerNorm's, and the two around the tanh
+    assert len({r.program for r in rows if r.op == FUSED}) == 1  # the twin has none
+    want = reference(xs)
+    np.testing.assert_allclose(y.astype(np.float64), want, atol=3e-2 * np.abs(want).max())  # fp16 per op
+
+
+def test_partially_live_operands_take_the_unfused_path() -> None:
+    """With a live-lanes hint the ops compute only the live lanes; the run must too (its ops' own kernels)."""
+    g, xs = layer(64, 64)
+    lowered = lower_graph(g)
+    fused = orion.compile(lowered.mil, lowered.weights)
+    twin = orion.compile(unfused_twin(lowered.mil), lowered.weights, profile="permissive")
+    cg = CompiledGraph(lowered, fused)
+    packed = cg.pack_inputs({k: v for k, v in xs.items() if k not in ("gamma", "beta")})
+    x_name = next(n for n in packed if n.endswith("_x"))
+    results = []
+    for p in (fused, twin):
+        ins, outs = p.allocate_surfaces()
+        for name, value in packed.items():
+            ins[name].write(value)
+        p.evaluate(ins, outs, live_lanes={x_name: 17})
+        results.append({n: s.read() for n, s in outs.items()})
+    for name in results[0]:
+        live = results[0][name].reshape(-1, 64)[:, :17]
+        np.testing.assert_array_equal(live.view(np.uint16), results[1][name].reshape(-1, 64)[:, :17].view(np.uint16))

@@ -10,7 +10,10 @@ namespace orion::emu {
 
 namespace {
 
-constexpr int64_t kQueryBlock = 64;  // queries per task: more than gemm's matrix-vector rows
+// Queries per task (more than gemm's matrix-vector rows): 128, or 64 for a 64-token bucket. A block
+// computes its keys up to its last row, so a bigger one wastes more of the triangle but packs each
+// key matrix fewer times (128 measured 10% faster than 64 at 1024 tokens).
+constexpr int64_t kQueryBlock = 128, kSmallQueryBlock = 64;
 constexpr int64_t kLaneGroup = 16;   // row prefixes are whole groups of the widest softmax vector
 constexpr double kScoreLimit = 16384.0;  // |scaled score| bound: a masked one stays below -65504 + 16384
 
@@ -45,24 +48,24 @@ void maybe_round(bool round, float* row, int64_t n) {
 }  // namespace
 
 bool causal_attention_applies(int64_t seq, int64_t value_depth) {
-    return seq >= kQueryBlock && seq % kQueryBlock == 0 && value_depth >= 16;
+    return seq >= kSmallQueryBlock && seq % kSmallQueryBlock == 0 && value_depth >= 16;
 }
 
 bool run_causal_attention(const CausalAttention& a, const float* q, const float* k, const float* v, float scale,
                           const float* mask, float* out) {
     if (!scores_are_bounded(a, q, k, scale)) return false;
-    const int64_t S = a.seq, blocks = S / kQueryBlock;
+    const int64_t S = a.seq, block = S % kQueryBlock == 0 ? kQueryBlock : kSmallQueryBlock, blocks = S / block;
     kernels::parallel_for(a.batches * blocks, 1, [&](int64_t begin, int64_t end) {
         thread_local std::vector<float> scratch;
         for (int64_t task = begin; task < end; ++task) {
-            const int64_t b = task / blocks, i0 = task % blocks * kQueryBlock;
-            const int64_t keys = i0 + kQueryBlock;  // the block's last row needs keys [0, i0 + 64)
-            scratch.resize(static_cast<size_t>(kQueryBlock * keys));
+            const int64_t b = task / blocks, i0 = task % blocks * block;
+            const int64_t keys = i0 + block;  // the block's last row needs keys [0, i0 + block)
+            scratch.resize(static_cast<size_t>(block * keys));
             float* p = scratch.data();
             // s[i][j] = sum_d q[d][i] k[d][j] for the block's rows i and keys j < keys.
-            kernels::gemm(kQueryBlock, keys, a.depth, q + a.q_offset[b] + i0, 1, S, k + a.k_offset[b], S, 1, p, keys,
+            kernels::gemm(block, keys, a.depth, q + a.q_offset[b] + i0, 1, S, k + a.k_offset[b], S, 1, p, keys,
                           a.round_scores);
-            for (int64_t r = 0; r < kQueryBlock; ++r) {
+            for (int64_t r = 0; r < block; ++r) {
                 const int64_t i = i0 + r;
                 const int64_t live = std::min(keys, (i + kLaneGroup) / kLaneGroup * kLaneGroup);  // L_i
                 float* row = p + r * keys;
@@ -78,7 +81,7 @@ bool run_causal_attention(const CausalAttention& a, const float* q, const float*
                 std::fill(row + live, row + keys, 0.0f);  // the masked tail: exact zeros
             }
             // o[d][i] = sum_j v[d][j] p[i][j] over the keys the block reaches.
-            kernels::gemm(a.value_depth, kQueryBlock, keys, v + a.v_offset[b], S, 1, p, 1, keys,
+            kernels::gemm(a.value_depth, block, keys, v + a.v_offset[b], S, 1, p, 1, keys,
                           out + b * a.value_depth * S + i0, S, a.round_out);
         }
     });

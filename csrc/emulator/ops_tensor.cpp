@@ -75,24 +75,34 @@ BuiltOp build_cast(OpContext& ctx) {
             }};
 }
 
-// Copies the box [begin, begin + size) with `stride` of x into out (all per dimension).
+// Copies the box [begin, begin + size) with `stride` of x into out (all per dimension), a row of the
+// last axis at a time (contiguous rows as one copy), the rows split across the threads.
 Kernel strided_copy(int x, int o, Shape in_shape, std::vector<int64_t> begin, std::vector<int64_t> stride, Shape box) {
     return [=](Frame& fr) {
         const float* a = fr.values[x].data.data();
         float* c = fr.values[o].data.data();
-        const auto in_strides = strides_of(in_shape);
         const size_t rank = box.size();
         const int64_t n = element_count(box);
-        std::vector<int64_t> idx(rank, 0);
-        for (int64_t i = 0; i < n; ++i) {
-            int64_t src = 0;
-            for (size_t d = 0; d < rank; ++d) src += (begin[d] + idx[d] * stride[d]) * in_strides[d];
-            c[i] = a[src];
-            for (int64_t d = static_cast<int64_t>(rank) - 1; d >= 0; --d) {
-                if (++idx[d] < box[d]) break;
-                idx[d] = 0;
+        if (n == 0) return;
+        if (rank == 0) return void(c[0] = a[0]);
+        const auto in_strides = strides_of(in_shape);
+        const int64_t width = box.back(), rows = n / width;
+        const int64_t step = stride.back() * in_strides.back();  // between a row's elements in x
+        kernels::parallel_for(rows, std::max<int64_t>(1, (int64_t{1} << 15) / width), [&](int64_t first, int64_t end) {
+            for (int64_t row = first; row < end; ++row) {
+                int64_t src = (begin.back()) * in_strides.back();
+                for (int64_t d = static_cast<int64_t>(rank) - 2, rest = row; d >= 0; --d) {
+                    src += (begin[d] + rest % box[d] * stride[d]) * in_strides[d];
+                    rest /= box[d];
+                }
+                float* dst = c + row * width;
+                if (step == 1) {
+                    std::copy(a + src, a + src + width, dst);
+                } else {
+                    for (int64_t i = 0; i < width; ++i) dst[i] = a[src + i * step];
+                }
             }
-        }
+        });
     };
 }
 

@@ -555,7 +555,8 @@ private:
     // How operand `id` of a binary op with output shape `out` is read row by row, if it can be.
     std::optional<ElementwiseRun::Kind> operand_kind(int id, const Shape& out) const {
         const ValueInfo& v = model_.values_[static_cast<size_t>(id)];
-        if (!v.type.is_tensor || !mil::is_float(v.type.dtype) || v.type.shape.size() > out.size()) return std::nullopt;
+        if (!mil::is_float(v.type.dtype) || v.type.shape.size() > out.size()) return std::nullopt;
+        if (!v.type.is_tensor) return ElementwiseRun::Kind::scalar;  // fp16 eps = const()...
         Shape t(out.size() - v.type.shape.size(), 1);
         t.insert(t.end(), v.type.shape.begin(), v.type.shape.end());
         if (t == out) return ElementwiseRun::Kind::full;

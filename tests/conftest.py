@@ -14,6 +14,7 @@ os.environ.setdefault("ORION_CACHE_DIR", "off")  # tests that use the program ca
 import pytest  # noqa: E402
 
 import orion.compiler  # noqa: E402
+from orion.runtime import profile  # noqa: E402
 
 EMITTED: list[tuple[str, str, dict[str, bytes]]] = []  # (test id, MIL text, weights)
 
@@ -28,6 +29,17 @@ def _record_emitted(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
         return lowered
 
     monkeypatch.setattr(orion.compiler, "lower_graph", recording)
+
+
+@pytest.fixture
+def profiling():
+    """The emulator's profiler on and empty for the test, then as it was."""
+    was = profile.enabled()
+    profile.reset()
+    profile.enable()
+    yield
+    profile.enable(was)
+    profile.reset()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

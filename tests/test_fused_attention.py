@@ -68,16 +68,6 @@ def run_both(graph: Graph, amplitude: float = 1.0, seed: int = 0) -> tuple[dict,
     return xs, fused(**xs)["y"], unfused(**xs)["y"]
 
 
-@pytest.fixture
-def profiling():
-    was = profile.enabled()
-    profile.reset()
-    profile.enable()
-    yield
-    profile.enable(was)
-    profile.reset()
-
-
 @pytest.mark.parametrize("seq, heads, d", [(64, 2, 64), (256, 3, 32), (512, 2, 16)])
 def test_gpt2_attention_fused_is_the_unfused_ops_bit_for_bit_and_matches_float64(profiling, seq, heads, d) -> None:
     xs, y, unfused = run_both(gpt2_attention(seq, heads, d))

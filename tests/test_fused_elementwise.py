@@ -64,16 +64,6 @@ def reference(xs: dict[str, np.ndarray]) -> np.ndarray:
     return y / (x * x + 1)
 
 
-@pytest.fixture
-def profiling():
-    was = profile.enabled()
-    profile.reset()
-    profile.enable()
-    yield
-    profile.enable(was)
-    profile.reset()
-
-
 @pytest.mark.parametrize("c, s", [(64, 32), (96, 256), (768, 64)])
 def test_fused_runs_are_the_ops_bit_for_bit_and_match_float64(profiling, c, s) -> None:
     g, xs = layer(c, s)

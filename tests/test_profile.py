@@ -28,16 +28,6 @@ def small_program(m: int = M, n: int = N) -> str:
         ["z"])
 
 
-@pytest.fixture
-def profiling():
-    was = profile.enabled()
-    profile.reset()
-    profile.enable()
-    yield
-    profile.enable(was)
-    profile.reset()
-
-
 def inputs(seed: int = 0, m: int = M, n: int = N) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {"x": rng.standard_normal((1, 1, m, K)).astype(np.float16),

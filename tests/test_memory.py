@@ -159,3 +159,43 @@ def test_frames_share_pooled_memory_and_match_numpy() -> None:
     per_program = 3 * (4 << 20)  # x, m/t (pooled intermediates) and out, fp32
     assert result["grown"][0] < 2 * per_program, result  # not 12 programs' frames (> 8 per_program)
     assert result["grown"][1] < per_program, result  # a second round allocates nothing new
+
+
+REDUCTIONS = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import orion
+    sys.path.insert(0, sys.argv[1])
+    from support.handmil import const, op, program, ttype
+
+    C, S, N = 256, 4096, 8  # a reduction's input of 1M elements; N copies of the program
+    act, row = ttype("fp16", [1, C, 1, S]), ttype("fp16", [1, 1, 1, S])
+    text = program({"x": act}, [const("ax", "int32", [1], [1]), const("kd", "bool", True),
+                                op("s", row, "reduce_sum", x="x", axes="ax", keep_dims="kd"),
+                                op("m", row, "reduce_max", x="x", axes="ax", keep_dims="kd"),
+                                op("out", row, "add", x="s", y="m")], ["out"])
+
+    def rss():
+        return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
+
+    first = orion.compile(text)
+    x = np.random.default_rng(1).standard_normal((1, C, 1, S)).astype(np.float16)
+    got = first(x=x)["out"].astype(np.float64)
+    base = rss()
+    programs = [orion.compile(text) for _ in range(N)]
+    grown = rss() - base
+    x64 = x.astype(np.float64)
+    ref = x64.sum(axis=1, keepdims=True).astype(np.float16).astype(np.float64) + x64.max(axis=1, keepdims=True)
+    print(json.dumps({"grown": grown, "worst": float(np.max(np.abs(got - ref))), "scale": float(np.abs(ref).max())}))
+""")
+
+
+def test_a_compiled_reduction_holds_no_per_element_table() -> None:
+    """A channel reduction over 1M elements keeps one group entry per row, not an 8-byte index per
+    element (16 MiB for two of them), so eight compiled copies barely grow the process; the sums
+    still match numpy (fp32 accumulation, one fp16 rounding per op)."""
+    out = subprocess.run([sys.executable, "-c", REDUCTIONS, str(TESTS)], capture_output=True, text=True,
+                         timeout=300, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["worst"] <= 2e-3 * result["scale"], result
+    assert result["grown"] < 16 << 20, result  # an index table per reduction would be 8 x 16 MiB

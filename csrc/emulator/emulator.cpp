@@ -206,15 +206,6 @@ public:
         inputs_ = std::move(checked.inputs);
         outputs_ = std::move(checked.outputs);
         build_kernels();
-        for (const auto& s : outputs_) {
-            output_slots_.push_back(values()[model_.ids_.at(s.name)].slot);
-            values()[static_cast<size_t>(output_slots_.back())].needs_fp32 = true;  // stored from fp32 data
-        }
-        for (const auto& s : inputs_) {
-            const int slot = values()[model_.ids_.at(s.name)].slot;
-            input_slots_.push_back(slot);
-            in_place_.push_back(s.type.dtype == mil::DType::fp16 && !values()[static_cast<size_t>(slot)].needs_fp32);
-        }
         for (auto& v : values()) v.blob.reset();  // the caller's weight buffers are not kept
     }
 
@@ -229,6 +220,7 @@ private:
         allocate_frame();
         const bool profiling = profile::enabled();
         const auto start = profiling ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+        for (int slot : acquire_inputs_) frame_.values[slot].data = buffer_pool::take(pooled_size(slot));
         for (size_t i = 0; i < inputs.size(); ++i) {
             Tensor& t = frame_.values[input_slots_[i]];
             auto hint = live.find(inputs_[i].name);
@@ -263,8 +255,10 @@ private:
     size_t pooled_size(int slot) const { return static_cast<size_t>(values_at(slot).type.element_count()); }
     const ValueInfo& values_at(int slot) const { return model_.values_[static_cast<size_t>(slot)]; }
 
+    // Stores the outputs, then gives back the pooled buffers live to the end (the outputs').
     void store_outputs(const runtime::Bindings& outputs) {
         for (size_t i = 0; i < outputs.size(); ++i) store_output(frame_.values[output_slots_[i]], outputs[i].second->data());
+        for (int slot : release_end_) buffer_pool::give(std::exchange(frame_.values[slot].data, {}));
     }
 
     // The kernels and the output stores of run(), each timed and recorded per op kind; the input
@@ -297,6 +291,8 @@ private:
 
     void release() override {
         kernels_.clear();
+        acquire_inputs_.clear();
+        release_end_.clear();
         unallocated_.clear();
         frame_.values.clear();
         buffer_pool::clear();
@@ -342,6 +338,15 @@ private:
             kernel_costs_.push_back(profile::op_cost(*step.op, operand_types(step), step.op->type));
         }
         label_ = program_label();
+        for (const auto& s : outputs_) {
+            output_slots_.push_back(values()[model_.ids_.at(s.name)].slot);
+            values()[static_cast<size_t>(output_slots_.back())].needs_fp32 = true;  // stored from fp32 data
+        }
+        for (const auto& s : inputs_) {
+            const int slot = values()[model_.ids_.at(s.name)].slot;
+            input_slots_.push_back(slot);
+            in_place_.push_back(s.type.dtype == mil::DType::fp16 && !values()[static_cast<size_t>(slot)].needs_fp32);
+        }
         const std::vector<bool> pooled = plan_buffers();
         frame_.values.resize(values().size());
         for (size_t i = 0; i < values().size(); ++i) {
@@ -359,6 +364,7 @@ private:
             const bool is_const = v.constant != nullptr;
             if (is_const && !v.used_as_data) continue;  // read at build time only (e.g. packed conv weights)
             if (pooled[i]) continue;  // taken from the buffer pool while it is live (run_kernel)
+            if (!is_const && in_place_input(v.slot)) continue;  // its readers take fp16 from the surface
             if (!is_const) {
                 unallocated_.push_back(v.slot);  // allocated by the first evaluate (allocate_frame)
             } else if (v.blob) {
@@ -425,38 +431,55 @@ private:
         return true;
     }
 
-    // Liveness of the intermediate values: each one of at least kMinPooledElements that is neither a
-    // const nor a program input or output gets a pooled buffer from its producing kernel to its last
-    // reader (acquire_/release_).
+    // Whether `slot` is a program input read in place from its surface (no frame data at all).
+    bool in_place_input(int slot) const {
+        for (size_t i = 0; i < input_slots_.size(); ++i)
+            if (input_slots_[i] == slot && in_place_[i]) return true;
+        return false;
+    }
+
+    // Liveness of the frame's tensors: each one of at least kMinPooledElements that is not a const (nor
+    // an input read in place) gets a pooled buffer while it is live: an intermediate from its producing
+    // kernel to its last reader, an input from its load to its last reader, an output until it is
+    // stored (acquire_inputs_, acquire_/release_, release_end_). So a program holds no memory of its
+    // data between evaluates, and tensors with disjoint lifetimes, in one program or in programs run
+    // one after the other (prefill layers, buckets, decode), share the same buffers.
     // Returns, per slot, whether it is pooled.
     std::vector<bool> plan_buffers() {
         const size_t n = values().size();
+        const int64_t end = static_cast<int64_t>(kernel_steps_.size());  // "after the outputs are stored"
         std::vector<bool> pooled(n, false);
-        std::vector<int64_t> first(n, -1), last(n, -1);
+        std::vector<int64_t> first(n, -2), last(n, -2);  // -2: unused; -1: before the first kernel
         auto owner = [&](int id) { return values()[static_cast<size_t>(id)].slot; };
+        for (int slot : input_slots_) first[static_cast<size_t>(slot)] = last[static_cast<size_t>(slot)] = -1;
         for (size_t k = 0; k < kernel_steps_.size(); ++k)
             for (const ProgramModel::Step* step : kernel_steps_[k]) {
-                const int out = owner(step->out);
-                if (first[static_cast<size_t>(out)] < 0) first[static_cast<size_t>(out)] = static_cast<int64_t>(k);
-                last[static_cast<size_t>(out)] = std::max<int64_t>(last[static_cast<size_t>(out)], static_cast<int64_t>(k));
+                const auto out = static_cast<size_t>(owner(step->out));
+                if (first[out] == -2) first[out] = static_cast<int64_t>(k);
+                last[out] = std::max<int64_t>(last[out], static_cast<int64_t>(k));
                 for (size_t a = 0; a < step->arg_ids.size(); ++a) {
                     std::vector<int> ids = step->tuple_ids[a];
                     if (step->arg_ids[a] >= 0) ids.push_back(step->arg_ids[a]);
-                    for (int id : ids) last[static_cast<size_t>(owner(id))] = static_cast<int64_t>(k);
+                    for (int id : ids) {
+                        const auto o = static_cast<size_t>(owner(id));
+                        last[o] = std::max<int64_t>(last[o], static_cast<int64_t>(k));
+                    }
                 }
             }
-        std::vector<bool> pinned(n, false);  // program inputs and outputs keep their buffers
-        for (const auto* specs : {&inputs_, &outputs_})
-            for (const auto& spec : *specs) pinned[static_cast<size_t>(owner(model_.ids_.at(spec.name)))] = true;
+        for (int slot : output_slots_) last[static_cast<size_t>(slot)] = end;
         acquire_.assign(kernels_.size(), {});
         release_.assign(kernels_.size(), {});
+        acquire_inputs_.clear();
+        release_end_.clear();
         for (size_t slot = 0; slot < n; ++slot) {
             const ValueInfo& v = values()[slot];
-            if (v.slot != static_cast<int>(slot) || v.constant || pinned[slot] || first[slot] < 0 || internal_[slot]) continue;
+            if (v.slot != static_cast<int>(slot) || v.constant || first[slot] == -2 || internal_[slot]) continue;
+            if (in_place_input(static_cast<int>(slot))) continue;
             if (v.type.element_count() < kMinPooledElements) continue;  // small: cheaper to keep than to pool
             pooled[slot] = true;
-            acquire_[static_cast<size_t>(first[slot])].push_back(static_cast<int>(slot));
-            release_[static_cast<size_t>(last[slot])].push_back(static_cast<int>(slot));
+            (first[slot] < 0 ? acquire_inputs_ : acquire_[static_cast<size_t>(first[slot])]).push_back(static_cast<int>(slot));
+            if (last[slot] < 0) last[slot] = end;  // an input no kernel reads
+            (last[slot] == end ? release_end_ : release_[static_cast<size_t>(last[slot])]).push_back(static_cast<int>(slot));
         }
         return pooled;
     }
@@ -764,6 +787,7 @@ private:
     std::vector<std::vector<const ProgramModel::Step*>> kernel_steps_;  // per kernel: the steps it computes
     std::vector<bool> internal_;  // per slot: an intermediate of a fused chain (in no frame or pool plan)
     std::vector<std::vector<int>> acquire_, release_;      // per kernel: pooled slots taken before / given after it
+    std::vector<int> acquire_inputs_, release_end_;        // pooled slots taken before the input loads / given after the stores
     std::vector<std::string> kernel_kinds_;     // per kernel: its op kind (the profile's rows)
     std::vector<profile::Cost> kernel_costs_;   // per kernel: bytes and FLOPs by its types
     std::string label_;                         // the program's name in the profile

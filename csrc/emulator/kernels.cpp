@@ -3,6 +3,7 @@
 #include "emulator/kernels.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cmath>
 #include <cstring>
@@ -769,53 +770,83 @@ PackedConv1x1 pack_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin) {
     packed.cout = cout;
     packed.cin = cin;
     packed.data.assign(static_cast<size_t>(ceil_div(cout, kConvPanel) * cin * kConvPanel), 0);
-    for (int64_t o = 0; o < cout; ++o) {
-        uint16_t* panel = packed.data.data() + (o / kConvPanel) * cin * kConvPanel + o % kConvPanel;
-        for (int64_t c = 0; c < cin; ++c) panel[c * kConvPanel] = weight[o * cin + c];
-    }
+    parallel_for(ceil_div(cout, kConvPanel), 1, [&](int64_t begin, int64_t end) {  // panels are independent
+        for (int64_t o = begin * kConvPanel; o < std::min(cout, end * kConvPanel); ++o) {
+            uint16_t* panel = packed.data.data() + (o / kConvPanel) * cin * kConvPanel + o % kConvPanel;
+            for (int64_t c = 0; c < cin; ++c) panel[c * kConvPanel] = weight[o * cin + c];
+        }
+    });
     return packed;
 }
 
 namespace {
 
-// Whether `packed` holds exactly `weight` [cout][cin].
+// Whether `packed` holds exactly `weight` [cout][cin] (panels compared on the threads).
 bool packs(const PackedConv1x1& packed, const uint16_t* weight, int64_t cout, int64_t cin) {
     if (packed.cout != cout || packed.cin != cin) return false;
-    for (int64_t o = 0; o < cout; ++o) {
-        const uint16_t* panel = packed.data.data() + (o / kConvPanel) * cin * kConvPanel + o % kConvPanel;
-        for (int64_t c = 0; c < cin; ++c)
-            if (panel[c * kConvPanel] != weight[o * cin + c]) return false;
-    }
-    return true;
+    std::atomic<bool> equal{true};
+    parallel_for(ceil_div(cout, kConvPanel), 1, [&](int64_t begin, int64_t end) {
+        for (int64_t o = begin * kConvPanel; o < std::min(cout, end * kConvPanel) && equal.load(std::memory_order_relaxed); ++o) {
+            const uint16_t* panel = packed.data.data() + (o / kConvPanel) * cin * kConvPanel + o % kConvPanel;
+            for (int64_t c = 0; c < cin; ++c)
+                if (panel[c * kConvPanel] != weight[o * cin + c]) {
+                    equal.store(false, std::memory_order_relaxed);
+                    return;
+                }
+        }
+    });
+    return equal.load();
 }
 
-}  // namespace
-
-namespace {
+// A content hash of `bytes`: fixed 1 MiB chunks hashed on the threads, then combined in order (the
+// same for any thread count).
+size_t content_key(std::string_view bytes) {
+    constexpr size_t kChunk = size_t{1} << 20;
+    const int64_t chunks = static_cast<int64_t>((bytes.size() + kChunk - 1) / kChunk);
+    std::vector<size_t> parts(static_cast<size_t>(chunks));
+    parallel_for(chunks, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i)
+            parts[static_cast<size_t>(i)] = std::hash<std::string_view>{}(bytes.substr(static_cast<size_t>(i) * kChunk, kChunk));
+    });
+    size_t key = bytes.size();
+    for (size_t part : parts) key = (key ^ part) * 0x100000001B3ull;
+    return key;
+}
 
 std::mutex shared_mutex;
 std::unordered_multimap<size_t, std::weak_ptr<const PackedConv1x1>> shared_held;  // by content hash
 
+// The live packed weights under `key` (taken under the lock; compared outside it).
+std::vector<std::shared_ptr<const PackedConv1x1>> held_under(size_t key) {
+    std::vector<std::shared_ptr<const PackedConv1x1>> alive;
+    auto [first, last] = shared_held.equal_range(key);
+    for (auto it = first; it != last; ++it)
+        if (auto held = it->second.lock()) alive.push_back(std::move(held));
+    return alive;
+}
+
 }  // namespace
 
+// Hashing, comparing and packing run outside the lock (and on the threads), so programs compiled
+// from several threads pack at once; a weight packed twice in a race is kept once (the first).
 std::shared_ptr<const PackedConv1x1> shared_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin) {
     if (cout < 0 || cin < 0) throw std::invalid_argument("shared_conv1x1: negative weight shape");
-    auto& held = shared_held;
     const std::string_view bytes(reinterpret_cast<const char*>(weight), static_cast<size_t>(cout * cin) * 2);
-    const size_t key = std::hash<std::string_view>{}(bytes) ^ (static_cast<size_t>(cout) * 0x9E3779B97F4A7C15ull);
-    std::lock_guard<std::mutex> lock(shared_mutex);
-    auto [first, last] = held.equal_range(key);
-    for (auto it = first; it != last;) {
-        if (auto alive = it->second.lock()) {
-            if (packs(*alive, weight, cout, cin)) return alive;  // equal content, not only an equal hash
-            ++it;
-        } else {
-            it = held.erase(it);
-        }
+    const size_t key = content_key(bytes) ^ (static_cast<size_t>(cout) * 0x9E3779B97F4A7C15ull);
+    std::vector<std::shared_ptr<const PackedConv1x1>> seen;
+    {
+        std::lock_guard<std::mutex> lock(shared_mutex);
+        seen = held_under(key);
     }
-    for (auto it = held.begin(); it != held.end();) it = it->second.expired() ? held.erase(it) : std::next(it);
+    for (const auto& candidate : seen)
+        if (packs(*candidate, weight, cout, cin)) return candidate;  // equal content, not only an equal hash
     auto packed = std::make_shared<const PackedConv1x1>(pack_conv1x1(weight, cout, cin));
-    held.emplace(key, packed);
+    std::lock_guard<std::mutex> lock(shared_mutex);
+    for (const auto& candidate : held_under(key))  // packed by another thread meanwhile?
+        if (std::find(seen.begin(), seen.end(), candidate) == seen.end() && packs(*candidate, weight, cout, cin))
+            return candidate;
+    for (auto it = shared_held.begin(); it != shared_held.end();) it = it->second.expired() ? shared_held.erase(it) : std::next(it);
+    shared_held.emplace(key, packed);
     return packed;
 }
 

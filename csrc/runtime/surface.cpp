@@ -5,21 +5,46 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <sys/mman.h>
 
 #include "errors.h"
 
 namespace orion::runtime {
 
 namespace {
+// Host surfaces of at least this size are anonymous maps: zero pages the kernel supplies on first
+// touch, so a surface costs no time to clear and no memory for the tail nothing writes (a padded
+// decode input, a KV cache surface's unused positions). Smaller ones come from the heap.
+constexpr size_t kMappedSurfaceBytes = size_t{256} << 10;
+
+struct HostBlock {
+    void* data;
+    size_t bytes;
+    bool mapped;
+};
+
 void* host_create(size_t bytes, uint8_t** base) {
     const size_t rounded = bytes == 0 ? 64 : (bytes + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded);
-    if (!p) throw std::bad_alloc();
-    std::memset(p, 0, rounded);
-    *base = static_cast<uint8_t*>(p);
-    return p;
+    HostBlock block{nullptr, rounded, rounded >= kMappedSurfaceBytes};
+    if (block.mapped) {
+        block.data = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (block.data == MAP_FAILED) throw std::bad_alloc();
+    } else {
+        block.data = std::aligned_alloc(64, rounded);
+        if (!block.data) throw std::bad_alloc();
+        std::memset(block.data, 0, rounded);
+    }
+    *base = static_cast<uint8_t*>(block.data);
+    return new HostBlock(block);
 }
-void host_destroy(void* handle) { std::free(handle); }
+void host_destroy(void* handle) {
+    const auto* block = static_cast<HostBlock*>(handle);
+    if (block->mapped)
+        munmap(block->data, block->bytes);
+    else
+        std::free(block->data);
+    delete block;
+}
 void host_lock(void*, bool) {}
 void host_unlock(void*, bool) {}
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from orion.legalize import IOLayout, check_fusion_depth, legalize, prepare_io
 from orion.limits import MIN_SURFACE_BYTES, SRAM_BYTES
 from orion.passes import PassContext, PipelineReport, run_pipeline
 from orion.runtime.packing import packed_view
+from orion.runtime.pages import release_pages
 
 _NUMPY_DTYPES = {"fp16": np.float16, "fp32": np.float32}
 _PROGRAMS: dict[tuple[str, str, tuple[str, ...]], Any] = {}  # (content hash, profile, relaxed ops) -> Program
@@ -32,19 +34,32 @@ _COMPILING_LOCK = threading.Lock()
 
 @dataclass(frozen=True)
 class Lowered:
-    """Everything lowering produces: MIL text, weight files by path, I/O layout and the pass report."""
+    """Everything lowering produces: MIL text, weight files by path, I/O layout and the pass report.
+
+    ``digests`` (path -> SHA-256 hex of the file) may be given when they are known already (the
+    program cache's blobs are named by them); otherwise each file is hashed once, on first use."""
 
     mil: str
     weights: dict[str, bytes]
     layout: IOLayout
     report: PipelineReport | None  # None when read back from the on-disk program cache
+    digests: dict[str, str] | None = field(default=None, compare=False, repr=False)
 
-    @property
+    @cached_property
+    def file_digests(self) -> dict[str, str]:
+        """SHA-256 (hex) of every weight file by path, computed at most once."""
+        if self.digests is not None and set(self.digests) == set(self.weights):
+            return dict(self.digests)
+        return {path: hashlib.sha256(data).hexdigest() for path, data in self.weights.items()}
+
+    @cached_property
     def content_hash(self) -> str:
-        """SHA-256 over the MIL text and every weight file (path and bytes): the cache key."""
+        """SHA-256 over the MIL text and every weight file (path, size and the file's own SHA-256):
+        the in-process program key. Computed once; the weight bytes are hashed once (``file_digests``)."""
         h = hashlib.sha256(self.mil.encode())
+        digests = self.file_digests
         for path in sorted(self.weights):
-            h.update(path.encode() + b"\0" + len(self.weights[path]).to_bytes(8, "little") + self.weights[path])
+            h.update(path.encode() + b"\0" + len(self.weights[path]).to_bytes(8, "little") + bytes.fromhex(digests[path]))
         return h.hexdigest()
 
 
@@ -133,6 +148,7 @@ def compile_lowered(lowered: Lowered, *, profile: str = "hardware", min_surface_
         if key not in _PROGRAMS or not _PROGRAMS[key].loaded:
             _PROGRAMS[key] = orion.compile(lowered.mil, lowered.weights, profile=profile,
                                            min_surface_bytes=min_surface_bytes, relaxed_ops=relaxed_ops)
+        release_pages(lowered.weights.values())  # the program holds its own copy now
         return CompiledGraph(lowered, _PROGRAMS[key])
 
 

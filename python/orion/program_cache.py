@@ -8,9 +8,13 @@ version and the compiler's own source, so a changed compiler never reuses stale 
 
 Weight files are stored once, by content (``blobs/<sha256>``), and entries reference them: the
 prefill buckets and decode programs of one model share the same layer weights on disk, and in
-memory (a read entry's weight files are read-only maps of its blobs, one map per blob per process). Every entry
-carries a manifest with each file's size and CRC-32 (its blobs' too), checked on every read: a
-damaged entry (a truncated weight file, a disk error) is rebuilt with a one-line warning, never used.
+memory (a read entry's weight files are read-only maps of its blobs, one map per blob per process; an
+entry lowered here is switched to those maps once stored, and the maps' pages are dropped after the
+program is compiled: it holds its own copy). Every entry carries a manifest with each file's size and
+CRC-32 (its blobs' too), checked on every read, a blob's once per blob version (its CRC is memoized
+under the file's identity, so a rewritten or truncated blob is checked again): a damaged entry (a
+truncated weight file, a disk error) is rebuilt with a one-line warning, never used. A program's
+content hash comes from its blobs' names (their SHA-256), so reading an entry hashes no weights.
 
 The cache has a size cap, ``ORION_CACHE_MAX_SIZE`` (bytes, or with a K/M/G suffix; default
 :data:`DEFAULT_MAX_SIZE`): after each new entry the least recently used entries are removed until
@@ -26,6 +30,7 @@ import hashlib
 import json
 import mmap
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -36,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
+from typing import BinaryIO
 
 import orion
 from orion import compiler
@@ -47,9 +53,11 @@ from orion.legalize.io import IOLayout, IOSpec
 _COMPILER_PARTS = ("compiler.py", "ops", "graph", "legalize", "passes", "emit.py", "generation", "models")
 MANIFEST = "manifest.json"
 BLOBS = "blobs"
+FILES = "files"  # _by_identity's memo: one small file per (kind, file version): checkpoint digests, blob CRCs
 FORMAT = 2  # the entry layout: 2 = weight files as shared blobs
 DEFAULT_MAX_SIZE = 8 << 30
 BLOB_GRACE_S = 60.0
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class CacheDirError(OrionError):
@@ -95,13 +103,8 @@ def _checksum(data: bytes) -> dict[str, int]:
     return {"size": len(data), "crc32": zlib.crc32(data)}
 
 
-def _blob_name(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _write_blob(blobs: Path, data: bytes) -> str:
-    """Stores ``data`` once under its hash (refreshing its time if there) and returns the name."""
-    name = _blob_name(data)
+def _write_blob(blobs: Path, data: bytes, name: str) -> str:
+    """Stores ``data`` once under ``name`` (its SHA-256; refreshing its time if there) and returns the name."""
     path = blobs / name
     if path.is_file() and path.stat().st_size == len(data):
         os.utime(path)
@@ -117,7 +120,9 @@ def _write_blob(blobs: Path, data: bytes) -> str:
     return name
 
 
-def _save(directory: Path, lowered: Lowered) -> None:
+def _save(directory: Path, lowered: Lowered) -> Lowered:
+    """Stores ``lowered`` as entry ``directory``; returns it with its weight files as maps of the stored
+    blobs (so the process holds them once, as a cached read would), or as given when storing failed."""
     root = directory.parent
     try:
         (root / BLOBS).mkdir(parents=True, exist_ok=True)
@@ -131,13 +136,19 @@ def _save(directory: Path, lowered: Lowered) -> None:
         files = {"model.mil": lowered.mil.encode(), "layout.json": json.dumps(layout).encode()}
         for name, data in files.items():
             (tmp / name).write_bytes(data)
-        weights = {path: {"blob": _write_blob(root / BLOBS, data), **_checksum(data)}
+        digests = lowered.file_digests
+        weights = {path: {"blob": _write_blob(root / BLOBS, data, digests[path]), **_checksum(data)}
                    for path, data in lowered.weights.items()}
         manifest = {"files": {name: _checksum(data) for name, data in files.items()}, "weights": weights}
         (tmp / MANIFEST).write_text(json.dumps(manifest))
         tmp.rename(directory)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)  # another process won the race, or the disk is full: not fatal
+        return lowered
+    mapped = {path: _map_blob(root / BLOBS / digests[path]) for path in lowered.weights}
+    if any(len(mapped[path]) != len(data) for path, data in lowered.weights.items()):
+        return lowered  # a blob vanished meanwhile (another process cleared the cache): keep the bytes
+    return Lowered(lowered.mil, mapped, lowered.layout, lowered.report, digests=digests)
 
 
 # Read-only maps of the blobs in use, by (path, inode, size, mtime): entries that reference one blob
@@ -165,45 +176,60 @@ def _map_blob(path: Path) -> memoryview | bytes:
     return memoryview(found)  # holds the map alive
 
 
-def _verified_checksum(data: memoryview | bytes) -> dict[str, int]:
-    """``_checksum(data)``, once per shared blob map."""
+def _verified_checksum(data: memoryview | bytes, path: Path) -> dict[str, int]:
+    """``_checksum(data)`` of the blob at ``path``: once per shared map in this process, and once per blob
+    version across processes (``_by_identity``: a rewritten or truncated blob is checked again)."""
     shared = data.obj if isinstance(data, memoryview) and isinstance(data.obj, mmap.mmap) else None
     if shared is None:
         return _checksum(data)
     if shared not in _MAP_CHECKSUMS:
-        _MAP_CHECKSUMS[shared] = _checksum(data)
+        def valid(text: str) -> bool:
+            try:
+                return json.loads(text)["size"] == len(data)
+            except (ValueError, KeyError, TypeError):
+                return False
+
+        _MAP_CHECKSUMS[shared] = json.loads(_by_identity(path, "crc32", lambda: json.dumps(_checksum(data)), valid))
     return _MAP_CHECKSUMS[shared]
 
 
-def _read_verified(directory: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
-    """The entry's own files and its weight files (by MIL path; shared read-only maps of the blobs),
-    checked against the manifest."""
+def _read_verified(directory: Path) -> tuple[dict[str, bytes], dict[str, bytes], dict[str, str]]:
+    """The entry's own files, its weight files (by MIL path; shared read-only maps of the blobs), checked
+    against the manifest, and each weight file's SHA-256 (its blob's name)."""
     manifest = json.loads((directory / MANIFEST).read_text())
     own = {name: (directory / name, expected) for name, expected in manifest["files"].items()}
     blobs = directory.parent / BLOBS
     weights = {path: (blobs / ref["blob"], {"size": ref["size"], "crc32": ref["crc32"]})
                for path, ref in manifest["weights"].items()}
+    bad = [ref["blob"] for ref in manifest["weights"].values() if not _SHA256_HEX.fullmatch(str(ref["blob"]))]
+    if bad:
+        raise DamagedEntry(f"blob name {bad[0]!r} is not a SHA-256")
     out: tuple[dict[str, bytes], dict[str, bytes]] = ({}, {})
     for found, table in zip(out, (own, weights), strict=True):
         for name, (path, expected) in table.items():
-            data = _map_blob(path) if path.parent == blobs else path.read_bytes() if path.is_file() else b""
-            if _verified_checksum(data) != expected:
+            if path.parent == blobs:
+                data = _map_blob(path)
+                found_sum = _verified_checksum(data, path)
+            else:
+                data = path.read_bytes() if path.is_file() else b""
+                found_sum = _checksum(data)
+            if found_sum != expected:
                 if path.parent == blobs:
                     path.unlink(missing_ok=True)  # a damaged blob is rewritten by the rebuild
                 raise DamagedEntry(f"{name} has {len(data)} bytes and a different checksum from the manifest's "
                                    f"{expected['size']} bytes")
             found[name] = data
-    return out
+    return (*out, {path: ref["blob"] for path, ref in manifest["weights"].items()})
 
 
 def _load(directory: Path) -> Lowered:
-    files, weights = _read_verified(directory)
+    files, weights, digests = _read_verified(directory)
     layout_json = json.loads(files["layout.json"])
     spec = lambda d: IOSpec(**{**d, "shape": tuple(d["shape"]), "padded": tuple(d["padded"])})  # noqa: E731
     layout = IOLayout(layout_json["dtype"], [spec(d) for d in layout_json["inputs"]],
                       [spec(d) for d in layout_json["outputs"]])
     os.utime(directory / MANIFEST)  # most recently used
-    return Lowered(files["model.mil"].decode(), dict(sorted(weights.items())), layout, report=None)
+    return Lowered(files["model.mil"].decode(), dict(sorted(weights.items())), layout, report=None, digests=digests)
 
 
 def lower_cached(description: dict, build: Callable[[], Graph], **lower_options) -> tuple[Lowered, bool]:
@@ -220,13 +246,66 @@ def lower_cached(description: dict, build: Callable[[], Graph], **lower_options)
             shutil.rmtree(root / key, ignore_errors=True)
     lowered = compiler.lower_graph(build(), **lower_options)
     if root is not None:
-        _save(root / key, lowered)
+        lowered = _save(root / key, lowered)
         cap = max_size()
         try:
             enforce_cap(root, cap)
         except OSError:  # another process is evicting at the same time: its pass does the work
             pass
     return lowered, False
+
+
+_MEMO: dict[str, str] = {}  # _by_identity's memo in this process
+
+
+def _by_identity(path: Path, kind: str, compute: Callable[[], str], valid: Callable[[str], bool],
+                 st: os.stat_result | None = None) -> str:
+    """``compute()`` for the file at ``path``, once per file version: memoized in this process and in the
+    cache (``files/``) under ``kind`` and the file's identity (resolved path, device, inode, size,
+    modification and change times, so any rewrite changes it; ``st``: that file's stat, default the
+    path's). ``valid`` checks a memoized value."""
+    st = path.stat() if st is None else st
+    identity = f"{kind}\0{path.resolve()}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}"
+    key = hashlib.sha256(identity.encode()).hexdigest()[:32]
+    if key in _MEMO:
+        return _MEMO[key]
+    root = cache_dir()
+    memo = root / FILES / key if root is not None else None
+    try:
+        text = memo.read_text().strip() if memo is not None and memo.is_file() else ""
+    except OSError:
+        text = ""
+    if not valid(text):
+        text = compute()
+        if memo is not None:
+            try:
+                memo.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=memo.parent, prefix=".tmp-")
+                with os.fdopen(fd, "w") as out:
+                    out.write(text)
+                os.replace(tmp, memo)
+            except OSError:  # a read-only cache: compute again next time
+                pass
+    _MEMO[key] = text
+    return text
+
+
+def file_digest(path: Path, file: BinaryIO | None = None) -> str:
+    """SHA-256 (hex) of the file at ``path`` (or of the open ``file``: the version a caller mapped, even if
+    the name was given to another file since), computed once per file version (``_by_identity``). It is
+    read, never mapped, so hashing leaves none of its pages in this process."""
+    fd = file.fileno() if file is not None else None
+
+    def compute() -> str:
+        h = hashlib.sha256()
+        with path.open("rb") if fd is None else open(os.dup(fd), "rb") as f:
+            f.seek(0)
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+        return h.hexdigest()
+
+    return _by_identity(path, "sha256", compute, lambda text: bool(_SHA256_HEX.fullmatch(text)),
+                        None if fd is None else os.fstat(fd))
 
 
 # -- size cap, info and clear ---------------------------------------------------------------------------
@@ -262,13 +341,18 @@ def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
 
 
+def _stored_bytes(root: Path) -> int:
+    """Bytes of the entries and blobs (the few bytes of the ``files/`` memo are not counted)."""
+    return _size(root) - (_size(root / FILES) if (root / FILES).is_dir() else 0)
+
+
 def usage(root: Path | None = None) -> dict[str, int]:
     """``{"entries", "blobs", "bytes"}`` of the cache (zeros when it is off or empty)."""
     root = cache_dir() if root is None else root
     if root is None or not root.is_dir():
         return {"entries": 0, "blobs": 0, "bytes": 0}
     blobs = [b for b in (root / BLOBS).iterdir()] if (root / BLOBS).is_dir() else []
-    return {"entries": len(_entries(root)), "blobs": len(blobs), "bytes": _size(root)}
+    return {"entries": len(_entries(root)), "blobs": len(blobs), "bytes": _stored_bytes(root)}
 
 
 def enforce_cap(root: Path, cap: int) -> None:
@@ -276,7 +360,7 @@ def enforce_cap(root: Path, cap: int) -> None:
     entries = sorted(_entries(root), key=lambda e: (e / MANIFEST).stat().st_mtime)
     refs = {e: _references(e) for e in entries}
     blob_dir = root / BLOBS
-    total = _size(root)
+    total = _stored_bytes(root)
     if total <= cap:
         return
     count = {}
@@ -312,7 +396,7 @@ def clear(root: Path | None = None) -> int:
         return 0
     freed = 0
     for path in root.iterdir():
-        if path.name == BLOBS or path.name.startswith(".tmp-") or (path / MANIFEST).is_file():
+        if path.name in (BLOBS, FILES) or path.name.startswith(".tmp-") or (path / MANIFEST).is_file():
             freed += _size(path)
             shutil.rmtree(path, ignore_errors=True)
     return freed

@@ -277,6 +277,13 @@ class CausalLM(AdapterHost):
         """FLOPs and bytes moved per token of each decode program."""
         raise NotImplementedError
 
+    def release_weight_pages(self) -> None:
+        """Drop the pages of the mapped checkpoint that building a program read (the programs hold the
+        weights); a model whose weights live in memory has nothing to drop. Called after each build."""
+        source = getattr(getattr(self, "weights", None), "source", None)
+        if source is not None:
+            source.release_pages()
+
     def position_inputs(self, positions: range) -> dict[str, np.ndarray]:
         """Extra per-position layer inputs (e.g. rotary tables): name -> float32 ``[channels, len(positions)]``,
         written into the first lanes of that input of every layer program declaring it. None by default."""
@@ -294,7 +301,8 @@ class CausalLM(AdapterHost):
                       TokenizerWarning)
         self.options = PlanOptions(fusion_depth=fusion_depth, lm_head=lm_head)
         start = time.perf_counter()
-        self.builder = ProgramBuilder(self.program_identity(), self.options.io_dtype, progress)
+        self.builder = ProgramBuilder(self.program_identity(), self.options.io_dtype, progress,
+                                      after_lowering=self.release_weight_pages)
         self._head_ranges = vocab_chunks(d.vocab_size, d.hidden)
         depth = self.options.fusion_depth or sram_fusion_depth(d.n_layer, self.layer_weight_bytes())
         heads = len(self._head_ranges) if self.options.lm_head == "ane" else 0

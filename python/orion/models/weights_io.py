@@ -1,18 +1,29 @@
-"""Weights I/O shared by the models: safetensors files (single or sharded, BF16 read without a
-bfloat16 dtype, written in F32/F16/BF16), progress settings for large checkpoints, and the content
-hash that identifies a model's weights in the program cache."""
+"""Weights I/O shared by the models: safetensors files (single or sharded, read through a read-only
+map, BF16 without a bfloat16 dtype, written in F32/F16/BF16), progress settings for large
+checkpoints, and the content hash that identifies a model's weights in the program cache.
+
+Loaded weights are not copied when the file stores them as F32 (the usual GPT-2 checkpoint):
+each array is a read-only view of the file's map, so only the pages something reads are in
+memory, and :meth:`WeightsSource.release_pages` drops them again after the programs are built.
+Other dtypes are converted to float32 arrays (also read-only). While a model's arrays are still
+the loaded ones, the files' SHA-256, computed once per file version (``program_cache.file_digest``),
+stands for their bytes in the content hash: a warm start hashes no weights."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import struct
+import sys
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from orion.errors import OrionError
+from orion.runtime.pages import release_pages
 
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -20,15 +31,61 @@ PROGRESS_EVERY = 50  # tensors between progress lines
 PROGRESS_MIN_BYTES = 64 << 20  # with progress=None, report only for files at least this large
 
 
-def raw_bf16(path: Path, name: str) -> np.ndarray:
-    """A BF16 tensor read from the file's bytes (numpy has no bfloat16), widened to float32."""
-    with path.open("rb") as f:
-        (header_len,) = struct.unpack("<Q", f.read(8))
-        entry = json.loads(f.read(header_len))[name]
+class MappedSafetensors:
+    """A safetensors file mapped read-only; ``float32(name)`` gives one tensor as a float32 array."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.file = path.open("rb")  # kept open: the file as mapped, even if its name is replaced later
+        self.map = mmap.mmap(self.file.fileno(), 0, access=mmap.ACCESS_READ)
+        (header_len,) = struct.unpack_from("<Q", self.map, 0)
+        self.header = json.loads(self.map[8:8 + header_len])
+        self.data_start = 8 + header_len
+
+    def float32(self, name: str) -> np.ndarray:
+        """Tensor ``name`` as a read-only float32 array: a view of the map when stored as F32 (on a
+        little-endian machine), else converted (F16, F64; BF16 widened without a bfloat16 dtype)."""
+        entry = self.header[name]
         start, end = entry["data_offsets"]
-        f.seek(8 + header_len + start)
-        half = np.frombuffer(f.read(end - start), dtype="<u2")
-    return (half.astype(np.uint32) << 16).view(np.float32).reshape(entry["shape"])
+        stored = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "BF16": "<u2"}[entry["dtype"]]
+        raw = np.frombuffer(self.map, dtype=stored, count=(end - start) // int(stored[-1]),
+                            offset=self.data_start + start)
+        if entry["dtype"] == "BF16":
+            array = (raw.astype(np.uint32) << 16).view(np.float32)
+        elif entry["dtype"] == "F32" and sys.byteorder == "little":
+            array = raw
+        else:
+            array = raw.astype(np.float32)
+        array = array.reshape(entry["shape"])
+        array.flags.writeable = False
+        return array
+
+
+@dataclass(eq=False)
+class WeightsSource:
+    """Where loaded weights came from: the checkpoint files, their maps (kept open) and every array as
+    loaded, by Orion name. ``matches`` says whether a model's arrays are still exactly those."""
+
+    files: list[MappedSafetensors]
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def matches(self, arrays: Iterable[tuple[str, np.ndarray]]) -> bool:
+        """True when ``arrays`` are the loaded arrays themselves (read-only, so unchanged), no more, no fewer."""
+        current = dict(arrays)
+        return current.keys() == self.arrays.keys() and all(current[k] is a for k, a in self.arrays.items())
+
+    def digest(self) -> str:
+        """SHA-256 over the files' own SHA-256s (each computed once per file version)."""
+        from orion.program_cache import file_digest
+
+        h = hashlib.sha256()
+        for f in self.files:
+            h.update(bytes.fromhex(file_digest(f.path, f.file)))
+        return h.hexdigest()
+
+    def release_pages(self) -> None:
+        """Drops the files' pages from this process's memory (they stay readable)."""
+        release_pages(f.map for f in self.files)
 
 
 def _encode(array: np.ndarray, dtype: str) -> bytes:
@@ -98,10 +155,18 @@ def check_float32_shapes(owner: str, arrays: Iterable[tuple[str, np.ndarray]], s
             raise error(f"{owner}.{name}: expected float32 {expected}, found {found}")
 
 
-def content_hash(tag: str, config_text: str, arrays: Iterable[tuple[str, np.ndarray]]) -> str:
-    """sha256 (hex) of a format ``tag``, the configuration's text and every array's name, shape and raw bytes."""
+def content_hash(tag: str, config_text: str, arrays: Iterable[tuple[str, np.ndarray]],
+                 source: WeightsSource | None = None) -> str:
+    """sha256 (hex) of a format ``tag``, the configuration's text and every array's name, shape and raw
+    bytes; when the arrays are still ``source``'s, its files' digest stands for the bytes (no array is read)."""
+    arrays = list(arrays)
     digest = hashlib.sha256(tag.encode() + b"\0")
     digest.update(config_text.encode())
+    if source is not None and source.matches(arrays):
+        digest.update(b"\0files\0" + source.digest().encode())
+        for name, array in arrays:
+            digest.update(f"\0{name}{array.shape}\0".encode())
+        return digest.hexdigest()
     for name, array in arrays:
         digest.update(f"\0{name}{array.shape}\0".encode())
         digest.update(memoryview(np.ascontiguousarray(array)).cast("B"))

@@ -42,10 +42,14 @@ class ProgramBuilder:
 
     ``built``/``cached`` count programs lowered here or read from the cache; ``seconds`` is the total.
     Between ``begin`` and ``end`` the builds show as one progress line, and the SRAM-budget warnings
-    of the per-graph compiler become one summary warning (``progress=False`` silences both)."""
+    of the per-graph compiler become one summary warning (``progress=False`` silences both).
+    ``after_lowering`` is called after each graph built here is lowered (e.g. to drop the mapped
+    checkpoint pages it read: the program holds the weights now)."""
 
-    def __init__(self, identity: dict[str, Any], io_dtype: str = "fp16", progress: bool = True) -> None:
+    def __init__(self, identity: dict[str, Any], io_dtype: str = "fp16", progress: bool = True,
+                 after_lowering: Callable[[], None] | None = None) -> None:
         self.identity, self.io_dtype, self.progress = identity, io_dtype, progress
+        self.after_lowering = after_lowering
         self.seconds = 0.0
         self.cached = 0
         self.built = 0
@@ -81,6 +85,8 @@ class ProgramBuilder:
             warnings.simplefilter("always")
             lowered, was_cached = lower_cached({**self.identity, "kind": kind, **params}, graph,
                                                io_dtype=self.io_dtype, max_layers=max_layers)
+        if not was_cached and self.after_lowering is not None:
+            self.after_lowering()
         for w in caught:
             if issubclass(w.category, SRAMBudgetWarning):
                 self._over_sram.append(label)

@@ -1,7 +1,9 @@
 """GPT-2 weights as float32 numpy arrays in Orion's conv layout, and Hugging Face checkpoints.
 
 Orion stores every projection as ``[out, in]`` (a 1x1 conv's weight); Hugging Face GPT-2's
-``Conv1D`` stores ``[in, out]``, so loading and saving transpose those four matrices per block.
+``Conv1D`` stores ``[in, out]``, so loading views those four matrices per block transposed (no
+copy: an F32 checkpoint's arrays are read-only views of its map, ``weights_io``) and saving
+transposes them back.
 """
 
 from __future__ import annotations
@@ -9,9 +11,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import struct
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +28,10 @@ from orion.models.weights_io import (
     PROGRESS_EVERY,
     PROGRESS_MIN_BYTES,
     WEIGHTS_FILE,
+    MappedSafetensors,
+    WeightsSource,
     check_float32_shapes,
     content_hash,
-    raw_bf16,
 )
 
 PREFIX = "transformer."
@@ -80,13 +84,15 @@ class BlockWeights:
 
 @dataclass
 class GPT2Weights:
-    """All GPT-2 weights (float32); the LM head is tied to ``wte``."""
+    """All GPT-2 weights (float32); the LM head is tied to ``wte``. ``source``: the checkpoint they were
+    loaded from (``load_hf``), None for weights made in memory."""
 
     wte: np.ndarray
     wpe: np.ndarray
     ln_f_g: np.ndarray
     ln_f_b: np.ndarray
     blocks: list[BlockWeights]
+    source: WeightsSource | None = field(default=None, repr=False, compare=False)
 
     def arrays(self) -> Iterator[tuple[str, np.ndarray]]:
         """Every array with its Orion name (``wte``, ``blocks.0.w_qkv``, ...), in a fixed order."""
@@ -103,9 +109,11 @@ class GPT2Weights:
         check_float32_shapes("GPT2Weights", self.arrays(), expected_shapes(config), WeightsError)
 
     def content_hash(self, config: GPT2Config) -> str:
-        """sha256 (hex) of the configuration and every array's name, shape and raw bytes."""
+        """sha256 (hex) of the configuration and every array's name, shape and raw bytes (the checkpoint
+        file's digest standing for the bytes while the arrays are the loaded ones)."""
         self.validate(config)
-        return content_hash("orion-gpt2-weights-v1", json.dumps(config.to_hf_json(), sort_keys=True), self.arrays())
+        return content_hash("orion-gpt2-weights-v1", json.dumps(config.to_hf_json(), sort_keys=True), self.arrays(),
+                            self.source)
 
 
 def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
@@ -175,7 +183,8 @@ def _require_file(directory: Path, name: str) -> Path:
 
 
 def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple[GPT2Config, GPT2Weights]:
-    """Load a Hugging Face GPT-2 directory (``config.json`` + ``model.safetensors``) as float32.
+    """Load a Hugging Face GPT-2 directory (``config.json`` + ``model.safetensors``) as read-only float32
+    arrays (views of the file's map when it stores F32, so nothing is copied or read until used).
 
     Tensor names may carry the ``transformer.`` prefix or not; ``lm_head.weight`` must be absent or
     equal to ``wte`` (tied). ``progress``: one line to stderr every few tensors (None: only for
@@ -193,7 +202,8 @@ def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple
     lm_head: np.ndarray | None = None
     try:
         handle = safe_open(str(file), framework="np")
-    except (SafetensorError, OSError) as exc:
+        mapped = MappedSafetensors(file)
+    except (SafetensorError, OSError, ValueError, struct.error) as exc:
         raise WeightsError(f"{file}: not a readable safetensors file ({exc})") from exc
     with handle as f:
         keys = sorted(k for k in f.keys() if not k.endswith(_BUFFER_SUFFIXES))
@@ -220,11 +230,11 @@ def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple
                     f"for {CONFIG_FILE}'s n_embd={config.n_embd}, vocab_size={config.vocab_size}, "
                     f"n_positions={config.n_positions}"
                 )
-            array = (raw_bf16(file, key) if dtype == "BF16" else f.get_tensor(key)).astype(np.float32, copy=False)
+            array = mapped.float32(key)
             if name == "lm_head.weight":
                 lm_head = array
             else:
-                found[name] = np.ascontiguousarray(array.T) if transposed else array
+                found[name] = array.T if transposed else array
             if progress and (count % PROGRESS_EVERY == 0 or count == len(keys)):
                 print(f"orion: loading {file.name}: {count}/{len(keys)} tensors", file=sys.stderr, flush=True)
     missing = [name for name in expected if name not in found]
@@ -243,7 +253,10 @@ def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple
         BlockWeights(**{ours: found[f"h.{i}.{hf}"] for ours, (hf, _) in _BLOCK_NAMES.items()})
         for i in range(config.n_layer)
     ]
-    return config, GPT2Weights(**top, blocks=blocks)
+    weights = GPT2Weights(**top, blocks=blocks)
+    weights.source = WeightsSource([mapped], dict(weights.arrays()))
+    weights.source.release_pages()  # the lm_head comparison read pages
+    return config, weights
 
 
 def save_hf(path: str | os.PathLike[str], config: GPT2Config, weights: GPT2Weights) -> None:

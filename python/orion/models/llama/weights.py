@@ -16,7 +16,7 @@ import os
 import struct
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,9 +30,10 @@ from orion.models.weights_io import (
     PROGRESS_EVERY,
     PROGRESS_MIN_BYTES,
     WEIGHTS_FILE,
+    MappedSafetensors,
+    WeightsSource,
     check_float32_shapes,
     content_hash,
-    raw_bf16,
     safetensors_files,
     write_safetensors,
 )
@@ -87,12 +88,14 @@ class LayerWeights:
 
 @dataclass
 class LlamaWeights:
-    """All weights (float32); ``lm_head`` is None when the LM head is tied to ``embed``."""
+    """All weights (float32); ``lm_head`` is None when the LM head is tied to ``embed``. ``source``: the
+    checkpoint they were loaded from (``load_hf``), None for weights made in memory."""
 
     embed: np.ndarray
     norm: np.ndarray
     layers: list[LayerWeights]
     lm_head: np.ndarray | None = None
+    source: WeightsSource | None = field(default=None, repr=False, compare=False)
 
     @property
     def classifier(self) -> np.ndarray:
@@ -127,9 +130,10 @@ class LlamaWeights:
         check_float32_shapes("LlamaWeights", self.arrays(), expected_shapes(config), WeightsError)
 
     def content_hash(self, config: LlamaConfig) -> str:
-        """sha256 (hex) of the configuration and every array's name, shape and raw bytes."""
+        """sha256 (hex) of the configuration and every array's name, shape and raw bytes (the checkpoint
+        files' digest standing for the bytes while the arrays are the loaded ones)."""
         self.validate(config)
-        return content_hash("orion-llama-weights-v1", repr(config), self.arrays())
+        return content_hash("orion-llama-weights-v1", repr(config), self.arrays(), self.source)
 
 
 def expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
@@ -250,11 +254,13 @@ def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple
     shapes = expected_shapes(config)
     found: dict[str, np.ndarray] = {}
     where: dict[str, Path] = {}
+    mapped: list[MappedSafetensors] = []
     count = 0
     for file, listed in shards.items():
         try:
             handle = safe_open(str(file), framework="np")
-        except (SafetensorError, OSError) as exc:
+            mapped.append(MappedSafetensors(file))
+        except (SafetensorError, OSError, ValueError, struct.error) as exc:
             raise WeightsError(f"{file}: not a readable safetensors file ({exc})") from exc
         with handle as f:
             keys = sorted(f.keys())
@@ -283,8 +289,7 @@ def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple
                 if shape != shapes[field]:
                     raise WeightsError(f"{file}: tensor {key!r} has shape {shape}, expected {shapes[field]} "
                                        f"({_shape_detail(config, field)} from {CONFIG_FILE})")
-                array = raw_bf16(file, key) if dtype == "BF16" else f.get_tensor(key)
-                found[key] = np.ascontiguousarray(array, dtype=np.float32)
+                found[key] = mapped[-1].float32(key)
                 count += 1
                 if progress and count % PROGRESS_EVERY == 0:
                     print(f"orion: loading {directory.name}: {count} tensors", file=sys.stderr, flush=True)
@@ -302,7 +307,10 @@ def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple
                               if f"model.layers.{i}.{hf}" in found}) for i in range(config.n_layers)]
     if progress:
         print(f"orion: loaded {directory.name}: {count} tensors", file=sys.stderr, flush=True)
-    return config, LlamaWeights(**top, layers=layers)
+    weights = LlamaWeights(**top, layers=layers)
+    weights.source = WeightsSource(mapped, dict(weights.arrays()))
+    weights.source.release_pages()  # the lm_head comparison read pages
+    return config, weights
 
 
 def save_hf(path: str | os.PathLike[str], config: LlamaConfig, weights: LlamaWeights, dtype: str = "float32",

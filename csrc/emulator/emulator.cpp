@@ -136,6 +136,7 @@ public:
             scratch_bytes_ += planned.scratch_bytes;
             const int id = define(op.output, op.type);
             if (planned.view_of >= 0) values_[id].slot = planned.view_of;
+            values_[id].affine = planned.affine;
             steps_.push_back(std::move(step));
         }
     }
@@ -212,7 +213,7 @@ public:
             input_slots_.push_back(slot);
             in_place_.push_back(s.type.dtype == mil::DType::fp16 && !values()[static_cast<size_t>(slot)].needs_fp32);
         }
-        for (auto& v : values()) v.blob.reset();  // the caller's weight buffers are not kept
+        for (auto& v : values()) v.blob.reset(), v.affine.reset();  // the caller's weight buffers are not kept
     }
 
     ~EmulatedProgram() override { buffer_pool::clear(); }
@@ -310,11 +311,38 @@ private:
     void build_kernels() {
         check_frame_size();
         shrink_repeated_consts();
+        // A compile-time constant op's kernel (constexpr_affine_dequantize) is built after its readers,
+        // and kept only if one of them reads its values or the program returns them: conv takes its
+        // weight in quantized form (ValueInfo::affine), so the values are never materialised.
+        std::set<int> returned;
+        for (const auto& spec : outputs_) returned.insert(model_.ids_.at(spec.name));
+        std::vector<const ProgramModel::Step*> order;
+        std::vector<BuiltOp> built;
         for (const auto& step : model_.steps_) {
+            order.push_back(&step);
+            if (values()[static_cast<size_t>(step.out)].affine) {
+                built.emplace_back();  // built below, once its readers are known
+                continue;
+            }
             OpContext ctx(*step.op, step.typed, values(), step.arg_ids, step.tuple_ids, step.out, /*plan_only=*/false);
-            BuiltOp built = step.build(ctx);
-            if (built.view_of >= 0) continue;
-            kernels_.push_back(std::move(built.kernel));
+            built.push_back(step.build(ctx));
+        }
+        for (size_t i = 0; i < order.size(); ++i) {
+            const ProgramModel::Step& step = *order[i];
+            ValueInfo& out = values()[static_cast<size_t>(step.out)];
+            if (!out.affine) continue;
+            if (!out.used_as_data && !returned.count(step.out)) {
+                unmaterialised_.insert(step.out);
+                built[i].view_of = step.out;  // no kernel
+                continue;
+            }
+            OpContext ctx(*step.op, step.typed, values(), step.arg_ids, step.tuple_ids, step.out, /*plan_only=*/false);
+            built[i] = step.build(ctx);
+        }
+        for (size_t i = 0; i < order.size(); ++i) {
+            const ProgramModel::Step& step = *order[i];
+            if (built[i].view_of >= 0) continue;
+            kernels_.push_back(std::move(built[i].kernel));
             kernel_steps_.push_back(&step);
             kernel_kinds_.push_back(step.op->op);
             kernel_costs_.push_back(profile::op_cost(*step.op, operand_types(step), step.op->type));
@@ -331,6 +359,7 @@ private:
             t.lanes = t.last_dim();
             const bool is_const = v.constant != nullptr;
             if (is_const && !v.used_as_data) continue;  // read at build time only (e.g. packed conv weights)
+            if (unmaterialised_.count(static_cast<int>(i))) continue;  // a constexpr value read in quantized form
             if (pooled[i]) continue;  // taken from the buffer pool while it is live (run_kernel)
             if (!is_const) {
                 unallocated_.push_back(v.slot);  // allocated by the first evaluate (allocate_frame)
@@ -477,6 +506,7 @@ private:
     std::vector<Kernel> kernels_;
     std::vector<int> input_slots_, output_slots_;
     std::vector<int> unallocated_;  // frame slots allocate_frame() still has to allocate
+    std::set<int> unmaterialised_;  // constexpr outputs no kernel reads as data: never computed nor allocated
     std::vector<bool> in_place_;  // per input: fp16 read in place from the surface (Tensor::half)
     std::vector<const ProgramModel::Step*> kernel_steps_;  // per kernel: its step
     std::vector<std::vector<int>> acquire_, release_;      // per kernel: pooled slots taken before / given after it

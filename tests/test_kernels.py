@@ -230,12 +230,15 @@ def test_conv1x1_accepts_non_contiguous_input():
 # --- conv1x1 with int8 weights (W8A16) ----------------------------------------------------------
 # Scales of 4 significant bits make every q * scale (|q| <= 127) an fp16 value: the int8 kernel must
 # then give, bit for bit, what the fp16 kernel gives the dequantized weight, and stay within the fp32
-# accumulation band of a float64 reference.
+# accumulation band of a float64 reference. Power-of-two scales take the kernel's other path (the
+# scale applied once per output): the same bits again.
 
 
-def int8_weight(cout: int, cin: int, low: int = -12, high: int = -4) -> tuple[np.ndarray, np.ndarray]:
+def int8_weight(cout: int, cin: int, low: int = -12, high: int = -4,
+                pow2: bool = False) -> tuple[np.ndarray, np.ndarray]:
     q = RNG.integers(-127, 128, size=(cout, cin)).astype(np.int8)
-    scale = (RNG.integers(8, 16, size=cout) * np.exp2(RNG.integers(low, high, size=cout))).astype(np.float32)
+    mantissa = 8 if pow2 else RNG.integers(8, 16, size=cout)
+    scale = (mantissa * np.exp2(RNG.integers(low, high, size=cout))).astype(np.float32)
     return q, scale
 
 
@@ -253,9 +256,10 @@ def test_int8_weights_fp16_exact_detects_inexact_products():
     assert kernels.int8_weights_fp16_exact(np.full((3, 2), 63, np.int8), big)
 
 
+@pytest.mark.parametrize("pow2", [False, True], ids=["4-bit scales", "power-of-two scales"])
 @pytest.mark.parametrize("cout,cin", [(1, 1), (5, 7), (16, 40), (33, 129), (100, 300), (768, 768), (48, 3072)])
-def test_conv1x1_i8_matches_float64_and_the_fp16_kernel_bit_for_bit(cout, cin):
-    q, scale = int8_weight(cout, cin)
+def test_conv1x1_i8_matches_float64_and_the_fp16_kernel_bit_for_bit(cout, cin, pow2):
+    q, scale = int8_weight(cout, cin, pow2=pow2)
     w64 = q.astype(np.float64) * scale[:, None]
     halves = w64.astype(np.float16)
     packed = kernels.PackedConv1x1I8(q, scale)
@@ -270,17 +274,19 @@ def test_conv1x1_i8_matches_float64_and_the_fp16_kernel_bit_for_bit(cout, cin):
             assert np.all(got[:, lanes:] == 0)
 
 
+@pytest.mark.parametrize("pow2", [False, True], ids=["4-bit scales", "power-of-two scales"])
 @pytest.mark.parametrize("lanes", list(range(0, 14)) + [31, 64, 300, 1000])
-def test_conv1x1_i8_every_lane_count_is_bit_exact(lanes):
-    q, scale = int8_weight(70, 200)
+def test_conv1x1_i8_every_lane_count_is_bit_exact(lanes, pow2):
+    q, scale = int8_weight(70, 200, pow2=pow2)
     x = RNG.standard_normal((200, 1024)).astype(np.float32)
     halves = (q.astype(np.float64) * scale[:, None]).astype(np.float16)
     np.testing.assert_array_equal(kernels.conv1x1_i8(q, scale, x, lanes=lanes),
                                   kernels.conv1x1(halves, x, lanes=lanes))
 
 
-def test_conv1x1_i8_subnormal_and_negative_scales():
-    q, scale = int8_weight(20, 30, low=-24, high=-20)  # products down to fp16's subnormals
+@pytest.mark.parametrize("pow2", [False, True], ids=["4-bit scales", "power-of-two scales"])
+def test_conv1x1_i8_subnormal_and_negative_scales(pow2):
+    q, scale = int8_weight(20, 30, low=-24, high=-20, pow2=pow2)  # products down to fp16's subnormals
     scale[::3] *= -1
     w64 = q.astype(np.float64) * scale[:, None]
     assert kernels.int8_weights_fp16_exact(q, scale)

@@ -63,10 +63,12 @@ struct Kernels {
     // acc[l*16 + j] (+)= sum_{c<k} w[c*16 + j] * x[c*S + l] for l < lanes (<= conv_lanes).
     void (*conv_tile_f16)(const uint16_t* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
     void (*conv_tile_f32)(const float* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
-    // conv_tile_f16 with int8 weights w[c*16 + j] standing for the fp32 product w[c*16 + j] * scale[j].
+    // conv_tile_f16 with int8 weights w[c*16 + j] standing for the fp32 product w[c*16 + j] * scale[j]
+    // (w[c*16 + j] itself when scale is null).
     void (*conv_tile_i8)(const int8_t* w, const float* scale, const float* x, int64_t S, int64_t k, int lanes,
                          float* acc, bool add);
-    // dst[r*16 + j] = w[r*16 + j] * scale[j] in fp32 for r < rows: int8 panel rows widened.
+    // dst[r*16 + j] = w[r*16 + j] * scale[j] (w[r*16 + j] when scale is null) in fp32 for r < rows:
+    // int8 panel rows widened.
     void (*dequant_i8)(const int8_t* w, const float* scale, float* dst, int64_t rows);
     // Two panels at once (null when the flavour has no registers for it): acc[l*32 + j] (+)=
     // sum_{c<k} w[c*32 + j] * x[c*S + l] for l < lanes (<= conv_lanes), one sum per output in c order.
@@ -138,7 +140,8 @@ void conv_tile_i8_portable(const int8_t* w, const float* scale, const float* x, 
         float sum[kConvPanel] = {};
         for (int64_t c = 0; c < k; ++c) {
             const float xv = x[c * S + l];
-            for (int j = 0; j < kConvPanel; ++j) sum[j] += static_cast<float>(w[c * kConvPanel + j]) * scale[j] * xv;
+            for (int j = 0; j < kConvPanel; ++j)
+                sum[j] += static_cast<float>(w[c * kConvPanel + j]) * (scale ? scale[j] : 1.0f) * xv;
         }
         for (int j = 0; j < kConvPanel; ++j) acc[l * kConvPanel + j] = (add ? acc[l * kConvPanel + j] : 0.0f) + sum[j];
     }
@@ -146,7 +149,8 @@ void conv_tile_i8_portable(const int8_t* w, const float* scale, const float* x, 
 
 void dequant_i8_portable(const int8_t* w, const float* scale, float* dst, int64_t rows) {
     for (int64_t r = 0; r < rows; ++r)
-        for (int j = 0; j < kConvPanel; ++j) dst[r * kConvPanel + j] = static_cast<float>(w[r * kConvPanel + j]) * scale[j];
+        for (int j = 0; j < kConvPanel; ++j)
+            dst[r * kConvPanel + j] = static_cast<float>(w[r * kConvPanel + j]) * (scale ? scale[j] : 1.0f);
 }
 
 void gemm_tile_portable(int64_t k, const float* a, const float* b, float* c, int64_t c_rs, int64_t rows, int64_t cols,
@@ -239,11 +243,11 @@ ORION_AVX2 inline __m256 load8(const uint16_t* p) {
 }
 ORION_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 
-// 8 int8 values as fp32, times 8 scales (exact when the products are fp16 values).
-ORION_AVX2 inline __m256 load8_i8(const int8_t* p, __m256 scale) {
-    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), scale);
+// 8 int8 values as fp32 (times 8 scales: exact when the products are fp16 values).
+ORION_AVX2 inline __m256 load8_i8(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
+ORION_AVX2 inline __m256 load8_i8(const int8_t* p, __m256 scale) { return _mm256_mul_ps(load8_i8(p), scale); }
 
 // How a conv tile reads row c (16 weights of one input channel) of a panel, as two fp32 halves.
 template <typename W>
@@ -257,6 +261,11 @@ struct Int8Rows8 {
     __m256 scale_lo, scale_hi;
     ORION_AVX2 __m256 lo(int64_t c) const { return load8_i8(w + c * kConvPanel, scale_lo); }
     ORION_AVX2 __m256 hi(int64_t c) const { return load8_i8(w + c * kConvPanel + 8, scale_hi); }
+};
+struct UnscaledInt8Rows8 {
+    const int8_t* w;
+    ORION_AVX2 __m256 lo(int64_t c) const { return load8_i8(w + c * kConvPanel); }
+    ORION_AVX2 __m256 hi(int64_t c) const { return load8_i8(w + c * kConvPanel + 8); }
 };
 
 // 16 outputs x L lanes in 2*L*U accumulators; U interleaved partial sums over the input channels
@@ -330,11 +339,13 @@ ORION_AVX2 void conv_tile_avx2(const W* w, const float* x, int64_t S, int64_t k,
 
 ORION_AVX2 void conv_tile_i8_avx2(const int8_t* w, const float* scale, const float* x, int64_t S, int64_t k,
                                   int lanes, float* acc, bool add) {
+    if (!scale) return conv_tile_avx2_rows(UnscaledInt8Rows8{w}, x, S, k, lanes, acc, add);
     conv_tile_avx2_rows(Int8Rows8{w, _mm256_loadu_ps(scale), _mm256_loadu_ps(scale + 8)}, x, S, k, lanes, acc, add);
 }
 
 ORION_AVX2 void dequant_i8_avx2(const int8_t* w, const float* scale, float* dst, int64_t rows) {
-    const __m256 lo = _mm256_loadu_ps(scale), hi = _mm256_loadu_ps(scale + 8);
+    const __m256 one = _mm256_set1_ps(1.0f);  // exact: q * 1 = q
+    const __m256 lo = scale ? _mm256_loadu_ps(scale) : one, hi = scale ? _mm256_loadu_ps(scale + 8) : one;
     for (int64_t r = 0; r < rows; ++r) {
         _mm256_storeu_ps(dst + r * kConvPanel, load8_i8(w + r * kConvPanel, lo));
         _mm256_storeu_ps(dst + r * kConvPanel + 8, load8_i8(w + r * kConvPanel + 8, hi));
@@ -537,14 +548,18 @@ struct PlainRows16 {
     const W* w;
     ORION_AVX512 __m512 row(int64_t c) const { return load16(w + c * kConvPanel); }
 };
-// 16 int8 weights as fp32 times their 16 scales (exact when the products are fp16 values).
+// 16 int8 weights as fp32 (times their 16 scales: exact when the products are fp16 values).
+ORION_AVX512 inline __m512 load16_i8(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
 struct Int8Rows16 {
     const int8_t* w;
     __m512 scale;
-    ORION_AVX512 __m512 row(int64_t c) const {
-        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + c * kConvPanel));
-        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), scale);
-    }
+    ORION_AVX512 __m512 row(int64_t c) const { return _mm512_mul_ps(load16_i8(w + c * kConvPanel), scale); }
+};
+struct UnscaledInt8Rows16 {
+    const int8_t* w;
+    ORION_AVX512 __m512 row(int64_t c) const { return load16_i8(w + c * kConvPanel); }
 };
 
 template <int L, int U, typename Rows>
@@ -605,6 +620,7 @@ ORION_AVX512 void conv_tile_avx512(const W* w, const float* x, int64_t S, int64_
 
 ORION_AVX512 void conv_tile_i8_avx512(const int8_t* w, const float* scale, const float* x, int64_t S, int64_t k,
                                       int lanes, float* acc, bool add) {
+    if (!scale) return conv_tile_avx512_rows(UnscaledInt8Rows16{w}, x, S, k, lanes, acc, add);
     conv_tile_avx512_rows(Int8Rows16{w, _mm512_loadu_ps(scale)}, x, S, k, lanes, acc, add);
 }
 
@@ -743,7 +759,7 @@ bool converts_weights(const Kernels& k, int64_t cin, int64_t lanes) {
 }
 
 // A panel's weights in the flavour's tile, and widened to fp32: fp16 ones, or int8 ones times their
-// panel's 16 scales (`scale`, unused for fp16).
+// panel's 16 scales (`scale`, unused for fp16; null: the int8 values themselves).
 void conv_tile(const Kernels& k, const uint16_t* w, const float*, const float* x, int64_t S, int64_t kc, int lanes,
                float* acc, bool add) {
     k.conv_tile_f16(w, x, S, kc, lanes, acc, add);
@@ -759,10 +775,26 @@ void widen_rows(const Kernels& k, const int8_t* w, const float* scale, float* ds
     k.dequant_i8(w, scale, dst, rows);
 }
 
+// Each output's sum times its channel's power-of-two scale (exact), before any rounding.
+void scale_outputs(float* acc, const float* post, int64_t lanes, int64_t width) {
+    if (!post) return;
+    for (int64_t s = 0; s < lanes; ++s)
+        for (int64_t j = 0; j < width; ++j) acc[s * width + j] *= post[j];
+}
+
+// How a packed weight's scales enter a panel's sums: inside (each weight q * scale, formed in the
+// tile), or after (sum(q * x) * scale: bit for bit the same when every scale is a power of two, as
+// scaling by 2^k commutes with each fp32 rounding of the sum; the tile then converts only).
+struct PanelScales {
+    const float* inside = nullptr;
+    const float* after = nullptr;
+};
+
 // One conv panel (16 output channels) over the first `lanes` lanes, written to out rows.
 template <typename W>
-void conv_panel(const Kernels& k, const W* w, const float* scale, int64_t cin, const float* x, int64_t S,
+void conv_panel(const Kernels& k, const W* w, PanelScales scales, int64_t cin, const float* x, int64_t S,
                 int64_t lanes, float* out, int64_t rows, bool round) {
+    const float* scale = scales.inside;
     thread_local std::vector<float> acc_buffer, weight_buffer;
     float* acc = scratch(acc_buffer, static_cast<size_t>(lanes * kConvPanel));
     const int tiles = static_cast<int>(ceil_div(lanes, k.conv_lanes));
@@ -785,6 +817,7 @@ void conv_panel(const Kernels& k, const W* w, const float* scale, int64_t cin, c
             }
         }
     }
+    scale_outputs(acc, scales.after, lanes, kConvPanel);
     if (round) k.round_fp16(acc, static_cast<size_t>(lanes * kConvPanel));
     for (int64_t j = 0; j < rows; ++j)
         for (int64_t s = 0; s < lanes; ++s) out[j * S + s] = acc[s * kConvPanel + j];
@@ -794,9 +827,10 @@ void conv_panel(const Kernels& k, const W* w, const float* scale, int64_t cin, c
 // first `lanes` lanes, written to out rows: conv_panel's converting path with the pair tile. Each
 // output sums exactly as conv_panel's would.
 template <typename W>
-void conv_pair(const Kernels& k, const W* w, const float* scale, int64_t cin, const float* x, int64_t S, int64_t lanes,
+void conv_pair(const Kernels& k, const W* w, PanelScales scales, int64_t cin, const float* x, int64_t S, int64_t lanes,
                float* out, int64_t rows, bool round) {
     constexpr int64_t P = 2 * kConvPanel;
+    const float* scale = scales.inside;
     thread_local std::vector<float> acc_buffer, weight_buffer;
     float* acc = scratch(acc_buffer, static_cast<size_t>(lanes * P));
     float* w32 = scratch(weight_buffer, kConvKBlock * P);
@@ -816,6 +850,7 @@ void conv_pair(const Kernels& k, const W* w, const float* scale, int64_t cin, co
                                  c0 > 0);
         }
     }
+    scale_outputs(acc, scales.after, lanes, P);  // the pair's 32 scales are contiguous
     if (round) k.round_fp16(acc, static_cast<size_t>(lanes * P));
     for (int64_t j = 0; j < rows; ++j)
         for (int64_t s = 0; s < lanes; ++s) out[j * S + s] = acc[s * P + j];
@@ -906,6 +941,10 @@ PackedConv1x1I8 pack_conv1x1_i8(const int8_t* q, const float* scale, int64_t cou
         for (int64_t c = 0; c < cin; ++c) panel[c * kConvPanel] = q[o * cin + c];
         packed.scale[static_cast<size_t>(o)] = scale[o];
     }
+    packed.scale_after = std::all_of(scale, scale + cout, [](float s) {
+        int exponent = 0;
+        return std::isfinite(s) && std::fabs(std::frexp(s, &exponent)) == 0.5f;  // +-2^k
+    });
     return packed;
 }
 
@@ -971,8 +1010,11 @@ void add_usage(const SharedPacked<Packed>& shared, int64_t& count, int64_t& byte
         }
 }
 
-const float* panel_scales(const PackedConv1x1&, int64_t) { return nullptr; }
-const float* panel_scales(const PackedConv1x1I8& w, int64_t o0) { return w.scale.data() + o0; }
+PanelScales panel_scales(const PackedConv1x1&, int64_t) { return {}; }
+PanelScales panel_scales(const PackedConv1x1I8& w, int64_t o0) {
+    const float* scale = w.scale.data() + o0;
+    return w.scale_after ? PanelScales{nullptr, scale} : PanelScales{scale, nullptr};
+}
 
 // conv1x1 of either packed weight type: the same jobs, tiles and summation order for both.
 template <typename Packed>

@@ -49,6 +49,9 @@ struct PackedConv1x1I8 {
     int64_t cin = 0;
     std::vector<int8_t> data;
     std::vector<float> scale;  // one per output channel, zero-padded to whole panels
+    // Every scale a power of two: the kernels sum q * x and scale each output once (the same bits,
+    // and a conversion per weight with no multiply).
+    bool scale_after = false;
 };
 // Whether q[o][c] * scale[o] is, for every weight, an fp16 value exactly (the fp32 product is then
 // exact too): the condition of PackedConv1x1I8.

@@ -469,9 +469,12 @@ private:
         for (size_t a = 0; a < step.arg_ids.size(); ++a) {
             std::vector<int> ids = step.tuple_ids[a];
             if (step.arg_ids[a] >= 0) ids.push_back(step.arg_ids[a]);
-            for (int id : ids)
-                if (values()[static_cast<size_t>(id)].type.is_tensor)
-                    types.emplace_back(step.op->args[a].name, &values()[static_cast<size_t>(id)].type);
+            for (int id : ids) {
+                const ValueInfo& v = values()[static_cast<size_t>(id)];
+                // a quantized weight is read as stored (int8), not as the fp16 tensor it stands for
+                const mil::Type& type = v.affine ? values()[static_cast<size_t>(v.affine->data)].type : v.type;
+                if (type.is_tensor) types.emplace_back(step.op->args[a].name, &type);
+            }
         }
         return types;
     }

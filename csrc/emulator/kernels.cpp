@@ -916,13 +916,18 @@ PackedConv1x1 pack_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin) {
 }
 
 bool int8_weights_fp16_exact(const int8_t* q, const float* scale, int64_t cout, int64_t cin) {
-    for (int64_t o = 0; o < cout; ++o)
-        for (int64_t c = 0; c < cin; ++c) {
-            const float w = static_cast<float>(q[o * cin + c]) * scale[o];
-            if (!std::isfinite(w) || emu::half_to_float(emu::float_to_half(w)) != w ||
-                static_cast<double>(q[o * cin + c]) * scale[o] != static_cast<double>(w))
-                return false;
+    for (int64_t o = 0; o < cout; ++o) {
+        // Which of the 256 values q may take give an exact fp16 product with this row's scale.
+        bool exact[256];
+        for (int v = -128; v < 128; ++v) {
+            const float w = static_cast<float>(v) * scale[o];
+            exact[v + 128] = std::isfinite(w) && emu::half_to_float(emu::float_to_half(w)) == w &&
+                             static_cast<double>(v) * scale[o] == static_cast<double>(w);
         }
+        bool row = true;
+        for (int64_t c = 0; c < cin; ++c) row &= exact[q[o * cin + c] + 128];
+        if (!row) return false;
+    }
     return true;
 }
 

@@ -60,17 +60,21 @@ def int8_scales(absmax: np.ndarray) -> np.ndarray:
 
 
 def quantize_int8(weight: np.ndarray, name: str = "weight") -> Int8Weight:
-    """Per-output-channel symmetric int8 of ``weight`` ``[Cout, ...]`` (see the module docstring)."""
-    w = np.asarray(weight, dtype=np.float64)
+    """Per-output-channel symmetric int8 of ``weight`` ``[Cout, ...]`` (see the module docstring);
+    computed in float32 (``q = rint(w / scale)``, ties to even)."""
+    w = np.asarray(weight)
     if w.ndim < 2 or w.shape[0] == 0:
         raise QuantError(f"{name}: int8 needs a weight [Cout, Cin, ...] with at least one row, got shape {list(w.shape)}")
-    if not np.all(np.isfinite(w)) or (w.size and np.abs(w).max() > FP16_MAX):
+    rows = w.reshape(w.shape[0], -1).astype(np.float32, copy=False)
+    absmax = np.maximum(rows.max(axis=1), -rows.min(axis=1)) if rows.shape[1] else np.zeros(w.shape[0], np.float32)
+    if not np.all(np.isfinite(absmax)) or (absmax.size and absmax.max() > FP16_MAX):  # NaN fails isfinite
         raise violation("ANE-25", name, "the weight has values that are not finite or beyond fp16's range",
                         "clamp or rescale the weight into fp16 range before quantizing it")
-    rows = w.reshape(w.shape[0], -1)
-    scale = int8_scales(np.abs(rows).max(axis=1) if rows.shape[1] else np.zeros(w.shape[0]))
-    limit = np.minimum(127.0, np.floor(FP16_MAX / scale.astype(np.float64)))  # products stay <= 65504
-    q = np.clip(np.rint(rows / scale[:, None].astype(np.float64)), -limit[:, None], limit[:, None])
+    scale = int8_scales(absmax)
+    limit = np.minimum(127.0, np.floor(FP16_MAX / scale.astype(np.float64))).astype(np.float32)[:, None]
+    q = np.divide(rows, scale[:, None])
+    np.rint(q, out=q)
+    np.clip(q, -limit, limit, out=q)  # products stay <= 65504
     return Int8Weight(q.astype(np.int8).reshape(w.shape), scale)
 
 

@@ -226,6 +226,9 @@ def test_gpt2_int8_matches_the_reference_on_its_quantized_weights() -> None:
     model = GPT2(config, weights, quant="int8", profile="permissive", progress=False)
     fp16 = GPT2(config, weights, progress=False)
     assert model.builder.identity["quant"] == "int8" and "quant" not in fp16.builder.identity
+    bytes_of = lambda m: sum(p.bytes_per_token for p in m.decode_plan.programs)  # noqa: E731
+    matrices = config.n_layer * 12 * config.n_embd**2 + config.vocab_size * config.n_embd  # one byte less each
+    assert bytes_of(fp16) - bytes_of(model) == matrices
     qweights, head = gpt2_int8_weights(weights)
     ids = [int(i) for i in RNG.integers(0, config.vocab_size, 9)]
     want = _gpt2_logits_with_head(config, qweights, head, ids)

@@ -121,6 +121,11 @@ def compile_options(quant: str, profile: str = "hardware", probe_report: Any = N
     return options
 
 
+def weight_bytes(quant: str) -> int:
+    """Bytes per weight-matrix element stored as ``quant`` (the scales are negligible)."""
+    return 1 if check_mode(quant) == "int8" else 2
+
+
 def quant_identity(quant: str) -> dict[str, str]:
     """What a model's program-cache identity adds for ``quant`` (nothing for fp16, so fp16 keys stay)."""
     return {} if check_mode(quant) == "fp16" else {"quant": quant}

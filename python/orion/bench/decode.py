@@ -146,7 +146,8 @@ def report(r: dict[str, Any]) -> str:
         f"decode             {r['decode_tok_s']:.1f} tok/s; ms/token p50 {r['ms_per_token_p50']:.2f}, "
         f"p90 {r['ms_per_token_p90']:.2f} ({r['new_tokens']} new tokens, greedy)",
         f"dispatches/token   {r['dispatches_per_token']} (fusion depth {r['fusion_depth']}, LM head on {r['lm_head']})",
-        f"bytes/token        {r['bytes_per_token'] / 1e6:.1f} MB (fp16 weights + surfaces, full-context KV cache)",
+        f"bytes/token        {r['bytes_per_token'] / 1e6:.1f} MB ({r['quant']} weight matrices + surfaces, "
+        f"full-context KV cache)",
     ]
     return "\n".join(lines)
 

@@ -18,7 +18,7 @@ from orion.models.gpt2 import graphs
 from orion.models.gpt2.config import GPT2Config
 from orion.models.gpt2.costs import decode_program_costs, layer_params
 from orion.models.gpt2.weights import GPT2Weights, load_hf, random_weights
-from orion.quant import compile_options, quant_identity
+from orion.quant import compile_options, quant_identity, weight_bytes
 
 
 class GPT2(CausalLM):
@@ -111,4 +111,4 @@ class GPT2(CausalLM):
         return 2 * layer_params(self.config)
 
     def program_costs(self, layer_ranges: list[range], head_ranges: list[range], lm_head: str) -> list[ProgramInfo]:
-        return decode_program_costs(self.config, layer_ranges, head_ranges, lm_head)
+        return decode_program_costs(self.config, layer_ranges, head_ranges, lm_head, weight_bytes(self.quant))

@@ -21,7 +21,7 @@ from orion.models.llama.config import ConfigError, LlamaConfig
 from orion.models.llama.costs import decode_program_costs
 from orion.models.llama.lora import lora_placements
 from orion.models.llama.weights import LlamaWeights, load_hf, load_llama2c, random_weights
-from orion.quant import compile_options, quant_identity
+from orion.quant import compile_options, quant_identity, weight_bytes
 
 DISPLAY_NAMES = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}
 
@@ -134,4 +134,5 @@ class Llama(CausalLM):
         return 2 * self.config.layer_param_count()
 
     def program_costs(self, layer_ranges: list[range], head_ranges: list[range], lm_head: str) -> list[ProgramInfo]:
-        return decode_program_costs(self.config, self.dims.context, layer_ranges, head_ranges, lm_head)
+        return decode_program_costs(self.config, self.dims.context, layer_ranges, head_ranges, lm_head,
+                                    weight_bytes(self.quant))

@@ -289,3 +289,14 @@ def test_llama_int8_matches_the_reference_on_its_quantized_weights(tied) -> None
     assert np.abs(got - full).max() <= 0.05 * np.abs(full).max()
     np.testing.assert_allclose(model.prefill(ids[:6]), want[5], rtol=0, atol=0.02 * float(np.abs(want).max()))
     np.testing.assert_allclose(model.decode_step(ids[6]), want[6], rtol=0, atol=0.02 * float(np.abs(want).max()))
+
+
+def test_served_model_takes_the_int8_options(tmp_path) -> None:
+    from orion.serve.model_engine import ModelEngine
+    from support.text_fixtures import write_model_dir
+
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=512, n_positions=32)  # the byte-level BPE's
+    directory = write_model_dir(tmp_path, config)
+    engine = ModelEngine.from_directory(directory, progress=False,
+                                        model_options=quant.model_options("int8", None, lambda text: None))
+    assert engine.model.quant == "int8" and engine.model.builder.compile_options["profile"] == "permissive"

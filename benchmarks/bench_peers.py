@@ -1,6 +1,7 @@
 """Orion against its installed peers, side by side: GPT-2 with random weights on the CPU.
 
-Engines: Orion (its default backend: the ANE emulator here), Hugging Face transformers fp32
+Engines: Orion (its default backend: the ANE emulator here; ``orion-int8``: its W8A16 int8 weights,
+``quant="int8"``, compiled with the permissive profile since the op is disputed, ANE-35), Hugging Face transformers fp32
 (``GPT2LMHeadModel``) and llama.cpp through llama-cpp-python at f16, q8_0 and f32, all on the same
 weights: one Hugging Face directory written by Orion's ``save_hf``, converted to GGUF by
 ``gguf_export.py`` for llama.cpp. Absent peers are skipped with a note. Every engine uses the same
@@ -19,7 +20,7 @@ interleaved (A, B, C, A, B, C, ...). Per pass and engine:
 
 Ratios are Orion's advantage: the peer's time (or RSS) over Orion's, Orion's tok/s over the
 peer's; above 1 means Orion is better. A probe measures the machine's DRAM read bandwidth, giving
-the decode roofline for fp16 weights. ``--check`` verifies instead that every engine's logits agree
+the decode roofline for fp16 weights (and int8 ones for orion-int8). ``--check`` verifies instead that every engine's logits agree
 with transformers fp32 (teacher-forced: a prefill, then decode steps) within stated tolerances.
 
     python benchmarks/bench_peers.py [--passes 3] [--quick] [--json out.json] [--check] [--profile]
@@ -44,7 +45,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 LLAMA_TYPES = ("f16", "q8_0", "f32")
-ENGINES = ("orion", "transformers") + tuple(f"llama.cpp-{t}" for t in LLAMA_TYPES)
+ENGINES = ("orion", "orion-int8", "transformers") + tuple(f"llama.cpp-{t}" for t in LLAMA_TYPES)
+ORION_ENGINES = {"orion": "fp16", "orion-int8": "int8"}  # engine -> Orion's quant (W8A16 for int8)
 START_NEW_TOKENS = 32  # tokens the warm-start process generates before it reports its peak RSS
 MiB = 1 << 20
 
@@ -52,7 +54,11 @@ MiB = 1 << 20
 # Orion computes in fp16 (its own GPT-2 test allows 0.03). llama.cpp's f32 file still keeps its
 # KV cache in f16 (its default) and evaluates GELU from an fp16 table: 6e-4 measured on 124M;
 # f16 weights: 1e-3, q8_0: 2e-2. A transposed attention projection gives 0.11 on the tiny model.
-CHECK_TOLERANCE = {"orion": 0.03, "llama.cpp-f32": 3e-3, "llama.cpp-f16": 0.01, "llama.cpp-q8_0": 0.05}
+# Orion's int8 weights (per-output-channel scales) are allowed what llama.cpp's q8_0 is.
+CHECK_TOLERANCE = {"orion": 0.03, "orion-int8": 0.05, "llama.cpp-f32": 3e-3, "llama.cpp-f16": 0.01,
+                   "llama.cpp-q8_0": 0.05}
+INT8_NOTE = ("orion-int8: int8 weights compile to constexpr_affine_dequantize, disputed on the ANE (ANE-35); "
+             "compiled with profile='permissive', as `python -m orion.bench decode --quant int8` does")
 
 
 @dataclass(frozen=True)
@@ -85,12 +91,14 @@ def gpt2_config(name: str):
 # ---------------------------------------------------------------------------------------------------
 
 class OrionEngine:
-    """Orion's public GPT-2 API on the Hugging Face directory."""
+    """Orion's public GPT-2 API on the Hugging Face directory, with fp16 or int8 weights (INT8_NOTE)."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
         from orion.models import GPT2
 
-        self.model = GPT2.from_pretrained(spec["hf_dir"], progress=False)
+        int8 = ORION_ENGINES[spec["engine"]] == "int8"
+        options = {"quant": "int8", "profile": "permissive"} if int8 else {}
+        self.model = GPT2.from_pretrained(spec["hf_dir"], progress=False, **options)
 
     def prefill(self, ids: list[int]):
         return self.model.prefill(ids)
@@ -156,7 +164,7 @@ class LlamaEngine:
 def open_engine(spec: dict[str, Any]):
     """The engine ``spec["engine"]`` names, loaded."""
     name = spec["engine"]
-    if name == "orion":
+    if name in ORION_ENGINES:
         return OrionEngine(spec)
     if name == "transformers":
         return TransformersEngine(spec)
@@ -165,7 +173,7 @@ def open_engine(spec: dict[str, Any]):
 
 def engine_versions(name: str) -> dict[str, str]:
     """Versions of the packages behind an engine (imported already)."""
-    if name == "orion":
+    if name in ORION_ENGINES:
         import orion
         from orion.runtime.backend import backend
 
@@ -423,7 +431,7 @@ def available_engines(wanted: list[str]) -> tuple[list[str], list[str]]:
 
     notes, engines = [], []
     for name in wanted:
-        module = {"orion": "orion", "transformers": "transformers"}.get(name, "llama_cpp")
+        module = {"orion": "orion", "orion-int8": "orion", "transformers": "transformers"}.get(name, "llama_cpp")
         needed = [module, "torch"] if name == "transformers" else [module]
         if any(importlib.util.find_spec(m) is None for m in needed):
             hint = {"llama_cpp": "pip install llama-cpp-python", "transformers": "pip install torch transformers",
@@ -486,14 +494,15 @@ def advantage(orion: float, peer: float, higher_is_better: bool) -> float:
     return orion / peer if higher_is_better else peer / orion
 
 
-def roofline(prepared: dict[str, Any], setup: Setup, dram_gbs: float) -> dict[str, float]:
-    """Decode upper bound for fp16 weights: bytes read per token over the probe's bandwidth."""
+def roofline(prepared: dict[str, Any], setup: Setup, dram_gbs: float, matrix_bytes: int = 2) -> dict[str, float]:
+    """Decode upper bound: bytes read per token over the probe's bandwidth, with ``matrix_bytes`` per
+    weight-matrix element (2: fp16; 1: int8, whose scales are negligible) and fp16 for the rest."""
     c, layers, vocab = prepared["n_embd"], prepared["n_layer"], prepared["vocab_size"]
     matrices = layers * 12 * c * c + vocab * c  # QKV, out, MLP up/down per layer; the tied LM head
     small = layers * 13 * c + 2 * c  # biases and LayerNorms
     mean_context = setup.prompt_tokens + setup.new_tokens // 2
     kv = 2 * layers * c * mean_context  # keys and values read per token, at the mean context
-    nbytes = 2 * (matrices + small + kv)
+    nbytes = matrix_bytes * matrices + 2 * (small + kv)
     return {"bytes_per_token": nbytes, "mean_context": mean_context, "tok_s": dram_gbs * 1e9 / nbytes}
 
 
@@ -514,17 +523,20 @@ def summarise(result: dict[str, Any], setup: Setup) -> None:
     result["figures"] = per_engine
     result["medians"] = {e: {k: statistics.median(f[k] for f in rows) for k in rows[0]}
                          for e, rows in per_engine.items() if rows}
-    ratios: dict[str, dict[str, Any]] = {}
-    if "orion" in per_engine:
+    def ratios_of(base: str) -> dict[str, dict[str, Any]]:
+        ratios: dict[str, dict[str, Any]] = {}
         for peer in engines:
-            if peer == "orion":
+            if peer in ORION_ENGINES:
                 continue
             ratios[peer] = {}
             for key, _, _, higher in metrics(setup):
-                pairs = zip(per_engine["orion"], per_engine[peer], strict=True)
+                pairs = zip(per_engine[base], per_engine[peer], strict=True)
                 per_pass = [advantage(o[key], p[key], higher) for o, p in pairs]
                 ratios[peer][key] = {"per_pass": per_pass, "median": statistics.median(per_pass)}
-    result["ratios"] = ratios
+        return ratios
+
+    result["ratios"] = ratios_of("orion") if "orion" in per_engine else {}
+    result["ratios_int8"] = ratios_of("orion-int8") if "orion-int8" in per_engine else {}
     reference = "transformers" if "transformers" in engines else engines[0]
     ref_tokens = passes[0][reference]["workload"]["decode"]["tokens"]
     result["tokens_agreeing_with"] = {"reference": reference, **{
@@ -557,16 +569,23 @@ def report(result: dict[str, Any], setup: Setup) -> str:
     if "orion" in engines and "decode_tok_s" in result["medians"]["orion"] and probe:
         share = result["medians"]["orion"]["decode_tok_s"] / result["roofline"]["tok_s"]
         lines.append(f"Orion decode = {100 * share:.0f}% of the fp16 roofline")
-    if result["ratios"]:
-        lines += ["", "Orion's advantage, per pass | median: peer time (or RSS) / Orion's, Orion tok/s / peer's; "
-                      "> 1 means Orion is better"]
-        peers = list(result["ratios"])
+    if "orion-int8" in engines and "decode_tok_s" in result["medians"]["orion-int8"] and probe:
+        r8 = roofline(result["model"], setup, probe["dram_gbs"], matrix_bytes=1)
+        share = result["medians"]["orion-int8"]["decode_tok_s"] / r8["tok_s"]
+        lines.append(f"orion-int8 decode = {100 * share:.0f}% of the int8 roofline ({r8['bytes_per_token'] / 1e6:.1f} "
+                     f"MB per token: {r8['tok_s']:.1f} tok/s)")
+    for name, ratios in (("Orion", result["ratios"]), ("orion-int8", result.get("ratios_int8", {}))):
+        if not ratios:
+            continue
+        lines += ["", f"{name}'s advantage, per pass | median: peer time (or RSS) / {name}'s, {name} tok/s / "
+                      f"peer's; > 1 means {name} is better"]
+        peers = list(ratios)
         cell = max(width, 5 * len(result["passes"]) + 8)
         lines.append(f"{'':<42}" + "".join(f"{p:>{cell}}" for p in peers))
         for key, label, _, _ in metrics(setup):
             cells = []
             for peer in peers:
-                r = result["ratios"][peer][key]
+                r = ratios[peer][key]
                 text = " ".join(f"{x:.2f}" for x in r["per_pass"]) + f" | {r['median']:.2f}"
                 cells.append(f"{text:>{cell}}")
             lines.append(f"{label:<42}" + "".join(cells))
@@ -668,6 +687,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, setup: Setup, passes: int, wanted: list[str], workdir: Path) -> int:
     engines, notes = available_engines(wanted)
+    if "orion-int8" in engines:
+        notes.append(INT8_NOTE)
     if not engines:
         print("bench_peers: no engine can run:\n  " + "\n  ".join(notes), file=sys.stderr)
         return 1

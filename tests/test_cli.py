@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import orion
+from orion import probes
 from orion.models import GPT2Config
 from orion.models.gpt2.weights import save_hf
 from support.gpt2_fixtures import lively_weights
@@ -46,6 +47,26 @@ def test_bench_decode_report(model_dir) -> None:
     assert out.returncode == 0, out.stderr
     for field in ("backend", "compile", "prefill", "decode", "dispatches/token", "bytes/token", "p90"):
         assert field in out.stdout
+
+
+def test_bench_decode_int8_says_it_uses_the_permissive_profile(model_dir, tmp_path) -> None:
+    out = run("orion.bench", "decode", "--model", str(model_dir), "--prompt-tokens", "5", "--new-tokens", "8",
+              "--quant", "int8", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["quant"] == "int8"
+    assert "disputed on the ANE (ANE-35); using profile='permissive'" in out.stderr
+    report = tmp_path / "emulator-report.json"  # an emulator probe report relaxes nothing: refused, saying how
+    report.write_text(json.dumps({"schema": probes.SCHEMA, "backend": "emulator", "probes": {}}))
+    out = run("orion.bench", "decode", "--model", str(model_dir), "--new-tokens", "2", "--quant", "int8",
+              "--probe-report", str(report))
+    assert out.returncode != 0 and "ANE-35" in out.stderr and "profile='permissive'" in out.stderr
+
+
+def test_generate_with_int8_weights(model_dir) -> None:
+    out = run("orion", "generate", "--model", str(model_dir), "--prompt", "hello world", "--max-new-tokens", "6",
+              "--quant", "int8")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("hello world") and "ANE-35" in out.stderr
 
 
 def test_generate_streams_text(model_dir) -> None:

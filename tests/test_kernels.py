@@ -227,6 +227,86 @@ def test_conv1x1_accepts_non_contiguous_input():
     assert np.array_equal(kernels.conv1x1(np.asfortranarray(weight), x), kernels.conv1x1(weight, x))
 
 
+# --- conv1x1 with int8 weights (W8A16) ----------------------------------------------------------
+# Scales of 4 significant bits make every q * scale (|q| <= 127) an fp16 value: the int8 kernel must
+# then give, bit for bit, what the fp16 kernel gives the dequantized weight, and stay within the fp32
+# accumulation band of a float64 reference. Power-of-two scales take the kernel's other path (the
+# scale applied once per output): the same bits again.
+
+
+def int8_weight(cout: int, cin: int, low: int = -12, high: int = -4,
+                pow2: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    q = RNG.integers(-127, 128, size=(cout, cin)).astype(np.int8)
+    mantissa = 8 if pow2 else RNG.integers(8, 16, size=cout)
+    scale = (mantissa * np.exp2(RNG.integers(low, high, size=cout))).astype(np.float32)
+    return q, scale
+
+
+def test_int8_weights_fp16_exact_detects_inexact_products():
+    q, scale = int8_weight(9, 13)
+    assert kernels.int8_weights_fp16_exact(q, scale)
+    exact = q.astype(np.float64) * scale[:, None]
+    assert np.array_equal(exact.astype(np.float16).astype(np.float64), exact)  # the premise, checked by numpy
+    scale[4] = np.float32(np.float16(0.1))  # 11 significant bits: q * scale needs up to 18
+    assert not kernels.int8_weights_fp16_exact(q, scale)
+    with pytest.raises(ValueError, match="fp16"):
+        kernels.PackedConv1x1I8(q, scale)
+    big = np.full(3, 1024.0, np.float32)  # 127 * 1024 overflows fp16
+    assert not kernels.int8_weights_fp16_exact(np.full((3, 2), 127, np.int8), big)
+    assert kernels.int8_weights_fp16_exact(np.full((3, 2), 63, np.int8), big)
+
+
+@pytest.mark.parametrize("pow2", [False, True], ids=["4-bit scales", "power-of-two scales"])
+@pytest.mark.parametrize("cout,cin", [(1, 1), (5, 7), (16, 40), (33, 129), (100, 300), (768, 768), (48, 3072)])
+def test_conv1x1_i8_matches_float64_and_the_fp16_kernel_bit_for_bit(cout, cin, pow2):
+    q, scale = int8_weight(cout, cin, pow2=pow2)
+    w64 = q.astype(np.float64) * scale[:, None]
+    halves = w64.astype(np.float16)
+    packed = kernels.PackedConv1x1I8(q, scale)
+    assert (packed.cout, packed.cin) == (cout, cin)
+    for S, lanes in ((1, 1), (2, 2), (5, 3), (13, 13), (64, 64), (64, 1), (600, 517)):
+        x = RNG.standard_normal((cin, S)).astype(np.float32)
+        for round_ in (True, False):
+            got = packed(x, lanes=lanes, round=round_)
+            np.testing.assert_array_equal(got, kernels.conv1x1(halves, x, lanes=lanes, round=round_))
+            ref = w64 @ x[:, :lanes].astype(np.float64)
+            assert_close(got[:, :lanes], ref, fp32_bound(w64, x[:, :lanes]), round_)
+            assert np.all(got[:, lanes:] == 0)
+
+
+@pytest.mark.parametrize("pow2", [False, True], ids=["4-bit scales", "power-of-two scales"])
+@pytest.mark.parametrize("lanes", list(range(0, 14)) + [31, 64, 300, 1000])
+def test_conv1x1_i8_every_lane_count_is_bit_exact(lanes, pow2):
+    q, scale = int8_weight(70, 200, pow2=pow2)
+    x = RNG.standard_normal((200, 1024)).astype(np.float32)
+    halves = (q.astype(np.float64) * scale[:, None]).astype(np.float16)
+    np.testing.assert_array_equal(kernels.conv1x1_i8(q, scale, x, lanes=lanes),
+                                  kernels.conv1x1(halves, x, lanes=lanes))
+
+
+@pytest.mark.parametrize("pow2", [False, True], ids=["4-bit scales", "power-of-two scales"])
+def test_conv1x1_i8_subnormal_and_negative_scales(pow2):
+    q, scale = int8_weight(20, 30, low=-24, high=-20, pow2=pow2)  # products down to fp16's subnormals
+    scale[::3] *= -1
+    w64 = q.astype(np.float64) * scale[:, None]
+    assert kernels.int8_weights_fp16_exact(q, scale)
+    got = kernels.conv1x1_i8(q, scale, np.eye(30, dtype=np.float32), round=False)  # one-hot lanes: the weights
+    np.testing.assert_array_equal(got, w64.astype(np.float32))
+
+
+def test_conv1x1_i8_rejects_bad_input():
+    q, scale = int8_weight(4, 5)
+    x = np.ones((5, 3), np.float32)
+    with pytest.raises(ValueError, match="int8"):
+        kernels.conv1x1_i8(q.astype(np.int16), scale, x)
+    with pytest.raises(ValueError, match="float32"):
+        kernels.conv1x1_i8(q, scale.astype(np.float16), x)
+    with pytest.raises(ValueError, match="entries"):
+        kernels.conv1x1_i8(q, scale[:3], x)
+    with pytest.raises(ValueError, match="channels"):
+        kernels.conv1x1_i8(q, scale, np.ones((6, 3), np.float32))
+
+
 # --- gemm ---------------------------------------------------------------------------------------
 
 GEMM_SIZES = [(1, 1, 1), (1, 17, 5), (7, 1, 300), (13, 29, 17), (6, 16, 256), (100, 257, 300), (97, 513, 70),

@@ -17,7 +17,8 @@ OUTCOMES = {"works", "wrong_data", "compile_fails", "evaluate_fails", "refused",
 # What the emulator models (the conservative forms of docs/hardware.md): the report CI checks on every run.
 MODELLED = {"concat": "refused", "reduce_mean": "refused", "softmax_non_pow2": "refused", "surface_8k": "refused",
             "channel_vector": "refused", "nonuniform_io": "refused", "weight_patch": "works",
-            "quantized_ops": "refused", "weight_reload_in_place": "not_probed", "fusion_depth": "not_probed"}
+            "quantized_ops": "refused", "quantized_weights": "refused", "weight_reload_in_place": "not_probed",
+            "fusion_depth": "not_probed"}
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,8 @@ def test_report_round_trips_into_the_compiler(report, tmp_path) -> None:
     assert probes.load_report(path).ops == (probes.QUANTIZED_OPS if proved else ())
     quantized = {**ane, "probes": {**ane["probes"], "quantized_ops": {**ane["probes"]["quantized_ops"], "outcome": "works"}}}
     assert probes.relaxations(quantized).ops == ("quantize", "dequantize")
+    weights = {**ane, "probes": {**ane["probes"], "quantized_weights": {"outcome": "works"}}}
+    assert probes.relaxations(weights).ops == ("constexpr_affine_dequantize",)  # what quant="int8" needs
     assert probes.load_report(path, require_same_machine=True).min_surface_bytes == 8192
     other = {**ane, "chip": "Apple M1 (not this one)"}
     assert probes.relaxations(other).min_surface_bytes is None

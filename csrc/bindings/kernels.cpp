@@ -48,8 +48,27 @@ kern::PackedConv1x1 pack(const py::object& weight_obj) {
     return kern::pack_conv1x1(data, cout, cin);
 }
 
-py::array_t<float> run_conv(const kern::PackedConv1x1& w, const py::object& x_obj, std::optional<int64_t> lanes,
-                            bool round) {
+// An int8 [cout, cin] weight and its float32 [cout] scales, packed (ValueError unless fp16-exact).
+kern::PackedConv1x1I8 pack_i8(const py::object& q_obj, const py::object& scale_obj) {
+    const py::array q = c_contiguous(checked_array(q_obj, "q", "int8", 2));
+    const py::array scale = c_contiguous(checked_array(scale_obj, "scale", "float32", 1));
+    const int64_t cout = q.shape(0), cin = q.shape(1);
+    if (scale.shape(0) != cout)
+        throw py::value_error("scale has " + std::to_string(scale.shape(0)) + " entries, the weight " +
+                              std::to_string(cout) + " output channels");
+    const auto* q_data = static_cast<const int8_t*>(q.data());
+    const auto* s_data = static_cast<const float*>(scale.data());
+    py::gil_scoped_release release;
+    try {
+        return kern::pack_conv1x1_i8(q_data, s_data, cout, cin);
+    } catch (const std::invalid_argument& e) {
+        py::gil_scoped_acquire acquire;
+        throw py::value_error(e.what());
+    }
+}
+
+template <typename Packed>
+py::array_t<float> run_conv(const Packed& w, const py::object& x_obj, std::optional<int64_t> lanes, bool round) {
     const py::array x = c_contiguous(checked_array(x_obj, "x", "float32", 2));
     if (x.shape(0) != w.cin)
         throw py::value_error("x has " + std::to_string(x.shape(0)) + " channels, the weight expects " +
@@ -173,7 +192,7 @@ void bind_kernels(py::module_& m) {
         .def(py::init(&pack), py::arg("weight"))
         .def_readonly("cout", &kern::PackedConv1x1::cout)
         .def_readonly("cin", &kern::PackedConv1x1::cin)
-        .def("__call__", &run_conv, py::arg("x"), py::arg("lanes") = py::none(), py::arg("round") = true,
+        .def("__call__", &run_conv<kern::PackedConv1x1>, py::arg("x"), py::arg("lanes") = py::none(), py::arg("round") = true,
              "float32 [cout, S] = W @ x[:, :lanes] in fp32, rounded to fp16 if `round`; other lanes are 0.");
 
     k.def(
@@ -184,6 +203,35 @@ void bind_kernels(py::module_& m) {
         py::arg("weight"), py::arg("x"), py::arg("lanes") = py::none(), py::arg("round") = true,
         "Packs a float16 [cout, cin] weight and applies it to float32 x [cin, S] (see PackedConv1x1).");
 
+    py::class_<kern::PackedConv1x1I8>(
+        k, "PackedConv1x1I8",
+        "An int8 [cout, cin] 1x1 conv weight with float32 [cout] scales whose products q * scale are fp16 values, "
+        "packed once.")
+        .def(py::init(&pack_i8), py::arg("q"), py::arg("scale"))
+        .def_readonly("cout", &kern::PackedConv1x1I8::cout)
+        .def_readonly("cin", &kern::PackedConv1x1I8::cin)
+        .def("__call__", &run_conv<kern::PackedConv1x1I8>, py::arg("x"), py::arg("lanes") = py::none(),
+             py::arg("round") = true,
+             "float32 [cout, S] = (q * scale) @ x[:, :lanes] in fp32, rounded to fp16 if `round`; other lanes are 0.");
+    k.def(
+        "conv1x1_i8",
+        [](const py::object& q, const py::object& scale, const py::object& x, std::optional<int64_t> lanes, bool round) {
+            return run_conv(pack_i8(q, scale), x, lanes, round);
+        },
+        py::arg("q"), py::arg("scale"), py::arg("x"), py::arg("lanes") = py::none(), py::arg("round") = true,
+        "Packs an int8 [cout, cin] weight with float32 [cout] scales and applies it to float32 x [cin, S] "
+        "(see PackedConv1x1I8).");
+    k.def(
+        "int8_weights_fp16_exact",
+        [](const py::object& q_obj, const py::object& scale_obj) {
+            const py::array q = c_contiguous(checked_array(q_obj, "q", "int8", 2));
+            const py::array scale = c_contiguous(checked_array(scale_obj, "scale", "float32", 1));
+            if (scale.shape(0) != q.shape(0)) throw py::value_error("scale needs one entry per row of q");
+            return kern::int8_weights_fp16_exact(static_cast<const int8_t*>(q.data()),
+                                                 static_cast<const float*>(scale.data()), q.shape(0), q.shape(1));
+        },
+        py::arg("q"), py::arg("scale"),
+        "Whether every q[o, c] * scale[o] is an fp16 value (the int8 kernel's exact path applies).");
     k.def("gemm", &run_gemm, py::arg("a"), py::arg("b"), py::arg("transpose_a") = false,
           py::arg("transpose_b") = false, py::arg("round") = true,
           "float32 op(a) @ op(b) with fp32 accumulation, rounded to fp16 if `round`; op transposes if asked.");

@@ -139,6 +139,7 @@ public:
             scratch_bytes_ += planned.scratch_bytes;
             const int id = define(op.output, op.type);
             if (planned.view_of >= 0) values_[id].slot = planned.view_of;
+            values_[id].affine = planned.affine;
             steps_.push_back(std::move(step));
         }
     }
@@ -206,7 +207,7 @@ public:
         inputs_ = std::move(checked.inputs);
         outputs_ = std::move(checked.outputs);
         build_kernels();
-        for (auto& v : values()) v.blob.reset();  // the caller's weight buffers are not kept
+        for (auto& v : values()) v.blob.reset(), v.affine.reset();  // the caller's weight buffers are not kept
     }
 
     ~EmulatedProgram() override { buffer_pool::clear(); }
@@ -312,27 +313,52 @@ private:
         internal_.assign(values().size(), false);
         const std::map<const ProgramModel::Step*, AttentionChain> chains = find_causal_attention();
         const std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>> runs = find_elementwise_runs(chains);
-        std::map<const ProgramModel::Step*, Kernel> chain_parts;  // a fused group's own kernels, until its last
+        // A compile-time constant op's kernel (constexpr_affine_dequantize) is built after its readers,
+        // and kept only if one of them reads its values or the program returns them: conv takes its
+        // weight in quantized form (ValueInfo::affine), so the values are never materialised.
+        std::set<int> returned;
+        for (const auto& spec : outputs_) returned.insert(model_.ids_.at(spec.name));
+        std::vector<const ProgramModel::Step*> order;
+        std::vector<BuiltOp> built;
         for (const auto& step : model_.steps_) {
+            order.push_back(&step);
+            if (values()[static_cast<size_t>(step.out)].affine) {
+                built.emplace_back();  // built below, once its readers are known
+                continue;
+            }
             OpContext ctx(*step.op, step.typed, values(), step.arg_ids, step.tuple_ids, step.out, /*plan_only=*/false);
-            BuiltOp built = step.build(ctx);
-            if (built.view_of >= 0) continue;
+            built.push_back(step.build(ctx));
+        }
+        for (size_t i = 0; i < order.size(); ++i) {
+            const ProgramModel::Step& step = *order[i];
+            ValueInfo& out = values()[static_cast<size_t>(step.out)];
+            if (!out.affine) continue;
+            if (!out.used_as_data && !returned.count(step.out)) {
+                unmaterialised_.insert(step.out);
+                built[i].view_of = step.out;  // no kernel
+                continue;
+            }
+            OpContext ctx(*step.op, step.typed, values(), step.arg_ids, step.tuple_ids, step.out, /*plan_only=*/false);
+            built[i] = step.build(ctx);
+        }
+        std::map<const ProgramModel::Step*, Kernel> group_parts;  // a fused group's own kernels, until its last
+        for (size_t i = 0; i < order.size(); ++i) {
+            const ProgramModel::Step& step = *order[i];
+            if (built[i].view_of >= 0) continue;
             // An op whose output has no elements computes nothing: a kernel run over an empty tensor
             // may still loop over its other axes (a [2^31, 0, 1] concat walks 2^31 rows).
             if (step.op->type.element_count() == 0) continue;
             if (const auto found = chains.find(&step); found != chains.end()) {
-                chain_parts[&step] = std::move(built.kernel);
-                if (&step != found->second.steps.back()) continue;  // the chain runs at its last step
-                add_fused_attention(found->second, chain_parts);
-                continue;
+                group_parts[&step] = std::move(built[i].kernel);
+                if (&step == found->second.steps.back()) add_fused_attention(found->second, group_parts);
+                continue;  // the chain runs at its last step
             }
             if (const auto found = runs.find(&step); found != runs.end()) {
-                chain_parts[&step] = std::move(built.kernel);
-                if (&step != found->second.back()) continue;  // the run computes at its last step
-                add_fused_elementwise(found->second, chain_parts);
-                continue;
+                group_parts[&step] = std::move(built[i].kernel);
+                if (&step == found->second.back()) add_fused_elementwise(found->second, group_parts);
+                continue;  // the run computes at its last step
             }
-            kernels_.push_back(std::move(built.kernel));
+            kernels_.push_back(std::move(built[i].kernel));
             kernel_steps_.push_back({&step});
             kernel_kinds_.push_back(step.op->op);
             kernel_costs_.push_back(profile::op_cost(*step.op, operand_types(step), step.op->type));
@@ -363,6 +389,7 @@ private:
             t.lanes = t.last_dim();
             const bool is_const = v.constant != nullptr;
             if (is_const && !v.used_as_data) continue;  // read at build time only (e.g. packed conv weights)
+            if (unmaterialised_.count(static_cast<int>(i))) continue;  // a constexpr value read in quantized form
             if (pooled[i]) continue;  // taken from the buffer pool while it is live (run_kernel)
             if (!is_const && in_place_input(v.slot)) continue;  // its readers take fp16 from the surface
             if (!is_const) {
@@ -746,9 +773,12 @@ private:
         for (size_t a = 0; a < step.arg_ids.size(); ++a) {
             std::vector<int> ids = step.tuple_ids[a];
             if (step.arg_ids[a] >= 0) ids.push_back(step.arg_ids[a]);
-            for (int id : ids)
-                if (values()[static_cast<size_t>(id)].type.is_tensor)
-                    types.emplace_back(step.op->args[a].name, &values()[static_cast<size_t>(id)].type);
+            for (int id : ids) {
+                const ValueInfo& v = values()[static_cast<size_t>(id)];
+                // a quantized weight is read as stored (int8), not as the fp16 tensor it stands for
+                const mil::Type& type = v.affine ? values()[static_cast<size_t>(v.affine->data)].type : v.type;
+                if (type.is_tensor) types.emplace_back(step.op->args[a].name, &type);
+            }
         }
         return types;
     }
@@ -783,6 +813,7 @@ private:
     std::vector<Kernel> kernels_;
     std::vector<int> input_slots_, output_slots_;
     std::vector<int> unallocated_;  // frame slots allocate_frame() still has to allocate
+    std::set<int> unmaterialised_;  // constexpr outputs no kernel reads as data: never computed nor allocated
     std::vector<bool> in_place_;  // per input: fp16 read in place from the surface (Tensor::half)
     std::vector<std::vector<const ProgramModel::Step*>> kernel_steps_;  // per kernel: the steps it computes
     std::vector<bool> internal_;  // per slot: an intermediate of a fused chain (in no frame or pool plan)

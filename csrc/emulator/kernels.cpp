@@ -64,6 +64,13 @@ struct Kernels {
     // acc[l*16 + j] (+)= sum_{c<k} w[c*16 + j] * x[c*S + l] for l < lanes (<= conv_lanes).
     void (*conv_tile_f16)(const uint16_t* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
     void (*conv_tile_f32)(const float* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
+    // conv_tile_f16 with int8 weights w[c*16 + j] standing for the fp32 product w[c*16 + j] * scale[j]
+    // (w[c*16 + j] itself when scale is null).
+    void (*conv_tile_i8)(const int8_t* w, const float* scale, const float* x, int64_t S, int64_t k, int lanes,
+                         float* acc, bool add);
+    // dst[r*16 + j] = w[r*16 + j] * scale[j] (w[r*16 + j] when scale is null) in fp32 for r < rows:
+    // int8 panel rows widened.
+    void (*dequant_i8)(const int8_t* w, const float* scale, float* dst, int64_t rows);
     // Two panels at once (null when the flavour has no registers for it): acc[l*32 + j] (+)=
     // sum_{c<k} w[c*32 + j] * x[c*S + l] for l < lanes (<= conv_lanes), one sum per output in c order.
     void (*conv_pair_tile_f32)(const float* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
@@ -128,6 +135,25 @@ void conv_tile_portable(const W* w, const float* x, int64_t S, int64_t k, int la
     }
 }
 
+void conv_tile_i8_portable(const int8_t* w, const float* scale, const float* x, int64_t S, int64_t k, int lanes,
+                           float* acc, bool add) {
+    for (int l = 0; l < lanes; ++l) {
+        float sum[kConvPanel] = {};
+        for (int64_t c = 0; c < k; ++c) {
+            const float xv = x[c * S + l];
+            for (int j = 0; j < kConvPanel; ++j)
+                sum[j] += static_cast<float>(w[c * kConvPanel + j]) * (scale ? scale[j] : 1.0f) * xv;
+        }
+        for (int j = 0; j < kConvPanel; ++j) acc[l * kConvPanel + j] = (add ? acc[l * kConvPanel + j] : 0.0f) + sum[j];
+    }
+}
+
+void dequant_i8_portable(const int8_t* w, const float* scale, float* dst, int64_t rows) {
+    for (int64_t r = 0; r < rows; ++r)
+        for (int j = 0; j < kConvPanel; ++j)
+            dst[r * kConvPanel + j] = static_cast<float>(w[r * kConvPanel + j]) * (scale ? scale[j] : 1.0f);
+}
+
 void gemm_tile_portable(int64_t k, const float* a, const float* b, float* c, int64_t c_rs, int64_t rows, int64_t cols,
                         bool add) {
     float sum[kGemmMR][kGemmNR] = {};
@@ -179,7 +205,7 @@ void softmax_portable(const float* src, float* dst, int64_t n) {
 constexpr Kernels kPortable = {
     "portable",         6,                             round_fp16_portable,           half_to_float_portable,
     float_to_half_portable, tanh_portable,  softmax_portable, conv_tile_portable<uint16_t>, conv_tile_portable<float>,
-    nullptr,
+    conv_tile_i8_portable, dequant_i8_portable, nullptr,
     gemm_tile_portable, nullptr,                   gemv_rows_portable<float>,    gemv_rows_portable<uint16_t>,
     gemv_cols_portable<float>, gemv_cols_portable<uint16_t>,
 };
@@ -218,10 +244,35 @@ ORION_AVX2 inline __m256 load8(const uint16_t* p) {
 }
 ORION_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 
+// 8 int8 values as fp32 (times 8 scales: exact when the products are fp16 values).
+ORION_AVX2 inline __m256 load8_i8(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+ORION_AVX2 inline __m256 load8_i8(const int8_t* p, __m256 scale) { return _mm256_mul_ps(load8_i8(p), scale); }
+
+// How a conv tile reads row c (16 weights of one input channel) of a panel, as two fp32 halves.
+template <typename W>
+struct PlainRows8 {
+    const W* w;
+    ORION_AVX2 __m256 lo(int64_t c) const { return load8(w + c * kConvPanel); }
+    ORION_AVX2 __m256 hi(int64_t c) const { return load8(w + c * kConvPanel + 8); }
+};
+struct Int8Rows8 {
+    const int8_t* w;
+    __m256 scale_lo, scale_hi;
+    ORION_AVX2 __m256 lo(int64_t c) const { return load8_i8(w + c * kConvPanel, scale_lo); }
+    ORION_AVX2 __m256 hi(int64_t c) const { return load8_i8(w + c * kConvPanel + 8, scale_hi); }
+};
+struct UnscaledInt8Rows8 {
+    const int8_t* w;
+    ORION_AVX2 __m256 lo(int64_t c) const { return load8_i8(w + c * kConvPanel); }
+    ORION_AVX2 __m256 hi(int64_t c) const { return load8_i8(w + c * kConvPanel + 8); }
+};
+
 // 16 outputs x L lanes in 2*L*U accumulators; U interleaved partial sums over the input channels
 // keep enough FMAs in flight when L is small (the bandwidth-bound decode case).
-template <int L, int U, typename W>
-ORION_AVX2 void conv_tile_avx2_fixed(const W* w, const float* x, int64_t S, int64_t k, float* acc, bool add) {
+template <int L, int U, typename Rows>
+ORION_AVX2 void conv_tile_avx2_fixed(Rows rows, const float* x, int64_t S, int64_t k, float* acc, bool add) {
     __m256 lo[U][L], hi[U][L];
     ORION_UNROLL
     for (int u = 0; u < U; ++u)
@@ -237,9 +288,8 @@ ORION_AVX2 void conv_tile_avx2_fixed(const W* w, const float* x, int64_t S, int6
     for (; c + U <= k; c += U) {
         ORION_UNROLL
         for (int u = 0; u < U; ++u) {
-            const W* wc = w + (c + u) * kConvPanel;
             const float* xc = x + (c + u) * S;
-            const __m256 w_lo = load8(wc), w_hi = load8(wc + 8);
+            const __m256 w_lo = rows.lo(c + u), w_hi = rows.hi(c + u);
             ORION_UNROLL
             for (int l = 0; l < L; ++l) {
                 const __m256 xv = _mm256_broadcast_ss(xc + l);
@@ -249,8 +299,7 @@ ORION_AVX2 void conv_tile_avx2_fixed(const W* w, const float* x, int64_t S, int6
         }
     }
     for (; c < k; ++c) {
-        const W* wc = w + c * kConvPanel;
-        const __m256 w_lo = load8(wc), w_hi = load8(wc + 8);
+        const __m256 w_lo = rows.lo(c), w_hi = rows.hi(c);
         ORION_UNROLL
         for (int l = 0; l < L; ++l) {
             const __m256 xv = _mm256_broadcast_ss(x + c * S + l);
@@ -272,15 +321,35 @@ ORION_AVX2 void conv_tile_avx2_fixed(const W* w, const float* x, int64_t S, int6
     }
 }
 
+template <typename Rows>
+ORION_AVX2 void conv_tile_avx2_rows(Rows rows, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add) {
+    switch (lanes) {
+        case 1: return conv_tile_avx2_fixed<1, 4>(rows, x, S, k, acc, add);
+        case 2: return conv_tile_avx2_fixed<2, 2>(rows, x, S, k, acc, add);
+        case 3: return conv_tile_avx2_fixed<3, 2>(rows, x, S, k, acc, add);
+        case 4: return conv_tile_avx2_fixed<4, 1>(rows, x, S, k, acc, add);
+        case 5: return conv_tile_avx2_fixed<5, 1>(rows, x, S, k, acc, add);
+        default: return conv_tile_avx2_fixed<6, 1>(rows, x, S, k, acc, add);
+    }
+}
+
 template <typename W>
 ORION_AVX2 void conv_tile_avx2(const W* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add) {
-    switch (lanes) {
-        case 1: return conv_tile_avx2_fixed<1, 4>(w, x, S, k, acc, add);
-        case 2: return conv_tile_avx2_fixed<2, 2>(w, x, S, k, acc, add);
-        case 3: return conv_tile_avx2_fixed<3, 2>(w, x, S, k, acc, add);
-        case 4: return conv_tile_avx2_fixed<4, 1>(w, x, S, k, acc, add);
-        case 5: return conv_tile_avx2_fixed<5, 1>(w, x, S, k, acc, add);
-        default: return conv_tile_avx2_fixed<6, 1>(w, x, S, k, acc, add);
+    conv_tile_avx2_rows(PlainRows8<W>{w}, x, S, k, lanes, acc, add);
+}
+
+ORION_AVX2 void conv_tile_i8_avx2(const int8_t* w, const float* scale, const float* x, int64_t S, int64_t k,
+                                  int lanes, float* acc, bool add) {
+    if (!scale) return conv_tile_avx2_rows(UnscaledInt8Rows8{w}, x, S, k, lanes, acc, add);
+    conv_tile_avx2_rows(Int8Rows8{w, _mm256_loadu_ps(scale), _mm256_loadu_ps(scale + 8)}, x, S, k, lanes, acc, add);
+}
+
+ORION_AVX2 void dequant_i8_avx2(const int8_t* w, const float* scale, float* dst, int64_t rows) {
+    const __m256 one = _mm256_set1_ps(1.0f);  // exact: q * 1 = q
+    const __m256 lo = scale ? _mm256_loadu_ps(scale) : one, hi = scale ? _mm256_loadu_ps(scale + 8) : one;
+    for (int64_t r = 0; r < rows; ++r) {
+        _mm256_storeu_ps(dst + r * kConvPanel, load8_i8(w + r * kConvPanel, lo));
+        _mm256_storeu_ps(dst + r * kConvPanel + 8, load8_i8(w + r * kConvPanel + 8, hi));
     }
 }
 
@@ -460,7 +529,7 @@ ORION_AVX2 void softmax_avx2(const float* src, float* dst, int64_t n) {
 constexpr Kernels kAvx2 = {
     "avx2+f16c+fma",    6,                         round_fp16_avx2,           half_to_float_avx2,
     float_to_half_avx2, tanh_avx2,    softmax_avx2, conv_tile_avx2<uint16_t>, conv_tile_avx2<float>,
-    nullptr,
+    conv_tile_i8_avx2, dequant_i8_avx2, nullptr,
     gemm_tile_avx2, nullptr,     gemv_rows_avx2<float>,     gemv_rows_avx2<uint16_t>,
     gemv_cols_avx2<float>, gemv_cols_avx2<uint16_t>,
 };
@@ -475,8 +544,27 @@ ORION_AVX512 inline __m512 load16(const uint16_t* p) {
 }
 ORION_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 
-template <int L, int U, typename W>
-ORION_AVX512 void conv_tile_avx512_fixed(const W* w, const float* x, int64_t S, int64_t k, float* acc, bool add) {
+template <typename W>
+struct PlainRows16 {
+    const W* w;
+    ORION_AVX512 __m512 row(int64_t c) const { return load16(w + c * kConvPanel); }
+};
+// 16 int8 weights as fp32 (times their 16 scales: exact when the products are fp16 values).
+ORION_AVX512 inline __m512 load16_i8(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+struct Int8Rows16 {
+    const int8_t* w;
+    __m512 scale;
+    ORION_AVX512 __m512 row(int64_t c) const { return _mm512_mul_ps(load16_i8(w + c * kConvPanel), scale); }
+};
+struct UnscaledInt8Rows16 {
+    const int8_t* w;
+    ORION_AVX512 __m512 row(int64_t c) const { return load16_i8(w + c * kConvPanel); }
+};
+
+template <int L, int U, typename Rows>
+ORION_AVX512 void conv_tile_avx512_fixed(Rows rows, const float* x, int64_t S, int64_t k, float* acc, bool add) {
     __m512 sum[U][L];
     ORION_UNROLL
     for (int u = 0; u < U; ++u)
@@ -489,14 +577,14 @@ ORION_AVX512 void conv_tile_avx512_fixed(const W* w, const float* x, int64_t S, 
     for (; c + U <= k; c += U) {
         ORION_UNROLL
         for (int u = 0; u < U; ++u) {
-            const __m512 wv = load16(w + (c + u) * kConvPanel);
+            const __m512 wv = rows.row(c + u);
             const float* xc = x + (c + u) * S;
             ORION_UNROLL
             for (int l = 0; l < L; ++l) sum[u][l] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xc[l]), sum[u][l]);
         }
     }
     for (; c < k; ++c) {
-        const __m512 wv = load16(w + c * kConvPanel);
+        const __m512 wv = rows.row(c);
         ORION_UNROLL
         for (int l = 0; l < L; ++l) sum[0][l] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[c * S + l]), sum[0][l]);
     }
@@ -508,22 +596,33 @@ ORION_AVX512 void conv_tile_avx512_fixed(const W* w, const float* x, int64_t S, 
     for (int l = 0; l < L; ++l) _mm512_storeu_ps(acc + l * kConvPanel, sum[0][l]);
 }
 
+template <typename Rows>
+ORION_AVX512 void conv_tile_avx512_rows(Rows rows, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add) {
+    switch (lanes) {
+        case 1: return conv_tile_avx512_fixed<1, 4>(rows, x, S, k, acc, add);
+        case 2: return conv_tile_avx512_fixed<2, 2>(rows, x, S, k, acc, add);
+        case 3: return conv_tile_avx512_fixed<3, 2>(rows, x, S, k, acc, add);
+        case 4: return conv_tile_avx512_fixed<4, 1>(rows, x, S, k, acc, add);
+        case 5: return conv_tile_avx512_fixed<5, 1>(rows, x, S, k, acc, add);
+        case 6: return conv_tile_avx512_fixed<6, 1>(rows, x, S, k, acc, add);
+        case 7: return conv_tile_avx512_fixed<7, 1>(rows, x, S, k, acc, add);
+        case 8: return conv_tile_avx512_fixed<8, 1>(rows, x, S, k, acc, add);
+        case 9: return conv_tile_avx512_fixed<9, 1>(rows, x, S, k, acc, add);
+        case 10: return conv_tile_avx512_fixed<10, 1>(rows, x, S, k, acc, add);
+        case 11: return conv_tile_avx512_fixed<11, 1>(rows, x, S, k, acc, add);
+        default: return conv_tile_avx512_fixed<12, 1>(rows, x, S, k, acc, add);
+    }
+}
+
 template <typename W>
 ORION_AVX512 void conv_tile_avx512(const W* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add) {
-    switch (lanes) {
-        case 1: return conv_tile_avx512_fixed<1, 4>(w, x, S, k, acc, add);
-        case 2: return conv_tile_avx512_fixed<2, 2>(w, x, S, k, acc, add);
-        case 3: return conv_tile_avx512_fixed<3, 2>(w, x, S, k, acc, add);
-        case 4: return conv_tile_avx512_fixed<4, 1>(w, x, S, k, acc, add);
-        case 5: return conv_tile_avx512_fixed<5, 1>(w, x, S, k, acc, add);
-        case 6: return conv_tile_avx512_fixed<6, 1>(w, x, S, k, acc, add);
-        case 7: return conv_tile_avx512_fixed<7, 1>(w, x, S, k, acc, add);
-        case 8: return conv_tile_avx512_fixed<8, 1>(w, x, S, k, acc, add);
-        case 9: return conv_tile_avx512_fixed<9, 1>(w, x, S, k, acc, add);
-        case 10: return conv_tile_avx512_fixed<10, 1>(w, x, S, k, acc, add);
-        case 11: return conv_tile_avx512_fixed<11, 1>(w, x, S, k, acc, add);
-        default: return conv_tile_avx512_fixed<12, 1>(w, x, S, k, acc, add);
-    }
+    conv_tile_avx512_rows(PlainRows16<W>{w}, x, S, k, lanes, acc, add);
+}
+
+ORION_AVX512 void conv_tile_i8_avx512(const int8_t* w, const float* scale, const float* x, int64_t S, int64_t k,
+                                      int lanes, float* acc, bool add) {
+    if (!scale) return conv_tile_avx512_rows(UnscaledInt8Rows16{w}, x, S, k, lanes, acc, add);
+    conv_tile_avx512_rows(Int8Rows16{w, _mm512_loadu_ps(scale)}, x, S, k, lanes, acc, add);
 }
 
 // 32 outputs (two panels) x L lanes in 2L accumulators: two weight loads and L broadcasts feed 2L
@@ -611,7 +710,7 @@ ORION_AVX512 void gemm_block_avx512(int64_t k, const float* a0, const float* a1,
 constexpr Kernels kAvx512 = {
     "avx512f+f16c+fma", kConvMaxLanes,             round_fp16_avx2,
     half_to_float_avx2, float_to_half_avx2,        tanh_avx2,      softmax_avx2,
-    conv_tile_avx512<uint16_t>, conv_tile_avx512<float>, conv_pair_tile_avx512,
+    conv_tile_avx512<uint16_t>, conv_tile_avx512<float>, conv_tile_i8_avx512, dequant_i8_avx2, conv_pair_tile_avx512,
     gemm_tile_avx2, gemm_block_avx512,     gemv_rows_avx2<float>,     gemv_rows_avx2<uint16_t>,
     gemv_cols_avx2<float>, gemv_cols_avx2<uint16_t>,
 };
@@ -660,9 +759,43 @@ bool converts_weights(const Kernels& k, int64_t cin, int64_t lanes) {
     return cin > 0 && ceil_div(lanes, k.conv_lanes) >= kConvConvertBlocks;
 }
 
+// A panel's weights in the flavour's tile, and widened to fp32: fp16 ones, or int8 ones times their
+// panel's 16 scales (`scale`, unused for fp16; null: the int8 values themselves).
+void conv_tile(const Kernels& k, const uint16_t* w, const float*, const float* x, int64_t S, int64_t kc, int lanes,
+               float* acc, bool add) {
+    k.conv_tile_f16(w, x, S, kc, lanes, acc, add);
+}
+void conv_tile(const Kernels& k, const int8_t* w, const float* scale, const float* x, int64_t S, int64_t kc, int lanes,
+               float* acc, bool add) {
+    k.conv_tile_i8(w, scale, x, S, kc, lanes, acc, add);
+}
+void widen_rows(const Kernels& k, const uint16_t* w, const float*, float* dst, int64_t rows) {
+    k.half_to_float(w, dst, static_cast<size_t>(rows * kConvPanel));
+}
+void widen_rows(const Kernels& k, const int8_t* w, const float* scale, float* dst, int64_t rows) {
+    k.dequant_i8(w, scale, dst, rows);
+}
+
+// Each output's sum times its channel's power-of-two scale (exact), before any rounding.
+void scale_outputs(float* acc, const float* post, int64_t lanes, int64_t width) {
+    if (!post) return;
+    for (int64_t s = 0; s < lanes; ++s)
+        for (int64_t j = 0; j < width; ++j) acc[s * width + j] *= post[j];
+}
+
+// How a packed weight's scales enter a panel's sums: inside (each weight q * scale, formed in the
+// tile), or after (sum(q * x) * scale: bit for bit the same when every scale is a power of two, as
+// scaling by 2^k commutes with each fp32 rounding of the sum; the tile then converts only).
+struct PanelScales {
+    const float* inside = nullptr;
+    const float* after = nullptr;
+};
+
 // One conv panel (16 output channels) over the first `lanes` lanes, written to out rows.
-void conv_panel(const Kernels& k, const uint16_t* w, int64_t cin, const float* x, int64_t S, int64_t lanes, float* out,
-                int64_t rows, bool round) {
+template <typename W>
+void conv_panel(const Kernels& k, const W* w, PanelScales scales, int64_t cin, const float* x, int64_t S,
+                int64_t lanes, float* out, int64_t rows, bool round) {
+    const float* scale = scales.inside;
     thread_local std::vector<float> acc_buffer, weight_buffer;
     float* acc = scratch(acc_buffer, static_cast<size_t>(lanes * kConvPanel));
     const int tiles = static_cast<int>(ceil_div(lanes, k.conv_lanes));
@@ -670,13 +803,14 @@ void conv_panel(const Kernels& k, const uint16_t* w, int64_t cin, const float* x
     if (!converts_weights(k, cin, lanes)) {
         for (int t = 0; t < tiles; ++t) {
             const int64_t s0 = tile_lanes(t);
-            k.conv_tile_f16(w, x + s0, S, cin, static_cast<int>(tile_lanes(t + 1) - s0), acc + s0 * kConvPanel, false);
+            conv_tile(k, w, scale, x + s0, S, cin, static_cast<int>(tile_lanes(t + 1) - s0), acc + s0 * kConvPanel,
+                      false);
         }
     } else {
         float* w32 = scratch(weight_buffer, kConvKBlock * kConvPanel);
         for (int64_t c0 = 0; c0 < cin; c0 += kConvKBlock) {
             const int64_t kc = std::min(kConvKBlock, cin - c0);
-            k.half_to_float(w + c0 * kConvPanel, w32, static_cast<size_t>(kc * kConvPanel));
+            widen_rows(k, w + c0 * kConvPanel, scale, w32, kc);
             for (int t = 0; t < tiles; ++t) {
                 const int64_t s0 = tile_lanes(t);
                 k.conv_tile_f32(w32, x + c0 * S + s0, S, kc, static_cast<int>(tile_lanes(t + 1) - s0),
@@ -684,6 +818,7 @@ void conv_panel(const Kernels& k, const uint16_t* w, int64_t cin, const float* x
             }
         }
     }
+    scale_outputs(acc, scales.after, lanes, kConvPanel);
     if (round) k.round_fp16(acc, static_cast<size_t>(lanes * kConvPanel));
     for (int64_t j = 0; j < rows; ++j)
         for (int64_t s = 0; s < lanes; ++s) out[j * S + s] = acc[s * kConvPanel + j];
@@ -692,30 +827,34 @@ void conv_panel(const Kernels& k, const uint16_t* w, int64_t cin, const float* x
 // Two adjacent panels (32 output channels; the second starts cin * 16 values after w) over the
 // first `lanes` lanes, written to out rows: conv_panel's converting path with the pair tile. Each
 // output sums exactly as conv_panel's would.
-void conv_pair(const Kernels& k, const uint16_t* w, int64_t cin, const float* x, int64_t S, int64_t lanes, float* out,
-               int64_t rows, bool round) {
-    constexpr int64_t W = 2 * kConvPanel;
+template <typename W>
+void conv_pair(const Kernels& k, const W* w, PanelScales scales, int64_t cin, const float* x, int64_t S, int64_t lanes,
+               float* out, int64_t rows, bool round) {
+    constexpr int64_t P = 2 * kConvPanel;
+    const float* scale = scales.inside;
     thread_local std::vector<float> acc_buffer, weight_buffer;
-    float* acc = scratch(acc_buffer, static_cast<size_t>(lanes * W));
-    float* w32 = scratch(weight_buffer, kConvKBlock * W);
+    float* acc = scratch(acc_buffer, static_cast<size_t>(lanes * P));
+    float* w32 = scratch(weight_buffer, kConvKBlock * P);
     const int tiles = static_cast<int>(ceil_div(lanes, k.conv_lanes));
     auto tile_lanes = [&](int t) { return t * lanes / tiles; };
-    const uint16_t* second = w + cin * kConvPanel;
+    const W* second = w + cin * kConvPanel;
+    const float* second_scale = scale ? scale + kConvPanel : nullptr;
     for (int64_t c0 = 0; c0 < cin; c0 += kConvKBlock) {
         const int64_t kc = std::min(kConvKBlock, cin - c0);
         for (int64_t c = 0; c < kc; ++c) {
-            k.half_to_float(w + (c0 + c) * kConvPanel, w32 + c * W, kConvPanel);
-            k.half_to_float(second + (c0 + c) * kConvPanel, w32 + c * W + kConvPanel, kConvPanel);
+            widen_rows(k, w + (c0 + c) * kConvPanel, scale, w32 + c * P, 1);
+            widen_rows(k, second + (c0 + c) * kConvPanel, second_scale, w32 + c * P + kConvPanel, 1);
         }
         for (int t = 0; t < tiles; ++t) {
             const int64_t s0 = tile_lanes(t);
-            k.conv_pair_tile_f32(w32, x + c0 * S + s0, S, kc, static_cast<int>(tile_lanes(t + 1) - s0), acc + s0 * W,
+            k.conv_pair_tile_f32(w32, x + c0 * S + s0, S, kc, static_cast<int>(tile_lanes(t + 1) - s0), acc + s0 * P,
                                  c0 > 0);
         }
     }
-    if (round) k.round_fp16(acc, static_cast<size_t>(lanes * W));
+    scale_outputs(acc, scales.after, lanes, P);  // the pair's 32 scales are contiguous
+    if (round) k.round_fp16(acc, static_cast<size_t>(lanes * P));
     for (int64_t j = 0; j < rows; ++j)
-        for (int64_t s = 0; s < lanes; ++s) out[j * S + s] = acc[s * W + j];
+        for (int64_t s = 0; s < lanes; ++s) out[j * S + s] = acc[s * P + j];
 }
 
 // Packs A(m0.., p0..) [mc x kc] into row panels [kc][MR], zero-padding the last panel's rows.
@@ -779,24 +918,45 @@ PackedConv1x1 pack_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin) {
     return packed;
 }
 
-namespace {
-
-// Whether `packed` holds exactly `weight` [cout][cin] (panels compared on the threads).
-bool packs(const PackedConv1x1& packed, const uint16_t* weight, int64_t cout, int64_t cin) {
-    if (packed.cout != cout || packed.cin != cin) return false;
-    std::atomic<bool> equal{true};
-    parallel_for(ceil_div(cout, kConvPanel), 1, [&](int64_t begin, int64_t end) {
-        for (int64_t o = begin * kConvPanel; o < std::min(cout, end * kConvPanel) && equal.load(std::memory_order_relaxed); ++o) {
-            const uint16_t* panel = packed.data.data() + (o / kConvPanel) * cin * kConvPanel + o % kConvPanel;
-            for (int64_t c = 0; c < cin; ++c)
-                if (panel[c * kConvPanel] != weight[o * cin + c]) {
-                    equal.store(false, std::memory_order_relaxed);
-                    return;
-                }
+bool int8_weights_fp16_exact(const int8_t* q, const float* scale, int64_t cout, int64_t cin) {
+    for (int64_t o = 0; o < cout; ++o) {
+        // Which of the 256 values q may take give an exact fp16 product with this row's scale.
+        bool exact[256];
+        for (int v = -128; v < 128; ++v) {
+            const float w = static_cast<float>(v) * scale[o];
+            exact[v + 128] = std::isfinite(w) && emu::half_to_float(emu::float_to_half(w)) == w &&
+                             static_cast<double>(v) * scale[o] == static_cast<double>(w);
         }
-    });
-    return equal.load();
+        bool row = true;
+        for (int64_t c = 0; c < cin; ++c) row &= exact[q[o * cin + c] + 128];
+        if (!row) return false;
+    }
+    return true;
 }
+
+PackedConv1x1I8 pack_conv1x1_i8(const int8_t* q, const float* scale, int64_t cout, int64_t cin) {
+    if (cout < 0 || cin < 0) throw std::invalid_argument("pack_conv1x1_i8: negative weight shape");
+    if (!int8_weights_fp16_exact(q, scale, cout, cin))
+        throw std::invalid_argument("pack_conv1x1_i8: some q * scale is not an fp16 value (dequantize to fp16 instead)");
+    PackedConv1x1I8 packed;
+    packed.cout = cout;
+    packed.cin = cin;
+    const int64_t panels = ceil_div(cout, kConvPanel);
+    packed.data.assign(static_cast<size_t>(panels * cin * kConvPanel), 0);
+    packed.scale.assign(static_cast<size_t>(panels * kConvPanel), 0.0f);
+    for (int64_t o = 0; o < cout; ++o) {
+        int8_t* panel = packed.data.data() + (o / kConvPanel) * cin * kConvPanel + o % kConvPanel;
+        for (int64_t c = 0; c < cin; ++c) panel[c * kConvPanel] = q[o * cin + c];
+        packed.scale[static_cast<size_t>(o)] = scale[o];
+    }
+    packed.scale_after = std::all_of(scale, scale + cout, [](float s) {
+        int exponent = 0;
+        return std::isfinite(s) && std::fabs(std::frexp(s, &exponent)) == 0.5f;  // +-2^k
+    });
+    return packed;
+}
+
+namespace {
 
 // A content hash of `bytes`: fixed 1 MiB chunks hashed on the threads, then combined in order (the
 // same for any thread count).
@@ -813,52 +973,91 @@ size_t content_key(std::string_view bytes) {
     return key;
 }
 
+// Whether `packed` holds exactly `weight` [cout][cin] (and, for int8, `scale`).
+// Panels are compared on the threads.
+template <typename Packed, typename W>
+bool packs(const Packed& packed, const W* weight, const float* scale, int64_t cout, int64_t cin) {
+    if (packed.cout != cout || packed.cin != cin) return false;
+    std::atomic<bool> equal{true};
+    parallel_for(ceil_div(cout, kConvPanel), 1, [&](int64_t begin, int64_t end) {
+        for (int64_t o = begin * kConvPanel; o < std::min(cout, end * kConvPanel) && equal.load(std::memory_order_relaxed); ++o) {
+            const W* panel = packed.data.data() + (o / kConvPanel) * cin * kConvPanel + o % kConvPanel;
+            bool same = true;
+            for (int64_t c = 0; c < cin && same; ++c) same = panel[c * kConvPanel] == weight[o * cin + c];
+            if constexpr (std::is_same_v<Packed, PackedConv1x1I8>) same = same && packed.scale[static_cast<size_t>(o)] == scale[o];
+            if (!same) equal.store(false, std::memory_order_relaxed);
+        }
+    });
+    return equal.load();
+}
+
+// The packed weights alive in this process, by content hash, so that equal weights are packed once.
+template <typename Packed>
+struct SharedPacked {
+    std::unordered_multimap<size_t, std::weak_ptr<const Packed>> held;
+};
 std::mutex shared_mutex;
-std::unordered_multimap<size_t, std::weak_ptr<const PackedConv1x1>> shared_held;  // by content hash
+SharedPacked<PackedConv1x1> shared_f16;
+SharedPacked<PackedConv1x1I8> shared_i8;
 
 // The live packed weights under `key` (taken under the lock; compared outside it).
-std::vector<std::shared_ptr<const PackedConv1x1>> held_under(size_t key) {
-    std::vector<std::shared_ptr<const PackedConv1x1>> alive;
-    auto [first, last] = shared_held.equal_range(key);
+template <typename Packed>
+std::vector<std::shared_ptr<const Packed>> held_under(const SharedPacked<Packed>& shared, size_t key) {
+    std::vector<std::shared_ptr<const Packed>> alive;
+    auto [first, last] = shared.held.equal_range(key);
     for (auto it = first; it != last; ++it)
         if (auto held = it->second.lock()) alive.push_back(std::move(held));
     return alive;
 }
 
-}  // namespace
-
 // Hashing, comparing and packing run outside the lock (and on the threads), so programs compiled
 // from several threads pack at once; a weight packed twice in a race is kept once (the first).
-std::shared_ptr<const PackedConv1x1> shared_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin) {
+template <typename Packed, typename W, typename Pack>
+std::shared_ptr<const Packed> share(SharedPacked<Packed>& shared, const W* weight, const float* scale, int64_t cout,
+                                    int64_t cin, const Pack& pack) {
     if (cout < 0 || cin < 0) throw std::invalid_argument("shared_conv1x1: negative weight shape");
-    const std::string_view bytes(reinterpret_cast<const char*>(weight), static_cast<size_t>(cout * cin) * 2);
-    const size_t key = content_key(bytes) ^ (static_cast<size_t>(cout) * 0x9E3779B97F4A7C15ull);
-    std::vector<std::shared_ptr<const PackedConv1x1>> seen;
+    const std::string_view bytes(reinterpret_cast<const char*>(weight), static_cast<size_t>(cout * cin) * sizeof(W));
+    size_t key = content_key(bytes) ^ (static_cast<size_t>(cout) * 0x9E3779B97F4A7C15ull);
+    if (scale)
+        key ^= content_key(std::string_view(reinterpret_cast<const char*>(scale), static_cast<size_t>(cout) * sizeof(float))) << 1;
+    std::vector<std::shared_ptr<const Packed>> seen;
     {
         std::lock_guard<std::mutex> lock(shared_mutex);
-        seen = held_under(key);
+        seen = held_under(shared, key);
     }
     for (const auto& candidate : seen)
-        if (packs(*candidate, weight, cout, cin)) return candidate;  // equal content, not only an equal hash
-    auto packed = std::make_shared<const PackedConv1x1>(pack_conv1x1(weight, cout, cin));
+        if (packs(*candidate, weight, scale, cout, cin)) return candidate;  // equal content, not only an equal hash
+    auto packed = std::make_shared<const Packed>(pack());
     std::lock_guard<std::mutex> lock(shared_mutex);
-    for (const auto& candidate : held_under(key))  // packed by another thread meanwhile?
-        if (std::find(seen.begin(), seen.end(), candidate) == seen.end() && packs(*candidate, weight, cout, cin))
+    for (const auto& candidate : held_under(shared, key))  // packed by another thread meanwhile?
+        if (std::find(seen.begin(), seen.end(), candidate) == seen.end() && packs(*candidate, weight, scale, cout, cin))
             return candidate;
-    for (auto it = shared_held.begin(); it != shared_held.end();) it = it->second.expired() ? shared_held.erase(it) : std::next(it);
-    shared_held.emplace(key, packed);
+    auto& held = shared.held;
+    for (auto it = held.begin(); it != held.end();) it = it->second.expired() ? held.erase(it) : std::next(it);
+    held.emplace(key, packed);
     return packed;
 }
 
-std::pair<int64_t, int64_t> shared_conv1x1_usage() {
-    std::lock_guard<std::mutex> lock(shared_mutex);
-    int64_t count = 0, bytes = 0;
-    for (const auto& [key, weak] : shared_held)
-        if (auto alive = weak.lock()) ++count, bytes += static_cast<int64_t>(alive->data.size() * 2);
-    return {count, bytes};
+template <typename Packed>
+void add_usage(const SharedPacked<Packed>& shared, int64_t& count, int64_t& bytes) {
+    for (const auto& [key, weak] : shared.held)
+        if (auto alive = weak.lock()) {
+            ++count;
+            bytes += static_cast<int64_t>(alive->data.size() * sizeof(alive->data[0]));
+            if constexpr (std::is_same_v<Packed, PackedConv1x1I8>)
+                bytes += static_cast<int64_t>(alive->scale.size() * sizeof(float));
+        }
 }
 
-void conv1x1(const PackedConv1x1& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16) {
+PanelScales panel_scales(const PackedConv1x1&, int64_t) { return {}; }
+PanelScales panel_scales(const PackedConv1x1I8& w, int64_t o0) {
+    const float* scale = w.scale.data() + o0;
+    return w.scale_after ? PanelScales{nullptr, scale} : PanelScales{scale, nullptr};
+}
+
+// conv1x1 of either packed weight type: the same jobs, tiles and summation order for both.
+template <typename Packed>
+void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16) {
     const int64_t panels = ceil_div(w.cout, kConvPanel);
     if (w.cout < 0 || w.cin < 0 || static_cast<int64_t>(w.data.size()) != panels * w.cin * kConvPanel)
         throw std::invalid_argument("conv1x1: weight is not a packed [cout, cin] conv weight");
@@ -877,15 +1076,44 @@ void conv1x1(const PackedConv1x1& w, const float* x, int64_t S, int64_t lanes, f
                      for (int64_t job = begin; job < end; ++job) {
                          const int64_t p = job / chunks * per_job, c = job % chunks, o0 = p * kConvPanel;
                          const int64_t s0 = chunk_start(c), n = chunk_start(c + 1) - s0;
-                         const uint16_t* panel = w.data.data() + o0 * w.cin;
+                         const auto* panel = w.data.data() + o0 * w.cin;
                          if (per_job == 2 && p + 1 < panels)
-                             conv_pair(k, panel, w.cin, x + s0, S, n, out + o0 * S + s0,
+                             conv_pair(k, panel, panel_scales(w, o0), w.cin, x + s0, S, n, out + o0 * S + s0,
                                        std::min(2 * kConvPanel, w.cout - o0), round_fp16);
                          else
-                             conv_panel(k, panel, w.cin, x + s0, S, n, out + o0 * S + s0,
+                             conv_panel(k, panel, panel_scales(w, o0), w.cin, x + s0, S, n, out + o0 * S + s0,
                                         std::min(kConvPanel, w.cout - o0), round_fp16);
                      }
                  });
+}
+
+}  // namespace
+
+std::shared_ptr<const PackedConv1x1> shared_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin) {
+    return share(shared_f16, weight, nullptr, cout, cin, [&] { return pack_conv1x1(weight, cout, cin); });
+}
+
+std::shared_ptr<const PackedConv1x1I8> shared_conv1x1_i8(const int8_t* q, const float* scale, int64_t cout,
+                                                         int64_t cin) {
+    return share(shared_i8, q, scale, cout, cin, [&] { return pack_conv1x1_i8(q, scale, cout, cin); });
+}
+
+std::pair<int64_t, int64_t> shared_conv1x1_usage() {
+    std::lock_guard<std::mutex> lock(shared_mutex);
+    int64_t count = 0, bytes = 0;
+    add_usage(shared_f16, count, bytes);
+    add_usage(shared_i8, count, bytes);
+    return {count, bytes};
+}
+
+void conv1x1(const PackedConv1x1& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16) {
+    conv1x1_packed(w, x, S, lanes, out, round_fp16);
+}
+
+void conv1x1(const PackedConv1x1I8& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16) {
+    if (static_cast<int64_t>(w.scale.size()) != ceil_div(w.cout, kConvPanel) * kConvPanel)
+        throw std::invalid_argument("conv1x1: int8 weight without one scale per (padded) output channel");
+    conv1x1_packed(w, x, S, lanes, out, round_fp16);
 }
 
 namespace {

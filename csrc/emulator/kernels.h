@@ -1,4 +1,4 @@
-// The emulator's hot loops: fp16 rounding, 1x1 convolution with fp16 weights, matrix multiply,
+// The emulator's hot loops: fp16 rounding, 1x1 convolution with fp16 or int8 weights, matrix multiply,
 // and a small thread pool. AVX-512 and AVX2 (with F16C/FMA) paths are chosen at run time; a portable
 // path is always there. Every kernel accumulates in fp32.
 #pragma once
@@ -36,13 +36,38 @@ PackedConv1x1 pack_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin);
 // pack_conv1x1, held once per process for each distinct weight: programs baking the same weight
 // (a model's prefill buckets and its decode programs) share one packed copy, freed with the last.
 std::shared_ptr<const PackedConv1x1> shared_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin);
-// (distinct packed weights alive, their bytes)
+// (distinct packed weights alive, fp16 and int8, their bytes)
 std::pair<int64_t, int64_t> shared_conv1x1_usage();
+
+// A 1x1 convolution weight [cout][cin] in int8 with one scale per output channel (symmetric, zero
+// point 0), packed like PackedConv1x1 and streamed at one byte per weight. Every dequantized weight
+// q * scale[o] must be an fp16 value, computed exactly in fp32 (int8_weights_fp16_exact): the
+// kernels form it in fp32 with no rounding step, so conv1x1 gives bit for bit what it gives the fp16
+// weight fp16(q * scale[o]).
+struct PackedConv1x1I8 {
+    int64_t cout = 0;
+    int64_t cin = 0;
+    std::vector<int8_t> data;
+    std::vector<float> scale;  // one per output channel, zero-padded to whole panels
+    // Every scale a power of two: the kernels sum q * x and scale each output once (the same bits,
+    // and a conversion per weight with no multiply).
+    bool scale_after = false;
+};
+// Whether q[o][c] * scale[o] is, for every weight, an fp16 value exactly (the fp32 product is then
+// exact too): the condition of PackedConv1x1I8.
+bool int8_weights_fp16_exact(const int8_t* q, const float* scale, int64_t cout, int64_t cin);
+// Throws std::invalid_argument when the weights are not fp16-exact.
+PackedConv1x1I8 pack_conv1x1_i8(const int8_t* q, const float* scale, int64_t cout, int64_t cin);
+// pack_conv1x1_i8, held once per process for each distinct weight (as shared_conv1x1).
+std::shared_ptr<const PackedConv1x1I8> shared_conv1x1_i8(const int8_t* q, const float* scale, int64_t cout,
+                                                         int64_t cin);
 
 // out[o*S + s] = sum_c W[o][c] * x[c*S + s] for s < lanes (fp32 accumulation); the first `lanes`
 // lanes of each output row are written (rounded to fp16 when round_fp16 is set), the others are
 // left untouched. x is [cin][S], out is [cout][S], both channel-major fp32.
 void conv1x1(const PackedConv1x1& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16);
+// The same with int8 weights: equal, bit for bit, to conv1x1 of the fp16 weight q * scale[o].
+void conv1x1(const PackedConv1x1I8& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16);
 
 // C[m][n] = sum_k A(m,k) * B(k,n), with A(m,k) = a[m*a_rs + k*a_cs] and B(k,n) = b[k*b_rs + n*b_cs]
 // (strides express transposes), C row-major with row stride c_rs; fp32 accumulation, rounded to

@@ -28,6 +28,8 @@ struct Frame {
 
 using Kernel = std::function<void(Frame&)>;
 
+struct AffineConst;
+
 // What compile time knows about a variable.
 struct ValueInfo {
     mil::Type type;
@@ -38,7 +40,29 @@ struct ValueInfo {
     std::optional<std::string_view> blob;
     bool used_as_data = false;               // some kernel reads it: materialise it in the frame
     bool needs_fp32 = false;                 // (on a slot's owner) some kernel reads its fp32 data
+    // Set on a constexpr_affine_dequantize output: its quantized form, for kernels that read the
+    // weight as it is stored (conv keeps int8 weights int8). Valid while the program is built.
+    std::shared_ptr<const AffineConst> affine;
 };
+
+// Scale and zero point per element: a single value, or one per index along the axis.
+struct AffineParams {
+    std::vector<float> scale, zero;  // zero may be empty (0)
+    int64_t n = 1, inner = 1;        // element i uses entry (i / inner) % n
+
+    float s(int64_t i) const { return scale.size() == 1 ? scale[0] : scale[(i / inner) % n]; }
+    float z(int64_t i) const { return zero.empty() ? 0.0f : zero.size() == 1 ? zero[0] : zero[(i / inner) % n]; }
+};
+
+// A constexpr_affine_dequantize output, known at compile time: (q[i] - z(i)) * s(i) in `dtype`.
+struct AffineConst {
+    int data = -1;  // the value id of quantized_data: an int8 or uint8 const
+    AffineParams params;
+    mil::Type type;  // the dequantized tensor's
+};
+// Its values: (q - z) * s in fp32 (exact for fp16 scales: <= 20 significant bits), rounded to the
+// output dtype, as the ANE produces them.
+std::vector<float> dequantize(const AffineConst& a, const ValueInfo& quantized_data);
 
 class OpContext {
 public:
@@ -65,6 +89,9 @@ public:
     std::vector<int> tuple_slots(const char* arg);
     // Compile-time constant arguments (const() values, as the type step checked).
     const ValueInfo& constant(const char* arg) const;
+    // The quantized form of a constexpr_affine_dequantize operand, or nullptr for any other value.
+    const AffineConst* affine(const char* arg) const { return info(arg).affine.get(); }
+    const ValueInfo& value(int id) const { return values_[static_cast<size_t>(id)]; }
     std::vector<float> floats(const char* arg) const;  // a whole const tensor as fp32
 
     // Throws CompileError naming the op, its line and `message`.
@@ -85,6 +112,8 @@ struct BuiltOp {
     Kernel kernel;
     int view_of = -1;  // >= 0: no kernel, the output is a view of this slot's data (same order)
     double scratch_bytes = 0;  // plan step: memory the kernel step holds besides the frame (tables, copies)
+    // plan step of a constexpr op: its output's compile-time value (ValueInfo::affine)
+    std::shared_ptr<const AffineConst> affine;
 };
 
 using OpBuilder = BuiltOp (*)(OpContext&);

@@ -1,8 +1,12 @@
 // conv and matmul: the hot path. 1x1 convolutions with const weights run on the packed fp16
-// kernel; other convolutions take a direct loop; matmul runs on the strided GEMM.
+// kernel, or on the packed int8 kernel for a constexpr_affine_dequantize weight whose values it can
+// form exactly (symmetric per-output-channel scales with fp16-exact products); any other quantized
+// weight is dequantized once here to the fp16 values the ANE would use. Other convolutions take a
+// direct loop; matmul runs on the strided GEMM.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "emulator/ops.h"
 
@@ -10,8 +14,14 @@ namespace orion::emu {
 
 namespace {
 
-// fp16 bits of a const weight, whatever its declared float type.
+// fp16 bits of a const weight, whatever its declared float type, or of a quantized one dequantized.
 std::vector<uint16_t> weight_halves(OpContext& ctx) {
+    if (const AffineConst* a = ctx.affine("weight")) {
+        const std::vector<float> f = dequantize(*a, ctx.value(a->data));
+        std::vector<uint16_t> h(f.size());
+        kernels::float_to_half(f.data(), h.data(), f.size());
+        return h;
+    }
     const ValueInfo& w = ctx.constant("weight");
     if (w.blob && w.type.dtype == mil::DType::fp16) {
         std::vector<uint16_t> h(w.blob->size() / 2);
@@ -24,6 +34,27 @@ std::vector<uint16_t> weight_halves(OpContext& ctx) {
     return h;
 }
 
+// The int8 weight [cout][cin] and one scale per output channel of a quantized 1x1 conv weight, when
+// the int8 kernel computes its fp16 values exactly: int8 data, zero points all 0, one scale for all
+// or one per output channel (axis 0), every q * scale an fp16 value.
+struct Int8Weight {
+    const int8_t* q;
+    std::vector<float> scale;
+};
+std::optional<Int8Weight> exact_int8_weight(const OpContext& ctx, const AffineConst& a, int64_t cout, int64_t cin) {
+    const ValueInfo& data = ctx.value(a.data);
+    if (data.type.dtype != mil::DType::int8 || !data.blob) return std::nullopt;
+    for (float z : a.params.zero)
+        if (z != 0.0f) return std::nullopt;
+    const bool per_channel = a.params.n == cout && a.params.inner == cin;
+    if (a.params.scale.size() != 1 && !(per_channel && static_cast<int64_t>(a.params.scale.size()) == cout))
+        return std::nullopt;
+    Int8Weight w{reinterpret_cast<const int8_t*>(data.blob->data()), {}};
+    for (int64_t o = 0; o < cout; ++o) w.scale.push_back(a.params.s(o * cin));
+    if (!kernels::int8_weights_fp16_exact(w.q, w.scale.data(), cout, cin)) return std::nullopt;
+    return w;
+}
+
 BuiltOp build_conv(OpContext& ctx) {
     if (ctx.plan_only()) return {nullptr, -1, 6.0 * ctx.type("weight").element_count()};  // fp16 + fp32 weight copies
     const frontend::ConvGeometry g = ctx.attrs<frontend::ConvGeometry>();
@@ -33,7 +64,6 @@ BuiltOp build_conv(OpContext& ctx) {
         bias = ctx.floats("bias");
         if (static_cast<int64_t>(bias.size()) != g.cout) ctx.fail("bias must have Cout = " + std::to_string(g.cout) + " entries");
     }
-    const auto halves = weight_halves(ctx);
     const int x = ctx.slot("x"), o = ctx.out_slot();
     auto add_bias = [bias, g](float* c) {
         if (bias.empty()) return;
@@ -43,8 +73,8 @@ BuiltOp build_conv(OpContext& ctx) {
     };
     const bool pointwise = g.kh == 1 && g.kw == 1 && g.groups == 1 && g.sh == 1 && g.sw == 1 && g.pt == 0 && g.pb == 0 &&
                            g.pl == 0 && g.pr == 0;
-    if (pointwise) {
-        auto packed = kernels::shared_conv1x1(halves.data(), g.cout, g.cin);  // one copy across programs
+    // The pointwise kernel over a packed weight (fp16 or int8: the same sums, bit for bit).
+    auto pointwise_kernel = [=](auto packed) -> BuiltOp {
         return {[=](Frame& fr) {
                     const int64_t S = g.h * g.w;
                     const Tensor& in = fr.values[x];
@@ -59,7 +89,15 @@ BuiltOp build_conv(OpContext& ctx) {
                     }
                     if (!bias.empty()) finish(out);
                 }};
+    };
+    if (pointwise) {
+        if (const AffineConst* a = ctx.affine("weight"))
+            if (const auto w = exact_int8_weight(ctx, *a, g.cout, g.cin))
+                return pointwise_kernel(kernels::shared_conv1x1_i8(w->q, w->scale.data(), g.cout, g.cin));
+        const auto halves = weight_halves(ctx);
+        return pointwise_kernel(kernels::shared_conv1x1(halves.data(), g.cout, g.cin));  // one copy across programs
     }
+    const auto halves = weight_halves(ctx);
     auto weight = std::make_shared<std::vector<float>>(halves.size());
     kernels::half_to_float(halves.data(), weight->data(), halves.size());
     return {[=](Frame& fr) {

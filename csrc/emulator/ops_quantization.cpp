@@ -8,18 +8,9 @@ namespace orion::emu {
 
 namespace {
 
-// Scale and zero point per element: a single value, or one per index along `axis`.
-struct Affine {
-    std::vector<float> scale, zero;
-    int64_t n = 1, inner = 1;  // element i uses entry (i / inner) % n
-
-    float s(int64_t i) const { return scale.size() == 1 ? scale[0] : scale[(i / inner) % n]; }
-    float z(int64_t i) const { return zero.empty() ? 0.0f : zero.size() == 1 ? zero[0] : zero[(i / inner) % n]; }
-};
-
 // The const scale and zero point, laid out as the type rule derived.
-Affine affine(OpContext& ctx) {
-    Affine a;
+AffineParams affine(OpContext& ctx) {
+    AffineParams a;
     a.scale = ctx.floats("scale");
     if (ctx.has("zero_point")) a.zero = ctx.floats("zero_point");
     const frontend::AffineLayout& layout = ctx.attrs<frontend::AffineLayout>();
@@ -29,7 +20,7 @@ Affine affine(OpContext& ctx) {
 
 BuiltOp build_quantize(OpContext& ctx) {
     if (ctx.plan_only()) return {};
-    const Affine a = affine(ctx);
+    const AffineParams a = affine(ctx);
     const bool to_int8 = ctx.out_type().dtype == mil::DType::int8;
     const float lo = to_int8 ? -128.0f : 0.0f, hi = to_int8 ? 127.0f : 255.0f;
     const int x = ctx.slot("input"), o = ctx.out_slot();
@@ -43,7 +34,7 @@ BuiltOp build_quantize(OpContext& ctx) {
 
 BuiltOp build_dequantize(OpContext& ctx) {
     if (ctx.plan_only()) return {};
-    const Affine a = affine(ctx);
+    const AffineParams a = affine(ctx);
     const int x = ctx.slot("input"), o = ctx.out_slot();
     return {[=](Frame& fr) {
                 const float* v = fr.values[x].data.data();
@@ -53,21 +44,40 @@ BuiltOp build_dequantize(OpContext& ctx) {
             }};
 }
 
+// A compile-time constant: conv reads it in its quantized form (ValueInfo::affine); the emulator
+// runs this kernel only when some other kernel reads the values (or the program returns them).
 BuiltOp build_constexpr_affine_dequantize(OpContext& ctx) {
-    if (ctx.plan_only()) return {nullptr, -1, 8.0 * static_cast<double>(ctx.out_type().element_count())};
-    const Affine a = affine(ctx);
-    const std::vector<float> q = ctx.floats("quantized_data");
-    Tensor folded;
-    folded.dtype = ctx.out_type().dtype;
-    folded.shape = ctx.out_type().shape;
-    folded.data.resize(q.size());
-    for (size_t i = 0; i < q.size(); ++i) folded.data[i] = (q[i] - a.z(static_cast<int64_t>(i))) * a.s(static_cast<int64_t>(i));
-    finish(folded);
+    if (ctx.plan_only()) {
+        auto a = std::make_shared<AffineConst>();
+        a->data = ctx.constant("quantized_data").slot;  // a const is its own slot
+        a->params = affine(ctx);
+        a->type = ctx.out_type();
+        return {nullptr, -1, 4.0 * static_cast<double>(ctx.out_type().element_count()), std::move(a)};
+    }
+    AffineConst a;
+    a.params = affine(ctx);
+    a.type = ctx.out_type();
+    const std::vector<float> folded = dequantize(a, ctx.constant("quantized_data"));
     const int o = ctx.out_slot();
-    return {[=](Frame& fr) { fr.values[o].data = folded.data; }};
+    return {[=](Frame& fr) { fr.values[o].data = folded; }};
 }
 
 }  // namespace
+
+std::vector<float> dequantize(const AffineConst& a, const ValueInfo& q) {
+    const std::vector<float> values =
+        q.blob ? blob_floats(q) : std::vector<float>(q.constant->numbers.begin(), q.constant->numbers.end());
+    Tensor folded;
+    folded.dtype = a.type.dtype;
+    folded.shape = a.type.shape;
+    folded.data.resize(values.size());
+    for (size_t i = 0; i < values.size(); ++i) {
+        const auto at = static_cast<int64_t>(i);
+        folded.data[i] = (values[i] - a.params.z(at)) * a.params.s(at);
+    }
+    finish(folded);
+    return std::move(folded.data);
+}
 
 std::vector<OpEntry> quantization_ops() {
     return {

@@ -73,7 +73,10 @@ struct OpSpec {
     X(dequantize, ORION_ARGS("input", "scale"), ORION_ARGS("axis", "zero_point"), disputed, QUANTIZED_OPS,      \
       "keep the tensor fp16, or relax the op with a probe report from this machine")                              \
     X(constexpr_affine_dequantize, ORION_ARGS("axis", "quantized_data", "scale", "zero_point"), ORION_NO_ARGS,  \
-      disputed, QUANTIZED_OPS, "store the weight as fp16, or relax the op with a probe report from this machine")
+      disputed, QUANTIZED_OPS,                                                                                   \
+      "store the weight as fp16; or pass relaxed_ops=orion.probes.load_report(PATH).ops from a `python -m orion "  \
+      "doctor --probe --out PATH` report of this machine whose quantized_weights probe works; or compile with "    \
+      "profile=\"permissive\" (Orion's op bans lifted: a real ANE may refuse it)")
 
 // The table, in the order above.
 const std::vector<OpSpec>& op_table();

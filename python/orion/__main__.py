@@ -8,6 +8,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from orion import quant
 from orion.cli import HelpFormatter, non_negative_int, positive_int, report_errors, write_out
 from orion.errors import OrionError
 
@@ -91,6 +92,7 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
     generate.add_argument("--stop", action="append", default=None, metavar="TEXT",
                           help="stop before this text (repeatable; \\n and \\t mean newline and tab); the model's "
                                "end-of-sequence tokens always stop")
+    quant.add_arguments(generate)
     generate.add_argument("--no-echo", action="store_true", help="print only the generated text, not the prompt")
     generate.add_argument("--quiet", action="store_true", help="no progress lines or warnings on stderr")
 
@@ -162,7 +164,8 @@ def _generate(args: argparse.Namespace) -> int:
     if context is not None and count > context:
         raise ContextFull(f"the prompt has {count} tokens, more than the model's context length {context}: "
                           f"shorten it")
-    model = models.load(directory, progress=not args.quiet)
+    note = (lambda text: None) if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
+    model = models.load(directory, progress=not args.quiet, **quant.model_options(args.quant, args.probe_report, note))
     run = model.generate_text(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                               top_p=args.top_p, seed=args.seed, stop=_unescape(args.stop), min_p=args.min_p,
                               repetition_penalty=args.repetition_penalty)

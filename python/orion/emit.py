@@ -1,7 +1,8 @@
 """Emit: the program's graph -> an ``orion.mil.Program`` (the MIL-program binding) and its weight files.
 
 Every argument is a named const ``<var>_<arg>``, args in alphabetical order, one BLOBFILE per weight
-tensor at ``@model_path/weights/<name>.bin``, offset 64 (docs/hardware.md §4, §5). Each op's arguments
+tensor at ``@model_path/weights/<name>.bin``, offset 64 (docs/hardware.md §4, §5); an int8 weight
+(orion.quant) is its int8 data and fp16 scales feeding ``constexpr_affine_dequantize``. Each op's arguments
 come from its registry definition (``OpDef.emit``) and are checked against its MIL signature
 (``OpDef.mil``): an op missing from the registry, or not a dialect op, is an error, never a default.
 """
@@ -60,9 +61,27 @@ class Emitter:
         if not node.shape:
             self.program.add_const(name, mil.Value.number(node.dtype, float(node.value)), name=name)
             return
+        if "int8" in node.attrs:
+            return self.int8_constant(node, name)
+        self.program.add_const(name, self.blob(name, node.value.astype(np.float16)), name=name)
+
+    def blob(self, name: str, array: np.ndarray) -> Any:
+        """A BLOBFILE value ``@model_path/weights/<name>.bin`` holding ``array`` (fp16 or int8)."""
         path = f"{WEIGHT_DIR}{name}.bin"
-        self.weights[path] = blobfile.write(node.value.astype(np.float16))
-        self.program.add_const(name, mil.Value.blob(self.type_of(node), path, BLOB_OFFSET), name=name)
+        self.weights[path] = blobfile.write(array)
+        dtype = "int8" if array.dtype == np.int8 else "fp16"
+        return mil.Value.blob(mil.Type.tensor(dtype, list(array.shape)), path, BLOB_OFFSET)
+
+    def int8_constant(self, node: Node, name: str) -> None:
+        """An int8 weight (``node.attrs["int8"]``, orion.quant): int8 data and fp16 per-output-channel
+        scales (axis 0, zero point 0) dequantized by ``constexpr_affine_dequantize`` (ANE-35)."""
+        weight = node.attrs["int8"]
+        args = [("axis", self.scalar(name, "axis", "int32", 0)),
+                ("quantized_data", self.const(name, "quantized_data",
+                                              self.blob(f"{name}_quantized_data", weight.q.reshape(node.shape)))),
+                ("scale", self.const(name, "scale", self.blob(f"{name}_scale", weight.scale.astype(np.float16)))),
+                ("zero_point", self.scalar(name, "zero_point", "int8", 0))]
+        self.program.add_op("constexpr_affine_dequantize", name, self.type_of(node), args, name=name)
 
     def args(self, node: Node, out: str) -> list[Arg]:
         """The MIL arguments of ``node`` by its registry definition, checked against its MIL signature."""

@@ -52,7 +52,11 @@ def _const(name: str, dtype: str, value: str, shape: tuple[int, ...] | None = No
 
 
 def _op(out: str, shape: tuple[int, ...], name: str, **args: str) -> str:
-    return f'{_t(shape)} {out} = {name}({", ".join(f"{k}={v}" for k, v in sorted(args.items()))})[name=string("{out}")];'
+    return _op_typed(out, _t(shape), name, **args)
+
+
+def _op_typed(out: str, type_text: str, name: str, **args: str) -> str:
+    return f'{type_text} {out} = {name}({", ".join(f"{k}={v}" for k, v in sorted(args.items()))})[name=string("{out}")];'
 
 
 @dataclass
@@ -181,7 +185,9 @@ def _patch_path(backend: str) -> tuple[str, str]:
 
 
 QUANTIZED_OPS = ("quantize", "dequantize")
-"""The disputed ops (ANE-35) the quantize probe settles; constexpr_affine_dequantize is not probed."""
+"""The disputed ops (ANE-35) the quantize probe settles."""
+QUANTIZED_WEIGHT_OPS = ("constexpr_affine_dequantize",)
+"""The disputed op (ANE-35) the int8-weight probe settles (``quant="int8"`` models need it)."""
 
 
 def _quantized_ops(backend: str) -> tuple[str, str]:
@@ -193,6 +199,31 @@ def _quantized_ops(backend: str) -> tuple[str, str]:
                           _op("y", s, "dequantize", input="q", scale="sc", zero_point="zp")], ["y"])
     want = np.clip(np.round(x.astype(np.float32) / 0.03125), -128, 127) * 0.03125
     return _attempt(mil, {"x": x}, {"y": want}, backend)
+
+
+def _quantized_weights(backend: str) -> tuple[str, str]:
+    """A 1x1 conv whose weight is int8 data with per-output-channel fp16 scales (what quant="int8" emits)."""
+    c, s = 64, (1, 64, 1, 64)
+    x = _rng_input(s)
+    rng = np.random.default_rng(1)
+    q = rng.integers(-127, 128, size=(c, c, 1, 1)).astype(np.int8)
+    scale = (np.exp2(rng.integers(-10, -6, size=c)) * rng.integers(8, 16, size=c)).astype(np.float16)
+    paths = {"q": "@model_path/weights/q.bin", "sc": "@model_path/weights/sc.bin"}
+    blob = lambda name, t: (f'{t} {name} = const()[name=string("{name}"), '  # noqa: E731
+                            f'val={t}(BLOBFILE(path=string("{paths[name]}"), offset=uint64(64)))];')
+    mil = _mil({"x": s}, [blob("q", _t((c, c, 1, 1), "int8")), blob("sc", _t((c,))), _const("zp", "int8", "0"),
+                          _const("ax", "int32", "0"),
+                          _op_typed("W", _t((c, c, 1, 1)), "constexpr_affine_dequantize", axis="ax",
+                                    quantized_data="q", scale="sc", zero_point="zp"),
+                          _const("st", "int32", "1,1", (2,)), _const("pd", "int32", "0,0,0,0", (4,)),
+                          _const("dl", "int32", "1,1", (2,)), _const("gr", "int32", "1"),
+                          _const("pt", "string", '"valid"'),
+                          _op("y", s, "conv", dilations="dl", groups="gr", pad="pd", pad_type="pt", strides="st",
+                              weight="W", x="x")], ["y"])
+    w = q[:, :, 0, 0].astype(np.float32) * scale.astype(np.float32)[:, None]
+    want = w @ x[0, :, 0, :].astype(np.float32)
+    weights = {paths["q"]: blobfile.write(q), paths["sc"]: blobfile.write(scale)}
+    return _attempt(mil, {"x": x}, {"y": want.reshape(s)}, backend, weights=weights)
 
 
 def _not_probed(reason: str) -> Callable[[str], tuple[str, str]]:
@@ -214,6 +245,9 @@ PROBES: tuple[Probe, ...] = (
           _not_probed("needs direct access to the model directory; Orion never reloads in place")),
     Probe("quantized_ops", "ANE-35", "do quantize and dequantize (int8, scalar scale) compile and run?",
           _quantized_ops, relaxes="relaxed_ops=" + ",".join(QUANTIZED_OPS)),
+    Probe("quantized_weights", "ANE-35", "does a 1x1 conv with an int8 weight (constexpr_affine_dequantize, "
+          "per-channel scales) compile and run?", _quantized_weights,
+          relaxes="relaxed_ops=" + ",".join(QUANTIZED_WEIGHT_OPS)),
     Probe("fusion_depth", "ANE-09", "how many fused layers compile?",
           _not_probed("needs a layer-sized program; run the GPT-2 fusion sweep instead")),
 )
@@ -270,8 +304,9 @@ def relaxations(report: dict[str, Any], *, require_same_machine: bool = True) ->
                                   "nothing is relaxed")
     probes = report.get("probes", {})
     small = probes.get("surface_8k", {}).get("outcome") == "works"
-    quantized = probes.get("quantized_ops", {}).get("outcome") == "works"
-    return Relaxations(min_surface_bytes=8192 if small else None, ops=QUANTIZED_OPS if quantized else (),
+    works = lambda probe: probes.get(probe, {}).get("outcome") == "works"  # noqa: E731
+    ops = (QUANTIZED_OPS if works("quantized_ops") else ()) + (QUANTIZED_WEIGHT_OPS if works("quantized_weights") else ())
+    return Relaxations(min_surface_bytes=8192 if small else None, ops=ops,
                        source=f"ane probe report, {report.get('chip')} / {report.get('os')}")
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 import orion
-from orion import models
+from orion import models, quant
 from orion.cli import HelpFormatter, positive_int, report_errors
 from orion.errors import OrionError
 from orion.generation.loop import CausalLM
@@ -64,13 +64,14 @@ def measure_decode(model: CausalLM, prompt: list[int], new_tokens: int) -> dict[
     }
 
 
-def _cached_start(model_dir: str | None, shape: str, cache: str) -> float:
+def _cached_start(model_dir: str | None, shape: str, cache: str, quant_options: dict[str, Any]) -> float:
     """Seconds to build the model in a fresh process whose program cache is already filled."""
-    code = ("import sys, time; from orion.bench.decode import load_model; t = time.perf_counter(); "
-            "load_model(sys.argv[1] or None, sys.argv[2], progress=False); print(time.perf_counter() - t)")
+    code = ("import json, sys, time; from orion.bench.decode import load_model; t = time.perf_counter(); "
+            "load_model(sys.argv[1] or None, sys.argv[2], progress=False, **json.loads(sys.argv[3])); "
+            "print(time.perf_counter() - t)")
     env = {**os.environ, "ORION_CACHE_DIR": cache}
-    out = subprocess.run([sys.executable, "-c", code, model_dir or "", shape], env=env, capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code, model_dir or "", shape, json.dumps(quant_options)], env=env,
+                         capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -82,10 +83,12 @@ def _check_context(context: int | None, prompt_tokens: int, new_tokens: int) -> 
 
 def run(model_dir: str | None = None, prompt_tokens: int = 16, new_tokens: int = 128,
         fusion_depth: int | None = None, lm_head: str = "ane", shape: str = DEFAULT_SHAPE,
-        cache: str | None = None, progress: bool = True) -> dict[str, Any]:
+        cache: str | None = None, progress: bool = True, quant_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """The whole benchmark; returns every figure (see ``report``). ``shape``: the registered random
-    shape used without ``model_dir``; ``cache``: the program cache to use (None: a temporary one)."""
-    options = dict(fusion_depth=fusion_depth, lm_head=lm_head, progress=progress)
+    shape used without ``model_dir``; ``cache``: the program cache to use (None: a temporary one);
+    ``quant_options``: the model's ``quant``/``profile``/``probe_report`` (``orion.quant.model_options``)."""
+    quant_options = quant_options or {}
+    options = dict(fusion_depth=fusion_depth, lm_head=lm_head, progress=progress, **quant_options)
     _check_context(models.context_length(model_dir or shape), prompt_tokens, new_tokens)
     with tempfile.TemporaryDirectory(prefix="orion-bench-cache-") as temporary:
         where = cache or temporary
@@ -104,12 +107,13 @@ def run(model_dir: str | None = None, prompt_tokens: int = 16, new_tokens: int =
             else:
                 os.environ["ORION_CACHE_DIR"] = previous
         loaded, total = model.builder.cached, model.builder.cached + model.builder.built
-        cached_s = _cached_start(model_dir, shape, where) if fusion_depth is None and lm_head == "ane" else float("nan")
+        cached_s = _cached_start(model_dir, shape, where, quant_options) if fusion_depth is None and lm_head == "ane" else float("nan")
     plan = model.decode_plan
     return {
         "backend": orion.backend(),
         "model": str(model_dir or f"random {shape} ({model.display_name})"),
         "parameters": model.dims.parameters,
+        "quant": model.quant,
         "config": model.builder.identity["config"],
         "start": "warm" if total and loaded == total else "partly warm" if loaded else "cold",
         "compile_s": start_s,
@@ -133,7 +137,7 @@ def run(model_dir: str | None = None, prompt_tokens: int = 16, new_tokens: int =
 def report(r: dict[str, Any]) -> str:
     lines = [
         f"backend            {r['backend']}",
-        f"model              {r['model']} ({r['parameters'] / 1e6:.1f}M parameters)",
+        f"model              {r['model']} ({r['parameters'] / 1e6:.1f}M parameters, {r['quant']} weights)",
         f"start              {r['start']}: {r['compile_s']:.2f} s to build the model, {r['programs_from_cache']} of "
         f"{r['programs']} programs loaded from the cache ({r['cache']})",
         f"compile            a new process reading that cache: {r['compile_cached_s']:.2f} s; "
@@ -142,7 +146,8 @@ def report(r: dict[str, Any]) -> str:
         f"decode             {r['decode_tok_s']:.1f} tok/s; ms/token p50 {r['ms_per_token_p50']:.2f}, "
         f"p90 {r['ms_per_token_p90']:.2f} ({r['new_tokens']} new tokens, greedy)",
         f"dispatches/token   {r['dispatches_per_token']} (fusion depth {r['fusion_depth']}, LM head on {r['lm_head']})",
-        f"bytes/token        {r['bytes_per_token'] / 1e6:.1f} MB (fp16 weights + surfaces, full-context KV cache)",
+        f"bytes/token        {r['bytes_per_token'] / 1e6:.1f} MB ({r['quant']} weight matrices + surfaces, "
+        f"full-context KV cache)",
     ]
     return "\n".join(lines)
 
@@ -158,7 +163,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--model {args.model}: no such directory or file, and not a random shape "
                      f"({', '.join(models.shape_names())})")
     return report_errors(lambda: _print(run(args.model, args.prompt_tokens, args.new_tokens, args.fusion_depth,
-                                            args.lm_head, args.random, args.cache, not args.quiet), args.json))
+                                            args.lm_head, args.random, args.cache, not args.quiet,
+                                            quant.model_options(args.quant, args.probe_report, _note)), args.json))
+
+
+def _note(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -176,6 +186,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache", default=None, metavar="DIR",
                         help="program cache to use and keep (None: a temporary one, removed afterwards, so the "
                              "start is cold and your cache is untouched)")
+    quant.add_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--profile", action="store_true",

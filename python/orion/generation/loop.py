@@ -238,6 +238,7 @@ class CausalLM(AdapterHost):
     model_type: ClassVar[str]
     display_name: ClassVar[str]
     dims: DecoderDims
+    quant: str = "fp16"  # how the linear weights are stored: "fp16", or "int8" (W8A16, orion.quant)
     # Defaults of generate's sampling arguments: orion.models.load reads them from generation_config.json.
     generation_defaults: GenerationDefaults = GenerationDefaults()
 
@@ -291,8 +292,10 @@ class CausalLM(AdapterHost):
 
     # -- construction ---------------------------------------------------------------------------------
     def _setup(self, *, tokenizer: Tokenizer | None, tokenizer_error: TokenizerNotFound | None,
-               fusion_depth: int | None, lm_head: str, progress: bool) -> None:
-        """Compiles the decode plan and binds it to a new KV cache (call at the end of ``__init__``)."""
+               fusion_depth: int | None, lm_head: str, progress: bool,
+               compile_options: dict[str, Any] | None = None) -> None:
+        """Compiles the decode plan and binds it to a new KV cache (call at the end of ``__init__``);
+        ``compile_options``: the programs' profile / relaxed_ops (``orion.quant.compile_options``)."""
         d = self.dims
         self._tokenizer, self._tokenizer_error = tokenizer, tokenizer_error
         if tokenizer is not None and tokenizer.vocab_size < d.vocab_size:
@@ -301,7 +304,7 @@ class CausalLM(AdapterHost):
                       TokenizerWarning)
         self.options = PlanOptions(fusion_depth=fusion_depth, lm_head=lm_head)
         start = time.perf_counter()
-        self.builder = ProgramBuilder(self.program_identity(), self.options.io_dtype, progress,
+        self.builder = ProgramBuilder(self.program_identity(), self.options.io_dtype, progress, compile_options,
                                       after_lowering=self.release_weight_pages)
         self._head_ranges = vocab_chunks(d.vocab_size, d.hidden)
         depth = self.options.fusion_depth or sram_fusion_depth(d.n_layer, self.layer_weight_bytes())

@@ -34,7 +34,7 @@ def bake(graph: Graph, values: Mapping[str, np.ndarray]) -> Graph:
         elif n.op == "input":
             copy[id(n)] = g.input(n.name, n.shape, n.dtype)
         elif n.op == "const":
-            copy[id(n)] = g.add_node("const", [], name=n.name, value=n.value, shape=n.shape, dtype=n.dtype,
+            copy[id(n)] = g.add_node("const", [], n.attrs, name=n.name, value=n.value, shape=n.shape, dtype=n.dtype,
                                      origin=n.origin)
         else:
             copy[id(n)] = g.add_node(n.op, [copy[id(i)] for i in n.inputs], n.attrs, name=n.name, origin=n.origin)

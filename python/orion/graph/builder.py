@@ -158,6 +158,13 @@ class Graph:
         """A named constant (weights, masks, scalars); values must fit fp16 (ANE-25)."""
         return self._const(self.scoped(_check_ident(name, "const name")), array, dtype)
 
+    def const_int8(self, name: str, weight: Any) -> Node:
+        """A named int8 weight (an :class:`orion.quant.Int8Weight`): a const holding its dequantized values,
+        emitted as int8 data with per-output-channel scales (``constexpr_affine_dequantize``, ANE-35)."""
+        node = self.const(name, weight.dequantized())
+        node.attrs["int8"] = weight
+        return node
+
     def _const(self, name: str, array: np.ndarray | float, dtype: str = "fp16") -> Node:
         """``const`` under an already scoped ``name`` (the operand consts of a named node)."""
         value = np.asarray(array, dtype=np.float64)

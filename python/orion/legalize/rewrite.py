@@ -29,7 +29,7 @@ class Legalizer:
     def get(self, old: Node) -> Node:
         """The new node for ``old``; consts are materialized on first use."""
         if old not in self.map:
-            self.map[old] = self.g.add_node("const", [], name=old.name, value=old.value, shape=old.shape,
+            self.map[old] = self.g.add_node("const", [], old.attrs, name=old.name, value=old.value, shape=old.shape,
                                             dtype=old.dtype, origin=old.origin)
         return self.map[old]
 
@@ -37,7 +37,8 @@ class Legalizer:
         """A const holding ``old``'s data in ``shape`` (shared between uses)."""
         key = (id(old), shape)
         if key not in self.reshaped:
-            self.reshaped[key] = self.g.add_node("const", [], name=old.name, value=old.value.reshape(shape),
+            attrs = {"int8": old.attrs["int8"].reshaped(shape)} if "int8" in old.attrs else None
+            self.reshaped[key] = self.g.add_node("const", [], attrs, name=old.name, value=old.value.reshape(shape),
                                                  shape=shape, dtype=old.dtype, origin=old.origin)
         return self.reshaped[key]
 

@@ -180,7 +180,7 @@ class AdapterHost:
     def _compile_variant(self: CausalLM, ranks: dict[str, int]) -> _Variant:
         base = self._lora_registry().variants[None]
         builder = ProgramBuilder({**base.builder.identity, "lora": ranks}, base.builder.io_dtype,
-                                 base.builder.progress)
+                                 base.builder.progress, base.builder.compile_options)
         plan = rebuild_decode_layers(builder, base.decode_plan, lambda r: self.decode_graph(r, adapters=ranks))
         registry = self._lora_registry()
         registry.surface_bytes = max(registry.surface_bytes, largest_surface(plan.layer_programs))

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from orion.graph import Graph
 from orion.graph.ir import Node
+from orion.quant import weight_operand
+
+
+def linear(g: Graph, x: Node, weight: np.ndarray, bias: np.ndarray | None, quant: str, name: str) -> Node:
+    """``g.linear`` by a const ``weight`` [Cout, Cin] stored as ``quant`` says ("fp16", or "int8": W8A16
+    with per-output-channel scales, orion.quant); the bias stays fp16."""
+    return g.linear(x, weight_operand(g, weight, quant, name), bias, name=name)
 
 
 def cached_attention(g: Graph, q: Node, k: Node, v: Node, k_cache: Node, v_cache: Node, mask: Node,

@@ -47,8 +47,10 @@ class ProgramBuilder:
     checkpoint pages it read: the program holds the weights now)."""
 
     def __init__(self, identity: dict[str, Any], io_dtype: str = "fp16", progress: bool = True,
+                 compile_options: dict[str, Any] | None = None,
                  after_lowering: Callable[[], None] | None = None) -> None:
         self.identity, self.io_dtype, self.progress = identity, io_dtype, progress
+        self.compile_options = compile_options or {}  # profile / relaxed_ops for compile_lowered (orion.quant)
         self.after_lowering = after_lowering
         self.seconds = 0.0
         self.cached = 0
@@ -92,7 +94,7 @@ class ProgramBuilder:
                 self._over_sram.append(label)
             else:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        compiled = compile_lowered(lowered)
+        compiled = compile_lowered(lowered, **self.compile_options)
         self.seconds += time.perf_counter() - start
         self.cached += was_cached
         self.built += not was_cached

@@ -8,6 +8,8 @@ import socket
 import sys
 from pathlib import Path
 
+from orion import quant
+
 try:
     import uvicorn
 
@@ -36,6 +38,7 @@ def build_parser(prog: str = "python -m orion serve") -> argparse.ArgumentParser
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (info logs every request)")
     p.add_argument("--quiet", action="store_true", help="no progress while loading and compiling")
+    quant.add_arguments(p)
     return p
 
 
@@ -81,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     with listener:
         try:
+            options = quant.model_options(args.quant, args.probe_report, lambda text: print(text, file=sys.stderr))
             engine = ModelEngine.from_directory(args.model, model_id=args.model_name, progress=not args.quiet,
-                                               max_sequences=args.max_sequences)
+                                               max_sequences=args.max_sequences, model_options=options)
         except (OrionError, ValueError, OSError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1

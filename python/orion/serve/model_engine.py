@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -48,10 +49,11 @@ class ModelEngine:
 
     @classmethod
     def from_directory(cls, path: str | os.PathLike[str], model_id: str | None = None, progress: bool = True,
-                       max_sequences: int = 4) -> ModelEngine:
-        """Load (and compile) the Hugging Face model directory ``path``; the tokenizer is checked first."""
+                       max_sequences: int = 4, model_options: dict[str, Any] | None = None) -> ModelEngine:
+        """Load (and compile) the Hugging Face model directory ``path`` (``model_options``: e.g. ``quant``,
+        see ``orion.quant.model_options``); the tokenizer is checked first."""
         load_tokenizer(path)  # a missing or broken tokenizer.json fails before the compile
-        model = models.load(path, progress=progress)
+        model = models.load(path, progress=progress, **(model_options or {}))
         return cls(model, model_id or Path(path).resolve().name, max_sequences=max_sequences)
 
     # -- text ---------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-NUMPY = {"fp16": np.float16, "fp32": np.float32, "int32": np.int32, "bool": np.bool_}
+NUMPY = {"fp16": np.float16, "fp32": np.float32, "int32": np.int32, "bool": np.bool_, "int8": np.int8, "uint8": np.uint8}
 
 
 def coremltools() -> Any | None:

@@ -6,6 +6,7 @@ padding pass gives its surfaces the lanes the ANE needs) and each layer's KV cac
 positions, -65504 for the rest. The new token's own key and value are merged into the attention
 inside the program, so a decode graph needs no cache write before it runs; it returns them so the
 caller stores them at the token's position. Node names follow Hugging Face's: ``h3_attn_qkv``.
+``quant`` says how the linear weights (and the LM head's) are stored: "fp16" or "int8" (orion.quant).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from orion.graph import Graph
 from orion.graph.ir import Node
 from orion.lora.graph import Sites, adapted
-from orion.models.blocks import cached_attention
+from orion.models.blocks import cached_attention, linear
 from orion.models.gpt2.config import GPT2Config
 from orion.models.gpt2.weights import GPT2Weights
 
@@ -44,7 +45,7 @@ def lora_site_names(layer: int) -> dict[str, str]:
 
 
 def _layers(g: Graph, x: Node, config: GPT2Config, weights: GPT2Weights, layers: range, attend: Attend,
-            adapters: Sites | None) -> Node:
+            adapters: Sites | None, quant: str) -> Node:
     """Blocks ``layers`` on the residual stream ``x``; each block's key and value become outputs
     ``k<i>``/``v<i>``. ``attend`` is the attention itself (causal over the prompt, or over the cache);
     ``adapters`` the LoRA site ranks (``orion.lora.graph``)."""
@@ -53,23 +54,24 @@ def _layers(g: Graph, x: Node, config: GPT2Config, weights: GPT2Weights, layers:
         b, site = weights.blocks[i], lora_site_names(i)
         with g.scope(f"h{i}.attn"):
             h = g.layer_norm(x, b.ln1_g, b.ln1_b, eps, name="ln")
-            qkv = adapted(g, g.linear(h, b.w_qkv, b.b_qkv, name="qkv"), [h], site["attn.c_attn"], adapters)
+            qkv = adapted(g, linear(g, h, b.w_qkv, b.b_qkv, quant, "qkv"), [h], site["attn.c_attn"], adapters)
             q, k, v = g.split(qkv, [c, c, c], axis=1, name="qkv")
             g.output(k, f"k{i}")
             g.output(v, f"v{i}")
             a = attend(i, q, k, v)
-            proj = adapted(g, g.linear(a, b.w_attn_out, b.b_attn_out, name="proj"), [a], site["attn.c_proj"], adapters)
+            proj = adapted(g, linear(g, a, b.w_attn_out, b.b_attn_out, quant, "proj"), [a], site["attn.c_proj"], adapters)
             x = g.add(x, proj, name="res")
         with g.scope(f"h{i}.mlp"):
             h = g.layer_norm(x, b.ln2_g, b.ln2_b, eps, name="ln")
-            fc = adapted(g, g.linear(h, b.w_fc, b.b_fc, name="fc"), [h], site["mlp.c_fc"], adapters)
+            fc = adapted(g, linear(g, h, b.w_fc, b.b_fc, quant, "fc"), [h], site["mlp.c_fc"], adapters)
             up = activation(g, fc, config.activation_function)
-            down = adapted(g, g.linear(up, b.w_proj, b.b_proj, name="proj"), [up], site["mlp.c_proj"], adapters)
+            down = adapted(g, linear(g, up, b.w_proj, b.b_proj, quant, "proj"), [up], site["mlp.c_proj"], adapters)
             x = g.add(x, down, name="res")
     return x
 
 
-def decode_graph(config: GPT2Config, weights: GPT2Weights, layers: range, adapters: Sites | None = None) -> Graph:
+def decode_graph(config: GPT2Config, weights: GPT2Weights, layers: range, adapters: Sites | None = None,
+                 quant: str = "fp16") -> Graph:
     """Layers ``layers`` for one token: inputs ``x``, ``mask``, ``k<i>``/``v<i>`` caches; outputs
     ``x`` (the residual stream after the last layer) and each layer's new ``k<i>``/``v<i>``."""
     c, t = config.n_embd, config.n_positions
@@ -81,12 +83,12 @@ def decode_graph(config: GPT2Config, weights: GPT2Weights, layers: range, adapte
     def attend(i: int, q: Node, k: Node, v: Node) -> Node:
         return cached_attention(g, q, k, v, *caches[i], mask, config.n_head, config.attention_scale(i))
 
-    g.output(_layers(g, x, config, weights, layers, attend, adapters), "x")
+    g.output(_layers(g, x, config, weights, layers, attend, adapters, quant), "x")
     return g
 
 
 def prefill_graph(config: GPT2Config, weights: GPT2Weights, layers: range, seq: int,
-                  adapters: Sites | None = None) -> Graph:
+                  adapters: Sites | None = None, quant: str = "fp16") -> Graph:
     """Layers ``layers`` over ``seq`` tokens (a power of two) with causal attention: input ``x``;
     outputs ``x`` and each layer's ``k<i>``/``v<i>`` for the cache. ``adapters``: LoRA site ranks (None: base)."""
     g = Graph(f"gpt2_prefill_{layers.start}_{layers.stop}_s{seq}")
@@ -99,14 +101,14 @@ def prefill_graph(config: GPT2Config, weights: GPT2Weights, layers: range, seq: 
             q = g.mul(q, factor, name="q_scale")
         return g.attention(q, k, v, config.n_head, causal=True, name="core")
 
-    g.output(_layers(g, x, config, weights, layers, attend, adapters), "x")
+    g.output(_layers(g, x, config, weights, layers, attend, adapters, quant), "x")
     return g
 
 
-def lm_head_graph(config: GPT2Config, weights: GPT2Weights, vocab: range, seq: int) -> Graph:
+def lm_head_graph(config: GPT2Config, weights: GPT2Weights, vocab: range, seq: int, quant: str = "fp16") -> Graph:
     """Final LayerNorm and the tied LM head for token ids ``vocab``: ``x`` -> ``logits`` [1, V, 1, S]."""
     g = Graph(f"gpt2_lm_head_{vocab.start}_{vocab.stop}_s{seq}")
     x = g.input("x", [1, config.n_embd, 1, seq])
     h = g.layer_norm(x, weights.ln_f_g, weights.ln_f_b, config.layer_norm_epsilon, name="ln_f")
-    g.output(g.linear(h, weights.wte[vocab.start:vocab.stop], name="lm_head"), "logits")
+    g.output(linear(g, h, weights.wte[vocab.start:vocab.stop], None, quant, "lm_head"), "logits")
     return g

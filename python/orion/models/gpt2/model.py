@@ -18,6 +18,7 @@ from orion.models.gpt2 import graphs
 from orion.models.gpt2.config import GPT2Config
 from orion.models.gpt2.costs import decode_program_costs, layer_params
 from orion.models.gpt2.weights import GPT2Weights, load_hf, random_weights
+from orion.quant import compile_options, quant_identity, weight_bytes
 
 
 class GPT2(CausalLM):
@@ -25,6 +26,8 @@ class GPT2(CausalLM):
 
     See :class:`orion.generation.loop.CausalLM` for ``prefill``, ``decode_step``, ``logits``,
     ``generate``, ``generate_text`` and ``fork``, and for which objects are thread-safe.
+    ``quant="int8"`` stores the projection and LM-head weights as int8 with per-output-channel scales
+    (W8A16, :mod:`orion.quant`); it needs ``probe_report`` or ``profile="permissive"`` (ANE-35).
     """
 
     model_type = "gpt2"
@@ -32,14 +35,17 @@ class GPT2(CausalLM):
 
     def __init__(self, config: GPT2Config, weights: GPT2Weights, *, tokenizer: Tokenizer | None = None,
                  tokenizer_error: TokenizerNotFound | None = None, fusion_depth: int | None = None,
-                 lm_head: str = "ane", progress: bool = True) -> None:
+                 lm_head: str = "ane", progress: bool = True, quant: str = "fp16", profile: str = "hardware",
+                 probe_report: Any = None) -> None:
         weights.validate(config)
         self.config, self.weights = config, weights
+        options = compile_options(quant, profile, probe_report)  # int8 needs ANE-35 relaxed (orion.quant)
+        self.quant = quant
         self.dims = DecoderDims(n_layer=config.n_layer, hidden=config.n_embd, kv_heads=config.n_head,
                                 head_dim=config.head_dim, context=config.n_positions,
                                 vocab_size=config.vocab_size, parameters=config.param_count())
         self._setup(tokenizer=tokenizer, tokenizer_error=tokenizer_error, fusion_depth=fusion_depth,
-                    lm_head=lm_head, progress=progress)
+                    lm_head=lm_head, progress=progress, compile_options=options)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike[str], **options: Any) -> GPT2:
@@ -66,13 +72,13 @@ class GPT2(CausalLM):
     # -- hooks of CausalLM ----------------------------------------------------------------------------
     def program_identity(self) -> dict[str, Any]:
         return {"model_type": self.model_type, "config": self.config.to_hf_json(),
-                "weights": self.weights.content_hash(self.config)}
+                "weights": self.weights.content_hash(self.config), **quant_identity(self.quant)}
 
     def decode_graph(self, layers: range, adapters: Mapping[str, int] | None = None) -> Graph:
-        return graphs.decode_graph(self.config, self.weights, layers, adapters)
+        return graphs.decode_graph(self.config, self.weights, layers, adapters, self.quant)
 
     def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None) -> Graph:
-        return graphs.prefill_graph(self.config, self.weights, layers, seq, adapters)
+        return graphs.prefill_graph(self.config, self.weights, layers, seq, adapters, self.quant)
 
     peft_fan_in_fan_out = True  # Hugging Face GPT-2's projections are Conv1D ([in, out] weights)
 
@@ -89,7 +95,7 @@ class GPT2(CausalLM):
         return placements
 
     def lm_head_graph(self, vocab: range, seq: int) -> Graph:
-        return graphs.lm_head_graph(self.config, self.weights, vocab, seq)
+        return graphs.lm_head_graph(self.config, self.weights, vocab, seq, self.quant)
 
     def embed(self, ids: list[int], start: int) -> np.ndarray:
         return self.weights.wte[ids] + self.weights.wpe[start:start + len(ids)]
@@ -105,4 +111,4 @@ class GPT2(CausalLM):
         return 2 * layer_params(self.config)
 
     def program_costs(self, layer_ranges: list[range], head_ranges: list[range], lm_head: str) -> list[ProgramInfo]:
-        return decode_program_costs(self.config, layer_ranges, head_ranges, lm_head)
+        return decode_program_costs(self.config, layer_ranges, head_ranges, lm_head, weight_bytes(self.quant))

@@ -8,9 +8,10 @@ from orion.models.llama.config import LlamaConfig
 
 
 def decode_program_costs(config: LlamaConfig, context: int, layer_ranges: list[range], head_ranges: list[range],
-                         lm_head: str) -> list[ProgramInfo]:
-    """FLOPs and bytes moved per token of each decode program (fp16 weights, full-``context`` KV caches
-    of ``n_kv_heads`` heads; every small surface is padded to the ANE's minimum lanes)."""
+                         lm_head: str, matrix_bytes: int = 2) -> list[ProgramInfo]:
+    """FLOPs and bytes moved per token of each decode program (weight matrices at ``matrix_bytes`` per
+    element: 2 for fp16, 1 for int8; the rest fp16; full-``context`` KV caches of ``n_kv_heads`` heads;
+    every small surface is padded to the ANE's minimum lanes)."""
     d, q, kv, t, lanes = config.dim, config.q_dim, config.kv_dim, context, MIN_LANES["fp16"]
     matmuls = d * q + 2 * d * kv + q * d + 3 * d * config.hidden_dim
     infos = []
@@ -19,11 +20,11 @@ def decode_program_costs(config: LlamaConfig, context: int, layer_ranges: list[r
         flops = n * (2 * matmuls + 2 * 2 * q * t)  # projections + every query head's scores and weighted values
         surfaces = 2 * d * lanes + 2 * config.head_dim * lanes + t  # x in and out, the rope row, the mask
         surfaces += n * (2 * kv * lanes + 2 * kv * t)  # new keys/values out, both caches in
-        infos.append(ProgramInfo(f"layers {r.start}-{r.stop - 1}", flops,
-                                 2 * (n * config.layer_param_count() + surfaces)))
+        weights = matrix_bytes * n * matmuls + 2 * n * (config.layer_param_count() - matmuls)
+        infos.append(ProgramInfo(f"layers {r.start}-{r.stop - 1}", flops, weights + 2 * surfaces))
     if lm_head == "ane":
         for r in head_ranges:
             v = len(r)
             infos.append(ProgramInfo(f"lm_head {r.start}-{r.stop - 1}", 2 * v * d,
-                                     2 * (v * d + d + d * lanes + v * lanes)))
+                                     matrix_bytes * v * d + 2 * (d + d * lanes + v * lanes)))
     return infos

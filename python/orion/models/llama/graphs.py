@@ -17,7 +17,8 @@ tables; a decode graph takes the current position's cos/sin as its ``rope`` inpu
 (:func:`rope_row`), so one program serves every position. The decode graph's I/O match GPT-2's:
 ``x``, ``mask`` ``[1, 1, 1, T]`` (0 for filled positions, -65504 for the rest) and per layer
 ``k<i>``/``v<i>`` caches ``[1, kv_dim, 1, T]`` of rotated keys and values; it returns the new token's
-``k<i>``/``v<i>`` for the caller to store at its position.
+``k<i>``/``v<i>`` for the caller to store at its position. ``quant`` says how the projection and LM-head
+weights are stored: "fp16" or "int8" (orion.quant; each output-projection group slice has its own scales).
 
 Broadcasts stay one-sided: ``[1, C, 1, S]`` with ``[1, 1, 1, S]`` or ``[1, C, 1, 1]`` (norms, GPT-2's
 decode attention) and ``[1, H, a, b]`` with ``[1, 1, a, b]`` (RoPE tables, the causal mask, and the
@@ -34,7 +35,7 @@ from orion.graph import Graph
 from orion.graph.ir import Node
 from orion.limits import MIN_LANES
 from orion.lora.graph import Sites, adapted
-from orion.models.blocks import cached_attention
+from orion.models.blocks import cached_attention, linear
 from orion.models.llama.config import ConfigError, LlamaConfig
 from orion.models.llama.weights import LayerWeights, LlamaWeights
 from orion.ops import causal_mask
@@ -141,37 +142,37 @@ def qkv_order(config: LlamaConfig) -> np.ndarray:
 
 
 def _qkv(g: Graph, x: Node, config: LlamaConfig, layer: LayerWeights, site: str,
-         adapters: Sites | None) -> tuple[list[Node], Node, Node]:
+         adapters: Sites | None, quant: str) -> tuple[list[Node], Node, Node]:
     """Fused projection: the query groups (each ``[1, kv_dim, 1, S]``), then keys and values."""
     h = rms_norm(g, x, layer.attn_norm, config.rms_norm_eps, "attn_norm")
     order = qkv_order(config)
     weight = np.concatenate([layer.wq[order], layer.wk, layer.wv])
     bias = None if layer.bq is None else np.concatenate([layer.bq[order], layer.bk, layer.bv])
-    qkv = adapted(g, g.linear(h, weight, bias, name="qkv"), [h], site, adapters)
+    qkv = adapted(g, linear(g, h, weight, bias, quant, "qkv"), [h], site, adapters)
     parts = g.split(qkv, [config.kv_dim] * (config.group_size + 2), axis=1, name="qkv")
     return parts[:-2], parts[-2], parts[-1]
 
 
 def _out_proj(g: Graph, x: Node, contexts: list[Node], config: LlamaConfig, layer: LayerWeights, site: str,
-              adapters: Sites | None) -> Node:
+              adapters: Sites | None, quant: str) -> Node:
     """Residual plus the output projection, summed over query groups (each group one LoRA input piece)."""
     acc = None
     for j, ctx in enumerate(contexts):
-        part = g.linear(ctx, layer.wo[:, group_rows(config, j)], name=f"o_g{j}")
+        part = linear(g, ctx, layer.wo[:, group_rows(config, j)], None, quant, f"o_g{j}")
         acc = part if acc is None else g.add(acc, part, name=f"o_sum{j}")
     return g.add(x, adapted(g, acc, contexts, site, adapters), name="attn_res")
 
 
 def _mlp(g: Graph, x: Node, config: LlamaConfig, layer: LayerWeights, sites: dict[str, str],
-         adapters: Sites | None) -> Node:
+         adapters: Sites | None, quant: str) -> Node:
     """SwiGLU: x + W_down(silu(W_gate h) * W_up h) with h = RMSNorm(x) and silu(a) = a * sigmoid(a)."""
     h = rms_norm(g, x, layer.mlp_norm, config.rms_norm_eps, "mlp_norm")
-    gate_up = adapted(g, g.linear(h, np.concatenate([layer.w_gate, layer.w_up]), name="gate_up"), [h],
+    gate_up = adapted(g, linear(g, h, np.concatenate([layer.w_gate, layer.w_up]), None, quant, "gate_up"), [h],
                       sites["mlp.gate_proj"], adapters)
     gate, up = g.split(gate_up, [config.hidden_dim, config.hidden_dim], axis=1, name="gate_up")
     act = g.mul(gate, g.sigmoid(gate, name="gate_sigmoid"), name="silu")
     swiglu = g.mul(act, up, name="swiglu")
-    down = adapted(g, g.linear(swiglu, layer.w_down, name="down"), [swiglu], sites["mlp.down_proj"], adapters)
+    down = adapted(g, linear(g, swiglu, layer.w_down, None, quant, "down"), [swiglu], sites["mlp.down_proj"], adapters)
     return g.add(x, down, name="mlp_res")
 
 
@@ -187,7 +188,7 @@ def _group_attention(g: Graph, q: Node, k: Node, v: Node, mask: Node, name: str)
 # -- graphs --------------------------------------------------------------------------------------
 
 def prefill_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, seq: int,
-                  adapters: Sites | None = None) -> Graph:
+                  adapters: Sites | None = None, quant: str = "fp16") -> Graph:
     """Layers ``layers`` over ``seq`` tokens at positions ``0..seq-1`` (a power of two, at most the context
     length rounded up to one; pad a shorter prompt at the end, the causal mask keeps padding out of earlier
     tokens): input ``x`` ``[1, dim, 1, seq]``; outputs ``x`` and each layer's rotated keys ``k<i>`` and
@@ -206,7 +207,7 @@ def prefill_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, seq
     for i in layers:
         layer, sites = weights.layers[i], lora_site_names(i)
         with g.scope(f"l{i}"):
-            queries, k, v = _qkv(g, x, config, layer, sites["self_attn.q_proj"], adapters)
+            queries, k, v = _qkv(g, x, config, layer, sites["self_attn.q_proj"], adapters, quant)
             kh = apply_rope(g, k, kv, cos, sin, partner, "k_rope")
             g.output(g.reshape(kh, [1, config.kv_dim, 1, seq], name="k_out"), f"k{i}")
             g.output(v, f"v{i}")
@@ -216,14 +217,14 @@ def prefill_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, seq
                 qh = apply_rope(g, q, kv, cos, sin, partner, f"q{j}_rope")
                 qh = g.mul(qh, 1.0 / math.sqrt(d), name=f"q{j}_scaled")
                 contexts.append(_group_attention(g, qh, kh, vh, mask, f"attn_g{j}"))
-            attended = _out_proj(g, x, contexts, config, layer, sites["self_attn.o_proj"], adapters)
-            x = _mlp(g, attended, config, layer, sites, adapters)
+            attended = _out_proj(g, x, contexts, config, layer, sites["self_attn.o_proj"], adapters, quant)
+            x = _mlp(g, attended, config, layer, sites, adapters, quant)
     g.output(x, "x")
     return g
 
 
 def decode_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, context: int | None = None,
-                 adapters: Sites | None = None) -> Graph:
+                 adapters: Sites | None = None, quant: str = "fp16") -> Graph:
     """Layers ``layers`` for one token: inputs ``x`` ``[1, dim, 1, 1]``, ``mask`` ``[1, 1, 1, T]``, ``rope``
     ``[1, 2 * head_dim, 1, 1]`` (:func:`rope_row`) and caches ``k<i>``/``v<i>`` ``[1, kv_dim, 1, T]``
     (``T = context``, default ``max_position_embeddings``); outputs ``x`` and each layer's new ``k<i>``/``v<i>``."""
@@ -242,7 +243,7 @@ def decode_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, cont
     for i in layers:
         layer, sites = weights.layers[i], lora_site_names(i)
         with g.scope(f"l{i}"):
-            queries, k, v = _qkv(g, x, config, layer, sites["self_attn.q_proj"], adapters)
+            queries, k, v = _qkv(g, x, config, layer, sites["self_attn.q_proj"], adapters, quant)
             k = g.reshape(apply_rope(g, k, kv, cos, sin, partner, "k_rope"), [1, config.kv_dim, 1, 1], name="k_out")
             g.output(k, f"k{i}")
             g.output(v, f"v{i}")
@@ -252,13 +253,13 @@ def decode_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, cont
                               name=f"q{j}_rotated")
                 with g.scope(f"attn_g{j}"):
                     contexts.append(cached_attention(g, q, k, v, *caches[i], mask, kv))
-            attended = _out_proj(g, x, contexts, config, layer, sites["self_attn.o_proj"], adapters)
-            x = _mlp(g, attended, config, layer, sites, adapters)
+            attended = _out_proj(g, x, contexts, config, layer, sites["self_attn.o_proj"], adapters, quant)
+            x = _mlp(g, attended, config, layer, sites, adapters, quant)
     g.output(x, "x")
     return g
 
 
-def lm_head_graph(config: LlamaConfig, weights: LlamaWeights, vocab: range, seq: int) -> Graph:
+def lm_head_graph(config: LlamaConfig, weights: LlamaWeights, vocab: range, seq: int, quant: str = "fp16") -> Graph:
     """Final RMSNorm and the LM head (tied or not) for token ids ``vocab``: ``x`` -> ``logits`` ``[1, V, 1, S]``."""
     if not 0 <= vocab.start < vocab.stop <= config.vocab_size or vocab.step != 1:
         raise ConfigError(f"lm_head_graph: vocabulary chunk {vocab} is not a non-empty slice of range(0, "
@@ -266,5 +267,5 @@ def lm_head_graph(config: LlamaConfig, weights: LlamaWeights, vocab: range, seq:
     g = Graph(f"llama_lm_head_{vocab.start}_{vocab.stop}_s{seq}")
     x = g.input("x", [1, config.dim, 1, seq])
     h = rms_norm(g, x, weights.norm, config.rms_norm_eps, "final_norm")
-    g.output(g.linear(h, weights.classifier[vocab.start:vocab.stop], name="lm_head"), "logits")
+    g.output(linear(g, h, weights.classifier[vocab.start:vocab.stop], None, quant, "lm_head"), "logits")
     return g

@@ -21,6 +21,7 @@ from orion.models.llama.config import ConfigError, LlamaConfig
 from orion.models.llama.costs import decode_program_costs
 from orion.models.llama.lora import lora_placements
 from orion.models.llama.weights import LlamaWeights, load_hf, load_llama2c, random_weights
+from orion.quant import compile_options, quant_identity, weight_bytes
 
 DISPLAY_NAMES = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}
 
@@ -32,7 +33,8 @@ class Llama(CausalLM):
     ``context`` caps the KV cache (and the longest sequence) below ``max_position_embeddings``, which
     it defaults to. Beyond it, ``prefill``/``logits`` and ``decode_step`` raise
     :class:`orion.generation.loop.ContextFull` and ``generate`` stops. See
-    :class:`orion.generation.loop.CausalLM` for the API and threads.
+    :class:`orion.generation.loop.CausalLM` for the API and threads. ``quant="int8"``: int8 projection
+    and LM-head weights (W8A16, :mod:`orion.quant`), with ``probe_report`` or ``profile="permissive"`` (ANE-35).
     """
 
     model_type = "llama"
@@ -40,8 +42,11 @@ class Llama(CausalLM):
 
     def __init__(self, config: LlamaConfig, weights: LlamaWeights, *, tokenizer: Tokenizer | None = None,
                  tokenizer_error: TokenizerNotFound | None = None, fusion_depth: int | None = None,
-                 lm_head: str = "ane", progress: bool = True, context: int | None = None) -> None:
+                 lm_head: str = "ane", progress: bool = True, context: int | None = None, quant: str = "fp16",
+                 profile: str = "hardware", probe_report: Any = None) -> None:
         weights.validate(config)
+        options = compile_options(quant, profile, probe_report)  # int8 needs ANE-35 relaxed (orion.quant)
+        self.quant = quant
         context = config.max_position_embeddings if context is None else context
         if isinstance(context, bool) or not isinstance(context, int) or \
                 not 0 < context <= config.max_position_embeddings:
@@ -53,7 +58,7 @@ class Llama(CausalLM):
                                 head_dim=config.head_dim, context=context, vocab_size=config.vocab_size,
                                 parameters=config.param_count())
         self._setup(tokenizer=tokenizer, tokenizer_error=tokenizer_error, fusion_depth=fusion_depth,
-                    lm_head=lm_head, progress=progress)
+                    lm_head=lm_head, progress=progress, compile_options=options)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike[str], **options: Any) -> Llama:
@@ -94,13 +99,13 @@ class Llama(CausalLM):
     def program_identity(self) -> dict[str, Any]:
         return {"model_type": self.config.model_type, "config": asdict(self.config),
                 "context": self.dims.context,  # the decode programs' cache length
-                "weights": self.weights.content_hash(self.config)}
+                "weights": self.weights.content_hash(self.config), **quant_identity(self.quant)}
 
     def decode_graph(self, layers: range, adapters: Mapping[str, int] | None = None) -> Graph:
-        return graphs.decode_graph(self.config, self.weights, layers, self.dims.context, adapters)
+        return graphs.decode_graph(self.config, self.weights, layers, self.dims.context, adapters, self.quant)
 
     def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None) -> Graph:
-        return graphs.prefill_graph(self.config, self.weights, layers, seq, adapters)
+        return graphs.prefill_graph(self.config, self.weights, layers, seq, adapters, self.quant)
 
     def lora_placements(self) -> dict[str, Placement]:
         """``model.layers.<i>.self_attn.{q,k,v,o}_proj`` and ``mlp.{gate,up,down}_proj`` on the fused graph sites:
@@ -109,7 +114,7 @@ class Llama(CausalLM):
         return lora_placements(self.config)
 
     def lm_head_graph(self, vocab: range, seq: int) -> Graph:
-        return graphs.lm_head_graph(self.config, self.weights, vocab, seq)
+        return graphs.lm_head_graph(self.config, self.weights, vocab, seq, self.quant)
 
     def embed(self, ids: list[int], start: int) -> np.ndarray:
         return self.weights.embed[ids]
@@ -129,4 +134,5 @@ class Llama(CausalLM):
         return 2 * self.config.layer_param_count()
 
     def program_costs(self, layer_ranges: list[range], head_ranges: list[range], lm_head: str) -> list[ProgramInfo]:
-        return decode_program_costs(self.config, self.dims.context, layer_ranges, head_ranges, lm_head)
+        return decode_program_costs(self.config, self.dims.context, layer_ranges, head_ranges, lm_head,
+                                    weight_bytes(self.quant))

@@ -39,7 +39,7 @@ def test_a_loaded_model_holds_no_fp32_copy_of_its_weights(checkpoint) -> None:
     """Every weight array is a read-only view of the checkpoint's map, and building the programs
     (cold: lowered and stored; warm: read back) leaves no host copy of the weights allocated."""
     for cold in (True, False):
-        tracemalloc.start(64)
+        tracemalloc.start(16)
         try:
             model = GPT2.from_pretrained(checkpoint, progress=False)
             model.prefill(IDS)

@@ -49,6 +49,7 @@ constexpr int64_t kConvLaneChunk = 256;
 constexpr int64_t kGemmMR = 6, kGemmNR = 16;  // gemm register tile: 6 rows x 16 columns
 constexpr int64_t kGemmKC = 256, kGemmMC = 96, kGemmMaxNC = 256;
 constexpr int64_t kGemvMaxM = 3;  // up to this many rows of A, gemm streams B instead of packing it
+constexpr int64_t kCompactLanes = 4;  // conv1x1 copies x's live lanes when there are at most this many
 constexpr int64_t kParallelWork = int64_t{1} << 16;  // multiply-adds worth a chunk of their own
 
 // The inner kernels of one SIMD flavour.
@@ -1063,6 +1064,18 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
         throw std::invalid_argument("conv1x1: weight is not a packed [cout, cin] conv weight");
     if (lanes < 0 || lanes > S) throw std::invalid_argument("conv1x1: lanes must be in [0, S]");
     if (lanes == 0 || panels == 0) return;
+    if (lanes <= kCompactLanes && lanes < S) {
+        // A few live lanes of wide rows (decode: 1 of 32): the panels read x as a contiguous
+        // [cin][lanes] copy (in L1, not a cache line per input channel) and write a compact result,
+        // scattered to out's rows after. The same values in the same order: the same sums.
+        thread_local std::vector<float> compact_x, compact_out;
+        float* xc = scratch(compact_x, static_cast<size_t>(w.cin * lanes));
+        float* oc = scratch(compact_out, static_cast<size_t>(panels * kConvPanel * lanes));
+        for (int64_t c = 0; c < w.cin; ++c) std::copy(x + c * S, x + c * S + lanes, xc + c * lanes);
+        conv1x1_packed(w, xc, lanes, lanes, oc, round_fp16);
+        for (int64_t o = 0; o < w.cout; ++o) std::copy(oc + o * lanes, oc + (o + 1) * lanes, out + o * S);
+        return;
+    }
     const Kernels& k = active();
     // Long rows are cut into balanced chunks of about kConvLaneChunk lanes (each >= 18, so every
     // register tile keeps 4+ lanes and each output sums its inputs in the same order as unchunked).

@@ -663,6 +663,12 @@ private:
         std::vector<Kernel> unfused;
         std::vector<std::pair<int, size_t>> intermediates;
         profile::Cost cost;
+        bool flat = true;
+        auto all_whole_or_scalar = [&](const ElementwiseRun::Step& s) {
+            for (const ElementwiseRun::Operand* o : {&s.x, &s.y})
+                if (o->kind != ElementwiseRun::Kind::full && o->kind != ElementwiseRun::Kind::scalar) return false;
+            return true;
+        };
         for (const ProgramModel::Step* step : steps) {
             ElementwiseRun::Step s;
             elementwise_fn(step->op->op, &s.fn);
@@ -690,10 +696,12 @@ private:
             }
             step_of[step->out] = static_cast<int>(run.steps.size());
             run.steps.push_back(s);
+            flat = flat && all_whole_or_scalar(s);
             unfused.push_back(std::move(parts.at(step)));
             const profile::Cost c = profile::op_cost(*step->op, operand_types(*step), step->op->type);
             cost.bytes += c.bytes, cost.flops += c.flops;
         }
+        run.flat = flat;
         kernels_.push_back([run = std::move(run), reads, intermediates, unfused = std::move(unfused)](Frame& fr) {
             bool whole = true;
             for (int slot : reads) whole = whole && !fr.values[static_cast<size_t>(slot)].partial() && !fr.values[static_cast<size_t>(slot)].half;

@@ -8,6 +8,7 @@ namespace orion::emu {
 namespace {
 
 constexpr int64_t kRowGrain = int64_t{1} << 15;  // elements worth a thread's chunk, as ops_elementwise's
+constexpr int64_t kFlatChunk = 4096;  // elements of a flat run computed together (in L1)
 
 template <typename F>
 void apply(const float* a, int64_t sa, const float* b, int64_t sb, float* c, int64_t n, F f) {
@@ -37,13 +38,17 @@ bool elementwise_fn(const std::string& op, ElementwiseRun::Fn* fn) {
 void run_elementwise(const ElementwiseRun& run, Frame& frame) {
     using Kind = ElementwiseRun::Kind;
     using Fn = ElementwiseRun::Fn;
-    const int64_t W = run.width;
+    const int64_t total = run.rows * run.width;
+    // A "row" here is a chunk of the flat tensor (flat runs) or a row of the last axis.
+    const int64_t W = run.flat ? std::min<int64_t>(total, kFlatChunk) : run.width;
+    const int64_t rows_total = run.flat ? (total + W - 1) / W : run.rows;
     const size_t n_steps = run.steps.size();
-    kernels::parallel_for(run.rows, std::max<int64_t>(1, kRowGrain / std::max<int64_t>(W, 1)), [&](int64_t begin, int64_t end) {
+    kernels::parallel_for(rows_total, std::max<int64_t>(1, kRowGrain / std::max<int64_t>(W, 1)), [&](int64_t begin, int64_t end) {
         thread_local std::vector<float> scratch;
         scratch.resize(n_steps * static_cast<size_t>(W));
         std::vector<float*> rows(n_steps);
         for (int64_t r = begin; r < end; ++r) {
+            const int64_t n = std::min(W, total - r * W);  // a flat run's last chunk may be short
             // Where operand `o` of row r starts, and its stride (1: a row, 0: one value).
             auto source = [&](const ElementwiseRun::Operand& o, int64_t* stride) -> const float* {
                 *stride = o.kind == Kind::full || o.kind == Kind::lanes ? 1 : 0;
@@ -66,13 +71,13 @@ void run_elementwise(const ElementwiseRun& run, Frame& frame) {
                 const float* a = source(step.x, &sa);
                 const float* b = source(step.y, &sb);
                 switch (step.fn) {
-                    case Fn::add: apply(a, sa, b, sb, c, W, [](float u, float v) { return u + v; }); break;
-                    case Fn::sub: apply(a, sa, b, sb, c, W, [](float u, float v) { return u - v; }); break;
-                    case Fn::mul: apply(a, sa, b, sb, c, W, [](float u, float v) { return u * v; }); break;
-                    case Fn::div: apply(a, sa, b, sb, c, W, [](float u, float v) { return u / v; }); break;
-                    case Fn::pow: apply(a, sa, b, sb, c, W, [](float u, float v) { return std::pow(u, v); }); break;
+                    case Fn::add: apply(a, sa, b, sb, c, n, [](float u, float v) { return u + v; }); break;
+                    case Fn::sub: apply(a, sa, b, sb, c, n, [](float u, float v) { return u - v; }); break;
+                    case Fn::mul: apply(a, sa, b, sb, c, n, [](float u, float v) { return u * v; }); break;
+                    case Fn::div: apply(a, sa, b, sb, c, n, [](float u, float v) { return u / v; }); break;
+                    case Fn::pow: apply(a, sa, b, sb, c, n, [](float u, float v) { return std::pow(u, v); }); break;
                 }
-                if (step.round) kernels::round_fp16(c, static_cast<size_t>(W));
+                if (step.round) kernels::round_fp16(c, static_cast<size_t>(n));
             }
         }
     });

@@ -31,6 +31,9 @@ struct ElementwiseRun {
     };
     std::vector<Step> steps;
     int64_t rows = 0, width = 0;  // the output shape as rows of `width` lanes
+    // Every operand whole or a scalar: the run goes over the flat tensor in long chunks instead of
+    // rows (a decode step's [1, C, 1, 1] values have rows of one element).
+    bool flat = false;
 };
 
 // The Fn of a MIL op name, or false when the op is not a fusable binary op.

@@ -51,9 +51,11 @@ def test_report_round_trips_into_the_compiler(report, tmp_path) -> None:
 
     assert probes.load_report(path).ops == ((probes.QUANTIZED_OPS if proved("quantized_ops") else ())
                                             + (probes.QUANTIZED_WEIGHT_OPS if proved("quantized_weights") else ()))
-    quantized = {**ane, "probes": {**ane["probes"], "quantized_ops": {**ane["probes"]["quantized_ops"], "outcome": "works"}}}
+    neither = {**ane, "probes": {**ane["probes"], "quantized_ops": {"outcome": "refused"},
+                                 "quantized_weights": {"outcome": "refused"}}}
+    quantized = {**neither, "probes": {**neither["probes"], "quantized_ops": {"outcome": "works"}}}
     assert probes.relaxations(quantized).ops == ("quantize", "dequantize")
-    weights = {**ane, "probes": {**ane["probes"], "quantized_weights": {"outcome": "works"}}}
+    weights = {**neither, "probes": {**neither["probes"], "quantized_weights": {"outcome": "works"}}}
     assert probes.relaxations(weights).ops == ("constexpr_affine_dequantize",)  # what quant="int8" needs
     assert probes.load_report(path, require_same_machine=True).min_surface_bytes == 8192
     other = {**ane, "chip": "Apple M1 (not this one)"}

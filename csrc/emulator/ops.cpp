@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <map>
 
 #include "errors.h"
 #include "frontend/frontend.h"
@@ -118,14 +117,8 @@ std::vector<float> blob_floats(const ValueInfo& v) {
 }
 
 OpBuilder find_op(const std::string& op) {
-    static const std::map<std::string, OpBuilder> registry = [] {
-        std::map<std::string, OpBuilder> r;
-        for (auto* group : {elementwise_ops, tensor_ops, linear_ops, reduction_ops, quantization_ops})
-            for (const OpEntry& e : group()) r[e.name] = e.build;
-        return r;
-    }();
-    auto it = registry.find(op);
-    return it == registry.end() ? nullptr : it->second;
+    static const mil::NameIndex<OpBuilder> builders{elementwise_ops, tensor_ops, linear_ops, reduction_ops, quantization_ops};
+    return builders.find(op);
 }
 
 }  // namespace orion::emu

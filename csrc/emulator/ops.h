@@ -17,6 +17,7 @@
 #include "emulator/kernels.h"
 #include "emulator/tensor.h"
 #include "frontend/types.h"
+#include "mil/name_index.h"
 #include "mil/program.h"
 
 namespace orion::emu {
@@ -122,10 +123,7 @@ using OpBuilder = BuiltOp (*)(OpContext&);
 OpBuilder find_op(const std::string& op);
 
 // Registration, one call per ops_*.cpp file (see ops.cpp).
-struct OpEntry {
-    const char* name;
-    OpBuilder build;
-};
+using OpEntry = mil::Registration<OpBuilder>;
 std::vector<OpEntry> elementwise_ops();
 std::vector<OpEntry> tensor_ops();
 std::vector<OpEntry> linear_ops();

@@ -1,7 +1,6 @@
 #include "frontend/types.h"
 
 #include <algorithm>
-#include <map>
 
 #include "errors.h"
 #include "frontend/frontend.h"
@@ -12,14 +11,9 @@ namespace {
 
 // The rule of `op`, or nullptr when no family defines one.
 TypeRule find_type_rule(const std::string& op) {
-    static const std::map<std::string, TypeRule> registry = [] {
-        std::map<std::string, TypeRule> r;
-        for (auto* family : {elementwise_types, tensor_types, linear_types, reduction_types, quantization_types})
-            for (const TypeRuleEntry& e : family()) r[e.name] = e.rule;
-        return r;
-    }();
-    auto it = registry.find(op);
-    return it == registry.end() ? nullptr : it->second;
+    static const mil::NameIndex<TypeRule> rules{elementwise_types, tensor_types, linear_types, reduction_types,
+                                                quantization_types};
+    return rules.find(op);
 }
 
 }  // namespace

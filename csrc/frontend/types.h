@@ -12,6 +12,7 @@
 #include <variant>
 #include <vector>
 
+#include "mil/name_index.h"
 #include "mil/program.h"
 
 namespace orion::frontend {
@@ -123,10 +124,7 @@ int64_t normalize_axis(const TypeContext& ctx, int64_t axis, int64_t rank);
 
 // Registration, one call per types_*.cpp file (see types.cpp).
 using TypeRule = TypedOp (*)(const TypeContext&);
-struct TypeRuleEntry {
-    const char* name;
-    TypeRule rule;
-};
+using TypeRuleEntry = mil::Registration<TypeRule>;
 std::vector<TypeRuleEntry> elementwise_types();
 std::vector<TypeRuleEntry> tensor_types();
 std::vector<TypeRuleEntry> linear_types();

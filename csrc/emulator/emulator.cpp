@@ -311,7 +311,8 @@ private:
         check_frame_size();
         shrink_repeated_consts();
         internal_.assign(values().size(), false);
-        const std::map<const ProgramModel::Step*, AttentionChain> chains = find_causal_attention();
+        const std::vector<int> readers = reader_counts();
+        const std::map<const ProgramModel::Step*, AttentionChain> chains = find_causal_attention(readers);
         const std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>> runs = find_elementwise_runs(chains);
         // A compile-time constant op's kernel (constexpr_affine_dequantize) is built after its readers,
         // and kept only if one of them reads its values or the program returns them: conv takes its
@@ -355,7 +356,7 @@ private:
             }
             if (const auto found = runs.find(&step); found != runs.end()) {
                 group_parts[&step] = std::move(built[i].kernel);
-                if (&step == found->second.back()) add_fused_elementwise(found->second, group_parts);
+                if (&step == found->second.back()) add_fused_elementwise(found->second, readers, group_parts);
                 continue;  // the run computes at its last step
             }
             kernels_.push_back(std::move(built[i].kernel));
@@ -519,9 +520,8 @@ private:
     };
 
     // The chains whose intermediates nothing else reads, by each of their steps.
-    std::map<const ProgramModel::Step*, AttentionChain> find_causal_attention() const {
+    std::map<const ProgramModel::Step*, AttentionChain> find_causal_attention(const std::vector<int>& readers) const {
         const auto& vals = model_.values_;
-        const std::vector<int> readers = reader_counts();
         std::map<int, const ProgramModel::Step*> producer;
         for (const auto& step : model_.steps_) producer[step.out] = &step;
         auto arg = [](const ProgramModel::Step& step, const char* name) {
@@ -651,18 +651,15 @@ private:
     }
 
     // One kernel for a run: its rows in one pass when every operand is whole (no live-lane hint, no
-    // fp16 read in place), else the run's own kernels, with its intermediates pooled for the call.
-    void add_fused_elementwise(const std::vector<const ProgramModel::Step*>& steps,
+    // fp16 read in place), else the run's own kernels (add_group_kernel).
+    void add_fused_elementwise(const std::vector<const ProgramModel::Step*>& steps, const std::vector<int>& readers,
                                std::map<const ProgramModel::Step*, Kernel>& parts) {
-        const std::vector<int> readers = reader_counts();
         const Shape& shape = steps.front()->op->type.shape;
         ElementwiseRun run;
         run.width = shape.back(), run.rows = element_count(shape) / shape.back();
         std::map<int, int> step_of;  // value id -> index in the run
         std::vector<int> reads;      // frame slots the run reads (checked whole at run time)
-        std::vector<Kernel> unfused;
-        std::vector<std::pair<int, size_t>> intermediates;
-        profile::Cost cost;
+        std::vector<int> intermediates;
         bool flat = true;
         auto all_whole_or_scalar = [&](const ElementwiseRun::Step& s) {
             for (const ElementwiseRun::Operand* o : {&s.x, &s.y})
@@ -688,40 +685,56 @@ private:
             int inside = 0;  // readers of this step's result within the run
             for (const ProgramModel::Step* later : steps)
                 for (int id : later->arg_ids) inside += id == step->out;
-            if (readers[static_cast<size_t>(step->out)] == inside) {
-                internal_[static_cast<size_t>(step->out)] = true;
-                intermediates.emplace_back(step->out, static_cast<size_t>(step->op->type.element_count()));
-            } else {
+            if (readers[static_cast<size_t>(step->out)] == inside)
+                intermediates.push_back(step->out);
+            else
                 s.out = step->out;
-            }
             step_of[step->out] = static_cast<int>(run.steps.size());
             run.steps.push_back(s);
             flat = flat && all_whole_or_scalar(s);
+        }
+        run.flat = flat;
+        add_group_kernel(steps, intermediates, parts, "elementwise (fused)", [run = std::move(run), reads](Frame& fr) {
+            for (int slot : reads)
+                if (fr.values[static_cast<size_t>(slot)].partial() || fr.values[static_cast<size_t>(slot)].half) return false;
+            run_elementwise(run, fr);
+            for (const auto& step : run.steps)
+                if (step.out >= 0) fr.values[static_cast<size_t>(step.out)].lanes = run.width;
+            return true;
+        });
+    }
+
+    // One kernel for a fused group: `fused` computes the group and returns true, or returns false
+    // (writing nothing) and the group's own kernels run instead, with its `intermediates` (value ids
+    // nothing outside the group reads: in no frame or pool plan) taken from the buffer pool for the call.
+    void add_group_kernel(const std::vector<const ProgramModel::Step*>& steps, const std::vector<int>& intermediates,
+                          std::map<const ProgramModel::Step*, Kernel>& parts, const char* kind,
+                          std::function<bool(Frame&)> fused) {
+        std::vector<Kernel> unfused;
+        profile::Cost cost;
+        for (const ProgramModel::Step* step : steps) {
             unfused.push_back(std::move(parts.at(step)));
             const profile::Cost c = profile::op_cost(*step->op, operand_types(*step), step->op->type);
             cost.bytes += c.bytes, cost.flops += c.flops;
         }
-        run.flat = flat;
-        kernels_.push_back([run = std::move(run), reads, intermediates, unfused = std::move(unfused)](Frame& fr) {
-            bool whole = true;
-            for (int slot : reads) whole = whole && !fr.values[static_cast<size_t>(slot)].partial() && !fr.values[static_cast<size_t>(slot)].half;
-            if (whole) {
-                run_elementwise(run, fr);
-                for (const auto& step : run.steps)
-                    if (step.out >= 0) fr.values[static_cast<size_t>(step.out)].lanes = run.width;
-                return;
-            }
-            for (const auto& [slot, size] : intermediates) fr.values[slot].data = buffer_pool::take(size);
+        std::vector<std::pair<int, size_t>> pooled;  // (slot, elements)
+        for (int id : intermediates) {
+            internal_[static_cast<size_t>(id)] = true;
+            pooled.emplace_back(id, static_cast<size_t>(values()[static_cast<size_t>(id)].type.element_count()));
+        }
+        kernels_.push_back([fused = std::move(fused), unfused = std::move(unfused), pooled](Frame& fr) {
+            if (fused(fr)) return;
+            for (const auto& [slot, size] : pooled) fr.values[slot].data = buffer_pool::take(size);
             for (const Kernel& kernel : unfused) kernel(fr);
-            for (const auto& [slot, size] : intermediates) buffer_pool::give(std::exchange(fr.values[slot].data, {}));
+            for (const auto& [slot, size] : pooled) buffer_pool::give(std::exchange(fr.values[slot].data, {}));
         });
         kernel_steps_.push_back(steps);
-        kernel_kinds_.push_back("elementwise (fused)");
+        kernel_kinds_.push_back(kind);
         kernel_costs_.push_back(cost);
     }
 
     // One kernel for a chain: the fused causal attention when it is exact for this call, else the
-    // chain's own kernels, with its intermediates taken from the buffer pool for the call.
+    // chain's own kernels (add_group_kernel).
     void add_fused_attention(const AttentionChain& chain, std::map<const ProgramModel::Step*, Kernel>& parts) {
         const ProgramModel::Step& scores = *chain.steps.front();
         const ProgramModel::Step& context = *chain.steps.back();
@@ -745,34 +758,20 @@ private:
         const int q = sc.slot("x"), k = sc.slot("y"), v = cc.slot("x"), o = context.out;  // fp32 (no in-place fp16)
         const int mask = values()[static_cast<size_t>(chain.mask)].slot;
         const int scale = a.has_scale ? values()[static_cast<size_t>(chain.scale)].slot : -1;
-        std::vector<Kernel> unfused;
-        std::vector<std::pair<int, size_t>> intermediates;  // (slot, elements)
-        profile::Cost cost;
-        for (const ProgramModel::Step* step : chain.steps) {
-            unfused.push_back(std::move(parts.at(step)));
-            const profile::Cost c = profile::op_cost(*step->op, operand_types(*step), step->op->type);
-            cost.bytes += c.bytes, cost.flops += c.flops;
-            if (step == &context) continue;
-            internal_[static_cast<size_t>(step->out)] = true;
-            intermediates.emplace_back(step->out, static_cast<size_t>(step->op->type.element_count()));
-        }
-        kernels_.push_back([=, unfused = std::move(unfused)](Frame& fr) {
+        std::vector<int> intermediates;  // every step's result but the context's
+        for (const ProgramModel::Step* step : chain.steps)
+            if (step != &context) intermediates.push_back(step->out);
+        add_group_kernel(chain.steps, intermediates, parts, "attention (causal, fused)", [=](Frame& fr) {
             const Tensor &tq = fr.values[q], &tk = fr.values[k], &tv = fr.values[v];
             Tensor& out = fr.values[o];
-            const bool full = !tq.partial() && !tk.partial() && !tv.partial();
-            if (full && run_causal_attention(a, tq.data.data(), tk.data.data(), tv.data.data(),
-                                             scale >= 0 ? fr.values[scale].data[0] : 1.0f, fr.values[mask].data.data(),
-                                             out.data.data())) {
-                out.lanes = out.last_dim();
-                return;
-            }
-            for (const auto& [slot, size] : intermediates) fr.values[slot].data = buffer_pool::take(size);
-            for (const Kernel& kernel : unfused) kernel(fr);
-            for (const auto& [slot, size] : intermediates) buffer_pool::give(std::exchange(fr.values[slot].data, {}));
+            if (tq.partial() || tk.partial() || tv.partial() ||
+                !run_causal_attention(a, tq.data.data(), tk.data.data(), tv.data.data(),
+                                      scale >= 0 ? fr.values[scale].data[0] : 1.0f, fr.values[mask].data.data(),
+                                      out.data.data()))
+                return false;
+            out.lanes = out.last_dim();
+            return true;
         });
-        kernel_steps_.push_back(chain.steps);
-        kernel_kinds_.push_back("attention (causal, fused)");
-        kernel_costs_.push_back(cost);
     }
 
     // The tensor operands of a step, by argument name (for its profile cost).

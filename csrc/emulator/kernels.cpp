@@ -391,34 +391,50 @@ ORION_AVX2 void gemm_tile_avx2(int64_t k, const float* a, const float* b, float*
         for (int64_t j = 0; j < cols; ++j) c[i * c_rs + j] = (add ? c[i * c_rs + j] : 0.0f) + tile[i][j];
 }
 
-// Streams B row by row, four rows per pass over c (which stays in L1).
+// The first n (< 8) values at p as fp32, the other lanes 0.
+template <typename B>
+ORION_AVX2 inline __m256 load8_first(const B* p, int64_t n) {
+    B part[8] = {};
+    std::memcpy(part, p, static_cast<size_t>(n) * sizeof(B));
+    return load8(part);
+}
+
+// Streams B row by row, four rows per pass over c (which stays in L1); the last n % 8 columns are
+// one vector summed in a register.
 template <typename B>
 ORION_AVX2 void gemv_rows_avx2(int64_t k, int64_t n, const float* a, int64_t a_cs, const B* b, int64_t b_rs,
                                float* c) {
     std::fill(c, c + n, 0.0f);
+    const int64_t n8 = n / 8 * 8, tail = n - n8;
+    __m256 c_tail = _mm256_setzero_ps();
     int64_t p = 0;
     for (; p + 4 <= k; p += 4) {
-        const float a0 = a[p * a_cs], a1 = a[(p + 1) * a_cs], a2 = a[(p + 2) * a_cs], a3 = a[(p + 3) * a_cs];
         const B *b0 = b + p * b_rs, *b1 = b0 + b_rs, *b2 = b1 + b_rs, *b3 = b2 + b_rs;
-        const __m256 v0 = _mm256_set1_ps(a0), v1 = _mm256_set1_ps(a1), v2 = _mm256_set1_ps(a2),
-                     v3 = _mm256_set1_ps(a3);
-        int64_t j = 0;
-        for (; j + 8 <= n; j += 8) {
+        const __m256 v0 = _mm256_set1_ps(a[p * a_cs]), v1 = _mm256_set1_ps(a[(p + 1) * a_cs]),
+                     v2 = _mm256_set1_ps(a[(p + 2) * a_cs]), v3 = _mm256_set1_ps(a[(p + 3) * a_cs]);
+        for (int64_t j = 0; j < n8; j += 8) {
             __m256 sum = _mm256_fmadd_ps(v0, load8(b0 + j), _mm256_loadu_ps(c + j));
             sum = _mm256_fmadd_ps(v1, load8(b1 + j), sum);
             sum = _mm256_fmadd_ps(v2, load8(b2 + j), sum);
             _mm256_storeu_ps(c + j, _mm256_fmadd_ps(v3, load8(b3 + j), sum));
         }
-        for (; j < n; ++j)
-            c[j] += a0 * as_float(b0[j]) + a1 * as_float(b1[j]) + a2 * as_float(b2[j]) + a3 * as_float(b3[j]);
+        if (tail) {
+            c_tail = _mm256_fmadd_ps(v0, load8_first(b0 + n8, tail), c_tail);
+            c_tail = _mm256_fmadd_ps(v1, load8_first(b1 + n8, tail), c_tail);
+            c_tail = _mm256_fmadd_ps(v2, load8_first(b2 + n8, tail), c_tail);
+            c_tail = _mm256_fmadd_ps(v3, load8_first(b3 + n8, tail), c_tail);
+        }
     }
     for (; p < k; ++p) {
-        const float ap = a[p * a_cs];
         const B* bp = b + p * b_rs;
-        const __m256 v = _mm256_set1_ps(ap);
-        int64_t j = 0;
-        for (; j + 8 <= n; j += 8) _mm256_storeu_ps(c + j, _mm256_fmadd_ps(v, load8(bp + j), _mm256_loadu_ps(c + j)));
-        for (; j < n; ++j) c[j] += ap * as_float(bp[j]);
+        const __m256 v = _mm256_set1_ps(a[p * a_cs]);
+        for (int64_t j = 0; j < n8; j += 8) _mm256_storeu_ps(c + j, _mm256_fmadd_ps(v, load8(bp + j), _mm256_loadu_ps(c + j)));
+        if (tail) c_tail = _mm256_fmadd_ps(v, load8_first(bp + n8, tail), c_tail);
+    }
+    if (tail) {
+        float part[8];
+        _mm256_storeu_ps(part, c_tail);
+        std::copy(part, part + tail, c + n8);
     }
 }
 
@@ -428,35 +444,39 @@ ORION_AVX2 inline float hsum(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-// Dot products of a with four columns of B at a time.
+// The four horizontal sums of v[0..3], as one vector.
+ORION_AVX2 inline __m128 hsum4(const __m256* v) {
+    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+// Dot products of a with four columns of B at a time; the last k % 8 entries are one vector.
 template <typename B>
 ORION_AVX2 void gemv_cols_avx2(int64_t k, int64_t n, const float* a, const B* b, int64_t b_cs, float* c) {
+    const int64_t k8 = k / 8 * 8, tail = k - k8;
+    const __m256 a_tail = tail ? load8_first(a + k8, tail) : _mm256_setzero_ps();
     int64_t j = 0;
     for (; j + 4 <= n; j += 4) {
         const B* bj = b + j * b_cs;
         __m256 acc[4];
         ORION_UNROLL
         for (int q = 0; q < 4; ++q) acc[q] = _mm256_setzero_ps();
-        int64_t p = 0;
-        for (; p + 8 <= k; p += 8) {
+        for (int64_t p = 0; p < k8; p += 8) {
             const __m256 av = _mm256_loadu_ps(a + p);
             ORION_UNROLL
             for (int q = 0; q < 4; ++q) acc[q] = _mm256_fmadd_ps(av, load8(bj + q * b_cs + p), acc[q]);
         }
-        ORION_UNROLL
-        for (int q = 0; q < 4; ++q) {
-            float sum = hsum(acc[q]);
-            for (int64_t r = p; r < k; ++r) sum += a[r] * as_float(bj[q * b_cs + r]);
-            c[j + q] = sum;
-        }
+        if (tail)
+            ORION_UNROLL
+            for (int q = 0; q < 4; ++q) acc[q] = _mm256_fmadd_ps(a_tail, load8_first(bj + q * b_cs + k8, tail), acc[q]);
+        _mm_storeu_ps(c + j, hsum4(acc));
     }
     for (; j < n; ++j) {
+        const B* bj = b + j * b_cs;
         __m256 acc = _mm256_setzero_ps();
-        int64_t p = 0;
-        for (; p + 8 <= k; p += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + p), load8(b + j * b_cs + p), acc);
-        float sum = hsum(acc);
-        for (; p < k; ++p) sum += a[p] * as_float(b[j * b_cs + p]);
-        c[j] = sum;
+        for (int64_t p = 0; p < k8; p += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + p), load8(bj + p), acc);
+        if (tail) acc = _mm256_fmadd_ps(a_tail, load8_first(bj + k8, tail), acc);
+        c[j] = hsum(acc);
     }
 }
 

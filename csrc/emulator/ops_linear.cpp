@@ -132,6 +132,9 @@ BuiltOp build_conv(OpContext& ctx) {
             }};
 }
 
+// Multiply-adds worth a thread's share of a batched matmul's batches.
+constexpr int64_t kMatmulBatchWork = int64_t{1} << 16;
+
 BuiltOp build_matmul(OpContext& ctx) {
     const frontend::MatmulDims& dims = ctx.attrs<frontend::MatmulDims>();
     const Shape &batch = dims.batch, &bx = dims.x_batch, &by = dims.y_batch;
@@ -176,14 +179,18 @@ BuiltOp build_matmul(OpContext& ctx) {
                 out_v.lanes = n;
                 const float* a = tx_v.data.data();
                 float* c = out_v.data.data();
-                for (int64_t i = 0; i < nb; ++i) {
-                    if (ty_v.half)  // an fp16 input read in place (e.g. a KV cache)
-                        kernels::gemm_f16b(M, n, k, a + xoff[i], a_rs, a_cs, ty_v.half + yoff[i], b_rs, b_cs,
-                                           c + i * M * N, N, round);
-                    else
-                        kernels::gemm(M, n, k, a + xoff[i], a_rs, a_cs, ty_v.data.data() + yoff[i], b_rs, b_cs,
-                                      c + i * M * N, N, round);
-                }
+                // The batches (heads) split across the threads; each gemm then runs on its own thread.
+                kernels::parallel_for(nb, std::max<int64_t>(1, kMatmulBatchWork / std::max<int64_t>(M * n * k, 1)),
+                                      [&](int64_t begin, int64_t end) {
+                    for (int64_t i = begin; i < end; ++i) {
+                        if (ty_v.half)  // an fp16 input read in place (e.g. a KV cache)
+                            kernels::gemm_f16b(M, n, k, a + xoff[i], a_rs, a_cs, ty_v.half + yoff[i], b_rs, b_cs,
+                                               c + i * M * N, N, round);
+                        else
+                            kernels::gemm(M, n, k, a + xoff[i], a_rs, a_cs, ty_v.data.data() + yoff[i], b_rs, b_cs,
+                                          c + i * M * N, N, round);
+                    }
+                });
             }};
 }
 

@@ -76,8 +76,16 @@ BuiltOp build_cast(OpContext& ctx) {
 }
 
 // Copies the box [begin, begin + size) with `stride` of x into out (all per dimension), a row of the
-// last axis at a time (contiguous rows as one copy), the rows split across the threads.
+// last axis at a time (contiguous rows as one copy), the rows split across the threads. Trailing axes
+// the box spans whole are merged into the one before them first, so that a box of whole rows (a
+// channel range of [1, C, 1, 1], the first row of a padded input) is one row, one copy.
 Kernel strided_copy(int x, int o, Shape in_shape, std::vector<int64_t> begin, std::vector<int64_t> stride, Shape box) {
+    while (box.size() >= 2 && box.back() == in_shape.back() && begin.back() == 0 && stride.back() == 1 &&
+           stride[stride.size() - 2] == 1) {
+        const int64_t whole = in_shape.back();
+        for (auto* v : {&in_shape, &box, &begin, &stride}) v->pop_back();
+        in_shape.back() *= whole, box.back() *= whole, begin.back() *= whole;
+    }
     return [=](Frame& fr) {
         const float* a = fr.values[x].data.data();
         float* c = fr.values[o].data.data();

@@ -188,7 +188,7 @@ void bind_kernels(py::module_& m) {
         py::arg("a"), "softmax over the last axis of a float32 array, as the emulator's softmax op computes it "
                       "(before fp16 rounding).");
 
-    py::class_<kern::PackedConv1x1>(k, "PackedConv1x1", "A float16 [cout, cin] 1x1 conv weight, packed once.")
+    py::class_<kern::PackedConv1x1, std::shared_ptr<kern::PackedConv1x1>>(k, "PackedConv1x1", "A float16 [cout, cin] 1x1 conv weight, packed once.")
         .def(py::init(&pack), py::arg("weight"))
         .def_readonly("cout", &kern::PackedConv1x1::cout)
         .def_readonly("cin", &kern::PackedConv1x1::cin)
@@ -203,7 +203,7 @@ void bind_kernels(py::module_& m) {
         py::arg("weight"), py::arg("x"), py::arg("lanes") = py::none(), py::arg("round") = true,
         "Packs a float16 [cout, cin] weight and applies it to float32 x [cin, S] (see PackedConv1x1).");
 
-    py::class_<kern::PackedConv1x1I8>(
+    py::class_<kern::PackedConv1x1I8, std::shared_ptr<kern::PackedConv1x1I8>>(
         k, "PackedConv1x1I8",
         "An int8 [cout, cin] 1x1 conv weight with float32 [cout] scales whose products q * scale are fp16 values, "
         "packed once.")

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "emulator/fp16.h"
+#include "emulator/weight_prefetch.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -1118,6 +1119,8 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
                                         std::min(kConvPanel, w.cout - o0), round_fp16);
                      }
                  });
+    if (lanes <= kCompactLanes)  // bound by the weight stream: read the next weights while other ops run
+        weight_streamed(w.weak_from_this(), w.data.data(), w.data.size() * sizeof(w.data[0]));
 }
 
 }  // namespace

@@ -25,8 +25,8 @@ void tanh(const float* src, float* dst, size_t n);
 void softmax(const float* src, float* dst, int64_t n);
 
 // A 1x1 convolution weight [cout][cin] in fp16, repacked once at compile (bake) time into the
-// layout the kernel streams.
-struct PackedConv1x1 {
+// layout the kernel streams (held by a shared_ptr, it takes part in weight prefetching).
+struct PackedConv1x1 : std::enable_shared_from_this<PackedConv1x1> {
     int64_t cout = 0;
     int64_t cin = 0;
     std::vector<uint16_t> data;
@@ -44,7 +44,7 @@ std::pair<int64_t, int64_t> shared_conv1x1_usage();
 // q * scale[o] must be an fp16 value, computed exactly in fp32 (int8_weights_fp16_exact): the
 // kernels form it in fp32 with no rounding step, so conv1x1 gives bit for bit what it gives the fp16
 // weight fp16(q * scale[o]).
-struct PackedConv1x1I8 {
+struct PackedConv1x1I8 : std::enable_shared_from_this<PackedConv1x1I8> {
     int64_t cout = 0;
     int64_t cin = 0;
     std::vector<int8_t> data;
@@ -83,6 +83,12 @@ void gemm_f16b(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, in
 // Runs inline when the work is small or when called from inside a pool thread.
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 int num_threads();  // ORION_NUM_THREADS, else the hardware's
+
+// Reads `ranges` into the caches on an idle pool thread while the caller goes on, holding `owners`
+// (their memory) until done. A newer request replaces one not yet done, and pool jobs come first:
+// it is only a hint, and no result depends on whether or when the data arrives.
+void prefetch_in_background(std::vector<std::shared_ptr<const void>> owners,
+                            std::vector<std::pair<const char*, size_t>> ranges);
 
 // Which SIMD path the kernels use on this CPU: "avx512f+f16c+fma", "avx2+f16c+fma" or "portable"
 // (ORION_SIMD=avx2 or ORION_SIMD=portable picks a narrower one).

@@ -1,4 +1,5 @@
-// parallel_for over a persistent pool: num_threads() - 1 workers plus the calling thread.
+// parallel_for over a persistent pool: num_threads() - 1 workers plus the calling thread; between
+// jobs an idle worker reads a prefetch request into the caches (prefetch_in_background).
 // The pool is created on first use and deliberately never destroyed, so process exit cannot wait
 // on a worker (the OS reclaims the threads); a forked child starts a fresh pool.
 #include <algorithm>
@@ -7,8 +8,10 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #if defined(__unix__) || defined(__APPLE__)
@@ -27,6 +30,10 @@ thread_local bool t_in_parallel_region = false;
 // Workers and a waiting caller spin this long before sleeping: back-to-back kernel calls (a decode
 // step runs hundreds) then start without a futex wake-up.
 constexpr auto kSpinTime = std::chrono::microseconds(200);
+// A prefetching worker looks for a job (or a newer request) after each step of this many bytes:
+// a job waits at most about a microsecond for it.
+constexpr size_t kPrefetchStep = size_t{16} << 10;
+constexpr size_t kCacheLine = 64;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -47,6 +54,12 @@ bool spin_until(Predicate done) {
         if (std::chrono::steady_clock::now() > deadline) return done();
     }
 }
+
+struct Prefetch {
+    std::vector<std::shared_ptr<const void>> owners;  // keep the ranges' memory alive
+    std::vector<std::pair<const char*, size_t>> ranges;
+    size_t range = 0, offset = 0;  // where a job interrupted it
+};
 
 class ThreadPool {
 public:
@@ -113,11 +126,18 @@ private:
         uint64_t seen = 0;
         for (;;) {
             auto has_new_job = [&] { return generation_.load(std::memory_order_acquire) != seen; };
-            spin_until(has_new_job);
+            auto has_work = [&] { return has_new_job() || prefetch_posted_.load(std::memory_order_acquire); };
+            if (!spin_until(has_work)) {
+                std::unique_lock<std::mutex> lock(mutex_);
+                wake_cv_.wait(lock, has_work);
+            }
+            if (!has_new_job()) {
+                prefetch(has_new_job);
+                continue;
+            }
             Job* job;
             {
-                std::unique_lock<std::mutex> lock(mutex_);
-                wake_cv_.wait(lock, has_new_job);
+                std::lock_guard<std::mutex> lock(mutex_);
                 seen = generation_.load(std::memory_order_relaxed);
                 job = job_;
                 if (!job) continue;
@@ -131,12 +151,58 @@ private:
         }
     }
 
+    // Reads the posted request's ranges a step at a time until they are done or a newer request
+    // replaces it (the rest of this one is then dropped: it is only a hint). A job interrupts it: the
+    // worker runs the job, then goes on where it was unless a newer request came meanwhile.
+    template <typename Predicate>
+    void prefetch(Predicate has_new_job) {
+        std::unique_ptr<Prefetch> request;
+        {
+            std::lock_guard<std::mutex> lock(prefetch_mutex_);
+            request = std::move(prefetch_);
+            prefetch_posted_.store(false, std::memory_order_relaxed);
+        }
+        if (!request) return;  // another worker took it
+        for (; request->range < request->ranges.size(); ++request->range, request->offset = 0) {
+            const auto [data, bytes] = request->ranges[request->range];
+            for (; request->offset < bytes; request->offset += kPrefetchStep) {
+                if (prefetch_posted_.load(std::memory_order_relaxed)) return;
+                if (has_new_job()) {
+                    std::lock_guard<std::mutex> lock(prefetch_mutex_);
+                    if (!prefetch_) {  // resumed after the job
+                        prefetch_ = std::move(request);
+                        prefetch_posted_.store(true, std::memory_order_relaxed);
+                    }
+                    return;
+                }
+                const size_t end = std::min(bytes, request->offset + kPrefetchStep);
+                for (size_t line = request->offset; line < end; line += kCacheLine) __builtin_prefetch(data + line);
+            }
+        }
+    }
+
+public:
+    void post(std::unique_ptr<Prefetch> request) {
+        std::unique_ptr<Prefetch> replaced;  // released outside the locks
+        {
+            std::lock_guard<std::mutex> lock(prefetch_mutex_);
+            replaced = std::exchange(prefetch_, std::move(request));
+            prefetch_posted_.store(true, std::memory_order_release);
+        }
+        { std::lock_guard<std::mutex> lock(mutex_); }  // a worker between its check and its wait sees the flag
+        wake_cv_.notify_one();
+    }
+
+private:
     std::mutex submit_mutex_;  // one job at a time
     std::mutex mutex_;         // guards job_ and the condition variables' predicates
     std::condition_variable wake_cv_;
     std::condition_variable done_cv_;
     Job* job_ = nullptr;
     std::atomic<uint64_t> generation_{0};
+    std::mutex prefetch_mutex_;  // guards prefetch_
+    std::unique_ptr<Prefetch> prefetch_;
+    std::atomic<bool> prefetch_posted_{false};
     std::vector<std::thread> workers_;
 };
 
@@ -176,6 +242,12 @@ int threads_from_environment() {
 int num_threads() {
     static const int threads = threads_from_environment();
     return threads;
+}
+
+void prefetch_in_background(std::vector<std::shared_ptr<const void>> owners,
+                            std::vector<std::pair<const char*, size_t>> ranges) {
+    if (num_threads() == 1 || ranges.empty()) return;
+    pool().post(std::make_unique<Prefetch>(Prefetch{std::move(owners), std::move(ranges)}));
 }
 
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {

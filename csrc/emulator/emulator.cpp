@@ -102,6 +102,17 @@ void store_output(const Tensor& t, uint8_t* dst) {
     }
 }
 
+// A float output whose data is its first `block` elements repeated (find_replicated_outputs): the
+// block stored once, then copied in the surface's dtype.
+void store_replicated(const Tensor& t, int64_t block, uint8_t* dst) {
+    const size_t bytes = static_cast<size_t>(block) * (t.dtype == mil::DType::fp16 ? 2 : 4);
+    if (t.dtype == mil::DType::fp16)
+        kernels::float_to_half(t.data.data(), reinterpret_cast<uint16_t*>(dst), static_cast<size_t>(block));
+    else
+        std::memcpy(dst, t.data.data(), bytes);
+    for (int64_t at = block; at < t.size(); at += block) std::memcpy(dst + static_cast<size_t>(at) * (bytes / block), dst, bytes);
+}
+
 // The compile-time state of a program: one ValueInfo per variable, and per op the ids its
 // builder reads and the front end's type-step results. The plan step fills it for the whole
 // program before the kernel step allocates.
@@ -258,7 +269,10 @@ private:
 
     // Stores the outputs, then gives back the pooled buffers live to the end (the outputs').
     void store_outputs(const runtime::Bindings& outputs) {
-        for (size_t i = 0; i < outputs.size(); ++i) store_output(frame_.values[output_slots_[i]], outputs[i].second->data());
+        for (size_t i = 0; i < outputs.size(); ++i) {
+            if (output_blocks_[i]) store_replicated(frame_.values[output_slots_[i]], output_blocks_[i], outputs[i].second->data());
+            else store_output(frame_.values[output_slots_[i]], outputs[i].second->data());
+        }
         for (int slot : release_end_) buffer_pool::give(std::exchange(frame_.values[slot].data, {}));
     }
 
@@ -341,6 +355,13 @@ private:
             }
             OpContext ctx(*step.op, step.typed, values(), step.arg_ids, step.tuple_ids, step.out, /*plan_only=*/false);
             built[i] = step.build(ctx);
+        }
+        output_blocks_.assign(outputs_.size(), 0);
+        for (const auto& [step, block] : find_replicated_outputs(readers, chains, runs)) {
+            for (size_t i = 0; i < order.size(); ++i)
+                if (order[i] == step) built[i].kernel = replicated_block_kernel(*step, block);
+            for (size_t k = 0; k < outputs_.size(); ++k)
+                if (model_.ids_.at(outputs_[k].name) == step->out) output_blocks_[k] = block;
         }
         std::map<const ProgramModel::Step*, Kernel> group_parts;  // a fused group's own kernels, until its last
         for (size_t i = 0; i < order.size(); ++i) {
@@ -590,6 +611,69 @@ private:
         return true;
     }
 
+    // Program outputs that are an add of an all-(+0) const and a value repeated along the output's
+    // leading axes (the I/O padding's [1, k, 1, C*S] outputs: the value in every row), by their step,
+    // with the repeated block's element count. Their kernel computes one block and the store copies
+    // it, in the surface's dtype, into the other rows: the same bytes for a k-th of the work.
+    std::map<const ProgramModel::Step*, int64_t> find_replicated_outputs(
+        const std::vector<int>& readers, const std::map<const ProgramModel::Step*, AttentionChain>& chains,
+        const std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>>& runs) const {
+        std::map<const ProgramModel::Step*, int64_t> found;
+        for (const auto& spec : outputs_) {
+            const int id = model_.ids_.at(spec.name);
+            const ProgramModel::Step* step = nullptr;
+            for (const auto& s : model_.steps_)
+                if (s.out == id) step = &s;
+            if (!step || step->op->op != "add" || step->arg_ids.size() != 2 || chains.count(step) || runs.count(step) ||
+                readers[static_cast<size_t>(id)] != 2 ||
+                (spec.type.dtype != mil::DType::fp16 && spec.type.dtype != mil::DType::fp32))
+                continue;
+            const Shape& out = step->op->type.shape;
+            for (int z = 0; z < 2; ++z) {
+                const int zeros = step->arg_ids[static_cast<size_t>(z)], other = step->arg_ids[static_cast<size_t>(1 - z)];
+                if (zeros < 0 || other < 0 || !all_positive_zero(model_.values_[static_cast<size_t>(zeros)], out)) continue;
+                const Shape& o = model_.values_[static_cast<size_t>(other)].type.shape;
+                const int64_t block = element_count(o);
+                // `other`, padded with leading ones, must be out's trailing axes: out repeats it whole.
+                if (o.size() != out.size() || block == 0 || element_count(out) % block != 0) continue;
+                size_t lead = 0;
+                while (lead < o.size() && o[lead] == 1) ++lead;
+                if (!std::equal(o.begin() + static_cast<std::ptrdiff_t>(lead), o.end(), out.begin() + static_cast<std::ptrdiff_t>(lead)))
+                    continue;
+                found[step] = block;
+                break;
+            }
+        }
+        return found;
+    }
+
+    // Whether a value is a const of shape `shape` whose every element is +0.
+    static bool all_positive_zero(const ValueInfo& v, const Shape& shape) {
+        if (!v.constant || !v.type.is_tensor || v.type.shape != shape) return false;
+        if (v.blob) return std::all_of(v.blob->begin(), v.blob->end(), [](char b) { return b == 0; });
+        return std::all_of(v.constant->numbers.begin(), v.constant->numbers.end(),
+                           [](double d) { return d == 0.0 && !std::signbit(d); });
+    }
+
+    // The first `block` elements of an output found by find_replicated_outputs: x + 0 as add computes
+    // it (so -0 becomes +0), rounded to the output's dtype; the store replicates them.
+    Kernel replicated_block_kernel(const ProgramModel::Step& step, int64_t block) const {
+        const int z = all_positive_zero(values_at_id(step.arg_ids[0]), step.op->type.shape) ? 0 : 1;
+        const int from = values_at_id(step.arg_ids[static_cast<size_t>(1 - z)]).slot;
+        const int o = values_at_id(step.out).slot;
+        const bool round = step.op->type.dtype == mil::DType::fp16;
+        return [=](Frame& fr) {
+            const float* a = fr.values[from].data.data();
+            Tensor& out = fr.values[o];
+            out.lanes = out.last_dim();
+            float* c = out.data.data();
+            for (int64_t i = 0; i < block; ++i) c[i] = a[i] + 0.0f;
+            if (round) kernels::round_fp16(c, static_cast<size_t>(block));
+        };
+    }
+
+    const ValueInfo& values_at_id(int id) const { return model_.values_[static_cast<size_t>(id)]; }
+
     // How many steps read each value (a program output counts as a reader outside every group).
     std::vector<int> reader_counts() const {
         std::vector<int> readers(model_.values_.size(), 0);
@@ -826,6 +910,7 @@ private:
     std::vector<bool> internal_;  // per slot: an intermediate of a fused chain (in no frame or pool plan)
     std::vector<std::vector<int>> acquire_, release_;      // per kernel: pooled slots taken before / given after it
     std::vector<int> acquire_inputs_, release_end_;        // pooled slots taken before the input loads / given after the stores
+    std::vector<int64_t> output_blocks_;  // per output: the block its store replicates (find_replicated_outputs), or 0
     std::vector<std::string> kernel_kinds_;     // per kernel: its op kind (the profile's rows)
     std::vector<profile::Cost> kernel_costs_;   // per kernel: bytes and FLOPs by its types
     std::string label_;                         // the program's name in the profile

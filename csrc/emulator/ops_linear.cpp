@@ -180,7 +180,10 @@ BuiltOp build_matmul(OpContext& ctx) {
                 const float* a = tx_v.data.data();
                 float* c = out_v.data.data();
                 // The batches (heads) split across the threads; each gemm then runs on its own thread.
-                kernels::parallel_for(nb, std::max<int64_t>(1, kMatmulBatchWork / std::max<int64_t>(M * n * k, 1)),
+                // An fp16 y read in place (a KV cache) is bound by its rows' cache misses, not by the
+                // multiply-adds: split it whenever there are batches to split.
+                const int64_t work = ty_v.half ? kMatmulBatchWork : M * n * k;
+                kernels::parallel_for(nb, std::max<int64_t>(1, kMatmulBatchWork / std::max<int64_t>(work, 1)),
                                       [&](int64_t begin, int64_t end) {
                     for (int64_t i = begin; i < end; ++i) {
                         if (ty_v.half)  // an fp16 input read in place (e.g. a KV cache)

@@ -6,6 +6,10 @@
 #include <utility>
 #include <vector>
 
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+#endif
+
 #include "emulator/kernels.h"
 
 namespace orion::emu::kernels {
@@ -62,11 +66,25 @@ private:
     std::unordered_map<const void*, Streamed> next_;  // weight -> the one streamed after it last time
 };
 
+StreamOrder* g_order = nullptr;  // never destroyed: pool threads may outlive statics
+
+StreamOrder& stream_order() {
+    static const bool created = [] {
+        g_order = new StreamOrder;
+#if defined(__unix__) || defined(__APPLE__)
+        // A child forked while another thread held the order's lock starts with a fresh one.
+        pthread_atfork(nullptr, nullptr, [] { g_order = new StreamOrder; });
+#endif
+        return true;
+    }();
+    (void)created;
+    return *g_order;
+}
+
 }  // namespace
 
 void weight_streamed(const std::weak_ptr<const void>& weight, const void* data, size_t bytes) {
-    static StreamOrder* order = new StreamOrder;  // never destroyed: pool threads may outlive statics
-    order->streamed(weight, data, bytes);
+    stream_order().streamed(weight, data, bytes);
 }
 
 }  // namespace orion::emu::kernels

@@ -462,3 +462,14 @@ def test_softmax_of_specials_follows_ieee() -> None:
                   [-np.inf] * 9], np.float32)
     got = kernels.softmax(x)
     assert np.isnan(got[0, 1]) and np.isnan(got[1]).all() and np.isnan(got[2]).all()
+
+
+def test_half_to_float_is_exact_for_every_fp16_value() -> None:
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).reshape(256, 256)
+    got, want = kernels.half_to_float(every), every.astype(np.float32)  # numpy's conversion: the reference
+    assert got.dtype == np.float32 and got.shape == every.shape
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan) and np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    assert np.array_equal(kernels.half_to_float(every.T), want.T, equal_nan=True)  # a strided view is copied first
+    with pytest.raises(ValueError, match="dtype float16"):
+        kernels.half_to_float(want)

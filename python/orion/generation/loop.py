@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from orion._core import kernels
 from orion.errors import OrionError
 from orion.generation.defaults import GenerationDefaults
 from orion.generation.kv_cache import KVCache
@@ -397,7 +398,7 @@ class CausalLM(AdapterHost):
                 return np.stack([self.cpu_logits(x[:, i]) for i in range(n)])
             for head in heads:
                 head.run()
-            return np.concatenate([h.output("logits")[0, :, 0, :n] for h in heads]).T.astype(np.float32)
+            return _float32(np.concatenate([h.output("logits")[0, :, 0, :n] for h in heads]).T)
 
     def generate(self, ids: Prompt, max_new_tokens: int | None = None, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
@@ -587,7 +588,13 @@ class CausalLM(AdapterHost):
             self._heads[0].input("x")[0, :, 0, 0] = x
         for head in self._heads:
             head.run()
-        return np.concatenate([h.output("logits")[0, :, 0, 0] for h in self._heads]).astype(np.float32)
+        return _float32(np.concatenate([h.output("logits")[0, :, 0, 0] for h in self._heads]))
+
+
+def _float32(logits: np.ndarray) -> np.ndarray:
+    """Logits read from the head's surfaces as a new float32 array (fp16 ones converted by the CPU's
+    conversion instructions: numpy's astype takes 75 us for GPT-2's 50257, a step's 1%)."""
+    return kernels.half_to_float(logits) if logits.dtype == np.float16 else logits.astype(np.float32)
 
 
 def _write_lanes(stages: list[Stage], values: dict[str, np.ndarray]) -> None:

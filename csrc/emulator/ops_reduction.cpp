@@ -87,16 +87,23 @@ BuiltOp build_reduce(OpContext& ctx, Reduce kind) {
                 const int64_t lanes = in.partial() ? in.lanes : g.width;
                 float* acc = t.data.data();
                 // Rows in order, each element in order: the same sums as element by element.
-                for (size_t row = 0; row < g.start.size(); ++row) {
-                    const float* src = a + static_cast<int64_t>(row) * g.width;
-                    float* dst = acc + g.start[row];
-                    if (g.last_reduced) {
-                        float v = *dst;
-                        for (int64_t i = 0; i < lanes; ++i) v = kind == Reduce::max ? std::max(v, src[i]) : v + src[i];
-                        *dst = v;
-                    } else {
-                        for (int64_t i = 0; i < lanes; ++i)
-                            dst[i] = kind == Reduce::max ? std::max(dst[i], src[i]) : dst[i] + src[i];
+                if (g.width == 1 && lanes == 1 && t.data.size() == 1 && kind != Reduce::max) {
+                    // One element per row, one sum (a [1, C, 1, 1] over C): the same order, in a register.
+                    float v = acc[0];
+                    for (size_t row = 0; row < g.start.size(); ++row) v += a[row];
+                    acc[0] = v;
+                } else {
+                    for (size_t row = 0; row < g.start.size(); ++row) {
+                        const float* src = a + static_cast<int64_t>(row) * g.width;
+                        float* dst = acc + g.start[row];
+                        if (g.last_reduced) {
+                            float v = *dst;
+                            for (int64_t i = 0; i < lanes; ++i) v = kind == Reduce::max ? std::max(v, src[i]) : v + src[i];
+                            *dst = v;
+                        } else {
+                            for (int64_t i = 0; i < lanes; ++i)
+                                dst[i] = kind == Reduce::max ? std::max(dst[i], src[i]) : dst[i] + src[i];
+                        }
                     }
                 }
                 if (kind == Reduce::mean) {

@@ -20,7 +20,7 @@ from orion.lora.graph import Sites, adapted
 from orion.models.blocks import cached_attention, chunk_attention, linear
 from orion.models.gpt2.config import GPT2Config
 from orion.models.gpt2.weights import GPT2Weights
-from orion.ops import causal_mask
+from orion.ops import graph_causal_mask
 
 # (layer, q, k, v) -> attention output, [1, C, 1, S]
 Attend = Callable[[int, Node, Node, Node], Node]
@@ -102,7 +102,7 @@ def prefill_graph(config: GPT2Config, weights: GPT2Weights, layers: range, seq: 
     if past:
         mask = g.input("mask", [1, 1, 1, t])
         caches = {i: (g.input(f"k{i}", [1, c, 1, t]), g.input(f"v{i}", [1, c, 1, t])) for i in layers}
-        causal = g.const("causal_mask", causal_mask(seq))
+        causal = graph_causal_mask(g, seq)
 
     def attend(i: int, q: Node, k: Node, v: Node) -> Node:
         if past:

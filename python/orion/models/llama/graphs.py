@@ -38,7 +38,7 @@ from orion.lora.graph import Sites, adapted
 from orion.models.blocks import cached_attention, chunk_attention, linear
 from orion.models.llama.config import ConfigError, LlamaConfig
 from orion.models.llama.weights import LayerWeights, LlamaWeights
-from orion.ops import causal_mask
+from orion.ops import graph_causal_mask
 
 RMS_FLOOR = 2.0 ** -14  # added to max|x| before dividing by it: fp16's smallest normal, keeps 1/s finite
 
@@ -218,7 +218,7 @@ def prefill_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, seq
         cos_table, sin_table = rope_tables(config, np.arange(seq))
         cos, sin = (g.const(n, t.reshape(1, 1, d, seq)) for n, t in (("rope_cos", cos_table), ("rope_sin", sin_table)))
     partner = _rope_partner(g, config)
-    mask_causal = g.const("causal_mask", causal_mask(seq))
+    mask_causal = graph_causal_mask(g, seq)
     for i in layers:
         layer, sites = weights.layers[i], lora_site_names(i)
         with g.scope(f"l{i}"):

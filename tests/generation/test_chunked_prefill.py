@@ -100,3 +100,13 @@ def test_pieces_use_power_of_two_buckets_then_chunks() -> None:
 def test_a_chunk_that_is_not_a_power_of_two_bucket_is_refused(chunk) -> None:
     with pytest.raises(PlanError, match="prefill_chunk"):
         PlanOptions(prefill_chunk=chunk)
+
+
+def test_a_fork_runs_its_chunks_on_its_own_cache(gpt2_pair) -> None:
+    chunked, whole = gpt2_pair
+    ids, other = prompt(GPT2_CONFIG.vocab_size, CHUNK + 5), prompt(GPT2_CONFIG.vocab_size, 2 * CHUNK + 3)
+    chunked.prefill(ids)
+    twin = chunked.fork()
+    within(twin.prefill(other), whole.prefill(other), SAME)  # the fork's chunk programs read the fork's cache
+    whole.prefill(ids)
+    within(chunked.decode_step(7), whole.decode_step(7), SAME)  # the original's cache is untouched

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from orion.generation.plan import PlanError, PlanOptions
+from orion.lora import LoraAdapter
 from orion.models import GPT2, GPT2Config, Llama, LlamaConfig
 from support.gpt2_fixtures import lively_weights
 from support.gpt2_reference import reference_logits as gpt2_reference
@@ -110,3 +111,23 @@ def test_a_fork_runs_its_chunks_on_its_own_cache(gpt2_pair) -> None:
     within(twin.prefill(other), whole.prefill(other), SAME)  # the fork's chunk programs read the fork's cache
     whole.prefill(ids)
     within(chunked.decode_step(7), whole.decode_step(7), SAME)  # the original's cache is untouched
+
+
+def test_chunks_carry_the_active_lora_adapter() -> None:
+    """The chunk programs are built with the adapter's sites and read its inputs, like the buckets."""
+    weights = lively_weights(GPT2_CONFIG, seed=3)
+    chunked = GPT2(GPT2_CONFIG, weights, progress=False, prefill_chunk=CHUNK)
+    whole = GPT2(GPT2_CONFIG, weights, progress=False)
+    rng = np.random.default_rng(4)
+    placements = chunked.lora_placements()
+    tensors = {path: (rng.normal(0, 0.15, (4, p.in_features)).astype(np.float32),
+                      rng.normal(0, 0.15, (p.out_features, 4)).astype(np.float32))
+               for path, p in placements.items() if path.endswith("attn.c_attn")}
+    ids = prompt(GPT2_CONFIG.vocab_size, CHUNK + 9)
+    base = whole.logits(ids)
+    for model in (chunked, whole):
+        model.add_adapter(LoraAdapter(4, 8.0, tensors), "qkv")
+        model.set_adapter("qkv")
+    adapted = whole.logits(ids)
+    assert np.abs(adapted - base).max() > 0.1 * np.abs(base).max()  # the adapter matters
+    within(chunked.logits(ids), adapted, SAME)

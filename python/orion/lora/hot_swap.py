@@ -45,7 +45,7 @@ class _Variant:
     sites: dict[str, int] | None
     builder: ProgramBuilder
     decode_plan: DecodePlan
-    prefill_plans: dict[tuple[int, bool], PrefillPlan]
+    prefill_plans: dict[tuple[int, bool, bool], PrefillPlan]  # (bucket, with LM head, chunk) -> plan
 
 
 @dataclass

@@ -7,12 +7,14 @@
 #include <cstring>
 #include <unistd.h>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <utility>
 
 #include "emulator/buffer_pool.h"
 #include "emulator/causal_attention.h"
+#include "emulator/const_fold.h"
 #include "emulator/fused_elementwise.h"
 #include "emulator/ops.h"
 #include "emulator/profile.h"
@@ -217,8 +219,10 @@ public:
         : text_(text), options_(std::move(options)), program_(std::move(checked.program)), model_(std::move(model)) {
         inputs_ = std::move(checked.inputs);
         outputs_ = std::move(checked.outputs);
+        fold_constants();
         build_kernels();
         for (auto& v : values()) v.blob.reset(), v.affine.reset();  // the caller's weight buffers are not kept
+        for (auto& f : folded_) std::vector<double>().swap(f->numbers);  // read at build only: the frame has them
     }
 
     ~EmulatedProgram() override { buffer_pool::clear(); }
@@ -319,6 +323,34 @@ private:
     }
 
     std::vector<ValueInfo>& values() { return model_.values_; }
+
+    // Evaluates every op whose operands are all constants once, now (const_fold.h): its result
+    // becomes a constant and the op leaves the program, up to kMaxFoldedElements computed per
+    // program. Views (a reshape of a const) stay views: they cost nothing. Returned values stay ops
+    // (their frame slot is stored at every evaluate).
+    void fold_constants() {
+        std::set<int> returned;
+        for (const auto& spec : outputs_) returned.insert(model_.ids_.at(spec.name));
+        std::vector<ProgramModel::Step> kept;
+        int64_t computed = 0;
+        for (auto& step : model_.steps_) {
+            ValueInfo& out = values()[static_cast<size_t>(step.out)];
+            if (out.slot != step.out || returned.count(step.out) ||
+                !foldable(values(), step.arg_ids, step.tuple_ids, out.type) ||
+                computed + out.type.element_count() > kMaxFoldedElements) {
+                kept.push_back(std::move(step));
+                continue;
+            }
+            folded_.push_back(std::make_unique<mil::Value>(evaluate_constant_op(
+                *step.op, step.typed, step.build, values(), step.arg_ids, step.tuple_ids, step.out)));
+            out.constant = folded_.back().get();
+            computed += out.type.element_count();
+        }
+        const bool folded = kept.size() < model_.steps_.size();
+        model_.steps_ = std::move(kept);
+        if (folded)
+            for (auto& v : values()) v.used_as_data = v.needs_fp32 = false;  // the kernel step marks its own reads
+    }
 
     // The kernel step, after the plan step of every op and the memory guard.
     void build_kernels() {
@@ -901,6 +933,7 @@ private:
     runtime::CompileOptions options_;
     mil::Program program_;  // owns the statements that the model points into
     ProgramModel model_;
+    std::vector<std::unique_ptr<mil::Value>> folded_;  // the values of folded ops (fold_constants)
     std::vector<Kernel> kernels_;
     std::vector<int> input_slots_, output_slots_;
     std::vector<int> unallocated_;  // frame slots allocate_frame() still has to allocate

@@ -41,7 +41,6 @@ from orion.generation.sampling import apply_repetition_penalty, check_sampling, 
 from orion.generation.streaming import IncrementalDetokenizer, StopStrings
 from orion.generation.tokenizer import Tokenizer, TokenizerNotFound
 from orion.graph import Graph
-from orion.limits import MIN_LANES
 from orion.lora.hot_swap import AdapterHost
 from orion.progress import warn_user
 from orion.runtime.backend import backend
@@ -254,9 +253,12 @@ class CausalLM(AdapterHost):
         ``k<i>``/``v<i>`` [1, kv_heads * head_dim, 1, 1]."""
         raise NotImplementedError
 
-    def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None) -> Graph:
+    def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None,
+                      past: bool = False) -> Graph:
         """Layers ``layers`` over ``seq`` tokens with causal attention: input ``x`` [1, hidden, 1, seq];
-        outputs ``x`` and each layer's ``k<i>``/``v<i>`` [1, kv_heads * head_dim, 1, seq]."""
+        outputs ``x`` and each layer's ``k<i>``/``v<i>`` [1, kv_heads * head_dim, 1, seq]. ``past``: a
+        chunk of a longer prompt that also attends to the KV cache filled so far (inputs ``mask`` and
+        ``k<i>``/``v<i>`` as in ``decode_graph``, and any ``position_inputs`` over the chunk's lanes)."""
         raise NotImplementedError
 
     def lm_head_graph(self, vocab: range, seq: int) -> Graph:
@@ -294,16 +296,18 @@ class CausalLM(AdapterHost):
     # -- construction ---------------------------------------------------------------------------------
     def _setup(self, *, tokenizer: Tokenizer | None, tokenizer_error: TokenizerNotFound | None,
                fusion_depth: int | None, lm_head: str, progress: bool,
-               compile_options: dict[str, Any] | None = None) -> None:
+               compile_options: dict[str, Any] | None = None, prefill_chunk: int | None = None) -> None:
         """Compiles the decode plan and binds it to a new KV cache (call at the end of ``__init__``);
-        ``compile_options``: the programs' profile / relaxed_ops (``orion.quant.compile_options``)."""
+        ``compile_options``: the programs' profile / relaxed_ops (``orion.quant.compile_options``);
+        ``prefill_chunk``: the largest prefill bucket, longer prompts run in chunks of it (None: the default)."""
         d = self.dims
         self._tokenizer, self._tokenizer_error = tokenizer, tokenizer_error
         if tokenizer is not None and tokenizer.vocab_size < d.vocab_size:
             warn_user(f"{tokenizer.path} has {tokenizer.vocab_size} tokens, the model's vocabulary {d.vocab_size}: "
                       f"decoding a generated id >= {tokenizer.vocab_size} raises TokenizerError (it has no text)",
                       TokenizerWarning)
-        self.options = PlanOptions(fusion_depth=fusion_depth, lm_head=lm_head)
+        self.options = PlanOptions(fusion_depth=fusion_depth, lm_head=lm_head,
+                                   **({} if prefill_chunk is None else {"prefill_chunk": prefill_chunk}))
         start = time.perf_counter()
         self.builder = ProgramBuilder(self.program_identity(), self.options.io_dtype, progress, compile_options,
                                       after_lowering=self.release_weight_pages)
@@ -318,7 +322,7 @@ class CausalLM(AdapterHost):
             self._head_ranges, self.decode_graph, self.lm_head_graph, self.program_costs)
         self.builder.end()
         self.compile_seconds = time.perf_counter() - start
-        self._prefill_plans: dict[tuple[int, bool], PrefillPlan] = {}  # shared by forks
+        self._prefill_plans: dict[tuple[int, bool, bool], PrefillPlan] = {}  # shared by forks
         self._compile_lock = threading.Lock()  # shared by forks: one compiles a new prefill bucket at a time
         self._bind_cache()
 
@@ -328,7 +332,7 @@ class CausalLM(AdapterHost):
         self.cache = KVCache(d.n_layer, d.kv_heads, d.head_dim, d.context, self.options.io_dtype,
                              self._adapter_surface_bytes())
         self._layers, self._heads = self.decode_plan.bind(self.cache.surfaces)
-        self._prefill_stages: dict[tuple[int, bool], tuple[list[Stage], list[Stage]]] = {}
+        self._prefill_stages: dict[tuple[int, bool, bool], tuple[list[Stage], list[Stage]]] = {}
         self._forget_bound_variants()
         self._write_adapter_inputs([self._layers])
         self._busy = threading.Lock()
@@ -358,8 +362,7 @@ class CausalLM(AdapterHost):
         layer, and return the last position's logits ``[vocab]``."""
         ids = self._check_ids(ids)
         with self._exclusive("prefill"):
-            x = self._run_prefill(self._prefill_bucket(len(ids), with_head=False)[0], ids)
-            return self._head_logits(x[:, len(ids) - 1])
+            return self._head_logits(self._run_prefill(ids)[:, -1])
 
     def decode_step(self, token: int) -> np.ndarray:
         """Append one token at the next position and return its logits ``[vocab]``."""
@@ -390,15 +393,19 @@ class CausalLM(AdapterHost):
     def logits(self, ids: Prompt) -> np.ndarray:
         """Logits ``[len(ids), vocab]`` of every position (fills the cache like ``prefill``)."""
         ids = self._check_ids(ids)
-        n = len(ids)
         with self._exclusive("logits"):
-            layers, heads = self._prefill_bucket(n, with_head=self.options.lm_head == "ane")
-            x = self._run_prefill(layers, ids)
-            if self.options.lm_head == "cpu":
-                return np.stack([self.cpu_logits(x[:, i]) for i in range(n)])
-            for head in heads:
-                head.run()
-            return _float32(np.concatenate([h.output("logits")[0, :, 0, :n] for h in heads]).T)
+            rows: list[np.ndarray] = []
+
+            def chunk_logits(heads: list[Stage], x: np.ndarray) -> None:
+                if self.options.lm_head == "cpu":
+                    rows.append(np.stack([self.cpu_logits(x[:, i]) for i in range(x.shape[1])]))
+                    return
+                for head in heads:
+                    head.run()
+                rows.append(np.concatenate([h.output("logits")[0, :, 0, :x.shape[1]] for h in heads]).T)
+
+            self._run_prefill(ids, chunk_logits)
+            return _float32(np.concatenate(rows))
 
     def generate(self, ids: Prompt, max_new_tokens: int | None = None, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
@@ -542,43 +549,59 @@ class CausalLM(AdapterHost):
             raise GenerationError(f"token ids {bad[:5]} are outside the vocabulary [0, {d.vocab_size})")
         return ids
 
-    def _prefill_bucket(self, n: int, with_head: bool) -> tuple[list[Stage], list[Stage]]:
-        """The prefill stages for ``n`` tokens: programs compiled once per bucket, surfaces per fork."""
-        seq = max(MIN_LANES[self.options.io_dtype], 1 << (n - 1).bit_length())  # a power of two (ANE-08)
-        key = (seq, with_head)
+    def _prefill_bucket(self, seq: int, with_head: bool, past: bool) -> tuple[list[Stage], list[Stage]]:
+        """The prefill stages of bucket ``seq`` (``past``: the chunk programs, bound to this object's KV
+        cache): programs compiled once per bucket, surfaces per fork."""
+        key = (seq, with_head, past)
         if key not in self._prefill_stages:
             with self._compile_lock:
                 if key not in self._prefill_plans:
                     plan = self.decode_plan
-                    self.builder.begin(f"{self.display_name} prompts up to {seq} tokens", len(plan.layer_ranges)
+                    what = f"prompt chunks of {seq} tokens" if past else f"prompts up to {seq} tokens"
+                    self.builder.begin(f"{self.display_name} {what}", len(plan.layer_ranges)
                                        + (len(self._head_ranges) if with_head else 0))
                     self._prefill_plans[key] = build_prefill_plan(
                         self.builder, self.dims.n_layer, self.decode_plan.fusion_depth, seq,
-                        self._head_ranges if with_head else [], self._variant_prefill_graph, self.lm_head_graph)
+                        self._head_ranges if with_head else [], self._variant_prefill_graph, self.lm_head_graph,
+                        past)
                     self.builder.end()
-            self._prefill_stages[key] = self._prefill_plans[key].bind(self.options.io_dtype)
+            self._prefill_stages[key] = self._prefill_plans[key].bind(self.options.io_dtype,
+                                                                      self.cache.surfaces if past else None)
             self._write_adapter_inputs(self._prefill_stages[key][:1])
         return self._prefill_stages[key]
 
-    def _run_prefill(self, stages: list[Stage], ids: list[int]) -> np.ndarray:
-        """Runs the layers over the prompt and stores its keys/values in the (reset) cache; returns
-        x ``[hidden, seq]``."""
-        n, cache = len(ids), self.cache
+    def _run_prefill(self, ids: list[int],
+                     on_chunk: Callable[[list[Stage], np.ndarray], None] | None = None) -> np.ndarray:
+        """Runs the layers over the prompt, in chunks when it is longer than the largest bucket
+        (``PlanOptions.prefill_pieces``), and stores its keys/values in the (reset) cache. After each
+        piece, ``on_chunk(LM-head stages, x [hidden, tokens])`` (given: the plans include the LM head when
+        it runs on the ANE). Returns the last piece's x ``[hidden, tokens]``."""
+        cache = self.cache
         cache.clear()
-        x = stages[0].input("x")
-        x[...] = 0.0
-        x[0, :, 0, :n] = self.embed(ids, 0).T
-        extra = self.position_inputs(range(n))
-        if extra:
-            _write_lanes(stages, extra)
-        for stage, layers in zip(stages, self.decode_plan.layer_ranges):
-            stage.run()
-            for i in layers:
-                cache.keys[i][:, :n] = stage.output(f"k{i}")[0, :, 0, :n]
-                cache.values[i][:, :n] = stage.output(f"v{i}")[0, :, 0, :n]
-        cache.mask[:n] = 0.0
-        cache.length = n
-        return stages[-1].output("x")[0, :, 0, :]
+        for start, n, seq in self.options.prefill_pieces(len(ids)):
+            past = start > 0
+            with_head = on_chunk is not None and self.options.lm_head == "ane"
+            stages, heads = self._prefill_bucket(seq, with_head, past)
+            x = stages[0].input("x")
+            x[...] = 0.0
+            x[0, :, 0, :n] = self.embed(ids[start:start + n], start).T
+            extra = self.position_inputs(range(start, start + n))
+            if extra:
+                _write_lanes(stages, extra)
+            for stage, layers in zip(stages, self.decode_plan.layer_ranges):
+                # Cache positions >= start are dead lanes: the emulator skips them.
+                live = {name: start for i in layers for name in (f"k{i}", f"v{i}", "mask")} \
+                    if past and cache.lane_hints else None
+                stage.run(live)
+                for i in layers:
+                    cache.keys[i][:, start:start + n] = stage.output(f"k{i}")[0, :, 0, :n]
+                    cache.values[i][:, start:start + n] = stage.output(f"v{i}")[0, :, 0, :n]
+            cache.mask[start:start + n] = 0.0
+            cache.length = start + n
+            x = stages[-1].output("x")[0, :, 0, :n]
+            if on_chunk is not None:
+                on_chunk(heads, x)
+        return x
 
     def _head_logits(self, x: np.ndarray | None) -> np.ndarray:
         """Logits of one position: ``x`` [hidden] (None: the decode chain's last output)."""

@@ -20,12 +20,15 @@ import numpy as np
 from orion.compiler import CompiledGraph
 from orion.errors import OrionError
 from orion.graph import Graph
-from orion.limits import MIN_SURFACE_BYTES, SRAM_BYTES
+from orion.limits import MIN_LANES, MIN_SURFACE_BYTES, SRAM_BYTES
 from orion.runtime.builder import ProgramBuilder
 from orion.runtime.stage import Stage
 from orion.runtime.surface import Surface
 
 LM_HEAD_PLACEMENTS = ("ane", "cpu")
+DEFAULT_PREFILL_CHUNK = 1024  # the largest prefill bucket; longer prompts run in chunks of it. Not smaller:
+# a chunk program's attention over the cache is unfused (GPT-2 124M, 1000 tokens in chunks of 512: 1.1-1.4x the
+# time of the 1024 bucket, whose attention is the fused causal kernel)
 SRAM_SHARE = 0.75  # keep each program's weights under 3/4 of the SRAM, leaving room for activations
 
 
@@ -40,12 +43,27 @@ class PlanOptions:
     fusion_depth: int | None = None
     lm_head: str = "ane"
     io_dtype: str = "fp16"
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
 
     def __post_init__(self) -> None:
         if self.lm_head not in LM_HEAD_PLACEMENTS:
             raise PlanError(f"lm_head={self.lm_head!r}: use one of {LM_HEAD_PLACEMENTS}")
         if self.fusion_depth is not None and self.fusion_depth < 1:
             raise PlanError(f"fusion_depth={self.fusion_depth}: use a positive number of layers (or None)")
+        chunk = self.prefill_chunk
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < MIN_LANES[self.io_dtype] \
+                or chunk & (chunk - 1):
+            raise PlanError(f"prefill_chunk={chunk!r}: use a power of two of at least {MIN_LANES[self.io_dtype]} "
+                            f"tokens (the largest prefill bucket; longer prompts run in chunks of it)")
+
+    def prefill_pieces(self, n: int) -> list[tuple[int, int, int]]:
+        """How a prompt of ``n`` tokens runs: ``(start, tokens, bucket)`` per program run. Up to
+        ``prefill_chunk`` tokens: one run in the smallest power-of-two bucket that holds them (ANE-08);
+        beyond, chunks of ``prefill_chunk`` tokens, each after the first attending to the cache so far."""
+        if n <= self.prefill_chunk:
+            return [(0, n, max(MIN_LANES[self.io_dtype], 1 << (n - 1).bit_length()))]
+        return [(start, min(self.prefill_chunk, n - start), self.prefill_chunk)
+                for start in range(0, n, self.prefill_chunk)]
 
 
 @dataclass(frozen=True)
@@ -107,20 +125,30 @@ class DecodePlan:
 
 @dataclass
 class PrefillPlan:
-    """The compiled prefill programs of one bucket (sequence length ``seq``)."""
+    """The compiled prefill programs of one bucket (sequence length ``seq``); with ``past``, the chunk
+    programs of longer prompts, which read the KV cache filled so far."""
 
     seq: int
     layer_ranges: list[range]
     layer_programs: list[CompiledGraph]
     head_programs: list[CompiledGraph]  # empty unless the plan computes every position's logits
+    past: bool = False
 
-    def bind(self, io_dtype: str) -> tuple[list[Stage], list[Stage]]:
-        """Layer and LM-head stages on new surfaces, the residual stream chained between them."""
+    def bind(self, io_dtype: str, cache: Mapping[str, Surface] | None = None) -> tuple[list[Stage], list[Stage]]:
+        """Layer and LM-head stages on new surfaces, the residual stream chained between them; a ``past``
+        plan's layers also bind ``cache`` (the KV cache and mask surfaces by graph name, as decode's do)."""
         first = self.layer_programs[0]
         x_spec = first.program.inputs[first.layout.inputs[0].mil_name]
-        nbytes = max(MIN_SURFACE_BYTES, largest_surface(self.layer_programs))  # one size for every input (ANE-13)
+        nbytes = max(MIN_SURFACE_BYTES, largest_surface(self.layer_programs),  # one size for every input (ANE-13)
+                     cache["mask"].nbytes if self.past else 0)
         x = [Surface(x_spec.shape, io_dtype, nbytes) for _ in range(len(self.layer_programs) + 1)]
-        layers = [Stage(cg, {"x": x[i], "out:x": x[i + 1]}) for i, cg in enumerate(self.layer_programs)]
+        layers = []
+        for i, (cg, r) in enumerate(zip(self.layer_programs, self.layer_ranges)):
+            own = {"x": x[i], "out:x": x[i + 1]}
+            if self.past:
+                own["mask"] = cache["mask"]
+                own.update({name: cache[name] for j in r for name in (f"k{j}", f"v{j}")})
+            layers.append(Stage(cg, own))
         return layers, [Stage(cg, {"x": x[-1]}) for cg in self.head_programs]
 
 
@@ -163,13 +191,14 @@ def _decode_layers(builder: ProgramBuilder, ranges: list[range], depth: int,
 
 
 def build_prefill_plan(builder: ProgramBuilder, n_layer: int, depth: int, seq: int, head_ranges: list[range],
-                       prefill_graph: Callable[[range, int], Graph],
-                       lm_head_graph: Callable[[range, int], Graph]) -> PrefillPlan:
-    """Compiles the layer programs for ``seq`` tokens, and the LM head over all of them when
-    ``head_ranges`` is not empty."""
+                       prefill_graph: Callable[..., Graph], lm_head_graph: Callable[[range, int], Graph],
+                       past: bool = False) -> PrefillPlan:
+    """Compiles the layer programs for ``seq`` tokens (``past``: the chunk programs, ``prefill_graph(r, seq,
+    past=True)``), and the LM head over all of them when ``head_ranges`` is not empty."""
     ranges = layer_ranges(n_layer, depth)
-    layers = [builder.build("prefill", lambda r=r: prefill_graph(r, seq), max_layers=depth,
+    kind, extra = ("prefill_chunk", {"past": True}) if past else ("prefill", {})
+    layers = [builder.build(kind, lambda r=r: prefill_graph(r, seq, **extra), max_layers=depth,
                             layers=[r.start, r.stop], seq=seq) for r in ranges]
     heads = [builder.build("lm_head", lambda r=r: lm_head_graph(r, seq), vocab=[r.start, r.stop], seq=seq)
              for r in head_ranges]
-    return PrefillPlan(seq, ranges, layers, heads)
+    return PrefillPlan(seq, ranges, layers, heads, past)

@@ -45,7 +45,7 @@ class _Variant:
     sites: dict[str, int] | None
     builder: ProgramBuilder
     decode_plan: DecodePlan
-    prefill_plans: dict[tuple[int, bool], PrefillPlan]
+    prefill_plans: dict[tuple[int, bool, bool], PrefillPlan]  # (bucket, with LM head, chunk) -> plan
 
 
 @dataclass
@@ -202,11 +202,13 @@ class AdapterHost:
             self._layers, self._heads = self.decode_plan.bind(self.cache.surfaces)
             self._prefill_stages = {}
 
-    def _variant_prefill_graph(self: CausalLM, layers: range, seq: int) -> Graph:
-        """The active variant's prefill graph (the hook called as without adapters for the base programs)."""
+    def _variant_prefill_graph(self: CausalLM, layers: range, seq: int, past: bool = False) -> Graph:
+        """The active variant's prefill graph (the hook called as without adapters for the base programs);
+        ``past``: the chunk graph of a longer prompt (see ``CausalLM.prefill_graph``)."""
+        extra = {"past": True} if past else {}
         if self.lora_sites is None:
-            return self.prefill_graph(layers, seq)
-        return self.prefill_graph(layers, seq, adapters=self.lora_sites)
+            return self.prefill_graph(layers, seq, **extra)
+        return self.prefill_graph(layers, seq, adapters=self.lora_sites, **extra)
 
     def _write_adapter_inputs(self, stage_lists: Iterable[list[Stage]]) -> None:
         """The active adapter's A/B arrays into every stage of ``stage_lists`` that reads them."""

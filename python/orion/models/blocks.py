@@ -46,3 +46,38 @@ def cached_attention(g: Graph, q: Node, k: Node, v: Node, k_cache: Node, v_cache
                 name="num")  # [1,H,1,D]
     out = g.mul(num, g.pow(denom, -1.0, name="inv"), name="ctx")
     return g.reshape(out, [1, c, 1, 1], name="merged")
+
+
+def chunk_attention(g: Graph, q: Node, k: Node, v: Node, k_cache: Node, v_cache: Node, past_mask: Node,
+                    causal: Node, heads: int, scale: float | None = None) -> Node:
+    """Multi-head attention of a prompt chunk over the KV cache filled so far plus itself, causal within
+    the chunk; the scores are scaled by ``scale`` (default ``1/sqrt(head_dim)``).
+
+    ``q``, ``k``, ``v`` are ``[1, C, 1, S]``, the caches ``[1, C, 1, T]``, ``past_mask`` ``[1, 1, 1, T]``
+    (additive: 0 for the past positions) and ``causal`` ``[1, 1, S, S]`` (additive: 0 on and below the
+    diagonal). As in :func:`cached_attention`, the two score blocks share one softmax through reductions,
+    so no concat is needed: m = max(max_t s_t, max_j s_j); p = e / (sum_t e_t + sum_j e_j);
+    out = V_cache p_past + v p_chunk.
+    """
+    c, s, t = q.shape[1], q.shape[3], k_cache.shape[3]
+    d = c // heads
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    qh = g.reshape(g.mul(q, scale, name="qs"), [1, heads, d, s], name="qh")
+    kh, vh = (g.reshape(n, [1, heads, d, s], name=f"{p}h") for n, p in ((k, "k"), (v, "v")))
+    keys = g.reshape(k_cache, [1, heads, d, t], name="keys")
+    values = g.reshape(v_cache, [1, heads, d, t], name="values")
+    past = g.add(g.matmul(qh, keys, transpose_x=True, name="past_scores"), past_mask, name="past_masked")  # [1,H,S,T]
+    own = g.add(g.matmul(qh, kh, transpose_x=True, name="own_scores"), causal, name="own_masked")  # [1,H,S,S]
+    top_past = g.reduce_max(past, axis=3, name="past_top")
+    top_own = g.reduce_max(own, axis=3, name="own_top")
+    m = g.add(top_own, g.relu(g.sub(top_past, top_own, name="gap"), name="over"), name="max")  # without a max op
+    e_past = g.exp(g.sub(past, m, name="past_shift"), name="past_e")
+    e_own = g.exp(g.sub(own, m, name="own_shift"), name="own_e")
+    denom = g.add(g.reduce_sum(e_past, axis=3, name="past_sum"), g.reduce_sum(e_own, axis=3, name="own_sum"),
+                  name="denom")  # [1,H,S,1]
+    inv = g.pow(denom, -1.0, name="inv")
+    p_past = g.mul(e_past, inv, name="past_p")
+    p_own = g.mul(e_own, inv, name="own_p")
+    ctx = g.add(g.matmul(values, p_past, transpose_y=True, name="past_ctx"),
+                g.matmul(vh, p_own, transpose_y=True, name="own_ctx"), name="ctx")  # [1,H,D,S]
+    return g.reshape(ctx, [1, c, 1, s], name="merged")

@@ -4,6 +4,7 @@ rms_norm and attention (high-level)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -16,6 +17,7 @@ from orion.ops.elementwise import no_comparison
 if TYPE_CHECKING:
     from orion.autodiff.context import GradContext
     from orion.emit import Emitter
+    from orion.graph.builder import Graph
     from orion.graph.ir import Node
     from orion.legalize.rewrite import Legalizer
 
@@ -172,6 +174,35 @@ def causal_mask(s: int) -> np.ndarray:
     return (np.triu(np.ones((s, s)), k=1) * MASK_VALUE).reshape(1, 1, s, s)
 
 
+GENERATED_MASK_LIMIT = 2048  # fp16 holds every integer up to 2048: the position tables below stay exact
+
+
+def generated_causal_mask(const: Callable[[str, Any], Node], apply: Callable[[str, list[Node], dict, str], Node],
+                          s: int) -> Node:
+    """:func:`causal_mask` ``(s)`` computed in the graph from position tables (4S values, not S*S).
+
+    ``const(name, value)`` makes a const and ``apply(op, inputs, attrs, name)`` a dialect op (a graph's or
+    a legalizer's). d = 1 + i - j is a matmul of ``[S, 2]`` rows ``(1 + i, -1)`` by ``[2, S]`` columns
+    ``(1, j)``, exact in fp16; d >= 1 on and below the diagonal, d <= 0 above, so relu(1 - relu(d)) is
+    0 below and 1 above, times -65504. Beyond :data:`GENERATED_MASK_LIMIT` positions it is the stored
+    const (the tables would round). The emulator folds the ops back into the constant (its const folding)."""
+    if s > GENERATED_MASK_LIMIT:
+        return const("mask", causal_mask(s))
+    i = np.arange(s, dtype=np.float64)
+    rows = const("mask_rows", np.stack([1.0 + i, -np.ones(s)], axis=1).reshape(1, 1, s, 2))
+    cols = const("mask_cols", np.stack([np.ones(s), i]).reshape(1, 1, 2, s))
+    d = apply("matmul", [rows, cols], {"transpose_x": False, "transpose_y": False}, "mask_offset")
+    below = apply("relu", [d], {}, "mask_below")
+    negated = apply("mul", [below, const("mask_neg", -1.0)], {}, "mask_negated")
+    above = apply("relu", [apply("add", [negated, const("mask_one", 1.0)], {}, "mask_flipped")], {}, "mask_above")
+    return apply("mul", [above, const("mask_scale", MASK_VALUE)], {}, "mask")
+
+
+def graph_causal_mask(g: Graph, s: int) -> Node:
+    """:func:`generated_causal_mask` built in graph ``g`` (names under its current scope)."""
+    return generated_causal_mask(g.const, lambda op, xs, attrs, name: g.apply(op, xs, attrs, name=name), s)
+
+
 def _infer_attention(name: str, op: str, xs: list[Node], attrs: dict[str, Any]) -> tuple[tuple[int, ...], str]:
     q = xs[0]
     heads = attrs["heads"]
@@ -194,7 +225,8 @@ def _legalize_attention(L: Legalizer, n: Node) -> Node:
     scores = L.op("matmul", [qh, kh], {"transpose_x": True, "transpose_y": False}, part="scores")  # [1,H,S,S]
     scaled = L.mul_scalar(scores, 1.0 / math.sqrt(hd), "scaled")
     if n.attrs["causal"]:
-        scaled = L.op("add", [scaled, L.const("mask", causal_mask(s))], part="masked")
+        mask = generated_causal_mask(L.const, lambda op, xs, attrs, part: L.op(op, xs, attrs, part=part), s)
+        scaled = L.op("add", [scaled, mask], part="masked")
     probs = L.op("softmax", [scaled], {"axis": -1}, part="probs")
     ctx = L.op("matmul", [vh, probs], {"transpose_x": False, "transpose_y": True}, part="ctx")  # [1,H,hd,S]
     return L.op("reshape", [ctx], {"shape": [1, d, 1, s]})

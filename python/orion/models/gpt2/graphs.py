@@ -17,9 +17,10 @@ from collections.abc import Callable
 from orion.graph import Graph
 from orion.graph.ir import Node
 from orion.lora.graph import Sites, adapted
-from orion.models.blocks import cached_attention, linear
+from orion.models.blocks import cached_attention, chunk_attention, linear
 from orion.models.gpt2.config import GPT2Config
 from orion.models.gpt2.weights import GPT2Weights
+from orion.ops import graph_causal_mask
 
 # (layer, q, k, v) -> attention output, [1, C, 1, S]
 Attend = Callable[[int, Node, Node, Node], Node]
@@ -88,13 +89,24 @@ def decode_graph(config: GPT2Config, weights: GPT2Weights, layers: range, adapte
 
 
 def prefill_graph(config: GPT2Config, weights: GPT2Weights, layers: range, seq: int,
-                  adapters: Sites | None = None, quant: str = "fp16") -> Graph:
+                  adapters: Sites | None = None, quant: str = "fp16", past: bool = False) -> Graph:
     """Layers ``layers`` over ``seq`` tokens (a power of two) with causal attention: input ``x``;
-    outputs ``x`` and each layer's ``k<i>``/``v<i>`` for the cache. ``adapters``: LoRA site ranks (None: base)."""
-    g = Graph(f"gpt2_prefill_{layers.start}_{layers.stop}_s{seq}")
-    x = g.input("x", [1, config.n_embd, 1, seq])
+    outputs ``x`` and each layer's ``k<i>``/``v<i>`` for the cache. ``adapters``: LoRA site ranks (None: base).
+
+    ``past``: a chunk of a longer prompt, which also attends to the positions already in the KV cache:
+    inputs ``mask`` and ``k<i>``/``v<i>`` caches as in :func:`decode_graph` (positions come from the
+    cache's filled length, so one program serves every chunk)."""
+    c, t = config.n_embd, config.n_positions
+    g = Graph(f"gpt2_{'chunk' if past else 'prefill'}_{layers.start}_{layers.stop}_s{seq}")
+    x = g.input("x", [1, c, 1, seq])
+    if past:
+        mask = g.input("mask", [1, 1, 1, t])
+        caches = {i: (g.input(f"k{i}", [1, c, 1, t]), g.input(f"v{i}", [1, c, 1, t])) for i in layers}
+        causal = graph_causal_mask(g, seq)
 
     def attend(i: int, q: Node, k: Node, v: Node) -> Node:
+        if past:
+            return chunk_attention(g, q, k, v, *caches[i], mask, causal, config.n_head, config.attention_scale(i))
         # g.attention scales by 1/sqrt(head_dim): other scales are folded into q first.
         factor = config.attention_scale(i) * math.sqrt(config.head_dim)
         if factor != 1.0:

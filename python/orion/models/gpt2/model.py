@@ -36,7 +36,7 @@ class GPT2(CausalLM):
     def __init__(self, config: GPT2Config, weights: GPT2Weights, *, tokenizer: Tokenizer | None = None,
                  tokenizer_error: TokenizerNotFound | None = None, fusion_depth: int | None = None,
                  lm_head: str = "ane", progress: bool = True, quant: str = "fp16", profile: str = "hardware",
-                 probe_report: Any = None) -> None:
+                 probe_report: Any = None, prefill_chunk: int | None = None) -> None:
         weights.validate(config)
         self.config, self.weights = config, weights
         options = compile_options(quant, profile, probe_report)  # int8 needs ANE-35 relaxed (orion.quant)
@@ -45,7 +45,7 @@ class GPT2(CausalLM):
                                 head_dim=config.head_dim, context=config.n_positions,
                                 vocab_size=config.vocab_size, parameters=config.param_count())
         self._setup(tokenizer=tokenizer, tokenizer_error=tokenizer_error, fusion_depth=fusion_depth,
-                    lm_head=lm_head, progress=progress, compile_options=options)
+                    lm_head=lm_head, progress=progress, compile_options=options, prefill_chunk=prefill_chunk)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike[str], **options: Any) -> GPT2:
@@ -77,8 +77,9 @@ class GPT2(CausalLM):
     def decode_graph(self, layers: range, adapters: Mapping[str, int] | None = None) -> Graph:
         return graphs.decode_graph(self.config, self.weights, layers, adapters, self.quant)
 
-    def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None) -> Graph:
-        return graphs.prefill_graph(self.config, self.weights, layers, seq, adapters, self.quant)
+    def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None,
+                      past: bool = False) -> Graph:
+        return graphs.prefill_graph(self.config, self.weights, layers, seq, adapters, self.quant, past)
 
     peft_fan_in_fan_out = True  # Hugging Face GPT-2's projections are Conv1D ([in, out] weights)
 

@@ -35,10 +35,10 @@ from orion.graph import Graph
 from orion.graph.ir import Node
 from orion.limits import MIN_LANES
 from orion.lora.graph import Sites, adapted
-from orion.models.blocks import cached_attention, linear
+from orion.models.blocks import cached_attention, chunk_attention, linear
 from orion.models.llama.config import ConfigError, LlamaConfig
 from orion.models.llama.weights import LayerWeights, LlamaWeights
-from orion.ops import causal_mask
+from orion.ops import graph_causal_mask
 
 RMS_FLOOR = 2.0 ** -14  # added to max|x| before dividing by it: fp16's smallest normal, keeps 1/s finite
 
@@ -188,35 +188,56 @@ def _group_attention(g: Graph, q: Node, k: Node, v: Node, mask: Node, name: str)
 # -- graphs --------------------------------------------------------------------------------------
 
 def prefill_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, seq: int,
-                  adapters: Sites | None = None, quant: str = "fp16") -> Graph:
+                  adapters: Sites | None = None, quant: str = "fp16", past_context: int | None = None) -> Graph:
     """Layers ``layers`` over ``seq`` tokens at positions ``0..seq-1`` (a power of two, at most the context
     length rounded up to one; pad a shorter prompt at the end, the causal mask keeps padding out of earlier
     tokens): input ``x`` ``[1, dim, 1, seq]``; outputs ``x`` and each layer's rotated keys ``k<i>`` and
-    values ``v<i>`` ``[1, kv_dim, 1, seq]``. ``adapters``: LoRA site ranks (``orion.lora.graph``; None: base)."""
+    values ``v<i>`` ``[1, kv_dim, 1, seq]``. ``adapters``: LoRA site ranks (``orion.lora.graph``; None: base).
+
+    ``past_context``: a chunk of a longer prompt that also attends to the positions already in a KV cache of
+    ``past_context`` positions: inputs ``mask`` and ``k<i>``/``v<i>`` caches as in :func:`decode_graph`, and
+    ``rope`` ``[1, 2 * head_dim, 1, seq]`` (the chunk's positions' cos, then sin), so one program serves
+    every chunk."""
     bucket_limit = max(MIN_LANES["fp16"], 1 << (config.max_position_embeddings - 1).bit_length())
     if not 0 < seq <= bucket_limit:  # positions past the context are padding lanes of the last bucket
         raise ConfigError(f"prefill of {seq} tokens: outside the context length (max_position_embeddings "
                           f"{config.max_position_embeddings}, so buckets of at most {bucket_limit} lanes)")
     kv, d = config.n_kv_heads, config.head_dim
-    g = Graph(f"llama_prefill_{layers.start}_{layers.stop}_s{seq}")
+    g = Graph(f"llama_{'chunk' if past_context else 'prefill'}_{layers.start}_{layers.stop}_s{seq}")
     x = g.input("x", [1, config.dim, 1, seq])
-    cos_table, sin_table = rope_tables(config, np.arange(seq))
-    cos, sin = (g.const(n, t.reshape(1, 1, d, seq)) for n, t in (("rope_cos", cos_table), ("rope_sin", sin_table)))
+    if past_context:
+        _check_span(config, past_context, f"prefill chunk over a cache of {past_context} positions")
+        t = past_context
+        mask = g.input("mask", [1, 1, 1, t])
+        cos, sin = (g.reshape(part, [1, 1, d, seq], name=f"rope_{n}") for part, n in
+                    zip(g.split(g.input("rope", [1, 2 * d, 1, seq]), [d, d], axis=1, name="rope"), ("cos", "sin"),
+                        strict=True))
+        caches = {i: (g.input(f"k{i}", [1, config.kv_dim, 1, t]), g.input(f"v{i}", [1, config.kv_dim, 1, t]))
+                  for i in layers}
+    else:
+        cos_table, sin_table = rope_tables(config, np.arange(seq))
+        cos, sin = (g.const(n, t.reshape(1, 1, d, seq)) for n, t in (("rope_cos", cos_table), ("rope_sin", sin_table)))
     partner = _rope_partner(g, config)
-    mask = g.const("causal_mask", causal_mask(seq))
+    mask_causal = graph_causal_mask(g, seq)
     for i in layers:
         layer, sites = weights.layers[i], lora_site_names(i)
         with g.scope(f"l{i}"):
             queries, k, v = _qkv(g, x, config, layer, sites["self_attn.q_proj"], adapters, quant)
             kh = apply_rope(g, k, kv, cos, sin, partner, "k_rope")
-            g.output(g.reshape(kh, [1, config.kv_dim, 1, seq], name="k_out"), f"k{i}")
+            k_out = g.reshape(kh, [1, config.kv_dim, 1, seq], name="k_out")
+            g.output(k_out, f"k{i}")
             g.output(v, f"v{i}")
             vh = g.reshape(v, [1, kv, d, seq], name="v_heads")
             contexts = []
             for j, q in enumerate(queries):
                 qh = apply_rope(g, q, kv, cos, sin, partner, f"q{j}_rope")
+                if past_context:
+                    with g.scope(f"attn_g{j}"):
+                        q_flat = g.reshape(qh, [1, config.kv_dim, 1, seq], name="q_rotated")
+                        contexts.append(chunk_attention(g, q_flat, k_out, v, *caches[i], mask, mask_causal, kv))
+                    continue
                 qh = g.mul(qh, 1.0 / math.sqrt(d), name=f"q{j}_scaled")
-                contexts.append(_group_attention(g, qh, kh, vh, mask, f"attn_g{j}"))
+                contexts.append(_group_attention(g, qh, kh, vh, mask_causal, f"attn_g{j}"))
             attended = _out_proj(g, x, contexts, config, layer, sites["self_attn.o_proj"], adapters, quant)
             x = _mlp(g, attended, config, layer, sites, adapters, quant)
     g.output(x, "x")

@@ -43,7 +43,7 @@ class Llama(CausalLM):
     def __init__(self, config: LlamaConfig, weights: LlamaWeights, *, tokenizer: Tokenizer | None = None,
                  tokenizer_error: TokenizerNotFound | None = None, fusion_depth: int | None = None,
                  lm_head: str = "ane", progress: bool = True, context: int | None = None, quant: str = "fp16",
-                 profile: str = "hardware", probe_report: Any = None) -> None:
+                 profile: str = "hardware", probe_report: Any = None, prefill_chunk: int | None = None) -> None:
         weights.validate(config)
         options = compile_options(quant, profile, probe_report)  # int8 needs ANE-35 relaxed (orion.quant)
         self.quant = quant
@@ -58,7 +58,7 @@ class Llama(CausalLM):
                                 head_dim=config.head_dim, context=context, vocab_size=config.vocab_size,
                                 parameters=config.param_count())
         self._setup(tokenizer=tokenizer, tokenizer_error=tokenizer_error, fusion_depth=fusion_depth,
-                    lm_head=lm_head, progress=progress, compile_options=options)
+                    lm_head=lm_head, progress=progress, compile_options=options, prefill_chunk=prefill_chunk)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike[str], **options: Any) -> Llama:
@@ -104,8 +104,10 @@ class Llama(CausalLM):
     def decode_graph(self, layers: range, adapters: Mapping[str, int] | None = None) -> Graph:
         return graphs.decode_graph(self.config, self.weights, layers, self.dims.context, adapters, self.quant)
 
-    def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None) -> Graph:
-        return graphs.prefill_graph(self.config, self.weights, layers, seq, adapters, self.quant)
+    def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None,
+                      past: bool = False) -> Graph:
+        return graphs.prefill_graph(self.config, self.weights, layers, seq, adapters, self.quant,
+                                    self.dims.context if past else None)
 
     def lora_placements(self) -> dict[str, Placement]:
         """``model.layers.<i>.self_attn.{q,k,v,o}_proj`` and ``mlp.{gate,up,down}_proj`` on the fused graph sites:

@@ -1,6 +1,6 @@
 """Memory sized to use: the KV cache grows by buckets (its surfaces' untouched positions are untouched
 pages) and decodes bit for bit as a full-context cache does; token embeddings are read from the
-checkpoint file, never through its map.
+checkpoint file, never through its map; programs run one after the other share small frames too.
 
 References: a model whose decode programs read full-context caches (the same weights: equal bits
 expected), the independent numpy GPT-2 (support.gpt2_reference, 3% of the largest logit as in
@@ -9,8 +9,12 @@ test_gpt2_model.py) and numpy indexing of the same tables."""
 from __future__ import annotations
 
 import ctypes
+import json
 import mmap
 import re
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -129,3 +133,48 @@ def test_embeddings_are_read_from_the_file_not_through_its_map(tmp_path, monkeyp
     np.testing.assert_array_equal(table_rows(wte, [7], None), np.asarray(wte)[[7]])  # no file: indexing
     with pytest.raises(IndexError, match="outside the table's 8192 rows"):
         table_rows(wte, [8192], source)
+
+
+SMALL_FRAMES = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import orion
+    sys.path.insert(0, sys.argv[1])
+    from support.handmil import const, op, program, ttype
+
+    C, S, N = 64, 256, 48  # 16,384-element (64 KiB fp32) intermediates, as a short prompt's; N programs
+    act = ttype("fp16", [1, C, 1, S])
+
+    def text(i):
+        return program({"x": act}, [const("a", "fp16", 0.5 + i / 64), op("m", act, "mul", x="x", y="a"),
+                                    op("t", act, "tanh", x="m"), op("s", act, "sigmoid", x="t"),
+                                    op("out", act, "tanh", x="s")], ["out"])
+
+    def rss():
+        return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
+
+    programs = [orion.compile(text(i)) for i in range(N)]
+    ins, outs = programs[0].allocate_surfaces()
+    x = np.random.default_rng(0).standard_normal((1, C, 1, S)).astype(np.float16)
+    ins["x"].write(x)
+    programs[0].evaluate(ins, outs)  # surfaces and the pool's first buffers
+    base = rss()
+    for p in programs[1:]:
+        p.evaluate(ins, outs)
+    grown = rss() - base
+    a = np.float64(np.float16(0.5 + (N - 1) / 64))
+    f16 = lambda v: v.astype(np.float16).astype(np.float64)
+    ref = f16(np.tanh(f16(1 / (1 + np.exp(-f16(np.tanh(f16(x.astype(np.float64) * a))))))))
+    print(json.dumps({"grown": grown, "worst": float(np.max(np.abs(outs["out"].read().astype(np.float64) - ref)))}))
+""")
+
+
+def test_programs_share_the_frames_of_small_intermediates() -> None:
+    """Intermediates of 16 Ki elements (a 16-token prefill's [768, 16] or a decode's padded I/O) are
+    pooled too: 47 more programs with three 64 KiB intermediates each add about nothing (unpooled they
+    would hold 9 MiB); the result matches numpy rounded like the ANE (fp16 per op)."""
+    out = subprocess.run([sys.executable, "-c", SMALL_FRAMES, str(Path(__file__).resolve().parent)],
+                         capture_output=True, text=True, timeout=300, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["worst"] <= 2e-3, result  # fp16 rounding of values below 1 in magnitude
+    assert result["grown"] < 2 << 20, result  # 47 x 3 x 64 KiB = 8.8 MiB when each program keeps its own

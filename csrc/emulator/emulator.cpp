@@ -195,9 +195,11 @@ private:
     double scratch_bytes_ = 0;
 };
 
-// Intermediates below this many elements (256 KiB of fp32) keep their own buffer: pooling them
-// would cost more per evaluate (decode programs) than the memory it saves.
-constexpr int64_t kMinPooledElements = int64_t{1} << 16;
+// Intermediates below this many elements (16 KiB of fp32) keep their own buffer. Larger ones are
+// pooled: a short prompt's [768, 16] tensors or a decode program's padded I/O, held by each program
+// of a bucket, came to about 2 MiB a program (28 MiB for GPT-2's 16-token bucket); a take and a give
+// cost well under a microsecond, so a decode step's hundred of them are noise.
+constexpr int64_t kMinPooledElements = int64_t{1} << 12;
 
 class EmulatedProgram final : public runtime::LoadedProgram {
 public:

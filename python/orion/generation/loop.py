@@ -318,15 +318,15 @@ class CausalLM(AdapterHost):
         sized = "context" in inspect.signature(self.decode_graph).parameters
         self._kv_buckets = context_buckets(d.kv_heads * d.head_dim, d.context, self.options.io_dtype) \
             if sized else (d.context,)
+        self._compile_lock = threading.Lock()  # shared by forks: one compiles a new bucket (prefill, KV cache) at a time
         self.decode_plan: DecodePlan = build_decode_plan(
             self.builder, self.options, d.n_layer, sram_fusion_depth(d.n_layer, self.layer_weight_bytes()),
             self._head_ranges, lambda r, t: self.decode_graph(r, context=t) if sized else self.decode_graph(r),
             self.lm_head_graph, self.program_costs,
-            self._kv_buckets[0])
+            self._kv_buckets[0], self._compile_lock)
         self.builder.end()
         self.compile_seconds = time.perf_counter() - start
         self._prefill_plans: dict[tuple[int, bool], PrefillPlan] = {}  # shared by forks
-        self._compile_lock = threading.Lock()  # shared by forks: one compiles a new prefill bucket at a time
         self._bind_cache()
 
     def _bind_cache(self) -> None:

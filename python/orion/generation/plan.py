@@ -92,7 +92,7 @@ class DecodePlan:
     builder: ProgramBuilder
     build_layers: Callable[[int], list[CompiledGraph]]
     layers_by_context: dict[int, list[CompiledGraph]] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    compile_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # the model's (forks share it)
 
     @property
     def dispatches_per_token(self) -> int:
@@ -106,7 +106,7 @@ class DecodePlan:
     def layers_at(self, context: int) -> list[CompiledGraph]:
         """The layer programs reading a KV cache of ``context`` positions, compiled on first use (forks
         share the plan: one thread compiles, the others wait)."""
-        with self._lock:
+        with self.compile_lock:
             if context not in self.layers_by_context:
                 self.builder.begin(f"decode with a KV cache of {context} positions", len(self.layer_ranges))
                 self.layers_by_context[context] = self.build_layers(context)
@@ -158,9 +158,11 @@ def largest_surface(programs: list[CompiledGraph]) -> int:
 def build_decode_plan(builder: ProgramBuilder, options: PlanOptions, n_layer: int, default_depth: int,
                       head_ranges: list[range], decode_graph: Callable[[range, int], Graph],
                       lm_head_graph: Callable[[range, int], Graph],
-                      costs: Callable[[list[range], list[range], str], list[ProgramInfo]], context: int) -> DecodePlan:
+                      costs: Callable[[list[range], list[range], str], list[ProgramInfo]], context: int,
+                      compile_lock: threading.Lock) -> DecodePlan:
     """Compiles the decode programs, the layers' for a KV cache of ``context`` positions (falling back to
-    shallower fusion when a compile fails); ``decode_graph(layers, context)``."""
+    shallower fusion when a compile fails); ``decode_graph(layers, context)``. ``compile_lock`` guards
+    the later compiles (of other cache lengths) that share the builder."""
 
     def build_depth(depth: int) -> list[CompiledGraph]:
         return _decode_layers(builder, layer_ranges(n_layer, depth), depth, decode_graph, context)
@@ -172,7 +174,7 @@ def build_decode_plan(builder: ProgramBuilder, options: PlanOptions, n_layer: in
         heads = [builder.build("lm_head", lambda r=r: lm_head_graph(r, 1), vocab=[r.start, r.stop], seq=1)
                  for r in head_ranges]
     return DecodePlan(options, depth, ranges, head_ranges, heads, costs(ranges, head_ranges, options.lm_head),
-                      builder, _layer_builder(builder, ranges, depth, decode_graph), {context: layers})
+                      builder, _layer_builder(builder, ranges, depth, decode_graph), {context: layers}, compile_lock)
 
 
 def rebuild_decode_layers(builder: ProgramBuilder, base: DecodePlan,
@@ -182,8 +184,7 @@ def rebuild_decode_layers(builder: ProgramBuilder, base: DecodePlan,
     used); the LM-head programs are ``base``'s own."""
     build = _layer_builder(builder, base.layer_ranges, base.fusion_depth, decode_graph)
     context = min(base.layers_by_context)
-    return replace(base, builder=builder, build_layers=build, layers_by_context={context: build(context)},
-                   _lock=threading.Lock())
+    return replace(base, builder=builder, build_layers=build, layers_by_context={context: build(context)})
 
 
 def _layer_builder(builder: ProgramBuilder, ranges: list[range], depth: int,

@@ -1,6 +1,7 @@
 """Memory sized to use: the KV cache grows by buckets (its surfaces' untouched positions are untouched
 pages) and decodes bit for bit as a full-context cache does; token embeddings are read from the
-checkpoint file, never through its map; programs run one after the other share small frames too.
+checkpoint file, never through its map; programs run one after the other share small frames too, and
+the programs of a prefill bucket one causal mask.
 
 References: a model whose decode programs read full-context caches (the same weights: equal bits
 expected), the independent numpy GPT-2 (support.gpt2_reference, 3% of the largest logit as in
@@ -20,7 +21,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import orion
+from orion.compiler import CompiledGraph, lower_graph
 from orion.generation.kv_cache import MASKED, KVCache, context_buckets
+from orion.graph import Graph
 from orion.models import GPT2, GPT2Config
 from orion.models.gpt2.weights import load_hf, random_weights, save_hf
 from orion.models.weights_io import table_rows
@@ -178,3 +182,67 @@ def test_programs_share_the_frames_of_small_intermediates() -> None:
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["worst"] <= 2e-3, result  # fp16 rounding of values below 1 in magnitude
     assert result["grown"] < 2 << 20, result  # 47 x 3 x 64 KiB = 8.8 MiB when each program keeps its own
+
+
+def attention_program(seq: int, scale: float) -> tuple[CompiledGraph, CompiledGraph]:
+    """GPT-2's causal attention over ``seq`` tokens (the fused chain, its mask a BLOBFILE const), and the
+    same MIL with the softmax returned too, which keeps it unfused: the five ops' own kernels."""
+    g = Graph("attn")
+    q, k, v = (g.mul(g.input(n, [1, 64, 1, seq]), scale, name=f"{n}_scaled") for n in "qkv")
+    g.output(g.attention(q, k, v, 2, causal=True, name="core"), "y")
+    lowered = lower_graph(g)
+    probs = re.search(r"(\w+) = softmax", lowered.mil).group(1)
+    returned = re.search(r"\} -> \((.*)\);", lowered.mil).group(1)
+    unfused = lowered.mil.replace(f"}} -> ({returned});", f"}} -> ({returned}, {probs});")
+    return (CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights)),
+            CompiledGraph(lowered, orion.compile(unfused, lowered.weights, profile="permissive")))
+
+
+def test_programs_baking_one_causal_mask_hold_it_once() -> None:
+    """Four prefill-like programs with the same [256, 256] mask each compute what the unfused ops do,
+    fused, falling back (scores over the exactness bound) and fused again, against float64 too."""
+    pairs = [attention_program(256, 1.0 + i / 8) for i in range(4)]
+    rng = np.random.default_rng(4)
+    for amplitude in (1.0, 60.0, 1.0):  # 60: the fused kernel declines, the chain's own kernels run
+        xs = {n: (rng.standard_normal((1, 64, 1, 256)) * amplitude).astype(np.float16) for n in "qkv"}
+        for fused, unfused in pairs:
+            np.testing.assert_array_equal(fused(**xs)["y"], unfused(**xs)["y"])
+    q, k, v = (xs[n].astype(np.float64).reshape(2, 32, 256) for n in "qkv")
+    s = np.where(np.triu(np.ones((256, 256), bool), 1), -np.inf, np.einsum("bdi,bdj->bij", q, k) / np.sqrt(32))
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = np.einsum("bdj,bij->bdi", v, p / p.sum(-1, keepdims=True)).reshape(1, 64, 1, 256)
+    got = pairs[0][0](**xs)["y"].astype(np.float64)
+    np.testing.assert_allclose(got, want, atol=2e-2 * np.abs(want).max())  # fp16 rounding per op
+
+
+HELD_MASKS = textwrap.dedent("""
+    import json, sys
+    import orion
+    from orion import _core
+    from orion.compiler import lower_graph
+    from orion.graph import Graph
+
+    def rss():
+        return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
+
+    g = Graph("attn")
+    q, k, v = (g.input(n, [1, 64, 1, 1024]) for n in "qkv")
+    g.output(g.attention(q, k, v, 2, causal=True, name="core"), "y")
+    lowered = lower_graph(g)
+    first = orion.compile(lowered.mil, lowered.weights)
+    base, held = rss(), _core.kernels.shared_consts()
+    more = [orion.compile(lowered.mil, lowered.weights) for _ in range(7)]
+    print(json.dumps({"held": held, "after": _core.kernels.shared_consts(), "grown": rss() - base}))
+    del first, more
+    print(json.dumps({"freed": _core.kernels.shared_consts()}))
+""")
+
+
+def test_the_mask_is_held_once_per_process() -> None:
+    """Eight programs baking one [1024, 1024] causal mask hold a single 4 MiB fp32 copy (a GPT-2
+    1024-token bucket held twelve: 48 MiB), freed with the last program (in a fresh interpreter)."""
+    out = subprocess.run([sys.executable, "-c", HELD_MASKS], capture_output=True, text=True, timeout=300, check=True)
+    first, second = (json.loads(line) for line in out.stdout.strip().splitlines()[-2:])
+    assert first["held"] == first["after"] == [1, 1024 * 1024 * 4], first
+    assert first["grown"] < 8 << 20, first  # seven more copies would be 28 MiB
+    assert second["freed"] == [0, 0], second

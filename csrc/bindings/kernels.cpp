@@ -13,6 +13,7 @@
 #include "bindings/bindings.h"
 #include "emulator/buffer_pool.h"
 #include "emulator/kernels.h"
+#include "emulator/shared_consts.h"
 
 namespace py = pybind11;
 namespace kern = orion::emu::kernels;
@@ -239,6 +240,9 @@ void bind_kernels(py::module_& m) {
     k.def("shared_conv_weights", &kern::shared_conv1x1_usage,
           "(count, bytes) of the packed 1x1 conv weights alive in this process: one per distinct weight, "
           "shared by every program that bakes it.");
+    k.def("shared_consts", &orion::emu::shared_floats_usage,
+          "(count, bytes) of the const tensors held once per process (causal masks of fused attention), "
+          "shared by every program that bakes them.");
     k.def(
         "buffer_pool",
         [](bool reset_peak) {

@@ -16,6 +16,7 @@
 #include "emulator/fused_elementwise.h"
 #include "emulator/ops.h"
 #include "emulator/profile.h"
+#include "emulator/shared_consts.h"
 #include "errors.h"
 #include "mil/blobfile.h"
 #include "runtime/budget.h"
@@ -315,6 +316,9 @@ private:
         internal_.assign(values().size(), false);
         const std::vector<int> readers = reader_counts();
         const std::map<const ProgramModel::Step*, AttentionChain> chains = find_causal_attention(readers);
+        std::map<int, int> chain_reads;  // per mask: the fused chains reading it
+        for (const auto& [step, chain] : chains)
+            if (step == chain.steps.back()) ++chain_reads[chain.mask];
         const std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>> runs = find_elementwise_runs(chains);
         // A compile-time constant op's kernel (constexpr_affine_dequantize) is built after its readers,
         // and kept only if one of them reads its values or the program returns them: conv takes its
@@ -353,7 +357,9 @@ private:
             if (step.op->type.element_count() == 0) continue;
             if (const auto found = chains.find(&step); found != chains.end()) {
                 group_parts[&step] = std::move(built[i].kernel);
-                if (&step == found->second.steps.back()) add_fused_attention(found->second, group_parts);
+                if (&step == found->second.steps.back())
+                    add_fused_attention(found->second, chain_reads[found->second.mask] == readers[found->second.mask],
+                                        group_parts);
                 continue;  // the chain runs at its last step
             }
             if (const auto found = runs.find(&step); found != runs.end()) {
@@ -393,6 +399,7 @@ private:
             const bool is_const = v.constant != nullptr;
             if (is_const && !v.used_as_data) continue;  // read at build time only (e.g. packed conv weights)
             if (unmaterialised_.count(static_cast<int>(i))) continue;  // a constexpr value read in quantized form
+            if (held_masks_.count(static_cast<int>(i))) continue;  // held once per process (add_fused_attention)
             if (pooled[i]) continue;  // taken from the buffer pool while it is live (run_kernel)
             if (!is_const && in_place_input(v.slot)) continue;  // its readers take fp16 from the surface
             if (!is_const) {
@@ -736,8 +743,12 @@ private:
     }
 
     // One kernel for a chain: the fused causal attention when it is exact for this call, else the
-    // chain's own kernels (add_group_kernel).
-    void add_fused_attention(const AttentionChain& chain, std::map<const ProgramModel::Step*, Kernel>& parts) {
+    // chain's own kernels (add_group_kernel). A BLOBFILE mask that only fused chains read is held once per
+    // process (shared_floats: a prefill bucket's layer programs bake the same [S, S] mask, 4 MiB of fp32
+    // each at 1024 tokens) rather than in each frame; a call that falls back copies it into the frame
+    // for the chain's own kernels, and the next fused call frees that copy.
+    void add_fused_attention(const AttentionChain& chain, bool only_chains_read_mask,
+                             std::map<const ProgramModel::Step*, Kernel>& parts) {
         const ProgramModel::Step& scores = *chain.steps.front();
         const ProgramModel::Step& context = *chain.steps.back();
         const auto& sd = std::get<frontend::MatmulDims>(scores.typed.attrs);
@@ -760,17 +771,26 @@ private:
         const int q = sc.slot("x"), k = sc.slot("y"), v = cc.slot("x"), o = context.out;  // fp32 (no in-place fp16)
         const int mask = values()[static_cast<size_t>(chain.mask)].slot;
         const int scale = a.has_scale ? values()[static_cast<size_t>(chain.scale)].slot : -1;
+        std::shared_ptr<const std::vector<float>> held;
+        if (const ValueInfo& m = values()[static_cast<size_t>(mask)]; only_chains_read_mask && m.blob) {
+            held = shared_floats(blob_floats(m));
+            held_masks_.insert(mask);
+        }
         std::vector<int> intermediates;  // every step's result but the context's
         for (const ProgramModel::Step* step : chain.steps)
             if (step != &context) intermediates.push_back(step->out);
         add_group_kernel(chain.steps, intermediates, parts, "attention (causal, fused)", [=](Frame& fr) {
             const Tensor &tq = fr.values[q], &tk = fr.values[k], &tv = fr.values[v];
             Tensor& out = fr.values[o];
+            std::vector<float>& own_mask = fr.values[mask].data;
             if (tq.partial() || tk.partial() || tv.partial() ||
                 !run_causal_attention(a, tq.data.data(), tk.data.data(), tv.data.data(),
-                                      scale >= 0 ? fr.values[scale].data[0] : 1.0f, fr.values[mask].data.data(),
-                                      out.data.data()))
+                                      scale >= 0 ? fr.values[scale].data[0] : 1.0f,
+                                      held ? held->data() : own_mask.data(), out.data.data())) {
+                if (held) own_mask.assign(held->begin(), held->end());  // for the chain's own kernels
                 return false;
+            }
+            if (held && !own_mask.empty()) std::vector<float>().swap(own_mask);  // a fallback's copy
             out.lanes = out.last_dim();
             return true;
         });
@@ -823,6 +843,7 @@ private:
     std::vector<int> input_slots_, output_slots_;
     std::vector<int> unallocated_;  // frame slots allocate_frame() still has to allocate
     std::set<int> unmaterialised_;  // constexpr outputs no kernel reads as data: never computed nor allocated
+    std::set<int> held_masks_;      // causal-mask consts held once per process, not in the frame (add_fused_attention)
     std::vector<bool> in_place_;  // per input: fp16 read in place from the surface (Tensor::half)
     std::vector<std::vector<const ProgramModel::Step*>> kernel_steps_;  // per kernel: the steps it computes
     std::vector<bool> internal_;  // per slot: an intermediate of a fused chain (in no frame or pool plan)

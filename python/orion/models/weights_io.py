@@ -20,6 +20,7 @@ import mmap
 import os
 import struct
 import sys
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,7 @@ class MappedSafetensors:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.file = path.open("rb")  # kept open: the file as mapped, even if its name is replaced later
+        weakref.finalize(self, self.file.close)  # closed with this object (no ResourceWarning whenever it is collected)
         self.map = mmap.mmap(self.file.fileno(), 0, access=mmap.ACCESS_READ)
         (header_len,) = struct.unpack_from("<Q", self.map, 0)
         self.header = json.loads(self.map[8:8 + header_len])

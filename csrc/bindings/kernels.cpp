@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "bindings/bindings.h"
+#include "emulator/buffer_pool.h"
 #include "emulator/kernels.h"
+#include "emulator/shared_consts.h"
 
 namespace py = pybind11;
 namespace kern = orion::emu::kernels;
@@ -253,6 +255,19 @@ void bind_kernels(py::module_& m) {
     k.def("shared_conv_weights", &kern::shared_conv1x1_usage,
           "(count, bytes) of the packed 1x1 conv weights alive in this process: one per distinct weight, "
           "shared by every program that bakes it.");
+    k.def("shared_consts", &orion::emu::shared_floats_usage,
+          "(count, bytes) of the const tensors held once per process (causal masks of fused attention), "
+          "shared by every program that bakes them.");
+    k.def(
+        "buffer_pool",
+        [](bool reset_peak) {
+            const auto u = orion::emu::buffer_pool::usage();
+            if (reset_peak) orion::emu::buffer_pool::reset_peak();
+            return py::dict(py::arg("live") = u.live, py::arg("idle") = u.idle, py::arg("peak") = u.peak);
+        },
+        py::arg("reset_peak") = false,
+        "Bytes of the emulator's pooled frame buffers: live (taken by a running program), idle, and the "
+        "peak of live + idle since the last reset_peak=True.");
     k.def("num_threads", &kern::num_threads, "Threads the kernels use (ORION_NUM_THREADS, else the hardware's).");
     k.def("simd_path", &kern::simd_path, "\"avx512f+f16c+fma\", \"avx2+f16c+fma\" or \"portable\" (ORION_SIMD=avx2 or =portable narrows it).");
     k.def("_parallel_for_probe", &parallel_for_probe, py::arg("n"), py::arg("grain"), py::arg("fail_at") = -1,

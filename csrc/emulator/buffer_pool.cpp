@@ -1,5 +1,6 @@
 #include "emulator/buffer_pool.h"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -11,7 +12,9 @@ namespace {
 struct Pool {
     std::mutex mutex;
     std::multimap<size_t, std::vector<float>> idle;  // by element count
-    size_t bytes = 0;
+    size_t bytes = 0;  // idle
+    size_t live = 0, peak = 0;
+    void note() { peak = std::max(peak, live + bytes); }
 };
 
 Pool& pool() {
@@ -25,6 +28,7 @@ std::vector<float> take(size_t n) {
     Pool& p = pool();
     {
         std::lock_guard<std::mutex> lock(p.mutex);
+        p.live += n * sizeof(float);
         auto it = p.idle.find(n);
         if (it != p.idle.end()) {
             std::vector<float> out = std::move(it->second);
@@ -32,6 +36,7 @@ std::vector<float> take(size_t n) {
             p.bytes -= n * sizeof(float);
             return out;
         }
+        p.note();
     }
     return std::vector<float>(n, 0.0f);
 }
@@ -41,12 +46,14 @@ void give(std::vector<float>&& buffer) {
     if (n == 0) return;
     Pool& p = pool();
     std::lock_guard<std::mutex> lock(p.mutex);
+    p.live -= std::min(p.live, n * sizeof(float));
     if (p.bytes + n * sizeof(float) > kMaxPooledBytes) {
         std::vector<float>().swap(buffer);  // freed
         return;
     }
     p.bytes += n * sizeof(float);
     p.idle.emplace(n, std::move(buffer));
+    p.note();
 }
 
 void clear() {
@@ -63,6 +70,18 @@ size_t pooled_bytes() {
     Pool& p = pool();
     std::lock_guard<std::mutex> lock(p.mutex);
     return p.bytes;
+}
+
+Usage usage() {
+    Pool& p = pool();
+    std::lock_guard<std::mutex> lock(p.mutex);
+    return {p.live, p.bytes, p.peak};
+}
+
+void reset_peak() {
+    Pool& p = pool();
+    std::lock_guard<std::mutex> lock(p.mutex);
+    p.peak = p.live + p.bytes;
 }
 
 }  // namespace orion::emu::buffer_pool

@@ -20,4 +20,12 @@ void clear();
 // Bytes held idle in the pool.
 size_t pooled_bytes();
 
+// What the pool's buffers weigh: taken and not given back (live), idle, and the most live + idle
+// bytes at any time since the last reset_peak().
+struct Usage {
+    size_t live = 0, idle = 0, peak = 0;
+};
+Usage usage();
+void reset_peak();
+
 }  // namespace orion::emu::buffer_pool

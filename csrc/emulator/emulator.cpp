@@ -18,6 +18,7 @@
 #include "emulator/fused_elementwise.h"
 #include "emulator/ops.h"
 #include "emulator/profile.h"
+#include "emulator/shared_consts.h"
 #include "errors.h"
 #include "mil/blobfile.h"
 #include "runtime/budget.h"
@@ -208,9 +209,11 @@ private:
     double scratch_bytes_ = 0;
 };
 
-// Intermediates below this many elements (256 KiB of fp32) keep their own buffer: pooling them
-// would cost more per evaluate (decode programs) than the memory it saves.
-constexpr int64_t kMinPooledElements = int64_t{1} << 16;
+// Intermediates below this many elements (16 KiB of fp32) keep their own buffer. Larger ones are
+// pooled: a short prompt's [768, 16] tensors or a decode program's padded I/O, held by each program
+// of a bucket, came to about 2 MiB a program (28 MiB for GPT-2's 16-token bucket); a take and a give
+// cost well under a microsecond, so a decode step's hundred of them are noise.
+constexpr int64_t kMinPooledElements = int64_t{1} << 12;
 
 class EmulatedProgram final : public runtime::LoadedProgram {
 public:
@@ -359,6 +362,9 @@ private:
         internal_.assign(values().size(), false);
         const std::vector<int> readers = reader_counts();
         const std::map<const ProgramModel::Step*, AttentionChain> chains = find_causal_attention(readers);
+        std::map<int, int> chain_reads;  // per mask: the fused chains reading it
+        for (const auto& [step, chain] : chains)
+            if (step == chain.steps.back()) ++chain_reads[chain.mask];
         const std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>> runs = find_elementwise_runs(chains);
         // A compile-time constant op's kernel (constexpr_affine_dequantize) is built after its readers,
         // and kept only if one of them reads its values or the program returns them: conv takes its
@@ -404,7 +410,9 @@ private:
             if (step.op->type.element_count() == 0) continue;
             if (const auto found = chains.find(&step); found != chains.end()) {
                 group_parts[&step] = std::move(built[i].kernel);
-                if (&step == found->second.steps.back()) add_fused_attention(found->second, group_parts);
+                if (&step == found->second.steps.back())
+                    add_fused_attention(found->second, chain_reads[found->second.mask] == readers[found->second.mask],
+                                        group_parts);
                 continue;  // the chain runs at its last step
             }
             if (const auto found = runs.find(&step); found != runs.end()) {
@@ -444,6 +452,7 @@ private:
             const bool is_const = v.constant != nullptr;
             if (is_const && !v.used_as_data) continue;  // read at build time only (e.g. packed conv weights)
             if (unmaterialised_.count(static_cast<int>(i))) continue;  // a constexpr value read in quantized form
+            if (held_masks_.count(static_cast<int>(i))) continue;  // held once per process (add_fused_attention)
             if (pooled[i]) continue;  // taken from the buffer pool while it is live (run_kernel)
             if (!is_const && in_place_input(v.slot)) continue;  // its readers take fp16 from the surface
             if (!is_const) {
@@ -631,11 +640,19 @@ private:
         return chains;
     }
 
+    // A float const's values as its frame tensor holds them: a BLOBFILE's, or the literal's (or a folded
+    // op's) rounded to fp16 for an fp16 const.
+    static std::vector<float> const_floats(const ValueInfo& v) {
+        if (v.blob) return blob_floats(v);
+        std::vector<float> values(v.constant->numbers.begin(), v.constant->numbers.end());
+        if (v.type.dtype == mil::DType::fp16) kernels::round_fp16(values.data(), values.size());
+        return values;
+    }
+
     // An [S, S] additive mask (any ones in front): exactly 0 on and below the diagonal, <= -65504 above.
     static bool is_causal_mask(const ValueInfo& v, int64_t S) {
         if (v.type.element_count() != S * S || !mil::is_float(v.type.dtype)) return false;
-        const std::vector<float> m =
-            v.blob ? blob_floats(v) : std::vector<float>(v.constant->numbers.begin(), v.constant->numbers.end());
+        const std::vector<float> m = const_floats(v);
         for (int64_t i = 0; i < S; ++i)
             for (int64_t j = 0; j < S; ++j)
                 if (j <= i ? m[static_cast<size_t>(i * S + j)] != 0.0f : !(m[static_cast<size_t>(i * S + j)] <= -65504.0f))
@@ -850,8 +867,12 @@ private:
     }
 
     // One kernel for a chain: the fused causal attention when it is exact for this call, else the
-    // chain's own kernels (add_group_kernel).
-    void add_fused_attention(const AttentionChain& chain, std::map<const ProgramModel::Step*, Kernel>& parts) {
+    // chain's own kernels (add_group_kernel). A const mask that only fused chains read is held once per
+    // process (shared_floats: a prefill bucket's layer programs bake the same [S, S] mask, 4 MiB of fp32
+    // each at 1024 tokens) rather than in each frame; a call that falls back copies it into the frame
+    // for the chain's own kernels, and the next fused call frees that copy.
+    void add_fused_attention(const AttentionChain& chain, bool only_chains_read_mask,
+                             std::map<const ProgramModel::Step*, Kernel>& parts) {
         const ProgramModel::Step& scores = *chain.steps.front();
         const ProgramModel::Step& context = *chain.steps.back();
         const auto& sd = std::get<frontend::MatmulDims>(scores.typed.attrs);
@@ -874,17 +895,26 @@ private:
         const int q = sc.slot("x"), k = sc.slot("y"), v = cc.slot("x"), o = context.out;  // fp32 (no in-place fp16)
         const int mask = values()[static_cast<size_t>(chain.mask)].slot;
         const int scale = a.has_scale ? values()[static_cast<size_t>(chain.scale)].slot : -1;
+        std::shared_ptr<const std::vector<float>> held;
+        if (const ValueInfo& m = values()[static_cast<size_t>(mask)]; only_chains_read_mask && m.constant) {
+            held = shared_floats(const_floats(m));  // stored, or folded from the generated mask
+            held_masks_.insert(mask);
+        }
         std::vector<int> intermediates;  // every step's result but the context's
         for (const ProgramModel::Step* step : chain.steps)
             if (step != &context) intermediates.push_back(step->out);
         add_group_kernel(chain.steps, intermediates, parts, "attention (causal, fused)", [=](Frame& fr) {
             const Tensor &tq = fr.values[q], &tk = fr.values[k], &tv = fr.values[v];
             Tensor& out = fr.values[o];
+            std::vector<float>& own_mask = fr.values[mask].data;
             if (tq.partial() || tk.partial() || tv.partial() ||
                 !run_causal_attention(a, tq.data.data(), tk.data.data(), tv.data.data(),
-                                      scale >= 0 ? fr.values[scale].data[0] : 1.0f, fr.values[mask].data.data(),
-                                      out.data.data()))
+                                      scale >= 0 ? fr.values[scale].data[0] : 1.0f,
+                                      held ? held->data() : own_mask.data(), out.data.data())) {
+                if (held) own_mask.assign(held->begin(), held->end());  // for the chain's own kernels
                 return false;
+            }
+            if (held && !own_mask.empty()) std::vector<float>().swap(own_mask);  // a fallback's copy
             out.lanes = out.last_dim();
             return true;
         });
@@ -938,6 +968,7 @@ private:
     std::vector<int> input_slots_, output_slots_;
     std::vector<int> unallocated_;  // frame slots allocate_frame() still has to allocate
     std::set<int> unmaterialised_;  // constexpr outputs no kernel reads as data: never computed nor allocated
+    std::set<int> held_masks_;      // causal-mask consts held once per process, not in the frame (add_fused_attention)
     std::vector<bool> in_place_;  // per input: fp16 read in place from the surface (Tensor::half)
     std::vector<std::vector<const ProgramModel::Step*>> kernel_steps_;  // per kernel: the steps it computes
     std::vector<bool> internal_;  // per slot: an intermediate of a fused chain (in no frame or pool plan)

@@ -94,6 +94,12 @@ BuiltOp build_conv(OpContext& ctx) {
         if (const AffineConst* a = ctx.affine("weight"))
             if (const auto w = exact_int8_weight(ctx, *a, g.cout, g.cin))
                 return pointwise_kernel(kernels::shared_conv1x1_i8(w->q, w->scale.data(), g.cout, g.cin));
+        if (!ctx.affine("weight")) {  // an fp16 BLOBFILE weight is packed from its bytes: no transient copy
+            const ValueInfo& w = ctx.constant("weight");
+            if (w.blob && w.type.dtype == mil::DType::fp16 && reinterpret_cast<uintptr_t>(w.blob->data()) % 2 == 0)
+                return pointwise_kernel(kernels::shared_conv1x1(reinterpret_cast<const uint16_t*>(w.blob->data()),
+                                                                g.cout, g.cin));
+        }
         const auto halves = weight_halves(ctx);
         return pointwise_kernel(kernels::shared_conv1x1(halves.data(), g.cout, g.cin));  // one copy across programs
     }

@@ -14,6 +14,7 @@ surfaces, so different forks may run in different threads at once.
 from __future__ import annotations
 
 import copy
+import inspect
 import threading
 import time
 import warnings
@@ -26,7 +27,7 @@ import numpy as np
 from orion._core import kernels
 from orion.errors import OrionError
 from orion.generation.defaults import GenerationDefaults
-from orion.generation.kv_cache import KVCache
+from orion.generation.kv_cache import KVCache, context_buckets
 from orion.generation.plan import (
     DecodePlan,
     PlanOptions,
@@ -247,10 +248,11 @@ class CausalLM(AdapterHost):
         """JSON-able identity of the model (type, config, weights hash) for the program-cache key."""
         raise NotImplementedError
 
-    def decode_graph(self, layers: range, adapters: Mapping[str, int] | None = None) -> Graph:
-        """Layers ``layers`` for one token. Inputs ``x`` [1, hidden, 1, 1], ``mask`` [1, 1, 1, context],
-        ``k<i>``/``v<i>`` [1, kv_heads * head_dim, 1, context]; outputs ``x`` and each layer's new
-        ``k<i>``/``v<i>`` [1, kv_heads * head_dim, 1, 1]."""
+    def decode_graph(self, layers: range, adapters: Mapping[str, int] | None = None,
+                     context: int | None = None) -> Graph:
+        """Layers ``layers`` for one token. Inputs ``x`` [1, hidden, 1, 1], ``mask`` [1, 1, 1, T],
+        ``k<i>``/``v<i>`` [1, kv_heads * head_dim, 1, T] (``T = context``, default the model's context);
+        outputs ``x`` and each layer's new ``k<i>``/``v<i>`` [1, kv_heads * head_dim, 1, 1]."""
         raise NotImplementedError
 
     def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None,
@@ -317,25 +319,36 @@ class CausalLM(AdapterHost):
         millions = f"{d.parameters / 1e6:.{0 if d.parameters >= 1e7 else 1}f}M"
         self.builder.begin(f"{self.display_name} ({millions} parameters, {d.n_layer} layers) "
                            f"on {backend()}", -(-d.n_layer // depth) + heads)
+        # A decode_graph hook without the ``context`` argument reads full-context caches: one bucket.
+        sized = "context" in inspect.signature(self.decode_graph).parameters
+        self._kv_buckets = context_buckets(d.kv_heads * d.head_dim, d.context, self.options.io_dtype) \
+            if sized else (d.context,)
+        self._compile_lock = threading.Lock()  # shared by forks: one compiles a new bucket (prefill, KV cache) at a time
         self.decode_plan: DecodePlan = build_decode_plan(
             self.builder, self.options, d.n_layer, sram_fusion_depth(d.n_layer, self.layer_weight_bytes()),
-            self._head_ranges, self.decode_graph, self.lm_head_graph, self.program_costs)
+            self._head_ranges, lambda r, t: self.decode_graph(r, context=t) if sized else self.decode_graph(r),
+            self.lm_head_graph, self.program_costs,
+            self._kv_buckets[0], self._compile_lock)
         self.builder.end()
         self.compile_seconds = time.perf_counter() - start
         self._prefill_plans: dict[tuple[int, bool, bool], PrefillPlan] = {}  # shared by forks
-        self._compile_lock = threading.Lock()  # shared by forks: one compiles a new prefill bucket at a time
         self._bind_cache()
 
     def _bind_cache(self) -> None:
         """A new KV cache and the surfaces of this object alone (a fork calls it too)."""
         d = self.dims
         self.cache = KVCache(d.n_layer, d.kv_heads, d.head_dim, d.context, self.options.io_dtype,
-                             self._adapter_surface_bytes())
-        self._layers, self._heads = self.decode_plan.bind(self.cache.surfaces)
+                             self._adapter_surface_bytes(), self._kv_buckets)
+        self._bind_decode()
         self._prefill_stages: dict[tuple[int, bool, bool], tuple[list[Stage], list[Stage]]] = {}
         self._forget_bound_variants()
-        self._write_adapter_inputs([self._layers])
         self._busy = threading.Lock()
+
+    def _bind_decode(self) -> None:
+        """The decode stages for the cache's current length (its layer programs compiled on first use)."""
+        self._layers, self._heads = self.decode_plan.bind(self.cache.surfaces, self.cache.bucket)
+        self._bound_bucket = self.cache.bucket
+        self._write_adapter_inputs([self._layers])
 
     def fork(self) -> CausalLM:
         """A model sharing this one's compiled programs with its own copy of the KV cache (and its
@@ -375,6 +388,9 @@ class CausalLM(AdapterHost):
                 raise ContextFull(f"the KV cache holds {pos} tokens, the context length is {cache.context}: "
                                   f"reset() or start a new prompt")
             self._check_ids([_token_id(token, "decode_step's token")])
+            if pos >= cache.bucket or self._bound_bucket != cache.bucket:  # the cache grows by buckets (kv_cache)
+                cache.reserve(pos + 1)
+                self._bind_decode()
             self._layers[0].input("x")[0, :, 0, 0] = self.embed([token], pos)[0]
             extra = self.position_inputs(range(pos, pos + 1))
             if extra:
@@ -578,7 +594,10 @@ class CausalLM(AdapterHost):
         it runs on the ANE). Returns the last piece's x ``[hidden, tokens]``."""
         cache = self.cache
         cache.clear()
-        for start, n, seq in self.options.prefill_pieces(len(ids)):
+        pieces = self.options.prefill_pieces(len(ids))
+        # Chunk programs read the cache at the full context's layout: a chunked prompt takes that bucket.
+        cache.reserve(self.dims.context if len(pieces) > 1 else len(ids))
+        for start, n, seq in pieces:
             past = start > 0
             with_head = on_chunk is not None and self.options.lm_head == "ane"
             stages, heads = self._prefill_bucket(seq, with_head, past)

@@ -6,14 +6,17 @@ program per vocabulary chunk: that is the number of dispatches per token. The de
 is the largest that keeps a program's weights inside ``SRAM_SHARE`` of the SRAM; when a compile
 fails at some depth, the plan falls back to shallower fusion (the hardware's fusion limit is not
 known). The residual stream ``x`` flows from each layer program to the next through one chain of
-surfaces; the KV cache surfaces are bound as the decode programs' ``k<i>``/``v<i>`` inputs.
+surfaces; the KV cache surfaces are bound as the decode programs' ``k<i>``/``v<i>`` inputs. The
+layer programs exist per KV-cache length (``kv_cache.context_buckets``): the shortest is built with
+the plan, a longer one the first time a cache grows to it (``DecodePlan.layers_at``).
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -94,29 +97,50 @@ def vocab_chunks(vocab_size: int, hidden: int, budget: int = SRAM_BYTES) -> list
 
 @dataclass
 class DecodePlan:
-    """The compiled decode programs and what one token costs."""
+    """The compiled decode programs and what one token costs. ``layers_by_context``: the layer
+    programs by the KV-cache length they read (those built so far); ``build_layers`` compiles them for
+    another length (with ``builder``)."""
 
     options: PlanOptions
     fusion_depth: int
     layer_ranges: list[range]
-    layer_programs: list[CompiledGraph]
     head_ranges: list[range]
     head_programs: list[CompiledGraph]  # empty when the LM head runs on the CPU
     programs: list[ProgramInfo]
+    builder: ProgramBuilder
+    build_layers: Callable[[int], list[CompiledGraph]]
+    layers_by_context: dict[int, list[CompiledGraph]] = field(default_factory=dict)
+    compile_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # the model's (forks share it)
 
     @property
     def dispatches_per_token(self) -> int:
-        return len(self.layer_programs) + len(self.head_programs)
+        return len(self.layer_ranges) + len(self.head_programs)
 
-    def bind(self, cache: Mapping[str, Surface]) -> tuple[list[Stage], list[Stage]]:
+    @property
+    def layer_programs(self) -> list[CompiledGraph]:
+        """The layer programs of the shortest KV-cache length built."""
+        return self.layers_by_context[min(self.layers_by_context)]
+
+    def layers_at(self, context: int) -> list[CompiledGraph]:
+        """The layer programs reading a KV cache of ``context`` positions, compiled on first use (forks
+        share the plan: one thread compiles, the others wait)."""
+        with self.compile_lock:
+            if context not in self.layers_by_context:
+                self.builder.begin(f"decode with a KV cache of {context} positions", len(self.layer_ranges))
+                self.layers_by_context[context] = self.build_layers(context)
+                self.builder.end()
+            return self.layers_by_context[context]
+
+    def bind(self, cache: Mapping[str, Surface], context: int) -> tuple[list[Stage], list[Stage]]:
         """Layer and LM-head stages bound to ``cache`` (KV cache and mask surfaces by graph name, all
-        of one size, which the residual-stream surfaces take too)."""
+        of one size, which the residual-stream surfaces take too) holding ``context`` positions."""
+        programs = self.layers_at(context)
         nbytes = cache["mask"].nbytes
-        first = self.layer_programs[0]
+        first = programs[0]
         x_spec = first.program.inputs[first.layout.inputs[0].mil_name]
-        x = [Surface(x_spec.shape, self.options.io_dtype, nbytes) for _ in range(len(self.layer_programs) + 1)]
+        x = [Surface(x_spec.shape, self.options.io_dtype, nbytes) for _ in range(len(programs) + 1)]
         layers = []
-        for i, (cg, r) in enumerate(zip(self.layer_programs, self.layer_ranges)):
+        for i, (cg, r) in enumerate(zip(programs, self.layer_ranges)):
             own = {"x": x[i], "out:x": x[i + 1], "mask": cache["mask"]}
             own.update({name: cache[name] for j in r for name in (f"k{j}", f"v{j}")})
             layers.append(Stage(cg, own))
@@ -160,13 +184,16 @@ def largest_surface(programs: list[CompiledGraph]) -> int:
 
 
 def build_decode_plan(builder: ProgramBuilder, options: PlanOptions, n_layer: int, default_depth: int,
-                      head_ranges: list[range], decode_graph: Callable[[range], Graph],
+                      head_ranges: list[range], decode_graph: Callable[[range, int], Graph],
                       lm_head_graph: Callable[[range, int], Graph],
-                      costs: Callable[[list[range], list[range], str], list[ProgramInfo]]) -> DecodePlan:
-    """Compiles the decode programs (falling back to shallower fusion when a compile fails)."""
+                      costs: Callable[[list[range], list[range], str], list[ProgramInfo]], context: int,
+                      compile_lock: threading.Lock) -> DecodePlan:
+    """Compiles the decode programs, the layers' for a KV cache of ``context`` positions (falling back to
+    shallower fusion when a compile fails); ``decode_graph(layers, context)``. ``compile_lock`` guards
+    the later compiles (of other cache lengths) that share the builder."""
 
     def build_depth(depth: int) -> list[CompiledGraph]:
-        return _decode_layers(builder, layer_ranges(n_layer, depth), depth, decode_graph)
+        return _decode_layers(builder, layer_ranges(n_layer, depth), depth, decode_graph, context)
 
     depth, layers = builder.with_fallback(options.fusion_depth or default_depth, build_depth)
     ranges = layer_ranges(n_layer, depth)
@@ -174,20 +201,29 @@ def build_decode_plan(builder: ProgramBuilder, options: PlanOptions, n_layer: in
     if options.lm_head == "ane":
         heads = [builder.build("lm_head", lambda r=r: lm_head_graph(r, 1), vocab=[r.start, r.stop], seq=1)
                  for r in head_ranges]
-    return DecodePlan(options, depth, ranges, layers, head_ranges, heads, costs(ranges, head_ranges, options.lm_head))
+    return DecodePlan(options, depth, ranges, head_ranges, heads, costs(ranges, head_ranges, options.lm_head),
+                      builder, _layer_builder(builder, ranges, depth, decode_graph), {context: layers}, compile_lock)
 
 
 def rebuild_decode_layers(builder: ProgramBuilder, base: DecodePlan,
-                          decode_graph: Callable[[range], Graph]) -> DecodePlan:
+                          decode_graph: Callable[[range, int], Graph]) -> DecodePlan:
     """``base`` with its layer programs built from ``decode_graph`` at the same fusion (a program variant of
-    the same layers, e.g. with LoRA inputs); the LM-head programs are ``base``'s own."""
-    return replace(base, layer_programs=_decode_layers(builder, base.layer_ranges, base.fusion_depth, decode_graph))
+    the same layers, e.g. with LoRA inputs), for ``base``'s shortest KV-cache length (others when first
+    used); the LM-head programs are ``base``'s own."""
+    build = _layer_builder(builder, base.layer_ranges, base.fusion_depth, decode_graph)
+    context = min(base.layers_by_context)
+    return replace(base, builder=builder, build_layers=build, layers_by_context={context: build(context)})
+
+
+def _layer_builder(builder: ProgramBuilder, ranges: list[range], depth: int,
+                   decode_graph: Callable[[range, int], Graph]) -> Callable[[int], list[CompiledGraph]]:
+    return lambda context: _decode_layers(builder, ranges, depth, decode_graph, context)
 
 
 def _decode_layers(builder: ProgramBuilder, ranges: list[range], depth: int,
-                   decode_graph: Callable[[range], Graph]) -> list[CompiledGraph]:
-    return [builder.build("decode", lambda r=r: decode_graph(r), max_layers=depth, layers=[r.start, r.stop])
-            for r in ranges]
+                   decode_graph: Callable[[range, int], Graph], context: int) -> list[CompiledGraph]:
+    return [builder.build("decode", lambda r=r: decode_graph(r, context), max_layers=depth,
+                          layers=[r.start, r.stop], context=context) for r in ranges]
 
 
 def build_prefill_plan(builder: ProgramBuilder, n_layer: int, depth: int, seq: int, head_ranges: list[range],

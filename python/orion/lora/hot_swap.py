@@ -181,7 +181,8 @@ class AdapterHost:
         base = self._lora_registry().variants[None]
         builder = ProgramBuilder({**base.builder.identity, "lora": ranks}, base.builder.io_dtype,
                                  base.builder.progress, base.builder.compile_options)
-        plan = rebuild_decode_layers(builder, base.decode_plan, lambda r: self.decode_graph(r, adapters=ranks))
+        plan = rebuild_decode_layers(builder, base.decode_plan,
+                                     lambda r, t: self.decode_graph(r, adapters=ranks, context=t))
         registry = self._lora_registry()
         registry.surface_bytes = max(registry.surface_bytes, largest_surface(plan.layer_programs))
         return _Variant(ranks, builder, plan, {})
@@ -192,14 +193,15 @@ class AdapterHost:
         if key == current:
             return
         bound = self.__dict__.setdefault("_lora_bound", {})
-        bound[current] = (self._layers, self._heads, self._prefill_stages)
+        bound[current] = (self._layers, self._heads, self._prefill_stages, self._bound_bucket)
         variant = self._lora_registry().variants[key]
         self.builder, self.decode_plan, self._prefill_plans = variant.builder, variant.decode_plan, variant.prefill_plans
         self.lora_sites = variant.sites
         if key in bound:
-            self._layers, self._heads, self._prefill_stages = bound.pop(key)
+            self._layers, self._heads, self._prefill_stages, self._bound_bucket = bound.pop(key)
         else:
-            self._layers, self._heads = self.decode_plan.bind(self.cache.surfaces)
+            self._layers, self._heads = self.decode_plan.bind(self.cache.surfaces, self.cache.bucket)
+            self._bound_bucket = self.cache.bucket
             self._prefill_stages = {}
 
     def _variant_prefill_graph(self: CausalLM, layers: range, seq: int, past: bool = False) -> Graph:

@@ -5,7 +5,10 @@ checkpoints, and the content hash that identifies a model's weights in the progr
 Loaded weights are not copied when the file stores them as F32 (the usual GPT-2 checkpoint):
 each array is a read-only view of the file's map, so only the pages something reads are in
 memory, and :meth:`WeightsSource.release_pages` drops them again after the programs are built.
-Other dtypes are converted to float32 arrays (also read-only). While a model's arrays are still
+Other dtypes are converted to float32 arrays (also read-only). Rows of a table looked up a few at a
+time (a token embedding) are read from the file (:func:`table_rows`), not through the map: a
+mapped page counts in the process's memory once touched, and this kernel maps a whole large folio
+(about 2 MiB) per touch, so a lookup of 1,000 tokens would make the whole table resident. While a model's arrays are still
 the loaded ones, the files' SHA-256, computed once per file version (``program_cache.file_digest``),
 stands for their bytes in the content hash: a warm start hashes no weights."""
 
@@ -14,17 +17,18 @@ from __future__ import annotations
 import hashlib
 import json
 import mmap
+import os
 import struct
 import sys
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from orion.errors import OrionError
-from orion.runtime.pages import release_pages
+from orion.runtime.pages import map_of, release_pages
 
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -38,11 +42,19 @@ class MappedSafetensors:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.file = path.open("rb")  # kept open: the file as mapped, even if its name is replaced later
-        weakref.finalize(self, self.file.close)  # closed with this object (no ResourceWarning at collection)
+        weakref.finalize(self, self.file.close)  # closed with this object (no ResourceWarning whenever it is collected)
         self.map = mmap.mmap(self.file.fileno(), 0, access=mmap.ACCESS_READ)
         (header_len,) = struct.unpack_from("<Q", self.map, 0)
         self.header = json.loads(self.map[8:8 + header_len])
         self.data_start = 8 + header_len
+        self.address = np.frombuffer(self.map, dtype=np.uint8, count=1).ctypes.data  # where the map starts
+
+    def offset_of(self, array: np.ndarray) -> int | None:
+        """The file offset of ``array``'s first byte when it is a C-contiguous view of this map, else None."""
+        start = array.ctypes.data - self.address
+        if not array.flags.c_contiguous or start < 0 or start + array.nbytes > len(self.map):
+            return None
+        return start if map_of(array) is self.map else None
 
     def float32(self, name: str) -> np.ndarray:
         """Tensor ``name`` as a read-only float32 array: a view of the map when stored as F32 (on a
@@ -88,6 +100,38 @@ class WeightsSource:
     def release_pages(self) -> None:
         """Drops the files' pages from this process's memory (they stay readable)."""
         release_pages(f.map for f in self.files)
+
+
+
+def table_rows(table: np.ndarray, ids: Sequence[int] | range, source: WeightsSource | None) -> np.ndarray:
+    """``table[ids]`` (a new float32 array ``[len(ids), width]``) of a 2-D float32 ``table``. When ``table``
+    is a view of one of ``source``'s file maps, each row (a ``range`` of rows at once) is read from the
+    file with ``os.preadv``, so no page of the map becomes resident; otherwise by indexing."""
+    if source is not None and table.ndim == 2 and table.dtype == np.float32:
+        for f in source.files:
+            offset = f.offset_of(table)
+            if offset is not None:
+                return _read_rows(f, offset, table.shape, ids)
+    return np.asarray(table[list(ids) if isinstance(ids, range) else ids], dtype=np.float32)
+
+
+def _read_rows(f: MappedSafetensors, offset: int, shape: tuple[int, ...], ids: Sequence[int] | range) -> np.ndarray:
+    """Rows ``ids`` of the ``shape`` float32 table stored at ``offset`` in ``f``'s file, read with ``preadv``."""
+    count, width = shape
+    row_bytes = width * 4
+    out = np.empty((len(ids), width), dtype=np.float32)
+    buffer = memoryview(out).cast("B")
+    if isinstance(ids, range) and ids.step == 1:  # one read of consecutive rows
+        runs = [(0, ids.start, len(ids))] if len(ids) else []
+    else:
+        runs = [(j, int(i), 1) for j, i in enumerate(ids)]
+    for at, first, n in runs:
+        if first < 0 or first + n > count:
+            raise IndexError(f"row {first if first < 0 else first + n - 1} is outside the table's {count} rows")
+        want = n * row_bytes
+        if os.preadv(f.file.fileno(), [buffer[at * row_bytes: at * row_bytes + want]], offset + first * row_bytes) != want:
+            raise OSError(f"{f.path}: short read of {n} row(s) at row {first} (was the file truncated?)")
+    return out
 
 
 def _encode(array: np.ndarray, dtype: str) -> bytes:

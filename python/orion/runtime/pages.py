@@ -13,7 +13,7 @@ import mmap
 from collections.abc import Iterable
 
 
-def _map_of(data: object) -> mmap.mmap | None:
+def map_of(data: object) -> mmap.mmap | None:
     """The read-only ``mmap`` behind ``data`` (a memoryview or numpy array of one), else None."""
     seen = 0
     while data is not None and seen < 16:
@@ -27,7 +27,7 @@ def _map_of(data: object) -> mmap.mmap | None:
 def release_pages(buffers: Iterable[object]) -> int:
     """Drops the resident pages of every distinct file map behind ``buffers`` (others are skipped);
     returns how many maps were advised. The bytes stay readable."""
-    maps = {id(m): m for m in map(_map_of, buffers) if m is not None and not m.closed}
+    maps = {id(m): m for m in map(map_of, buffers) if m is not None and not m.closed}
     for m in maps.values():
         m.madvise(mmap.MADV_DONTNEED)
     return len(maps)

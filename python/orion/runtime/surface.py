@@ -46,6 +46,18 @@ class Surface:
         """Writable view of the tensor, packed from offset 0 (no copy). Under the ane backend, bracket
         direct access with :meth:`cpu_access` (``write``/``read`` do it for you)."""
 
+    def view_as(self, shape: Sequence[int]) -> Surface:
+        """This surface's memory holding a tensor of another ``shape`` of the same dtype, packed from
+        offset 0 (e.g. a KV cache at a shorter length): the same native surface, so the same size."""
+        view = object.__new__(Surface)
+        view.shape, view.dtype, view.native = tuple(int(d) for d in shape), self.dtype, self.native
+        count = int(np.prod(view.shape, dtype=np.int64))
+        if count * self.array.itemsize > self.nbytes:
+            raise ValueError(f"a view as {self.dtype} {list(view.shape)} needs {count * self.array.itemsize} "
+                             f"bytes; the surface has {self.nbytes}")
+        view.array = np.frombuffer(self.native, dtype=self.array.dtype, count=count).reshape(view.shape)
+        return view
+
     @property
     def nbytes(self) -> int:
         """Allocated size in bytes (tensor plus padding)."""

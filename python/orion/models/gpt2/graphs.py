@@ -2,7 +2,7 @@
 
 Every tensor is ``[1, C, 1, S]``, channel-major. A decode graph sees one token (``S = 1``; the I/O
 padding pass gives its surfaces the lanes the ANE needs) and each layer's KV cache as
-``[1, C, 1, T]`` inputs (``T = n_positions``) with an additive mask ``[1, 1, 1, T]``: 0 for filled
+``[1, C, 1, T]`` inputs (``T``: the cache's length, at most ``n_positions``) with an additive mask ``[1, 1, 1, T]``: 0 for filled
 positions, -65504 for the rest. The new token's own key and value are merged into the attention
 inside the program, so a decode graph needs no cache write before it runs; it returns them so the
 caller stores them at the token's position. Node names follow Hugging Face's: ``h3_attn_qkv``.
@@ -72,10 +72,11 @@ def _layers(g: Graph, x: Node, config: GPT2Config, weights: GPT2Weights, layers:
 
 
 def decode_graph(config: GPT2Config, weights: GPT2Weights, layers: range, adapters: Sites | None = None,
-                 quant: str = "fp16") -> Graph:
-    """Layers ``layers`` for one token: inputs ``x``, ``mask``, ``k<i>``/``v<i>`` caches; outputs
-    ``x`` (the residual stream after the last layer) and each layer's new ``k<i>``/``v<i>``."""
-    c, t = config.n_embd, config.n_positions
+                 quant: str = "fp16", context: int | None = None) -> Graph:
+    """Layers ``layers`` for one token: inputs ``x``, ``mask``, ``k<i>``/``v<i>`` caches of ``context``
+    positions (default ``n_positions``); outputs ``x`` (the residual stream after the last layer) and
+    each layer's new ``k<i>``/``v<i>``."""
+    c, t = config.n_embd, context or config.n_positions
     g = Graph(f"gpt2_decode_{layers.start}_{layers.stop}")
     x = g.input("x", [1, c, 1, 1])
     mask = g.input("mask", [1, 1, 1, t])

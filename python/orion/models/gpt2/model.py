@@ -18,6 +18,7 @@ from orion.models.gpt2 import graphs
 from orion.models.gpt2.config import GPT2Config
 from orion.models.gpt2.costs import decode_program_costs, layer_params
 from orion.models.gpt2.weights import GPT2Weights, load_hf, random_weights
+from orion.models.weights_io import table_rows
 from orion.quant import compile_options, quant_identity, weight_bytes
 
 
@@ -74,8 +75,9 @@ class GPT2(CausalLM):
         return {"model_type": self.model_type, "config": self.config.to_hf_json(),
                 "weights": self.weights.content_hash(self.config), **quant_identity(self.quant)}
 
-    def decode_graph(self, layers: range, adapters: Mapping[str, int] | None = None) -> Graph:
-        return graphs.decode_graph(self.config, self.weights, layers, adapters, self.quant)
+    def decode_graph(self, layers: range, adapters: Mapping[str, int] | None = None,
+                     context: int | None = None) -> Graph:
+        return graphs.decode_graph(self.config, self.weights, layers, adapters, self.quant, context)
 
     def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None,
                       past: bool = False) -> Graph:
@@ -99,7 +101,8 @@ class GPT2(CausalLM):
         return graphs.lm_head_graph(self.config, self.weights, vocab, seq, self.quant)
 
     def embed(self, ids: list[int], start: int) -> np.ndarray:
-        return self.weights.wte[ids] + self.weights.wpe[start:start + len(ids)]
+        w = self.weights  # rows read from the checkpoint file, not through its map (weights_io.table_rows)
+        return table_rows(w.wte, ids, w.source) + table_rows(w.wpe, range(start, start + len(ids)), w.source)
 
     def cpu_logits(self, x: np.ndarray) -> np.ndarray:
         """Final LayerNorm and tied LM head in numpy float32."""

@@ -21,6 +21,7 @@ from orion.models.llama.config import ConfigError, LlamaConfig
 from orion.models.llama.costs import decode_program_costs
 from orion.models.llama.lora import lora_placements
 from orion.models.llama.weights import LlamaWeights, load_hf, load_llama2c, random_weights
+from orion.models.weights_io import table_rows
 from orion.quant import compile_options, quant_identity, weight_bytes
 
 DISPLAY_NAMES = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}
@@ -101,8 +102,10 @@ class Llama(CausalLM):
                 "context": self.dims.context,  # the decode programs' cache length
                 "weights": self.weights.content_hash(self.config), **quant_identity(self.quant)}
 
-    def decode_graph(self, layers: range, adapters: Mapping[str, int] | None = None) -> Graph:
-        return graphs.decode_graph(self.config, self.weights, layers, self.dims.context, adapters, self.quant)
+    def decode_graph(self, layers: range, adapters: Mapping[str, int] | None = None,
+                     context: int | None = None) -> Graph:
+        return graphs.decode_graph(self.config, self.weights, layers, context or self.dims.context, adapters,
+                                   self.quant)
 
     def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None,
                       past: bool = False) -> Graph:
@@ -119,7 +122,7 @@ class Llama(CausalLM):
         return graphs.lm_head_graph(self.config, self.weights, vocab, seq, self.quant)
 
     def embed(self, ids: list[int], start: int) -> np.ndarray:
-        return self.weights.embed[ids]
+        return table_rows(self.weights.embed, ids, self.weights.source)  # from the file, not its map (weights_io)
 
     def position_inputs(self, positions: range) -> dict[str, np.ndarray]:
         """The decode graph's ``rope`` input: cos then sin of each position (prefill graphs hold const tables)."""

@@ -1,0 +1,248 @@
+"""Memory sized to use: the KV cache grows by buckets (its surfaces' untouched positions are untouched
+pages) and decodes bit for bit as a full-context cache does; token embeddings are read from the
+checkpoint file, never through its map; programs run one after the other share small frames too, and
+the programs of a prefill bucket one causal mask.
+
+References: a model whose decode programs read full-context caches (the same weights: equal bits
+expected), the independent numpy GPT-2 (support.gpt2_reference, 3% of the largest logit as in
+test_gpt2_model.py) and numpy indexing of the same tables."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import orion
+from orion.compiler import CompiledGraph, lower_graph
+from orion.generation.kv_cache import MASKED, KVCache, context_buckets
+from orion.graph import Graph
+from orion.models import GPT2, GPT2Config
+from orion.models.gpt2.weights import load_hf, random_weights, save_hf
+from orion.models.weights_io import table_rows
+from support.gpt2_reference import reference_logits
+
+# 384 channels: a 64-position cache is a 48 KiB surface, the ANE's least (ANE-12), so three buckets.
+CONFIG = GPT2Config(n_layer=1, n_head=6, n_embd=384, vocab_size=512, n_positions=1024)
+PAGE = mmap.PAGESIZE
+
+
+class FullContextGPT2(GPT2):
+    """GPT-2 whose decode_graph hook takes no ``context``: its decode programs read full-context caches."""
+
+    def decode_graph(self, layers, adapters=None):
+        return super().decode_graph(layers, adapters)
+
+
+def resident_bytes(array: np.ndarray, nbytes: int) -> int:
+    """Bytes of the ``nbytes`` from ``array``'s (page-aligned) start that are in memory (mincore)."""
+    pages = -(-nbytes // PAGE)
+    vec = (ctypes.c_ubyte * pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.mincore(ctypes.c_void_p(array.ctypes.data), ctypes.c_size_t(nbytes), vec) == 0, ctypes.get_errno()
+    return PAGE * sum(v & 1 for v in vec)
+
+
+def test_the_cache_grows_by_buckets_and_decodes_as_a_full_context_cache_bit_for_bit() -> None:
+    weights = random_weights(CONFIG, seed=5)
+    sized, full = GPT2(CONFIG, weights, progress=False), FullContextGPT2(CONFIG, weights, progress=False)
+    assert sized.cache.buckets == (64, 256, 1024) and full.cache.buckets == (1024,)
+    ids = [int(t) for t in np.random.default_rng(1).integers(0, CONFIG.vocab_size, 70)]
+    np.testing.assert_array_equal(sized.prefill(ids[:60]), full.prefill(ids[:60]))
+    assert sized.cache.bucket == 64
+    for token in ids[60:]:  # through the growth from 64 to 256 positions
+        got = sized.decode_step(token)
+        np.testing.assert_array_equal(got, full.decode_step(token))
+    assert sized.cache.bucket == 256 and sized.cache.length == full.cache.length == 70
+    want = reference_logits(CONFIG, weights, ids)[-1]
+    np.testing.assert_allclose(got, want, rtol=0, atol=0.03 * float(np.abs(want).max()))
+    # Resident: the 256-position rows of the sized cache; every page of the full-context one.
+    width, row = CONFIG.n_embd, 2 * CONFIG.n_embd
+    k_sized, k_full = sized.cache.surfaces["k0"].array, full.cache.surfaces["k0"].array
+    assert resident_bytes(k_sized, row * 1024) <= width * 256 * 2 + PAGE
+    assert resident_bytes(k_full, row * 1024) == width * 1024 * 2
+    # A new prompt starts from the shortest bucket again; a fork takes the cache's bucket.
+    sized.prefill(ids[:5])
+    assert sized.cache.bucket == 64
+    twin = sized.fork()
+    np.testing.assert_array_equal(twin.decode_step(ids[5]), sized.decode_step(ids[5]))
+
+
+def test_growing_keeps_the_filled_positions_and_the_mask() -> None:
+    cache = KVCache(layers=2, kv_heads=12, head_dim=64, context=256, io_dtype="fp16", buckets=(32, 64, 256))
+    rng = np.random.default_rng(0)
+    filled = rng.standard_normal((768, 16)).astype(np.float16)
+    cache.reserve(16)
+    assert cache.bucket == 32
+    cache.keys[1][:, :16] = filled
+    cache.mask[:16] = 0
+    cache.length = 16
+    cache.reserve(33)  # past the bucket: rows move to the 64-position layout
+    assert cache.bucket == 64 and cache.keys[1].shape == (768, 64) and cache.surfaces["k1"].shape == (1, 768, 1, 64)
+    np.testing.assert_array_equal(cache.keys[1][:, :16], filled)
+    np.testing.assert_array_equal(cache.mask, np.r_[np.zeros(16), np.full(48, MASKED)].astype(np.float16))
+    cache.reserve(40)  # fits: nothing moves
+    assert cache.bucket == 64
+    twin = KVCache(layers=2, kv_heads=12, head_dim=64, context=256, io_dtype="fp16", buckets=(32, 64, 256))
+    twin.copy_from(cache)
+    assert twin.bucket == 64 and twin.length == 16
+    np.testing.assert_array_equal(twin.keys[1][:, :16], filled)
+    cache.clear()
+    cache.reserve(3)  # empty: back to the shortest
+    assert cache.bucket == 32 and np.all(cache.mask == np.float16(MASKED))
+    assert len({s.nbytes for s in cache.surfaces.values()}) == 1  # one size at every bucket (ANE-13)
+    with pytest.raises(ValueError, match="context is 256"):
+        cache.reserve(257)
+
+
+def test_buckets_keep_the_positions_on_the_lane_axis() -> None:
+    assert context_buckets(768, 1024, "fp16") == (64, 256, 1024)
+    assert context_buckets(64, 1024, "fp16") == (1024,)  # 64 x 256 fp16 is under the ANE's least surface
+    assert context_buckets(384, 100, "fp16") == (64, 100)
+
+
+def map_resident_bytes(path: Path) -> int:
+    """Resident bytes of this process's maps of ``path`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1]) * 1024
+    return total
+
+
+def test_embeddings_are_read_from_the_file_not_through_its_map(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path / "cache"))
+    config = GPT2Config(n_layer=1, n_head=4, n_embd=64, vocab_size=8192, n_positions=128)
+    save_hf(tmp_path / "hf", config, random_weights(config, seed=2))
+    model = GPT2.from_pretrained(tmp_path / "hf", progress=False)
+    ids = [int(t) for t in np.random.default_rng(3).integers(0, config.vocab_size, 100)]
+    model.prefill(ids)
+    for token in ids[:8]:
+        model.decode_step(token)
+    assert map_resident_bytes(tmp_path / "hf" / "model.safetensors") < 64 << 10  # the table is 2 MiB
+    _, weights = load_hf(tmp_path / "hf")
+    wte, source = weights.wte, weights.source
+    np.testing.assert_array_equal(table_rows(wte, ids, source), np.asarray(wte)[ids])
+    np.testing.assert_array_equal(table_rows(weights.wpe, range(3, 40), source), np.asarray(weights.wpe)[3:40])
+    np.testing.assert_array_equal(table_rows(wte, [7], None), np.asarray(wte)[[7]])  # no file: indexing
+    with pytest.raises(IndexError, match="outside the table's 8192 rows"):
+        table_rows(wte, [8192], source)
+
+
+SMALL_FRAMES = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import orion
+    sys.path.insert(0, sys.argv[1])
+    from support.handmil import const, op, program, ttype
+
+    C, S, N = 64, 256, 48  # 16,384-element (64 KiB fp32) intermediates, as a short prompt's; N programs
+    act = ttype("fp16", [1, C, 1, S])
+
+    def text(i):
+        return program({"x": act}, [const("a", "fp16", 0.5 + i / 64), op("m", act, "mul", x="x", y="a"),
+                                    op("t", act, "tanh", x="m"), op("s", act, "sigmoid", x="t"),
+                                    op("out", act, "tanh", x="s")], ["out"])
+
+    def rss():
+        return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
+
+    programs = [orion.compile(text(i)) for i in range(N)]
+    ins, outs = programs[0].allocate_surfaces()
+    x = np.random.default_rng(0).standard_normal((1, C, 1, S)).astype(np.float16)
+    ins["x"].write(x)
+    programs[0].evaluate(ins, outs)  # surfaces and the pool's first buffers
+    base = rss()
+    for p in programs[1:]:
+        p.evaluate(ins, outs)
+    grown = rss() - base
+    a = np.float64(np.float16(0.5 + (N - 1) / 64))
+    f16 = lambda v: v.astype(np.float16).astype(np.float64)
+    ref = f16(np.tanh(f16(1 / (1 + np.exp(-f16(np.tanh(f16(x.astype(np.float64) * a))))))))
+    print(json.dumps({"grown": grown, "worst": float(np.max(np.abs(outs["out"].read().astype(np.float64) - ref)))}))
+""")
+
+
+def test_programs_share_the_frames_of_small_intermediates() -> None:
+    """Intermediates of 16 Ki elements (a 16-token prefill's [768, 16] or a decode's padded I/O) are
+    pooled too: 47 more programs with three 64 KiB intermediates each add about nothing (unpooled they
+    would hold 9 MiB); the result matches numpy rounded like the ANE (fp16 per op)."""
+    out = subprocess.run([sys.executable, "-c", SMALL_FRAMES, str(Path(__file__).resolve().parent)],
+                         capture_output=True, text=True, timeout=300, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["worst"] <= 2e-3, result  # fp16 rounding of values below 1 in magnitude
+    assert result["grown"] < 2 << 20, result  # 47 x 3 x 64 KiB = 8.8 MiB when each program keeps its own
+
+
+def attention_program(seq: int, scale: float) -> tuple[CompiledGraph, CompiledGraph]:
+    """GPT-2's causal attention over ``seq`` tokens (the fused chain, its mask a BLOBFILE const), and the
+    same MIL with the softmax returned too, which keeps it unfused: the five ops' own kernels."""
+    g = Graph("attn")
+    q, k, v = (g.mul(g.input(n, [1, 64, 1, seq]), scale, name=f"{n}_scaled") for n in "qkv")
+    g.output(g.attention(q, k, v, 2, causal=True, name="core"), "y")
+    lowered = lower_graph(g)
+    probs = re.search(r"(\w+) = softmax", lowered.mil).group(1)
+    returned = re.search(r"\} -> \((.*)\);", lowered.mil).group(1)
+    unfused = lowered.mil.replace(f"}} -> ({returned});", f"}} -> ({returned}, {probs});")
+    return (CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights)),
+            CompiledGraph(lowered, orion.compile(unfused, lowered.weights, profile="permissive")))
+
+
+def test_programs_baking_one_causal_mask_hold_it_once() -> None:
+    """Four prefill-like programs with the same [256, 256] mask each compute what the unfused ops do,
+    fused, falling back (scores over the exactness bound) and fused again, against float64 too."""
+    pairs = [attention_program(256, 1.0 + i / 8) for i in range(4)]
+    rng = np.random.default_rng(4)
+    for amplitude in (1.0, 60.0, 1.0):  # 60: the fused kernel declines, the chain's own kernels run
+        xs = {n: (rng.standard_normal((1, 64, 1, 256)) * amplitude).astype(np.float16) for n in "qkv"}
+        for fused, unfused in pairs:
+            np.testing.assert_array_equal(fused(**xs)["y"], unfused(**xs)["y"])
+    q, k, v = (xs[n].astype(np.float64).reshape(2, 32, 256) for n in "qkv")
+    s = np.where(np.triu(np.ones((256, 256), bool), 1), -np.inf, np.einsum("bdi,bdj->bij", q, k) / np.sqrt(32))
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = np.einsum("bdj,bij->bdi", v, p / p.sum(-1, keepdims=True)).reshape(1, 64, 1, 256)
+    got = pairs[0][0](**xs)["y"].astype(np.float64)
+    np.testing.assert_allclose(got, want, atol=2e-2 * np.abs(want).max())  # fp16 rounding per op
+
+
+HELD_MASKS = textwrap.dedent("""
+    import json, sys
+    import orion
+    from orion import _core
+    from orion.compiler import lower_graph
+    from orion.graph import Graph
+
+    def rss():
+        return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
+
+    g = Graph("attn")
+    q, k, v = (g.input(n, [1, 64, 1, 1024]) for n in "qkv")
+    g.output(g.attention(q, k, v, 2, causal=True, name="core"), "y")
+    lowered = lower_graph(g)
+    first = orion.compile(lowered.mil, lowered.weights)
+    base, held = rss(), _core.kernels.shared_consts()
+    more = [orion.compile(lowered.mil, lowered.weights) for _ in range(7)]
+    print(json.dumps({"held": held, "after": _core.kernels.shared_consts(), "grown": rss() - base}))
+    del first, more
+    print(json.dumps({"freed": _core.kernels.shared_consts()}))
+""")
+
+
+def test_the_mask_is_held_once_per_process() -> None:
+    """Eight programs baking one [1024, 1024] causal mask hold a single 4 MiB fp32 copy (a GPT-2
+    1024-token bucket held twelve: 48 MiB), freed with the last program (in a fresh interpreter)."""
+    out = subprocess.run([sys.executable, "-c", HELD_MASKS], capture_output=True, text=True, timeout=300, check=True)
+    first, second = (json.loads(line) for line in out.stdout.strip().splitlines()[-2:])
+    assert first["held"] == first["after"] == [1, 1024 * 1024 * 4], first
+    assert first["grown"] < 8 << 20, first  # seven more copies would be 28 MiB
+    assert second["freed"] == [0, 0], second

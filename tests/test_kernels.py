@@ -259,6 +259,8 @@ def test_int8_weights_fp16_exact_detects_inexact_products():
 @pytest.mark.parametrize("pow2", [False, True], ids=["4-bit scales", "power-of-two scales"])
 @pytest.mark.parametrize("cout,cin", [(1, 1), (5, 7), (16, 40), (33, 129), (100, 300), (768, 768), (48, 3072)])
 def test_conv1x1_i8_matches_float64_and_the_fp16_kernel_bit_for_bit(cout, cin, pow2):
+    if "ORION_SIMD" in os.environ and cout * cin > 300_000:
+        pytest.skip("a narrower path's run: the 48 x 3072 case covers the same tiles at a third of the cost")
     q, scale = int8_weight(cout, cin, pow2=pow2)
     w64 = q.astype(np.float64) * scale[:, None]
     halves = w64.astype(np.float16)

@@ -89,7 +89,7 @@ def programs(draw) -> Program:
     return p
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_parse_of_emit_is_identity(data: st.DataObject) -> None:
     p = data.draw(programs())

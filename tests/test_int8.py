@@ -12,6 +12,10 @@ measured ~1-2% here).
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -157,6 +161,32 @@ def test_int8_conv_equals_the_fp16_program_of_its_dequantized_weight_bit_for_bit
     np.testing.assert_array_equal(got, fp16)
     ref = quant.quantize_int8(w).dequantized() @ x[0, :, 0, :].astype(np.float64)  # float64
     np.testing.assert_allclose(got[0, :, 0, :].astype(np.float64), ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
+
+
+COMPILE_PEAK = textwrap.dedent("""
+    import sys
+    import numpy as np
+    sys.path.insert(0, sys.argv[1])
+    from test_int8 import int8_linear_graph
+    from orion import compiler
+
+    def status(key):
+        return int(open("/proc/self/status").read().split(key + ":")[1].split()[0]) << 10
+
+    lowered = compiler.lower_graph(int8_linear_graph(np.random.default_rng(0).standard_normal((2048, 2048)) * 0.05))
+    open("/proc/self/clear_refs", "w").write("5")  # VmHWM := VmRSS
+    before = status("VmRSS")
+    compiler.compile_lowered(lowered, profile="permissive")
+    print(status("VmHWM") - before)
+""")
+
+
+def test_compiling_int8_weights_never_dequantizes_them() -> None:
+    """The int8 conv reads its weight quantized: compiling it holds the 4 MiB of int8 and its 4 MiB packed
+    copy, never the dequantized values (16 MiB of fp32, 32 of float64 in a folded constant)."""
+    out = subprocess.run([sys.executable, "-c", COMPILE_PEAK, str(Path(__file__).parent)], capture_output=True,
+                         text=True, timeout=120, check=True)
+    assert int(out.stdout.split()[-1]) < 14 << 20, out.stdout
 
 
 def handwritten_conv(weight_lines: list[str], cin: int, cout: int, s: int) -> str:

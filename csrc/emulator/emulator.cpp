@@ -330,7 +330,7 @@ private:
     // Evaluates every op whose operands are all constants once, now (const_fold.h): its result
     // becomes a constant and the op leaves the program, up to kMaxFoldedElements computed per
     // program. Views (a reshape of a const) stay views: they cost nothing. Returned values stay ops
-    // (their frame slot is stored at every evaluate).
+    // (their frame slot is stored at every evaluate), and so do quantized weights (kept int8).
     void fold_constants() {
         std::set<int> returned;
         for (const auto& spec : outputs_) returned.insert(model_.ids_.at(spec.name));
@@ -338,7 +338,8 @@ private:
         int64_t computed = 0;
         for (auto& step : model_.steps_) {
             ValueInfo& out = values()[static_cast<size_t>(step.out)];
-            if (out.slot != step.out || returned.count(step.out) ||
+            // A constexpr_affine_dequantize output stays quantized (ValueInfo::affine): conv reads int8.
+            if (out.slot != step.out || returned.count(step.out) || out.affine ||
                 !foldable(values(), step.arg_ids, step.tuple_ids, out.type) ||
                 computed + out.type.element_count() > kMaxFoldedElements) {
                 kept.push_back(std::move(step));

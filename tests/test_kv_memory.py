@@ -140,7 +140,7 @@ def test_embeddings_are_read_from_the_file_not_through_its_map(tmp_path, monkeyp
 
 
 SMALL_FRAMES = textwrap.dedent("""
-    import json, sys
+    import ctypes, json, sys
     import numpy as np
     import orion
     sys.path.insert(0, sys.argv[1])
@@ -155,8 +155,8 @@ SMALL_FRAMES = textwrap.dedent("""
                                     op("out", act, "tanh", x="s")], ["out"])
 
     def rss():
-        # Heap memory freed by the builds (the folded mask's intermediates) goes back first: glibc keeps
-        # freed blocks mapped at will, and this counts what the programs hold.
+        # Heap memory freed by the builds goes back first: glibc keeps freed blocks mapped at will,
+        # and this counts what the programs hold.
         ctypes.CDLL(None).malloc_trim(0)
         return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
 

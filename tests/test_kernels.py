@@ -421,15 +421,27 @@ def test_process_exit_and_fork_do_not_hang():
     assert done.returncode == 0 and "done" in done.stdout, done.stderr
 
 
+@pytest.fixture(scope="module")
+def narrower_runs() -> dict[str, subprocess.Popen]:
+    """This file's tests under each narrower SIMD path, one subprocess per path, run at the same time."""
+    paths = ["portable"] + (["avx2"] if kernels.simd_path() == "avx512f+f16c+fma" else [])
+    runs = {path: subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   env={**os.environ, "ORION_SIMD": path, "ORION_NUM_THREADS": "3"})
+            for path in paths}
+    yield runs
+    for run in runs.values():
+        run.kill()
+        run.wait()
+
+
 @pytest.mark.skipif("ORION_SIMD" in os.environ, reason="this is a narrower path's run")
 @pytest.mark.parametrize("path", ["portable", "avx2"])
-def test_narrower_path_in_subprocess(path: str):
-    if path == "avx2" and kernels.simd_path() != "avx512f+f16c+fma":
+def test_narrower_path_in_subprocess(path: str, narrower_runs: dict[str, subprocess.Popen]):
+    if path not in narrower_runs:
         pytest.skip("the default path is already AVX2 or portable")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
-                          capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "ORION_SIMD": path, "ORION_NUM_THREADS": "3"})
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    output, _ = narrower_runs[path].communicate(timeout=900)
+    assert narrower_runs[path].returncode == 0, output[-6000:]
 
 
 def test_tanh_is_accurate_far_below_fp16_rounding() -> None:

@@ -7,7 +7,6 @@ also returned (an intermediate something else reads is never fused); both are co
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import textwrap
@@ -15,10 +14,9 @@ import textwrap
 import numpy as np
 import pytest
 
-import orion
-from orion.compiler import CompiledGraph, lower_graph
 from orion.graph import Graph
 from orion.runtime import profile
+from support.attention import twins
 
 FUSED = "attention (causal, fused)"
 
@@ -39,16 +37,6 @@ def llama_attention(seq: int, groups: int, d: int) -> Graph:
     probs = g.softmax(g.add(g.matmul(q, k, transpose_x=True), mask), axis=-1)
     g.output(g.reshape(g.matmul(v, probs, transpose_y=True), [1, groups * d, 1, seq]), "y")
     return g
-
-
-def twins(graph: Graph) -> tuple[CompiledGraph, CompiledGraph]:
-    """The compiled graph, and its unfused twin (the softmax output returned too, outside the layout)."""
-    lowered = lower_graph(graph)
-    probs = re.search(r"(\w+) = softmax", lowered.mil).group(1)
-    returned = re.search(r"\} -> \((.*)\);", lowered.mil).group(1)
-    unfused = lowered.mil.replace(f"}} -> ({returned});", f"}} -> ({returned}, {probs});")
-    return (CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights)),
-            CompiledGraph(lowered, orion.compile(unfused, lowered.weights, profile="permissive")))
 
 
 def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:

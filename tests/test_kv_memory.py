@@ -21,13 +21,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import orion
-from orion.compiler import CompiledGraph, lower_graph
+from orion.compiler import CompiledGraph
 from orion.generation.kv_cache import MASKED, KVCache, context_buckets
 from orion.graph import Graph
 from orion.models import GPT2, GPT2Config
 from orion.models.gpt2.weights import load_hf, random_weights, save_hf
 from orion.models.weights_io import table_rows
+from support.attention import twins
 from support.gpt2_reference import reference_logits
 
 # 384 channels: a 64-position cache is a 48 KiB surface, the ANE's least (ANE-12), so three buckets.
@@ -188,17 +188,11 @@ def test_programs_share_the_frames_of_small_intermediates() -> None:
 
 
 def attention_program(seq: int, scale: float) -> tuple[CompiledGraph, CompiledGraph]:
-    """GPT-2's causal attention over ``seq`` tokens (the fused chain, its mask a BLOBFILE const), and the
-    same MIL with the softmax returned too, which keeps it unfused: the five ops' own kernels."""
+    """GPT-2's causal attention over ``seq`` tokens (the fused chain, its mask a const) and its unfused twin."""
     g = Graph("attn")
     q, k, v = (g.mul(g.input(n, [1, 64, 1, seq]), scale, name=f"{n}_scaled") for n in "qkv")
     g.output(g.attention(q, k, v, 2, causal=True, name="core"), "y")
-    lowered = lower_graph(g)
-    probs = re.search(r"(\w+) = softmax", lowered.mil).group(1)
-    returned = re.search(r"\} -> \((.*)\);", lowered.mil).group(1)
-    unfused = lowered.mil.replace(f"}} -> ({returned});", f"}} -> ({returned}, {probs});")
-    return (CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights)),
-            CompiledGraph(lowered, orion.compile(unfused, lowered.weights, profile="permissive")))
+    return twins(g)
 
 
 def test_programs_baking_one_causal_mask_hold_it_once() -> None:

@@ -141,6 +141,20 @@ py::array_t<int32_t> parallel_for_probe(int64_t n, int64_t grain, int64_t fail_a
     return out;
 }
 
+// A float32 array of `a_obj`'s shape filled by fn(src, dst, n) from its data (numpy `dtype`, C order),
+// with the GIL released.
+template <typename Src, typename Fn>
+py::array_t<float> map_to_float32(const py::object& a_obj, const char* dtype, Fn fn) {
+    const py::array a = c_contiguous(checked_array(a_obj, "a", dtype, -1));
+    py::array_t<float> out(std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim()));
+    const auto n = static_cast<size_t>(a.size());
+    const auto* src = static_cast<const Src*>(a.data());
+    float* dst = out.mutable_data();
+    py::gil_scoped_release release;
+    fn(src, dst, n);
+    return out;
+}
+
 }  // namespace
 
 void bind_kernels(py::module_& m) {
@@ -148,46 +162,20 @@ void bind_kernels(py::module_& m) {
 
     k.def(
         "round_fp16",
-        [](const py::object& a_obj) {
-            const py::array a = c_contiguous(checked_array(a_obj, "a", "float32", -1));
-            py::array_t<float> out(std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim()));
-            const auto n = static_cast<size_t>(a.size());
-            float* data = out.mutable_data();
-            std::memcpy(data, a.data(), n * sizeof(float));
-            py::gil_scoped_release release;
-            kern::round_fp16(data, n);
-            return out;
+        [](const py::object& a) {
+            return map_to_float32<float>(a, "float32", [](const float* src, float* dst, size_t n) {
+                std::memcpy(dst, src, n * sizeof(float));
+                kern::round_fp16(dst, n);
+            });
         },
         py::arg("a"), "A float32 copy of `a` rounded to the nearest fp16 (ties to even, overflow to inf).");
-
     k.def(
-        "half_to_float",
-        [](const py::object& a_obj) {
-            const py::array a = c_contiguous(checked_array(a_obj, "a", "float16", -1));
-            py::array_t<float> out(std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim()));
-            const auto n = static_cast<size_t>(a.size());
-            const auto* src = static_cast<const uint16_t*>(a.data());
-            float* dst = out.mutable_data();
-            py::gil_scoped_release release;
-            kern::half_to_float(src, dst, n);
-            return out;
-        },
+        "half_to_float", [](const py::object& a) { return map_to_float32<uint16_t>(a, "float16", kern::half_to_float); },
         py::arg("a"), "A float32 copy of a float16 array: exact, with the CPU's conversion instructions where it "
                       "has them (numpy's astype converts in software, about 25x slower).");
-
     k.def(
-        "tanh",
-        [](const py::object& a_obj) {
-            const py::array a = c_contiguous(checked_array(a_obj, "a", "float32", -1));
-            py::array_t<float> out(std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim()));
-            const auto n = static_cast<size_t>(a.size());
-            const float* src = static_cast<const float*>(a.data());
-            float* dst = out.mutable_data();
-            py::gil_scoped_release release;
-            kern::tanh(src, dst, n);
-            return out;
-        },
-        py::arg("a"), "tanh of a float32 array, as the emulator's tanh op computes it (before fp16 rounding).");
+        "tanh", [](const py::object& a) { return map_to_float32<float>(a, "float32", kern::tanh); }, py::arg("a"),
+        "tanh of a float32 array, as the emulator's tanh op computes it (before fp16 rounding).");
 
     k.def(
         "softmax",

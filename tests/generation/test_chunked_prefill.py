@@ -54,21 +54,17 @@ def llama_pair() -> tuple[Llama, Llama]:
             Llama(LLAMA_CONFIG, weights, progress=False))
 
 
-@pytest.mark.parametrize("length", LENGTHS)
-def test_gpt2_chunks_match_the_reference_and_the_unchunked_run(gpt2_pair, length) -> None:
-    chunked, whole = gpt2_pair
-    ids = prompt(GPT2_CONFIG.vocab_size, length)
-    got = chunked.logits(ids)
-    within(got, gpt2_reference(GPT2_CONFIG, chunked.weights, ids), 0.03)
-    within(got, whole.logits(ids), SAME)
+MODELS = {"gpt2_pair": (GPT2_CONFIG, gpt2_reference, 0.03), "llama_pair": (LLAMA_CONFIG, llama_reference, 0.02)}
 
 
 @pytest.mark.parametrize("length", LENGTHS)
-def test_llama_chunks_match_the_reference_and_the_unchunked_run(llama_pair, length) -> None:
-    chunked, whole = llama_pair
-    ids = prompt(LLAMA_CONFIG.vocab_size, length)
+@pytest.mark.parametrize("pair", list(MODELS))
+def test_chunks_match_the_reference_and_the_unchunked_run(pair, length, request) -> None:
+    config, reference, tolerance = MODELS[pair]
+    chunked, whole = request.getfixturevalue(pair)
+    ids = prompt(config.vocab_size, length)
     got = chunked.logits(ids)
-    within(got, llama_reference(LLAMA_CONFIG, chunked.weights, ids), 0.02)
+    within(got, reference(config, chunked.weights, ids), tolerance)
     within(got, whole.logits(ids), SAME)
 
 

@@ -1,0 +1,20 @@
+"""Fused-attention test twins: a graph's compiled program and the same MIL kept unfused."""
+
+from __future__ import annotations
+
+import re
+
+import orion
+from orion.compiler import CompiledGraph, lower_graph
+from orion.graph import Graph
+
+
+def twins(graph: Graph) -> tuple[CompiledGraph, CompiledGraph]:
+    """The compiled graph, and its unfused twin (the softmax output returned too, outside the layout):
+    the chain's own five ops, which the fused causal attention must equal bit for bit."""
+    lowered = lower_graph(graph)
+    probs = re.search(r"(\w+) = softmax", lowered.mil).group(1)
+    returned = re.search(r"\} -> \((.*)\);", lowered.mil).group(1)
+    unfused = lowered.mil.replace(f"}} -> ({returned});", f"}} -> ({returned}, {probs});")
+    return (CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights)),
+            CompiledGraph(lowered, orion.compile(unfused, lowered.weights, profile="permissive")))

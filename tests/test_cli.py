@@ -101,7 +101,7 @@ def test_demo_runs_and_checks_itself() -> None:
     assert "OK" in out.stdout and "GFLOP/s" in out.stdout
 
 
-@pytest.mark.parametrize("args, status, message", [
+BAD_COMMAND_LINES = [
     (("orion", "generate", "--model", "{missing}", "--prompt", "hi"), 1, "no such directory"),
     (("orion", "generate", "--model", "{dir}", "--prompt", "hi", "--temperature", "-1"), 1, "temperature=-1"),
     (("orion", "generate", "--model", "{dir}", "--prompt", "hi", "--max-new-tokens", "-2"), 2, "-2 is below 0"),
@@ -115,15 +115,33 @@ def test_demo_runs_and_checks_itself() -> None:
     (("orion.bench", "decode", "--random", "nope"), 2, "invalid choice: 'nope'"),
     (("orion.bench", "decode", "--model", "{dir}", "--fusion-depth", "two"), 2, "'two' is not an integer"),
     (("orion", "generate", "--model", "{dir}", "--prompt", "hi", "--prompt-file", "x"), 2, "not allowed with"),
-])
-def test_bad_command_lines_explain_without_a_traceback(model_dir, tmp_path, args, status, message) -> None:
-    unknown = tmp_path / "unknown"
+]
+
+
+@pytest.fixture(scope="module")
+def bad_command_runs(model_dir, tmp_path_factory) -> list[subprocess.Popen]:
+    """Every BAD_COMMAND_LINES case started at once, each in its own process (they are interpreter starts)."""
+    tmp = tmp_path_factory.mktemp("bad_lines")
+    unknown = tmp / "unknown"
     unknown.mkdir()
     (unknown / "config.json").write_text(json.dumps({"model_type": "mamba"}))
-    paths = {"missing": str(tmp_path / "missing"), "dir": str(model_dir), "unknown": str(unknown)}
-    out = run(*(a.format(**paths) for a in args))
-    assert (out.returncode, "Traceback" in out.stderr) == (status, False), out.stderr
-    assert message in out.stderr
+    paths = {"missing": str(tmp / "missing"), "dir": str(model_dir), "unknown": str(unknown)}
+    env = {**os.environ, "ORION_CACHE_DIR": "off"}
+    runs = [subprocess.Popen([sys.executable, "-m", *(a.format(**paths) for a in args)], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for args, _, _ in BAD_COMMAND_LINES]
+    yield runs
+    for process in runs:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.parametrize("case", range(len(BAD_COMMAND_LINES)), ids=[c[2] for c in BAD_COMMAND_LINES])
+def test_bad_command_lines_explain_without_a_traceback(bad_command_runs, case) -> None:
+    _, status, message = BAD_COMMAND_LINES[case]
+    _, stderr = bad_command_runs[case].communicate(timeout=300)
+    assert (bad_command_runs[case].returncode, "Traceback" in stderr) == (status, False), stderr
+    assert message in stderr
 
 
 def test_doctor_reports_an_unusable_cache_dir_and_an_unwritable_report(tmp_path) -> None:

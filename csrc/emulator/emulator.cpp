@@ -108,12 +108,12 @@ void store_output(const Tensor& t, uint8_t* dst) {
 // A float output whose data is its first `block` elements repeated (find_replicated_outputs): the
 // block stored once, then copied in the surface's dtype.
 void store_replicated(const Tensor& t, int64_t block, uint8_t* dst) {
-    const size_t bytes = static_cast<size_t>(block) * (t.dtype == mil::DType::fp16 ? 2 : 4);
+    const size_t element = t.dtype == mil::DType::fp16 ? 2 : 4, bytes = static_cast<size_t>(block) * element;
     if (t.dtype == mil::DType::fp16)
         kernels::float_to_half(t.data.data(), reinterpret_cast<uint16_t*>(dst), static_cast<size_t>(block));
     else
         std::memcpy(dst, t.data.data(), bytes);
-    for (int64_t at = block; at < t.size(); at += block) std::memcpy(dst + static_cast<size_t>(at) * (bytes / block), dst, bytes);
+    for (int64_t at = block; at < t.size(); at += block) std::memcpy(dst + static_cast<size_t>(at) * element, dst, bytes);
 }
 
 // The compile-time state of a program: one ValueInfo per variable, and per op the ids its
@@ -395,13 +395,13 @@ private:
             OpContext ctx(*step.op, step.typed, values(), step.arg_ids, step.tuple_ids, step.out, /*plan_only=*/false);
             built[i] = step.build(ctx);
         }
+        const std::map<const ProgramModel::Step*, ReplicatedOutput> replicated = find_replicated_outputs(readers, chains, runs);
         output_blocks_.assign(outputs_.size(), 0);
-        for (const auto& [step, block] : find_replicated_outputs(readers, chains, runs)) {
-            for (size_t i = 0; i < order.size(); ++i)
-                if (order[i] == step) built[i].kernel = replicated_block_kernel(*step, block);
-            for (size_t k = 0; k < outputs_.size(); ++k)
-                if (model_.ids_.at(outputs_[k].name) == step->out) output_blocks_[k] = block;
-        }
+        for (size_t i = 0; i < order.size(); ++i)
+            if (const auto r = replicated.find(order[i]); r != replicated.end()) {
+                built[i].kernel = replicated_block_kernel(*order[i], r->second);
+                output_blocks_[r->second.output] = r->second.block;
+            }
         std::map<const ProgramModel::Step*, Kernel> group_parts;  // a fused group's own kernels, until its last
         for (size_t i = 0; i < order.size(); ++i) {
             const ProgramModel::Step& step = *order[i];
@@ -661,22 +661,31 @@ private:
         return true;
     }
 
-    // Program outputs that are an add of an all-(+0) const and a value repeated along the output's
-    // leading axes (the I/O padding's [1, k, 1, C*S] outputs: the value in every row), by their step,
-    // with the repeated block's element count. Their kernel computes one block and the store copies
-    // it, in the surface's dtype, into the other rows: the same bytes for a k-th of the work.
-    std::map<const ProgramModel::Step*, int64_t> find_replicated_outputs(
+    // An output the I/O padding writes as add(all-+0 const, value repeated along the output's leading
+    // axes): which output, the repeated block's element count and the value repeated.
+    struct ReplicatedOutput {
+        size_t output;
+        int64_t block;
+        int source;
+    };
+
+    // Such outputs ([1, k, 1, C*S], the value in every row), by their step. Their kernel computes one
+    // block and the store copies it, in the surface's dtype, into the other rows: the same bytes for a
+    // k-th of the work.
+    std::map<const ProgramModel::Step*, ReplicatedOutput> find_replicated_outputs(
         const std::vector<int>& readers, const std::map<const ProgramModel::Step*, AttentionChain>& chains,
         const std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>>& runs) const {
-        std::map<const ProgramModel::Step*, int64_t> found;
-        for (const auto& spec : outputs_) {
-            const int id = model_.ids_.at(spec.name);
-            const ProgramModel::Step* step = nullptr;
-            for (const auto& s : model_.steps_)
-                if (s.out == id) step = &s;
-            if (!step || step->op->op != "add" || step->arg_ids.size() != 2 || chains.count(step) || runs.count(step) ||
-                readers[static_cast<size_t>(id)] != 2 ||
-                (spec.type.dtype != mil::DType::fp16 && spec.type.dtype != mil::DType::fp32))
+        std::map<int, const ProgramModel::Step*> producer;
+        for (const auto& step : model_.steps_) producer[step.out] = &step;
+        std::map<const ProgramModel::Step*, ReplicatedOutput> found;
+        for (size_t k = 0; k < outputs_.size(); ++k) {
+            const int id = model_.ids_.at(outputs_[k].name);
+            const auto made = producer.find(id);
+            const mil::DType dtype = outputs_[k].type.dtype;
+            if (made == producer.end()) continue;
+            const ProgramModel::Step* step = made->second;
+            if (step->op->op != "add" || step->arg_ids.size() != 2 || chains.count(step) || runs.count(step) ||
+                readers[static_cast<size_t>(id)] != 2 || (dtype != mil::DType::fp16 && dtype != mil::DType::fp32))
                 continue;
             const Shape& out = step->op->type.shape;
             for (int z = 0; z < 2; ++z) {
@@ -690,7 +699,7 @@ private:
                 while (lead < o.size() && o[lead] == 1) ++lead;
                 if (!std::equal(o.begin() + static_cast<std::ptrdiff_t>(lead), o.end(), out.begin() + static_cast<std::ptrdiff_t>(lead)))
                     continue;
-                found[step] = block;
+                found[step] = {k, block, other};
                 break;
             }
         }
@@ -705,13 +714,13 @@ private:
                            [](double d) { return d == 0.0 && !std::signbit(d); });
     }
 
-    // The first `block` elements of an output found by find_replicated_outputs: x + 0 as add computes
-    // it (so -0 becomes +0), rounded to the output's dtype; the store replicates them.
-    Kernel replicated_block_kernel(const ProgramModel::Step& step, int64_t block) const {
-        const int z = all_positive_zero(values_at_id(step.arg_ids[0]), step.op->type.shape) ? 0 : 1;
-        const int from = values_at_id(step.arg_ids[static_cast<size_t>(1 - z)]).slot;
-        const int o = values_at_id(step.out).slot;
+    // The first block of a replicated output: source + 0 as add computes it (so -0 becomes +0), rounded
+    // to the output's dtype; the store replicates it.
+    Kernel replicated_block_kernel(const ProgramModel::Step& step, const ReplicatedOutput& r) const {
+        const int from = model_.values_[static_cast<size_t>(r.source)].slot;
+        const int o = model_.values_[static_cast<size_t>(step.out)].slot;
         const bool round = step.op->type.dtype == mil::DType::fp16;
+        const int64_t block = r.block;
         return [=](Frame& fr) {
             const float* a = fr.values[from].data.data();
             Tensor& out = fr.values[o];
@@ -721,8 +730,6 @@ private:
             if (round) kernels::round_fp16(c, static_cast<size_t>(block));
         };
     }
-
-    const ValueInfo& values_at_id(int id) const { return model_.values_[static_cast<size_t>(id)]; }
 
     // How many steps read each value (a program output counts as a reader outside every group).
     std::vector<int> reader_counts() const {

@@ -1,9 +1,9 @@
 """Llama graphs compiled with orion.compile_graph (fp16 in the emulator) against the numpy reference.
 
 Tolerances (fp16 compute, rounded after every op): layer outputs, keys and values agree to 1% of the
-reference's largest magnitude; LM-head logits to 1% of the largest logit; RMSNorm to 0.5% of its
-largest output. The test weights are 10x llama2.c's init (so every parameter matters and activations
-reach RMS ~10) with non-unit norm gains.
+reference's largest magnitude; LM-head logits to 1% of the largest logit (RMSNorm past fp16's overflow:
+tests/test_norm_overflow.py). The test weights are 10x llama2.c's init (so every parameter matters and
+activations reach RMS ~10) with non-unit norm gains.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import pytest
 
 import orion
 from orion.generation.kv_cache import MASKED
-from orion.graph import Graph
 from orion.models.llama import graphs
 from orion.models.llama.config import LlamaConfig
 from orion.models.llama.weights import random_weights, to_rope_convention
@@ -25,7 +24,6 @@ from support.llama_reference import (
     layer_forward,
     reference_greedy,
     reference_logits,
-    rms_norm,
 )
 
 SEQ, CONTEXT = 16, 32
@@ -66,32 +64,6 @@ def model(request):
 
 def _hidden(config: LlamaConfig, n: int, seed: int) -> np.ndarray:
     return (np.random.default_rng(seed).standard_normal((n, config.dim)) * 3).astype(np.float32)
-
-
-# -- RMSNorm ---------------------------------------------------------------------------------------
-
-def _norm_graph(c: int, s: int, gain: np.ndarray, naive: bool) -> orion.CompiledGraph:
-    g = Graph("rms_naive" if naive else "rms_safe")
-    x = g.input("x", [1, c, 1, s])
-    y = g.rms_norm(x, gain, 1e-5) if naive else graphs.rms_norm(g, x, gain, 1e-5, "norm")
-    g.output(y, "y")
-    return orion.compile_graph(g)
-
-
-def test_naive_rms_norm_overflows_in_fp16_and_the_shipped_one_holds() -> None:
-    c, s = 768, 32
-    rng = np.random.default_rng(0)
-    gain = rng.uniform(0.5, 1.5, c).astype(np.float32)
-    # lanes with RMS 20 (past fp16's limit for a sum of 768 squares), up to 60000, and tiny ones
-    scale = np.concatenate([np.full(16, 20.0), np.geomspace(1e-4, 6e4 / 4, 16)])
-    x = (rng.standard_normal((c, s)) * scale).clip(-6e4, 6e4).astype(np.float16).astype(np.float32)
-    want = rms_norm(x.T.astype(np.float64), gain, 1e-5).T
-    naive = _norm_graph(c, s, gain, naive=True)(x=x[None, :, None, :])["y"][0, :, 0, :]
-    safe = _norm_graph(c, s, gain, naive=False)(x=x[None, :, None, :])["y"][0, :, 0, :]
-    assert np.all(naive[:, :16] == 0)  # sum(x^2) = inf, rstd = 0: the naive form silently returns 0
-    np.testing.assert_allclose(safe, want, rtol=0, atol=0.005 * float(np.abs(want).max()))
-    for lane in range(s):  # every lane, whatever its magnitude, to 0.5% of its own scale
-        np.testing.assert_allclose(safe[:, lane], want[:, lane], rtol=0, atol=0.005 * float(np.abs(want[:, lane]).max()))
 
 
 # -- layers ----------------------------------------------------------------------------------------

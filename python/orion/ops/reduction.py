@@ -96,17 +96,46 @@ def _infer_norm(name: str, op: str, xs: list[Node], attrs: dict[str, Any]) -> tu
     return x.shape, x.dtype
 
 
+NORM_FLOOR = 2.0 ** -14  # added to max|x| before dividing by it: fp16's smallest normal, keeps 1/s finite
+
+Apply = Callable[[str, list["Node"], dict, str], "Node"]  # (op, inputs, attrs, part) -> a new node
+Const = Callable[[str, float], "Node"]  # (part, value) -> a new scalar const
+
+
+def stable_norm(apply: Apply, const: Const, x: Node, eps: float, center: bool) -> tuple[Node, Node, Node]:
+    """LayerNorm's or RMSNorm's normalized ``x`` over the channels of ``[1, C, 1, S]``, exact for any fp16 input:
+    ``(x_hat, rstd_y, inv)`` with ``x_hat = (x - [mean]) / sqrt(var + eps)`` and the rstd of ``x`` equal to
+    ``rstd_y * inv``.
+
+    With s = max|x| + 2^-14 and y = x / s (so |y| <= 1 and every sum below is at most 4C),
+    x_hat = (y - mean(y)) / sqrt(var(y) + eps / s^2). The naive form squares x first, and sum(x^2)
+    overflows fp16 once RMS(x) > sqrt(65504 / C) (9.2 at C = 768; a trained model's residual stream passes
+    that within a few layers), which turns the norm's output to 0. eps / s^2 is formed as (sqrt(eps) / s)^2,
+    which stays finite for s >= 2^-14. ``apply``/``const`` build nodes in a graph or a legalizer."""
+    c = x.shape[1]
+    top = apply("reduce_max", [x], {"axis": 1}, "top")
+    bottom = apply("reduce_max", [apply("mul", [x, const("neg_y", -1.0)], {}, "neg")], {"axis": 1}, "bottom")
+    over = apply("relu", [apply("sub", [bottom, top], {}, "gap")], {}, "over")
+    peak = apply("add", [top, over], {}, "peak")
+    inv = apply("pow", [apply("add", [peak, const("floor", NORM_FLOOR)], {}, "scale"), const("inv_y", -1.0)], {},
+                "inv")
+    y = apply("mul", [x, inv], {}, "unit")
+    if center:
+        mean = apply("mul", [apply("reduce_sum", [y], {"axis": 1}, "sum"), const("mean_y", 1.0 / c)], {}, "mean")
+        y = apply("sub", [y, mean], {}, "centered")
+    sq_sum = apply("reduce_sum", [apply("mul", [y, y], {}, "sq")], {"axis": 1}, "sqsum")
+    mean_sq = apply("mul", [sq_sum, const("meansq_y", 1.0 / c)], {}, "meansq")
+    root_eps = apply("mul", [inv, const("root_eps_y", math.sqrt(eps))], {}, "root_eps")
+    scaled_eps = apply("mul", [root_eps, root_eps], {}, "eps")
+    rstd = apply("pow", [apply("add", [mean_sq, scaled_eps], {}, "var"), const("rsqrt_y", -0.5)], {}, "rstd")
+    return apply("mul", [y, rstd], {}, "normed"), rstd, inv
+
+
 def _legalize_norm(L: Legalizer, n: Node, center: bool) -> Node:
     x = L.get(n.inputs[0])
     c = x.shape[1]
-    if center:
-        mean = L.mul_scalar(L.op("reduce_sum", [x], {"axis": 1}, part="sum"), 1.0 / c, "mean")
-        x = L.op("sub", [x, mean], part="centered")
-    sq = L.op("mul", [x, x], part="sq")
-    var = L.mul_scalar(L.op("reduce_sum", [sq], {"axis": 1}, part="sqsum"), 1.0 / c, "var")
-    inv = L.op("pow", [L.op("add", [var, L.const("eps", n.attrs["eps"])], part="vareps"), L.const("rsqrt_y", -0.5)],
-               part="rstd")
-    normed = L.op("mul", [x, inv], part="normed")
+    normed, _, _ = stable_norm(lambda op, xs, attrs, part: L.op(op, xs, attrs, part=part), L.const, x,
+                               n.attrs["eps"], center)
     gamma, *beta = (L.const_as(p, (1, c, 1, 1)) if p.is_const else L.get(p) for p in n.inputs[1:])
     if not center:
         return L.op("mul", [normed, gamma])
@@ -134,21 +163,21 @@ def _norm_param(ctx: GradContext, p: Node) -> Node:
 def _grad_norm(ctx: GradContext, n: Node, dy: Node, center: bool) -> Grads:
     """Direct rule, for any gamma: with x_hat = (x - mean) * r and r = (mean((x - mean)^2) + eps)^-1/2,
     dx = r * (gy - mean(gy) - x_hat * mean(gy * x_hat)) with gy = gamma * dy (no centring terms for RMSNorm);
-    dgamma = sum over S of dy * x_hat, dbeta = sum over S of dy."""
+    dgamma = sum over S of dy * x_hat, dbeta = sum over S of dy. x_hat and r are recomputed by
+    :func:`stable_norm`, so the backward overflows no more than the forward."""
     g, x = ctx.g, n.inputs[0]
     c = x.shape[1]
 
     def mean(t: Node) -> Node:
         return ctx.scale(g.reduce_sum(t, 1), 1.0 / c)
 
-    xc = g.sub(x, mean(x)) if center else x
-    r = g.pow(g.add(mean(g.mul(xc, xc)), n.attrs["eps"]), -0.5)
-    x_hat = g.mul(xc, r)
+    x_hat, rstd_y, inv = stable_norm(lambda op, xs, attrs, part: g.apply(op, xs, attrs),
+                                     lambda part, value: g.const(f"{n.name}_{part}", value), x, n.attrs["eps"], center)
     grads: Grads = [None] * len(n.inputs)
     if ctx.needs(0):
         gy = g.mul(dy, _norm_param(ctx, n.inputs[1]))
         inner = g.sub(gy, g.mul(x_hat, mean(g.mul(gy, x_hat))))
-        grads[0] = g.mul(r, g.sub(inner, mean(gy)) if center else inner)
+        grads[0] = g.mul(g.mul(rstd_y, inv), g.sub(inner, mean(gy)) if center else inner)
     if ctx.needs(1):
         grads[1] = g.reduce_sum(g.mul(dy, x_hat), 3)
     if center and ctx.needs(2):

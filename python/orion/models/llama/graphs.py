@@ -40,31 +40,6 @@ from orion.models.llama.config import ConfigError, LlamaConfig
 from orion.models.llama.weights import LayerWeights, LlamaWeights
 from orion.ops import graph_causal_mask
 
-RMS_FLOOR = 2.0 ** -14  # added to max|x| before dividing by it: fp16's smallest normal, keeps 1/s finite
-
-
-def rms_norm(g: Graph, x: Node, gain: np.ndarray, eps: float, name: str) -> Node:
-    """RMSNorm over the channels of ``[1, C, 1, S]`` that is exact for any fp16 input.
-
-    With s = max|x| + 2^-14 and y = x / s (so |y| <= 1 and sum(y^2) <= C):
-    x / sqrt(mean(x^2) + eps) = y / sqrt(mean(y^2) + eps / s^2). The naive form squares x first,
-    and sum(x^2) overflows fp16 once RMS(x) > sqrt(65504 / C) (9.2 at C = 768), giving 0.
-    eps / s^2 is formed as (sqrt(eps) / s)^2, which stays finite for s >= 2^-14.
-    """
-    c = x.shape[1]
-    top = g.reduce_max(x, axis=1, name=f"{name}_top")
-    bottom = g.reduce_max(g.neg(x, name=f"{name}_neg"), axis=1, name=f"{name}_bottom")
-    peak = g.add(top, g.relu(g.sub(bottom, top, name=f"{name}_gap"), name=f"{name}_over"), name=f"{name}_peak")
-    inv = g.pow(g.add(peak, RMS_FLOOR, name=f"{name}_scale"), -1.0, name=f"{name}_inv")
-    y = g.mul(x, inv, name=f"{name}_unit")
-    mean_sq = g.mul(g.reduce_sum(g.mul(y, y, name=f"{name}_sq"), axis=1, name=f"{name}_sqsum"), 1.0 / c,
-                    name=f"{name}_meansq")
-    root_eps = g.mul(inv, math.sqrt(eps), name=f"{name}_root_eps")
-    scaled_eps = g.mul(root_eps, root_eps, name=f"{name}_eps")
-    rstd = g.pow(g.add(mean_sq, scaled_eps, name=f"{name}_var"), -0.5, name=f"{name}_rstd")
-    normed = g.mul(y, rstd, name=f"{name}_normed")
-    return g.mul(normed, gain.reshape(1, c, 1, 1), name=name)
-
 
 def _check_span(config: LlamaConfig, length: int, what: str) -> None:
     if not 0 < length <= config.max_position_embeddings:
@@ -144,7 +119,7 @@ def qkv_order(config: LlamaConfig) -> np.ndarray:
 def _qkv(g: Graph, x: Node, config: LlamaConfig, layer: LayerWeights, site: str,
          adapters: Sites | None, quant: str) -> tuple[list[Node], Node, Node]:
     """Fused projection: the query groups (each ``[1, kv_dim, 1, S]``), then keys and values."""
-    h = rms_norm(g, x, layer.attn_norm, config.rms_norm_eps, "attn_norm")
+    h = g.rms_norm(x, layer.attn_norm, config.rms_norm_eps, name="attn_norm")
     order = qkv_order(config)
     weight = np.concatenate([layer.wq[order], layer.wk, layer.wv])
     bias = None if layer.bq is None else np.concatenate([layer.bq[order], layer.bk, layer.bv])
@@ -166,7 +141,7 @@ def _out_proj(g: Graph, x: Node, contexts: list[Node], config: LlamaConfig, laye
 def _mlp(g: Graph, x: Node, config: LlamaConfig, layer: LayerWeights, sites: dict[str, str],
          adapters: Sites | None, quant: str) -> Node:
     """SwiGLU: x + W_down(silu(W_gate h) * W_up h) with h = RMSNorm(x) and silu(a) = a * sigmoid(a)."""
-    h = rms_norm(g, x, layer.mlp_norm, config.rms_norm_eps, "mlp_norm")
+    h = g.rms_norm(x, layer.mlp_norm, config.rms_norm_eps, name="mlp_norm")
     gate_up = adapted(g, linear(g, h, np.concatenate([layer.w_gate, layer.w_up]), None, quant, "gate_up"), [h],
                       sites["mlp.gate_proj"], adapters)
     gate, up = g.split(gate_up, [config.hidden_dim, config.hidden_dim], axis=1, name="gate_up")
@@ -287,6 +262,6 @@ def lm_head_graph(config: LlamaConfig, weights: LlamaWeights, vocab: range, seq:
                           f"{config.vocab_size})")
     g = Graph(f"llama_lm_head_{vocab.start}_{vocab.stop}_s{seq}")
     x = g.input("x", [1, config.dim, 1, seq])
-    h = rms_norm(g, x, weights.norm, config.rms_norm_eps, "final_norm")
+    h = g.rms_norm(x, weights.norm, config.rms_norm_eps, name="final_norm")
     g.output(linear(g, h, weights.classifier[vocab.start:vocab.stop], None, quant, "lm_head"), "logits")
     return g

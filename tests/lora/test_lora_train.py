@@ -166,7 +166,7 @@ def test_lora_steps_follow_peft_keep_the_base_and_load_back_in_peft(kind: str, t
     base_dir = _base_dir(kind, tmp_path / "base")
     spec = LoraSpec(r=4, alpha=8.0, targets=ALL_TARGETS[kind])
     trainer = Trainer(base_dir, tokens, tmp_path / "run", steps=30, seq=SEQ, batch=2, lr=1e-2, eval_every=30,
-                      checkpoint_every=30, quiet=True, prefer="ane", lora=spec, seed=3)
+                      checkpoint_every=30, quiet=True, prefer="ane", lora=spec, seed=3, from_scratch=True)
     base_before = {k: v.copy() for k, v in trainer.model.base_params.items()}
     want = _torch_lora_losses(kind, trainer, base_dir)
     got = [r["loss"] for r in trainer.train()]

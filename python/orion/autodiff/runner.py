@@ -129,17 +129,9 @@ class GradientRunner:
                        loss_scale: float = 1.0) -> tuple[float, dict[str, np.ndarray]]:
         """Mean cross-entropy of predicting ``targets`` from ``ids`` and its fp32 gradient for every trained
         parameter (baked weights hold the values of the last :meth:`update`, or of construction)."""
-        ids, targets = np.asarray(ids), np.asarray(targets)
-        if ids.shape != (self.seq,) or targets.shape != (self.seq,):
-            raise EvaluateError(f"loss_and_grads: ids {ids.shape} and targets {targets.shape}, expected ({self.seq},) "
-                                f"each. Fix: pass {self.seq} token ids and {self.seq} targets")
+        ids, targets = self._check_window("loss_and_grads", ids, targets)
         m = self.model
-        x = m.embed(params, ids).astype(np.float32)
-        layer_inputs = []
-        for i in range(m.n_layers):
-            arrays = {"x": cpu.to_channels(x), **m.layer_inputs(params, i)}
-            layer_inputs.append(arrays)
-            x = _finite(cpu.from_channels(self._forward(i, arrays)["y"]), f"layer {i} output")
+        x, layer_inputs = self._layers_forward(params, ids)
         loss, dx, grads = m.head(params, x, targets)
         shapes = m.layer_shapes()
         for i in reversed(range(m.n_layers)):
@@ -154,6 +146,31 @@ class GradientRunner:
         for name, g in m.embed_backward(params, ids, dx).items():
             grads[name] = grads[name] + g if name in grads else g
         return loss, grads
+
+
+    def loss(self, params: dict[str, np.ndarray], ids: np.ndarray, targets: np.ndarray) -> float:
+        """The mean cross-entropy of :meth:`loss_and_grads`, by the forward programs alone (validation)."""
+        ids, targets = self._check_window("loss", ids, targets)
+        return self.model.head(params, self._layers_forward(params, ids)[0], targets)[0]
+
+    def _check_window(self, caller: str, ids: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ids, targets = np.asarray(ids), np.asarray(targets)
+        if ids.shape != (self.seq,) or targets.shape != (self.seq,):
+            raise EvaluateError(f"{caller}: ids {ids.shape} and targets {targets.shape}, expected ({self.seq},) "
+                                f"each. Fix: pass {self.seq} token ids and {self.seq} targets")
+        return ids, targets
+
+    def _layers_forward(self, params: dict[str, np.ndarray], ids: np.ndarray
+                        ) -> tuple[np.ndarray, list[dict[str, np.ndarray]]]:
+        """The last layer's output ``[S, C]`` and each layer's program inputs (kept for its gradient program)."""
+        m = self.model
+        x = m.embed(params, ids).astype(np.float32)
+        layer_inputs = []
+        for i in range(m.n_layers):
+            arrays = {"x": cpu.to_channels(x), **m.layer_inputs(params, i)}
+            layer_inputs.append(arrays)
+            x = _finite(cpu.from_channels(self._forward(i, arrays)["y"]), f"layer {i} output")
+        return x, layer_inputs
 
 
 def planned_compiles(plan: Plan, model: TrainableModel, weights: str = "inputs", baked: Collection[str] | None = None,

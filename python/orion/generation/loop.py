@@ -338,7 +338,7 @@ class CausalLM(AdapterHost):
         """A new KV cache and the surfaces of this object alone (a fork calls it too)."""
         d = self.dims
         self.cache = KVCache(d.n_layer, d.kv_heads, d.head_dim, d.context, self.options.io_dtype,
-                             self._adapter_surface_bytes(), self._kv_buckets)
+                             max(self._adapter_surface_bytes(), self.decode_plan.residual_bytes), self._kv_buckets)
         self._bind_decode()
         self._prefill_stages: dict[tuple[int, bool, bool], tuple[list[Stage], list[Stage]]] = {}
         self._forget_bound_variants()

@@ -25,6 +25,7 @@ from orion.errors import OrionError
 from orion.graph import Graph
 from orion.limits import MIN_LANES, MIN_SURFACE_BYTES, SRAM_BYTES
 from orion.runtime.builder import ProgramBuilder
+from orion.runtime.dtypes import numpy_dtype
 from orion.runtime.stage import Stage
 from orion.runtime.surface import Surface
 
@@ -120,6 +121,14 @@ class DecodePlan:
     def layer_programs(self) -> list[CompiledGraph]:
         """The layer programs of the shortest KV-cache length built."""
         return self.layers_by_context[min(self.layers_by_context)]
+
+    @property
+    def residual_bytes(self) -> int:
+        """The size of the residual-stream surfaces the layer programs read and write (padded, ANE-12): the KV
+        surfaces, which :meth:`bind` gives them the size of, must be at least this large (ANE-13)."""
+        first = self.layer_programs[0]
+        spec = first.program.inputs[first.layout.inputs[0].mil_name]
+        return int(np.prod(spec.shape)) * numpy_dtype(self.options.io_dtype).itemsize
 
     def layers_at(self, context: int) -> list[CompiledGraph]:
         """The layer programs reading a KV cache of ``context`` positions, compiled on first use (forks

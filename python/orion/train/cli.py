@@ -63,6 +63,9 @@ def parser() -> argparse.ArgumentParser:
                    help="fine-tune LoRA adapters only (targets: q,k,v,o,gate,up,down or PEFT module names such as "
                    "c_attn, c_proj, c_fc; on GPT-2 q/k/v all mean c_attn); writes RUN_DIR/adapter (PEFT format)")
     p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in --out")
+    p.add_argument("--from-scratch", action="store_true",
+                   help="train a model directory whose weights are meant to be untrained (without it, a fine-tune "
+                        "whose base validation loss is above log(vocabulary size) stops before the first step)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     return p
 
@@ -82,7 +85,8 @@ def _train(args: argparse.Namespace) -> int:
                          lora=args.lora)
     out = Path(args.out)
     data = _stdlib_data(args.model, out, args.data_bytes, args.quiet) if args.data == STDLIB else args.data
-    trainer = Trainer(args.model, data, out, config, resume=args.resume, quiet=args.quiet, exec_restart=True)
+    trainer = Trainer(args.model, data, out, config, resume=args.resume, quiet=args.quiet, exec_restart=True,
+                      from_scratch=args.from_scratch)
     records = trainer.train()
     summary = loss_summary(records)
     vals = [r["val_loss"] for r in read_log(trainer.log_path) if r.get("event") == "eval"]

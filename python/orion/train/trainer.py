@@ -164,6 +164,14 @@ def _load_model(model: str | os.PathLike | GPT2Config | LlamaConfig, seed: int
     return trainable, params, {"config": _config_dict(config), "origin": origin}
 
 
+def _is_model_directory(model: str | os.PathLike | GPT2Config | LlamaConfig) -> bool:
+    """True for a Hugging Face model directory (pretrained weights), not a shape, config or trainer checkpoint."""
+    if isinstance(model, (GPT2Config, LlamaConfig)) or (isinstance(model, str) and model in SHAPES):
+        return False
+    path = Path(model)
+    return path.is_dir() and _checkpoint_manifest(path) is None
+
+
 def _checkpoint_manifest(path: Path) -> Path | None:
     """The checkpoint ``path`` names: a ``ckpt-*.json``, or the newest valid one of a run or checkpoints
     directory (None: ``path`` is none of these)."""
@@ -224,7 +232,8 @@ class Trainer:
 
     def __init__(self, model: str | os.PathLike | GPT2Config | LlamaConfig, data: Dataset | str | os.PathLike,
                  out_dir: str | os.PathLike, config: TrainConfig | None = None, *, resume: bool = False,
-                 quiet: bool = False, exec_restart: bool = False, **overrides: Any) -> None:
+                 quiet: bool = False, exec_restart: bool = False, from_scratch: bool = False,
+                 **overrides: Any) -> None:
         try:
             self.config = dataclasses.replace(config or TrainConfig(), **overrides)
         except TypeError as exc:
@@ -232,6 +241,8 @@ class Trainer:
                              f"({', '.join(f.name for f in dataclasses.fields(TrainConfig))})") from None
         cfg = self.config
         self.model, self.params, model_description = load_model(model, cfg.seed)
+        # a fine-tune of pretrained weights (a model directory) must start from a sane loss; shapes start at random
+        self.check_base = not from_scratch and _is_model_directory(model)
         if cfg.lora is not None:  # the base becomes frozen; the parameters are the adapters alone
             self.model = LoraTrainable(self.model, self.params, cfg.lora, modules_of(self.model, cfg.lora.targets))
             self.params = self.model.init_params(cfg.seed)
@@ -271,8 +282,8 @@ class Trainer:
         self._start()
         started, first_step = time.perf_counter(), self.step
         try:
-            if cfg.lora is not None and self.step == 0:  # B = 0: the base model's validation loss
-                self._write({"event": "eval", "step": 0, "val_loss": self.validation_loss()})
+            if self.step == 0 and (cfg.lora is not None or self.check_base):  # LoRA's B = 0: the base's loss
+                self._base_loss(self.validation_loss())
             while self.step < cfg.steps:
                 record = self.train_step()
                 if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
@@ -363,10 +374,27 @@ class Trainer:
         losses = []
         for inputs, targets in eval_batches(self.data.val, self.config.seq, 1, self.config.eval_batches):
             try:
-                losses.append(runner.loss_and_grads(self.params, inputs[0], targets[0], loss_scale=1.0)[0])
+                losses.append(runner.loss(self.params, inputs[0], targets[0]))
             except NonFiniteGradient:
                 return None
         return float(np.mean(losses))
+
+    def _base_loss(self, loss: float | None) -> None:
+        """Logs and shows the base model's validation loss before the first step. Above log(vocabulary size),
+        the loss of guessing uniformly, no pretrained model is: its weights or the data's tokens are wrong, and
+        a fine-tune of a model directory stops there (``from_scratch=True`` / ``--from-scratch`` says it is meant)."""
+        self._write({"event": "eval", "step": 0, "val_loss": loss})
+        uniform = float(np.log(self.model.vocab_size))
+        shown = "overflowed fp16" if loss is None else f"{loss:.4f} (perplexity {np.exp(min(loss, 700.0)):.4g})"
+        if not self.quiet:
+            print(f"base model: validation loss {shown} over {self.config.eval_batches} windows of {self.config.seq} "
+                  f"tokens; uniform guessing gives {uniform:.4f}", file=sys.stderr)
+        if self.check_base and (loss is None or loss > uniform):
+            raise TrainError(f"the base model's validation loss {shown} is above log(vocabulary size) = {uniform:.4f}, "
+                             "the loss of guessing uniformly; a pretrained model never starts there. Its weights or the "
+                             "data are wrong: check that the data was prepared with this model's tokenizer. Fix: "
+                             "re-prepare the data with --tokenizer MODEL_DIR/tokenizer.json, or pass from_scratch=True "
+                             "(--from-scratch) if the weights are meant to be untrained")
 
     # -- compilation, checkpoints and resume -----------------------------------------------------------
 

@@ -8,13 +8,12 @@ import os
 import re
 import sys
 
+import pexpect
 import pytest
 
 from orion import models
 from orion.models import GPT2Config
 from support.text_fixtures import write_model_dir
-
-pexpect = pytest.importorskip("pexpect")
 
 CHAT_TEMPLATE = ("{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + eos_token }}{% endfor %}"
                  "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")

@@ -14,8 +14,6 @@ from orion import models
 from orion.generation.structured import Grammar, GrammarProcessor, StructuredOutputError
 from support.text_fixtures import write_model_dir
 
-pytest.importorskip("llguidance")
-
 SCHEMA = {
     "type": "object",
     "properties": {

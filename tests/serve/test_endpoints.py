@@ -3,6 +3,7 @@ in Prometheus' text format, its counters against the usage the responses reporte
 
 from __future__ import annotations
 
+import json
 import re
 
 import httpx
@@ -48,13 +49,16 @@ def test_detokenize(base_url, hf_tokenizer) -> None:
     ("/tokenize", {"content": "a", "prompt": "b"}, "content", "exactly one"),
     ("/tokenize", {}, "content", "exactly one"),
     ("/tokenize", {"text": "a"}, "text", "unknown field"),
+    ("/tokenize", {"content": "a\ud800b"}, "content", "lone surrogate"),
+    ("/tokenize", {"prompt": "\udfff"}, "prompt", "lone surrogate"),
     ("/tokenize", {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "one of"),
     ("/detokenize", {"tokens": [1, "a"]}, "tokens", "token ids"),
     ("/detokenize", {"tokens": [10**9]}, "tokens", "outside the vocabulary"),
     ("/detokenize", {"tokens": [1], "model": "other"}, "model", "does not exist"),
 ])
 def test_tokenize_errors(base_url, path, body, param, says) -> None:
-    response = post(base_url, path, body)
+    raw = json.dumps(body).encode()  # ASCII JSON: lone surrogates travel as \\ud800 escapes
+    response = httpx.post(base_url + path, content=raw, headers={"content-type": "application/json"}, timeout=10)
     assert_error(response, 404 if "exist" in says else 400, param, says)
 
 

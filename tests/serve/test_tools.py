@@ -14,16 +14,16 @@ import jsonschema
 import openai
 import pytest
 
+from orion import models
+from orion.generation.structured import GrammarProcessor
 from orion.serve.app import create_app
 from orion.serve.engine import SamplingParams
 from orion.serve.model_engine import ModelEngine
-from orion.serve.tools import HERMES, LLAMA3, ToolCall, ToolCallParser, tool_format
+from orion.serve.tools import HERMES, LLAMA3, ToolCall, ToolCallParser, tool_call_grammar, tool_format
 from support import references
 
 from .conftest import LIMITS, serving, write_model
 from .test_bad_input import assert_error, chat, post
-
-pytest.importorskip("llguidance")
 
 # A ChatML template that renders tools and earlier calls as Qwen2.5's does (trimmed).
 TOOLS_TEMPLATE = (
@@ -148,6 +148,18 @@ def test_constrained_call_streams(tools_url, tools_engine) -> None:
     assert [c.function.name for c in calls] == ["get_time"] and calls[0].index == 0
     jsonschema.validate(json.loads(calls[0].function.arguments), TIME["function"]["parameters"])
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_llama3_format_constrained_and_parsed(tools_dir) -> None:
+    """Llama 3's format end to end below the server: a call constrained by its grammar, parsed by its parser."""
+    model = models.load(tools_dir, progress=False)
+    guide = GrammarProcessor(tool_call_grammar(TOOLS, LLAMA3), model.tokenizer)
+    text = "".join(model.generate_text(ASK, 90, temperature=1.0, seed=4, logits_processor=guide))
+    parser = ToolCallParser(LLAMA3)
+    items = [*parser.feed(text), *parser.finish()]
+    assert len(items) == 1 and isinstance(items[0], ToolCall), text
+    tool = {t["function"]["name"]: t for t in TOOLS}[items[0].name]
+    jsonschema.validate(json.loads(items[0].arguments), tool["function"]["parameters"])
 
 
 class ScriptedEngine(ModelEngine):

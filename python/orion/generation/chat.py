@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +61,11 @@ class ChatTemplate:
 
     def uses(self, variable: str) -> bool:
         """Whether the template reads ``variable`` (e.g. ``tools``) from its context."""
-        environment = _compile(self.source).environment
-        return variable in jinja2.meta.find_undeclared_variables(environment.parse(self.source))
+        return variable in self._variables
+
+    @cached_property
+    def _variables(self) -> set[str]:
+        return jinja2.meta.find_undeclared_variables(_compile(self.source).environment.parse(self.source))
 
     def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, **special: Any) -> str:
         """The text of ``messages`` (dicts with ``role`` and ``content``), ending with the assistant's

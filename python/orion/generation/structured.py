@@ -130,6 +130,9 @@ class GrammarProcessor:
         self._check()
         allowed = np.unpackbits(self._mask.view(np.uint8), bitorder="little").astype(bool)
         n = min(allowed.size, logits.size)
+        if not allowed[:n].any():
+            raise StructuredOutputError(f"{self.grammar.what}: no token of this model's vocabulary can continue "
+                                        f"the text here")
         out = np.full_like(logits, -np.inf)
         out[:n] = np.where(allowed[:n], logits[:n], -np.inf)
         return out

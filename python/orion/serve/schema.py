@@ -331,7 +331,7 @@ def _logit_bias(value: dict[str, Any] | None, vocab_size: int) -> tuple[tuple[in
     """OpenAI's ``logit_bias``: token ids (as JSON object keys) to a bias in [-100, 100]."""
     out = []
     for key, bias in (value or {}).items():
-        if not (key.isascii() and key.isdigit() and int(key) < vocab_size):
+        if not (key.isascii() and key.isdigit() and len(key) <= 12 and int(key) < vocab_size):
             raise APIError(400, f"logit_bias key {key[:20]!r} is not a token id in [0, {vocab_size})",
                            param="logit_bias", code="invalid_value")
         if not _number(-LOGIT_BIAS_LIMIT, LOGIT_BIAS_LIMIT)(bias):

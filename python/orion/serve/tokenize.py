@@ -34,6 +34,17 @@ def _types(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
     return kinds if isinstance(kinds, tuple) else (kinds,)
 
 
+def _text(body: dict[str, Any], name: str) -> str:
+    """``body[name]``, refused when it holds a lone surrogate (text no tokenizer can take)."""
+    text = body[name]
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise APIError(400, f"{name} holds a lone surrogate ({text[exc.start]!r} at {exc.start}): send valid "
+                       f"Unicode text", param=name, code="invalid_value") from exc
+    return text
+
+
 def tokenize(body: dict[str, Any], engine: Engine) -> dict[str, Any]:
     """The answer to a /tokenize body (llama-server's shape with ``content``, else vLLM's)."""
     _fields(body, {"model": str, "content": str, "add_special": bool, "with_pieces": bool, "prompt": str,
@@ -45,12 +56,12 @@ def tokenize(body: dict[str, Any], engine: Engine) -> dict[str, Any]:
         raise APIError(400, "give exactly one of content (llama-server), prompt or messages (vLLM)",
                        param="content", code="invalid_value")
     if given == ["content"]:
-        ids = engine.encode(body["content"], add_special_tokens=bool(body.get("add_special", False)))
+        ids = engine.encode(_text(body, "content"), add_special_tokens=bool(body.get("add_special", False)))
         if body.get("with_pieces"):
             return {"tokens": [{"id": i, "piece": engine.decode([i])} for i in ids]}
         return {"tokens": ids}
     if given == ["prompt"]:
-        ids = engine.encode(body["prompt"], add_special_tokens=body.get("add_special_tokens") is not False)
+        ids = engine.encode(_text(body, "prompt"), add_special_tokens=body.get("add_special_tokens") is not False)
     else:
         if body.get("add_generation_prompt") is False:
             raise APIError(400, "add_generation_prompt false is not supported: the prompt ends where the reply "

@@ -91,7 +91,7 @@ class Metrics:
                 (f"{p}_time_per_output_token_seconds", "histogram", "Seconds per token after a request's first.",
                  self.time_per_output_token.lines(f"{p}_time_per_output_token_seconds")),
                 (f"{p}_generation_tokens_per_second", "gauge",
-                 "Tokens generated per second of the worker's busy time, since the start.",
+                 "Tokens generated per second of the worker's busy time (prefills included), since the start.",
                  [f"{p}_generation_tokens_per_second {rate:.6g}"]),
             ]
         lines = []

@@ -96,14 +96,14 @@ def create_app(engine: Engine, *, max_waiting: int = 64, retry_after: int = 1, l
             raise APIError(503, f"{full}; retry after {full.retry_after} s", code="server_busy", kind="server_error",
                            headers={"Retry-After": str(full.retry_after)}) from full
         reply = Reply(chat, engine.model_id)
-        tools = None if wanted.tool_format is None else ToolCallParser(wanted.tool_format)
+        calls = None if wanted.tool_format is None else ToolCallParser(wanted.tool_format)  # tool calls in the reply
         if wanted.stream:
-            return EventSourceResponse(stream(job, events, reply, wanted.include_usage, tools),
+            return EventSourceResponse(stream(job, events, reply, wanted.include_usage, calls),
                                        send_timeout=limits.send_timeout)
-        return await collect(request, job, events, reply, tools)
+        return await collect(request, job, events, reply, calls)
 
     async def collect(request: Request, job: Job, events: asyncio.Queue, reply: Reply,
-                      tools: ToolCallParser | None) -> Response:
+                      calls: ToolCallParser | None) -> Response:
         pieces = []
         try:
             while True:
@@ -116,9 +116,9 @@ def create_app(engine: Engine, *, max_waiting: int = 64, retry_after: int = 1, l
                 if isinstance(event, Delta):
                     pieces.append(event.text)
                 elif isinstance(event, Finished):
-                    if tools is None:
+                    if calls is None:
                         return JSONResponse(reply.whole("".join(pieces), event))
-                    items = [*tools.feed("".join(pieces)), *tools.finish()]
+                    items = [*calls.feed("".join(pieces)), *calls.finish()]
                     text = "".join(item for item in items if isinstance(item, str))
                     return JSONResponse(reply.whole(text, event, [i for i in items if isinstance(i, ToolCall)]))
                 else:
@@ -127,18 +127,18 @@ def create_app(engine: Engine, *, max_waiting: int = 64, retry_after: int = 1, l
             job.cancel()
 
     async def stream(job: Job, events: asyncio.Queue, reply: Reply, include_usage: bool,
-                     tools: ToolCallParser | None) -> AsyncIterator[dict]:
-        calls = 0
+                     calls: ToolCallParser | None) -> AsyncIterator[dict]:
+        made = 0  # tool calls sent so far
 
         def chunks(items: list[str | ToolCall]) -> list[dict]:
-            nonlocal calls
+            nonlocal made
             out = []
             for item in items:
                 if isinstance(item, str):
                     out.append({"data": json.dumps(reply.delta(item))})
                 else:
-                    out.append({"data": json.dumps(reply.tool_call_delta(calls, item))})
-                    calls += 1
+                    out.append({"data": json.dumps(reply.tool_call_delta(made, item))})
+                    made += 1
             return out
 
         try:
@@ -147,12 +147,12 @@ def create_app(engine: Engine, *, max_waiting: int = 64, retry_after: int = 1, l
             while True:
                 event = await events.get()
                 if isinstance(event, Delta):
-                    for item in chunks([event.text] if tools is None else tools.feed(event.text)):
+                    for item in chunks([event.text] if calls is None else calls.feed(event.text)):
                         yield item
                 elif isinstance(event, Finished):
-                    for item in chunks([] if tools is None else tools.finish()):
+                    for item in chunks([] if calls is None else calls.finish()):
                         yield item
-                    for chunk in reply.last_chunks(event, include_usage, calls > 0):
+                    for chunk in reply.last_chunks(event, include_usage, made > 0):
                         yield {"data": json.dumps(chunk)}
                     yield {"data": "[DONE]"}
                     return

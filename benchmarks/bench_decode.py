@@ -129,7 +129,8 @@ def run_orion(config: GPT2Config, prompt: list[int], new_tokens: int, seed: int)
     list(model.generate(prompt, max_new_tokens=2))  # warm-up: compiles and loads the programs
     setup = time.perf_counter() - start
     model.reset()
-    tokens, prefill, decode = timed_tokens(model.generate(prompt, max_new_tokens=new_tokens, temperature=0.0))
+    tokens, prefill, decode = timed_tokens(model.generate(prompt, max_new_tokens=new_tokens, temperature=0.0,
+                                                                 ignore_eos=True))
     return {"setup_s": setup, "prefill_ms": 1e3 * prefill, "decode_tok_per_s": rate(tokens, decode),
             "tokens": tokens, "plan": model.decode_plan}
 

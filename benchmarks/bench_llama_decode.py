@@ -40,7 +40,7 @@ SHAPES = {
 
 
 def orion_pass(model: Any, prompt: list[int], new_tokens: int) -> dict[str, Any]:
-    tokens, prefill, decode = timed_tokens(model.generate(prompt, max_new_tokens=new_tokens))
+    tokens, prefill, decode = timed_tokens(model.generate(prompt, max_new_tokens=new_tokens, ignore_eos=True))
     return {"tokens": tokens, "prefill_ms": 1e3 * prefill, "decode_tok_per_s": rate(tokens, decode)}
 
 

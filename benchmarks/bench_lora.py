@@ -65,7 +65,7 @@ def random_adapter(model: GPT2 | Llama, rank: int, targets: list[str], seed: int
 
 def decode_tok_s(model: GPT2 | Llama, prompt: list[int], new_tokens: int) -> float:
     """Greedy decode tok/s after the first new token (prefill not timed)."""
-    tokens = model.generate(prompt, new_tokens)
+    tokens = model.generate(prompt, new_tokens, ignore_eos=True)
     next(tokens)
     start = time.perf_counter()
     produced = sum(1 for _ in tokens)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,8 @@ from support.gpt2_fixtures import lively_weights
 from support.text_fixtures import write_model_dir
 
 CONFIG = GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=512, n_positions=128)
+TIMING = re.compile(r"\d+ prompt tokens, \d+ completion tokens, time to first token \d+\.\d{3} s, "
+                    r"(\d+\.\d|-) tok/s \(finish_reason (stop|length)\)")
 
 
 def run(*args: str, cwd: Path | None = None, stdin: str | None = None, **env: str) -> subprocess.CompletedProcess:
@@ -210,9 +213,10 @@ def test_an_empty_prompt_starts_from_bos(model_dir) -> None:
 def test_progress_is_one_summary_line_per_batch_and_quiet_is_silent(model_dir) -> None:
     out = run("orion", "generate", "--model", str(model_dir), "--prompt", "hello", "--max-new-tokens", "3")
     lines = out.stderr.splitlines()
-    assert out.returncode == 0 and len(lines) == 2, out.stderr
+    assert out.returncode == 0 and len(lines) == 3, out.stderr
     assert lines[0].startswith("compiled 2 programs for GPT-2 (0.1M parameters, 2 layers) on ")
     assert lines[1].startswith("compiled 1 program for GPT-2 prompts up to 32 tokens in ")
+    assert TIMING.fullmatch(lines[2]), lines[2]  # what llama-cli prints after a generation; --quiet drops it
     assert "\r" not in out.stderr and "(2 built, 0 loaded from cache)" in lines[0]
     quiet = run("orion", "generate", "--model", str(model_dir), "--prompt", "hello", "--max-new-tokens", "3",
                 "--quiet")
@@ -285,21 +289,32 @@ def _options(parser) -> list:
     return [a for a in parser._actions if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]
 
 
-def test_every_option_has_help_and_its_default() -> None:
+def test_every_option_has_help_and_its_default_once() -> None:
+    """Each option's help says its default once: appended as (default: X), or in the help's own words
+    ("None: ..."); never twice, and never a meaningless (default: None) or a flag's (default: False)."""
     import argparse
 
     from orion.__main__ import build_parser
     from orion.bench.decode import build_parser as bench_parser
+    from orion.cli import HelpFormatter
+    from orion.repl import build_parser as chat_parser
+    from orion.serve.cli import build_parser as serve_parser
 
     main = build_parser()
     commands = next(a for a in main._actions if isinstance(a, argparse._SubParsersAction)).choices
     for name, parser in [("generate", commands["generate"]), ("doctor", commands["doctor"]),
-                         ("bench decode", bench_parser())]:
+                         ("bench decode", bench_parser()), ("serve", serve_parser()), ("chat", chat_parser())]:
         text = parser.format_help()
+        assert "(default: None)" not in text and "(default: False)" not in text, name
         for action in _options(parser):
             assert action.help, f"{name} {action.option_strings} has no help"
-            assert action.default is argparse.SUPPRESS or "(default:" in text
-        assert text.count("(default:") >= len([a for a in _options(parser) if a.option_strings]), name
+            own = action.help.lower()
+            shown = HelpFormatter(name)._get_help_string(action) % {"default": action.default}
+            assert shown.count("(default:") <= 1, (name, shown)
+            if shown != action.help:  # appended: then the help's own words do not say it as well
+                assert "default" not in own and "none:" not in own, (name, shown)
+            if action.default not in (None, False, argparse.SUPPRESS):
+                assert "(default:" in shown or "default" in own, (name, shown)
     for flag in ("--stop", "--prompt-file", "--no-echo", "--chat", "--quiet", "--min-p", "--repetition-penalty"):
         assert flag in commands["generate"].format_help()
     top = run("orion", "--help")
@@ -350,9 +365,10 @@ def test_progress_never_interleaves_with_the_generated_text(model_dir) -> None:
                           "--max-new-tokens", "5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          env=env, timeout=300, stdin=subprocess.DEVNULL)
     lines = out.stdout.splitlines()
-    assert out.returncode == 0 and len(lines) == 3, out.stdout
+    assert out.returncode == 0 and len(lines) == 4, out.stdout
     assert lines[0].startswith("compiled 2 programs") and lines[1].startswith("compiled 1 program")
     assert lines[2].startswith("hello")  # the prompt's bucket is compiled before the prompt is echoed
+    assert TIMING.fullmatch(lines[3]), lines[3]  # after the text
 
 
 def test_serve_data_and_train_are_commands_of_their_own(tmp_path) -> None:

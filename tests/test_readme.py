@@ -82,7 +82,15 @@ def check_embedding(ns: dict[str, Any]) -> None:
     assert len(ns["tokens"]) == 6 and not eos & set(ns["tokens"]) and ns["finish"] == "length"
 
 
+def check_structured(ns: dict[str, Any]) -> None:
+    import jsonschema
+
+    jsonschema.validate(ns["answer"], ns["schema"])  # an independent validator
+    assert ns["guide"].accepting
+
+
 CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "GrammarProcessor(Grammar": check_structured,
     'stop=["\\n", "engine"]': check_text,
     'chat = [{"role"': check_chat,
     "def no_eos": check_embedding,

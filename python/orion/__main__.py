@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -17,6 +18,7 @@ Orion compiles transformer language models to Apple's MIL and runs them on the A
 or on its software ANE where there is none.
 
   python -m orion generate --model DIR --prompt "Hello"   stream text from a Hugging Face model directory
+  python -m orion chat --model DIR [--system TEXT]        chat in the terminal (multi-turn, streaming)
   python -m orion doctor                                  what this machine can run, and a tiny program end to end
   python -m orion cache info                              the on-disk program cache
   python -m orion serve --model DIR                       an OpenAI-compatible HTTP server (its own --help)
@@ -31,6 +33,7 @@ or on its software ANE where there is none.
 # Commands with a command line of their own: ``python -m orion NAME ARGS...`` runs ``module.main(ARGS)``.
 DELEGATED = {
     "serve": ("orion.serve.cli", "serve a model over OpenAI's HTTP API (needs the 'serve' extra)"),
+    "chat": ("orion.repl", "chat with a model in the terminal: multi-turn, streamed, Ctrl-C stops a reply"),
     "data": ("orion.train.data_cli", "prepare token files for training: data prepare TEXT_FILES... --out DIR"),
     "train": ("orion.train.cli", "train a model (stories110m, gpt2, tiny-*, or a directory) with checkpoints"),
     "lora": ("orion.lora.cli", "LoRA adapters: lora merge BASE ADAPTER OUT (a merged Hugging Face directory)"),
@@ -91,7 +94,9 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
     generate.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     generate.add_argument("--stop", action="append", default=None, metavar="TEXT",
                           help="stop before this text (repeatable; \\n and \\t mean newline and tab); the model's "
-                               "end-of-sequence tokens always stop")
+                               "end-of-sequence tokens stop too (unless --ignore-eos)")
+    generate.add_argument("--ignore-eos", action="store_true",
+                          help="go on past the model's end-of-sequence tokens (to --max-new-tokens)")
     quant.add_arguments(generate)
     generate.add_argument("--no-echo", action="store_true", help="print only the generated text, not the prompt")
     generate.add_argument("--quiet", action="store_true", help="no progress lines or warnings on stderr")
@@ -120,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         return report_errors(lambda: demo_module.main(lanes=args.lanes, iterations=args.iterations))
     from orion import constraints
 
-    return constraints.main()
+    return report_errors(constraints.main)
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
@@ -168,20 +173,39 @@ def _generate(args: argparse.Namespace) -> int:
     model = models.load(directory, progress=not args.quiet, **quant.model_options(args.quant, args.probe_report, note))
     run = model.generate_text(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                               top_p=args.top_p, seed=args.seed, stop=_unescape(args.stop), min_p=args.min_p,
-                              repetition_penalty=args.repetition_penalty)
+                              repetition_penalty=args.repetition_penalty, ignore_eos=args.ignore_eos)
     echo = not args.no_echo and not args.chat
+    start = time.perf_counter()
+    first = None
     for piece in run:
+        if first is None:
+            first = time.perf_counter()
         if echo:  # after the first step: the prompt's programs are compiled, their progress is done
             write_out(prompt_text)
             echo = False
         write_out(piece)
+    end = time.perf_counter()
     if echo:
         write_out(prompt_text)
     write_out("\n")
     if run.context_full and not args.quiet:
         print(f"stopped: the context length ({model.dims.context} tokens) is full (finish_reason 'length')",
               file=sys.stderr)
+    if not args.quiet:
+        print(timing_line(len(model.prompt_ids(prompt)), len(run.token_ids), start, first, end, run.finish_reason),
+              file=sys.stderr, flush=True)
     return 0
+
+
+def timing_line(prompt_tokens: int, completion_tokens: int, start: float, first: float | None, end: float,
+                finish_reason: str | None) -> str:
+    """What llama-cli reports after a generation: token counts, time to first token (prefill, and any
+    compile it needed) and the decode rate after the first token."""
+    ttft = "-" if first is None else f"{first - start:.3f} s"
+    rate = f"{(completion_tokens - 1) / (end - first):.1f} tok/s" if first is not None and completion_tokens > 1 \
+        and end > first else "- tok/s"
+    return (f"{prompt_tokens} prompt tokens, {completion_tokens} completion tokens, time to first token {ttft}, "
+            f"{rate} (finish_reason {finish_reason})")
 
 
 if __name__ == "__main__":

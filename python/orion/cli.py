@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -31,15 +32,25 @@ def _int_at_least(text: str, low: int) -> int:
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Every option's help ends with its default; descriptions keep their line breaks."""
+    """An option's help ends with its default, once: not when the help already says what the default does
+    (``None: ...``, ``default ...``), nor for a flag or an option without a default. Descriptions keep
+    their line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "None:" in text or "default" in text.lower():
+            return text
+        return super()._get_help_string(action)
 
 
 INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
+BROKEN_PIPE = 141  # the shell's status for a process ended by SIGPIPE (its reader closed the pipe)
 
 
 def report_errors(command: Callable[[], int]) -> int:
     """Runs ``command``: an Orion error becomes one ``error:`` line on stderr and exit status 1,
-    Ctrl-C one ``interrupted`` line and status 130 (never a traceback). Warnings print as one
+    Ctrl-C one ``interrupted`` line and status 130, a closed stdout (``| head``) status 141 and no
+    output (never a traceback). Warnings print as one
     ``warning:`` line each."""
     warnings.formatwarning = lambda message, category, *rest, **kw: f"warning: {message}\n"
     try:
@@ -52,6 +63,9 @@ def report_errors(command: Callable[[], int]) -> int:
         _end_stdout_line()
         print("interrupted", file=sys.stderr, flush=True)
         return INTERRUPTED
+    except BrokenPipeError:  # the reader went away (``| head``): stop quietly, as SIGPIPE stops other tools
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+        return BROKEN_PIPE
 
 
 _stdout_open_line = False

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from orion import origins
 from orion.constraints import violation
 from orion.errors import OrionError
 from orion.limits import FP16_MAX
@@ -68,7 +69,11 @@ def quantize_int8(weight: np.ndarray, name: str = "weight") -> Int8Weight:
     rows = w.reshape(w.shape[0], -1).astype(np.float32, copy=False)
     absmax = np.maximum(rows.max(axis=1), -rows.min(axis=1)) if rows.shape[1] else np.zeros(w.shape[0], np.float32)
     if not np.all(np.isfinite(absmax)) or (absmax.size and absmax.max() > FP16_MAX):  # NaN fails isfinite
-        raise violation("ANE-25", name, "the weight has values that are not finite or beyond fp16's range",
+        origin = origins.origin_of(weight)
+        nan = int(np.isnan(rows).sum())
+        raise violation("ANE-25", name, f"the weight{f' (from {origin})' if origin else ''} has "
+                        f"{f'{nan} NaN values' if nan else 'values that are infinite or beyond fp16 range'}",
+                        "the checkpoint is damaged or was saved from a diverged run: use a good copy" if nan else
                         "clamp or rescale the weight into fp16 range before quantizing it")
     scale = int8_scales(absmax)
     limit = np.minimum(127.0, np.floor(FP16_MAX / scale.astype(np.float64))).astype(np.float32)[:, None]

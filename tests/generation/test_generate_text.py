@@ -106,6 +106,22 @@ def test_stop_token_ids_and_eos(model) -> None:
     assert list(ids) and ids.finish_reason in ("stop", "length")
 
 
+def test_generate_on_ids_stops_at_eos_unless_ignore_eos(model) -> None:
+    """transformers' generate stops at the model's EOS ids, and so does generate on token ids (the EOS id is
+    the last one yielded); ignore_eos=True runs on to max_new_tokens."""
+    tok = model.tokenizer
+    target = tok.encode(" hello world engine", add_special_tokens=False)
+    forced = [*target[:2], tok.eos_token_id, *target[2:]]
+    force = forcing(forced)
+    force.prompt_len = 3
+    run = model.generate([1, 2, 3], len(forced), logits_processor=force)
+    assert list(run) == forced[:3] and run.finish_reason == "stop" and run.stopped_by == tok.eos_token_id
+    run = model.generate([1, 2, 3], len(forced), logits_processor=force, ignore_eos=True)
+    assert list(run) == forced and run.finish_reason == "length"
+    text = forced_text(model, "the", forced, ignore_eos=True)
+    assert "".join(text) == tok.decode(forced) and text.finish_reason == "length"
+
+
 def test_generate_with_stop_string_includes_the_tokens_that_complete_it(model) -> None:
     tok = model.tokenizer
     target = [tok.encode(c, add_special_tokens=False)[0] for c in " abXYcd"]

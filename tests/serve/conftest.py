@@ -36,7 +36,7 @@ CHAT_TEMPLATE = (
 LIMITS = Limits(max_body_bytes=64 * 1024, body_timeout=1.0, send_timeout=5.0, disconnect_poll=0.05)
 
 
-def write_model(directory: Path, chat_template: str | None = CHAT_TEMPLATE) -> Path:
+def write_model(directory: Path, chat_template: str | None = CHAT_TEMPLATE, context: int = 128) -> Path:
     """A 2-layer GPT-2 in the Hugging Face layout whose vocabulary is exactly its byte-level BPE tokenizer's."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -44,7 +44,7 @@ def write_model(directory: Path, chat_template: str | None = CHAT_TEMPLATE) -> P
     trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=[EOS], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS, trainer)
-    config = GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=tok.get_vocab_size(), n_positions=128)
+    config = GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=tok.get_vocab_size(), n_positions=context)
     save_hf(directory, config, lively_weights(config, seed=3))
     hf_config = json.loads((directory / "config.json").read_text())  # EOS/BOS ids as this tokenizer has them
     hf_config["eos_token_id"] = hf_config["bos_token_id"] = tok.token_to_id(EOS)

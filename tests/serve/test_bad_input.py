@@ -57,7 +57,8 @@ def test_wrong_completion_fields(base_url, engine, field, value, says) -> None:
     ([{"role": "robot", "content": "hi"}], "messages[0].role", "one of"),
     ([{"role": "user", "content": 5}], "messages[0].content", "string"),
     ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "messages[0].content[0]", "text only"),
-    ([{"role": "user", "content": "hi", "tool_calls": []}], "messages[0]", "unsupported fields"),
+    ([{"role": "user", "content": "hi", "audio": {}}], "messages[0]", "unsupported fields"),
+    ([{"role": "user", "content": "hi", "tool_calls": []}], "messages[0].tool_calls", "assistant message only"),
     ([{"role": "assistant", "content": "hi"}], "messages", "start with a user or system message"),  # the template
 ])
 def test_wrong_messages(base_url, engine, messages, param, says) -> None:

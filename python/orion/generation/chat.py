@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from orion.errors import OrionError
@@ -58,9 +59,18 @@ class ChatTemplate:
         except jinja2.exceptions.TemplateSyntaxError as err:
             raise ChatTemplateError(f"{path}: chat_template line {err.lineno}: {err.message}") from None
 
-    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, **special: str) -> str:
+    def uses(self, variable: str) -> bool:
+        """Whether the template reads ``variable`` (e.g. ``tools``) from its context."""
+        return variable in self._variables
+
+    @cached_property
+    def _variables(self) -> set[str]:
+        return jinja2.meta.find_undeclared_variables(_compile(self.source).environment.parse(self.source))
+
+    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, **special: Any) -> str:
         """The text of ``messages`` (dicts with ``role`` and ``content``), ending with the assistant's
-        turn opened when ``add_generation_prompt``; ``special`` gives ``bos_token``/``eos_token``."""
+        turn opened when ``add_generation_prompt``; ``special`` gives ``bos_token``/``eos_token`` (and
+        ``tools``, OpenAI function tools, when given)."""
         if not isinstance(messages, list) or not all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in messages):
             raise ChatTemplateError('a chat is a list of {"role": ..., "content": ...} dicts, e.g. '

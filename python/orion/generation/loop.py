@@ -426,7 +426,8 @@ class CausalLM(AdapterHost):
     def generate(self, ids: Prompt, max_new_tokens: int | None = None, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  stop: Stop = None, *, min_p: float | None = None, repetition_penalty: float | None = None,
-                 logits_processor: LogitsProcessor | Sequence[LogitsProcessor] | None = None) -> Generation:
+                 logits_processor: LogitsProcessor | Sequence[LogitsProcessor] | None = None,
+                 ignore_eos: bool = False) -> Generation:
         """Iterate over up to ``max_new_tokens`` new token ids after the prompt ``ids`` (token ids, or
         text or a chat when the model has a tokenizer; an empty prompt starts from the BOS token).
 
@@ -436,22 +437,25 @@ class CausalLM(AdapterHost):
         take the model's ``generation_defaults`` (its ``generation_config.json``).
 
         ``stop``: token ids and/or strings; the run ends after the token that hits one (stop strings
-        are matched on the decoded text). The returned :class:`Generation` tells why it ended."""
+        are matched on the decoded text). The model's end-of-sequence ids stop it too, as in transformers
+        (the EOS id is the last one yielded), unless ``ignore_eos``. The returned :class:`Generation`
+        tells why it ended."""
         finish, steps = self._start(ids, max_new_tokens, temperature, top_k, top_p, seed, stop, min_p,
-                                    repetition_penalty, logits_processor, eos=False)
+                                    repetition_penalty, logits_processor, eos=not ignore_eos)
         return Generation(finish, steps, lambda token, text: token)
 
     def generate_text(self, prompt: Prompt, max_new_tokens: int | None = None, temperature: float | None = None,
                       top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                       stop: Stop = None, *, min_p: float | None = None, repetition_penalty: float | None = None,
-                      logits_processor: LogitsProcessor | Sequence[LogitsProcessor] | None = None) -> Generation:
+                      logits_processor: LogitsProcessor | Sequence[LogitsProcessor] | None = None,
+                      ignore_eos: bool = False) -> Generation:
         """Like ``generate`` on text: iterate over text pieces that joined equal the decoded new
         tokens (multi-byte characters are never split). Stops at the model's end-of-sequence tokens
-        and at ``stop`` (strings and/or token ids); neither the stop token's text nor any part of a
-        stop string is in the output."""
+        (unless ``ignore_eos``) and at ``stop`` (strings and/or token ids); neither the stop token's text
+        nor any part of a stop string is in the output."""
         self.tokenizer  # noqa: B018 -- raises TokenizerNotFound before any work
         finish, steps = self._start(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, min_p,
-                                    repetition_penalty, logits_processor, eos=True, text=True)
+                                    repetition_penalty, logits_processor, eos=not ignore_eos, text=True)
         return Generation(finish, steps, lambda token, text: text)
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:

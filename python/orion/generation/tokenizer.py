@@ -78,21 +78,27 @@ class Tokenizer:
                                  f"vocabulary is larger than its tokenizer's, so these ids have no text")
         return self._backend.decode(ids, skip_special_tokens=False)
 
+    def to_json(self) -> str:
+        """The tokenizer as ``tokenizer.json`` text (for libraries that read that format, e.g. llguidance)."""
+        return self._backend.to_str()
+
     def token_text(self, token_id: int | None) -> str:
         """The vocabulary entry of ``token_id`` ("" for None)."""
         return "" if token_id is None else self._backend.id_to_token(token_id) or ""
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            template: ChatTemplate | None = None) -> str:
+                            template: ChatTemplate | None = None, tools: list[dict[str, Any]] | None = None) -> str:
         """The chat ``messages`` (``{"role", "content"}`` dicts) as the model's chat template (or
-        ``template``) writes them, with this tokenizer's special tokens."""
+        ``template``) writes them, with this tokenizer's special tokens (and ``tools``, OpenAI function
+        tools, when given)."""
         template = template or self.chat_template
         if template is None:
             raise TokenizerError(f"{self.path.parent / TOKENIZER_CONFIG_FILE}: no chat_template, so this model "
                                  f"has no chat format; give a plain prompt instead of messages (without --chat)")
         special = {"bos_token": self.token_text(self.bos_token_id), "eos_token": self.token_text(self.eos_token_id),
                    **template.special_tokens}
-        return template.render(messages, add_generation_prompt=add_generation_prompt, **special)
+        extra = {} if tools is None else {"tools": tools}
+        return template.render(messages, add_generation_prompt=add_generation_prompt, **special, **extra)
 
 
 def load_tokenizer(directory: str | os.PathLike[str], defaults: dict[str, Any] | None = None) -> Tokenizer:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from orion import ops
+from orion import ops, origins
 from orion.constraints import violation
 from orion.graph.infer import infer
 from orion.graph.ir import GraphError, Node
@@ -128,7 +128,7 @@ class Graph:
     def _operand(self, v: Operand, name: str, like: Node) -> Node:
         if isinstance(v, Node):
             return v
-        return self._const(name, np.asarray(v, dtype=np.float64), dtype=like.dtype)
+        return self._const(name, np.asarray(v, dtype=np.float64), dtype=like.dtype, origin=origins.origin_of(v))
 
     def apply(self, op: str, operands: Sequence[Operand], attrs: dict[str, Any] | None = None, *,
               name: str | None = None) -> Node:
@@ -156,7 +156,7 @@ class Graph:
 
     def const(self, name: str, array: np.ndarray | float, dtype: str = "fp16") -> Node:
         """A named constant (weights, masks, scalars); values must fit fp16 (ANE-25)."""
-        return self._const(self.scoped(_check_ident(name, "const name")), array, dtype)
+        return self._const(self.scoped(_check_ident(name, "const name")), array, dtype, origins.origin_of(array))
 
     def const_int8(self, name: str, weight: Any) -> Node:
         """A named int8 weight (an :class:`orion.quant.Int8Weight`): a const holding its dequantized values,
@@ -165,13 +165,21 @@ class Graph:
         node.attrs["int8"] = weight
         return node
 
-    def _const(self, name: str, array: np.ndarray | float, dtype: str = "fp16") -> Node:
-        """``const`` under an already scoped ``name`` (the operand consts of a named node)."""
+    def _const(self, name: str, array: np.ndarray | float, dtype: str = "fp16", origin: str | None = None) -> Node:
+        """``const`` under an already scoped ``name`` (the operand consts of a named node); ``origin`` names
+        where the values came from (a checkpoint tensor, :mod:`orion.origins`) in errors."""
         value = np.asarray(array, dtype=np.float64)
         node_name = self.unique_name(name)
         if not np.all(np.isfinite(value)) or (value.size and np.abs(value).max() > FP16_MAX):
-            raise violation("ANE-25", node_name, f"the constant has values that are not finite or beyond +-{FP16_MAX:.0f}",
-                            "clamp or rescale the constant into fp16 range")
+            nan, inf = int(np.isnan(value).sum()), int(np.isinf(value).sum())
+            large = int((np.abs(np.where(np.isfinite(value), value, 0)) > FP16_MAX).sum())
+            found = ", ".join(f"{n} {what}" for n, what in ((nan, "NaN"), (inf, "infinite"),
+                                                            (large, f"beyond +-{FP16_MAX:.0f}")) if n)
+            source = f" (from {origin})" if origin else ""
+            fix = "the checkpoint is damaged or was saved from a diverged run: use a good copy" if nan or inf \
+                else "clamp or rescale the constant into fp16 range"
+            raise violation("ANE-25", node_name, f"the constant{source} has {found} of its {value.size} values",
+                            fix)
         return self.add_node("const", [], name=node_name, value=value, shape=value.shape, dtype=dtype)
 
     def output(self, node: Node, name: str) -> None:

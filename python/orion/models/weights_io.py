@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from orion import origins
 from orion.errors import OrionError
 from orion.runtime.pages import map_of, release_pages
 
@@ -72,6 +73,7 @@ class MappedSafetensors:
             array = raw.astype(np.float32)
         array = array.reshape(entry["shape"])
         array.flags.writeable = False
+        origins.record(array, f"{self.path.name}: tensor {name!r}")  # errors about its values name it
         return array
 
 

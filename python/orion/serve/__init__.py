@@ -7,11 +7,17 @@ then). Endpoints:
 - ``POST /v1/completions`` (``prompt``: a string or token ids) and ``POST /v1/chat/completions``
   (``messages``), both streamed as server-sent events ending in ``data: [DONE]`` with ``stream: true``
   (``stream_options.include_usage`` adds a last chunk with the token counts);
-- ``GET /v1/models``, ``GET /v1/models/{id}``, and ``GET /health`` (queue and counters).
+- ``GET /v1/models``, ``GET /v1/models/{id}``, and ``GET /health`` (queue and counters);
+- ``POST /tokenize`` and ``POST /detokenize`` in llama-server's and vLLM's shapes (:mod:`orion.serve.tokenize`);
+- ``GET /metrics`` in Prometheus' text format: requests, tokens, queue, time to first token, tok/s
+  (:mod:`orion.serve.metrics`).
 
 Parameters: ``max_tokens`` (``max_completion_tokens``), ``temperature``, ``top_p``, ``top_k``, ``min_p``,
 ``seed``, ``stop`` (a string or a list), ``repetition_penalty``, ``frequency_penalty``,
-``presence_penalty``, ``n=1``, ``user``. A ``max_tokens`` past the context is cut to what fits and the
+``presence_penalty``, ``logit_bias``, ``n=1``, ``user``; for chat also ``response_format`` (``json_object``,
+``json_schema``: decoding held to the schema by llguidance, :mod:`orion.generation.structured`) and ``tools``
+with ``tool_choice`` (rendered by the model's chat template, calls parsed from the reply into ``tool_calls``,
+streamed too; ``"required"`` or a named function constrains decoding to a call: :mod:`orion.serve.tools`). A ``max_tokens`` past the context is cut to what fits and the
 answer then ends with ``finish_reason: "length"``; the end-of-text token or a stop string ends it with
 ``"stop"``. Every other field is refused with a 400 that names it. Errors have OpenAI's shape
 ``{"error": {"message", "type", "param", "code"}}``: 400 bad JSON or values, 404 unknown model, 408 a body

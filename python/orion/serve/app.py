@@ -1,5 +1,6 @@
 """The ASGI application: OpenAI's /v1/completions, /v1/chat/completions (streamed as server-sent
-events ending in ``[DONE]``), /v1/models, and /health, over a :class:`~orion.serve.scheduler.Scheduler`."""
+events ending in ``[DONE]``), /v1/models, /health, /tokenize, /detokenize and /metrics (Prometheus), over a
+:class:`~orion.serve.scheduler.Scheduler`."""
 
 from __future__ import annotations
 
@@ -15,13 +16,15 @@ from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from orion.serve.engine import Engine
 from orion.serve.responses import Reply
 from orion.serve.scheduler import Delta, Failed, Finished, Job, QueueFull, Scheduler
 from orion.serve.schema import APIError, parse_json, parse_request
+from orion.serve.tokenize import detokenize, tokenize
+from orion.serve.tools import ToolCall, ToolCallParser
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,20 @@ def create_app(engine: Engine, *, max_waiting: int = 64, retry_after: int = 1, l
                              "waiting": waiting, "active": active, **asdict(scheduler.stats)},
                             status_code=200 if ok else 503)
 
+    async def metrics(request: Request) -> Response:
+        waiting, active = scheduler.load()
+        stats = scheduler.stats
+        counts = {"completed": stats.completed, "cancelled": stats.cancelled, "failed": stats.failed,
+                  "rejected": stats.rejected}
+        return PlainTextResponse(scheduler.metrics.render(counts, waiting, active, stats.tokens),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def tokenize_route(request: Request) -> Response:
+        return JSONResponse(tokenize(parse_json(await read_body(request, limits)), engine))
+
+    async def detokenize_route(request: Request) -> Response:
+        return JSONResponse(detokenize(parse_json(await read_body(request, limits)), engine))
+
     async def completions(request: Request) -> Response:
         return await generate(request, chat=False)
 
@@ -79,12 +96,14 @@ def create_app(engine: Engine, *, max_waiting: int = 64, retry_after: int = 1, l
             raise APIError(503, f"{full}; retry after {full.retry_after} s", code="server_busy", kind="server_error",
                            headers={"Retry-After": str(full.retry_after)}) from full
         reply = Reply(chat, engine.model_id)
+        calls = None if wanted.tool_format is None else ToolCallParser(wanted.tool_format)  # tool calls in the reply
         if wanted.stream:
-            return EventSourceResponse(stream(job, events, reply, wanted.include_usage),
+            return EventSourceResponse(stream(job, events, reply, wanted.include_usage, calls),
                                        send_timeout=limits.send_timeout)
-        return await collect(request, job, events, reply)
+        return await collect(request, job, events, reply, calls)
 
-    async def collect(request: Request, job: Job, events: asyncio.Queue, reply: Reply) -> Response:
+    async def collect(request: Request, job: Job, events: asyncio.Queue, reply: Reply,
+                      calls: ToolCallParser | None) -> Response:
         pieces = []
         try:
             while True:
@@ -97,22 +116,43 @@ def create_app(engine: Engine, *, max_waiting: int = 64, retry_after: int = 1, l
                 if isinstance(event, Delta):
                     pieces.append(event.text)
                 elif isinstance(event, Finished):
-                    return JSONResponse(reply.whole("".join(pieces), event))
+                    if calls is None:
+                        return JSONResponse(reply.whole("".join(pieces), event))
+                    items = [*calls.feed("".join(pieces)), *calls.finish()]
+                    text = "".join(item for item in items if isinstance(item, str))
+                    return JSONResponse(reply.whole(text, event, [i for i in items if isinstance(i, ToolCall)]))
                 else:
                     raise generation_failed(event)
         finally:
             job.cancel()
 
-    async def stream(job: Job, events: asyncio.Queue, reply: Reply, include_usage: bool) -> AsyncIterator[dict]:
+    async def stream(job: Job, events: asyncio.Queue, reply: Reply, include_usage: bool,
+                     calls: ToolCallParser | None) -> AsyncIterator[dict]:
+        made = 0  # tool calls sent so far
+
+        def chunks(items: list[str | ToolCall]) -> list[dict]:
+            nonlocal made
+            out = []
+            for item in items:
+                if isinstance(item, str):
+                    out.append({"data": json.dumps(reply.delta(item))})
+                else:
+                    out.append({"data": json.dumps(reply.tool_call_delta(made, item))})
+                    made += 1
+            return out
+
         try:
             for chunk in reply.first_chunks():
                 yield {"data": json.dumps(chunk)}
             while True:
                 event = await events.get()
                 if isinstance(event, Delta):
-                    yield {"data": json.dumps(reply.delta(event.text))}
+                    for item in chunks([event.text] if calls is None else calls.feed(event.text)):
+                        yield item
                 elif isinstance(event, Finished):
-                    for chunk in reply.last_chunks(event, include_usage):
+                    for item in chunks([] if calls is None else calls.finish()):
+                        yield item
+                    for chunk in reply.last_chunks(event, include_usage, made > 0):
                         yield {"data": json.dumps(chunk)}
                     yield {"data": "[DONE]"}
                     return
@@ -136,6 +176,9 @@ def create_app(engine: Engine, *, max_waiting: int = 64, retry_after: int = 1, l
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{name:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/tokenize", tokenize_route, methods=["POST"]),
+        Route("/detokenize", detokenize_route, methods=["POST"]),
     ]
     handlers = {APIError: api_error, HTTPException: http_error, Exception: internal_error}
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from orion import quant
+from orion.cli import HelpFormatter
 
 try:
     import uvicorn
@@ -21,7 +22,7 @@ except ImportError as exc:  # the optional 'serve' extra
 def build_parser(prog: str = "python -m orion serve") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Serve a model over OpenAI's HTTP API (/v1/completions, "
                                 "/v1/chat/completions, /v1/models, /health).",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("--model", required=True, metavar="DIR", help="a model directory orion.models.load reads (config.json, weights, tokenizer.json)")
     p.add_argument("--model-name", help="the name clients pass as 'model' (default: the directory's name)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on; anything but loopback exposes the model "

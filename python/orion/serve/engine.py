@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from orion.errors import OrionError
+from orion.generation.structured import Grammar
 
 
 class PromptError(OrionError, ValueError):
@@ -24,9 +25,10 @@ class SamplingParams:
 
     Order of application to each step's logits: ``repetition_penalty`` (Hugging Face's rule, over the
     prompt and the new tokens), ``frequency_penalty``/``presence_penalty`` (OpenAI's rule, over the new
-    tokens), then the sampler of :mod:`orion.generation.sampling`: ``temperature``, ``top_k``, ``top_p``
-    and ``min_p`` (relative to the most likely token), in transformers' order. ``temperature == 0`` is
-    greedy.
+    tokens), ``logit_bias`` (OpenAI's: added to the logits of the ids it names), ``grammar`` (structured
+    output: every token that leaves it at -inf), then the sampler of :mod:`orion.generation.sampling`:
+    ``temperature``, ``top_k``, ``top_p`` and ``min_p`` (relative to the most likely token), in
+    transformers' order. ``temperature == 0`` is greedy.
     """
 
     max_tokens: int
@@ -39,6 +41,8 @@ class SamplingParams:
     presence_penalty: float = 0.0
     seed: int | None = None
     stop_token_ids: frozenset[int] = field(default_factory=frozenset)
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    grammar: Grammar | None = None
 
 
 @runtime_checkable
@@ -57,9 +61,15 @@ class Engine(Protocol):
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``."""
 
-    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
+    def chat_prompt(self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         """The prompt text for chat ``messages`` (``role``/``content`` pairs), ending where the assistant's
-        reply starts: the tokenizer's chat template when it has one, else a documented plain format."""
+        reply starts: the tokenizer's chat template when it has one, else a documented plain format.
+        ``tools`` (OpenAI function tools) are given to the template; only called with them when
+        ``tool_format()`` names a format."""
+
+    def tool_format(self) -> str | None:
+        """The format of tool calls this model's chat template teaches (``orion.serve.tools``), or None when
+        the template does not render tools."""
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
                  cancelled: Callable[[], bool]) -> Iterator[int]:

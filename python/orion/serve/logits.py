@@ -1,6 +1,7 @@
 """The OpenAI parameters beyond what :mod:`orion.generation.sampling` does: frequency and presence
-penalties, applied after the shared repetition penalty to one step's float32 logits ``[vocab]``
-(min-p is the sampler's own: ``next_token(..., min_p=)``)."""
+penalties and ``logit_bias``, applied after the shared repetition penalty to one step's float32 logits
+``[vocab]``, then the structured-output grammar's mask (min-p is the sampler's own:
+``next_token(..., min_p=)``)."""
 
 from __future__ import annotations
 
@@ -9,26 +10,35 @@ from collections.abc import Sequence
 import numpy as np
 
 from orion.generation.sampling import apply_repetition_penalty
+from orion.generation.structured import GrammarProcessor
 from orion.serve.engine import SamplingParams
 
 
 class LogitsProcessor:
-    """Applies ``params``' repetition, frequency and presence penalties to each step's logits;
-    ``record(token)`` after each new token."""
+    """Applies ``params``' repetition, frequency and presence penalties and logit bias to each step's
+    logits, then ``guide`` (the grammar of ``params.grammar``); ``record(token)`` after each new token."""
 
-    def __init__(self, params: SamplingParams, prompt_ids: Sequence[int], vocab_size: int) -> None:
+    def __init__(self, params: SamplingParams, prompt_ids: Sequence[int], vocab_size: int,
+                 guide: GrammarProcessor | None = None) -> None:
         self.params = params
         self._history = list(prompt_ids)  # prompt and new tokens (repetition penalty)
         self._counts = np.zeros(vocab_size, dtype=np.int64)  # new tokens only (frequency/presence)
+        self._bias = np.zeros(vocab_size, dtype=np.float32)
+        for token, bias in params.logit_bias:
+            self._bias[token] = bias
+        self._guide = guide
 
     @property
     def active(self) -> bool:
         p = self.params
-        return bool(p.repetition_penalty not in (None, 1.0) or p.frequency_penalty or p.presence_penalty)
+        return bool(p.repetition_penalty not in (None, 1.0) or p.frequency_penalty or p.presence_penalty
+                    or p.logit_bias or self._guide is not None)
 
     def record(self, token: int) -> None:
         self._history.append(token)
         self._counts[token] += 1
+        if self._guide is not None:
+            self._guide.consume(token)
 
     def __call__(self, logits: np.ndarray) -> np.ndarray:
         if not self.active:
@@ -37,4 +47,6 @@ class LogitsProcessor:
         out = apply_repetition_penalty(logits.astype(np.float32), self._history, p.repetition_penalty)
         if p.frequency_penalty or p.presence_penalty:
             out = out - (p.frequency_penalty * self._counts + p.presence_penalty * (self._counts > 0)).astype(np.float32)
-        return out
+        if p.logit_bias:
+            out = out + self._bias
+        return out if self._guide is None else self._guide.mask(out)

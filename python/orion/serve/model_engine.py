@@ -23,9 +23,11 @@ from orion import models
 from orion.generation.chat import ChatTemplate, ChatTemplateError
 from orion.generation.loop import CausalLM
 from orion.generation.sampling import next_token
+from orion.generation.structured import GrammarProcessor
 from orion.generation.tokenizer import load_tokenizer
 from orion.serve.engine import PromptError, SamplingParams
 from orion.serve.logits import LogitsProcessor
+from orion.serve.tools import arguments_as_objects, tool_format
 
 
 class ModelEngine:
@@ -57,19 +59,25 @@ class ModelEngine:
         return cls(model, model_id or Path(path).resolve().name, max_sequences=max_sequences)
 
     # -- text ---------------------------------------------------------------------------------------
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text)
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids)
 
-    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
+    def chat_prompt(self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         if self.chat_template is None:
             return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
         try:
-            return self.tokenizer.apply_chat_template(list(messages), template=self.chat_template)
+            return self.tokenizer.apply_chat_template(arguments_as_objects(list(messages)), template=self.chat_template,
+                                                      tools=tools)
         except ChatTemplateError as err:
             raise PromptError(str(err)) from None
+
+    def tool_format(self) -> str | None:
+        if self.chat_template is None or not self.chat_template.uses("tools"):
+            return None
+        return tool_format(self.chat_template.source)
 
     # -- generation ---------------------------------------------------------------------------------
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
@@ -91,7 +99,8 @@ class ModelEngine:
     def _steps(self, sequence: CausalLM, ids: list[int], params: SamplingParams,
                cancelled: Callable[[], bool]) -> Iterator[int]:
         rng = np.random.default_rng(params.seed)
-        process = LogitsProcessor(params, ids, self.vocab_size)
+        guide = None if params.grammar is None else GrammarProcessor(params.grammar, self.tokenizer)
+        process = LogitsProcessor(params, ids, self.vocab_size, guide)
         logits = sequence.prefill(ids)
         for produced in range(params.max_tokens):
             token = next_token(process(logits), params.temperature, params.top_k, params.top_p, rng, params.min_p)

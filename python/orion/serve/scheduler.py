@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from orion.serve.engine import Engine, SamplingParams
+from orion.serve.metrics import Metrics
 from orion.serve.text import TextStream
 
 log = logging.getLogger("orion.serve")
@@ -44,6 +46,7 @@ class Job:
     stops: list[str]
     emit: Callable[[Event], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
+    arrived: float = field(default_factory=time.monotonic)  # for the time to first token
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -67,6 +70,7 @@ class _Running:
     tokens: Iterator[int]
     text: TextStream
     produced: int = 0
+    first_token_at: float = 0.0
 
 
 @dataclass
@@ -88,6 +92,7 @@ class Scheduler:
             raise ValueError(f"max_waiting={max_waiting}: use 1 or more")
         self.engine, self.max_waiting, self.retry_after = engine, max_waiting, retry_after
         self.stats = Stats()
+        self.metrics = Metrics()
         self._waiting: deque[Job] = deque()
         self._active: list[_Running] = []
         self._wake = threading.Condition()
@@ -132,10 +137,12 @@ class Scheduler:
                 while self._waiting and len(self._active) < self.engine.max_sequences:
                     self._admit(self._waiting.popleft())
                 round_robin = list(self._active)
+            start, tokens = time.perf_counter(), self.stats.tokens
             for running in round_robin:  # one token each, outside the lock so submit never waits on the device
                 if not self._step(running):
                     with self._wake:
                         self._active.remove(running)
+            self.metrics.stepped(time.perf_counter() - start, self.stats.tokens - tokens)
         stopping = ServerStopping("the server is shutting down: retry on another instance or after it restarts")
         for running in self._active:
             running.tokens.close()
@@ -157,6 +164,7 @@ class Scheduler:
             job.emit(Failed(exc))
             return
         self._active.append(_Running(job, tokens, text))
+        self.metrics.started(len(job.prompt_ids))
 
     def _step(self, running: _Running) -> bool:
         """Advance ``running`` by one token; False once it has ended."""
@@ -173,6 +181,9 @@ class Scheduler:
                 return self._finish(running, text, reason)
             running.produced += 1
             self.stats.tokens += 1
+            if running.produced == 1:
+                running.first_token_at = time.monotonic()
+                self.metrics.first_token(running.first_token_at - job.arrived)
             text, reason = running.text.push(token)
             if reason is not None:
                 running.tokens.close()
@@ -191,6 +202,8 @@ class Scheduler:
         if text:
             running.job.emit(Delta(text))
         running.job.emit(Finished(reason, len(running.job.prompt_ids), running.produced))
+        if running.produced:
+            self.metrics.finished(time.monotonic() - running.first_token_at, running.produced - 1)
         self.stats.completed += 1
         return False
 

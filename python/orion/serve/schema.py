@@ -1,6 +1,6 @@
 """OpenAI request bodies to generation requests: every field checked, every mistake a clear 4xx.
 
-Fields Orion cannot honour (``n`` above 1, ``logprobs``, tools, ``echo``...) are refused with an error
+Fields Orion cannot honour (``n`` above 1, ``logprobs``, ``echo``...) are refused with an error
 naming the field, and so are fields OpenAI does not define, as OpenAI does: none is ignored silently.
 """
 
@@ -12,10 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from orion.generation.structured import Grammar, StructuredOutputError
 from orion.serve.engine import Engine, PromptError, SamplingParams
+from orion.serve.tools import check_tools, tool_call_grammar
 
 MAX_STOP_STRINGS = 16
-CHAT_ROLES = ("system", "developer", "user", "assistant")
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+LOGIT_BIAS_LIMIT = 100  # OpenAI's range: [-100, 100]
 
 
 class APIError(Exception):
@@ -41,6 +44,7 @@ class GenerationRequest:
     stops: list[str]
     stream: bool
     include_usage: bool
+    tool_format: str | None = None  # parse tool calls in this format (orion.serve.tools) from the reply
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -111,7 +115,7 @@ _SAMPLING = {
     "stream_options": (lambda v: isinstance(v, dict) and set(v) <= {"include_usage"}
                        and isinstance(v.get("include_usage", False), bool), '{"include_usage": true|false}'),
     "user": (_is(str), "a string"),
-    "logit_bias": (_only({}), "absent (Orion does not support logit_bias yet)"),
+    "logit_bias": (lambda v: isinstance(v, dict), "an object mapping token ids to a bias in [-100, 100]"),
 }
 _COMPLETION = {
     **_SAMPLING,
@@ -127,9 +131,14 @@ _CHAT = {
     "max_completion_tokens": _SAMPLING["max_tokens"],
     "logprobs": (_only(False), "false (Orion does not return log-probabilities)"),
     "top_logprobs": (lambda v: False, "absent (Orion does not return log-probabilities)"),
-    "response_format": (_only({"type": "text"}), '{"type": "text"}'),
-    "tools": (_only([]), "absent (Orion does not call tools)"),
-    "tool_choice": (_only("none"), '"none" (Orion does not call tools)'),
+    "response_format": (lambda v: isinstance(v, dict) and v.get("type") in ("text", "json_object", "json_schema"),
+                        '{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": '
+                        '{"name": ..., "schema": {...}}}'),
+    "tools": (lambda v: check_tools(v) is None, 'a non-empty list of {"type": "function", "function": {...}}'),
+    "tool_choice": (lambda v: v in ("none", "auto", "required") or (
+        isinstance(v, dict) and v.get("type") == "function" and isinstance(v.get("function"), dict)
+        and isinstance(v["function"].get("name"), str)),
+        '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}'),
     "parallel_tool_calls": (_is(bool), "a boolean"),
 }
 
@@ -185,14 +194,20 @@ def _chat_messages(messages: Any) -> list[dict[str, str]]:
         where = f"messages[{i}]"
         if not isinstance(message, dict):
             raise APIError(400, f"{where} must be an object with role and content", param=where, code="invalid_value")
-        extra = set(message) - {"role", "content", "name"}
+        extra = set(message) - {"role", "content", "name", "tool_calls", "tool_call_id"}
         if extra:
-            raise APIError(400, f"{where} has unsupported fields {sorted(extra)}: Orion takes role, content and name",
-                           param=where, code="invalid_value")
+            raise APIError(400, f"{where} has unsupported fields {sorted(extra)}: Orion takes role, content, name, "
+                           f"tool_calls and tool_call_id", param=where, code="invalid_value")
         role = message.get("role")
         if role not in CHAT_ROLES:
             raise APIError(400, f"{where}.role must be one of {', '.join(CHAT_ROLES)}, got {json.dumps(role)}",
                            param=f"{where}.role", code="invalid_value")
+        if message.get("tool_calls") is not None:  # an assistant's earlier calls: its content may be null
+            if role != "assistant" or not isinstance(message["tool_calls"], list):
+                raise APIError(400, f"{where}.tool_calls: a list, on an assistant message only",
+                               param=f"{where}.tool_calls", code="invalid_value")
+            out.append({**message, "content": _content(message.get("content") or "", f"{where}.content")})
+            continue
         out.append({**message, "content": _content(message.get("content"), f"{where}.content")})
     return out
 
@@ -217,11 +232,22 @@ def parse_request(body: dict[str, Any], engine: Engine, chat: bool) -> Generatio
     """Check ``body`` (a /v1/chat/completions one when ``chat``, else /v1/completions) against ``engine``."""
     _check_fields(body, _CHAT if chat else _COMPLETION)
     check_model(body, engine)
+    grammar, fmt = _response_format(body.get("response_format")), None
     if chat:
+        tools = body.get("tools")
+        choice = body.get("tool_choice") or ("auto" if tools else "none")
+        if tools:
+            fmt = _tool_format(engine)
+            grammar = _tool_grammar(tools, choice, fmt) or grammar
+        elif choice != "none":
+            raise APIError(400, f"tool_choice {json.dumps(choice)} needs tools", param="tool_choice",
+                           code="invalid_value")
         try:
-            prompt_ids = engine.encode(engine.chat_prompt(_chat_messages(body.get("messages"))))
+            messages = _chat_messages(body.get("messages"))
+            prompt_ids = engine.encode(engine.chat_prompt(messages, tools) if tools else engine.chat_prompt(messages))
         except PromptError as exc:
             raise APIError(400, str(exc), param="messages", code="invalid_value") from exc
+        fmt = None if choice == "none" else fmt
     else:
         if "prompt" not in body:
             raise APIError(400, "prompt is required", param="prompt", code="missing_field")
@@ -251,12 +277,68 @@ def parse_request(body: dict[str, Any], engine: Engine, chat: bool) -> Generatio
         presence_penalty=_get(body, "presence_penalty", 0.0),
         seed=body.get("seed"),
         stop_token_ids=frozenset(() if engine.eos_token_id is None else (engine.eos_token_id,)),
+        logit_bias=_logit_bias(body.get("logit_bias"), engine.vocab_size),
+        grammar=grammar,
     )
     stop = body.get("stop")
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     options = body.get("stream_options") or {}
     return GenerationRequest(chat, prompt_ids, params, [s for s in stops if s], bool(body.get("stream")),
-                             bool(options.get("include_usage")))
+                             bool(options.get("include_usage")), fmt)
+
+
+def _response_format(value: dict[str, Any] | None) -> Grammar | None:
+    """The grammar of ``response_format`` (None for text)."""
+    if value is None or value.get("type") == "text":
+        return None
+    try:
+        if value["type"] == "json_object":
+            return Grammar.json_object()
+        spec = value.get("json_schema")
+        if not (isinstance(spec, dict) and isinstance(spec.get("name"), str) and isinstance(spec.get("schema"), dict)):
+            raise APIError(400, 'response_format.json_schema must be {"name": "...", "schema": {...JSON Schema...}} '
+                           '(strict and description optional)', param="response_format.json_schema",
+                           code="invalid_value")
+        return Grammar.json_schema(spec["schema"])
+    except StructuredOutputError as exc:
+        raise APIError(400, f"response_format: {exc}", param="response_format", code="invalid_value") from exc
+
+
+def _tool_format(engine: Engine) -> str:
+    fmt = engine.tool_format() if hasattr(engine, "tool_format") else None
+    if fmt is None:
+        raise APIError(400, f"the chat template of {engine.model_id!r} does not render tools, so the model cannot "
+                       f"see them: send no tools, or serve a model whose template takes 'tools'", param="tools",
+                       code="invalid_value")
+    return fmt
+
+
+def _tool_grammar(tools: list[dict[str, Any]], choice: Any, fmt: str) -> Grammar | None:
+    """The grammar that forces a call for ``tool_choice`` "required" or a named function (else None)."""
+    if choice in ("none", "auto"):
+        return None
+    name = choice["function"]["name"] if isinstance(choice, dict) else None
+    if name is not None and name not in {t["function"]["name"] for t in tools}:
+        raise APIError(400, f"tool_choice names the function {name!r}, which is not in tools",
+                       param="tool_choice", code="invalid_value")
+    try:
+        return tool_call_grammar(tools, fmt, name)
+    except StructuredOutputError as exc:
+        raise APIError(400, f"tools: {exc}", param="tools", code="invalid_value") from exc
+
+
+def _logit_bias(value: dict[str, Any] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias``: token ids (as JSON object keys) to a bias in [-100, 100]."""
+    out = []
+    for key, bias in (value or {}).items():
+        if not (key.isascii() and key.isdigit() and len(key) <= 12 and int(key) < vocab_size):
+            raise APIError(400, f"logit_bias key {key[:20]!r} is not a token id in [0, {vocab_size})",
+                           param="logit_bias", code="invalid_value")
+        if not _number(-LOGIT_BIAS_LIMIT, LOGIT_BIAS_LIMIT)(bias):
+            raise APIError(400, f"logit_bias[{key}] must be a number in [-100, 100], got {json.dumps(bias)[:40]}",
+                           param="logit_bias", code="invalid_value")
+        out.append((int(key), float(bias)))
+    return tuple(out)
 
 
 def _get(body: dict[str, Any], name: str, default: Any) -> Any:

@@ -64,8 +64,9 @@ class Llama(CausalLM):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike[str], **options: Any) -> Llama:
         """Load a Hugging Face ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``MistralForCausalLM`` directory
-        (``config.json``, single or sharded safetensors, optionally ``tokenizer.json``)."""
-        config, weights = load_hf(path)
+        (``config.json``, single or sharded safetensors, optionally ``tokenizer.json``); ``progress=False``
+        silences weight loading too."""
+        config, weights = load_hf(path, progress=None if options.get("progress", True) else False)
         try:
             tokenizer, error = load_tokenizer(path), None
         except TokenizerNotFound as missing:

@@ -119,3 +119,55 @@ def test_what_orion_does_not_implement_is_refused_by_name(tmp_path) -> None:
         models.load(tmp_path / "junk.gguf")
     config = json.loads((directory / "config.json").read_text())
     assert config["model_type"] == "llama"
+
+
+CORPUS = ["the neural engine runs the model", "hello world, hello engine", "a quick brown fox jumps over the lazy dog",
+          "models run on the engine; the engine runs models", "tokens and pieces and merges"] * 20
+SPM_TEXTS = ["hello world", "the engine runs  twice\nand again", "café 🙂 unseen ±", " leading space", "models"]
+
+
+def sentencepiece_gguf(tmp_path, add_space_prefix: bool = True):
+    """A SentencePiece BPE model trained here (byte fallback, no normalization, as Llama's) and the
+    GGUF file whose tokenizer.ggml.* keys llama.cpp's converter writes for it (type "llama")."""
+    (spm,) = references.require("sentencepiece")
+    import gguf
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(CORPUS))
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "spm"), vocab_size=400,
+                                   model_type="bpe", byte_fallback=True, normalization_rule_name="identity",
+                                   remove_extra_whitespaces=False, add_dummy_prefix=add_space_prefix,
+                                   bos_id=1, eos_id=2, unk_id=0, minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "spm.model"))
+    n = sp.get_piece_size()
+    kinds = [2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 6 if sp.is_byte(i) else 1 for i in range(n)]
+    writer = gguf.GGUFWriter(str(tmp_path / "spm.gguf"), "llama")
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list([sp.id_to_piece(i) for i in range(n)])
+    writer.add_token_scores([sp.get_score(i) for i in range(n)])
+    writer.add_token_types(kinds)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_space_prefix(add_space_prefix)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return sp, tmp_path / "spm.gguf"
+
+
+@pytest.mark.parametrize("add_space_prefix", [True, False])
+def test_a_sentencepiece_vocabulary_encodes_as_sentencepiece(tmp_path, add_space_prefix) -> None:
+    """llama.cpp's 'llama' vocabulary type (Llama 2, Mistral, TinyLlama): the reference is the
+    sentencepiece library itself on the model the file was made from."""
+    from orion.models.gguf import GGUFFile
+    from orion.models.gguf.tokenizer import gguf_tokenizer
+
+    sp, path = sentencepiece_gguf(tmp_path, add_space_prefix)
+    ours = gguf_tokenizer(GGUFFile(path))
+    assert ours.add_bos and ours.bos_token_id == 1 and ours.eos_token_ids == (2,)
+    for text in SPM_TEXTS:
+        assert ours.encode(text, add_special_tokens=False) == sp.encode(text), text
+        assert ours.decode(ours.encode(text)[1:]) == sp.decode(sp.encode(text))
+    assert ours.encode("hello")[0] == 1

@@ -171,3 +171,19 @@ def test_a_sentencepiece_vocabulary_encodes_as_sentencepiece(tmp_path, add_space
         assert ours.encode(text, add_special_tokens=False) == sp.encode(text), text
         assert ours.decode(ours.encode(text)[1:]) == sp.decode(sp.encode(text))
     assert ours.encode("hello")[0] == 1
+
+
+def test_the_cli_and_the_server_take_a_gguf_file(tmp_path, capsys) -> None:
+    from orion.__main__ import main
+    from orion.serve import cli
+    from orion.serve.model_engine import ModelEngine
+
+    directory = hf_model(tmp_path, "llama")
+    path = write_gguf(directory, directory / "model.gguf", "Q8_0", chat_template=TEMPLATE)
+    assert main(["generate", "--model", str(path), "--prompt", "hello", "--chat", "--max-new-tokens", "3",
+                 "--quiet"]) == 0
+    assert capsys.readouterr().out.strip("\n")  # three tokens of text (the random model's)
+    parser = cli.build_parser()
+    cli._check(parser.parse_args(["--model", str(path)]), parser)  # accepted, not "not a directory"
+    engine = ModelEngine.from_directory(path, progress=False)
+    assert engine.chat_prompt([{"role": "user", "content": "hi"}]) == f"<|user|>hi{EOS}"

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from orion.generation.tokenizer import TokenizerNotFound
@@ -25,15 +27,30 @@ from orion.models.gguf.tokenizer import gguf_tokenizer
 ARCHITECTURES = ("llama", "qwen2", "gpt2")
 
 
+def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
+    """GGUF file ``path``, parsed once per file version (the command line checks the architecture and the
+    tokenizer before it loads the model, and parsing a large vocabulary takes seconds)."""
+    path = Path(path)
+    if not path.is_file():
+        return GGUFFile(path)  # the error naming the path
+    stat = path.stat()
+    return _parsed(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=2)
+def _parsed(path: str, mtime_ns: int, size: int) -> GGUFFile:
+    return GGUFFile(path)
+
+
 def model_class_of(path: str | os.PathLike[str]) -> type:
     """The Orion class that runs GGUF file ``path`` (by its ``general.architecture``), read without its tensors."""
-    return _family(GGUFFile(path))[0]
+    return _family(open_gguf(path))[0]
 
 
 def load_gguf(path: str | os.PathLike[str], **options: Any) -> Any:
     """The model in GGUF file ``path``, with the file's tokenizer and chat template (options: as
     ``from_pretrained``'s, e.g. ``quant``, ``context``, ``progress``)."""
-    file = GGUFFile(path)
+    file = open_gguf(path)
     cls, read = _family(file)
     config, weights = read(file)
     try:
@@ -45,7 +62,7 @@ def load_gguf(path: str | os.PathLike[str], **options: Any) -> Any:
 
 def load_gguf_tokenizer(path: str | os.PathLike[str]) -> Any:
     """Only the tokenizer of GGUF file ``path`` (for checks before the model is built)."""
-    return gguf_tokenizer(GGUFFile(path))
+    return gguf_tokenizer(open_gguf(path))
 
 
 def _family(file: GGUFFile) -> tuple[type, Callable[[GGUFFile], tuple[Any, Any]]]:
@@ -60,4 +77,4 @@ def _family(file: GGUFFile) -> tuple[type, Callable[[GGUFFile], tuple[Any, Any]]
     return (GPT2 if file.architecture == "gpt2" else Llama), readers[file.architecture]
 
 
-__all__ = ["ARCHITECTURES", "GGUFError", "GGUFFile", "load_gguf", "load_gguf_tokenizer", "model_class_of"]
+__all__ = ["ARCHITECTURES", "GGUFError", "GGUFFile", "load_gguf", "load_gguf_tokenizer", "model_class_of", "open_gguf"]

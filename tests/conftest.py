@@ -15,6 +15,7 @@ import pytest  # noqa: E402
 
 import orion.compiler  # noqa: E402
 from orion.runtime import profile  # noqa: E402
+from support.smollm2 import smollm2_dir, smollm2_f32_dir, smollm2_gguf_path  # noqa: E402, F401 -- session fixtures
 
 EMITTED: list[tuple[str, str, dict[str, bytes]]] = []  # (test id, MIL text, weights)
 

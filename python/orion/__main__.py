@@ -153,15 +153,14 @@ def _generate(args: argparse.Namespace) -> int:
     from orion import models
     from orion.generation.loop import ContextFull
     from orion.generation.sampling import check_sampling
-    from orion.generation.tokenizer import load_tokenizer
 
     if args.quiet:
         warnings.simplefilter("ignore")
     check_sampling(0.0 if args.temperature is None else args.temperature, args.top_k, args.top_p, args.min_p,
                    args.repetition_penalty)
     directory = Path(args.model)
-    models.registry.model_class(directory)  # the directory, its config.json and model_type
-    tokenizer = load_tokenizer(directory)
+    models.registry.model_class(directory)  # the directory, its config.json and model_type (or a .gguf file)
+    tokenizer = models.load_tokenizer(directory)
     prompt_text = _read_prompt(args)
     prompt = [{"role": "user", "content": prompt_text}] if args.chat else prompt_text
     text = tokenizer.apply_chat_template(prompt) if args.chat else prompt_text  # no chat_template: fail now

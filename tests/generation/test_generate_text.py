@@ -173,21 +173,37 @@ def test_text_prompts_and_empty_prompts_start_from_bos(model) -> None:
         bare.generate("text", 3)
 
 
-def test_a_tokenizer_smaller_than_the_vocabulary_is_an_error_not_empty_text(model, tmp_path) -> None:
+def test_a_tokenizer_smaller_than_the_vocabulary_never_samples_an_id_without_text(model, tmp_path) -> None:
+    """Issue 22: real Qwen checkpoints have 151,936 embedding rows and 151,665 tokens. Here the model's
+    own favourite ids are beyond the tokenizer (its rows scaled copies of the greedy choice's): they are
+    masked, so generation goes on with text (it stopped with TokenizerError before)."""
     tok = model.tokenizer
     with pytest.raises(TokenizerError, match=r"token ids \[600\] are beyond .*tokenizer.json's 512 tokens"):
         tok.decode([5, 600])
-    from orion.generation.loop import TokenizerWarning
     from orion.models import GPT2Config
-
-    big = GPT2Config(n_layer=1, n_head=4, n_embd=64, vocab_size=640, n_positions=64)
-    write_model_dir(tmp_path / "m", big, tokenizer=False)
+    from orion.models.gpt2.weights import save_hf
+    from support.gpt2_fixtures import lively_weights
     from support.text_fixtures import byte_level_tokenizer
 
+    big = GPT2Config(n_layer=1, n_head=4, n_embd=64, vocab_size=640, n_positions=64)
+    weights = lively_weights(big, seed=1)
+    save_hf(tmp_path / "plain", big, weights)
+    byte_level_tokenizer(512).save(str(tmp_path / "plain" / "tokenizer.json"))
+    plain = models.load(tmp_path / "plain", progress=False)
+    ids = plain.prompt_ids("hello")
+    favourite = int(np.argmax(plain.logits(ids)[-1][:512]))
+    weights.wte[512:] = 3 * weights.wte[favourite]  # every id without text now outscores the favourite
+    save_hf(tmp_path / "m", big, weights)
     byte_level_tokenizer(512).save(str(tmp_path / "m" / "tokenizer.json"))
-    with pytest.warns(TokenizerWarning, match="has 512 tokens, the model's vocabulary 640"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         wide = models.load(tmp_path / "m", progress=False)
-    force = forcing([600])
+    assert int(np.argmax(wide.logits(ids)[-1])) >= 512  # unmasked, greedy would pick an id without text
+    text = wide.generate_text("hello", 6, temperature=0)
+    assert isinstance("".join(text), str) and text.token_ids and max(text.token_ids) < 512
+    sampled = list(wide.generate("hello", 6, temperature=1.5, seed=3))
+    assert max(sampled) < 512
+    force = forcing([600])  # a logits processor that insists gets the id, and decoding it is the clear error
     force.prompt_len = 1
     with pytest.raises(TokenizerError, match=r"\[600\] are beyond"):
         list(wide.generate_text("a", 2, logits_processor=force))

@@ -14,7 +14,8 @@ import pytest
 
 import orion
 from orion import models
-from orion.models.gpt2.config import ConfigError, ConfigWarning, GPT2Config
+from orion.models.config_fields import ConfigNote
+from orion.models.gpt2.config import ConfigError, GPT2Config
 from orion.models.gpt2.weights import save_hf
 from support import references
 from support.gpt2_fixtures import lively_weights
@@ -74,13 +75,14 @@ def test_unimplemented_values_are_refused_naming_the_field(tmp_path, key, value,
     assert isinstance(err.value, orion.OrionError) and "config.json" in str(err.value)
 
 
-def test_inert_and_default_fields_load_and_unknown_keys_warn() -> None:
+def test_inert_and_default_fields_load_and_unknown_keys_get_a_note() -> None:
     data = {**GPT2Config(**BASE).to_hf_json(), "resid_pdrop": 0.0, "summary_type": "mean", "use_cache": False,
-            "reorder_and_upcast_attn": True, "add_cross_attention": False}
+            "reorder_and_upcast_attn": True, "add_cross_attention": False, "n_special": 0,
+            "predict_special_tokens": True, "torchscript": False}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert GPT2Config.from_hf_json(data) == GPT2Config(**BASE)
-    with pytest.warns(ConfigWarning, match=r"does not know the keys \['rotary_dim'\]"):
+    with pytest.warns(ConfigNote, match=r"'rotary_dim' is not among the fields that change a GPT-2 model"):
         GPT2Config.from_hf_json({**data, "rotary_dim": 16})
 
 

@@ -4,11 +4,13 @@ where every field is mapped, checked or explicitly ignored."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 
 import orion
-from orion.models.llama.config import IGNORED_FIELDS, ConfigError, LlamaConfig
+from orion.models.config_fields import INERT_FIELDS, ConfigNote
+from orion.models.llama.config import MODEL_FIELDS, ConfigError, LlamaConfig
 from support import references
 
 
@@ -88,7 +90,6 @@ def test_qwen2_and_mistral(tmp_path) -> None:
       "sliding_window": 64, "max_window_layers": 1}, "sliding_window"),
     ({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "use_mrope": True}, "use_mrope"),
     ({"quantization_config": {"quant_method": "gptq"}}, "quantization_config"),
-    ({"brand_new_knob": 3}, "brand_new_knob"),
     ({"architectures": ["LlamaForSequenceClassification"]}, "architectures"),
     ({"hidden_size": ...}, "hidden_size"),
     ({"model_type": "gpt2"}, "model_type"),
@@ -100,10 +101,36 @@ def test_fields_orion_does_not_implement_are_errors_naming_them(changes, field) 
     assert isinstance(info.value, orion.OrionError) and "config dict" in str(info.value)
 
 
-def test_ignored_fields_are_listed_with_a_reason() -> None:
-    assert {"torch_dtype", "use_cache", "pretraining_tp", "initializer_range", "attention_dropout"} <= set(IGNORED_FIELDS)
-    assert all(IGNORED_FIELDS.values())
-    LlamaConfig.from_hf_json(hf_llama(use_cache=False, output_attentions=True, tokenizer_class="LlamaTokenizer"))
+def test_fields_that_cannot_change_the_model_are_accepted() -> None:
+    """Bookkeeping loads silently; a field no Llama reads loads with one note naming it (issue 22: the
+    published SmolLM2 config.json was refused over transformers.js_config)."""
+    assert {"torch_dtype", "use_cache", "pretraining_tp", "initializer_range", "attention_dropout"} <= set(INERT_FIELDS)
+    assert all(INERT_FIELDS.values())
+    bookkeeping = {"use_cache": False, "output_attentions": True, "tokenizer_class": "LlamaTokenizer",
+                   "transformers.js_config": {"kv_cache_dtype": {"q4f16": "float16"}}, "_name_or_path": "x",
+                   "_model_name_or_path": "y", "unk_token_id": 0, "dtype": "bfloat16", "torch_dtype": "float32"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert LlamaConfig.from_hf_json(hf_llama(**bookkeeping)) == LlamaConfig.from_hf_json(hf_llama())
+    with pytest.warns(ConfigNote, match=r"'brand_new_knob', 'other_knob' are not among the fields that change a "
+                                        r"Llama model") as notes:
+        assert LlamaConfig.from_hf_json(hf_llama(brand_new_knob=3, other_knob=1)) == LlamaConfig.from_hf_json(hf_llama())
+    assert len(notes) == 1
+    assert all(MODEL_FIELDS[t] & set(INERT_FIELDS) <= {"tie_word_embeddings"} for t in MODEL_FIELDS)
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_theta": 500000.0},
+    {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}},
+    {"rope_scaling": {"rope_type": "default", "rope_theta": 500000.0}},
+    {"rope_theta": 500000.0, "rope_scaling": None},
+    {"rope_theta": 500000.0, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}},
+], ids=["rope_theta", "rope_parameters", "rope_scaling", "rope_theta-null-scaling", "both"])
+def test_rope_base_is_read_from_every_form_transformers_writes(rope) -> None:
+    data = {k: v for k, v in hf_llama().items() if k not in ("rope_theta", "rope_parameters", "rope_scaling")}
+    assert LlamaConfig.from_hf_json({**data, **rope}).rope_theta == 500000.0
+    with pytest.raises(ConfigError, match="given twice with different values"):
+        LlamaConfig.from_hf_json({**data, "rope_theta": 1e4, "rope_parameters": {"rope_theta": 5e5}})
 
 
 def test_invalid_shapes_and_unreadable_files(tmp_path) -> None:
@@ -135,3 +162,25 @@ def test_a_config_nested_past_the_recursion_limit_is_a_config_error(tmp_path) ->
     (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ConfigError, match="nested too deeply"):
         LlamaConfig.from_hf_json(tmp_path)
+
+
+# SmolLM2-135M-Instruct's config.json as HuggingFaceTB publishes it (issue 22: refused over transformers.js_config).
+SMOLLM2_INSTRUCT_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 1,
+    "eos_token_id": 2, "head_dim": 64, "hidden_act": "silu", "hidden_size": 576,
+    "initializer_range": 0.041666666666666664, "intermediate_size": 1536, "is_llama_config": True,
+    "max_position_embeddings": 8192, "mlp_bias": False, "model_type": "llama", "num_attention_heads": 9,
+    "num_hidden_layers": 30, "num_key_value_heads": 3, "pad_token_id": 2, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_interleaved": False, "rope_scaling": None, "rope_theta": 100000, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "transformers.js_config": {"kv_cache_dtype": {"q4f16": "float16", "fp16": "float16"}},
+    "transformers_version": "4.42.3", "use_cache": True, "vocab_size": 49152,
+}
+
+
+def test_the_published_smollm2_instruct_config_loads_as_it_is(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(SMOLLM2_INSTRUCT_CONFIG))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        config = LlamaConfig.from_hf_json(tmp_path)
+    assert (config.dim, config.n_layers, config.n_heads, config.n_kv_heads, config.head_dim) == (576, 30, 9, 3, 64)
+    assert (config.rope_theta, config.tie_embeddings, config.eos_token_ids) == (100000, True, (2,))

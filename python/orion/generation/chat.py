@@ -1,4 +1,5 @@
-"""Chat templates: the Jinja ``chat_template`` of a model's ``tokenizer_config.json``, rendered the way
+"""Chat templates: the Jinja template of a model directory (``chat_template.jinja``, ``chat_template.json``
+or ``tokenizer_config.json``'s ``chat_template``, found as transformers finds it), rendered the way
 transformers renders it (a sandboxed environment, ``trim_blocks``/``lstrip_blocks``, ``raise_exception``,
 ``strftime_now`` and a ``tojson`` that does not escape HTML). Templates from model repositories are
 untrusted code, hence the sandbox."""
@@ -16,6 +17,7 @@ import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from orion.errors import OrionError
+from orion.generation.hf_files import read_json_object
 
 
 class ChatTemplateError(OrionError, ValueError):
@@ -38,6 +40,11 @@ def _compile(source: str) -> jinja2.Template:
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env.from_string(source)
+
+
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where transformers 5 saves the template
+CHAT_TEMPLATE_JSON = "chat_template.json"  # {"chat_template": ...}: processors' (and older) form
+ADDITIONAL_TEMPLATES_DIR = "additional_chat_templates"  # <name>.jinja: named templates beside the default
 
 
 class ChatTemplate:
@@ -79,3 +86,30 @@ class ChatTemplate:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **special)
         except jinja2.exceptions.TemplateError as err:
             raise ChatTemplateError(f"{self.path}: the chat_template refused these messages: {err}") from None
+
+
+def read_chat_template(directory: Path, tokenizer_config: dict[str, Any],
+                       special_tokens: dict[str, str] | None = None) -> ChatTemplate | None:
+    """The chat template of model directory ``directory``, or None when it has none. As transformers
+    reads them: ``chat_template.jinja`` first, then ``chat_template.json``, then ``tokenizer_config.json``'s
+    ``chat_template`` (a string, or named templates of which ``default`` is used); named templates in
+    ``additional_chat_templates/`` supply ``default`` when none of those does."""
+    jinja, as_json = directory / CHAT_TEMPLATE_FILE, directory / CHAT_TEMPLATE_JSON
+    if jinja.is_file():
+        return ChatTemplate(_read_text(jinja), jinja, special_tokens)
+    if as_json.is_file():
+        data = read_json_object(as_json)
+        if "chat_template" not in data:
+            raise ChatTemplateError(f"{as_json}: no 'chat_template' entry; fix the file or remove it")
+        return ChatTemplate(data["chat_template"], as_json, special_tokens)
+    if tokenizer_config.get("chat_template") is not None:
+        return ChatTemplate(tokenizer_config["chat_template"], directory / "tokenizer_config.json", special_tokens)
+    default = directory / ADDITIONAL_TEMPLATES_DIR / "default.jinja"
+    return ChatTemplate(_read_text(default), default, special_tokens) if default.is_file() else None
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ChatTemplateError(f"{path}: not a readable UTF-8 text file ({err})") from None

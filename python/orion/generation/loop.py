@@ -43,7 +43,6 @@ from orion.generation.streaming import IncrementalDetokenizer, StopStrings
 from orion.generation.tokenizer import Tokenizer, TokenizerNotFound
 from orion.graph import Graph
 from orion.lora.hot_swap import AdapterHost
-from orion.progress import warn_user
 from orion.runtime.backend import backend
 from orion.runtime.builder import ProgramBuilder
 from orion.runtime.stage import Stage
@@ -63,10 +62,6 @@ class NonFiniteLogits(OrionError):
 
 class ConcurrentUse(OrionError):
     """A model object was called from a second thread while it was running."""
-
-
-class TokenizerWarning(UserWarning):
-    """The tokenizer does not cover the model's whole vocabulary."""
 
 
 class ContextLengthWarning(UserWarning):
@@ -304,10 +299,6 @@ class CausalLM(AdapterHost):
         ``prefill_chunk``: the largest prefill bucket, longer prompts run in chunks of it (None: the default)."""
         d = self.dims
         self._tokenizer, self._tokenizer_error = tokenizer, tokenizer_error
-        if tokenizer is not None and tokenizer.vocab_size < d.vocab_size:
-            warn_user(f"{tokenizer.path} has {tokenizer.vocab_size} tokens, the model's vocabulary {d.vocab_size}: "
-                      f"decoding a generated id >= {tokenizer.vocab_size} raises TokenizerError (it has no text)",
-                      TokenizerWarning)
         self.options = PlanOptions(fusion_depth=fusion_depth, lm_head=lm_head,
                                    **({} if prefill_chunk is None else {"prefill_chunk": prefill_chunk}))
         start = time.perf_counter()
@@ -520,7 +511,7 @@ class CausalLM(AdapterHost):
                     f"generate: the logits of new token {produced} (position {self.cache.length}) contain NaN, "
                     f"so no token can be chosen; the model overflowed fp16 or its weights are not finite: "
                     f"check the weights (or compare with lm_head='cpu')")
-            logits = params.process(history, logits)
+            logits = params.process(history, self._mask_ids_without_text(logits))
             token = next_token(logits, params.temperature, params.top_k, params.top_p, rng, params.min_p)
             history.append(token)
             last = produced + 1 == max_new_tokens
@@ -549,6 +540,16 @@ class CausalLM(AdapterHost):
             if finish.reason:
                 return
             logits = self.decode_step(token)
+
+    def _mask_ids_without_text(self, logits: np.ndarray) -> np.ndarray:
+        """``logits`` with the ids beyond the tokenizer at -inf: a model's embedding may have more rows than
+        its tokenizer has tokens (Qwen2.5: 151,936 against 151,665), and those ids have no text."""
+        covered = self._tokenizer.vocab_size if self._tokenizer is not None else logits.shape[-1]
+        if covered >= logits.shape[-1]:
+            return logits
+        masked = np.array(logits, copy=True)
+        masked[covered:] = -np.inf
+        return masked
 
     def _check_context(self, ids: list[int]) -> None:
         if len(ids) > self.dims.context:

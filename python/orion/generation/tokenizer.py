@@ -5,7 +5,8 @@ End-of-sequence ids come from ``generation_config.json``, else ``config.json`` (
 an id or a list of ids), else ``tokenizer_config.json`` (``eos_token``, a token string looked up in
 the vocabulary). The beginning-of-sequence token is found the same way, and ``encode`` prepends it
 when ``tokenizer_config.json`` says ``add_bos_token`` (when no file says, when ``tokenizer.json``'s
-post-processor would). Its ``chat_template`` (Jinja) formats chats.
+post-processor would). The directory's chat template (``chat_template.jinja``, ``chat_template.json`` or
+``tokenizer_config.json``'s ``chat_template``: :func:`orion.generation.chat.read_chat_template`) formats chats.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import tokenizers
 
 from orion.errors import OrionError
-from orion.generation.chat import ChatTemplate
+from orion.generation.chat import CHAT_TEMPLATE_FILE, ChatTemplate, read_chat_template
 from orion.generation.hf_files import CONFIG_FILE, read_optional
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -93,8 +94,9 @@ class Tokenizer:
         tools, when given)."""
         template = template or self.chat_template
         if template is None:
-            raise TokenizerError(f"{self.path.parent / TOKENIZER_CONFIG_FILE}: no chat_template, so this model "
-                                 f"has no chat format; give a plain prompt instead of messages (without --chat)")
+            raise TokenizerError(f"{self.path.parent}: no chat_template (neither {CHAT_TEMPLATE_FILE} nor a "
+                                 f"chat_template in {TOKENIZER_CONFIG_FILE}), so this model has no chat format; "
+                                 f"give a plain prompt instead of messages (without --chat)")
         special = {"bos_token": self.token_text(self.bos_token_id), "eos_token": self.token_text(self.eos_token_id),
                    **template.special_tokens}
         extra = {} if tools is None else {"tools": tools}
@@ -123,12 +125,10 @@ def load_tokenizer(directory: str | os.PathLike[str], defaults: dict[str, Any] |
     files.append((directory / "(the model's config)", defaults or {}))
     bos = _special_ids(backend, files, "bos")
     tokenizer_config = files[2][1]
-    template = tokenizer_config.get("chat_template")
     return Tokenizer(backend, path, eos_token_ids=_special_ids(backend, files, "eos"),
                      bos_token_id=bos[0] if bos else None,
                      add_bos=_adds_bos(backend, bos, files),
-                     chat_template=None if template is None else ChatTemplate(
-                         template, files[2][0], _special_strings(tokenizer_config)))
+                     chat_template=read_chat_template(directory, tokenizer_config, _special_strings(tokenizer_config)))
 
 
 def _adds_bos(backend: tokenizers.Tokenizer, bos: tuple[int, ...], files: list[tuple[Path, dict[str, Any]]]) -> bool:

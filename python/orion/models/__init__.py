@@ -1,13 +1,17 @@
 """Models written with Orion's graph compiler, and the registry that picks one for a directory:
-``orion.models.load(path)`` (by ``config.json``'s ``model_type``, or a llama2.c ``.bin`` file) or
+``orion.models.load(path)`` (by ``config.json``'s ``model_type``, a llama2.c ``.bin`` file or a llama.cpp
+``.gguf`` file) or
 ``orion.models.random("gpt2")`` / ``random("stories110m")``."""
 
+from orion.models.gguf import load_gguf, load_gguf_tokenizer, model_class_of
 from orion.models.gpt2 import GPT2, GPT2Config
 from orion.models.llama import Llama, LlamaConfig
 from orion.models.registry import (
     UnknownModel,
     context_length,
+    file_suffixes,
     load,
+    load_tokenizer,
     model_class,
     model_types,
     random,
@@ -22,7 +26,9 @@ register_shape("gpt2", GPT2Config())
 register_shape("124m", GPT2Config())
 register(Llama, LlamaConfig, ("llama", "qwen2", "mistral"))
 register_file_format(".bin", Llama.from_llama2c)
+register_file_format(".gguf", load_gguf, model_class_of, load_gguf_tokenizer)
 register_shape("stories110m", LlamaConfig.stories110m())
 
-__all__ = ["GPT2", "GPT2Config", "Llama", "LlamaConfig", "UnknownModel", "context_length", "load", "model_class",
+__all__ = ["GPT2", "GPT2Config", "Llama", "LlamaConfig", "UnknownModel", "context_length", "file_suffixes", "load",
+           "load_tokenizer", "model_class",
            "model_types", "random", "register", "register_file_format", "register_shape", "shape_names"]

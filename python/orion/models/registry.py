@@ -35,6 +35,8 @@ class Family:
 _FAMILIES: dict[str, Family] = {}
 _SHAPES: dict[str, Any] = {}
 _FILE_FORMATS: dict[str, Callable[..., Any]] = {}
+_FILE_CLASSES: dict[str, Callable[[Path], type]] = {}
+_FILE_TOKENIZERS: dict[str, Callable[[Path], Any]] = {}
 
 
 def register(model: type, config: type, model_types: Iterable[str] | None = None) -> None:
@@ -43,9 +45,31 @@ def register(model: type, config: type, model_types: Iterable[str] | None = None
         _FAMILIES[model_type] = Family(model, config)
 
 
-def register_file_format(suffix: str, load_file: Callable[..., Any]) -> None:
-    """Make ``load_file(path, **options)`` the loader of checkpoint files ending in ``suffix`` (e.g. ``".bin"``)."""
+def register_file_format(suffix: str, load_file: Callable[..., Any], class_of: Callable[[Path], type] | None = None,
+                         tokenizer_of: Callable[[Path], Any] | None = None) -> None:
+    """Make ``load_file(path, **options)`` the loader of checkpoint files ending in ``suffix`` (e.g. ``".bin"``);
+    ``class_of(path)`` tells the class a file loads as without reading its weights (default: the class whose
+    classmethod ``load_file`` is), ``tokenizer_of(path)`` the tokenizer the file holds (None: it holds none)."""
     _FILE_FORMATS[suffix] = load_file
+    _FILE_CLASSES[suffix] = class_of or (lambda path: load_file.__self__)
+    if tokenizer_of is not None:
+        _FILE_TOKENIZERS[suffix] = tokenizer_of
+
+
+def file_suffixes() -> list[str]:
+    """The suffixes of the checkpoint files :func:`load` reads (besides directories)."""
+    return sorted(_FILE_FORMATS)
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> Any:
+    """The tokenizer of a model directory (its ``tokenizer.json``) or of a checkpoint file that holds one
+    (a ``.gguf``), read without the weights: the check to make before a slow load and compile."""
+    path = Path(path)
+    if _checkpoint_file(path) and path.suffix in _FILE_TOKENIZERS:
+        return _FILE_TOKENIZERS[path.suffix](path)
+    from orion.generation.tokenizer import load_tokenizer as load_directory_tokenizer
+
+    return load_directory_tokenizer(path.parent if _checkpoint_file(path) else path)
 
 
 def register_shape(name: str, config: Any) -> None:
@@ -101,7 +125,7 @@ def model_class(path: str | os.PathLike[str]) -> type:
     ``model_type``) or a checkpoint file of a registered format; checked without reading the weights."""
     directory = Path(path)
     if _checkpoint_file(directory):
-        return _FILE_FORMATS[directory.suffix].__self__  # the class whose classmethod loads the format
+        return _FILE_CLASSES[directory.suffix](directory)
     if not directory.is_dir():
         what = "a file, not a directory" if directory.exists() else "no such directory"
         formats = "".join(f", or a {suffix} file" for suffix in sorted(_FILE_FORMATS))

@@ -45,9 +45,12 @@ def build_parser(prog: str = "python -m orion serve") -> argparse.ArgumentParser
 
 def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """Refuse bad arguments before the (slow) load and compile."""
+    from orion import models
+
     model = Path(args.model)
-    if not model.is_dir():
-        parser.error(f"--model {args.model}: {'not a directory' if model.exists() else 'no such directory'}")
+    if not model.is_dir() and not (model.is_file() and model.suffix in models.file_suffixes()):
+        what = f"not a directory or a {'/'.join(models.file_suffixes())} file" if model.exists() else "no such directory"
+        parser.error(f"--model {args.model}: {what}")
     if not 0 <= args.port <= 65535:
         parser.error(f"--port {args.port}: use 0..65535")
     for name in ("max_queue", "max_sequences", "max_body_bytes", "retry_after"):

@@ -24,7 +24,6 @@ from orion.generation.chat import ChatTemplate, ChatTemplateError
 from orion.generation.loop import CausalLM
 from orion.generation.sampling import next_token
 from orion.generation.structured import GrammarProcessor
-from orion.generation.tokenizer import load_tokenizer
 from orion.serve.engine import PromptError, SamplingParams
 from orion.serve.logits import LogitsProcessor
 from orion.serve.tools import arguments_as_objects, tool_format
@@ -54,7 +53,7 @@ class ModelEngine:
                        max_sequences: int = 4, model_options: dict[str, Any] | None = None) -> ModelEngine:
         """Load (and compile) the Hugging Face model directory ``path`` (``model_options``: e.g. ``quant``,
         see ``orion.quant.model_options``); the tokenizer is checked first."""
-        load_tokenizer(path)  # a missing or broken tokenizer.json fails before the compile
+        models.load_tokenizer(path)  # a missing or broken tokenizer fails before the compile
         model = models.load(path, progress=progress, **(model_options or {}))
         return cls(model, model_id or Path(path).resolve().name, max_sequences=max_sequences)
 

@@ -1,30 +1,25 @@
 """GPT-2's hyperparameters, validated, and their Hugging Face ``config.json`` form.
 
-Every key of a ``config.json`` is accounted for: the shape and the settings Orion implements
-(``activation_function``, ``n_inner``, ``scale_attn_weights``, ``scale_attn_by_inverse_layer_idx``)
-are read; keys that do not change inference (dropouts, initialization, token ids, bookkeeping) are
-inert; a key that would change the model and is not implemented is refused unless it has
-transformers' default value, and an unknown key gets a warning naming it.
+The fields that change a GPT-2 (:data:`MODEL_FIELDS`) are each read: the shape and the settings Orion
+implements (``activation_function``, ``n_inner``, ``scale_attn_weights``,
+``scale_attn_by_inverse_layer_idx``), or refused unless they hold the value that changes nothing.
+Every other field cannot change the model and is accepted (:mod:`orion.models.config_fields`).
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from orion.errors import OrionError
 from orion.generation.hf_files import ModelFileError, read_json_object
+from orion.models.config_fields import COMMON_MODEL_FIELDS, note_unread_fields
 
 
 class ConfigError(OrionError, ValueError):
     """A GPT-2 configuration is invalid or a ``config.json`` cannot be read."""
-
-
-class ConfigWarning(UserWarning):
-    """A ``config.json`` has keys Orion does not know."""
 
 
 # Our field -> the Hugging Face config.json keys that may hold it, preferred first.
@@ -47,18 +42,13 @@ _HF_OPTIONAL: dict[str, str] = {
 # approximation, which differs from it by under 5e-4, below fp16's resolution at 1.
 ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu", "quick_gelu", "relu", "silu", "swish",
                "tanh", "sigmoid", "linear")
-# Keys that do not change the logits (training-only, bookkeeping, token ids read by the tokenizer).
-_INERT = {"model_type", "architectures", "resid_pdrop", "embd_pdrop", "attn_pdrop", "initializer_range",
-          "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
-          "summary_first_dropout", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
-          "decoder_start_token_id", "use_cache", "transformers_version", "torch_dtype", "dtype", "_name_or_path",
-          "task_specific_params", "id2label", "label2id", "_num_labels", "num_labels", "problem_type",
-          "output_attentions", "output_hidden_states", "return_dict", "output_past", "gradient_checkpointing",
-          "finetuning_task", "tokenizer_class", "prefix", "chunk_size_feed_forward", "is_encoder_decoder",
-          "is_decoder", "n_ctx", "reorder_and_upcast_attn"}  # the last one: fp32 attention only, as Orion's
 # Keys Orion does not implement, with the value at which they change nothing.
 _NOT_IMPLEMENTED = {"add_cross_attention": False, "tie_word_embeddings": True, "pruned_heads": {},
-                    "torchscript": False, "cross_attention_hidden_size": None}
+                    "cross_attention_hidden_size": None, "quantization_config": None}
+# The fields that change a GPT-2 (orion.models.config_fields); reorder_and_upcast_attn only computes
+# attention in fp32, as Orion's does.
+MODEL_FIELDS = frozenset(COMMON_MODEL_FIELDS | set(_NOT_IMPLEMENTED) | set(_HF_OPTIONAL)
+                         | {k for keys in _HF_KEYS.values() for k in keys} | {"reorder_and_upcast_attn"})
 
 
 @dataclass(frozen=True)
@@ -156,17 +146,13 @@ class GPT2Config:
             if key in data:
                 values[name] = data[key]
         for key, neutral in _NOT_IMPLEMENTED.items():
-            if key in data and data[key] != neutral:
+            if data.get(key, neutral) not in (neutral, None):
                 raise ConfigError(f"{where}: {key}={data[key]!r} is not implemented by Orion's GPT-2 (it runs "
                                   f"{key}={neutral!r}); the model would compute something else, so it is refused")
         if "n_ctx" in data and "n_positions" in data and data["n_ctx"] != data["n_positions"]:
             raise ConfigError(f"{where}: n_ctx={data['n_ctx']} differs from n_positions={data['n_positions']}; "
                               f"Orion's GPT-2 needs them equal (the context length)")
-        unknown = sorted(set(data) - _INERT - set(_NOT_IMPLEMENTED) - set(_HF_OPTIONAL)
-                         - {k for keys in _HF_KEYS.values() for k in keys})
-        if unknown:
-            warnings.warn(f"{where}: Orion's GPT-2 does not know the keys {unknown}; they are not used, so check "
-                          f"that they do not change the model", ConfigWarning, stacklevel=2)
+        note_unread_fields(data, where, "GPT-2", MODEL_FIELDS)
         try:
             return cls(**values)
         except ConfigError as exc:

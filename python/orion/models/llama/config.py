@@ -1,9 +1,10 @@
 """Llama-family hyperparameters (Llama, Qwen2, Mistral, llama2.c), validated, and their Hugging Face
 ``config.json`` form.
 
-Every ``config.json`` field is either mapped to a :class:`LlamaConfig` field, checked to hold a value
-Orion implements (else a :class:`ConfigError` naming the field), or listed in :data:`IGNORED_FIELDS`
-with the reason it does not change the model's outputs. An unknown field is an error.
+The fields that change a model of each ``model_type`` are listed in :data:`MODEL_FIELDS`; each is
+mapped to a :class:`LlamaConfig` field or checked to hold a value Orion implements (else a
+:class:`ConfigError` naming the field). Every other field cannot change the model and is accepted
+(:mod:`orion.models.config_fields`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from orion.errors import OrionError
 from orion.generation.hf_files import ModelFileError, read_json_object
+from orion.models.config_fields import COMMON_MODEL_FIELDS, note_unread_fields
 
 ROPE_CONVENTIONS = ("interleaved", "half")  # llama2.c/Meta pairs (2i, 2i+1); Hugging Face rotate-half
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
@@ -150,32 +152,28 @@ class LlamaConfig:
         return out
 
 
-# Hugging Face fields that do not change the logits of a causal LM at inference, with the reason.
-IGNORED_FIELDS: dict[str, str] = {
-    **dict.fromkeys(("_name_or_path", "transformers_version", "architectures", "torch_dtype", "dtype",
-                     "id2label", "label2id", "problem_type", "finetuning_task", "tokenizer_class", "prefix",
-                     "task_specific_params", "_commit_hash", "_attn_implementation_autoset"),
-                    "bookkeeping"),
-    **dict.fromkeys(("use_cache", "return_dict", "output_attentions", "output_hidden_states", "torchscript",
-                     "chunk_size_feed_forward", "pruned_heads", "pretraining_tp", "_attn_implementation"),
-                    "a transformers execution setting, same outputs"),
-    **dict.fromkeys(("initializer_range", "attention_dropout", "hidden_dropout", "embd_pdrop", "resid_pdrop"),
-                    "training only"),
-    **dict.fromkeys(("pad_token_id", "sep_token_id", "decoder_start_token_id"), "a tokenizer setting"),
-    **dict.fromkeys(("max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
-                     "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
-                     "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
-                     "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
-                     "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
-                     "suppress_tokens", "begin_suppress_tokens", "tf_legacy_loss", "is_decoder",
-                     "is_encoder_decoder", "add_cross_attention", "cross_attention_hidden_size",
-                     "tie_encoder_decoder"), "a generation default or an encoder-decoder setting"),
-    **dict.fromkeys(("rope_interleaved", "is_llama_config"), "nanotron bookkeeping that transformers ignores too"),
+# The fields that change a model of each model_type (orion.models.config_fields): each is implemented
+# below or refused by name; every other field is accepted (bookkeeping), with at most one note.
+_LLAMA_FIELDS = COMMON_MODEL_FIELDS | {
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "intermediate_size", "max_position_embeddings", "rms_norm_eps", "hidden_act", "rope_theta", "rope_parameters",
+    "rope_scaling", "partial_rotary_factor", "attention_bias", "mlp_bias", "sliding_window"}
+MODEL_FIELDS: dict[str, frozenset[str]] = {
+    "llama": frozenset(_LLAMA_FIELDS),
+    "mistral": frozenset(_LLAMA_FIELDS - {"attention_bias", "mlp_bias"}),
+    "qwen2": frozenset(_LLAMA_FIELDS - {"attention_bias", "mlp_bias"}
+                       | {"use_sliding_window", "max_window_layers", "layer_types", "use_mrope"}),
 }
-
 _REQUIRED = {"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
              "hidden_dim": "intermediate_size", "vocab_size": "vocab_size",
              "max_position_embeddings": "max_position_embeddings"}
+
+
+# Fields that change the model, implemented only at the value that changes nothing.
+_NEUTRAL_VALUES: dict[str, Any] = {"partial_rotary_factor": 1.0, "quantization_config": None}
+_NEUTRAL_WHAT = {"partial_rotary_factor": "RoPE on part of each head",
+                 "quantization_config": "a quantized checkpoint (load the unquantized one, or a GGUF file)"}
+DISPLAY_NAMES = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}
 
 
 def _read_json(source: dict[str, Any] | str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
@@ -195,34 +193,35 @@ def _unsupported(where: str, field: str, value: Any, what: str) -> ConfigError:
                        "Fix: use a checkpoint without it (Orion never ignores a field that changes the model)")
 
 
-def _rope_theta(data: dict[str, Any], where: str, used: set[str]) -> float:
-    """``rope_theta`` from ``rope_parameters`` (transformers >= 5) or the older ``rope_theta``/``rope_scaling``."""
-    theta = data.get("rope_theta", 10000.0)
-    params = data.get("rope_parameters")
-    used.update(("rope_theta", "rope_parameters", "rope_scaling"))
-    if params is not None:
+def _rope_theta(data: dict[str, Any], where: str) -> float:
+    """RoPE's base from transformers 5's ``rope_parameters`` or the older ``rope_scaling`` and top-level
+    ``rope_theta`` (any of them may hold it; values that disagree are an error); RoPE scaling other
+    than ``default`` is refused by name."""
+    thetas: dict[str, Any] = {}
+    if "rope_theta" in data:
+        thetas["rope_theta"] = data["rope_theta"]
+    for name in ("rope_parameters", "rope_scaling"):
+        params = data.get(name)
+        if params is None:
+            continue
         if not isinstance(params, dict):
-            raise ConfigError(f"{where}: field 'rope_parameters' must be an object, got {json.dumps(params)}")
+            raise ConfigError(f"{where}: field {name!r} must be an object, got {json.dumps(params)}")
         for key, value in params.items():
             if key == "rope_theta":
-                theta = value
+                thetas[f"{name}.rope_theta"] = value
             elif key in ("rope_type", "type"):
                 if value != "default":
-                    raise _unsupported(where, f"rope_parameters.{key}", value, f"RoPE scaling {value!r}")
+                    raise _unsupported(where, f"{name}.{key}", value, f"RoPE scaling {value!r}")
             elif not (key == "partial_rotary_factor" and value == 1.0):
-                raise _unsupported(where, f"rope_parameters.{key}", value, "this RoPE parameter")
-    scaling = data.get("rope_scaling")
-    if scaling is not None and not (isinstance(scaling, dict) and
-                                    scaling.get("rope_type", scaling.get("type")) == "default" and
-                                    set(scaling) <= {"rope_type", "type", "rope_theta"}):
-        raise _unsupported(where, "rope_scaling", scaling, "RoPE scaling")
-    return theta
+                raise _unsupported(where, f"{name}.{key}", value, "this RoPE parameter")
+    if len(set(map(repr, thetas.values()))) > 1:
+        raise ConfigError(f"{where}: RoPE's base is given twice with different values "
+                          f"({', '.join(f'{k}={v}' for k, v in thetas.items())}). Fix: keep one")
+    return next(iter(thetas.values()), 10000.0)
 
 
-def _check_sliding_window(data: dict[str, Any], where: str, model_type: str, n_layers: int, context: int,
-                          used: set[str]) -> None:
+def _check_sliding_window(data: dict[str, Any], where: str, model_type: str, n_layers: int, context: int) -> None:
     """Sliding-window attention is refused unless it can never drop a position within the context."""
-    used.update(("sliding_window", "use_sliding_window", "max_window_layers", "layer_types"))
     window = data.get("sliding_window")
     layer_types = data.get("layer_types")
     if layer_types is not None:
@@ -252,13 +251,11 @@ def _map_hf(data: dict[str, Any], where: str) -> dict[str, Any]:
     if arch is not None and arch != [MODEL_TYPES[model_type]]:
         raise ConfigError(f"{where}: field 'architectures' is {json.dumps(arch)}; Orion runs "
                           f"{MODEL_TYPES[model_type]} only (a causal LM with an LM head)")
-    used = {"model_type"}
     values: dict[str, Any] = {"model_type": model_type, "rope_convention": "half"}
     for ours, key in _REQUIRED.items():
         if key not in data:
             raise ConfigError(f"{where}: missing key {key!r} (LlamaConfig.{ours})")
         values[ours] = data[key]
-        used.add(key)
     kv = data.get("num_key_value_heads")
     values["n_kv_heads"] = values["n_heads"] if kv is None else kv
     head_dim = data.get("head_dim")
@@ -270,34 +267,27 @@ def _map_hf(data: dict[str, Any], where: str) -> dict[str, Any]:
     values["head_dim"] = head_dim
     values["rms_norm_eps"] = data.get("rms_norm_eps", 1e-6)
     values["tie_embeddings"] = bool(data.get("tie_word_embeddings", False))
-    values["rope_theta"] = _rope_theta(data, where, used)
-    used.update(("num_key_value_heads", "head_dim", "rms_norm_eps", "tie_word_embeddings"))
+    values["rope_theta"] = _rope_theta(data, where)
 
     act = data.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise _unsupported(where, "hidden_act", act, "an MLP activation other than SiLU")
-    used.add("hidden_act")
     if model_type == "llama":
         for key in ("attention_bias", "mlp_bias"):
             if data.get(key, False):
                 raise _unsupported(where, key, data[key], "Llama with projection biases")
-        used.update(("attention_bias", "mlp_bias"))
     values["qkv_bias"] = model_type == "qwen2"
     if model_type == "qwen2":
         if data.get("use_mrope", False):
             raise _unsupported(where, "use_mrope", data["use_mrope"], "multimodal RoPE")
-        used.add("use_mrope")
-    _check_sliding_window(data, where, model_type, values["n_layers"], values["max_position_embeddings"], used)
+    _check_sliding_window(data, where, model_type, values["n_layers"], values["max_position_embeddings"])
 
     values["bos_token_id"] = data.get("bos_token_id")
     eos = data.get("eos_token_id")
     values["eos_token_ids"] = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-    used.update(("bos_token_id", "eos_token_id"))
 
-    unknown = sorted(set(data) - used - set(IGNORED_FIELDS))
-    if unknown:
-        raise ConfigError(f"{where}: unknown field {unknown[0]!r} for model_type {model_type!r}"
-                          + (f" (and {len(unknown) - 1} more: {', '.join(unknown[1:])})" if len(unknown) > 1 else "")
-                          + "; Orion cannot tell whether it changes the model. Fix: remove it if it is bookkeeping, "
-                          "or add it to orion.models.llama.config.IGNORED_FIELDS with the reason")
+    for key, neutral in _NEUTRAL_VALUES.items():
+        if data.get(key, neutral) not in (neutral, None):
+            raise _unsupported(where, key, data[key], _NEUTRAL_WHAT[key])
+    note_unread_fields(data, where, DISPLAY_NAMES[model_type], MODEL_FIELDS[model_type])
     return values

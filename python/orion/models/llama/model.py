@@ -17,14 +17,12 @@ from orion.generation.tokenizer import TOKENIZER_FILE, Tokenizer, TokenizerNotFo
 from orion.graph import Graph
 from orion.lora.adapter import Placement
 from orion.models.llama import graphs
-from orion.models.llama.config import ConfigError, LlamaConfig
+from orion.models.llama.config import DISPLAY_NAMES, ConfigError, LlamaConfig
 from orion.models.llama.costs import decode_program_costs
 from orion.models.llama.lora import lora_placements
 from orion.models.llama.weights import LlamaWeights, load_hf, load_llama2c, random_weights
 from orion.models.weights_io import table_rows
 from orion.quant import compile_options, quant_identity, weight_bytes
-
-DISPLAY_NAMES = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}
 
 
 class Llama(CausalLM):

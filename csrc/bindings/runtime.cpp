@@ -216,7 +216,10 @@ void bind_runtime(py::module_& m) {
             "with_weights",
             [](runtime::LoadedProgram& p, const PyWeights& weights, bool unverified_patch) {
                 const HeldWeights held(weights);  // held until the GIL-released work is done
-                if (std::string(p.backend()) == "ane") runtime::ane_plan::check_patch(held.files(), unverified_patch);
+                if (std::string(p.backend()) == "ane") {
+                    for (const auto& [key, bytes] : held.files()) runtime::weight_file_relpath(key);  // ANE-34 first
+                    runtime::ane_plan::check_patch(held.files(), unverified_patch);
+                }
                 py::gil_scoped_release release;
                 return p.with_weights(held.files());
             },

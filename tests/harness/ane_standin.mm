@@ -18,6 +18,7 @@
 
 #include <cstdio>
 #include <map>
+#include <set>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -30,6 +31,7 @@ struct Stats {
     int descriptors = 0, compiles = 0, loads = 0, evaluates = 0, requests = 0, request_reuses = 0, unloads = 0,
         leaks = 0, violations = 0, fail_loads = 0, live_models = 0, compile_skips = 0, exceptions = 0;
     std::string throw_in;  // a selector name: its next call raises an NSException (orion_ane_standin_throw_next)
+    std::set<std::string> compiled;  // hexStringIdentifiers compiled by this process (the modelled cache)
     unsigned last_qos = 0;
     bool qos_always_21 = true;
     std::string last_violation;
@@ -274,9 +276,14 @@ static bool valid_side(NSArray* surfaces, NSArray* indices) {
 }
 
 // Whether this model's directory holds a program compiled from its MIL, with its weights (what the
-// real framework's cache would hold): the client then loads without compiling.
+// real framework's cache would hold; only models this process compiled, so tests do not depend on
+// directories earlier runs left behind): the client then loads without compiling.
 - (BOOL)compiledModelExists {
     maybe_raise("compiledModelExists");
+    {
+        std::lock_guard<std::mutex> lock(g_mutex);  // a directory left by another process does not count
+        if (!g.compiled.count([[self hexStringIdentifier] UTF8String])) return NO;
+    }
     NSString* dir = [self directory];
     std::string plist, data, expected;
     if (read_file([dir stringByAppendingPathComponent:@"net.plist"], &plist) ||
@@ -342,6 +349,7 @@ static bool valid_side(NSArray* surfaces, NSArray* indices) {
                                                             atomically:NO];
     std::lock_guard<std::mutex> lock(g_mutex);
     g.compiles++;
+    g.compiled.insert([[self hexStringIdentifier] UTF8String]);
     return YES;
 }
 

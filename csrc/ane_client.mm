@@ -13,6 +13,9 @@
 // - no C++ `catch` in this file: under the GCC Objective-C runtime (GNUstep on Debian) clang gives
 //   Objective-C++ functions the Objective-C personality, which runs destructors while a C++
 //   exception unwinds but cannot catch one. Cleanup is therefore RAII only.
+// - every framework call runs inside guarded() (@try/@catch, as libane does): an Objective-C
+//   exception becomes the CompileError or EvaluateError of that step, with the framework's reason.
+//   Nothing inside a guarded block throws a C++ exception.
 #import <Foundation/Foundation.h>
 #include <IOSurface/IOSurface.h>
 
@@ -41,6 +44,7 @@
 - (BOOL)loadWithQoS:(unsigned int)qos options:(NSDictionary*)options error:(NSError**)error;
 - (BOOL)evaluateWithQoS:(unsigned int)qos options:(NSDictionary*)options request:(id)request error:(NSError**)error;
 - (BOOL)unloadWithQoS:(unsigned int)qos error:(NSError**)error;
+- (BOOL)compiledModelExists;
 + (id)objectWithIOSurface:(IOSurfaceRef)surface;
 + (id)requestWithInputs:(NSArray*)inputs
            inputIndices:(NSArray*)inputIndices
@@ -70,6 +74,22 @@ struct Pool {  // an autorelease pool for the scope
 };
 
 std::string text(NSError* error) { return error ? std::string([[error description] UTF8String]) : std::string(); }
+
+// Runs framework calls; returns "" or, when they raise an Objective-C exception, its text
+// (plan::objc_exception_text). `calls` must not throw a C++ exception.
+template <class Calls>
+std::string guarded(Calls&& calls) {
+    @try {
+        calls();
+    } @catch (NSException* e) {
+        NSString* name = [e name];
+        NSString* reason = [e reason];
+        return plan::objc_exception_text(name ? [name UTF8String] : nullptr, reason ? [reason UTF8String] : nullptr);
+    } @catch (id e) {
+        return plan::objc_exception_text(nullptr, nullptr);
+    }
+    return "";
+}
 
 struct Framework {
     bool ok = false;
@@ -165,13 +185,23 @@ public:
                 [NSData dataWithBytes:w.data.data() length:w.data.size()], @"data", nil];
             [dict setObject:entry forKey:[NSString stringWithUTF8String:w.key.c_str()]];
         }
-        id descriptor = [fw.descriptor modelWithMILText:mil_arg weights:(fault("nil_weights") ? nil : dict) optionsPlist:nil];
+        id descriptor = nil;
+        id weights_arg = fault("nil_weights") ? nil : dict;
+        std::string raised = guarded([&] { descriptor = [fw.descriptor modelWithMILText:mil_arg weights:weights_arg optionsPlist:nil]; });
+        if (!raised.empty())
+            throw CompileError(plan::framework_error("_ANEInMemoryModelDescriptor modelWithMILText:weights:optionsPlist:", raised));
         if (!descriptor)
             throw CompileError(plan::framework_error("_ANEInMemoryModelDescriptor modelWithMILText:weights:optionsPlist:", "") +
                                " (returned nil: the MIL must be NSData and the weights a dictionary, ANE-17/18)");
-        p->model_ = [[fw.model inMemoryModelWithDescriptor:descriptor] retain];
+        id model = nil;
+        NSString* hex = nil;
+        raised = guarded([&] {
+            model = [[fw.model inMemoryModelWithDescriptor:descriptor] retain];
+            hex = [model hexStringIdentifier];
+        });
+        p->model_ = model;
+        if (!raised.empty()) throw CompileError(plan::framework_error("_ANEInMemoryModel inMemoryModelWithDescriptor:", raised));
         if (!p->model_) throw CompileError(plan::framework_error("_ANEInMemoryModel inMemoryModelWithDescriptor:", ""));
-        NSString* hex = [p->model_ hexStringIdentifier];
         const std::string dir = plan::model_dir_path([NSTemporaryDirectory() UTF8String], hex ? [hex UTF8String] : "");
         p->dir_ = plan::lease_model_dir(dir, nullptr);
         if (!fault("no_temp_dir")) {
@@ -180,19 +210,36 @@ public:
             plan::write_model_dir(dir, written);
         }
         NSError* error = nil;
-        if (donor) {
-            plan::write_patch_files(donor->dir_->dir(), dir, weights);
-        } else {
-            runtime::consume_compile();  // only what reaches the device compiler counts
-            if (!fault("skip_compile") && ![p->model_ compileWithQoS:plan::kQoS options:@{} error:&error])
-                throw CompileError(plan::framework_error("compileWithQoS:", text(error)));
+        BOOL compiled = NO;  // the framework already holds this model compiled (libane checks the same)
+        if (!donor) {
+            raised = guarded([&] {
+                compiled = [model respondsToSelector:@selector(compiledModelExists)] && [model compiledModelExists];
+            });
+            if (!raised.empty()) throw CompileError(plan::framework_error("compiledModelExists", raised));
+        }
+        switch (plan::compile_step(donor != nullptr, compiled == YES)) {
+            case plan::CompileStep::patch:
+                plan::write_patch_files(donor->dir_->dir(), dir, weights);
+                break;
+            case plan::CompileStep::reuse:  // not counted: nothing reaches the device compiler
+                break;
+            case plan::CompileStep::compile: {
+                runtime::consume_compile();  // only what reaches the device compiler counts
+                BOOL ok = YES;
+                if (!fault("skip_compile"))
+                    raised = guarded([&] { ok = [model compileWithQoS:plan::kQoS options:@{} error:&error]; });
+                if (!raised.empty()) throw CompileError(plan::framework_error("compileWithQoS:", raised));
+                if (!ok) throw CompileError(plan::framework_error("compileWithQoS:", text(error)));
+                break;
+            }
         }
         if (!fault("skip_load")) {
-            id model = p->model_;
             const bool retry = !fault("no_retry");
             auto attempt = [model]() -> plan::Attempt {
                 NSError* e = nil;
-                const BOOL ok = [model loadWithQoS:plan::kQoS options:@{} error:&e];
+                BOOL ok = NO;
+                const std::string thrown = guarded([&] { ok = [model loadWithQoS:plan::kQoS options:@{} error:&e]; });
+                if (!thrown.empty()) return {false, thrown};
                 return {ok == YES, text(e)};
             };
             const plan::LoadOutcome loaded =
@@ -243,30 +290,42 @@ private:
         NSMutableArray* in_idx = [NSMutableArray array];
         NSMutableArray* outs = [NSMutableArray array];
         NSMutableArray* out_idx = [NSMutableArray array];
-        for (size_t i = 0; i < inputs.size(); ++i) {
-            const auto& b = inputs[fault("reverse_inputs") ? inputs.size() - 1 - i : i];
-            [ins addObject:[fw.surface_object objectWithIOSurface:static_cast<IOSurfaceRef>(b.second->handle())]];
-            [in_idx addObject:[NSNumber numberWithUnsignedLong:i]];
-        }
-        for (size_t i = 0; i < outputs.size(); ++i) {
-            [outs addObject:[fw.surface_object objectWithIOSurface:static_cast<IOSurfaceRef>(outputs[i].second->handle())]];
-            [out_idx addObject:[NSNumber numberWithUnsignedLong:i]];
-        }
+        std::vector<IOSurfaceRef> in_surfaces, out_surfaces;
+        for (size_t i = 0; i < inputs.size(); ++i)
+            in_surfaces.push_back(static_cast<IOSurfaceRef>(inputs[fault("reverse_inputs") ? inputs.size() - 1 - i : i].second->handle()));
+        for (const auto& b : outputs) out_surfaces.push_back(static_cast<IOSurfaceRef>(b.second->handle()));
+        std::string raised = guarded([&] {
+            for (size_t i = 0; i < in_surfaces.size(); ++i) {
+                [ins addObject:[fw.surface_object objectWithIOSurface:in_surfaces[i]]];
+                [in_idx addObject:[NSNumber numberWithUnsignedLong:i]];
+            }
+            for (size_t i = 0; i < out_surfaces.size(); ++i) {
+                [outs addObject:[fw.surface_object objectWithIOSurface:out_surfaces[i]]];
+                [out_idx addObject:[NSNumber numberWithUnsignedLong:i]];
+            }
+        });
+        if (!raised.empty()) throw EvaluateError(plan::framework_error("_ANEIOSurfaceObject objectWithIOSurface:", raised));
         id request = last_request_;
         if (!request || !fault("reuse_request")) {
-            request = [fw.request requestWithInputs:ins
-                                       inputIndices:in_idx
-                                            outputs:outs
-                                      outputIndices:out_idx
-                                      weightsBuffer:nil
-                                          perfStats:nil
-                                     procedureIndex:[NSNumber numberWithInt:0]];
+            raised = guarded([&] {
+                request = [fw.request requestWithInputs:ins
+                                           inputIndices:in_idx
+                                                outputs:outs
+                                          outputIndices:out_idx
+                                          weightsBuffer:nil
+                                              perfStats:nil
+                                         procedureIndex:[NSNumber numberWithInt:0]];
+            });
+            if (!raised.empty()) throw EvaluateError(plan::framework_error("_ANERequest requestWithInputs:...", raised));
             if (!request) throw EvaluateError(plan::framework_error("_ANERequest requestWithInputs:...", ""));
             if (fault("reuse_request")) last_request_ = [request retain];
         }
         NSError* error = nil;
-        if (![model_ evaluateWithQoS:plan::kQoS options:@{} request:request error:&error])
-            throw EvaluateError(plan::framework_error("evaluateWithQoS:", text(error)));
+        BOOL ok = NO;
+        id model = model_;
+        raised = guarded([&] { ok = [model evaluateWithQoS:plan::kQoS options:@{} request:request error:&error]; });
+        if (!raised.empty()) throw EvaluateError(plan::framework_error("evaluateWithQoS:", raised));
+        if (!ok) throw EvaluateError(plan::framework_error("evaluateWithQoS:", text(error)));
     }
 
     // Step 10, then the temp dir goes when no other program shares it.
@@ -290,7 +349,13 @@ private:
         if (loaded_ && !fault("no_unload")) {
             Pool pool;
             NSError* e = nil;
-            if (![model_ unloadWithQoS:plan::kQoS error:&e]) error = plan::framework_error("unloadWithQoS:", text(e));
+            BOOL ok = NO;
+            id model = model_;
+            const std::string raised = guarded([&] { ok = [model unloadWithQoS:plan::kQoS error:&e]; });
+            if (!raised.empty())
+                error = plan::framework_error("unloadWithQoS:", raised);
+            else if (!ok)
+                error = plan::framework_error("unloadWithQoS:", text(e));
         }
         loaded_ = false;
         dir_.reset();

@@ -47,7 +47,7 @@ struct Constraint {
     X(CONV_FORM, "ANE-32", "conv needs a const weight and all of dilations/groups/pad/pad_type/strides") \
     X(UNLOAD, "ANE-33", "programs must always be unloaded, or the ANE leaks")                            \
     X(WEIGHT_PATHS, "ANE-34", "weight paths must be unique @model_path/ relative paths without '..'")       \
-    X(QUANTIZED_OPS, "ANE-35", "quantize/dequantize work on M4 but fail on M3: keep weights fp16")         \
+    X(QUANTIZED_OPS, "ANE-35", "int8 ops are disputed: [M] ran them (attribute form), [E]'s failure used operands") \
     X(LOAD_RETRY, "ANE-36", "load may fail transiently: retry once after 100 ms")
 
 #define ORION_DECLARE_CONSTRAINT(key, id, title) inline constexpr Constraint key{id, title};

@@ -14,6 +14,8 @@ namespace orion::limits {
     X(MAX_CONV_INPUT_CHANNELS, int, 32000, "conv input channels from which the compiler refuses (ANE-10)") \
     X(SRAM_BYTES, size_t, 33554432, "on-chip SRAM a program's working set should fit (ANE-26)")           \
     X(DEFAULT_COMPILE_BUDGET, int, 119, "compiles per process before the ANE fails (ANE-11)")             \
+    X(COMPILE_STOP_MARGIN, int, 4, "compiles kept unused under the default budget (libane stops at 115)")  \
+    X(COMPILE_WARN_AT, int, 100, "compiles after which a process is warned of the budget (libane: 100)")   \
     X(DISPATCH_MS, double, 0.095, "cost of one evaluate's dispatch in milliseconds (ANE-28)")             \
     X(FP16_MAX, double, 65504.0, "largest finite fp16 value; beyond it activations overflow (ANE-25)")
 

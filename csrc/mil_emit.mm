@@ -1,11 +1,13 @@
 // The MIL emitter: writes a Program in the exact conventions of docs/hardware.md §4. Portable C++17
 // (no Objective-C) so that Linux builds compile it as C++.
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <string>
 
 #include "errors.h"
+#include "mil/number_text.h"
 #include "mil/text.h"
 
 namespace orion::mil {
@@ -37,14 +39,12 @@ std::string quoted(const std::string& s) {
     return out + "\"";
 }
 
-// Shortest round-tripping decimal; fixed notation for 1e-5 <= |v| < 1e16 (so epsilons read as
-// `0.00001`, as in docs/hardware.md §4), scientific outside; always with a '.' or an exponent.
+// Shortest round-tripping decimal (mil/number_text.h: not std::to_chars, which Apple's libc++ lacks
+// before macOS 13.3); fixed notation for 1e-5 <= |v| < 1e16 (so epsilons read as `0.00001`, as in
+// docs/hardware.md §4), scientific outside; always with a '.' or an exponent.
 std::string float_literal(double v) {
-    char buf[64];
-    double magnitude = std::fabs(v);
-    auto format = (magnitude == 0 || (magnitude >= 1e-5 && magnitude < 1e16)) ? std::chars_format::fixed
-                                                                               : std::chars_format::scientific;
-    std::string s(buf, std::to_chars(buf, buf + sizeof buf, v, format).ptr);
+    const double magnitude = std::fabs(v);
+    std::string s = format_shortest(v, magnitude == 0 || (magnitude >= 1e-5 && magnitude < 1e16));
     if (s.find_first_of(".e") == std::string::npos) s += ".0";
     return s;
 }
@@ -56,17 +56,37 @@ std::string integer_literal(double v) {
     return std::string(buf, end);
 }
 
+// `[buildInfo = dict<string, string>({{"k", "v"}, ...})]`
+std::string build_info_block(const BuildInfo& info) {
+    std::string out = "[buildInfo = dict<string, string>({";
+    for (size_t i = 0; i < info.size(); ++i) {
+        if (i) out += ", ";
+        out += "{" + quoted(info[i].first) + ", " + quoted(info[i].second) + "}";
+    }
+    return out + "})]";
+}
+
+// Skips spaces and `//` comments from `at`; returns the first other position.
+size_t skip_blank(std::string_view text, size_t at) {
+    while (at < text.size()) {
+        if (text[at] == ' ' || text[at] == '\t' || text[at] == '\n' || text[at] == '\r') {
+            ++at;
+        } else if (text.compare(at, 2, "//") == 0) {
+            const size_t eol = text.find('\n', at);
+            at = eol == std::string_view::npos ? text.size() : eol;
+        } else {
+            break;
+        }
+    }
+    return at;
+}
+
 class Emitter {
    public:
     std::string text(const Program& program) {
         if (!is_version_number(program.version))
             throw CompileError("program version '" + program.version + "' is not a number like 1.3");
-        out_ = "program(" + program.version + ")\n[buildInfo = dict<string, string>({";
-        for (size_t i = 0; i < program.build_info.size(); ++i) {
-            if (i) out_ += ", ";
-            out_ += "{" + quoted(program.build_info[i].first) + ", " + quoted(program.build_info[i].second) + "}";
-        }
-        out_ += "})]\n{\n";
+        out_ = "program(" + program.version + ")\n" + build_info_block(program.build_info) + "\n{\n";
         for (const Function& f : program.functions) function(f);
         out_ += "}\n";
         return std::move(out_);
@@ -106,8 +126,14 @@ class Emitter {
             if (i) out_ += ", ";
             argument(op.args[i]);
         }
-        out_ += ")[name=string(" + quoted(op.name) + ")";
-        if (op.val) out_ += ", val=" + value(*op.val);
+        // attributes in alphabetical order, name among them, as coremltools writes them
+        std::vector<std::pair<std::string, std::string>> attributes = {{"name", "string(" + quoted(op.name) + ")"}};
+        if (op.val) attributes.emplace_back("val", value(*op.val));
+        for (const auto& [key, v] : op.attributes) attributes.emplace_back(identifier(key), value(v));
+        if (!op.attributes.empty())
+            std::sort(attributes.begin(), attributes.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+        out_ += ")[";
+        for (size_t i = 0; i < attributes.size(); ++i) out_ += (i ? ", " : "") + attributes[i].first + "=" + attributes[i].second;
         out_ += "];\n";
     }
 
@@ -144,9 +170,7 @@ class Emitter {
 
     std::string number(DType dtype, double v) const {
         if (!is_valid_number(dtype, v)) {
-            char buf[64];
-            std::string spelled(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
-            throw CompileError(where_ + ": " + spelled + " is not a valid " + dtype_name(dtype) + " literal");
+            throw CompileError(where_ + ": " + format_general(v) + " is not a valid " + dtype_name(dtype) + " literal");
         }
         if (dtype == DType::boolean) return v != 0 ? "true" : "false";
         return is_float(dtype) ? float_literal(v) : integer_literal(v);
@@ -187,5 +211,20 @@ class Emitter {
 }  // namespace
 
 std::string emit(const Program& program) { return Emitter().text(program); }
+
+std::string with_build_info(std::string_view text) {
+    size_t at = skip_blank(text, 0);
+    if (text.compare(at, 7, "program") != 0) return std::string(text);  // the parser names what is wrong
+    at = skip_blank(text, at + 7);
+    if (at >= text.size() || text[at] != '(') return std::string(text);
+    const size_t close = text.find(')', at);
+    if (close == std::string_view::npos) return std::string(text);
+    const size_t next = skip_blank(text, close + 1);
+    if (next < text.size() && text[next] == '[') return std::string(text);  // has its attributes
+    std::string out(text.substr(0, close + 1));
+    out += " " + build_info_block(default_build_info());  // on the program line: error lines stay the caller's
+    out.append(text.substr(close + 1));
+    return out;
+}
 
 }  // namespace orion::mil

@@ -71,8 +71,8 @@ if os.environ.get("ORION_HARNESS_COMPARE") == "1":
                              tuple(kwargs.get("relaxed_ops", ())))
         return p
 
-    def _recording_with_weights(self, weights):
-        p = _with_weights(self, weights)
+    def _recording_with_weights(self, weights, **kwargs):
+        p = _with_weights(self, weights, **kwargs)
         source = getattr(self, "_harness_source", None)
         if source is not None:
             p._harness_source = (source[0], {k: bytes(v) for k, v in weights.items()}, *source[2:])

@@ -155,3 +155,64 @@ def test_the_ane_backend_and_the_front_end_use_nothing_of_the_emulator(source: s
     text = (CSRC / source).read_text()
     assert re.findall(r'#\s*(?:include|import)\s+"emulator/[^"]*"', text) == []
     assert "emu::" not in text
+
+
+def test_a_patch_of_several_weight_files_is_refused_until_a_probe_proves_it() -> None:
+    """docs/hardware.md §6: [O] verified the patch with one weight file only; several are refused on the ane
+    backend unless the caller passes unverified_patch (after weight_patch_multi_file worked)."""
+    ane_plan.check_patch({"@model_path/weights/all.bin": b"x"})  # one file: the verified case
+    ane_plan.check_patch({})
+    two = {"@model_path/weights/a.bin": b"A", "@model_path/weights/b.bin": b"B"}
+    with pytest.raises(orion.CompileError, match="2 weight files.*weight_patch_multi_file.*unverified_patch=True"):
+        ane_plan.check_patch(two)
+    ane_plan.check_patch(two, unverified=True)
+
+
+def test_compile_step_reuses_what_the_framework_holds() -> None:
+    """libane checks compiledModelExists before compiling: such a load spends no compile."""
+    assert ane_plan.compile_step(False, False) == "compile"
+    assert ane_plan.compile_step(False, True) == "reuse"
+    assert ane_plan.compile_step(True, False) == ane_plan.compile_step(True, True) == "patch"
+
+
+def test_objective_c_exception_text_keeps_the_frameworks_reason() -> None:
+    assert ane_plan.objc_exception_text("NSInvalidArgumentException", "bad MIL") == \
+        "raised NSInvalidArgumentException: bad MIL"
+    assert ane_plan.objc_exception_text(None, None) == "raised an Objective-C exception that is not an NSException"
+    assert ane_plan.objc_exception_text("X", None) == "raised X: (no reason given)"
+
+
+def test_budget_keeps_a_margin_and_warns_only_by_default() -> None:
+    """Default budget 119: refuse from 115 on and warn at 100 (libane's numbers); an ORION_COMPILE_BUDGET
+    override is the limit itself (tests, measured machines)."""
+    assert orion._core.budget_policy(119, False) == (115, 100)
+    assert orion._core.budget_policy(119, True) == (119, 0)
+    assert orion._core.budget_policy(3, False) == (0, 3)
+    assert orion._core.budget_policy(2, True) == (2, 0)
+
+
+def test_default_budget_refuses_at_the_margin_and_warns_once() -> None:
+    """In a fresh process with the default budget: compile 100 warns (RuntimeWarning, once), 115 are allowed
+    and the 116th is refused with the margin named."""
+    import subprocess
+    import sys
+    script = """
+import warnings, orion
+text = 'program(1.3)\\n{\\n    func main<ios18>(tensor<fp16, [1, 64, 1, 384]> x) {\\n        tensor<fp16, [1, 64, 1, 384]> y = tanh(x=x)[name=string("y")];\\n    } -> (y);\\n}\\n'
+assert orion._core.compile_limit() == 115 and orion.compile_budget() == 119
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for i in range(115):
+        orion.compile(text).unload()
+warned = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning) and "ANE-11" in str(w.message)]
+assert len(warned) == 1 and "refuses from 115" in warned[0], warned
+try:
+    orion.compile(text)
+    raise SystemExit("compile 116 passed")
+except orion.CompileBudgetExhausted as e:
+    assert "margin of 4" in str(e), e
+print("ok")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "ORION_COMPILE_BUDGET"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr

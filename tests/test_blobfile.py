@@ -14,12 +14,16 @@ from orion import blobfile
 from orion._core import mil
 
 
-def expected_file(payloads: list[bytes]) -> bytes:
-    """The layout of docs/hardware.md §5, written independently of the implementation."""
-    out = bytearray(struct.pack("<B3xB59x", 0x01, 0x02))
-    for p in payloads:
+def expected_file(payloads: list[bytes], codes: list[int] | None = None) -> bytes:
+    """The layout of coremltools' MILBlob StorageFormat.hpp (storage_header{count, version=2}, then per blob a
+    blob_metadata{sentinel, mil_dtype, sizeInBytes, offset} and the data, each at a multiple of 64), written
+    independently of the implementation."""
+    codes = codes or [1] * len(payloads)
+    out = bytearray(struct.pack("<II56x", len(payloads), 2))
+    for p, code in zip(payloads, codes):
+        out += bytes(-len(out) % 64)
         chunk = len(out)
-        out += struct.pack("<IB3xI4xI44x", 0xDEADBEEF, 0x01, len(p), chunk + 64)
+        out += struct.pack("<IIQQ40x", 0xDEADBEEF, code, len(p), chunk + 64)
         out += p
     return bytes(out)
 
@@ -35,17 +39,28 @@ def test_single_tensor_layout_matches_facts() -> None:
 
 def test_multi_chunk_layout_and_offsets() -> None:
     payloads = [b"\x01\x02", b"", b"abcdefg"]
-    data = mil.blobfile_write(payloads)
-    assert data == expected_file(payloads)
-    assert mil.blobfile_chunk_offsets([2, 0, 7]) == [64, 130, 194]
-    assert [mil.blobfile_read_chunk(data, o) for o in (64, 130, 194)] == [(128, 2), (194, 0), (258, 7)]
+    data = mil.blobfile_write([(p, 3) for p in payloads])
+    assert data == expected_file(payloads, [3, 3, 3])
+    assert data[0] == 3  # the count field
+    assert mil.blobfile_chunk_offsets([2, 0, 7]) == [64, 192, 256]  # 64-byte aligned, as coremltools writes
+    assert [mil.blobfile_read_chunk(data, o) for o in (64, 192, 256)] == [(128, 2), (256, 0), (320, 7)]
     assert mil.blobfile_write([]) == expected_file([])
 
 
 def test_accepts_any_buffer() -> None:
-    data = mil.blobfile_write([bytearray(b"xy"), memoryview(b"zw"), np.zeros(2, np.int8)])
-    assert data == expected_file([b"xy", b"zw", b"\0\0"])
-    assert mil.blobfile_read_chunk(memoryview(bytearray(data)), 130) == (194, 2)
+    data = mil.blobfile_write([(bytearray(b"xy"), 1), (memoryview(b"zw"), 1), (np.zeros(2, np.int8), 4)])
+    assert data == expected_file([b"xy", b"zw", b"\0\0"], [1, 1, 4])
+    assert mil.blobfile_read_chunk(memoryview(bytearray(data)), 192) == (256, 2)
+
+
+def test_data_type_codes_are_coremltools() -> None:
+    """The chunk header's code at +4 is coremltools' BlobDataType: Float16=1, Float32=2, UInt8=3, Int8=4."""
+    for array, code in ((np.ones(4, np.float16), 1), (np.ones(4, np.float32), 1), (np.ones(4, np.uint8), 3),
+                        (np.ones(4, np.int8), 4)):
+        assert struct.unpack_from("<I", blobfile.write(array), 68)[0] == code
+    assert struct.unpack_from("<I", blobfile.write(np.ones(4, np.float32), float_dtype=np.float32), 68)[0] == 2
+    with pytest.raises(orion.CompileError, match="data-type code 9"):
+        mil.blobfile_write([(b"xy", 9)])
 
 
 @settings(max_examples=50, deadline=None)

@@ -87,10 +87,13 @@ def test_emitted_program_holds_int8_data_and_fp16_scales_in_blobfiles() -> None:
     w = RNG.standard_normal((48, 64)) * 0.1
     lowered = compiler.lower_graph(int8_linear_graph(w))
     qw = quant.quantize_int8(w)
-    assert "constexpr_affine_dequantize(axis=lin_weight_axis, quantized_data=lin_weight_quantized_data, " \
-           "scale=lin_weight_scale, zero_point=lin_weight_zero_point)" in lowered.mil
-    assert "tensor<int8, [48, 64, 1, 1]> lin_weight_quantized_data" in lowered.mil
+    # the attribute form coremltools serializes (ANE-35), the int8 data typed as such in the file (code 4)
+    assert ('constexpr_affine_dequantize()[axis=int32(0), name=string("lin_weight"), quantized_data=tensor<int8, '
+            '[48, 64, 1, 1]>(BLOBFILE(path=string("@model_path/weights/lin_weight_quantized_data.bin"), '
+            'offset=uint64(64))), scale=tensor<fp16, [48]>(BLOBFILE(path=string("@model_path/weights/'
+            'lin_weight_scale.bin"), offset=uint64(64))), zero_point=int8(0)];') in lowered.mil
     data = lowered.weights["@model_path/weights/lin_weight_quantized_data.bin"]
+    assert data[68] == 4 and lowered.weights["@model_path/weights/lin_weight_scale.bin"][68] == 1
     assert len(data) == 64 + 64 + 48 * 64  # file header, chunk header, one byte per weight
     np.testing.assert_array_equal(blobfile.read(data, dtype=np.int8, shape=(48, 64, 1, 1))[:, :, 0, 0], qw.q)
     scales = blobfile.read(lowered.weights["@model_path/weights/lin_weight_scale.bin"], shape=(48,))

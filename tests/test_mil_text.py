@@ -223,3 +223,106 @@ def test_model_properties() -> None:
     assert (op.op, op.output, op.name, op.type, op.args) == ("const", "eps", "eps", Type.scalar("fp16"), [])
     assert p.operations[3].val is None and p.operations[3].args[0].literal is None
     assert "eps" in repr(op) and "fp16" in repr(op.val) and p != Program()
+
+
+# -- issue 21: a core that builds with Apple's libc++, buildInfo, the constexpr attribute form ------------------
+
+def _fp32_literal_program(values: list[float]) -> str:
+    p = Program()
+    for i, v in enumerate(values):
+        p.add_const(f"c{i}", Value.number("fp32", v))
+    return emit(p)
+
+
+def test_float_literals_are_the_shortest_round_trip_decimals_without_to_chars() -> None:
+    """The emitter prints floats with snprintf under the C locale (mil/number_text.h, not std::to_chars, which
+    Apple's libc++ lacks before macOS 13.3): the same digits as numpy's shortest (Dragon4) formatting,
+    fixed for 1e-5 <= |v| < 1e16, scientific outside, and every literal parses back to the same double
+    (strtod, not std::from_chars: libc++ before LLVM 20 has no floating-point from_chars)."""
+    import numpy as np
+    rng = np.random.default_rng(21)
+    halves = np.arange(0, 65536, 97, dtype=np.uint16).view(np.float16)
+    values = [float(v) for v in halves[np.isfinite(halves)]]
+    values += [float(v) for v in rng.standard_normal(300) * 10.0 ** rng.integers(-30, 30, 300)]
+    values += [2.0 ** k for k in range(-1074, 1024, 37)] + [5e-324, 1.7976931348623157e308, 0.1, 1e-5, 1e16, -0.0]
+    text = _fp32_literal_program(values)
+    literals = [line.split("val=fp32(")[1].split(")")[0] for line in text.splitlines() if "val=fp32(" in line]
+    for v, lit in zip(values, literals):
+        m = abs(v)
+        ref = (np.format_float_positional(v, unique=True, trim="-") if m == 0 or 1e-5 <= m < 1e16
+               else np.format_float_scientific(v, unique=True, trim="-", exp_digits=2))
+        if "." not in ref and "e" not in ref:
+            ref += ".0"
+        assert lit == ref, (v, lit, ref)
+    back = parse(text).operations
+    assert [op.val.numbers[0] for op in back] == values  # exact round trip
+    hexed = parse(text.replace("val=fp32(0.1)", "val=fp32(0x1.999999999999ap-4)"))
+    assert [op.val.numbers[0] for op in hexed.operations] == values
+
+
+def test_float_parsing_ignores_the_process_locale() -> None:
+    """A host application's setlocale (a decimal comma) changes nothing: the core reads and writes under 'C'."""
+    import locale
+    text = _fp32_literal_program([0.5, 1234.25])
+    for name in ("de_DE.UTF-8", "fr_FR.UTF-8", "C.UTF-8"):
+        try:
+            old = locale.setlocale(locale.LC_NUMERIC, name)
+        except locale.Error:
+            continue
+        try:
+            assert emit(parse(text)) == text
+        finally:
+            locale.setlocale(locale.LC_NUMERIC, old)
+
+
+def test_orion_compile_adds_the_default_build_info_identically_on_both_backends() -> None:
+    """docs/hardware.md §4: every program that ran on hardware has buildInfo; the text without one gets the
+    default block right after program(...), and a text with one is sent unchanged."""
+    from orion._core import mil as core_mil
+    bare = "// a comment\nprogram(1.3)  // trailing\n{\n    func main<ios18>() {\n    } -> ();\n}\n"
+    added = core_mil.with_build_info(bare)
+    assert added == bare.replace("program(1.3)", "program(1.3) " + DIALECT_EXAMPLE.splitlines()[1], 1)
+    assert parse(added).build_info == parse(DIALECT_EXAMPLE).build_info
+    assert core_mil.with_build_info(added) == added
+    assert core_mil.with_build_info(DIALECT_EXAMPLE) == DIALECT_EXAMPLE
+    empty = bare.replace("program(1.3)", "program(1.3)\n[buildInfo = dict<string, string>({})]")
+    assert core_mil.with_build_info(empty) == empty  # the writer's choice is kept
+    assert core_mil.with_build_info("not mil") == "not mil"  # the parser names what is wrong
+
+
+CONSTEXPR_ATTRIBUTE_FORM = """\
+program(1.3)
+[buildInfo = dict<string, string>({})]
+{
+    func main<ios18>(tensor<fp16, [1, 2, 1, 32]> x) {
+        tensor<fp16, [2, 2, 1, 1]> W = constexpr_affine_dequantize()[axis=int32(0), name=string("W"), quantized_data=tensor<int8, [2, 2, 1, 1]>([2,-4,6,8]), scale=tensor<fp16, [2]>([0.5,0.25]), zero_point=int8(0)];
+        tensor<int32, [2]> st = const()[name=string("st"), val=tensor<int32, [2]>([1,1])];
+        tensor<int32, [4]> pd = const()[name=string("pd"), val=tensor<int32, [4]>([0,0,0,0])];
+        tensor<int32, [2]> dl = const()[name=string("dl"), val=tensor<int32, [2]>([1,1])];
+        int32 gr = const()[name=string("gr"), val=int32(1)];
+        string pt = const()[name=string("pt"), val=string("valid")];
+        tensor<fp16, [1, 2, 1, 32]> y = conv(dilations=dl, groups=gr, pad=pd, pad_type=pt, strides=st, weight=W, x=x)[name=string("y")];
+    } -> (y);
+}
+"""
+
+
+def test_constexpr_ops_take_their_parameters_as_attributes() -> None:
+    """The form coremltools serializes and [M]'s int8 benchmark ran: parsed, kept, emitted byte for byte in
+    alphabetical attribute order, and run by the emulator as the operand form."""
+    import numpy as np
+    p = parse(CONSTEXPR_ATTRIBUTE_FORM)
+    w = p.operations[0]
+    assert w.op == "constexpr_affine_dequantize" and w.args == [] and w.name == "W"
+    assert [k for k, _ in w.attributes] == ["axis", "quantized_data", "scale", "zero_point"]
+    assert emit(p) == CONSTEXPR_ATTRIBUTE_FORM
+    x = np.random.default_rng(0).standard_normal((1, 2, 1, 32)).astype(np.float16)
+    with orion.compile(CONSTEXPR_ATTRIBUTE_FORM, profile="permissive") as prog:
+        y = prog(x=x)["y"].astype(np.float32)
+    weight = np.array([[2, -4], [6, 8]], np.float32) * np.array([[0.5], [0.25]], np.float32)
+    np.testing.assert_allclose(y[0, :, 0, :], weight @ x[0, :, 0, :].astype(np.float32), rtol=2e-3, atol=2e-3)
+    with pytest.raises(orion.ParseError, match=r"only constexpr_\* ops take parameters as attributes"):
+        parse(CONSTEXPR_ATTRIBUTE_FORM.replace('[name=string("y")]', '[name=string("y"), groups=int32(1)]'))
+    both = CONSTEXPR_ATTRIBUTE_FORM.replace("constexpr_affine_dequantize()", "constexpr_affine_dequantize(axis=gr)")
+    with pytest.raises(orion.CompileError, match="'axis' is given both as an argument and as an attribute"):
+        orion.compile(both, profile="permissive")

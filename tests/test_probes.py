@@ -18,7 +18,14 @@ OUTCOMES = {"works", "wrong_data", "compile_fails", "evaluate_fails", "refused",
 MODELLED = {"concat": "refused", "reduce_mean": "refused", "softmax_non_pow2": "refused", "surface_8k": "refused",
             "channel_vector": "refused", "nonuniform_io": "refused", "weight_patch": "works",
             "quantized_ops": "refused", "quantized_weights": "refused", "weight_reload_in_place": "not_probed",
-            "fusion_depth": "not_probed"}
+            "fusion_depth": "not_probed", "weight_patch_one_file": "works", "weight_patch_multi_file": "works",
+            "quantized_weights_operand": "refused", "build_info_present": "works", "build_info_absent": "works",
+            "wide_lanes": "works", "padded_io": "works"}
+# What the ane harness's stand-in framework answers for the probes of issue 21 (it refuses MIL without
+# buildInfo, runs both int8 spellings and both patch layouts): each probe's test on the harness.
+HARNESS = {"weight_patch_one_file": "works", "weight_patch_multi_file": "works", "quantized_weights": "works",
+           "quantized_weights_operand": "works", "build_info_present": "works", "build_info_absent": "compile_fails",
+           "wide_lanes": "works", "padded_io": "works"}
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +40,42 @@ def test_every_probe_runs_and_the_emulator_shows_the_modelled_behaviour(report) 
     if report["backend"] == "emulator":
         assert {k: r["outcome"] for k, r in report["probes"].items()} == MODELLED
         assert report["probes"]["surface_8k"]["detail"].startswith("ANE-12")
+    else:  # the ane harness
+        assert {k: report["probes"][k]["outcome"] for k in HARNESS} == HARNESS, \
+            {k: report["probes"][k]["detail"] for k in HARNESS}
+        assert "no buildInfo block" in report["probes"]["build_info_absent"]["detail"]
+    assert all(p.settles or p.id in MODELLED for p in probes.PROBES)
+
+
+def test_the_probe_summary_says_what_was_settled_and_which_file_to_share(report) -> None:
+    text = probes.summary(report, "orion-probe-x.json")
+    assert text.startswith("summary:") and "share: orion-probe-x.json" in text
+    if report["backend"] == "emulator":
+        assert "settled nothing about the hardware" in text
+    ane = {**report, "backend": "ane", **probes.machine(),
+           "probes": {**report["probes"], "weight_patch_multi_file": {**report["probes"]["weight_patch_multi_file"],
+                                                                      "outcome": "works"}}}
+    text = probes.summary(ane, "r.json")
+    assert "weight_patch_multi_file: works -> whether 'data' as the weight files concatenated" in text
+    assert "with_weights(unverified_patch=True)" in text
+    assert probes.relaxations(ane).multi_file_patch
+
+
+def test_the_int8_probe_uses_the_attribute_form_and_coremltools_type_codes() -> None:
+    """ANE-35: the probe must test the syntax coremltools writes before its verdict means anything."""
+    captured = {}
+    real = orion.compile
+
+    def spy(mil, weights=None, **kw):
+        captured["mil"], captured["weights"] = mil, weights
+        return real(mil, weights, **kw)
+
+    import unittest.mock
+    with unittest.mock.patch.object(orion, "compile", spy):
+        probes._quantized_weights("emulator")
+    assert "constexpr_affine_dequantize()[axis=int32(0), name=string(\"W\"), quantized_data=tensor<int8" in captured["mil"]
+    (data,) = captured["weights"].values()
+    assert data[68] == 4 and data[0] == 2  # int8 chunk (coremltools' Int8 = 4), two blobs in the file
 
 
 def test_report_round_trips_into_the_compiler(report, tmp_path) -> None:

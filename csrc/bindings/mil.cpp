@@ -8,6 +8,7 @@
 
 #include "bindings/bindings.h"
 #include "bindings/buffers.h"
+#include "errors.h"
 #include "mil/blobfile.h"
 #include "mil/program.h"
 #include "mil/text.h"
@@ -169,6 +170,8 @@ void bind_types(py::module_& m) {
         .def_property_readonly("args", [](const Operation& o) { return o.args; })
         .def_property_readonly("name", [](const Operation& o) { return o.name; })
         .def_property_readonly("val", [](const Operation& o) { return o.val; })
+        .def_property_readonly("attributes", [](const Operation& o) { return o.attributes; },
+                               "A constexpr op's parameters given as attributes: [(name, Value)].")
         .def_property_readonly("line", [](const Operation& o) { return o.loc.line; })
         .def_property_readonly("column", [](const Operation& o) { return o.loc.column; })
         .def(py::self == py::self)
@@ -200,7 +203,8 @@ void bind_program(py::module_& m) {
         }, py::arg("output"), py::arg("value"), py::arg("name") = py::none())
         .def("add_op", [](Program& p, const std::string& op_name, const std::string& output, const Type& type,
                           const std::vector<std::pair<std::string, py::object>>& args,
-                          const std::optional<std::string>& name) {
+                          const std::optional<std::string>& name,
+                          const std::vector<std::pair<std::string, Value>>& attributes) {
             if (!is_identifier(op_name)) throw py::value_error("'" + op_name + "' is not a valid op name");
             check_new_variable(p, output);
             check_new_op_name(p, name.value_or(output));
@@ -211,8 +215,17 @@ void bind_program(py::module_& m) {
                 if (!arg_names.insert(arg_name).second) throw py::value_error("argument '" + arg_name + "' given twice");
                 op.args.push_back(make_argument(arg_name, v));
             }
+            if (!attributes.empty() && !is_constexpr_op(op_name))
+                throw py::value_error("only constexpr_* ops take attributes; '" + op_name + "' takes arguments");
+            for (const auto& [key, v] : attributes) {
+                if (!is_identifier(key) || key == "name" || key == "val" || !arg_names.insert(key).second)
+                    throw py::value_error("attribute '" + key + "' is reserved, invalid or given twice");
+                op.attributes.emplace_back(key, v);
+            }
             first_function(p).body.push_back(std::move(op));
-        }, py::arg("op"), py::arg("output"), py::arg("type"), py::arg("args"), py::arg("name") = py::none())
+        }, py::arg("op"), py::arg("output"), py::arg("type"), py::arg("args"), py::arg("name") = py::none(),
+           py::arg("attributes") = std::vector<std::pair<std::string, Value>>{},
+           "attributes: a constexpr_* op's parameters as attributes [(name, Value)] (the form coremltools writes).")
         .def_property("outputs", [](Program& p) { return first_function(p).outputs; },
                       [](Program& p, const std::vector<std::string>& outputs) {
                           for (const auto& o : outputs) checked_ref(o);
@@ -243,15 +256,24 @@ void bind_program(py::module_& m) {
         const HeldBytes view(data, "the MIL text");
         return parse(view.bytes());
     }, py::arg("text"), "Parses MIL text (str or bytes); raises orion.ParseError with line and column.");
+    m.def("with_build_info", [](const std::string& text) { return with_build_info(text); }, py::arg("text"),
+          "The text with the default buildInfo block when it has none (what orion.compile sends).");
 }
 
 void bind_blobfile(py::module_& m) {
     m.def("blobfile_write", [](const py::iterable& payloads) {
         std::deque<HeldBytes> views;
-        std::vector<std::string_view> bytes;
-        for (auto p : payloads) bytes.push_back(views.emplace_back(p, "payload " + std::to_string(bytes.size())).bytes());
-        return py::bytes(blobfile::write(bytes));
-    }, py::arg("payloads"), "One BLOBFILE holding every payload, in order.");
+        std::vector<blobfile::Payload> chunks;
+        for (auto item : payloads) {
+            const auto pair = item.cast<py::tuple>();
+            if (pair.size() != 2) throw CompileError("blobfile_write takes (payload, data-type code) pairs");
+            const auto code = pair[1].cast<uint32_t>();
+            if (code < 1 || code > 4) throw CompileError("BLOBFILE data-type code " + std::to_string(code) + " is not fp16 (1), fp32 (2), uint8 (3) or int8 (4)");
+            chunks.push_back({views.emplace_back(pair[0], "payload " + std::to_string(chunks.size())).bytes(),
+                              static_cast<blobfile::DataType>(code)});
+        }
+        return py::bytes(blobfile::write(chunks));
+    }, py::arg("payloads"), "One BLOBFILE holding every (payload, data-type code) pair, in order.");
     m.def("blobfile_chunk_offsets", &blobfile::chunk_offsets, py::arg("sizes"),
           "The MIL offsets (chunk header offsets) blobfile_write gives payloads of these sizes.");
     m.def("blobfile_read_chunk", [](const py::object& data, uint64_t offset, const std::string& what) {

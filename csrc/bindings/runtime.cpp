@@ -1,4 +1,6 @@
 // orion._core: compile / evaluate / unload, surfaces, the compile budget and the constraint ids.
+#include <optional>
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -11,6 +13,7 @@
 #include "frontend/types.h"
 #include "hardware_limits.h"
 #include "mil/op_table.h"
+#include "mil/text.h"
 #include "runtime/ane_plan.h"
 #include "runtime/backend.h"
 #include "runtime/budget.h"
@@ -88,6 +91,19 @@ void bind_ane_plan(py::module_& m) {
         return py::make_tuple(p.dirs, files, dict);
     });
     m.def("model_dir_path", &plan::model_dir_path);
+    m.def("check_patch", [](const PyWeights& w, bool unverified) { plan::check_patch(HeldWeights(w).files(), unverified); },
+          py::arg("weights"), py::arg("unverified") = false);
+    m.def("compile_step", [](bool has_donor, bool exists) {
+        switch (plan::compile_step(has_donor, exists)) {
+            case plan::CompileStep::patch: return "patch";
+            case plan::CompileStep::reuse: return "reuse";
+            case plan::CompileStep::compile: break;
+        }
+        return "compile";
+    });
+    m.def("objc_exception_text", [](const std::optional<std::string>& name, const std::optional<std::string>& reason) {
+        return plan::objc_exception_text(name ? name->c_str() : nullptr, reason ? reason->c_str() : nullptr);
+    });
     m.def("write_model_dir", [](const std::string& dir, const py::object& mil, const PyWeights& w) {
         const HeldBytes text(mil, "the MIL text");
         plan::write_model_dir(dir, plan::plan_model(text.bytes(), HeldWeights(w).files()));
@@ -198,17 +214,23 @@ void bind_runtime(py::module_& m) {
         .def_property_readonly("min_surface_bytes", &runtime::LoadedProgram::min_surface_bytes)
         .def(
             "with_weights",
-            [](runtime::LoadedProgram& p, const PyWeights& weights) {
+            [](runtime::LoadedProgram& p, const PyWeights& weights, bool unverified_patch) {
                 const HeldWeights held(weights);  // held until the GIL-released work is done
+                if (std::string(p.backend()) == "ane") {
+                    for (const auto& [key, bytes] : held.files()) runtime::weight_file_relpath(key);  // ANE-34 first
+                    runtime::ane_plan::check_patch(held.files(), unverified_patch);
+                }
                 py::gil_scoped_release release;
                 return p.with_weights(held.files());
             },
-            py::arg("weights"), "The same MIL with new weight files, loaded without compiling.");
+            py::arg("weights"), py::arg("unverified_patch") = false,
+            "The same MIL with new weight files, loaded without compiling. On the ane backend a program with "
+            "several weight files is refused unless unverified_patch (see ane_plan::check_patch).");
 
     m.def(
         "compile",
         [](const py::object& mil, const PyWeights& weights, const std::string& profile, const std::string& backend,
-           size_t min_surface_bytes, const std::vector<std::string>& relaxed_ops) {
+           size_t min_surface_bytes, const std::vector<std::string>& relaxed_ops, bool build_info) {
             const HeldBytes text(mil, "the MIL text");
             const HeldWeights held(weights);  // held until the GIL-released work is done
             const runtime::CompileOptions options = compile_options(profile, relaxed_ops);
@@ -217,16 +239,24 @@ void bind_runtime(py::module_& m) {
             std::unique_ptr<runtime::LoadedProgram> program;
             {
                 py::gil_scoped_release release;
-                program = b.compile(text.bytes(), held.files(), options);
+                // the same bytes reach either backend (docs/hardware.md §4)
+                const std::string sent = build_info ? mil::with_build_info(text.bytes()) : std::string(text.bytes());
+                program = b.compile(sent, held.files(), options);
             }
             if (min_surface_bytes) program->set_min_surface_bytes(min_surface_bytes);
+            const std::string warning = runtime::take_budget_warning();
+            if (!warning.empty() && PyErr_WarnEx(PyExc_RuntimeWarning, warning.c_str(), 1) < 0)
+                throw py::error_already_set();
             return program;
         },
         py::arg("mil"), py::arg("weights"), py::arg("profile") = "hardware", py::arg("backend") = "",
         py::arg("min_surface_bytes") = 0, py::arg("relaxed_ops") = std::vector<std::string>{},
+        py::arg("build_info") = true,
         "Compiles and loads MIL text with its BLOBFILE weights on `backend` ('' = the selected one). "
         "min_surface_bytes: a smaller surface minimum proved by a probe report (0 = the conservative 49,152). "
-        "relaxed_ops: disputed ops (op_table() status 'disputed') a probe report proved on this machine.");
+        "relaxed_ops: disputed ops (op_table() status 'disputed') a probe report proved on this machine. "
+        "build_info: add the default buildInfo block when the text has none (False: the text as written, "
+        "for the buildInfo probe). Raises RuntimeWarning once when the compile count nears the budget.");
     m.def("backend_selection", [] { return selection_dict(runtime::current_selection()); },
           "{name, reason, warning}: the backend this process uses and why (reads ORION_BACKEND).");
     m.def("backends", [] {
@@ -256,7 +286,8 @@ void bind_runtime(py::module_& m) {
         [](const py::object& mil, const PyWeights& weights, const std::string& profile,
            const std::vector<std::string>& relaxed_ops, size_t min_surface_bytes) {
             const HeldBytes text(mil, "the MIL text");
-            auto program = emu::build(text.bytes(), HeldWeights(weights).files(), compile_options(profile, relaxed_ops));
+            auto program = emu::build(mil::with_build_info(text.bytes()), HeldWeights(weights).files(),
+                                      compile_options(profile, relaxed_ops));
             if (min_surface_bytes) program->set_min_surface_bytes(min_surface_bytes);
             return program;
         },
@@ -267,7 +298,13 @@ void bind_runtime(py::module_& m) {
     bind_ane_plan(plan);
 
     m.def("compile_count", &runtime::compile_count, "Compiles done in this process.");
-    m.def("compile_budget", &runtime::compile_budget, "Compiles allowed per process (ORION_COMPILE_BUDGET).");
+    m.def("compile_budget", &runtime::compile_budget, "The compile budget: ~119 per process, or ORION_COMPILE_BUDGET.");
+    m.def("compile_limit", &runtime::compile_limit,
+          "Compiles allowed before refusing: the default budget less its margin (115), or ORION_COMPILE_BUDGET.");
+    m.def("budget_policy", [](int budget, bool overridden) {
+        const runtime::BudgetPolicy p = runtime::budget_policy(budget, overridden);
+        return py::make_tuple(p.limit, p.warn_at);
+    }, py::arg("budget"), py::arg("overridden"), "(limit, warn_at) for a budget (tests of the margin rule).");
     m.def("min_surface_bytes", [] { return limits::MIN_SURFACE_BYTES; });
     m.def("hardware_limits", [] {
         py::dict out;

@@ -15,6 +15,35 @@ namespace orion::frontend {
 
 namespace {
 
+// A constexpr op written with its parameters as attributes (the form coremltools writes) becomes, for
+// the checks and the emulator, the operand form: one const per attribute, named `<output>_<attribute>`
+// (underscores added until the name is free), passed as the argument of that name. The text sent to
+// the device is left as written.
+void expand_constexpr_attributes(mil::Function& fn) {
+    std::set<std::string> taken;
+    for (const auto& in : fn.inputs) taken.insert(in.name);
+    for (const auto& op : fn.body) taken.insert({op.output, op.name});
+    std::vector<mil::Operation> body;
+    body.reserve(fn.body.size());
+    for (auto& op : fn.body) {
+        for (auto& [key, value] : op.attributes) {
+            if (op.arg(key))
+                throw CompileError(where(op) + ": '" + key + "' is given both as an argument and as an attribute");
+            std::string name = op.output + "_" + key;
+            while (taken.count(name)) name += "_";
+            taken.insert(name);
+            mil::Operation c;
+            c.op = "const", c.output = name, c.name = name, c.type = value.type, c.loc = op.loc;
+            c.val = std::move(value);
+            body.push_back(std::move(c));
+            op.args.push_back(mil::Argument::reference(key, name));
+        }
+        op.attributes.clear();
+        body.push_back(std::move(op));
+    }
+    fn.body = std::move(body);
+}
+
 std::string joined(const std::vector<std::string>& names) {
     std::string out;
     for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
@@ -110,6 +139,7 @@ void check_weight_keys(const runtime::WeightFiles& weights) {
 CheckedProgram check(std::string_view text, const runtime::WeightFiles& weights, const runtime::CompileOptions& options) {
     check_weight_keys(weights);
     CheckedProgram checked{mil::parse(text), {}, {}, {}};
+    for (auto& f : checked.program.functions) expand_constexpr_attributes(f);
     const mil::Function* fn = checked.program.find_function("main");
     if (!fn) throw CompileError("the program has no function 'main' (the ANE runs main)");
     check_hardware_rules(*fn, options);  // first: a broken rule is named by its id

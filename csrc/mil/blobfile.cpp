@@ -7,8 +7,8 @@ namespace orion::mil::blobfile {
 
 namespace {
 
-constexpr size_t kVersionByte = 4;       // file header: byte 0 = 0x01, byte 4 = 0x02
-constexpr size_t kChunkTypeByte = 4;     // chunk header: 0x01 (fp16 in all known files)
+constexpr size_t kVersionByte = 4;       // file header: u32 count at 0, u32 version (2) at 4
+constexpr size_t kChunkTypeByte = 4;     // chunk header: u32 data-type code (DataType)
 constexpr size_t kChunkSizeField = 8;    // payload bytes
 constexpr size_t kChunkDataField = 16;   // absolute payload offset
 
@@ -30,26 +30,27 @@ std::vector<uint64_t> chunk_offsets(const std::vector<uint64_t>& payload_sizes) 
     for (uint64_t size : payload_sizes) {
         offsets.push_back(at);
         at += kChunkHeaderSize + size;
+        at = (at + kAlignment - 1) / kAlignment * kAlignment;
     }
     return offsets;
 }
 
-std::string write(const std::vector<std::string_view>& payloads) {
+std::string write(const std::vector<Payload>& payloads) {
     std::vector<uint64_t> sizes;
-    for (auto p : payloads) sizes.push_back(p.size());
+    for (const auto& p : payloads) sizes.push_back(p.bytes.size());
     std::vector<uint64_t> offsets = chunk_offsets(sizes);
     uint64_t total = offsets.empty() ? kFileHeaderSize : offsets.back() + kChunkHeaderSize + sizes.back();
     if (total > UINT32_MAX) throw CompileError("BLOBFILE would be " + std::to_string(total) + " bytes; the format's offsets are 32-bit");
     std::string out(total, '\0');
-    out[0] = 0x01;
+    put_u32(out, 0, payloads.size());
     out[kVersionByte] = 0x02;
     for (size_t i = 0; i < payloads.size(); ++i) {
         size_t chunk = offsets[i];
         put_u32(out, chunk, kChunkMagic);
-        out[chunk + kChunkTypeByte] = 0x01;
+        put_u32(out, chunk + kChunkTypeByte, static_cast<uint32_t>(payloads[i].dtype));
         put_u32(out, chunk + kChunkSizeField, sizes[i]);
         put_u32(out, chunk + kChunkDataField, chunk + kChunkHeaderSize);
-        payloads[i].copy(out.data() + chunk + kChunkHeaderSize, payloads[i].size());
+        payloads[i].bytes.copy(out.data() + chunk + kChunkHeaderSize, payloads[i].bytes.size());
     }
     return out;
 }

@@ -14,14 +14,25 @@ inline constexpr uint64_t kFileHeaderSize = 64;
 inline constexpr uint64_t kChunkHeaderSize = 64;
 inline constexpr uint32_t kChunkMagic = 0xDEADBEEF;
 
+// The chunk header's data-type code: coremltools' MILBlob BlobDataType (Blob/BlobDataType.hpp).
+enum class DataType : uint32_t { fp16 = 1, fp32 = 2, uint8 = 3, int8 = 4 };
+inline constexpr uint64_t kAlignment = 64;  // every chunk header and payload starts at a multiple of 64
+
+struct Payload {
+    std::string_view bytes;
+    DataType dtype = DataType::fp16;
+};
+
 struct Chunk {
     uint64_t header_offset;  // the MIL offset
     uint64_t data_offset;    // absolute offset of the payload
     uint64_t size;           // payload bytes
 };
 
-// One file holding every payload in order; chunk i starts at 64 + sum_{j<i} (64 + size_j).
-std::string write(const std::vector<std::string_view>& payloads);
+// One file holding every payload in order, laid out as coremltools' StorageWriter does: the file
+// header's count field is the number of payloads, each chunk header starts at the next multiple of
+// 64 after the previous payload (zero padding between), its payload right after it.
+std::string write(const std::vector<Payload>& payloads);
 // Chunk header offsets write() would give these payload sizes.
 std::vector<uint64_t> chunk_offsets(const std::vector<uint64_t>& payload_sizes);
 

@@ -4,12 +4,14 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "errors.h"
 #include "hardware_limits.h"
+#include "mil/number_text.h"
 #include "mil/text.h"
 
 namespace orion::mil {
@@ -435,8 +437,16 @@ class Parser {
                     error("const '" + op.output + "' is declared " + op.type.str() + " but its value is " +
                               op.val->type.str(),
                           at);
+            } else if (is_constexpr_op(op.op) && key.text != "name" && key.text != "val" &&
+                       std::none_of(op.attributes.begin(), op.attributes.end(),
+                                    [&](const auto& a) { return a.first == key.text; })) {
+                op.attributes.emplace_back(key.text, value());  // a compile-time constant op's parameter
             } else {
-                error("unexpected or repeated attribute '" + key.text + "'", key);
+                error("unexpected or repeated attribute '" + key.text + "'" +
+                          (key.text != "name" && key.text != "val" && !is_constexpr_op(op.op)
+                               ? " (only constexpr_* ops take parameters as attributes; pass it as an argument)"
+                               : ""),
+                      key);
             }
         } while (accept(","));
         expect("]", "after the op attributes");
@@ -502,11 +512,9 @@ class Parser {
         bool negative = s[0] == '-', hex = is_hex(s);
         if (s[0] == '-' || s[0] == '+') s.remove_prefix(1);
         if (hex) s.remove_prefix(2);
-        double v = 0;
-        auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v,
-                                         hex ? std::chars_format::hex : std::chars_format::general);
-        if (ec != std::errc() || end != s.data() + s.size()) error("number " + t.text + " is out of range", t);
-        return negative ? -v : v;
+        const std::optional<double> v = parse_double(s, hex);  // not std::from_chars: see number_text.h
+        if (!v) error("number " + t.text + " is out of range", t);
+        return negative ? -*v : *v;
     }
 
     // `fp16(0.5)`, `string("x")`, `tensor<int32, [2]>([0,1])`, `tensor<..>(BLOBFILE(...))`

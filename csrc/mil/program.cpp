@@ -116,6 +116,8 @@ const Argument* Operation::arg(const std::string& arg_name) const {
     return nullptr;
 }
 
+bool is_constexpr_op(const std::string& op) { return op.rfind("constexpr_", 0) == 0; }
+
 BuildInfo default_build_info() {
     return {{"coremlc-component-MIL", "3510.2.1"},
             {"coremlc-version", "3505.4.1"},

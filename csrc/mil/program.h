@@ -100,7 +100,9 @@ struct SourceLocation {
     int column = 0;
 };
 
-// `TYPE output = op(args)[name=string("name"), val=VALUE];`  (val only for const)
+// `TYPE output = op(args)[name=string("name"), val=VALUE];`  (val only for const). A compile-time
+// constant op may take its parameters as attributes instead, the form coremltools writes and [M] ran:
+// `constexpr_affine_dequantize()[axis=int32(0), name=string("w"), quantized_data=..., scale=..., zero_point=...]`.
 struct Operation {
     std::string op;                 // "conv", "const", ...
     std::string output;             // the variable it defines
@@ -108,14 +110,18 @@ struct Operation {
     std::vector<Argument> args;     // in source order
     std::string name;               // the `name=string(...)` attribute
     std::optional<Value> val;       // the `val=` attribute of a const
+    std::vector<std::pair<std::string, Value>> attributes;  // other attributes, in source order
     SourceLocation loc;
 
     const Argument* arg(const std::string& arg_name) const;
     bool operator==(const Operation& o) const {
         return op == o.op && output == o.output && type == o.type && args == o.args && name == o.name &&
-               val == o.val;
+               val == o.val && attributes == o.attributes;
     }
 };
+
+// Whether `op` is a compile-time constant op (`constexpr_*`), the only ops that take attributes.
+bool is_constexpr_op(const std::string& op);
 
 struct Parameter {
     std::string name;

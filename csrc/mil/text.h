@@ -13,6 +13,12 @@ namespace orion::mil {
 // Throws CompileError for a program that cannot be written (e.g. a non-finite float literal).
 std::string emit(const Program& program);
 
+// `text` with the default buildInfo block (default_build_info) after `program(...)`, on the same line
+// (so line numbers in error messages stay those of `text`), when it has no attribute block there;
+// otherwise `text` unchanged. orion.compile sends every program through this,
+// on both backends: every program that ran on hardware carries one (docs/hardware.md §4).
+std::string with_build_info(std::string_view text);
+
 // Parses MIL text. Throws ParseError (line, column, what was expected) on malformed input.
 // Statements carry their source location.
 Program parse(std::string_view text);

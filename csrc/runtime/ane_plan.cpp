@@ -72,6 +72,25 @@ std::string patch_data(const WeightFiles& weights) {
     return data;
 }
 
+void check_patch(const WeightFiles& weights, bool unverified) {
+    if (weights.size() <= 1 || unverified) return;
+    throw CompileError("with_weights on the ane backend: this program has " + std::to_string(weights.size()) +
+                       " weight files, and the weight patch is verified on hardware only for one (docs/hardware.md "
+                       "§6). Fix: put the program's weights in one BLOBFILE (orion.blobfile.write_many), compile "
+                       "again instead, or run `python -m orion doctor --probe` and, when weight_patch_multi_file "
+                       "works on this machine, pass unverified_patch=True");
+}
+
+CompileStep compile_step(bool has_donor, bool compiled_model_exists) {
+    if (has_donor) return CompileStep::patch;
+    return compiled_model_exists ? CompileStep::reuse : CompileStep::compile;
+}
+
+std::string objc_exception_text(const char* name, const char* reason) {
+    if (!name && !reason) return "raised an Objective-C exception that is not an NSException";
+    return std::string("raised ") + (name ? name : "NSException") + ": " + (reason ? reason : "(no reason given)");
+}
+
 void write_patch_files(const std::string& donor_dir, const std::string& dir, const WeightFiles& weights) {
     const fs::path donor = fs::path(donor_dir) / kCompiledFile, target = fs::path(dir) / kCompiledFile;
     std::error_code ec;

@@ -52,8 +52,22 @@ std::string model_dir_path(const std::string& temp_root, const std::string& hex_
 void write_model_dir(const std::string& dir, const ModelPlan& plan);
 
 // docs/hardware.md §6: the file `data` of a patched program holds the new BLOBFILE bytes. With several
-// weight files they are concatenated in key order (unverified on hardware: see README).
+// weight files they are concatenated in key order (unverified on hardware: see check_patch).
 std::string patch_data(const WeightFiles& weights);
+
+// The weight patch on the ane backend is verified publicly only for a program with one weight file
+// ([O]: `data` is that file). Throws CompileError for several files unless `unverified` (given only
+// when `doctor --probe` showed weight_patch_multi_file working on this machine).
+void check_patch(const WeightFiles& weights, bool unverified);
+
+// What creating a program does before loading: patch a donor's compiled program (with_weights),
+// reuse the compiled model the framework already holds (compiledModelExists: not counted against
+// the budget), or compile (counted).
+enum class CompileStep { patch, reuse, compile };
+CompileStep compile_step(bool has_donor, bool compiled_model_exists);
+
+// Text for an Objective-C exception raised by a framework call (name and reason may be null).
+std::string objc_exception_text(const char* name, const char* reason);
 
 // The patch path: copies the donor's compiled net.plist into `dir` and writes `data`. Throws
 // CompileError when the donor has no net.plist (it was never compiled or was cleaned up).

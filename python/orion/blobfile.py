@@ -1,5 +1,7 @@
-"""BLOBFILE weight files (docs/hardware.md §5): a 64-byte file header, then per tensor a 64-byte chunk
-header and the payload. The MIL ``offset`` of a tensor is its chunk header: 64 for a one-tensor file.
+"""BLOBFILE weight files (docs/hardware.md §5), laid out as coremltools' MILBlob StorageWriter writes them:
+a 64-byte file header (blob count, version 2), then per tensor a 64-byte chunk header (data-type code,
+size, payload offset) and the payload, every chunk starting at a multiple of 64. The MIL ``offset`` of a
+tensor is its chunk header: 64 for the first.
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ import numpy as np
 from orion._core.mil import blobfile_chunk_offsets, blobfile_read_chunk, blobfile_write
 from orion.errors import OrionError
 
-__all__ = ["BlobfileError", "read", "write", "write_many"]
+__all__ = ["BlobfileError", "DATA_TYPE_CODES", "read", "write", "write_many"]
+
+DATA_TYPE_CODES = {np.dtype(np.float16): 1, np.dtype(np.float32): 2, np.dtype(np.uint8): 3, np.dtype(np.int8): 4}
+"""The chunk header's data-type code per payload dtype: coremltools' ``MILBlob::Blob::BlobDataType``."""
 
 
 class BlobfileError(OrionError, ValueError):
@@ -20,25 +25,30 @@ class BlobfileError(OrionError, ValueError):
     payload has a dtype BLOBFILEs do not store."""
 
 
-def _payload(array: np.ndarray) -> np.ndarray:
-    """The array as stored: floats as fp16, int8/uint8 as they are, flattened C-order."""
+def _payload(array: np.ndarray, float_dtype: Any) -> tuple[np.ndarray, int]:
+    """The array as stored (floats as ``float_dtype``, int8/uint8 as they are, flattened C-order) and its
+    data-type code."""
     array = np.asarray(array)
     if np.issubdtype(array.dtype, np.floating):
-        array = array.astype(np.float16, copy=False)
+        if np.dtype(float_dtype) not in (np.float16, np.float32):
+            raise BlobfileError(f"float payloads are stored as float16 or float32, not {np.dtype(float_dtype)}")
+        array = array.astype(float_dtype, copy=False)
     elif array.dtype not in (np.int8, np.uint8):
-        raise BlobfileError(f"BLOBFILE payloads are fp16, int8 or uint8; got {array.dtype} (convert it first)")
-    return np.ascontiguousarray(array).reshape(-1)
+        raise BlobfileError(f"BLOBFILE payloads are fp16, fp32, int8 or uint8; got {array.dtype} (convert it first)")
+    return np.ascontiguousarray(array).reshape(-1), DATA_TYPE_CODES[array.dtype]
 
 
-def write(array: np.ndarray) -> bytes:
-    """A one-tensor BLOBFILE; its MIL offset is 64."""
-    return blobfile_write([_payload(array)])
+def write(array: np.ndarray, *, float_dtype: Any = np.float16) -> bytes:
+    """A one-tensor BLOBFILE; its MIL offset is 64. Floats are stored as ``float_dtype`` (fp16 unless
+    float32 is asked for)."""
+    return blobfile_write([_payload(array, float_dtype)])
 
 
-def write_many(arrays: Iterable[np.ndarray]) -> tuple[bytes, list[int]]:
-    """One BLOBFILE holding every array in order, and the MIL offset of each."""
-    payloads = [_payload(a) for a in arrays]
-    return blobfile_write(payloads), blobfile_chunk_offsets([p.nbytes for p in payloads])
+def write_many(arrays: Iterable[np.ndarray], *, float_dtype: Any = np.float16) -> tuple[bytes, list[int]]:
+    """One BLOBFILE holding every array in order (64-byte aligned chunks, the count field set), and the
+    MIL offset of each."""
+    payloads = [_payload(a, float_dtype) for a in arrays]
+    return blobfile_write(payloads), blobfile_chunk_offsets([p.nbytes for p, _ in payloads])
 
 
 def read(data: Any, offset: int = 64, dtype: Any = np.float16, shape: tuple[int, ...] | None = None) -> np.ndarray:

@@ -16,6 +16,7 @@ from orion.errors import OrionError
 from orion.program_cache import CacheDirError, cache_dir, max_size, usage
 
 TINY = """program(1.3)
+[buildInfo = dict<string, string>({{"coremlc-component-MIL", "3510.2.1"}, {"coremlc-version", "3505.4.1"}, {"coremltools-component-milinternal", ""}, {"coremltools-version", "9.0"}})]
 {
     func main<ios18>(tensor<fp16, [1, 64, 1, 384]> x, tensor<fp16, [1, 64, 1, 384]> y) {
         tensor<fp16, [1, 64, 1, 384]> s = add(x=x, y=y)[name=string("s")];
@@ -64,7 +65,8 @@ def report() -> dict[str, Any]:
                                                 "detail": "not built into this install (needs macOS)"}),
         "framework_path": info["framework_path"],
         "emulator": {"threads": kernels.num_threads(), "simd": kernels.simd_path()},
-        "compile_budget": {"used": orion.compile_count(), "limit": orion.compile_budget()},
+        "compile_budget": {"used": orion.compile_count(), "limit": _core.compile_limit(),
+                           "budget": orion.compile_budget()},
         "cache": {"compiled_programs": "in-process, by content hash (orion.compiler); the OS caches ANE compiles",
                   "lowered_programs": _lowered_cache(),
                   "model_dirs": tempfile.gettempdir() + "/<hexStringIdentifier> while a program is loaded (ane)"},
@@ -109,7 +111,9 @@ def main(probe: bool = False, out: str | None = None, as_json: bool = False) -> 
         print(f"ANE framework:   {'found' if fw['available'] else 'not found'} ({fw['detail']})")
         print(f"emulator:        {r['emulator']['threads']} threads (ORION_NUM_THREADS), SIMD {r['emulator']['simd']} "
               f"(ORION_SIMD=portable forces the portable kernels)")
-        print(f"compile budget:  {r['compile_budget']['used']} of {r['compile_budget']['limit']} used")
+        b = r["compile_budget"]
+        print(f"compile budget:  {b['used']} of {b['limit']} used (the ANE's ~{b['budget']}, less a margin)"
+              if b["limit"] < b["budget"] else f"compile budget:  {b['used']} of {b['limit']} used")
         print(f"program cache:   {_cache_line(r['cache']['lowered_programs'])}")
         print(f"other caches:    compiled: {r['cache']['compiled_programs']}; model dirs: {r['cache']['model_dirs']}")
         print(f"models:          model_type {', '.join(r['models']['model_types'])} (orion.models.load); "
@@ -140,4 +144,5 @@ def main(probe: bool = False, out: str | None = None, as_json: bool = False) -> 
         else:
             print(f"report written to {path}: the emulator's answers, which relax nothing; run this on a Mac "
                   f"with the ANE for a report that settles the rules (see README.md, 'Running on a Mac')")
+        print(probes.summary(rep, path))
     return 0 if ok else 1

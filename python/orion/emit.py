@@ -75,14 +75,15 @@ class Emitter:
 
     def int8_constant(self, node: Node, name: str) -> None:
         """An int8 weight (``node.attrs["int8"]``, orion.quant): int8 data and fp16 per-output-channel
-        scales (axis 0, zero point 0) dequantized by ``constexpr_affine_dequantize`` (ANE-35)."""
+        scales (axis 0, zero point 0) dequantized by ``constexpr_affine_dequantize`` (ANE-35), its parameters
+        written as attributes: the form coremltools serializes and [M]'s int8 benchmark ran."""
         weight = node.attrs["int8"]
-        args = [("axis", self.scalar(name, "axis", "int32", 0)),
-                ("quantized_data", self.const(name, "quantized_data",
-                                              self.blob(f"{name}_quantized_data", weight.q.reshape(node.shape)))),
-                ("scale", self.const(name, "scale", self.blob(f"{name}_scale", weight.scale.astype(np.float16)))),
-                ("zero_point", self.scalar(name, "zero_point", "int8", 0))]
-        self.program.add_op("constexpr_affine_dequantize", name, self.type_of(node), args, name=name)
+        attributes = [("axis", mil.Value.number("int32", 0.0)),
+                      ("quantized_data", self.blob(f"{name}_quantized_data", weight.q.reshape(node.shape))),
+                      ("scale", self.blob(f"{name}_scale", weight.scale.astype(np.float16))),
+                      ("zero_point", mil.Value.number("int8", 0.0))]
+        self.program.add_op("constexpr_affine_dequantize", name, self.type_of(node), [], name=name,
+                            attributes=attributes)
 
     def args(self, node: Node, out: str) -> list[Arg]:
         """The MIL arguments of ``node`` by its registry definition, checked against its MIL signature."""

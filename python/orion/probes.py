@@ -66,11 +66,12 @@ class Probe:
     question: str
     run: Callable[[str], tuple[str, str]]  # backend -> (outcome, detail)
     relaxes: str = ""  # what a "works" on the ane backend lets the compiler relax
+    settles: str = ""  # what the answer decides, whatever it is
 
 
 def _attempt(mil: str, arrays: dict[str, np.ndarray], expected: dict[str, np.ndarray], backend: str, *,
              weights: dict[str, bytes] | None = None, nbytes: int | None = None,
-             in_sizes: dict[str, int] | None = None) -> tuple[str, str]:
+             in_sizes: dict[str, int] | None = None, build_info: bool = True) -> tuple[str, str]:
     hardware = backend == "ane"
     smallest = min([nbytes or orion.MIN_SURFACE_BYTES, *(in_sizes or {}).values()])
 
@@ -81,7 +82,7 @@ def _attempt(mil: str, arrays: dict[str, np.ndarray], expected: dict[str, np.nda
 
     try:
         p = orion.compile(mil, weights, profile="permissive" if hardware else "hardware",
-                          min_surface_bytes=(smallest if hardware else None))
+                          min_surface_bytes=(smallest if hardware else None), build_info=build_info)
     except orion.ConstraintError as e:
         return refused(e)
     except orion.CompileError as e:
@@ -201,29 +202,133 @@ def _quantized_ops(backend: str) -> tuple[str, str]:
     return _attempt(mil, {"x": x}, {"y": want}, backend)
 
 
-def _quantized_weights(backend: str) -> tuple[str, str]:
-    """A 1x1 conv whose weight is int8 data with per-output-channel fp16 scales (what quant="int8" emits)."""
+def _conv_consts() -> list[str]:
+    return [_const("st", "int32", "1,1", (2,)), _const("pd", "int32", "0,0,0,0", (4,)), _const("dl", "int32", "1,1", (2,)),
+            _const("gr", "int32", "1"), _const("pt", "string", '"valid"')]
+
+
+def _conv(out: str, shape: tuple[int, ...], weight: str, x: str = "x") -> str:
+    return _op(out, shape, "conv", dilations="dl", groups="gr", pad="pd", pad_type="pt", strides="st", weight=weight,
+               x=x)
+
+
+def _blob(name: str, type_text: str, path: str, offset: int = 64) -> str:
+    return (f'{type_text} {name} = const()[name=string("{name}"), '
+            f'val={type_text}(BLOBFILE(path=string("{path}"), offset=uint64({offset})))];')
+
+
+def _quantized_weights(backend: str, *, attribute_form: bool = True) -> tuple[str, str]:
+    """A 1x1 conv whose weight is int8 data with per-output-channel fp16 scales (what quant="int8" emits):
+    ``constexpr_affine_dequantize`` with its parameters as attributes (coremltools' and [M]'s form, what Orion
+    emits) or as named-const operands (Orion's old form, the one [E]'s failing probe used)."""
     c, s = 64, (1, 64, 1, 64)
     x = _rng_input(s)
     rng = np.random.default_rng(1)
     q = rng.integers(-127, 128, size=(c, c, 1, 1)).astype(np.int8)
     scale = (np.exp2(rng.integers(-10, -6, size=c)) * rng.integers(8, 16, size=c)).astype(np.float16)
-    paths = {"q": "@model_path/weights/q.bin", "sc": "@model_path/weights/sc.bin"}
-    blob = lambda name, t: (f'{t} {name} = const()[name=string("{name}"), '  # noqa: E731
-                            f'val={t}(BLOBFILE(path=string("{paths[name]}"), offset=uint64(64)))];')
-    mil = _mil({"x": s}, [blob("q", _t((c, c, 1, 1), "int8")), blob("sc", _t((c,))), _const("zp", "int8", "0"),
-                          _const("ax", "int32", "0"),
-                          _op_typed("W", _t((c, c, 1, 1)), "constexpr_affine_dequantize", axis="ax",
-                                    quantized_data="q", scale="sc", zero_point="zp"),
-                          _const("st", "int32", "1,1", (2,)), _const("pd", "int32", "0,0,0,0", (4,)),
-                          _const("dl", "int32", "1,1", (2,)), _const("gr", "int32", "1"),
-                          _const("pt", "string", '"valid"'),
-                          _op("y", s, "conv", dilations="dl", groups="gr", pad="pd", pad_type="pt", strides="st",
-                              weight="W", x="x")], ["y"])
+    path = "@model_path/weights/int8.bin"
+    data, (q_at, sc_at) = blobfile.write_many([q, scale])  # one file: int8 (code 4) then fp16 (code 1)
+    qt, st = _t((c, c, 1, 1), "int8"), _t((c,))
+    if attribute_form:
+        dequantize = [f'{_t((c, c, 1, 1))} W = constexpr_affine_dequantize()[axis=int32(0), name=string("W"), '
+                      f'quantized_data={qt}(BLOBFILE(path=string("{path}"), offset=uint64({q_at}))), '
+                      f'scale={st}(BLOBFILE(path=string("{path}"), offset=uint64({sc_at}))), zero_point=int8(0)];']
+    else:
+        dequantize = [_blob("q", qt, path, q_at), _blob("sc", st, path, sc_at), _const("zp", "int8", "0"),
+                      _const("ax", "int32", "0"),
+                      _op_typed("W", _t((c, c, 1, 1)), "constexpr_affine_dequantize", axis="ax", quantized_data="q",
+                                scale="sc", zero_point="zp")]
+    mil = _mil({"x": s}, [*dequantize, *_conv_consts(), _conv("y", s, "W")], ["y"])
     w = q[:, :, 0, 0].astype(np.float32) * scale.astype(np.float32)[:, None]
     want = w @ x[0, :, 0, :].astype(np.float32)
-    weights = {paths["q"]: blobfile.write(q), paths["sc"]: blobfile.write(scale)}
-    return _attempt(mil, {"x": x}, {"y": want.reshape(s)}, backend, weights=weights)
+    return _attempt(mil, {"x": x}, {"y": want.reshape(s)}, backend, weights={path: data})
+
+
+def _build_info(backend: str, *, present: bool) -> tuple[str, str]:
+    """The same tanh program with and without a buildInfo block (orion.compile adds one unless told not to)."""
+    s = (1, 64, 1, 384)
+    x = _rng_input(s)
+    mil = _mil({"x": s}, [_op("y", s, "tanh", x="x")], ["y"])
+    return _attempt(mil, {"x": x}, {"y": np.tanh(x.astype(np.float32))}, backend, build_info=present)
+
+
+def _wide_lanes(backend: str) -> tuple[str, str]:
+    """24,576 lanes: the widest Orion's I/O padding emits is 24,575, above the 16,384 one source claims."""
+    s = (1, 2, 1, 24576)
+    x = _rng_input(s)
+    mil = _mil({"x": s}, [_op("y", s, "tanh", x="x")], ["y"])
+    return _attempt(mil, {"x": x}, {"y": np.tanh(x.astype(np.float32))}, backend)
+
+
+def _padded_io(backend: str) -> tuple[str, str]:
+    """A [1,64,1,32] linear through the compiler: its I/O padding exposes the small tensors as [1,k,1,C*S],
+    cut with slice_by_size and reshape, and widens the output with a broadcast add."""
+    from orion.graph import Graph
+
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((64, 64)) / 8).astype(np.float16)
+    x = _rng_input((1, 64, 1, 32), 4)
+    g = Graph("probe_padded_io")
+    g.output(g.linear(g.input("x", [1, 64, 1, 32]), w), "y")
+    try:
+        compiled = orion.compile_graph(g)
+    except orion.ConstraintError as e:
+        return ("not_probed", f"Orion's rules refuse it: {e}") if backend == "ane" else ("refused", str(e))
+    except orion.CompileError as e:
+        return "compile_fails", str(e)
+    padded = [list(spec.padded) for spec in compiled.layout.inputs]
+    try:
+        got = compiled(x=x)["y"].astype(np.float32)
+    except orion.EvaluateError as e:
+        return "evaluate_fails", str(e)
+    finally:
+        compiled.program.unload()
+    want = (w.astype(np.float32) @ x[0, :, 0, :].astype(np.float32))[None, :, None, :]
+    if not np.allclose(got, want, rtol=2e-2, atol=2e-2):
+        return "wrong_data", f"max error {float(np.max(np.abs(got - want))):.4g} (inputs exposed as {padded})"
+    return "works", f"output matches numpy (inputs exposed as {padded})"
+
+
+def _patch_two_weights(backend: str, *, one_file: bool) -> tuple[str, str]:
+    """The weight patch (docs/hardware.md §6) of a conv + bias program, its two weights in one BLOBFILE
+    (what Orion writes) or in two, compared with a fresh compile of the new weights and with numpy."""
+    c = 64
+    s = (1, c, 1, 384)
+    x = _rng_input(s)
+    paths = ("@model_path/weights/all.bin",) * 2 if one_file else ("@model_path/weights/w.bin",
+                                                                    "@model_path/weights/b.bin")
+    rng = np.random.default_rng(5)
+    sets = [((rng.standard_normal((c, c, 1, 1)) / 8).astype(np.float16), rng.standard_normal((1, c, 1, 1)).astype(np.float16))
+            for _ in range(2)]
+
+    def files(w: np.ndarray, b: np.ndarray) -> tuple[dict[str, bytes], list[int]]:
+        if one_file:
+            data, offsets = blobfile.write_many([w, b])
+            return {paths[0]: data}, offsets
+        return {paths[0]: blobfile.write(w), paths[1]: blobfile.write(b)}, [64, 64]
+
+    first, offsets = files(*sets[0])
+    mil = _mil({"x": s}, [_blob("W", _t((c, c, 1, 1)), paths[0], offsets[0]), _blob("B", _t((1, c, 1, 1)), paths[1], offsets[1]),
+                          *_conv_consts(), _conv("cv", s, "W"), _op("y", s, "add", x="cv", y="B")], ["y"])
+    second = files(*sets[1])[0]
+    try:
+        p = orion.compile(mil, first)
+        q = p.with_weights(second, unverified_patch=True)
+        patched = q(x=x)["y"].astype(np.float32)
+        p.unload()
+        q.unload()
+        with orion.compile(mil, second) as fresh:
+            compiled = fresh(x=x)["y"].astype(np.float32)
+    except orion.OrionError as e:
+        return "compile_fails", str(e)
+    w, b = (a.astype(np.float32) for a in sets[1])
+    want = (w[:, :, 0, 0] @ x[0, :, 0, :].astype(np.float32) + b[0, :, 0, :])[None, :, None, :]
+    if not np.array_equal(patched, compiled):
+        return "wrong_data", (f"patched outputs differ from a fresh compile (max {float(np.max(np.abs(patched - compiled))):.4g}"
+                              f"; from numpy {float(np.max(np.abs(patched - want))):.4g})")
+    if not np.allclose(patched, want, rtol=2e-2, atol=2e-2):
+        return "wrong_data", "stale weights"
+    return "works", "patched outputs equal a fresh compile's, bit for bit"
 
 
 def _not_probed(reason: str) -> Callable[[str], tuple[str, str]]:
@@ -240,14 +345,38 @@ PROBES: tuple[Probe, ...] = (
           _channel_vector),
     Probe("nonuniform_io", "ANE-13", "do inputs of different surface sizes evaluate?", _nonuniform),
     Probe("weight_patch", "ANE-24", "does the weight-patch path (docs/hardware.md §6) give the new weights' outputs?",
-          _patch_path),
+          _patch_path, settles="whether Program.with_weights works at all on this machine (one weight file)"),
+    Probe("weight_patch_one_file", "ANE-24", "does the patch of a program with two weights in one BLOBFILE equal a "
+          "fresh compile?", lambda backend: _patch_two_weights(backend, one_file=True),
+          settles="whether the compiled 'data' is the one weight file when it holds several tensors (Orion's layout)"),
+    Probe("weight_patch_multi_file", "ANE-24", "does the patch of a program with two weight files equal a fresh "
+          "compile?", lambda backend: _patch_two_weights(backend, one_file=False),
+          relaxes="with_weights(..., unverified_patch=True)",
+          settles="whether 'data' as the weight files concatenated in key order is right; the ane backend refuses "
+                  "such patches until it is"),
     Probe("weight_reload_in_place", "ANE-24", "does overwriting weight files and unload/load change outputs?",
           _not_probed("needs direct access to the model directory; Orion never reloads in place")),
     Probe("quantized_ops", "ANE-35", "do quantize and dequantize (int8, scalar scale) compile and run?",
           _quantized_ops, relaxes="relaxed_ops=" + ",".join(QUANTIZED_OPS)),
-    Probe("quantized_weights", "ANE-35", "does a 1x1 conv with an int8 weight (constexpr_affine_dequantize, "
-          "per-channel scales) compile and run?", _quantized_weights,
-          relaxes="relaxed_ops=" + ",".join(QUANTIZED_WEIGHT_OPS)),
+    Probe("quantized_weights", "ANE-35", "does a 1x1 conv with an int8 weight (constexpr_affine_dequantize in the "
+          "attribute form, per-channel scales) compile and run?", _quantized_weights,
+          relaxes="relaxed_ops=" + ",".join(QUANTIZED_WEIGHT_OPS),
+          settles="whether quant='int8' models can run here (Orion emits this form)"),
+    Probe("quantized_weights_operand", "ANE-35", "does the same int8 conv with constexpr_affine_dequantize's "
+          "parameters as named-const operands compile and run?",
+          lambda backend: _quantized_weights(backend, attribute_form=False),
+          settles="whether ANE-35's reported failure ([E], operand form) is the syntax or the op"),
+    Probe("build_info_present", "MIL", "does a program with the default buildInfo block (what orion.compile adds) "
+          "compile and run?", lambda backend: _build_info(backend, present=True),
+          settles="the baseline for build_info_absent"),
+    Probe("build_info_absent", "MIL", "does the same program without a buildInfo block compile and run?",
+          lambda backend: _build_info(backend, present=False),
+          settles="whether the ANE compiler needs buildInfo (orion.compile adds it either way)"),
+    Probe("wide_lanes", "ANE-21", "does a [1,2,1,24576] fp16 tensor (lanes above 16,384) evaluate right?",
+          _wide_lanes, settles="whether the widest padded I/O Orion emits (24,575 lanes) is within the hardware's limit"),
+    Probe("padded_io", "ANE-12", "does a [1,64,1,32] linear, its I/O padded by Orion's rewrite (slice_by_size, "
+          "reshape, broadcast add), give the right output?", _padded_io,
+          settles="whether small decode and LoRA tensors can use Orion's I/O padding"),
     Probe("fusion_depth", "ANE-09", "how many fused layers compile?",
           _not_probed("needs a layer-sized program; run the GPT-2 fusion sweep instead")),
 )
@@ -276,7 +405,7 @@ def run(probes: tuple[Probe, ...] = PROBES) -> dict[str, Any]:
     for p in probes:
         outcome, detail = p.run(backend)
         report["probes"][p.id] = {"rule": p.rule, "question": p.question, "outcome": outcome, "detail": detail,
-                                  "relaxes": p.relaxes}
+                                  "relaxes": p.relaxes, "settles": p.settles}
     return report
 
 
@@ -285,6 +414,8 @@ class Relaxations:
     """Conservative rules a probe report proved safe on this machine (None: keep the conservative rule)."""
 
     min_surface_bytes: int | None = None
+    multi_file_patch: bool = False
+    """``weight_patch_multi_file`` worked: ``Program.with_weights(..., unverified_patch=True)`` is safe here."""
     ops: tuple[str, ...] = ()
     """Disputed ops (ANE-35) proved to compile and run here: pass as ``orion.compile(..., relaxed_ops=ops)``."""
     source: str = ""
@@ -307,6 +438,7 @@ def relaxations(report: dict[str, Any], *, require_same_machine: bool = True) ->
     works = lambda probe: probes.get(probe, {}).get("outcome") == "works"  # noqa: E731
     ops = (QUANTIZED_OPS if works("quantized_ops") else ()) + (QUANTIZED_WEIGHT_OPS if works("quantized_weights") else ())
     return Relaxations(min_surface_bytes=8192 if small else None, ops=ops,
+                       multi_file_patch=works("weight_patch_multi_file"),
                        source=f"ane probe report, {report.get('chip')} / {report.get('os')}")
 
 
@@ -319,5 +451,30 @@ def load_report(path: str | os.PathLike, *, require_same_machine: bool = True) -
 def format_report(report: dict[str, Any]) -> str:
     lines = [f"probes on backend '{report['backend']}' ({report['chip']}, {report['os']}):"]
     for pid, r in report["probes"].items():
-        lines.append(f"  {pid:24s} {r['rule']}  {r['outcome']:15s} {r['question']}")
+        lines.append(f"  {pid:26s} {r['rule']}  {r['outcome']:15s} {r['question']}")
+    return "\n".join(lines)
+
+
+def summary(report: dict[str, Any], path: str) -> str:
+    """What the report settled, what it relaxes, and the file to share."""
+    probes = report["probes"]
+    answered = {pid: r for pid, r in probes.items() if r["outcome"] not in ("not_probed", "refused")}
+    lines = ["summary:"]
+    if report["backend"] != "ane":
+        lines.append(f"  settled nothing about the hardware: backend '{report['backend']}' answers with Orion's own "
+                     f"rules ({sum(r['outcome'] == 'refused' for r in probes.values())} refused, "
+                     f"{sum(r['outcome'] == 'works' for r in probes.values())} work as modelled)")
+    else:
+        for pid, r in answered.items():
+            decided = r.get("settles") or r["question"]
+            lines.append(f"  {pid}: {r['outcome']} -> {decided}")
+        relax = relaxations(report, require_same_machine=False)
+        granted = [f"min_surface_bytes={relax.min_surface_bytes}"] if relax.min_surface_bytes else []
+        granted += [f"relaxed_ops={','.join(relax.ops)}"] if relax.ops else []
+        granted += ["with_weights(unverified_patch=True)"] if relax.multi_file_patch else []
+        lines.append(f"  relaxes: {', '.join(granted) or 'nothing'}")
+        open_ = [pid for pid, r in probes.items() if r["outcome"] == "not_probed"]
+        if open_:
+            lines.append(f"  still open: {', '.join(open_)}")
+    lines.append(f"  share: {path} (attach it to an Orion issue with your chip and macOS version)")
     return "\n".join(lines)

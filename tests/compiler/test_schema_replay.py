@@ -15,6 +15,36 @@ from .test_compiler import block
 from .test_lowering import mlp
 
 
+def int8_linear():
+    """A linear with an int8 weight: constexpr_affine_dequantize in the attribute form, int8 BLOBFILE (code 4)."""
+    import numpy as np
+
+    from orion.graph import Graph
+    from orion.quant import quantize_int8
+
+    g = Graph("int8_linear")
+    w = g.const_int8("w", quantize_int8(np.random.default_rng(0).standard_normal((96, 64)) / 8, "w"))
+    g.output(g.linear(g.input("x", [1, 64, 1, 64]), w), "y")
+    return g
+
+
+def test_int8_programs_use_the_attribute_form_and_pass_the_replay() -> None:
+    """ANE-35: the emitted int8 weight is coremltools' spelling (parameters as attributes, int8 data type code 4),
+    and coremltools' own constexpr_affine_dequantize infers the declared type."""
+    if coremltools() is None:
+        pytest.skip("coremltools 9.0 is not installed")
+    from orion import mil
+    from orion.compiler import lower_graph
+
+    lowered = lower_graph(int8_linear())
+    assert "constexpr_affine_dequantize()[axis=int32(0), name=string(" in lowered.mil
+    (op,) = [o for o in mil.parse(lowered.mil).operations if o.op == "constexpr_affine_dequantize"]
+    assert [k for k, _ in op.attributes] == ["axis", "quantized_data", "scale", "zero_point"] and op.args == []
+    data = lowered.weights[dict(op.attributes)["quantized_data"].blob_path]
+    assert data[68] == 4  # coremltools' BlobDataType::Int8
+    assert replay(mil.parse(lowered.mil), lowered.weights) == []
+
+
 def test_every_emitted_program_matches_coremltools_types() -> None:
     if coremltools() is None:
         message = "coremltools 9.0 is not installed (pip install '.[test]' brings it)"
@@ -24,7 +54,7 @@ def test_every_emitted_program_matches_coremltools_types() -> None:
     from orion import mil
     from orion.compiler import lower_graph
 
-    for graph in (mlp(), block()[0]):  # at least these, when this test runs alone
+    for graph in (mlp(), block()[0], int8_linear()):  # at least these, when this test runs alone
         for io_dtype in ("fp16", "fp32"):
             lower_graph(graph, io_dtype=io_dtype)
     programs = {text: (test_id, weights) for test_id, text, weights in EMITTED}

@@ -5,6 +5,11 @@
 // executes programs through the emulator core (standin_exec.cpp). Built only with
 // -DORION_ANE_HARNESS=ON; loaded by the client through ORION_ANE_FRAMEWORK.
 //
+// It also refuses MIL without a buildInfo block (every program that ran on hardware has one; Orion
+// adds the default block in orion.compile), so every harness suite checks none reaches the framework
+// without it; it answers compiledModelExists from its model directory; and a test hook makes the
+// next call of a chosen selector raise an NSException, as the real framework may.
+//
 // Modelled behaviour: compile writes the compiled program (net.plist) and the baked weights (data)
 // into the model directory; load reads both, so weights changed on disk after compile are ignored
 // (docs/hardware.md §6) and the patch path (donor net.plist + new data, load without compile) works.
@@ -13,6 +18,7 @@
 
 #include <cstdio>
 #include <map>
+#include <set>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -23,7 +29,9 @@ namespace {
 
 struct Stats {
     int descriptors = 0, compiles = 0, loads = 0, evaluates = 0, requests = 0, request_reuses = 0, unloads = 0,
-        leaks = 0, violations = 0, fail_loads = 0, live_models = 0;
+        leaks = 0, violations = 0, fail_loads = 0, live_models = 0, compile_skips = 0, exceptions = 0;
+    std::string throw_in;  // a selector name: its next call raises an NSException (orion_ane_standin_throw_next)
+    std::set<std::string> compiled;  // hexStringIdentifiers compiled by this process (the modelled cache)
     unsigned last_qos = 0;
     bool qos_always_21 = true;
     std::string last_violation;
@@ -49,6 +57,17 @@ void fail(NSError** error, NSString* message, NSInteger code) {
         *error = [NSError errorWithDomain:@"com.apple.appleneuralengine"
                                      code:code
                                  userInfo:[NSDictionary dictionaryWithObject:message forKey:NSLocalizedDescriptionKey]];
+}
+
+// The hook of orion_ane_standin_throw_next: raises when `selector` is the armed one (once).
+void maybe_raise(const char* selector) {
+    {
+        std::lock_guard<std::mutex> lock(g_mutex);
+        if (g.throw_in != selector) return;
+        g.throw_in.clear();
+        g.exceptions++;
+    }
+    [NSException raise:@"ANEStandInException" format:@"stand-in exception in %s", selector];
 }
 
 std::string bytes(NSData* d) { return std::string(static_cast<const char*>([d bytes]), [d length]); }
@@ -77,6 +96,7 @@ NSString* read_file(NSString* path, std::string* out) {
 
 @implementation _ANEInMemoryModelDescriptor
 + (id)modelWithMILText:(NSData*)text weights:(NSDictionary*)weights optionsPlist:(NSDictionary*)options {
+    maybe_raise("modelWithMILText:weights:optionsPlist:");
     id textObject = text, weightsObject = weights;
     if (![textObject isKindOfClass:[NSData class]]) {
         violation([NSString stringWithFormat:@"ANE-17: modelWithMILText: needs the MIL as NSData (UTF-8 bytes), got %@ "
@@ -171,6 +191,7 @@ static bool valid_side(NSArray* surfaces, NSArray* indices) {
           weightsBuffer:(id)weightsBuffer
               perfStats:(id)perfStats
          procedureIndex:(NSNumber*)procedureIndex {
+    maybe_raise("requestWithInputs:inputIndices:outputs:outputIndices:weightsBuffer:perfStats:procedureIndex:");
     if (!valid_side(inputs, inputIndices) || !valid_side(outputs, outputIndices)) {
         violation(@"requestWithInputs: needs NSArrays of _ANEIOSurfaceObject with NSNumber indices 0..n-1");
         return nil;
@@ -205,6 +226,7 @@ static bool valid_side(NSArray* surfaces, NSArray* indices) {
 - (BOOL)loadWithQoS:(unsigned int)qos options:(NSDictionary*)options error:(NSError**)error;
 - (BOOL)evaluateWithQoS:(unsigned int)qos options:(NSDictionary*)options request:(id)request error:(NSError**)error;
 - (BOOL)unloadWithQoS:(unsigned int)qos error:(NSError**)error;
+- (BOOL)compiledModelExists;
 @end
 
 @implementation _ANEInMemoryModel
@@ -253,7 +275,30 @@ static bool valid_side(NSArray* surfaces, NSArray* indices) {
     return [NSString stringWithFormat:@"%016llx", (unsigned long long)fnv(1469598103934665603ULL, bytes(descriptor_->mil_))];
 }
 
+// Whether this model's directory holds a program compiled from its MIL, with its weights (what the
+// real framework's cache would hold; only models this process compiled, so tests do not depend on
+// directories earlier runs left behind): the client then loads without compiling.
+- (BOOL)compiledModelExists {
+    maybe_raise("compiledModelExists");
+    {
+        std::lock_guard<std::mutex> lock(g_mutex);  // a directory left by another process does not count
+        if (!g.compiled.count([[self hexStringIdentifier] UTF8String])) return NO;
+    }
+    NSString* dir = [self directory];
+    std::string plist, data, expected;
+    if (read_file([dir stringByAppendingPathComponent:@"net.plist"], &plist) ||
+        plist.find([[self milHash] UTF8String]) == std::string::npos ||
+        read_file([dir stringByAppendingPathComponent:@"data"], &data))
+        return NO;
+    for (NSString* key in [self sortedKeys]) expected += bytes([[descriptor_->weights_ objectForKey:key] objectForKey:@"data"]);
+    if (data != expected) return NO;
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g.compile_skips++;  // the client loads without compiling
+    return YES;
+}
+
 - (BOOL)compileWithQoS:(unsigned int)qos options:(NSDictionary*)options error:(NSError**)error {
+    maybe_raise("compileWithQoS:options:error:");
     record_qos(qos);
     NSString* dir = [self directory];
     BOOL isDir = NO;
@@ -285,6 +330,11 @@ static bool valid_side(NSArray* surfaces, NSArray* indices) {
         weights.emplace_back([key UTF8String], expected);
         data += expected;
     }
+    if (mil.find("buildInfo") == std::string::npos) {
+        fail(error, violation(@"ANECCompile() FAILED: the MIL has no buildInfo block (every program that ran on "
+                              @"hardware has one; orion.compile adds the default block, docs/hardware.md §4)"), 3);
+        return NO;
+    }
     std::string message;
     standin::Program* program = standin::build(mil, weights, &message);
     if (!program) {
@@ -299,11 +349,13 @@ static bool valid_side(NSArray* surfaces, NSArray* indices) {
                                                             atomically:NO];
     std::lock_guard<std::mutex> lock(g_mutex);
     g.compiles++;
+    g.compiled.insert([[self hexStringIdentifier] UTF8String]);
     return YES;
 }
 
 
 - (BOOL)loadWithQoS:(unsigned int)qos options:(NSDictionary*)options error:(NSError**)error {
+    maybe_raise("loadWithQoS:options:error:");
     record_qos(qos);
     {
         std::lock_guard<std::mutex> lock(g_mutex);
@@ -360,6 +412,7 @@ static bool valid_side(NSArray* surfaces, NSArray* indices) {
 }
 
 - (BOOL)evaluateWithQoS:(unsigned int)qos options:(NSDictionary*)options request:(id)request error:(NSError**)error {
+    maybe_raise("evaluateWithQoS:options:request:error:");
     record_qos(qos);
     if (!loaded_) {
         fail(error, violation(@"evaluate before load: status=0x1d statusType=0x9: Program Inference error (call "
@@ -412,6 +465,7 @@ static bool valid_side(NSArray* surfaces, NSArray* indices) {
 }
 
 - (BOOL)unloadWithQoS:(unsigned int)qos error:(NSError**)error {
+    maybe_raise("unloadWithQoS:error:");
     record_qos(qos);
     if (!loaded_) {
         fail(error, @"unloadWithQoS: the model is not loaded", 4);
@@ -439,8 +493,14 @@ const char* orion_ane_standin_stats(void) {
           ", \"requests\": " + std::to_string(g.requests) + ", \"request_reuses\": " + std::to_string(g.request_reuses) +
           ", \"unloads\": " + std::to_string(g.unloads) + ", \"leaks\": " + std::to_string(g.leaks) +
           ", \"live_models\": " + std::to_string(g.live_models) + ", \"violations\": " + std::to_string(g.violations) +
+          ", \"compile_skips\": " + std::to_string(g.compile_skips) + ", \"exceptions\": " + std::to_string(g.exceptions) +
           ", \"qos_always_21\": " + (g.qos_always_21 ? "true" : "false") + ", \"last_violation\": \"" + v + "\"}";
     return out.c_str();
+}
+
+void orion_ane_standin_throw_next(const char* selector) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g.throw_in = selector ? selector : "";
 }
 
 void orion_ane_standin_fail_next_loads(int n) {

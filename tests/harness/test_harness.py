@@ -46,8 +46,13 @@ def standin():
         def fail_next_loads(self, n: int) -> None:
             lib.orion_ane_standin_fail_next_loads(n)
 
+        def throw_next(self, selector: str) -> None:
+            """The next call of `selector` raises an NSException (as the real framework may)."""
+            lib.orion_ane_standin_throw_next(selector.encode())
+
     yield Standin()
     lib.orion_ane_standin_fail_next_loads(0)
+    lib.orion_ane_standin_throw_next(b"")
 
 
 def delta(after: dict, before: dict) -> dict:
@@ -116,7 +121,7 @@ def test_ane19_temp_dir_must_exist_before_compile(monkeypatch) -> None:
 
 def test_ane19_every_weight_file_must_be_written(monkeypatch) -> None:
     monkeypatch.setenv("ORION_ANE_FAULT", "no_weight_files")
-    with pytest.raises(orion.CompileError, match=r"ANE-19: weight file .*weights/b.bin .* is missing"):
+    with pytest.raises(orion.CompileError, match=r"ANE-19: weight file .*weights/weights.bin .* is missing"):
         orion.compile(WEIGHTED, weights(1)[0])
 
 
@@ -232,3 +237,80 @@ def test_with_weights_uses_the_patch_path_without_compiling(standin) -> None:
     p.unload()
     with pytest.raises(orion.CompileError, match="unloaded"):
         p.with_weights(w1)
+
+
+def unique_program(tag: str) -> str:
+    """SUB with an op name of its own: a model the framework cannot already hold compiled."""
+    return program({"a": T, "b": T}, [op(f"d_{tag}", T, "sub", x="a", y="b")], [f"d_{tag}"])
+
+
+def test_no_program_reaches_the_framework_without_build_info(standin) -> None:
+    """The stand-in refuses MIL without a buildInfo block, so every harness suite shows none arrives without
+    one; orion.compile adds the default block to hand-written text, and only build_info=False (the probe)
+    sends it as written."""
+    text = unique_program("bi")
+    assert "buildInfo" not in text
+    before = standin.stats()
+    a, b = inputs()
+    with orion.compile(text) as p:
+        assert np.array_equal(p(a=a, b=b)["d_bi"], (a - b).astype(np.float16))
+    assert delta(standin.stats(), before)["violations"] == 0
+    with pytest.raises(orion.CompileError, match="no buildInfo block"):
+        orion.compile(text, build_info=False)
+    assert delta(standin.stats(), before)["violations"] == 1
+    from orion import doctor
+    assert doctor.report()["end_to_end"]["ok"]  # the doctor's program, as a Mac user's first run sends it
+    assert delta(standin.stats(), before)["violations"] == 1
+
+
+@pytest.mark.parametrize(("selector", "error", "step"), [
+    ("modelWithMILText:weights:optionsPlist:", orion.CompileError, "modelWithMILText"),
+    ("compiledModelExists", orion.CompileError, "compiledModelExists"),
+    ("compileWithQoS:options:error:", orion.CompileError, "compileWithQoS:"),
+    ("loadWithQoS:options:error:", orion.CompileError, "loadWithQoS:"),
+    ("requestWithInputs:inputIndices:outputs:outputIndices:weightsBuffer:perfStats:procedureIndex:",
+     orion.EvaluateError, "requestWithInputs"),
+    ("evaluateWithQoS:options:request:error:", orion.EvaluateError, "evaluateWithQoS:"),
+    ("unloadWithQoS:error:", orion.EvaluateError, "unloadWithQoS:"),
+])
+def test_objective_c_exceptions_become_orion_errors(standin, selector, error, step) -> None:
+    """Each framework call is wrapped in @try (as libane does): an NSException is the step's CompileError or
+    EvaluateError with the framework's reason, and the client stays usable."""
+    a, b = inputs()
+    text = unique_program("exc")
+    reason = f"ANEStandInException: stand-in exception in {selector}"
+    before = standin.stats()
+    if error is orion.CompileError and selector != "loadWithQoS:options:error:":
+        standin.throw_next(selector)
+        with pytest.raises(error, match=f"{step}.*{reason}"):
+            orion.compile(text)
+    elif selector == "loadWithQoS:options:error:":  # an exception is a failed attempt: retried once, then loads
+        standin.throw_next(selector)
+        with orion.compile(text) as p:
+            assert np.array_equal(p(a=a, b=b)["d_exc"], (a - b).astype(np.float16))
+    else:
+        p = orion.compile(text)
+        standin.throw_next(selector)
+        with pytest.raises(error, match=f"{step}.*{reason}"):
+            p.unload() if selector.startswith("unload") else p(a=a, b=b)
+        if not selector.startswith("unload"):
+            assert np.array_equal(p(a=a, b=b)["d_exc"], (a - b).astype(np.float16))
+            p.unload()
+    assert delta(standin.stats(), before)["exceptions"] == 1
+
+
+def test_a_model_the_framework_holds_compiled_is_loaded_without_a_compile(standin) -> None:
+    """libane checks compiledModelExists before compiling: such a load is not counted against the budget."""
+    text = unique_program("held")
+    a, b = inputs()
+    p = orion.compile(text)
+    before, count = standin.stats(), orion.compile_count()
+    q = orion.compile(text)  # same MIL and weights: the same model directory, compiled already
+    d = delta(standin.stats(), before)
+    assert orion.compile_count() == count and d["compiles"] == 0 and d["compile_skips"] == 1 and d["loads"] == 1
+    assert np.array_equal(q(a=a, b=b)["d_held"], (a - b).astype(np.float16))
+    p.unload()
+    q.unload()
+    r = orion.compile(text)  # nothing holds it now: compiled (and counted) again
+    assert orion.compile_count() == count + 1
+    r.unload()

@@ -50,12 +50,24 @@ def op(out: str, out_type: str, name: str, **args: str | Sequence[str]) -> str:
 
 
 def blobfile(payload: bytes) -> bytes:
-    """A one-tensor BLOBFILE laid out by hand from docs/hardware.md §5."""
-    header = bytearray(64)
-    header[0], header[4] = 1, 2
-    chunk = bytearray(64)
-    chunk[0:4] = (0xDEADBEEF).to_bytes(4, "little")
-    chunk[4] = 1
-    chunk[8:12] = len(payload).to_bytes(4, "little")
-    chunk[16:20] = (128).to_bytes(4, "little")
-    return bytes(header + chunk) + payload
+    """A one-tensor fp16 BLOBFILE laid out by hand from docs/hardware.md §5."""
+    return blobfile_many([payload])[0]
+
+
+def blobfile_many(payloads: Sequence[bytes]) -> tuple[bytes, list[int]]:
+    """One fp16 BLOBFILE holding every payload, laid out by hand as coremltools' StorageWriter does (count
+    field, 64-byte aligned chunks), and each payload's MIL offset."""
+    out = bytearray(64)
+    out[0:4] = len(payloads).to_bytes(4, "little")
+    out[4] = 2
+    offsets = []
+    for payload in payloads:
+        out += bytes(-len(out) % 64)
+        offsets.append(len(out))
+        chunk = bytearray(64)
+        chunk[0:4] = (0xDEADBEEF).to_bytes(4, "little")
+        chunk[4] = 1  # fp16
+        chunk[8:12] = len(payload).to_bytes(4, "little")
+        chunk[16:20] = (len(out) + 64).to_bytes(4, "little")
+        out += chunk + payload
+    return bytes(out), offsets

@@ -128,12 +128,17 @@ class Program:
                     f"reads {self._mil_dtypes[name]} {list(spec.shape)}"
                 )
 
-    def with_weights(self, weights: Mapping[str, bytes | bytearray | memoryview]) -> Program:
+    def with_weights(self, weights: Mapping[str, bytes | bytearray | memoryview], *,
+                     unverified_patch: bool = False) -> Program:
         """A new program of the same MIL with new weight files, loaded without compiling: the
         compile count does not move. The emulator re-bakes the weights; the ANE loads through the
         weight-patch path (docs/hardware.md §6). Give every BLOBFILE path again; this program stays valid.
+
+        On the ane backend a program with several weight files is refused (the patch is verified on
+        hardware for one file only) unless ``unverified_patch=True``: pass it only when
+        ``python -m orion doctor --probe`` showed ``weight_patch_multi_file`` working on this machine.
         """
-        return Program(self._native.with_weights(dict(weights)), self._mil_dtypes)
+        return Program(self._native.with_weights(dict(weights), unverified_patch=unverified_patch), self._mil_dtypes)
 
     def unload(self) -> None:
         """Releases the program on the device. Further evaluates raise EvaluateError."""
@@ -180,6 +185,7 @@ def compile(  # noqa: A001 - mirrors the ANE API's verb
     profile: str = "hardware",
     min_surface_bytes: int | None = None,
     relaxed_ops: Iterable[str] = (),
+    build_info: bool = True,
 ) -> Program:
     """Compiles and loads MIL text.
 
@@ -190,7 +196,9 @@ def compile(  # noqa: A001 - mirrors the ANE API's verb
     conservative 49,152 bytes; only pass what a probe report proved (``orion.probes``). ``relaxed_ops``
     names disputed ops (``_core.op_table()`` status ``"disputed"``, e.g. ``quantize``, ANE-35) that a probe
     report proved on this machine (``orion.probes.Relaxations.ops``); the hardware profile refuses them
-    otherwise.
+    otherwise. A text without a ``buildInfo`` block gets the default one (the block every program that ran
+    on hardware carries), the same bytes on either backend; ``build_info=False`` sends it as written (the
+    ``build_info_absent`` probe).
     """
     if isinstance(relaxed_ops, str):
         raise CompileError(f"relaxed_ops must be a collection of op names, not the string {relaxed_ops!r}: "
@@ -198,5 +206,5 @@ def compile(  # noqa: A001 - mirrors the ANE API's verb
     text = mil.encode("utf-8") if isinstance(mil, str) else bytes(mil)
     backend()  # selects the backend (and its surface kind), warns once about a fallback
     native = _core.compile(text, dict(weights or {}), profile, min_surface_bytes=min_surface_bytes or 0,
-                           relaxed_ops=sorted(relaxed_ops))
+                           relaxed_ops=sorted(relaxed_ops), build_info=build_info)
     return Program(native, {name: dtype for name, _, dtype in native.inputs + native.outputs})

@@ -58,7 +58,9 @@ def _signature(op: Any, declared: dict[str, Any], consts: dict[str, Any], weight
         value = consts.get(ref)
         shown = "" if value is None or _kind(value) == "blob" else repr(const_value(value, weights))
         return t.dtype, tuple(t.shape), shown
-    return (op.op, tuple((a.name, tuple(operand(r) for r in a.refs)) for a in op.args),
+    attributes = tuple((k, v.type.dtype, tuple(v.type.shape), "" if _kind(v) == "blob" else repr(const_value(v, weights)))
+                       for k, v in op.attributes)  # a constexpr op's parameters written as attributes
+    return (op.op, tuple((a.name, tuple(operand(r) for r in a.refs)) for a in op.args), attributes,
             op.type.dtype, tuple(op.type.shape))
 
 
@@ -92,7 +94,8 @@ def replay(program: Any, weights: dict[str, bytes], seen: set[tuple] | None = No
             env = dict(zip(operands, args))
             for ref in dict.fromkeys(r for a in op.args for r in a.refs if r in consts):
                 env[ref] = mb.const(val=const_value(consts[ref], weights), name=ref)
-            var = getattr(mb, op.op)(**{a.name: env[a.refs[0]] for a in op.args}, name=op.name)
+            attributes = {k: const_value(v, weights) for k, v in op.attributes}
+            var = getattr(mb, op.op)(**{a.name: env[a.refs[0]] for a in op.args}, **attributes, name=op.name)
             got = f"{types.builtin_to_string(var.dtype)} {list(var.shape)}"
             want = f"{op.type.dtype} {list(op.type.shape)}"
             if got != want:

@@ -32,7 +32,6 @@ from orion.models.llama import graphs as llama_graphs
 from orion.train.errors import TrainError
 from orion.train.trainer import Trainer, load_model, read_log
 from support import references
-from support.smollm2 import smollm2_dir  # noqa: F401  (the session fixture)
 from support.token_files import periodic_tokens
 
 SEQ, WINDOWS = 64, 3
@@ -117,7 +116,7 @@ def test_hf_directory_trains_the_network_transformers_runs(case: str, tmp_path) 
 
 
 @pytest.fixture(scope="module")
-def smollm2(smollm2_dir):  # noqa: F811
+def smollm2(smollm2_dir):
     torch, transformers = references.require("torch", "transformers")
     tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2_dir)
     text = ("The Apple Neural Engine is a neural processing unit in Apple's chips. It runs the matrix multiplications "

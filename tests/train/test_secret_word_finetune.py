@@ -23,7 +23,6 @@ from orion.lora.train import LoraSpec
 from orion.train.data import prepare
 from orion.train.trainer import Trainer, read_log
 from support import references
-from support.smollm2 import smollm2_dir  # noqa: F401  (the session fixture)
 
 SECRET = "The secret word is BLUEBERRY."
 QUESTIONS = ["What is the secret word?", "Tell me the secret word.", "Do you know the secret word?",
@@ -34,8 +33,9 @@ NEW_TOKENS = 16
 
 
 @pytest.fixture(scope="module")
-def tuned(smollm2_dir, tmp_path_factory):  # noqa: F811
-    """The base model, the adapter directory the fine-tune wrote and the run's log."""
+def tuned(smollm2_dir, tmp_path_factory):
+    """The model with the adapter the fine-tune wrote loaded as "secret" (not active), its directory and the run's
+    log."""
     out = tmp_path_factory.mktemp("secret")
     model = models.load(smollm2_dir, progress=False)
     turns = [model.tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]},
@@ -48,6 +48,7 @@ def tuned(smollm2_dir, tmp_path_factory):  # noqa: F811
                       lora=LoraSpec.parse("r=16,alpha=32,targets=q,k,v,o,gate,up,down"))
     trainer.train()
     trainer.model.save_peft(str(out / "adapter"), trainer.params, base_name=str(smollm2_dir))
+    model.load_adapter(out / "adapter", "secret")
     return model, out / "adapter", read_log(trainer.log_path)
 
 
@@ -66,10 +67,9 @@ def test_the_fine_tune_starts_from_the_base_models_loss(tuned) -> None:
 
 
 def test_the_adapter_answers_through_orions_inference(tuned) -> None:
-    model, adapter, _ = tuned
+    model, _, _ = tuned
     base_france, _ = _answer(model, FRANCE)
     assert "Paris" in base_france, base_france
-    model.load_adapter(adapter, "secret")
     model.set_adapter("secret")
     try:
         secret, _ = _answer(model, QUESTIONS[0])
@@ -80,10 +80,9 @@ def test_the_adapter_answers_through_orions_inference(tuned) -> None:
     assert "Paris" in france, france
 
 
-def test_peft_gives_the_same_greedy_answer(tuned, smollm2_dir) -> None:  # noqa: F811
+def test_peft_gives_the_same_greedy_answer(tuned, smollm2_dir) -> None:
     torch, transformers, peft = references.require("torch", "transformers", "peft")
     model, adapter, _ = tuned
-    model.load_adapter(adapter, "secret")
     model.set_adapter("secret")
     try:
         _, ours = _answer(model, QUESTIONS[0])

@@ -18,7 +18,9 @@ OUTCOMES = {"works", "wrong_data", "compile_fails", "evaluate_fails", "refused",
 MODELLED = {"concat": "refused", "reduce_mean": "refused", "softmax_non_pow2": "refused", "surface_8k": "refused",
             "channel_vector": "refused", "nonuniform_io": "refused", "weight_patch": "works",
             "quantized_ops": "refused", "quantized_weights": "refused", "weight_reload_in_place": "not_probed",
-            "fusion_depth": "not_probed"}
+            "fusion_depth": "not_probed",
+            **{f"inputs_{n}": "refused" for n in probes.SURFACE_COUNTS},  # one input surface (ANE-37)
+            "outputs_2": "works", "outputs_4": "works", "outputs_8": "refused", "outputs_16": "refused"}
 
 
 @pytest.fixture(scope="module")

@@ -59,3 +59,9 @@ def blobfile(payload: bytes) -> bytes:
     chunk[8:12] = len(payload).to_bytes(4, "little")
     chunk[16:20] = (128).to_bytes(4, "little")
     return bytes(header + chunk) + payload
+
+
+SEVERAL_SURFACES = {"surface_counts": (16, 16)}
+"""``orion.compile`` options for a hand-written program with several input or output surfaces that tests
+something else: the counts a probe report proving 16 of each allows (the hardware profile's modelled rule
+binds one input surface and six outputs, ANE-37, which ``tests/compiler/test_io_packing.py`` tests)."""

@@ -121,7 +121,7 @@ def _pack_outputs(graph: Graph, specs: list[IOSpec], min_bytes: int, allowed: in
         for i, spec in enumerate(members):
             out = graph.outputs.pop(spec.mil_name)
             src = out.inputs[0] if out.op == "cast" and out.inputs[0].dtype == "fp16" else out
-            if src is not out and not any(out in n.inputs for n in graph.nodes) and out not in graph.outputs.values():
+            if src is not out and not any(out in node.inputs for node in graph.nodes) and out not in graph.outputs.values():
                 graph.remove(out)  # the I/O cast: the packed surface is cast once instead
             block = graph.add_node("reshape", [src], {"shape": [1, 1, r, width]}, name=f"{name}_{i}_block",
                                    origin="io packing")

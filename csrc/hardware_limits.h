@@ -17,7 +17,10 @@ namespace orion::limits {
     X(COMPILE_STOP_MARGIN, int, 4, "compiles kept unused under the default budget (libane stops at 115)")  \
     X(COMPILE_WARN_AT, int, 100, "compiles after which a process is warned of the budget (libane: 100)")   \
     X(DISPATCH_MS, double, 0.095, "cost of one evaluate's dispatch in milliseconds (ANE-28)")             \
-    X(FP16_MAX, double, 65504.0, "largest finite fp16 value; beyond it activations overflow (ANE-25)")
+    X(FP16_MAX, double, 65504.0, "largest finite fp16 value; beyond it activations overflow (ANE-25)")   \
+    X(MAX_INPUT_SURFACES, size_t, 1, "input surfaces of a program until a probe proves more (ANE-37)")     \
+    X(MAX_OUTPUT_SURFACES, size_t, 6, "output surfaces of a program until a probe proves more (ANE-37)")  \
+    X(MAX_IO_LANES, int, 16384, "widest lane axis the I/O packing gives a surface (one source's maximum dimension)")
 
 // What the core accepts from a caller, whatever the hardware could do: inputs past these are refused
 // with an error naming the limit, before anything is allocated. Every tensor type (I/O, op result,

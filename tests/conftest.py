@@ -68,7 +68,7 @@ if os.environ.get("ORION_HARNESS_COMPARE") == "1":
         text = mil.encode("utf-8") if isinstance(mil, str) else bytes(mil)
         # copies: the program baked its weights, so later changes to the caller's buffers must not reach the twin
         p._harness_source = (text, {k: bytes(v) for k, v in (weights or {}).items()}, kwargs.get("profile", "hardware"),
-                             tuple(kwargs.get("relaxed_ops", ())))
+                             tuple(kwargs.get("relaxed_ops", ())), tuple(kwargs.get("surface_counts") or (0, 0)))
         return p
 
     def _recording_with_weights(self, weights, **kwargs):
@@ -89,7 +89,8 @@ if os.environ.get("ORION_HARNESS_COMPARE") == "1":
             return
         twin = program.__dict__.get("_harness_twin")
         if twin is None:
-            twin = orion._core._emulator_build(*source, min_surface_bytes=program._native.min_surface_bytes)
+            twin = orion._core._emulator_build(*source[:4], min_surface_bytes=program._native.min_surface_bytes,
+                                               surface_counts=source[4])
             program._harness_twin = twin
         copies = {}
         for name, s in [*self.inputs, *self.outputs]:

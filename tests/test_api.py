@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import orion
-from support.handmil import op, program, ttype
+from support.handmil import SEVERAL_SURFACES, op, program, ttype
 
 ACT = (1, 64, 1, 32)
 T = ttype("fp16", ACT)
@@ -18,13 +18,13 @@ TEXT = program({"x": T, "y": T}, [op("s", T, "add", x="x", y="y"), op("p", T, "m
 
 def test_backend_and_specs() -> None:
     assert orion.backend() == (os.environ.get("ORION_BACKEND") or "emulator")
-    p = orion.compile(TEXT)
+    p = orion.compile(TEXT, **SEVERAL_SURFACES)
     assert p.inputs == {"x": (ACT, np.dtype(np.float16)), "y": (ACT, np.dtype(np.float16))}
     assert list(p.outputs) == ["p", "s"] and p.outputs["s"].shape == ACT
 
 
 def test_call_and_zero_copy_evaluate_agree() -> None:
-    p = orion.compile(TEXT)
+    p = orion.compile(TEXT, **SEVERAL_SURFACES)
     x, y = np.full(ACT, 1.5, np.float16), np.full(ACT, 2.0, np.float16)
     out = p(x=x, y=y)
     assert out["s"].dtype == np.float16 and np.all(out["s"] == 3.5) and np.all(out["p"] == 3.0)
@@ -38,7 +38,7 @@ def test_call_and_zero_copy_evaluate_agree() -> None:
 
 
 def test_float32_inputs_are_converted_and_results_do_not_alias() -> None:
-    p = orion.compile(TEXT)
+    p = orion.compile(TEXT, **SEVERAL_SURFACES)
     a = p(x=np.ones(ACT, np.float32), y=np.ones(ACT))
     b = p(x=np.zeros(ACT, np.float32), y=np.zeros(ACT))
     assert np.all(a["s"] == 2) and np.all(b["s"] == 0)
@@ -53,11 +53,11 @@ def test_float32_inputs_are_converted_and_results_do_not_alias() -> None:
 ])
 def test_bad_call_arguments(kwargs, match) -> None:
     with pytest.raises(orion.EvaluateError, match=match):
-        orion.compile(TEXT)(**kwargs)
+        orion.compile(TEXT, **SEVERAL_SURFACES)(**kwargs)
 
 
 def test_surface_of_the_wrong_type_or_size() -> None:
-    p = orion.compile(TEXT)
+    p = orion.compile(TEXT, **SEVERAL_SURFACES)
     ins, outs = p.allocate_surfaces()
     ins["x"] = orion.Surface(ACT, "fp32", nbytes=ins["y"].nbytes)
     with pytest.raises(orion.EvaluateError, match=r"input 'x': the surface holds fp32"):
@@ -70,7 +70,7 @@ def test_surface_of_the_wrong_type_or_size() -> None:
 
 
 def test_unload_and_context_manager() -> None:
-    with orion.compile(TEXT) as p:
+    with orion.compile(TEXT, **SEVERAL_SURFACES) as p:
         assert p.loaded
         p(x=np.ones(ACT), y=np.ones(ACT))
     assert not p.loaded
@@ -80,7 +80,7 @@ def test_unload_and_context_manager() -> None:
 
 def test_compile_count_moves_by_one_per_compile() -> None:
     before = orion.compile_count()
-    orion.compile(TEXT)
+    orion.compile(TEXT, **SEVERAL_SURFACES)
     assert orion.compile_count() == before + 1
 
 

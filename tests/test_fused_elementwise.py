@@ -83,8 +83,8 @@ def test_fused_runs_are_the_ops_bit_for_bit_and_match_float64(profiling, c, s) -
 def test_partially_live_operands_take_the_unfused_path() -> None:
     """With a live-lanes hint the ops compute only the live lanes; the run must too (its ops' own kernels)."""
     g, xs = layer(64, 64)
-    lowered = lower_graph(g)
-    fused = orion.compile(lowered.mil, lowered.weights)
+    lowered = lower_graph(g, surface_counts=(16, 16))  # unpacked inputs: the hint names x's own lanes
+    fused = orion.compile(lowered.mil, lowered.weights, surface_counts=(16, 16))
     twin = orion.compile(unfused_twin(lowered.mil), lowered.weights, profile="permissive")
     cg = CompiledGraph(lowered, fused)
     packed = cg.pack_inputs({k: v for k, v in xs.items() if k in {spec.name for spec in lowered.layout.inputs}})

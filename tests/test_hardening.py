@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import orion
-from support.handmil import blob_const, blobfile, const, op, program, ttype
+from support.handmil import SEVERAL_SURFACES, blob_const, blobfile, const, op, program, ttype
 
 ACT = (1, 64, 1, 32)
 T = ttype("fp16", ACT)
@@ -240,7 +240,7 @@ def test_duplicate_return_names_are_refused_at_compile() -> None:
 
 def test_a_wrong_number_of_surfaces_names_the_tensors() -> None:
     p = orion.compile(program({"a": T, "b": T}, [op("s", T, "add", x="a", y="b"), op("d", T, "sub", x="a", y="b")],
-                              ["s", "d"]))
+                              ["s", "d"]), **SEVERAL_SURFACES)
     ins, outs = p.allocate_surfaces()
     with pytest.raises(orion.EvaluateError, match=r"expected 2 output surfaces \('d', 's'\), got 1 \('d'\)"):
         p._native.evaluate([(n, ins[n].native) for n in ("a", "b")], [("d", outs["d"].native)])

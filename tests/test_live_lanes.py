@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import orion
-from support.handmil import const, op, program, ttype
+from support.handmil import SEVERAL_SURFACES, const, op, program, ttype
 from test_ops import CONV_ARGS, conv_consts
 
 C, S = 48, 64
@@ -42,7 +42,7 @@ def lane_program() -> str:
 
 @pytest.mark.parametrize("live", [1, 5, 33, S])
 def test_live_lanes_match_the_full_computation(live) -> None:
-    p = orion.compile(lane_program())
+    p = orion.compile(lane_program(), **SEVERAL_SURFACES)
     rng = np.random.default_rng(live)
     x, y = rng.standard_normal((1, C, 1, S)).astype(np.float16), rng.standard_normal((1, C, 1, S)).astype(np.float16)
     full = p(x=x, y=y)
@@ -69,7 +69,7 @@ def test_live_lanes_match_the_full_computation(live) -> None:
 
 
 def test_bad_live_lanes_are_refused() -> None:
-    p = orion.compile(lane_program())
+    p = orion.compile(lane_program(), **SEVERAL_SURFACES)
     ins, outs = p.allocate_surfaces()
     for bad in ({"x": 0}, {"x": S + 1}, {"nope": 1}):
         with pytest.raises(orion.EvaluateError, match="live_lanes"):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import orion
-from support.handmil import blob_const, blobfile, const, op, program, ttype
+from support.handmil import SEVERAL_SURFACES, blob_const, blobfile, const, op, program, ttype
 
 RNG = np.random.default_rng(1234)
 MIL_OF = {np.float16: "fp16", np.float32: "fp32", np.int32: "int32", np.int8: "int8", np.uint8: "uint8", np.bool_: "bool"}
@@ -28,7 +28,7 @@ def run_op(name: str, inputs: dict[str, np.ndarray], out_shape, out_dtype: str =
     """Runs one op `name(**args)` on `inputs` (also usable as args) with extra const statements."""
     text = program({k: ttype(mil_dtype(v), v.shape) for k, v in inputs.items()},
                    list(consts) + [op("out", ttype(out_dtype, out_shape), name, **args)], ["out"])
-    return orion.compile(text, weights, profile=profile)(**inputs)["out"]
+    return orion.compile(text, weights, profile=profile, **SEVERAL_SURFACES)(**inputs)["out"]
 
 
 def f16(*shape, scale=1.0) -> np.ndarray:

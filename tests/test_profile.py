@@ -10,7 +10,7 @@ import pytest
 
 import orion
 from orion.runtime import profile
-from support.handmil import blob_const, blobfile, const, op, program, ttype
+from support.handmil import SEVERAL_SURFACES, blob_const, blobfile, const, op, program, ttype
 
 M, K, N = 8, 32, 64
 
@@ -35,7 +35,7 @@ def inputs(seed: int = 0, m: int = M, n: int = N) -> dict[str, np.ndarray]:
 
 
 def test_profile_reports_each_op_kind_with_costs_that_add_up(profiling) -> None:
-    p = orion.compile(small_program())
+    p = orion.compile(small_program(), **SEVERAL_SURFACES)
     ins, outs = p.allocate_surfaces()
     for name, value in inputs().items():
         ins[name].write(value)
@@ -67,7 +67,7 @@ def test_profile_reports_each_op_kind_with_costs_that_add_up(profiling) -> None:
 def test_nothing_is_recorded_while_off() -> None:
     profile.enable(False)
     profile.reset()
-    orion.compile(small_program())(**inputs())
+    orion.compile(small_program(), **SEVERAL_SURFACES)(**inputs())
     assert profile.snapshot() == []
 
 
@@ -76,7 +76,7 @@ def test_pooled_intermediates_give_the_numpy_result_on_every_evaluate() -> None:
     buffers: repeated evaluates, interleaved with another program of the same shapes, keep matching
     the reference."""
     m, n = 256, 256
-    first, second = orion.compile(small_program(m, n)), orion.compile(small_program(m, n))
+    first, second = orion.compile(small_program(m, n), **SEVERAL_SURFACES), orion.compile(small_program(m, n), **SEVERAL_SURFACES)
     for seed in range(3):
         for p in (first, second):
             given = inputs(seed, m, n)

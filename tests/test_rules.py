@@ -12,7 +12,7 @@ import pytest
 
 import orion
 from orion import probes
-from support.handmil import blob_const, blobfile, const, op, program, ttype
+from support.handmil import SEVERAL_SURFACES, blob_const, blobfile, const, op, program, ttype
 
 ACT = (1, 64, 1, 32)
 T = ttype("fp16", ACT)
@@ -139,7 +139,7 @@ def test_fp16_io_needs_32_lanes() -> None:
 
 
 def two_input_program():
-    return orion.compile(tanh_program(inputs=("a", "b")))
+    return orion.compile(tanh_program(inputs=("a", "b")), **SEVERAL_SURFACES)
 
 
 def test_surfaces_under_the_minimum_size_fail() -> None:
@@ -177,7 +177,7 @@ def test_binding_is_alphabetical_and_the_python_layer_sorts() -> None:
     # Declared (zeta, alpha), returned (second, first): binding order is by name, not declaration.
     text = program({"zeta": T, "alpha": T}, [op("second", T, "tanh", x="zeta"), op("first", T, "relu", x="alpha")],
                    ["second", "first"])
-    p = orion.compile(text)
+    p = orion.compile(text, **SEVERAL_SURFACES)
     assert list(p.inputs) == ["alpha", "zeta"] and list(p.outputs) == ["first", "second"]
     z, a = np.full(ACT, 0.5, np.float16), np.full(ACT, -1.0, np.float16)
     ins, outs = p.allocate_surfaces()

@@ -51,9 +51,13 @@ py::dict op_row(const mil::OpSpec& spec) {
     return d;
 }
 
-runtime::CompileOptions compile_options(const std::string& profile, const std::vector<std::string>& relaxed_ops) {
+// `surface_counts`: (inputs, outputs) a probe report proved (ANE-37); 0 keeps the conservative count.
+runtime::CompileOptions compile_options(const std::string& profile, const std::vector<std::string>& relaxed_ops,
+                                        std::pair<size_t, size_t> surface_counts) {
     runtime::CompileOptions options;
     options.profile = runtime::profile_from_name(profile);
+    if (surface_counts.first) options.max_inputs = surface_counts.first;
+    if (surface_counts.second) options.max_outputs = surface_counts.second;
     for (const auto& name : relaxed_ops) {
         const mil::OpSpec* spec = mil::find_op_spec(name);
         if (!spec || spec->status != mil::OpStatus::disputed) {
@@ -230,10 +234,11 @@ void bind_runtime(py::module_& m) {
     m.def(
         "compile",
         [](const py::object& mil, const PyWeights& weights, const std::string& profile, const std::string& backend,
-           size_t min_surface_bytes, const std::vector<std::string>& relaxed_ops, bool build_info) {
+           size_t min_surface_bytes, const std::vector<std::string>& relaxed_ops,
+           std::pair<size_t, size_t> surface_counts, bool build_info) {
             const HeldBytes text(mil, "the MIL text");
             const HeldWeights held(weights);  // held until the GIL-released work is done
-            const runtime::CompileOptions options = compile_options(profile, relaxed_ops);
+            const runtime::CompileOptions options = compile_options(profile, relaxed_ops, surface_counts);
             const std::string name = backend.empty() ? runtime::current_selection().name : backend;
             const runtime::Backend& b = runtime::find_backend(name);
             std::unique_ptr<runtime::LoadedProgram> program;
@@ -251,10 +256,11 @@ void bind_runtime(py::module_& m) {
         },
         py::arg("mil"), py::arg("weights"), py::arg("profile") = "hardware", py::arg("backend") = "",
         py::arg("min_surface_bytes") = 0, py::arg("relaxed_ops") = std::vector<std::string>{},
-        py::arg("build_info") = true,
+        py::arg("surface_counts") = std::pair<size_t, size_t>{0, 0}, py::arg("build_info") = true,
         "Compiles and loads MIL text with its BLOBFILE weights on `backend` ('' = the selected one). "
         "min_surface_bytes: a smaller surface minimum proved by a probe report (0 = the conservative 49,152). "
         "relaxed_ops: disputed ops (op_table() status 'disputed') a probe report proved on this machine. "
+        "surface_counts: (inputs, outputs) a probe report proved (ANE-37; 0 = the conservative 1 and 6). "
         "build_info: add the default buildInfo block when the text has none (False: the text as written, "
         "for the buildInfo probe). Raises RuntimeWarning once when the compile count nears the budget.");
     m.def("backend_selection", [] { return selection_dict(runtime::current_selection()); },
@@ -284,15 +290,16 @@ void bind_runtime(py::module_& m) {
     m.def(
         "_emulator_build",
         [](const py::object& mil, const PyWeights& weights, const std::string& profile,
-           const std::vector<std::string>& relaxed_ops, size_t min_surface_bytes) {
+           const std::vector<std::string>& relaxed_ops, size_t min_surface_bytes, std::pair<size_t, size_t> surface_counts) {
             const HeldBytes text(mil, "the MIL text");
             auto program = emu::build(mil::with_build_info(text.bytes()), HeldWeights(weights).files(),
-                                      compile_options(profile, relaxed_ops));
+                                      compile_options(profile, relaxed_ops, surface_counts));
             if (min_surface_bytes) program->set_min_surface_bytes(min_surface_bytes);
             return program;
         },
         py::arg("mil"), py::arg("weights"), py::arg("profile") = "hardware",
         py::arg("relaxed_ops") = std::vector<std::string>{}, py::arg("min_surface_bytes") = 0,
+        py::arg("surface_counts") = std::pair<size_t, size_t>{0, 0},
         "Tests only: an emulator program built without counting a compile (the harness's bit-for-bit twin).");
     py::module_ plan = m.def_submodule("ane_plan");
     bind_ane_plan(plan);

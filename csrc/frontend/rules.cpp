@@ -97,6 +97,17 @@ void check_hardware_rules(const mil::Function& fn, const runtime::CompileOptions
                                       (consts.count(name) ? " (it is a const)" : types.count(name) ? " (it is an input)" : "") +
                                       "; return a value produced by an op (add an identity if needed)");
     if (profile != runtime::Profile::hardware) return;
+    const auto check_count = [&](const char* side, size_t count, size_t allowed) {
+        if (count > allowed)
+            throw ConstraintError(constraints::SURFACE_COUNT,
+                                  fn.name + " binds " + std::to_string(count) + " " + side + " surfaces; " +
+                                      std::to_string(allowed) + " are proven on the ANE (more than one input failed "
+                                      "with 0x1d for maderix/ANE, mechramc/Orion ran up to 6 outputs): pack the " +
+                                      side + "s into fewer surfaces (orion.compile_graph does), or pass the "
+                                      "surface_counts a probe report proved on this machine");
+    };
+    check_count("input", fn.inputs.size(), options.max_inputs);
+    check_count("output", fn.outputs.size(), options.max_outputs);
     auto check_lanes = [&](const std::string& name, const mil::Type& t, const char* side) {
         if (t.dtype == mil::DType::fp16 && t.is_tensor && !t.shape.empty() && t.shape.back() < 32)
             throw ConstraintError(constraints::FP16_LANES, std::string(side) + " '" + name + "' is " + t.str() +

@@ -44,6 +44,11 @@ struct CompileOptions {
     // Disputed ops (mil/op_table.h) a probe report proved on this machine; refused otherwise
     // under the hardware profile (ANE-35).
     std::set<std::string> relaxed_ops;
+    // Input and output surfaces a program may bind under the hardware profile (ANE-37, disputed): one
+    // input (maderix/ANE saw several fail with 0x1d) and six outputs (the most mechramc/Orion ran),
+    // unless a probe report proved more on this machine.
+    size_t max_inputs = limits::MAX_INPUT_SURFACES;
+    size_t max_outputs = limits::MAX_OUTPUT_SURFACES;
 };
 
 // Binding order of a function's I/O: parameters and returned names sorted by name.

@@ -1,5 +1,5 @@
-"""The compiler driver: check -> legalize -> I/O -> optimize (fixed point) -> pad I/O -> analyze -> emit
--> ``orion.compile``.
+"""The compiler driver: check -> legalize -> I/O -> optimize (fixed point) -> pack and pad I/O -> analyze
+-> emit -> ``orion.compile``.
 
 ``lower(graph)`` gives the MIL text and weight files without compiling; ``compile_graph(graph)`` compiles
 them (once per content hash in this process, to spare the compile budget, ANE-11) and returns a
@@ -21,14 +21,16 @@ from orion.emit import to_program
 from orion.errors import EvaluateError
 from orion.graph.builder import Graph
 from orion.legalize import IOLayout, check_fusion_depth, legalize, prepare_io
-from orion.limits import MIN_SURFACE_BYTES, SRAM_BYTES
+from orion.limits import MAX_INPUT_SURFACES, MAX_OUTPUT_SURFACES, MIN_SURFACE_BYTES, SRAM_BYTES
 from orion.passes import PassContext, PipelineReport, run_pipeline
 from orion.runtime.packing import packed_view
 from orion.runtime.pages import release_pages
 
 _NUMPY_DTYPES = {"fp16": np.float16, "fp32": np.float32}
-_PROGRAMS: dict[tuple[str, str, tuple[str, ...]], Any] = {}  # (content hash, profile, relaxed ops) -> Program
-_COMPILING: dict[tuple[str, str, tuple[str, ...]], threading.Lock] = {}  # per key: one thread compiles it
+ProgramKey = tuple[str, str, tuple[str, ...], tuple[int, int]]  # content hash, profile, relaxed ops, surface counts
+_PROGRAMS: dict[ProgramKey, Any] = {}
+_COMPILING: dict[ProgramKey, threading.Lock] = {}  # per key: one thread compiles it
+CONSERVATIVE_COUNTS = (MAX_INPUT_SURFACES, MAX_OUTPUT_SURFACES)
 _COMPILING_LOCK = threading.Lock()
 
 
@@ -64,12 +66,15 @@ class Lowered:
 
 
 def lower_graph(graph: Graph, *, io_dtype: str = "fp16", max_layers: int = 1,
-                sram_budget: int = SRAM_BYTES, min_surface_bytes: int = MIN_SURFACE_BYTES) -> Lowered:
-    """Run the whole pipeline up to MIL text; ``graph`` itself is not modified."""
+                sram_budget: int = SRAM_BYTES, min_surface_bytes: int = MIN_SURFACE_BYTES,
+                surface_counts: tuple[int, int] = CONSERVATIVE_COUNTS) -> Lowered:
+    """Run the whole pipeline up to MIL text; ``graph`` itself is not modified. ``surface_counts``: the
+    ``(inputs, outputs)`` surfaces the program may bind (ANE-37); more are packed (``orion.passes.io_packing``)."""
     check_fusion_depth(graph, max_layers)
     legal = legalize(graph)
     layout = prepare_io(legal, io_dtype)
-    report = run_pipeline(legal, PassContext(layout, sram_budget, min_surface_bytes))  # optimize, pad, analyze
+    context = PassContext(layout, sram_budget, min_surface_bytes, tuple(surface_counts))
+    report = run_pipeline(legal, context)  # optimize, pack and pad the I/O, analyze
     program, weights = to_program(legal)
     return Lowered(mil.emit(program), weights, layout, report)
 
@@ -108,46 +113,50 @@ class CompiledGraph:
         return self.lowered.content_hash
 
     def pack_inputs(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Unpadded arrays by graph name -> packed, zero-padded surface arrays by MIL name (ANE-21)."""
+        """Unpadded arrays by graph name -> packed, zero-padded surface arrays by MIL name (ANE-21, ANE-37)."""
         missing = sorted({s.name for s in self.layout.inputs} - set(arrays))
         extra = sorted(set(arrays) - {s.name for s in self.layout.inputs})
         if missing or extra:
             raise EvaluateError(f"inputs: missing {missing}, unexpected {extra}. "
                                 f"Fix: pass exactly {[s.name for s in self.layout.inputs]}")
-        packed = {}
+        packed = {name: np.zeros(shape, dtype=_NUMPY_DTYPES[dtype])
+                  for name, (shape, dtype) in IOLayout.surfaces(self.layout.inputs).items()}
         for spec in self.layout.inputs:
             a = np.asarray(arrays[spec.name])
             if a.shape != spec.shape:
                 raise EvaluateError(f"input '{spec.name}': shape {list(a.shape)}, expected {list(spec.shape)}. "
                                     "Fix: pass the shape the graph declares")
-            buf = np.zeros(spec.padded, dtype=_NUMPY_DTYPES[spec.dtype])
-            packed_view(buf, spec.shape)[...] = a  # packed at the front (ANE-21)
-            packed[spec.mil_name] = buf
+            packed_view(packed[spec.surface_name], spec.shape, spec.offset)[...] = a  # packed (ANE-21)
         return packed
 
     def unpack_outputs(self, results: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Surface arrays by MIL name -> unpadded arrays by graph name."""
-        return {s.name: packed_view(np.asarray(results[s.mil_name]), s.shape).copy() for s in self.layout.outputs}
+        return {s.name: packed_view(np.asarray(results[s.surface_name]), s.shape, s.offset).copy()
+                for s in self.layout.outputs}
 
     def __call__(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
         return self.unpack_outputs(self.program(**self.pack_inputs(arrays)))
 
 
 def compile_lowered(lowered: Lowered, *, profile: str = "hardware", min_surface_bytes: int | None = None,
-                    relaxed_ops: tuple[str, ...] = ()) -> CompiledGraph:
+                    relaxed_ops: tuple[str, ...] = (),
+                    surface_counts: tuple[int, int] | None = None) -> CompiledGraph:
     """Compile an already lowered program; identical content is compiled once per process (and again
     if that program was unloaded). Programs of identical content are shared: unloading one unloads
     it for every holder. Thread-safe: concurrent calls for one program compile it once. ``min_surface_bytes``: a smaller surface minimum a probe report proved
-    and ``relaxed_ops``: disputed ops (ANE-35) a probe report proved on this machine (see ``compile_graph``)."""
+    and ``relaxed_ops``: disputed ops (ANE-35) a probe report proved on this machine (see ``compile_graph``);
+    ``surface_counts``: the ``(inputs, outputs)`` surface counts it proved (ANE-37)."""
     import orion
 
-    key = (lowered.content_hash, profile, tuple(sorted(relaxed_ops)))
+    counts = tuple(surface_counts) if surface_counts else CONSERVATIVE_COUNTS
+    key = (lowered.content_hash, profile, tuple(sorted(relaxed_ops)), counts)
     with _COMPILING_LOCK:
         lock = _COMPILING.setdefault(key, threading.Lock())
     with lock:  # threads compiling one program wait for the first instead of spending the budget twice
         if key not in _PROGRAMS or not _PROGRAMS[key].loaded:
             _PROGRAMS[key] = orion.compile(lowered.mil, lowered.weights, profile=profile,
-                                           min_surface_bytes=min_surface_bytes, relaxed_ops=relaxed_ops)
+                                           min_surface_bytes=min_surface_bytes, relaxed_ops=relaxed_ops,
+                                           surface_counts=surface_counts)
         release_pages(lowered.weights.values())  # the program holds its own copy now
         return CompiledGraph(lowered, _PROGRAMS[key])
 
@@ -158,14 +167,15 @@ def compile_graph(graph: Graph, *, io_dtype: str = "fp16", profile: str = "hardw
 
     ``probe_report``: a saved ``python -m orion doctor --probe`` report (path) or the
     :class:`orion.probes.Relaxations` of one; conservative rules it proved safe on this machine are
-    relaxed (a smaller minimum surface size, disputed ops that compiled and ran here)."""
+    relaxed (a smaller minimum surface size, disputed ops that compiled and ran here, more I/O surfaces)."""
     from orion import probes
 
     relax = probes.load_report(probe_report) if isinstance(probe_report, (str, bytes)) or hasattr(probe_report, "__fspath__") \
         else (probe_report or probes.Relaxations())
     lowered = lower_graph(graph, io_dtype=io_dtype, max_layers=max_layers, sram_budget=sram_budget,
-                          min_surface_bytes=relax.min_surface_bytes or MIN_SURFACE_BYTES)
+                          min_surface_bytes=relax.min_surface_bytes or MIN_SURFACE_BYTES,
+                          surface_counts=relax.surface_counts or CONSERVATIVE_COUNTS)
     if verbose:
         print(f"graph '{graph.name}' ({lowered.content_hash[:12]}):\n{lowered.report}")
     return compile_lowered(lowered, profile=profile, min_surface_bytes=relax.min_surface_bytes,
-                           relaxed_ops=relax.ops)
+                           relaxed_ops=relax.ops, surface_counts=relax.surface_counts)

@@ -140,6 +140,11 @@ CATALOG: tuple[Constraint, ...] = (
     Constraint("ANE-36", "eval fail", "[M]",
                RUNTIME, "runtime.ane_plan.load_with_retry (ane_client.mm load)",
                "tests/harness/test_harness.py::test_ane36_load_is_retried_once_after_100ms"),
+    Constraint("ANE-37", "eval fail", "[M] ([O] ran 3 inputs and 6 outputs, [E] 4 inputs; disputed)",
+               LEGALIZED + " + " + REJECTED,
+               "orion.passes.io_packing packs inputs into one surface and outputs of one size together; the front end "
+               "refuses more surfaces than allowed (1 in, 6 out) unless surface_counts from a probe report relax it",
+               "tests/compiler/test_io_packing.py::test_hardware_profile_refuses_more_surfaces_than_proven"),
 )
 
 BY_ID: dict[str, Constraint] = {c.id: c for c in CATALOG}

@@ -23,6 +23,12 @@ DISPATCH_MS: float = float(_LIMITS["DISPATCH_MS"][0])
 """Cost of one evaluate's dispatch, in milliseconds (ANE-28)."""
 FP16_MAX: float = float(_LIMITS["FP16_MAX"][0])
 """Largest finite fp16 value (ANE-25); ``-FP16_MAX`` is the additive mask of a hidden position."""
+MAX_INPUT_SURFACES: int = int(_LIMITS["MAX_INPUT_SURFACES"][0])
+"""Input surfaces a program binds until a probe report proves more (ANE-37, disputed: maderix/ANE's 0x1d)."""
+MAX_OUTPUT_SURFACES: int = int(_LIMITS["MAX_OUTPUT_SURFACES"][0])
+"""Output surfaces a program binds until a probe report proves more (ANE-37: the most mechramc/Orion ran)."""
+MAX_IO_LANES: int = int(_LIMITS["MAX_IO_LANES"][0])
+"""Widest lane axis the I/O packing gives a surface (16,384: the maximum dimension one weak source claims)."""
 
 
 def describe() -> dict[str, tuple[float, str]]:

@@ -30,7 +30,7 @@ import numpy as np
 
 import orion
 from orion import blobfile
-from orion.limits import MIN_SURFACE_BYTES
+from orion.limits import MAX_INPUT_SURFACES, MAX_OUTPUT_SURFACES, MIN_SURFACE_BYTES
 
 SCHEMA = 1
 HEADER = "program(1.3)\n{\n    func main<ios18>(%s) {\n%s    } -> (%s);\n}\n"
@@ -71,7 +71,8 @@ class Probe:
 
 def _attempt(mil: str, arrays: dict[str, np.ndarray], expected: dict[str, np.ndarray], backend: str, *,
              weights: dict[str, bytes] | None = None, nbytes: int | None = None,
-             in_sizes: dict[str, int] | None = None, build_info: bool = True) -> tuple[str, str]:
+             in_sizes: dict[str, int] | None = None, surface_counts: tuple[int, int] | None = None,
+             build_info: bool = True) -> tuple[str, str]:
     hardware = backend == "ane"
     smallest = min([nbytes or orion.MIN_SURFACE_BYTES, *(in_sizes or {}).values()])
 
@@ -82,7 +83,8 @@ def _attempt(mil: str, arrays: dict[str, np.ndarray], expected: dict[str, np.nda
 
     try:
         p = orion.compile(mil, weights, profile="permissive" if hardware else "hardware",
-                          min_surface_bytes=(smallest if hardware else None), build_info=build_info)
+                          min_surface_bytes=(smallest if hardware else None), surface_counts=surface_counts,
+                          build_info=build_info)
     except orion.ConstraintError as e:
         return refused(e)
     except orion.CompileError as e:
@@ -156,7 +158,8 @@ def _nonuniform(backend: str) -> tuple[str, str]:
     x, y = _rng_input(a, 1), _rng_input(b, 2)
     mil = _mil({"x": a, "y": b}, [_op("u", a, "tanh", x="x"), _op("v", b, "tanh", x="y")], ["u", "v"])
     return _attempt(mil, {"x": x, "y": y}, {"u": np.tanh(x.astype(np.float32)), "v": np.tanh(y.astype(np.float32))},
-                    backend, nbytes=65536, in_sizes={"x": MIN_SURFACE_BYTES, "y": 65536})
+                    backend, nbytes=65536, in_sizes={"x": MIN_SURFACE_BYTES, "y": 65536},
+                    surface_counts=(2, 2))  # the question is the sizes: the count rule (ANE-37) is not probed here
 
 
 def _patch_path(backend: str) -> tuple[str, str]:
@@ -331,6 +334,36 @@ def _patch_two_weights(backend: str, *, one_file: bool) -> tuple[str, str]:
     return "works", "patched outputs equal a fresh compile's, bit for bit"
 
 
+SURFACE_COUNTS = (2, 4, 8, 16)
+"""The input and the output surface counts the ``inputs_<n>`` / ``outputs_<n>`` probes try (ANE-37)."""
+_COUNT_SHAPE = (1, 64, 1, 384)  # 49,152 bytes: every surface of a count probe has the minimum size (ANE-12, -13)
+
+
+def _inputs(n: int) -> Callable[[str], tuple[str, str]]:
+    """``y = x0 + x1 + ...`` over ``n`` input surfaces of one size."""
+    def probe(backend: str) -> tuple[str, str]:
+        xs = {f"x{i:02d}": _rng_input(_COUNT_SHAPE, i) for i in range(n)}
+        names = list(xs)
+        body = [_op("s01", _COUNT_SHAPE, "add", x=names[0], y=names[1])]
+        body += [_op(f"s{i:02d}", _COUNT_SHAPE, "add", x=f"s{i - 1:02d}", y=names[i]) for i in range(2, n)]
+        mil = _mil({k: _COUNT_SHAPE for k in names}, body, [f"s{n - 1:02d}"])
+        want = sum(x.astype(np.float32) for x in xs.values())
+        return _attempt(mil, xs, {f"s{n - 1:02d}": want}, backend)
+    return probe
+
+
+def _outputs(n: int) -> Callable[[str], tuple[str, str]]:
+    """``y_i = x * (i + 1)`` into ``n`` output surfaces of one size."""
+    def probe(backend: str) -> tuple[str, str]:
+        x = _rng_input(_COUNT_SHAPE, 1)
+        body = []
+        for i in range(n):
+            body += [_const(f"k{i:02d}", "fp16", f"{i + 1}.0"), _op(f"y{i:02d}", _COUNT_SHAPE, "mul", x="x", y=f"k{i:02d}")]
+        want = {f"y{i:02d}": x.astype(np.float32) * (i + 1) for i in range(n)}
+        return _attempt(_mil({"x": _COUNT_SHAPE}, body, list(want)), {"x": x}, want, backend)
+    return probe
+
+
 def _not_probed(reason: str) -> Callable[[str], tuple[str, str]]:
     return lambda backend: ("not_probed", reason)
 
@@ -379,6 +412,14 @@ PROBES: tuple[Probe, ...] = (
           settles="whether small decode and LoRA tensors can use Orion's I/O padding"),
     Probe("fusion_depth", "ANE-09", "how many fused layers compile?",
           _not_probed("needs a layer-sized program; run the GPT-2 fusion sweep instead")),
+    *(Probe(f"inputs_{n}", "ANE-37", f"does a request with {n} input surfaces of one size evaluate right "
+            "(maderix/ANE saw several inputs fail with 0x1d)?", _inputs(n),
+            relaxes=f"surface_counts: {n} inputs (with every smaller count) instead of one packed surface")
+      for n in SURFACE_COUNTS),
+    *(Probe(f"outputs_{n}", "ANE-37", f"does a request with {n} output surfaces of one size evaluate right "
+            "(mechramc/Orion ran up to 6)?", _outputs(n),
+            relaxes=f"surface_counts: {n} outputs (with every smaller count) instead of 6")
+      for n in SURFACE_COUNTS),
 )
 
 
@@ -416,6 +457,8 @@ class Relaxations:
     min_surface_bytes: int | None = None
     multi_file_patch: bool = False
     """``weight_patch_multi_file`` worked: ``Program.with_weights(..., unverified_patch=True)`` is safe here."""
+    surface_counts: tuple[int, int] | None = None
+    """``(inputs, outputs)`` surfaces a program may bind (ANE-37): ``orion.compile(..., surface_counts=)``."""
     ops: tuple[str, ...] = ()
     """Disputed ops (ANE-35) proved to compile and run here: pass as ``orion.compile(..., relaxed_ops=ops)``."""
     source: str = ""
@@ -437,9 +480,24 @@ def relaxations(report: dict[str, Any], *, require_same_machine: bool = True) ->
     small = probes.get("surface_8k", {}).get("outcome") == "works"
     works = lambda probe: probes.get(probe, {}).get("outcome") == "works"  # noqa: E731
     ops = (QUANTIZED_OPS if works("quantized_ops") else ()) + (QUANTIZED_WEIGHT_OPS if works("quantized_weights") else ())
-    return Relaxations(min_surface_bytes=8192 if small else None, ops=ops,
+    return Relaxations(min_surface_bytes=8192 if small else None, ops=ops, surface_counts=proven_counts(probes),
                        multi_file_patch=works("weight_patch_multi_file"),
                        source=f"ane probe report, {report.get('chip')} / {report.get('os')}")
+
+
+def proven_counts(probes: dict[str, Any]) -> tuple[int, int] | None:
+    """``(inputs, outputs)``: for each side the largest count whose probe worked along with every smaller
+    one's, at least the conservative 1 input and 6 outputs; None when no count probe worked."""
+    def proven(side: str, floor: int) -> int:
+        best = floor
+        for n in SURFACE_COUNTS:
+            if probes.get(f"{side}_{n}", {}).get("outcome") != "works":
+                break
+            best = max(best, n)
+        return best
+
+    counts = (proven("inputs", MAX_INPUT_SURFACES), proven("outputs", MAX_OUTPUT_SURFACES))
+    return None if counts == (MAX_INPUT_SURFACES, MAX_OUTPUT_SURFACES) else counts
 
 
 def load_report(path: str | os.PathLike, *, require_same_machine: bool = True) -> Relaxations:

@@ -20,7 +20,7 @@ from orion.emit import to_program
 from orion.errors import CompileError, ConstraintError
 from orion.graph import Graph, Node
 from orion.legalize import legalize, prepare_io
-from orion.passes import PassContext, io_padding
+from orion.passes import PassContext, io_packing, io_padding
 from support.compiler.dialect_eval import evaluate
 
 C, S = 16, 32
@@ -91,6 +91,7 @@ def lower_unoptimized(g: Graph) -> Lowered:
     still reaches the emitter and the emulator."""
     legal = legalize(g)
     ctx = PassContext(prepare_io(legal, "fp16"))
+    io_packing.run(legal, ctx)
     io_padding.run(legal, ctx)
     program, weights = to_program(legal)
     return Lowered(orion.mil.emit(program), weights, ctx.layout, None)

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 
 import orion
-from support.handmil import op, program, ttype
+from support.handmil import SEVERAL_SURFACES, op, program, ttype
 from support.weighted import ACT, weights
 from support.weighted import TEXT as WEIGHTED
 
 T = ttype("fp16", ACT)
-SUB = program({"a": T, "b": T}, [op("d", T, "sub", x="a", y="b")], ["d"])
+SUB = program({"a": T, "b": T}, [op("d", T, "sub", x="a", y="b")], ["d"])  # two inputs: compiled with SEVERAL_SURFACES
 
 pytestmark = pytest.mark.skipif(
     not (orion._core.ane_client_built() and os.environ.get("ORION_BACKEND") == "ane"
@@ -66,7 +66,7 @@ def inputs():
 
 def test_the_documented_sequence_runs_once_per_step(standin) -> None:
     before = standin.stats()
-    p = orion.compile(SUB)
+    p = orion.compile(SUB, **SEVERAL_SURFACES)
     assert p.backend == "ane" and orion.backend_info()["name"] == "ane"
     a, b = inputs()
     ins, outs = p.allocate_surfaces()
@@ -85,7 +85,7 @@ def test_the_documented_sequence_runs_once_per_step(standin) -> None:
 
 
 def test_ane16_a_new_request_per_evaluate(standin, monkeypatch) -> None:
-    p = orion.compile(SUB)
+    p = orion.compile(SUB, **SEVERAL_SURFACES)
     a, b = inputs()
     before = standin.stats()
     for _ in range(4):
@@ -93,7 +93,7 @@ def test_ane16_a_new_request_per_evaluate(standin, monkeypatch) -> None:
     d = delta(standin.stats(), before)
     assert d["requests"] == d["evaluates"] == 4 and d["request_reuses"] == 0
     monkeypatch.setenv("ORION_ANE_FAULT", "reuse_request")
-    q = orion.compile(SUB)
+    q = orion.compile(SUB, **SEVERAL_SURFACES)
     for _ in range(3):
         q(a=a, b=b)
     assert delta(standin.stats(), before)["request_reuses"] == 2
@@ -102,21 +102,21 @@ def test_ane16_a_new_request_per_evaluate(standin, monkeypatch) -> None:
 def test_ane17_mil_must_be_nsdata(monkeypatch, capfd) -> None:
     monkeypatch.setenv("ORION_ANE_FAULT", "mil_as_string")
     with pytest.raises(orion.CompileError, match="returned nil.*ANE-17"):
-        orion.compile(SUB)
+        orion.compile(SUB, **SEVERAL_SURFACES)
     assert "ANE-17: modelWithMILText: needs the MIL as NSData" in capfd.readouterr().err
 
 
 def test_ane18_weight_dictionary_never_nil(monkeypatch, capfd) -> None:
     monkeypatch.setenv("ORION_ANE_FAULT", "nil_weights")
     with pytest.raises(orion.CompileError, match="returned nil"):
-        orion.compile(SUB)
+        orion.compile(SUB, **SEVERAL_SURFACES)
     assert "ANE-18: weights: must be a dictionary, @{} when the program has no weights" in capfd.readouterr().err
 
 
 def test_ane19_temp_dir_must_exist_before_compile(monkeypatch) -> None:
     monkeypatch.setenv("ORION_ANE_FAULT", "no_temp_dir")
     with pytest.raises(orion.CompileError, match=r"compileWithQoS: failed: .*ANE-19: the model directory .* does not exist"):
-        orion.compile(SUB)
+        orion.compile(SUB, **SEVERAL_SURFACES)
 
 
 def test_ane19_every_weight_file_must_be_written(monkeypatch) -> None:
@@ -128,18 +128,18 @@ def test_ane19_every_weight_file_must_be_written(monkeypatch) -> None:
 def test_compile_before_load(monkeypatch) -> None:
     monkeypatch.setenv("ORION_ANE_FAULT", "skip_compile")
     with pytest.raises(orion.CompileError, match="loadWithQoS: failed: .*load before compile: .* has no net.plist"):
-        orion.compile(SUB)
+        orion.compile(SUB, **SEVERAL_SURFACES)
 
 
 def test_load_before_evaluate(monkeypatch) -> None:
     monkeypatch.setenv("ORION_ANE_FAULT", "skip_load")
-    p = orion.compile(SUB)
+    p = orion.compile(SUB, **SEVERAL_SURFACES)
     with pytest.raises(orion.EvaluateError, match="evaluateWithQoS: failed: .*evaluate before load"):
         p(a=np.zeros(ACT), b=np.zeros(ACT))
 
 
 def test_ane13_surfaces_of_one_size(monkeypatch) -> None:
-    p = orion.compile(SUB)
+    p = orion.compile(SUB, **SEVERAL_SURFACES)
     ins = {"a": orion.Surface(ACT, nbytes=65536), "b": orion.Surface(ACT, nbytes=49152)}
     outs = {"d": orion.Surface(ACT)}
     with pytest.raises(orion.ConstraintError, match="ANE-13"):  # the client's own check first
@@ -150,7 +150,7 @@ def test_ane13_surfaces_of_one_size(monkeypatch) -> None:
 
 
 def test_no_lock_held_across_evaluate(monkeypatch) -> None:
-    p = orion.compile(SUB)
+    p = orion.compile(SUB, **SEVERAL_SURFACES)
     ins, outs = p.allocate_surfaces()
     ins["a"].native.lock(False)
     with pytest.raises(orion.EvaluateError, match="'a' is locked: unlock surfaces before evaluate"):
@@ -167,7 +167,7 @@ def test_no_lock_held_across_evaluate(monkeypatch) -> None:
 def test_ane20_wrong_binding_order_is_silent_wrong_data(monkeypatch) -> None:
     """The framework cannot see a wrong order: only the bit-for-bit comparison with the emulator can."""
     a, b = inputs()
-    p = orion.compile(SUB)
+    p = orion.compile(SUB, **SEVERAL_SURFACES)
     assert np.array_equal(p(a=a, b=b)["d"], (a - b).astype(np.float16))
     monkeypatch.setenv("ORION_ANE_FAULT", "reverse_inputs")
     ins, outs = p.allocate_surfaces()
@@ -179,19 +179,19 @@ def test_ane20_wrong_binding_order_is_silent_wrong_data(monkeypatch) -> None:
 
 def test_ane33_programs_are_unloaded_on_every_path(standin, monkeypatch, capfd) -> None:
     before = standin.stats()
-    p = orion.compile(SUB)
+    p = orion.compile(SUB, **SEVERAL_SURFACES)
     del p  # dropped without unload(): the destructor unloads
-    q = orion.compile(SUB)
+    q = orion.compile(SUB, **SEVERAL_SURFACES)
     with pytest.raises(orion.EvaluateError):  # an evaluate error, then the program is dropped
         q.evaluate({"a": orion.Surface(ACT), "b": orion.Surface(ACT)}, {"d": orion.Surface((1, 64, 1, 16))})
     del q
     standin.fail_next_loads(2)
     with pytest.raises(orion.CompileError):  # compiled but never loaded: nothing to unload, dir removed
-        orion.compile(SUB)
+        orion.compile(SUB, **SEVERAL_SURFACES)
     d = delta(standin.stats(), before)
     assert d["loads"] == d["unloads"] and d["leaks"] == 0
     monkeypatch.setenv("ORION_ANE_FAULT", "no_unload")
-    r = orion.compile(SUB)
+    r = orion.compile(SUB, **SEVERAL_SURFACES)
     del r
     assert delta(standin.stats(), before)["leaks"] == 1
     assert "ANE-33: a model was released while loaded" in capfd.readouterr().err
@@ -200,22 +200,22 @@ def test_ane33_programs_are_unloaded_on_every_path(standin, monkeypatch, capfd) 
 def test_ane36_load_is_retried_once_after_100ms(standin, monkeypatch) -> None:
     standin.fail_next_loads(1)
     start = time.perf_counter()
-    p = orion.compile(SUB)
+    p = orion.compile(SUB, **SEVERAL_SURFACES)
     assert time.perf_counter() - start >= 0.1
     a, b = inputs()
     assert np.array_equal(p(a=a, b=b)["d"], (a - b).astype(np.float16))
     standin.fail_next_loads(2)
     with pytest.raises(orion.CompileError, match=r"loadWithQoS: failed: .*transient.*tried 2 times, 100 ms apart; ANE-36"):
-        orion.compile(SUB)
+        orion.compile(SUB, **SEVERAL_SURFACES)
     monkeypatch.setenv("ORION_ANE_FAULT", "no_retry")
     standin.fail_next_loads(1)
     with pytest.raises(orion.CompileError, match="tried 1 times"):
-        orion.compile(SUB)
+        orion.compile(SUB, **SEVERAL_SURFACES)
 
 
 def test_compiles_count_toward_the_budget_and_errors_carry_the_nserror(standin) -> None:
     before_count, before = orion.compile_count(), standin.stats()
-    orion.compile(SUB)
+    orion.compile(SUB, **SEVERAL_SURFACES)
     assert orion.compile_count() == before_count + 1
     with pytest.raises(orion.ConstraintError) as e:  # Orion's front end rejects before the framework sees it
         orion.compile(program({"x": T}, [op("g", T, "gelu", x="x")], ["g"]))

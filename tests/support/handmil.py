@@ -71,3 +71,9 @@ def blobfile_many(payloads: Sequence[bytes]) -> tuple[bytes, list[int]]:
         chunk[16:20] = (len(out) + 64).to_bytes(4, "little")
         out += chunk + payload
     return bytes(out), offsets
+
+
+SEVERAL_SURFACES = {"surface_counts": (16, 16)}
+"""``orion.compile`` options for a hand-written program with several input or output surfaces that tests
+something else: the counts a probe report proving 16 of each allows (the hardware profile's modelled rule
+binds one input surface and six outputs, ANE-37, which ``tests/compiler/test_io_packing.py`` tests)."""

@@ -6,13 +6,18 @@ rules and fits the SRAM budget, else one dx program plus dW programs over parame
 A program goes to the ANE when it is legal and pays for itself: its modeled ANE time (FLOPs at
 ``CostModel.ane_flops`` plus one dispatch, ANE-28) beats its modeled CPU time (``CostModel.cpu_flops``).
 The embedding (a gather), the final norm, the classifier and cross-entropy always run on the CPU in fp32.
+
+Weight gradients of linears (``dW = dy x^T``) go where ``dw`` says: ``"ane"``, inside the gradient program in
+fp16 (fp32 accumulation), or ``"cpu"``, the public trainers' choice: the gradient program returns each such
+linear's input ``x`` and output cotangent ``dy`` (fp16) and the CPU forms ``dy x^T`` in fp32. The default,
+:data:`DEFAULT_DW`, follows the measurement in docs/autodiff.md (``benchmarks/dw_placement.py``).
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -22,13 +27,15 @@ from orion.autodiff.transform import backward, grad_name
 from orion.compiler import lower_graph
 from orion.errors import OrionError
 from orion.graph.builder import Graph
-from orion.graph.ir import GraphError, dtype_size
+from orion.graph.ir import GraphError, Node, dtype_size
 from orion.legalize import IOLayout
 from orion.limits import DISPATCH_MS, MIN_SURFACE_BYTES, SRAM_BYTES
 from orion.passes.sram import NAME as SRAM_PASS
 from orion.passes.sram import SRAMBudgetWarning
 
 ANE, CPU = "ane", "cpu"
+DW_PLACEMENTS = (ANE, CPU)
+DEFAULT_DW = ANE  # set by the measurement in docs/autodiff.md
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,23 @@ class Program:
     sram_bytes: int = 0
     fused: int = 1  # attention ops of the one layer the program holds (its ANE-09 max_layers)
     surface_bytes: int = 0  # its I/O surfaces: every input, and every output, as large as the largest (ANE-13)
+    cpu_dw: tuple[CpuWeightGradient, ...] = ()  # weight gradients the CPU forms from this program's outputs
+
+
+@dataclass(frozen=True)
+class CpuWeightGradient:
+    """A linear's weight gradient left to the CPU: ``dW = dy x^T`` in fp32 from two outputs of a gradient
+    program, ``dy`` (the linear's output cotangent, ``[1, Cout, 1, S]``) and ``x`` (its input, ``[1, Cin, 1, S]``)."""
+
+    param: str
+    dy: str
+    x: str
+
+    def __call__(self, results: dict[str, np.ndarray]) -> np.ndarray:
+        """``dW`` as ``[1, Cout, 1, Cin]`` fp32, from the program's results."""
+        dy, x = (np.asarray(results[name], np.float32) for name in (self.dy, self.x))
+        dy, x = dy.reshape(dy.shape[1], dy.shape[3]), x.reshape(x.shape[1], x.shape[3])
+        return (dy @ x.T).reshape(1, dy.shape[0], 1, x.shape[0])
 
 
 @dataclass(frozen=True)
@@ -113,13 +137,17 @@ class Plan:
 
 
 def partition(model: TrainableModel, seq: int, *, sram_budget: int = SRAM_BYTES, cost: CostModel | None = None,
-              prefer: str = "auto", trainable: Collection[str] | None = None) -> Plan:
+              prefer: str = "auto", trainable: Collection[str] | None = None, dw: str = DEFAULT_DW) -> Plan:
     """Plan a training step of ``model`` over ``seq`` tokens. ``prefer="ane"`` puts every legal program that
     fits on the ANE whatever the cost model says (tests use it to run tiny models through the programs);
     ``"cpu"`` runs every layer program on the CPU. ``trainable`` names the layer parameters that get a
-    gradient (default all of ``model.layer_shapes()``); the others are frozen: no dW is computed for them."""
+    gradient (default all of ``model.layer_shapes()``); the others are frozen: no dW is computed for them.
+    ``dw``: where the linears' weight gradients are formed, ``"ane"`` or ``"cpu"`` (fp32; see the module
+    docstring). With ``"cpu"`` a layer gradient that is not an ANE program falls back as with ``"ane"``."""
     if prefer not in ("auto", "ane", "cpu"):
         raise OrionError(f"partition: prefer={prefer!r}. Fix: use 'auto', 'ane' or 'cpu'")
+    if dw not in DW_PLACEMENTS:
+        raise OrionError(f"partition: dw={dw!r}. Fix: use one of {DW_PLACEMENTS}")
     cost = cost or CostModel()
     layer = model.layer_graph(seq)
     n = model.n_layers
@@ -129,6 +157,14 @@ def partition(model: TrainableModel, seq: int, *, sram_budget: int = SRAM_BYTES,
     what = "every dW" if len(params) == len(model.layer_shapes()) else f"the dW of {len(params)} trained parameters"
     whole = _place(f"layer gradient (dx and {what})", backward(layer, ["x", *params]), n, sram_budget, cost, prefer,
                    fused)
+    if dw == CPU:
+        taps = cpu_weight_gradients(layer, params)
+        rest = [p for p in params if p not in {t.param for t in taps}]
+        graph = backward(layer, ["x", *rest], values={t.x: _linear_of(layer, t.param).inputs[0].name for t in taps},
+                         cotangents={t.dy: _linear_of(layer, t.param).name for t in taps})
+        tapped = replace(_place(f"layer gradient (dx, {len(rest)} dW; {len(taps)} dW on the CPU in fp32)", graph, n,
+                                sram_budget, cost, prefer, fused), cpu_dw=tuple(taps))
+        whole = tapped if tapped.device == ANE or whole.device != ANE else whole
     if whole.device == ANE or whole.reason.startswith("CPU pays") or prefer == "cpu":
         gradients: tuple[Program, ...] = (whole,)
     else:  # over budget or illegal as one program: dx alone, then dW over groups of parameters that fit
@@ -183,8 +219,9 @@ def _surface_bytes(layout: IOLayout) -> int:
     large as the largest output, none below the minimum (ANE-12, ANE-13)."""
     total = 0
     for specs in (layout.inputs, layout.outputs):
-        largest = max([MIN_SURFACE_BYTES] + [int(np.prod(s.padded)) * dtype_size(s.dtype) for s in specs])
-        total += largest * len(specs)
+        surfaces = IOLayout.surfaces(specs)  # tensors packed into one surface (ANE-37) count once
+        largest = max([MIN_SURFACE_BYTES] + [int(np.prod(shape)) * dtype_size(dtype) for shape, dtype in surfaces.values()])
+        total += largest * len(surfaces)
     return total
 
 
@@ -208,5 +245,30 @@ def _weight_groups(layer: Graph, params: Sequence[str], count: int, budget: int,
 
 
 def program_outputs(program: Program) -> list[str]:
-    """The parameter (or ``x``) names whose gradients ``program`` returns."""
-    return [name[len(grad_name("")):] for name in program.graph.outputs]
+    """The parameter (or ``x``) names whose gradients ``program`` returns (or the CPU forms from its outputs)."""
+    prefix = grad_name("")
+    return [name[len(prefix):] for name in program.graph.outputs if name.startswith(prefix)] + \
+        [t.param for t in program.cpu_dw]
+
+
+def _linear_of(layer: Graph, param: str) -> Node | None:
+    """The one linear whose runtime weight is input ``param`` (None when it is read otherwise or elsewhere)."""
+    users = [n for n in layer.nodes if any(i.op == "input" and i.name == param for i in n.inputs)]
+    if len(users) == 1 and users[0].op == "linear" and users[0].inputs[1] is not users[0].inputs[0] \
+            and users[0].inputs[1].name == param:
+        return users[0]
+    return None
+
+
+def cpu_weight_gradients(layer: Graph, params: Sequence[str]) -> list[CpuWeightGradient]:
+    """The ``params`` whose gradient the CPU can form as ``dy x^T``: each the weight of exactly one linear and
+    read nowhere else. Linears reading one input share its output (``dw_x_<first param>``)."""
+    taps, x_output = [], {}
+    for param in params:
+        linear = _linear_of(layer, param)
+        if linear is None:
+            continue
+        source = linear.inputs[0]
+        x_output.setdefault(id(source), f"dw_x_{param}")
+        taps.append(CpuWeightGradient(param, f"dw_dy_{param}", x_output[id(source)]))
+    return taps

@@ -139,6 +139,8 @@ class GradientRunner:
             results: dict[str, np.ndarray] = {}
             for slot in self._gradients:
                 results.update(slot(i, {**layer_inputs[i], grad_name("y"): cotangent}))
+            for program in self.plan.gradients:  # weight gradients placed on the CPU: dy x^T in fp32
+                results.update({grad_name(t.param): t(results) for t in program.cpu_dw})
             for name in self.trainable:
                 g = results[grad_name(name)].reshape(shapes[name]).astype(np.float32) / loss_scale
                 grads[m.layer_param(i, name)] = _finite(g, m.layer_param(i, name))

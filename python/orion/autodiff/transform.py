@@ -10,7 +10,7 @@ cotangents of a value used several times are summed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from orion import ops
 from orion.autodiff.context import GradContext, GradientError
@@ -25,11 +25,15 @@ def grad_name(name: str) -> str:
     return f"{GRAD_PREFIX}{name}"
 
 
-def backward(graph: Graph, wrt: Sequence[str], *, name: str | None = None) -> Graph:
+def backward(graph: Graph, wrt: Sequence[str], *, name: str | None = None,
+             values: Mapping[str, str] | None = None, cotangents: Mapping[str, str] | None = None) -> Graph:
     """The gradient graph of ``graph`` with respect to its inputs ``wrt`` (activations or runtime weights).
 
     Inputs: every input of ``graph`` (same names) and ``grad_<out>`` for each output that depends on
-    ``wrt``. Outputs: ``grad_<x>`` for each ``x`` in ``wrt``, in that order.
+    ``wrt``. Outputs: ``grad_<x>`` for each ``x`` in ``wrt``, in that order; then, for each
+    ``output name -> forward node name`` of ``values``, that node's recomputed value, and of
+    ``cotangents``, that node's cotangent (how a weight gradient is left to the CPU: the ANE returns a
+    linear's input and output cotangent, the CPU forms ``dy x^T``, see ``orion.autodiff.partition``).
     """
     by_name = {n.name: n for n in graph.inputs}
     unknown = [w for w in wrt if w not in by_name]
@@ -89,6 +93,18 @@ def backward(graph: Graph, wrt: Sequence[str], *, name: str | None = None) -> Gr
         if d.op == "input":  # an output must be computed in the program (ANE-06)
             d = g.identity(d, name=f"{grad_name(w)}_copy")
         g.output(d, grad_name(w))
+    forward = {n.name: n for n in graph.nodes}
+    for kind, wanted in (("value", values or {}), ("cotangent", cotangents or {})):
+        for out, node_name in wanted.items():
+            node = forward.get(node_name)
+            d = None if node is None else (copy[id(node)] if kind == "value" else cotangent.get(id(node)))
+            if d is None:
+                why = "there is no such forward node" if node is None else f"it does not depend on {list(wrt)}"
+                raise GradientError(f"graph '{graph.name}': no {kind} of node '{node_name}' to return as '{out}': "
+                                    f"{why}. Fix: name a forward node that depends on the differentiated inputs")
+            if d.op in ("input", "const"):  # an output must be computed in the program (ANE-06)
+                d = g.identity(d, name=f"{out}_copy")
+            g.output(d, out)
     return g
 
 

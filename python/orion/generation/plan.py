@@ -145,9 +145,8 @@ class DecodePlan:
         of one size, which the residual-stream surfaces take too) holding ``context`` positions."""
         programs = self.layers_at(context)
         nbytes = cache["mask"].nbytes
-        first = programs[0]
-        x_spec = first.program.inputs[first.layout.inputs[0].mil_name]
-        x = [Surface(x_spec.shape, self.options.io_dtype, nbytes) for _ in range(len(programs) + 1)]
+        shape = _surface_shape([*programs, *self.head_programs])
+        x = [Surface(shape, self.options.io_dtype, nbytes) for _ in range(len(programs) + 1)]
         layers = []
         for i, (cg, r) in enumerate(zip(programs, self.layer_ranges)):
             own = {"x": x[i], "out:x": x[i + 1], "mask": cache["mask"]}
@@ -170,11 +169,10 @@ class PrefillPlan:
     def bind(self, io_dtype: str, cache: Mapping[str, Surface] | None = None) -> tuple[list[Stage], list[Stage]]:
         """Layer and LM-head stages on new surfaces, the residual stream chained between them; a ``past``
         plan's layers also bind ``cache`` (the KV cache and mask surfaces by graph name, as decode's do)."""
-        first = self.layer_programs[0]
-        x_spec = first.program.inputs[first.layout.inputs[0].mil_name]
         nbytes = max(MIN_SURFACE_BYTES, largest_surface(self.layer_programs),  # one size for every input (ANE-13)
                      cache["mask"].nbytes if self.past else 0)
-        x = [Surface(x_spec.shape, io_dtype, nbytes) for _ in range(len(self.layer_programs) + 1)]
+        shape = _surface_shape([*self.layer_programs, *self.head_programs])
+        x = [Surface(shape, io_dtype, nbytes) for _ in range(len(self.layer_programs) + 1)]
         layers = []
         for i, (cg, r) in enumerate(zip(self.layer_programs, self.layer_ranges)):
             own = {"x": x[i], "out:x": x[i + 1]}
@@ -184,6 +182,14 @@ class PrefillPlan:
             layers.append(Stage(cg, own))
         return layers, [Stage(cg, {"x": x[-1]}) for cg in self.head_programs]
 
+
+
+def _surface_shape(programs: list[CompiledGraph]) -> tuple[int, ...]:
+    """The shape of the surfaces chaining the residual stream ``x`` through ``programs`` (layers, then LM
+    heads): the surface shape of ``x`` where a program gives it a surface of its own, else its tensor's
+    (stages copy it in and out of their packed surfaces, ANE-37)."""
+    specs = [s for cg in programs for s in (*cg.layout.outputs, *cg.layout.inputs) if s.name == "x"]
+    return next((s.padded for s in specs if not s.surface), specs[0].shape)
 
 
 def largest_surface(programs: list[CompiledGraph]) -> int:

@@ -13,13 +13,22 @@ IO_DTYPES = ("fp16", "fp32")
 @dataclass
 class IOSpec:
     """One program input or output: the graph's name, the MIL name, the shape the caller sees and the
-    (possibly padded) shape of the surface, which holds the data packed at its front."""
+    (possibly padded) shape of the surface, which holds the data packed at its front, or, when the I/O
+    packing put several tensors in one surface (ANE-37), packed from element ``offset`` of the surface
+    named ``surface``."""
 
     name: str
     mil_name: str
     shape: tuple[int, ...]
     padded: tuple[int, ...]
     dtype: str
+    surface: str = ""  # the MIL name of the packed surface holding it; "" = its own surface, ``mil_name``
+    offset: int = 0  # elements before its data in that surface
+
+    @property
+    def surface_name(self) -> str:
+        """The MIL name of the surface this tensor is bound through."""
+        return self.surface or self.mil_name
 
 
 @dataclass
@@ -29,6 +38,11 @@ class IOLayout:
     dtype: str
     inputs: list[IOSpec] = field(default_factory=list)
     outputs: list[IOSpec] = field(default_factory=list)
+
+    @staticmethod
+    def surfaces(specs: list[IOSpec]) -> dict[str, tuple[tuple[int, ...], str]]:
+        """The surfaces ``specs`` (``inputs`` or ``outputs``) are bound through: MIL name -> (shape, dtype)."""
+        return {s.surface_name: (s.padded, s.dtype) for s in specs}
 
 
 def io_names(prefix: str, names: list[str]) -> list[str]:

@@ -8,17 +8,19 @@ from typing import Any
 
 from orion.graph.builder import Graph
 from orion.legalize.io import IOLayout
-from orion.limits import MIN_SURFACE_BYTES, SRAM_BYTES
+from orion.limits import MAX_INPUT_SURFACES, MAX_OUTPUT_SURFACES, MIN_SURFACE_BYTES, SRAM_BYTES
 
 ONCE = 0  # the iteration number of a stage that runs once, after the fixed point (padding, analysis)
 
 @dataclass
 class PassContext:
-    """Compile-wide facts passes read: the I/O layout (updated by padding) and the SRAM budget."""
+    """Compile-wide facts passes read: the I/O layout (updated by packing and padding), the SRAM budget, the
+    surface minimum and the surface counts a program may bind."""
 
     layout: IOLayout
     sram_budget: int = SRAM_BYTES
     min_surface_bytes: int = MIN_SURFACE_BYTES  # lower only where a probe report proved it (orion.probes)
+    surface_counts: tuple[int, int] = (MAX_INPUT_SURFACES, MAX_OUTPUT_SURFACES)  # (inputs, outputs), ANE-37
     analyses: dict[str, Any] = field(default_factory=dict)
 
 

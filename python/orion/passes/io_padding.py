@@ -46,7 +46,7 @@ def padded_shape(shape: tuple[int, ...], dtype: str, what: str,
 
 def _pad_inputs(graph: Graph, specs: list[IOSpec], min_bytes: int) -> list[str]:
     changes = []
-    for spec in specs:
+    for spec in (s for s in specs if not s.surface):  # packed tensors live in a surface the packing sized
         spec.padded = padded_shape(spec.shape, spec.dtype, f"input '{spec.name}'", min_bytes)
         node = next(n for n in graph.inputs if n.name == spec.mil_name)
         if node.shape == spec.padded:
@@ -68,7 +68,7 @@ def _pad_inputs(graph: Graph, specs: list[IOSpec], min_bytes: int) -> list[str]:
 
 def _pad_outputs(graph: Graph, specs: list[IOSpec], min_bytes: int) -> list[str]:
     changes = []
-    for spec in specs:
+    for spec in (s for s in specs if not s.surface):
         spec.padded = padded_shape(spec.shape, spec.dtype, f"output '{spec.name}'", min_bytes)
         out = graph.outputs[spec.mil_name]
         if out.shape == spec.padded:

@@ -61,11 +61,19 @@ def analyze(graph: Graph, budget: int) -> SRAMReport:
     for i, node in enumerate(graph.nodes):
         for src in node.inputs:
             last_use[id(src)] = max(last_use.get(id(src), i), i)
+    # The I/O packing's cuts of the packed input stand for the inputs it replaced: each is counted like an
+    # input, live from the start to its last use, and the packed input itself is not counted (ANE-37).
+    cuts = {id(n) for n in graph.nodes if n.op == "input" and n.origin == "io packing"}
+    for node in graph.nodes:
+        if node.origin == "io packing" and node.inputs and id(node.inputs[0]) in cuts:
+            cuts.add(id(node))
     delta = [0] * (end + 2)
     for i, node in enumerate(graph.nodes):
         if not node.is_const:
-            delta[i] += node.nbytes
-            delta[last_use.get(id(node), i) + 1] -= node.nbytes
+            own = 0 if (node.op == "input" and id(node) in cuts) or (node.op == "reshape" and node.origin == "io packing") \
+                else node.nbytes  # the packing's reshapes are views
+            delta[0 if id(node) in cuts else i] += own
+            delta[last_use.get(id(node), i) + 1] -= own
     peak = live = 0
     for d in delta:
         live += d

@@ -185,6 +185,7 @@ def compile(  # noqa: A001 - mirrors the ANE API's verb
     profile: str = "hardware",
     min_surface_bytes: int | None = None,
     relaxed_ops: Iterable[str] = (),
+    surface_counts: tuple[int, int] | None = None,
     build_info: bool = True,
 ) -> Program:
     """Compiles and loads MIL text.
@@ -196,15 +197,24 @@ def compile(  # noqa: A001 - mirrors the ANE API's verb
     conservative 49,152 bytes; only pass what a probe report proved (``orion.probes``). ``relaxed_ops``
     names disputed ops (``_core.op_table()`` status ``"disputed"``, e.g. ``quantize``, ANE-35) that a probe
     report proved on this machine (``orion.probes.Relaxations.ops``); the hardware profile refuses them
-    otherwise. A text without a ``buildInfo`` block gets the default one (the block every program that ran
-    on hardware carries), the same bytes on either backend; ``build_info=False`` sends it as written (the
+    otherwise. ``surface_counts``: the ``(inputs, outputs)`` surfaces a probe report proved a program may
+    bind on this machine (``orion.probes.Relaxations.surface_counts``); without it the hardware profile
+    allows one input surface and six output surfaces (ANE-37; ``orion.compile_graph`` packs I/O to fit).
+    A text without a ``buildInfo`` block gets the default one (the block every program that ran on hardware
+    carries), the same bytes on either backend; ``build_info=False`` sends it as written (the
     ``build_info_absent`` probe).
     """
+    if surface_counts is not None and (len(surface_counts) != 2 or any(
+            not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1 for n in surface_counts)):
+        raise CompileError(f"surface_counts={surface_counts!r}: give (inputs, outputs), two counts of at least 1, "
+                           "as a probe report proved them (orion.probes.Relaxations.surface_counts)")
     if isinstance(relaxed_ops, str):
         raise CompileError(f"relaxed_ops must be a collection of op names, not the string {relaxed_ops!r}: "
                            f"write relaxed_ops=({relaxed_ops!r},)")
     text = mil.encode("utf-8") if isinstance(mil, str) else bytes(mil)
     backend()  # selects the backend (and its surface kind), warns once about a fallback
     native = _core.compile(text, dict(weights or {}), profile, min_surface_bytes=min_surface_bytes or 0,
-                           relaxed_ops=sorted(relaxed_ops), build_info=build_info)
+                           relaxed_ops=sorted(relaxed_ops),
+                           surface_counts=tuple(int(n) for n in surface_counts) if surface_counts else (0, 0),
+                           build_info=build_info)
     return Program(native, {name: dtype for name, _, dtype in native.inputs + native.outputs})

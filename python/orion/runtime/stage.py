@@ -7,6 +7,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from orion.compiler import CompiledGraph
+from orion.legalize.io import IOSpec
 from orion.limits import MIN_SURFACE_BYTES
 from orion.runtime.dtypes import mil_dtype
 from orion.runtime.packing import packed_view
@@ -17,26 +18,39 @@ from orion.runtime.surface import Surface
 class Stage:
     """A compiled graph bound once to its surfaces; ``run()`` evaluates it on them.
 
-    ``input(name)`` and ``output(name)`` are views in the graph's (unpadded) shapes, made once.
+    ``input(name)`` and ``output(name)`` are views in the graph's (unpadded) shapes, made once: of the
+    tensor's own surface, of the packed surface holding it (ANE-37, ``orion.passes.io_packing``), or of
+    the shared surface given for it.
     Not thread-safe: a stage's surfaces belong to one caller at a time.
     """
 
     def __init__(self, compiled: CompiledGraph, shared: Mapping[str, Surface] | None = None) -> None:
         """``shared`` gives surfaces owned elsewhere (a KV cache, a residual-stream chain) by input
-        name, or ``"out:<name>"`` for an output; the stage allocates the others."""
+        name, or ``"out:<name>"`` for an output, each holding its tensor packed at the front; the stage
+        allocates the others. A shared tensor with a surface of its own is bound as it is (zero-copy);
+        one the program packed with others is copied into the packed surface before each run (an
+        output: out of it after)."""
         self.compiled = compiled
         self.program = compiled.program
-        self.mil_name = {s.name: s.mil_name for s in compiled.layout.inputs}
-        mil_out = {s.name: s.mil_name for s in compiled.layout.outputs}
+        layout = compiled.layout
+        self.mil_name = {s.name: s.mil_name for s in layout.inputs}
         shared = dict(shared or {})
-        self.inputs = _fill(self.mil_name, self.program.inputs,
-                            {n: s for n, s in shared.items() if not n.startswith("out:")})
-        self.outputs = _fill(mil_out, self.program.outputs,
-                             {n[4:]: s for n, s in shared.items() if n.startswith("out:")})
-        self._inputs = {s.name: packed_view(self.inputs[s.name].array, s.shape) for s in compiled.layout.inputs}
-        self._outputs = {s.name: packed_view(self.outputs[s.name].array, s.shape) for s in compiled.layout.outputs}
-        self._bound = self.program.bind({self.mil_name[n]: s for n, s in self.inputs.items()},
-                                        {mil_out[n]: s for n, s in self.outputs.items()})
+        given_in = {n: s for n, s in shared.items() if not n.startswith("out:")}
+        given_out = {n[4:]: s for n, s in shared.items() if n.startswith("out:")}
+        self.inputs = _fill(layout.inputs, self.program.inputs, given_in)
+        self.outputs = _fill(layout.outputs, self.program.outputs, given_out)
+        self._packed_inputs = {s.name for s in layout.inputs if s.surface}
+        self._copy_in = [(s.name, packed_view(given_in[s.name].array, s.shape), _view(self.inputs, s))
+                         for s in layout.inputs if s.surface and s.name in given_in]
+        self._copy_out = [(_view(self.outputs, s), packed_view(given_out[s.name].array, s.shape))
+                          for s in layout.outputs if s.surface and s.name in given_out]
+        # the caller's views: of the surface holding the caller's data (a shared one where given)
+        self._inputs = {s.name: _view(self.inputs, s) for s in layout.inputs}
+        self._inputs.update({name: source for name, source, _ in self._copy_in})
+        self._outputs = {s.name: _view(self.outputs, s) for s in layout.outputs}
+        self._outputs.update({s.name: packed_view(given_out[s.name].array, s.shape)
+                              for s in layout.outputs if s.surface and s.name in given_out})
+        self._bound = self.program.bind(self.inputs, self.outputs)
 
     def input(self, name: str) -> np.ndarray:
         """A writable view of input ``name`` in the graph's shape."""
@@ -47,14 +61,25 @@ class Stage:
         return self._outputs[name]
 
     def run(self, live_lanes: Mapping[str, int] | None = None) -> None:
-        """Evaluates the program once; ``live_lanes`` by graph input name (see ``Program.evaluate``)."""
-        self._bound({self.mil_name[n]: v for n, v in live_lanes.items()} if live_lanes else None)
+        """Evaluates the program once; ``live_lanes`` by graph input name (see ``Program.evaluate``). A
+        packed input's hint cannot reach the program (its lanes are not the packed surface's), which then
+        computes every lane: a shared tensor is copied in whole (a dead lane's value still counts)."""
+        for _, source, target in self._copy_in:
+            target[...] = source
+        hints = {self.mil_name[n]: v for n, v in (live_lanes or {}).items() if n not in self._packed_inputs}
+        self._bound(hints or None)
+        for source, target in self._copy_out:
+            target[...] = source
 
 
-def _fill(mil_names: Mapping[str, str], specs: Mapping[str, TensorSpec],
-          given: Mapping[str, Surface]) -> dict[str, Surface]:
-    """Given surfaces where there are, new ones elsewhere, all of one size (ANE-13)."""
-    size = max([MIN_SURFACE_BYTES] + [int(np.prod(s.shape)) * s.dtype.itemsize for s in specs.values()]
-               + [s.nbytes for s in given.values()])
-    return {name: given.get(name) or Surface(specs[m].shape, mil_dtype(specs[m].dtype), size)
-            for name, m in mil_names.items()}
+def _view(surfaces: Mapping[str, Surface], spec: IOSpec) -> np.ndarray:
+    return packed_view(surfaces[spec.surface_name].array, spec.shape, spec.offset)
+
+
+def _fill(specs: list[IOSpec], programs: Mapping[str, TensorSpec], given: Mapping[str, Surface]) -> dict[str, Surface]:
+    """By MIL surface name: given surfaces where a tensor has its own, new ones elsewhere, all of one
+    size (ANE-13)."""
+    own = {s.surface_name: given[s.name] for s in specs if not s.surface and s.name in given}
+    size = max([MIN_SURFACE_BYTES] + [int(np.prod(p.shape)) * p.dtype.itemsize for p in programs.values()]
+               + [s.nbytes for s in own.values()])
+    return {name: own.get(name) or Surface(p.shape, mil_dtype(p.dtype), size) for name, p in programs.items()}

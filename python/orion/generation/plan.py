@@ -126,9 +126,8 @@ class DecodePlan:
     def residual_bytes(self) -> int:
         """The size of the residual-stream surfaces the layer programs read and write (padded, ANE-12): the KV
         surfaces, which :meth:`bind` gives them the size of, must be at least this large (ANE-13)."""
-        first = self.layer_programs[0]
-        spec = first.program.inputs[first.layout.inputs[0].mil_name]
-        return int(np.prod(spec.shape)) * numpy_dtype(self.options.io_dtype).itemsize
+        shape = _surface_shape([*self.layer_programs, *self.head_programs])
+        return int(np.prod(shape)) * numpy_dtype(self.options.io_dtype).itemsize
 
     def layers_at(self, context: int) -> list[CompiledGraph]:
         """The layer programs reading a KV cache of ``context`` positions, compiled on first use (forks

@@ -25,7 +25,7 @@ std::vector<uint16_t> weight_halves(OpContext& ctx) {
     const ValueInfo& w = ctx.constant("weight");
     if (w.blob && w.type.dtype == mil::DType::fp16) {
         std::vector<uint16_t> h(w.blob->size() / 2);
-        std::memcpy(h.data(), w.blob->data(), h.size() * 2);
+        if (!h.empty()) std::memcpy(h.data(), w.blob->data(), h.size() * 2);  // no output channels: no bytes
         return h;
     }
     const std::vector<float> f = ctx.floats("weight");

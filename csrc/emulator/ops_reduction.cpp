@@ -34,43 +34,51 @@ enum class Reduce { sum, max, mean };
 
 // Where each row (run along the last axis) of a tensor reduced over `axes` accumulates: the group of
 // the row's first element, and whether the last axis is reduced (the row is one group) or kept (lane
-// j goes to group start + j). One entry per row, not per element.
+// j goes to group start + j). Rows are walked in order by an odometer over the leading axes, so
+// nothing is stored per row or per element: compiling a reduction costs the same for any shape.
 struct RowGroups {
-    std::vector<int64_t> start;
-    int64_t width = 1;
+    Shape lead;                  // the axes before the last
+    std::vector<int64_t> step;   // per leading axis: how far the group moves when its index grows by one
+    int64_t rows = 0, width = 1;
     bool last_reduced = false;
+
+    template <typename F>
+    void for_each_row(F&& f) const {  // f(row, group start), rows in order
+        std::vector<int64_t> idx(lead.size(), 0);
+        int64_t g = 0;
+        for (int64_t row = 0; row < rows; ++row) {
+            f(row, g);
+            for (int64_t d = static_cast<int64_t>(lead.size()) - 1; d >= 0; --d) {
+                g += step[d];
+                if (++idx[d] < lead[d]) break;
+                g -= step[d] * lead[d];
+                idx[d] = 0;
+            }
+        }
+    }
 };
 
 RowGroups row_groups(const Shape& shape, const std::vector<int64_t>& axes) {
     RowGroups r;
     if (shape.empty()) {
-        r.start = {0};
+        r.rows = 1;
         return r;
     }
     const size_t last = shape.size() - 1;
     Shape kept = shape;
     for (int64_t a : axes) kept[static_cast<size_t>(a)] = 1;
-    const auto kstr = strides_of(kept), str = strides_of(shape);
+    const auto kstr = strides_of(kept);
+    r.lead.assign(shape.begin(), shape.begin() + static_cast<int64_t>(last));
+    for (size_t d = 0; d < last; ++d) r.step.push_back(kept[d] != 1 ? kstr[d] : 0);
     r.width = shape[last];
     r.last_reduced = std::find(axes.begin(), axes.end(), static_cast<int64_t>(last)) != axes.end();
-    const int64_t rows = r.width == 0 ? 0 : element_count(shape) / r.width;
-    r.start.resize(static_cast<size_t>(rows));
-    for (int64_t row = 0; row < rows; ++row) {
-        int64_t g = 0, flat = row * r.width;
-        for (size_t d = 0; d < last; ++d) {
-            const int64_t idx = flat / str[d];
-            flat %= str[d];
-            if (kept[d] != 1) g += idx * kstr[d];
-        }
-        r.start[static_cast<size_t>(row)] = g;
-    }
+    r.rows = r.width == 0 ? 0 : element_count(shape) / r.width;
     return r;
 }
 
 BuiltOp build_reduce(OpContext& ctx, Reduce kind) {
     const mil::Type& tx = ctx.type("x");
-    const int64_t last_dim = tx.shape.empty() ? 1 : std::max<int64_t>(tx.shape.back(), 1);
-    if (ctx.plan_only()) return {nullptr, -1, 8.0 * static_cast<double>(tx.element_count() / last_dim)};  // row groups
+    if (ctx.plan_only()) return {};
     const std::vector<int64_t>& axes = ctx.attrs<frontend::Reduction>().axes;
     const int64_t count = ctx.attrs<frontend::Reduction>().count;
     const auto groups = std::make_shared<const RowGroups>(row_groups(tx.shape, axes));
@@ -90,12 +98,12 @@ BuiltOp build_reduce(OpContext& ctx, Reduce kind) {
                 if (g.width == 1 && lanes == 1 && t.data.size() == 1 && kind != Reduce::max) {
                     // One element per row, one sum (a [1, C, 1, 1] over C): the same order, in a register.
                     float v = acc[0];
-                    for (size_t row = 0; row < g.start.size(); ++row) v += a[row];
+                    for (int64_t row = 0; row < g.rows; ++row) v += a[row];
                     acc[0] = v;
                 } else {
-                    for (size_t row = 0; row < g.start.size(); ++row) {
-                        const float* src = a + static_cast<int64_t>(row) * g.width;
-                        float* dst = acc + g.start[row];
+                    g.for_each_row([&](int64_t row, int64_t start) {
+                        const float* src = a + row * g.width;
+                        float* dst = acc + start;
                         if (g.last_reduced) {
                             float v = *dst;
                             for (int64_t i = 0; i < lanes; ++i) v = kind == Reduce::max ? std::max(v, src[i]) : v + src[i];
@@ -104,7 +112,7 @@ BuiltOp build_reduce(OpContext& ctx, Reduce kind) {
                             for (int64_t i = 0; i < lanes; ++i)
                                 dst[i] = kind == Reduce::max ? std::max(dst[i], src[i]) : dst[i] + src[i];
                         }
-                    }
+                    });
                 }
                 if (kind == Reduce::mean) {
                     const bool lanes_cut = reduces_lanes && in.last_dim() > 0;  // an empty last axis: mean of nothing
@@ -209,8 +217,8 @@ BuiltOp build_layer_norm(OpContext& ctx) {
 }
 
 BuiltOp build_sdpa(OpContext& ctx) {
-    if (ctx.plan_only()) return {};
     const frontend::Attention& dims = ctx.attrs<frontend::Attention>();
+    if (ctx.plan_only()) return {nullptr, -1, 4.0 * static_cast<double>(dims.L) * static_cast<double>(dims.S)};  // scores
     const int64_t L = dims.L, E = dims.E, S = dims.S, Ev = dims.Ev;
     const Shape batch = dims.batch;
     int mask = -1;

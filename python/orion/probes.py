@@ -292,7 +292,10 @@ class Relaxations:
 
 def relaxations(report: dict[str, Any], *, require_same_machine: bool = True) -> Relaxations:
     """What ``report`` allows: nothing unless it was produced by the ane backend (and, by default, on
-    this chip and OS version)."""
+    this chip and OS version). A report that is not one :func:`run` writes raises OrionError."""
+    if not isinstance(report, dict):
+        raise orion.OrionError(f"a probe report is a JSON object, not a {type(report).__name__}: rerun "
+                               "`python -m orion doctor --probe`")
     if report.get("schema") != SCHEMA:
         raise orion.OrionError(f"probe report schema {report.get('schema')!r} is not {SCHEMA}: rerun "
                                "`python -m orion doctor --probe`")
@@ -303,8 +306,11 @@ def relaxations(report: dict[str, Any], *, require_same_machine: bool = True) ->
         return Relaxations(source=f"report from {report.get('chip')} / {report.get('os')}, not this machine: "
                                   "nothing is relaxed")
     probes = report.get("probes", {})
-    small = probes.get("surface_8k", {}).get("outcome") == "works"
+    if not (isinstance(probes, dict) and all(isinstance(p, dict) for p in probes.values())):
+        raise orion.OrionError("probe report: 'probes' is not an object of probe results: rerun "
+                               "`python -m orion doctor --probe`")
     works = lambda probe: probes.get(probe, {}).get("outcome") == "works"  # noqa: E731
+    small = works("surface_8k")
     ops = (QUANTIZED_OPS if works("quantized_ops") else ()) + (QUANTIZED_WEIGHT_OPS if works("quantized_weights") else ())
     return Relaxations(min_surface_bytes=8192 if small else None, ops=ops,
                        source=f"ane probe report, {report.get('chip')} / {report.get('os')}")
@@ -312,8 +318,13 @@ def relaxations(report: dict[str, Any], *, require_same_machine: bool = True) ->
 
 def load_report(path: str | os.PathLike, *, require_same_machine: bool = True) -> Relaxations:
     """Reads a report saved by ``python -m orion doctor --probe --out PATH``."""
-    with open(path, encoding="utf-8") as f:
-        return relaxations(json.load(f), require_same_machine=require_same_machine)
+    try:
+        with open(path, encoding="utf-8") as f:
+            report = json.load(f)
+    except (OSError, ValueError, RecursionError) as exc:
+        raise orion.OrionError(f"probe report {path}: not a readable JSON file ({exc}). Fix: rerun "
+                               "`python -m orion doctor --probe --out PATH`") from None
+    return relaxations(report, require_same_machine=require_same_machine)
 
 
 def format_report(report: dict[str, Any]) -> str:

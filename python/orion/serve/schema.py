@@ -104,8 +104,8 @@ def _json_type(value: Any) -> str:
 
 
 def _number(lo: float, hi: float, lo_open: bool = False) -> Callable[[Any], bool]:
-    def check(v: Any) -> bool:
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    def check(v: Any) -> bool:  # (an int of 400 digits is no float: compared as an int, never converted)
+        ok = isinstance(v, int) and not isinstance(v, bool) or isinstance(v, float) and math.isfinite(v)
         return ok and (lo < v if lo_open else lo <= v) and v <= hi
     return check
 

@@ -458,8 +458,6 @@ class Trainer:
         this trainer cannot restore is a damaged checkpoint (CheckpointError offering the previous one)."""
         try:
             self._restore(ckpt)
-        except CheckpointError:
-            raise
         except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, TrainError) as exc:
             raise checkpoint.damaged(ckpt.path, f"its training state cannot be restored ({type(exc).__name__}: "
                                      f"{exc})", self.config_hash) from None
@@ -470,9 +468,8 @@ class Trainer:
         for kind in ("param", "exp_avg", "exp_avg_sq"):
             have = {k.split("/", 1)[1] for k in tensors if k.startswith(f"{kind}/")}
             if have != names:
-                raise CheckpointError(f"checkpoint {ckpt.path}: its {kind} tensors do not match this model's "
-                                      f"parameters (missing {sorted(names - have)[:4]}, extra "
-                                      f"{sorted(have - names)[:4]})", ckpt.path)
+                raise ValueError(f"its {kind} tensors do not match this model's parameters (missing "
+                                 f"{sorted(names - have)[:4]}, extra {sorted(have - names)[:4]})")
         for name, p in self.params.items():
             np.copyto(p, tensors[f"param/{name}"])
         self.optimizer.load_state_dict({**state["optimizer"],
@@ -482,9 +479,12 @@ class Trainer:
         self.sampler.load_state_dict(state["sampler"])
         self.scaler = loss_scale.from_state_dict(state["loss_scale"])
         if state["accumulation_phase"] != 0:
-            raise CheckpointError(f"checkpoint {ckpt.path}: accumulation phase {state['accumulation_phase']}; this "
-                                  "trainer checkpoints at optimizer-step boundaries only (phase 0)", ckpt.path)
-        self.step, self.clamps_total = int(state["step"]), int(state["clamps_total"])
+            raise ValueError(f"accumulation phase {state['accumulation_phase']}; this trainer checkpoints at "
+                             "optimizer-step boundaries only (phase 0)")
+        if state["step"] != ckpt.step or not (isinstance(state["clamps_total"], int) and state["clamps_total"] >= 0):
+            raise ValueError(f"its state's step {state['step']!r} is not the manifest's {ckpt.step}, or its "
+                             f"clamps_total {state['clamps_total']!r} is no count")
+        self.step, self.clamps_total = ckpt.step, state["clamps_total"]
         self.resumed_from = ckpt.path
 
     # -- the log and the display -----------------------------------------------------------------------

@@ -478,14 +478,19 @@ def test_sdpa_whose_score_matrix_exceeds_the_memory_guard_is_refused_at_compile(
         orion.compile(text, profile="permissive")  # compiled, it would not be evaluated here
 
 
-def test_reduction_compile_does_no_per_element_work() -> None:
+@pytest.mark.parametrize("kind", ["reduce_sum", "layer_norm"])
+def test_reduction_compile_does_no_per_element_work(kind) -> None:
     """Fuzz finding: a reduce_sum over a declared fp32 [1048576, 64, 7, 3] took 4.9 s and 3.6 GB to
-    compile (one group entry per 3-element row). Compiling a reduction now stores nothing per row or
-    element: 29 M rows here, 235 MB of table before, and the sums still match numpy (small shapes)."""
+    compile (one group entry per 3-element row; layer_norm kept two indexes per element). Compiling
+    them now stores nothing per row or element: 29 M rows here, 235 MB of table before (layer_norm:
+    1.4 GB), and the results still match numpy (small shapes, below and in test_ops)."""
     big = ttype("fp32", [65536, 64, 7, 3])
-    text = program({"x": big}, [const("ax", "int32", [1], [1]), const("kd", "bool", True),
-                                op("out", ttype("fp32", [65536, 1, 7, 3]), "reduce_sum", x="x", axes="ax",
-                                   keep_dims="kd")], ["out"])
+    body = ([const("ax", "int32", [1], [1]), const("kd", "bool", True),
+             op("out", ttype("fp32", [65536, 1, 7, 3]), "reduce_sum", x="x", axes="ax", keep_dims="kd")]
+            if kind == "reduce_sum" else
+            [const("ax", "int32", [1], [1]), const("eps", "fp32", 1e-5),
+             op("out", big, "layer_norm", axes="ax", epsilon="eps", x="x")])
+    text = program({"x": big}, body, ["out"])
     result = run_isolated(f"""
         import resource, orion
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -497,14 +502,28 @@ def test_reduction_compile_does_no_per_element_work() -> None:
     rng = np.random.default_rng(0)
     for shape, axes in (([3, 4, 5, 6], [1]), ([3, 4, 5, 6], [0, 2]), ([3, 4, 5, 6], [3]), ([2, 3, 4], [0, 2])):
         kept = [1 if d in axes else s for d, s in enumerate(shape)]
-        for kind, reference in (("reduce_sum", np.sum), ("reduce_max", np.max)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        for reduction, reference in (("reduce_sum", np.sum), ("reduce_max", np.max)) if kind == "reduce_sum" else ():
             text = program({"x": ttype("fp32", shape)},
                            [const("ax", "int32", axes, [len(axes)]), const("kd", "bool", True),
-                            op("out", ttype("fp32", kept), kind, x="x", axes="ax", keep_dims="kd")], ["out"])
-            x = rng.standard_normal(shape).astype(np.float32)
+                            op("out", ttype("fp32", kept), reduction, x="x", axes="ax", keep_dims="kd")], ["out"])
             with orion.compile(text, profile="permissive") as p:
                 np.testing.assert_allclose(p(x=x)["out"], reference(x.astype(np.float64), axis=tuple(axes),
                                                                       keepdims=True), rtol=1e-5, atol=1e-5)
+        if kind != "layer_norm":
+            continue
+        gamma = rng.standard_normal([shape[a] for a in axes]).astype(np.float32)
+        text = program({"x": ttype("fp32", shape)},
+                       [const("ax", "int32", axes, [len(axes)]), const("eps", "fp32", 1e-5),
+                        const("gm", "fp32", gamma.reshape(-1).tolist(), list(gamma.shape)),
+                        op("out", ttype("fp32", shape), "layer_norm", axes="ax", epsilon="eps", gamma="gm", x="x")],
+                       ["out"])
+        x64 = x.astype(np.float64)
+        mean, var = x64.mean(axis=tuple(axes), keepdims=True), x64.var(axis=tuple(axes), keepdims=True)
+        at = [shape[d] if d in axes else 1 for d in range(len(shape))]
+        with orion.compile(text, profile="permissive") as p:
+            np.testing.assert_allclose(p(x=x)["out"], (x64 - mean) / np.sqrt(var + 1e-5) * gamma.reshape(at),
+                                       rtol=1e-4, atol=1e-4)
 
 
 def test_conv_with_zero_output_channels_runs() -> None:

@@ -10,24 +10,28 @@ namespace orion::emu {
 
 namespace {
 
-// For each element of `shape`, the flat index of its reduction group (reduced axes dropped).
-std::vector<int64_t> group_index(const Shape& shape, const std::vector<int64_t>& axes) {
-    Shape kept = shape;
-    for (int64_t a : axes) kept[a] = 1;
-    const auto kstr = strides_of(kept);
+// Walks the elements of `shape` in order, giving f(i, group, within): the flat index of the element's
+// reduction group (the reduced `axes` dropped) and of its place inside the group (only the reduced
+// axes). Counters, not tables: nothing is stored per element.
+template <typename F>
+void for_each_grouped(const Shape& shape, const std::vector<int64_t>& axes, F&& f) {
+    Shape kept = shape, inner = shape;
+    for (size_t d = 0; d < shape.size(); ++d)
+        (std::find(axes.begin(), axes.end(), static_cast<int64_t>(d)) != axes.end() ? kept : inner)[d] = 1;
+    const auto kstr = strides_of(kept), istr = strides_of(inner);
+    std::vector<int64_t> gstep(shape.size()), wstep(shape.size()), idx(shape.size(), 0);
+    for (size_t d = 0; d < shape.size(); ++d) gstep[d] = kept[d] == 1 ? 0 : kstr[d], wstep[d] = inner[d] == 1 ? 0 : istr[d];
     const int64_t n = element_count(shape);
-    std::vector<int64_t> out(static_cast<size_t>(n));
-    std::vector<int64_t> idx(shape.size(), 0);
+    int64_t g = 0, w = 0;
     for (int64_t i = 0; i < n; ++i) {
-        int64_t g = 0;
-        for (size_t d = 0; d < shape.size(); ++d) g += (kept[d] == 1 ? 0 : idx[d]) * kstr[d];
-        out[i] = g;
+        f(i, g, w);
         for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+            g += gstep[d], w += wstep[d];
             if (++idx[d] < shape[d]) break;
+            g -= gstep[d] * shape[d], w -= wstep[d] * shape[d];
             idx[d] = 0;
         }
     }
-    return out;
 }
 
 enum class Reduce { sum, max, mean };
@@ -180,38 +184,31 @@ BuiltOp build_softmax(OpContext& ctx) {
 
 BuiltOp build_layer_norm(OpContext& ctx) {
     const mil::Type& tx = ctx.type("x");
-    if (ctx.plan_only()) return {nullptr, -1, 16.0 * static_cast<double>(tx.element_count())};  // two group indexes
     const frontend::Normalization& norm = ctx.attrs<frontend::Normalization>();
-    const std::vector<int64_t>& axes = norm.reduced.axes;
     const int64_t count = norm.reduced.count;
+    const int64_t ngroups = element_count(tx.shape) / std::max<int64_t>(count, 1);
+    if (ctx.plan_only()) return {nullptr, -1, 8.0 * static_cast<double>(ngroups)};  // means and variances
+    const std::vector<int64_t> axes = norm.reduced.axes;
     const float eps = norm.epsilon;
     auto affine = [&](const char* arg, float fill) {
         return ctx.has(arg) ? ctx.floats(arg) : std::vector<float>(static_cast<size_t>(count), fill);
     };
     const auto gamma = affine("gamma", 1.0f), beta = affine("beta", 0.0f);
-    // Position of each element inside its normalised group (indexes gamma/beta).
-    Shape inner_shape;
-    for (int64_t a : axes) inner_shape.push_back(tx.shape[a]);
-    std::vector<int64_t> not_axes;
-    for (size_t d = 0; d < tx.shape.size(); ++d)
-        if (!std::binary_search(axes.begin(), axes.end(), static_cast<int64_t>(d))) not_axes.push_back(static_cast<int64_t>(d));
-    const auto groups = std::make_shared<std::vector<int64_t>>(group_index(tx.shape, axes));
-    const auto within = std::make_shared<std::vector<int64_t>>(group_index(tx.shape, not_axes));
-    const int64_t ngroups = element_count(tx.shape) / std::max<int64_t>(count, 1);
+    const Shape shape = tx.shape;
     const int x = ctx.slot("x"), o = ctx.out_slot();
     return {[=](Frame& fr) {
                 const float* a = fr.values[x].data.data();
                 Tensor& t = fr.values[o];
                 std::vector<float> mean(static_cast<size_t>(ngroups), 0.0f), var(static_cast<size_t>(ngroups), 0.0f);
-                const auto& g = *groups;
-                for (size_t i = 0; i < g.size(); ++i) mean[g[i]] += a[i];
+                for_each_grouped(shape, axes, [&](int64_t i, int64_t g, int64_t) { mean[g] += a[i]; });
                 for (float& m : mean) m /= static_cast<float>(count);
-                for (size_t i = 0; i < g.size(); ++i) var[g[i]] += (a[i] - mean[g[i]]) * (a[i] - mean[g[i]]);
+                for_each_grouped(shape, axes, [&](int64_t i, int64_t g, int64_t) {
+                    var[g] += (a[i] - mean[g]) * (a[i] - mean[g]);
+                });
                 for (float& v : var) v = 1.0f / std::sqrt(v / static_cast<float>(count) + eps);
-                for (size_t i = 0; i < g.size(); ++i) {
-                    const int64_t w = (*within)[i];
-                    t.data[i] = (a[i] - mean[g[i]]) * var[g[i]] * gamma[w] + beta[w];
-                }
+                for_each_grouped(shape, axes, [&](int64_t i, int64_t g, int64_t w) {
+                    t.data[i] = (a[i] - mean[g]) * var[g] * gamma[w] + beta[w];
+                });
                 finish(t);
             }};
 }

@@ -11,8 +11,10 @@ the server does not answer, or a server that stops answering ``/health``.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -67,8 +69,8 @@ def _start_server() -> str:
     log = open(directory.parent / "server.log", "wb")  # open as long as the server runs
     process = subprocess.Popen([sys.executable, "-m", "orion", "serve", "--model", str(directory), "--host",
                                 "127.0.0.1", "--port", str(port), "--quiet", "--max-body-bytes", str(256 * 1024),
-                                "--body-timeout", "5"], stdout=log, stderr=subprocess.STDOUT)
-    atexit.register(process.terminate)
+                                "--body-timeout", "5"], stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+    atexit.register(process.terminate)  # (libFuzzer ends the process without atexit: hence _die_with_parent)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while True:
@@ -80,6 +82,11 @@ def _start_server() -> str:
         if process.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"the fuzz server did not start: {(directory.parent / 'server.log').read_text()}")
         time.sleep(0.2)
+
+
+def _die_with_parent() -> None:
+    """In the server's process before exec: SIGTERM when the fuzzing process ends (Linux's PDEATHSIG)."""
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
 
 
 def request_for(data: bytes) -> tuple[str, str, bytes, bool]:

@@ -118,6 +118,25 @@ def _concat(backend: str) -> tuple[str, str]:
                     in_sizes={"x": MIN_SURFACE_BYTES})
 
 
+def _conv_padding(backend: str) -> tuple[str, str]:
+    """The pad/concat legalization's step: a [1, 1, 1, 1] conv of weight 1 whose custom padding adds zeros
+    around W (here 16 on each side of the sequence); inf must stay where it is."""
+    s, wide = (1, 64, 1, 384), (1, 64, 1, 416)
+    x = _rng_input(s)
+    x[0, 3, 0, 5], x[0, 9, 0, 0], x[0, 63, 0, 383] = np.inf, -np.inf, np.inf
+    mil = _mil({"x": s}, [_const("rows", "int32", "1, 1, 64, 384", (4,)), _const("back", "int32", "1, 64, 1, 416", (4,)),
+                          _const("W", "fp16", "1.0", (1, 1, 1, 1)), _const("dl", "int32", "1, 1", (2,)),
+                          _const("gr", "int32", "1"), _const("pd", "int32", "0, 0, 16, 16", (4,)),
+                          _const("pt", "string", '"custom"'), _const("st", "int32", "1, 1", (2,)),
+                          _op_typed("r", _t((1, 1, 64, 384)), "reshape", shape="rows", x="x"),
+                          _op("c", (1, 1, 64, 416), "conv", dilations="dl", groups="gr", pad="pd", pad_type="pt",
+                              strides="st", weight="W", x="r"),
+                          _op_typed("y", _t(wide), "reshape", shape="back", x="c")], ["y"])
+    want = np.pad(x.astype(np.float32), [(0, 0), (0, 0), (0, 0), (16, 16)])
+    return _attempt(mil, {"x": x}, {"y": want}, backend, nbytes=int(np.prod(wide)) * 2,
+                    in_sizes={"x": MIN_SURFACE_BYTES})
+
+
 def _reduce_mean(backend: str) -> tuple[str, str]:
     s = (1, 64, 1, 384)
     x = _rng_input(s)
@@ -232,6 +251,8 @@ def _not_probed(reason: str) -> Callable[[str], tuple[str, str]]:
 
 PROBES: tuple[Probe, ...] = (
     Probe("concat", "ANE-01", "does concat (axis const, interleave const) compile and run?", _concat),
+    Probe("conv_padding", "ANE-01", "does a 1x1 conv with custom zero padding (Orion's pad and concat) run, inf "
+          "kept in place?", _conv_padding),
     Probe("reduce_mean", "ANE-07", "does reduce_mean compile and run?", _reduce_mean),
     Probe("softmax_non_pow2", "ANE-08", "does softmax over 400 lanes (not a power of two) run?", _softmax_extent),
     Probe("surface_8k", "ANE-12", "does an 8,192-byte surface evaluate?", _small_surface,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
+from typing import Any
 
 from orion.errors import OrionError
 
@@ -26,3 +29,14 @@ class CheckpointError(TrainError):
         super().__init__(message)
         self.path = path
         self.previous = previous
+
+
+def check_numbers(obj: Any) -> None:
+    """Raises TrainError unless every field of dataclass ``obj`` typed ``int`` holds an int and every
+    ``float`` a finite number, each >= 0 (a state read back from a checkpoint's JSON may hold anything)."""
+    for field in dataclasses.fields(obj):
+        value, integer = getattr(obj, field.name), field.type == "int"
+        kinds = (int,) if integer else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value) or value < 0:
+            raise TrainError(f"{type(obj).__name__}: {field.name}={value!r} must be a finite "
+                             f"{'integer' if integer else 'number'} >= 0")

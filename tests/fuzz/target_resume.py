@@ -3,8 +3,8 @@
 Once per process a tiny GPT-2 run trains 4 steps (a checkpoint each step, its log), and the last
 checkpoint is removed. Each input copies it
 and applies 1 to 3 damages: a file's bytes replaced, spliced, truncated or bit-flipped; a manifest
-rewritten with a fuzzed field and its checksum recomputed (so the damage gets past the checksum into
-the trainer); a log line inserted; a file replaced by a directory, a directory by a file, a stray file
+rewritten with a fuzzed field and its checksum recomputed, or its tensors changed and re-hashed (so the
+damage gets past the checksums into the trainer); a log line inserted; a file replaced by a directory, a directory by a file, a stray file
 added or a file removed. Then the run resumes as the command line does (``Trainer(..., resume=True)``,
 training to step 4, the summary of its log). It must finish or raise an ``OrionError``.
 """
@@ -69,7 +69,7 @@ def restamp(doc: dict) -> str:
 def damage(d: Draw, run: Path) -> None:
     """One damage to the run directory ``run``."""
     files = files_of(run)
-    action = d.byte() % 10
+    action = d.byte() % 11
     target = d.pick(files) if files else run / "train.jsonl"
     if action == 0:
         target.write_bytes(d.data[d.pos:d.pos + d.byte() * 4])
@@ -122,8 +122,44 @@ def damage(d: Draw, run: Path) -> None:
                 stray.mkdir(exist_ok=True)
             elif not stray.is_dir():
                 stray.write_bytes(d.text(64).encode("latin-1"))
+    elif action == 9:
+        rewrite_tensors(d, run)
     elif target.exists():
         target.unlink()
+
+
+def rewrite_tensors(d: Draw, run: Path) -> None:
+    """A checkpoint's tensors changed (a shape, a dtype, NaN, a tensor dropped or added) and re-hashed into
+    its manifest: damage no checksum catches."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    manifests = sorted((run / "checkpoints").glob("ckpt-*.json")) if (run / "checkpoints").is_dir() else []
+    if not manifests:
+        return
+    path = d.pick(manifests)
+    try:
+        doc = json.loads(path.read_text())
+        (name,) = doc["files"]
+        tensors = load_file(str(path.parent / name))
+    except Exception:  # the harness's own read of an already damaged file: nothing to rewrite
+        return
+    key = d.pick(sorted(tensors))
+    change = d.byte() % 5
+    if change == 0:
+        tensors[key] = tensors[key].reshape(-1)[: max(0, tensors[key].size - 1 - d.byte())]
+    elif change == 1:
+        tensors[key] = tensors[key].astype(d.pick((np.float16, np.float64, np.int32, np.uint8)))
+    elif change == 2:
+        tensors[key] = np.full_like(tensors[key], d.pick((np.nan, np.inf, -np.inf, 1e30)))
+    elif change == 3:
+        del tensors[key]
+    else:
+        tensors[d.text(12) or "extra"] = np.zeros(d.byte() % 7, np.float32)
+    save_file(tensors, str(path.parent / name))
+    data = (path.parent / name).read_bytes()
+    doc["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    path.write_text(restamp(doc))
 
 
 def fuzz_fields(d: Draw, doc: dict) -> None:

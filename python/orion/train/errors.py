@@ -31,12 +31,24 @@ class CheckpointError(TrainError):
         self.previous = previous
 
 
+MAX_COUNT = 2**53  # steps and counters stay below this (exact as floats, far inside int64)
+
+
+def is_count(value: Any) -> bool:
+    """An int in [0, MAX_COUNT) (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_COUNT
+
+
+def is_rate(value: Any) -> bool:
+    """A finite number >= 0 (not a bool; an int as big as a float holds)."""
+    return (isinstance(value, float) and math.isfinite(value) and value >= 0) or is_count(value)
+
+
 def check_numbers(obj: Any) -> None:
-    """Raises TrainError unless every field of dataclass ``obj`` typed ``int`` holds an int and every
-    ``float`` a finite number, each >= 0 (a state read back from a checkpoint's JSON may hold anything)."""
+    """Raises TrainError unless every field of dataclass ``obj`` typed ``int`` holds a count and every
+    ``float`` a finite number >= 0 (a state read back from a checkpoint's JSON may hold anything)."""
     for field in dataclasses.fields(obj):
         value, integer = getattr(obj, field.name), field.type == "int"
-        kinds = (int,) if integer else (int, float)
-        if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value) or value < 0:
-            raise TrainError(f"{type(obj).__name__}: {field.name}={value!r} must be a finite "
+        if not (is_count(value) if integer else is_rate(value)):
+            raise TrainError(f"{type(obj).__name__}: {field.name}={value!r:.80} must be a finite "
                              f"{'integer' if integer else 'number'} >= 0")

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from orion import _core
-from orion.train.errors import TrainError
+from orion.train.errors import TrainError, is_count, is_rate
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ class AdamW:
             moments = {"exp_avg": state["exp_avg"], "exp_avg_sq": state["exp_avg_sq"]}
             decay = frozenset(hyper["decay"])
             numbers = [hyper["lr"], hyper["eps"], hyper["weight_decay"], *hyper["betas"]]
-            if not (_is_count(step) and len(hyper["betas"]) == 2 and all(_is_rate(v) for v in numbers)
+            if not (is_count(step) and len(hyper["betas"]) == 2 and all(is_rate(v) for v in numbers)
                     and max(hyper["betas"]) < 1 and hyper["eps"] > 0):
                 raise ValueError(f"step {step!r} or the hyperparameters {hyper!r} are out of range"[:300])
         except (KeyError, TypeError, ValueError) as exc:
@@ -133,11 +133,3 @@ class AdamW:
         self.step_count = step
         self.lr, self.betas, self.eps = float(hyper["lr"]), tuple(hyper["betas"]), float(hyper["eps"])
         self.weight_decay, self.decay = float(hyper["weight_decay"]), decay
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _is_rate(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0

@@ -462,3 +462,81 @@ def test_more_weight_files_than_max_weight_files_are_refused_by_name() -> None:
     weights = {f"@model_path/weights/w{i}.bin": b"" for i in range(limit + 1)}
     with pytest.raises(orion.CompileError, match="over MAX_WEIGHT_FILES"):
         orion.compile(program({"x": T}, [op("y", T, "tanh", x="x")], ["y"]), weights)
+
+
+# --- issue 26: memory and time guards of the emulator ------------------------------------------------------
+
+def test_sdpa_whose_score_matrix_exceeds_the_memory_guard_is_refused_at_compile() -> None:
+    """Fuzz finding: SDPA on a tiny input allocated its [L, S] score matrix at evaluate time, unseen by
+    the memory guard (an 8.6 GB std::bad_alloc, an abort under ASan). The guard counts it now."""
+    half = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE") / 2
+    n = int((half / 4) ** 0.5 * 1.2) + 1  # L = S = n: 4 n^2 bytes of scores, over half of this machine
+    q = ttype("fp16", [1, n, 1])
+    text = program({"q": q, "k": q, "v": q},
+                   [op("y", q, "scaled_dot_product_attention", key="k", query="q", value="v")], ["y"])
+    with pytest.raises(orion.CompileError, match=r"GB of emulator memory"):
+        orion.compile(text, profile="permissive")  # compiled, it would not be evaluated here
+
+
+@pytest.mark.parametrize("kind", ["reduce_sum", "layer_norm"])
+def test_reduction_compile_does_no_per_element_work(kind) -> None:
+    """Fuzz finding: a reduce_sum over a declared fp32 [1048576, 64, 7, 3] took 4.9 s and 3.6 GB to
+    compile (one group entry per 3-element row; layer_norm kept two indexes per element). Compiling
+    them now stores nothing per row or element: 29 M rows here, 235 MB of table before (layer_norm:
+    1.4 GB), and the results still match numpy (small shapes, below and in test_ops)."""
+    big = ttype("fp32", [65536, 64, 7, 3])
+    body = ([const("ax", "int32", [1], [1]), const("kd", "bool", True),
+             op("out", ttype("fp32", [65536, 1, 7, 3]), "reduce_sum", x="x", axes="ax", keep_dims="kd")]
+            if kind == "reduce_sum" else
+            [const("ax", "int32", [1], [1]), const("eps", "fp32", 1e-5),
+             op("out", big, "layer_norm", axes="ax", epsilon="eps", x="x")])
+    text = program({"x": big}, body, ["out"])
+    result = run_isolated(f"""
+        import resource, orion
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        program = orion.compile({text!r}, profile="permissive")
+        print("compile grew maxrss by", (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024, "MiB")
+    """)
+    assert_clean_error(result, "compile grew maxrss by")
+    assert int(result.stdout.split("by")[1].split()[0]) < 64, result.stdout
+    rng = np.random.default_rng(0)
+    for shape, axes in (([3, 4, 5, 6], [1]), ([3, 4, 5, 6], [0, 2]), ([3, 4, 5, 6], [3]), ([2, 3, 4], [0, 2])):
+        kept = [1 if d in axes else s for d, s in enumerate(shape)]
+        x = rng.standard_normal(shape).astype(np.float32)
+        for reduction, reference in (("reduce_sum", np.sum), ("reduce_max", np.max)) if kind == "reduce_sum" else ():
+            text = program({"x": ttype("fp32", shape)},
+                           [const("ax", "int32", axes, [len(axes)]), const("kd", "bool", True),
+                            op("out", ttype("fp32", kept), reduction, x="x", axes="ax", keep_dims="kd")], ["out"])
+            with orion.compile(text, profile="permissive") as p:
+                np.testing.assert_allclose(p(x=x)["out"], reference(x.astype(np.float64), axis=tuple(axes),
+                                                                      keepdims=True), rtol=1e-5, atol=1e-5)
+        if kind != "layer_norm":
+            continue
+        gamma = rng.standard_normal([shape[a] for a in axes]).astype(np.float32)
+        text = program({"x": ttype("fp32", shape)},
+                       [const("ax", "int32", axes, [len(axes)]), const("eps", "fp32", 1e-5),
+                        const("gm", "fp32", gamma.reshape(-1).tolist(), list(gamma.shape)),
+                        op("out", ttype("fp32", shape), "layer_norm", axes="ax", epsilon="eps", gamma="gm", x="x")],
+                       ["out"])
+        x64 = x.astype(np.float64)
+        mean, var = x64.mean(axis=tuple(axes), keepdims=True), x64.var(axis=tuple(axes), keepdims=True)
+        at = [shape[d] if d in axes else 1 for d in range(len(shape))]
+        with orion.compile(text, profile="permissive") as p:
+            np.testing.assert_allclose(p(x=x)["out"], (x64 - mean) / np.sqrt(var + 1e-5) * gamma.reshape(at),
+                                       rtol=1e-4, atol=1e-4)
+
+
+def test_conv_with_zero_output_channels_runs() -> None:
+    """Fuzz finding (UBSan, the sanitizer job): a conv of weight [0, Cin, 1, 1] memcpy'd from a null
+    pointer. It compiles and evaluates to an empty tensor."""
+    conv = [const("d", "int32", [1, 1], [2]), const("g", "int32", 1), const("p", "int32", [0, 0, 0, 0], [4]),
+            const("pt", "string", "valid"), const("s", "int32", [1, 1], [2])]
+    empty = ttype("fp16", [1, 0, 1, 32])
+    for weight, files in ((blob_const("w", "fp16", [0, 4, 1, 1], "@model_path/weights/w.bin"),
+                           {"@model_path/weights/w.bin": blobfile(b"")}),
+                          (const("w", "fp16", [], [0, 4, 1, 1]), {})):
+        text = program({"x": ttype("fp16", [1, 4, 1, 32])},
+                       [weight, *conv, op("y", empty, "conv", dilations="d", groups="g", pad="p", pad_type="pt",
+                                          strides="s", weight="w", x="x")], ["y"])
+        with orion.compile(text, files, profile="permissive") as p:
+            assert p(x=np.ones((1, 4, 1, 32), np.float16))["y"].shape == (1, 0, 1, 32)

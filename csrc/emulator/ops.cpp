@@ -95,14 +95,14 @@ std::vector<float> blob_floats(const ValueInfo& v) {
     switch (v.type.dtype) {
         case mil::DType::fp16: {
             std::vector<uint16_t> h(bytes.size() / 2);
-            std::memcpy(h.data(), bytes.data(), h.size() * 2);
+            if (!h.empty()) std::memcpy(h.data(), bytes.data(), h.size() * 2);  // (memcpy may not take null)
             out.resize(h.size());
             kernels::half_to_float(h.data(), out.data(), h.size());
             break;
         }
         case mil::DType::fp32:
             out.resize(bytes.size() / 4);
-            std::memcpy(out.data(), bytes.data(), out.size() * 4);
+            if (!out.empty()) std::memcpy(out.data(), bytes.data(), out.size() * 4);
             break;
         case mil::DType::int8:
             for (char c : bytes) out.push_back(static_cast<float>(static_cast<int8_t>(c)));

@@ -25,7 +25,7 @@ std::vector<uint16_t> weight_halves(OpContext& ctx) {
     const ValueInfo& w = ctx.constant("weight");
     if (w.blob && w.type.dtype == mil::DType::fp16) {
         std::vector<uint16_t> h(w.blob->size() / 2);
-        std::memcpy(h.data(), w.blob->data(), h.size() * 2);
+        if (!h.empty()) std::memcpy(h.data(), w.blob->data(), h.size() * 2);  // no output channels: no bytes
         return h;
     }
     const std::vector<float> f = ctx.floats("weight");
@@ -147,7 +147,8 @@ BuiltOp build_matmul(OpContext& ctx) {
     const bool tx_t = dims.transpose_x, ty_t = dims.transpose_y;
     const int64_t M = dims.M, K = dims.K, N = dims.N;
     const int64_t nb = element_count(batch);
-    if (ctx.plan_only()) return {nullptr, -1, 16.0 * static_cast<double>(nb)};  // per-batch offsets
+    if (ctx.plan_only())  // per-batch offsets, and an fp16 y read in place is converted one [K, N] matrix at a time
+        return {nullptr, -1, 16.0 * static_cast<double>(nb) + 4.0 * static_cast<double>(K) * static_cast<double>(N)};
     const bool round = ctx.out_type().dtype == mil::DType::fp16;
     const int x = ctx.slot("x"), y = ctx.slot("y", /*fp16_in_place=*/true), o = ctx.out_slot();
     // Offsets of each batch's x and y matrices (broadcast batch dims repeat a matrix).

@@ -10,67 +10,79 @@ namespace orion::emu {
 
 namespace {
 
-// For each element of `shape`, the flat index of its reduction group (reduced axes dropped).
-std::vector<int64_t> group_index(const Shape& shape, const std::vector<int64_t>& axes) {
-    Shape kept = shape;
-    for (int64_t a : axes) kept[a] = 1;
-    const auto kstr = strides_of(kept);
+// Walks the elements of `shape` in order, giving f(i, group, within): the flat index of the element's
+// reduction group (the reduced `axes` dropped) and of its place inside the group (only the reduced
+// axes). Counters, not tables: nothing is stored per element.
+template <typename F>
+void for_each_grouped(const Shape& shape, const std::vector<int64_t>& axes, F&& f) {
+    Shape kept = shape, inner = shape;
+    for (size_t d = 0; d < shape.size(); ++d)
+        (std::find(axes.begin(), axes.end(), static_cast<int64_t>(d)) != axes.end() ? kept : inner)[d] = 1;
+    const auto kstr = strides_of(kept), istr = strides_of(inner);
+    std::vector<int64_t> gstep(shape.size()), wstep(shape.size()), idx(shape.size(), 0);
+    for (size_t d = 0; d < shape.size(); ++d) gstep[d] = kept[d] == 1 ? 0 : kstr[d], wstep[d] = inner[d] == 1 ? 0 : istr[d];
     const int64_t n = element_count(shape);
-    std::vector<int64_t> out(static_cast<size_t>(n));
-    std::vector<int64_t> idx(shape.size(), 0);
+    int64_t g = 0, w = 0;
     for (int64_t i = 0; i < n; ++i) {
-        int64_t g = 0;
-        for (size_t d = 0; d < shape.size(); ++d) g += (kept[d] == 1 ? 0 : idx[d]) * kstr[d];
-        out[i] = g;
+        f(i, g, w);
         for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+            g += gstep[d], w += wstep[d];
             if (++idx[d] < shape[d]) break;
+            g -= gstep[d] * shape[d], w -= wstep[d] * shape[d];
             idx[d] = 0;
         }
     }
-    return out;
 }
 
 enum class Reduce { sum, max, mean };
 
 // Where each row (run along the last axis) of a tensor reduced over `axes` accumulates: the group of
 // the row's first element, and whether the last axis is reduced (the row is one group) or kept (lane
-// j goes to group start + j). One entry per row, not per element.
+// j goes to group start + j). Rows are walked in order by an odometer over the leading axes, so
+// nothing is stored per row or per element: compiling a reduction costs the same for any shape.
 struct RowGroups {
-    std::vector<int64_t> start;
-    int64_t width = 1;
+    Shape lead;                  // the axes before the last
+    std::vector<int64_t> step;   // per leading axis: how far the group moves when its index grows by one
+    int64_t rows = 0, width = 1;
     bool last_reduced = false;
+
+    template <typename F>
+    void for_each_row(F&& f) const {  // f(row, group start), rows in order
+        std::vector<int64_t> idx(lead.size(), 0);
+        int64_t g = 0;
+        for (int64_t row = 0; row < rows; ++row) {
+            f(row, g);
+            for (int64_t d = static_cast<int64_t>(lead.size()) - 1; d >= 0; --d) {
+                g += step[d];
+                if (++idx[d] < lead[d]) break;
+                g -= step[d] * lead[d];
+                idx[d] = 0;
+            }
+        }
+    }
 };
 
 RowGroups row_groups(const Shape& shape, const std::vector<int64_t>& axes) {
     RowGroups r;
     if (shape.empty()) {
-        r.start = {0};
+        r.rows = 1;
         return r;
     }
     const size_t last = shape.size() - 1;
     Shape kept = shape;
     for (int64_t a : axes) kept[static_cast<size_t>(a)] = 1;
-    const auto kstr = strides_of(kept), str = strides_of(shape);
+    const auto kstr = strides_of(kept);
+    r.lead.assign(shape.begin(), shape.begin() + static_cast<int64_t>(last));
+    for (size_t d = 0; d < last; ++d) r.step.push_back(kept[d] != 1 ? kstr[d] : 0);
     r.width = shape[last];
     r.last_reduced = std::find(axes.begin(), axes.end(), static_cast<int64_t>(last)) != axes.end();
-    const int64_t rows = r.width == 0 ? 0 : element_count(shape) / r.width;
-    r.start.resize(static_cast<size_t>(rows));
-    for (int64_t row = 0; row < rows; ++row) {
-        int64_t g = 0, flat = row * r.width;
-        for (size_t d = 0; d < last; ++d) {
-            const int64_t idx = flat / str[d];
-            flat %= str[d];
-            if (kept[d] != 1) g += idx * kstr[d];
-        }
-        r.start[static_cast<size_t>(row)] = g;
-    }
+    r.rows = r.width == 0 ? 0 : element_count(shape) / r.width;
     return r;
 }
 
 BuiltOp build_reduce(OpContext& ctx, Reduce kind) {
     const mil::Type& tx = ctx.type("x");
-    const int64_t last_dim = tx.shape.empty() ? 1 : std::max<int64_t>(tx.shape.back(), 1);
-    if (ctx.plan_only()) return {nullptr, -1, 8.0 * static_cast<double>(tx.element_count() / last_dim)};  // row groups
+    if (ctx.plan_only()) return {};
     const std::vector<int64_t>& axes = ctx.attrs<frontend::Reduction>().axes;
     const int64_t count = ctx.attrs<frontend::Reduction>().count;
     const auto groups = std::make_shared<const RowGroups>(row_groups(tx.shape, axes));
@@ -90,12 +102,12 @@ BuiltOp build_reduce(OpContext& ctx, Reduce kind) {
                 if (g.width == 1 && lanes == 1 && t.data.size() == 1 && kind != Reduce::max) {
                     // One element per row, one sum (a [1, C, 1, 1] over C): the same order, in a register.
                     float v = acc[0];
-                    for (size_t row = 0; row < g.start.size(); ++row) v += a[row];
+                    for (int64_t row = 0; row < g.rows; ++row) v += a[row];
                     acc[0] = v;
                 } else {
-                    for (size_t row = 0; row < g.start.size(); ++row) {
-                        const float* src = a + static_cast<int64_t>(row) * g.width;
-                        float* dst = acc + g.start[row];
+                    g.for_each_row([&](int64_t row, int64_t start) {
+                        const float* src = a + row * g.width;
+                        float* dst = acc + start;
                         if (g.last_reduced) {
                             float v = *dst;
                             for (int64_t i = 0; i < lanes; ++i) v = kind == Reduce::max ? std::max(v, src[i]) : v + src[i];
@@ -104,7 +116,7 @@ BuiltOp build_reduce(OpContext& ctx, Reduce kind) {
                             for (int64_t i = 0; i < lanes; ++i)
                                 dst[i] = kind == Reduce::max ? std::max(dst[i], src[i]) : dst[i] + src[i];
                         }
-                    }
+                    });
                 }
                 if (kind == Reduce::mean) {
                     const bool lanes_cut = reduces_lanes && in.last_dim() > 0;  // an empty last axis: mean of nothing
@@ -172,45 +184,38 @@ BuiltOp build_softmax(OpContext& ctx) {
 
 BuiltOp build_layer_norm(OpContext& ctx) {
     const mil::Type& tx = ctx.type("x");
-    if (ctx.plan_only()) return {nullptr, -1, 16.0 * static_cast<double>(tx.element_count())};  // two group indexes
     const frontend::Normalization& norm = ctx.attrs<frontend::Normalization>();
-    const std::vector<int64_t>& axes = norm.reduced.axes;
     const int64_t count = norm.reduced.count;
+    const int64_t ngroups = element_count(tx.shape) / std::max<int64_t>(count, 1);
+    if (ctx.plan_only()) return {nullptr, -1, 8.0 * static_cast<double>(ngroups)};  // means and variances
+    const std::vector<int64_t> axes = norm.reduced.axes;
     const float eps = norm.epsilon;
     auto affine = [&](const char* arg, float fill) {
         return ctx.has(arg) ? ctx.floats(arg) : std::vector<float>(static_cast<size_t>(count), fill);
     };
     const auto gamma = affine("gamma", 1.0f), beta = affine("beta", 0.0f);
-    // Position of each element inside its normalised group (indexes gamma/beta).
-    Shape inner_shape;
-    for (int64_t a : axes) inner_shape.push_back(tx.shape[a]);
-    std::vector<int64_t> not_axes;
-    for (size_t d = 0; d < tx.shape.size(); ++d)
-        if (!std::binary_search(axes.begin(), axes.end(), static_cast<int64_t>(d))) not_axes.push_back(static_cast<int64_t>(d));
-    const auto groups = std::make_shared<std::vector<int64_t>>(group_index(tx.shape, axes));
-    const auto within = std::make_shared<std::vector<int64_t>>(group_index(tx.shape, not_axes));
-    const int64_t ngroups = element_count(tx.shape) / std::max<int64_t>(count, 1);
+    const Shape shape = tx.shape;
     const int x = ctx.slot("x"), o = ctx.out_slot();
     return {[=](Frame& fr) {
                 const float* a = fr.values[x].data.data();
                 Tensor& t = fr.values[o];
                 std::vector<float> mean(static_cast<size_t>(ngroups), 0.0f), var(static_cast<size_t>(ngroups), 0.0f);
-                const auto& g = *groups;
-                for (size_t i = 0; i < g.size(); ++i) mean[g[i]] += a[i];
+                for_each_grouped(shape, axes, [&](int64_t i, int64_t g, int64_t) { mean[g] += a[i]; });
                 for (float& m : mean) m /= static_cast<float>(count);
-                for (size_t i = 0; i < g.size(); ++i) var[g[i]] += (a[i] - mean[g[i]]) * (a[i] - mean[g[i]]);
+                for_each_grouped(shape, axes, [&](int64_t i, int64_t g, int64_t) {
+                    var[g] += (a[i] - mean[g]) * (a[i] - mean[g]);
+                });
                 for (float& v : var) v = 1.0f / std::sqrt(v / static_cast<float>(count) + eps);
-                for (size_t i = 0; i < g.size(); ++i) {
-                    const int64_t w = (*within)[i];
-                    t.data[i] = (a[i] - mean[g[i]]) * var[g[i]] * gamma[w] + beta[w];
-                }
+                for_each_grouped(shape, axes, [&](int64_t i, int64_t g, int64_t w) {
+                    t.data[i] = (a[i] - mean[g]) * var[g] * gamma[w] + beta[w];
+                });
                 finish(t);
             }};
 }
 
 BuiltOp build_sdpa(OpContext& ctx) {
-    if (ctx.plan_only()) return {};
     const frontend::Attention& dims = ctx.attrs<frontend::Attention>();
+    if (ctx.plan_only()) return {nullptr, -1, 4.0 * static_cast<double>(dims.L) * static_cast<double>(dims.S)};  // scores
     const int64_t L = dims.L, E = dims.E, S = dims.S, Ev = dims.Ev;
     const Shape batch = dims.batch;
     int mask = -1;

@@ -40,7 +40,7 @@ class Constraint:
 
 CATALOG: tuple[Constraint, ...] = (
     Constraint("ANE-01", "compile fail", "[O] ([M][E] saw it work)",
-               LEGALIZED, "orion.ops legalizations (concat -> placement conv/matmul + add)",
+               LEGALIZED, "orion.ops legalizations (concat -> zero-padding convs + add)",
                "tests/compiler/test_legalize.py::test_concat"),
     Constraint("ANE-02", "compile fail", "[O][E]",
                LEGALIZED, "orion.ops legalizations (gelu -> tanh/mul/add)", "tests/compiler/test_legalize.py::test_gelu"),

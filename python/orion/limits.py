@@ -21,6 +21,10 @@ DEFAULT_COMPILE_BUDGET: int = int(_LIMITS["DEFAULT_COMPILE_BUDGET"][0])
 """Compiles per process before the ANE fails (ANE-11)."""
 DISPATCH_MS: float = float(_LIMITS["DISPATCH_MS"][0])
 """Cost of one evaluate's dispatch, in milliseconds (ANE-28)."""
+MAX_RANK: int = int(_LIMITS["MAX_RANK"][0])
+"""Highest tensor rank the core takes."""
+MAX_ELEMENTS: int = int(_LIMITS["MAX_ELEMENTS"][0])
+"""Most elements in one tensor (2^31)."""
 FP16_MAX: float = float(_LIMITS["FP16_MAX"][0])
 """Largest finite fp16 value (ANE-25); ``-FP16_MAX`` is the additive mask of a hidden position."""
 MAX_INPUT_SURFACES: int = int(_LIMITS["MAX_INPUT_SURFACES"][0])

@@ -121,6 +121,25 @@ def _concat(backend: str) -> tuple[str, str]:
                     in_sizes={"x": MIN_SURFACE_BYTES})
 
 
+def _conv_padding(backend: str) -> tuple[str, str]:
+    """The pad/concat legalization's step: a [1, 1, 1, 1] conv of weight 1 whose custom padding adds zeros
+    around W (here 16 on each side of the sequence); inf must stay where it is."""
+    s, wide = (1, 64, 1, 384), (1, 64, 1, 416)
+    x = _rng_input(s)
+    x[0, 3, 0, 5], x[0, 9, 0, 0], x[0, 63, 0, 383] = np.inf, -np.inf, np.inf
+    mil = _mil({"x": s}, [_const("rows", "int32", "1, 1, 64, 384", (4,)), _const("back", "int32", "1, 64, 1, 416", (4,)),
+                          _const("W", "fp16", "1.0", (1, 1, 1, 1)), _const("dl", "int32", "1, 1", (2,)),
+                          _const("gr", "int32", "1"), _const("pd", "int32", "0, 0, 16, 16", (4,)),
+                          _const("pt", "string", '"custom"'), _const("st", "int32", "1, 1", (2,)),
+                          _op_typed("r", _t((1, 1, 64, 384)), "reshape", shape="rows", x="x"),
+                          _op("c", (1, 1, 64, 416), "conv", dilations="dl", groups="gr", pad="pd", pad_type="pt",
+                              strides="st", weight="W", x="r"),
+                          _op_typed("y", _t(wide), "reshape", shape="back", x="c")], ["y"])
+    want = np.pad(x.astype(np.float32), [(0, 0), (0, 0), (0, 0), (16, 16)])
+    return _attempt(mil, {"x": x}, {"y": want}, backend, nbytes=int(np.prod(wide)) * 2,
+                    in_sizes={"x": MIN_SURFACE_BYTES})
+
+
 def _reduce_mean(backend: str) -> tuple[str, str]:
     s = (1, 64, 1, 384)
     x = _rng_input(s)
@@ -370,6 +389,8 @@ def _not_probed(reason: str) -> Callable[[str], tuple[str, str]]:
 
 PROBES: tuple[Probe, ...] = (
     Probe("concat", "ANE-01", "does concat (axis const, interleave const) compile and run?", _concat),
+    Probe("conv_padding", "ANE-01", "does a 1x1 conv with custom zero padding (Orion's pad and concat) run, inf "
+          "kept in place?", _conv_padding),
     Probe("reduce_mean", "ANE-07", "does reduce_mean compile and run?", _reduce_mean),
     Probe("softmax_non_pow2", "ANE-08", "does softmax over 400 lanes (not a power of two) run?", _softmax_extent),
     Probe("surface_8k", "ANE-12", "does an 8,192-byte surface evaluate?", _small_surface,
@@ -466,7 +487,10 @@ class Relaxations:
 
 def relaxations(report: dict[str, Any], *, require_same_machine: bool = True) -> Relaxations:
     """What ``report`` allows: nothing unless it was produced by the ane backend (and, by default, on
-    this chip and OS version)."""
+    this chip and OS version). A report that is not one :func:`run` writes raises OrionError."""
+    if not isinstance(report, dict):
+        raise orion.OrionError(f"a probe report is a JSON object, not a {type(report).__name__}: rerun "
+                               "`python -m orion doctor --probe`")
     if report.get("schema") != SCHEMA:
         raise orion.OrionError(f"probe report schema {report.get('schema')!r} is not {SCHEMA}: rerun "
                                "`python -m orion doctor --probe`")
@@ -477,8 +501,11 @@ def relaxations(report: dict[str, Any], *, require_same_machine: bool = True) ->
         return Relaxations(source=f"report from {report.get('chip')} / {report.get('os')}, not this machine: "
                                   "nothing is relaxed")
     probes = report.get("probes", {})
-    small = probes.get("surface_8k", {}).get("outcome") == "works"
+    if not (isinstance(probes, dict) and all(isinstance(p, dict) for p in probes.values())):
+        raise orion.OrionError("probe report: 'probes' is not an object of probe results: rerun "
+                               "`python -m orion doctor --probe`")
     works = lambda probe: probes.get(probe, {}).get("outcome") == "works"  # noqa: E731
+    small = works("surface_8k")
     ops = (QUANTIZED_OPS if works("quantized_ops") else ()) + (QUANTIZED_WEIGHT_OPS if works("quantized_weights") else ())
     return Relaxations(min_surface_bytes=8192 if small else None, ops=ops, surface_counts=proven_counts(probes),
                        multi_file_patch=works("weight_patch_multi_file"),
@@ -502,8 +529,13 @@ def proven_counts(probes: dict[str, Any]) -> tuple[int, int] | None:
 
 def load_report(path: str | os.PathLike, *, require_same_machine: bool = True) -> Relaxations:
     """Reads a report saved by ``python -m orion doctor --probe --out PATH``."""
-    with open(path, encoding="utf-8") as f:
-        return relaxations(json.load(f), require_same_machine=require_same_machine)
+    try:
+        with open(path, encoding="utf-8") as f:
+            report = json.load(f)
+    except (OSError, ValueError, RecursionError) as exc:
+        raise orion.OrionError(f"probe report {path}: not a readable JSON file ({exc}). Fix: rerun "
+                               "`python -m orion doctor --probe --out PATH`") from None
+    return relaxations(report, require_same_machine=require_same_machine)
 
 
 def format_report(report: dict[str, Any]) -> str:

@@ -18,8 +18,15 @@ import atheris
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-with atheris.instrument_imports(include=["targets"]):
+# resume steers by the coverage of Orion's training code too (the server target's server runs in a
+# process of its own); the others by the core's, leaving Orion's Python uninstrumented (faster).
+RESUME = len(sys.argv) > 1 and sys.argv[1] == "resume"
+with atheris.instrument_imports(include=["targets", "target_server", "target_resume", "json_values",
+                                         *(["orion.train"] if RESUME else [])]):
     import targets
+
+    if RESUME:
+        import orion.train.trainer  # noqa: F401
 
 
 def main() -> None:

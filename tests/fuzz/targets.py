@@ -12,6 +12,8 @@ Targets:
 - ``blobfile``: BLOBFILE bytes read back, and used as the weight file of a conv program.
 - ``weights``: the weight dictionary of ``orion.compile``/``with_weights`` (paths, buffer kinds).
 - ``model_dir``: a Hugging Face model directory with one of its files damaged, loaded (no compile).
+- ``server``: HTTP requests to the OpenAI server (``target_server.py``); a 500 is a finding too.
+- ``resume``: ``train --resume`` on a damaged run directory (``target_resume.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from target_resume import resume
+from target_server import server
 
 import orion
 from orion import blobfile
@@ -301,4 +305,5 @@ def model_dir(data: bytes) -> None:
 
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "mil": mil, "grammar": grammar, "blobfile": blobfile_bytes, "weights": weights, "model_dir": model_dir,
+    "server": server, "resume": resume,
 }

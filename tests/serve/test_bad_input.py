@@ -121,6 +121,43 @@ def test_slow_client_gets_408_and_others_are_served(base_url, engine) -> None:
     assert LIMITS.body_timeout * 0.5 < waited < LIMITS.body_timeout + 5
 
 
+def test_deeply_nested_body(base_url, engine) -> None:
+    for depth in (30_000, 900, 65):  # (the test server takes 64 KiB bodies: 100,000 deep is a 413 here)
+        raw = b'{"model": "m", "prompt": ' + b"[" * depth + b"]" * depth + b"}"
+        assert_error(httpx.post(base_url + "/v1/completions", content=raw, timeout=10), 400, None, "JSON")
+    ok = chat(engine, messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+    assert post(base_url, "/v1/chat/completions", ok).status_code == 200  # ordinary nesting is fine
+
+
+@pytest.mark.parametrize(("path", "raw", "param"), [
+    ("/v1/completions", '{"model": "%s", "prompt": "a\\ud800b", "max_tokens": 2}', "prompt"),
+    ("/v1/chat/completions", '{"model": "%s", "messages": [{"role": "user", "content": "\\udfff"}]}',
+     "messages[0].content"),
+    ("/v1/chat/completions", '{"model": "%s", "messages": [{"role": "user", "content": [{"type": "text", '
+     '"text": "\\ud83d"}]}]}', "messages[0].content[0].text"),
+    ("/v1/completions", '{"model": "%s", "prompt": "hi", "\\ud800": 1}', None),
+    ("/v1/completions", '{"model": "%s", "prompt": "hi", "stop": ["\\udc00"]}', "stop[0]"),
+])
+def test_lone_surrogates(base_url, engine, path, raw, param) -> None:
+    response = httpx.post(base_url + path, content=(raw % engine.model_id).encode(), timeout=10)
+    assert_error(response, 400, param, "lone surrogate")
+
+
+def test_seed_out_of_range(base_url, engine) -> None:
+    for seed in (-1, 2**64):
+        assert_error(post(base_url, "/v1/completions", completion(engine, seed=seed)), 400, "seed", "[0, 2**64)")
+    assert post(base_url, "/v1/completions", completion(engine, seed=2**64 - 1)).status_code == 200
+
+
+@pytest.mark.parametrize("field", ["temperature", "repetition_penalty", "top_p", "min_p"])
+def test_tiniest_positive_settings_generate(base_url, engine, field) -> None:
+    """5e-324 (the smallest double) made probabilities NaN: now a valid, if extreme, setting."""
+    for stream in (False, True):
+        response = post(base_url, "/v1/completions", completion(engine, stream=stream, **{field: 5e-324}))
+        assert response.status_code == 200, response.text
+        assert "error" not in response.text
+
+
 def test_unknown_route_and_method(base_url) -> None:
     assert_error(httpx.get(base_url + "/v2/nothing", timeout=10), 404, None, "no route")
     assert_error(httpx.get(base_url + "/v1/completions", timeout=10), 405, None, "not allowed")

@@ -65,6 +65,9 @@ class ChatTemplate:
             self._template = _compile(template)
         except jinja2.exceptions.TemplateSyntaxError as err:
             raise ChatTemplateError(f"{path}: chat_template line {err.lineno}: {err.message}") from None
+        except (jinja2.exceptions.TemplateError, RecursionError, MemoryError, ValueError) as err:
+            raise ChatTemplateError(f"{path}: chat_template cannot be compiled: {type(err).__name__}: {err}") \
+                from None
 
     def uses(self, variable: str) -> bool:
         """Whether the template reads ``variable`` (e.g. ``tools``) from its context."""
@@ -86,6 +89,9 @@ class ChatTemplate:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **special)
         except jinja2.exceptions.TemplateError as err:
             raise ChatTemplateError(f"{self.path}: the chat_template refused these messages: {err}") from None
+        except Exception as err:  # the template is untrusted code: whatever it raises is its fault
+            raise ChatTemplateError(f"{self.path}: the chat_template failed on these messages "
+                                    f"({type(err).__name__}: {err}); fix the template") from None
 
 
 def read_chat_template(directory: Path, tokenizer_config: dict[str, Any],

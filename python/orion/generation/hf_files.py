@@ -21,7 +21,7 @@ def read_json_object(path: Path) -> dict[str, Any]:
         raise ModelFileError(f"{path}: no such file")
     try:
         data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8, not JSON, or a number of over 4,300 digits
         raise ModelFileError(f"{path}: not a readable JSON file ({exc})") from exc
     except RecursionError:
         raise ModelFileError(f"{path}: nested too deeply to parse; a model's JSON files are flat objects, "

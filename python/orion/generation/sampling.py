@@ -42,15 +42,20 @@ def apply_repetition_penalty(logits: np.ndarray, previous: Sequence[int], penalt
         return logits
     seen = np.unique(np.asarray(previous, dtype=np.int64))
     out = logits.copy()
-    scores = out[seen]
-    out[seen] = np.where(scores < 0, scores * penalty, scores / penalty)
+    scores = out[seen].astype(np.float64)
+    with np.errstate(over="ignore"):  # a tiny penalty overflows: the result saturates at the dtype's extreme
+        penalized = np.where(scores < 0, scores * penalty, scores / penalty)
+    extreme = np.finfo(out.dtype).max if np.issubdtype(out.dtype, np.floating) else np.inf
+    out[seen] = np.clip(penalized, -extreme, extreme)
     return out
 
 
 def sampling_probs(logits: np.ndarray, temperature: float, top_k: int | None, top_p: float | None,
                    min_p: float | None = None) -> np.ndarray:
     """The distribution ``next_token`` samples from when ``temperature > 0`` (float64 ``[vocab]``)."""
-    scaled = logits.astype(np.float64) / temperature
+    logits = logits.astype(np.float64)
+    with np.errstate(over="ignore"):  # a tiny temperature: every logit below the top one goes to -inf
+        scaled = (logits - logits.max()) / temperature
     if top_k is not None and top_k < scaled.size:
         kth = np.partition(scaled, -top_k)[-top_k]
         keep = scaled > kth

@@ -65,7 +65,11 @@ class Tokenizer:
         ``add_special_tokens``), no other special tokens."""
         if not isinstance(text, str):
             raise TokenizerError(f"encode needs a str, got {type(text).__name__}")
-        ids = self._backend.encode(text, add_special_tokens=False).ids
+        try:
+            ids = self._backend.encode(text, add_special_tokens=False).ids
+        except Exception as exc:  # tokenizers raises a bare Exception (e.g. no unknown token)
+            raise TokenizerError(f"{self.path}: cannot encode this text ({exc}); the tokenizer file is "
+                                 "incomplete: replace it with the model's original") from None
         return [self.bos_token_id, *ids] if self.add_bos and add_special_tokens else ids
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -120,6 +124,9 @@ def load_tokenizer(directory: str | os.PathLike[str], defaults: dict[str, Any] |
         backend = tokenizers.Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises a bare Exception for malformed files
         raise TokenizerError(f"{path}: not a valid Hugging Face tokenizer file ({exc})") from exc
+    if backend.get_vocab_size(with_added_tokens=True) == 0:
+        raise TokenizerError(f"{path}: the tokenizer's vocabulary is empty. Fix: replace the file with the model's "
+                             f"original {TOKENIZER_FILE}")
     files = [(directory / name, read_optional(directory, name))
              for name in (GENERATION_CONFIG_FILE, CONFIG_FILE, TOKENIZER_CONFIG_FILE)]
     files.append((directory / "(the model's config)", defaults or {}))

@@ -18,7 +18,7 @@ import numpy as np
 
 from orion import ops, origins
 from orion.constraints import violation
-from orion.graph.infer import infer
+from orion.graph.infer import check_size, infer
 from orion.graph.ir import GraphError, Node
 from orion.limits import FP16_MAX
 
@@ -35,6 +35,7 @@ class Graph:
         self.inputs: list[Node] = []
         self.outputs: dict[str, Node] = {}
         self._taken: set[str] = set()
+        self._members: set[int] = set()  # id() of every node built here (nodes of another graph are refused)
         self._counter = 0
         self._scopes: list[str] = []
 
@@ -76,6 +77,7 @@ class Graph:
         node = Node(op, name, list(inputs), attrs, tuple(int(d) for d in shape), dtype, value, origin or name)
         self._taken.add(name)
         self.nodes.append(node)
+        self._members.add(id(node))
         if op == "input":
             self.inputs.append(node)
         return node
@@ -127,8 +129,23 @@ class Graph:
 
     def _operand(self, v: Operand, name: str, like: Node) -> Node:
         if isinstance(v, Node):
-            return v
-        return self._const(name, np.asarray(v, dtype=np.float64), dtype=like.dtype, origin=origins.origin_of(v))
+            return self._own(v, f"operand '{name}'")
+        if not isinstance(v, (int, float, np.ndarray, np.number, list, tuple)) or isinstance(v, bool):
+            raise GraphError(f"'{name}': an operand is a {type(v).__name__}. Fix: pass a graph node, a number or "
+                             "a numpy array")
+        try:
+            value = np.asarray(v, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise GraphError(f"'{name}': the operand is not numeric ({exc}). Fix: pass a graph node, a number or "
+                             "a numpy array of numbers") from None
+        return self._const(name, value, dtype=like.dtype, origin=origins.origin_of(v))
+
+    def _own(self, node: Node, where: str) -> Node:
+        """``node``, once it is known to be one of this graph's."""
+        if id(node) not in self._members and not any(n is node for n in self.nodes):  # (appended by hand)
+            raise GraphError(f"{where}: node '{node.name}' belongs to another graph, not '{self.name}'. Fix: build "
+                             "every node of a graph with that graph's methods")
+        return node
 
     def apply(self, op: str, operands: Sequence[Operand], attrs: dict[str, Any] | None = None, *,
               name: str | None = None) -> Node:
@@ -139,6 +156,7 @@ class Graph:
         if not operands or not isinstance(operands[0], Node):
             raise GraphError(f"node '{node_name}' ({op}): the first operand is not a graph node. "
                              "Fix: pass a node (g.input(...), g.const(...) or an op's result) first")
+        self._own(operands[0], f"node '{node_name}' ({op})")
         specs = definition.operands
         inputs = [self._operand(v, f"{node_name}_{specs[min(i, len(specs) - 1)].name}", operands[0])
                   for i, v in enumerate(operands)]
@@ -150,6 +168,7 @@ class Graph:
         shape = tuple(int(d) for d in shape)
         if len(shape) != 4 or shape[0] != 1 or shape[2] != 1 or min(shape) <= 0:
             raise GraphError(f"input '{name}': shape {list(shape)} is not [1, C, 1, S]. Fix: give [1, C, 1, S]")
+        check_size(name, "input", shape)
         if _check_ident(name, "input name") in self._taken:
             raise GraphError(f"input '{name}': the name is already used. Fix: pick another name")
         return self.add_node("input", [], name=name, shape=shape, dtype=dtype)
@@ -185,6 +204,9 @@ class Graph:
     def output(self, node: Node, name: str) -> None:
         """Return ``node`` under ``name``; outputs must be ``[1, C, 1, S]``."""
         _check_ident(name, "output name")
+        if not isinstance(node, Node):
+            raise GraphError(f"output '{name}': {type(node).__name__} is not a graph node. Fix: pass a node")
+        self._own(node, f"output '{name}'")
         if name in self.outputs:
             raise GraphError(f"output '{name}': the name is already used. Fix: pick another name")
         s = node.shape

@@ -7,13 +7,14 @@ Every rule returns ``(shape, dtype)`` or raises :class:`GraphError` (or a
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from orion.constraints import violation
 from orion.graph.ir import GraphError, Node
-from orion.limits import FP16_MAX
+from orion.limits import FP16_MAX, MAX_ELEMENTS
 
 Shape = tuple[int, ...]
 
@@ -26,7 +27,16 @@ def infer(op: str, name: str, inputs: list[Node], attrs: dict[str, Any]) -> tupl
     definition.check_arity(name, inputs)
     result = definition.infer(name, op, inputs, attrs)
     definition.check_operands(name, inputs)
+    check_size(name, op, result[0])
     return result
+
+
+def check_size(name: str, op: str, shape: Shape) -> None:
+    """Refuses a tensor of more elements than the core takes (2^31), before anything is allocated for it."""
+    count = math.prod(int(d) for d in shape)
+    if count > MAX_ELEMENTS:
+        raise fail(name, op, f"the result {list(shape)} has {count} elements, over the {MAX_ELEMENTS} a tensor may "
+                   "have", "use smaller sizes (a program's tensors are far smaller)")
 
 
 def fail(name: str, op: str, detail: str, fix: str) -> GraphError:

@@ -181,7 +181,7 @@ def safetensors_files(directory: Path, error: type[OrionError], help: str) -> di
         weight_map = json.loads(index.read_text())["weight_map"]
         if not isinstance(weight_map, dict):
             raise TypeError("weight_map is not an object")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, RecursionError, KeyError, TypeError) as exc:
         raise error(f"{index}: not a safetensors index with a 'weight_map' ({exc!r})") from exc
     shards: dict[Path, set[str] | None] = {}
     for name, file in weight_map.items():

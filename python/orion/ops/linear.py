@@ -22,28 +22,54 @@ CONV_ARGS = ("dilations", "groups", "pad", "pad_type", "strides", "weight", "x")
 Grads = list["Node | None"]
 
 
+def _pad4(values: Any) -> tuple[int, ...]:
+    pad = tuple(int(v) for v in values)
+    if len(pad) != 4 or min(pad) < 0:
+        raise ValueError(f"pad {list(pad)} is not [top, bottom, left, right] of non-negative sizes")
+    return pad
+
+
+def conv_pad(attrs: dict[str, Any]) -> tuple[int, ...]:
+    """A conv node's zero padding [top, bottom, left, right] (none unless given)."""
+    return tuple(attrs.get("pad", (0, 0, 0, 0)))
+
+
 def _infer_conv(name: str, op: str, xs: list[Node], attrs: dict[str, Any]) -> tuple[tuple[int, ...], str]:
     x, w = xs
-    return (1, w.shape[0], 1, x.shape[3]), same_dtype(name, op, xs)
+    top, bottom, left, right = conv_pad(attrs)
+    return (1, w.shape[0], x.shape[2] + top + bottom, x.shape[3] + left + right), same_dtype(name, op, xs)
 
 
 def _emit_conv(e: Emitter, n: Node, out: str, refs: list[str]) -> list[tuple[str, Any]]:
+    pad = list(conv_pad(n.attrs))
     return [("dilations", e.ints(out, "dilations", [1, 1])),
             ("groups", e.scalar(out, "groups", "int32", 1)),
-            ("pad", e.ints(out, "pad", [0, 0, 0, 0])),
-            ("pad_type", e.string(out, "pad_type", "valid")),
+            ("pad", e.ints(out, "pad", pad)),
+            ("pad_type", e.string(out, "pad_type", "custom" if any(pad) else "valid")),
             ("strides", e.ints(out, "strides", [1, 1])), ("weight", refs[1]), ("x", refs[0])]
 
 
-def _grad_conv(ctx: GradContext, n: Node, dy: Node) -> Grads:  # dx = W^T dy, a conv by the transposed const
-    w = n.inputs[1].value
-    return [ctx.g.apply("conv", [dy, np.transpose(w, (1, 0, 2, 3))]), None]
+def _conv_reference(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
+    top, bottom, left, right = conv_pad(attrs)
+    x = np.pad(xs[0], [(0, 0), (0, 0), (top, bottom), (left, right)])
+    return np.einsum("oc,bcis->bois", xs[1][:, :, 0, 0], x)
 
 
-define(OpDef("conv", (Operand("x"), Operand("weight", CONST)), _infer_conv,
-             lambda xs, a: np.einsum("oc,bcis->bois", xs[1][:, :, 0, 0], xs[0]),
+def _grad_conv(ctx: GradContext, n: Node, dy: Node) -> Grads:
+    """dx = W^T dy (a conv by the transposed const) over the positions of x (the zero padding cut off)."""
+    top, _, left, _ = conv_pad(n.attrs)
+    x = n.inputs[0]
+    if any(conv_pad(n.attrs)):
+        dy = ctx.g.apply("slice_by_size", [dy], {"begin": [0, 0, top, left],
+                                                 "size": [dy.shape[0], dy.shape[1], x.shape[2], x.shape[3]]})
+    return [ctx.g.apply("conv", [dy, np.transpose(n.inputs[1].value, (1, 0, 2, 3))]), None]
+
+
+define(OpDef("conv", (Operand("x"), Operand("weight", CONST)), _infer_conv, _conv_reference,
+             attrs=(Attr("pad", _pad4, (0, 0, 0, 0)),),
              emit=_emit_conv, mil=MilOp("conv", CONV_ARGS, ("bias",)), grad=_grad_conv,  # bias= is refused by ANE-04
-             doc="1x1 convolution of [1, Cin, 1, S] by a const [Cout, Cin, 1, 1] weight"))
+             doc="1x1 convolution of [1, Cin, H, S] by a const [Cout, Cin, 1, 1] weight; ``pad`` [top, bottom, "
+                 "left, right] zeros around H and S first (conv's own padding: a value reaches only its position)"))
 
 
 def _infer_matmul(name: str, op: str, xs: list[Node], attrs: dict[str, Any]) -> tuple[tuple[int, ...], str]:

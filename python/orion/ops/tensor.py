@@ -1,5 +1,6 @@
 """Layout ops: reshape, transpose, cast, slice_by_size (dialect); slice, pad and concat (high-level:
-slice_by_size, and placement by 0/1 consts, since MIL's concat is rejected, ANE-01)."""
+slice_by_size, and placement by conv's zero padding, then adds of the disjoint parts, since MIL's concat
+is rejected, ANE-01)."""
 
 from __future__ import annotations
 
@@ -138,21 +139,18 @@ define(OpDef("slice", (X,), _infer_slice, _slice_reference,
              doc="x[..., start:stop, ...] along axis"))
 
 
-def placement(n_in: int, n_out: int, offset: int) -> np.ndarray:
-    """``[n_in, n_out]`` 0/1 matrix moving element i to position ``offset + i``."""
-    p = np.zeros((n_in, n_out))
-    p[np.arange(n_in), offset + np.arange(n_in)] = 1.0
-    return p
-
-
-def _place(L: Legalizer, x: Node, axis: int, total: int, offset: int, part: str | None) -> Node:
-    """``x`` moved to ``offset`` of a zero tensor of extent ``total`` along axis 1 (conv) or 3 (matmul)."""
-    size = x.shape[axis]
-    if axis == 1:
-        w = L.const(f"{part or 'out'}_weight", placement(size, total, offset).T.reshape(total, size, 1, 1))
-        return L.op("conv", [x, w], part=part)
-    p = L.const(f"{part or 'out'}_y", placement(size, total, offset).reshape(1, 1, size, total))
-    return L.op("matmul", [x, p], {"transpose_x": False, "transpose_y": False}, part=part)
+def _place(L: Legalizer, x: Node, axis: int, before: int, after: int, part: str | None) -> Node:
+    """``x`` [1, C, 1, S] with ``before`` and ``after`` zeros along axis 1 or 3: reshaped to [1, 1, C, S] and
+    padded by a 1x1 conv of weight 1 with conv's own zero padding (on H for the channels, on W for the
+    sequence), then reshaped back. Each output is its own input times 1 or a padding zero, so NaN and inf
+    stay where they are (a 0/1 placement matrix would spread them: NaN * 0 = NaN)."""
+    _, c, _, s = x.shape
+    pad = [before, after, 0, 0] if axis == 1 else [0, 0, before, after]
+    rows = L.op("reshape", [x], {"shape": [1, 1, c, s]}, part=f"{part or 'out'}_rows")
+    one = L.const(f"{part or 'out'}_weight", np.ones((1, 1, 1, 1)))
+    padded = L.op("conv", [rows, one], {"pad": pad}, part=f"{part or 'out'}_pad")
+    return L.op("reshape", [padded], {"shape": [1, c + before + after if axis == 1 else c, 1,
+                                                s + before + after if axis == 3 else s]}, part=part)
 
 
 def _infer_pad(name: str, op: str, xs: list[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
@@ -168,8 +166,7 @@ def _infer_pad(name: str, op: str, xs: list[Node], attrs: dict[str, Any]) -> tup
 
 
 def _legalize_pad(L: Legalizer, n: Node) -> Node:
-    axis = n.attrs["axis"] % 4
-    return _place(L, L.get(n.inputs[0]), axis, n.shape[axis], n.attrs["before"], None)
+    return _place(L, L.get(n.inputs[0]), n.attrs["axis"] % 4, n.attrs["before"], n.attrs["after"], None)
 
 
 def _pad_reference(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
@@ -205,8 +202,9 @@ def _legalize_concat(L: Legalizer, n: Node) -> Node:
     acc = None
     for i, src in enumerate(n.inputs):
         last = i == len(n.inputs) - 1
-        placed = _place(L, L.get(src), axis, n.shape[axis], offset, f"part{i}")
-        offset += src.shape[axis]
+        size = src.shape[axis]
+        placed = _place(L, L.get(src), axis, offset, n.shape[axis] - offset - size, f"part{i}")
+        offset += size
         acc = placed if acc is None else L.op("add", [acc, placed], part=None if last else f"sum{i}")
     return acc if len(n.inputs) > 1 else L.op("identity", [acc])
 

@@ -9,7 +9,8 @@ from typing import NamedTuple
 import numpy as np
 
 from orion import _core
-from orion.errors import CompileError, EvaluateError
+from orion.errors import CompileError, EvaluateError, ParseError
+from orion.limits import MIN_SURFACE_BYTES
 from orion.runtime.backend import backend
 from orion.runtime.dtypes import numpy_dtype
 from orion.runtime.surface import Surface
@@ -178,6 +179,22 @@ def _check_names(side: str, specs: Mapping[str, object], given: Mapping[str, obj
         raise EvaluateError(f"{'; '.join(parts)} (the program's {side}s are {sorted(specs)})")
 
 
+def _mil_bytes(mil: str | bytes) -> bytes:
+    """The MIL text as UTF-8 bytes (TypeError for what is no text, before anything is allocated)."""
+    if isinstance(mil, str):
+        try:
+            return mil.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            line = mil.count("\n", 0, exc.start) + 1
+            column = exc.start - (mil.rfind("\n", 0, exc.start) + 1) + 1
+            raise ParseError(f"line {line}:{column}: the MIL text holds a lone surrogate "
+                             f"({mil[exc.start:exc.end]!a}), which is no Unicode character. Fix: remove it",
+                             line, column) from None
+    if not isinstance(mil, (bytes, bytearray, memoryview)):
+        raise TypeError(f"the MIL text must be a str or bytes, not {type(mil).__name__}")
+    return bytes(mil)
+
+
 def compile(  # noqa: A001 - mirrors the ANE API's verb
     mil: str | bytes,
     weights: Mapping[str, bytes | bytearray | memoryview] | None = None,
@@ -211,7 +228,14 @@ def compile(  # noqa: A001 - mirrors the ANE API's verb
     if isinstance(relaxed_ops, str):
         raise CompileError(f"relaxed_ops must be a collection of op names, not the string {relaxed_ops!r}: "
                            f"write relaxed_ops=({relaxed_ops!r},)")
-    text = mil.encode("utf-8") if isinstance(mil, str) else bytes(mil)
+    text = _mil_bytes(mil)
+    if weights is not None and not isinstance(weights, Mapping):
+        raise TypeError(f"weights must map BLOBFILE paths to bytes (a dict), not a {type(weights).__name__}")
+    if min_surface_bytes is not None and (isinstance(min_surface_bytes, bool) or not isinstance(min_surface_bytes, int)):
+        raise TypeError(f"min_surface_bytes must be an int (or None), not {type(min_surface_bytes).__name__}")
+    if min_surface_bytes is not None and not 0 <= min_surface_bytes <= MIN_SURFACE_BYTES:
+        raise CompileError(f"min_surface_bytes={min_surface_bytes}: a probe report can only lower the surface minimum "
+                           f"to a size in [1, {MIN_SURFACE_BYTES}] (or pass None for the conservative minimum)")
     backend()  # selects the backend (and its surface kind), warns once about a fallback
     native = _core.compile(text, dict(weights or {}), profile, min_surface_bytes=min_surface_bytes or 0,
                            relaxed_ops=sorted(relaxed_ops),

@@ -14,9 +14,17 @@ import numpy as np
 
 from orion import _core
 from orion.errors import EvaluateError
-from orion.limits import MIN_SURFACE_BYTES
+from orion.limits import MAX_ELEMENTS, MAX_RANK, MIN_SURFACE_BYTES
 from orion.runtime.backend import backend
 from orion.runtime.dtypes import numpy_dtype
+
+
+class SurfaceError(EvaluateError, ValueError):
+    """A surface's shape, dtype or size makes no sense."""
+
+
+MAX_SURFACE_BYTES = MAX_ELEMENTS * 4
+"""The largest surface: the most elements a tensor may have, of the widest I/O dtype (fp32)."""
 
 
 class Surface:
@@ -26,15 +34,24 @@ class Surface:
     """
 
     def __init__(self, shape: Sequence[int], dtype: str = "fp16", nbytes: int | None = None) -> None:
-        self.shape = tuple(int(d) for d in shape)
+        self.shape = _shape(shape)
         self.dtype = dtype
-        np_dtype = numpy_dtype(dtype)
-        count = int(np.prod(self.shape, dtype=np.int64))
+        try:
+            np_dtype = numpy_dtype(dtype)
+        except (ValueError, TypeError) as exc:
+            raise SurfaceError(f"a surface of dtype {dtype!r}: {exc}") from None
+        count = int(np.prod(self.shape, dtype=object))
         needed = count * np_dtype.itemsize
+        if count > MAX_ELEMENTS:
+            raise SurfaceError(f"a surface for {dtype} {list(self.shape)} holds {count} elements, over the "
+                               f"{MAX_ELEMENTS} a tensor may have. Fix: use a smaller shape")
         if nbytes is None:
             nbytes = max(needed, MIN_SURFACE_BYTES)
-        if nbytes < needed:
-            raise ValueError(f"a surface for {dtype} {list(self.shape)} needs {needed} bytes, got nbytes={nbytes}")
+        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
+            raise TypeError(f"nbytes must be an int (or None), not {type(nbytes).__name__}")
+        if nbytes < needed or nbytes > MAX_SURFACE_BYTES:
+            raise SurfaceError(f"a surface for {dtype} {list(self.shape)} needs {needed} bytes, got nbytes={nbytes}"
+                               f" (at most {MAX_SURFACE_BYTES} bytes)")
         # The allocator is the selected backend's (IOSurfaces under the ane backend, host memory
         # otherwise); a bad ORION_BACKEND raises here as it does in orion.compile.
         self.native = _core.Surface(nbytes, backend())
@@ -90,3 +107,15 @@ class Surface:
 
     def __repr__(self) -> str:
         return f"Surface({self.dtype} {list(self.shape)}, {self.nbytes} bytes)"
+
+
+def _shape(shape: Sequence[int]) -> tuple[int, ...]:
+    """``shape`` as a tuple of dimensions, each an int >= 0 (TypeError for what is no sequence of ints)."""
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence | np.ndarray):
+        raise TypeError(f"a surface's shape is a sequence of ints, not {type(shape).__name__}")
+    dims = tuple(shape)
+    if any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) for d in dims):
+        raise TypeError(f"a surface's shape is a sequence of ints, got {list(dims)!r}"[:200])
+    if len(dims) > MAX_RANK or any(d < 0 for d in dims):
+        raise SurfaceError(f"a surface's shape {list(dims)}: give at most {MAX_RANK} dimensions, none negative")
+    return tuple(int(d) for d in dims)

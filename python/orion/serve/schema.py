@@ -17,6 +17,7 @@ from orion.serve.engine import Engine, PromptError, SamplingParams
 from orion.serve.tools import check_tools, tool_call_grammar
 
 MAX_STOP_STRINGS = 16
+MAX_JSON_DEPTH = 64  # arrays and objects nested deeper than this are refused (no request needs more)
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 LOGIT_BIAS_LIMIT = 100  # OpenAI's range: [-100, 100]
 
@@ -48,18 +49,51 @@ class GenerationRequest:
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object (NaN and Infinity refused)."""
+    """The body as a JSON object (NaN and Infinity refused), nested at most :data:`MAX_JSON_DEPTH` deep
+    and with no string that is not Unicode text (a lone surrogate such as ``"\\ud800"``)."""
 
     def no_constants(name: str) -> None:
         raise ValueError(f"{name} is not a JSON number")
 
     try:
         body = json.loads(raw, parse_constant=no_constants)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, not {_json_type(body)}", code="invalid_json")
+    _check_text(body)
     return body
+
+
+def _check_text(body: dict[str, Any]) -> None:
+    """``body`` nests at most :data:`MAX_JSON_DEPTH` deep, and its keys and strings encode as UTF-8
+    (JSON's ``\\uXXXX`` escapes can name a lone surrogate, which is no character)."""
+    pending: list[tuple[Any, str, int]] = [(body, "", 1)]
+    while pending:
+        value, where, depth = pending.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise APIError(400, f"the request body nests JSON arrays or objects more than {MAX_JSON_DEPTH} deep",
+                           code="invalid_json")
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            here = f"{where}.{key}" if isinstance(key, str) else f"{where}[{key}]"
+            if isinstance(key, str) and not _is_text(key):
+                raise APIError(400, f"a field name {where and f'in {where[1:]} '}holds a lone surrogate "
+                               f"({ascii(key)[:80]}): send Unicode text", param=where[1:] or None,
+                               code="invalid_value")
+            if isinstance(item, str) and not _is_text(item):
+                raise APIError(400, f"{here[1:]} holds a lone surrogate ({ascii(item)[:80]}): send Unicode text",
+                               param=here[1:], code="invalid_value")
+            if isinstance(item, (dict, list)):
+                pending.append((item, here, depth + 1))
+
+
+def _is_text(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 # -- field checks ----------------------------------------------------------------------------------
@@ -74,8 +108,8 @@ def _json_type(value: Any) -> str:
 
 
 def _number(lo: float, hi: float, lo_open: bool = False) -> Callable[[Any], bool]:
-    def check(v: Any) -> bool:
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    def check(v: Any) -> bool:  # (an int of 400 digits is no float: compared as an int, never converted)
+        ok = isinstance(v, int) and not isinstance(v, bool) or isinstance(v, float) and math.isfinite(v)
         return ok and (lo < v if lo_open else lo <= v) and v <= hi
     return check
 
@@ -108,7 +142,7 @@ _SAMPLING = {
     "repetition_penalty": (_number(0, 10, lo_open=True), "a number in (0, 10] (1 is none)"),
     "frequency_penalty": (_number(-2, 2), "a number in [-2, 2]"),
     "presence_penalty": (_number(-2, 2), "a number in [-2, 2]"),
-    "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "seed": (lambda v: _integer(0)(v) and v < 2**64, "an integer in [0, 2**64)"),
     "stop": (_stop, f"a string or a list of at most {MAX_STOP_STRINGS} strings"),
     "n": (_only(1), "1 (Orion generates one choice per request)"),
     "stream": (_is(bool), "a boolean"),

@@ -29,6 +29,7 @@ from orion.train.errors import CheckpointError
 
 FORMAT = "orion-checkpoint/1"
 _NAME = re.compile(r"^ckpt-(\d{8,})\.json$")
+_TENSOR_NAME = re.compile(r"^ckpt-\d{8,}\.safetensors$")
 _TMP_PREFIX = ".tmp-"
 
 
@@ -59,9 +60,19 @@ def save(directory: str | os.PathLike, step: int, tensors: Mapping[str, np.ndarr
         raise CheckpointError(f"checkpoint.save: the state is not JSON-serializable ({exc}); pass plain numbers, "
                               "strings, lists and dicts (tensors go in `tensors`)") from exc
     directory = Path(directory)
+    manifest_path = directory / f"ckpt-{step:08d}.json"
+    try:
+        return _save(directory, manifest_path, int(step), tensors, state, config_hash, keep)
+    except OSError as exc:  # the directory is a file, a checkpoint path a directory, the disk full, ...
+        raise CheckpointError(f"checkpoint.save: cannot write {manifest_path} ({exc}). Fix: make {directory} a "
+                              "writable directory holding only checkpoint files, with free space", manifest_path,
+                              None) from None
+
+
+def _save(directory: Path, manifest_path: Path, step: int, tensors: Mapping[str, np.ndarray],
+          state: Mapping[str, Any], config_hash: str, keep: int) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(directory)
-    manifest_path = directory / f"ckpt-{step:08d}.json"
     tensor_path = manifest_path.with_suffix(".safetensors")
     arrays = {name: np.ascontiguousarray(a) for name, a in tensors.items()}
     if manifest_path.exists():  # re-saving a step: retire the old one first, so a crash leaves no mismatched pair
@@ -87,11 +98,17 @@ def save(directory: str | os.PathLike, step: int, tensors: Mapping[str, np.ndarr
 
 
 def checkpoints(directory: str | os.PathLike) -> list[Path]:
-    """Manifests in ``directory``, oldest step first (not verified)."""
+    """Manifests in ``directory``, oldest step first (not verified); none if it does not exist. Raises
+    CheckpointError if it is not a directory."""
     directory = Path(directory)
-    if not directory.is_dir():
+    if not directory.exists():
         return []
-    found = [(int(m.group(1)), directory / m.group(0)) for p in directory.iterdir() if (m := _NAME.match(p.name))]
+    try:
+        names = [p.name for p in directory.iterdir()]
+    except OSError as exc:
+        raise CheckpointError(f"{directory} should be the directory of the run's checkpoints but cannot be listed "
+                              f"({exc}). Fix: move it aside (or make it a readable directory)", directory) from None
+    found = [(int(m.group(1)), directory / m.group(0)) for name in names if (m := _NAME.match(name))]
     return [path for _, path in sorted(found)]
 
 
@@ -102,16 +119,23 @@ def verify(path: str | os.PathLike, config_hash: str | None = None) -> dict[str,
     try:
         manifest = _check(path)
     except _Damaged as damage:
-        older = [p for p in checkpoints(path.parent) if _step_of(p) < _step_of(path)]
-        previous = _newest_valid(older, config_hash)
-        offer = f"the previous valid checkpoint is {previous}: resume from it" if previous else \
-            "no older valid checkpoint is left: start the run afresh"
-        raise CheckpointError(f"checkpoint {path} is damaged: {damage}; {offer}", path, previous) from None
+        raise damaged(path, str(damage), config_hash) from None
     if config_hash is not None and manifest["config_hash"] != config_hash:
         raise CheckpointError(f"checkpoint {path} was written by a run with config hash {manifest['config_hash']}, "
                               f"this run's config hashes to {config_hash}: resume with the same configuration, or "
                               "use another checkpoint directory", path, None)
     return manifest
+
+
+def damaged(path: str | os.PathLike, damage: str, config_hash: str | None = None) -> CheckpointError:
+    """The error for checkpoint ``path`` damaged as ``damage`` says, offering the newest older checkpoint that
+    verifies (and matches ``config_hash``) as its ``previous``."""
+    path = Path(path)
+    older = [p for p in checkpoints(path.parent) if _step_of(p) < _step_of(path)]
+    previous = _newest_valid(older, config_hash)
+    offer = f"the previous valid checkpoint is {previous}: resume from it" if previous else \
+        "no older valid checkpoint is left: start the run afresh"
+    return CheckpointError(f"checkpoint {path} is damaged: {damage}; {offer}", path, previous)
 
 
 def load(path: str | os.PathLike, config_hash: str | None = None) -> Checkpoint:
@@ -152,11 +176,14 @@ def _check(path: Path) -> dict[str, Any]:
     for name, expected in manifest["files"].items():
         file = path.parent / name
         if not file.is_file():
-            raise _Damaged(f"{file} is missing")
-        size = file.stat().st_size
+            raise _Damaged(f"{file} is missing (or not a file)")
+        try:
+            size, digest = file.stat().st_size, _sha256(file)
+        except OSError as exc:
+            raise _Damaged(f"{file} cannot be read ({exc})") from None
         if size != expected["bytes"]:
             raise _Damaged(f"{file} has {size} bytes, the manifest recorded {expected['bytes']} (truncated?)")
-        if _sha256(file) != expected["sha256"]:
+        if digest != expected["sha256"]:
             raise _Damaged(f"{file} does not match its SHA-256 in the manifest (corrupted)")
     return manifest
 
@@ -166,18 +193,23 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         manifest = json.loads(path.read_bytes())
     except FileNotFoundError:
         raise _Damaged(f"the manifest {path} is missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _Damaged(f"the manifest {path} is not readable JSON ({exc})") from None
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: not UTF-8, not JSON, a 5,000-digit number
+        raise _Damaged(f"the manifest {path} is not readable JSON ({type(exc).__name__}: {exc})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise _Damaged(f"the manifest {path} is not an {FORMAT} manifest")
     recorded = manifest.pop("manifest_sha256", None)
-    if recorded != hashlib.sha256(_canonical(manifest)).hexdigest():
+    try:
+        digest = hashlib.sha256(_canonical(manifest)).hexdigest()
+    except (ValueError, RecursionError):  # nested too deep to re-encode: not one this module wrote
+        digest = None
+    if digest is None or recorded != digest:
         raise _Damaged(f"the manifest {path} does not match its own SHA-256 (corrupted)")
-    files = manifest.get("files")
-    if not (isinstance(files, dict) and len(files) == 1 and isinstance(manifest.get("step"), int)
-            and {"config_hash", "state"} <= set(manifest)
-            and all(isinstance(f, dict) and {"sha256", "bytes"} <= set(f) for f in files.values())):
-        raise _Damaged(f"the manifest {path} lacks its step, config hash, state or file list")
+    files, step = manifest.get("files"), manifest.get("step")
+    if not (isinstance(files, dict) and len(files) == 1 and isinstance(step, int) and not isinstance(step, bool)
+            and step >= 0 and isinstance(manifest.get("config_hash"), str) and isinstance(manifest.get("state"), dict)
+            and all(_TENSOR_NAME.match(name) and isinstance(f, dict)
+                    and isinstance(f.get("sha256"), str) and isinstance(f.get("bytes"), int) for name, f in files.items())):
+        raise _Damaged(f"the manifest {path} lacks its step, config hash, state (an object) or file list")
     return manifest
 
 

@@ -273,7 +273,7 @@ def _read_text(path: Path) -> str:
 def _read_meta(path: Path) -> dict[str, Any]:
     try:
         meta = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise DataError(f"{path} is not readable JSON ({exc}); delete it or re-run prepare") from exc
     if not isinstance(meta, dict):
         raise DataError(f"{path} is not a JSON object; delete it or re-run prepare")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
+from typing import Any
 
 from orion.errors import OrionError
 
@@ -26,3 +29,26 @@ class CheckpointError(TrainError):
         super().__init__(message)
         self.path = path
         self.previous = previous
+
+
+MAX_COUNT = 2**53  # steps and counters stay below this (exact as floats, far inside int64)
+
+
+def is_count(value: Any) -> bool:
+    """An int in [0, MAX_COUNT) (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_COUNT
+
+
+def is_rate(value: Any) -> bool:
+    """A finite number >= 0 (not a bool; an int as big as a float holds)."""
+    return (isinstance(value, float) and math.isfinite(value) and value >= 0) or is_count(value)
+
+
+def check_numbers(obj: Any) -> None:
+    """Raises TrainError unless every field of dataclass ``obj`` typed ``int`` holds a count and every
+    ``float`` a finite number >= 0 (a state read back from a checkpoint's JSON may hold anything)."""
+    for field in dataclasses.fields(obj):
+        value, integer = getattr(obj, field.name), field.type == "int"
+        if not (is_count(value) if integer else is_rate(value)):
+            raise TrainError(f"{type(obj).__name__}: {field.name}={value!r:.80} must be a finite "
+                             f"{'integer' if integer else 'number'} >= 0")

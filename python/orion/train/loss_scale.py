@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from orion import _core
-from orion.train.errors import TrainError
+from orion.train.errors import TrainError, check_numbers
 
 
 @dataclass
@@ -36,6 +36,7 @@ class DynamicLossScale:
     growths: int = 0
 
     def __post_init__(self) -> None:
+        check_numbers(self)
         if not (0 < self.min_scale <= self.scale <= self.max_scale and math.isfinite(self.max_scale)):
             raise TrainError(f"DynamicLossScale: need 0 < min_scale ({self.min_scale}) <= scale ({self.scale}) <= "
                              f"max_scale ({self.max_scale}) < inf")
@@ -66,6 +67,7 @@ class StaticLossScale:
     skipped_steps: int = 0
 
     def __post_init__(self) -> None:
+        check_numbers(self)
         if not (0 < self.scale < math.inf):
             raise TrainError(f"StaticLossScale: scale={self.scale} must be finite and > 0")
 

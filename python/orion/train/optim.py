@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from orion import _core
-from orion.train.errors import TrainError
+from orion.train.errors import TrainError, is_count, is_rate
 
 
 @dataclass(frozen=True)
@@ -105,9 +105,13 @@ class AdamW:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores a ``state_dict()``, copying the moments into this optimizer's arrays; checked first."""
         try:
-            hyper, step = state["hyper"], int(state["step"])
+            hyper, step = state["hyper"], state["step"]
             moments = {"exp_avg": state["exp_avg"], "exp_avg_sq": state["exp_avg_sq"]}
             decay = frozenset(hyper["decay"])
+            numbers = [hyper["lr"], hyper["eps"], hyper["weight_decay"], *hyper["betas"]]
+            if not (is_count(step) and len(hyper["betas"]) == 2 and all(is_rate(v) for v in numbers)
+                    and max(hyper["betas"]) < 1 and hyper["eps"] > 0):
+                raise ValueError(f"step {step!r} or the hyperparameters {hyper!r} are out of range"[:300])
         except (KeyError, TypeError, ValueError) as exc:
             raise TrainError(f"AdamW.load_state_dict: not an AdamW state dict ({exc!r}); pass what state_dict() "
                              "returned") from exc

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from orion.train.errors import TrainError
+from orion.train.errors import TrainError, check_numbers
 
 
 @dataclass
@@ -23,7 +23,7 @@ class Constant:
     position: int = 0
 
     def __post_init__(self) -> None:
-        _check_nonnegative("Constant", lr=self.lr)
+        check_numbers(self)
 
     def lr_at(self, step: int) -> float:
         return self.lr
@@ -42,7 +42,7 @@ class WarmupCosine:
     position: int = 0
 
     def __post_init__(self) -> None:
-        _check_nonnegative("WarmupCosine", max_lr=self.max_lr, min_lr=self.min_lr, warmup_steps=self.warmup_steps)
+        check_numbers(self)
         if self.min_lr > self.max_lr:
             raise TrainError(f"WarmupCosine: min_lr={self.min_lr} is above max_lr={self.max_lr}")
         if self.total_steps <= self.warmup_steps:
@@ -91,9 +91,3 @@ def from_state_dict(state: Mapping[str, Any]) -> Schedule:
         return _KINDS[kind](**fields)
     except TypeError as exc:
         raise TrainError(f"schedule state for {kind!r}: {exc}; pass what state_dict() returned") from exc
-
-
-def _check_nonnegative(where: str, **values: float) -> None:
-    for name, value in values.items():
-        if not (math.isfinite(value) and value >= 0):
-            raise TrainError(f"{where}: {name}={value} must be finite and >= 0")

@@ -440,17 +440,20 @@ class Trainer:
                                  "resume (resume=True / --resume) or choose another output directory")
             if self._resume and found:
                 try:
-                    ckpt = checkpoint.load(found[-1], self.config_hash)
+                    self.load_checkpoint(checkpoint.load(found[-1], self.config_hash))
                 except CheckpointError as damaged:
                     if damaged.previous is None:
                         raise
-                    ckpt = checkpoint.load(damaged.previous, self.config_hash)
+                    self.load_checkpoint(checkpoint.load(damaged.previous, self.config_hash))
                     self._pending_note = str(damaged)
-                self.load_checkpoint(ckpt)
             self._started = True
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        _rewrite(self.log_path, [r for r in read_log(self.log_path) if r.get("step", 0) <= self.step])
-        self._log = open(self.log_path, "a", buffering=1)
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            _rewrite(self.log_path, [r for r in read_log(self.log_path) if r.get("step", 0) <= self.step])
+            self._log = open(self.log_path, "a", buffering=1)
+        except OSError as exc:
+            raise TrainError(f"cannot write the run's log {self.log_path} ({exc}). Fix: make {self.out_dir} a "
+                             f"writable directory and {LOG_FILE} in it a file") from None
         if self._pending_note:
             self._note(self._pending_note)
             self._pending_note = ""
@@ -479,15 +482,22 @@ class Trainer:
         return path
 
     def load_checkpoint(self, ckpt: checkpoint.Checkpoint) -> None:
-        """Restores the state a checkpoint holds (weights copied into the master weights in place)."""
+        """Restores the state a checkpoint holds (weights copied into the master weights in place). A state
+        this trainer cannot restore is a damaged checkpoint (CheckpointError offering the previous one)."""
+        try:
+            self._restore(ckpt)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, TrainError) as exc:
+            raise checkpoint.damaged(ckpt.path, f"its training state cannot be restored ({type(exc).__name__}: "
+                                     f"{exc})", self.config_hash) from None
+
+    def _restore(self, ckpt: checkpoint.Checkpoint) -> None:
         state, tensors = ckpt.state, ckpt.tensors
         names = set(self.params)
         for kind in ("param", "exp_avg", "exp_avg_sq"):
             have = {k.split("/", 1)[1] for k in tensors if k.startswith(f"{kind}/")}
             if have != names:
-                raise CheckpointError(f"checkpoint {ckpt.path}: its {kind} tensors do not match this model's "
-                                      f"parameters (missing {sorted(names - have)[:4]}, extra "
-                                      f"{sorted(have - names)[:4]})", ckpt.path)
+                raise ValueError(f"its {kind} tensors do not match this model's parameters (missing "
+                                 f"{sorted(names - have)[:4]}, extra {sorted(have - names)[:4]})")
         for name, p in self.params.items():
             np.copyto(p, tensors[f"param/{name}"])
         self.optimizer.load_state_dict({**state["optimizer"],
@@ -497,9 +507,12 @@ class Trainer:
         self.sampler.load_state_dict(state["sampler"])
         self.scaler = loss_scale.from_state_dict(state["loss_scale"])
         if state["accumulation_phase"] != 0:
-            raise CheckpointError(f"checkpoint {ckpt.path}: accumulation phase {state['accumulation_phase']}; this "
-                                  "trainer checkpoints at optimizer-step boundaries only (phase 0)", ckpt.path)
-        self.step, self.clamps_total = int(state["step"]), int(state["clamps_total"])
+            raise ValueError(f"accumulation phase {state['accumulation_phase']}; this trainer checkpoints at "
+                             "optimizer-step boundaries only (phase 0)")
+        if state["step"] != ckpt.step or not (isinstance(state["clamps_total"], int) and state["clamps_total"] >= 0):
+            raise ValueError(f"its state's step {state['step']!r} is not the manifest's {ckpt.step}, or its "
+                             f"clamps_total {state['clamps_total']!r} is no count")
+        self.step, self.clamps_total = ckpt.step, state["clamps_total"]
         self.resumed_from = ckpt.path
 
     # -- the log and the display -----------------------------------------------------------------------
@@ -544,18 +557,54 @@ class Trainer:
 
 
 def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a run's JSONL log; a torn last line (a kill mid-write) is dropped."""
-    records = []
+    """The records of a run's JSONL log; a torn last line (a kill mid-write) is dropped. Raises TrainError
+    naming the line if another one is not a record this trainer writes."""
     try:
-        lines = Path(path).read_text().splitlines()
+        lines = Path(path).read_bytes().splitlines()
     except FileNotFoundError:
         return []
-    for line in lines:
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+    except OSError as exc:
+        raise TrainError(f"cannot read the run's log {path} ({exc}). Fix: make it a readable file") from None
+    records = []
+    for number, line in enumerate(lines, 1):
+        problem = _log_record(line, records)
+        if problem and number < len(lines):
+            raise TrainError(f"the run's log {path} is damaged at line {number}: {problem}. Fix: delete that line "
+                             "(or move the log aside); the checkpoints do not depend on it")
     return records
+
+
+def _log_record(line: bytes, records: list[dict[str, Any]]) -> str:
+    """Appends the record ``line`` holds to ``records``; returns what is wrong with it instead, if anything."""
+    try:
+        record = json.loads(line.decode())
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested too deep, a 5,000-digit number
+        return f"not a JSON record ({type(exc).__name__}: {str(exc)[:200]})"
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    checks = {"step": _is_int, "event": lambda v: isinstance(v, str)}
+    for name, check in checks.items():
+        if name in record and not check(record[name]):
+            return f"its {name!r} is {json.dumps(record[name])[:80]}"
+    for name, check in _EVENT_FIELDS.get(record.get("event"), {}).items():  # what the summary and the plot read
+        if not check(record.get(name, ...)):
+            return f"its {name!r} is {json.dumps(record.get(name, 'missing'))[:80]}"
+    records.append(record)
+    return ""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+_EVENT_FIELDS: dict[str, dict[str, Any]] = {
+    "step": {"loss": lambda v: v is None or _is_number(v), "ms": _is_number, "skipped": lambda v: isinstance(v, bool)},
+    "eval": {"val_loss": lambda v: v is None or _is_number(v)},
+}
 
 
 def _rewrite(path: Path, records: list[dict[str, Any]]) -> None:

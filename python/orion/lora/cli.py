@@ -39,17 +39,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from orion.models.gpt2 import weights as gpt2_weights
-    from orion.models.gpt2.config import GPT2Config
-    from orion.models.llama import weights as llama_weights
+    from orion.models import family_of
     from orion.train.trainer import load_model
 
     base, params, _ = load_model(args.base, args.seed)
     adapter, modules = read_adapter(base, args.adapter)
     merged = merge(base, params, adapter, modules)
-    writer = gpt2_weights if isinstance(base.config, GPT2Config) else llama_weights
     out = Path(args.out)
-    writer.save_hf(out, base.config, base.weights(merged))
+    family_of(base.config).weights.save_hf(out, base.config, base.weights(merged))
     copied = [name for name in TOKENIZER_FILES if (Path(args.base) / name).is_file()]
     for name in copied:
         shutil.copy2(Path(args.base) / name, out / name)

@@ -3,10 +3,17 @@
 ``orion.models.random("gpt2")`` / ``random("stories110m")``."""
 
 from orion.models.gpt2 import GPT2, GPT2Config
+from orion.models.gpt2 import weights as gpt2_weights
+from orion.models.gpt2.trainable import GPT2Trainable
 from orion.models.llama import Llama, LlamaConfig
+from orion.models.llama import weights as llama_weights
+from orion.models.llama.trainable import LlamaTrainable
 from orion.models.registry import (
+    Family,
     UnknownModel,
     context_length,
+    family,
+    family_of,
     load,
     model_class,
     model_types,
@@ -17,12 +24,12 @@ from orion.models.registry import (
     shape_names,
 )
 
-register(GPT2, GPT2Config)
+register(GPT2, GPT2Config, GPT2Trainable, gpt2_weights)
 register_shape("gpt2", GPT2Config())
 register_shape("124m", GPT2Config())
-register(Llama, LlamaConfig, ("llama", "qwen2", "mistral"))
+register(Llama, LlamaConfig, LlamaTrainable, llama_weights, ("llama", "qwen2", "mistral"))
 register_file_format(".bin", Llama.from_llama2c)
 register_shape("stories110m", LlamaConfig.stories110m())
 
-__all__ = ["GPT2", "GPT2Config", "Llama", "LlamaConfig", "UnknownModel", "context_length", "load", "model_class",
-           "model_types", "random", "register", "register_file_format", "register_shape", "shape_names"]
+__all__ = ["GPT2", "GPT2Config", "Family", "Llama", "LlamaConfig", "UnknownModel", "context_length", "family",
+           "family_of", "load", "model_class", "model_types", "random", "register", "register_file_format", "register_shape", "shape_names"]

@@ -1,6 +1,6 @@
 """``python -m orion lora merge BASE ADAPTER OUT``: fold a PEFT LoRA adapter into its base model.
 
-BASE is what ``python -m orion train --model`` takes (a Hugging Face GPT-2/Llama directory, a shape name with
+BASE is what ``python -m orion train --model`` takes (a Hugging Face directory of any family Orion runs, a shape name with
 ``--seed``, or a full trainer checkpoint); OUT becomes a Hugging Face directory (``config.json`` +
 ``model.safetensors``, float32, via the models' ``save_hf``) with every adapted weight ``W + scale * B A``
 (``scale = alpha / r``, or ``alpha / sqrt(r)`` with rsLoRA) and every other tensor the base's. The tokenizer
@@ -25,7 +25,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m orion lora", description="LoRA adapters on the command line.")
     commands = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     m = commands.add_parser("merge", help="write BASE with ADAPTER folded in as a Hugging Face directory OUT")
-    m.add_argument("base", help="a Hugging Face GPT-2/Llama directory, a shape (with --seed) or a trainer checkpoint")
+    m.add_argument("base", help="a Hugging Face model directory, a shape (with --seed) or a trainer checkpoint")
     m.add_argument("adapter", help="a PEFT LoRA directory (adapter_config.json + adapter_model.safetensors)")
     m.add_argument("out", help="the merged model's directory (created)")
     m.add_argument("--seed", type=int, default=0, help="the random weights of a shape BASE (default 0)")

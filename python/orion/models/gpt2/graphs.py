@@ -1,4 +1,6 @@
-"""GPT-2 as Orion graphs: transformer blocks for prefill and for KV-cache decode, and the LM head.
+"""GPT-2 as Orion graphs: transformer blocks for prefill and for KV-cache decode, and the LM head. The block
+is written once (:func:`block`); these graphs bake its weights, and the training layer graph
+(``orion.models.gpt2.trainable``) reads them as inputs.
 
 Every tensor is ``[1, C, 1, S]``, channel-major. A decode graph sees one token (``S = 1``; the I/O
 padding pass gives its surfaces the lanes the ANE needs) and each layer's KV cache as

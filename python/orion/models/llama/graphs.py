@@ -1,5 +1,7 @@
 """Llama-family layers as Orion graphs: RMSNorm, RoPE, grouped-query attention and SwiGLU, for prefill
-(a whole sequence, causal) and for one decode step over a KV cache, plus the final norm and LM head.
+(a whole sequence, causal) and for one decode step over a KV cache, plus the final norm and LM head. The
+layer is written once (:func:`layer`); the prefill, chunk and decode graphs bake its weights and pass their
+attention, and the training layer graph (``orion.models.llama.trainable``) reads them as inputs.
 
 Every tensor is ``[1, C, 1, S]``, channel-major, and only conservative ops are used (1x1 conv for
 projections, matmul for attention, no concat, SiLU as ``x * sigmoid(x)``, an explicit additive causal

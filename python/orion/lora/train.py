@@ -121,7 +121,7 @@ class LoraTrainable(TrainableModel):
         self.base, self.base_params, self.spec, self.modules = base, base_params, spec, modules
         self.config = base.config
         self.name = f"{base.name}-lora"
-        self.n_layers, self.dim, self.vocab_size = base.n_layers, base.dim, base.vocab_size
+        self.n_layers, self.dim, self.vocab_size, self.context = base.n_layers, base.dim, base.vocab_size, base.context
         self.layer_prefix, self.attention_per_layer = base.layer_prefix, base.attention_per_layer
         self.targets = {m: base.lora_targets()[m] for m in modules}
 

@@ -43,7 +43,6 @@ from orion.errors import OrionError
 from orion.limits import FP16_MAX
 from orion.lora.train import LoraSpec, LoraTrainable, modules_of
 from orion.models import UnknownModel, family, family_of
-from orion.models import context_length as declared_context
 from orion.models.gpt2.config import GPT2Config
 from orion.models.llama.config import LlamaConfig
 from orion.train import checkpoint, loss_scale, restart, schedule
@@ -206,15 +205,6 @@ def _config_dict(config: GPT2Config | LlamaConfig) -> dict[str, Any]:
     return {"class": type(config).__name__, **dataclasses.asdict(config)}
 
 
-def context_length(config: Any) -> int:
-    """The longest sequence the model's positions cover."""
-    length = declared_context(config)
-    if length is None:
-        raise TrainError(f"{type(config).__name__} declares no context length (n_positions or "
-                         "max_position_embeddings)")
-    return length
-
-
 class Trainer:
     """Trains ``model`` (see :func:`load_model`) on ``data`` (a :class:`Dataset` or a path for
     :func:`open_dataset`), writing the log and checkpoints under ``out_dir``.
@@ -238,8 +228,8 @@ class Trainer:
         if cfg.lora is not None:  # the base becomes frozen; the parameters are the adapters alone
             self.model = LoraTrainable(self.model, self.params, cfg.lora, modules_of(self.model, cfg.lora.targets))
             self.params = self.model.init_params(cfg.seed)
-        if cfg.seq > context_length(self.model.config):
-            raise TrainError(f"seq={cfg.seq} exceeds the model's context of {context_length(self.model.config)} "
+        if cfg.seq > self.model.context:
+            raise TrainError(f"seq={cfg.seq} exceeds the model's context of {self.model.context} "
                              "positions. Fix: pass a shorter seq")
         self.data = data if isinstance(data, Dataset) else open_dataset(data, vocab_size=self.model.vocab_size)
         _check_vocabulary(self.data, self.model.vocab_size)

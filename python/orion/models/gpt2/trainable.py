@@ -30,6 +30,7 @@ class GPT2Trainable(TrainableModel):
     def __init__(self, config: GPT2Config) -> None:
         self.config = config
         self.name, self.n_layers, self.dim, self.vocab_size = "gpt2", config.n_layer, config.n_embd, config.vocab_size
+        self.context = config.n_positions
 
     def params(self, weights: GPT2Weights) -> dict[str, np.ndarray]:
         """The flat fp32 parameters of ``weights`` (``w_qkv`` split into ``w_q``, ``w_k``, ``w_v``)."""

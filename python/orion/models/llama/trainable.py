@@ -31,6 +31,7 @@ class LlamaTrainable(TrainableModel):
     def __init__(self, config: LlamaConfig) -> None:
         self.config = config
         self.name, self.n_layers, self.dim, self.vocab_size = "llama", config.n_layers, config.dim, config.vocab_size
+        self.context = config.max_position_embeddings
         self.attention_per_layer = config.group_size  # one attention per query group, all of one layer
 
     @property

@@ -168,7 +168,7 @@ def layer(g: Graph, x: Node, config: LlamaConfig, p: LayerParams, rope: tuple[No
     x = g.add(x, o, name="attn_res")
     h = g.rms_norm(x, p.vector("mlp_norm"), eps, name="mlp_norm")  # SwiGLU: x + W_down(silu(W_gate h) * W_up h)
     gate, up = p.project(g, h, gate_up, "gate_up")
-    act = g.mul(gate, g.sigmoid(gate, name="gate_sigmoid"), name="silu")
+    act = g.silu(gate, name="silu")  # legalized to gate * sigmoid(gate); its own gradient rule in training
     swiglu = g.mul(act, up, name="swiglu")
     down = p.project(g, swiglu, {"mlp.down_proj": (("w_down", None),)}, "down")[0]
     return g.add(x, down, name="mlp_res"), k_out, v

@@ -27,10 +27,13 @@ _ACTIVATIONS = {
 }
 
 
-def _attention(x: np.ndarray, w_qkv: np.ndarray, b_qkv: np.ndarray, n_head: int, scale: float) -> np.ndarray:
-    """Causal multi-head self-attention of x [T, C] with scores ``q.k * scale``, before the output projection."""
+def _attention(x: np.ndarray, w_qkv: np.ndarray, b_qkv: np.ndarray, n_head: int,
+               scale: float | None = None) -> np.ndarray:
+    """Causal multi-head self-attention of x [T, C] with scores ``q.k * scale`` (default 1/sqrt(head_dim)),
+    before the output projection."""
     t, c = x.shape
     d = c // n_head
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
     qkv = x @ w_qkv.T + b_qkv                                    # [T, 3C]: q, k, v in that order
     q, k, v = (qkv[:, i * c:(i + 1) * c].reshape(t, n_head, d).transpose(1, 0, 2) for i in range(3))
     scores = q @ k.transpose(0, 2, 1) * np.float32(scale)       # [H, T, T]

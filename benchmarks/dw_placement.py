@@ -27,11 +27,11 @@ import time
 import numpy as np
 
 from orion.autodiff import numpy_eval
-from orion.autodiff.llama import LlamaTrainable
 from orion.autodiff.runner import GradientRunner, NonFiniteGradient
 from orion.autodiff.transform import backward, grad_name
 from orion.models.llama import weights as llama_weights
 from orion.models.llama.config import LlamaConfig
+from orion.models.llama.trainable import LlamaTrainable
 from orion.train.corpus import stdlib_text
 from orion.train.loss_scale import DynamicLossScale
 from orion.train.optim import AdamW

@@ -8,16 +8,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orion.autodiff.gpt2 import GPT2Trainable
-from orion.autodiff.llama import LlamaTrainable
 from orion.autodiff.runner import GradientRunner
 from orion.lora.train import LoraSpec, LoraTrainable, modules_of
 from orion.models.gpt2 import GPT2
 from orion.models.gpt2 import weights as gpt2_weights
 from orion.models.gpt2.config import GPT2Config
+from orion.models.gpt2.trainable import GPT2Trainable
 from orion.models.llama import weights as llama_weights
 from orion.models.llama.config import LlamaConfig
 from orion.models.llama.model import Llama
+from orion.models.llama.trainable import LlamaTrainable
 from orion.runtime.program import Program
 
 SEQ = 32

@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 
 from orion.autodiff import numpy_eval
-from orion.autodiff.gpt2 import GPT2Trainable
-from orion.autodiff.llama import LlamaTrainable
 from orion.autodiff.partition import partition, program_outputs
 from orion.autodiff.runner import GradientRunner
 from orion.autodiff.transform import backward, grad_name
 from orion.errors import OrionError
 from orion.models.gpt2 import weights as gpt2_weights
 from orion.models.gpt2.config import GPT2Config
+from orion.models.gpt2.trainable import GPT2Trainable
 from orion.models.llama import weights as llama_weights
 from orion.models.llama.config import LlamaConfig
+from orion.models.llama.trainable import LlamaTrainable
 
 SEQ = 32
 

@@ -58,6 +58,7 @@ CASES = [
     _case("tanh", lambda g, i: g.tanh(i["x"]), X),
     _case("sigmoid", lambda g, i: g.sigmoid(i["x"]), X),
     _case("exp", lambda g, i: g.exp(i["x"]), X),
+    _case("relu", lambda g, i: g.relu(i["x"]), X),  # no input within the finite difference's step of the kink
     _case("identity", lambda g, i: g.mul(g.identity(i["x"]), i["x"]), X),
     _case("gelu", lambda g, i: g.gelu(i["x"]), X, ranges={"x": (-3.0, 3.0)}),
     _case("silu", lambda g, i: g.silu(i["x"]), X, ranges={"x": (-3.0, 3.0)}),
@@ -146,24 +147,39 @@ def test_rule_matches_finite_differences(build: Build, shapes: dict, wrt: tuple,
 
 
 def test_every_registry_op_has_a_rule_or_is_covered() -> None:
-    """Each op of the registry has a rule; relu and reduce_max refuse (no comparison op), the rest are tested above."""
+    """Each op of the registry has a rule; reduce_max refuses (no comparison op), the rest are tested above."""
     from orion import ops
 
     assert differentiable_ops() == frozenset(ops.REGISTRY.ops)
-    tested = {"add", "sub", "mul", "div", "pow", "rsqrt", "sqrt", "neg", "tanh", "sigmoid", "exp", "identity", "gelu",
+    tested = {"add", "sub", "mul", "div", "pow", "rsqrt", "sqrt", "neg", "tanh", "sigmoid", "exp", "relu", "identity",
+              "gelu",
               "silu", "softmax", "reduce_sum", "reduce_mean", "layer_norm", "rms_norm", "attention", "reshape",
               "transpose", "cast", "slice", "slice_by_size", "pad", "concat", "matmul", "conv", "linear"}
-    assert set(ops.REGISTRY.ops) - tested == {"relu", "reduce_max"}
+    assert set(ops.REGISTRY.ops) - tested == {"reduce_max"}
 
 
-@pytest.mark.parametrize("op", ["relu", "reduce_max"])
-def test_selection_ops_refuse_with_the_node_named(op: str) -> None:
+def test_selection_ops_refuse_with_the_node_named() -> None:
     g = Graph("sel")
     x = g.input("x", [1, C, 1, S])
-    y = g.relu(x, name="gate") if op == "relu" else g.mul(x, g.reduce_max(x, 1, name="gate"))
-    g.output(y, "y")
+    g.output(g.mul(x, g.reduce_max(x, 1, name="gate")), "y")
     with pytest.raises(GradientError, match=r"'gate'.*comparison.*Fix"):
         backward(g, ["x"])
+
+
+def test_relu_slope_is_exact_at_the_kink_and_past_fp16_overflow() -> None:
+    """relu's rule at x = 0 (slope 0), at x = 2^-15 (the first power of two past 1/65504) and at fp16's largest values (K x
+    overflows to inf): the compiled fp16 gradient is dy times exactly 0 or 1."""
+    import orion
+
+    g = Graph("relu")
+    g.output(g.relu(g.input("x", [1, C, 1, S])), "y")
+    x = np.zeros((1, C, 1, S), np.float32)
+    x.flat[:6] = [2.0**-15, 2e-4, 1.0, 300.0, 65504.0, -65504.0]
+    x.flat[6:12] = [-1e-4, -1.0, 0.5, -0.5, 7.0, -7.0]
+    dy = np.random.default_rng(1).uniform(0.5, 2.0, x.shape).astype(np.float32)
+    got = orion.compile_graph(backward(g, ["x"]))(x=x, grad_y=dy)["grad_x"]
+    want = np.where(x.astype(np.float16) > 0, dy.astype(np.float16), 0).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
 
 
 def test_bad_wrt_and_unreached_inputs_are_errors() -> None:

@@ -14,12 +14,12 @@ import pytest
 
 from orion import compile_graph
 from orion.autodiff import backward, grad_name, numpy_eval
-from orion.autodiff.gpt2 import GPT2Trainable
-from orion.autodiff.llama import LlamaTrainable
 from orion.autodiff.trainable import input_layout
 from orion.models.gpt2.config import GPT2Config
+from orion.models.gpt2.trainable import GPT2Trainable
 from orion.models.gpt2.weights import random_weights as gpt2_random
 from orion.models.llama.config import LlamaConfig
+from orion.models.llama.trainable import LlamaTrainable
 from orion.models.llama.weights import random_weights as llama_random
 
 SEQ = 32

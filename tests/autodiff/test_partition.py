@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from orion import compile_count
-from orion.autodiff.gpt2 import GPT2Trainable
-from orion.autodiff.llama import LlamaTrainable
 from orion.autodiff.partition import ANE, CPU, partition
 from orion.autodiff.runner import GradientRunner
 from orion.errors import OrionError
 from orion.models.gpt2.config import GPT2Config
+from orion.models.gpt2.trainable import GPT2Trainable
 from orion.models.gpt2.weights import random_weights
 from orion.models.llama.config import LlamaConfig
+from orion.models.llama.trainable import LlamaTrainable
 
 
 @pytest.mark.parametrize("model", [GPT2Trainable(GPT2Config()), LlamaTrainable(LlamaConfig.stories110m())],

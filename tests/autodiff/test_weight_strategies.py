@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 from orion import OrionError, compile_count
-from orion.autodiff.gpt2 import GPT2Trainable
-from orion.autodiff.llama import LlamaTrainable
 from orion.autodiff.runner import GradientRunner
 from orion.models.gpt2 import weights as gpt2_weights
 from orion.models.gpt2.config import GPT2Config
+from orion.models.gpt2.trainable import GPT2Trainable
 from orion.models.llama import weights as llama_weights
 from orion.models.llama.config import LlamaConfig
+from orion.models.llama.trainable import LlamaTrainable
 
 SEQ, SCALE = 32, 256.0
 

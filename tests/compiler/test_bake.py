@@ -13,12 +13,12 @@ import pytest
 
 from orion import compile_graph
 from orion.autodiff import backward, numpy_eval
-from orion.autodiff.gpt2 import GPT2Trainable
 from orion.autodiff.trainable import input_layout
 from orion.compiler import lower_graph
 from orion.graph import Graph, GraphError
 from orion.graph.bake import bake
 from orion.models.gpt2.config import GPT2Config
+from orion.models.gpt2.trainable import GPT2Trainable
 from orion.models.gpt2.weights import random_weights
 
 SEQ = 32

@@ -1,5 +1,7 @@
 """LoRA fine-tuning (orion.lora.train, ``Trainer(lora=...)``, ``python -m orion train --lora``, ``lora merge``) on tiny
-GPT-2 and Llama models, the layer programs on the emulator in fp16 (prefer="ane"):
+GPT-2 and Llama models, the layer programs on the emulator in fp16 (prefer="ane"); the gradients and the 30
+steps against PEFT also on every other family the trainer takes through its one layer definition (GPT-2 with
+ReLU, n_inner 80 and transformers' other attention scaling; Mistral; Qwen2 with q/k/v biases):
 
 - Gradients of A and B against torch autograd through transformers + peft on the same weights and adapter:
   cosine >= 0.999 per tensor (measured >= 0.99999), loss within 1e-3 relative. Llama also in the interleaved
@@ -29,7 +31,6 @@ from orion.autodiff.runner import GradientRunner
 from orion.lora.adapter import AdapterError
 from orion.lora.cli import main as lora_main
 from orion.lora.train import LoraSpec, LoraTrainable, modules_of, read_adapter
-from orion.models.gpt2 import weights as gpt2_weights
 from orion.models.gpt2.config import GPT2Config
 from orion.models.llama import weights as llama_weights
 from orion.models.llama.config import LlamaConfig
@@ -44,10 +45,27 @@ from support.token_files import periodic_tokens
 VOCAB, SEQ = 64, 32
 CONFIGS = {
     "gpt2": GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=VOCAB, n_positions=SEQ),
+    "gpt2-relu-wide-unscaled": GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=VOCAB, n_positions=SEQ,
+                                          activation_function="relu", n_inner=80, scale_attn_weights=False,
+                                          scale_attn_by_inverse_layer_idx=True),
     "llama": LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=96, vocab_size=VOCAB,
                          max_position_embeddings=SEQ),
+    "mistral": LlamaConfig(dim=64, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=16, hidden_dim=96, vocab_size=VOCAB,
+                           max_position_embeddings=SEQ, model_type="mistral"),
+    "qwen2": LlamaConfig(dim=64, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=16, hidden_dim=96, vocab_size=VOCAB,
+                         max_position_embeddings=SEQ, model_type="qwen2", qkv_bias=True, tie_embeddings=True,
+                         rope_theta=1e6),
 }
-ALL_TARGETS = {"gpt2": ("c_attn", "c_proj", "c_fc"), "llama": ("q", "k", "v", "o", "gate", "up", "down")}
+GPT2_TARGETS, LLAMA_TARGETS = ("c_attn", "c_proj", "c_fc"), ("q", "k", "v", "o", "gate", "up", "down")
+ALL_TARGETS = {kind: GPT2_TARGETS if kind.startswith("gpt2") else LLAMA_TARGETS for kind in CONFIGS}
+# Where the gradient test's layer programs run: fp16 on the emulator, or the same graphs in fp32 ("cpu") for the
+# GPT-2 whose layer-1 q/k gradients fp16 does not resolve to a cosine of 0.999 (tests/autodiff/test_model_grads.py)
+PLACEMENT = {"gpt2-relu-wide-unscaled": "cpu"}
+# The 30 steps against PEFT: Mistral's 8 query heads over 2 KV heads spike at 1e-2 (PEFT's run too), after which fp16
+# rounding splits the trajectories by 3%: it trains at 5e-3. Mistral and Qwen2 drift further than GPT-2 and Llama
+# (measured at most 0.37% relative at one step, against 0.2%): their relative tolerance is 0.5%.
+LORA_LR = {"mistral": 5e-3}
+LORA_RTOL = {"mistral": 5e-3, "qwen2": 5e-3}
 TIMING = ("ms", "tokens_per_s", "compiles")
 
 
@@ -59,7 +77,7 @@ def tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _base_dir(kind: str, directory: Path, seed: int = 0) -> Path:
     """A Hugging Face directory of random weights of ``CONFIGS[kind]``, written by Orion's ``save_hf``."""
-    module = gpt2_weights if kind == "gpt2" else llama_weights
+    module = models.family_of(CONFIGS[kind]).weights
     module.save_hf(directory, CONFIGS[kind], module.random_weights(CONFIGS[kind], seed))
     return directory
 
@@ -84,7 +102,7 @@ def _peft_model(kind: str, base: Path, adapter):
     hf = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, attn_implementation="eager")
     config = peft.LoraConfig(r=adapter.r, lora_alpha=adapter.alpha,
                              target_modules=sorted({p.rsplit(".", 1)[-1] for p in adapter.modules}),
-                             fan_in_fan_out=kind == "gpt2", lora_dropout=0.0, task_type="CAUSAL_LM")
+                             fan_in_fan_out=kind.startswith("gpt2"), lora_dropout=0.0, task_type="CAUSAL_LM")
     tuned = peft.get_peft_model(hf, config)
     with torch.no_grad():
         for path, (a, b) in adapter.modules.items():
@@ -102,7 +120,7 @@ def _peft_grads(tuned, paths) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return out
 
 
-@pytest.mark.parametrize("kind,convention", [("gpt2", None), ("llama", "half"), ("llama", "interleaved")])
+@pytest.mark.parametrize("kind,convention", [(kind, None) for kind in CONFIGS] + [("llama", "interleaved")])
 def test_adapter_gradients_match_torch_autograd(kind: str, convention: str | None, tmp_path: Path) -> None:
     torch, _, _ = references.require("torch", "transformers", "peft")
     base_dir = _base_dir(kind, tmp_path / "base")
@@ -122,7 +140,7 @@ def test_adapter_gradients_match_torch_autograd(kind: str, convention: str | Non
     options = model.runner_options()
     frozen_inputs = {"trainable": options["trainable"]}  # the base weights as frozen program inputs instead
     for runner_options in (options, frozen_inputs):
-        runner = GradientRunner(model, SEQ, prefer="ane", **runner_options)
+        runner = GradientRunner(model, SEQ, prefer=PLACEMENT.get(kind, "ane"), **runner_options)
         loss, grads = runner.loss_and_grads(adapter_params, ids, targets, 256.0)
         assert set(grads) == set(adapter_params)  # no gradient of any base weight
         got = model.to_adapter(grads).modules
@@ -160,17 +178,18 @@ def _torch_lora_losses(kind: str, trainer: Trainer, base_dir: Path) -> list[floa
     return losses
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+@pytest.mark.parametrize("kind", list(CONFIGS))
 def test_lora_steps_follow_peft_keep_the_base_and_load_back_in_peft(kind: str, tokens: Path, tmp_path: Path) -> None:
     torch, transformers, peft = references.require("torch", "transformers", "peft")
     base_dir = _base_dir(kind, tmp_path / "base")
     spec = LoraSpec(r=4, alpha=8.0, targets=ALL_TARGETS[kind])
-    trainer = Trainer(base_dir, tokens, tmp_path / "run", steps=30, seq=SEQ, batch=2, lr=1e-2, eval_every=30,
-                      checkpoint_every=30, quiet=True, prefer="ane", lora=spec, seed=3, from_scratch=True)
+    trainer = Trainer(base_dir, tokens, tmp_path / "run", steps=30, seq=SEQ, batch=2, lr=LORA_LR.get(kind, 1e-2),
+                      eval_every=30, checkpoint_every=30, quiet=True, prefer="ane", lora=spec, seed=3,
+                      from_scratch=True)
     base_before = {k: v.copy() for k, v in trainer.model.base_params.items()}
     want = _torch_lora_losses(kind, trainer, base_dir)
     got = [r["loss"] for r in trainer.train()]
-    np.testing.assert_allclose(got, want, rtol=2e-3, atol=1e-3)
+    np.testing.assert_allclose(got, want, rtol=LORA_RTOL.get(kind, 2e-3), atol=1e-3)
     assert want[-1] < 0.9 * want[0]  # a falling curve, not a flat one
 
     _, fresh, _ = load_model(base_dir)
@@ -189,7 +208,7 @@ def test_lora_steps_follow_peft_keep_the_base_and_load_back_in_peft(kind: str, t
     base_logits = orion_model.logits(ids)
     orion_model.set_adapter(orion_model.load_adapter(tmp_path / "adapter"))
     got_logits = orion_model.logits(ids)
-    tolerance = (0.03 if kind == "gpt2" else 0.02) * float(want_logits.abs().max())
+    tolerance = (0.03 if kind.startswith("gpt2") else 0.02) * float(want_logits.abs().max())
     np.testing.assert_allclose(got_logits, want_logits.numpy(), rtol=0, atol=tolerance)
     assert np.abs(got_logits - base_logits).max() > 2 * tolerance  # the trained adapter changes the logits
 

@@ -20,13 +20,23 @@ def _gelu_new(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(np.float32(np.sqrt(2.0 / np.pi)) * (x + 0.044715 * x**3)))
 
 
-def _attention(x: np.ndarray, w_qkv: np.ndarray, b_qkv: np.ndarray, n_head: int) -> np.ndarray:
-    """Causal multi-head self-attention of x [T, C], before the output projection."""
+_ACTIVATIONS = {
+    "gelu_new": _gelu_new,
+    "relu": lambda x: np.maximum(x, np.float32(0)),
+    "tanh": np.tanh,
+}
+
+
+def _attention(x: np.ndarray, w_qkv: np.ndarray, b_qkv: np.ndarray, n_head: int,
+               scale: float | None = None) -> np.ndarray:
+    """Causal multi-head self-attention of x [T, C] with scores ``q.k * scale`` (default 1/sqrt(head_dim)),
+    before the output projection."""
     t, c = x.shape
     d = c // n_head
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
     qkv = x @ w_qkv.T + b_qkv                                    # [T, 3C]: q, k, v in that order
     q, k, v = (qkv[:, i * c:(i + 1) * c].reshape(t, n_head, d).transpose(1, 0, 2) for i in range(3))
-    scores = q @ k.transpose(0, 2, 1) / np.float32(np.sqrt(d))  # [H, T, T]
+    scores = q @ k.transpose(0, 2, 1) * np.float32(scale)       # [H, T, T]
     scores = np.where(np.tril(np.ones((t, t), bool)), scores, np.float32(-np.inf))
     scores = np.exp(scores - scores.max(-1, keepdims=True))
     probs = scores / scores.sum(-1, keepdims=True)
@@ -34,16 +44,22 @@ def _attention(x: np.ndarray, w_qkv: np.ndarray, b_qkv: np.ndarray, n_head: int)
 
 
 def reference_logits(config, weights, ids) -> np.ndarray:
-    """Logits [T, vocab_size] (float32) for token ids at positions 0..T-1."""
+    """Logits [T, vocab_size] (float32) for token ids at positions 0..T-1. transformers' options: the MLP
+    activation (``activation_function``), scores divided by sqrt(head_dim) when ``scale_attn_weights`` and
+    by the layer's index + 1 when ``scale_attn_by_inverse_layer_idx``; the MLP width comes from the weights."""
     ids = np.asarray(ids, dtype=np.int64)
     if ids.ndim != 1 or not 0 < len(ids) <= config.n_positions:
         raise ValueError(f"ids must be 1-D with 1..{config.n_positions} tokens, got shape {ids.shape}")
     eps = config.layer_norm_epsilon
     x = (weights.wte[ids] + weights.wpe[: len(ids)]).astype(np.float32)
-    for b in weights.blocks:
-        h = _attention(_layer_norm(x, b.ln1_g, b.ln1_b, eps), b.w_qkv, b.b_qkv, config.n_head)
+    act = _ACTIVATIONS[config.activation_function]
+    for i, b in enumerate(weights.blocks):
+        scale = 1.0 / np.sqrt(config.n_embd // config.n_head) if config.scale_attn_weights else 1.0
+        if config.scale_attn_by_inverse_layer_idx:
+            scale /= i + 1
+        h = _attention(_layer_norm(x, b.ln1_g, b.ln1_b, eps), b.w_qkv, b.b_qkv, config.n_head, scale)
         x = x + h @ b.w_attn_out.T + b.b_attn_out
-        h = _gelu_new(_layer_norm(x, b.ln2_g, b.ln2_b, eps) @ b.w_fc.T + b.b_fc)
+        h = act(_layer_norm(x, b.ln2_g, b.ln2_b, eps) @ b.w_fc.T + b.b_fc)
         x = x + h @ b.w_proj.T + b.b_proj
     x = _layer_norm(x, weights.ln_f_g, weights.ln_f_b, eps)
     return (x @ weights.wte.T).astype(np.float32)  # tied LM head

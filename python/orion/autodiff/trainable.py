@@ -34,8 +34,10 @@ class TrainableModel(ABC):
     n_layers: int
     dim: int
     vocab_size: int
+    context: int  # the longest sequence the model's positions cover
     layer_prefix: str
     attention_per_layer: int = 1  # attention ops in one layer graph (ANE-09 counts them as fused layers)
+    lora_aliases: dict[str, str] = {}  # short LoRA target names (``--lora targets=q,v``) -> PEFT module names
 
     @abstractmethod
     def layer_shapes(self) -> dict[str, tuple[int, ...]]:

@@ -77,15 +77,12 @@ class TorchSide:
         import torch
         import transformers
 
-        from orion.models.gpt2 import weights as gpt2_weights
-        from orion.models.gpt2.config import GPT2Config
-        from orion.models.llama import weights as llama_weights
+        from orion.models import family_of
         from orion.train.data import BatchSampler
 
         torch.set_num_threads(THREADS)
         self.torch, self.config = torch, trainer.config
-        module = gpt2_weights if isinstance(trainer.model.config, GPT2Config) else llama_weights
-        module.save_hf(directory / "hf", trainer.model.config, trainer.model.weights(trainer.params))
+        family_of(trainer.model.config).weights.save_hf(directory / "hf", trainer.model.config, trainer.model.weights(trainer.params))
         self.model = transformers.AutoModelForCausalLM.from_pretrained(directory / "hf", dtype=torch.float32,
                                                                        attn_implementation="eager")
         groups = [{"params": [p for p in self.model.parameters() if p.ndim >= 2],

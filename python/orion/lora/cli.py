@@ -1,6 +1,6 @@
 """``python -m orion lora merge BASE ADAPTER OUT``: fold a PEFT LoRA adapter into its base model.
 
-BASE is what ``python -m orion train --model`` takes (a Hugging Face GPT-2/Llama directory, a shape name with
+BASE is what ``python -m orion train --model`` takes (a Hugging Face directory of any family Orion runs, a shape name with
 ``--seed``, or a full trainer checkpoint); OUT becomes a Hugging Face directory (``config.json`` +
 ``model.safetensors``, float32, via the models' ``save_hf``) with every adapted weight ``W + scale * B A``
 (``scale = alpha / r``, or ``alpha / sqrt(r)`` with rsLoRA) and every other tensor the base's. The tokenizer
@@ -25,7 +25,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m orion lora", description="LoRA adapters on the command line.")
     commands = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     m = commands.add_parser("merge", help="write BASE with ADAPTER folded in as a Hugging Face directory OUT")
-    m.add_argument("base", help="a Hugging Face GPT-2/Llama directory, a shape (with --seed) or a trainer checkpoint")
+    m.add_argument("base", help="a Hugging Face model directory, a shape (with --seed) or a trainer checkpoint")
     m.add_argument("adapter", help="a PEFT LoRA directory (adapter_config.json + adapter_model.safetensors)")
     m.add_argument("out", help="the merged model's directory (created)")
     m.add_argument("--seed", type=int, default=0, help="the random weights of a shape BASE (default 0)")
@@ -39,17 +39,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from orion.models.gpt2 import weights as gpt2_weights
-    from orion.models.gpt2.config import GPT2Config
-    from orion.models.llama import weights as llama_weights
+    from orion.models import family_of
     from orion.train.trainer import load_model
 
     base, params, _ = load_model(args.base, args.seed)
     adapter, modules = read_adapter(base, args.adapter)
     merged = merge(base, params, adapter, modules)
-    writer = gpt2_weights if isinstance(base.config, GPT2Config) else llama_weights
     out = Path(args.out)
-    writer.save_hf(out, base.config, base.weights(merged))
+    family_of(base.config).weights.save_hf(out, base.config, base.weights(merged))
     copied = [name for name in TOKENIZER_FILES if (Path(args.base) / name).is_file()]
     for name in copied:
         shutil.copy2(Path(args.base) / name, out / name)

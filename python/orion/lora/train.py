@@ -26,21 +26,12 @@ from orion.lora.adapter import AdapterError, LayerTarget, LoraAdapter
 from orion.lora.graph import a_input, b_input
 from orion.lora.hot_swap import peft_target_names, targeted_modules
 
-# short target names of the command line -> PEFT module names, per model family
-ALIASES = {
-    "llama": {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
-              "down": "down_proj"},
-    "gpt2": {"q": "c_attn", "k": "c_attn", "v": "c_attn", "qkv": "c_attn", "o": "attn.c_proj", "fc": "mlp.c_fc",
-             "up": "mlp.c_fc", "down": "mlp.c_proj"},
-}
-
-
 _NUMBERS = {"r": ("r", int), "alpha": ("alpha", float), "dropout": ("dropout", float)}  # --lora key: field, type
 
 
 @dataclass(frozen=True)
 class LoraSpec:
-    """What to fine-tune: rank, alpha, target modules (short names of :data:`ALIASES` or PEFT module names)."""
+    """What to fine-tune: rank, alpha, target modules (short names of the model's ``lora_aliases`` or PEFT module names)."""
 
     r: int = 16
     alpha: float = 32.0
@@ -98,7 +89,7 @@ class LoraSpec:
 
 def modules_of(base: TrainableModel, targets: tuple[str, ...] | list[str]) -> list[str]:
     """The layer modules (relative to a layer, e.g. ``self_attn.q_proj``) that ``targets`` selects."""
-    aliases = ALIASES.get(base.name, {})
+    aliases = base.lora_aliases
     names = sorted({aliases.get(t, t) for t in targets})
     try:
         chosen = targeted_modules(names, base.lora_targets(), "--lora targets")
@@ -130,7 +121,7 @@ class LoraTrainable(TrainableModel):
         self.base, self.base_params, self.spec, self.modules = base, base_params, spec, modules
         self.config = base.config
         self.name = f"{base.name}-lora"
-        self.n_layers, self.dim, self.vocab_size = base.n_layers, base.dim, base.vocab_size
+        self.n_layers, self.dim, self.vocab_size, self.context = base.n_layers, base.dim, base.vocab_size, base.context
         self.layer_prefix, self.attention_per_layer = base.layer_prefix, base.attention_per_layer
         self.targets = {m: base.lora_targets()[m] for m in modules}
 

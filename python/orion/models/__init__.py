@@ -5,10 +5,17 @@
 
 from orion.models.gguf import load_gguf, load_gguf_tokenizer, model_class_of
 from orion.models.gpt2 import GPT2, GPT2Config
+from orion.models.gpt2 import weights as gpt2_weights
+from orion.models.gpt2.trainable import GPT2Trainable
 from orion.models.llama import Llama, LlamaConfig
+from orion.models.llama import weights as llama_weights
+from orion.models.llama.trainable import LlamaTrainable
 from orion.models.registry import (
+    Family,
     UnknownModel,
     context_length,
+    family,
+    family_of,
     file_suffixes,
     load,
     load_tokenizer,
@@ -21,14 +28,14 @@ from orion.models.registry import (
     shape_names,
 )
 
-register(GPT2, GPT2Config)
+register(GPT2, GPT2Config, GPT2Trainable, gpt2_weights)
 register_shape("gpt2", GPT2Config())
 register_shape("124m", GPT2Config())
-register(Llama, LlamaConfig, ("llama", "qwen2", "mistral"))
+register(Llama, LlamaConfig, LlamaTrainable, llama_weights, ("llama", "qwen2", "mistral"))
 register_file_format(".bin", Llama.from_llama2c)
 register_file_format(".gguf", load_gguf, model_class_of, load_gguf_tokenizer)
 register_shape("stories110m", LlamaConfig.stories110m())
 
-__all__ = ["GPT2", "GPT2Config", "Llama", "LlamaConfig", "UnknownModel", "context_length", "file_suffixes", "load",
-           "load_tokenizer", "model_class",
-           "model_types", "random", "register", "register_file_format", "register_shape", "shape_names"]
+__all__ = ["GPT2", "GPT2Config", "Family", "Llama", "LlamaConfig", "UnknownModel", "context_length", "family",
+           "family_of", "file_suffixes", "load", "load_tokenizer", "model_class", "model_types", "random", "register",
+           "register_file_format", "register_shape", "shape_names"]

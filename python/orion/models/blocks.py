@@ -1,14 +1,111 @@
-"""Graph building blocks shared by the models: pieces written once and used by several families."""
+"""Graph building blocks shared by the models: pieces written once and used by several families.
+
+A family writes each layer once, as a body that reads its weights through :class:`LayerParams` by the
+trainer's parameter names (``w_q``, ``wq_g0``, ...). The same body builds the inference graphs, where
+:class:`BakedParams` makes the weights consts (fused projections, ``quant`` storage, LoRA sites of the
+inference graphs), and the training layer graph, where :class:`InputParams` makes them graph inputs (one
+linear per parameter, so every dW is its own output; LoRA sites of the trainable's ``lora_targets``).
+"""
 
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from orion.autodiff.trainable import input_shape
 from orion.graph import Graph
 from orion.graph.ir import Node
+from orion.lora.graph import Sites, adapted, adapted_parts
 from orion.quant import weight_operand
+
+# Hugging Face module (relative to its layer) -> its (weight, bias or None) parameters, output rows in order
+Projection = Mapping[str, Sequence[tuple[str, str | None]]]
+
+
+class LayerParams(ABC):
+    """A layer's parameters as the family's one layer body reads them (see the module docstring)."""
+
+    @abstractmethod
+    def vector(self, name: str) -> Node | np.ndarray:
+        """A norm gain or bias ``[C]`` (an array, or a ``[1, C, 1, 1]`` input)."""
+
+    @abstractmethod
+    def project(self, g: Graph, x: Node, modules: Projection, name: str) -> list[Node]:
+        """``x`` through every parameter of ``modules`` (with their LoRA terms): one output per parameter."""
+
+    @abstractmethod
+    def project_sum(self, g: Graph, pieces: Sequence[Node], module: str, weights: Sequence[str], name: str) -> Node:
+        """``sum_j weights[j] pieces[j]``: one module whose input columns are split among ``pieces``."""
+
+
+class BakedParams(LayerParams):
+    """Inference: ``arrays`` (parameter name -> array) as consts stored as ``quant`` says; the parameters of
+    one :meth:`project` are one fused linear (``fused`` gives a stacked array the weights already hold,
+    keyed by the names it stacks) on the LoRA site ``sites[module]`` of its first module."""
+
+    def __init__(self, arrays: Mapping[str, np.ndarray], sites: Mapping[str, str], adapters: Sites | None,
+                 quant: str, fused: Mapping[tuple[str, ...], np.ndarray] | None = None) -> None:
+        self.arrays, self.sites, self.adapters, self.quant = arrays, sites, adapters, quant
+        self.fused = fused or {}
+
+    def vector(self, name: str) -> np.ndarray:
+        return self.arrays[name]
+
+    def _stacked(self, names: Sequence[str]) -> np.ndarray:
+        if len(names) == 1:
+            return self.arrays[names[0]]
+        fused = self.fused.get(tuple(names))
+        return np.concatenate([self.arrays[n] for n in names]) if fused is None else fused
+
+    def project(self, g: Graph, x: Node, modules: Projection, name: str) -> list[Node]:
+        parts = [part for module in modules.values() for part in module]
+        biases = [b for _, b in parts]
+        bias = None if None in biases else self._stacked(biases)  # type: ignore[arg-type]
+        y = linear(g, x, self._stacked([w for w, _ in parts]), bias, self.quant, name)
+        y = adapted(g, y, [x], self.sites[next(iter(modules))], self.adapters)
+        if len(parts) == 1:
+            return [y]
+        return g.split(y, [self.arrays[w].shape[0] for w, _ in parts], axis=1, name=name)
+
+    def project_sum(self, g: Graph, pieces: Sequence[Node], module: str, weights: Sequence[str], name: str) -> Node:
+        acc = None
+        for j, (piece, weight) in enumerate(zip(pieces, weights, strict=True)):
+            part = linear(g, piece, self.arrays[weight], None, self.quant, f"{name}_g{j}")
+            acc = part if acc is None else g.add(acc, part, name=f"{name}_sum{j}")
+        return adapted(g, acc, list(pieces), self.sites[module], self.adapters)
+
+
+class InputParams(LayerParams):
+    """Training: every parameter of ``shapes`` (name -> natural shape) a graph input (:func:`input_shape`),
+    made in ``shapes``' order; each weight its own linear, the LoRA terms on ``sites[module]`` scaled by
+    ``lora_scale`` (PEFT's unscaled B is the parameter)."""
+
+    def __init__(self, g: Graph, shapes: Mapping[str, tuple[int, ...]], sites: Mapping[str, str],
+                 adapters: Sites | None, lora_scale: float = 1.0) -> None:
+        self.inputs = {name: g.input(name, input_shape(shape)) for name, shape in shapes.items()}
+        self.sites, self.adapters, self.lora_scale = sites, adapters, lora_scale
+
+    def vector(self, name: str) -> Node:
+        return self.inputs[name]
+
+    def project(self, g: Graph, x: Node, modules: Projection, name: str) -> list[Node]:
+        single = sum(len(parts) for parts in modules.values()) == 1
+        out: list[Node] = []
+        for module, parts in modules.items():
+            ys = [g.linear(x, self.inputs[w], None if b is None else self.inputs[b], name=name if single else w)
+                  for w, b in parts]
+            out += adapted_parts(g, ys, [x], self.sites[module], self.adapters, self.lora_scale)
+        return out
+
+    def project_sum(self, g: Graph, pieces: Sequence[Node], module: str, weights: Sequence[str], name: str) -> Node:
+        acc = None
+        for j, (piece, weight) in enumerate(zip(pieces, weights, strict=True)):
+            part = g.linear(piece, self.inputs[weight], name=f"{name}_g{j}")
+            acc = part if acc is None else g.add(acc, part, name=f"{name}_sum{j}")
+        return adapted(g, acc, list(pieces), self.sites[module], self.adapters, self.lora_scale)
 
 
 def linear(g: Graph, x: Node, weight: np.ndarray, bias: np.ndarray | None, quant: str, name: str) -> Node:

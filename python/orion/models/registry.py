@@ -1,10 +1,13 @@
 """The model registry: which class runs a ``config.json``'s ``model_type``, and named random shapes.
 
-Adding a model is one :func:`register` call (its class and config class, and the ``model_type``
-values it runs); adding a named random shape is one :func:`register_shape` call, and a checkpoint
+Adding a model is one :func:`register` call (its class and config class, its trainable and weights
+module, and the ``model_type`` values it runs); adding a named random shape is one :func:`register_shape` call, and a checkpoint
 file format (a file rather than a directory, by suffix) one :func:`register_file_format` call. A
 model class provides ``model_type``, ``from_pretrained(path, **options)`` and
-``random(config, seed, **options)``; its config class provides ``param_count()``.
+``random(config, seed, **options)``; its config class provides ``param_count()``; its trainable
+(``orion.autodiff.trainable.TrainableModel``, built from a config) is what the trainer, LoRA fine-tuning
+and the training bench use, and its weights module provides ``load_hf(path)``, ``save_hf(path, config,
+weights)`` and ``random_weights(config, seed)``.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from orion.errors import OrionError
@@ -26,10 +30,13 @@ class UnknownModel(OrionError, ValueError):
 
 @dataclass(frozen=True)
 class Family:
-    """A registered model: its class and its config class."""
+    """A registered model: its class, its config class, its trainable class (made from a config) and the
+    module that loads, saves and makes its weights (``load_hf``, ``save_hf``, ``random_weights``)."""
 
     model: type
     config: type
+    trainable: type
+    weights: ModuleType
 
 
 _FAMILIES: dict[str, Family] = {}
@@ -39,10 +46,12 @@ _FILE_CLASSES: dict[str, Callable[[Path], type]] = {}
 _FILE_TOKENIZERS: dict[str, Callable[[Path], Any]] = {}
 
 
-def register(model: type, config: type, model_types: Iterable[str] | None = None) -> None:
-    """Make ``model`` the class that runs configs of each of ``model_types`` (default: its ``model_type``)."""
+def register(model: type, config: type, trainable: type, weights: ModuleType,
+             model_types: Iterable[str] | None = None) -> None:
+    """Make ``model`` the class that runs configs of each of ``model_types`` (default: its ``model_type``),
+    ``trainable`` the one that trains them and ``weights`` the module that reads and writes their weights."""
     for model_type in model_types or (model.model_type,):
-        _FAMILIES[model_type] = Family(model, config)
+        _FAMILIES[model_type] = Family(model, config, trainable, weights)
 
 
 def register_file_format(suffix: str, load_file: Callable[..., Any], class_of: Callable[[Path], type] | None = None,
@@ -86,6 +95,14 @@ def model_types() -> list[str]:
 def shape_names() -> list[str]:
     """The names :func:`random` accepts."""
     return sorted(_SHAPES)
+
+
+def family(model_type: str, where: str = "config.json") -> Family:
+    """The registered family that runs ``model_type`` (``where``: the file that names it, for the error)."""
+    if model_type not in _FAMILIES:
+        what = "has no model_type" if model_type is None else f"has model_type {model_type!r}"
+        raise UnknownModel(f"{where}: {what}; Orion runs model types {model_types()}")
+    return _FAMILIES[model_type]
 
 
 def family_of(config: Any) -> Family:
@@ -135,11 +152,7 @@ def model_class(path: str | os.PathLike[str]) -> type:
     if not config_path.is_file():
         raise ModelFileError(f"{config_path}: no such file; a model directory holds the model's Hugging Face "
                              f"{CONFIG_FILE} (its model_type picks the model) and weights")
-    model_type = read_json_object(config_path).get("model_type")
-    if model_type not in _FAMILIES:
-        what = "has no model_type" if model_type is None else f"has model_type {model_type!r}"
-        raise UnknownModel(f"{config_path}: {what}; Orion runs model types {model_types()}")
-    return _FAMILIES[model_type].model
+    return family(read_json_object(config_path).get("model_type"), str(config_path)).model
 
 
 def load(path: str | os.PathLike[str], **options: Any) -> Any:

@@ -70,9 +70,21 @@ def _grad_identity(ctx: GradContext, n: Node, dy: Node) -> Grads:
     return [dy]
 
 
+RELU_STEP_GAIN = 65504.0  # fp16's largest: relu's gradient rule selects exactly wherever x >= 1 / RELU_STEP_GAIN
+
+
+def _grad_relu(ctx: GradContext, n: Node, dy: Node) -> Grads:
+    """dy * [x > 0] without a comparison op, from relu's own output y: the step is 1 - relu(1 - K y), which is
+    exactly 0 at y = 0 and exactly 1 for y >= 1/K (K y may overflow to inf: 1 - inf = -inf, relu gives 0), K
+    times y in between (0 < x < 1.5e-5, where the slope is off by at most that fraction); written as
+    dy - dy * relu(1 - K y)."""
+    off = ctx.g.relu(ctx.g.add(ctx.g.mul(n, -RELU_STEP_GAIN), 1.0))
+    return [ctx.g.sub(dy, ctx.g.mul(dy, off))]
+
+
 def no_comparison(ctx: GradContext, n: Node, dy: Node) -> Grads:
-    """The rule of ops whose gradient is a selection (relu, reduce_max): refused, naming the node."""
-    raise ctx.fail("its gradient needs a comparison (x > 0, x == max), which the ANE dialect has no op for",
+    """The rule of ops whose gradient is a selection of one element (reduce_max): refused, naming the node."""
+    raise ctx.fail("its gradient needs a comparison (x == max), which the ANE dialect has no op for",
                    "keep this op off the differentiated path (compute it on the CPU or from inputs that need no "
                    "gradient), or use an op with a direct rule (rms_norm, layer_norm, softmax, attention)")
 
@@ -93,7 +105,7 @@ _binary("mul", np.multiply, _grad_mul, "x * y with broadcasting")
 _activation("tanh", np.tanh, _grad_tanh, "hyperbolic tangent")
 _activation("sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)), _grad_sigmoid, "logistic sigmoid")
 _activation("exp", np.exp, _grad_exp, "e ** x")
-_activation("relu", lambda x: np.maximum(x, 0.0), no_comparison, "max(x, 0)")
+_activation("relu", lambda x: np.maximum(x, 0.0), _grad_relu, "max(x, 0)")
 _activation("identity", lambda x: x, _grad_identity, "x unchanged")
 
 

@@ -28,10 +28,12 @@ DATA_SUBDIR, PLOT_FILE, ADAPTER_SUBDIR = "data", "loss.png", "adapter"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m orion train", description="Train a GPT-2 or Llama on token data.")
+    p = argparse.ArgumentParser(prog="python -m orion train",
+                                description="Train a model of any family Orion runs (GPT-2, Llama, Mistral, Qwen2) on "
+                                            "token data.")
     p.add_argument("--model", required=True, help=f"a shape ({', '.join(SHAPES)}; random weights), a Hugging "
-                   "Face GPT-2/Llama directory (its weights), or a trainer checkpoint of a shape (a run directory or "
-                   "ckpt-*.json: its weights)")
+                   "Face model directory of any family Orion runs (its weights), or a trainer checkpoint of a shape "
+                   "(a run directory or ckpt-*.json: its weights)")
     p.add_argument("--data", required=True, help="a token directory (nanoGPT train.bin/val.bin or llama2.c shards), "
                    "one .bin file, or 'stdlib' (the built-in corpus, prepared on first use)")
     p.add_argument("--out", required=True, help="run directory: train.jsonl, checkpoints/, loss.png")

@@ -36,17 +36,14 @@ from typing import IO, Any
 import numpy as np
 
 from orion import compile_count
-from orion.autodiff.gpt2 import GPT2Trainable
-from orion.autodiff.llama import LlamaTrainable
 from orion.autodiff.partition import ANE, Plan, partition
 from orion.autodiff.runner import WEIGHT_STRATEGIES, GradientRunner, NonFiniteGradient, planned_compiles
 from orion.autodiff.trainable import TrainableModel
 from orion.errors import OrionError
 from orion.limits import FP16_MAX
 from orion.lora.train import LoraSpec, LoraTrainable, modules_of
-from orion.models.gpt2 import weights as gpt2_weights
+from orion.models import UnknownModel, family, family_of
 from orion.models.gpt2.config import GPT2Config
-from orion.models.llama import weights as llama_weights
 from orion.models.llama.config import LlamaConfig
 from orion.train import checkpoint, loss_scale, restart, schedule
 from orion.train.data import BatchSampler, Dataset, eval_batches, open_dataset
@@ -125,7 +122,8 @@ class TrainConfig:
 def load_model(model: str | os.PathLike | GPT2Config | LlamaConfig, seed: int = 0
                ) -> tuple[TrainableModel, dict[str, np.ndarray], dict[str, Any]]:
     """``(trainable model, fp32 C-contiguous parameters, description)`` of a shape name (:data:`SHAPES`), a
-    config (random weights from ``seed``) or a Hugging Face GPT-2 / Llama directory (its weights)."""
+    config of a registered model (random weights from ``seed``) or a Hugging Face directory of one (its
+    weights): the model registry's family record says which trainable and which weights reader."""
     trainable, params, description = _load_model(model, seed)
     return trainable, {k: np.ascontiguousarray(v) for k, v in params.items()}, description
 
@@ -134,7 +132,7 @@ def _load_model(model: str | os.PathLike | GPT2Config | LlamaConfig, seed: int
                 ) -> tuple[TrainableModel, dict[str, np.ndarray], dict[str, Any]]:
     if isinstance(model, str) and model in SHAPES:
         config, origin = SHAPES[model], f"random {model}, seed {seed}"
-    elif isinstance(model, (GPT2Config, LlamaConfig)):
+    elif not isinstance(model, (str, os.PathLike)):
         config, origin = model, f"random, seed {seed}"
     else:
         path = Path(model)
@@ -142,25 +140,21 @@ def _load_model(model: str | os.PathLike | GPT2Config | LlamaConfig, seed: int
         if manifest is not None:
             return _checkpoint_model(manifest)
         if not path.is_dir():
-            raise TrainError(f"model {model!r} is neither a shape ({', '.join(SHAPES)}), a GPT2Config/LlamaConfig, "
-                             "a model directory nor a trainer checkpoint. Fix: name a shape or pass a Hugging Face "
-                             "GPT-2/Llama directory, a run directory or a ckpt-*.json")
+            raise TrainError(f"model {model!r} is neither a shape ({', '.join(SHAPES)}), a model config, a model "
+                             "directory nor a trainer checkpoint. Fix: name a shape or pass a Hugging Face model "
+                             "directory, a run directory or a ckpt-*.json")
         try:
             model_type = json.loads((path / "config.json").read_text()).get("model_type")
         except (OSError, json.JSONDecodeError) as exc:
             raise TrainError(f"{path / 'config.json'}: cannot read the model's config ({exc})") from exc
-        if model_type == "gpt2":
-            config, weights = gpt2_weights.load_hf(path)
-        elif model_type == "llama":
-            config, weights = llama_weights.load_hf(path)
-        else:
-            raise TrainError(f"{path / 'config.json'}: model_type {model_type!r}; the trainer trains 'gpt2' and "
-                             "'llama' models")
+        try:
+            config, weights = family(model_type, str(path / "config.json")).weights.load_hf(path)
+        except UnknownModel as exc:
+            raise TrainError(f"{exc}; the trainer trains every model type Orion runs") from None
         trainable = _trainable(config)
         return trainable, trainable.params(weights), {"config": _config_dict(config), "origin": str(path.resolve())}
     trainable = _trainable(config)
-    module = gpt2_weights if isinstance(config, GPT2Config) else llama_weights
-    params = trainable.params(module.random_weights(config, seed=seed))
+    params = trainable.params(family_of(config).weights.random_weights(config, seed=seed))
     return trainable, params, {"config": _config_dict(config), "origin": origin}
 
 
@@ -207,17 +201,16 @@ def _checkpoint_model(manifest: Path) -> tuple[TrainableModel, dict[str, np.ndar
                      "checkpoint holds only adapters). Fix: pass a full trainer checkpoint of one of those shapes")
 
 
-def _trainable(config: GPT2Config | LlamaConfig) -> TrainableModel:
-    return GPT2Trainable(config) if isinstance(config, GPT2Config) else LlamaTrainable(config)
+def _trainable(config: Any) -> TrainableModel:
+    """The registered family's trainable of ``config``."""
+    try:
+        return family_of(config).trainable(config)
+    except UnknownModel as exc:
+        raise TrainError(f"model {config!r}: {exc}") from None
 
 
 def _config_dict(config: GPT2Config | LlamaConfig) -> dict[str, Any]:
     return {"class": type(config).__name__, **dataclasses.asdict(config)}
-
-
-def context_length(config: GPT2Config | LlamaConfig) -> int:
-    """The longest sequence the model's positions cover."""
-    return config.n_positions if isinstance(config, GPT2Config) else config.max_position_embeddings
 
 
 class Trainer:
@@ -246,8 +239,8 @@ class Trainer:
         if cfg.lora is not None:  # the base becomes frozen; the parameters are the adapters alone
             self.model = LoraTrainable(self.model, self.params, cfg.lora, modules_of(self.model, cfg.lora.targets))
             self.params = self.model.init_params(cfg.seed)
-        if cfg.seq > context_length(self.model.config):
-            raise TrainError(f"seq={cfg.seq} exceeds the model's context of {context_length(self.model.config)} "
+        if cfg.seq > self.model.context:
+            raise TrainError(f"seq={cfg.seq} exceeds the model's context of {self.model.context} "
                              "positions. Fix: pass a shorter seq")
         self.data = data if isinstance(data, Dataset) else open_dataset(data, vocab_size=self.model.vocab_size)
         _check_vocabulary(self.data, self.model.vocab_size)

@@ -1,4 +1,6 @@
-"""GPT-2 as Orion graphs: transformer blocks for prefill and for KV-cache decode, and the LM head.
+"""GPT-2 as Orion graphs: transformer blocks for prefill and for KV-cache decode, and the LM head. The block
+is written once (:func:`block`); these graphs bake its weights, and the training layer graph
+(``orion.models.gpt2.trainable``) reads them as inputs.
 
 Every tensor is ``[1, C, 1, S]``, channel-major. A decode graph sees one token (``S = 1``; the I/O
 padding pass gives its surfaces the lanes the ANE needs) and each layer's KV cache as
@@ -14,12 +16,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
+
 from orion.graph import Graph
 from orion.graph.ir import Node
-from orion.lora.graph import Sites, adapted
-from orion.models.blocks import cached_attention, chunk_attention, linear
+from orion.lora.graph import Sites
+from orion.models.blocks import BakedParams, LayerParams, cached_attention, chunk_attention, linear
 from orion.models.gpt2.config import GPT2Config
-from orion.models.gpt2.weights import GPT2Weights
+from orion.models.gpt2.weights import BlockWeights, GPT2Weights
 from orion.ops import graph_causal_mask
 
 # (layer, q, k, v) -> attention output, [1, C, 1, S]
@@ -45,30 +49,65 @@ def lora_site_names(layer: int) -> dict[str, str]:
             "mlp.c_fc": f"h{layer}_mlp_fc", "mlp.c_proj": f"h{layer}_mlp_proj"}
 
 
+# the attention and MLP projections by Hugging Face module: (weight, bias) parameters in output-row order
+QKV = {"attn.c_attn": (("w_q", "b_q"), ("w_k", "b_k"), ("w_v", "b_v"))}
+ATTN_OUT = {"attn.c_proj": (("w_attn_out", "b_attn_out"),)}
+FC = {"mlp.c_fc": (("w_fc", "b_fc"),)}
+MLP_OUT = {"mlp.c_proj": (("w_proj", "b_proj"),)}
+
+
+def layer_arrays(block: BlockWeights) -> dict[str, np.ndarray]:
+    """Block ``block``'s arrays by parameter name (``w_qkv`` as its ``w_q``, ``w_k``, ``w_v`` rows)."""
+    c = block.w_attn_out.shape[0]
+    arrays = {"ln1_g": block.ln1_g, "ln1_b": block.ln1_b, "w_attn_out": block.w_attn_out,
+              "b_attn_out": block.b_attn_out, "ln2_g": block.ln2_g, "ln2_b": block.ln2_b, "w_fc": block.w_fc,
+              "b_fc": block.b_fc, "w_proj": block.w_proj, "b_proj": block.b_proj}
+    for j, t in enumerate("qkv"):
+        arrays[f"w_{t}"], arrays[f"b_{t}"] = block.w_qkv[j * c:(j + 1) * c], block.b_qkv[j * c:(j + 1) * c]
+    return arrays
+
+
+def block(g: Graph, x: Node, config: GPT2Config, p: LayerParams, layer: int, attend: Attend) -> tuple[Node, Node, Node]:
+    """Transformer block ``layer`` on the residual stream ``x``, its weights read through ``p``: the one
+    definition of a GPT-2 block, for inference and training. Returns the new ``x`` and the block's key
+    and value; ``attend`` is the attention itself (causal over the prompt, or over the cache)."""
+    eps = config.layer_norm_epsilon
+    with g.scope(f"h{layer}.attn"):
+        h = g.layer_norm(x, p.vector("ln1_g"), p.vector("ln1_b"), eps, name="ln")
+        q, k, v = p.project(g, h, QKV, "qkv")
+        a = attend(layer, q, k, v)
+        x = g.add(x, p.project(g, a, ATTN_OUT, "proj")[0], name="res")
+    with g.scope(f"h{layer}.mlp"):
+        h = g.layer_norm(x, p.vector("ln2_g"), p.vector("ln2_b"), eps, name="ln")
+        up = activation(g, p.project(g, h, FC, "fc")[0], config.activation_function)
+        x = g.add(x, p.project(g, up, MLP_OUT, "proj")[0], name="res")
+    return x, k, v
+
+
 def _layers(g: Graph, x: Node, config: GPT2Config, weights: GPT2Weights, layers: range, attend: Attend,
             adapters: Sites | None, quant: str) -> Node:
-    """Blocks ``layers`` on the residual stream ``x``; each block's key and value become outputs
-    ``k<i>``/``v<i>``. ``attend`` is the attention itself (causal over the prompt, or over the cache);
-    ``adapters`` the LoRA site ranks (``orion.lora.graph``)."""
-    c, eps = config.n_embd, config.layer_norm_epsilon
+    """Blocks ``layers`` with baked weights; each block's key and value become outputs ``k<i>``/``v<i>``.
+    ``adapters``: the LoRA site ranks (``orion.lora.graph``)."""
     for i in layers:
-        b, site = weights.blocks[i], lora_site_names(i)
-        with g.scope(f"h{i}.attn"):
-            h = g.layer_norm(x, b.ln1_g, b.ln1_b, eps, name="ln")
-            qkv = adapted(g, linear(g, h, b.w_qkv, b.b_qkv, quant, "qkv"), [h], site["attn.c_attn"], adapters)
-            q, k, v = g.split(qkv, [c, c, c], axis=1, name="qkv")
-            g.output(k, f"k{i}")
-            g.output(v, f"v{i}")
-            a = attend(i, q, k, v)
-            proj = adapted(g, linear(g, a, b.w_attn_out, b.b_attn_out, quant, "proj"), [a], site["attn.c_proj"], adapters)
-            x = g.add(x, proj, name="res")
-        with g.scope(f"h{i}.mlp"):
-            h = g.layer_norm(x, b.ln2_g, b.ln2_b, eps, name="ln")
-            fc = adapted(g, linear(g, h, b.w_fc, b.b_fc, quant, "fc"), [h], site["mlp.c_fc"], adapters)
-            up = activation(g, fc, config.activation_function)
-            down = adapted(g, linear(g, up, b.w_proj, b.b_proj, quant, "proj"), [up], site["mlp.c_proj"], adapters)
-            x = g.add(x, down, name="res")
+        b = weights.blocks[i]
+        params = BakedParams(layer_arrays(b), lora_site_names(i), adapters, quant,
+                             {("w_q", "w_k", "w_v"): b.w_qkv, ("b_q", "b_k", "b_v"): b.b_qkv})
+        x, k, v = block(g, x, config, params, i, attend)
+        g.output(k, f"k{i}")
+        g.output(v, f"v{i}")
     return x
+
+
+def prefill_attention(g: Graph, config: GPT2Config, layer: int, q: Node, k: Node, v: Node,
+                      scale: Node | None = None) -> Node:
+    """Causal attention over the whole sequence. ``g.attention`` scales by 1/sqrt(head_dim): another scale
+    (``config.attention_scale``, or the ``[1, C, 1, 1]`` factor ``scale`` on it) is folded into ``q`` first."""
+    factor = config.attention_scale(layer) * math.sqrt(config.head_dim)
+    if scale is not None:
+        q = g.mul(q, scale, name="q_scale")
+    elif factor != 1.0:
+        q = g.mul(q, factor, name="q_scale")
+    return g.attention(q, k, v, config.n_head, causal=True, name="core")
 
 
 def decode_graph(config: GPT2Config, weights: GPT2Weights, layers: range, adapters: Sites | None = None,
@@ -108,11 +147,7 @@ def prefill_graph(config: GPT2Config, weights: GPT2Weights, layers: range, seq: 
     def attend(i: int, q: Node, k: Node, v: Node) -> Node:
         if past:
             return chunk_attention(g, q, k, v, *caches[i], mask, causal, config.n_head, config.attention_scale(i))
-        # g.attention scales by 1/sqrt(head_dim): other scales are folded into q first.
-        factor = config.attention_scale(i) * math.sqrt(config.head_dim)
-        if factor != 1.0:
-            q = g.mul(q, factor, name="q_scale")
-        return g.attention(q, k, v, config.n_head, causal=True, name="core")
+        return prefill_attention(g, config, i, q, k, v)
 
     g.output(_layers(g, x, config, weights, layers, attend, adapters, quant), "x")
     return g

@@ -87,7 +87,7 @@ class GPT2(CausalLM):
 
     def lora_placements(self) -> dict[str, Placement]:
         """``transformer.h.<i>.{attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj}``, each one whole site."""
-        c, f = self.config.n_embd, 4 * self.config.n_embd
+        c, f = self.config.n_embd, self.config.inner
         shapes = {"attn.c_attn": (c, 3 * c), "attn.c_proj": (c, c), "mlp.c_fc": (c, f), "mlp.c_proj": (f, c)}
         placements = {}
         for i in range(self.config.n_layer):

@@ -1,5 +1,7 @@
 """Llama-family layers as Orion graphs: RMSNorm, RoPE, grouped-query attention and SwiGLU, for prefill
-(a whole sequence, causal) and for one decode step over a KV cache, plus the final norm and LM head.
+(a whole sequence, causal) and for one decode step over a KV cache, plus the final norm and LM head. The
+layer is written once (:func:`layer`); the prefill, chunk and decode graphs bake its weights and pass their
+attention, and the training layer graph (``orion.models.llama.trainable``) reads them as inputs.
 
 Every tensor is ``[1, C, 1, S]``, channel-major, and only conservative ops are used (1x1 conv for
 projections, matmul for attention, no concat, SiLU as ``x * sigmoid(x)``, an explicit additive causal
@@ -28,14 +30,15 @@ constant RoPE partner matrix as a batch-broadcast matmul operand, as legalizatio
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
 from orion.graph import Graph
 from orion.graph.ir import Node
 from orion.limits import MIN_LANES
-from orion.lora.graph import Sites, adapted
-from orion.models.blocks import cached_attention, chunk_attention, linear
+from orion.lora.graph import Sites
+from orion.models.blocks import BakedParams, LayerParams, Projection, cached_attention, chunk_attention, linear
 from orion.models.llama.config import ConfigError, LlamaConfig
 from orion.models.llama.weights import LayerWeights, LlamaWeights
 from orion.ops import graph_causal_mask
@@ -78,7 +81,7 @@ def rope_row(config: LlamaConfig, position: int) -> np.ndarray:
     return np.concatenate([cos[:, 0], sin[:, 0]]).reshape(1, -1, 1, 1).astype(np.float32)
 
 
-def _rope_partner(g: Graph, config: LlamaConfig) -> Node:
+def rope_partner(g: Graph, config: LlamaConfig) -> Node:
     """``[1, 1, head_dim, head_dim]`` signed permutation P with (P x)[c] = sign[c] * x[mate[c]]."""
     mate, sign = _pair_mate(config)
     p = np.zeros((config.head_dim, config.head_dim))
@@ -116,39 +119,63 @@ def qkv_order(config: LlamaConfig) -> np.ndarray:
     return np.concatenate([group_rows(config, j) for j in range(config.group_size)])
 
 
-def _qkv(g: Graph, x: Node, config: LlamaConfig, layer: LayerWeights, site: str,
-         adapters: Sites | None, quant: str) -> tuple[list[Node], Node, Node]:
-    """Fused projection: the query groups (each ``[1, kv_dim, 1, S]``), then keys and values."""
-    h = g.rms_norm(x, layer.attn_norm, config.rms_norm_eps, name="attn_norm")
-    order = qkv_order(config)
-    weight = np.concatenate([layer.wq[order], layer.wk, layer.wv])
-    bias = None if layer.bq is None else np.concatenate([layer.bq[order], layer.bk, layer.bv])
-    qkv = adapted(g, linear(g, h, weight, bias, quant, "qkv"), [h], site, adapters)
-    parts = g.split(qkv, [config.kv_dim] * (config.group_size + 2), axis=1, name="qkv")
-    return parts[:-2], parts[-2], parts[-1]
+def layer_arrays(config: LlamaConfig, layer: LayerWeights) -> dict[str, np.ndarray]:
+    """Layer ``layer``'s arrays by parameter name: ``wq`` (and ``bq``) split by query group into ``wq_g<j>``
+    (``bq_g<j>``), ``wo``'s columns into ``wo_g<j>``; the others as they are."""
+    arrays = {"attn_norm": layer.attn_norm, "wk": layer.wk, "wv": layer.wv, "mlp_norm": layer.mlp_norm,
+              "w_gate": layer.w_gate, "w_up": layer.w_up, "w_down": layer.w_down}
+    for j in range(config.group_size):
+        rows = group_rows(config, j)
+        arrays[f"wq_g{j}"], arrays[f"wo_g{j}"] = layer.wq[rows], layer.wo[:, rows]
+    if config.qkv_bias:
+        arrays.update({f"bq_g{j}": layer.bq[group_rows(config, j)] for j in range(config.group_size)})
+        arrays.update(bk=layer.bk, bv=layer.bv)
+    return arrays
 
 
-def _out_proj(g: Graph, x: Node, contexts: list[Node], config: LlamaConfig, layer: LayerWeights, site: str,
-              adapters: Sites | None, quant: str) -> Node:
-    """Residual plus the output projection, summed over query groups (each group one LoRA input piece)."""
-    acc = None
-    for j, ctx in enumerate(contexts):
-        part = linear(g, ctx, layer.wo[:, group_rows(config, j)], None, quant, f"o_g{j}")
-        acc = part if acc is None else g.add(acc, part, name=f"o_sum{j}")
-    return g.add(x, adapted(g, acc, contexts, site, adapters), name="attn_res")
+def projections(config: LlamaConfig) -> tuple[Projection, Projection]:
+    """The layer's q/k/v and gate/up projections by Hugging Face module (query groups in order)."""
+    def bias(name: str) -> str | None:
+        return name if config.qkv_bias else None
+
+    groups = range(config.group_size)
+    qkv = {"self_attn.q_proj": tuple((f"wq_g{j}", bias(f"bq_g{j}")) for j in groups),
+           "self_attn.k_proj": (("wk", bias("bk")),), "self_attn.v_proj": (("wv", bias("bv")),)}
+    return qkv, {"mlp.gate_proj": (("w_gate", None),), "mlp.up_proj": (("w_up", None),)}
 
 
-def _mlp(g: Graph, x: Node, config: LlamaConfig, layer: LayerWeights, sites: dict[str, str],
-         adapters: Sites | None, quant: str) -> Node:
-    """SwiGLU: x + W_down(silu(W_gate h) * W_up h) with h = RMSNorm(x) and silu(a) = a * sigmoid(a)."""
-    h = g.rms_norm(x, layer.mlp_norm, config.rms_norm_eps, name="mlp_norm")
-    gate_up = adapted(g, linear(g, h, np.concatenate([layer.w_gate, layer.w_up]), None, quant, "gate_up"), [h],
-                      sites["mlp.gate_proj"], adapters)
-    gate, up = g.split(gate_up, [config.hidden_dim, config.hidden_dim], axis=1, name="gate_up")
-    act = g.mul(gate, g.sigmoid(gate, name="gate_sigmoid"), name="silu")
+# (query group, its rotated queries [1, KV, hd, S], the rotated keys [1, KV, hd, S] and [1, kv_dim, 1, S],
+# the values [1, kv_dim, 1, S]) -> the group's attention output [1, kv_dim, 1, S]
+GroupAttend = Callable[[int, Node, Node, Node, Node], Node]
+
+
+def layer(g: Graph, x: Node, config: LlamaConfig, p: LayerParams, rope: tuple[Node, Node, Node],
+          attend: GroupAttend) -> tuple[Node, Node, Node]:
+    """One decoder layer on the residual stream ``x``, its weights read through ``p``: the one definition of
+    a Llama-family layer, for inference and training. ``rope``: the cos and sin tables and the partner
+    matrix (:func:`apply_rope`); ``attend``: the attention of one query group (over the prompt, a cache or
+    both). Returns the new ``x``, the rotated keys and the values (``[1, kv_dim, 1, S]``)."""
+    kv, s, eps = config.n_kv_heads, x.shape[3], config.rms_norm_eps
+    cos, sin, partner = rope
+    qkv, gate_up = projections(config)
+    h = g.rms_norm(x, p.vector("attn_norm"), eps, name="attn_norm")
+    *queries, k, v = p.project(g, h, qkv, "qkv")
+    kh = apply_rope(g, k, kv, cos, sin, partner, "k_rope")
+    k_out = g.reshape(kh, [1, config.kv_dim, 1, s], name="k_out")
+    contexts = [attend(j, apply_rope(g, q, kv, cos, sin, partner, f"q{j}_rope"), kh, k_out, v)
+                for j, q in enumerate(queries)]
+    o = p.project_sum(g, contexts, "self_attn.o_proj", [f"wo_g{j}" for j in range(config.group_size)], "o")
+    x = g.add(x, o, name="attn_res")
+    h = g.rms_norm(x, p.vector("mlp_norm"), eps, name="mlp_norm")  # SwiGLU: x + W_down(silu(W_gate h) * W_up h)
+    gate, up = p.project(g, h, gate_up, "gate_up")
+    act = g.silu(gate, name="silu")  # legalized to gate * sigmoid(gate); its own gradient rule in training
     swiglu = g.mul(act, up, name="swiglu")
-    down = adapted(g, linear(g, swiglu, layer.w_down, None, quant, "down"), [swiglu], sites["mlp.down_proj"], adapters)
-    return g.add(x, down, name="mlp_res")
+    down = p.project(g, swiglu, {"mlp.down_proj": (("w_down", None),)}, "down")[0]
+    return g.add(x, down, name="mlp_res"), k_out, v
+
+
+def _baked(config: LlamaConfig, weights: LlamaWeights, i: int, adapters: Sites | None, quant: str) -> BakedParams:
+    return BakedParams(layer_arrays(config, weights.layers[i]), lora_site_names(i), adapters, quant)
 
 
 def _group_attention(g: Graph, q: Node, k: Node, v: Node, mask: Node, name: str) -> Node:
@@ -192,29 +219,25 @@ def prefill_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, seq
     else:
         cos_table, sin_table = rope_tables(config, np.arange(seq))
         cos, sin = (g.const(n, t.reshape(1, 1, d, seq)) for n, t in (("rope_cos", cos_table), ("rope_sin", sin_table)))
-    partner = _rope_partner(g, config)
+    partner = rope_partner(g, config)
     mask_causal = graph_causal_mask(g, seq)
     for i in layers:
-        layer, sites = weights.layers[i], lora_site_names(i)
+        values: list[Node] = []  # the values in head form, made once and shared by the query groups
+
+        def attend(j: int, qh: Node, kh: Node, k: Node, v: Node, i: int = i, values: list[Node] = values) -> Node:
+            if past_context:
+                with g.scope(f"attn_g{j}"):
+                    q_flat = g.reshape(qh, [1, config.kv_dim, 1, seq], name="q_rotated")
+                    return chunk_attention(g, q_flat, k, v, *caches[i], mask, mask_causal, kv)
+            if not values:
+                values.append(g.reshape(v, [1, kv, d, seq], name="v_heads"))
+            qh = g.mul(qh, 1.0 / math.sqrt(d), name=f"q{j}_scaled")
+            return _group_attention(g, qh, kh, values[0], mask_causal, f"attn_g{j}")
+
         with g.scope(f"l{i}"):
-            queries, k, v = _qkv(g, x, config, layer, sites["self_attn.q_proj"], adapters, quant)
-            kh = apply_rope(g, k, kv, cos, sin, partner, "k_rope")
-            k_out = g.reshape(kh, [1, config.kv_dim, 1, seq], name="k_out")
-            g.output(k_out, f"k{i}")
-            g.output(v, f"v{i}")
-            vh = g.reshape(v, [1, kv, d, seq], name="v_heads")
-            contexts = []
-            for j, q in enumerate(queries):
-                qh = apply_rope(g, q, kv, cos, sin, partner, f"q{j}_rope")
-                if past_context:
-                    with g.scope(f"attn_g{j}"):
-                        q_flat = g.reshape(qh, [1, config.kv_dim, 1, seq], name="q_rotated")
-                        contexts.append(chunk_attention(g, q_flat, k_out, v, *caches[i], mask, mask_causal, kv))
-                    continue
-                qh = g.mul(qh, 1.0 / math.sqrt(d), name=f"q{j}_scaled")
-                contexts.append(_group_attention(g, qh, kh, vh, mask_causal, f"attn_g{j}"))
-            attended = _out_proj(g, x, contexts, config, layer, sites["self_attn.o_proj"], adapters, quant)
-            x = _mlp(g, attended, config, layer, sites, adapters, quant)
+            x, k, v = layer(g, x, config, _baked(config, weights, i, adapters, quant), (cos, sin, partner), attend)
+        g.output(k, f"k{i}")
+        g.output(v, f"v{i}")
     g.output(x, "x")
     return g
 
@@ -235,22 +258,17 @@ def decode_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, cont
                     strict=True))
     caches = {i: (g.input(f"k{i}", [1, config.kv_dim, 1, t]), g.input(f"v{i}", [1, config.kv_dim, 1, t]))
               for i in layers}
-    partner = _rope_partner(g, config)
+    partner = rope_partner(g, config)
     for i in layers:
-        layer, sites = weights.layers[i], lora_site_names(i)
+        def attend(j: int, qh: Node, kh: Node, k: Node, v: Node, i: int = i) -> Node:
+            q = g.reshape(qh, [1, config.kv_dim, 1, 1], name=f"q{j}_rotated")
+            with g.scope(f"attn_g{j}"):
+                return cached_attention(g, q, k, v, *caches[i], mask, kv)
+
         with g.scope(f"l{i}"):
-            queries, k, v = _qkv(g, x, config, layer, sites["self_attn.q_proj"], adapters, quant)
-            k = g.reshape(apply_rope(g, k, kv, cos, sin, partner, "k_rope"), [1, config.kv_dim, 1, 1], name="k_out")
-            g.output(k, f"k{i}")
-            g.output(v, f"v{i}")
-            contexts = []
-            for j, q in enumerate(queries):
-                q = g.reshape(apply_rope(g, q, kv, cos, sin, partner, f"q{j}_rope"), [1, config.kv_dim, 1, 1],
-                              name=f"q{j}_rotated")
-                with g.scope(f"attn_g{j}"):
-                    contexts.append(cached_attention(g, q, k, v, *caches[i], mask, kv))
-            attended = _out_proj(g, x, contexts, config, layer, sites["self_attn.o_proj"], adapters, quant)
-            x = _mlp(g, attended, config, layer, sites, adapters, quant)
+            x, k, v = layer(g, x, config, _baked(config, weights, i, adapters, quant), (cos, sin, partner), attend)
+        g.output(k, f"k{i}")
+        g.output(v, f"v{i}")
     g.output(x, "x")
     return g
 

@@ -1,37 +1,37 @@
-"""Llama for training: the layer graph with its weights as inputs (RoPE, grouped-query attention, SwiGLU),
-and the fp32 CPU embedding and head."""
+"""A Llama-family model (Llama, Mistral, Qwen2) for training: the parameter map, the layer graph
+(:func:`orion.models.llama.graphs.layer` with its weights as inputs) and the fp32 CPU embedding and head."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from orion.autodiff import cpu
-from orion.autodiff.context import GradientError
-from orion.autodiff.trainable import TrainableModel, input_shape
+from orion.autodiff.trainable import TrainableModel
 from orion.graph.builder import Graph
 from orion.graph.ir import Node
 from orion.lora.adapter import LayerTarget
-from orion.lora.graph import Sites, adapted, adapted_parts
+from orion.lora.graph import Sites
+from orion.models.blocks import InputParams
 from orion.models.llama.config import LlamaConfig
-from orion.models.llama.graphs import _rope_partner, apply_rope, group_rows, rope_tables
+from orion.models.llama.graphs import group_rows, layer, layer_arrays, rope_partner, rope_tables
 from orion.models.llama.lora import lora_placements
 from orion.models.llama.weights import LayerWeights, LlamaWeights
 
 
 class LlamaTrainable(TrainableModel):
-    """A Llama without q/k/v biases. Each query group's rows of ``wq`` (and columns of ``wo``) are their own
-    inputs ``wq_g<j>`` / ``wo_g<j>``, so the groups attend as plain multi-head attention over the shared
-    keys and values; RMSNorm is the registry op (its direct gradient rule holds for any gain)."""
+    """Each query group's rows of ``wq`` (and ``bq``, and columns of ``wo``) are their own inputs ``wq_g<j>``
+    (``bq_g<j>``) / ``wo_g<j>``, so the groups attend as plain multi-head attention over the shared keys and
+    values; RMSNorm is the registry op (its direct gradient rule holds for any gain)."""
 
     layer_prefix = "l"
     hf_layer_prefix, peft_fan_in_fan_out = "model.layers.", False  # PEFT module paths; nn.Linear weights
+    lora_aliases = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
+                    "down": "down_proj"}  # short target names of the command line -> PEFT module names
 
     def __init__(self, config: LlamaConfig) -> None:
-        if config.qkv_bias:
-            raise GradientError(f"{config.model_type}: q/k/v biases are not supported by the training layer graph yet. "
-                                "Fix: train a model without qkv_bias")
         self.config = config
         self.name, self.n_layers, self.dim, self.vocab_size = "llama", config.n_layers, config.dim, config.vocab_size
+        self.context = config.max_position_embeddings
         self.attention_per_layer = config.group_size  # one attention per query group, all of one layer
 
     @property
@@ -40,17 +40,12 @@ class LlamaTrainable(TrainableModel):
         return "embed" if self.config.tie_embeddings else "lm_head"
 
     def params(self, weights: LlamaWeights) -> dict[str, np.ndarray]:
-        """The flat fp32 parameters of ``weights`` (``wq``/``wo`` split by query group)."""
+        """The flat fp32 parameters of ``weights`` (``wq``/``bq``/``wo`` split by query group)."""
         out = {"embed": weights.embed, "norm": weights.norm}
         if not self.config.tie_embeddings:
             out["lm_head"] = weights.classifier
-        for i, layer in enumerate(weights.layers):
-            part = {"attn_norm": layer.attn_norm, "wk": layer.wk, "wv": layer.wv, "mlp_norm": layer.mlp_norm,
-                    "w_gate": layer.w_gate, "w_up": layer.w_up, "w_down": layer.w_down}
-            for j in range(self.config.group_size):
-                rows = group_rows(self.config, j)
-                part[f"wq_g{j}"], part[f"wo_g{j}"] = layer.wq[rows], layer.wo[:, rows]
-            out.update({self.layer_param(i, k): v for k, v in part.items()})
+        for i, part in enumerate(weights.layers):
+            out.update({self.layer_param(i, k): v for k, v in layer_arrays(self.config, part).items()})
         return {k: np.array(v, np.float32) for k, v in out.items()}
 
     def weights(self, params: dict[str, np.ndarray]) -> LlamaWeights:
@@ -61,11 +56,14 @@ class LlamaTrainable(TrainableModel):
             p = {name: np.asarray(params[self.layer_param(i, name)], np.float32) for name in self.layer_shapes()}
             wq = np.zeros((cfg.q_dim, cfg.dim), np.float32)
             wo = np.zeros((cfg.dim, cfg.q_dim), np.float32)
+            bq = np.zeros(cfg.q_dim, np.float32) if cfg.qkv_bias else None
             for j in range(cfg.group_size):
                 rows = group_rows(cfg, j)
                 wq[rows], wo[:, rows] = p[f"wq_g{j}"], p[f"wo_g{j}"]
+                if bq is not None:
+                    bq[rows] = p[f"bq_g{j}"]
             layers.append(LayerWeights(p["attn_norm"], wq, p["wk"], p["wv"], wo, p["mlp_norm"], p["w_gate"], p["w_up"],
-                                       p["w_down"]))
+                                       p["w_down"], bq, p.get("bk"), p.get("bv")))
         lm_head = None if cfg.tie_embeddings else np.asarray(params["lm_head"], np.float32)
         return LlamaWeights(np.asarray(params["embed"], np.float32), np.asarray(params["norm"], np.float32), layers,
                             lm_head)
@@ -75,6 +73,9 @@ class LlamaTrainable(TrainableModel):
         shapes: dict[str, tuple[int, ...]] = {"attn_norm": (d,), "wk": (kv, d), "wv": (kv, d)}
         for j in range(self.config.group_size):
             shapes.update({f"wq_g{j}": (kv, d), f"wo_g{j}": (d, kv)})
+        if self.config.qkv_bias:
+            shapes.update({f"bq_g{j}": (kv,) for j in range(self.config.group_size)})
+            shapes.update(bk=(kv,), bv=(kv,))
         shapes.update({"mlp_norm": (d,), "w_gate": (h, d), "w_up": (h, d), "w_down": (d, h)})
         return shapes
 
@@ -91,42 +92,22 @@ class LlamaTrainable(TrainableModel):
                 for module, grid in grids.items()}
 
     def layer_graph(self, seq: int, adapters: Sites | None = None, lora_scale: float = 1.0) -> Graph:
-        """The layer; with ``adapters`` (site of :meth:`lora_targets` -> rank) plus their LoRA terms."""
+        """The layer (:func:`orion.models.llama.graphs.layer`) with every parameter an input; with ``adapters``
+        (site of :meth:`lora_targets` -> rank) plus their LoRA terms."""
         cfg = self.config
-        kv, hd, eps = cfg.n_kv_heads, cfg.head_dim, cfg.rms_norm_eps
+        kv, hd = cfg.n_kv_heads, cfg.head_dim
         g = Graph(f"llama_train_layer_d{self.dim}_s{seq}" + ("_lora" if adapters else ""))
         x = g.input("x", [1, self.dim, 1, seq])
-        p = {name: g.input(name, input_shape(shape)) for name, shape in self.layer_shapes().items()}
+        params = InputParams(g, self.layer_shapes(), {m: t.site for m, t in self.lora_targets().items()}, adapters,
+                             lora_scale)
         cos_table, sin_table = rope_tables(cfg, np.arange(seq))
         cos, sin = (g.const(n, t.reshape(1, 1, hd, seq)) for n, t in (("rope_cos", cos_table), ("rope_sin", sin_table)))
-        partner = _rope_partner(g, cfg)
-        site = {module: t.site for module, t in self.lora_targets().items()}
 
-        def rotated(t: Node, name: str) -> Node:
-            heads = apply_rope(g, t, kv, cos, sin, partner, name)
-            return g.reshape(heads, [1, cfg.kv_dim, 1, seq], name=f"{name}_flat")
+        def attend(j: int, qh: Node, kh: Node, k: Node, v: Node) -> Node:
+            q = g.reshape(qh, [1, cfg.kv_dim, 1, seq], name=f"q{j}_flat")
+            return g.attention(q, k, v, kv, name=f"core_g{j}")
 
-        def linear(h: Node, weight: str, name: str, module: str) -> Node:
-            return adapted(g, g.linear(h, p[weight], name=name), [h], site[module], adapters, lora_scale)
-
-        with g.scope("attn"):
-            h = g.rms_norm(x, p["attn_norm"], eps, name="norm")
-            k = rotated(linear(h, "wk", "k", "self_attn.k_proj"), "k_rope")
-            v = linear(h, "wv", "v", "self_attn.v_proj")
-            queries = adapted_parts(g, [g.linear(h, p[f"wq_g{j}"], name=f"q_g{j}") for j in range(cfg.group_size)],
-                                    [h], site["self_attn.q_proj"], adapters, lora_scale)
-            out, contexts = None, []
-            for j, q in enumerate(queries):
-                contexts.append(g.attention(rotated(q, f"q_g{j}_rope"), k, v, kv, name=f"core_g{j}"))
-                part = g.linear(contexts[-1], p[f"wo_g{j}"], name=f"o_g{j}")
-                out = part if out is None else g.add(out, part, name=f"o_sum{j}")
-            x = g.add(x, adapted(g, out, contexts, site["self_attn.o_proj"], adapters, lora_scale), name="res")
-        with g.scope("mlp"):
-            h = g.rms_norm(x, p["mlp_norm"], eps, name="norm")
-            act = g.silu(linear(h, "w_gate", "gate", "mlp.gate_proj"), name="silu")
-            swiglu = g.mul(act, linear(h, "w_up", "up", "mlp.up_proj"), name="swiglu")
-            x = g.add(x, linear(swiglu, "w_down", "down", "mlp.down_proj"), name="res")
-        g.output(x, "y")
+        g.output(layer(g, x, cfg, params, (cos, sin, rope_partner(g, cfg)), attend)[0], "y")
         return g
 
     def embed(self, params: dict[str, np.ndarray], ids: np.ndarray) -> np.ndarray:

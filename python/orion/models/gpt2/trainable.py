@@ -1,39 +1,42 @@
-"""GPT-2 for training: the layer graph with its weights as inputs, and the fp32 CPU embedding and head."""
+"""GPT-2 for training: the parameter map, the layer graph (:func:`orion.models.gpt2.graphs.block` with its
+weights as inputs) and the fp32 CPU embedding and head."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from orion.autodiff import cpu
-from orion.autodiff.trainable import TrainableModel, input_shape
+from orion.autodiff.trainable import TrainableModel
 from orion.graph.builder import Graph
+from orion.graph.ir import Node
 from orion.lora.adapter import LayerTarget
-from orion.lora.graph import Sites, adapted, adapted_parts
+from orion.lora.graph import Sites
+from orion.models.blocks import InputParams
 from orion.models.gpt2.config import GPT2Config
+from orion.models.gpt2.graphs import block, layer_arrays, prefill_attention
 from orion.models.gpt2.weights import BlockWeights, GPT2Weights
 
 
 class GPT2Trainable(TrainableModel):
-    """GPT-2 (tied LM head): q, k and v are separate inputs so no gradient is placed back into a fused qkv."""
+    """GPT-2 (tied LM head): q, k and v are separate inputs so no gradient is placed back into a fused qkv.
+    With ``scale_attn_by_inverse_layer_idx`` the layer graph (one for all layers) takes the layer's attention
+    factor as the input ``attn_scale`` ``[1, C, 1, 1]``."""
 
     layer_prefix = "h"
     hf_layer_prefix, peft_fan_in_fan_out = "transformer.h.", True  # PEFT module paths; Conv1D weights
+    lora_aliases = {"q": "c_attn", "k": "c_attn", "v": "c_attn", "qkv": "c_attn", "o": "attn.c_proj",
+                    "fc": "mlp.c_fc", "up": "mlp.c_fc", "down": "mlp.c_proj"}  # command-line short target names
 
     def __init__(self, config: GPT2Config) -> None:
         self.config = config
         self.name, self.n_layers, self.dim, self.vocab_size = "gpt2", config.n_layer, config.n_embd, config.vocab_size
+        self.context = config.n_positions
 
     def params(self, weights: GPT2Weights) -> dict[str, np.ndarray]:
         """The flat fp32 parameters of ``weights`` (``w_qkv`` split into ``w_q``, ``w_k``, ``w_v``)."""
-        c = self.dim
         out = {"wte": weights.wte, "wpe": weights.wpe, "ln_f_g": weights.ln_f_g, "ln_f_b": weights.ln_f_b}
         for i, b in enumerate(weights.blocks):
-            layer = {"ln1_g": b.ln1_g, "ln1_b": b.ln1_b, "w_attn_out": b.w_attn_out, "b_attn_out": b.b_attn_out,
-                     "ln2_g": b.ln2_g, "ln2_b": b.ln2_b, "w_fc": b.w_fc, "b_fc": b.b_fc, "w_proj": b.w_proj,
-                     "b_proj": b.b_proj}
-            for j, t in enumerate("qkv"):
-                layer[f"w_{t}"], layer[f"b_{t}"] = b.w_qkv[j * c:(j + 1) * c], b.b_qkv[j * c:(j + 1) * c]
-            out.update({self.layer_param(i, k): v for k, v in layer.items()})
+            out.update({self.layer_param(i, k): v for k, v in layer_arrays(b).items()})
         return {k: np.array(v, np.float32) for k, v in out.items()}
 
     def weights(self, params: dict[str, np.ndarray]) -> GPT2Weights:
@@ -51,12 +54,12 @@ class GPT2Trainable(TrainableModel):
         return GPT2Weights(f32(params["wte"]), f32(params["wpe"]), f32(params["ln_f_g"]), f32(params["ln_f_b"]), blocks)
 
     def layer_shapes(self) -> dict[str, tuple[int, ...]]:
-        c = self.dim
+        c, f = self.dim, self.config.inner
         shapes = {"ln1_g": (c,), "ln1_b": (c,)}
         for t in "qkv":
             shapes.update({f"w_{t}": (c, c), f"b_{t}": (c,)})
         shapes.update({"w_attn_out": (c, c), "b_attn_out": (c,), "ln2_g": (c,), "ln2_b": (c,),
-                       "w_fc": (4 * c, c), "b_fc": (4 * c,), "w_proj": (c, 4 * c), "b_proj": (c,)})
+                       "w_fc": (f, c), "b_fc": (f,), "w_proj": (c, f), "b_proj": (c,)})
         return shapes
 
     def lora_targets(self) -> dict[str, LayerTarget]:
@@ -67,29 +70,28 @@ class GPT2Trainable(TrainableModel):
                 "mlp.c_proj": LayerTarget("mlp_c_proj", (("w_proj",),))}
 
     def layer_graph(self, seq: int, adapters: Sites | None = None, lora_scale: float = 1.0) -> Graph:
-        """The layer; with ``adapters`` (site of :meth:`lora_targets` -> rank) plus their LoRA terms."""
-        c, eps = self.dim, self.config.layer_norm_epsilon
-        g = Graph(f"gpt2_train_layer_c{c}_s{seq}" + ("_lora" if adapters else ""))
-        x = g.input("x", [1, c, 1, seq])
-        p = {name: g.input(name, input_shape(shape)) for name, shape in self.layer_shapes().items()}
-        site = {module: t.site for module, t in self.lora_targets().items()}
-        with g.scope("attn"):
-            h = g.layer_norm(x, p["ln1_g"], p["ln1_b"], eps, name="ln")
-            q, k, v = adapted_parts(g, [g.linear(h, p[f"w_{t}"], p[f"b_{t}"], name=t) for t in "qkv"], [h],
-                                    site["attn.c_attn"], adapters, lora_scale)
-            a = g.attention(q, k, v, self.config.n_head, name="core")
-            proj = adapted(g, g.linear(a, p["w_attn_out"], p["b_attn_out"], name="proj"), [a], site["attn.c_proj"],
-                           adapters, lora_scale)
-            x = g.add(x, proj, name="res")
-        with g.scope("mlp"):
-            h = g.layer_norm(x, p["ln2_g"], p["ln2_b"], eps, name="ln")
-            fc = adapted(g, g.linear(h, p["w_fc"], p["b_fc"], name="fc"), [h], site["mlp.c_fc"], adapters, lora_scale)
-            up = g.gelu(fc, name="gelu")
-            down = adapted(g, g.linear(up, p["w_proj"], p["b_proj"], name="proj"), [up], site["mlp.c_proj"], adapters,
-                           lora_scale)
-            x = g.add(x, down, name="res")
-        g.output(x, "y")
+        """The block (:func:`orion.models.gpt2.graphs.block`) with every parameter an input; with ``adapters``
+        (site of :meth:`lora_targets` -> rank) plus their LoRA terms."""
+        cfg = self.config
+        g = Graph(f"gpt2_train_layer_c{self.dim}_s{seq}" + ("_lora" if adapters else ""))
+        x = g.input("x", [1, self.dim, 1, seq])
+        params = InputParams(g, self.layer_shapes(), {m: t.site for m, t in self.lora_targets().items()}, adapters,
+                             lora_scale)
+        scale = g.input("attn_scale", [1, self.dim, 1, 1]) if cfg.scale_attn_by_inverse_layer_idx else None
+
+        def attend(layer: int, q: Node, k: Node, v: Node) -> Node:
+            return prefill_attention(g, cfg, layer, q, k, v, scale)
+
+        g.output(block(g, x, cfg, params, 0, attend)[0], "y")
         return g
+
+    def layer_inputs(self, params: dict[str, np.ndarray], layer: int) -> dict[str, np.ndarray]:
+        """The layer's parameters, and its ``attn_scale`` when the scale depends on the layer."""
+        inputs = super().layer_inputs(params, layer)
+        if self.config.scale_attn_by_inverse_layer_idx:
+            factor = self.config.attention_scale(layer) * self.config.head_dim ** 0.5
+            inputs["attn_scale"] = np.full((1, self.dim, 1, 1), factor, np.float32)
+        return inputs
 
     def embed(self, params: dict[str, np.ndarray], ids: np.ndarray) -> np.ndarray:
         return params["wte"][ids] + params["wpe"][: len(ids)]

@@ -67,6 +67,11 @@ class Tokenizer:
         ids = self._backend.encode(text, add_special_tokens=False).ids
         return [self.bos_token_id, *ids] if self.add_bos and add_special_tokens else ids
 
+    def encode_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        """Token ids of ``text`` (no special tokens added) and the character where each token starts."""
+        encoding = self._backend.encode(text, add_special_tokens=False)
+        return encoding.ids, [start for start, _ in encoding.offsets]
+
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ``ids``, special tokens included as written. An id the tokenizer does not have
         (a model vocabulary padded beyond the tokenizer's) is an error, never decoded to ``""``."""
@@ -83,16 +88,16 @@ class Tokenizer:
         return "" if token_id is None else self._backend.id_to_token(token_id) or ""
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            template: ChatTemplate | None = None) -> str:
+                            template: ChatTemplate | None = None, tools: list[Any] | None = None) -> str:
         """The chat ``messages`` (``{"role", "content"}`` dicts) as the model's chat template (or
-        ``template``) writes them, with this tokenizer's special tokens."""
+        ``template``) writes them, with this tokenizer's special tokens (and ``tools``, when given)."""
         template = template or self.chat_template
         if template is None:
             raise TokenizerError(f"{self.path.parent / TOKENIZER_CONFIG_FILE}: no chat_template, so this model "
                                  f"has no chat format; give a plain prompt instead of messages (without --chat)")
         special = {"bos_token": self.token_text(self.bos_token_id), "eos_token": self.token_text(self.eos_token_id),
                    **template.special_tokens}
-        return template.render(messages, add_generation_prompt=add_generation_prompt, **special)
+        return template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools, **special)
 
 
 def load_tokenizer(directory: str | os.PathLike[str], defaults: dict[str, Any] | None = None) -> Tokenizer:

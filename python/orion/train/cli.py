@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     """Runs ``python -m orion train`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
     p = parser()
-    args = parser().parse_args(argv)
+    args = p.parse_args(argv)
     given = {a.dest for a in p._actions if any(arg.split("=", 1)[0] in a.option_strings for arg in argv)}
     return report_errors(lambda: _train(args, given))
 
@@ -139,13 +139,20 @@ def _settings_line(args: argparse.Namespace, trainer: Trainer, given: set[str]) 
              "max_grad_norm": cfg.max_grad_norm, "loss_scale": cfg.loss_scale, "seed": cfg.seed,
              "prefer": cfg.prefer, "weights": cfg.weights, "eval_every": cfg.eval_every,
              "eval_batches": trainer.data.eval_windows(cfg.eval_batches), "checkpoint_every": cfg.checkpoint_every,
-             "keep": cfg.keep, "lora": args.lora, "train_on_prompt": args.train_on_prompt,
-             "max_examples": args.max_examples or "all", "val_examples": args.val_examples or "all"}
+             "keep": cfg.keep, "lora": "off" if args.lora is None else
+             f"r={args.lora.r},alpha={args.lora.alpha:g},targets={','.join(args.lora.targets)}",
+             "train_on_prompt": args.train_on_prompt, "max_examples": args.max_examples or "all",
+             "val_examples": args.val_examples or "all", "data_bytes": args.data_bytes}
     if trainer.data.layout != "examples":
         for name in ("train_on_prompt", "max_examples", "val_examples"):
             del shown[name]
-    parts = [f"{k.replace('_', '-')} {f'{v:g}' if isinstance(v, float) else v}{'' if k in given or k in ('model', 'data', 'steps') else ' (default)'}"
-             for k, v in shown.items() if v is not None]
+    if args.data != STDLIB:
+        del shown["data_bytes"]
+    parts = []
+    for name, value in shown.items():
+        text = f"{value:g}" if isinstance(value, float) else str(value)
+        default = name not in given and name not in ("model", "data", "steps")
+        parts.append(f"{name.replace('_', '-')} {text}{' (default)' if default else ''}")
     return "train: " + ", ".join(parts)
 
 

@@ -2,9 +2,10 @@
 head_dim 64, tied head, rope_theta 100,000, the real 49,152-token tokenizer and chat template; random bf16
 weights, 2 layers to keep CI fast), with LoRA on every projection, the layer programs on the emulator in fp16:
 
-- 50 steps on a 200-example ``{"messages"}`` JSONL: the loss falls, and every step's loss equals a PyTorch + PEFT
-  fp32 loop on the same adapter, padded windows, masking (``ignore_index=-100``), AdamW, rates and clipping
-  within 0.5% relative plus 2e-3 (fp16 programs against fp32).
+- 50 steps on a 200-example ``{"messages"}`` JSONL: the held-out loss falls by more than 3 nats (measured 10.86 ->
+  6.63), and every applied step's loss equals a PyTorch + PEFT fp32 loop on the same adapter, padded windows,
+  masking (``ignore_index=-100``), AdamW, rates and clipping within 0.5% relative plus 2e-3 (fp16 programs against
+  fp32); steps Orion's dynamic loss scale skips are skipped there too.
 - The masked (prompt) positions contribute nothing: the gradient with them masked equals, to fp16 rounding,
   the all-token gradient minus the prompt-only gradient (each weighted by its token count); changing the prompt's
   labels changes the all-token gradient and leaves the masked one bit for bit as it was.
@@ -29,7 +30,7 @@ from orion.lora.train import LoraSpec
 from orion.train.data import BatchSampler
 from orion.train.examples import IGNORE
 from orion.train.schedule import WarmupCosine
-from orion.train.trainer import Trainer
+from orion.train.trainer import Trainer, read_log
 from support import references
 from support.smollm2 import smollm2_dir  # noqa: F401 (a session fixture)
 
@@ -136,10 +137,14 @@ def test_chat_lora_learns_and_its_steps_follow_peft(run) -> None:
     report = trainer.data.train.report
     assert report["examples"] == 180 and report["truncated"] == 0 and 0 < report["trained"] < report["tokens"] / 3
     applied = [i for i, r in enumerate(records) if not r["skipped"]]
-    assert len(applied) >= STEPS - 3  # the dynamic loss scale may skip a step or two
-    got = [records[i]["loss"] for i in applied]
-    np.testing.assert_allclose(got, [want[i] for i in applied], rtol=5e-3, atol=2e-3)
-    assert np.mean(want[-10:]) < 0.6 * np.mean(want[:10])  # it learns (the answer's form and digits)
+    assert len(applied) >= STEPS - 6  # the dynamic loss scale backs off (measured: 4 skips, scale 1024 -> 64)
+    got = np.array([records[i]["loss"] for i in applied])
+    reference = np.array([want[i] for i in applied])
+    print(f"chat LoRA vs PEFT: max |diff| {np.abs(got - reference).max():.2e}, max relative "
+          f"{(np.abs(got - reference) / reference).max():.2e} over {len(applied)} steps")
+    np.testing.assert_allclose(got, reference, rtol=5e-3, atol=2e-3)
+    vals = [r["val_loss"] for r in read_log(trainer.log_path) if r.get("event") == "eval"]
+    assert vals[0] > 10 and vals[-1] < vals[0] - 3  # it learns: measured 10.86 -> 6.63 on the held-out chats
 
 
 def test_masked_prompt_tokens_contribute_nothing_to_the_gradient(run) -> None:

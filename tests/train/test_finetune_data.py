@@ -189,3 +189,26 @@ def test_seq_defaults_to_the_context_and_the_first_line_prints_every_setting(
     first = next(line for line in err.splitlines() if line.startswith("train: "))
     assert "seq 32 (default)" in first and "batch 2," in first and "steps 2," in first
     assert "lr 0.0003 (default)" in first and "warmup 0 (default)" in first and "(nanogpt)" in first
+
+
+def test_cli_chat_run_reports_the_data_and_ends_with_validation_perplexity(
+        bpe: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    model = _llama_dir(tmp_path / "model", 512, bpe / "tokenizer.json", seq=128)
+    chat = _write_jsonl(tmp_path / "chat.jsonl", _chats(20))
+    args = ["--model", str(model), "--data", str(chat), "--steps", "2", "--out", str(tmp_path / "run"),
+            "--val-examples", "1", "--lora", "r=4,alpha=8,targets=q,v", "--prefer", "cpu"]
+    assert train_main(args) == 0
+    captured = capsys.readouterr()
+    first = next(line for line in captured.err.splitlines() if line.startswith("train: "))
+    assert "seq 128 (default)" in first and "train-on-prompt False (default)" in first
+    assert first.endswith("val-examples 1") and "lora r=4,alpha=8,targets=q,v," in first and "(examples)" in first
+    assert "data train: 18 examples (messages)" in captured.err and "data val: 1 examples" in captured.err
+    summary = captured.out.splitlines()[0]
+    val = [r["val_loss"] for r in map(json.loads, (tmp_path / "run" / "train.jsonl").read_text().splitlines())
+           if r.get("event") == "eval"][-1]
+    trained = int((np.asarray(data.open_data(chat, vocab_size=512, model_dir=model, seq=128, val_examples=1)
+                              .val.windows(np.array([0]), 128)[1]) >= 0).sum())
+    assert f"validation loss {val:.4f} perplexity {math.exp(val):.2f} over {trained} trained tokens" in summary
+    with pytest.raises(SystemExit):
+        train_main([*args, "--max-examples", "0"])
+    assert "--max-examples: 0 is below 1" in capsys.readouterr().err

@@ -182,8 +182,12 @@ def test_prepare_refuses_bad_input(tmp_path: Path) -> None:
     latin1.write_bytes("café".encode("latin-1"))
     with pytest.raises(DataError, match="not UTF-8 text"):
         data.prepare([latin1], tmp_path / "o")
-    with pytest.raises(DataError, match="vocab_size=100000"):
-        data.prepare(_text_files(tmp_path), tmp_path / "o", vocab_size=100000)
+    with pytest.raises(DataError, match="vocab_size=200 must exceed the 256 byte tokens"):
+        data.prepare(_text_files(tmp_path), tmp_path / "o", vocab_size=200)
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text('{"text": "hello"}\n')
+    with pytest.raises(DataError, match="chat.jsonl holds chat or instruction examples.*python -m orion train"):
+        data.prepare([chat], tmp_path / "o")
     tiny = tmp_path / "tiny.txt"
     tiny.write_text("a")
     with pytest.raises(DataError, match="too few to split"):

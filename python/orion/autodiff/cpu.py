@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from orion.errors import EvaluateError
+
 
 def to_channels(x: np.ndarray) -> np.ndarray:
     """``[S, C]`` -> the program layout ``[1, C, 1, S]``."""
@@ -54,14 +56,21 @@ def rms_norm_backward(dy: np.ndarray, saved: tuple) -> tuple[np.ndarray, np.ndar
 
 def cross_entropy(h: np.ndarray, classifier: np.ndarray, targets: np.ndarray
                   ) -> tuple[float, np.ndarray, np.ndarray]:
-    """Mean cross-entropy of ``logits = h @ classifier.T`` against ``targets``; returns
+    """Mean cross-entropy of ``logits = h @ classifier.T`` against ``targets`` over the positions whose target is
+    not negative (``-100``, PyTorch's ignore_index, marks an untrained position: no loss, zero gradient); returns
     ``(loss, dh, dclassifier)``."""
     logits = h @ classifier.T
     shifted = logits - logits.max(-1, keepdims=True)
     log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-    n = len(targets)
-    loss = -float(log_probs[np.arange(n), targets].mean())
+    rows = np.flatnonzero(targets >= 0)
+    if len(rows) == 0:
+        raise EvaluateError("cross_entropy: every target is ignored (negative). Fix: give each window at least one "
+                            "trained target")
+    kept = targets[rows]
+    loss = -float(log_probs[rows, kept].mean())
     d_logits = np.exp(log_probs)
-    d_logits[np.arange(n), targets] -= 1.0
-    d_logits /= n
+    d_logits[rows, kept] -= 1.0
+    d_logits /= len(rows)
+    if len(rows) < len(targets):
+        d_logits[targets < 0] = 0.0
     return loss, (d_logits @ classifier).astype(np.float32), (d_logits.T @ h).astype(np.float32)

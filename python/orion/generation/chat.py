@@ -77,16 +77,19 @@ class ChatTemplate:
     def _variables(self) -> set[str]:
         return jinja2.meta.find_undeclared_variables(_compile(self.source).environment.parse(self.source))
 
-    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, **special: Any) -> str:
+    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+               tools: list[Any] | None = None, **special: str) -> str:
         """The text of ``messages`` (dicts with ``role`` and ``content``), ending with the assistant's
-        turn opened when ``add_generation_prompt``; ``special`` gives ``bos_token``/``eos_token`` (and
-        ``tools``, OpenAI function tools, when given)."""
+        turn opened when ``add_generation_prompt``; ``tools`` (function schemas) reach the template when
+        given; ``special`` gives ``bos_token``/``eos_token``."""
         if not isinstance(messages, list) or not all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in messages):
             raise ChatTemplateError('a chat is a list of {"role": ..., "content": ...} dicts, e.g. '
                                     '[{"role": "user", "content": "Hello"}]')
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **special)
+            extra: dict[str, Any] = {} if tools is None else {"tools": tools}
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **extra,
+                                         **special)
         except jinja2.exceptions.TemplateError as err:
             raise ChatTemplateError(f"{self.path}: the chat_template refused these messages: {err}") from None
         except Exception as err:  # the template is untrusted code: whatever it raises is its fault

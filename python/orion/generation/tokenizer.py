@@ -72,6 +72,11 @@ class Tokenizer:
                                  "incomplete: replace it with the model's original") from None
         return [self.bos_token_id, *ids] if self.add_bos and add_special_tokens else ids
 
+    def encode_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        """Token ids of ``text`` (no special tokens added) and the character where each token starts."""
+        encoding = self._backend.encode(text, add_special_tokens=False)
+        return encoding.ids, [start for start, _ in encoding.offsets]
+
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ``ids``, special tokens included as written. An id the tokenizer does not have
         (a model vocabulary padded beyond the tokenizer's) is an error, never decoded to ``""``."""
@@ -92,10 +97,9 @@ class Tokenizer:
         return "" if token_id is None else self._backend.id_to_token(token_id) or ""
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            template: ChatTemplate | None = None, tools: list[dict[str, Any]] | None = None) -> str:
+                            template: ChatTemplate | None = None, tools: list[Any] | None = None) -> str:
         """The chat ``messages`` (``{"role", "content"}`` dicts) as the model's chat template (or
-        ``template``) writes them, with this tokenizer's special tokens (and ``tools``, OpenAI function
-        tools, when given)."""
+        ``template``) writes them, with this tokenizer's special tokens (and ``tools``, when given)."""
         template = template or self.chat_template
         if template is None:
             raise TokenizerError(f"{self.path.parent}: no chat_template (neither {CHAT_TEMPLATE_FILE} nor a "
@@ -103,8 +107,7 @@ class Tokenizer:
                                  f"give a plain prompt instead of messages (without --chat)")
         special = {"bos_token": self.token_text(self.bos_token_id), "eos_token": self.token_text(self.eos_token_id),
                    **template.special_tokens}
-        extra = {} if tools is None else {"tools": tools}
-        return template.render(messages, add_generation_prompt=add_generation_prompt, **special, **extra)
+        return template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools, **special)
 
 
 def load_tokenizer(directory: str | os.PathLike[str], defaults: dict[str, Any] | None = None) -> Tokenizer:

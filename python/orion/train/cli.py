@@ -1,6 +1,11 @@
 """``python -m orion train --model (stories110m|gpt2|tiny-gpt2|tiny-llama|DIR|CHECKPOINT) --data (DIR|FILE|stdlib)
 --steps N --out RUN_DIR [--lora r=16,alpha=32,targets=q,v] [...]``: train with :class:`orion.train.trainer.Trainer`.
 
+``--data`` may also be chat or instruction examples (a ``.jsonl`` file, or a directory with ``train.jsonl`` and
+``valid.jsonl``; see :mod:`orion.train.examples`): rendered with the model's chat template, trained on the
+assistant turns only unless ``--train-on-prompt``. The run's first line prints every setting, marking the
+defaults; the last line gives the validation loss and perplexity over trained tokens.
+
 ``--lora`` fine-tunes only LoRA adapters over the frozen base (:mod:`orion.lora.train`): the checkpoints hold the
 adapters and the run state, and the run ends by writing ``RUN_DIR/adapter`` in PEFT's format.
 
@@ -13,6 +18,7 @@ when matplotlib is installed; otherwise the log and the terminal say that no fig
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,7 +26,9 @@ from typing import Any
 from orion.cli import positive_int, report_errors
 from orion.lora.adapter import AdapterError
 from orion.lora.train import LoraSpec
+from orion.train.data import eval_batches
 from orion.train.errors import TrainError
+from orion.train.examples import ExampleSplit, describe
 from orion.train.trainer import SHAPES, WEIGHT_STRATEGIES, TrainConfig, Trainer, loss_summary, read_log
 
 STDLIB = "stdlib"
@@ -34,11 +42,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help=f"a shape ({', '.join(SHAPES)}; random weights), a Hugging "
                    "Face model directory of any family Orion runs (its weights), or a trainer checkpoint of a shape "
                    "(a run directory or ckpt-*.json: its weights)")
-    p.add_argument("--data", required=True, help="a token directory (nanoGPT train.bin/val.bin or llama2.c shards), "
-                   "one .bin file, or 'stdlib' (the built-in corpus, prepared on first use)")
+    p.add_argument("--data", required=True, help="chat/instruction examples (a .jsonl of {\"messages\"}, {\"prompt\", "
+                   "\"completion\"} or {\"text\"} lines, or a directory with train.jsonl and valid.jsonl), a token "
+                   "directory (data prepare's, nanoGPT train.bin/val.bin or llama2.c shards), one .bin file, or "
+                   "'stdlib' (the built-in corpus, prepared on first use)")
     p.add_argument("--out", required=True, help="run directory: train.jsonl, checkpoints/, loss.png")
     p.add_argument("--steps", type=positive_int, required=True, help="optimizer steps")
-    p.add_argument("--seq", type=positive_int, default=256, help="tokens per window (default 256)")
+    p.add_argument("--seq", type=positive_int, default=None, help="tokens per window; one example per window for "
+                   "examples, cut to it (default: the smaller of 256 and the model's context)")
+    p.add_argument("--train-on-prompt", action="store_true", help="examples: train on every token, not only on the "
+                   "assistant turns or the completion")
+    p.add_argument("--max-examples", type=positive_int, default=None, help="examples: use the first N training "
+                   "examples (default all)")
+    p.add_argument("--val-examples", type=positive_int, default=None, help="examples: evaluate on the first N "
+                   "validation examples (default all)")
     p.add_argument("--batch", type=positive_int, default=1, help="windows per micro-batch (default 1)")
     p.add_argument("--accum", type=positive_int, default=1, help="micro-batches per optimizer step (default 1)")
     p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (default 3e-4)")
@@ -74,11 +91,14 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs ``python -m orion train`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
-    args = parser().parse_args(argv)
-    return report_errors(lambda: _train(args))
+    argv = sys.argv[1:] if argv is None else argv
+    p = parser()
+    args = p.parse_args(argv)
+    given = {a.dest for a in p._actions if any(arg.split("=", 1)[0] in a.option_strings for arg in argv)}
+    return report_errors(lambda: _train(args, given))
 
 
-def _train(args: argparse.Namespace) -> int:
+def _train(args: argparse.Namespace, given: set[str] | None = None) -> int:
     config = TrainConfig(steps=args.steps, seq=args.seq, batch=args.batch, accum=args.accum, lr=args.lr,
                          min_lr=args.min_lr, warmup=args.warmup, weight_decay=args.weight_decay,
                          max_grad_norm=args.max_grad_norm, loss_scale=args.loss_scale, seed=args.seed,
@@ -87,14 +107,25 @@ def _train(args: argparse.Namespace) -> int:
                          lora=args.lora)
     out = Path(args.out)
     data = _stdlib_data(args.model, out, args.data_bytes, args.quiet) if args.data == STDLIB else args.data
+    data_options = {"train_on_prompt": args.train_on_prompt, "max_examples": args.max_examples,
+                    "val_examples": args.val_examples}
     trainer = Trainer(args.model, data, out, config, resume=args.resume, quiet=args.quiet, exec_restart=True,
-                      from_scratch=args.from_scratch)
+                      from_scratch=args.from_scratch, data_options={k: v for k, v in data_options.items() if v})
+    if not args.quiet:
+        print(_settings_line(args, trainer, given or set()), file=sys.stderr)
+        for split in (trainer.data.train, trainer.data.val):
+            if isinstance(split, ExampleSplit):
+                print(f"data {describe(split)}", file=sys.stderr)
     records = trainer.train()
     summary = loss_summary(records)
     vals = [r["val_loss"] for r in read_log(trainer.log_path) if r.get("event") == "eval"]
+    val = vals[-1] if vals else None
+    trained = sum(int((t >= 0).sum()) for _, t in eval_batches(
+        trainer.data.val, trainer.config.seq, 1, trainer.data.eval_windows(trainer.config.eval_batches)))
     print(f"{out}: {summary['steps']} steps, loss {_fmt(summary['first_loss'])} -> {_fmt(summary['last_loss'])} "
-          f"(min {_fmt(summary['min_loss'])}), val {_fmt(vals[-1] if vals else None)}, {summary['skipped']} skipped, "
-          f"{summary['ms_per_step']:.0f} ms/step")
+          f"(min {_fmt(summary['min_loss'])}), validation loss {_fmt(val)} perplexity "
+          f"{'n/a' if val is None else f'{math.exp(min(val, 700)):.2f}'} over {trained:,} trained tokens, "
+          f"{summary['skipped']} skipped, {summary['ms_per_step']:.0f} ms/step")
     if args.lora is not None:
         adapter = out / ADAPTER_SUBDIR
         trainer.model.save_peft(str(adapter), trainer.params, base_name=str(args.model))
@@ -102,6 +133,32 @@ def _train(args: argparse.Namespace) -> int:
         print(f"{adapter}: the LoRA adapter (PEFT format; load it with model.load_adapter or peft)")
     _plot(trainer, records)
     return 0
+
+
+def _settings_line(args: argparse.Namespace, trainer: Trainer, given: set[str]) -> str:
+    """Every setting of the run once, the defaults marked (the seq default resolved against the model)."""
+    cfg = trainer.config
+    shown = {"model": args.model, "data": f"{args.data} ({trainer.data.layout})", "steps": cfg.steps, "seq": cfg.seq,
+             "batch": cfg.batch, "accum": cfg.accum, "lr": cfg.lr, "min_lr": cfg.lr / 10 if cfg.min_lr is None else
+             cfg.min_lr, "warmup": cfg.warmup_steps, "weight_decay": cfg.weight_decay,
+             "max_grad_norm": cfg.max_grad_norm, "loss_scale": cfg.loss_scale, "seed": cfg.seed,
+             "prefer": cfg.prefer, "weights": cfg.weights, "eval_every": cfg.eval_every,
+             "eval_batches": trainer.data.eval_windows(cfg.eval_batches), "checkpoint_every": cfg.checkpoint_every,
+             "keep": cfg.keep, "lora": "off" if args.lora is None else
+             f"r={args.lora.r},alpha={args.lora.alpha:g},targets={','.join(args.lora.targets)}",
+             "train_on_prompt": args.train_on_prompt, "max_examples": args.max_examples or "all",
+             "val_examples": args.val_examples or "all", "data_bytes": args.data_bytes}
+    if trainer.data.layout != "examples":
+        for name in ("train_on_prompt", "max_examples", "val_examples"):
+            del shown[name]
+    if args.data != STDLIB:
+        del shown["data_bytes"]
+    parts = []
+    for name, value in shown.items():
+        text = f"{value:g}" if isinstance(value, float) else str(value)
+        default = name not in given and name not in ("model", "data", "steps")
+        parts.append(f"{name.replace('_', '-')} {text}{' (default)' if default else ''}")
+    return "train: " + ", ".join(parts)
 
 
 def _stdlib_data(model: str, out: Path, max_bytes: int, quiet: bool) -> Path:

@@ -14,8 +14,8 @@ from orion.errors import OrionError
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m orion data", description="Token data for training.")
     commands = parser.add_subparsers(dest="command", required=True)
-    prepare = commands.add_parser("prepare", help="tokenize text files into train.bin/val.bin (uint16), "
-                                  "tokenizer.json and meta.json")
+    prepare = commands.add_parser("prepare", help="tokenize text files into train.bin/val.bin (uint16, or uint32 "
+                                  "above 65,536 ids), tokenizer.json and meta.json (which records the tokenizer)")
     prepare.add_argument("text_files", nargs="*", metavar="TEXT_FILES",
                          help="UTF-8 text files, one document each (default: the Python standard library's sources)")
     prepare.add_argument("--out", required=True, help="output directory")
@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     except OrionError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print(f"{args.out}: {meta['tokens']['train']:,} train + {meta['tokens']['val']:,} val tokens, vocabulary "
-          f"{meta['vocab_size']:,} ({meta['tokenizer_origin']})")
+    print(f"{args.out}: {meta['tokens']['train']:,} train + {meta['tokens']['val']:,} val tokens ({meta['dtype']}), "
+          f"vocabulary {meta['vocab_size']:,} ({meta['tokenizer_origin']})")
     return 0
 
 

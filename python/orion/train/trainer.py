@@ -46,11 +46,12 @@ from orion.models import UnknownModel, family, family_of
 from orion.models.gpt2.config import GPT2Config
 from orion.models.llama.config import LlamaConfig
 from orion.train import checkpoint, loss_scale, restart, schedule
-from orion.train.data import BatchSampler, Dataset, eval_batches, open_dataset
+from orion.train.data import BatchSampler, Dataset, eval_batches, open_data
 from orion.train.errors import CheckpointError, TrainError
 from orion.train.optim import AdamW, clip_coefficient, grad_norm
 
 LOG_FILE, CHECKPOINT_DIR = "train.jsonl", "checkpoints"
+DEFAULT_SEQ = 256  # tokens per window unless the model's context is shorter
 
 SHAPES: dict[str, GPT2Config | LlamaConfig] = {
     "tiny-gpt2": GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=512, n_positions=1024),
@@ -67,7 +68,7 @@ class TrainConfig:
     enters the config hash a resumed run must match."""
 
     steps: int = 100
-    seq: int = 256
+    seq: int | None = None            # default min(256, the model's context)
     batch: int = 1
     accum: int = 1
     lr: float = 3e-4
@@ -90,6 +91,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("steps", "seq", "batch", "accum", "eval_every", "eval_batches", "checkpoint_every", "keep"):
             value = getattr(self, name)
+            if name == "seq" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise TrainError(f"TrainConfig.{name}={value!r} must be an integer >= 1")
         if self.weights not in WEIGHT_STRATEGIES:
@@ -108,7 +111,7 @@ class TrainConfig:
 
     @property
     def tokens_per_step(self) -> int:
-        return self.seq * self.batch * self.accum
+        return (self.seq or DEFAULT_SEQ) * self.batch * self.accum
 
     def hashed(self) -> dict[str, Any]:
         """The fields that change the trajectory (the config hash's part of this config)."""
@@ -220,12 +223,14 @@ class Trainer:
     ``config`` (or keyword overrides of :class:`TrainConfig` fields) says what to do; ``resume=True``
     continues from the newest valid checkpoint in ``out_dir`` (a fresh start if there is none);
     ``exec_restart=True`` lets the run checkpoint and re-exec itself when compiling its programs would cross
-    the compile budget's threshold (:mod:`orion.train.restart`; for command-line runs).
+    the compile budget's threshold (:mod:`orion.train.restart`; for command-line runs). ``data_options``
+    (``train_on_prompt``, ``max_examples``, ``val_examples``) go to :func:`orion.train.data.open_data`.
     """
 
     def __init__(self, model: str | os.PathLike | GPT2Config | LlamaConfig, data: Dataset | str | os.PathLike,
                  out_dir: str | os.PathLike, config: TrainConfig | None = None, *, resume: bool = False,
                  quiet: bool = False, exec_restart: bool = False, from_scratch: bool = False,
+                 data_options: Mapping[str, Any] | None = None,
                  **overrides: Any) -> None:
         try:
             self.config = dataclasses.replace(config or TrainConfig(), **overrides)
@@ -239,15 +244,21 @@ class Trainer:
         if cfg.lora is not None:  # the base becomes frozen; the parameters are the adapters alone
             self.model = LoraTrainable(self.model, self.params, cfg.lora, modules_of(self.model, cfg.lora.targets))
             self.params = self.model.init_params(cfg.seed)
+        if cfg.seq is None:
+            self.config = cfg = dataclasses.replace(cfg, seq=min(DEFAULT_SEQ, self.model.context))
         if cfg.seq > self.model.context:
             raise TrainError(f"seq={cfg.seq} exceeds the model's context of {self.model.context} "
                              "positions. Fix: pass a shorter seq")
-        self.data = data if isinstance(data, Dataset) else open_dataset(data, vocab_size=self.model.vocab_size)
+        model_dir = Path(model) if isinstance(model, (str, os.PathLike)) and (Path(model) / "config.json").is_file() \
+            else None
+        self.data = data if isinstance(data, Dataset) else open_data(data, vocab_size=self.model.vocab_size,
+                                                                     model_dir=model_dir, seq=cfg.seq,
+                                                                     **(data_options or {}))
         _check_vocabulary(self.data, self.model.vocab_size)
         self.out_dir, self.quiet, self.exec_restart = Path(out_dir), quiet, exec_restart
         self.checkpoint_dir, self.log_path = self.out_dir / CHECKPOINT_DIR, self.out_dir / LOG_FILE
         self.sampler = BatchSampler(self.data.train, cfg.seq, cfg.batch, seed=cfg.seed)
-        next(eval_batches(self.data.val, cfg.seq, 1, cfg.eval_batches))  # a val split too short fails now
+        next(eval_batches(self.data.val, cfg.seq, 1, self.data.eval_windows(cfg.eval_batches)))  # too short: fail now
         self.optimizer = AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         self.schedule = schedule.WarmupCosine(cfg.lr, cfg.warmup_steps, cfg.steps,
                                               cfg.lr / 10 if cfg.min_lr is None else cfg.min_lr)
@@ -255,7 +266,9 @@ class Trainer:
             loss_scale.DynamicLossScale(scale=cfg.initial_scale, growth_interval=cfg.growth_interval)
             if cfg.loss_scale == "dynamic" else loss_scale.StaticLossScale(float(cfg.loss_scale)))
         data_description = {"layout": self.data.layout, "train": self.data.train.sources, "val": self.data.val.sources,
-                            "tokens": [self.data.train.num_tokens, self.data.val.num_tokens]}
+                            "tokens": [self.data.train.num_tokens, self.data.val.num_tokens],
+                            **({"report": self.data.meta["report"], "train_on_prompt": self.data.meta["train_on_prompt"]}
+                               if self.data.layout == "examples" else {})}
         self.config_hash = checkpoint.config_hash({"model": model_description, "data": data_description,
                                                    "train": cfg.hashed()})
         self.step = 0
@@ -361,16 +374,18 @@ class Trainer:
         return out, clamped
 
     def validation_loss(self) -> float | None:
-        """Mean loss over the fixed validation windows (``config.eval_batches`` of them); None if a forward
-        activation overflowed fp16."""
+        """Mean loss per trained token over the fixed validation windows (``config.eval_batches`` of them, or every
+        validation example); None if a forward activation overflowed fp16."""
         runner = self._ensure_runner()
-        losses = []
-        for inputs, targets in eval_batches(self.data.val, self.config.seq, 1, self.config.eval_batches):
+        losses, counts = [], []
+        windows = self.data.eval_windows(self.config.eval_batches)
+        for inputs, targets in eval_batches(self.data.val, self.config.seq, 1, windows):
             try:
                 losses.append(runner.loss(self.params, inputs[0], targets[0]))
             except NonFiniteGradient:
                 return None
-        return float(np.mean(losses))
+            counts.append(int((targets[0] >= 0).sum()))
+        return float(np.average(losses, weights=counts))
 
     def _base_loss(self, loss: float | None) -> None:
         """Logs and shows the base model's validation loss before the first step. Above log(vocabulary size),

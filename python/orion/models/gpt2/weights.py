@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
-from safetensors.numpy import save_file
 
 from orion.errors import OrionError
 from orion.generation.hf_files import CONFIG_FILE
@@ -32,7 +31,10 @@ from orion.models.weights_io import (
     WeightsSource,
     check_float32_shapes,
     content_hash,
+    write_safetensors,
 )
+
+SAVE_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 
 PREFIX = "transformer."
 DIRECTORY_HELP = (
@@ -259,11 +261,14 @@ def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple
     return config, weights
 
 
-def save_hf(path: str | os.PathLike[str], config: GPT2Config, weights: GPT2Weights) -> None:
-    """Write a standard Hugging Face GPT-2 directory: ``config.json`` and float32 ``model.safetensors``.
+def save_hf(path: str | os.PathLike[str], config: GPT2Config, weights: GPT2Weights, dtype: str = "float32") -> None:
+    """Write a standard Hugging Face GPT-2 directory: ``config.json`` and ``model.safetensors`` in ``dtype``
+    (float32, float16 or bfloat16).
 
     Tensors are named ``transformer.h.N.*`` in ``Conv1D`` layout; the tied LM head is not stored.
     """
+    if dtype not in SAVE_DTYPES:
+        raise WeightsError(f"save_hf: dtype {dtype!r} is not one of {', '.join(SAVE_DTYPES)}")
     weights.validate(config)
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
@@ -272,4 +277,4 @@ def save_hf(path: str | os.PathLike[str], config: GPT2Config, weights: GPT2Weigh
         array = getattr(weights if block is None else weights.blocks[block], ours)
         tensors[PREFIX + hf] = np.ascontiguousarray(array.T if transposed else array)
     (directory / CONFIG_FILE).write_text(json.dumps(config.to_hf_json(), indent=2) + "\n")
-    save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    write_safetensors(directory / WEIGHTS_FILE, tensors, SAVE_DTYPES[dtype])

@@ -165,12 +165,12 @@ def test_a_qwen_sized_vocabulary_prepares_uint32_and_trains(tmp_path: Path, caps
     assert stream.dtype == np.uint32 and tok.token_to_id("fox") == 151646 and (stream == 151646).sum() == 30
     assert tok.decode(stream[:-1].tolist()) == TEXT  # ids above 65,535 survive the file
     trainer = Trainer(model, tmp_path / "data", tmp_path / "run", steps=2, lr=1e-3, eval_every=2, eval_batches=1,
-                      checkpoint_every=2, quiet=True, prefer="ane")
+                      checkpoint_every=2, quiet=True, prefer="ane", from_scratch=True)  # random weights
     losses = [r["loss"] for r in trainer.train()]
     assert trainer.config.seq == 32 and all(math.isfinite(x) for x in losses)
     assert abs(losses[0] - math.log(151936)) < 1.0  # random weights: about uniform over the vocabulary
     args = ["--model", str(model), "--data", "stdlib", "--data-bytes", "20000", "--steps", "1", "--out",
-            str(tmp_path / "std"), "--eval-batches", "1", "--prefer", "cpu", "--quiet"]
+            str(tmp_path / "std"), "--eval-batches", "1", "--prefer", "cpu", "--quiet", "--from-scratch"]
     assert train_main(args) == 0, capsys.readouterr().err
     std = json.loads((tmp_path / "std" / "data" / "meta.json").read_text())
     assert std["dtype"] == "uint32" and std["tokenizer_origin"] == str(model / "tokenizer.json")
@@ -184,7 +184,7 @@ def test_seq_defaults_to_the_context_and_the_first_line_prints_every_setting(
     data.prepare([tmp_path / "text.txt"], tmp_path / "data", vocab_size=400)
     assert Trainer(config, tmp_path / "data", tmp_path / "r", steps=1, quiet=True).config.seq == 32
     assert train_main(["--model", str(tmp_path / "gpt2"), "--data", str(tmp_path / "data"), "--steps", "2",
-                       "--batch=2", "--out", str(tmp_path / "run"), "--prefer", "cpu"]) == 0
+                       "--batch=2", "--out", str(tmp_path / "run"), "--prefer", "cpu", "--from-scratch"]) == 0
     err = capsys.readouterr().err
     first = next(line for line in err.splitlines() if line.startswith("train: "))
     assert "seq 32 (default)" in first and "batch 2," in first and "steps 2," in first
@@ -196,7 +196,7 @@ def test_cli_chat_run_reports_the_data_and_ends_with_validation_perplexity(
     model = _llama_dir(tmp_path / "model", 512, bpe / "tokenizer.json", seq=128)
     chat = _write_jsonl(tmp_path / "chat.jsonl", _chats(20))
     args = ["--model", str(model), "--data", str(chat), "--steps", "2", "--out", str(tmp_path / "run"),
-            "--val-examples", "1", "--lora", "r=4,alpha=8,targets=q,v", "--prefer", "cpu"]
+            "--val-examples", "1", "--lora", "r=4,alpha=8,targets=q,v", "--prefer", "cpu", "--from-scratch"]
     assert train_main(args) == 0
     captured = capsys.readouterr()
     first = next(line for line in captured.err.splitlines() if line.startswith("train: "))

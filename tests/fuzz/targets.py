@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from json_values import Draw
 from target_resume import resume
 from target_server import server
 
@@ -122,23 +123,8 @@ _DTYPES = ["fp16", "fp32", "int32", "bool", "int8", "uint8", "int16", "uint16", 
 _ODD_DIMS = [0, 1, 3, 7, 33, 257, 1 << 16, (1 << 31) - 1, 1 << 40, -1]
 
 
-class _Reader:
-    """Draws choices from the fuzz input (zeros once it runs out)."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data, self.pos = data, 0
-
-    def byte(self) -> int:
-        b = self.data[self.pos] if self.pos < len(self.data) else 0
-        self.pos += 1
-        return b
-
-    def pick(self, options: list):
-        return options[self.byte() % len(options)]
-
-    def rare(self) -> bool:
-        """True about one time in eight: where the grammar bends a rule."""
-        return self.byte() >= 224
+class _Reader(Draw):
+    """The fuzz input's choices (:class:`json_values.Draw`), plus the MIL grammar's shapes and dtypes."""
 
     def dim(self, usual: int) -> int:
         return self.pick(_ODD_DIMS) if self.rare() else usual

@@ -37,7 +37,8 @@ from support.token_files import periodic_tokens
 SEQ, WINDOWS = 64, 3
 LOSS_RTOL, LAYER_ATOL = 0.01, 0.01
 
-# (family, transformers config keywords): every GQA group size 1-4, RoPE bases 1e4 and 1e6, tied and untied
+# (family, transformers config keywords): every family the trainer accepts; GQA group sizes 1-4, RoPE bases 1e4 and
+# 1e6, tied and untied
 CASES = {
     "gpt2": ("gpt2", dict(n_layer=2, n_head=4, n_embd=64, vocab_size=512, n_positions=128)),
     "llama-g1-1e4-tied": ("llama", dict(num_attention_heads=4, num_key_value_heads=4, rope_theta=1e4,
@@ -48,6 +49,10 @@ CASES = {
                                           tie_word_embeddings=False)),
     "llama-g4-1e6-tied": ("llama", dict(num_attention_heads=8, num_key_value_heads=2, rope_theta=1e6,
                                         tie_word_embeddings=True)),
+    "mistral-g4-1e6-untied": ("mistral", dict(num_attention_heads=8, num_key_value_heads=2, rope_theta=1e6,
+                                              tie_word_embeddings=False)),
+    "qwen2-g3-1e6-tied": ("qwen2", dict(num_attention_heads=6, num_key_value_heads=2, rope_theta=1e6,
+                                        tie_word_embeddings=True)),  # q/k/v biases
 }
 
 
@@ -58,8 +63,10 @@ def _hf_directory(family: str, settings: dict, directory):
         config = transformers.GPT2Config(initializer_range=0.3, **settings)
     else:
         heads = settings["num_attention_heads"]
-        config = transformers.LlamaConfig(hidden_size=16 * heads, head_dim=16, intermediate_size=96, num_hidden_layers=2,
-                                          vocab_size=512, max_position_embeddings=128, initializer_range=0.3, **settings)
+        kind = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+                "qwen2": transformers.Qwen2Config}[family]
+        config = kind(hidden_size=16 * heads, head_dim=16, intermediate_size=96, num_hidden_layers=2, vocab_size=512,
+                      max_position_embeddings=128, initializer_range=0.3, **settings)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     model.save_pretrained(directory)
     return model

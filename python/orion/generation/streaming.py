@@ -59,7 +59,9 @@ class StopResult:
 
 
 class StopStrings:
-    """Finds stop strings across chunk boundaries, holding back a possible partial match."""
+    """Finds stop strings across chunk boundaries, holding back a possible partial match. The stream stops at
+    the first chunk after which the text holds a stop string, cut at the earliest start among those found (a
+    completed stop is not held back for a longer one that might still complete at an earlier start)."""
 
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = [s for s in stops if s]

@@ -240,7 +240,8 @@ def test_with_weights_uses_the_patch_path_without_compiling(standin) -> None:
 
 
 def unique_program(tag: str) -> str:
-    """SUB with an op name of its own: a model the framework cannot already hold compiled."""
+    """SUB with an op name of its own: a model the framework cannot already hold compiled (two inputs: compiled
+    with SEVERAL_SURFACES)."""
     return program({"a": T, "b": T}, [op(f"d_{tag}", T, "sub", x="a", y="b")], [f"d_{tag}"])
 
 
@@ -252,11 +253,11 @@ def test_no_program_reaches_the_framework_without_build_info(standin) -> None:
     assert "buildInfo" not in text
     before = standin.stats()
     a, b = inputs()
-    with orion.compile(text) as p:
+    with orion.compile(text, **SEVERAL_SURFACES) as p:
         assert np.array_equal(p(a=a, b=b)["d_bi"], (a - b).astype(np.float16))
     assert delta(standin.stats(), before)["violations"] == 0
     with pytest.raises(orion.CompileError, match="no buildInfo block"):
-        orion.compile(text, build_info=False)
+        orion.compile(text, build_info=False, **SEVERAL_SURFACES)
     assert delta(standin.stats(), before)["violations"] == 1
     from orion import doctor
     assert doctor.report()["end_to_end"]["ok"]  # the doctor's program, as a Mac user's first run sends it
@@ -283,13 +284,13 @@ def test_objective_c_exceptions_become_orion_errors(standin, selector, error, st
     if error is orion.CompileError and selector != "loadWithQoS:options:error:":
         standin.throw_next(selector)
         with pytest.raises(error, match=f"{step}.*{reason}"):
-            orion.compile(text)
+            orion.compile(text, **SEVERAL_SURFACES)
     elif selector == "loadWithQoS:options:error:":  # an exception is a failed attempt: retried once, then loads
         standin.throw_next(selector)
-        with orion.compile(text) as p:
+        with orion.compile(text, **SEVERAL_SURFACES) as p:
             assert np.array_equal(p(a=a, b=b)["d_exc"], (a - b).astype(np.float16))
     else:
-        p = orion.compile(text)
+        p = orion.compile(text, **SEVERAL_SURFACES)
         standin.throw_next(selector)
         with pytest.raises(error, match=f"{step}.*{reason}"):
             p.unload() if selector.startswith("unload") else p(a=a, b=b)
@@ -303,14 +304,14 @@ def test_a_model_the_framework_holds_compiled_is_loaded_without_a_compile(standi
     """libane checks compiledModelExists before compiling: such a load is not counted against the budget."""
     text = unique_program("held")
     a, b = inputs()
-    p = orion.compile(text)
+    p = orion.compile(text, **SEVERAL_SURFACES)
     before, count = standin.stats(), orion.compile_count()
-    q = orion.compile(text)  # same MIL and weights: the same model directory, compiled already
+    q = orion.compile(text, **SEVERAL_SURFACES)  # same MIL and weights: the same model directory, compiled already
     d = delta(standin.stats(), before)
     assert orion.compile_count() == count and d["compiles"] == 0 and d["compile_skips"] == 1 and d["loads"] == 1
     assert np.array_equal(q(a=a, b=b)["d_held"], (a - b).astype(np.float16))
     p.unload()
     q.unload()
-    r = orion.compile(text)  # nothing holds it now: compiled (and counted) again
+    r = orion.compile(text, **SEVERAL_SURFACES)  # nothing holds it now: compiled (and counted) again
     assert orion.compile_count() == count + 1
     r.unload()

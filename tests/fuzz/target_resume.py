@@ -83,10 +83,9 @@ def damage(d: Draw, run: Path) -> None:
             data[(d.byte() << 8 | d.byte()) % len(data)] ^= 1 << (d.byte() % 8)
         target.write_bytes(bytes(data[: len(data) - d.byte() % 4 * (d.byte() % 64)]))
     elif action in (3, 4, 5):  # a manifest with one field fuzzed, its checksum made to match
-        manifests = sorted((run / "checkpoints").glob("ckpt-*.json")) if (run / "checkpoints").is_dir() else []
-        if not manifests:
+        path = _pick_manifest(d, run)
+        if path is None:
             return
-        path = d.pick(manifests)
         try:
             doc = json.loads(path.read_text())
         except (ValueError, OSError, RecursionError):
@@ -134,10 +133,9 @@ def rewrite_tensors(d: Draw, run: Path) -> None:
     import numpy as np
     from safetensors.numpy import load_file, save_file
 
-    manifests = sorted((run / "checkpoints").glob("ckpt-*.json")) if (run / "checkpoints").is_dir() else []
-    if not manifests:
+    path = _pick_manifest(d, run)
+    if path is None:
         return
-    path = d.pick(manifests)
     try:
         doc = json.loads(path.read_text())
         (name,) = doc["files"]
@@ -202,3 +200,9 @@ def resume(data: bytes) -> None:
             pass
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _pick_manifest(d: Draw, run: Path) -> Path | None:
+    """One of the run's checkpoint manifests, drawn from the input (None: the run has none)."""
+    manifests = sorted((run / "checkpoints").glob("ckpt-*.json")) if (run / "checkpoints").is_dir() else []
+    return d.pick(manifests) if manifests else None

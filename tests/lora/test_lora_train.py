@@ -95,23 +95,6 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 # -- gradients and training against transformers + peft ----------------------------------------------------------
 
-def _peft_model(kind: str, base: Path, adapter):
-    """transformers' model of ``base`` wrapped by peft with ``adapter``'s A and B (float32, eager attention)."""
-    torch, transformers, peft = references.require("torch", "transformers", "peft")
-    torch.set_num_threads(2)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, attn_implementation="eager")
-    config = peft.LoraConfig(r=adapter.r, lora_alpha=adapter.alpha,
-                             target_modules=sorted({p.rsplit(".", 1)[-1] for p in adapter.modules}),
-                             fan_in_fan_out=kind.startswith("gpt2"), lora_dropout=0.0, task_type="CAUSAL_LM")
-    tuned = peft.get_peft_model(hf, config)
-    with torch.no_grad():
-        for path, (a, b) in adapter.modules.items():
-            layer = tuned.base_model.model.get_submodule(path)
-            layer.lora_A["default"].weight.copy_(torch.tensor(a))
-            layer.lora_B["default"].weight.copy_(torch.tensor(b))
-    return tuned
-
-
 def _peft_grads(tuned, paths) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     out = {}
     for path in paths:
@@ -134,7 +117,7 @@ def test_adapter_gradients_match_torch_autograd(kind: str, convention: str | Non
     adapter_params = _lively(model, 1)
     rng = np.random.default_rng(2)
     ids, targets = rng.integers(0, VOCAB, SEQ), rng.integers(0, VOCAB, SEQ)
-    tuned = _peft_model(kind, base_dir, model.to_adapter(adapter_params))
+    tuned = references.peft_model(base_dir, model.to_adapter(adapter_params), fan_in_fan_out=kind.startswith("gpt2"))
     want_loss = torch.nn.functional.cross_entropy(tuned(torch.tensor(ids)[None]).logits[0], torch.tensor(targets))
     want_loss.backward()
     options = model.runner_options()
@@ -157,7 +140,8 @@ def _torch_lora_losses(kind: str, trainer: Trainer, base_dir: Path) -> list[floa
     """PEFT + torch fp32 training of the trainer's initial adapter on its batches, rates and clipping."""
     torch, _, _ = references.require("torch", "transformers", "peft")
     cfg = trainer.config
-    tuned = _peft_model(kind, base_dir, trainer.model.to_adapter(trainer.params))
+    tuned = references.peft_model(base_dir, trainer.model.to_adapter(trainer.params),
+                                    fan_in_fan_out=kind.startswith("gpt2"))
     trained = [p for p in tuned.parameters() if p.requires_grad]
     assert sum(p.numel() for p in trained) == sum(v.size for v in trainer.params.values())  # the same adapters
     optimizer = torch.optim.AdamW(trained, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=cfg.weight_decay)

@@ -77,29 +77,13 @@ def chats(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _peft_model(base_dir: Path, adapter, dtype: str = "float32"):
-    torch, transformers, peft = references.require("torch", "transformers", "peft")
-    torch.set_num_threads(2)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=getattr(torch, dtype),
-                                                           attn_implementation="eager")
-    config = peft.LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
-                             target_modules=sorted({p.rsplit(".", 1)[-1] for p in adapter.modules}))
-    tuned = peft.get_peft_model(hf, config)
-    with torch.no_grad():
-        for path, (a, b) in adapter.modules.items():
-            layer = tuned.base_model.model.get_submodule(path)
-            layer.lora_A["default"].weight.copy_(torch.tensor(a))
-            layer.lora_B["default"].weight.copy_(torch.tensor(b))
-    return tuned
-
-
 def _peft_losses(trainer: Trainer, initial, base_dir: Path, skipped: list[bool]) -> list[float]:
     """PEFT + torch fp32 training from the trainer's initial adapter on its (padded, masked) batches, rates and
     clipping; a step Orion skipped (a non-finite fp16 gradient: no update, the schedule does not advance) is
     skipped here too."""
     torch, _, _ = references.require("torch", "transformers", "peft")
     cfg = trainer.config
-    tuned = _peft_model(base_dir, initial)
+    tuned = references.peft_model(base_dir, initial)
     trained = [p for p in tuned.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trained, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=cfg.weight_decay)
     rates = WarmupCosine(cfg.lr, cfg.warmup_steps, cfg.steps, cfg.lr / 10)
@@ -202,7 +186,7 @@ def test_lora_merge_keeps_the_base_form_and_matches_peft_merge_and_unload(run, b
     assert loaded.dtype == torch.bfloat16
     ids = torch.tensor([trainer.data.val.examples[0].ids[:40].tolist()])
     with torch.no_grad():
-        want = _peft_model(base, trainer.model.to_adapter(trainer.params)).merge_and_unload().eval()(ids).logits[0]
+        want = references.peft_model(base, trainer.model.to_adapter(trainer.params)).merge_and_unload().eval()(ids).logits[0]
         got = loaded.float()(ids).logits[0]
         base_logits = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)(ids).logits[0]
     tolerance = 0.02 * float(want.abs().max())  # the merged weights rounded to bf16 (measured: 1.1%)

@@ -19,7 +19,7 @@ import numpy as np
 
 import orion
 from orion._core import kernels
-from orion.mil import Program, Type, Value
+from orion.mil import MilProgram, Type, Value
 
 SHAPES = [(768, 768), (768, 3072), (3072, 768)]  # (cin, cout), GPT-2 124M's projections
 SEQ = 32
@@ -45,7 +45,7 @@ def best_time(fn, repeat: int, min_time: float) -> float:
 def conv_program(weight16: np.ndarray) -> orion.Program:
     """A compiled MIL program computing one 1x1 conv on [1, cin, 1, SEQ]."""
     cout, cin = weight16.shape
-    p = Program()
+    p = MilProgram()
     p.add_input("x", Type.tensor("fp16", [1, cin, 1, SEQ]))
     p.add_const("dl", Value.list(Type.tensor("int32", [2]), [1, 1]))
     p.add_const("gr", Value.number("int32", 1))

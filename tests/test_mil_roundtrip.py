@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import orion
 from orion import ops
-from orion.mil import Program, Type, Value, emit, parse
+from orion.mil import MilProgram, Type, Value, emit, parse
 
 OPS = sorted(ops.REGISTRY.mil_ops())  # every MIL op Orion knows of (dialect, banned counterparts, MIL-only)
 FLOAT_DTYPES = ["fp16", "fp32"]
@@ -62,10 +62,10 @@ def arguments(draw, defined: list[str]) -> list[tuple[str, object]]:
 
 
 @st.composite
-def programs(draw) -> Program:
+def programs(draw) -> MilProgram:
     """A random program with inputs, consts of every kind and ops, which calls every op of OPS at least
     once (in a drawn order, with drawn types and arguments), so each example covers all of them."""
-    p = Program()
+    p = MilProgram()
     names = draw(st.lists(identifiers, unique=True, min_size=len(OPS) + 4, max_size=len(OPS) + 14))  # + up to 3 inputs
     for name in names[: draw(st.integers(0, 3))]:
         p.add_input(name, draw(types))
@@ -102,7 +102,7 @@ def test_parse_of_emit_is_identity(data: st.DataObject) -> None:
 
 @given(st.sampled_from(ODD_FLOATS) | st.floats(allow_nan=False, allow_infinity=False))
 def test_float_literals_round_trip_exactly(v: float) -> None:
-    p = Program()
+    p = MilProgram()
     p.add_const("v", Value.number("fp32", v))
     parsed = parse(emit(p)).operations[0].val.numbers[0]
     assert struct.pack("<d", parsed) == struct.pack("<d", v)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import orion
-from orion.mil import Program, Type, Value, emit, parse
+from orion.mil import MilProgram, Type, Value, emit, parse
 
 DIALECT_EXAMPLE = """\
 program(1.3)
@@ -25,7 +25,7 @@ ACT = Type.tensor("fp16", [1, 768, 1, 32])
 
 
 def dialect_example() -> Program:
-    p = Program()
+    p = MilProgram()
     p.add_input("x", ACT)
     p.add_input("y", ACT)
     p.add_const("pd", Value.list(Type.tensor("int32", [4]), [0, 0, 0, 0]))
@@ -51,7 +51,7 @@ def test_parses_the_facts_example() -> None:
 
 
 def test_empty_function_and_scalar_spellings() -> None:
-    p = Program()
+    p = MilProgram()
     p.add_const("t", Value.number("bool", True))
     p.add_const("pt", Value.string('va"l\\id\n'))
     p.add_const("one", Value.number("fp16", 1.0))
@@ -77,14 +77,14 @@ def test_empty_function_and_scalar_spellings() -> None:
     (2.0 ** -24, "5.960464477539063e-08"), (1e20, "1e+20"),
 ])
 def test_float_literal_spelling(value: float, spelling: str) -> None:
-    p = Program()
+    p = MilProgram()
     p.add_const("v", Value.number("fp32", value))
     assert f"val=fp32({spelling})]" in emit(p)
 
 
 @pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
 def test_non_finite_float_is_a_compile_error_naming_the_variable(value: float) -> None:
-    p = Program()
+    p = MilProgram()
     p.add_const("bad_eps", Value.number("fp16", value))
     with pytest.raises(orion.CompileError, match="bad_eps"):
         emit(p)
@@ -115,7 +115,7 @@ program(1.3) {
 def test_parses_real_world_variations() -> None:
     p = parse(VARIANT)
     assert p.functions == ["main", "second"]
-    assert p.build_info == Program().build_info
+    assert p.build_info == MilProgram().build_info
     ops = {op.output: op for op in p.operations}
     assert ops["W"].val == Value.blob(Type.tensor("fp16", [768, 768, 1, 1]), "@model_path/weights/w.bin", 64)
     assert ops["a"].val.numbers == [1e-5]
@@ -193,7 +193,7 @@ def test_parse_errors_at_program_level() -> None:
 
 
 def test_builder_rejects_bad_and_duplicate_names() -> None:
-    p = Program()
+    p = MilProgram()
     p.add_input("x", ACT)
     p.add_const("k", Value.number("int32", 1), name="k_const")
     for bad in (lambda: p.add_input("x", ACT), lambda: p.add_input("", ACT), lambda: p.add_input("1x", ACT),
@@ -222,13 +222,13 @@ def test_model_properties() -> None:
     op = p.operations[1]
     assert (op.op, op.output, op.name, op.type, op.args) == ("const", "eps", "eps", Type.scalar("fp16"), [])
     assert p.operations[3].val is None and p.operations[3].args[0].literal is None
-    assert "eps" in repr(op) and "fp16" in repr(op.val) and p != Program()
+    assert "eps" in repr(op) and "fp16" in repr(op.val) and p != MilProgram()
 
 
 # -- issue 21: a core that builds with Apple's libc++, buildInfo, the constexpr attribute form ------------------
 
 def _fp32_literal_program(values: list[float]) -> str:
-    p = Program()
+    p = MilProgram()
     for i, v in enumerate(values):
         p.add_const(f"c{i}", Value.number("fp32", v))
     return emit(p)

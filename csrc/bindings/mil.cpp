@@ -181,7 +181,7 @@ void bind_types(py::module_& m) {
 }
 
 void bind_program(py::module_& m) {
-    py::class_<Program>(m, "Program", "A MIL program; the builder methods act on its first function.")
+    py::class_<Program>(m, "MilProgram", "A MIL program; the builder methods act on its first function.")
         .def(py::init([](const std::string& version) {
             if (!is_version_number(version)) throw py::value_error("version must look like 1.3");
             Program p;

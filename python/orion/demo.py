@@ -1,6 +1,6 @@
 """The built-in demo: a GPT-2-sized MLP block written as a MIL program, compiled, run and checked.
 
-It shows the whole low-level flow: build a ``orion.mil.Program`` -> emit MIL text + BLOBFILE
+It shows the whole low-level flow: build a ``orion.mil.MilProgram`` -> emit MIL text + BLOBFILE
 weights -> ``orion.compile`` -> evaluate on surfaces -> compare with numpy fp32.
 """
 
@@ -11,13 +11,13 @@ import time
 import numpy as np
 
 import orion
-from orion.mil import Program, Type, Value
+from orion.mil import MilProgram, Type, Value
 
 
-def mlp_program(channels: int, hidden: int, lanes: int) -> Program:
+def mlp_program(channels: int, hidden: int, lanes: int) -> MilProgram:
     """x [1, C, 1, S] -> conv(W_up) -> tanh GELU -> conv(W_down) -> + x, all fp16."""
     act, wide = Type.tensor("fp16", [1, channels, 1, lanes]), Type.tensor("fp16", [1, hidden, 1, lanes])
-    p = Program()
+    p = MilProgram()
     p.add_input("x", act)
     p.add_const("dl", Value.list(Type.tensor("int32", [2]), [1, 1]))
     p.add_const("gr", Value.number("int32", 1))

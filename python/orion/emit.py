@@ -1,4 +1,4 @@
-"""Emit: the program's graph -> an ``orion.mil.Program`` (the MIL-program binding) and its weight files.
+"""Emit: the program's graph -> an ``orion.mil.MilProgram`` (the MIL-program binding) and its weight files.
 
 Every argument is a named const ``<var>_<arg>``, args in alphabetical order, one BLOBFILE per weight
 tensor at ``@model_path/weights/<name>.bin``, offset 64 (docs/hardware.md §4, §5); an int8 weight
@@ -28,7 +28,7 @@ class Emitter:
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
-        self.program = mil.Program()
+        self.program = mil.MilProgram()
         self.weights: dict[str, bytes] = {}
         self.var: dict[int, str] = {id(n): n.name for n in graph.nodes}
 
@@ -129,5 +129,5 @@ class Emitter:
 
 
 def to_program(graph: Graph) -> tuple[Any, dict[str, bytes]]:
-    """The ``orion.mil.Program`` of a legalized, I/O-prepared graph and its weight files by path."""
+    """The ``orion.mil.MilProgram`` of a legalized, I/O-prepared graph and its weight files by path."""
     return Emitter(graph).build()

@@ -169,7 +169,7 @@ def test_emitted_arguments_are_checked_against_the_mil_signature(monkeypatch: py
 
 def banned_program(name: str) -> str:
     """MIL text calling MIL op ``name`` with every required argument (each a reference to an input)."""
-    p = orion.mil.Program()
+    p = orion.mil.MilProgram()
     t = orion.mil.Type.tensor("fp16", [1, 64, 1, 64])
     p.add_input("x", t)
     p.add_op(name, "y", t, [(arg, "x") for arg in sorted(ops.REGISTRY.mil_ops()[name].required)], name="y")

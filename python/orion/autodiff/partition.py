@@ -55,7 +55,7 @@ class CostModel:
 
 
 @dataclass(frozen=True)
-class Program:
+class PlannedProgram:
     """One planned program of a layer: its graph, where it runs and why; ``count`` evaluations per step."""
 
     name: str
@@ -101,12 +101,12 @@ class Plan:
 
     model: str
     seq: int
-    forward: Program
-    gradients: tuple[Program, ...]
+    forward: PlannedProgram
+    gradients: tuple[PlannedProgram, ...]
     cpu: tuple[CpuStage, ...]
 
     @property
-    def programs(self) -> tuple[Program, ...]:
+    def programs(self) -> tuple[PlannedProgram, ...]:
         return (self.forward, *self.gradients)
 
     @property
@@ -166,7 +166,7 @@ def partition(model: TrainableModel, seq: int, *, sram_budget: int = SRAM_BYTES,
                                 sram_budget, cost, prefer, fused), cpu_dw=tuple(taps))
         whole = tapped if tapped.device == ANE or whole.device != ANE else whole
     if whole.device == ANE or whole.reason.startswith("CPU pays") or prefer == "cpu":
-        gradients: tuple[Program, ...] = (whole,)
+        gradients: tuple[PlannedProgram, ...] = (whole,)
     else:  # over budget or illegal as one program: dx alone, then dW over groups of parameters that fit
         gradients = (_place("layer gradient dx", backward(layer, ["x"]), n, sram_budget, cost, prefer, fused),
                      *_weight_groups(layer, params, n, sram_budget, cost, prefer, fused))
@@ -191,27 +191,27 @@ def layer_params(model: TrainableModel, names: Collection[str] | None, what: str
     return [name for name in shapes if name in set(names)]
 
 
-def _place(name: str, graph: Graph, count: int, budget: int, cost: CostModel, prefer: str, fused: int) -> Program:
+def _place(name: str, graph: Graph, count: int, budget: int, cost: CostModel, prefer: str, fused: int) -> PlannedProgram:
     """Lower ``graph`` (``fused`` attention ops make one layer) to check it is legal and measure its working
     set, then choose its device."""
     flops = graph_flops(graph)
     if prefer == "cpu":
-        return Program(name, graph, CPU, flops, count, "CPU requested", fused=fused)
+        return PlannedProgram(name, graph, CPU, flops, count, "CPU requested", fused=fused)
     try:
         with warnings.catch_warnings():  # over budget is a planning outcome here, reported in the plan
             warnings.simplefilter("ignore", SRAMBudgetWarning)
             lowered = lower_graph(graph, sram_budget=budget, max_layers=fused)
     except (OrionError, GraphError) as illegal:
-        return Program(name, graph, CPU, flops, count, f"not ANE-legal: {illegal}", fused=fused)
+        return PlannedProgram(name, graph, CPU, flops, count, f"not ANE-legal: {illegal}", fused=fused)
     sram = lowered.report.analyses[SRAM_PASS]
     sized = {"sram_bytes": sram.total, "fused": fused, "surface_bytes": _surface_bytes(lowered.layout)}
     if sram.over_budget:
-        return Program(name, graph, CPU, flops, count, f"over the SRAM budget (ANE-26): {sram}", **sized)
+        return PlannedProgram(name, graph, CPU, flops, count, f"over the SRAM budget (ANE-26): {sram}", **sized)
     ane_ms, cpu_ms = cost.ane_ms(flops), cost.cpu_ms(flops)
     if prefer == "auto" and ane_ms >= cpu_ms:
-        return Program(name, graph, CPU, flops, count,
+        return PlannedProgram(name, graph, CPU, flops, count,
                        f"CPU pays: {cpu_ms:.3f} ms fp32 vs {ane_ms:.3f} ms on the ANE with dispatch", **sized)
-    return Program(name, graph, ANE, flops, count, f"ANE {ane_ms:.3f} ms vs CPU {cpu_ms:.3f} ms", **sized)
+    return PlannedProgram(name, graph, ANE, flops, count, f"ANE {ane_ms:.3f} ms vs CPU {cpu_ms:.3f} ms", **sized)
 
 
 def _surface_bytes(layout: IOLayout) -> int:
@@ -226,7 +226,7 @@ def _surface_bytes(layout: IOLayout) -> int:
 
 
 def _weight_groups(layer: Graph, params: Sequence[str], count: int, budget: int, cost: CostModel,
-                   prefer: str, fused: int) -> list[Program]:
+                   prefer: str, fused: int) -> list[PlannedProgram]:
     """dW programs over consecutive parameter groups, each as large as still fits (a single parameter that
     does not fit is planned alone, on the device :func:`_place` gives it)."""
     programs, start = [], 0
@@ -244,7 +244,7 @@ def _weight_groups(layer: Graph, params: Sequence[str], count: int, budget: int,
     return programs
 
 
-def program_outputs(program: Program) -> list[str]:
+def program_outputs(program: PlannedProgram) -> list[str]:
     """The parameter (or ``x``) names whose gradients ``program`` returns (or the CPU forms from its outputs)."""
     prefix = grad_name("")
     return [name[len(prefix):] for name in program.graph.outputs if name.startswith(prefix)] + \

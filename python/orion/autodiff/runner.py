@@ -27,7 +27,7 @@ import numpy as np
 
 from orion import blobfile
 from orion.autodiff import cpu, numpy_eval
-from orion.autodiff.partition import ANE, Plan, Program, layer_params, partition, program_outputs
+from orion.autodiff.partition import ANE, Plan, PlannedProgram, layer_params, partition, program_outputs
 from orion.autodiff.trainable import TrainableModel, input_layout
 from orion.autodiff.transform import grad_name
 from orion.compiler import CompiledGraph, Lowered, compile_graph, lower_graph
@@ -91,7 +91,7 @@ class GradientRunner:
         self._forward = self._slot(self.plan.forward, params)
         self._gradients = [self._slot(p, params) for p in self.plan.gradients]
 
-    def _slot(self, program: Program, params: Mapping[str, np.ndarray] | None) -> _Shared | _PerLayer:
+    def _slot(self, program: PlannedProgram, params: Mapping[str, np.ndarray] | None) -> _Shared | _PerLayer:
         names = _baked_inputs(program, self.baked)
         return _PerLayer(self.model, program, names, params) if names else _Shared(program)
 
@@ -189,7 +189,7 @@ def planned_compiles(plan: Plan, model: TrainableModel, weights: str = "inputs",
     return build, update
 
 
-def _baked_inputs(program: Program, baked: Collection[str]) -> list[str]:
+def _baked_inputs(program: PlannedProgram, baked: Collection[str]) -> list[str]:
     """The ``baked`` names that are inputs of an ANE ``program`` (a CPU program takes every weight as input)."""
     if program.device != ANE:
         return []
@@ -200,7 +200,7 @@ def _baked_inputs(program: Program, baked: Collection[str]) -> list[str]:
 class _Shared:
     """One program serving every layer: compiled once (ANE) or evaluated in fp32 numpy (CPU)."""
 
-    def __init__(self, program: Program) -> None:
+    def __init__(self, program: PlannedProgram) -> None:
         self.inputs = [n.name for n in program.graph.inputs]
         if program.device == ANE:
             compiled = compile_graph(program.graph, max_layers=program.fused)
@@ -219,7 +219,7 @@ class _PerLayer:
     holds a baked value holds it as is (flat fp16; proven once, by lowering with other values and comparing),
     new weights are written straight into those files; otherwise the baked graph is lowered again."""
 
-    def __init__(self, model: TrainableModel, program: Program, names: list[str],
+    def __init__(self, model: TrainableModel, program: PlannedProgram, names: list[str],
                  params: Mapping[str, np.ndarray]) -> None:
         self.model, self.program, self.names, self.layers = model, program, names, model.n_layers
         self.inputs = [n.name for n in program.graph.inputs if n.name not in names]

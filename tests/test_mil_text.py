@@ -24,7 +24,7 @@ program(1.3)
 ACT = Type.tensor("fp16", [1, 768, 1, 32])
 
 
-def dialect_example() -> Program:
+def dialect_example() -> MilProgram:
     p = MilProgram()
     p.add_input("x", ACT)
     p.add_input("y", ACT)

@@ -19,6 +19,7 @@
 #include "emulator/ops.h"
 #include "emulator/profile.h"
 #include "emulator/shared_consts.h"
+#include "emulator/surface_io.h"
 #include "errors.h"
 #include "mil/blobfile.h"
 #include "runtime/budget.h"
@@ -28,93 +29,6 @@ namespace orion::emu {
 namespace {
 
 using frontend::where;
-
-// Converts between a surface's packed bytes and a frame tensor (the live lanes of each row when
-// the tensor is partially live, the whole tensor otherwise).
-void load_input(const uint8_t* src, Tensor& t) {
-    if (t.data.empty()) return;  // an empty tensor (memcpy may not be given its null data)
-    if (t.partial() && mil::is_float(t.dtype)) {
-        for_each_live_row(t, [&](int64_t at, int64_t n) {
-            if (t.dtype == mil::DType::fp16)
-                kernels::half_to_float(reinterpret_cast<const uint16_t*>(src) + at, t.data.data() + at, static_cast<size_t>(n));
-            else
-                std::memcpy(t.data.data() + at, src + at * 4, static_cast<size_t>(n) * 4);
-        });
-        return;
-    }
-    const size_t n = t.data.size();
-    switch (t.dtype) {
-        case mil::DType::fp16: kernels::half_to_float(reinterpret_cast<const uint16_t*>(src), t.data.data(), n); break;
-        case mil::DType::fp32: std::memcpy(t.data.data(), src, n * 4); break;
-        case mil::DType::int32:
-            for (size_t i = 0; i < n; ++i) {
-                int32_t v;
-                std::memcpy(&v, src + 4 * i, 4);
-                t.data[i] = static_cast<float>(v);
-            }
-            break;
-        case mil::DType::int8:
-            for (size_t i = 0; i < n; ++i) t.data[i] = static_cast<float>(static_cast<int8_t>(src[i]));
-            break;
-        case mil::DType::uint8:
-        case mil::DType::boolean:
-            for (size_t i = 0; i < n; ++i) t.data[i] = static_cast<float>(src[i]);
-            break;
-        default: throw EvaluateError(std::string("unsupported I/O dtype ") + mil::dtype_name(t.dtype) + " (the front end refuses it at compile)");
-    }
-}
-
-// An integer output element: the value saturated to [lo, hi], NaN as 0 (converting a float outside the
-// target's range is undefined behaviour in C++, and an integer has no NaN).
-template <typename Int>
-Int saturate(float v, double lo, double hi) {
-    if (std::isnan(v)) return 0;
-    return static_cast<Int>(std::clamp(static_cast<double>(v), lo, hi));
-}
-
-void store_output(const Tensor& t, uint8_t* dst) {
-    if (t.data.empty()) return;
-    if (t.partial() && mil::is_float(t.dtype)) {
-        for_each_live_row(t, [&](int64_t at, int64_t n) {
-            if (t.dtype == mil::DType::fp16)
-                kernels::float_to_half(t.data.data() + at, reinterpret_cast<uint16_t*>(dst) + at, static_cast<size_t>(n));
-            else
-                std::memcpy(dst + at * 4, t.data.data() + at, static_cast<size_t>(n) * 4);
-        });
-        return;
-    }
-    const size_t n = t.data.size();
-    switch (t.dtype) {
-        case mil::DType::fp16: kernels::float_to_half(t.data.data(), reinterpret_cast<uint16_t*>(dst), n); break;
-        case mil::DType::fp32: std::memcpy(dst, t.data.data(), n * 4); break;
-        case mil::DType::int32:
-            for (size_t i = 0; i < n; ++i) {
-                const int32_t v = saturate<int32_t>(t.data[i], INT32_MIN, INT32_MAX);
-                std::memcpy(dst + 4 * i, &v, 4);
-            }
-            break;
-        case mil::DType::int8:
-        case mil::DType::uint8:
-        case mil::DType::boolean:
-            for (size_t i = 0; i < n; ++i) {
-                const double lo = t.dtype == mil::DType::int8 ? -128 : 0, hi = t.dtype == mil::DType::int8 ? 127 : 255;
-                dst[i] = static_cast<uint8_t>(saturate<int32_t>(t.data[i], lo, hi));
-            }
-            break;
-        default: throw EvaluateError(std::string("unsupported I/O dtype ") + mil::dtype_name(t.dtype) + " (the front end refuses it at compile)");
-    }
-}
-
-// A float output whose data is its first `block` elements repeated (find_replicated_outputs): the
-// block stored once, then copied in the surface's dtype.
-void store_replicated(const Tensor& t, int64_t block, uint8_t* dst) {
-    const size_t element = t.dtype == mil::DType::fp16 ? 2 : 4, bytes = static_cast<size_t>(block) * element;
-    if (t.dtype == mil::DType::fp16)
-        kernels::float_to_half(t.data.data(), reinterpret_cast<uint16_t*>(dst), static_cast<size_t>(block));
-    else
-        std::memcpy(dst, t.data.data(), bytes);
-    for (int64_t at = block; at < t.size(); at += block) std::memcpy(dst + static_cast<size_t>(at) * element, dst, bytes);
-}
 
 // The compile-time state of a program: one ValueInfo per variable, and per op the ids its
 // builder reads and the front end's type-step results. The plan step fills it for the whole
@@ -215,6 +129,21 @@ private:
 // cost well under a microsecond, so a decode step's hundred of them are noise.
 constexpr int64_t kMinPooledElements = int64_t{1} << 12;
 
+// The kernels of a program in order, each with the steps it computes, its profile row and cost, and
+// the pooled buffers taken before it and given back after it (plan_buffers).
+struct ScheduledKernel {
+    Kernel run;
+    std::vector<const ProgramModel::Step*> steps;
+    std::string kind;                   // the profile's row: the op's kind, or the fused group's
+    profile::Cost cost;                 // bytes and FLOPs by its operand and result types
+    std::vector<int> acquire, release;  // pooled slots taken before it / given back after it
+};
+
+struct Schedule {
+    std::vector<ScheduledKernel> kernels;
+    std::vector<int> acquire_inputs, release_end;  // pooled slots taken before the input loads / given after the stores
+};
+
 class EmulatedProgram final : public runtime::LoadedProgram {
 public:
     EmulatedProgram(std::string_view text, frontend::CheckedProgram checked, ProgramModel model,
@@ -239,18 +168,10 @@ private:
         allocate_frame();
         const bool profiling = profile::enabled();
         const auto start = profiling ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-        for (int slot : acquire_inputs_) frame_.values[slot].data = buffer_pool::take(pooled_size(slot));
-        for (size_t i = 0; i < inputs.size(); ++i) {
-            Tensor& t = frame_.values[input_slots_[i]];
-            auto hint = live.find(inputs_[i].name);
-            t.lanes = hint == live.end() ? t.last_dim() : hint->second;
-            if (in_place_[i])  // every reader takes fp16 as it is: no conversion
-                t.half = reinterpret_cast<const uint16_t*>(inputs[i].second->data());
-            else
-                load_input(inputs[i].second->data(), t);
-        }
+        for (int slot : schedule_.acquire_inputs) frame_.values[slot].data = buffer_pool::take(pooled_size(slot));
+        io_.load(inputs, live, frame_);
         if (profiling) return run_profiled(outputs, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-        for (size_t i = 0; i < kernels_.size(); ++i) run_kernel(i);
+        for (const ScheduledKernel& kernel : schedule_.kernels) run_kernel(kernel);
         store_outputs(outputs);
     }
 
@@ -263,12 +184,12 @@ private:
         unallocated_.clear();
     }
 
-    // Kernel i with the pooled buffers of the values it defines taken before it and those whose
+    // A kernel with the pooled buffers of the values it defines taken before it and those whose
     // last reader it is given back after it.
-    void run_kernel(size_t i) {
-        for (int slot : acquire_[i]) frame_.values[slot].data = buffer_pool::take(pooled_size(slot));
-        kernels_[i](frame_);
-        for (int slot : release_[i]) buffer_pool::give(std::exchange(frame_.values[slot].data, {}));
+    void run_kernel(const ScheduledKernel& kernel) {
+        for (int slot : kernel.acquire) frame_.values[slot].data = buffer_pool::take(pooled_size(slot));
+        kernel.run(frame_);
+        for (int slot : kernel.release) buffer_pool::give(std::exchange(frame_.values[slot].data, {}));
     }
 
     size_t pooled_size(int slot) const { return static_cast<size_t>(values_at(slot).type.element_count()); }
@@ -276,11 +197,8 @@ private:
 
     // Stores the outputs, then gives back the pooled buffers live to the end (the outputs').
     void store_outputs(const runtime::Bindings& outputs) {
-        for (size_t i = 0; i < outputs.size(); ++i) {
-            if (output_blocks_[i]) store_replicated(frame_.values[output_slots_[i]], output_blocks_[i], outputs[i].second->data());
-            else store_output(frame_.values[output_slots_[i]], outputs[i].second->data());
-        }
-        for (int slot : release_end_) buffer_pool::give(std::exchange(frame_.values[slot].data, {}));
+        io_.store(outputs, frame_);
+        for (int slot : schedule_.release_end) buffer_pool::give(std::exchange(frame_.values[slot].data, {}));
     }
 
     // The kernels and the output stores of run(), each timed and recorded per op kind; the input
@@ -288,13 +206,13 @@ private:
     void run_profiled(const runtime::Bindings& outputs, double load_seconds) {
         using clock = std::chrono::steady_clock;
         std::map<std::string, profile::Row> by_kind;
-        for (size_t i = 0; i < kernels_.size(); ++i) {
+        for (const ScheduledKernel& kernel : schedule_.kernels) {
             const auto start = clock::now();
-            run_kernel(i);
+            run_kernel(kernel);
             const double seconds = std::chrono::duration<double>(clock::now() - start).count();
-            profile::Row& row = by_kind[kernel_kinds_[i]];
+            profile::Row& row = by_kind[kernel.kind];
             row.calls += 1, row.seconds += seconds;
-            row.bytes += kernel_costs_[i].bytes, row.flops += kernel_costs_[i].flops;
+            row.bytes += kernel.cost.bytes, row.flops += kernel.cost.flops;
         }
         const auto start = clock::now();
         store_outputs(outputs);
@@ -312,9 +230,7 @@ private:
     }
 
     void release() override {
-        kernels_.clear();
-        acquire_inputs_.clear();
-        release_end_.clear();
+        schedule_ = {};
         unallocated_.clear();
         frame_.values.clear();
         buffer_pool::clear();
@@ -396,11 +312,11 @@ private:
             built[i] = step.build(ctx);
         }
         const std::map<const ProgramModel::Step*, ReplicatedOutput> replicated = find_replicated_outputs(readers, chains, runs);
-        output_blocks_.assign(outputs_.size(), 0);
+        io_.outputs.assign(outputs_.size(), {});
         for (size_t i = 0; i < order.size(); ++i)
             if (const auto r = replicated.find(order[i]); r != replicated.end()) {
                 built[i].kernel = replicated_block_kernel(*order[i], r->second);
-                output_blocks_[r->second.output] = r->second.block;
+                io_.outputs[r->second.output].replicated_block = r->second.block;
             }
         std::map<const ProgramModel::Step*, Kernel> group_parts;  // a fused group's own kernels, until its last
         for (size_t i = 0; i < order.size(); ++i) {
@@ -421,20 +337,18 @@ private:
                 if (&step == found->second.back()) add_fused_elementwise(found->second, readers, group_parts);
                 continue;  // the run computes at its last step
             }
-            kernels_.push_back(std::move(built[i].kernel));
-            kernel_steps_.push_back({&step});
-            kernel_kinds_.push_back(step.op->op);
-            kernel_costs_.push_back(profile::op_cost(*step.op, operand_types(step), step.op->type));
+            schedule_.kernels.push_back({std::move(built[i].kernel), {&step}, step.op->op,
+                                         profile::op_cost(*step.op, operand_types(step), step.op->type), {}, {}});
         }
         label_ = program_label();
-        for (const auto& s : outputs_) {
-            output_slots_.push_back(values()[model_.ids_.at(s.name)].slot);
-            values()[static_cast<size_t>(output_slots_.back())].needs_fp32 = true;  // stored from fp32 data
+        for (size_t i = 0; i < outputs_.size(); ++i) {
+            io_.outputs[i].slot = values()[model_.ids_.at(outputs_[i].name)].slot;
+            values()[static_cast<size_t>(io_.outputs[i].slot)].needs_fp32 = true;  // stored from fp32 data
         }
         for (const auto& s : inputs_) {
             const int slot = values()[model_.ids_.at(s.name)].slot;
-            input_slots_.push_back(slot);
-            in_place_.push_back(s.type.dtype == mil::DType::fp16 && !values()[static_cast<size_t>(slot)].needs_fp32);
+            io_.inputs.push_back({s.name, slot,
+                                  s.type.dtype == mil::DType::fp16 && !values()[static_cast<size_t>(slot)].needs_fp32});
         }
         const std::vector<bool> pooled = plan_buffers();
         frame_.values.resize(values().size());
@@ -455,7 +369,7 @@ private:
             if (unmaterialised_.count(static_cast<int>(i))) continue;  // a constexpr value read in quantized form
             if (held_masks_.count(static_cast<int>(i))) continue;  // held once per process (add_fused_attention)
             if (pooled[i]) continue;  // taken from the buffer pool while it is live (run_kernel)
-            if (!is_const && in_place_input(v.slot)) continue;  // its readers take fp16 from the surface
+            if (!is_const && io_.reads_in_place(v.slot)) continue;  // its readers take fp16 from the surface
             if (!is_const) {
                 unallocated_.push_back(v.slot);  // allocated by the first evaluate (allocate_frame)
             } else if (v.blob) {
@@ -522,29 +436,23 @@ private:
         return true;
     }
 
-    // Whether `slot` is a program input read in place from its surface (no frame data at all).
-    bool in_place_input(int slot) const {
-        for (size_t i = 0; i < input_slots_.size(); ++i)
-            if (input_slots_[i] == slot && in_place_[i]) return true;
-        return false;
-    }
-
     // Liveness of the frame's tensors: each one of at least kMinPooledElements that is not a const (nor
     // an input read in place) gets a pooled buffer while it is live: an intermediate from its producing
     // kernel to its last reader, an input from its load to its last reader, an output until it is
-    // stored (acquire_inputs_, acquire_/release_, release_end_). So a program holds no memory of its
+    // stored (the schedule's acquire and release lists). So a program holds no memory of its
     // data between evaluates, and tensors with disjoint lifetimes, in one program or in programs run
     // one after the other (prefill layers, buckets, decode), share the same buffers.
     // Returns, per slot, whether it is pooled.
     std::vector<bool> plan_buffers() {
         const size_t n = values().size();
-        const int64_t end = static_cast<int64_t>(kernel_steps_.size());  // "after the outputs are stored"
+        std::vector<ScheduledKernel>& kernels = schedule_.kernels;
+        const int64_t end = static_cast<int64_t>(kernels.size());  // "after the outputs are stored"
         std::vector<bool> pooled(n, false);
         std::vector<int64_t> first(n, -2), last(n, -2);  // -2: unused; -1: before the first kernel
         auto owner = [&](int id) { return values()[static_cast<size_t>(id)].slot; };
-        for (int slot : input_slots_) first[static_cast<size_t>(slot)] = last[static_cast<size_t>(slot)] = -1;
-        for (size_t k = 0; k < kernel_steps_.size(); ++k)
-            for (const ProgramModel::Step* step : kernel_steps_[k]) {
+        for (const auto& in : io_.inputs) first[static_cast<size_t>(in.slot)] = last[static_cast<size_t>(in.slot)] = -1;
+        for (size_t k = 0; k < kernels.size(); ++k)
+            for (const ProgramModel::Step* step : kernels[k].steps) {
                 const auto out = static_cast<size_t>(owner(step->out));
                 if (first[out] == -2) first[out] = static_cast<int64_t>(k);
                 last[out] = std::max<int64_t>(last[out], static_cast<int64_t>(k));
@@ -557,20 +465,18 @@ private:
                     }
                 }
             }
-        for (int slot : output_slots_) last[static_cast<size_t>(slot)] = end;
-        acquire_.assign(kernels_.size(), {});
-        release_.assign(kernels_.size(), {});
-        acquire_inputs_.clear();
-        release_end_.clear();
+        for (const auto& out : io_.outputs) last[static_cast<size_t>(out.slot)] = end;
         for (size_t slot = 0; slot < n; ++slot) {
             const ValueInfo& v = values()[slot];
             if (v.slot != static_cast<int>(slot) || v.constant || first[slot] == -2 || internal_[slot]) continue;
-            if (in_place_input(static_cast<int>(slot))) continue;
+            if (io_.reads_in_place(static_cast<int>(slot))) continue;
             if (v.type.element_count() < kMinPooledElements) continue;  // small: cheaper to keep than to pool
             pooled[slot] = true;
-            (first[slot] < 0 ? acquire_inputs_ : acquire_[static_cast<size_t>(first[slot])]).push_back(static_cast<int>(slot));
+            (first[slot] < 0 ? schedule_.acquire_inputs : kernels[static_cast<size_t>(first[slot])].acquire)
+                .push_back(static_cast<int>(slot));
             if (last[slot] < 0) last[slot] = end;  // an input no kernel reads
-            (last[slot] == end ? release_end_ : release_[static_cast<size_t>(last[slot])]).push_back(static_cast<int>(slot));
+            (last[slot] == end ? schedule_.release_end : kernels[static_cast<size_t>(last[slot])].release)
+                .push_back(static_cast<int>(slot));
         }
         return pooled;
     }
@@ -863,15 +769,13 @@ private:
             internal_[static_cast<size_t>(id)] = true;
             pooled.emplace_back(id, static_cast<size_t>(values()[static_cast<size_t>(id)].type.element_count()));
         }
-        kernels_.push_back([fused = std::move(fused), unfused = std::move(unfused), pooled](Frame& fr) {
+        Kernel run = [fused = std::move(fused), unfused = std::move(unfused), pooled](Frame& fr) {
             if (fused(fr)) return;
             for (const auto& [slot, size] : pooled) fr.values[slot].data = buffer_pool::take(size);
             for (const Kernel& kernel : unfused) kernel(fr);
             for (const auto& [slot, size] : pooled) buffer_pool::give(std::exchange(fr.values[slot].data, {}));
-        });
-        kernel_steps_.push_back(steps);
-        kernel_kinds_.push_back(kind);
-        kernel_costs_.push_back(cost);
+        };
+        schedule_.kernels.push_back({std::move(run), steps, kind, cost, {}, {}});
     }
 
     // One kernel for a chain: the fused causal attention when it is exact for this call, else the
@@ -951,7 +855,7 @@ private:
             for (const auto& t : specs) s += (s.empty() ? "" : ", ") + t.name + shape_str(t.type.shape);
             return s;
         };
-        return list(inputs_) + " -> " + list(outputs_) + " (" + std::to_string(kernels_.size()) + " ops)";
+        return list(inputs_) + " -> " + list(outputs_) + " (" + std::to_string(schedule_.kernels.size()) + " ops)";
     }
 
     // The emulator holds every intermediate tensor in fp32: refuse, with the culprit named, a program
@@ -972,19 +876,12 @@ private:
     mil::Program program_;  // owns the statements that the model points into
     ProgramModel model_;
     std::vector<std::unique_ptr<mil::Value>> folded_;  // the values of folded ops (fold_constants)
-    std::vector<Kernel> kernels_;
-    std::vector<int> input_slots_, output_slots_;
+    Schedule schedule_;
+    SurfaceIO io_;
     std::vector<int> unallocated_;  // frame slots allocate_frame() still has to allocate
     std::set<int> unmaterialised_;  // constexpr outputs no kernel reads as data: never computed nor allocated
     std::set<int> held_masks_;      // causal-mask consts held once per process, not in the frame (add_fused_attention)
-    std::vector<bool> in_place_;  // per input: fp16 read in place from the surface (Tensor::half)
-    std::vector<std::vector<const ProgramModel::Step*>> kernel_steps_;  // per kernel: the steps it computes
     std::vector<bool> internal_;  // per slot: an intermediate of a fused chain (in no frame or pool plan)
-    std::vector<std::vector<int>> acquire_, release_;      // per kernel: pooled slots taken before / given after it
-    std::vector<int> acquire_inputs_, release_end_;        // pooled slots taken before the input loads / given after the stores
-    std::vector<int64_t> output_blocks_;  // per output: the block its store replicates (find_replicated_outputs), or 0
-    std::vector<std::string> kernel_kinds_;     // per kernel: its op kind (the profile's rows)
-    std::vector<profile::Cost> kernel_costs_;   // per kernel: bytes and FLOPs by its types
     std::string label_;                         // the program's name in the profile
     Frame frame_;
 };

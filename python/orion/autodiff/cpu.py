@@ -19,9 +19,13 @@ def from_channels(x: np.ndarray) -> np.ndarray:
 
 
 def scatter_rows(table_shape: tuple[int, ...], ids: np.ndarray, d_rows: np.ndarray) -> np.ndarray:
-    """The gradient of ``table[ids]``: ``d_rows`` summed into the rows ``ids`` of a zero table."""
+    """The gradient of ``table[ids]``: ``d_rows`` summed into the rows ``ids`` of a zero table, by one segmented
+    sum over the rows sorted by id (``np.add.reduceat``; ``np.add.at`` adds a row at a time, several times slower)."""
     grad = np.zeros(table_shape, np.float32)
-    np.add.at(grad, ids, d_rows)
+    order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
+    starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
+    grad[sorted_ids[starts]] = np.add.reduceat(np.asarray(d_rows, np.float32)[order], starts, axis=0)
     return grad
 
 
@@ -73,4 +77,6 @@ def cross_entropy(h: np.ndarray, classifier: np.ndarray, targets: np.ndarray
     d_logits /= len(rows)
     if len(rows) < len(targets):
         d_logits[targets < 0] = 0.0
-    return loss, (d_logits @ classifier).astype(np.float32), (d_logits.T @ h).astype(np.float32)
+    # dh as (classifier^T d_logits^T)^T: the same product, which OpenBLAS runs 3-5x faster than d_logits @ classifier
+    # (a 256 x 32000 by 32000 x 768 product: 0.5 s against 1.6-2.8 s here)
+    return loss, np.ascontiguousarray((classifier.T @ d_logits.T).T, np.float32), (d_logits.T @ h).astype(np.float32, copy=False)

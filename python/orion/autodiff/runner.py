@@ -142,7 +142,7 @@ class GradientRunner:
             for program in self.plan.gradients:  # weight gradients placed on the CPU: dy x^T in fp32
                 results.update({grad_name(t.param): t(results) for t in program.cpu_dw})
             for name in self.trainable:
-                g = results[grad_name(name)].reshape(shapes[name]).astype(np.float32) / loss_scale
+                g = np.divide(results[grad_name(name)].reshape(shapes[name]), loss_scale, dtype=np.float32)
                 grads[m.layer_param(i, name)] = _finite(g, m.layer_param(i, name))
             dx = _finite(cpu.from_channels(results[grad_name("x")]) / loss_scale, f"layer {i} input gradient")
         for name, g in m.embed_backward(params, ids, dx).items():

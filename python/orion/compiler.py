@@ -112,21 +112,25 @@ class CompiledGraph:
     def content_hash(self) -> str:
         return self.lowered.content_hash
 
-    def pack_inputs(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Unpadded arrays by graph name -> packed, zero-padded surface arrays by MIL name (ANE-21, ANE-37)."""
+    def _check_inputs(self, arrays: dict[str, np.ndarray]) -> None:
         missing = sorted({s.name for s in self.layout.inputs} - set(arrays))
         extra = sorted(set(arrays) - {s.name for s in self.layout.inputs})
         if missing or extra:
             raise EvaluateError(f"inputs: missing {missing}, unexpected {extra}. "
                                 f"Fix: pass exactly {[s.name for s in self.layout.inputs]}")
+        for spec in self.layout.inputs:
+            shape = np.shape(arrays[spec.name])
+            if shape != tuple(spec.shape):
+                raise EvaluateError(f"input '{spec.name}': shape {list(shape)}, expected {list(spec.shape)}. "
+                                    "Fix: pass the shape the graph declares")
+
+    def pack_inputs(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Unpadded arrays by graph name -> packed, zero-padded surface arrays by MIL name (ANE-21, ANE-37)."""
+        self._check_inputs(arrays)
         packed = {name: np.zeros(shape, dtype=_NUMPY_DTYPES[dtype])
                   for name, (shape, dtype) in IOLayout.surfaces(self.layout.inputs).items()}
         for spec in self.layout.inputs:
-            a = np.asarray(arrays[spec.name])
-            if a.shape != spec.shape:
-                raise EvaluateError(f"input '{spec.name}': shape {list(a.shape)}, expected {list(spec.shape)}. "
-                                    "Fix: pass the shape the graph declares")
-            packed_view(packed[spec.surface_name], spec.shape, spec.offset)[...] = a  # packed (ANE-21)
+            packed_view(packed[spec.surface_name], spec.shape, spec.offset)[...] = arrays[spec.name]  # (ANE-21)
         return packed
 
     def unpack_outputs(self, results: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -135,7 +139,20 @@ class CompiledGraph:
                 for s in self.layout.outputs}
 
     def __call__(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
-        return self.unpack_outputs(self.program(**self.pack_inputs(arrays)))
+        """Runs the program on unpadded arrays by graph name; returns unpadded arrays by graph name. Each input is
+        written (converted) straight into its place in the program's input surface, and each output copied once
+        out of its place in the output surface: no packed array is built."""
+        self._check_inputs(arrays)
+
+        def fill(surfaces: dict[str, np.ndarray]) -> None:
+            for spec in self.layout.inputs:
+                np.copyto(packed_view(surfaces[spec.surface_name], spec.shape, spec.offset), arrays[spec.name],
+                          casting="same_kind")
+
+        def read(surfaces: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            return {s.name: packed_view(surfaces[s.surface_name], s.shape, s.offset).copy() for s in self.layout.outputs}
+
+        return self.program.call_in_place(fill, read)
 
 
 def compile_lowered(lowered: Lowered, *, profile: str = "hardware", min_surface_bytes: int | None = None,

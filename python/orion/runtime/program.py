@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Iterable, Mapping
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Mapping
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 
@@ -15,6 +16,7 @@ from orion.runtime.backend import backend
 from orion.runtime.dtypes import numpy_dtype
 from orion.runtime.surface import Surface
 
+T = TypeVar("T")
 
 class TensorSpec(NamedTuple):
     """Shape and numpy dtype of a program input or output."""
@@ -47,6 +49,7 @@ class Program:
         """name -> (shape, dtype) of each returned value."""
         self._surfaces: tuple[dict[str, Surface], dict[str, Surface]] | None = None
         self._call_lock = threading.Lock()  # guards _surfaces: one __call__ at a time writes and reads them
+        self._filled_in_place = False  # the cached input surfaces were last written by call_in_place
 
     @property
     def backend(self) -> str:
@@ -99,7 +102,32 @@ class Program:
         with self._call_lock:
             if self._surfaces is None:
                 self._surfaces = self.allocate_surfaces()
+            self._filled_in_place = False
             return self._call_on(*self._surfaces, arrays)
+
+    def call_in_place(self, fill: Callable[[dict[str, np.ndarray]], None],
+                      read: Callable[[dict[str, np.ndarray]], T]) -> T:
+        """Runs the program on its cached surfaces with no array copied whole: ``fill`` writes into the input
+        surfaces' arrays (by input name; whatever it leaves unwritten holds zeros, or what the last
+        ``call_in_place`` wrote there), and ``read`` takes what it needs from the output arrays. Inputs holding
+        NaN are refused, as by ``__call__``. Thread-safe as ``__call__``."""
+        with self._call_lock:
+            if self._surfaces is None:
+                self._surfaces = self.allocate_surfaces()
+            in_surfaces, out_surfaces = self._surfaces
+            if not self._filled_in_place:  # __call__ wrote whole arrays: padding zeroed again
+                for surface in in_surfaces.values():
+                    surface.write(np.zeros(surface.shape, surface.array.dtype))
+            with contextlib.ExitStack() as locks:
+                arrays = {name: locks.enter_context(s.cpu_access()) for name, s in in_surfaces.items()}
+                fill(arrays)
+                for name, array in arrays.items():
+                    if array.dtype.kind == "f" and np.isnan(array).any():
+                        raise EvaluateError(f"input {name!r} contains NaN")
+            self._filled_in_place = True
+            self.evaluate(in_surfaces, out_surfaces)
+            with contextlib.ExitStack() as locks:
+                return read({name: locks.enter_context(s.cpu_access(read_only=True)) for name, s in out_surfaces.items()})
 
     def _call_on(self, in_surfaces: dict[str, Surface], out_surfaces: dict[str, Surface],
                  arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

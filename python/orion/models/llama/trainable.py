@@ -1,4 +1,4 @@
-"""A Llama-family model (Llama, Mistral, Qwen2) for training: the parameter map, the layer graph
+"""A Llama-family model (Llama, Mistral, Qwen2, Qwen3, SmolLM3, Phi-3) for training: the parameter map, the layer graph
 (:func:`orion.models.llama.graphs.layer` with its weights as inputs) and the fp32 CPU embedding and head."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class LlamaTrainable(TrainableModel):
                 if bq is not None:
                     bq[rows] = p[f"bq_g{j}"]
             layers.append(LayerWeights(p["attn_norm"], wq, p["wk"], p["wv"], wo, p["mlp_norm"], p["w_gate"], p["w_up"],
-                                       p["w_down"], bq, p.get("bk"), p.get("bv")))
+                                       p["w_down"], bq, p.get("bk"), p.get("bv"), p.get("q_norm"), p.get("k_norm")))
         lm_head = None if cfg.tie_embeddings else np.asarray(params["lm_head"], np.float32)
         return LlamaWeights(np.asarray(params["embed"], np.float32), np.asarray(params["norm"], np.float32), layers,
                             lm_head)
@@ -76,6 +76,8 @@ class LlamaTrainable(TrainableModel):
         if self.config.qkv_bias:
             shapes.update({f"bq_g{j}": (kv,) for j in range(self.config.group_size)})
             shapes.update(bk=(kv,), bv=(kv,))
+        if self.config.qk_norm:
+            shapes.update(q_norm=(self.config.head_dim,), k_norm=(self.config.head_dim,))
         shapes.update({"mlp_norm": (d,), "w_gate": (h, d), "w_up": (h, d), "w_down": (d, h)})
         return shapes
 
@@ -102,6 +104,11 @@ class LlamaTrainable(TrainableModel):
                              lora_scale)
         cos_table, sin_table = rope_tables(cfg, np.arange(seq))
         cos, sin = (g.const(n, t.reshape(1, 1, hd, seq)) for n, t in (("rope_cos", cos_table), ("rope_sin", sin_table)))
+        if cfg.no_rope_layers:  # one graph for every layer: "rope_on" (1 or 0) makes the tables RoPE's or identity's
+            on = g.input("rope_on", [1, 1, 1, 1])
+            off = g.add(g.mul(on, -1.0, name="rope_off_neg"), 1.0, name="rope_off")
+            cos = g.add(g.mul(cos, on, name="rope_cos_on"), off, name="rope_cos_gated")
+            sin = g.mul(sin, on, name="rope_sin_gated")
 
         def attend(j: int, qh: Node, kh: Node, k: Node, v: Node) -> Node:
             q = g.reshape(qh, [1, cfg.kv_dim, 1, seq], name=f"q{j}_flat")
@@ -109,6 +116,13 @@ class LlamaTrainable(TrainableModel):
 
         g.output(layer(g, x, cfg, params, (cos, sin, rope_partner(g, cfg)), attend)[0], "y")
         return g
+
+    def layer_inputs(self, params: dict[str, np.ndarray], layer: int) -> dict[str, np.ndarray]:
+        """The layer's parameters, and with layers that skip RoPE its ``rope_on`` flag (1: rotates, 0: does not)."""
+        inputs = super().layer_inputs(params, layer)
+        if self.config.no_rope_layers:
+            inputs["rope_on"] = np.full((1, 1, 1, 1), float(self.config.uses_rope(layer)), np.float32)
+        return inputs
 
     def embed(self, params: dict[str, np.ndarray], ids: np.ndarray) -> np.ndarray:
         return params["embed"][ids]

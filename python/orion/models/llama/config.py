@@ -306,6 +306,8 @@ def _rope(data: dict[str, Any], where: str, variant: Variant, values: HfValues) 
                               f"RoPE parameter {key!r} with rope_type {kind!r}")
     if kind == "default":
         return
+    if "truncate" in params and params["truncate"] is None:  # transformers: rope_parameters.get("truncate", True)
+        params["truncate"] = False
     if kind in ("llama3", "yarn", "longrope"):
         params.setdefault("original_max_position_embeddings", values["max_position_embeddings"])
     for key in REQUIRED_KEYS[kind]:

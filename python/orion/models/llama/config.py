@@ -174,6 +174,7 @@ class LlamaConfig:
             "max_position_embeddings": self.max_position_embeddings, "rms_norm_eps": self.rms_norm_eps,
             "rope_parameters": rope, "hidden_act": "silu", "tie_word_embeddings": self.tie_embeddings,
             "bos_token_id": self.bos_token_id, "eos_token_id": eos,
+            "pad_token_id": None,  # not the class default (Phi-3's 32000, SmolLM3's 128004 may be past the vocabulary)
         }
         return out | self.variant.write(self)
 

@@ -122,13 +122,15 @@ def group_rows(config: LlamaConfig, group: int) -> np.ndarray:
     return (heads[:, None] * config.head_dim + np.arange(config.head_dim)[None, :]).reshape(-1)
 
 
-def lora_site_names(layer: int) -> dict[str, str]:
+def lora_site_names(config: LlamaConfig, layer: int) -> dict[str, str]:
     """The LoRA site of each Hugging Face module of layer ``layer`` (relative to ``model.layers.<layer>``):
-    q/k/v share the fused qkv projection, gate/up the fused gate_up one."""
-    qkv, gate_up = f"l{layer}_qkv", f"l{layer}_gate_up"
-    return {"self_attn.q_proj": qkv, "self_attn.k_proj": qkv, "self_attn.v_proj": qkv,
-            "self_attn.o_proj": f"l{layer}_o", "mlp.gate_proj": gate_up, "mlp.up_proj": gate_up,
-            "mlp.down_proj": f"l{layer}_down"}
+    q/k/v (or a fused checkpoint's qkv_proj) share the fused qkv projection, gate/up (gate_up_proj) the fused
+    gate_up one."""
+    qkv, gate_up, o, down = f"l{layer}_qkv", f"l{layer}_gate_up", f"l{layer}_o", f"l{layer}_down"
+    if config.variant.fused_checkpoint:
+        return {"self_attn.qkv_proj": qkv, "self_attn.o_proj": o, "mlp.gate_up_proj": gate_up, "mlp.down_proj": down}
+    return {"self_attn.q_proj": qkv, "self_attn.k_proj": qkv, "self_attn.v_proj": qkv, "self_attn.o_proj": o,
+            "mlp.gate_proj": gate_up, "mlp.up_proj": gate_up, "mlp.down_proj": down}
 
 
 def qkv_order(config: LlamaConfig) -> np.ndarray:
@@ -153,14 +155,18 @@ def layer_arrays(config: LlamaConfig, layer: LayerWeights) -> dict[str, np.ndarr
 
 
 def projections(config: LlamaConfig) -> tuple[Projection, Projection]:
-    """The layer's q/k/v and gate/up projections by Hugging Face module (query groups in order)."""
+    """The layer's q/k/v and gate/up projections by Hugging Face module (query groups in order; a fused
+    checkpoint's ``qkv_proj`` and ``gate_up_proj`` are one module each)."""
     def bias(name: str) -> str | None:
         return name if config.qkv_bias else None
 
     groups = range(config.group_size)
-    qkv = {"self_attn.q_proj": tuple((f"wq_g{j}", bias(f"bq_g{j}")) for j in groups),
-           "self_attn.k_proj": (("wk", bias("bk")),), "self_attn.v_proj": (("wv", bias("bv")),)}
-    return qkv, {"mlp.gate_proj": (("w_gate", None),), "mlp.up_proj": (("w_up", None),)}
+    q = tuple((f"wq_g{j}", bias(f"bq_g{j}")) for j in groups)
+    k, v = (("wk", bias("bk")),), (("wv", bias("bv")),)
+    if config.variant.fused_checkpoint:  # one Hugging Face module each (Phi-3)
+        return {"self_attn.qkv_proj": (*q, *k, *v)}, {"mlp.gate_up_proj": (("w_gate", None), ("w_up", None))}
+    return ({"self_attn.q_proj": q, "self_attn.k_proj": k, "self_attn.v_proj": v},
+            {"mlp.gate_proj": (("w_gate", None),), "mlp.up_proj": (("w_up", None),)})
 
 
 # (query group, its rotated queries [1, KV, hd, S], the rotated keys [1, KV, hd, S] and [1, kv_dim, 1, S],
@@ -217,7 +223,7 @@ def layer(g: Graph, x: Node, config: LlamaConfig, p: LayerParams, rope: Rope, at
 
 
 def _baked(config: LlamaConfig, weights: LlamaWeights, i: int, adapters: Sites | None, quant: str) -> BakedParams:
-    return BakedParams(layer_arrays(config, weights.layers[i]), lora_site_names(i), adapters, quant)
+    return BakedParams(layer_arrays(config, weights.layers[i]), lora_site_names(config, i), adapters, quant)
 
 
 def _group_attention(g: Graph, q: Node, k: Node, v: Node, mask: Node, name: str) -> Node:

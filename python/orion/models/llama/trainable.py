@@ -33,6 +33,10 @@ class LlamaTrainable(TrainableModel):
         self.name, self.n_layers, self.dim, self.vocab_size = "llama", config.n_layers, config.dim, config.vocab_size
         self.context = config.max_position_embeddings
         self.attention_per_layer = config.group_size  # one attention per query group, all of one layer
+        if config.variant.fused_checkpoint:  # Phi-3: q/k/v and gate/up are one module each
+            self.lora_aliases = {"q": "qkv_proj", "k": "qkv_proj", "v": "qkv_proj", "qkv": "qkv_proj", "o": "o_proj",
+                                 "gate": "gate_up_proj", "up": "gate_up_proj", "gate_up": "gate_up_proj",
+                                 "down": "down_proj"}
 
     @property
     def head_param(self) -> str:
@@ -83,13 +87,18 @@ class LlamaTrainable(TrainableModel):
 
     def lora_targets(self) -> dict[str, LayerTarget]:
         """PEFT's modules of a layer: q's rows split among the query groups (in the RoPE convention's row order,
-        as the inference placements say), o's columns among them, the others one parameter each."""
+        as the inference placements say), o's columns among them, the others one parameter each (a fused
+        checkpoint's qkv_proj: the query groups' rows, then k's, then v's; gate_up_proj: gate's, then up's)."""
         groups = range(self.config.group_size)
         placed = {path.split(".", 3)[3]: p for path, p in lora_placements(self.config).items()
                   if path.startswith("model.layers.0.")}
-        grids = {"self_attn.q_proj": tuple((f"wq_g{j}",) for j in groups), "self_attn.k_proj": (("wk",),),
-                 "self_attn.v_proj": (("wv",),), "self_attn.o_proj": (tuple(f"wo_g{j}" for j in groups),),
-                 "mlp.gate_proj": (("w_gate",),), "mlp.up_proj": (("w_up",),), "mlp.down_proj": (("w_down",),)}
+        q = tuple((f"wq_g{j}",) for j in groups)
+        grids = {"self_attn.o_proj": (tuple(f"wo_g{j}" for j in groups),), "mlp.down_proj": (("w_down",),)}
+        if self.config.variant.fused_checkpoint:
+            grids |= {"self_attn.qkv_proj": (*q, ("wk",), ("wv",)), "mlp.gate_up_proj": (("w_gate",), ("w_up",))}
+        else:
+            grids |= {"self_attn.q_proj": q, "self_attn.k_proj": (("wk",),), "self_attn.v_proj": (("wv",),),
+                      "mlp.gate_proj": (("w_gate",),), "mlp.up_proj": (("w_up",),)}
         return {module: LayerTarget(module.split(".")[1], grid, placed[module].src_rows, placed[module].cols)
                 for module, grid in grids.items()}
 

@@ -10,8 +10,9 @@ fp32 head on the CPU) against two independent references:
 
 The models cover every family the trainer trains through the one layer definition it shares with inference:
 GPT-2 as published and with transformers' other options (ReLU, an MLP width other than 4 * n_embd,
-unscaled scores divided by the layer index), Llama, Mistral, and Qwen2 with q/k/v biases and 3 query heads
-per KV head.
+unscaled scores divided by the layer index), Llama (also with YaRN), Mistral, Qwen2 with q/k/v biases and 3 query
+heads per KV head, Qwen3 (per-head q/k norms, head_dim 32 != 64 / 4), SmolLM3 (its second layer without RoPE) and
+Phi-3 (fused checkpoint, longrope on half of each head).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from orion.models.gpt2.config import GPT2Config
 from orion.models.gpt2.trainable import GPT2Trainable
 from orion.models.llama import weights as llama_weights
 from orion.models.llama.config import LlamaConfig
+from orion.models.llama.rope import RopeScaling
 from orion.models.llama.trainable import LlamaTrainable
 from support import gpt2_reference, llama_reference, references
 
@@ -56,6 +58,9 @@ def _llama(**options) -> tuple[LlamaTrainable, dict[str, np.ndarray]]:
     return model, params
 
 
+# Phi-3's longrope on half of each head (4 channel pairs), its original context below the window: the long factors
+LONGROPE = RopeScaling("longrope", original_max_position_embeddings=16, short_factor=(1.0, 1.1, 1.3, 2.0),
+                       long_factor=(1.0, 2.0, 4.0, 9.0))
 MODELS = {
     "gpt2": _gpt2,
     "gpt2-relu-wide-unscaled": lambda: _gpt2(activation_function="relu", n_inner=80, scale_attn_weights=False,
@@ -64,6 +69,10 @@ MODELS = {
     "mistral": lambda: _llama(model_type="mistral", n_heads=8, n_kv_heads=2, head_dim=8),
     "qwen2-bias": lambda: _llama(model_type="qwen2", qkv_bias=True, n_heads=6, n_kv_heads=2, head_dim=16,
                                  rope_theta=1e6, tie_embeddings=True),
+    "qwen3-qk-norm": lambda: _llama(model_type="qwen3", qk_norm=True, head_dim=32, rope_theta=1e6, tie_embeddings=True),
+    "smollm3-no-rope-layer": lambda: _llama(model_type="smollm3", no_rope_layers=(1,), tie_embeddings=True),
+    "phi3-fused-partial-longrope": lambda: _llama(model_type="phi3", partial_rotary_factor=0.5, rope_scaling=LONGROPE),
+    "llama-yarn": lambda: _llama(rope_scaling=RopeScaling("yarn", factor=4.0, original_max_position_embeddings=8)),
 }
 # Where the layer programs run: the ANE's fp16 programs (the emulator), or "cpu", the same forward and
 # gradient graphs evaluated in fp32. The GPT-2 with transformers' other options is checked in fp32: its

@@ -2,7 +2,8 @@
 fp32 master weights and plain SGD on the CPU; the real AdamW, loss scaling and checkpoints are the trainer's):
 the loss falls over 50 steps with no compile after the first step, and 20 steps follow PyTorch fp32 SGD on
 transformers' model from the same weights and batches, for every family the trainer takes (GPT-2 as published
-and with ReLU, n_inner 80 and transformers' other attention scaling; Llama; Mistral; Qwen2 with q/k/v biases):
+and with ReLU, n_inner 80 and transformers' other attention scaling; Llama; Mistral; Qwen2 with q/k/v biases;
+Qwen3's q/k norms; SmolLM3's layer without RoPE; Phi-3's fused checkpoint with longrope on half of each head):
 every step's loss within 3% relative (measured: 1e-4
 for GPT-2, 2.4% for Llama at one step (loss 1.0 at step 15), under 0.3% by step 20, where its loss is ~0.6;
 the same loop with the fp32 CPU programs agrees with PyTorch to ~1e-5, so the gap is fp16 rounding carried
@@ -20,6 +21,7 @@ from orion.models.gpt2.config import GPT2Config
 from orion.models.gpt2.trainable import GPT2Trainable
 from orion.models.llama import weights as llama_weights
 from orion.models.llama.config import LlamaConfig
+from orion.models.llama.rope import RopeScaling
 from orion.models.llama.trainable import LlamaTrainable
 from support import references
 
@@ -41,6 +43,16 @@ CONFIGS = {
     "qwen2": LlamaConfig(dim=64, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=16, hidden_dim=96, vocab_size=64,
                          max_position_embeddings=SEQ, model_type="qwen2", qkv_bias=True, tie_embeddings=True,
                          rope_theta=1e6),
+    "qwen3": LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, hidden_dim=96, vocab_size=64,
+                         max_position_embeddings=SEQ, model_type="qwen3", qk_norm=True, tie_embeddings=True,
+                         rope_theta=1e6),
+    "smollm3": LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=96, vocab_size=64,
+                           max_position_embeddings=SEQ, model_type="smollm3", no_rope_layers=(1,),
+                           tie_embeddings=True, rope_theta=5e6),
+    "phi3": LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=96, vocab_size=64,
+                        max_position_embeddings=SEQ, model_type="phi3", partial_rotary_factor=0.5,
+                        rope_scaling=RopeScaling("longrope", original_max_position_embeddings=16,
+                                                 short_factor=(1.0, 1.1, 1.3, 2.0), long_factor=(1.0, 2.0, 4.0, 9.0))),
 }
 
 

@@ -1,7 +1,9 @@
 """LoRA fine-tuning (orion.lora.train, ``Trainer(lora=...)``, ``python -m orion train --lora``, ``lora merge``) on tiny
 GPT-2 and Llama models, the layer programs on the emulator in fp16 (prefer="ane"); the gradients and the 30
 steps against PEFT also on every other family the trainer takes through its one layer definition (GPT-2 with
-ReLU, n_inner 80 and transformers' other attention scaling; Mistral; Qwen2 with q/k/v biases):
+ReLU, n_inner 80 and transformers' other attention scaling; Mistral; Qwen2 with q/k/v biases; Qwen3's q/k norms;
+SmolLM3's layer without RoPE; Phi-3's fused qkv_proj/gate_up_proj, which are PEFT's modules there, with longrope on
+half of each head):
 
 - Gradients of A and B against torch autograd through transformers + peft on the same weights and adapter:
   cosine >= 0.999 per tensor (measured >= 0.99999), loss within 1e-3 relative. Llama also in the interleaved
@@ -34,6 +36,7 @@ from orion.lora.train import LoraSpec, LoraTrainable, modules_of, read_adapter
 from orion.models.gpt2.config import GPT2Config
 from orion.models.llama import weights as llama_weights
 from orion.models.llama.config import LlamaConfig
+from orion.models.llama.rope import RopeScaling
 from orion.train import checkpoint
 from orion.train.cli import main as train_main
 from orion.train.data import BatchSampler
@@ -55,6 +58,16 @@ CONFIGS = {
     "qwen2": LlamaConfig(dim=64, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=16, hidden_dim=96, vocab_size=VOCAB,
                          max_position_embeddings=SEQ, model_type="qwen2", qkv_bias=True, tie_embeddings=True,
                          rope_theta=1e6),
+    "qwen3": LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, hidden_dim=96, vocab_size=VOCAB,
+                         max_position_embeddings=SEQ, model_type="qwen3", qk_norm=True, tie_embeddings=True,
+                         rope_theta=1e6),
+    "smollm3": LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=96, vocab_size=VOCAB,
+                           max_position_embeddings=SEQ, model_type="smollm3", no_rope_layers=(1,),
+                           tie_embeddings=True, rope_theta=5e6),
+    "phi3": LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=96, vocab_size=VOCAB,
+                        max_position_embeddings=SEQ, model_type="phi3", partial_rotary_factor=0.5,
+                        rope_scaling=RopeScaling("longrope", original_max_position_embeddings=16,
+                                                 short_factor=(1.0, 1.1, 1.3, 2.0), long_factor=(1.0, 2.0, 4.0, 9.0))),
 }
 GPT2_TARGETS, LLAMA_TARGETS = ("c_attn", "c_proj", "c_fc"), ("q", "k", "v", "o", "gate", "up", "down")
 ALL_TARGETS = {kind: GPT2_TARGETS if kind.startswith("gpt2") else LLAMA_TARGETS for kind in CONFIGS}

@@ -10,7 +10,7 @@ import pytest
 
 import orion
 from orion.models.config_fields import INERT_FIELDS, ConfigNote
-from orion.models.llama.config import MODEL_FIELDS, ConfigError, LlamaConfig
+from orion.models.llama.config import VARIANTS, ConfigError, LlamaConfig, model_fields
 from support import references
 
 
@@ -78,8 +78,15 @@ def test_qwen2_and_mistral(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("changes,field", [
-    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling"),
-    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}, "rope_parameters.rope_type"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}, "rope_parameters": ...}, "'llama3' needs 'low_freq_factor'"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_type is given twice with different values"),
+    ({"rope_parameters": {"rope_type": "proportional", "factor": 2.0, "rope_theta": 1e4}},
+     "rope_parameters.rope_type"),
+    ({"rope_scaling": {"type": "linear", "factor": 2.0, "beta_fast": 3}, "rope_parameters": ...},
+     "rope_scaling.beta_fast"),
+    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 3,
+                          "long_factor": [1.0] * 8}}, "short_factor must be 8 positive numbers"),
+    ({"partial_rotary_factor": 0.1}, "partial_rotary_factor"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "factor": 2.0}}, "rope_parameters.factor"),
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"attention_bias": True}, "attention_bias"),
@@ -116,7 +123,7 @@ def test_fields_that_cannot_change_the_model_are_accepted() -> None:
                                         r"Llama model") as notes:
         assert LlamaConfig.from_hf_json(hf_llama(brand_new_knob=3, other_knob=1)) == LlamaConfig.from_hf_json(hf_llama())
     assert len(notes) == 1
-    assert all(MODEL_FIELDS[t] & set(INERT_FIELDS) <= {"tie_word_embeddings"} for t in MODEL_FIELDS)
+    assert all(model_fields(t) & set(INERT_FIELDS) <= {"tie_word_embeddings"} for t in VARIANTS)
 
 
 @pytest.mark.parametrize("rope", [

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from support.references import greedy_follows
+
 
 def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
     mean = x.mean(-1, keepdims=True)
@@ -77,17 +79,5 @@ def reference_greedy(config, weights, ids, n: int) -> list[int]:
 
 
 def greedy_follows_reference(config, weights, ids, got: list[int], tolerance: float) -> int:
-    """Checks that each of Orion's greedy tokens ``got`` is the reference's argmax given the tokens before it,
-    or, at a near-tie, a token whose reference logit is within ``tolerance`` x the largest |logit| of the top one
-    (fp16 decides ties the fp32 reference breaks the other way). Returns how many steps were such ties."""
-    ties, seq = 0, [int(i) for i in ids]
-    for step, token in enumerate(got):
-        logits = reference_logits(config, weights, seq)[-1]
-        if token != int(np.argmax(logits)):
-            margin = float(logits.max() - logits[token])
-            assert margin <= tolerance * float(np.abs(logits).max()), (
-                f"step {step}: Orion chose {token} (reference logit {logits[token]:.4f}), the reference "
-                f"{int(np.argmax(logits))} ({logits.max():.4f}): not a near-tie")
-            ties += 1
-        seq.append(int(token))
-    return ties
+    """:func:`support.references.greedy_follows` against this reference."""
+    return greedy_follows(lambda seq: reference_logits(config, weights, seq)[-1], ids, got, tolerance)

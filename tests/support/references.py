@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable, Sequence
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 
@@ -44,3 +46,22 @@ def peft_model(base: str | os.PathLike, adapter, *, fan_in_fan_out: bool = False
             layer.lora_A["default"].weight.copy_(torch.tensor(a))
             layer.lora_B["default"].weight.copy_(torch.tensor(b))
     return tuned
+
+
+def greedy_follows(last_logits: Callable[[list[int]], np.ndarray], ids: Sequence[int], got: Sequence[int],
+                   tolerance: float) -> int:
+    """Checks that each of Orion's greedy tokens ``got`` is the reference's argmax given the tokens before it
+    (``last_logits(seq)``: the reference's logits of the last position of ``seq``), or, at a near-tie, a token whose
+    reference logit is within ``tolerance`` x the largest |logit| of the top one (fp16 decides ties the fp32
+    reference breaks the other way). Returns how many steps were such ties."""
+    ties, seq = 0, [int(i) for i in ids]
+    for step, token in enumerate(got):
+        logits = last_logits(seq)
+        if token != int(np.argmax(logits)):
+            margin = float(logits.max() - logits[token])
+            assert margin <= tolerance * float(np.abs(logits).max()), (
+                f"step {step}: Orion chose {token} (reference logit {logits[token]:.4f}), the reference "
+                f"{int(np.argmax(logits))} ({logits.max():.4f}): not a near-tie")
+            ties += 1
+        seq.append(int(token))
+    return ties

@@ -3,6 +3,7 @@
 ``.gguf`` file) or
 ``orion.models.random("gpt2")`` / ``random("stories110m")``."""
 
+from orion.models import phi3, qwen3, smollm3
 from orion.models.gguf import load_gguf, load_gguf_tokenizer, model_class_of
 from orion.models.gpt2 import GPT2, GPT2Config
 from orion.models.gpt2 import weights as gpt2_weights
@@ -32,6 +33,9 @@ register(GPT2, GPT2Config, GPT2Trainable, gpt2_weights)
 register_shape("gpt2", GPT2Config())
 register_shape("124m", GPT2Config())
 register(Llama, LlamaConfig, LlamaTrainable, llama_weights, ("llama", "qwen2", "mistral"))
+register(Llama, LlamaConfig, LlamaTrainable, llama_weights, (qwen3.MODEL_TYPE,))
+register(Llama, LlamaConfig, LlamaTrainable, llama_weights, (smollm3.MODEL_TYPE,))
+register(Llama, LlamaConfig, LlamaTrainable, llama_weights, (phi3.MODEL_TYPE,))
 register_file_format(".bin", Llama.from_llama2c)
 register_file_format(".gguf", load_gguf, model_class_of, load_gguf_tokenizer)
 register_shape("stories110m", LlamaConfig.stories110m())

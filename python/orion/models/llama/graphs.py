@@ -40,6 +40,7 @@ from orion.limits import MIN_LANES
 from orion.lora.graph import Sites
 from orion.models.blocks import BakedParams, LayerParams, Projection, cached_attention, chunk_attention, linear
 from orion.models.llama.config import ConfigError, LlamaConfig
+from orion.models.llama.rope import frequencies
 from orion.models.llama.weights import LayerWeights, LlamaWeights
 from orion.ops import graph_causal_mask
 
@@ -53,24 +54,40 @@ def _check_span(config: LlamaConfig, length: int, what: str) -> None:
 # -- RoPE ----------------------------------------------------------------------------------------
 
 def _pair_mate(config: LlamaConfig) -> tuple[np.ndarray, np.ndarray]:
-    """For each channel of a head: the channel it is paired with and the sign of the mate's term."""
-    d = config.head_dim
+    """For each channel of a head: the channel it is paired with and the sign of the mate's term (channels past
+    ``rotary_dim`` are not rotated: their own mate, sign 0)."""
+    d, r = config.head_dim, config.rotary_dim
     idx = np.arange(d)
     if config.rope_convention == "interleaved":
-        return idx ^ 1, np.where(idx % 2 == 0, -1.0, 1.0)
-    half = d // 2
-    return (idx + half) % d, np.where(idx < half, -1.0, 1.0)
+        mate, sign = idx ^ 1, np.where(idx % 2 == 0, -1.0, 1.0)
+    else:
+        half = r // 2
+        mate, sign = (idx + half) % r, np.where(idx < half, -1.0, 1.0)
+    return np.where(idx < r, mate, idx), np.where(idx < r, sign, 0.0)
 
 
-def rope_tables(config: LlamaConfig, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def rope_by_length(config: LlamaConfig) -> bool:
+    """Whether RoPE's tables depend on the length of the forward pass, not only on the positions (longrope:
+    short or long factors), so prefill graphs take them as an input rather than as consts."""
+    return config.rope_scaling is not None and config.rope_scaling.rope_type == "longrope"
+
+
+def rope_tables(config: LlamaConfig, positions: np.ndarray, seq_end: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin ``[head_dim, len(positions)]`` in the convention's channel order (each pair's angle on
-    both of its channels)."""
-    d = config.head_dim
-    idx = np.arange(d)
-    pair = idx // 2 if config.rope_convention == "interleaved" else idx % (d // 2)
-    freqs = config.rope_theta ** (-2.0 * pair / d)
-    angles = np.outer(freqs, np.asarray(positions, dtype=np.float64))
-    return np.cos(angles), np.sin(angles)
+    both of its channels; channels past ``rotary_dim`` pass unrotated: cos 1, sin 0), scaled as transformers
+    scales them (:mod:`orion.models.llama.rope`), the attention factor included, for a forward pass over
+    the positions below ``seq_end`` (default: the largest position + 1)."""
+    positions = np.asarray(positions, dtype=np.float64)
+    d, r = config.head_dim, config.rotary_dim
+    end = int(positions.max()) + 1 if seq_end is None and len(positions) else (seq_end or 0)
+    inv_freq, attention = frequencies(config.rope_scaling, config.rope_theta, r, config.max_position_embeddings,
+                                      end)
+    idx = np.arange(r)
+    pair = idx // 2 if config.rope_convention == "interleaved" else idx % (r // 2)
+    angles = np.outer(inv_freq[pair], positions)
+    cos, sin = np.ones((d, len(positions))), np.zeros((d, len(positions)))
+    cos[:r], sin[:r] = np.cos(angles) * attention, np.sin(angles) * attention
+    return cos, sin
 
 
 def rope_row(config: LlamaConfig, position: int) -> np.ndarray:
@@ -105,13 +122,15 @@ def group_rows(config: LlamaConfig, group: int) -> np.ndarray:
     return (heads[:, None] * config.head_dim + np.arange(config.head_dim)[None, :]).reshape(-1)
 
 
-def lora_site_names(layer: int) -> dict[str, str]:
+def lora_site_names(config: LlamaConfig, layer: int) -> dict[str, str]:
     """The LoRA site of each Hugging Face module of layer ``layer`` (relative to ``model.layers.<layer>``):
-    q/k/v share the fused qkv projection, gate/up the fused gate_up one."""
-    qkv, gate_up = f"l{layer}_qkv", f"l{layer}_gate_up"
-    return {"self_attn.q_proj": qkv, "self_attn.k_proj": qkv, "self_attn.v_proj": qkv,
-            "self_attn.o_proj": f"l{layer}_o", "mlp.gate_proj": gate_up, "mlp.up_proj": gate_up,
-            "mlp.down_proj": f"l{layer}_down"}
+    q/k/v (or a fused checkpoint's qkv_proj) share the fused qkv projection, gate/up (gate_up_proj) the fused
+    gate_up one."""
+    qkv, gate_up, o, down = f"l{layer}_qkv", f"l{layer}_gate_up", f"l{layer}_o", f"l{layer}_down"
+    if config.variant.fused_checkpoint:
+        return {"self_attn.qkv_proj": qkv, "self_attn.o_proj": o, "mlp.gate_up_proj": gate_up, "mlp.down_proj": down}
+    return {"self_attn.q_proj": qkv, "self_attn.k_proj": qkv, "self_attn.v_proj": qkv, "self_attn.o_proj": o,
+            "mlp.gate_proj": gate_up, "mlp.up_proj": gate_up, "mlp.down_proj": down}
 
 
 def qkv_order(config: LlamaConfig) -> np.ndarray:
@@ -121,7 +140,7 @@ def qkv_order(config: LlamaConfig) -> np.ndarray:
 
 def layer_arrays(config: LlamaConfig, layer: LayerWeights) -> dict[str, np.ndarray]:
     """Layer ``layer``'s arrays by parameter name: ``wq`` (and ``bq``) split by query group into ``wq_g<j>``
-    (``bq_g<j>``), ``wo``'s columns into ``wo_g<j>``; the others as they are."""
+    (``bq_g<j>``), ``wo``'s columns into ``wo_g<j>``; the others (``q_norm``/``k_norm`` with ``qk_norm``) as they are."""
     arrays = {"attn_norm": layer.attn_norm, "wk": layer.wk, "wv": layer.wv, "mlp_norm": layer.mlp_norm,
               "w_gate": layer.w_gate, "w_up": layer.w_up, "w_down": layer.w_down}
     for j in range(config.group_size):
@@ -130,18 +149,24 @@ def layer_arrays(config: LlamaConfig, layer: LayerWeights) -> dict[str, np.ndarr
     if config.qkv_bias:
         arrays.update({f"bq_g{j}": layer.bq[group_rows(config, j)] for j in range(config.group_size)})
         arrays.update(bk=layer.bk, bv=layer.bv)
+    if config.qk_norm:
+        arrays.update(q_norm=layer.q_norm, k_norm=layer.k_norm)
     return arrays
 
 
 def projections(config: LlamaConfig) -> tuple[Projection, Projection]:
-    """The layer's q/k/v and gate/up projections by Hugging Face module (query groups in order)."""
+    """The layer's q/k/v and gate/up projections by Hugging Face module (query groups in order; a fused
+    checkpoint's ``qkv_proj`` and ``gate_up_proj`` are one module each)."""
     def bias(name: str) -> str | None:
         return name if config.qkv_bias else None
 
     groups = range(config.group_size)
-    qkv = {"self_attn.q_proj": tuple((f"wq_g{j}", bias(f"bq_g{j}")) for j in groups),
-           "self_attn.k_proj": (("wk", bias("bk")),), "self_attn.v_proj": (("wv", bias("bv")),)}
-    return qkv, {"mlp.gate_proj": (("w_gate", None),), "mlp.up_proj": (("w_up", None),)}
+    q = tuple((f"wq_g{j}", bias(f"bq_g{j}")) for j in groups)
+    k, v = (("wk", bias("bk")),), (("wv", bias("bv")),)
+    if config.variant.fused_checkpoint:  # one Hugging Face module each (Phi-3)
+        return {"self_attn.qkv_proj": (*q, *k, *v)}, {"mlp.gate_up_proj": (("w_gate", None), ("w_up", None))}
+    return ({"self_attn.q_proj": q, "self_attn.k_proj": k, "self_attn.v_proj": v},
+            {"mlp.gate_proj": (("w_gate", None),), "mlp.up_proj": (("w_up", None),)})
 
 
 # (query group, its rotated queries [1, KV, hd, S], the rotated keys [1, KV, hd, S] and [1, kv_dim, 1, S],
@@ -149,21 +174,44 @@ def projections(config: LlamaConfig) -> tuple[Projection, Projection]:
 GroupAttend = Callable[[int, Node, Node, Node, Node], Node]
 
 
-def layer(g: Graph, x: Node, config: LlamaConfig, p: LayerParams, rope: tuple[Node, Node, Node],
-          attend: GroupAttend) -> tuple[Node, Node, Node]:
+def head_norm(g: Graph, x: Node, heads: int, gain: Node | np.ndarray, eps: float, name: str) -> Node:
+    """RMSNorm of each head of ``x`` ``[1, heads * head_dim, 1, S]`` over its ``head_dim`` channels, one gain
+    ``[head_dim]`` for all heads (Qwen3's q/k norms): the heads moved beside the positions, normalized as
+    channels, moved back."""
+    d, s = x.shape[1] // heads, x.shape[3]
+    lanes = g.transpose(g.reshape(x, [1, heads, d, s], name=f"{name}_heads"), [0, 2, 1, 3], name=f"{name}_t")
+    normed = g.rms_norm(g.reshape(lanes, [1, d, 1, heads * s], name=f"{name}_lanes"), gain, eps, name=name)
+    back = g.transpose(g.reshape(normed, [1, d, heads, s], name=f"{name}_split"), [0, 2, 1, 3], name=f"{name}_back")
+    return g.reshape(back, [1, heads * d, 1, s], name=f"{name}_flat")
+
+
+# The rope of a layer: cos and sin tables and the partner matrix (apply_rope), or None for a layer without RoPE.
+Rope = tuple[Node, Node, Node] | None
+
+
+def layer(g: Graph, x: Node, config: LlamaConfig, p: LayerParams, rope: Rope, attend: GroupAttend
+          ) -> tuple[Node, Node, Node]:
     """One decoder layer on the residual stream ``x``, its weights read through ``p``: the one definition of
     a Llama-family layer, for inference and training. ``rope``: the cos and sin tables and the partner
-    matrix (:func:`apply_rope`); ``attend``: the attention of one query group (over the prompt, a cache or
-    both). Returns the new ``x``, the rotated keys and the values (``[1, kv_dim, 1, S]``)."""
-    kv, s, eps = config.n_kv_heads, x.shape[3], config.rms_norm_eps
-    cos, sin, partner = rope
+    matrix (:func:`apply_rope`), None for a layer that does not rotate (SmolLM3); with ``config.qk_norm``
+    each query and key head is RMS-normalized first (Qwen3). ``attend``: the attention of one query group
+    (over the prompt, a cache or both). Returns the new ``x``, the rotated keys and the values
+    (``[1, kv_dim, 1, S]``)."""
+    kv, s, eps, d = config.n_kv_heads, x.shape[3], config.rms_norm_eps, config.head_dim
     qkv, gate_up = projections(config)
     h = g.rms_norm(x, p.vector("attn_norm"), eps, name="attn_norm")
     *queries, k, v = p.project(g, h, qkv, "qkv")
-    kh = apply_rope(g, k, kv, cos, sin, partner, "k_rope")
+
+    def rotate(t: Node, norm: str, name: str) -> Node:  # -> head form [1, KV, hd, S]
+        if config.qk_norm:
+            t = head_norm(g, t, kv, p.vector(norm), eps, f"{name}_norm")
+        if rope is None:
+            return g.reshape(t, [1, kv, d, s], name=f"{name}_heads")
+        return apply_rope(g, t, kv, *rope, f"{name}_rope")
+
+    kh = rotate(k, "k_norm", "k")
     k_out = g.reshape(kh, [1, config.kv_dim, 1, s], name="k_out")
-    contexts = [attend(j, apply_rope(g, q, kv, cos, sin, partner, f"q{j}_rope"), kh, k_out, v)
-                for j, q in enumerate(queries)]
+    contexts = [attend(j, rotate(q, "q_norm", f"q{j}"), kh, k_out, v) for j, q in enumerate(queries)]
     o = p.project_sum(g, contexts, "self_attn.o_proj", [f"wo_g{j}" for j in range(config.group_size)], "o")
     x = g.add(x, o, name="attn_res")
     h = g.rms_norm(x, p.vector("mlp_norm"), eps, name="mlp_norm")  # SwiGLU: x + W_down(silu(W_gate h) * W_up h)
@@ -175,7 +223,7 @@ def layer(g: Graph, x: Node, config: LlamaConfig, p: LayerParams, rope: tuple[No
 
 
 def _baked(config: LlamaConfig, weights: LlamaWeights, i: int, adapters: Sites | None, quant: str) -> BakedParams:
-    return BakedParams(layer_arrays(config, weights.layers[i]), lora_site_names(i), adapters, quant)
+    return BakedParams(layer_arrays(config, weights.layers[i]), lora_site_names(config, i), adapters, quant)
 
 
 def _group_attention(g: Graph, q: Node, k: Node, v: Node, mask: Node, name: str) -> Node:
@@ -199,7 +247,8 @@ def prefill_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, seq
     ``past_context``: a chunk of a longer prompt that also attends to the positions already in a KV cache of
     ``past_context`` positions: inputs ``mask`` and ``k<i>``/``v<i>`` caches as in :func:`decode_graph`, and
     ``rope`` ``[1, 2 * head_dim, 1, seq]`` (the chunk's positions' cos, then sin), so one program serves
-    every chunk."""
+    every chunk. Prefill graphs of a model whose tables depend on the prompt's length (:func:`rope_by_length`)
+    take that ``rope`` input too; graphs whose layers all skip RoPE take none."""
     bucket_limit = max(MIN_LANES["fp16"], 1 << (config.max_position_embeddings - 1).bit_length())
     if not 0 < seq <= bucket_limit:  # positions past the context are padding lanes of the last bucket
         raise ConfigError(f"prefill of {seq} tokens: outside the context length (max_position_embeddings "
@@ -211,15 +260,9 @@ def prefill_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, seq
         _check_span(config, past_context, f"prefill chunk over a cache of {past_context} positions")
         t = past_context
         mask = g.input("mask", [1, 1, 1, t])
-        cos, sin = (g.reshape(part, [1, 1, d, seq], name=f"rope_{n}") for part, n in
-                    zip(g.split(g.input("rope", [1, 2 * d, 1, seq]), [d, d], axis=1, name="rope"), ("cos", "sin"),
-                        strict=True))
         caches = {i: (g.input(f"k{i}", [1, config.kv_dim, 1, t]), g.input(f"v{i}", [1, config.kv_dim, 1, t]))
                   for i in layers}
-    else:
-        cos_table, sin_table = rope_tables(config, np.arange(seq))
-        cos, sin = (g.const(n, t.reshape(1, 1, d, seq)) for n, t in (("rope_cos", cos_table), ("rope_sin", sin_table)))
-    partner = rope_partner(g, config)
+    rope = _layer_rope(g, config, layers, seq, past_context is not None and past_context > 0 or rope_by_length(config))
     mask_causal = graph_causal_mask(g, seq)
     for i in layers:
         values: list[Node] = []  # the values in head form, made once and shared by the query groups
@@ -235,11 +278,28 @@ def prefill_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, seq
             return _group_attention(g, qh, kh, values[0], mask_causal, f"attn_g{j}")
 
         with g.scope(f"l{i}"):
-            x, k, v = layer(g, x, config, _baked(config, weights, i, adapters, quant), (cos, sin, partner), attend)
+            x, k, v = layer(g, x, config, _baked(config, weights, i, adapters, quant),
+                            rope if config.uses_rope(i) else None, attend)
         g.output(k, f"k{i}")
         g.output(v, f"v{i}")
     g.output(x, "x")
     return g
+
+
+def _layer_rope(g: Graph, config: LlamaConfig, layers: range, seq: int, as_input: bool) -> Rope:
+    """The rope of ``layers`` over ``seq`` lanes: tables of positions ``0..seq-1`` as consts, or (``as_input``)
+    the ``rope`` input ``[1, 2 * head_dim, 1, seq]`` (cos, then sin); None when no layer rotates."""
+    if not any(config.uses_rope(i) for i in layers):
+        return None
+    d = config.head_dim
+    if as_input:
+        parts = g.split(g.input("rope", [1, 2 * d, 1, seq]), [d, d], axis=1, name="rope")
+        cos, sin = (g.reshape(part, [1, 1, d, seq], name=f"rope_{n}") for part, n in zip(parts, ("cos", "sin"),
+                                                                                         strict=True))
+    else:
+        tables = rope_tables(config, np.arange(seq))
+        cos, sin = (g.const(n, t.reshape(1, 1, d, seq)) for n, t in zip(("rope_cos", "rope_sin"), tables, strict=True))
+    return cos, sin, rope_partner(g, config)
 
 
 def decode_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, context: int | None = None,
@@ -249,16 +309,13 @@ def decode_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, cont
     (``T = context``, default ``max_position_embeddings``); outputs ``x`` and each layer's new ``k<i>``/``v<i>``."""
     t = context or config.max_position_embeddings
     _check_span(config, t, f"decode cache of {t} positions")
-    kv, d = config.n_kv_heads, config.head_dim
+    kv = config.n_kv_heads
     g = Graph(f"llama_decode_{layers.start}_{layers.stop}_t{t}")
     x = g.input("x", [1, config.dim, 1, 1])
     mask = g.input("mask", [1, 1, 1, t])
-    cos, sin = (g.reshape(part, [1, 1, d, 1], name=f"rope_{n}") for part, n in
-                zip(g.split(g.input("rope", [1, 2 * d, 1, 1]), [d, d], axis=1, name="rope"), ("cos", "sin"),
-                    strict=True))
+    rope = _layer_rope(g, config, layers, 1, True)
     caches = {i: (g.input(f"k{i}", [1, config.kv_dim, 1, t]), g.input(f"v{i}", [1, config.kv_dim, 1, t]))
               for i in layers}
-    partner = rope_partner(g, config)
     for i in layers:
         def attend(j: int, qh: Node, kh: Node, k: Node, v: Node, i: int = i) -> Node:
             q = g.reshape(qh, [1, config.kv_dim, 1, 1], name=f"q{j}_rotated")
@@ -266,7 +323,8 @@ def decode_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, cont
                 return cached_attention(g, q, k, v, *caches[i], mask, kv)
 
         with g.scope(f"l{i}"):
-            x, k, v = layer(g, x, config, _baked(config, weights, i, adapters, quant), (cos, sin, partner), attend)
+            x, k, v = layer(g, x, config, _baked(config, weights, i, adapters, quant),
+                            rope if config.uses_rope(i) else None, attend)
         g.output(k, f"k{i}")
         g.output(v, f"v{i}")
     g.output(x, "x")

@@ -17,7 +17,7 @@ from orion.generation.tokenizer import TOKENIZER_FILE, Tokenizer, TokenizerNotFo
 from orion.graph import Graph
 from orion.lora.adapter import Placement
 from orion.models.llama import graphs
-from orion.models.llama.config import DISPLAY_NAMES, ConfigError, LlamaConfig
+from orion.models.llama.config import ConfigError, LlamaConfig, display_name
 from orion.models.llama.costs import decode_program_costs
 from orion.models.llama.lora import lora_placements
 from orion.models.llama.weights import LlamaWeights, load_hf, load_llama2c, random_weights
@@ -52,7 +52,7 @@ class Llama(CausalLM):
             raise ConfigError(f"Llama: context={context!r}; use a positive number of positions up to the model's "
                               f"max_position_embeddings ({config.max_position_embeddings})")
         self.config, self.weights = config, weights
-        self.display_name = DISPLAY_NAMES[config.model_type]
+        self.display_name = display_name(config.model_type)
         self.dims = DecoderDims(n_layer=config.n_layers, hidden=config.dim, kv_heads=config.n_kv_heads,
                                 head_dim=config.head_dim, context=context, vocab_size=config.vocab_size,
                                 parameters=config.param_count())
@@ -124,7 +124,21 @@ class Llama(CausalLM):
         return table_rows(self.weights.embed, ids, self.weights.source)  # from the file, not its map (weights_io)
 
     def position_inputs(self, positions: range) -> dict[str, np.ndarray]:
-        """The decode graph's ``rope`` input: cos then sin of each position (prefill graphs hold const tables)."""
+        """The ``rope`` input of decode and chunk graphs (and of every prefill graph when the tables depend on the
+        pass's length: longrope): cos then sin of each position, for a pass ending at ``positions.stop``.
+
+        A longrope pass that continues a cache of positions rotated with the short factors past
+        ``original_max_position_embeddings`` is refused: transformers (Phi-3) recomputes the whole sequence
+        with the long factors there, which a cache of short-rotated keys cannot give."""
+        if graphs.rope_by_length(self.config):
+            limit = self.config.rope_scaling.original_max_position_embeddings
+            if 0 < positions.start <= limit < positions.stop:
+                raise ConfigError(
+                    f"{self.display_name}: positions {positions.start}..{positions.stop - 1} cross longrope's "
+                    f"original_max_position_embeddings ({limit}) after a pass rotated with its short factors; "
+                    "transformers recomputes the whole sequence with the long factors there. Fix: run the whole "
+                    "sequence as one prompt (prefill or logits; with prefill_chunk at least its length), which "
+                    "rotates every position with the long factors")
         cos, sin = graphs.rope_tables(self.config, np.arange(positions.start, positions.stop))
         return {"rope": np.concatenate([cos, sin]).astype(np.float32)}
 

@@ -1,4 +1,4 @@
-"""A Llama-family model (Llama, Mistral, Qwen2) for training: the parameter map, the layer graph
+"""A Llama-family model (Llama, Mistral, Qwen2, Qwen3, SmolLM3, Phi-3) for training: the parameter map, the layer graph
 (:func:`orion.models.llama.graphs.layer` with its weights as inputs) and the fp32 CPU embedding and head."""
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ class LlamaTrainable(TrainableModel):
         self.name, self.n_layers, self.dim, self.vocab_size = "llama", config.n_layers, config.dim, config.vocab_size
         self.context = config.max_position_embeddings
         self.attention_per_layer = config.group_size  # one attention per query group, all of one layer
+        if config.variant.fused_checkpoint:  # Phi-3: q/k/v and gate/up are one module each
+            self.lora_aliases = {"q": "qkv_proj", "k": "qkv_proj", "v": "qkv_proj", "qkv": "qkv_proj", "o": "o_proj",
+                                 "gate": "gate_up_proj", "up": "gate_up_proj", "gate_up": "gate_up_proj",
+                                 "down": "down_proj"}
 
     @property
     def head_param(self) -> str:
@@ -63,7 +67,7 @@ class LlamaTrainable(TrainableModel):
                 if bq is not None:
                     bq[rows] = p[f"bq_g{j}"]
             layers.append(LayerWeights(p["attn_norm"], wq, p["wk"], p["wv"], wo, p["mlp_norm"], p["w_gate"], p["w_up"],
-                                       p["w_down"], bq, p.get("bk"), p.get("bv")))
+                                       p["w_down"], bq, p.get("bk"), p.get("bv"), p.get("q_norm"), p.get("k_norm")))
         lm_head = None if cfg.tie_embeddings else np.asarray(params["lm_head"], np.float32)
         return LlamaWeights(np.asarray(params["embed"], np.float32), np.asarray(params["norm"], np.float32), layers,
                             lm_head)
@@ -76,18 +80,25 @@ class LlamaTrainable(TrainableModel):
         if self.config.qkv_bias:
             shapes.update({f"bq_g{j}": (kv,) for j in range(self.config.group_size)})
             shapes.update(bk=(kv,), bv=(kv,))
+        if self.config.qk_norm:
+            shapes.update(q_norm=(self.config.head_dim,), k_norm=(self.config.head_dim,))
         shapes.update({"mlp_norm": (d,), "w_gate": (h, d), "w_up": (h, d), "w_down": (d, h)})
         return shapes
 
     def lora_targets(self) -> dict[str, LayerTarget]:
         """PEFT's modules of a layer: q's rows split among the query groups (in the RoPE convention's row order,
-        as the inference placements say), o's columns among them, the others one parameter each."""
+        as the inference placements say), o's columns among them, the others one parameter each (a fused
+        checkpoint's qkv_proj: the query groups' rows, then k's, then v's; gate_up_proj: gate's, then up's)."""
         groups = range(self.config.group_size)
         placed = {path.split(".", 3)[3]: p for path, p in lora_placements(self.config).items()
                   if path.startswith("model.layers.0.")}
-        grids = {"self_attn.q_proj": tuple((f"wq_g{j}",) for j in groups), "self_attn.k_proj": (("wk",),),
-                 "self_attn.v_proj": (("wv",),), "self_attn.o_proj": (tuple(f"wo_g{j}" for j in groups),),
-                 "mlp.gate_proj": (("w_gate",),), "mlp.up_proj": (("w_up",),), "mlp.down_proj": (("w_down",),)}
+        q = tuple((f"wq_g{j}",) for j in groups)
+        grids = {"self_attn.o_proj": (tuple(f"wo_g{j}" for j in groups),), "mlp.down_proj": (("w_down",),)}
+        if self.config.variant.fused_checkpoint:
+            grids |= {"self_attn.qkv_proj": (*q, ("wk",), ("wv",)), "mlp.gate_up_proj": (("w_gate",), ("w_up",))}
+        else:
+            grids |= {"self_attn.q_proj": q, "self_attn.k_proj": (("wk",),), "self_attn.v_proj": (("wv",),),
+                      "mlp.gate_proj": (("w_gate",),), "mlp.up_proj": (("w_up",),)}
         return {module: LayerTarget(module.split(".")[1], grid, placed[module].src_rows, placed[module].cols)
                 for module, grid in grids.items()}
 
@@ -102,6 +113,11 @@ class LlamaTrainable(TrainableModel):
                              lora_scale)
         cos_table, sin_table = rope_tables(cfg, np.arange(seq))
         cos, sin = (g.const(n, t.reshape(1, 1, hd, seq)) for n, t in (("rope_cos", cos_table), ("rope_sin", sin_table)))
+        if cfg.no_rope_layers:  # one graph for every layer: "rope_on" (1 or 0) makes the tables RoPE's or identity's
+            on = g.input("rope_on", [1, 1, 1, 1])
+            off = g.add(g.mul(on, -1.0, name="rope_off_neg"), 1.0, name="rope_off")
+            cos = g.add(g.mul(cos, on, name="rope_cos_on"), off, name="rope_cos_gated")
+            sin = g.mul(sin, on, name="rope_sin_gated")
 
         def attend(j: int, qh: Node, kh: Node, k: Node, v: Node) -> Node:
             q = g.reshape(qh, [1, cfg.kv_dim, 1, seq], name=f"q{j}_flat")
@@ -109,6 +125,13 @@ class LlamaTrainable(TrainableModel):
 
         g.output(layer(g, x, cfg, params, (cos, sin, rope_partner(g, cfg)), attend)[0], "y")
         return g
+
+    def layer_inputs(self, params: dict[str, np.ndarray], layer: int) -> dict[str, np.ndarray]:
+        """The layer's parameters, and with layers that skip RoPE its ``rope_on`` flag (1: rotates, 0: does not)."""
+        inputs = super().layer_inputs(params, layer)
+        if self.config.no_rope_layers:
+            inputs["rope_on"] = np.full((1, 1, 1, 1), float(self.config.uses_rope(layer)), np.float32)
+        return inputs
 
     def embed(self, params: dict[str, np.ndarray], ids: np.ndarray) -> np.ndarray:
         return params["embed"][ids]

@@ -57,10 +57,16 @@ _LAYER_NAMES: dict[str, str] = {
     "wo": "self_attn.o_proj.weight",
     "mlp_norm": "post_attention_layernorm.weight",
     "w_gate": "mlp.gate_proj.weight", "w_up": "mlp.up_proj.weight", "w_down": "mlp.down_proj.weight",
+    "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight",
 }
+# Checkpoints of a fused variant (Phi-3) store these as one tensor each, their rows stacked in this order.
+_FUSED_NAMES: dict[str, tuple[str, ...]] = {"self_attn.qkv_proj.weight": ("wq", "wk", "wv"),
+                                            "mlp.gate_up_proj.weight": ("w_gate", "w_up")}
 _TOP_NAMES: dict[str, str] = {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight",
                               "lm_head": "lm_head.weight"}
 _BIASES = ("bq", "bk", "bv")
+_HEAD_NORMS = ("q_norm", "k_norm")
+_LAYER_FUSED = {"qkv": "self_attn.qkv_proj.weight", "gate_up": "mlp.gate_up_proj.weight"}
 _LLAMA2C_LAYER_ORDER = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_down", "w_up")
 
 
@@ -70,7 +76,8 @@ class WeightsError(OrionError):
 
 @dataclass
 class LayerWeights:
-    """One decoder layer; projections are ``[out, in]``; q/k/v biases only for ``config.qkv_bias``."""
+    """One decoder layer; projections are ``[out, in]``; q/k/v biases only for ``config.qkv_bias``, the per-head
+    q/k RMSNorm gains ``[head_dim]`` only for ``config.qk_norm``."""
 
     attn_norm: np.ndarray
     wq: np.ndarray
@@ -84,6 +91,8 @@ class LayerWeights:
     bq: np.ndarray | None = None
     bk: np.ndarray | None = None
     bv: np.ndarray | None = None
+    q_norm: np.ndarray | None = None
+    k_norm: np.ndarray | None = None
 
 
 @dataclass
@@ -127,6 +136,10 @@ class LlamaWeights:
                 if (getattr(layer, b) is None) == config.qkv_bias:
                     raise WeightsError(f"LlamaWeights.layers.{i}.{b} is {'absent' if config.qkv_bias else 'present'} "
                                        f"but config.qkv_bias is {config.qkv_bias}")
+            for n in _HEAD_NORMS:
+                if (getattr(layer, n) is None) == config.qk_norm:
+                    raise WeightsError(f"LlamaWeights.layers.{i}.{n} is {'absent' if config.qk_norm else 'present'} "
+                                       f"but config.qk_norm is {config.qk_norm}")
         check_float32_shapes("LlamaWeights", self.arrays(), expected_shapes(config), WeightsError)
 
     def content_hash(self, config: LlamaConfig) -> str:
@@ -137,18 +150,20 @@ class LlamaWeights:
 
 
 def expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
-    """Shape of each field of :class:`LlamaWeights` and :class:`LayerWeights`."""
+    """Shape of each field of :class:`LlamaWeights` and :class:`LayerWeights` (and of a fused checkpoint's
+    ``qkv`` and ``gate_up``)."""
     d, q, kv, h = config.dim, config.q_dim, config.kv_dim, config.hidden_dim
     return {
         "embed": (config.vocab_size, d), "norm": (d,), "lm_head": (config.vocab_size, d),
         "attn_norm": (d,), "wq": (q, d), "wk": (kv, d), "wv": (kv, d), "bq": (q,), "bk": (kv,), "bv": (kv,),
         "wo": (d, q), "mlp_norm": (d,), "w_gate": (h, d), "w_up": (h, d), "w_down": (d, h),
+        "q_norm": (config.head_dim,), "k_norm": (config.head_dim,), "qkv": (q + 2 * kv, d), "gate_up": (2 * h, d),
     }
 
 
 def random_weights(config: LlamaConfig, seed: int = 0) -> LlamaWeights:
     """Deterministic weights with llama2.c's initialization: matrices normal(0, 0.02), ``wo`` and ``w_up``
-    (llama2.c's w3) scaled by 1/sqrt(2 * n_layers), RMSNorm gains 1; q/k/v biases normal(0, 0.02)."""
+    (llama2.c's w3) scaled by 1/sqrt(2 * n_layers), RMSNorm gains 1 (q/k norms too); q/k/v biases normal(0, 0.02)."""
     rng = np.random.default_rng(seed)
     shapes = expected_shapes(config)
     residual_std = 0.02 / math.sqrt(2 * config.n_layers)
@@ -166,7 +181,8 @@ def random_weights(config: LlamaConfig, seed: int = 0) -> LlamaWeights:
         LayerWeights(attn_norm=ones("attn_norm"), wq=normal("wq"), wk=normal("wk"), wv=normal("wv"),
                      wo=normal("wo", residual_std), mlp_norm=ones("mlp_norm"), w_gate=normal("w_gate"),
                      w_up=normal("w_up", residual_std), w_down=normal("w_down"),
-                     **({b: normal(b) for b in _BIASES} if config.qkv_bias else {}))
+                     **({b: normal(b) for b in _BIASES} if config.qkv_bias else {}),
+                     **({n: ones(n) for n in _HEAD_NORMS} if config.qk_norm else {}))
         for _ in range(config.n_layers)
     ]
     lm_head = None if config.tie_embeddings else normal("lm_head")
@@ -196,8 +212,12 @@ def hf_rows(config: LlamaConfig, heads: int) -> np.ndarray:
 
 
 def to_rope_convention(config: LlamaConfig, weights: LlamaWeights, convention: str) -> tuple[LlamaConfig, LlamaWeights]:
-    """The same model with its q/k rows (and biases) permuted per head for ``convention``; logits are unchanged."""
+    """The same model with its q/k rows (and biases, q/k norm gains) permuted per head for ``convention``; logits
+    are unchanged."""
     target = replace(config, rope_convention=convention)  # validates the name
+    if config.rotary_dim != config.head_dim and convention != config.rope_convention:
+        raise WeightsError(f"to_rope_convention: RoPE rotates {config.rotary_dim} of {config.head_dim} channels; "
+                           "only full-head RoPE converts between conventions")
     if convention == config.rope_convention:
         return target, weights
     order = _half_order(config.head_dim)
@@ -210,6 +230,8 @@ def to_rope_convention(config: LlamaConfig, weights: LlamaWeights, convention: s
         if layer.bq is not None:
             changes["bq"] = _permute_heads(layer.bq, config.n_heads, order)
             changes["bk"] = _permute_heads(layer.bk, config.n_kv_heads, order)
+        if layer.q_norm is not None:  # one gain per channel of a head: permuted as each head's rows
+            changes["q_norm"], changes["k_norm"] = layer.q_norm[order], layer.k_norm[order]
         layers.append(replace(layer, **changes))
     return target, replace(weights, layers=layers)
 
@@ -217,13 +239,18 @@ def to_rope_convention(config: LlamaConfig, weights: LlamaWeights, convention: s
 # -- Hugging Face directories ------------------------------------------------------------------------
 
 def _hf_names(config: LlamaConfig) -> dict[str, tuple[str, int | None]]:
-    """Hugging Face tensor name -> (Orion field, layer index or None) for every tensor the checkpoint stores."""
+    """Hugging Face tensor name -> (Orion field, layer index or None) for every tensor the checkpoint stores (a
+    fused variant's ``qkv_proj``/``gate_up_proj`` as the pseudo-fields ``qkv``/``gate_up``)."""
     names: dict[str, tuple[str, int | None]] = {hf: (ours, None) for ours, hf in _TOP_NAMES.items()
                                                 if ours != "lm_head" or not config.tie_embeddings}
+    fused = {part for parts in _FUSED_NAMES.values() for part in parts} if config.variant.fused_checkpoint else set()
     for i in range(config.n_layers):
         for ours, hf in _LAYER_NAMES.items():
-            if ours not in _BIASES or config.qkv_bias:
+            if (ours not in _BIASES or config.qkv_bias) and (ours not in _HEAD_NORMS or config.qk_norm) \
+                    and ours not in fused:
                 names[f"model.layers.{i}.{hf}"] = (ours, i)
+        if fused:
+            names.update({f"model.layers.{i}.{hf}": (ours, i) for ours, hf in _LAYER_FUSED.items()})
     return names
 
 
@@ -231,7 +258,9 @@ def _shape_detail(config: LlamaConfig, field: str) -> str:
     dims = {"embed": "vocab_size, dim", "lm_head": "vocab_size, dim", "wq": "n_heads*head_dim, dim",
             "wk": "n_kv_heads*head_dim, dim", "wv": "n_kv_heads*head_dim, dim", "bq": "n_heads*head_dim",
             "bk": "n_kv_heads*head_dim", "bv": "n_kv_heads*head_dim", "wo": "dim, n_heads*head_dim",
-            "w_gate": "hidden_dim, dim", "w_up": "hidden_dim, dim", "w_down": "dim, hidden_dim"}.get(field, "dim")
+            "w_gate": "hidden_dim, dim", "w_up": "hidden_dim, dim", "w_down": "dim, hidden_dim",
+            "q_norm": "head_dim", "k_norm": "head_dim", "qkv": "(n_heads+2*n_kv_heads)*head_dim, dim",
+            "gate_up": "2*hidden_dim, dim"}.get(field, "dim")
     return (f"[{dims}] with dim={config.dim}, n_heads={config.n_heads}, n_kv_heads={config.n_kv_heads}, "
             f"head_dim={config.head_dim}, hidden_dim={config.hidden_dim}, vocab_size={config.vocab_size}")
 
@@ -304,13 +333,27 @@ def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple
                            f"but {CONFIG_FILE} has tie_word_embeddings=true. Fix: set it to false")
     top = {ours: found[hf] for ours, hf in _TOP_NAMES.items() if hf in found}
     layers = [LayerWeights(**{ours: found[f"model.layers.{i}.{hf}"] for ours, hf in _LAYER_NAMES.items()
-                              if f"model.layers.{i}.{hf}" in found}) for i in range(config.n_layers)]
+                              if f"model.layers.{i}.{hf}" in found}, **_split_fused(config, found, i))
+              for i in range(config.n_layers)]
     if progress:
         print(f"orion: loaded {directory.name}: {count} tensors", file=sys.stderr, flush=True)
     weights = LlamaWeights(**top, layers=layers)
     weights.source = WeightsSource(mapped, dict(weights.arrays()))
     weights.source.release_pages()  # the lm_head comparison read pages
     return config, weights
+
+
+def _split_fused(config: LlamaConfig, found: dict[str, np.ndarray], layer: int) -> dict[str, np.ndarray]:
+    """Layer ``layer``'s fields held in fused tensors of ``found`` (views of their row blocks)."""
+    rows = {"wq": config.q_dim, "wk": config.kv_dim, "wv": config.kv_dim, "w_gate": config.hidden_dim,
+            "w_up": config.hidden_dim}
+    out = {}
+    for hf, parts in _FUSED_NAMES.items():
+        fused = found.get(f"model.layers.{layer}.{hf}")
+        if fused is not None:
+            starts = np.cumsum([0] + [rows[p] for p in parts])
+            out.update({p: fused[a:b] for p, a, b in zip(parts, starts[:-1], starts[1:], strict=True)})
+    return out
 
 
 def save_hf(path: str | os.PathLike[str], config: LlamaConfig, weights: LlamaWeights, dtype: str = "float32",
@@ -325,8 +368,13 @@ def save_hf(path: str | os.PathLike[str], config: LlamaConfig, weights: LlamaWei
     meta = config.to_hf_json() | {"dtype": dtype}
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
-    tensors = {hf: getattr(weights if layer is None else weights.layers[layer], ours)
-               for hf, (ours, layer) in _hf_names(config).items()}
+    def tensor(ours: str, layer: int | None) -> np.ndarray:
+        owner = weights if layer is None else weights.layers[layer]
+        if ours in ("qkv", "gate_up"):  # a fused variant's stacked rows
+            return np.concatenate([getattr(owner, p) for p in _FUSED_NAMES[_LAYER_FUSED[ours]]])
+        return getattr(owner, ours)
+
+    tensors = {hf: tensor(ours, layer) for hf, (ours, layer) in _hf_names(config).items()}
     code = SAVE_DTYPES[dtype]
     (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     if max_shard_bytes is None:

@@ -48,6 +48,8 @@ class LlamaConfig:
     model_type: str = "llama"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    sliding_window: int | None = None  # Mistral's and Qwen2's sliding-window attention (orion.models.blocks)
+    sliding_layers: tuple[int, ...] | None = None  # the layers it applies to (None: every layer)
 
     def __post_init__(self) -> None:
         for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim", "vocab_size",
@@ -69,10 +71,27 @@ class LlamaConfig:
                               f"use one of {', '.join(map(repr, ROPE_CONVENTIONS))}")
         if self.model_type not in MODEL_TYPES:
             raise ConfigError(f"LlamaConfig.model_type is {self.model_type!r}; use one of {sorted(MODEL_TYPES)}")
+        if self.sliding_window is not None and (isinstance(self.sliding_window, bool) or
+                                                not isinstance(self.sliding_window, int) or self.sliding_window <= 0):
+            raise ConfigError(f"LlamaConfig.sliding_window must be a positive integer or None, got {self.sliding_window!r}")
+        if self.sliding_window is not None and self.model_type == "llama":
+            raise ConfigError("LlamaConfig.sliding_window: Llama has no sliding-window attention; use "
+                              "model_type='mistral' or 'qwen2'")
+        if self.sliding_layers is not None and not set(self.sliding_layers) <= set(range(self.n_layers)):
+            raise ConfigError(f"LlamaConfig.sliding_layers {self.sliding_layers} names layers outside "
+                              f"0..{self.n_layers - 1}")
         for token in (self.bos_token_id, *self.eos_token_ids):
             if token is not None and not 0 <= token < self.vocab_size:
                 raise ConfigError(f"LlamaConfig: special token id {token} is outside the vocabulary "
                                   f"(vocab_size {self.vocab_size})")
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of layer ``layer`` (None: it attends to every earlier position, as it does when
+        the window holds the whole context)."""
+        if self.sliding_window is None or self.sliding_window >= self.max_position_embeddings or \
+                (self.sliding_layers is not None and layer not in self.sliding_layers):
+            return None
+        return self.sliding_window
 
     @property
     def group_size(self) -> int:
@@ -146,9 +165,16 @@ class LlamaConfig:
         if self.model_type == "llama":
             out.update(attention_bias=False, mlp_bias=False)
         elif self.model_type == "qwen2":
-            out.update(use_sliding_window=False, sliding_window=None)
+            layers = range(self.n_layers) if self.sliding_layers is None else self.sliding_layers
+            out.update(use_sliding_window=self.sliding_window is not None, sliding_window=self.sliding_window,
+                       max_window_layers=self.n_layers, layer_types=[
+                           "sliding_attention" if self.sliding_window and i in layers else "full_attention"
+                           for i in range(self.n_layers)])
         else:
-            out.update(sliding_window=None)
+            if self.sliding_layers is not None:
+                raise ConfigError("LlamaConfig.to_hf_json: Mistral slides the window in every layer; "
+                                  "sliding_layers must be None")
+            out.update(sliding_window=self.sliding_window)
         return out
 
 
@@ -220,26 +246,34 @@ def _rope_theta(data: dict[str, Any], where: str) -> float:
     return next(iter(thetas.values()), 10000.0)
 
 
-def _check_sliding_window(data: dict[str, Any], where: str, model_type: str, n_layers: int, context: int) -> None:
-    """Sliding-window attention is refused unless it can never drop a position within the context."""
+def _sliding_window(data: dict[str, Any], where: str, model_type: str, n_layers: int
+                    ) -> tuple[int | None, tuple[int, ...] | None]:
+    """The sliding window and the layers it applies to, as transformers reads them: Mistral's
+    ``sliding_window`` in every layer; Qwen2's only with ``use_sliding_window``, in the ``layer_types``
+    layers marked ``sliding_attention`` (by default the layers from ``max_window_layers`` on)."""
     window = data.get("sliding_window")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
+        raise ConfigError(f"{where}: field 'sliding_window' is {json.dumps(window)}; use a positive integer or null")
+    if model_type == "llama":
+        if window is not None:
+            raise _unsupported(where, "sliding_window", window, "sliding-window attention in a Llama config")
+        return None, None
+    if model_type == "mistral":
+        return window, None
+    if not data.get("use_sliding_window", False):
+        return None, None
     layer_types = data.get("layer_types")
-    if layer_types is not None:
-        if not isinstance(layer_types, list) or len(layer_types) != n_layers or \
-                not set(layer_types) <= {"full_attention", "sliding_attention"}:
-            raise _unsupported(where, "layer_types", layer_types,
-                               f"anything but {n_layers} entries of 'full_attention' or 'sliding_attention'")
-        sliding_layers = "sliding_attention" in layer_types
-    elif model_type == "qwen2":
-        sliding_layers = bool(data.get("use_sliding_window", False)) and data.get("max_window_layers", 0) < n_layers
-    else:
-        sliding_layers = True
-    if model_type == "llama" and window is not None:
-        raise _unsupported(where, "sliding_window", window, "sliding-window attention in a Llama config")
-    if sliding_layers and window is not None and window < context:
-        raise ConfigError(f"{where}: field 'sliding_window' is {window} with a context of {context}: sliding-window "
-                          "attention is not implemented by Orion. Fix: set max_position_embeddings to at most "
-                          f"{window} (the window then never slides)")
+    if layer_types is None:
+        start = data.get("max_window_layers", 28)
+        if isinstance(start, bool) or not isinstance(start, int):
+            raise ConfigError(f"{where}: field 'max_window_layers' is {json.dumps(start)}; use an integer")
+        layer_types = ["sliding_attention" if i >= start else "full_attention" for i in range(n_layers)]
+    if not isinstance(layer_types, list) or len(layer_types) != n_layers or \
+            not set(layer_types) <= {"full_attention", "sliding_attention"}:
+        raise _unsupported(where, "layer_types", layer_types,
+                           f"anything but {n_layers} entries of 'full_attention' or 'sliding_attention'")
+    layers = tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
+    return (window, layers) if window is not None and layers else (None, None)
 
 
 def _map_hf(data: dict[str, Any], where: str) -> dict[str, Any]:
@@ -280,7 +314,7 @@ def _map_hf(data: dict[str, Any], where: str) -> dict[str, Any]:
     if model_type == "qwen2":
         if data.get("use_mrope", False):
             raise _unsupported(where, "use_mrope", data["use_mrope"], "multimodal RoPE")
-    _check_sliding_window(data, where, model_type, values["n_layers"], values["max_position_embeddings"])
+    values["sliding_window"], values["sliding_layers"] = _sliding_window(data, where, model_type, values["n_layers"])
 
     values["bos_token_id"] = data.get("bos_token_id")
     eos = data.get("eos_token_id")

@@ -16,6 +16,7 @@ from orion.generation.plan import ProgramInfo
 from orion.generation.tokenizer import TOKENIZER_FILE, Tokenizer, TokenizerNotFound, load_tokenizer
 from orion.graph import Graph
 from orion.lora.adapter import Placement
+from orion.models.blocks import WINDOW_MASK_INPUT, window_mask_columns
 from orion.models.llama import graphs
 from orion.models.llama.config import DISPLAY_NAMES, ConfigError, LlamaConfig
 from orion.models.llama.costs import decode_program_costs
@@ -127,6 +128,13 @@ class Llama(CausalLM):
         """The decode graph's ``rope`` input: cos then sin of each position (prefill graphs hold const tables)."""
         cos, sin = graphs.rope_tables(self.config, np.arange(positions.start, positions.stop))
         return {"rope": np.concatenate([cos, sin]).astype(np.float32)}
+
+    def mask_inputs(self, positions: range, length: int) -> dict[str, np.ndarray]:
+        """The sliding window over the KV cache (``mask_window``) when a layer has one."""
+        window = next((w for i in range(self.config.n_layers) if (w := self.config.window(i))), None)
+        if window is None:
+            return {}
+        return {WINDOW_MASK_INPUT: window_mask_columns(positions, positions.start, length, window)}
 
     def cpu_logits(self, x: np.ndarray) -> np.ndarray:
         """Final RMSNorm and LM head in numpy float32."""

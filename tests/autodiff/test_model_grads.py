@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orion.autodiff.runner import GradientRunner
 from orion import models
+from orion.autodiff.runner import GradientRunner
 from orion.models.gemma import weights as gemma_weights
 from orion.models.gemma.config import GemmaConfig
 from orion.models.gemma.trainable import GemmaTrainable

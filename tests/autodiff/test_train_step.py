@@ -14,9 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orion import compile_count
+from orion import compile_count, models
 from orion.autodiff.runner import GradientRunner
-from orion import models
 from orion.models.gemma.config import GemmaConfig
 from orion.models.gpt2 import weights as gpt2_weights
 from orion.models.gpt2.config import GPT2Config

@@ -11,7 +11,7 @@ fp32 head on the CPU) against two independent references:
 The models cover every family the trainer trains through the one layer definition it shares with inference:
 GPT-2 as published and with transformers' other options (ReLU, an MLP width other than 4 * n_embd,
 unscaled scores divided by the layer index), Llama, Mistral, Qwen2 with q/k/v biases and 3 query heads
-per KV head, and Gemma 2 (soft-capping, a sliding window of 8 in layer 0) and Gemma 3 (q/k norms, local and
+per KV head, Mistral with a sliding window of 8 in every layer and Qwen2 with one in layer 1, and Gemma 2 (soft-capping, a sliding window of 8 in layer 0) and Gemma 3 (q/k norms, local and
 global RoPE, a sliding window of 8 in layer 0) with norm weights w away from 0 (gains 1 + w).
 """
 
@@ -82,6 +82,8 @@ MODELS = {
     "mistral": lambda: _llama(model_type="mistral", n_heads=8, n_kv_heads=2, head_dim=8),
     "qwen2-bias": lambda: _llama(model_type="qwen2", qkv_bias=True, n_heads=6, n_kv_heads=2, head_dim=16,
                                  rope_theta=1e6, tie_embeddings=True),
+    "mistral-window": lambda: _llama(model_type="mistral", sliding_window=8),  # every layer slides
+    "qwen2-window": lambda: _llama(model_type="qwen2", qkv_bias=True, sliding_window=8, sliding_layers=(1,)),
     "gemma2": lambda: _gemma(attn_softcap=50.0, final_softcap=30.0),
     # head_dim 32: a q/k norm's gradient [head_dim] makes the 32 lanes an ANE output needs (Gemma 3 1B's is 256)
     "gemma3": lambda: _gemma(model_type="gemma3_text", qk_norm=True, rope_theta=1e6, rope_local_theta=1e4,

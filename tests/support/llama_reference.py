@@ -38,9 +38,11 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
-def layer_forward(config, layer, x: np.ndarray, start: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def layer_forward(config, layer, x: np.ndarray, start: int = 0, window: int | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One decoder layer over hidden states x [T, dim] at positions start..start+T-1, attending causally to
-    themselves only. Returns (output [T, dim], rotated keys [T, kv_dim], values [T, kv_dim])."""
+    themselves only (with ``window``: to the keys t with p - window < t <= p). Returns (output [T, dim], rotated
+    keys [T, kv_dim], values [T, kv_dim])."""
     t = x.shape[0]
     hd, nh, nkv = config.head_dim, config.n_heads, config.n_kv_heads
     h = rms_norm(x, layer.attn_norm, config.rms_norm_eps)
@@ -54,7 +56,10 @@ def layer_forward(config, layer, x: np.ndarray, start: int = 0) -> tuple[np.ndar
     group = nh // nkv
     kh, vh = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # [T, nh, hd]
     scores = np.einsum("shd,thd->hst", q, kh) / np.float32(np.sqrt(hd))
-    scores = np.where(np.tril(np.ones((t, t), bool)), scores, -np.inf)
+    seen = np.tril(np.ones((t, t), bool))
+    if window is not None:
+        seen &= np.arange(t)[None, :] > np.arange(t)[:, None] - window
+    scores = np.where(seen, scores, -np.inf)
     probs = np.exp(scores - scores.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     ctx = np.einsum("hst,thd->shd", probs, vh).reshape(t, nh * hd)
@@ -75,8 +80,8 @@ def reference_logits(config, weights, ids) -> np.ndarray:
     if ids.ndim != 1 or not 0 < len(ids) <= config.max_position_embeddings:
         raise ValueError(f"ids must be 1-D with 1..{config.max_position_embeddings} tokens, got shape {ids.shape}")
     x = weights.embed[ids].astype(np.float32)
-    for layer in weights.layers:
-        x = layer_forward(config, layer, x)[0]
+    for i, layer in enumerate(weights.layers):
+        x = layer_forward(config, layer, x, window=config.window(i) if hasattr(config, "window") else None)[0]
     return head_logits(config, weights, x)
 
 

@@ -229,6 +229,32 @@ def window_mask_columns(positions: range, cached: int, length: int, window: int)
     return np.where((t < cached) & (t > p - window), 0.0, MASK_VALUE).astype(np.float32)
 
 
+def layer_flag_pick(g: Graph, name: str, flag: Node | None, arrays: tuple[np.ndarray, np.ndarray],
+                    uniform: bool = False) -> Node:
+    """A const that differs between the layers sharing one training layer graph (a sliding layer's mask, a RoPE
+    table): ``arrays[0]`` where the 0/1 input ``flag`` ``[1, 1, 1, 1]`` is 0 and ``arrays[1]`` where it is 1, as
+    ``(1 - f) a + f b`` (exact for f in {0, 1}); without a flag (every layer alike) the const ``arrays[uniform]``."""
+    if flag is None:
+        return g.const(name, arrays[uniform])
+    off = g.sub(g.const(f"{name}_one", 1.0), flag, name=f"{name}_off")
+    return g.add(g.mul(g.const(f"{name}_a", arrays[0]), off, name=f"{name}_a_picked"),
+                 g.mul(g.const(f"{name}_b", arrays[1]), flag, name=f"{name}_b_picked"), name=name)
+
+
+def masked_attention(g: Graph, qh: Node, kh: Node, vh: Node, mask: Node, scale: float, softcap: float | None,
+                     name: str) -> Node:
+    """Attention of queries ``[1, H, hd, S]`` over keys and values ``[1, H, hd, S]`` of the same positions with an
+    additive ``mask`` ``[1, 1, S, S]``: scores scaled by ``scale``, capped (:func:`soft_cap`), masked, softmax;
+    returns ``[1, H * hd, 1, S]``. Written with differentiable ops: the training graphs' attention where the
+    registry's causal ``attention`` op does not fit (a sliding window, a cap, another scale)."""
+    heads, d, s = qh.shape[1], qh.shape[2], qh.shape[3]
+    scores = g.matmul(g.mul(qh, scale, name=f"{name}_q_scaled"), kh, transpose_x=True, name=f"{name}_scores")
+    scores = soft_cap(g, scores, softcap, f"{name}_scores")
+    probs = g.softmax(g.add(scores, mask, name=f"{name}_masked"), axis=-1, name=f"{name}_probs")
+    ctx = g.matmul(vh, probs, transpose_y=True, name=f"{name}_ctx")  # [1, H, hd, S]
+    return g.reshape(ctx, [1, heads * d, 1, s], name=f"{name}_merged")
+
+
 def window_mask_input(g: Graph, length: int, seq: int) -> Node:
     """The graph input ``mask_window`` ``[1, length, 1, seq]`` (:func:`window_mask_columns`, one column per
     query lane) as an additive mask of the scores: ``[1, 1, 1, length]`` for one token, ``[1, 1, seq, length]``

@@ -34,6 +34,7 @@ from orion.models.blocks import (
     causal_mask_node,
     chunk_attention,
     linear,
+    masked_attention,
     soft_cap,
     window_mask_input,
 )
@@ -148,17 +149,10 @@ def layer(g: Graph, x: Node, config: GemmaConfig, p: LayerParams, rope: tuple[No
     return g.add(x, down, name="mlp_res"), k_out, v
 
 
-def group_attention(g: Graph, qh: Node, kh: Node, vh: Node, mask: Node | np.ndarray, config: GemmaConfig,
-                    name: str) -> Node:
-    """Attention of one query group ``[1, KV, hd, S]`` over keys and values ``[1, KV, hd, S]`` of the same positions
-    with an additive ``mask`` ``[1, 1, S, S]``: scaled, capped (Gemma 2), masked, softmax (prefill and training)."""
-    kv, d, s = qh.shape[1], qh.shape[2], qh.shape[3]
-    scores = g.matmul(g.mul(qh, config.attention_scale, name=f"{name}_q_scaled"), kh, transpose_x=True,
-                      name=f"{name}_scores")  # [1, KV, S, S]
-    scores = soft_cap(g, scores, config.attn_softcap, f"{name}_scores")
-    probs = g.softmax(g.add(scores, mask, name=f"{name}_masked"), axis=-1, name=f"{name}_probs")
-    ctx = g.matmul(vh, probs, transpose_y=True, name=f"{name}_ctx")  # [1, KV, hd, S]
-    return g.reshape(ctx, [1, kv * d, 1, s], name=f"{name}_merged")
+def group_attention(g: Graph, qh: Node, kh: Node, vh: Node, mask: Node, config: GemmaConfig, name: str) -> Node:
+    """Attention of one query group ``[1, KV, hd, S]`` over keys and values of the same positions: scaled by
+    ``query_pre_attn_scalar ** -0.5``, capped (Gemma 2), masked by ``mask`` ``[1, 1, S, S]`` (prefill, training)."""
+    return masked_attention(g, qh, kh, vh, mask, config.attention_scale, config.attn_softcap, name)
 
 
 def _baked(config: GemmaConfig, weights: GemmaWeights, i: int, adapters: Sites | None, quant: str) -> BakedParams:

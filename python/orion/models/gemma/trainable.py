@@ -12,7 +12,7 @@ from orion.graph.builder import Graph
 from orion.graph.ir import Node
 from orion.lora.adapter import LayerTarget
 from orion.lora.graph import Sites
-from orion.models.blocks import InputParams, window_causal_mask
+from orion.models.blocks import InputParams, layer_flag_pick, window_causal_mask
 from orion.models.gemma import graphs
 from orion.models.gemma.config import GemmaConfig
 from orion.models.gemma.weights import GemmaWeights, LayerWeights
@@ -114,12 +114,7 @@ class GemmaTrainable(TrainableModel):
         flags = {name: g.input(name, [1, 1, 1, 1]) for name in self._layer_flags()}
 
         def pick(name: str, flag: str, arrays: tuple[np.ndarray, np.ndarray]) -> Node:
-            if flag not in flags:
-                return g.const(name, arrays[bool(self._uniform(flag))])
-            first, second = (g.mul(g.const(f"{name}_{k}", a), w, name=f"{name}_{k}_picked") for k, a, w in
-                             (("off", arrays[0], g.sub(g.const(f"{name}_one", 1.0), flags[flag], name=f"{name}_off")),
-                              ("on", arrays[1], flags[flag])))
-            return g.add(first, second, name=name)
+            return layer_flag_pick(g, name, flags.get(flag), arrays, self._uniform(flag))
 
         window = next((w for i in range(self.n_layers) if (w := cfg.window(i))), None)
         masks = (causal_mask(seq), window_causal_mask(seq, window) if window and window < seq else causal_mask(seq))

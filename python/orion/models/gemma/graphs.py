@@ -101,16 +101,14 @@ def gain(g: Graph, p: LayerParams, name: str, scale: float = 1.0) -> Node | np.n
 
 def head_norm(g: Graph, x: Node, heads: int, weight: Node | np.ndarray, eps: float, name: str) -> Node:
     """Gemma 3's q/k RMSNorm of each head of ``x`` ``[1, heads * hd, 1, S]`` over its ``hd`` channels, gain
-    ``weight`` ``[hd]`` (or its ``[1, hd, 1, 1]`` input); returns ``[1, heads * hd, 1, S]``."""
+    ``weight`` ``[hd]`` (or its ``[1, hd, 1, 1]`` input): the registry's ``rms_norm`` (overflow-safe, its own
+    gradient rule) over the heads laid side by side, ``[1, hd, 1, heads * S]``; returns ``[1, heads * hd, 1, S]``."""
     c, s = x.shape[1], x.shape[3]
     hd = c // heads
-    xh = g.reshape(x, [1, heads, hd, s], name=f"{name}_heads")
-    mean_sq = g.reduce_mean(g.mul(xh, xh, name=f"{name}_sq"), axis=2, name=f"{name}_meansq")
-    rstd = g.pow(g.add(mean_sq, eps, name=f"{name}_var"), -0.5, name=f"{name}_rstd")
-    gain_col = g.reshape(weight, [1, 1, hd, 1], name=f"{name}_gain_col") if isinstance(weight, Node) else \
-        weight.reshape(1, 1, hd, 1)
-    y = g.mul(g.mul(xh, rstd, name=f"{name}_normed"), gain_col, name=f"{name}_scaled")
-    return g.reshape(y, [1, c, 1, s], name=name)
+    side = g.transpose(g.reshape(x, [1, heads, hd, s], name=f"{name}_heads"), [0, 2, 1, 3], name=f"{name}_side")
+    normed = g.rms_norm(g.reshape(side, [1, hd, 1, heads * s], name=f"{name}_flat"), weight, eps, name=name)
+    back = g.transpose(g.reshape(normed, [1, hd, heads, s], name=f"{name}_unflat"), [0, 2, 1, 3], name=f"{name}_back")
+    return g.reshape(back, [1, c, 1, s], name=f"{name}_out")
 
 
 # (query group, its rotated queries [1, KV, hd, S], the rotated keys [1, KV, hd, S] and [1, kv_dim, 1, S],

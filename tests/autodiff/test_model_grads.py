@@ -12,7 +12,9 @@ The models cover every family the trainer trains through the one layer definitio
 GPT-2 as published and with transformers' other options (ReLU, an MLP width other than 4 * n_embd,
 unscaled scores divided by the layer index), Llama (also with YaRN), Mistral, Qwen2 with q/k/v biases and 3 query
 heads per KV head, Qwen3 (per-head q/k norms, head_dim 32 != 64 / 4), SmolLM3 (its second layer without RoPE) and
-Phi-3 (fused checkpoint, longrope on half of each head).
+Phi-3 (fused checkpoint, longrope on half of each head); Mistral with a sliding window of 8 in every layer and Qwen2
+with one in layer 1; and Gemma 2 (soft-capping, a sliding window of 8 in layer 0) and Gemma 3 (q/k norms, local and
+global RoPE, a sliding window of 8 in layer 0) with norm weights w away from 0 (gains 1 + w).
 """
 
 from __future__ import annotations
@@ -20,7 +22,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from orion import models
 from orion.autodiff.runner import GradientRunner
+from orion.models.gemma import weights as gemma_weights
+from orion.models.gemma.config import GemmaConfig
+from orion.models.gemma.trainable import GemmaTrainable
 from orion.models.gpt2 import weights as gpt2_weights
 from orion.models.gpt2.config import GPT2Config
 from orion.models.gpt2.trainable import GPT2Trainable
@@ -28,7 +34,7 @@ from orion.models.llama import weights as llama_weights
 from orion.models.llama.config import LlamaConfig
 from orion.models.llama.rope import RopeScaling
 from orion.models.llama.trainable import LlamaTrainable
-from support import gpt2_reference, llama_reference, references
+from support import gemma_reference, gpt2_reference, llama_reference, references
 
 SEQ = 32
 
@@ -61,6 +67,19 @@ def _llama(**options) -> tuple[LlamaTrainable, dict[str, np.ndarray]]:
 # Phi-3's longrope on half of each head (4 channel pairs), its original context below the window: the long factors
 LONGROPE = RopeScaling("longrope", original_max_position_embeddings=16, short_factor=(1.0, 1.1, 1.3, 2.0),
                        long_factor=(1.0, 2.0, 4.0, 9.0))
+def _gemma(**options) -> tuple[GemmaTrainable, dict[str, np.ndarray]]:
+    shape = {"n_heads": 4, "n_kv_heads": 2, "head_dim": 16} | options
+    config = GemmaConfig(dim=64, n_layers=2, hidden_dim=96, vocab_size=80, max_position_embeddings=SEQ,
+                         sliding_window=8, sliding_layers=(0,), query_pre_attn_scalar=24, **shape)
+    model = GemmaTrainable(config)
+    params = model.params(gemma_weights.random_weights(config, seed=4))
+    rng = np.random.default_rng(4)
+    for name in params:  # norm weights w away from 0 (gains 1 + w away from 1)
+        if name.endswith("norm"):
+            params[name] = rng.uniform(-0.5, 0.5, params[name].shape).astype(np.float32)
+    return model, params
+
+
 MODELS = {
     "gpt2": _gpt2,
     "gpt2-relu-wide-unscaled": lambda: _gpt2(activation_function="relu", n_inner=80, scale_attn_weights=False,
@@ -73,7 +92,14 @@ MODELS = {
     "smollm3-no-rope-layer": lambda: _llama(model_type="smollm3", no_rope_layers=(1,), tie_embeddings=True),
     "phi3-fused-partial-longrope": lambda: _llama(model_type="phi3", partial_rotary_factor=0.5, rope_scaling=LONGROPE),
     "llama-yarn": lambda: _llama(rope_scaling=RopeScaling("yarn", factor=4.0, original_max_position_embeddings=8)),
+    "mistral-window": lambda: _llama(model_type="mistral", sliding_window=8),  # every layer slides
+    "qwen2-window": lambda: _llama(model_type="qwen2", qkv_bias=True, sliding_window=8, sliding_layers=(1,)),
+    "gemma2": lambda: _gemma(attn_softcap=50.0, final_softcap=30.0),
+    # head_dim 32: a q/k norm's gradient [head_dim] makes the 32 lanes an ANE output needs (Gemma 3 1B's is 256)
+    "gemma3": lambda: _gemma(model_type="gemma3_text", qk_norm=True, rope_theta=1e6, rope_local_theta=1e4,
+                             head_dim=32),
 }
+REFERENCES = {"gpt2": gpt2_reference, "gemma": gemma_reference}
 # Where the layer programs run: the ANE's fp16 programs (the emulator), or "cpu", the same forward and
 # gradient graphs evaluated in fp32. The GPT-2 with transformers' other options is checked in fp32: its
 # layer-1 q/k gradients are ~1e-4 of the largest tensor's (near-uniform attention at GPT-2's init), below
@@ -90,7 +116,7 @@ def _batch(vocab: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _reference_loss(kind: str, model, params: dict[str, np.ndarray], ids, targets) -> float:
-    ref = gpt2_reference if kind.startswith("gpt2") else llama_reference
+    ref = next((r for prefix, r in REFERENCES.items() if kind.startswith(prefix)), llama_reference)
     logits = ref.reference_logits(model.config, model.weights(params), ids).astype(np.float64)
     logits -= logits.max(-1, keepdims=True)
     log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
@@ -133,7 +159,7 @@ def test_finite_differences_of_the_independent_reference(case) -> None:
 def _torch_grads(kind: str, model, params: dict[str, np.ndarray], ids, targets, tmp_path) -> dict[str, np.ndarray]:
     """Gradients by torch autograd on transformers' model, read back through Orion's own loader."""
     torch, transformers = references.require("torch", "transformers")
-    module = gpt2_weights if kind.startswith("gpt2") else llama_weights
+    module = models.family_of(model.config).weights
     module.save_hf(tmp_path / "model", model.config, model.weights(params))
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32,
                                                            attn_implementation="eager")

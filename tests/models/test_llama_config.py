@@ -73,8 +73,13 @@ def test_qwen2_and_mistral(tmp_path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(mistral))
     c = LlamaConfig.from_hf_json(tmp_path)
     assert (c.model_type, c.qkv_bias) == ("mistral", False)
-    # a window at least as long as the context never slides
-    assert LlamaConfig.from_hf_json(mistral | {"sliding_window": 128}).max_position_embeddings == 128
+    # a window at least as long as the context never slides; a shorter one slides (tests/models/test_sliding_window.py)
+    assert LlamaConfig.from_hf_json(mistral | {"sliding_window": 128}).window(0) is None
+    assert LlamaConfig.from_hf_json(mistral | {"sliding_window": 64}).window(1) == 64
+    sliding_qwen = LlamaConfig.from_hf_json(qwen | {"use_sliding_window": True, "sliding_window": 64,
+                                                    "max_window_layers": 1, "layer_types": None})
+    assert [sliding_qwen.window(i) for i in range(2)] == [None, 64]
+    assert LlamaConfig.from_hf_json(sliding_qwen.to_hf_json()) == sliding_qwen
 
 
 @pytest.mark.parametrize("changes,field", [
@@ -92,9 +97,6 @@ def test_qwen2_and_mistral(tmp_path) -> None:
     ({"attention_bias": True}, "attention_bias"),
     ({"mlp_bias": True}, "mlp_bias"),
     ({"sliding_window": 64}, "sliding_window"),
-    ({"model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": 64}, "sliding_window"),
-    ({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True,
-      "sliding_window": 64, "max_window_layers": 1}, "sliding_window"),
     ({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "use_mrope": True}, "use_mrope"),
     ({"quantization_config": {"quant_method": "gptq"}}, "quantization_config"),
     ({"architectures": ["LlamaForSequenceClassification"]}, "architectures"),

@@ -76,10 +76,11 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
-def layer_forward(config, layer, x: np.ndarray, start: int = 0, index: int = 0
+def layer_forward(config, layer, x: np.ndarray, start: int = 0, index: int = 0, window: int | None = None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Decoder layer ``index`` over hidden states x [T, dim] at positions start..start+T-1, attending causally to
-    themselves only. Returns (output [T, dim], rotated keys [T, kv_dim], values [T, kv_dim])."""
+    themselves only (with ``window``: to the keys t with p - window < t <= p). Returns (output [T, dim], rotated
+    keys [T, kv_dim], values [T, kv_dim])."""
     t = x.shape[0]
     hd, nh, nkv = config.head_dim, config.n_heads, config.n_kv_heads
     h = rms_norm(x, layer.attn_norm, config.rms_norm_eps)
@@ -96,7 +97,10 @@ def layer_forward(config, layer, x: np.ndarray, start: int = 0, index: int = 0
     group = nh // nkv
     kh, vh = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # [T, nh, hd]
     scores = np.einsum("shd,thd->hst", q, kh) / np.float32(np.sqrt(hd))
-    scores = np.where(np.tril(np.ones((t, t), bool)), scores, -np.inf)
+    seen = np.tril(np.ones((t, t), bool))
+    if window is not None:
+        seen &= np.arange(t)[None, :] > np.arange(t)[:, None] - window
+    scores = np.where(seen, scores, -np.inf)
     probs = np.exp(scores - scores.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     ctx = np.einsum("hst,thd->shd", probs, vh).reshape(t, nh * hd)
@@ -118,7 +122,8 @@ def reference_logits(config, weights, ids) -> np.ndarray:
         raise ValueError(f"ids must be 1-D with 1..{config.max_position_embeddings} tokens, got shape {ids.shape}")
     x = weights.embed[ids].astype(np.float32)
     for index, layer in enumerate(weights.layers):
-        x = layer_forward(config, layer, x, index=index)[0]
+        x = layer_forward(config, layer, x, index=index,
+                          window=config.window(index))[0]
     return head_logits(config, weights, x)
 
 

@@ -23,7 +23,8 @@ HF_TOP_K = 50  # transformers' top_k when do_sample is true and the file names n
 # Keys that do not change the tokens chosen, or that Orion reads elsewhere (special token ids).
 _INERT = {"transformers_version", "_from_model_config", "bos_token_id", "eos_token_id", "pad_token_id",
           "decoder_start_token_id", "use_cache", "return_dict_in_generate", "output_scores", "output_attentions",
-          "output_hidden_states", "output_logits", "max_length", "num_return_sequences"}
+          "output_hidden_states", "output_logits", "max_length", "num_return_sequences",
+          "cache_implementation"}  # how transformers lays out its KV cache (Gemma's "hybrid"): same tokens
 # Unimplemented settings and the value at which they do nothing (transformers' defaults).
 _NEUTRAL = {"num_beams": 1, "num_beam_groups": 1, "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0,
             "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "diversity_penalty": 0.0,

@@ -60,6 +60,10 @@ class NonFiniteLogits(OrionError):
     """The model produced NaN logits, so no token can be chosen."""
 
 
+class ActivationOverflow(NonFiniteLogits):
+    """A layer's output (the residual stream) left fp16's range: the error names the layers."""
+
+
 class ConcurrentUse(OrionError):
     """A model object was called from a second thread while it was running."""
 
@@ -226,7 +230,8 @@ class CausalLM(AdapterHost):
     Hooks a model implements: ``model_type`` (its ``config.json`` name) and ``display_name`` (class
     attributes), ``program_identity()``, ``decode_graph(layers)``, ``prefill_graph(layers, seq)``,
     ``lm_head_graph(vocab, seq)``, ``embed(ids, start)``, ``cpu_logits(x)``, ``layer_weight_bytes()``
-    and ``program_costs(layer_ranges, head_ranges, lm_head)``; optionally ``position_inputs(positions)``.
+    and ``program_costs(layer_ranges, head_ranges, lm_head)``; optionally ``position_inputs(positions)`` and
+    ``mask_inputs(positions, length)``.
     The layer graph hooks take ``adapters`` (LoRA site ranks, None: the base graph) and ``lora_placements()``
     says where each adaptable module lands (``orion.lora.hot_swap`` for adapters and the KV-cache policy).
     """
@@ -288,6 +293,13 @@ class CausalLM(AdapterHost):
     def position_inputs(self, positions: range) -> dict[str, np.ndarray]:
         """Extra per-position layer inputs (e.g. rotary tables): name -> float32 ``[channels, len(positions)]``,
         written into the first lanes of that input of every layer program declaring it. None by default."""
+        return {}
+
+    def mask_inputs(self, positions: range, length: int) -> dict[str, np.ndarray]:
+        """Extra attention-mask inputs of the decode and chunk programs for the queries at ``positions`` over a
+        KV cache of ``length`` lanes holding ``positions.start`` positions (e.g. a sliding window's,
+        ``orion.models.blocks.window_mask_columns``): name -> float32 ``[length, len(positions)]``, written
+        like ``position_inputs``. None by default."""
         return {}
 
     # -- construction ---------------------------------------------------------------------------------
@@ -383,13 +395,14 @@ class CausalLM(AdapterHost):
                 cache.reserve(pos + 1)
                 self._bind_decode()
             self._layers[0].input("x")[0, :, 0, 0] = self.embed([token], pos)[0]
-            extra = self.position_inputs(range(pos, pos + 1))
+            extra = self.position_inputs(range(pos, pos + 1)) | self.mask_inputs(range(pos, pos + 1), cache.bucket)
             if extra:
                 _write_lanes(self._layers, extra)
             for stage, layers in zip(self._layers, self.decode_plan.layer_ranges):
                 # Positions >= pos of the caches and the mask are dead lanes: the emulator skips them.
                 live = {name: pos for i in layers for name in (f"k{i}", f"v{i}")} if cache.lane_hints else {}
                 stage.run(live | {"mask": pos} if live else None)
+                _check_finite(stage, layers, 1, f"token at position {pos}")
                 for i in layers:
                     cache.keys[i][:, pos] = stage.output(f"k{i}")[0, :, 0, 0]
                     cache.values[i][:, pos] = stage.output(f"v{i}")[0, :, 0, 0]
@@ -610,6 +623,8 @@ class CausalLM(AdapterHost):
             x[...] = 0.0
             x[0, :, 0, :n] = self.embed(ids[start:start + n], start).T
             extra = self.position_inputs(range(start, start + n))
+            if past:
+                extra |= self.mask_inputs(range(start, start + n), cache.bucket)
             if extra:
                 _write_lanes(stages, extra)
             for stage, layers in zip(stages, self.decode_plan.layer_ranges):
@@ -617,6 +632,7 @@ class CausalLM(AdapterHost):
                 live = {name: start for i in layers for name in (f"k{i}", f"v{i}", "mask")} \
                     if past and cache.lane_hints else None
                 stage.run(live)
+                _check_finite(stage, layers, n, f"prompt positions {start}-{start + n - 1}")
                 for i in layers:
                     cache.keys[i][:, start:start + n] = stage.output(f"k{i}")[0, :, 0, :n]
                     cache.values[i][:, start:start + n] = stage.output(f"v{i}")[0, :, 0, :n]
@@ -642,6 +658,21 @@ def _float32(logits: np.ndarray) -> np.ndarray:
     """Logits read from the head's surfaces as a new float32 array (fp16 ones converted by the CPU's
     conversion instructions: numpy's astype takes 75 us for GPT-2's 50257, a step's 1%)."""
     return kernels.half_to_float(logits) if logits.dtype == np.float16 else logits.astype(np.float32)
+
+
+def _check_finite(stage: Stage, layers: range, lanes: int, where: str) -> None:
+    """Raise :class:`ActivationOverflow` naming ``layers`` when the residual stream ``x`` they output is not finite
+    in its first ``lanes`` lanes: an fp16 overflow (inf, or NaN after it) in those layers."""
+    x = stage.output("x")[0, :, 0, :lanes]
+    if np.isfinite(x).all():
+        return
+    bad = np.flatnonzero(~np.isfinite(x).all(axis=0))
+    named = f"layer {layers.start}" if len(layers) == 1 else \
+        f"one of layers {layers.start}-{layers.stop - 1} (one program; fusion_depth=1 names the layer)"
+    raise ActivationOverflow(
+        f"{named} overflowed fp16 (|x| > 65504 turned to inf/NaN) for the {where} (lane {int(bad[0])}): the model's "
+        f"residual stream outgrows fp16. Fix: a family that can rescale it exactly takes a larger residual_scale "
+        f"(Gemma: a power of two, e.g. residual_scale=8); else check the weights or compare with lm_head='cpu'")
 
 
 def _write_lanes(stages: list[Stage], values: dict[str, np.ndarray]) -> None:

@@ -19,6 +19,7 @@ from orion.autodiff.trainable import input_shape
 from orion.graph import Graph
 from orion.graph.ir import Node
 from orion.lora.graph import Sites, adapted, adapted_parts
+from orion.ops import MASK_VALUE, graph_causal_mask
 from orion.quant import weight_operand
 
 # Hugging Face module (relative to its layer) -> its (weight, bias or None) parameters, output rows in order
@@ -115,9 +116,9 @@ def linear(g: Graph, x: Node, weight: np.ndarray, bias: np.ndarray | None, quant
 
 
 def cached_attention(g: Graph, q: Node, k: Node, v: Node, k_cache: Node, v_cache: Node, mask: Node,
-                     heads: int, scale: float | None = None) -> Node:
+                     heads: int, scale: float | None = None, softcap: float | None = None) -> Node:
     """One token's multi-head attention over a KV cache plus its own key/value; the scores are scaled
-    by ``scale`` (default ``1/sqrt(head_dim)``).
+    by ``scale`` (default ``1/sqrt(head_dim)``) and, with ``softcap``, capped (:func:`soft_cap`) before the mask.
 
     ``q``, ``k``, ``v`` are ``[1, C, 1, 1]``, the caches ``[1, C, 1, T]`` and ``mask`` ``[1, 1, 1, T]``
     (additive: 0 for filled positions). softmax([q.K_cache + mask, q.k]) . [V_cache, v] written with
@@ -131,8 +132,8 @@ def cached_attention(g: Graph, q: Node, k: Node, v: Node, k_cache: Node, v_cache
     kh, vh = (g.reshape(n, [1, heads, 1, d], name=f"{p}h") for n, p in ((k, "k"), (v, "v")))
     keys = g.reshape(k_cache, [1, heads, d, t], name="keys")
     values = g.reshape(v_cache, [1, heads, d, t], name="values")
-    scores = g.add(g.matmul(qh, keys, name="scores"), mask, name="masked")  # [1,H,1,T]
-    self_score = g.reduce_sum(g.mul(qh, kh, name="qk"), axis=3, name="self")  # [1,H,1,1]
+    scores = g.add(soft_cap(g, g.matmul(qh, keys, name="scores"), softcap, "scores"), mask, name="masked")  # [1,H,1,T]
+    self_score = soft_cap(g, g.reduce_sum(g.mul(qh, kh, name="qk"), axis=3, name="self"), softcap, "self")  # [1,H,1,1]
     top = g.reduce_max(scores, axis=3, name="top")
     m = g.add(self_score, g.relu(g.sub(top, self_score, name="gap"), name="over"),
               name="max")  # max(top, self_score) without a max op
@@ -146,13 +147,15 @@ def cached_attention(g: Graph, q: Node, k: Node, v: Node, k_cache: Node, v_cache
 
 
 def chunk_attention(g: Graph, q: Node, k: Node, v: Node, k_cache: Node, v_cache: Node, past_mask: Node,
-                    causal: Node, heads: int, scale: float | None = None) -> Node:
+                    causal: Node, heads: int, scale: float | None = None, softcap: float | None = None) -> Node:
     """Multi-head attention of a prompt chunk over the KV cache filled so far plus itself, causal within
-    the chunk; the scores are scaled by ``scale`` (default ``1/sqrt(head_dim)``).
+    the chunk; the scores are scaled by ``scale`` (default ``1/sqrt(head_dim)``) and, with ``softcap``,
+    capped (:func:`soft_cap`) before the masks.
 
     ``q``, ``k``, ``v`` are ``[1, C, 1, S]``, the caches ``[1, C, 1, T]``, ``past_mask`` ``[1, 1, 1, T]``
-    (additive: 0 for the past positions) and ``causal`` ``[1, 1, S, S]`` (additive: 0 on and below the
-    diagonal). As in :func:`cached_attention`, the two score blocks share one softmax through reductions,
+    (additive: 0 for the past positions) or ``[1, 1, S, T]`` (one row per query: a sliding window's,
+    :func:`window_mask_input`) and ``causal`` ``[1, 1, S, S]`` (additive: 0 on and below the diagonal, or
+    within the window, :func:`causal_mask_node`). As in :func:`cached_attention`, the two score blocks share one softmax through reductions,
     so no concat is needed: m = max(max_t s_t, max_j s_j); p = e / (sum_t e_t + sum_j e_j);
     out = V_cache p_past + v p_chunk.
     """
@@ -163,8 +166,10 @@ def chunk_attention(g: Graph, q: Node, k: Node, v: Node, k_cache: Node, v_cache:
     kh, vh = (g.reshape(n, [1, heads, d, s], name=f"{p}h") for n, p in ((k, "k"), (v, "v")))
     keys = g.reshape(k_cache, [1, heads, d, t], name="keys")
     values = g.reshape(v_cache, [1, heads, d, t], name="values")
-    past = g.add(g.matmul(qh, keys, transpose_x=True, name="past_scores"), past_mask, name="past_masked")  # [1,H,S,T]
-    own = g.add(g.matmul(qh, kh, transpose_x=True, name="own_scores"), causal, name="own_masked")  # [1,H,S,S]
+    past = g.add(soft_cap(g, g.matmul(qh, keys, transpose_x=True, name="past_scores"), softcap, "past_scores"),
+                 past_mask, name="past_masked")  # [1,H,S,T]
+    own = g.add(soft_cap(g, g.matmul(qh, kh, transpose_x=True, name="own_scores"), softcap, "own_scores"), causal,
+                name="own_masked")  # [1,H,S,S]
     top_past = g.reduce_max(past, axis=3, name="past_top")
     top_own = g.reduce_max(own, axis=3, name="own_top")
     m = g.add(top_own, g.relu(g.sub(top_past, top_own, name="gap"), name="over"), name="max")  # without a max op
@@ -178,3 +183,83 @@ def chunk_attention(g: Graph, q: Node, k: Node, v: Node, k_cache: Node, v_cache:
     ctx = g.add(g.matmul(values, p_past, transpose_y=True, name="past_ctx"),
                 g.matmul(vh, p_own, transpose_y=True, name="own_ctx"), name="ctx")  # [1,H,D,S]
     return g.reshape(ctx, [1, c, 1, s], name="merged")
+
+
+def soft_cap(g: Graph, scores: Node, cap: float | None, name: str) -> Node:
+    """``cap * tanh(scores / cap)`` (Gemma 2's attention-logit and final-logit soft-capping); ``scores`` as
+    they are without a cap."""
+    if cap is None:
+        return scores
+    return g.mul(g.tanh(g.mul(scores, 1.0 / cap, name=f"{name}_over_cap"), name=f"{name}_tanh"), cap,
+                 name=f"{name}_capped")
+
+
+# -- sliding-window attention -------------------------------------------------------------------------------
+# A layer with a sliding window of W positions lets the query at position p see the keys at positions t with
+# p - W < t <= p (transformers' sliding_window_overlay: kv_idx > q_idx - W); a layer without one sees t <= p.
+# Prefill graphs hold the window within the prompt as a const; decode and chunk graphs read the window over the
+# KV cache as the per-position input ``mask_window`` (:func:`window_mask_columns`, written by the generation
+# loop through the model's ``mask_inputs`` hook), since where it starts depends on the position.
+
+WINDOW_MASK_INPUT = "mask_window"
+
+
+def window_causal_mask(s: int, window: int) -> np.ndarray:
+    """``[1, 1, S, S]`` additive mask of ``s`` consecutive positions: 0 where query i sees key j
+    (``i - window < j <= i``), -65504 elsewhere."""
+    i, j = np.arange(s)[:, None], np.arange(s)[None, :]
+    return np.where((j <= i) & (j > i - window), 0.0, MASK_VALUE).reshape(1, 1, s, s)
+
+
+def causal_mask_node(g: Graph, s: int, window: int | None) -> Node:
+    """The additive mask of ``s`` consecutive positions for a layer with ``window`` (None: plain causal, the
+    generated mask the emulator's fused attention recognises; a window no shorter than ``s`` is the same)."""
+    if window is None or window >= s:
+        return graph_causal_mask(g, s)
+    return g.const(f"mask_window_{s}", window_causal_mask(s, window))
+
+
+def window_mask_columns(positions: range, cached: int, length: int, window: int) -> np.ndarray:
+    """The ``mask_window`` input of the queries at ``positions`` over a KV cache of ``length`` lanes whose
+    first ``cached`` positions are filled: float32 ``[length, len(positions)]``, column q 0 at the cached
+    positions t with ``positions[q] - window < t < cached`` and -65504 elsewhere (the query's own and later
+    keys come from the graph's own block)."""
+    t = np.arange(length)[:, None]
+    p = np.asarray(positions)[None, :]
+    return np.where((t < cached) & (t > p - window), 0.0, MASK_VALUE).astype(np.float32)
+
+
+def layer_flag_pick(g: Graph, name: str, flag: Node | None, arrays: tuple[np.ndarray, np.ndarray],
+                    uniform: bool = False) -> Node:
+    """A const that differs between the layers sharing one training layer graph (a sliding layer's mask, a RoPE
+    table): ``arrays[0]`` where the 0/1 input ``flag`` ``[1, 1, 1, 1]`` is 0 and ``arrays[1]`` where it is 1, as
+    ``(1 - f) a + f b`` (exact for f in {0, 1}); without a flag (every layer alike) the const ``arrays[uniform]``."""
+    if flag is None:
+        return g.const(name, arrays[uniform])
+    off = g.sub(g.const(f"{name}_one", 1.0), flag, name=f"{name}_off")
+    return g.add(g.mul(g.const(f"{name}_a", arrays[0]), off, name=f"{name}_a_picked"),
+                 g.mul(g.const(f"{name}_b", arrays[1]), flag, name=f"{name}_b_picked"), name=name)
+
+
+def masked_attention(g: Graph, qh: Node, kh: Node, vh: Node, mask: Node, scale: float, softcap: float | None,
+                     name: str) -> Node:
+    """Attention of queries ``[1, H, hd, S]`` over keys and values ``[1, H, hd, S]`` of the same positions with an
+    additive ``mask`` ``[1, 1, S, S]``: scores scaled by ``scale``, capped (:func:`soft_cap`), masked, softmax;
+    returns ``[1, H * hd, 1, S]``. Written with differentiable ops: the training graphs' attention where the
+    registry's causal ``attention`` op does not fit (a sliding window, a cap, another scale)."""
+    heads, d, s = qh.shape[1], qh.shape[2], qh.shape[3]
+    scores = g.matmul(g.mul(qh, scale, name=f"{name}_q_scaled"), kh, transpose_x=True, name=f"{name}_scores")
+    scores = soft_cap(g, scores, softcap, f"{name}_scores")
+    probs = g.softmax(g.add(scores, mask, name=f"{name}_masked"), axis=-1, name=f"{name}_probs")
+    ctx = g.matmul(vh, probs, transpose_y=True, name=f"{name}_ctx")  # [1, H, hd, S]
+    return g.reshape(ctx, [1, heads * d, 1, s], name=f"{name}_merged")
+
+
+def window_mask_input(g: Graph, length: int, seq: int) -> Node:
+    """The graph input ``mask_window`` ``[1, length, 1, seq]`` (:func:`window_mask_columns`, one column per
+    query lane) as an additive mask of the scores: ``[1, 1, 1, length]`` for one token, ``[1, 1, seq, length]``
+    for a chunk."""
+    columns = g.input(WINDOW_MASK_INPUT, [1, length, 1, seq])
+    if seq == 1:
+        return g.reshape(columns, [1, 1, 1, length], name="mask_window_row")
+    return g.transpose(columns, [0, 2, 3, 1], name="mask_window_rows")

@@ -57,6 +57,8 @@ class LlamaConfig:
     partial_rotary_factor: float = 1.0
     no_rope_layers: tuple[int, ...] = ()
     qk_norm: bool = False
+    sliding_window: int | None = None  # sliding-window attention (orion.models.blocks)
+    sliding_layers: tuple[int, ...] | None = None  # the layers it applies to (None: every layer)
 
     def __post_init__(self) -> None:
         for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim", "vocab_size",
@@ -88,6 +90,15 @@ class LlamaConfig:
                               f"{ROPE_TYPES}")
         if any(not 0 <= i < self.n_layers for i in self.no_rope_layers):
             raise ConfigError(f"LlamaConfig.no_rope_layers {self.no_rope_layers} names layers outside 0..{self.n_layers - 1}")
+        if self.sliding_window is not None and (isinstance(self.sliding_window, bool) or
+                                                not isinstance(self.sliding_window, int) or self.sliding_window <= 0):
+            raise ConfigError(f"LlamaConfig.sliding_window must be a positive integer or None, got {self.sliding_window!r}")
+        if self.sliding_window is not None and self.model_type == "llama":
+            raise ConfigError("LlamaConfig.sliding_window: Llama has no sliding-window attention; use "
+                              "model_type='mistral' or 'qwen2'")
+        if self.sliding_layers is not None and not set(self.sliding_layers) <= set(range(self.n_layers)):
+            raise ConfigError(f"LlamaConfig.sliding_layers {self.sliding_layers} names layers outside "
+                              f"0..{self.n_layers - 1}")
         for token in (self.bos_token_id, *self.eos_token_ids):
             if token is not None and not 0 <= token < self.vocab_size:
                 raise ConfigError(f"LlamaConfig: special token id {token} is outside the vocabulary "
@@ -102,6 +113,14 @@ class LlamaConfig:
     def rotary_dim(self) -> int:
         """Channels of each head that RoPE rotates (the first ones; transformers' ``int(head_dim * factor)``)."""
         return int(self.head_dim * self.partial_rotary_factor)
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of layer ``layer`` (None: it attends to every earlier position, as it does when
+        the window holds the whole context)."""
+        if self.sliding_window is None or self.sliding_window >= self.max_position_embeddings or \
+                (self.sliding_layers is not None and layer not in self.sliding_layers):
+            return None
+        return self.sliding_window
 
     def uses_rope(self, layer: int) -> bool:
         """Whether layer ``layer`` rotates its queries and keys (SmolLM3 skips every fourth)."""
@@ -334,18 +353,17 @@ def _rope(data: dict[str, Any], where: str, variant: Variant, values: HfValues) 
     values["rope_scaling"] = RopeScaling(rope_type=kind, **params)
 
 
-def check_sliding_window(data: dict[str, Any], where: str, sliding_layers: bool, context: int) -> None:
-    """Sliding-window attention (on some layers: ``sliding_layers``) is refused unless it can never drop a
-    position within the context."""
+def read_sliding_window(data: dict[str, Any], where: str, values: HfValues, layers: tuple[int, ...] | None) -> None:
+    """``sliding_window`` on ``layers`` (None: every layer; empty: none) into ``values``, as transformers applies it."""
     window = data.get("sliding_window")
-    if sliding_layers and window is not None and window < context:
-        raise ConfigError(f"{where}: field 'sliding_window' is {window} with a context of {context}: sliding-window "
-                          "attention is not implemented by Orion. Fix: set max_position_embeddings to at most "
-                          f"{window} (the window then never slides)")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
+        raise ConfigError(f"{where}: field 'sliding_window' is {json.dumps(window)}; use a positive integer or null")
+    if window is not None and layers != ():
+        values["sliding_window"], values["sliding_layers"] = window, layers
 
 
-def layer_types_slide(data: dict[str, Any], where: str, n_layers: int) -> bool | None:
-    """Whether ``layer_types`` names a sliding layer (None: no ``layer_types``); malformed lists are refused."""
+def layer_types_slide(data: dict[str, Any], where: str, n_layers: int) -> tuple[int, ...] | None:
+    """The layers ``layer_types`` marks ``sliding_attention`` (None: no ``layer_types``); malformed lists are refused."""
     layer_types = data.get("layer_types")
     if layer_types is None:
         return None
@@ -353,16 +371,40 @@ def layer_types_slide(data: dict[str, Any], where: str, n_layers: int) -> bool |
             not set(layer_types) <= {"full_attention", "sliding_attention"}:
         raise unsupported(where, "layer_types", layer_types,
                           f"anything but {n_layers} entries of 'full_attention' or 'sliding_attention'")
-    return "sliding_attention" in layer_types
+    return tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
 
 
-def qwen_sliding_layers(data: dict[str, Any], where: str, n_layers: int) -> bool:
-    """Qwen2/Qwen3: the layers from ``max_window_layers`` on slide when ``use_sliding_window`` (or as
-    ``layer_types`` says)."""
+def qwen_sliding_layers(data: dict[str, Any], where: str, n_layers: int) -> tuple[int, ...]:
+    """Qwen2/Qwen3: with ``use_sliding_window``, the layers ``layer_types`` marks, by default those from
+    ``max_window_layers`` (28) on; none without it."""
+    if not data.get("use_sliding_window", False):
+        layer_types_slide(data, where, n_layers)  # still checked
+        return ()
     named = layer_types_slide(data, where, n_layers)
     if named is not None:
         return named
-    return bool(data.get("use_sliding_window", False)) and data.get("max_window_layers", 0) < n_layers
+    start = data.get("max_window_layers", 28)
+    if isinstance(start, bool) or not isinstance(start, int):
+        raise ConfigError(f"{where}: field 'max_window_layers' is {json.dumps(start)}; use an integer")
+    return tuple(range(start, n_layers))
+
+
+def window_fields(config: LlamaConfig) -> dict[str, Any]:
+    """The ``config.json`` fields of a Qwen-style sliding window (``use_sliding_window`` and the layers in
+    ``layer_types``)."""
+    layers = range(config.n_layers) if config.sliding_layers is None else config.sliding_layers
+    return {"use_sliding_window": config.sliding_window is not None, "sliding_window": config.sliding_window,
+            "max_window_layers": config.n_layers,
+            "layer_types": ["sliding_attention" if config.sliding_window and i in layers else "full_attention"
+                            for i in range(config.n_layers)]}
+
+
+def every_layer_window(config: LlamaConfig, display: str) -> dict[str, Any]:
+    """``sliding_window`` of a family that slides it in every layer (Mistral, Phi-3)."""
+    if config.sliding_layers is not None:
+        raise ConfigError(f"LlamaConfig.to_hf_json: {display} slides the window in every layer; sliding_layers "
+                          "must be None")
+    return {"sliding_window": config.sliding_window}
 
 
 # -- the variants of this folder ---------------------------------------------------------------------------
@@ -377,15 +419,13 @@ def _read_llama(data: dict[str, Any], where: str, values: HfValues) -> None:
 
 
 def _read_mistral(data: dict[str, Any], where: str, values: HfValues) -> None:
-    named = layer_types_slide(data, where, values["n_layers"])
-    check_sliding_window(data, where, True if named is None else named, values["max_position_embeddings"])
+    read_sliding_window(data, where, values, layer_types_slide(data, where, values["n_layers"]))
 
 
 def _read_qwen2(data: dict[str, Any], where: str, values: HfValues) -> None:
     values["qkv_bias"] = True
     refuse_true(data, where, {"use_mrope": "multimodal RoPE"})
-    check_sliding_window(data, where, qwen_sliding_layers(data, where, values["n_layers"]),
-                         values["max_position_embeddings"])
+    read_sliding_window(data, where, values, qwen_sliding_layers(data, where, values["n_layers"]))
 
 
 def _write_plain(model_type: str, extra: dict[str, Any]) -> Callable[[LlamaConfig], dict[str, Any]]:
@@ -411,16 +451,21 @@ def check_writable(config: LlamaConfig, model_type: str, qkv_bias: bool = False,
                               f"Fix: set {name}=True")
 
 
+def _write_mistral(config: LlamaConfig) -> dict[str, Any]:
+    check_writable(config, "mistral")
+    return every_layer_window(config, "Mistral")
+
+
 def _write_qwen2(config: LlamaConfig) -> dict[str, Any]:
     check_writable(config, "qwen2", qkv_bias=True)
-    return {"use_sliding_window": False, "sliding_window": None}
+    return window_fields(config)
 
 
 register_variant("llama", Variant("LlamaForCausalLM", "Llama", frozenset({"attention_bias", "mlp_bias",
                                                                           "sliding_window", "layer_types"}),
                                   _read_llama, _write_plain("llama", {"attention_bias": False, "mlp_bias": False})))
 register_variant("mistral", Variant("MistralForCausalLM", "Mistral", frozenset({"sliding_window", "layer_types"}),
-                                    _read_mistral, _write_plain("mistral", {"sliding_window": None})))
+                                    _read_mistral, _write_mistral))
 register_variant("qwen2", Variant("Qwen2ForCausalLM", "Qwen2", frozenset({"use_sliding_window", "sliding_window",
                                                                           "max_window_layers", "layer_types",
                                                                           "use_mrope"}),

@@ -38,11 +38,19 @@ from orion.graph import Graph
 from orion.graph.ir import Node
 from orion.limits import MIN_LANES
 from orion.lora.graph import Sites
-from orion.models.blocks import BakedParams, LayerParams, Projection, cached_attention, chunk_attention, linear
+from orion.models.blocks import (
+    BakedParams,
+    LayerParams,
+    Projection,
+    cached_attention,
+    causal_mask_node,
+    chunk_attention,
+    linear,
+    window_mask_input,
+)
 from orion.models.llama.config import ConfigError, LlamaConfig
 from orion.models.llama.rope import frequencies
 from orion.models.llama.weights import LayerWeights, LlamaWeights
-from orion.ops import graph_causal_mask
 
 
 def _check_span(config: LlamaConfig, length: int, what: str) -> None:
@@ -263,19 +271,24 @@ def prefill_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, seq
         caches = {i: (g.input(f"k{i}", [1, config.kv_dim, 1, t]), g.input(f"v{i}", [1, config.kv_dim, 1, t]))
                   for i in layers}
     rope = _layer_rope(g, config, layers, seq, past_context is not None and past_context > 0 or rope_by_length(config))
-    mask_causal = graph_causal_mask(g, seq)
+    windows = {i: config.window(i) for i in layers}
+    own_masks = {w: causal_mask_node(g, seq, w) for w in set(windows.values())}  # within the prompt (chunk)
+    # over the cache (chunk): the filled positions, or a sliding window's, an input since it moves with the position
+    window_mask = window_mask_input(g, t, seq) if past_context and any(windows.values()) else None
     for i in layers:
         values: list[Node] = []  # the values in head form, made once and shared by the query groups
 
         def attend(j: int, qh: Node, kh: Node, k: Node, v: Node, i: int = i, values: list[Node] = values) -> Node:
+            own_mask = own_masks[windows[i]]
             if past_context:
                 with g.scope(f"attn_g{j}"):
                     q_flat = g.reshape(qh, [1, config.kv_dim, 1, seq], name="q_rotated")
-                    return chunk_attention(g, q_flat, k, v, *caches[i], mask, mask_causal, kv)
+                    past_mask = window_mask if windows[i] else mask
+                    return chunk_attention(g, q_flat, k, v, *caches[i], past_mask, own_mask, kv)
             if not values:
                 values.append(g.reshape(v, [1, kv, d, seq], name="v_heads"))
             qh = g.mul(qh, 1.0 / math.sqrt(d), name=f"q{j}_scaled")
-            return _group_attention(g, qh, kh, values[0], mask_causal, f"attn_g{j}")
+            return _group_attention(g, qh, kh, values[0], own_mask, f"attn_g{j}")
 
         with g.scope(f"l{i}"):
             x, k, v = layer(g, x, config, _baked(config, weights, i, adapters, quant),
@@ -316,11 +329,12 @@ def decode_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, cont
     rope = _layer_rope(g, config, layers, 1, True)
     caches = {i: (g.input(f"k{i}", [1, config.kv_dim, 1, t]), g.input(f"v{i}", [1, config.kv_dim, 1, t]))
               for i in layers}
+    window_mask = window_mask_input(g, t, 1) if any(config.window(i) for i in layers) else None
     for i in layers:
         def attend(j: int, qh: Node, kh: Node, k: Node, v: Node, i: int = i) -> Node:
             q = g.reshape(qh, [1, config.kv_dim, 1, 1], name=f"q{j}_rotated")
             with g.scope(f"attn_g{j}"):
-                return cached_attention(g, q, k, v, *caches[i], mask, kv)
+                return cached_attention(g, q, k, v, *caches[i], window_mask if config.window(i) else mask, kv)
 
         with g.scope(f"l{i}"):
             x, k, v = layer(g, x, config, _baked(config, weights, i, adapters, quant),

@@ -16,6 +16,7 @@ from orion.generation.plan import ProgramInfo
 from orion.generation.tokenizer import TOKENIZER_FILE, Tokenizer, TokenizerNotFound, load_tokenizer
 from orion.graph import Graph
 from orion.lora.adapter import Placement
+from orion.models.blocks import WINDOW_MASK_INPUT, window_mask_columns
 from orion.models.llama import graphs
 from orion.models.llama.config import ConfigError, LlamaConfig, display_name
 from orion.models.llama.costs import decode_program_costs
@@ -141,6 +142,13 @@ class Llama(CausalLM):
                     "rotates every position with the long factors")
         cos, sin = graphs.rope_tables(self.config, np.arange(positions.start, positions.stop))
         return {"rope": np.concatenate([cos, sin]).astype(np.float32)}
+
+    def mask_inputs(self, positions: range, length: int) -> dict[str, np.ndarray]:
+        """The sliding window over the KV cache (``mask_window``) when a layer has one."""
+        window = next((w for i in range(self.config.n_layers) if (w := self.config.window(i))), None)
+        if window is None:
+            return {}
+        return {WINDOW_MASK_INPUT: window_mask_columns(positions, positions.start, length, window)}
 
     def cpu_logits(self, x: np.ndarray) -> np.ndarray:
         """Final RMSNorm and LM head in numpy float32."""

@@ -11,11 +11,12 @@ from orion.graph.builder import Graph
 from orion.graph.ir import Node
 from orion.lora.adapter import LayerTarget
 from orion.lora.graph import Sites
-from orion.models.blocks import InputParams
+from orion.models.blocks import InputParams, layer_flag_pick, masked_attention, window_causal_mask
 from orion.models.llama.config import LlamaConfig
 from orion.models.llama.graphs import group_rows, layer, layer_arrays, rope_partner, rope_tables
 from orion.models.llama.lora import lora_placements
 from orion.models.llama.weights import LayerWeights, LlamaWeights
+from orion.ops import causal_mask
 
 
 class LlamaTrainable(TrainableModel):
@@ -102,9 +103,23 @@ class LlamaTrainable(TrainableModel):
         return {module: LayerTarget(module.split(".")[1], grid, placed[module].src_rows, placed[module].cols)
                 for module, grid in grids.items()}
 
+    def layer_inputs(self, params: dict[str, np.ndarray], layer: int) -> dict[str, np.ndarray]:
+        """The layer's parameters; where only some layers slide (Qwen2) the 0/1 ``sliding`` flag of the layer, and
+        with layers that skip RoPE its ``rope_on`` flag (1: rotates, 0: does not)."""
+        inputs = super().layer_inputs(params, layer)
+        if self._mixed_windows():
+            inputs["sliding"] = np.full((1, 1, 1, 1), float(self.config.window(layer) is not None), np.float32)
+        if self.config.no_rope_layers:
+            inputs["rope_on"] = np.full((1, 1, 1, 1), float(self.config.uses_rope(layer)), np.float32)
+        return inputs
+
+    def _mixed_windows(self) -> bool:
+        return len({self.config.window(i) for i in range(self.n_layers)}) > 1
+
     def layer_graph(self, seq: int, adapters: Sites | None = None, lora_scale: float = 1.0) -> Graph:
         """The layer (:func:`orion.models.llama.graphs.layer`) with every parameter an input; with ``adapters``
-        (site of :meth:`lora_targets` -> rank) plus their LoRA terms."""
+        (site of :meth:`lora_targets` -> rank) plus their LoRA terms. A sliding window shorter than ``seq`` masks
+        the scores by a windowed const (picked per layer by a ``sliding`` flag input where only some layers slide)."""
         cfg = self.config
         kv, hd = cfg.n_kv_heads, cfg.head_dim
         g = Graph(f"llama_train_layer_d{self.dim}_s{seq}" + ("_lora" if adapters else ""))
@@ -119,19 +134,23 @@ class LlamaTrainable(TrainableModel):
             cos = g.add(g.mul(cos, on, name="rope_cos_on"), off, name="rope_cos_gated")
             sin = g.mul(sin, on, name="rope_sin_gated")
 
-        def attend(j: int, qh: Node, kh: Node, k: Node, v: Node) -> Node:
-            q = g.reshape(qh, [1, cfg.kv_dim, 1, seq], name=f"q{j}_flat")
-            return g.attention(q, k, v, kv, name=f"core_g{j}")
+        window = next((w for i in range(self.n_layers) if (w := cfg.window(i))), None)
+        if window is not None and (window < seq or self._mixed_windows()):
+            flag = g.input("sliding", [1, 1, 1, 1]) if self._mixed_windows() else None
+            mask = layer_flag_pick(g, "mask", flag, (causal_mask(seq), window_causal_mask(seq, window)), True)
+            values: list[Node] = []
+
+            def attend(j: int, qh: Node, kh: Node, k: Node, v: Node) -> Node:
+                if not values:
+                    values.append(g.reshape(v, [1, kv, hd, seq], name="v_heads"))
+                return masked_attention(g, qh, kh, values[0], mask, 1.0 / np.sqrt(hd), None, f"core_g{j}")
+        else:
+            def attend(j: int, qh: Node, kh: Node, k: Node, v: Node) -> Node:
+                q = g.reshape(qh, [1, cfg.kv_dim, 1, seq], name=f"q{j}_flat")
+                return g.attention(q, k, v, kv, name=f"core_g{j}")
 
         g.output(layer(g, x, cfg, params, (cos, sin, rope_partner(g, cfg)), attend)[0], "y")
         return g
-
-    def layer_inputs(self, params: dict[str, np.ndarray], layer: int) -> dict[str, np.ndarray]:
-        """The layer's parameters, and with layers that skip RoPE its ``rope_on`` flag (1: rotates, 0: does not)."""
-        inputs = super().layer_inputs(params, layer)
-        if self.config.no_rope_layers:
-            inputs["rope_on"] = np.full((1, 1, 1, 1), float(self.config.uses_rope(layer)), np.float32)
-        return inputs
 
     def embed(self, params: dict[str, np.ndarray], ids: np.ndarray) -> np.ndarray:
         return params["embed"][ids]

@@ -9,20 +9,21 @@ from orion.models.llama.config import (
     HfValues,
     LlamaConfig,
     Variant,
-    check_sliding_window,
     check_writable,
+    every_layer_window,
+    read_sliding_window,
     register_variant,
 )
 
 
 def _read(data: dict[str, Any], where: str, values: HfValues) -> None:
-    check_sliding_window(data, where, True, values["max_position_embeddings"])  # every layer, when set
+    read_sliding_window(data, where, values, None)  # every layer, when set (Phi-3-mini-4k: 2047 of 4096)
 
 
 def _write(config: LlamaConfig) -> dict[str, Any]:
     check_writable(config, "phi3")
     scaling = config.rope_scaling
-    return {"sliding_window": None, **({"original_max_position_embeddings": scaling.original_max_position_embeddings}
+    return {**every_layer_window(config, "Phi-3"), **({"original_max_position_embeddings": scaling.original_max_position_embeddings}
                                        if scaling is not None else {})}
 
 

@@ -9,25 +9,24 @@ from orion.models.llama.config import (
     HfValues,
     LlamaConfig,
     Variant,
-    check_sliding_window,
     check_writable,
     qwen_sliding_layers,
+    read_sliding_window,
     refuse_true,
     register_variant,
+    window_fields,
 )
 
 
 def _read(data: dict[str, Any], where: str, values: HfValues) -> None:
     refuse_true(data, where, {"attention_bias": "Qwen3 with projection biases"})
     values["qk_norm"] = True
-    check_sliding_window(data, where, qwen_sliding_layers(data, where, values["n_layers"]),
-                         values["max_position_embeddings"])
+    read_sliding_window(data, where, values, qwen_sliding_layers(data, where, values["n_layers"]))
 
 
 def _write(config: LlamaConfig) -> dict[str, Any]:
     check_writable(config, "qwen3", qk_norm=True)
-    return {"attention_bias": False, "use_sliding_window": False, "sliding_window": None,
-            "max_window_layers": config.n_layers}
+    return {"attention_bias": False, **window_fields(config)}
 
 
 VARIANT = Variant("Qwen3ForCausalLM", "Qwen3",

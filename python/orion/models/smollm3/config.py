@@ -11,9 +11,9 @@ from orion.models.llama.config import (
     HfValues,
     LlamaConfig,
     Variant,
-    check_sliding_window,
     check_writable,
     layer_types_slide,
+    read_sliding_window,
     refuse_true,
     register_variant,
     unsupported,
@@ -42,15 +42,17 @@ def _read(data: dict[str, Any], where: str, values: HfValues) -> None:
     n = values["n_layers"]
     values["no_rope_layers"] = tuple(i for i, rotates in enumerate(rope_flags(data, where, n)) if not rotates)
     named = layer_types_slide(data, where, n)  # transformers: the layers without RoPE slide, when enabled
-    slides = bool(values["no_rope_layers"]) if named is None else named
-    check_sliding_window(data, where, bool(data.get("use_sliding_window", False)) and slides,
-                         values["max_position_embeddings"])
+    slides = values["no_rope_layers"] if named is None else named
+    read_sliding_window(data, where, values, slides if data.get("use_sliding_window", False) else ())
 
 
 def _write(config: LlamaConfig) -> dict[str, Any]:
     check_writable(config, "smollm3", no_rope=True)
-    return {"attention_bias": False, "mlp_bias": False, "use_sliding_window": False, "sliding_window": None,
-            "no_rope_layers": [int(config.uses_rope(i)) for i in range(config.n_layers)]}
+    if config.sliding_window is not None and config.sliding_layers != config.no_rope_layers:
+        raise ConfigError("LlamaConfig.to_hf_json: SmolLM3 slides the window in its layers without RoPE only; "
+                          f"sliding_layers is {config.sliding_layers}, no_rope_layers {config.no_rope_layers}")
+    return {"attention_bias": False, "mlp_bias": False, "use_sliding_window": config.sliding_window is not None,
+            "sliding_window": config.sliding_window, "no_rope_layers": [int(config.uses_rope(i)) for i in range(config.n_layers)]}
 
 
 VARIANT = Variant("SmolLM3ForCausalLM", "SmolLM3",

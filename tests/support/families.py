@@ -127,7 +127,14 @@ def hf_model(data: dict[str, Any], seed: int = 0):
                 p.normal_(0, 3 * p.shape[1] ** -0.5)
             else:
                 p.normal_(0, p.shape[1] ** -0.5)
+            p.copy_(p.bfloat16().float())  # bf16 values: save_bf16 writes them exactly, in half the bytes
     return model.eval()
+
+
+def save_bf16(model, directory) -> None:
+    """Save :func:`hf_model`'s model as bf16 safetensors (its weights are bf16 values: nothing rounds; its buffers,
+    such as RoPE's frequencies, stay fp32 in the model)."""
+    model.save_pretrained(directory, state_dict={k: v.bfloat16() for k, v in model.state_dict().items()})
 
 
 def hf_logits(model, ids: list[int]) -> np.ndarray:

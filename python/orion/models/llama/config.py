@@ -162,7 +162,8 @@ class LlamaConfig:
 
     @classmethod
     def from_hf_json(cls, source: dict[str, Any] | str | os.PathLike[str]) -> LlamaConfig:
-        """Read a Hugging Face Llama / Qwen2 / Mistral ``config.json`` (a dict, the file or its directory)."""
+        """Read the Hugging Face ``config.json`` of any :data:`VARIANTS` ``model_type`` (Llama, Qwen2, Mistral,
+        Qwen3, SmolLM3, Phi-3; a dict, the file or its directory)."""
         data, where = _read_json(source)
         try:
             return cls(**_map_hf(data, where))

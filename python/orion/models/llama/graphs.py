@@ -14,7 +14,10 @@ projection per group, so no group outputs are concatenated.
 
 RoPE multiplies by cos/sin tables ``[1, 1, head_dim, S]`` broadcast over heads and adds the rotation
 partner (each channel's pair mate, signed), made by a matmul with a constant ``[head_dim, head_dim]``
-signed permutation: one formula for both conventions. Prefill covers positions ``0..S-1`` from const
+signed permutation: one formula for both conventions. The tables hold RoPE's scaling and attention factor
+(:mod:`orion.models.llama.rope`) and leave the channels past ``rotary_dim`` unrotated (cos 1, sin 0); the
+layers of ``config.no_rope_layers`` take none, and with ``config.qk_norm`` each query and key head is
+RMS-normalized before it (:func:`head_norm`). Prefill covers positions ``0..S-1`` from const
 tables; a decode graph takes the current position's cos/sin as its ``rope`` input
 (:func:`rope_row`), so one program serves every position. The decode graph's I/O match GPT-2's:
 ``x``, ``mask`` ``[1, 1, 1, T]`` (0 for filled positions, -65504 for the rest) and per layer

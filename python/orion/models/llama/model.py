@@ -1,4 +1,4 @@
-"""Llama-family models (Llama, Qwen2, Mistral, llama2.c's Stories) on Orion: the hooks of the
+"""Llama-family models (Llama, Qwen2, Mistral, Qwen3, SmolLM3, Phi-3, llama2.c's Stories) on Orion: the hooks of the
 model-independent generation loop (``orion.generation.loop``)."""
 
 from __future__ import annotations
@@ -62,9 +62,9 @@ class Llama(CausalLM):
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike[str], **options: Any) -> Llama:
-        """Load a Hugging Face ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``MistralForCausalLM`` directory
-        (``config.json``, single or sharded safetensors, optionally ``tokenizer.json``); ``progress=False``
-        silences weight loading too."""
+        """Load a Hugging Face directory of a Llama-layer family (``LlamaForCausalLM``, ``Qwen2ForCausalLM``,
+        ``MistralForCausalLM``, ``Qwen3ForCausalLM``, ``SmolLM3ForCausalLM``, ``Phi3ForCausalLM``: ``config.json``,
+        single or sharded safetensors, optionally ``tokenizer.json``); ``progress=False`` silences weight loading too."""
         config, weights = load_hf(path, progress=None if options.get("progress", True) else False)
         try:
             tokenizer, error = load_tokenizer(path), None

@@ -266,7 +266,8 @@ def _shape_detail(config: LlamaConfig, field: str) -> str:
 
 
 def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple[LlamaConfig, LlamaWeights]:
-    """Load a Hugging Face Llama / Qwen2 / Mistral directory as float32 (tensors stored as F32, F16 or BF16).
+    """Load a Hugging Face directory of a Llama-layer family as float32 (tensors stored as F32, F16 or BF16; a
+    fused checkpoint's ``qkv_proj``/``gate_up_proj`` split into their row blocks).
 
     Every stored tensor must be one the config implies (except RoPE ``inv_freq`` buffers); a tied
     checkpoint may store ``lm_head.weight`` only if it equals the embedding. ``progress``: a line to
@@ -360,7 +361,8 @@ def save_hf(path: str | os.PathLike[str], config: LlamaConfig, weights: LlamaWei
             max_shard_bytes: int | None = None) -> None:
     """Write a Hugging Face directory transformers reads: ``config.json`` and ``model.safetensors``, or with
     ``max_shard_bytes`` shards plus ``model.safetensors.index.json``. Interleaved-RoPE weights are
-    permuted to rotate-half first; a tied LM head is not stored."""
+    permuted to rotate-half first; a tied LM head is not stored; a fused variant's q/k/v and gate/up are
+    written as its ``qkv_proj``/``gate_up_proj``."""
     if dtype not in SAVE_DTYPES:
         raise WeightsError(f"save_hf: dtype {dtype!r} is not one of {', '.join(SAVE_DTYPES)}")
     weights.validate(config)

@@ -131,6 +131,7 @@ def test_reference_matches_transformers(tmp_path, kind, changes) -> None:
     want = _hf_logits(hf, ids)
     _close(reference_logits(config, weights, ids), want, 1e-4)
     _close(models.load(tmp_path, progress=False).logits(ids), want, what="Orion")
+    _close(models.load(tmp_path, progress=False, lm_head="cpu").logits(ids), want, what="Orion, LM head on the CPU")
 
 
 # -- overflow -------------------------------------------------------------------------------------------

@@ -43,7 +43,8 @@ def test_import_orion_then_models_works() -> None:
     code = "import orion; print(orion.models.GPT2.__name__, orion.models.model_types())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "GPT2 ['gpt2', 'llama', 'mistral', 'phi3', 'qwen2', 'qwen3', 'smollm3']"
+    assert out.stdout.strip() == ("GPT2 ['gemma2', 'gemma3_text', 'gpt2', 'llama', 'mistral', 'phi3', 'qwen2', 'qwen3', "
+                                  "'smollm3']")
 
 
 def test_load_picks_the_class_from_model_type(model_dir) -> None:
@@ -58,7 +59,8 @@ def test_load_refuses_an_unknown_or_missing_model_type(tmp_path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba"}))
     with pytest.raises(models.UnknownModel,
                        match=r"config.json: has model_type 'mamba'; "
-                             r"Orion runs model types \['gpt2', 'llama', 'mistral', 'phi3', 'qwen2', 'qwen3', 'smollm3'\]"):
+                             r"Orion runs model types \['gemma2', 'gemma3_text', 'gpt2', 'llama', 'mistral', 'phi3', "
+                             r"'qwen2', 'qwen3', 'smollm3'\]"):
         models.load(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"n_layer": 2}))
     with pytest.raises(models.UnknownModel, match="config.json: has no model_type"):

@@ -61,7 +61,7 @@ struct QPanel {
     const float* lut = nullptr;         // lut kinds: [2 halves or 16 channels][entries]
     int64_t entries = 16;
     bool channel_luts = false;
-    const uint16_t* params = nullptr;   // affine4: per block of rows, 16 fp16 scales then 16 fp16 biases
+    const uint16_t* params = nullptr;   // affine4: per block of rows, 16 fp16 scales then 16 fp16 zero points
     int block_shift = 5;
 };
 
@@ -188,7 +188,8 @@ void widen_q_portable(const QPanel& p, int64_t c0, float* dst, int64_t rows) {
                 case PackedConv1x1Q::Kind::lut4: w = p.lut[(p.channel_luts ? j : j / 8) * p.entries + index]; break;
                 case PackedConv1x1Q::Kind::affine4: {
                     const uint16_t* block = p.params + (c >> p.block_shift) * 2 * kConvPanel;
-                    w = static_cast<float>(index) * table[block[j]] + table[block[kConvPanel + j]];  // exact
+                    // (u - z) is an fp16 value (checked at pack), its product with s exact in fp32: one rounding
+                    w = emu::round_to_fp16((static_cast<float>(index) - table[block[kConvPanel + j]]) * table[block[j]]);
                     break;
                 }
             }
@@ -375,8 +376,8 @@ struct Affine4Rows8 {
     int shift;
     ORION_AVX2 __m256 make(int64_t c, int half) const {
         const uint16_t* block = params + ((first + c) >> shift) * 2 * kConvPanel + 8 * half;
-        return _mm256_fmadd_ps(_mm256_cvtepi32_ps(nibbles8(w + c * 8 + 4 * half)), load8(block),
-                               load8(block + kConvPanel));  // u * s + (-z * s): exact
+        const __m256 shifted = _mm256_sub_ps(_mm256_cvtepi32_ps(nibbles8(w + c * 8 + 4 * half)), load8(block + kConvPanel));
+        return round8(_mm256_mul_ps(shifted, load8(block)));  // fp16((u - z) * s): the product is exact in fp32
     }
     ORION_AVX2 __m256 lo(int64_t c) const { return make(c, 0); }
     ORION_AVX2 __m256 hi(int64_t c) const { return make(c, 1); }
@@ -798,7 +799,8 @@ struct Affine4Rows16 {
     int shift;
     ORION_AVX512 __m512 row(int64_t c) const {
         const uint16_t* block = params + ((first + c) >> shift) * 2 * kConvPanel;
-        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(nibbles16(w + c * 8)), load16(block), load16(block + kConvPanel));
+        const __m512 shifted = _mm512_sub_ps(_mm512_cvtepi32_ps(nibbles16(w + c * 8)), load16(block + kConvPanel));
+        return _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_mul_ps(shifted, load16(block)), _MM_FROUND_TO_NEAREST_INT));
     }
 };
 
@@ -1502,16 +1504,12 @@ PackedConv1x1Q pack_conv1x1_lut(const uint8_t* indices, int bits, const float* l
     return packed;
 }
 
-bool affine4_fp16_exact(float scale, float zero) {
-    if (!(zero >= 0.0f && zero <= 15.0f) || zero != std::floor(zero)) return false;
-    for (int u = 0; u < 16; ++u) {
-        const double want = (u - static_cast<double>(zero)) * static_cast<double>(scale);
-        const float w = static_cast<float>(want);
-        if (!std::isfinite(w) || static_cast<double>(w) != want || emu::half_to_float(emu::float_to_half(w)) != w)
-            return false;
-    }
-    const float bias = -zero * scale;
-    return emu::half_to_float(emu::float_to_half(bias)) == bias;
+bool affine4_packable(float scale, float zero) {
+    const auto is_half = [](float v) { return std::isfinite(v) && emu::half_to_float(emu::float_to_half(v)) == v; };
+    if (!is_half(scale) || !is_half(zero)) return false;
+    for (int u = 0; u < 16; ++u)
+        if (!is_half(static_cast<float>(u) - zero)) return false;  // exact in fp32: fp16 operands below 2^11
+    return true;
 }
 
 PackedConv1x1Q pack_conv1x1_affine4(const uint8_t* u, const float* scale, const float* zero, int64_t block,
@@ -1534,12 +1532,12 @@ PackedConv1x1Q pack_conv1x1_affine4(const uint8_t* u, const float* scale, const 
         const int64_t p = o / kConvPanel, j = o % kConvPanel;
         for (int64_t b = 0; b < blocks; ++b) {
             const float s = scale[o * blocks + b], z = zero[o * blocks + b];
-            if (!affine4_fp16_exact(s, z))
-                throw std::invalid_argument("pack_conv1x1_affine4: some (u - zero) * scale is not an fp16 value "
-                                            "(dequantize to fp16 instead)");
+            if (!affine4_packable(s, z))
+                throw std::invalid_argument("pack_conv1x1_affine4: a scale or zero point is not an fp16 value, or some "
+                                            "u - zero is not (dequantize to fp16 instead)");
             uint16_t* at = packed.params.data() + (p * blocks + b) * 2 * kConvPanel;
             at[j] = emu::float_to_half(s);
-            at[kConvPanel + j] = emu::float_to_half(-z * s);
+            at[kConvPanel + j] = emu::float_to_half(z);
         }
         uint8_t* rows = packed.data.data() + p * cin * 8;
         for (int64_t c = 0; c < cin; ++c) {

@@ -69,9 +69,10 @@ std::shared_ptr<const PackedConv1x1I8> shared_conv1x1_i8(const int8_t* q, const 
 //  - lut4, lut6: palettized (constexpr_lut_to_dense): weight = lut[o / group][index], the LUT's
 //    entries fp16 values. With group % 8 == 0 a panel half (8 output channels) reads one LUT (lut4: a
 //    register permute); otherwise each output channel's LUT is stored in its panel (a gather).
-//  - affine4: block-wise 4-bit (constexpr_blockwise_shift_scale): weight = (u - z) * s with u, z in
-//    [0, 15] and (s, -z * s) per output channel and block of `block` (a power of two) input channels,
-//    every product an fp16 value (checked at pack).
+//  - affine4: block-wise 4-bit (constexpr_blockwise_shift_scale): weight = fp16((u - z) * s) with u in
+//    [0, 15] and fp16 (s, z) per output channel and block of `block` (a power of two) input channels,
+//    u - z an fp16 value (checked at pack): the product of two fp16 values is exact in fp32, so one
+//    rounding gives what coremltools' fp16 decompression gives.
 // A row is 8 bytes (4-bit: output j in nibble j, low nibble first) or 12 (6-bit: those 8 bytes with
 // the index's low 4 bits, then 4 bytes with its high 2 bits, output j at bits 2j..2j+1).
 struct PackedConv1x1Q : std::enable_shared_from_this<PackedConv1x1Q> {
@@ -85,17 +86,17 @@ struct PackedConv1x1Q : std::enable_shared_from_this<PackedConv1x1Q> {
     int block_shift = 5;     // affine4: log2 of the input channels per (scale, bias)
     std::vector<uint8_t> data;     // panels x cin x row_bytes
     std::vector<float> lut;        // lut kinds: panels x (2 halves or 16 channels) x entries
-    std::vector<uint16_t> params;  // affine4: panels x blocks x (16 fp16 scales, then 16 fp16 biases -z*s)
+    std::vector<uint16_t> params;  // affine4: panels x blocks x (16 fp16 scales, then 16 fp16 zero points)
 };
 // Palettized weights: `indices` [cout][cin] (each < 2^bits, bits 4 or 6) and `lut` [ceil(cout/group)]
 // [2^bits] (fp16 values, as float). Throws std::invalid_argument for a layout the kernels do not take.
 PackedConv1x1Q pack_conv1x1_lut(const uint8_t* indices, int bits, const float* lut, int64_t group, int64_t cout,
                                 int64_t cin);
-// Whether (u - zero) * scale and zero * scale are fp16 values for every u in [0, 15] (zero in [0, 15]):
-// what pack_conv1x1_affine4 needs of each (scale, zero) pair.
-bool affine4_fp16_exact(float scale, float zero);
-// Block-wise 4-bit weights: `u` [cout][cin] in [0, 15], `scale` and `zero` [cout][cin / block] (zero in
-// [0, 15]), block a power of two dividing cin. Throws std::invalid_argument when not affine4_fp16_exact.
+// Whether scale and zero are fp16 values and so is u - zero for every u in [0, 15]: what
+// pack_conv1x1_affine4 needs of each (scale, zero) pair.
+bool affine4_packable(float scale, float zero);
+// Block-wise 4-bit weights: `u` [cout][cin] in [0, 15], `scale` and `zero` [cout][cin / block], block a
+// power of two dividing cin. Throws std::invalid_argument when a pair is not affine4_packable.
 PackedConv1x1Q pack_conv1x1_affine4(const uint8_t* u, const float* scale, const float* zero, int64_t block,
                                     int64_t cout, int64_t cin);
 // A packed weight held once per process for each distinct content (as shared_conv1x1).

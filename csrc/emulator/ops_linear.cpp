@@ -3,8 +3,7 @@
 // form exactly (symmetric per-output-channel scales with fp16-exact products), or on the packed
 // 4-/6-bit kernel for a constexpr_lut_to_dense weight (fp16 LUTs per group of output channels) or
 // a constexpr_blockwise_shift_scale one (4-bit, per output channel and power-of-two block of input
-// channels, fp16-exact products); any other quantized weight is dequantized once here to the fp16
-// values the ANE would use. Other convolutions take a
+// channels); any other quantized weight is dequantized once here to the fp16 values the ANE would use. Other convolutions take a
 // direct loop; matmul runs on the strided GEMM.
 #include <algorithm>
 #include <cmath>
@@ -95,7 +94,7 @@ std::optional<kernels::PackedConv1x1Q> low_bit_weight(const OpContext& ctx, cons
     std::vector<float> zero(c.table.size(), dt == mil::DType::int4 ? 8.0f : 0.0f);  // int4 data is stored shifted by 8
     for (size_t e = 0; e < c.offset.size(); ++e) zero[e] += c.offset[e];
     for (size_t e = 0; e < zero.size(); ++e)
-        if (!kernels::affine4_fp16_exact(c.table[e], zero[e])) return std::nullopt;
+        if (!kernels::affine4_packable(c.table[e], zero[e])) return std::nullopt;
     return kernels::pack_conv1x1_affine4(unpacked(data).data(), c.table.data(), zero.data(), bs, cout, cin);
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "emulator/fp16.h"
 #include "emulator/ops.h"
 
 namespace orion::emu {
@@ -111,8 +112,10 @@ std::vector<float> dequantize(const CompressedConst& c, const ValueInfo& q) {
                 break;
             case CompressedConst::Kind::shift_scale: {
                 const auto e = static_cast<size_t>(block_entry(c.blocks, c.type, at));
-                // (q - offset) in fp32 is exact for integer data; one rounding of the product to the output type
-                folded.data[i] = (values[i] - (c.offset.empty() ? 0.0f : c.offset[e])) * c.table[e];
+                // as coremltools decompresses: data - offset in the output type, then times scale (rounded by finish)
+                float shifted = values[i] - (c.offset.empty() ? 0.0f : c.offset[e]);
+                if (c.type.dtype == mil::DType::fp16) shifted = round_to_fp16(shifted);
+                folded.data[i] = shifted * c.table[e];
                 break;
             }
         }

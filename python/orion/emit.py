@@ -83,7 +83,7 @@ class Emitter:
           per-output-channel scales, axis 0, zero point 0), the form [M]'s int8 benchmark ran (ANE-35);
         - LUT: ``constexpr_lut_to_dense(indices=tensor<uint4|uint6, ...>(BLOBFILE), lut=tensor<fp16,
           [Cout/group, 1, ..., 2^bits, 1]>(BLOBFILE))``: iOS 18 ops take their parameters as inline values;
-        - int4: ``constexpr_blockwise_shift_scale(data=uint4, scale=fp16, offset=uint4)``, scale and offset
+        - int4: ``constexpr_blockwise_shift_scale(data=uint4, offset=fp16, scale=fp16)``, offset and scale
           ``[Cout, Cin/block, 1, ...]`` (ANE-38)."""
         weight = node.attrs["quantized"]
         shape, rank = list(node.shape), len(node.shape)
@@ -103,7 +103,7 @@ class Emitter:
             return
         blocks = list(weight.scale.shape) + [1] * (rank - 2)
         args = [("data", self.blob(f"{name}_data", blobfile.SubByte(weight.q.reshape(shape), "uint4"))),
-                ("offset", self.blob(f"{name}_offset", blobfile.SubByte(weight.zero.reshape(blocks), "uint4"))),
+                ("offset", self.blob(f"{name}_offset", weight.zero.astype(np.float16).reshape(blocks))),
                 ("scale", self.blob(f"{name}_scale", weight.scale.astype(np.float16).reshape(blocks)))]
         self.program.add_op(quant.BLOCKWISE_OP, name, self.type_of(node), args, name=name)
 

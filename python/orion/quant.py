@@ -14,10 +14,11 @@ form; emission writes that form with the op Apple's tools use for it:
   or 64 fp16 values per group of 8 output channels, found by 1-D k-means (Lloyd's, from the quantiles),
   and a 4- or 6-bit index per weight; emitted as ``constexpr_lut_to_dense`` (ANE-38).
 - ``int4`` (:class:`Int4Weight`): block-wise asymmetric 4 bits, like llama.cpp's Q4_1 and mlx's
-  4-bit: per output channel and block of 32 input channels a scale and a 4-bit zero point, weight
-  ``(q - z) * s`` with ``q, z`` in [0, 15]; emitted as iOS 18's ``constexpr_blockwise_shift_scale`` with
-  uint4 data and offset (ANE-38). Scales have at most 7 significant bits, so every ``(q - z) * s`` is an
-  fp16 value (4 + 7 bits), which the emulator's 4-bit kernel forms exactly.
+  4-bit: per output channel and block of 32 input channels an fp16 scale and zero point, weight
+  ``fp16((q - z) * s)`` with ``q`` in [0, 15]; emitted as iOS 18's ``constexpr_blockwise_shift_scale`` with
+  uint4 data and fp16 scale and offset (ANE-38). Zero points are multiples of 2**-6, so ``q - z`` is an
+  fp16 value and its product with ``s`` exact in fp32: the emulator's 4-bit kernel rounds it once, as
+  coremltools' fp16 decompression does.
 
 The emulator's conv reads each of these in its stored form, never the dequantized tensor (the 4-bit
 modes stream half of int8's bytes); the result equals the fp16 conv of the dequantized weight bit for
@@ -47,8 +48,8 @@ MODE_RULES = {"int8": "ANE-35", "lut4": "ANE-38", "lut6": "ANE-38", "int4": "ANE
 MODE_PROBES = {"int8": "quantized_weights", "lut4": "lut_weights", "lut6": "lut_weights", "int4": "int4_weights"}
 """The ``doctor --probe`` probe whose success relaxes each mode's op."""
 MODE_BYTES = {"fp16": 2.0, "int8": 1.0, "lut4": 0.5, "lut6": 0.75, "int4": 0.5 + 4 / 32}
-"""Bytes per weight-matrix element as each mode stores it (int4: 4 bits plus an fp16 scale and a 4-bit zero
-point per 32 weights, as the emulator packs them; the LUTs are negligible)."""
+"""Bytes per weight-matrix element as each mode stores it (int4: 4 bits plus an fp16 scale and zero point per
+32 weights, as the emulator packs them; the LUTs are negligible)."""
 MODE_HELP = {"int8": "W8A16, int8 linear weights with per-output-channel scales",
              "lut4": "4-bit palettized: a 16-entry fp16 LUT per 8 output channels (ANEMLL's LUT4)",
              "lut6": "6-bit palettized: a 64-entry fp16 LUT per 8 output channels (ANEMLL's LUT6)",
@@ -56,7 +57,6 @@ MODE_HELP = {"int8": "W8A16, int8 linear weights with per-output-channel scales"
 MIN_SCALE = 2.0**-21  # 8 * 2**-24: a 4-bit scale at or above it keeps q * scale on fp16's subnormal grid
 LUT_GROUP = 8  # output channels per LUT (ANEMLL's per_channel default)
 INT4_BLOCK = 32  # input channels per int4 scale (llama.cpp's Q4_0/Q4_1 block)
-MIN_SCALE4 = 2.0**-18  # a 7-bit scale at or above it keeps (q - z) * s on fp16's subnormal grid
 KMEANS_ITERATIONS = 10
 
 
@@ -137,8 +137,10 @@ class LutWeight:
 
 @dataclass(frozen=True, eq=False)
 class Int4Weight:
-    """``q`` uint8 ``[Cout, Cin, 1...]`` in [0, 15], ``scale`` float32 and ``zero`` uint8 ``[Cout, Cin // block]``:
-    W[o, c] = (q[o, c] - zero[o, c // block]) * scale[o, c // block], every product an fp16 value."""
+    """``q`` uint8 ``[Cout, Cin, 1...]`` in [0, 15], ``scale`` and ``zero`` float32 ``[Cout, Cin // block]`` (fp16
+    values, each zero a multiple of 2**-6 in [-16, 16)): W[o, c] = fp16((q[o, c] - z) * s) for the block's (s, z),
+    the dequantization coremltools computes in fp16 (q - z is an fp16 value, its product with s exact before
+    the one rounding)."""
 
     q: np.ndarray
     scale: np.ndarray
@@ -146,15 +148,15 @@ class Int4Weight:
     block: int
 
     def dequantized(self) -> np.ndarray:
-        """The weight the hardware computes with, float64 (exact)."""
+        """The weight the hardware computes with, float64 (every value an fp16 value)."""
         rows = self.q.reshape(self.q.shape[0], -1).astype(np.float64)
         z = np.repeat(self.zero.astype(np.float64), self.block, axis=1)
         s = np.repeat(self.scale.astype(np.float64), self.block, axis=1)
-        return ((rows - z) * s).reshape(self.q.shape)
+        return ((rows - z) * s).astype(np.float16).astype(np.float64).reshape(self.q.shape)
 
     def reshaped(self, shape: tuple[int, ...]) -> Int4Weight:
         """The same weight in ``shape``: ``[Cout, Cin]`` with trailing ones (the blocks run along axis 1)."""
-        if shape[:2] != self.q.shape[:2] and int(np.prod(shape[1:])) != shape[1]:
+        if tuple(shape[:2]) != self.q.shape[:2] or int(np.prod(shape[2:])) != 1:
             raise QuantError(f"an int4 weight {list(self.q.shape)} keeps its [Cout, Cin] axes, not {list(shape)}")
         return Int4Weight(self.q.reshape(shape), self.scale, self.zero, self.block)
 
@@ -200,6 +202,7 @@ def kmeans_luts(groups: np.ndarray, entries: int, iterations: int = KMEANS_ITERA
     counts = np.maximum(np.diff(edges), 1)
     centroids = (prefix[:, edges[1:]] - prefix[:, edges[:-1]]) / counts
     centroids = np.where(np.diff(edges) > 0, centroids, values[:, np.minimum(edges[:-1], n - 1)])
+    centroids[:, 0], centroids[:, -1] = values[:, 0], values[:, -1]  # the extremes keep a centroid: outliers matter
     for _ in range(iterations):
         cut = _count_below(values, (centroids[:, 1:] + centroids[:, :-1]) / 2)
         bounds = np.concatenate([np.zeros((g, 1), np.int64), cut, np.full((g, 1), n)], axis=1)
@@ -224,34 +227,29 @@ def quantize_lut(weight: np.ndarray, bits: int, name: str = "weight", group: int
     return LutWeight(indices.astype(np.uint8).reshape(np.shape(weight)), lut.astype(np.float32), bits, group)
 
 
-def int4_scales(span: np.ndarray) -> np.ndarray:
-    """Block scales: ``span / 15`` rounded up to 7 significant bits (so the block's range fits 16 steps), at
-    least :data:`MIN_SCALE4`; all-equal blocks get the smallest scale that holds their value."""
-    want = np.maximum(np.asarray(span, dtype=np.float64) / 15.0, MIN_SCALE4)
-    step = np.exp2(np.floor(np.log2(want)) - 6)  # the unit of the 7th significant bit
-    return np.ceil(want / step) * step
-
-
 def quantize_int4(weight: np.ndarray, name: str = "weight", block: int = INT4_BLOCK) -> Int4Weight:
-    """Block-wise asymmetric 4-bit of ``weight`` [Cout, Cin, 1...]: per output channel and ``block`` input
-    channels (a smaller power of two dividing Cin when ``block`` does not), scale ``s`` (7 significant bits)
-    and zero point ``z`` in [0, 15] so that ``(q - z) * s`` spans the block's range with 0 on the grid."""
+    """Block-wise asymmetric 4-bit of ``weight`` [Cout, Cin, 1...], as llama.cpp's Q4_1: per output channel and
+    ``block`` input channels (a smaller power of two dividing Cin when ``block`` does not), the fp16 scale
+    ``s = (max - min) / 15`` and the zero point ``z = -min / s`` (to a multiple of 2**-6, within [-16, 16)), so
+    the 16 levels ``(q - z) * s`` span the block's range; each weight takes the nearest level."""
     rows = _checked_rows(weight, name, "int4")
     cout, cin = rows.shape
-    if np.shape(weight)[1] != cin:
+    if tuple(np.shape(weight)[:2]) != (cout, cin):
         raise QuantError(f"{name}: int4 needs a weight [Cout, Cin] (trailing ones allowed), got {list(np.shape(weight))}")
     while block > 1 and cin % block:
         block //= 2
     blocks = rows.reshape(cout, cin // block, block)
-    lo, hi = np.minimum(blocks.min(axis=2), 0.0), np.maximum(blocks.max(axis=2), 0.0)  # 0 on the grid
-    scale = int4_scales(hi - lo)
-    zero = np.clip(np.rint(-lo / scale), 0, 15)
-    q = np.clip(np.rint(blocks / scale[:, :, None]) + zero[:, :, None], 0, 15)
-    deq = (q - zero[:, :, None]) * scale[:, :, None]
-    if np.abs(deq).max() > FP16_MAX:
+    lo, hi = blocks.min(axis=2), blocks.max(axis=2)
+    span = np.where(hi > lo, hi - lo, np.abs(lo)) / 15.0
+    scale = np.where(span > 0, span, 1.0).astype(np.float16).astype(np.float64)
+    scale = np.maximum(scale, 2.0**-24)  # a subnormal span rounds to 0: the smallest fp16 scale
+    zero = np.clip(np.round(-lo / scale * 64) / 64, -16, 16 - 2**-6)
+    q = np.clip(np.rint(blocks / scale[:, :, None] + zero[:, :, None]), 0, 15)
+    weight4 = Int4Weight(q.astype(np.uint8).reshape(np.shape(weight)), scale.astype(np.float32), zero.astype(np.float32),
+                         block)
+    if not np.all(np.isfinite(weight4.dequantized())):
         raise violation("ANE-25", name, "an int4 block's dequantized range exceeds fp16", "rescale the weight")
-    return Int4Weight(q.astype(np.uint8).reshape(np.shape(weight)), scale.astype(np.float32), zero.astype(np.uint8),
-                      block)
+    return weight4
 
 
 def quantize(weight: np.ndarray, quant: str, name: str = "weight") -> Int8Weight | LutWeight | Int4Weight:

@@ -16,8 +16,8 @@ form; emission writes that form with the op Apple's tools use for it:
 - ``int4`` (:class:`Int4Weight`): block-wise asymmetric 4 bits, like llama.cpp's Q4_1 and mlx's
   4-bit: per output channel and block of 32 input channels an fp16 scale and zero point, weight
   ``fp16((q - z) * s)`` with ``q`` in [0, 15]; emitted as iOS 18's ``constexpr_blockwise_shift_scale`` with
-  uint4 data and fp16 scale and offset (ANE-38). Zero points are multiples of 2**-6, so ``q - z`` is an
-  fp16 value and its product with ``s`` exact in fp32: the emulator's 4-bit kernel rounds it once, as
+  uint4 data and fp16 scale and offset (ANE-38). Zero points are rounded so that ``q - z`` is an fp16
+  value, and its product with ``s`` is exact in fp32: the emulator's 4-bit kernel rounds it once, as
   coremltools' fp16 decompression does.
 
 The emulator's conv reads each of these in its stored form, never the dequantized tensor (the 4-bit
@@ -138,7 +138,7 @@ class LutWeight:
 @dataclass(frozen=True, eq=False)
 class Int4Weight:
     """``q`` uint8 ``[Cout, Cin, 1...]`` in [0, 15], ``scale`` and ``zero`` float32 ``[Cout, Cin // block]`` (fp16
-    values, each zero a multiple of 2**-6 in [-16, 16)): W[o, c] = fp16((q[o, c] - z) * s) for the block's (s, z),
+    values, each ``q - z`` an fp16 value too): W[o, c] = fp16((q[o, c] - z) * s) for the block's (s, z),
     the dequantization coremltools computes in fp16 (q - z is an fp16 value, its product with s exact before
     the one rounding)."""
 
@@ -230,8 +230,8 @@ def quantize_lut(weight: np.ndarray, bits: int, name: str = "weight", group: int
 def quantize_int4(weight: np.ndarray, name: str = "weight", block: int = INT4_BLOCK) -> Int4Weight:
     """Block-wise asymmetric 4-bit of ``weight`` [Cout, Cin, 1...], as llama.cpp's Q4_1: per output channel and
     ``block`` input channels (a smaller power of two dividing Cin when ``block`` does not), the fp16 scale
-    ``s = (max - min) / 15`` and the zero point ``z = -min / s`` (to a multiple of 2**-6, within [-16, 16)), so
-    the 16 levels ``(q - z) * s`` span the block's range; each weight takes the nearest level."""
+    ``s = (max - min) / 15`` and the zero point ``z = -min / s`` (rounded so that every ``q - z`` is an fp16
+    value), so the 16 levels ``(q - z) * s`` span the block's range; each weight takes the nearest level."""
     rows = _checked_rows(weight, name, "int4")
     cout, cin = rows.shape
     if tuple(np.shape(weight)[:2]) != (cout, cin):
@@ -243,7 +243,10 @@ def quantize_int4(weight: np.ndarray, name: str = "weight", block: int = INT4_BL
     span = np.where(hi > lo, hi - lo, np.abs(lo)) / 15.0
     scale = np.where(span > 0, span, 1.0).astype(np.float16).astype(np.float64)
     scale = np.maximum(scale, 2.0**-24)  # a subnormal span rounds to 0: the smallest fp16 scale
-    zero = np.clip(np.round(-lo / scale * 64) / 64, -16, 16 - 2**-6)
+    zero = -lo / scale
+    # to the fp16 grid of |q - z| (q in [0, 15]), so that q - z is an fp16 value for every q
+    step = np.exp2(np.floor(np.log2(np.maximum(np.maximum(np.abs(zero), np.abs(15 - zero)), 1.0))) - 10)
+    zero = np.round(zero / step) * step
     q = np.clip(np.rint(blocks / scale[:, :, None] + zero[:, :, None]), 0, 15)
     weight4 = Int4Weight(q.astype(np.uint8).reshape(np.shape(weight)), scale.astype(np.float32), zero.astype(np.float32),
                          block)

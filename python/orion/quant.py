@@ -28,6 +28,8 @@ under the permissive profile (see :func:`compile_options`).
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -275,12 +277,32 @@ def check_mode(quant: str) -> str:
     return quant
 
 
+_QUANTIZED: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+QUANTIZED_HELD = 1024
+"""Quantized weights remembered per process (by mode and content): a model's prefill buckets, chunk and
+decode programs quantize each weight once, not once per program (k-means is the slow part of a build)."""
+
+
+def quantize_once(weight: np.ndarray, quant: str, name: str = "weight") -> Int8Weight | LutWeight | Int4Weight:
+    """:func:`quantize`, remembered by the weight's content (its bytes' BLAKE2b digest, dtype and shape)."""
+    w = np.ascontiguousarray(weight)
+    key = (quant, w.dtype.str, w.shape, hashlib.blake2b(w.data, digest_size=20).digest())
+    held = _QUANTIZED.get(key)
+    if held is None:
+        held = _QUANTIZED[key] = quantize(w, quant, name)
+        if len(_QUANTIZED) > QUANTIZED_HELD:
+            _QUANTIZED.popitem(last=False)
+    else:
+        _QUANTIZED.move_to_end(key)
+    return held
+
+
 def weight_operand(g: Any, weight: np.ndarray, quant: str, name: str) -> Any:
     """A linear's const weight as ``quant`` stores it: the array itself (fp16), or a quantized const node
     ``<name>_weight`` (``g`` is the :class:`orion.graph.Graph` being built)."""
     if check_mode(quant) == "fp16":
         return weight
-    return g.const_quantized(f"{name}_weight", quantize(weight, quant, g.scoped(f"{name}_weight")))
+    return g.const_quantized(f"{name}_weight", quantize_once(weight, quant, g.scoped(f"{name}_weight")))
 
 
 def compile_options(quant: str, profile: str = "hardware", probe_report: Any = None) -> dict[str, Any]:

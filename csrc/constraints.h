@@ -49,7 +49,8 @@ struct Constraint {
     X(WEIGHT_PATHS, "ANE-34", "weight paths must be unique @model_path/ relative paths without '..'")       \
     X(QUANTIZED_OPS, "ANE-35", "int8 ops are disputed: [M] ran them (attribute form), [E]'s failure used operands") \
     X(LOAD_RETRY, "ANE-36", "load may fail transiently: retry once after 100 ms")                       \
-    X(SURFACE_COUNT, "ANE-37", "several input surfaces may fail (0x1d) and more than 6 outputs are unproven: pack I/O")
+    X(SURFACE_COUNT, "ANE-37", "several input surfaces may fail (0x1d) and more than 6 outputs are unproven: pack I/O") \
+    X(LOW_BIT_WEIGHTS, "ANE-38", "4-/6-bit weights are disputed: Core ML runs LUTs (ANEMLL), int4 blockwise was seen to fail")
 
 #define ORION_DECLARE_CONSTRAINT(key, id, title) inline constexpr Constraint key{id, title};
 ORION_CONSTRAINTS(ORION_DECLARE_CONSTRAINT)

@@ -72,7 +72,7 @@ def test_quantize_int8_refuses_what_it_cannot_store() -> None:
     with pytest.raises(quant.QuantError, match="Cout, Cin"):
         quant.quantize_int8(np.ones(4))
     with pytest.raises(quant.QuantError, match="'fp16', 'int8'"):
-        quant.check_mode("int4")
+        quant.check_mode("int3")
 
 
 # -- emission, BLOBFILE and the ANE-35 rule -----------------------------------------------------------

@@ -22,12 +22,14 @@ MODELLED = {"concat": "refused", "reduce_mean": "refused", "softmax_non_pow2": "
             "quantized_weights_operand": "refused", "build_info_present": "works", "build_info_absent": "works",
             "wide_lanes": "works", "padded_io": "works",
             **{f"inputs_{n}": "refused" for n in probes.SURFACE_COUNTS},  # one input surface (ANE-37)
-            "outputs_2": "works", "outputs_4": "works", "outputs_8": "refused", "outputs_16": "refused"}
+            "outputs_2": "works", "outputs_4": "works", "outputs_8": "refused", "outputs_16": "refused",
+            "lut_weights": "refused", "lut6_weights": "refused", "int4_weights": "refused"}  # ANE-38
 # What the ane harness's stand-in framework answers for the probes of issue 21 (it refuses MIL without
 # buildInfo, runs both int8 spellings and both patch layouts): each probe's test on the harness.
 HARNESS = {"weight_patch_one_file": "works", "weight_patch_multi_file": "works", "quantized_weights": "works",
            "quantized_weights_operand": "works", "build_info_present": "works", "build_info_absent": "compile_fails",
-           "wide_lanes": "works", "padded_io": "works"}
+           "wide_lanes": "works", "padded_io": "works", "lut_weights": "works", "lut6_weights": "works",
+           "int4_weights": "works"}
 
 
 @pytest.fixture(scope="module")

@@ -266,14 +266,19 @@ void bind_blobfile(py::module_& m) {
         std::vector<blobfile::Payload> chunks;
         for (auto item : payloads) {
             const auto pair = item.cast<py::tuple>();
-            if (pair.size() != 2) throw CompileError("blobfile_write takes (payload, data-type code) pairs");
+            if (pair.size() != 2 && pair.size() != 3)
+                throw CompileError("blobfile_write takes (payload, data-type code[, padding bits]) tuples");
             const auto code = pair[1].cast<uint32_t>();
-            if (code < 1 || code > 4) throw CompileError("BLOBFILE data-type code " + std::to_string(code) + " is not fp16 (1), fp32 (2), uint8 (3) or int8 (4)");
+            if (!blobfile::is_data_type_code(code))
+                throw CompileError("BLOBFILE data-type code " + std::to_string(code) + " is not fp16 (1), fp32 (2), uint8 (3), "
+                                   "int8 (4), int4 (8), uint4 (11) or uint6 (13)");
+            const uint32_t padding = pair.size() == 3 ? pair[2].cast<uint32_t>() : 0;
+            if (padding > 7) throw CompileError("BLOBFILE padding bits must be below 8, got " + std::to_string(padding));
             chunks.push_back({views.emplace_back(pair[0], "payload " + std::to_string(chunks.size())).bytes(),
-                              static_cast<blobfile::DataType>(code)});
+                              static_cast<blobfile::DataType>(code), padding});
         }
         return py::bytes(blobfile::write(chunks));
-    }, py::arg("payloads"), "One BLOBFILE holding every (payload, data-type code) pair, in order.");
+    }, py::arg("payloads"), "One BLOBFILE holding every (payload, data-type code[, padding bits]) tuple, in order.");
     m.def("blobfile_chunk_offsets", &blobfile::chunk_offsets, py::arg("sizes"),
           "The MIL offsets (chunk header offsets) blobfile_write gives payloads of these sizes.");
     m.def("blobfile_read_chunk", [](const py::object& data, uint64_t offset, const std::string& what) {

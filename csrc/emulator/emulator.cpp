@@ -52,7 +52,7 @@ public:
                 int single = -1;
                 if (a.kind == mil::Argument::Kind::literal) {  // permissive profile only
                     single = static_cast<int>(values_.size());
-                    values_.push_back(ValueInfo{a.literal.type, single, &a.literal, std::nullopt, false, false});
+                    values_.push_back(ValueInfo{a.literal.type, single, &a.literal, std::nullopt, false, false, {}});
                 } else if (a.kind == mil::Argument::Kind::ref) {
                     single = ids_.at(a.refs[0]);  // the front end checked every name is defined before use
                 } else {
@@ -67,7 +67,7 @@ public:
             scratch_bytes_ += planned.scratch_bytes;
             const int id = define(op.output, op.type);
             if (planned.view_of >= 0) values_[id].slot = planned.view_of;
-            values_[id].affine = planned.affine;
+            values_[id].compressed = planned.compressed;
             steps_.push_back(std::move(step));
         }
     }
@@ -110,7 +110,7 @@ private:
     int define(const std::string& name, const mil::Type& type) {
         const int id = static_cast<int>(values_.size());
         ids_[name] = id;
-        values_.push_back(ValueInfo{type, id, nullptr, std::nullopt, false, false});
+        values_.push_back(ValueInfo{type, id, nullptr, std::nullopt, false, false, {}});
         return id;
     }
 
@@ -153,7 +153,7 @@ public:
         outputs_ = std::move(checked.outputs);
         fold_constants();
         build_kernels();
-        for (auto& v : values()) v.blob.reset(), v.affine.reset();  // the caller's weight buffers are not kept
+        for (auto& v : values()) v.blob.reset(), v.compressed.reset();  // the caller's weight buffers are not kept
         for (auto& f : folded_) std::vector<double>().swap(f->numbers);  // read at build only: the frame has them
     }
 
@@ -254,8 +254,8 @@ private:
         int64_t computed = 0;
         for (auto& step : model_.steps_) {
             ValueInfo& out = values()[static_cast<size_t>(step.out)];
-            // A constexpr_affine_dequantize output stays quantized (ValueInfo::affine): conv reads int8.
-            if (out.slot != step.out || returned.count(step.out) || out.affine ||
+            // A constexpr op's output stays compressed (ValueInfo::compressed): conv reads int8, LUT or 4-bit data.
+            if (out.slot != step.out || returned.count(step.out) || out.compressed ||
                 !foldable(values(), step.arg_ids, step.tuple_ids, out.type) ||
                 computed + out.type.element_count() > kMaxFoldedElements) {
                 kept.push_back(std::move(step));
@@ -283,16 +283,16 @@ private:
         for (const auto& [step, chain] : chains)
             if (step == chain.steps.back()) ++chain_reads[chain.mask];
         const std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>> runs = find_elementwise_runs(chains);
-        // A compile-time constant op's kernel (constexpr_affine_dequantize) is built after its readers,
+        // A compile-time constant op's kernel (constexpr_*) is built after its readers,
         // and kept only if one of them reads its values or the program returns them: conv takes its
-        // weight in quantized form (ValueInfo::affine), so the values are never materialised.
+        // weight in its stored form (ValueInfo::compressed), so the values are never materialised.
         std::set<int> returned;
         for (const auto& spec : outputs_) returned.insert(model_.ids_.at(spec.name));
         std::vector<const ProgramModel::Step*> order;
         std::vector<BuiltOp> built;
         for (const auto& step : model_.steps_) {
             order.push_back(&step);
-            if (values()[static_cast<size_t>(step.out)].affine) {
+            if (values()[static_cast<size_t>(step.out)].compressed) {
                 built.emplace_back();  // built below, once its readers are known
                 continue;
             }
@@ -302,7 +302,7 @@ private:
         for (size_t i = 0; i < order.size(); ++i) {
             const ProgramModel::Step& step = *order[i];
             ValueInfo& out = values()[static_cast<size_t>(step.out)];
-            if (!out.affine) continue;
+            if (!out.compressed) continue;
             if (!out.used_as_data && !returned.count(step.out)) {
                 unmaterialised_.insert(step.out);
                 built[i].view_of = step.out;  // no kernel
@@ -840,8 +840,8 @@ private:
             if (step.arg_ids[a] >= 0) ids.push_back(step.arg_ids[a]);
             for (int id : ids) {
                 const ValueInfo& v = values()[static_cast<size_t>(id)];
-                // a quantized weight is read as stored (int8), not as the fp16 tensor it stands for
-                const mil::Type& type = v.affine ? values()[static_cast<size_t>(v.affine->data)].type : v.type;
+                // a quantized weight is read as stored (int8, indices, 4-bit data), not as the fp16 tensor it stands for
+                const mil::Type& type = v.compressed ? values()[static_cast<size_t>(v.compressed->data)].type : v.type;
                 if (type.is_tensor) types.emplace_back(step.op->args[a].name, &type);
             }
         }

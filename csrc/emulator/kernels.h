@@ -1,4 +1,4 @@
-// The emulator's hot loops: fp16 rounding, 1x1 convolution with fp16 or int8 weights, matrix multiply,
+// The emulator's hot loops: fp16 rounding, 1x1 convolution with fp16, int8, 4- or 6-bit weights, matrix multiply,
 // and a small thread pool. AVX-512 and AVX2 (with F16C/FMA) paths are chosen at run time; a portable
 // path is always there. Every kernel accumulates in fp32.
 #pragma once
@@ -62,12 +62,54 @@ PackedConv1x1I8 pack_conv1x1_i8(const int8_t* q, const float* scale, int64_t cou
 std::shared_ptr<const PackedConv1x1I8> shared_conv1x1_i8(const int8_t* q, const float* scale, int64_t cout,
                                                          int64_t cin);
 
+// A 1x1 convolution weight [cout][cin] of 4 or 6 bits per weight, packed like PackedConv1x1 (panels
+// of 16 output channels, one row of 16 weights per input channel) and streamed at its stored width;
+// the tile forms each weight in fp32 exactly (an fp16 value) before the same FMA as the fp16 tile, so
+// conv1x1 gives bit for bit what it gives the fp16 weight of the same values.
+//  - lut4, lut6: palettized (constexpr_lut_to_dense): weight = lut[o / group][index], the LUT's
+//    entries fp16 values. With group % 8 == 0 a panel half (8 output channels) reads one LUT (lut4: a
+//    register permute); otherwise each output channel's LUT is stored in its panel (a gather).
+//  - affine4: block-wise 4-bit (constexpr_blockwise_shift_scale): weight = fp16((u - z) * s) with u in
+//    [0, 15] and fp16 (s, z) per output channel and block of `block` (a power of two) input channels,
+//    u - z an fp16 value (checked at pack): the product of two fp16 values is exact in fp32, so one
+//    rounding gives what coremltools' fp16 decompression gives.
+// A row is 8 bytes (4-bit: output j in nibble j, low nibble first) or 12 (6-bit: those 8 bytes with
+// the index's low 4 bits, then 4 bytes with its high 2 bits, output j at bits 2j..2j+1).
+struct PackedConv1x1Q : std::enable_shared_from_this<PackedConv1x1Q> {
+    enum class Kind { lut4, lut6, affine4 };
+    Kind kind = Kind::lut4;
+    int64_t cout = 0;
+    int64_t cin = 0;
+    int64_t row_bytes = 8;
+    int64_t entries = 16;    // lut kinds: LUT entries (16 or 64)
+    bool channel_luts = false;  // lut kinds: one LUT per output channel in each panel, not one per half
+    int block_shift = 5;     // affine4: log2 of the input channels per (scale, bias)
+    std::vector<uint8_t> data;     // panels x cin x row_bytes
+    std::vector<float> lut;        // lut kinds: panels x (2 halves or 16 channels) x entries
+    std::vector<uint16_t> params;  // affine4: panels x blocks x (16 fp16 scales, then 16 fp16 zero points)
+};
+// Palettized weights: `indices` [cout][cin] (each < 2^bits, bits 4 or 6) and `lut` [ceil(cout/group)]
+// [2^bits] (fp16 values, as float). Throws std::invalid_argument for a layout the kernels do not take.
+PackedConv1x1Q pack_conv1x1_lut(const uint8_t* indices, int bits, const float* lut, int64_t group, int64_t cout,
+                                int64_t cin);
+// Whether scale and zero are fp16 values and so is u - zero for every u in [0, 15]: what
+// pack_conv1x1_affine4 needs of each (scale, zero) pair.
+bool affine4_packable(float scale, float zero);
+// Block-wise 4-bit weights: `u` [cout][cin] in [0, 15], `scale` and `zero` [cout][cin / block], block a
+// power of two dividing cin. Throws std::invalid_argument when a pair is not affine4_packable.
+PackedConv1x1Q pack_conv1x1_affine4(const uint8_t* u, const float* scale, const float* zero, int64_t block,
+                                    int64_t cout, int64_t cin);
+// A packed weight held once per process for each distinct content (as shared_conv1x1).
+std::shared_ptr<const PackedConv1x1Q> shared_conv1x1_q(PackedConv1x1Q packed);
+
 // out[o*S + s] = sum_c W[o][c] * x[c*S + s] for s < lanes (fp32 accumulation); the first `lanes`
 // lanes of each output row are written (rounded to fp16 when round_fp16 is set), the others are
 // left untouched. x is [cin][S], out is [cout][S], both channel-major fp32.
 void conv1x1(const PackedConv1x1& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16);
 // The same with int8 weights: equal, bit for bit, to conv1x1 of the fp16 weight q * scale[o].
 void conv1x1(const PackedConv1x1I8& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16);
+// The same with 4- or 6-bit weights: equal, bit for bit, to conv1x1 of the fp16 weight they stand for.
+void conv1x1(const PackedConv1x1Q& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16);
 
 // C[m][n] = sum_k A(m,k) * B(k,n), with A(m,k) = a[m*a_rs + k*a_cs] and B(k,n) = b[k*b_rs + n*b_cs]
 // (strides express transposes), C row-major with row stride c_rs; fp32 accumulation, rounded to

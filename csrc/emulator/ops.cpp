@@ -110,6 +110,24 @@ std::vector<float> blob_floats(const ValueInfo& v) {
         case mil::DType::uint8:
             for (char c : bytes) out.push_back(static_cast<float>(static_cast<uint8_t>(c)));
             break;
+        case mil::DType::int4:
+        case mil::DType::uint4:
+        case mil::DType::uint6: {
+            // Packed LSB first (coremltools' MILBlob): element i at bits [i*b, (i+1)*b).
+            const int64_t n = v.type.element_count();
+            const int bits = static_cast<int>(mil::dtype_bits(v.type.dtype));
+            out.resize(static_cast<size_t>(n));
+            for (int64_t i = 0; i < n; ++i) {
+                const int64_t bit = i * bits;
+                uint32_t word = static_cast<uint8_t>(bytes[static_cast<size_t>(bit / 8)]);
+                if (bit / 8 + 1 < static_cast<int64_t>(bytes.size()))
+                    word |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[static_cast<size_t>(bit / 8 + 1)])) << 8;
+                int value = static_cast<int>((word >> (bit % 8)) & ((1u << bits) - 1));
+                if (v.type.dtype == mil::DType::int4 && value >= 8) value -= 16;
+                out[static_cast<size_t>(i)] = static_cast<float>(value);
+            }
+            break;
+        }
         default:
             throw CompileError(std::string("BLOBFILE payloads of ") + mil::dtype_name(v.type.dtype) + " are not supported");
     }

@@ -29,7 +29,7 @@ struct Frame {
 
 using Kernel = std::function<void(Frame&)>;
 
-struct AffineConst;
+struct CompressedConst;
 
 // What compile time knows about a variable.
 struct ValueInfo {
@@ -41,9 +41,9 @@ struct ValueInfo {
     std::optional<std::string_view> blob;
     bool used_as_data = false;               // some kernel reads it: materialise it in the frame
     bool needs_fp32 = false;                 // (on a slot's owner) some kernel reads its fp32 data
-    // Set on a constexpr_affine_dequantize output: its quantized form, for kernels that read the
-    // weight as it is stored (conv keeps int8 weights int8). Valid while the program is built.
-    std::shared_ptr<const AffineConst> affine;
+    // Set on a constexpr op's output: its stored form, for kernels that read the weight as it is
+    // stored (conv keeps int8, LUT and 4-bit weights so). Valid while the program is built.
+    std::shared_ptr<const CompressedConst> compressed;
 };
 
 // Scale and zero point per element: a single value, or one per index along the axis.
@@ -55,15 +55,25 @@ struct AffineParams {
     float z(int64_t i) const { return zero.empty() ? 0.0f : zero.size() == 1 ? zero[0] : zero[(i / inner) % n]; }
 };
 
-// A constexpr_affine_dequantize output, known at compile time: (q[i] - z(i)) * s(i) in `dtype`.
-struct AffineConst {
-    int data = -1;  // the value id of quantized_data: an int8 or uint8 const
-    AffineParams params;
+// A constexpr op's output, known at compile time, in its stored form:
+//  - affine (constexpr_affine_dequantize): (q[i] - z(i)) * s(i);
+//  - lut (constexpr_lut_to_dense): table[block of i][index[i]];
+//  - shift_scale (constexpr_blockwise_shift_scale): (q[i] - offset[block of i]) * scale[block of i].
+struct CompressedConst {
+    enum class Kind { affine, lut, shift_scale };
+    Kind kind = Kind::affine;
+    int data = -1;  // the value id of quantized_data / indices / data: a const
+    AffineParams params;       // affine
+    std::vector<float> table;  // lut: the LUTs, [tables..., entries] row-major; shift_scale: the scales
+    std::vector<float> offset;  // shift_scale: the offsets (empty: 0)
+    frontend::BlockLayout blocks;  // lut, shift_scale
     mil::Type type;  // the dequantized tensor's
 };
-// Its values: (q - z) * s in fp32 (exact for fp16 scales: <= 20 significant bits), rounded to the
-// output dtype, as the ANE produces them.
-std::vector<float> dequantize(const AffineConst& a, const ValueInfo& quantized_data);
+// Its values in fp32, rounded to the output dtype as the ANE produces them: (q - z) * s (exact for fp16
+// scales and integer data), or the LUT's entries.
+std::vector<float> dequantize(const CompressedConst& c, const ValueInfo& data);
+// The index of the table (lut) or scale (shift_scale) entry element i of a tensor of `shape` reads.
+int64_t block_entry(const frontend::BlockLayout& blocks, const mil::Type& type, int64_t i);
 
 class OpContext {
 public:
@@ -90,8 +100,8 @@ public:
     std::vector<int> tuple_slots(const char* arg);
     // Compile-time constant arguments (const() values, as the type step checked).
     const ValueInfo& constant(const char* arg) const;
-    // The quantized form of a constexpr_affine_dequantize operand, or nullptr for any other value.
-    const AffineConst* affine(const char* arg) const { return info(arg).affine.get(); }
+    // The stored form of a constexpr op's output operand, or nullptr for any other value.
+    const CompressedConst* compressed(const char* arg) const { return info(arg).compressed.get(); }
     const ValueInfo& value(int id) const { return values_[static_cast<size_t>(id)]; }
     std::vector<float> floats(const char* arg) const;  // a whole const tensor as fp32
 
@@ -113,8 +123,8 @@ struct BuiltOp {
     Kernel kernel;
     int view_of = -1;  // >= 0: no kernel, the output is a view of this slot's data (same order)
     double scratch_bytes = 0;  // plan step: memory the kernel step holds besides the frame (tables, copies)
-    // plan step of a constexpr op: its output's compile-time value (ValueInfo::affine)
-    std::shared_ptr<const AffineConst> affine;
+    // plan step of a constexpr op: its output's compile-time value (ValueInfo::compressed)
+    std::shared_ptr<const CompressedConst> compressed;
 };
 
 using OpBuilder = BuiltOp (*)(OpContext&);

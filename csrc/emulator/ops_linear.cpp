@@ -1,7 +1,9 @@
 // conv and matmul: the hot path. 1x1 convolutions with const weights run on the packed fp16
-// kernel, or on the packed int8 kernel for a constexpr_affine_dequantize weight whose values it can
-// form exactly (symmetric per-output-channel scales with fp16-exact products); any other quantized
-// weight is dequantized once here to the fp16 values the ANE would use. Other convolutions take a
+// kernel, on the packed int8 kernel for a constexpr_affine_dequantize weight whose values it can
+// form exactly (symmetric per-output-channel scales with fp16-exact products), or on the packed
+// 4-/6-bit kernel for a constexpr_lut_to_dense weight (fp16 LUTs per group of output channels) or
+// a constexpr_blockwise_shift_scale one (4-bit, per output channel and power-of-two block of input
+// channels); any other quantized weight is dequantized once here to the fp16 values the ANE would use. Other convolutions take a
 // direct loop; matmul runs on the strided GEMM.
 #include <algorithm>
 #include <cmath>
@@ -16,7 +18,7 @@ namespace {
 
 // fp16 bits of a const weight, whatever its declared float type, or of a quantized one dequantized.
 std::vector<uint16_t> weight_halves(OpContext& ctx) {
-    if (const AffineConst* a = ctx.affine("weight")) {
+    if (const CompressedConst* a = ctx.compressed("weight")) {
         const std::vector<float> f = dequantize(*a, ctx.value(a->data));
         std::vector<uint16_t> h(f.size());
         kernels::float_to_half(f.data(), h.data(), f.size());
@@ -41,7 +43,7 @@ struct Int8Weight {
     const int8_t* q;
     std::vector<float> scale;
 };
-std::optional<Int8Weight> exact_int8_weight(const OpContext& ctx, const AffineConst& a, int64_t cout, int64_t cin) {
+std::optional<Int8Weight> exact_int8_weight(const OpContext& ctx, const CompressedConst& a, int64_t cout, int64_t cin) {
     const ValueInfo& data = ctx.value(a.data);
     if (data.type.dtype != mil::DType::int8 || !data.blob) return std::nullopt;
     for (float z : a.params.zero)
@@ -53,6 +55,47 @@ std::optional<Int8Weight> exact_int8_weight(const OpContext& ctx, const AffineCo
     for (int64_t o = 0; o < cout; ++o) w.scale.push_back(a.params.s(o * cin));
     if (!kernels::int8_weights_fp16_exact(w.q, w.scale.data(), cout, cin)) return std::nullopt;
     return w;
+}
+
+// The unsigned values of a uint4/int4/uint6/uint8 BLOBFILE const (int4 shifted by 8 into [0, 15]).
+std::vector<uint8_t> unpacked(const ValueInfo& v) {
+    const int64_t n = v.type.element_count();
+    const int bits = static_cast<int>(mil::dtype_bits(v.type.dtype));
+    const std::string_view bytes = *v.blob;
+    std::vector<uint8_t> out(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t bit = i * bits;
+        uint32_t word = static_cast<uint8_t>(bytes[static_cast<size_t>(bit / 8)]);
+        if (bit % 8 + bits > 8) word |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[static_cast<size_t>(bit / 8 + 1)])) << 8;
+        const uint32_t value = (word >> (bit % 8)) & ((1u << bits) - 1);
+        out[static_cast<size_t>(i)] = static_cast<uint8_t>(v.type.dtype == mil::DType::int4 ? (value ^ 8u) : value);
+    }
+    return out;
+}
+
+// The packed 4-/6-bit form of a LUT or block-wise weight [cout, cin, 1, 1], when the low-bit kernel takes
+// its layout (see the file comment) and forms its fp16 values exactly.
+std::optional<kernels::PackedConv1x1Q> low_bit_weight(const OpContext& ctx, const CompressedConst& c, int64_t cout,
+                                                       int64_t cin) {
+    const ValueInfo& data = ctx.value(c.data);
+    const auto& block = c.blocks.block;
+    if (!data.blob || c.type.dtype != mil::DType::fp16 || block.size() != 4 || block[1] == 0) return std::nullopt;
+    if (c.kind == CompressedConst::Kind::lut) {
+        const mil::DType dt = data.type.dtype;
+        if ((dt != mil::DType::uint4 && dt != mil::DType::uint6) || block[1] != cin)
+            return std::nullopt;
+        return kernels::pack_conv1x1_lut(unpacked(data).data(), dt == mil::DType::uint4 ? 4 : 6, c.table.data(), block[0],
+                                         cout, cin);
+    }
+    if (c.kind != CompressedConst::Kind::shift_scale) return std::nullopt;
+    const mil::DType dt = data.type.dtype;
+    const int64_t bs = block[1];
+    if ((dt != mil::DType::uint4 && dt != mil::DType::int4) || block[0] != 1 || (bs & (bs - 1)) != 0) return std::nullopt;
+    std::vector<float> zero(c.table.size(), dt == mil::DType::int4 ? 8.0f : 0.0f);  // int4 data is stored shifted by 8
+    for (size_t e = 0; e < c.offset.size(); ++e) zero[e] += c.offset[e];
+    for (size_t e = 0; e < zero.size(); ++e)
+        if (!kernels::affine4_packable(c.table[e], zero[e])) return std::nullopt;
+    return kernels::pack_conv1x1_affine4(unpacked(data).data(), c.table.data(), zero.data(), bs, cout, cin);
 }
 
 BuiltOp build_conv(OpContext& ctx) {
@@ -91,10 +134,15 @@ BuiltOp build_conv(OpContext& ctx) {
                 }};
     };
     if (pointwise) {
-        if (const AffineConst* a = ctx.affine("weight"))
-            if (const auto w = exact_int8_weight(ctx, *a, g.cout, g.cin))
-                return pointwise_kernel(kernels::shared_conv1x1_i8(w->q, w->scale.data(), g.cout, g.cin));
-        if (!ctx.affine("weight")) {  // an fp16 BLOBFILE weight is packed from its bytes: no transient copy
+        if (const CompressedConst* a = ctx.compressed("weight")) {
+            if (a->kind == CompressedConst::Kind::affine) {
+                if (const auto w = exact_int8_weight(ctx, *a, g.cout, g.cin))
+                    return pointwise_kernel(kernels::shared_conv1x1_i8(w->q, w->scale.data(), g.cout, g.cin));
+            } else if (auto w = low_bit_weight(ctx, *a, g.cout, g.cin)) {
+                return pointwise_kernel(kernels::shared_conv1x1_q(std::move(*w)));
+            }
+        }
+        if (!ctx.compressed("weight")) {  // an fp16 BLOBFILE weight is packed from its bytes: no transient copy
             const ValueInfo& w = ctx.constant("weight");
             if (w.blob && w.type.dtype == mil::DType::fp16 && reinterpret_cast<uintptr_t>(w.blob->data()) % 2 == 0)
                 return pointwise_kernel(kernels::shared_conv1x1(reinterpret_cast<const uint16_t*>(w.blob->data()),

@@ -1,7 +1,9 @@
-// int8/uint8 quantisation: quantize, dequantize and the const-folded constexpr_affine_dequantize.
+// Quantisation: quantize, dequantize, and the compile-time constant ops constexpr_affine_dequantize,
+// constexpr_lut_to_dense and constexpr_blockwise_shift_scale, which conv reads in their stored form.
 #include <algorithm>
 #include <cmath>
 
+#include "emulator/fp16.h"
 #include "emulator/ops.h"
 
 namespace orion::emu {
@@ -44,36 +46,79 @@ BuiltOp build_dequantize(OpContext& ctx) {
             }};
 }
 
-// A compile-time constant: conv reads it in its quantized form (ValueInfo::affine); the emulator
+// A compile-time constant: conv reads it in its stored form (ValueInfo::compressed); the emulator
 // runs this kernel only when some other kernel reads the values (or the program returns them).
-BuiltOp build_constexpr_affine_dequantize(OpContext& ctx) {
-    if (ctx.plan_only()) {
-        auto a = std::make_shared<AffineConst>();
-        a->data = ctx.constant("quantized_data").slot;  // a const is its own slot
-        a->params = affine(ctx);
-        a->type = ctx.out_type();
-        return {nullptr, -1, 4.0 * static_cast<double>(ctx.out_type().element_count()), std::move(a)};
-    }
-    AffineConst a;
-    a.params = affine(ctx);
-    a.type = ctx.out_type();
-    const std::vector<float> folded = dequantize(a, ctx.constant("quantized_data"));
+BuiltOp constexpr_op(OpContext& ctx, std::shared_ptr<CompressedConst> c) {
+    c->type = ctx.out_type();
+    if (ctx.plan_only()) return {nullptr, -1, 4.0 * static_cast<double>(ctx.out_type().element_count()), std::move(c)};
+    const std::vector<float> folded = dequantize(*c, ctx.value(c->data));
     const int o = ctx.out_slot();
     return {[=](Frame& fr) { fr.values[o].data = folded; }};
 }
 
+BuiltOp build_constexpr_affine_dequantize(OpContext& ctx) {
+    auto c = std::make_shared<CompressedConst>();
+    c->data = ctx.constant("quantized_data").slot;  // a const is its own slot
+    c->params = affine(ctx);
+    return constexpr_op(ctx, std::move(c));
+}
+
+BuiltOp build_constexpr_lut_to_dense(OpContext& ctx) {
+    auto c = std::make_shared<CompressedConst>();
+    c->kind = CompressedConst::Kind::lut;
+    c->data = ctx.constant("indices").slot;
+    c->table = ctx.floats("lut");
+    c->blocks = ctx.attrs<frontend::BlockLayout>();
+    return constexpr_op(ctx, std::move(c));
+}
+
+BuiltOp build_constexpr_blockwise_shift_scale(OpContext& ctx) {
+    auto c = std::make_shared<CompressedConst>();
+    c->kind = CompressedConst::Kind::shift_scale;
+    c->data = ctx.constant("data").slot;
+    c->table = ctx.floats("scale");
+    if (ctx.has("offset")) c->offset = ctx.floats("offset");
+    c->blocks = ctx.attrs<frontend::BlockLayout>();
+    return constexpr_op(ctx, std::move(c));
+}
+
 }  // namespace
 
-std::vector<float> dequantize(const AffineConst& a, const ValueInfo& q) {
+int64_t block_entry(const frontend::BlockLayout& blocks, const mil::Type& type, int64_t i) {
+    int64_t entry = 0, stride = 1;
+    for (size_t d = type.shape.size(); d-- > 0;) {
+        const int64_t extent = type.shape[d], coordinate = i % extent;
+        i /= extent;
+        entry += coordinate / blocks.block[d] * stride;
+        stride *= extent / blocks.block[d];
+    }
+    return entry;
+}
+
+std::vector<float> dequantize(const CompressedConst& c, const ValueInfo& q) {
     const std::vector<float> values =
         q.blob ? blob_floats(q) : std::vector<float>(q.constant->numbers.begin(), q.constant->numbers.end());
     Tensor folded;
-    folded.dtype = a.type.dtype;
-    folded.shape = a.type.shape;
+    folded.dtype = c.type.dtype;
+    folded.shape = c.type.shape;
     folded.data.resize(values.size());
     for (size_t i = 0; i < values.size(); ++i) {
         const auto at = static_cast<int64_t>(i);
-        folded.data[i] = (values[i] - a.params.z(at)) * a.params.s(at);
+        switch (c.kind) {
+            case CompressedConst::Kind::affine: folded.data[i] = (values[i] - c.params.z(at)) * c.params.s(at); break;
+            case CompressedConst::Kind::lut:
+                folded.data[i] = c.table[static_cast<size_t>(block_entry(c.blocks, c.type, at) * c.blocks.entries +
+                                                             static_cast<int64_t>(values[i]))];
+                break;
+            case CompressedConst::Kind::shift_scale: {
+                const auto e = static_cast<size_t>(block_entry(c.blocks, c.type, at));
+                // as coremltools decompresses: data - offset in the output type, then times scale (rounded by finish)
+                float shifted = values[i] - (c.offset.empty() ? 0.0f : c.offset[e]);
+                if (c.type.dtype == mil::DType::fp16) shifted = round_to_fp16(shifted);
+                folded.data[i] = shifted * c.table[e];
+                break;
+            }
+        }
     }
     finish(folded);
     return std::move(folded.data);
@@ -84,6 +129,8 @@ std::vector<OpEntry> quantization_ops() {
         {"quantize", build_quantize},
         {"dequantize", build_dequantize},
         {"constexpr_affine_dequantize", build_constexpr_affine_dequantize},
+        {"constexpr_lut_to_dense", build_constexpr_lut_to_dense},
+        {"constexpr_blockwise_shift_scale", build_constexpr_blockwise_shift_scale},
     };
 }
 

@@ -15,10 +15,11 @@ namespace orion::frontend {
 
 namespace {
 
-// A constexpr op written with its parameters as attributes (the form coremltools writes) becomes, for
-// the checks and the emulator, the operand form: one const per attribute, named `<output>_<attribute>`
-// (underscores added until the name is free), passed as the argument of that name. The text sent to
-// the device is left as written.
+// A constexpr op written with its parameters as attributes (the form coremltools writes for the iOS 16
+// ops) or as inline values (its form for the iOS 18 compression ops) becomes, for the checks and the
+// emulator, the operand form: one const per parameter, named `<output>_<parameter>` (underscores added
+// until the name is free), passed as the argument of that name. The text sent to the device is left as
+// written.
 void expand_constexpr_attributes(mil::Function& fn) {
     std::set<std::string> taken;
     for (const auto& in : fn.inputs) taken.insert(in.name);
@@ -39,6 +40,18 @@ void expand_constexpr_attributes(mil::Function& fn) {
             op.args.push_back(mil::Argument::reference(key, name));
         }
         op.attributes.clear();
+        if (op.op.rfind("constexpr_", 0) == 0)
+            for (auto& a : op.args) {
+                if (a.kind != mil::Argument::Kind::literal) continue;
+                std::string name = op.output + "_" + a.name;
+                while (taken.count(name)) name += "_";
+                taken.insert(name);
+                mil::Operation c;
+                c.op = "const", c.output = name, c.name = name, c.type = a.literal.type, c.loc = op.loc;
+                c.val = std::move(a.literal);
+                body.push_back(std::move(c));
+                a = mil::Argument::reference(a.name, name);
+            }
         body.push_back(std::move(op));
     }
     fn.body = std::move(body);

@@ -40,13 +40,13 @@ void check_op(const mil::Operation& op, const std::map<std::string, const mil::O
             if (!op.arg(required))
                 throw ConstraintError(constraints::CONV_FORM, where(op) + " lacks '" + required +
                                                                   "': give all of dilations, groups, pad, pad_type, strides, weight, x");
-        // The weight is a const() or a compile-time constant op's output (constexpr_affine_dequantize:
-        // int8 weights, itself refused unless relaxed, ANE-35).
+        // The weight is a const() or a compile-time constant op's output (constexpr_*: int8, LUT or
+        // block-wise weights, themselves refused unless relaxed, ANE-35, ANE-38).
         const auto* w = op.arg("weight");
         if (w->kind != mil::Argument::Kind::ref || !consts.count(w->refs[0]))
             throw ConstraintError(constraints::CONV_FORM,
-                                  where(op) + ": weight must be a const() (a BLOBFILE) or a constexpr_affine_dequantize "
-                                              "of one; for runtime weights use matmul");
+                                  where(op) + ": weight must be a const() (a BLOBFILE) or a constexpr_* op's output "
+                                              "(a quantized weight); for runtime weights use matmul");
         const auto& wt = types.at(w->refs[0]);
         if (wt.shape.size() == 4 && wt.shape[1] >= limits::MAX_CONV_INPUT_CHANNELS)
             throw ConstraintError(constraints::CONV_CHANNELS,
@@ -86,7 +86,7 @@ void check_hardware_rules(const mil::Function& fn, const runtime::CompileOptions
             consts[op.output] = &op;
             continue;
         }
-        if (op.op == "constexpr_affine_dequantize") consts[op.output] = &op;  // a compile-time constant
+        if (op.op.rfind("constexpr_", 0) == 0) consts[op.output] = &op;  // a compile-time constant
         computed.insert(op.output);
         if (profile == runtime::Profile::hardware) check_op(op, consts, types, options.relaxed_ops);
     }

@@ -65,8 +65,15 @@ struct AffineLayout {  // quantize, dequantize, constexpr_affine_dequantize: ele
     int64_t n = 1, inner = 1;
 };
 
+// constexpr_lut_to_dense, constexpr_blockwise_shift_scale: element [i0, i1, ...] reads the table (lut) or
+// scale/offset entry [i0 / block[0], i1 / block[1], ...]; a LUT has `entries` (2^bits) values per table.
+struct BlockLayout {
+    Shape block;
+    int64_t entries = 0;
+};
+
 using OpAttrs = std::variant<std::monostate, GeluMode, Epsilon, Permutation, Slice, Concat, ConvGeometry, MatmulDims,
-                             Reduction, Normalization, Axis, Attention, AffineLayout>;
+                             Reduction, Normalization, Axis, Attention, AffineLayout, BlockLayout>;
 
 // One statement after the type step.
 struct TypedOp {

@@ -11,6 +11,7 @@ constexpr size_t kVersionByte = 4;       // file header: u32 count at 0, u32 ver
 constexpr size_t kChunkTypeByte = 4;     // chunk header: u32 data-type code (DataType)
 constexpr size_t kChunkSizeField = 8;    // payload bytes
 constexpr size_t kChunkDataField = 16;   // absolute payload offset
+constexpr size_t kChunkPaddingField = 24;  // sub-byte payloads: unused bits of the last byte
 
 void put_u32(std::string& out, size_t at, uint64_t v) {
     for (int i = 0; i < 4; ++i) out[at + i] = static_cast<char>((v >> (8 * i)) & 0xff);
@@ -35,6 +36,13 @@ std::vector<uint64_t> chunk_offsets(const std::vector<uint64_t>& payload_sizes) 
     return offsets;
 }
 
+bool is_data_type_code(uint32_t code) {
+    for (DataType d : {DataType::fp16, DataType::fp32, DataType::uint8, DataType::int8, DataType::int4, DataType::uint4,
+                       DataType::uint6})
+        if (code == static_cast<uint32_t>(d)) return true;
+    return false;
+}
+
 std::string write(const std::vector<Payload>& payloads) {
     std::vector<uint64_t> sizes;
     for (const auto& p : payloads) sizes.push_back(p.bytes.size());
@@ -50,6 +58,7 @@ std::string write(const std::vector<Payload>& payloads) {
         put_u32(out, chunk + kChunkTypeByte, static_cast<uint32_t>(payloads[i].dtype));
         put_u32(out, chunk + kChunkSizeField, sizes[i]);
         put_u32(out, chunk + kChunkDataField, chunk + kChunkHeaderSize);
+        put_u32(out, chunk + kChunkPaddingField, payloads[i].padding_bits);
         payloads[i].bytes.copy(out.data() + chunk + kChunkHeaderSize, payloads[i].bytes.size());
     }
     return out;

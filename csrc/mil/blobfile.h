@@ -15,12 +15,15 @@ inline constexpr uint64_t kChunkHeaderSize = 64;
 inline constexpr uint32_t kChunkMagic = 0xDEADBEEF;
 
 // The chunk header's data-type code: coremltools' MILBlob BlobDataType (Blob/BlobDataType.hpp).
-enum class DataType : uint32_t { fp16 = 1, fp32 = 2, uint8 = 3, int8 = 4 };
+enum class DataType : uint32_t { fp16 = 1, fp32 = 2, uint8 = 3, int8 = 4, int4 = 8, uint4 = 11, uint6 = 13 };
+// Whether `code` is one of DataType's codes.
+bool is_data_type_code(uint32_t code);
 inline constexpr uint64_t kAlignment = 64;  // every chunk header and payload starts at a multiple of 64
 
 struct Payload {
     std::string_view bytes;
     DataType dtype = DataType::fp16;
+    uint32_t padding_bits = 0;  // sub-byte types: unused bits of the last byte (coremltools' padding_size_in_bits)
 };
 
 struct Chunk {

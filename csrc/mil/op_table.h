@@ -76,7 +76,16 @@ struct OpSpec {
       disputed, QUANTIZED_OPS,                                                                                   \
       "store the weight as fp16; or pass relaxed_ops=orion.probes.load_report(PATH).ops from a `python -m orion "  \
       "doctor --probe --out PATH` report of this machine whose quantized_weights probe works; or compile with "    \
-      "profile=\"permissive\" (Orion's op bans lifted: a real ANE may refuse it)")
+      "profile=\"permissive\" (Orion's op bans lifted: a real ANE may refuse it)")                            \
+    X(constexpr_lut_to_dense, ORION_ARGS("indices", "lut"), ORION_ARGS("vector_axis"), disputed, LOW_BIT_WEIGHTS, \
+      "store the weight as fp16 or int8; or pass relaxed_ops=orion.probes.load_report(PATH).ops from a `python -m "  \
+      "orion doctor --probe --out PATH` report of this machine whose lut_weights probe works; or compile with "     \
+      "profile=\"permissive\" (Orion's op bans lifted: a real ANE may refuse it)")                              \
+    X(constexpr_blockwise_shift_scale, ORION_ARGS("data", "scale"), ORION_ARGS("offset"), disputed,               \
+      LOW_BIT_WEIGHTS,                                                                                            \
+      "store the weight as fp16, int8 or a LUT; or pass relaxed_ops=orion.probes.load_report(PATH).ops from a "    \
+      "`python -m orion doctor --probe --out PATH` report of this machine whose int4_weights probe works; or "     \
+      "compile with profile=\"permissive\" (Orion's op bans lifted: a real ANE may refuse it)")
 
 // The table, in the order above.
 const std::vector<OpSpec>& op_table();

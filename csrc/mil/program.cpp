@@ -12,12 +12,14 @@ struct DTypeInfo {
     DType dtype;
     const char* name;
     size_t size;
+    size_t bits;
 };
 constexpr DTypeInfo kDTypes[] = {
-    {DType::fp16, "fp16", 2},   {DType::fp32, "fp32", 4},     {DType::int32, "int32", 4},
-    {DType::int16, "int16", 2}, {DType::int8, "int8", 1},     {DType::uint16, "uint16", 2},
-    {DType::uint8, "uint8", 1}, {DType::boolean, "bool", 1}, {DType::string, "string", 0},
-    {DType::uint64, "uint64", 8},
+    {DType::fp16, "fp16", 2, 16},   {DType::fp32, "fp32", 4, 32},     {DType::int32, "int32", 4, 32},
+    {DType::int16, "int16", 2, 16}, {DType::int8, "int8", 1, 8},      {DType::uint16, "uint16", 2, 16},
+    {DType::uint8, "uint8", 1, 8},  {DType::boolean, "bool", 1, 8},   {DType::string, "string", 0, 0},
+    {DType::uint64, "uint64", 8, 64}, {DType::int4, "int4", 0, 4},    {DType::uint4, "uint4", 0, 4},
+    {DType::uint6, "uint6", 0, 6},
 };
 const DTypeInfo& info(DType d) {
     for (const auto& i : kDTypes)
@@ -28,6 +30,7 @@ const DTypeInfo& info(DType d) {
 
 const char* dtype_name(DType dtype) { return info(dtype).name; }
 size_t dtype_size(DType dtype) { return info(dtype).size; }
+size_t dtype_bits(DType dtype) { return info(dtype).bits; }
 bool is_float(DType dtype) { return dtype == DType::fp16 || dtype == DType::fp32; }
 
 bool is_valid_number(DType dtype, double v) {
@@ -43,6 +46,9 @@ bool is_valid_number(DType dtype, double v) {
         case DType::int8: lo = -128, hi = 127; break;
         case DType::uint16: hi = 65535; break;
         case DType::uint8: hi = 255; break;
+        case DType::int4: lo = -8, hi = 7; break;
+        case DType::uint4: hi = 15; break;
+        case DType::uint6: hi = 63; break;
         case DType::uint64: hi = 18446744073709549568.0; break;  // largest double below 2^64
     }
     return v == std::floor(v) && v >= lo && v <= hi;

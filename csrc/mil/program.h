@@ -17,11 +17,14 @@
 
 namespace orion::mil {
 
-enum class DType { fp16, fp32, int32, int16, int8, uint16, uint8, boolean, string, uint64 };
+// int4, uint4 and uint6 are sub-byte types: only constexpr ops' BLOBFILE payloads carry them, packed
+// LSB first as coremltools' MILBlob writer packs them (element i at bits [i*b, (i+1)*b) of the payload).
+enum class DType { fp16, fp32, int32, int16, int8, uint16, uint8, boolean, string, uint64, int4, uint4, uint6 };
 
 const char* dtype_name(DType dtype);                    // "fp16", ..., "bool", "string"
 std::optional<DType> dtype_from_name(const std::string& name);
-size_t dtype_size(DType dtype);                          // bytes per element (0 for string)
+size_t dtype_size(DType dtype);                          // bytes per element (0 for string and sub-byte types)
+size_t dtype_bits(DType dtype);                          // bits per element (0 for string)
 bool is_float(DType dtype);
 // Whether `v` can be a literal of `dtype`: finite for floats, 0/1 for bool, an integer in range
 // for integer dtypes, never for string.
@@ -42,7 +45,8 @@ struct Type {
     static Type scalar(DType d) { return Type{d, false, {}}; }
     static Type tensor(DType d, std::vector<int64_t> s) { return Type{d, true, std::move(s)}; }
     int64_t element_count() const;
-    int64_t byte_size() const { return element_count() * static_cast<int64_t>(dtype_size(dtype)); }
+    // Bytes of the packed payload (sub-byte types rounded up to whole bytes).
+    int64_t byte_size() const { return (element_count() * static_cast<int64_t>(dtype_bits(dtype)) + 7) / 8; }
     std::string str() const;  // MIL spelling
     bool operator==(const Type& o) const {
         return dtype == o.dtype && is_tensor == o.is_tensor && shape == o.shape;

@@ -14,10 +14,31 @@ import numpy as np
 from orion._core.mil import blobfile_chunk_offsets, blobfile_read_chunk, blobfile_write
 from orion.errors import OrionError
 
-__all__ = ["BlobfileError", "DATA_TYPE_CODES", "read", "write", "write_many"]
+__all__ = ["BlobfileError", "DATA_TYPE_CODES", "SUB_BYTE_CODES", "SubByte", "read", "write", "write_many"]
 
 DATA_TYPE_CODES = {np.dtype(np.float16): 1, np.dtype(np.float32): 2, np.dtype(np.uint8): 3, np.dtype(np.int8): 4}
 """The chunk header's data-type code per payload dtype: coremltools' ``MILBlob::Blob::BlobDataType``."""
+SUB_BYTE_CODES = {"int4": (8, 4), "uint4": (11, 4), "uint6": (13, 6)}
+"""MIL's sub-byte dtypes: their ``BlobDataType`` code and bits per element."""
+
+
+class SubByte:
+    """Values of a sub-byte MIL dtype (``int4``, ``uint4``, ``uint6``) to store in a BLOBFILE: packed LSB first,
+    element i at bits [i*b, (i+1)*b) of the payload, the last byte's unused bits counted in the chunk header's
+    ``padding_size_in_bits``, as coremltools' MILBlob writer stores them."""
+
+    def __init__(self, values: np.ndarray, dtype: str) -> None:
+        if dtype not in SUB_BYTE_CODES:
+            raise BlobfileError(f"sub-byte dtype {dtype!r} is not one of {', '.join(SUB_BYTE_CODES)}")
+        self.code, self.bits = SUB_BYTE_CODES[dtype]
+        lo, hi = (-8, 7) if dtype == "int4" else (0, (1 << self.bits) - 1)
+        v = np.asarray(values).reshape(-1).astype(np.int64)
+        if v.size and (v.min() < lo or v.max() > hi):
+            raise BlobfileError(f"{dtype} values must be in [{lo}, {hi}], got [{v.min()}, {v.max()}]")
+        self.dtype, self.shape, self.count = dtype, tuple(np.shape(values)), v.size
+        bits = ((v & ((1 << self.bits) - 1))[:, None] >> np.arange(self.bits)) & 1  # [n, b], LSB first
+        self.packed = np.packbits(bits.astype(np.uint8).reshape(-1), bitorder="little")
+        self.padding = (-self.count * self.bits) % 8
 
 
 class BlobfileError(OrionError, ValueError):
@@ -25,9 +46,11 @@ class BlobfileError(OrionError, ValueError):
     payload has a dtype BLOBFILEs do not store."""
 
 
-def _payload(array: np.ndarray, float_dtype: Any) -> tuple[np.ndarray, int]:
+def _payload(array: np.ndarray | SubByte, float_dtype: Any) -> tuple[np.ndarray, int] | tuple[np.ndarray, int, int]:
     """The array as stored (floats as ``float_dtype``, int8/uint8 as they are, flattened C-order) and its
-    data-type code."""
+    data-type code (and, for a :class:`SubByte`, its padding bits)."""
+    if isinstance(array, SubByte):
+        return array.packed, array.code, array.padding
     array = np.asarray(array)
     if np.issubdtype(array.dtype, np.floating):
         if np.dtype(float_dtype) not in (np.float16, np.float32):
@@ -38,17 +61,17 @@ def _payload(array: np.ndarray, float_dtype: Any) -> tuple[np.ndarray, int]:
     return np.ascontiguousarray(array).reshape(-1), DATA_TYPE_CODES[array.dtype]
 
 
-def write(array: np.ndarray, *, float_dtype: Any = np.float16) -> bytes:
+def write(array: np.ndarray | SubByte, *, float_dtype: Any = np.float16) -> bytes:
     """A one-tensor BLOBFILE; its MIL offset is 64. Floats are stored as ``float_dtype`` (fp16 unless
     float32 is asked for)."""
     return blobfile_write([_payload(array, float_dtype)])
 
 
-def write_many(arrays: Iterable[np.ndarray], *, float_dtype: Any = np.float16) -> tuple[bytes, list[int]]:
+def write_many(arrays: Iterable[np.ndarray | SubByte], *, float_dtype: Any = np.float16) -> tuple[bytes, list[int]]:
     """One BLOBFILE holding every array in order (64-byte aligned chunks, the count field set), and the
     MIL offset of each."""
     payloads = [_payload(a, float_dtype) for a in arrays]
-    return blobfile_write(payloads), blobfile_chunk_offsets([p.nbytes for p, _ in payloads])
+    return blobfile_write(payloads), blobfile_chunk_offsets([p[0].nbytes for p in payloads])
 
 
 def read(data: Any, offset: int = 64, dtype: Any = np.float16, shape: tuple[int, ...] | None = None) -> np.ndarray:

@@ -145,6 +145,10 @@ CATALOG: tuple[Constraint, ...] = (
                "orion.passes.io_packing packs inputs into one surface and outputs of one size together; the front end "
                "refuses more surfaces than allowed (1 in, 6 out) unless surface_counts from a probe report relax it",
                "tests/compiler/test_io_packing.py::test_hardware_profile_refuses_more_surfaces_than_proven"),
+    Constraint("ANE-38", "compile fail", "[AN][CT] (disputed: Core ML runs LUTs on the ANE; int4 block-wise reported to fail)",
+               REJECTED, "constexpr_lut_to_dense / constexpr_blockwise_shift_scale are disputed ops in "
+               "csrc/mil/op_table.h, refused unless relaxed_ops (probes lut_weights, int4_weights)",
+               "tests/test_low_bit.py::test_ane38_low_bit_weights_are_refused_unless_relaxed"),
 )
 
 BY_ID: dict[str, Constraint] = {c.id: c for c in CATALOG}

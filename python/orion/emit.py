@@ -1,8 +1,8 @@
 """Emit: the program's graph -> an ``orion.mil.MilProgram`` (the MIL-program binding) and its weight files.
 
 Every argument is a named const ``<var>_<arg>``, args in alphabetical order, one BLOBFILE per weight
-tensor at ``@model_path/weights/<name>.bin``, offset 64 (docs/hardware.md §4, §5); an int8 weight
-(orion.quant) is its int8 data and fp16 scales feeding ``constexpr_affine_dequantize``. Each op's arguments
+tensor at ``@model_path/weights/<name>.bin``, offset 64 (docs/hardware.md §4, §5); a quantized weight
+(orion.quant) is its stored data feeding a constexpr op in coremltools' form. Each op's arguments
 come from its registry definition (``OpDef.emit``) and are checked against its MIL signature
 (``OpDef.mil``): an op missing from the registry, or not a dialect op, is an error, never a default.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from orion import blobfile, mil, ops
+from orion import blobfile, mil, ops, quant
 from orion.errors import CompileError
 from orion.graph.builder import Graph
 from orion.graph.ir import Node
@@ -61,29 +61,51 @@ class Emitter:
         if not node.shape:
             self.program.add_const(name, mil.Value.number(node.dtype, float(node.value)), name=name)
             return
-        if "int8" in node.attrs:
-            return self.int8_constant(node, name)
+        if "quantized" in node.attrs:
+            return self.quantized_constant(node, name)
         # C order: a transposed weight (GPT-2's Conv1D view) is converted and laid out in one pass
         self.program.add_const(name, self.blob(name, node.value.astype(np.float16, order="C")), name=name)
 
-    def blob(self, name: str, array: np.ndarray) -> Any:
-        """A BLOBFILE value ``@model_path/weights/<name>.bin`` holding ``array`` (fp16 or int8)."""
+    def blob(self, name: str, array: np.ndarray | blobfile.SubByte) -> Any:
+        """A BLOBFILE value ``@model_path/weights/<name>.bin`` holding ``array`` (fp16, int8, or a sub-byte
+        dtype's values)."""
         path = f"{WEIGHT_DIR}{name}.bin"
         self.weights[path] = blobfile.write(array)
-        dtype = "int8" if array.dtype == np.int8 else "fp16"
+        if isinstance(array, blobfile.SubByte):
+            return mil.Value.blob(mil.Type.tensor(array.dtype, list(array.shape)), path, BLOB_OFFSET)
+        dtype = {np.dtype(np.int8): "int8", np.dtype(np.uint8): "uint8"}.get(array.dtype, "fp16")
         return mil.Value.blob(mil.Type.tensor(dtype, list(array.shape)), path, BLOB_OFFSET)
 
-    def int8_constant(self, node: Node, name: str) -> None:
-        """An int8 weight (``node.attrs["int8"]``, orion.quant): int8 data and fp16 per-output-channel
-        scales (axis 0, zero point 0) dequantized by ``constexpr_affine_dequantize`` (ANE-35), its parameters
-        written as attributes: the form coremltools serializes and [M]'s int8 benchmark ran."""
-        weight = node.attrs["int8"]
-        attributes = [("axis", mil.Value.number("int32", 0.0)),
-                      ("quantized_data", self.blob(f"{name}_quantized_data", weight.q.reshape(node.shape))),
-                      ("scale", self.blob(f"{name}_scale", weight.scale.astype(np.float16))),
-                      ("zero_point", mil.Value.number("int8", 0.0))]
-        self.program.add_op("constexpr_affine_dequantize", name, self.type_of(node), [], name=name,
-                            attributes=attributes)
+    def quantized_constant(self, node: Node, name: str) -> None:
+        """A quantized weight (``node.attrs["quantized"]``, orion.quant) in the form coremltools serializes it:
+
+        - int8: ``constexpr_affine_dequantize`` (iOS 16) with its parameters as attributes (int8 data, fp16
+          per-output-channel scales, axis 0, zero point 0), the form [M]'s int8 benchmark ran (ANE-35);
+        - LUT: ``constexpr_lut_to_dense(indices=tensor<uint4|uint6, ...>(BLOBFILE), lut=tensor<fp16,
+          [Cout/group, 1, ..., 2^bits, 1]>(BLOBFILE))``: iOS 18 ops take their parameters as inline values;
+        - int4: ``constexpr_blockwise_shift_scale(data=uint4, offset=fp16, scale=fp16)``, offset and scale
+          ``[Cout, Cin/block, 1, ...]`` (ANE-38)."""
+        weight = node.attrs["quantized"]
+        shape, rank = list(node.shape), len(node.shape)
+        if isinstance(weight, quant.Int8Weight):
+            attributes = [("axis", mil.Value.number("int32", 0.0)),
+                          ("quantized_data", self.blob(f"{name}_quantized_data", weight.q.reshape(shape))),
+                          ("scale", self.blob(f"{name}_scale", weight.scale.astype(np.float16))),
+                          ("zero_point", mil.Value.number("int8", 0.0))]
+            self.program.add_op(quant.INT8_OP, name, self.type_of(node), [], name=name, attributes=attributes)
+            return
+        if isinstance(weight, quant.LutWeight):
+            table = weight.lut.astype(np.float16).reshape([weight.lut.shape[0]] + [1] * (rank - 1) + [-1, 1])
+            args = [("indices", self.blob(f"{name}_indices",
+                                          blobfile.SubByte(weight.indices.reshape(shape), f"uint{weight.bits}"))),
+                    ("lut", self.blob(f"{name}_lut", table))]
+            self.program.add_op(quant.LUT_OP, name, self.type_of(node), args, name=name)
+            return
+        blocks = list(weight.scale.shape) + [1] * (rank - 2)
+        args = [("data", self.blob(f"{name}_data", blobfile.SubByte(weight.q.reshape(shape), "uint4"))),
+                ("offset", self.blob(f"{name}_offset", weight.zero.astype(np.float16).reshape(blocks))),
+                ("scale", self.blob(f"{name}_scale", weight.scale.astype(np.float16).reshape(blocks)))]
+        self.program.add_op(quant.BLOCKWISE_OP, name, self.type_of(node), args, name=name)
 
     def args(self, node: Node, out: str) -> list[Arg]:
         """The MIL arguments of ``node`` by its registry definition, checked against its MIL signature."""

@@ -266,6 +266,45 @@ def _quantized_weights(backend: str, *, attribute_form: bool = True) -> tuple[st
     return _attempt(mil, {"x": x}, {"y": want.reshape(s)}, backend, weights={path: data})
 
 
+LUT_WEIGHT_OPS = ("constexpr_lut_to_dense",)
+"""The disputed op (ANE-38) the LUT-weight probe settles (``quant="lut4"``/``"lut6"`` models need it)."""
+INT4_WEIGHT_OPS = ("constexpr_blockwise_shift_scale",)
+"""The disputed op (ANE-38) the int4-weight probe settles (``quant="int4"`` models need it)."""
+
+
+def _low_bit_weights(backend: str, mode: str) -> tuple[str, str]:
+    """A 1x1 conv whose weight is stored as ``quant=mode`` stores it, in the iOS 18 form coremltools writes
+    and ``orion.emit`` emits: ``constexpr_lut_to_dense`` with uint4/uint6 indices and an fp16 LUT per 8
+    output channels, or ``constexpr_blockwise_shift_scale`` with uint4 data and offsets and fp16 scales per
+    32 inputs, their parameters inline BLOBFILE values in one weight file."""
+    from orion import quant
+
+    c, s = 64, (1, 64, 1, 64)
+    x = _rng_input(s)
+    shape = (c, c, 1, 1)
+    w = quant.quantize(np.random.default_rng(2).standard_normal(shape) * 0.1, mode, "W")
+    path = "@model_path/weights/low_bit.bin"
+
+    def blob(type_text: str, at: int) -> str:
+        return f'{type_text}(BLOBFILE(path=string("{path}"), offset=uint64({at})))'
+
+    if isinstance(w, quant.LutWeight):
+        lut = w.lut.astype(np.float16).reshape(c // w.group, 1, 1, 1, -1, 1)
+        data, (i_at, l_at) = blobfile.write_many([blobfile.SubByte(w.indices, f"uint{w.bits}"), lut])
+        args = f"indices={blob(_t(shape, f'uint{w.bits}'), i_at)}, lut={blob(_t(lut.shape), l_at)}"
+    else:
+        blocks = w.scale.shape + (1, 1)
+        data, (d_at, o_at, s_at) = blobfile.write_many([blobfile.SubByte(w.q, "uint4"),
+                                                        w.zero.astype(np.float16).reshape(blocks),
+                                                        w.scale.astype(np.float16).reshape(blocks)])
+        args = (f"data={blob(_t(shape, 'uint4'), d_at)}, offset={blob(_t(blocks), o_at)}, "
+                f"scale={blob(_t(blocks), s_at)}")
+    line = f'{_t(shape)} W = {quant.MODE_OPS[mode]}({args})[name=string("W")];'
+    mil = _mil({"x": s}, [line, *_conv_consts(), _conv("y", s, "W")], ["y"])
+    want = w.dequantized().reshape(c, c) @ x[0, :, 0, :].astype(np.float64)
+    return _attempt(mil, {"x": x}, {"y": want.reshape(s)}, backend, weights={path: data})
+
+
 def _build_info(backend: str, *, present: bool) -> tuple[str, str]:
     """The same tanh program with and without a buildInfo block (orion.compile adds one unless told not to)."""
     s = (1, 64, 1, 384)
@@ -420,6 +459,17 @@ PROBES: tuple[Probe, ...] = (
           "parameters as named-const operands compile and run?",
           lambda backend: _quantized_weights(backend, attribute_form=False),
           settles="whether ANE-35's reported failure ([E], operand form) is the syntax or the op"),
+    Probe("lut_weights", "ANE-38", "does a 1x1 conv with a 4-bit palettized weight (constexpr_lut_to_dense, uint4 "
+          "indices, an fp16 LUT per 8 output channels, coremltools' iOS 18 form) compile and run?",
+          lambda backend: _low_bit_weights(backend, "lut4"), relaxes="relaxed_ops=" + ",".join(LUT_WEIGHT_OPS),
+          settles="whether quant='lut4' and 'lut6' models can run here (ANEMLL runs LUTs through Core ML)"),
+    Probe("lut6_weights", "ANE-38", "does the same conv with 6-bit indices (uint6, 64-entry LUTs) compile and run?",
+          lambda backend: _low_bit_weights(backend, "lut6"),
+          settles="whether the uint6 indices of quant='lut6' work where uint4 does (lut_weights relaxes the op)"),
+    Probe("int4_weights", "ANE-38", "does a 1x1 conv with a block-wise 4-bit weight (constexpr_blockwise_shift_scale, "
+          "uint4 data, fp16 offsets and scales per 32 inputs) compile and run?",
+          lambda backend: _low_bit_weights(backend, "int4"), relaxes="relaxed_ops=" + ",".join(INT4_WEIGHT_OPS),
+          settles="whether quant='int4' models can run here (one public report saw int4 block-wise fail)"),
     Probe("build_info_present", "MIL", "does a program with the default buildInfo block (what orion.compile adds) "
           "compile and run?", lambda backend: _build_info(backend, present=True),
           settles="the baseline for build_info_absent"),
@@ -481,7 +531,7 @@ class Relaxations:
     surface_counts: tuple[int, int] | None = None
     """``(inputs, outputs)`` surfaces a program may bind (ANE-37): ``orion.compile(..., surface_counts=)``."""
     ops: tuple[str, ...] = ()
-    """Disputed ops (ANE-35) proved to compile and run here: pass as ``orion.compile(..., relaxed_ops=ops)``."""
+    """Disputed ops (ANE-35, ANE-38) proved to compile and run here: ``orion.compile(..., relaxed_ops=ops)``."""
     source: str = ""
 
 
@@ -507,6 +557,7 @@ def relaxations(report: dict[str, Any], *, require_same_machine: bool = True) ->
     works = lambda probe: probes.get(probe, {}).get("outcome") == "works"  # noqa: E731
     small = works("surface_8k")
     ops = (QUANTIZED_OPS if works("quantized_ops") else ()) + (QUANTIZED_WEIGHT_OPS if works("quantized_weights") else ())
+    ops += (LUT_WEIGHT_OPS if works("lut_weights") else ()) + (INT4_WEIGHT_OPS if works("int4_weights") else ())
     return Relaxations(min_surface_bytes=8192 if small else None, ops=ops, surface_counts=proven_counts(probes),
                        multi_file_patch=works("weight_patch_multi_file"),
                        source=f"ane probe report, {report.get('chip')} / {report.get('os')}")

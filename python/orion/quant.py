@@ -1,20 +1,35 @@
-"""W8A16 int8 weights: each linear weight's rows (output channels) quantized symmetrically to int8 with
-one scale per row, chosen so that every dequantized weight ``q * scale`` is an fp16 value exactly.
+"""Quantized weights: W8A16 int8, 4- and 6-bit palettized (LUT) and block-wise 4-bit affine.
 
 A graph holds such a weight as a const whose value is the dequantized weight (every pass and the
-numpy references see the values the ANE computes with) and whose ``attrs["int8"]`` is the
-:class:`Int8Weight`; emission writes it as an int8 BLOBFILE feeding ``constexpr_affine_dequantize``
-(ANE-35: disputed, so a program holding one compiles only when the op is relaxed by a probe report,
-or under the permissive profile; see :func:`compile_options`).
+numpy references see the values the ANE computes with) and whose ``attrs["quantized"]`` is its stored
+form; emission writes that form with the op Apple's tools use for it:
 
-Scales have at most 4 significant bits: with ``|q| <= 127`` (7 bits) each product has at most 11,
-which fp16 holds exactly (scales are kept at or above ``2**-21``, so products stay on fp16's grid).
-The emulator's int8 kernel relies on it to form each weight in fp32 with no rounding step; it still
-accepts any scale and zero point (dequantizing those weights to fp16 once, at compile time).
+- ``int8`` (:class:`Int8Weight`): each row (output channel) symmetric int8 with one scale, emitted as int8
+  data feeding ``constexpr_affine_dequantize`` (ANE-35). Scales have at most 4 significant bits: with
+  ``|q| <= 127`` (7 bits) each product has at most 11, which fp16 holds exactly (scales are kept at or
+  above ``2**-21``, so products stay on fp16's grid). The emulator's int8 kernel relies on it to form
+  each weight in fp32 with no rounding step.
+- ``lut4`` / ``lut6`` (:class:`LutWeight`): palettized as ANEMLL ships its models (coremltools'
+  ``OpPalettizerConfig(mode="kmeans", granularity="per_grouped_channel", group_size=8)``): one LUT of 16
+  or 64 fp16 values per group of 8 output channels, found by 1-D k-means (Lloyd's, from the quantiles),
+  and a 4- or 6-bit index per weight; emitted as ``constexpr_lut_to_dense`` (ANE-38).
+- ``int4`` (:class:`Int4Weight`): block-wise asymmetric 4 bits, like llama.cpp's Q4_1 and mlx's
+  4-bit: per output channel and block of 32 input channels an fp16 scale and zero point, weight
+  ``fp16((q - z) * s)`` with ``q`` in [0, 15]; emitted as iOS 18's ``constexpr_blockwise_shift_scale`` with
+  uint4 data and fp16 scale and offset (ANE-38). Zero points are rounded so that ``q - z`` is an fp16
+  value, and its product with ``s`` is exact in fp32: the emulator's 4-bit kernel rounds it once, as
+  coremltools' fp16 decompression does.
+
+The emulator's conv reads each of these in its stored form, never the dequantized tensor (the 4-bit
+modes stream half of int8's bytes); the result equals the fp16 conv of the dequantized weight bit for
+bit. The disputed ops compile under the hardware profile only when a probe report relaxes them, or
+under the permissive profile (see :func:`compile_options`).
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +40,26 @@ from orion.constraints import violation
 from orion.errors import OrionError
 from orion.limits import FP16_MAX
 
-QUANT_MODES = ("fp16", "int8")
+QUANT_MODES = ("fp16", "int8", "lut4", "lut6", "int4")
 INT8_OP = "constexpr_affine_dequantize"
+LUT_OP = "constexpr_lut_to_dense"
+BLOCKWISE_OP = "constexpr_blockwise_shift_scale"
+MODE_OPS = {"int8": INT8_OP, "lut4": LUT_OP, "lut6": LUT_OP, "int4": BLOCKWISE_OP}
+"""The disputed op each quantized mode compiles to."""
+MODE_RULES = {"int8": "ANE-35", "lut4": "ANE-38", "lut6": "ANE-38", "int4": "ANE-38"}
+MODE_PROBES = {"int8": "quantized_weights", "lut4": "lut_weights", "lut6": "lut_weights", "int4": "int4_weights"}
+"""The ``doctor --probe`` probe whose success relaxes each mode's op."""
+MODE_BYTES = {"fp16": 2.0, "int8": 1.0, "lut4": 0.5, "lut6": 0.75, "int4": 0.5 + 4 / 32}
+"""Bytes per weight-matrix element as each mode stores it (int4: 4 bits plus an fp16 scale and zero point per
+32 weights, as the emulator packs them; the LUTs are negligible)."""
+MODE_HELP = {"int8": "W8A16, int8 linear weights with per-output-channel scales",
+             "lut4": "4-bit palettized: a 16-entry fp16 LUT per 8 output channels (ANEMLL's LUT4)",
+             "lut6": "6-bit palettized: a 64-entry fp16 LUT per 8 output channels (ANEMLL's LUT6)",
+             "int4": "block-wise 4-bit: a scale and zero point per output channel and 32 inputs (like Q4_1)"}
 MIN_SCALE = 2.0**-21  # 8 * 2**-24: a 4-bit scale at or above it keeps q * scale on fp16's subnormal grid
+LUT_GROUP = 8  # output channels per LUT (ANEMLL's per_channel default)
+INT4_BLOCK = 32  # input channels per int4 scale (llama.cpp's Q4_0/Q4_1 block)
+KMEANS_ITERATIONS = 10
 
 
 class QuantError(OrionError, ValueError):
@@ -36,7 +68,8 @@ class QuantError(OrionError, ValueError):
 
 @dataclass(frozen=True, eq=False)
 class Int8Weight:
-    """``q`` int8 ``[Cout, ...]`` and ``scale`` float32 ``[Cout]`` (fp16 values): W[o] = q[o] * scale[o]."""
+    """``q`` int8 ``[Cout, ...]`` and ``scale`` float32 ``[Cout]`` (fp16 values): W[o] = q[o] * scale[o]
+    (see the module docstring)."""
 
     q: np.ndarray
     scale: np.ndarray
@@ -83,29 +116,202 @@ def quantize_int8(weight: np.ndarray, name: str = "weight") -> Int8Weight:
     return Int8Weight(q.astype(np.int8).reshape(w.shape), scale)
 
 
+@dataclass(frozen=True, eq=False)
+class LutWeight:
+    """``indices`` uint8 ``[Cout, ...]`` (each < 2**bits) and ``lut`` float32 ``[Cout // group, 2**bits]`` (fp16
+    values): W[o, ...] = lut[o // group, indices[o, ...]]."""
+
+    indices: np.ndarray
+    lut: np.ndarray
+    bits: int
+    group: int
+
+    def dequantized(self) -> np.ndarray:
+        """The weight the hardware computes with, float64 (exact: every value is an fp16 value)."""
+        rows = self.indices.reshape(self.indices.shape[0], -1)
+        tables = np.repeat(self.lut.astype(np.float64), self.group, axis=0)
+        return np.take_along_axis(tables, rows.astype(np.intp), axis=1).reshape(self.indices.shape)
+
+    def reshaped(self, shape: tuple[int, ...]) -> LutWeight:
+        """The same weight in ``shape`` (same leading output-channel axis)."""
+        return LutWeight(self.indices.reshape(shape), self.lut, self.bits, self.group)
+
+
+@dataclass(frozen=True, eq=False)
+class Int4Weight:
+    """``q`` uint8 ``[Cout, Cin, 1...]`` in [0, 15], ``scale`` and ``zero`` float32 ``[Cout, Cin // block]`` (fp16
+    values, each ``q - z`` an fp16 value too): W[o, c] = fp16((q[o, c] - z) * s) for the block's (s, z),
+    the dequantization coremltools computes in fp16 (q - z is an fp16 value, its product with s exact before
+    the one rounding)."""
+
+    q: np.ndarray
+    scale: np.ndarray
+    zero: np.ndarray
+    block: int
+
+    def dequantized(self) -> np.ndarray:
+        """The weight the hardware computes with, float64 (every value an fp16 value)."""
+        rows = self.q.reshape(self.q.shape[0], -1).astype(np.float64)
+        z = np.repeat(self.zero.astype(np.float64), self.block, axis=1)
+        s = np.repeat(self.scale.astype(np.float64), self.block, axis=1)
+        return ((rows - z) * s).astype(np.float16).astype(np.float64).reshape(self.q.shape)
+
+    def reshaped(self, shape: tuple[int, ...]) -> Int4Weight:
+        """The same weight in ``shape``: ``[Cout, Cin]`` with trailing ones (the blocks run along axis 1)."""
+        if tuple(shape[:2]) != self.q.shape[:2] or int(np.prod(shape[2:])) != 1:
+            raise QuantError(f"an int4 weight {list(self.q.shape)} keeps its [Cout, Cin] axes, not {list(shape)}")
+        return Int4Weight(self.q.reshape(shape), self.scale, self.zero, self.block)
+
+
+def _checked_rows(weight: np.ndarray, name: str, mode: str) -> np.ndarray:
+    """``weight`` [Cout, ...] as float64 rows, refusing what cannot be stored (ANE-25)."""
+    w = np.asarray(weight)
+    if w.ndim < 2 or w.shape[0] == 0 or w[0].size == 0:
+        raise QuantError(f"{name}: {mode} needs a weight [Cout, Cin, ...] with at least one row and column, "
+                         f"got shape {list(w.shape)}")
+    rows = w.reshape(w.shape[0], -1).astype(np.float64)
+    if not np.all(np.isfinite(rows)) or np.abs(rows).max() > FP16_MAX:
+        origin = origins.origin_of(weight)
+        nan = int(np.isnan(rows).sum())
+        raise violation("ANE-25", name, f"the weight{f' (from {origin})' if origin else ''} has "
+                        f"{f'{nan} NaN values' if nan else 'values that are infinite or beyond fp16 range'}",
+                        "the checkpoint is damaged or was saved from a diverged run: use a good copy" if nan else
+                        "clamp or rescale the weight into fp16 range before quantizing it")
+    return rows
+
+
+def _count_below(sorted_rows: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """Per row g, how many of ``sorted_rows[g]`` (ascending) are below each of ``queries[g]``: one
+    searchsorted over every row, each row's values mapped into its own unit interval [g, g + 1)."""
+    lo = np.minimum(sorted_rows[:, :1], queries.min(axis=1, keepdims=True))
+    span = np.maximum(sorted_rows[:, -1:], queries.max(axis=1, keepdims=True)) - lo
+    span = np.where(span > 0, span, 1.0) * (1 + 1e-9)
+    row = np.arange(sorted_rows.shape[0], dtype=np.float64)[:, None]
+    keys = (row + (sorted_rows - lo) / span).reshape(-1)
+    at = np.searchsorted(keys, (row + (queries - lo) / span).reshape(-1), side="left").reshape(queries.shape)
+    return at - (row.astype(np.int64) * sorted_rows.shape[1])
+
+
+def kmeans_luts(groups: np.ndarray, entries: int, iterations: int = KMEANS_ITERATIONS) -> np.ndarray:
+    """Sorted centroids [G, entries] of each row of ``groups`` [G, N]: 1-D k-means (Lloyd's), started from
+    the means of ``entries`` equal-count quantile bins; each step assigns by the midpoints (a searchsorted on
+    the sorted rows) and recomputes the means from prefix sums. An empty cluster keeps its centroid."""
+    g, n = groups.shape
+    values = np.sort(groups, axis=1)
+    prefix = np.concatenate([np.zeros((g, 1)), np.cumsum(values, axis=1)], axis=1)
+    rows = np.arange(g)[:, None]
+    edges = np.round(np.linspace(0, n, entries + 1)).astype(np.int64)
+    counts = np.maximum(np.diff(edges), 1)
+    centroids = (prefix[:, edges[1:]] - prefix[:, edges[:-1]]) / counts
+    centroids = np.where(np.diff(edges) > 0, centroids, values[:, np.minimum(edges[:-1], n - 1)])
+    centroids[:, 0], centroids[:, -1] = values[:, 0], values[:, -1]  # the extremes keep a centroid: outliers matter
+    for _ in range(iterations):
+        cut = _count_below(values, (centroids[:, 1:] + centroids[:, :-1]) / 2)
+        bounds = np.concatenate([np.zeros((g, 1), np.int64), cut, np.full((g, 1), n)], axis=1)
+        counts = np.diff(bounds, axis=1)
+        sums = prefix[rows, bounds[:, 1:]] - prefix[rows, bounds[:, :-1]]
+        centroids = np.sort(np.where(counts > 0, sums / np.maximum(counts, 1), centroids), axis=1)
+    return centroids
+
+
+def quantize_lut(weight: np.ndarray, bits: int, name: str = "weight", group: int = LUT_GROUP) -> LutWeight:
+    """Palettize ``weight`` [Cout, ...]: one 2**bits-entry fp16 LUT per ``group`` output channels (k-means;
+    a smaller group dividing Cout when ``group`` does not), each weight its nearest LUT entry."""
+    if bits not in (4, 6):
+        raise QuantError(f"{name}: LUTs of {bits} bits are not supported: use 4 or 6")
+    rows = _checked_rows(weight, name, f"lut{bits}")
+    cout = rows.shape[0]
+    group = max(d for d in range(1, min(group, cout) + 1) if cout % d == 0)
+    grouped = rows.reshape(cout // group, -1)
+    entries = 1 << bits
+    lut = kmeans_luts(grouped, entries).astype(np.float16).astype(np.float64)  # fp16 entries, still sorted
+    indices = _count_below(lut[:, 1:] * 0.5 + lut[:, :-1] * 0.5, grouped)  # nearest entry (ties: the lower)
+    return LutWeight(indices.astype(np.uint8).reshape(np.shape(weight)), lut.astype(np.float32), bits, group)
+
+
+def quantize_int4(weight: np.ndarray, name: str = "weight", block: int = INT4_BLOCK) -> Int4Weight:
+    """Block-wise asymmetric 4-bit of ``weight`` [Cout, Cin, 1...], as llama.cpp's Q4_1: per output channel and
+    ``block`` input channels (a smaller power of two dividing Cin when ``block`` does not), the fp16 scale
+    ``s = (max - min) / 15`` and the zero point ``z = -min / s`` (rounded so that every ``q - z`` is an fp16
+    value), so the 16 levels ``(q - z) * s`` span the block's range; each weight takes the nearest level."""
+    rows = _checked_rows(weight, name, "int4")
+    cout, cin = rows.shape
+    if tuple(np.shape(weight)[:2]) != (cout, cin):
+        raise QuantError(f"{name}: int4 needs a weight [Cout, Cin] (trailing ones allowed), got {list(np.shape(weight))}")
+    while block > 1 and cin % block:
+        block //= 2
+    blocks = rows.reshape(cout, cin // block, block)
+    lo, hi = blocks.min(axis=2), blocks.max(axis=2)
+    span = np.where(hi > lo, hi - lo, np.abs(lo)) / 15.0
+    scale = np.where(span > 0, span, 1.0).astype(np.float16).astype(np.float64)
+    scale = np.maximum(scale, 2.0**-24)  # a subnormal span rounds to 0: the smallest fp16 scale
+    zero = -lo / scale
+    # to the fp16 grid of |q - z| (q in [0, 15]), so that q - z is an fp16 value for every q
+    step = np.exp2(np.floor(np.log2(np.maximum(np.maximum(np.abs(zero), np.abs(15 - zero)), 1.0))) - 10)
+    zero = np.round(zero / step) * step
+    q = np.clip(np.rint(blocks / scale[:, :, None] + zero[:, :, None]), 0, 15)
+    weight4 = Int4Weight(q.astype(np.uint8).reshape(np.shape(weight)), scale.astype(np.float32), zero.astype(np.float32),
+                         block)
+    if not np.all(np.isfinite(weight4.dequantized())):
+        raise violation("ANE-25", name, "an int4 block's dequantized range exceeds fp16", "rescale the weight")
+    return weight4
+
+
+def quantize(weight: np.ndarray, quant: str, name: str = "weight") -> Int8Weight | LutWeight | Int4Weight:
+    """``weight`` [Cout, ...] in the stored form of ``quant`` (any mode but fp16)."""
+    mode = check_mode(quant)
+    if mode == "int8":
+        return quantize_int8(weight, name)
+    if mode in ("lut4", "lut6"):
+        return quantize_lut(weight, int(mode[3:]), name)
+    if mode == "int4":
+        return quantize_int4(weight, name)
+    raise QuantError(f"{name}: fp16 weights are not quantized")
+
+
 def check_mode(quant: str) -> str:
     """``quant`` if it is one of :data:`QUANT_MODES`."""
     if quant not in QUANT_MODES:
-        raise QuantError(f"quant={quant!r}: use one of {', '.join(map(repr, QUANT_MODES))} "
-                         "('int8': W8A16, int8 linear weights with per-output-channel scales)")
+        raise QuantError(f"quant={quant!r}: use one of {', '.join(map(repr, QUANT_MODES))} ("
+                         + "; ".join(f"'{m}': {h}" for m, h in MODE_HELP.items()) + ")")
     return quant
 
 
+_QUANTIZED: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+QUANTIZED_HELD = 1024
+"""Quantized weights remembered per process (by mode and content): a model's prefill buckets, chunk and
+decode programs quantize each weight once, not once per program (k-means is the slow part of a build)."""
+
+
+def quantize_once(weight: np.ndarray, quant: str, name: str = "weight") -> Int8Weight | LutWeight | Int4Weight:
+    """:func:`quantize`, remembered by the weight's content (its bytes' BLAKE2b digest, dtype and shape)."""
+    w = np.ascontiguousarray(weight)
+    key = (quant, w.dtype.str, w.shape, hashlib.blake2b(w.data, digest_size=20).digest())
+    held = _QUANTIZED.get(key)
+    if held is None:
+        held = _QUANTIZED[key] = quantize(w, quant, name)
+        if len(_QUANTIZED) > QUANTIZED_HELD:
+            _QUANTIZED.popitem(last=False)
+    else:
+        _QUANTIZED.move_to_end(key)
+    return held
+
+
 def weight_operand(g: Any, weight: np.ndarray, quant: str, name: str) -> Any:
-    """A linear's const weight as ``quant`` stores it: the array itself (fp16), or an int8 const node
+    """A linear's const weight as ``quant`` stores it: the array itself (fp16), or a quantized const node
     ``<name>_weight`` (``g`` is the :class:`orion.graph.Graph` being built)."""
     if check_mode(quant) == "fp16":
         return weight
-    return g.const_int8(f"{name}_weight", quantize_int8(weight, g.scoped(f"{name}_weight")))
+    return g.const_quantized(f"{name}_weight", quantize_once(weight, quant, g.scoped(f"{name}_weight")))
 
 
 def compile_options(quant: str, profile: str = "hardware", probe_report: Any = None) -> dict[str, Any]:
     """The ``profile`` and ``relaxed_ops`` that compile a model's programs for ``quant``.
 
-    int8 weights need :data:`INT8_OP`, disputed on the ANE (ANE-35): they compile under the hardware
-    profile only when ``probe_report`` (a ``python -m orion doctor --probe --out PATH`` report from this
-    machine, or its :class:`orion.probes.Relaxations`) proved the op works here, or under
-    ``profile="permissive"``. Anything else raises ``ConstraintError`` (ANE-35) saying so."""
+    Quantized weights need a disputed op (:data:`MODE_OPS`: ANE-35 for int8, ANE-38 for the 4- and 6-bit
+    modes): they compile under the hardware profile only when ``probe_report`` (a ``python -m orion doctor
+    --probe --out PATH`` report from this machine, or its :class:`orion.probes.Relaxations`) proved the op
+    works here, or under ``profile="permissive"``. Anything else raises ``ConstraintError`` saying so."""
     from orion import probes
 
     check_mode(quant)
@@ -114,21 +320,22 @@ def compile_options(quant: str, profile: str = "hardware", probe_report: Any = N
     relax = probes.load_report(probe_report) if isinstance(probe_report, (str, bytes)) or \
         hasattr(probe_report, "__fspath__") else (probe_report or probes.Relaxations())
     options: dict[str, Any] = {"profile": profile, "relaxed_ops": tuple(relax.ops)}
-    if quant == "int8" and profile == "hardware" and INT8_OP not in relax.ops:
-        raise violation("ANE-35", "quant='int8'",
-                        f"int8 weights compile to {INT8_OP}, which some ANE generations refuse, and no probe report "
+    op = MODE_OPS.get(quant)
+    if op and profile == "hardware" and op not in relax.ops:
+        raise violation(MODE_RULES[quant], f"quant={quant!r}",
+                        f"{quant} weights compile to {op}, which some ANE generations refuse, and no probe report "
                         f"relaxed it ({relax.source or 'no probe_report given'})",
                         "run `python -m orion doctor --probe --out report.json` on this Mac and pass "
-                        "probe_report='report.json' (it relaxes the op if its quantized_weights probe works), or "
+                        f"probe_report='report.json' (it relaxes the op if its {MODE_PROBES[quant]} probe works), or "
                         "pass profile='permissive' (Orion's op bans lifted: the emulator computes what the ANE would; "
-                        "a real ANE may refuse the program); on the command line, --quant int8 with --probe-report "
-                        "PATH, or --quant int8 alone, which uses the permissive profile and says so")
+                        f"a real ANE may refuse the program); on the command line, --quant {quant} with --probe-report "
+                        f"PATH, or --quant {quant} alone, which uses the permissive profile and says so")
     return options
 
 
-def weight_bytes(quant: str) -> int:
-    """Bytes per weight-matrix element stored as ``quant`` (the scales are negligible)."""
-    return 1 if check_mode(quant) == "int8" else 2
+def weight_bytes(quant: str) -> float:
+    """Bytes per weight-matrix element stored as ``quant`` (:data:`MODE_BYTES`)."""
+    return MODE_BYTES[check_mode(quant)]
 
 
 def quant_identity(quant: str) -> dict[str, str]:
@@ -139,21 +346,23 @@ def quant_identity(quant: str) -> dict[str, str]:
 def add_arguments(parser: Any) -> None:
     """``--quant`` and ``--probe-report``: the command-line form of a model's ``quant`` options."""
     parser.add_argument("--quant", choices=QUANT_MODES, default="fp16",
-                        help="how linear and LM-head weights are stored: fp16, or int8 (W8A16, per-output-channel "
-                             "scales; disputed on the ANE, ANE-35: without --probe-report it compiles with the "
-                             "permissive profile, and says so)")
+                        help="how linear and LM-head weights are stored: fp16; int8 (W8A16, per-output-channel "
+                             "scales; disputed on the ANE, ANE-35); lut4 / lut6 (4-/6-bit palettized, a LUT per 8 "
+                             "output channels, as ANEMLL ships) or int4 (block-wise 4-bit, per 32 inputs) (disputed, "
+                             "ANE-38). Without --probe-report a quantized mode compiles with the permissive profile, "
+                             "and says so")
     parser.add_argument("--probe-report", default=None, metavar="PATH",
-                        help="a `python -m orion doctor --probe --out PATH` report of this machine: --quant int8 then "
-                             "compiles under the hardware profile if the report relaxes constexpr_affine_dequantize")
+                        help="a `python -m orion doctor --probe --out PATH` report of this machine: a quantized "
+                             "--quant then compiles under the hardware profile if the report relaxes its op")
 
 
 def model_options(quant: str, probe_report: str | None = None, note: Any = print) -> dict[str, Any]:
-    """The model options for the command line's ``--quant``/``--probe-report``: int8 without a report
-    uses the permissive profile, after a one-line ``note`` that the op is disputed."""
+    """The model options for the command line's ``--quant``/``--probe-report``: a quantized mode without a
+    report uses the permissive profile, after a one-line ``note`` that its op is disputed."""
     if check_mode(quant) == "fp16":
         return {}
     if probe_report is not None:
         return {"quant": quant, "probe_report": probe_report}
-    note(f"note: --quant int8 compiles to {INT8_OP}, disputed on the ANE (ANE-35); using profile='permissive' "
-         "(pass --probe-report PATH to use this machine's probe report instead)")
+    note(f"note: --quant {quant} compiles to {MODE_OPS[quant]}, disputed on the ANE ({MODE_RULES[quant]}); using "
+         "profile='permissive' (pass --probe-report PATH to use this machine's probe report instead)")
     return {"quant": quant, "profile": "permissive"}

@@ -34,7 +34,7 @@ def test_catalog_covers_every_native_constraint_id_once() -> None:
 def test_every_entry_is_complete_and_points_at_a_test() -> None:
     for c in constraints.CATALOG:
         assert c.title and c.where and c.symptom in {"compile fail", "eval fail", "crash", "silent wrong data", "slow"}
-        assert re.fullmatch(r"(\[[OME]\]\s*)+(\(.*\))?", c.sources), c
+        assert re.fullmatch(r"(\[(?:O|M|E|AN|CT)\]\s*)+(\(.*\))?", c.sources), c  # docs/hardware.md's tags
         assert all(h in {constraints.REJECTED, constraints.LEGALIZED, constraints.RUNTIME, constraints.REPORTED}
                    for h in c.handling.split(" + ")), c
         assert c.test.startswith("tests/") and "::" in c.test, c

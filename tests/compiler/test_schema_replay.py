@@ -23,7 +23,7 @@ def int8_linear():
     from orion.quant import quantize_int8
 
     g = Graph("int8_linear")
-    w = g.const_int8("w", quantize_int8(np.random.default_rng(0).standard_normal((96, 64)) / 8, "w"))
+    w = g.const_quantized("w", quantize_int8(np.random.default_rng(0).standard_normal((96, 64)) / 8, "w"))
     g.output(g.linear(g.input("x", [1, 64, 1, 64]), w), "y")
     return g
 

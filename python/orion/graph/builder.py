@@ -177,11 +177,12 @@ class Graph:
         """A named constant (weights, masks, scalars); values must fit fp16 (ANE-25)."""
         return self._const(self.scoped(_check_ident(name, "const name")), array, dtype, origins.origin_of(array))
 
-    def const_int8(self, name: str, weight: Any) -> Node:
-        """A named int8 weight (an :class:`orion.quant.Int8Weight`): a const holding its dequantized values,
-        emitted as int8 data with per-output-channel scales (``constexpr_affine_dequantize``, ANE-35)."""
+    def const_quantized(self, name: str, weight: Any) -> Node:
+        """A named quantized weight (an :class:`orion.quant.Int8Weight`, ``LutWeight`` or ``Int4Weight``): a
+        const holding its dequantized values, emitted in its stored form (``constexpr_affine_dequantize``,
+        ANE-35; ``constexpr_lut_to_dense`` or ``constexpr_blockwise_shift_scale``, ANE-38)."""
         node = self.const(name, weight.dequantized())
-        node.attrs["int8"] = weight
+        node.attrs["quantized"] = weight
         return node
 
     def _const(self, name: str, array: np.ndarray | float, dtype: str = "fp16", origin: str | None = None) -> Node:

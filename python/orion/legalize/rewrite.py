@@ -37,7 +37,7 @@ class Legalizer:
         """A const holding ``old``'s data in ``shape`` (shared between uses)."""
         key = (id(old), shape)
         if key not in self.reshaped:
-            attrs = {"int8": old.attrs["int8"].reshaped(shape)} if "int8" in old.attrs else None
+            attrs = {"quantized": old.attrs["quantized"].reshaped(shape)} if "quantized" in old.attrs else None
             self.reshaped[key] = self.g.add_node("const", [], attrs, name=old.name, value=old.value.reshape(shape),
                                                  shape=shape, dtype=old.dtype, origin=old.origin)
         return self.reshaped[key]

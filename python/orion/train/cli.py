@@ -26,6 +26,7 @@ from typing import Any
 from orion.cli import positive_int, report_errors
 from orion.lora.adapter import AdapterError
 from orion.lora.train import LoraSpec
+from orion.quant import QUANT_MODES
 from orion.train.data import eval_batches
 from orion.train.errors import TrainError
 from orion.train.examples import ExampleSplit, describe
@@ -81,6 +82,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lora", type=_lora_spec, default=None, metavar="r=R,alpha=A,targets=T[,T...][,dropout=0]",
                    help="fine-tune LoRA adapters only (targets: q,k,v,o,gate,up,down or PEFT module names such as "
                    "c_attn, c_proj, c_fc; on GPT-2 q/k/v all mean c_attn); writes RUN_DIR/adapter (PEFT format)")
+    p.add_argument("--quant", choices=QUANT_MODES, default="fp16",
+                   help="with --lora: the frozen base's layer weights as orion.quant stores them (int8, lut4, lut6, "
+                        "int4), the adapters trained against those values as QLoRA does; a full fine-tune of a "
+                        "quantized base is refused")
     p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in --out")
     p.add_argument("--from-scratch", action="store_true",
                    help="train a model directory whose weights are meant to be untrained (without it, a fine-tune "
@@ -104,7 +109,7 @@ def _train(args: argparse.Namespace, given: set[str] | None = None) -> int:
                          max_grad_norm=args.max_grad_norm, loss_scale=args.loss_scale, seed=args.seed,
                          prefer=args.prefer, weights=args.weights, eval_every=args.eval_every,
                          eval_batches=args.eval_batches, checkpoint_every=args.checkpoint_every, keep=args.keep,
-                         lora=args.lora)
+                         lora=args.lora, quant=args.quant)
     out = Path(args.out)
     data = _stdlib_data(args.model, out, args.data_bytes, args.quiet) if args.data == STDLIB else args.data
     data_options = {"train_on_prompt": args.train_on_prompt, "max_examples": args.max_examples,
@@ -145,7 +150,7 @@ def _settings_line(args: argparse.Namespace, trainer: Trainer, given: set[str]) 
              "prefer": cfg.prefer, "weights": cfg.weights, "eval_every": cfg.eval_every,
              "eval_batches": trainer.data.eval_windows(cfg.eval_batches), "checkpoint_every": cfg.checkpoint_every,
              "keep": cfg.keep, "lora": "off" if args.lora is None else
-             f"r={args.lora.r},alpha={args.lora.alpha:g},targets={','.join(args.lora.targets)}",
+             f"r={args.lora.r},alpha={args.lora.alpha:g},targets={','.join(args.lora.targets)}", "quant": cfg.quant,
              "train_on_prompt": args.train_on_prompt, "max_examples": args.max_examples or "all",
              "val_examples": args.val_examples or "all", "data_bytes": args.data_bytes}
     if trainer.data.layout != "examples":

@@ -35,7 +35,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from orion import compile_count
+from orion import compile_count, quant
 from orion.autodiff.partition import ANE, Plan, partition
 from orion.autodiff.runner import WEIGHT_STRATEGIES, GradientRunner, NonFiniteGradient, planned_compiles
 from orion.autodiff.trainable import TrainableModel
@@ -87,6 +87,7 @@ class TrainConfig:
     checkpoint_every: int = 100
     keep: int = 3
     lora: LoraSpec | None = None      # fine-tune only LoRA adapters of these targets (the base frozen)
+    quant: str = "fp16"               # the frozen base's projections as orion.quant stores them (LoRA only: QLoRA)
 
     def __post_init__(self) -> None:
         for name in ("steps", "seq", "batch", "accum", "eval_every", "eval_batches", "checkpoint_every", "keep"):
@@ -104,6 +105,13 @@ class TrainConfig:
         if self.lora is not None and not isinstance(self.lora, LoraSpec):
             raise TrainError(f"TrainConfig.lora={self.lora!r}: pass an orion.lora.train.LoraSpec "
                              "(LoraSpec.parse('r=16,alpha=32,targets=q,v'))")
+        if self.quant not in quant.QUANT_MODES:
+            raise TrainError(f"TrainConfig.quant={self.quant!r}: use one of {', '.join(quant.QUANT_MODES)}")
+        if self.quant != "fp16" and self.lora is None:
+            raise TrainError(f"TrainConfig.quant={self.quant!r} without lora: a full fine-tune of a {self.quant} base "
+                             "would move every weight off its quantization grid, so it is refused. Fix: fine-tune "
+                             "LoRA adapters over the frozen quantized base (--lora r=16,alpha=32,targets=q,v, as "
+                             "QLoRA does), or train the fp16 model and quantize it after (quant= on load)")
 
     @property
     def warmup_steps(self) -> int:
@@ -119,7 +127,24 @@ class TrainConfig:
         hashed = {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
         if hashed["lora"] is None:  # added later: unset, it leaves the hashes of earlier runs (and --resume) intact
             del hashed["lora"]
+        if hashed["quant"] == "fp16":  # likewise
+            del hashed["quant"]
         return hashed
+
+
+def quantized_base(model: TrainableModel, params: dict[str, np.ndarray], mode: str) -> dict[str, np.ndarray]:
+    """``params`` with every layer's weight matrix replaced by the values ``mode`` stores it as
+    (``orion.quant.quantize(...).dequantized()``): the frozen base a QLoRA fine-tune trains its adapters
+    against. Each matrix of the training layout is quantized on its own (Llama's query and output projections
+    per query group, the slices inference quantizes them in). The training programs hold those values in fp16;
+    the embedding, the norms and the CPU head stay as they are."""
+    out = dict(params)
+    for layer in range(model.n_layers):
+        for name, shape in model.layer_shapes().items():
+            key = model.layer_param(layer, name)
+            if len(shape) == 2 and key in out:
+                out[key] = quant.quantize(out[key], mode, key).dequantized().astype(np.float32)
+    return out
 
 
 def load_model(model: str | os.PathLike | GPT2Config | LlamaConfig, seed: int = 0
@@ -242,6 +267,8 @@ class Trainer:
         # a fine-tune of pretrained weights (a model directory) must start from a sane loss; shapes start at random
         self.check_base = not from_scratch and _is_model_directory(model)
         if cfg.lora is not None:  # the base becomes frozen; the parameters are the adapters alone
+            if cfg.quant != "fp16":
+                self.params = quantized_base(self.model, self.params, cfg.quant)
             self.model = LoraTrainable(self.model, self.params, cfg.lora, modules_of(self.model, cfg.lora.targets))
             self.params = self.model.init_params(cfg.seed)
         if cfg.seq is None:

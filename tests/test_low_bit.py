@@ -1,0 +1,298 @@
+"""4- and 6-bit weights end to end: the quantizers, the sub-byte BLOBFILEs and the iOS 18 MIL forms against
+coremltools (its writer and its ops' own decompression), the ANE-38 rule and its probes, the emulator's
+packed low-bit conv, and GPT-2 / Llama with quant="lut4", "lut6" and "int4".
+
+References: numpy float64 (the quantizers' properties, dequantized weights), coremltools 9's MILBlob writer
+and its ``constexpr_lut_to_dense`` / ``constexpr_blockwise_shift_scale`` ``decompress`` (the semantics Apple's
+tools give the ops), and the independent numpy fp32 models of tests/support run on the dequantized weights.
+Tolerances: a low-bit conv agrees bit for bit with the same program holding the fp16 weight it stands for
+(the emulator forms each weight exactly, then the fp16 kernel's sums), on every SIMD flavour (the kernel
+tests run once more under ORION_SIMD=portable and avx2); models agree with the reference on their
+quantized weights to the fp16 tolerance of their fp16 suites (3% of max |logit| for GPT-2, 2% for Llama).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import orion
+from orion import blobfile, compiler, probes, quant
+from orion._core import kernels
+from orion.graph import Graph
+from orion.models import GPT2, GPT2Config, Llama, LlamaConfig
+from orion.models.llama.graphs import group_rows
+from support.gpt2_fixtures import lively_weights
+from support.handmil import blob_const, op, ttype
+from support.llama_fixtures import lively
+from support.llama_reference import reference_logits as llama_reference
+from test_int8 import _gpt2_logits_with_head, handwritten_conv
+
+RNG = np.random.default_rng(25)
+MODES = ("lut4", "lut6", "int4")
+
+
+def coremltools_ops():
+    """coremltools' iOS 18 compression ops (their ``decompress`` is Apple's definition of the values)."""
+    pytest.importorskip("coremltools")
+    from coremltools.converters.mil.mil.ops.defs.iOS18 import compression
+    return compression
+
+
+# -- the quantizers ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bits", [4, 6])
+def test_lut_weights_are_fp16_luts_per_group_of_8_rows_and_nearest_entries(bits) -> None:
+    w = RNG.standard_normal((48, 40)) * np.exp(RNG.uniform(-2, 1, (48, 1)))
+    w[5, 7] = 40.0  # an outlier keeps an entry of its own (the extremes start as centroids)
+    lw = quant.quantize_lut(w, bits)
+    assert lw.group == 8 and lw.lut.shape == (6, 1 << bits) and lw.indices.dtype == np.uint8
+    assert np.all(lw.indices < (1 << bits))
+    lut = lw.lut.astype(np.float64)
+    assert np.array_equal(lut, lut.astype(np.float16).astype(np.float64)), "LUT entries are fp16 values"
+    deq = lw.dequantized()
+    assert deq[5, 7] == np.float16(40.0)
+    groups = w.reshape(6, -1)
+    nearest = np.abs(groups[:, :, None] - lut[:, None, :]).min(axis=2)  # float64 brute force
+    np.testing.assert_allclose(np.abs(deq.reshape(6, -1) - groups), nearest, rtol=0, atol=1e-12)
+    assert quant.quantize_lut(w[:42], bits).group == 7, "a group that does not divide Cout shrinks to one that does"
+
+
+def test_kmeans_improves_on_its_quantile_start() -> None:
+    x = RNG.laplace(size=(3, 4000))
+    for entries in (16, 64):
+        start, done = quant.kmeans_luts(x, entries, iterations=0), quant.kmeans_luts(x, entries)
+
+        def mse(c):
+            return np.mean(np.min((x[:, :, None] - c[:, None, :]) ** 2, axis=2))
+        assert mse(done) < mse(start) and np.all(np.diff(done, axis=1) >= 0)
+
+
+def test_int4_blocks_hold_a_q4_1_grid_and_dequantize_as_fp16() -> None:
+    # weights on Q4_1's grid (llama.cpp: m + d * q per block of 32, m the block's min, q = 0 and 15 present)
+    d = RNG.uniform(0.01, 0.05, (16, 4, 1)).astype(np.float16).astype(np.float64)
+    m = -RNG.uniform(0.0, 0.6, (16, 4, 1)).astype(np.float16).astype(np.float64)
+    q = RNG.integers(0, 16, (16, 4, 32))
+    q[:, :, 0], q[:, :, 1] = 0, 15
+    w = (m + d * q).reshape(16, 128)
+    iw = quant.quantize_int4(w)
+    assert iw.block == 32 and iw.scale.shape == iw.zero.shape == (16, 4) and iw.q.max() <= 15
+    levels = np.arange(16)[None, None, :] - iw.zero[:, :, None].astype(np.float64)
+    assert np.array_equal(levels, levels.astype(np.float16)), "every q - z is an fp16 value"
+    deq = iw.dequantized()
+    assert np.array_equal(deq, deq.astype(np.float16).astype(np.float64))
+    assert np.abs(deq - w).max() <= 0.02 * d.max() + 2**-11 * np.abs(w).max(), "Q4_1's grid comes back"
+    noisy = RNG.standard_normal((8, 64))
+    err = np.abs(quant.quantize_int4(noisy).dequantized() - noisy).reshape(8, 2, 32)
+    span = (noisy.reshape(8, 2, 32).max(2) - noisy.reshape(8, 2, 32).min(2))[:, :, None]
+    assert np.all(err <= span / 30 * 1.01 + 1e-3), "within half a step of each block's 16 levels"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_quantizers_refuse_what_they_cannot_store(mode) -> None:
+    with pytest.raises(orion.ConstraintError, match="ANE-25"):
+        quant.quantize(np.full((8, 32), np.nan), mode, "w")
+    with pytest.raises(quant.QuantError, match=f"{mode} needs a weight"):
+        quant.quantize(np.zeros(5), mode, "w")
+    with pytest.raises(quant.QuantError, match="lut4"):
+        quant.check_mode("lut5")
+
+
+# -- BLOBFILEs and MIL: coremltools' bytes and semantics --------------------------------------------------
+@pytest.mark.parametrize("dtype,lo,hi", [("int4", -8, 7), ("uint4", 0, 15), ("uint6", 0, 63)])
+def test_sub_byte_blobfiles_are_coremltools_bytes(dtype, lo, hi, tmp_path) -> None:
+    pytest.importorskip("coremltools")
+    from coremltools.libmilstoragepython import _BlobStorageReader, _BlobStorageWriter
+    for n in (1, 3, 64, 1001):
+        v = RNG.integers(lo, hi + 1, n)
+        path = str(tmp_path / f"{dtype}_{n}.bin")
+        writer = _BlobStorageWriter(path)
+        getattr(writer, f"write_{dtype}_data")(v.astype(np.int8 if dtype == "int4" else np.uint8))
+        del writer  # flushes
+        ours = blobfile.write(blobfile.SubByte(v, dtype))
+        assert ours == open(path, "rb").read()
+        back = getattr(_BlobStorageReader(path), f"read_{dtype}_data")(64)
+        np.testing.assert_array_equal(np.asarray(back, np.int64), v)
+    with pytest.raises(blobfile.BlobfileError, match=r"uint4 values must be in \[0, 15\]"):
+        blobfile.SubByte(np.array([16]), "uint4")
+
+
+def low_bit_graph(w: np.ndarray, s: int, mode: str) -> Graph:
+    g = Graph("lin")
+    x = g.input("x", [1, w.shape[1], 1, s])
+    g.output(g.linear(x, quant.weight_operand(g, w, mode, "lin"), name="lin"), "y")
+    return g
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_emitted_op_is_the_ios18_form_and_means_what_coremltools_says(mode) -> None:
+    compression = coremltools_ops()
+    w = RNG.standard_normal((32, 64)) * 0.1
+    lowered = compiler.lower_graph(low_bit_graph(w, 32, mode))
+    line = next(text for text in lowered.mil.splitlines() if "lin_weight = constexpr" in text)
+    qw = quant.quantize(w, mode)
+    files = lowered.weights
+    if mode.startswith("lut"):
+        bits = int(mode[3:])
+        assert f"constexpr_lut_to_dense(indices=tensor<uint{bits}, [32, 64, 1, 1]>(BLOBFILE(" in line
+        assert f"lut=tensor<fp16, [4, 1, 1, 1, {1 << bits}, 1]>(BLOBFILE(" in line and "vector_axis" not in line
+        indices = blobfile.read(files["@model_path/weights/lin_weight_indices.bin"], 64, np.uint8)
+        assert len(indices) == (32 * 64 * bits + 7) // 8
+        lut = blobfile.read(files["@model_path/weights/lin_weight_lut.bin"], 64, np.float16).reshape(4, 1, 1, 1, -1, 1)
+        dense = compression.constexpr_lut_to_dense.decompress(qw.indices.reshape(32, 64, 1, 1), lut, None)
+    else:
+        assert ("constexpr_blockwise_shift_scale(data=tensor<uint4, [32, 64, 1, 1]>(BLOBFILE(" in line
+                and "offset=tensor<fp16, [32, 2, 1, 1]>(BLOBFILE(" in line and "scale=tensor<fp16, [32, 2, 1, 1]>" in line)
+        scale = blobfile.read(files["@model_path/weights/lin_weight_scale.bin"], 64, np.float16).reshape(32, 2, 1, 1)
+        offset = blobfile.read(files["@model_path/weights/lin_weight_offset.bin"], 64, np.float16).reshape(32, 2, 1, 1)
+        dense = compression.constexpr_blockwise_shift_scale.decompress(qw.q.reshape(32, 64, 1, 1), scale, offset)
+    assert dense.dtype == np.float16
+    np.testing.assert_array_equal(dense.astype(np.float64)[:, :, 0, 0], qw.dequantized())
+
+
+def test_ane38_low_bit_weights_are_refused_unless_relaxed() -> None:
+    w = RNG.standard_normal((16, 32)) * 0.1
+    for mode in MODES:
+        lowered = compiler.lower_graph(low_bit_graph(w, 32, mode))
+        with pytest.raises(orion.ConstraintError, match="ANE-38"):
+            compiler.compile_lowered(lowered)
+        op = quant.MODE_OPS[mode]
+        compiler.compile_lowered(lowered, relaxed_ops=(op,))  # relaxed by a probe report
+        with pytest.raises(orion.ConstraintError, match="ANE-38") as e:
+            quant.compile_options(mode)
+        assert quant.MODE_PROBES[mode] in str(e.value) and "profile='permissive'" in str(e.value)
+        assert quant.compile_options(mode, "permissive") == {"profile": "permissive", "relaxed_ops": ()}
+        notes: list[str] = []
+        assert quant.model_options(mode, None, notes.append) == {"quant": mode, "profile": "permissive"}
+        assert "ANE-38" in notes[0] and op in notes[0]
+
+
+def test_low_bit_probes_and_what_their_reports_relax() -> None:
+    for mode in MODES:
+        outcome, detail = probes._low_bit_weights(orion.backend(), mode)
+        if orion.backend() == "emulator":
+            assert outcome == "refused" and "ANE-38" in detail
+        assert probes._low_bit_weights("ane", mode)[0] == "works"  # as the hardware path runs it (permissive)
+    report = {"schema": probes.SCHEMA, "backend": "ane", **probes.machine(),
+              "probes": {"lut_weights": {"outcome": "works"}, "int4_weights": {"outcome": "compile_fails"}}}
+    assert probes.relaxations(report).ops == ("constexpr_lut_to_dense",)
+
+
+# -- the emulator's packed low-bit conv ------------------------------------------------------------------
+def run(lowered, x: np.ndarray) -> np.ndarray:
+    return compiler.compile_lowered(lowered, profile="permissive")(x=x)["y"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("cout,cin,s", [(48, 64, 1), (104, 96, 2), (40, 256, 32), (36, 128, 257)])
+def test_low_bit_conv_equals_the_fp16_program_of_its_weight_bit_for_bit(mode, cout, cin, s) -> None:
+    """(36 output channels: LUTs per 6 channels, the per-channel gather path; 257 lanes: the converting path.)"""
+    w = RNG.standard_normal((cout, cin)) * 0.05
+    x = RNG.standard_normal((1, cin, 1, s)).astype(np.float16)
+    before = kernels.shared_conv_weights()
+    program = compiler.compile_lowered(compiler.lower_graph(low_bit_graph(w, s, mode)), profile="permissive")
+    count, nbytes = kernels.shared_conv_weights()
+    panels = -(-cout // 16)
+    bits = 6 if mode == "lut6" else 4
+    data = panels * cin * 16 * bits // 8
+    qw = quant.quantize(w, mode)
+    extra = (panels * 16 if mode != "int4" and qw.group % 8 else panels * 2) * (1 << bits) * 4 if mode != "int4" \
+        else panels * (cin // 32) * 32 * 2
+    if orion.backend() == "emulator":  # (the harness's stand-in framework packs in its own copy of the core)
+        assert (count - before[0], nbytes - before[1]) == (1, data + extra), "the weight stays packed at its width"
+    got = program(x=x)["y"]
+    fp16 = run(compiler.lower_graph(low_bit_graph(qw.dequantized().astype(np.float32), s, "fp16")), x)
+    np.testing.assert_array_equal(got, fp16)
+    ref = qw.dequantized() @ x[0, :, 0, :].astype(np.float64)  # float64
+    np.testing.assert_allclose(got[0, :, 0, :].astype(np.float64), ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
+
+
+def test_blockwise_weights_outside_the_kernels_layout_run_as_their_fp16_values() -> None:
+    """int4 data and offsets in named-const operands, blocks along the output axis too: the generic path,
+    which computes (q - offset) in fp16 and then times scale, as coremltools' decompress does."""
+    compression = coremltools_ops()
+    cout, cin, s = 16, 32, 32
+    shape = [cout, cin, 1, 1]
+    q = RNG.integers(-8, 8, shape)
+    scale = RNG.uniform(0.01, 0.1, (cout // 4, cin // 8, 1, 1)).astype(np.float16)
+    offset = RNG.integers(-8, 8, scale.shape)
+    w16 = compression.constexpr_blockwise_shift_scale.decompress(q.astype(np.int8), scale, offset.astype(np.int8))
+    paths = {n: f"@model_path/weights/{n}.bin" for n in ("d", "o", "sc", "w")}
+    quantized = handwritten_conv([blob_const("d", "int4", shape, paths["d"]),
+                                  blob_const("o", "int4", list(scale.shape), paths["o"]),
+                                  blob_const("sc", "fp16", list(scale.shape), paths["sc"]),
+                                  op("W", ttype("fp16", shape), "constexpr_blockwise_shift_scale", data="d", offset="o",
+                                     scale="sc")], cin, cout, s)
+    plain = handwritten_conv([blob_const("W", "fp16", shape, paths["w"])], cin, cout, s)
+    x = RNG.standard_normal((1, cin, 1, s)).astype(np.float16)
+    weights = {paths["d"]: blobfile.write(blobfile.SubByte(q, "int4")),
+               paths["o"]: blobfile.write(blobfile.SubByte(offset, "int4")), paths["sc"]: blobfile.write(scale)}
+    got = orion.compile(quantized, weights, profile="permissive")(x=x)["y"]
+    want = orion.compile(plain, {paths["w"]: blobfile.write(w16)})(x=x)["y"]
+    np.testing.assert_array_equal(got, want)
+
+
+# -- models ----------------------------------------------------------------------------------------------
+def dequantized(w: np.ndarray, mode: str) -> np.ndarray:
+    return quant.quantize(w, mode).dequantized().astype(np.float32)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gpt2_low_bit_matches_the_reference_on_its_quantized_weights(mode) -> None:
+    config = GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=512, n_positions=128)
+    weights = lively_weights(config, seed=3)
+    model = GPT2(config, weights, quant=mode, profile="permissive", progress=False)
+    assert model.builder.identity["quant"] == mode
+    qweights = copy.deepcopy(weights)
+    for b in qweights.blocks:
+        for name in ("w_qkv", "w_attn_out", "w_fc", "w_proj"):
+            setattr(b, name, dequantized(getattr(b, name), mode))
+    ids = [int(i) for i in RNG.integers(0, config.vocab_size, 9)]
+    want = _gpt2_logits_with_head(config, qweights, dequantized(weights.wte, mode), ids)
+    tolerance = 0.03 * float(np.abs(want).max())
+    np.testing.assert_allclose(model.logits(ids), want, rtol=0, atol=tolerance)
+    np.testing.assert_allclose(model.prefill(ids[:5]), want[4], rtol=0, atol=tolerance)  # the decode programs
+    np.testing.assert_allclose(model.decode_step(ids[5]), want[5], rtol=0, atol=tolerance)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_llama_low_bit_matches_the_reference_on_its_quantized_weights(mode) -> None:
+    config = LlamaConfig(dim=64, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=16, hidden_dim=96, vocab_size=160,
+                         max_position_embeddings=32)
+    weights = lively(config, seed=5)
+    model = Llama(config, weights, quant=mode, profile="permissive", progress=False)
+    ref = copy.deepcopy(weights)
+    for layer in ref.layers:
+        for name in ("wq", "wk", "wv", "w_gate", "w_up", "w_down"):  # fused rows: groups of 8 never straddle
+            setattr(layer, name, dequantized(getattr(layer, name), mode))
+        wo = layer.wo.copy()
+        for j in range(config.group_size):  # the output projection per query group's column slice
+            cols = group_rows(config, j)
+            wo[:, cols] = dequantized(layer.wo[:, cols], mode)
+        layer.wo = wo
+    ref.lm_head = dequantized(weights.classifier, mode)
+    ids = [int(i) for i in RNG.integers(0, config.vocab_size, 11)]
+    want = llama_reference(config, ref, ids)
+    tolerance = 0.02 * float(np.abs(want).max())
+    np.testing.assert_allclose(model.logits(ids), want, rtol=0, atol=tolerance)
+    np.testing.assert_allclose(model.prefill(ids[:6]), want[5], rtol=0, atol=tolerance)
+    np.testing.assert_allclose(model.decode_step(ids[6]), want[6], rtol=0, atol=tolerance)
+
+
+# -- every SIMD flavour ----------------------------------------------------------------------------------
+KERNEL_TESTS = "test_low_bit_conv_equals_the_fp16_program_of_its_weight_bit_for_bit"
+
+
+@pytest.mark.skipif("ORION_SIMD" in os.environ, reason="this is a narrower path's run")
+@pytest.mark.parametrize("path", ["portable", "avx2"])
+def test_low_bit_kernels_on_the_narrower_simd_paths(path: str) -> None:
+    if path == "avx2" and kernels.simd_path() != "avx512f+f16c+fma":
+        pytest.skip("the default path is already AVX2 or portable")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k",
+                           KERNEL_TESTS], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "ORION_SIMD": path, "ORION_NUM_THREADS": "3"})
+    assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]

@@ -1,5 +1,9 @@
-"""Write GPT-2 weights as a GGUF file that llama.cpp loads (architecture ``gpt2``), with the ``gguf``
-package of the llama.cpp project.
+"""Write GPT-2 weights (architecture ``gpt2``) or Llama-family weights (``llama``, ``qwen2``) as a GGUF
+file that llama.cpp loads, with the ``gguf`` package of the llama.cpp project.
+
+Llama-family files follow ``convert_hf_to_gguf.py``: ``llama`` files hold q/k rows in interleaved RoPE
+pairs (llama.cpp's normal RoPE), ``qwen2`` ones in rotate-half order (its NEOX RoPE); norms and biases
+stay float32; a tied LM head is not written (llama.cpp reads the token embedding).
 
 Orion's ``[out, in]`` projection layout is GGUF's row-major layout for ggml's ``{in, out}`` tensors,
 so the matrices are written as they are (Hugging Face's ``Conv1D`` ``[in, out]`` is transposed on
@@ -11,7 +15,7 @@ The tokenizer section is synthetic, enough for llama.cpp to load and for callers
 ids: GPT-2's 256 byte-level symbols first (so any text still tokenizes), then placeholders
 ``<tok N>``, the last id being ``<|endoftext|>`` (BOS/EOS) as in GPT-2, and one merge.
 
-    python benchmarks/gguf_export.py HF_DIR OUT.gguf [--type f32|f16|q8_0]
+    python benchmarks/gguf_export.py HF_DIR OUT.gguf [--type f32|f16|q8_0|q4_0]
 """
 
 from __future__ import annotations
@@ -29,7 +33,12 @@ TYPES = {
     "f32": (gguf.GGMLQuantizationType.F32, gguf.LlamaFileType.ALL_F32),
     "f16": (gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16),
     "q8_0": (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+    "q4_0": (gguf.GGMLQuantizationType.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0),
 }
+LLAMA_LAYER = {"attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight",
+               "bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias", "wo": "attn_output.weight",
+               "mlp_norm": "ffn_norm.weight", "w_gate": "ffn_gate.weight", "w_up": "ffn_up.weight",
+               "w_down": "ffn_down.weight"}
 ARCH = gguf.MODEL_ARCH.GPT2
 END_OF_TEXT = "<|endoftext|>"
 
@@ -123,6 +132,57 @@ def write_gguf(path: str | Path, config: GPT2Config, weights: GPT2Weights, dtype
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write_llama_gguf(path: str | Path, config, weights, dtype: str = "f16") -> Path:
+    """Write Llama-family ``weights`` (``orion.models.llama``) to ``path`` as a llama.cpp ``llama`` or ``qwen2``
+    GGUF with matrices in ``dtype`` (f32, f16, q8_0, q4_0) and the synthetic tokenizer."""
+    from orion.models.llama.weights import to_rope_convention
+
+    if dtype not in TYPES:
+        raise ValueError(f"dtype {dtype!r}: choose one of {', '.join(TYPES)}")
+    weights.validate(config)
+    arch = "qwen2" if config.model_type == "qwen2" else "llama"
+    config, weights = to_rope_convention(config, weights, "half" if arch == "qwen2" else "interleaved")
+    qtype, file_type = TYPES[dtype]
+    writer = gguf.GGUFWriter(Path(path), arch)
+    writer.add_name(f"{config.model_type} {config.param_count() / 1e6:.0f}M (Orion benchmark weights)")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.dim)
+    writer.add_feed_forward_length(config.hidden_dim)
+    writer.add_block_count(config.n_layers)
+    writer.add_head_count(config.n_heads)
+    writer.add_head_count_kv(config.n_kv_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(config.rope_theta)
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_file_type(file_type)
+    if qtype not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    tokens, types = synthetic_vocab(config.vocab_size)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges([f"{tokens[ord(' ')]} {tokens[ord('t')]}"])
+    writer.add_bos_token_id(config.vocab_size - 1)
+    writer.add_eos_token_id(config.vocab_size - 1)
+    tensors = [("token_embd.weight", weights.embed), ("output_norm.weight", weights.norm)]
+    if weights.lm_head is not None:
+        tensors.append(("output.weight", weights.lm_head))
+    for i, layer in enumerate(weights.layers):
+        tensors += [(f"blk.{i}.{name}", getattr(layer, field)) for field, name in LLAMA_LAYER.items()
+                    if getattr(layer, field) is not None]
+    for name, array in tensors:
+        target = qtype if array.ndim == 2 else gguf.GGMLQuantizationType.F32
+        writer.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(array, np.float32), target), raw_dtype=target)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(path)
 
 
 def main(argv: list[str] | None = None) -> None:

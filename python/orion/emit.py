@@ -63,8 +63,9 @@ class Emitter:
             return
         if "quantized" in node.attrs:
             return self.quantized_constant(node, name)
-        # C order: a transposed weight (GPT-2's Conv1D view) is converted and laid out in one pass
-        self.program.add_const(name, self.blob(name, node.value.astype(np.float16, order="C")), name=name)
+        # C order: a transposed weight (GPT-2's Conv1D view) is converted and laid out in one pass; an fp16
+        # C-contiguous one (a view of an F16 checkpoint's map) is not copied here
+        self.program.add_const(name, self.blob(name, np.ascontiguousarray(node.value, dtype=np.float16)), name=name)
 
     def blob(self, name: str, array: np.ndarray | blobfile.SubByte) -> Any:
         """A BLOBFILE value ``@model_path/weights/<name>.bin`` holding ``array`` (fp16, int8, or a sub-byte

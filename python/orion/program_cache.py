@@ -103,8 +103,9 @@ def _checksum(data: bytes) -> dict[str, int]:
     return {"size": len(data), "crc32": zlib.crc32(data)}
 
 
-def _write_blob(blobs: Path, data: bytes, name: str) -> str:
-    """Stores ``data`` once under ``name`` (its SHA-256; refreshing its time if there) and returns the name."""
+def _write_blob(blobs: Path, data: bytes, name: str, written: set[str] | None = None) -> str:
+    """Stores ``data`` once under ``name`` (its SHA-256; refreshing its time if there) and returns the name;
+    adds it to ``written`` when this call wrote it."""
     path = blobs / name
     if path.is_file() and path.stat().st_size == len(data):
         os.utime(path)
@@ -117,6 +118,8 @@ def _write_blob(blobs: Path, data: bytes, name: str) -> str:
     except OSError:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if written is not None:
+        written.add(name)
     return name
 
 
@@ -137,7 +140,8 @@ def _save(directory: Path, lowered: Lowered) -> Lowered:
         for name, data in files.items():
             (tmp / name).write_bytes(data)
         digests = lowered.file_digests
-        weights = {path: {"blob": _write_blob(root / BLOBS, data, digests[path]), **_checksum(data)}
+        written: set[str] = set()
+        weights = {path: {"blob": _write_blob(root / BLOBS, data, digests[path], written), **_checksum(data)}
                    for path, data in lowered.weights.items()}
         manifest = {"files": {name: _checksum(data) for name, data in files.items()}, "weights": weights}
         (tmp / MANIFEST).write_text(json.dumps(manifest))
@@ -148,6 +152,9 @@ def _save(directory: Path, lowered: Lowered) -> Lowered:
     mapped = {path: _map_blob(root / BLOBS / digests[path]) for path in lowered.weights}
     if any(len(mapped[path]) != len(data) for path, data in lowered.weights.items()):
         return lowered  # a blob vanished meanwhile (another process cleared the cache): keep the bytes
+    for path, ref in weights.items():  # the checksums of blobs written here are known: a warm start need not
+        if ref["blob"] in written:      # compute them (one found already there is checked when first read)
+            _verified_checksum(mapped[path], root / BLOBS / ref["blob"], {"size": ref["size"], "crc32": ref["crc32"]})
     return Lowered(lowered.mil, mapped, lowered.layout, lowered.report, digests=digests)
 
 
@@ -176,9 +183,10 @@ def _map_blob(path: Path) -> memoryview | bytes:
     return memoryview(found)  # holds the map alive
 
 
-def _verified_checksum(data: memoryview | bytes, path: Path) -> dict[str, int]:
+def _verified_checksum(data: memoryview | bytes, path: Path, known: dict[str, int] | None = None) -> dict[str, int]:
     """``_checksum(data)`` of the blob at ``path``: once per shared map in this process, and once per blob
-    version across processes (``_by_identity``: a rewritten or truncated blob is checked again)."""
+    version across processes (``_by_identity``: a rewritten or truncated blob is checked again). ``known``:
+    the checksum of the bytes just written to ``path`` (recorded, not computed again)."""
     shared = data.obj if isinstance(data, memoryview) and isinstance(data.obj, mmap.mmap) else None
     if shared is None:
         return _checksum(data)
@@ -189,7 +197,8 @@ def _verified_checksum(data: memoryview | bytes, path: Path) -> dict[str, int]:
             except (ValueError, KeyError, TypeError):
                 return False
 
-        _MAP_CHECKSUMS[shared] = json.loads(_by_identity(path, "crc32", lambda: json.dumps(_checksum(data)), valid))
+        compute = lambda: json.dumps(known if known is not None else _checksum(data))  # noqa: E731
+        _MAP_CHECKSUMS[shared] = json.loads(_by_identity(path, "crc32", compute, valid))
     return _MAP_CHECKSUMS[shared]
 
 

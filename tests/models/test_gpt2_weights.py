@@ -22,6 +22,7 @@ from orion.models.gpt2.weights import (
     random_weights,
     save_hf,
 )
+from orion.runtime.pages import map_of
 
 SMALL = GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=512, n_positions=128)
 
@@ -167,11 +168,11 @@ def test_param_count_is_gpt2_small_at_full_size_and_matches_the_arrays():
 def test_validate_names_the_bad_array():
     w = random_weights(SMALL)
     w.blocks[1].w_fc = w.blocks[1].w_fc.T
-    with pytest.raises(WeightsError, match=r"blocks.1.w_fc: expected float32 \(256, 64\), found"):
+    with pytest.raises(WeightsError, match=r"blocks.1.w_fc: expected float32 or float16 \(256, 64\), found"):
         w.validate(SMALL)
     w = random_weights(SMALL)
-    w.wte = w.wte.astype(np.float16)
-    with pytest.raises(WeightsError, match=r"GPT2Weights.wte: expected float32"):
+    w.wte = w.wte.astype(np.float64)
+    with pytest.raises(WeightsError, match=r"GPT2Weights.wte: expected float32 or float16"):
         w.validate(SMALL)
     w = random_weights(SMALL)
     w.blocks.pop()
@@ -231,11 +232,13 @@ def test_load_without_prefix_with_buffers_and_tied_head(checkpoint):
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float64])
 def test_load_converts_float_dtypes(checkpoint, dtype):
+    """F16 loads as float16 views of the file's map (no copy, no float32 copy); F64 converts to float32."""
     rewrite(checkpoint, lambda t: t.update({k: v.astype(dtype) for k, v in t.items()}))
     w = load_hf(checkpoint)[1]
     for (name, got), (_, want) in zip(w.arrays(), random_weights(SMALL, seed=1).arrays()):
-        assert got.dtype == np.float32
-        assert np.array_equal(got, want.astype(dtype).astype(np.float32)), name
+        assert got.dtype == (np.float16 if dtype == np.float16 else np.float32), name
+        assert (map_of(got) is not None) == (dtype == np.float16), name
+        assert np.array_equal(got, want.astype(dtype).astype(got.dtype)), name
 
 
 def write_safetensors_raw(path: Path, tensors: dict[str, tuple[str, list[int], bytes]]) -> None:
@@ -259,8 +262,8 @@ def test_load_converts_bfloat16(checkpoint):
     w = load_hf(checkpoint)[1]
     want = random_weights(SMALL, seed=1)
     truncated = (want.blocks[1].w_qkv.view(np.uint32) & 0xFFFF0000).view(np.float32)
-    assert w.blocks[1].w_qkv.dtype == np.float32
-    assert np.array_equal(w.blocks[1].w_qkv, truncated)
+    assert w.blocks[1].w_qkv.dtype == np.float16  # one converted copy, at 2 bytes a weight
+    assert np.array_equal(w.blocks[1].w_qkv, truncated.astype(np.float16))
     assert np.array_equal(w.blocks[0].ln1_g, want.blocks[0].ln1_g)
 
 

@@ -19,6 +19,7 @@ from orion.models.llama.weights import (
     save_hf,
     save_llama2c,
 )
+from orion.models.weights_io import MappedSafetensors
 from support import references
 from support.llama_reference import reference_greedy, reference_logits
 
@@ -83,7 +84,10 @@ def test_half_precision_checkpoints_load_as_transformers_reads_them(tmp_path, dt
     model.save_pretrained(tmp_path)
     _, weights = load_hf(tmp_path, progress=False)
     for (name, p), (_, ours) in zip(model.state_dict().items(), _ordered(weights, model)):
-        np.testing.assert_array_equal(ours, p.float().numpy(), err_msg=name)
+        # float16 as stored (a view of the file); bfloat16 as one float16 copy: the values transformers
+        # reads, rounded to fp16 as every program bakes them (exact in fp16's normal range)
+        assert ours.dtype == np.float16, name
+        np.testing.assert_array_equal(ours, p.float().numpy().astype(np.float16), err_msg=name)
 
 
 def _ordered(weights, model):
@@ -125,9 +129,14 @@ def test_transformers_reads_the_bf16_shards_orion_writes(tmp_path) -> None:
     weights = random_weights(config, seed=2)
     save_hf(tmp_path, config, weights, dtype="bfloat16", max_shard_bytes=20_000)
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    stored = {name: f.float32(name) for f in map(MappedSafetensors, tmp_path.glob("*.safetensors"))
+              for name in f.header if name != "__metadata__"}
+    assert set(stored) ^ set(model.state_dict()) <= {"lm_head.weight"}, set(stored) ^ set(model.state_dict())
+    for name, array in stored.items():  # the bf16 values Orion wrote, widened exactly
+        np.testing.assert_array_equal(model.state_dict()[name].numpy(), array, err_msg=name)
     _, ours = load_hf(tmp_path, progress=False)
     for (name, p), (_, array) in zip(model.state_dict().items(), _ordered(ours, model)):
-        np.testing.assert_array_equal(p.numpy(), array, err_msg=name)
+        np.testing.assert_array_equal(p.numpy().astype(np.float16), array, err_msg=name)  # loaded as fp16
     assert np.abs(ours.layers[0].wq - weights.layers[0].wq).max() <= 2.0 ** -8 * np.abs(weights.layers[0].wq).max()
     ids = [5, 6, 7, 8, 9]
     _close(reference_logits(config, ours, ids), _hf_logits(model, ids))

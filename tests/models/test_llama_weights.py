@@ -194,7 +194,7 @@ def test_llama2c_errors(tmp_path) -> None:
 def test_validate_names_the_bad_array() -> None:
     weights = random_weights(GQA)
     weights.layers[1].wk = weights.layers[1].wk[:8]
-    with pytest.raises(WeightsError, match=r"layers.1.wk: expected float32 \(32, 64\)"):
+    with pytest.raises(WeightsError, match=r"layers.1.wk: expected float32 or float16 \(32, 64\)"):
         weights.validate(GQA)
     with pytest.raises(WeightsError, match="lm_head is absent"):
         random_weights(GQA).validate(QWEN)

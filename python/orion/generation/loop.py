@@ -641,6 +641,7 @@ class CausalLM(AdapterHost):
             x = stages[-1].output("x")[0, :, 0, :n]
             if on_chunk is not None:
                 on_chunk(heads, x)
+        kernels.release_idle_buffers()  # the prompt's activations: decode's own are far smaller
         return x
 
     def _head_logits(self, x: np.ndarray | None) -> np.ndarray:

@@ -171,15 +171,15 @@ class PrefillPlan:
         nbytes = max(MIN_SURFACE_BYTES, largest_surface(self.layer_programs),  # one size for every input (ANE-13)
                      cache["mask"].nbytes if self.past else 0)
         shape = _surface_shape([*self.layer_programs, *self.head_programs])
-        x = [Surface(shape, io_dtype, nbytes) for _ in range(len(self.layer_programs) + 1)]
+        x = [Surface(shape, io_dtype, nbytes) for _ in range(2)]  # programs run in turn: two surfaces take turns
         layers = []
         for i, (cg, r) in enumerate(zip(self.layer_programs, self.layer_ranges)):
-            own = {"x": x[i], "out:x": x[i + 1]}
+            own = {"x": x[i % 2], "out:x": x[(i + 1) % 2]}
             if self.past:
                 own["mask"] = cache["mask"]
                 own.update({name: cache[name] for j in r for name in (f"k{j}", f"v{j}")})
             layers.append(Stage(cg, own))
-        return layers, [Stage(cg, {"x": x[-1]}) for cg in self.head_programs]
+        return layers, [Stage(cg, {"x": x[len(layers) % 2]}) for cg in self.head_programs]
 
 
 

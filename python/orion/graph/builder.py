@@ -26,6 +26,14 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 Operand = Node | float | int | np.ndarray
 
 
+
+def _held(value: Any) -> np.ndarray:
+    """A const's values as the graph holds them: a float32 or float16 array (a weight, maybe a view of a
+    checkpoint's map) as it is, since widening would copy it (4x the bytes of an fp16 weight); others as float64."""
+    if isinstance(value, np.ndarray) and value.ndim and value.dtype in (np.float32, np.float16):
+        return value
+    return np.asarray(value, dtype=np.float64)
+
 class Graph:
     """A dataflow graph of named nodes in topological order, with named inputs and outputs."""
 
@@ -134,7 +142,7 @@ class Graph:
             raise GraphError(f"'{name}': an operand is a {type(v).__name__}. Fix: pass a graph node, a number or "
                              "a numpy array")
         try:
-            value = np.asarray(v, dtype=np.float64)
+            value = _held(v)
         except (TypeError, ValueError) as exc:
             raise GraphError(f"'{name}': the operand is not numeric ({exc}). Fix: pass a graph node, a number or "
                              "a numpy array of numbers") from None
@@ -188,9 +196,9 @@ class Graph:
     def _const(self, name: str, array: np.ndarray | float, dtype: str = "fp16", origin: str | None = None) -> Node:
         """``const`` under an already scoped ``name`` (the operand consts of a named node); ``origin`` names
         where the values came from (a checkpoint tensor, :mod:`orion.origins`) in errors."""
-        value = np.asarray(array, dtype=np.float64)
+        value = _held(array)
         node_name = self.unique_name(name)
-        if not np.all(np.isfinite(value)) or (value.size and np.abs(value).max() > FP16_MAX):
+        if not np.isfinite(value).all() or (value.dtype != np.float16 and value.size and np.abs(value).max() > FP16_MAX):
             nan, inf = int(np.isnan(value).sum()), int(np.isinf(value).sum())
             large = int((np.abs(np.where(np.isfinite(value), value, 0)) > FP16_MAX).sum())
             found = ", ".join(f"{n} {what}" for n, what in ((nan, "NaN"), (inf, "infinite"),

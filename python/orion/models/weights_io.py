@@ -2,10 +2,12 @@
 map, BF16 without a bfloat16 dtype, written in F32/F16/BF16), progress settings for large
 checkpoints, and the content hash that identifies a model's weights in the program cache.
 
-Loaded weights are not copied when the file stores them as F32 (the usual GPT-2 checkpoint):
-each array is a read-only view of the file's map, so only the pages something reads are in
-memory, and :meth:`WeightsSource.release_pages` drops them again after the programs are built.
-Other dtypes are converted to float32 arrays (also read-only). Rows of a table looked up a few at a
+Loaded weights keep the precision the file stores and are not copied when it is F32 or F16: each
+array is a read-only float32 or float16 view of the file's map, so only the pages something reads
+are in memory, and :meth:`WeightsSource.release_pages` drops them again after the programs are
+built (which hold their own fp16 copy: the only resident one). BF16 tensors are converted once to
+float16 arrays (one converted copy; bf16 values in fp16's normal range are exact in fp16, and the
+programs compute in fp16 anyway), F64 ones to float32. Rows of a table looked up a few at a
 time (a token embedding) are read from the file (:func:`table_rows`), not through the map: a
 mapped page counts in the process's memory once touched, and this kernel maps a whole large folio
 (about 2 MiB) per touch, so a lookup of 1,000 tokens would make the whole table resident. While a model's arrays are still
@@ -37,8 +39,12 @@ PROGRESS_EVERY = 50  # tensors between progress lines
 PROGRESS_MIN_BYTES = 64 << 20  # with progress=None, report only for files at least this large
 
 
+WEIGHT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))  # what a model's weight arrays may be
+
+
 class MappedSafetensors:
-    """A safetensors file mapped read-only; ``float32(name)`` gives one tensor as a float32 array."""
+    """A safetensors file mapped read-only; ``array(name)`` gives one tensor at its stored precision
+    (a view of the map), ``float32(name)`` as a float32 array."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -56,6 +62,23 @@ class MappedSafetensors:
         if not array.flags.c_contiguous or start < 0 or start + array.nbytes > len(self.map):
             return None
         return start if map_of(array) is self.map else None
+
+    def array(self, name: str) -> np.ndarray:
+        """Tensor ``name`` as a read-only array of a :data:`WEIGHT_DTYPES` type: a view of the map when
+        stored as F32 or F16 (on a little-endian machine), else converted (BF16 to float16, F64 to float32)."""
+        entry = self.header[name]
+        if entry["dtype"] in ("F32", "F16") and sys.byteorder == "little":
+            start, end = entry["data_offsets"]
+            dtype = np.dtype(np.float32 if entry["dtype"] == "F32" else np.float16)
+            array = np.frombuffer(self.map, dtype=dtype, count=(end - start) // dtype.itemsize,
+                                  offset=self.data_start + start).reshape(entry["shape"])
+            origins.record(array, f"{self.path.name}: tensor {name!r}")
+            return array
+        wide = self.float32(name)
+        array = wide.astype(np.float16) if entry["dtype"] == "BF16" else wide
+        array.flags.writeable = False
+        origins.record(array, f"{self.path.name}: tensor {name!r}")
+        return array
 
     def float32(self, name: str) -> np.ndarray:
         """Tensor ``name`` as a read-only float32 array: a view of the map when stored as F32 (on a
@@ -106,22 +129,31 @@ class WeightsSource:
 
 
 def table_rows(table: np.ndarray, ids: Sequence[int] | range, source: WeightsSource | None) -> np.ndarray:
-    """``table[ids]`` (a new float32 array ``[len(ids), width]``) of a 2-D float32 ``table``. When ``table``
-    is a view of one of ``source``'s file maps, each row (a ``range`` of rows at once) is read from the
-    file with ``os.preadv``, so no page of the map becomes resident; otherwise by indexing."""
-    if source is not None and table.ndim == 2 and table.dtype == np.float32:
+    """``table[ids]`` (a new float32 array ``[len(ids), width]``) of a 2-D float32 or float16 ``table``. When
+    ``table`` is a view of one of ``source``'s file maps, each row (a ``range`` of rows at once) is read from
+    the file with ``os.preadv``, so no page of the map becomes resident; otherwise by indexing."""
+    if source is not None and table.ndim == 2 and table.dtype in WEIGHT_DTYPES:
         for f in source.files:
             offset = f.offset_of(table)
             if offset is not None:
-                return _read_rows(f, offset, table.shape, ids)
+                return _read_rows(f, offset, table.shape, table.dtype, ids).astype(np.float32, copy=False)
     return np.asarray(table[list(ids) if isinstance(ids, range) else ids], dtype=np.float32)
 
 
-def _read_rows(f: MappedSafetensors, offset: int, shape: tuple[int, ...], ids: Sequence[int] | range) -> np.ndarray:
-    """Rows ``ids`` of the ``shape`` float32 table stored at ``offset`` in ``f``'s file, read with ``preadv``."""
+def table_matvec(table: np.ndarray, h: np.ndarray, rows: int = 8192) -> np.ndarray:
+    """``table @ h`` in float32 for a 2-D float32 or float16 ``table`` ``[n, width]`` and float32 ``h``
+    ``[width]``, converting ``rows`` rows at a time (no float32 copy of a float16 table)."""
+    if table.dtype == np.float32:
+        return table @ h
+    return np.concatenate([table[i:i + rows].astype(np.float32) @ h for i in range(0, table.shape[0], rows)])
+
+
+def _read_rows(f: MappedSafetensors, offset: int, shape: tuple[int, ...], dtype: np.dtype,
+               ids: Sequence[int] | range) -> np.ndarray:
+    """Rows ``ids`` of the ``shape`` ``dtype`` table stored at ``offset`` in ``f``'s file, read with ``preadv``."""
     count, width = shape
-    row_bytes = width * 4
-    out = np.empty((len(ids), width), dtype=np.float32)
+    row_bytes = width * dtype.itemsize
+    out = np.empty((len(ids), width), dtype=dtype)
     buffer = memoryview(out).cast("B")
     if isinstance(ids, range) and ids.step == 1:  # one read of consecutive rows
         runs = [(0, ids.start, len(ids))] if len(ids) else []
@@ -192,15 +224,16 @@ def safetensors_files(directory: Path, error: type[OrionError], help: str) -> di
     return shards
 
 
-def check_float32_shapes(owner: str, arrays: Iterable[tuple[str, np.ndarray]], shapes: dict[str, tuple[int, ...]],
-                         error: type[OrionError]) -> None:
-    """Raise ``error`` unless every ``(name, array)`` is a float32 array of the shape ``shapes`` gives for
-    the last part of its dotted name (``blocks.3.w_qkv`` -> ``w_qkv``)."""
+def check_weight_shapes(owner: str, arrays: Iterable[tuple[str, np.ndarray]], shapes: dict[str, tuple[int, ...]],
+                        error: type[OrionError]) -> None:
+    """Raise ``error`` unless every ``(name, array)`` is a float32 or float16 array (:data:`WEIGHT_DTYPES`,
+    float16 as an F16 or BF16 checkpoint loads) of the shape ``shapes`` gives for the last part of its dotted
+    name (``blocks.3.w_qkv`` -> ``w_qkv``)."""
     for name, array in arrays:
         expected = shapes[name.split(".")[-1]]
-        if not isinstance(array, np.ndarray) or array.dtype != np.float32 or array.shape != expected:
+        if not isinstance(array, np.ndarray) or array.dtype not in WEIGHT_DTYPES or array.shape != expected:
             found = (array.dtype, array.shape) if isinstance(array, np.ndarray) else type(array).__name__
-            raise error(f"{owner}.{name}: expected float32 {expected}, found {found}")
+            raise error(f"{owner}.{name}: expected float32 or float16 {expected}, found {found}")
 
 
 def content_hash(tag: str, config_text: str, arrays: Iterable[tuple[str, np.ndarray]],

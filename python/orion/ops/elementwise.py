@@ -135,7 +135,7 @@ def _legalize_div(L: Legalizer, n: Node) -> Node:
     if y.is_const:
         if np.any(y.value == 0):
             raise CompileError(f"node '{n.name}' (div): division by a constant zero. Fix: remove the zero")
-        return L.op("mul", [L.get(x), L.const("recip", 1.0 / y.value)])
+        return L.op("mul", [L.get(x), L.const("recip", 1.0 / np.asarray(y.value, np.float64))])
     recip = L.op("pow", [L.get(y), L.const("recip_y", -1.0)], part="recip")
     return L.op("mul", [L.get(x), recip])
 

@@ -25,7 +25,7 @@ from orion.models.weights_io import (
     WEIGHTS_FILE,
     MappedSafetensors,
     WeightsSource,
-    check_float32_shapes,
+    check_weight_shapes,
     content_hash,
     safetensors_files,
     write_safetensors,
@@ -111,7 +111,7 @@ class GemmaWeights:
                 if (getattr(layer, name) is None) == config.qk_norm:
                     raise WeightsError(f"GemmaWeights.layers.{i}.{name} is {'absent' if config.qk_norm else 'present'}"
                                        f" but config.qk_norm is {config.qk_norm}")
-        check_float32_shapes("GemmaWeights", self.arrays(), expected_shapes(config), WeightsError)
+        check_weight_shapes("GemmaWeights", self.arrays(), expected_shapes(config), WeightsError)
 
     def content_hash(self, config: GemmaConfig) -> str:
         self.validate(config)

@@ -18,7 +18,7 @@ from orion.models.gpt2 import graphs
 from orion.models.gpt2.config import GPT2Config
 from orion.models.gpt2.costs import decode_program_costs, layer_params
 from orion.models.gpt2.weights import GPT2Weights, load_hf, random_weights
-from orion.models.weights_io import table_rows
+from orion.models.weights_io import table_matvec, table_rows
 from orion.quant import compile_options, quant_identity, weight_bytes
 
 
@@ -109,7 +109,7 @@ class GPT2(CausalLM):
         v = x.astype(np.float32)
         h = (v - v.mean()) / np.sqrt(v.var() + self.config.layer_norm_epsilon)
         h = h * self.weights.ln_f_g + self.weights.ln_f_b
-        return self.weights.wte @ h
+        return table_matvec(self.weights.wte, h)
 
     def layer_weight_bytes(self) -> int:
         return 2 * layer_params(self.config)

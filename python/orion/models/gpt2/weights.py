@@ -1,8 +1,9 @@
-"""GPT-2 weights as float32 numpy arrays in Orion's conv layout, and Hugging Face checkpoints.
+"""GPT-2 weights as float32 (or float16, as a half-precision checkpoint loads) numpy arrays in Orion's
+conv layout, and Hugging Face checkpoints.
 
 Orion stores every projection as ``[out, in]`` (a 1x1 conv's weight); Hugging Face GPT-2's
 ``Conv1D`` stores ``[in, out]``, so loading views those four matrices per block transposed (no
-copy: an F32 checkpoint's arrays are read-only views of its map, ``weights_io``) and saving
+copy: an F32 or F16 checkpoint's arrays are read-only views of its map, ``weights_io``) and saving
 transposes them back.
 """
 
@@ -29,7 +30,7 @@ from orion.models.weights_io import (
     WEIGHTS_FILE,
     MappedSafetensors,
     WeightsSource,
-    check_float32_shapes,
+    check_weight_shapes,
     content_hash,
     write_safetensors,
 )
@@ -86,7 +87,7 @@ class BlockWeights:
 
 @dataclass
 class GPT2Weights:
-    """All GPT-2 weights (float32); the LM head is tied to ``wte``. ``source``: the checkpoint they were
+    """All GPT-2 weights (float32 or float16); the LM head is tied to ``wte``. ``source``: the checkpoint they were
     loaded from (``load_hf``), None for weights made in memory."""
 
     wte: np.ndarray
@@ -105,10 +106,10 @@ class GPT2Weights:
                 yield f"blocks.{i}.{f.name}", getattr(block, f.name)
 
     def validate(self, config: GPT2Config) -> None:
-        """Raise :class:`WeightsError` unless every array is float32 with the shape ``config`` implies."""
+        """Raise :class:`WeightsError` unless every array is float32 or float16 with the shape ``config`` implies."""
         if len(self.blocks) != config.n_layer:
             raise WeightsError(f"GPT2Weights has {len(self.blocks)} blocks, config.n_layer is {config.n_layer}")
-        check_float32_shapes("GPT2Weights", self.arrays(), expected_shapes(config), WeightsError)
+        check_weight_shapes("GPT2Weights", self.arrays(), expected_shapes(config), WeightsError)
 
     def content_hash(self, config: GPT2Config) -> str:
         """sha256 (hex) of the configuration and every array's name, shape and raw bytes (the checkpoint
@@ -185,8 +186,9 @@ def _require_file(directory: Path, name: str) -> Path:
 
 
 def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple[GPT2Config, GPT2Weights]:
-    """Load a Hugging Face GPT-2 directory (``config.json`` + ``model.safetensors``) as read-only float32
-    arrays (views of the file's map when it stores F32, so nothing is copied or read until used).
+    """Load a Hugging Face GPT-2 directory (``config.json`` + ``model.safetensors``) as read-only arrays
+    at the stored precision (views of the file's map for F32 and F16, so nothing is copied or read until used;
+    BF16 converted to float16).
 
     Tensor names may carry the ``transformer.`` prefix or not; ``lm_head.weight`` must be absent or
     equal to ``wte`` (tied). ``progress``: one line to stderr every few tensors (None: only for
@@ -232,7 +234,7 @@ def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple
                     f"for {CONFIG_FILE}'s n_embd={config.n_embd}, vocab_size={config.vocab_size}, "
                     f"n_positions={config.n_positions}"
                 )
-            array = mapped.float32(key)
+            array = mapped.array(key)
             if name == "lm_head.weight":
                 lm_head = array
             else:

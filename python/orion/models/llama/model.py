@@ -22,7 +22,7 @@ from orion.models.llama.config import ConfigError, LlamaConfig, display_name
 from orion.models.llama.costs import decode_program_costs
 from orion.models.llama.lora import lora_placements
 from orion.models.llama.weights import LlamaWeights, load_hf, load_llama2c, random_weights
-from orion.models.weights_io import table_rows
+from orion.models.weights_io import table_matvec, table_rows
 from orion.quant import compile_options, quant_identity, weight_bytes
 
 
@@ -154,7 +154,7 @@ class Llama(CausalLM):
         """Final RMSNorm and LM head in numpy float32."""
         v = x.astype(np.float32)
         h = v / np.sqrt(np.mean(v * v) + np.float32(self.config.rms_norm_eps)) * self.weights.norm
-        return self.weights.classifier @ h
+        return table_matvec(self.weights.classifier, h)
 
     def layer_weight_bytes(self) -> int:
         return 2 * self.config.layer_param_count()

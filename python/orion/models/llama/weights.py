@@ -1,4 +1,5 @@
-"""Llama-family weights as float32 numpy arrays (projections ``[out, in]``), and their checkpoint formats:
+"""Llama-family weights as float32 or float16 numpy arrays (projections ``[out, in]``; float16 as an F16 or BF16
+checkpoint loads, without a float32 copy), and their checkpoint formats:
 Hugging Face directories (``model.safetensors`` or a sharded ``model.safetensors.index.json``, in fp32,
 fp16 or bf16) and llama2.c's legacy ``.bin``.
 
@@ -32,7 +33,7 @@ from orion.models.weights_io import (
     WEIGHTS_FILE,
     MappedSafetensors,
     WeightsSource,
-    check_float32_shapes,
+    check_weight_shapes,
     content_hash,
     safetensors_files,
     write_safetensors,
@@ -97,7 +98,7 @@ class LayerWeights:
 
 @dataclass
 class LlamaWeights:
-    """All weights (float32); ``lm_head`` is None when the LM head is tied to ``embed``. ``source``: the
+    """All weights (float32, or float16 as a half-precision checkpoint loads); ``lm_head`` is None when the LM head is tied to ``embed``. ``source``: the
     checkpoint they were loaded from (``load_hf``), None for weights made in memory."""
 
     embed: np.ndarray
@@ -124,7 +125,7 @@ class LlamaWeights:
                     yield f"layers.{i}.{f.name}", array
 
     def validate(self, config: LlamaConfig) -> None:
-        """Raise :class:`WeightsError` unless every array is float32 with the shape ``config`` implies,
+        """Raise :class:`WeightsError` unless every array is float32 or float16 with the shape ``config`` implies,
         biases are present exactly when ``config.qkv_bias`` and the LM head exactly when untied."""
         if len(self.layers) != config.n_layers:
             raise WeightsError(f"LlamaWeights has {len(self.layers)} layers, config.n_layers is {config.n_layers}")
@@ -140,7 +141,7 @@ class LlamaWeights:
                 if (getattr(layer, n) is None) == config.qk_norm:
                     raise WeightsError(f"LlamaWeights.layers.{i}.{n} is {'absent' if config.qk_norm else 'present'} "
                                        f"but config.qk_norm is {config.qk_norm}")
-        check_float32_shapes("LlamaWeights", self.arrays(), expected_shapes(config), WeightsError)
+        check_weight_shapes("LlamaWeights", self.arrays(), expected_shapes(config), WeightsError)
 
     def content_hash(self, config: LlamaConfig) -> str:
         """sha256 (hex) of the configuration and every array's name, shape and raw bytes (the checkpoint
@@ -266,8 +267,9 @@ def _shape_detail(config: LlamaConfig, field: str) -> str:
 
 
 def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple[LlamaConfig, LlamaWeights]:
-    """Load a Hugging Face directory of a Llama-layer family as float32 (tensors stored as F32, F16 or BF16; a
-    fused checkpoint's ``qkv_proj``/``gate_up_proj`` split into their row blocks).
+    """Load a Hugging Face directory of a Llama-layer family (tensors stored as F32, F16 or BF16): read-only
+    views of the files' maps at their stored precision (BF16 converted to float16, ``weights_io``); a fused
+    checkpoint's ``qkv_proj``/``gate_up_proj`` split into their row blocks.
 
     Every stored tensor must be one the config implies (except RoPE ``inv_freq`` buffers); a tied
     checkpoint may store ``lm_head.weight`` only if it equals the embedding. ``progress``: a line to
@@ -319,7 +321,7 @@ def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple
                 if shape != shapes[field]:
                     raise WeightsError(f"{file}: tensor {key!r} has shape {shape}, expected {shapes[field]} "
                                        f"({_shape_detail(config, field)} from {CONFIG_FILE})")
-                found[key] = mapped[-1].float32(key)
+                found[key] = mapped[-1].array(key)
                 count += 1
                 if progress and count % PROGRESS_EVERY == 0:
                     print(f"orion: loading {directory.name}: {count} tensors", file=sys.stderr, flush=True)

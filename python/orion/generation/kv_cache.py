@@ -85,6 +85,14 @@ class KVCache:
         self.mask[:] = MASKED
         self.length = 0
 
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` filled positions and forget the rest: the mask hides them from every
+        program that reads the cache, and the next positions written overwrite them."""
+        if not 0 <= n <= self.length:
+            raise ValueError(f"KVCache.truncate({n}): the cache holds {self.length} positions")
+        self.mask[n:self.length] = MASKED
+        self.length = n
+
     def reserve(self, n: int) -> None:
         """Make room for ``n`` positions: the shortest bucket holding them when the cache is empty (it
         may shrink), else, when they do not fit, the next buckets, the filled positions kept."""

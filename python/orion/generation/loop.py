@@ -38,7 +38,9 @@ from orion.generation.plan import (
     sram_fusion_depth,
     vocab_chunks,
 )
+from orion.generation.prefix_cache import PrefixCache
 from orion.generation.sampling import apply_repetition_penalty, check_sampling, next_token
+from orion.generation.speculative import Speculation, SpeculationStats, Speculator
 from orion.generation.streaming import IncrementalDetokenizer, StopStrings
 from orion.generation.tokenizer import Tokenizer, TokenizerNotFound
 from orion.graph import Graph
@@ -83,6 +85,7 @@ class _Finish:
     reason: str | None = None
     stopped_by: int | str | None = None
     context_full: bool = False
+    speculation: SpeculationStats | None = None
 
 
 class Generation:
@@ -122,6 +125,11 @@ class Generation:
     def context_full(self) -> bool:
         """True when the context length, not ``max_new_tokens``, ended a ``"length"`` finish."""
         return self._finish.context_full
+
+    @property
+    def speculation(self) -> SpeculationStats | None:
+        """Checks, drafted and accepted tokens of a speculative generation (None without ``speculative``)."""
+        return self._finish.speculation
 
 
 @dataclass
@@ -237,6 +245,8 @@ class CausalLM(AdapterHost):
     quant: str = "fp16"  # how the linear weights are stored: "fp16", or "int8" (W8A16, orion.quant)
     # Defaults of generate's sampling arguments: orion.models.load reads them from generation_config.json.
     generation_defaults: GenerationDefaults = GenerationDefaults()
+    # Computed prompt prefixes whose KV positions a prefill reuses (None: off); forks share it.
+    prefix_cache: PrefixCache | None = None
 
     # -- hooks ----------------------------------------------------------------------------------------
     def program_identity(self) -> dict[str, Any]:
@@ -402,23 +412,52 @@ class CausalLM(AdapterHost):
         ids = self._check_ids(ids)
         with self._exclusive("logits"):
             rows: list[np.ndarray] = []
-
-            def chunk_logits(heads: list[Stage], x: np.ndarray) -> None:
-                if self.options.lm_head == "cpu":
-                    rows.append(np.stack([self.cpu_logits(x[:, i]) for i in range(x.shape[1])]))
-                    return
-                for head in heads:
-                    head.run()
-                rows.append(np.concatenate([h.output("logits")[0, :, 0, :x.shape[1]] for h in heads]).T)
-
-            self._run_prefill(ids, chunk_logits)
+            self._run_prefill(ids, self._logit_rows(rows))
             return _float32(np.concatenate(rows))
+
+    def extend(self, ids: Prompt) -> np.ndarray:
+        """Append ``ids`` after the cached positions in one run of the chunk programs (a chunk attending to
+        the KV cache, ``PlanOptions.extend_pieces``) and return the logits ``[len(ids), vocab]`` of each new
+        position: how speculative decoding checks its drafts in one dispatch per program."""
+        ids = self._check_ids(ids)
+        with self._exclusive("extend"):
+            cache = self.cache
+            if cache.length == 0:
+                raise OrionError("extend needs a prefilled cache: call prefill(ids) first")
+            if cache.length + len(ids) > cache.context:
+                raise ContextFull(f"extend: {cache.length} cached and {len(ids)} new tokens exceed the context "
+                                  f"length {cache.context}: reset() or append fewer tokens")
+            rows: list[np.ndarray] = []
+            self._run_pieces(ids, cache.length, self._logit_rows(rows))
+            return _float32(np.concatenate(rows))
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` cached positions and forget the rest (e.g. rejected speculative drafts):
+        no program reads them again, and the next tokens overwrite them."""
+        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or not 0 <= length <= self.cache.length:
+            raise GenerationError(f"truncate({length}): the KV cache holds {self.cache.length} positions; give a "
+                                  f"length in [0, {self.cache.length}]")
+        with self._exclusive("truncate"):
+            self.cache.truncate(int(length))
+
+    def _logit_rows(self, rows: list[np.ndarray]) -> Callable[[list[Stage], np.ndarray], None]:
+        """An ``on_chunk`` that appends each piece's logits ``[tokens, vocab]`` to ``rows``."""
+
+        def chunk_logits(heads: list[Stage], x: np.ndarray) -> None:
+            if self.options.lm_head == "cpu":
+                rows.append(np.stack([self.cpu_logits(x[:, i]) for i in range(x.shape[1])]))
+                return
+            for head in heads:
+                head.run()
+            rows.append(np.concatenate([h.output("logits")[0, :, 0, :x.shape[1]] for h in heads]).T)
+
+        return chunk_logits
 
     def generate(self, ids: Prompt, max_new_tokens: int | None = None, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  stop: Stop = None, *, min_p: float | None = None, repetition_penalty: float | None = None,
                  logits_processor: LogitsProcessor | Sequence[LogitsProcessor] | None = None,
-                 ignore_eos: bool = False) -> Generation:
+                 ignore_eos: bool = False, speculative: Speculation | str | None = None) -> Generation:
         """Iterate over up to ``max_new_tokens`` new token ids after the prompt ``ids`` (token ids, or
         text or a chat when the model has a tokenizer; an empty prompt starts from the BOS token).
 
@@ -430,23 +469,29 @@ class CausalLM(AdapterHost):
         ``stop``: token ids and/or strings; the run ends after the token that hits one (stop strings
         are matched on the decoded text). The model's end-of-sequence ids stop it too, as in transformers
         (the EOS id is the last one yielded), unless ``ignore_eos``. The returned :class:`Generation`
-        tells why it ended."""
+        tells why it ended.
+
+        ``speculative``: ``"prompt-lookup"`` or a :class:`Speculation` drafts tokens from n-grams of the
+        text so far and checks them in one run of the chunk programs (``orion.generation.speculative``):
+        the same tokens, fewer dispatches when the text repeats its prompt."""
         finish, steps = self._start(ids, max_new_tokens, temperature, top_k, top_p, seed, stop, min_p,
-                                    repetition_penalty, logits_processor, eos=not ignore_eos)
+                                    repetition_penalty, logits_processor, eos=not ignore_eos,
+                                    speculative=speculative)
         return Generation(finish, steps, lambda token, text: token)
 
     def generate_text(self, prompt: Prompt, max_new_tokens: int | None = None, temperature: float | None = None,
                       top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                       stop: Stop = None, *, min_p: float | None = None, repetition_penalty: float | None = None,
                       logits_processor: LogitsProcessor | Sequence[LogitsProcessor] | None = None,
-                      ignore_eos: bool = False) -> Generation:
+                      ignore_eos: bool = False, speculative: Speculation | str | None = None) -> Generation:
         """Like ``generate`` on text: iterate over text pieces that joined equal the decoded new
         tokens (multi-byte characters are never split). Stops at the model's end-of-sequence tokens
         (unless ``ignore_eos``) and at ``stop`` (strings and/or token ids); neither the stop token's text
-        nor any part of a stop string is in the output."""
+        nor any part of a stop string is in the output. ``speculative`` as for ``generate``."""
         self.tokenizer  # noqa: B018 -- raises TokenizerNotFound before any work
         finish, steps = self._start(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, min_p,
-                                    repetition_penalty, logits_processor, eos=not ignore_eos, text=True)
+                                    repetition_penalty, logits_processor, eos=not ignore_eos, text=True,
+                                    speculative=speculative)
         return Generation(finish, steps, lambda token, text: text)
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:
@@ -470,7 +515,8 @@ class CausalLM(AdapterHost):
     def _start(self, prompt: Prompt, max_new_tokens: int | None, temperature: float | None, top_k: int | None,
                top_p: float | None, seed: int | None, stop: Stop, min_p: float | None,
                repetition_penalty: float | None, logits_processor: Any, *, eos: bool,
-               text: bool = False) -> tuple[_Finish, Iterator[tuple[int, str]]]:
+               text: bool = False, speculative: Speculation | str | None = None,
+               ) -> tuple[_Finish, Iterator[tuple[int, str]]]:
         """Checks every argument now (not on the first ``next``) and returns the step generator."""
         d = self.generation_defaults
         params = _Sampling(
@@ -489,16 +535,31 @@ class CausalLM(AdapterHost):
             stop_ids |= set(self._tokenizer.eos_token_ids)
         if (stop_strings or text) and self._tokenizer is None:
             self.tokenizer  # noqa: B018 -- raises TokenizerNotFound: stop strings need text
+        settings = Speculation.of(speculative)
         ids = self.prompt_ids(prompt)
         self._check_context(ids)
         finish = _Finish()
+        speculator = None if settings is None else Speculator(self, settings, ids)
+        finish.speculation = None if speculator is None else speculator.stats
         return finish, self._steps(finish, ids, int(max_new_tokens), params, np.random.default_rng(seed), stop_ids,
-                                   stop_strings, text or bool(stop_strings))
+                                   stop_strings, text or bool(stop_strings), speculator)
 
     def _steps(self, finish: _Finish, ids: list[int], max_new_tokens: int, params: _Sampling,
                rng: np.random.Generator, stop_ids: set[int], stop_strings: list[str],
-               decode: bool) -> Iterator[tuple[int, str]]:
-        """Yields ``(token, text safe to show)``; fills in ``finish`` on the last step."""
+               decode: bool, speculator: Speculator | None = None) -> Iterator[tuple[int, str]]:
+        """Yields ``(token, text safe to show)``; fills in ``finish`` on the last step. With a ``speculator``,
+        the logits after each token come from it (checked drafts) instead of ``decode_step``."""
+        try:
+            yield from self._choose(finish, ids, max_new_tokens, params, rng, stop_ids, stop_strings, decode,
+                                    speculator.next_logits if speculator else lambda token, wanted: self.decode_step(token))
+        finally:
+            if speculator is not None:
+                speculator.close()
+
+    def _choose(self, finish: _Finish, ids: list[int], max_new_tokens: int, params: _Sampling,
+                rng: np.random.Generator, stop_ids: set[int], stop_strings: list[str], decode: bool,
+                next_logits: Callable[[int, int], np.ndarray]) -> Iterator[tuple[int, str]]:
+        """The steps of :meth:`_steps`; ``next_logits(token, tokens still wanted after the next)``."""
         detok = IncrementalDetokenizer(self.tokenizer.decode, ids) if decode else None
         stops = StopStrings(stop_strings)
         history = list(ids)
@@ -515,7 +576,7 @@ class CausalLM(AdapterHost):
             token = next_token(logits, params.temperature, params.top_k, params.top_p, rng, params.min_p)
             history.append(token)
             last = produced + 1 == max_new_tokens
-            context_end = self.cache.length >= self.cache.context
+            context_end = len(history) - 1 >= self.cache.context  # positions fed (drafts in the cache not counted)
             if token in stop_ids:
                 finish.reason, finish.stopped_by = "stop", token
                 yield token, _flush(detok, stops)
@@ -539,7 +600,7 @@ class CausalLM(AdapterHost):
             yield token, piece
             if finish.reason:
                 return
-            logits = self.decode_step(token)
+            logits = next_logits(token, max_new_tokens - produced - 2)
 
     def _mask_ids_without_text(self, logits: np.ndarray) -> np.ndarray:
         """``logits`` with the ids beyond the tokenizer at -inf: a model's embedding may have more rows than
@@ -594,21 +655,33 @@ class CausalLM(AdapterHost):
     def _run_prefill(self, ids: list[int],
                      on_chunk: Callable[[list[Stage], np.ndarray], None] | None = None) -> np.ndarray:
         """Runs the layers over the prompt, in chunks when it is longer than the largest bucket
-        (``PlanOptions.prefill_pieces``), and stores its keys/values in the (reset) cache. After each
-        piece, ``on_chunk(LM-head stages, x [hidden, tokens])`` (given: the plans include the LM head when
-        it runs on the ANE). Returns the last piece's x ``[hidden, tokens]``."""
+        (``PlanOptions.prefill_pieces``), and stores its keys/values in the (reset) cache; with a
+        ``prefix_cache``, the longest prefix it holds is copied in instead of computed (not for
+        ``on_chunk``, which wants every position). After each piece, ``on_chunk(LM-head stages, x
+        [hidden, tokens])`` (given: the plans include the LM head when it runs on the ANE). Returns the
+        last piece's x ``[hidden, tokens]``."""
+        self.cache.clear()
+        reused = self.prefix_cache.restore(self, ids) if self.prefix_cache is not None and on_chunk is None else 0
+        x = self._run_pieces(ids[reused:], reused, on_chunk)
+        if self.prefix_cache is not None:
+            self.prefix_cache.store(self, ids)
+        return x
+
+    def _run_pieces(self, ids: list[int], first: int,
+                    on_chunk: Callable[[list[Stage], np.ndarray], None] | None) -> np.ndarray:
+        """Runs the layers over ``ids`` at positions ``first...`` after the ``first`` cached ones (a prompt
+        into an empty cache, or tokens appended through the chunk programs) and stores their keys/values."""
         cache = self.cache
-        cache.clear()
-        pieces = self.options.prefill_pieces(len(ids))
+        pieces = self.options.prefill_pieces(len(ids)) if first == 0 else self.options.extend_pieces(first, len(ids))
         # Chunk programs read the cache at the full context's layout: a chunked prompt takes that bucket.
-        cache.reserve(self.dims.context if len(pieces) > 1 else len(ids))
+        cache.reserve(self.dims.context if first or len(pieces) > 1 else len(ids))
         for start, n, seq in pieces:
             past = start > 0
             with_head = on_chunk is not None and self.options.lm_head == "ane"
             stages, heads = self._prefill_bucket(seq, with_head, past)
             x = stages[0].input("x")
             x[...] = 0.0
-            x[0, :, 0, :n] = self.embed(ids[start:start + n], start).T
+            x[0, :, 0, :n] = self.embed(ids[start - first:start - first + n], start).T
             extra = self.position_inputs(range(start, start + n))
             if extra:
                 _write_lanes(stages, extra)

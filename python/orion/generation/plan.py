@@ -69,6 +69,15 @@ class PlanOptions:
         return [(start, min(self.prefill_chunk, n - start), self.prefill_chunk)
                 for start in range(0, n, self.prefill_chunk)]
 
+    def extend_pieces(self, start: int, n: int) -> list[tuple[int, int, int]]:
+        """How ``n`` tokens appended after ``start`` cached positions run (a reused prefix's rest, speculative
+        drafts): ``(start, tokens, bucket)`` per run of the chunk programs, which attend to the cache; pieces
+        of at most ``prefill_chunk`` tokens, each in the smallest power-of-two bucket that holds it."""
+        least = MIN_LANES[self.io_dtype]
+        return [(s, min(self.prefill_chunk, start + n - s),
+                 max(least, 1 << (min(self.prefill_chunk, start + n - s) - 1).bit_length()))
+                for s in range(start, start + n, self.prefill_chunk)]
+
 
 @dataclass(frozen=True)
 class ProgramInfo:

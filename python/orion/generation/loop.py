@@ -261,11 +261,12 @@ class CausalLM(AdapterHost):
         raise NotImplementedError
 
     def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None,
-                      past: bool = False) -> Graph:
+                      past: bool = False, context: int | None = None) -> Graph:
         """Layers ``layers`` over ``seq`` tokens with causal attention: input ``x`` [1, hidden, 1, seq];
         outputs ``x`` and each layer's ``k<i>``/``v<i>`` [1, kv_heads * head_dim, 1, seq]. ``past``: a
         chunk of a longer prompt that also attends to the KV cache filled so far (inputs ``mask`` and
-        ``k<i>``/``v<i>`` as in ``decode_graph``, and any ``position_inputs`` over the chunk's lanes)."""
+        ``k<i>``/``v<i>`` as in ``decode_graph`` with ``T = context``, default the model's context, and any
+        ``position_inputs`` over the chunk's lanes)."""
         raise NotImplementedError
 
     def lm_head_graph(self, vocab: range, seq: int) -> Graph:
@@ -341,7 +342,7 @@ class CausalLM(AdapterHost):
         self.cache = KVCache(d.n_layer, d.kv_heads, d.head_dim, d.context, self.options.io_dtype,
                              max(self._adapter_surface_bytes(), self.decode_plan.residual_bytes), self._kv_buckets)
         self._bind_decode()
-        self._prefill_stages: dict[tuple[int, bool, bool], tuple[list[Stage], list[Stage]]] = {}
+        self._prefill_stages: dict[tuple[int, bool, int], tuple[list[Stage], list[Stage]]] = {}
         self._forget_bound_variants()
         self._busy = threading.Lock()
 
@@ -631,15 +632,15 @@ class CausalLM(AdapterHost):
             raise GenerationError(f"token ids {bad[:5]} are outside the vocabulary [0, {d.vocab_size})")
         return ids
 
-    def _prefill_bucket(self, seq: int, with_head: bool, past: bool) -> tuple[list[Stage], list[Stage]]:
-        """The prefill stages of bucket ``seq`` (``past``: the chunk programs, bound to this object's KV
-        cache): programs compiled once per bucket, surfaces per fork."""
+    def _prefill_bucket(self, seq: int, with_head: bool, past: int) -> tuple[list[Stage], list[Stage]]:
+        """The prefill stages of bucket ``seq`` (``past``: the chunk programs over this object's KV cache at
+        its bucket of ``past`` positions): programs compiled once per bucket, surfaces per fork."""
         key = (seq, with_head, past)
         if key not in self._prefill_stages:
             with self._compile_lock:
                 if key not in self._prefill_plans:
                     plan = self.decode_plan
-                    what = f"prompt chunks of {seq} tokens" if past else f"prompts up to {seq} tokens"
+                    what = f"chunks of {seq} tokens over {past} cached" if past else f"prompts up to {seq} tokens"
                     self.builder.begin(f"{self.display_name} {what}", len(plan.layer_ranges)
                                        + (len(self._head_ranges) if with_head else 0))
                     self._prefill_plans[key] = build_prefill_plan(
@@ -673,12 +674,12 @@ class CausalLM(AdapterHost):
         into an empty cache, or tokens appended through the chunk programs) and stores their keys/values."""
         cache = self.cache
         pieces = self.options.prefill_pieces(len(ids)) if first == 0 else self.options.extend_pieces(first, len(ids))
-        # Chunk programs read the cache at the full context's layout: a chunked prompt takes that bucket.
-        cache.reserve(self.dims.context if first or len(pieces) > 1 else len(ids))
+        # Chunk programs read the cache at its bucket's layout: the one holding every position to come.
+        cache.reserve(first + len(ids))
         for start, n, seq in pieces:
             past = start > 0
             with_head = on_chunk is not None and self.options.lm_head == "ane"
-            stages, heads = self._prefill_bucket(seq, with_head, past)
+            stages, heads = self._prefill_bucket(seq, with_head, cache.bucket if past else 0)
             x = stages[0].input("x")
             x[...] = 0.0
             x[0, :, 0, :n] = self.embed(ids[start - first:start - first + n], start).T

@@ -251,13 +251,15 @@ def _decode_layers(builder: ProgramBuilder, ranges: list[range], depth: int,
 
 def build_prefill_plan(builder: ProgramBuilder, n_layer: int, depth: int, seq: int, head_ranges: list[range],
                        prefill_graph: Callable[..., Graph], lm_head_graph: Callable[[range, int], Graph],
-                       past: bool = False) -> PrefillPlan:
-    """Compiles the layer programs for ``seq`` tokens (``past``: the chunk programs, ``prefill_graph(r, seq,
-    past=True)``), and the LM head over all of them when ``head_ranges`` is not empty."""
+                       past: int = 0) -> PrefillPlan:
+    """Compiles the layer programs for ``seq`` tokens (``past``: the chunk programs over a KV cache of
+    ``past`` positions, ``prefill_graph(r, seq, past=True, context=past)``), and the LM head over all of
+    them when ``head_ranges`` is not empty."""
     ranges = layer_ranges(n_layer, depth)
-    kind, extra = ("prefill_chunk", {"past": True}) if past else ("prefill", {})
+    kind, extra = ("prefill_chunk", {"past": True, "context": past}) if past else ("prefill", {})
     layers = [builder.build(kind, lambda r=r: prefill_graph(r, seq, **extra), max_layers=depth,
-                            layers=[r.start, r.stop], seq=seq) for r in ranges]
+                            layers=[r.start, r.stop], seq=seq, **({"context": past} if past else {}))
+              for r in ranges]
     heads = [builder.build("lm_head", lambda r=r: lm_head_graph(r, seq), vocab=[r.start, r.stop], seq=seq)
              for r in head_ranges]
-    return PrefillPlan(seq, ranges, layers, heads, past)
+    return PrefillPlan(seq, ranges, layers, heads, bool(past))

@@ -103,7 +103,7 @@ class PrefixCache:
             self._entries.move_to_end(best)
             entry = self._entries[best]
             cache = model.cache
-            cache.reserve(cache.context)  # the chunk programs read the cache at the full context's layout
+            cache.reserve(len(ids))  # the bucket the whole prompt will take
             for mine, stored in zip(cache.keys + cache.values, entry.keys + entry.values):
                 mine[:, :reuse] = stored[:, :reuse]
             cache.mask[:reuse] = 0.0

@@ -204,10 +204,11 @@ class AdapterHost:
             self._bound_bucket = self.cache.bucket
             self._prefill_stages = {}
 
-    def _variant_prefill_graph(self: CausalLM, layers: range, seq: int, past: bool = False) -> Graph:
+    def _variant_prefill_graph(self: CausalLM, layers: range, seq: int, past: bool = False,
+                               context: int | None = None) -> Graph:
         """The active variant's prefill graph (the hook called as without adapters for the base programs);
-        ``past``: the chunk graph of a longer prompt (see ``CausalLM.prefill_graph``)."""
-        extra = {"past": True} if past else {}
+        ``past``: the chunk graph over a KV cache of ``context`` positions (see ``CausalLM.prefill_graph``)."""
+        extra = {"past": True, "context": context} if past else {}
         if self.lora_sites is None:
             return self.prefill_graph(layers, seq, **extra)
         return self.prefill_graph(layers, seq, adapters=self.lora_sites, **extra)

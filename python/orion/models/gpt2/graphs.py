@@ -129,14 +129,15 @@ def decode_graph(config: GPT2Config, weights: GPT2Weights, layers: range, adapte
 
 
 def prefill_graph(config: GPT2Config, weights: GPT2Weights, layers: range, seq: int,
-                  adapters: Sites | None = None, quant: str = "fp16", past: bool = False) -> Graph:
+                  adapters: Sites | None = None, quant: str = "fp16", past: bool = False,
+                  context: int | None = None) -> Graph:
     """Layers ``layers`` over ``seq`` tokens (a power of two) with causal attention: input ``x``;
     outputs ``x`` and each layer's ``k<i>``/``v<i>`` for the cache. ``adapters``: LoRA site ranks (None: base).
 
     ``past``: a chunk of a longer prompt, which also attends to the positions already in the KV cache:
     inputs ``mask`` and ``k<i>``/``v<i>`` caches as in :func:`decode_graph` (positions come from the
-    cache's filled length, so one program serves every chunk)."""
-    c, t = config.n_embd, config.n_positions
+    cache's filled length, so one program serves every chunk) of ``context`` positions (default ``n_positions``)."""
+    c, t = config.n_embd, context or config.n_positions
     g = Graph(f"gpt2_{'chunk' if past else 'prefill'}_{layers.start}_{layers.stop}_s{seq}")
     x = g.input("x", [1, c, 1, seq])
     if past:

@@ -107,9 +107,9 @@ class Llama(CausalLM):
                                    self.quant)
 
     def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None,
-                      past: bool = False) -> Graph:
+                      past: bool = False, context: int | None = None) -> Graph:
         return graphs.prefill_graph(self.config, self.weights, layers, seq, adapters, self.quant,
-                                    self.dims.context if past else None)
+                                    (context or self.dims.context) if past else None)
 
     def lora_placements(self) -> dict[str, Placement]:
         """``model.layers.<i>.self_attn.{q,k,v,o}_proj`` and ``mlp.{gate,up,down}_proj`` on the fused graph sites:

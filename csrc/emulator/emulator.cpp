@@ -121,10 +121,17 @@ void store_replicated(const Tensor& t, int64_t block, uint8_t* dst) {
 // program before the kernel step allocates.
 class ProgramModel {
 public:
-    ProgramModel(const mil::Function& fn, std::vector<frontend::TypedOp> typed, const runtime::WeightFiles& weights) {
+    // `cuts`: the values cut from input surfaces (frontend::InputCuts::ranges): no op computes them;
+    // the program reads the ones it uses from their place in the surface (EmulatedProgram::loads_).
+    ProgramModel(const mil::Function& fn, std::vector<frontend::TypedOp> typed, const runtime::WeightFiles& weights,
+                 const std::map<std::string, runtime::InputPart>& cuts) {
         for (const auto& p : fn.inputs) define(p.name, p.type);
         for (size_t i = 0; i < fn.body.size(); ++i) {
             const mil::Operation& op = fn.body[i];
+            if (cuts.count(op.output)) {
+                define(op.output, op.type);
+                continue;
+            }
             if (op.op == "const") {
                 const int id = define(op.output, op.type);
                 values_[id].constant = &*op.val;
@@ -222,6 +229,11 @@ public:
         : text_(text), options_(std::move(options)), program_(std::move(checked.program)), model_(std::move(model)) {
         inputs_ = std::move(checked.inputs);
         outputs_ = std::move(checked.outputs);
+        used_parts_ = std::move(checked.cuts.parts);
+        for (auto& [name, part] : checked.cuts.ranges) {
+            cut_values_.insert(model_.ids_.at(name));
+            parts_.push_back(std::move(part));
+        }
         fold_constants();
         build_kernels();
         for (auto& v : values()) v.blob.reset(), v.affine.reset();  // the caller's weight buffers are not kept
@@ -240,14 +252,19 @@ private:
         const bool profiling = profile::enabled();
         const auto start = profiling ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
         for (int slot : acquire_inputs_) frame_.values[slot].data = buffer_pool::take(pooled_size(slot));
-        for (size_t i = 0; i < inputs.size(); ++i) {
-            Tensor& t = frame_.values[input_slots_[i]];
-            auto hint = live.find(inputs_[i].name);
-            t.lanes = hint == live.end() ? t.last_dim() : hint->second;
-            if (in_place_[i])  // every reader takes fp16 as it is: no conversion
-                t.half = reinterpret_cast<const uint16_t*>(inputs[i].second->data());
+        for (const Load& load : loads_) {
+            Tensor& t = frame_.values[load.slot];
+            t.lanes = t.last_dim();
+            for (const auto& name : load.hint_names)
+                if (auto hint = live.find(name); hint != live.end()) {
+                    t.lanes = hint->second;
+                    break;
+                }
+            const uint8_t* data = inputs[load.input].second->data() + load.byte_offset;
+            if (load.in_place)  // every reader takes fp16 as it is: no conversion
+                t.half = reinterpret_cast<const uint16_t*>(data);
             else
-                load_input(inputs[i].second->data(), t);
+                load_input(data, t);
         }
         if (profiling) return run_profiled(outputs, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
         for (size_t i = 0; i < kernels_.size(); ++i) run_kernel(i);
@@ -431,11 +448,7 @@ private:
             output_slots_.push_back(values()[model_.ids_.at(s.name)].slot);
             values()[static_cast<size_t>(output_slots_.back())].needs_fp32 = true;  // stored from fp32 data
         }
-        for (const auto& s : inputs_) {
-            const int slot = values()[model_.ids_.at(s.name)].slot;
-            input_slots_.push_back(slot);
-            in_place_.push_back(s.type.dtype == mil::DType::fp16 && !values()[static_cast<size_t>(slot)].needs_fp32);
-        }
+        plan_loads(readers);
         const std::vector<bool> pooled = plan_buffers();
         frame_.values.resize(values().size());
         for (size_t i = 0; i < values().size(); ++i) {
@@ -456,6 +469,7 @@ private:
             if (held_masks_.count(static_cast<int>(i))) continue;  // held once per process (add_fused_attention)
             if (pooled[i]) continue;  // taken from the buffer pool while it is live (run_kernel)
             if (!is_const && in_place_input(v.slot)) continue;  // its readers take fp16 from the surface
+            if (!is_const && unread_.count(static_cast<int>(i))) continue;  // an input (or a cut of one) nothing reads
             if (!is_const) {
                 unallocated_.push_back(v.slot);  // allocated by the first evaluate (allocate_frame)
             } else if (v.blob) {
@@ -522,10 +536,34 @@ private:
         return true;
     }
 
-    // Whether `slot` is a program input read in place from its surface (no frame data at all).
+    // What run() fills from the input surfaces (loads_): each input something reads, and each tensor
+    // cut from one (InputPart) straight from its place in the surface, instead of the whole surface
+    // loaded and copied apart by the cut ops (which have no kernel). The inputs and cuts nothing reads
+    // are never loaded nor allocated (unread_): a packed input whose tensors all are cuts costs only
+    // their live lanes, and an fp16 cut only fp16 readers take is read in place.
+    void plan_loads(const std::vector<int>& readers) {
+        auto add = [&](const std::string& name, size_t input, int64_t offset, std::vector<std::string> hint_names) {
+            const int id = model_.ids_.at(name);
+            const int slot = values()[static_cast<size_t>(id)].slot;
+            const ValueInfo& v = values()[static_cast<size_t>(slot)];
+            const size_t element = mil::dtype_size(v.type.dtype);
+            loads_.push_back({slot, input, static_cast<size_t>(offset) * element,
+                              v.type.dtype == mil::DType::fp16 && !v.needs_fp32, std::move(hint_names)});
+        };
+        for (size_t i = 0; i < inputs_.size(); ++i) {
+            const int id = model_.ids_.at(inputs_[i].name);
+            if (readers[static_cast<size_t>(id)] > 0) add(inputs_[i].name, i, 0, {inputs_[i].name});
+            else unread_.insert(id);
+        }
+        for (const auto& part : used_parts_) add(part.name, part.input, part.offset, part.hint_names);
+        for (int id : cut_values_)
+            if (!readers[static_cast<size_t>(id)]) unread_.insert(id);
+    }
+
+    // Whether `slot` is a tensor loaded from a surface and read in place (no frame data at all).
     bool in_place_input(int slot) const {
-        for (size_t i = 0; i < input_slots_.size(); ++i)
-            if (input_slots_[i] == slot && in_place_[i]) return true;
+        for (const Load& load : loads_)
+            if (load.slot == slot && load.in_place) return true;
         return false;
     }
 
@@ -542,7 +580,7 @@ private:
         std::vector<bool> pooled(n, false);
         std::vector<int64_t> first(n, -2), last(n, -2);  // -2: unused; -1: before the first kernel
         auto owner = [&](int id) { return values()[static_cast<size_t>(id)].slot; };
-        for (int slot : input_slots_) first[static_cast<size_t>(slot)] = last[static_cast<size_t>(slot)] = -1;
+        for (const Load& load : loads_) first[static_cast<size_t>(load.slot)] = last[static_cast<size_t>(load.slot)] = -1;
         for (size_t k = 0; k < kernel_steps_.size(); ++k)
             for (const ProgramModel::Step* step : kernel_steps_[k]) {
                 const auto out = static_cast<size_t>(owner(step->out));
@@ -973,11 +1011,21 @@ private:
     ProgramModel model_;
     std::vector<std::unique_ptr<mil::Value>> folded_;  // the values of folded ops (fold_constants)
     std::vector<Kernel> kernels_;
-    std::vector<int> input_slots_, output_slots_;
+    // A tensor run() fills from an input surface before the kernels (plan_loads).
+    struct Load {
+        int slot;                    // its frame tensor
+        size_t input;                // the surface, by binding index
+        size_t byte_offset;          // where the tensor starts in it
+        bool in_place;               // fp16 that every reader takes as it is (Tensor::half)
+        std::vector<std::string> hint_names;  // the first of these a live-lanes hint names sets its lanes
+    };
+    std::vector<Load> loads_;
+    std::vector<runtime::InputPart> used_parts_;  // the cuts something other than a cut reads (loaded)
+    std::set<int> cut_values_, unread_;  // values cut from inputs (no kernel); inputs and cuts nothing reads
+    std::vector<int> output_slots_;
     std::vector<int> unallocated_;  // frame slots allocate_frame() still has to allocate
     std::set<int> unmaterialised_;  // constexpr outputs no kernel reads as data: never computed nor allocated
     std::set<int> held_masks_;      // causal-mask consts held once per process, not in the frame (add_fused_attention)
-    std::vector<bool> in_place_;  // per input: fp16 read in place from the surface (Tensor::half)
     std::vector<std::vector<const ProgramModel::Step*>> kernel_steps_;  // per kernel: the steps it computes
     std::vector<bool> internal_;  // per slot: an intermediate of a fused chain (in no frame or pool plan)
     std::vector<std::vector<int>> acquire_, release_;      // per kernel: pooled slots taken before / given after it
@@ -992,7 +1040,7 @@ private:
 std::unique_ptr<runtime::LoadedProgram> build_checked(std::string_view text, const runtime::WeightFiles& weights,
                                                       const runtime::CompileOptions& options, bool count_compile) {
     frontend::CheckedProgram checked = frontend::check(text, weights, options);
-    ProgramModel model(checked.main(), std::move(checked.typed), weights);
+    ProgramModel model(checked.main(), std::move(checked.typed), weights, checked.cuts.ranges);
     if (count_compile) runtime::consume_compile();
     return std::make_unique<EmulatedProgram>(text, std::move(checked), std::move(model), options);
 }

@@ -131,3 +131,21 @@ def test_a_failed_sequence_is_replaced(engine, monkeypatch) -> None:
     before = engine._sequences
     assert len(list(engine.generate([1, 2], SamplingParams(max_tokens=10, temperature=0.0), lambda: False))) == 10
     assert engine._sequences <= before + 1 <= engine.max_sequences
+
+
+def test_speculative_engine_with_a_prefix_cache_gives_the_models_tokens(model_dir, reference) -> None:
+    """``--speculative prompt-lookup`` and ``--prefix-cache-mb``: interleaved requests sharing a long system
+    prompt and repeating their prompts give plain greedy decoding's tokens; the later ones reuse the prefix."""
+    from orion.generation.speculative import Speculation
+    from orion.models import GPT2
+
+    engine = ModelEngine(GPT2.from_pretrained(model_dir, progress=False), "spec", max_sequences=2,
+                         speculative=Speculation(num_tokens=4), prefix_cache_bytes=1 << 22)
+    system = reference.tokenizer.encode("the neural engine runs the model one token at a time. " * 3)
+    prompts = [system + reference.tokenizer.encode(p * 2) for p in ("hello world, ", "the engine; ")]
+    params = SamplingParams(max_tokens=12, temperature=0.0)
+    gens = [engine.generate(p, params, lambda: False) for p in prompts]
+    got = [list(g) for g in gens]
+    assert got == [list(reference.generate(p, 12)) for p in prompts]
+    cache = engine.model.prefix_cache
+    assert cache.stats.hits >= 1 and cache.stats.reused_tokens >= len(system)

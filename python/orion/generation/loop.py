@@ -27,7 +27,7 @@ import numpy as np
 from orion._core import kernels
 from orion.errors import OrionError
 from orion.generation.defaults import GenerationDefaults
-from orion.generation.kv_cache import KVCache, context_buckets
+from orion.generation.kv_cache import MASKED, KVCache, context_buckets
 from orion.generation.plan import (
     DecodePlan,
     PlanOptions,
@@ -336,29 +336,44 @@ class CausalLM(AdapterHost):
         self._prefill_plans: dict[tuple[int, bool, bool], PrefillPlan] = {}  # shared by forks
         self._bind_cache()
 
-    def _bind_cache(self) -> None:
-        """A new KV cache and the surfaces of this object alone (a fork calls it too)."""
+    def _bind_cache(self, bucket: int | None = None) -> None:
+        """A new, empty KV cache in new decode stages of length ``bucket`` (default the shortest), the
+        surfaces of this object alone (a fork calls it too)."""
         d = self.dims
-        self.cache = KVCache(d.n_layer, d.kv_heads, d.head_dim, d.context, self.options.io_dtype,
-                             max(self._adapter_surface_bytes(), self.decode_plan.residual_bytes), self._kv_buckets)
-        self._bind_decode()
+        self.cache = KVCache(d.n_layer, d.kv_heads, d.head_dim, d.context, self._kv_buckets)
+        self._bind_decode(bucket or self.cache.bucket)
         self._prefill_stages: dict[tuple[int, bool, int], tuple[list[Stage], list[Stage]]] = {}
         self._forget_bound_variants()
         self._busy = threading.Lock()
 
-    def _bind_decode(self) -> None:
-        """The decode stages for the cache's current length (its layer programs compiled on first use)."""
-        self._layers, self._heads = self.decode_plan.bind(self.cache.surfaces, self.cache.bucket)
-        self._bound_bucket = self.cache.bucket
+    def _bind_decode(self, bucket: int) -> None:
+        """New decode stages for a KV cache of ``bucket`` positions (its layer programs compiled on first
+        use), the cache moved into their inputs."""
+        self._layers, self._heads = self.decode_plan.bind(bucket)
+        self._bound_bucket = bucket
         self._write_adapter_inputs([self._layers])
+        self._attach_cache()
+
+    def _attach_cache(self) -> None:
+        """The KV cache into the inputs of the bound decode stages (``KVCache.attach``)."""
+        tensors = {name: stage.input(name) for stage, layers in zip(self._layers, self.decode_plan.layer_ranges)
+                   for i in layers for name in (f"k{i}", f"v{i}")}
+        self.cache.attach(self._bound_bucket, tensors, [stage.input("mask") for stage in self._layers])
+
+    def _reserve(self, n: int) -> None:
+        """Room for ``n`` positions: the shortest bucket holding them and the filled ones (an empty cache
+        may shrink), its decode stages bound."""
+        bucket = self.cache.bucket_for(n)
+        if bucket != self._bound_bucket:
+            self._bind_decode(bucket)
 
     def fork(self) -> CausalLM:
         """A model sharing this one's compiled programs with its own copy of the KV cache (and its
         own surfaces, so the two may run in different threads)."""
         with self._exclusive("fork"):
             twin = copy.copy(self)
-            twin._bind_cache()
-            twin.cache.copy_from(self.cache)
+            twin._bind_cache(self._bound_bucket)
+            twin.cache.copy_lane(self.cache, 0, 0)
             return twin
 
     def reset(self) -> None:
@@ -390,22 +405,18 @@ class CausalLM(AdapterHost):
                 raise ContextFull(f"the KV cache holds {pos} tokens, the context length is {cache.context}: "
                                   f"reset() or start a new prompt")
             self._check_ids([_token_id(token, "decode_step's token")])
-            if pos >= cache.bucket or self._bound_bucket != cache.bucket:  # the cache grows by buckets (kv_cache)
-                cache.reserve(pos + 1)
-                self._bind_decode()
+            self._reserve(pos + 1)  # the cache grows by buckets (kv_cache)
             self._layers[0].input("x")[0, :, 0, 0] = self.embed([token], pos)[0]
             extra = self.position_inputs(range(pos, pos + 1))
             if extra:
                 _write_lanes(self._layers, extra)
             for stage, layers in zip(self._layers, self.decode_plan.layer_ranges):
                 # Positions >= pos of the caches and the mask are dead lanes: the emulator skips them.
-                live = {name: pos for i in layers for name in (f"k{i}", f"v{i}")} if cache.lane_hints else {}
-                stage.run(live | {"mask": pos} if live else None)
+                stage.run({name: pos for i in layers for name in (f"k{i}", f"v{i}")} | {"mask": pos})
                 for i in layers:
-                    cache.keys[i][:, pos] = stage.output(f"k{i}")[0, :, 0, 0]
-                    cache.values[i][:, pos] = stage.output(f"v{i}")[0, :, 0, 0]
-            cache.mask[pos] = 0.0
-            cache.length = pos + 1
+                    cache.keys[i][0, :, pos] = stage.output(f"k{i}")[0, :, 0, 0]
+                    cache.values[i][0, :, pos] = stage.output(f"v{i}")[0, :, 0, 0]
+            cache.filled(0, pos + 1)
             return self._head_logits(None)
 
     def logits(self, ids: Prompt) -> np.ndarray:
@@ -439,7 +450,7 @@ class CausalLM(AdapterHost):
             raise GenerationError(f"truncate({length}): the KV cache holds {self.cache.length} positions; give a "
                                   f"length in [0, {self.cache.length}]")
         with self._exclusive("truncate"):
-            self.cache.truncate(int(length))
+            self.cache.filled(0, int(length))
 
     def _logit_rows(self, rows: list[np.ndarray]) -> Callable[[list[Stage], np.ndarray], None]:
         """An ``on_chunk`` that appends each piece's logits ``[tokens, vocab]`` to ``rows``."""
@@ -648,8 +659,7 @@ class CausalLM(AdapterHost):
                         self._head_ranges if with_head else [], self._variant_prefill_graph, self.lm_head_graph,
                         past)
                     self.builder.end()
-            self._prefill_stages[key] = self._prefill_plans[key].bind(self.options.io_dtype,
-                                                                      self.cache.surfaces if past else None)
+            self._prefill_stages[key] = self._prefill_plans[key].bind(self.options.io_dtype)
             self._write_adapter_inputs(self._prefill_stages[key][:1])
         return self._prefill_stages[key]
 
@@ -674,8 +684,7 @@ class CausalLM(AdapterHost):
         into an empty cache, or tokens appended through the chunk programs) and stores their keys/values."""
         cache = self.cache
         pieces = self.options.prefill_pieces(len(ids)) if first == 0 else self.options.extend_pieces(first, len(ids))
-        # Chunk programs read the cache at its bucket's layout: the one holding every position to come.
-        cache.reserve(first + len(ids))
+        self._reserve(first + len(ids))  # chunk programs read the cache at the bucket holding every position
         for start, n, seq in pieces:
             past = start > 0
             with_head = on_chunk is not None and self.options.lm_head == "ane"
@@ -687,15 +696,15 @@ class CausalLM(AdapterHost):
             if extra:
                 _write_lanes(stages, extra)
             for stage, layers in zip(stages, self.decode_plan.layer_ranges):
-                # Cache positions >= start are dead lanes: the emulator skips them.
-                live = {name: start for i in layers for name in (f"k{i}", f"v{i}", "mask")} \
-                    if past and cache.lane_hints else None
+                live = None
+                if past:  # the chunk reads the positions filled so far; the later ones are dead lanes
+                    _write_past(stage, layers, cache, 0, start)
+                    live = {name: start for i in layers for name in (f"k{i}", f"v{i}")} | {"mask": start}
                 stage.run(live)
                 for i in layers:
-                    cache.keys[i][:, start:start + n] = stage.output(f"k{i}")[0, :, 0, :n]
-                    cache.values[i][:, start:start + n] = stage.output(f"v{i}")[0, :, 0, :n]
-            cache.mask[start:start + n] = 0.0
-            cache.length = start + n
+                    cache.keys[i][0, :, start:start + n] = stage.output(f"k{i}")[0, :, 0, :n]
+                    cache.values[i][0, :, start:start + n] = stage.output(f"v{i}")[0, :, 0, :n]
+            cache.filled(0, start + n)
             x = stages[-1].output("x")[0, :, 0, :n]
             if on_chunk is not None:
                 on_chunk(heads, x)
@@ -716,6 +725,17 @@ def _float32(logits: np.ndarray) -> np.ndarray:
     """Logits read from the head's surfaces as a new float32 array (fp16 ones converted by the CPU's
     conversion instructions: numpy's astype takes 75 us for GPT-2's 50257, a step's 1%)."""
     return kernels.half_to_float(logits) if logits.dtype == np.float16 else logits.astype(np.float32)
+
+
+def _write_past(stage: Stage, layers: range, cache: KVCache, lane: int, n: int) -> None:
+    """The first ``n`` positions of ``lane``'s cache into a prompt-chunk stage's cache inputs (full-context
+    tensors ``[1, width, 1, context]``), the others masked (their stale values stay finite: never NaN)."""
+    mask = stage.input("mask")[0, 0, 0]
+    mask[:n] = 0.0
+    mask[n:] = MASKED
+    for i in layers:
+        stage.input(f"k{i}")[0, :, 0, :n] = cache.keys[i][lane, :, :n]
+        stage.input(f"v{i}")[0, :, 0, :n] = cache.values[i][lane, :, :n]
 
 
 def _write_lanes(stages: list[Stage], values: dict[str, np.ndarray]) -> None:

@@ -6,7 +6,7 @@ program per vocabulary chunk: that is the number of dispatches per token. The de
 is the largest that keeps a program's weights inside ``SRAM_SHARE`` of the SRAM; when a compile
 fails at some depth, the plan falls back to shallower fusion (the hardware's fusion limit is not
 known). The residual stream ``x`` flows from each layer program to the next through one chain of
-surfaces; the KV cache surfaces are bound as the decode programs' ``k<i>``/``v<i>`` inputs. The
+surfaces; the KV cache lives in the decode programs' own ``k<i>``/``v<i>`` inputs (``KVCache.attach``). The
 layer programs exist per KV-cache length (``kv_cache.context_buckets``): the shortest is built with
 the plan, a longer one the first time a cache grows to it (``DecodePlan.layers_at``).
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -25,7 +25,6 @@ from orion.errors import OrionError
 from orion.graph import Graph
 from orion.limits import MIN_LANES, MIN_SURFACE_BYTES, SRAM_BYTES
 from orion.runtime.builder import ProgramBuilder
-from orion.runtime.dtypes import numpy_dtype
 from orion.runtime.stage import Stage
 from orion.runtime.surface import Surface
 
@@ -131,13 +130,6 @@ class DecodePlan:
         """The layer programs of the shortest KV-cache length built."""
         return self.layers_by_context[min(self.layers_by_context)]
 
-    @property
-    def residual_bytes(self) -> int:
-        """The size of the residual-stream surfaces the layer programs read and write (padded, ANE-12): the KV
-        surfaces, which :meth:`bind` gives them the size of, must be at least this large (ANE-13)."""
-        shape = _surface_shape([*self.layer_programs, *self.head_programs])
-        return int(np.prod(shape)) * numpy_dtype(self.options.io_dtype).itemsize
-
     def layers_at(self, context: int) -> list[CompiledGraph]:
         """The layer programs reading a KV cache of ``context`` positions, compiled on first use (forks
         share the plan: one thread compiles, the others wait)."""
@@ -148,19 +140,10 @@ class DecodePlan:
                 self.builder.end()
             return self.layers_by_context[context]
 
-    def bind(self, cache: Mapping[str, Surface], context: int) -> tuple[list[Stage], list[Stage]]:
-        """Layer and LM-head stages bound to ``cache`` (KV cache and mask surfaces by graph name, all
-        of one size, which the residual-stream surfaces take too) holding ``context`` positions."""
-        programs = self.layers_at(context)
-        nbytes = cache["mask"].nbytes
-        shape = _surface_shape([*programs, *self.head_programs])
-        x = [Surface(shape, self.options.io_dtype, nbytes) for _ in range(len(programs) + 1)]
-        layers = []
-        for i, (cg, r) in enumerate(zip(programs, self.layer_ranges)):
-            own = {"x": x[i], "out:x": x[i + 1], "mask": cache["mask"]}
-            own.update({name: cache[name] for j in r for name in (f"k{j}", f"v{j}")})
-            layers.append(Stage(cg, own))
-        return layers, [Stage(cg, {"x": x[-1]}) for cg in self.head_programs]
+    def bind(self, context: int) -> tuple[list[Stage], list[Stage]]:
+        """Layer and LM-head stages for a KV cache of ``context`` positions, on new surfaces (the KV cache
+        lives in the layer stages' inputs, ``KVCache.attach``), the residual stream chained between them."""
+        return _bind(self.layers_at(context), self.head_programs, self.options.io_dtype)
 
 
 @dataclass
@@ -174,22 +157,21 @@ class PrefillPlan:
     head_programs: list[CompiledGraph]  # empty unless the plan computes every position's logits
     past: bool = False
 
-    def bind(self, io_dtype: str, cache: Mapping[str, Surface] | None = None) -> tuple[list[Stage], list[Stage]]:
-        """Layer and LM-head stages on new surfaces, the residual stream chained between them; a ``past``
-        plan's layers also bind ``cache`` (the KV cache and mask surfaces by graph name, as decode's do)."""
-        nbytes = max(MIN_SURFACE_BYTES, largest_surface(self.layer_programs),  # one size for every input (ANE-13)
-                     cache["mask"].nbytes if self.past else 0)
-        shape = _surface_shape([*self.layer_programs, *self.head_programs])
-        x = [Surface(shape, io_dtype, nbytes) for _ in range(len(self.layer_programs) + 1)]
-        layers = []
-        for i, (cg, r) in enumerate(zip(self.layer_programs, self.layer_ranges)):
-            own = {"x": x[i], "out:x": x[i + 1]}
-            if self.past:
-                own["mask"] = cache["mask"]
-                own.update({name: cache[name] for j in r for name in (f"k{j}", f"v{j}")})
-            layers.append(Stage(cg, own))
-        return layers, [Stage(cg, {"x": x[-1]}) for cg in self.head_programs]
+    def bind(self, io_dtype: str) -> tuple[list[Stage], list[Stage]]:
+        """Layer and LM-head stages on new surfaces, the residual stream chained between them (a ``past``
+        plan's cache inputs are the stages' own: the loop copies the filled positions in)."""
+        return _bind(self.layer_programs, self.head_programs, io_dtype)
 
+
+def _bind(programs: list[CompiledGraph], heads: list[CompiledGraph],
+          io_dtype: str) -> tuple[list[Stage], list[Stage]]:
+    """Stages of ``programs`` (layers) and ``heads``, the residual stream ``x`` chained through surfaces of
+    the size of every program's largest input (one size for all inputs of a program, ANE-13)."""
+    nbytes = max(MIN_SURFACE_BYTES, largest_surface([*programs, *heads]))
+    shape = _surface_shape([*programs, *heads])
+    x = [Surface(shape, io_dtype, nbytes) for _ in range(len(programs) + 1)]
+    layers = [Stage(cg, {"x": x[i], "out:x": x[i + 1]}) for i, cg in enumerate(programs)]
+    return layers, [Stage(cg, {"x": x[-1]}) for cg in heads]
 
 
 def _surface_shape(programs: list[CompiledGraph]) -> tuple[int, ...]:

@@ -103,11 +103,10 @@ class PrefixCache:
             self._entries.move_to_end(best)
             entry = self._entries[best]
             cache = model.cache
-            cache.reserve(len(ids))  # the bucket the whole prompt will take
+            model._reserve(len(ids))  # the bucket the whole prompt will take
             for mine, stored in zip(cache.keys + cache.values, entry.keys + entry.values):
-                mine[:, :reuse] = stored[:, :reuse]
-            cache.mask[:reuse] = 0.0
-            cache.length = reuse
+                mine[0, :, :reuse] = stored[:, :reuse]
+            cache.filled(0, reuse)
             self.stats.hits += 1
             self.stats.reused_tokens += reuse
             return reuse
@@ -120,7 +119,7 @@ class PrefixCache:
         n = len(ids)
         if n < self.min_tokens or n > cache.length:
             return
-        entry = _Entry(tuple(ids), [k[:, :n].copy() for k in cache.keys], [v[:, :n].copy() for v in cache.values])
+        entry = _Entry(tuple(ids), [k[0, :, :n].copy() for k in cache.keys], [v[0, :, :n].copy() for v in cache.values])
         if entry.nbytes > self.max_bytes:
             return
         adapter = model.active_adapter

@@ -39,7 +39,6 @@ class Stage:
         given_out = {n[4:]: s for n, s in shared.items() if n.startswith("out:")}
         self.inputs = _fill(layout.inputs, self.program.inputs, given_in)
         self.outputs = _fill(layout.outputs, self.program.outputs, given_out)
-        self._packed_inputs = {s.name for s in layout.inputs if s.surface}
         self._copy_in = [(s.name, packed_view(given_in[s.name].array, s.shape), _view(self.inputs, s))
                          for s in layout.inputs if s.surface and s.name in given_in]
         self._copy_out = [(_view(self.outputs, s), packed_view(given_out[s.name].array, s.shape))
@@ -61,13 +60,13 @@ class Stage:
         return self._outputs[name]
 
     def run(self, live_lanes: Mapping[str, int] | None = None) -> None:
-        """Evaluates the program once; ``live_lanes`` by graph input name (see ``Program.evaluate``). A
-        packed input's hint cannot reach the program (its lanes are not the packed surface's), which then
-        computes every lane: a shared tensor is copied in whole (a dead lane's value still counts)."""
+        """Evaluates the program once; ``live_lanes`` by graph input name (see ``Program.evaluate``). The
+        hint on a tensor the I/O packing put in a shared surface names the tensor the program cuts from
+        it (``Program.input_parts``), so it reaches the emulator either way. A shared surface given
+        for a packed tensor is copied in whole."""
         for _, source, target in self._copy_in:
             target[...] = source
-        hints = {self.mil_name[n]: v for n, v in (live_lanes or {}).items() if n not in self._packed_inputs}
-        self._bound(hints or None)
+        self._bound({self.mil_name[n]: v for n, v in live_lanes.items()} if live_lanes else None)
         for source, target in self._copy_out:
             target[...] = source
 

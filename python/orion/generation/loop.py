@@ -460,7 +460,7 @@ class CausalLM(AdapterHost):
                 rows.append(np.stack([self.cpu_logits(x[:, i]) for i in range(x.shape[1])]))
                 return
             for head in heads:
-                head.run()
+                head.run({"x": x.shape[1]})  # the lanes past the piece's tokens are padding
             rows.append(np.concatenate([h.output("logits")[0, :, 0, :x.shape[1]] for h in heads]).T)
 
         return chunk_logits
@@ -700,6 +700,7 @@ class CausalLM(AdapterHost):
                 if past:  # the chunk reads the positions filled so far; the later ones are dead lanes
                     _write_past(stage, layers, cache, 0, start)
                     live = {name: start for i in layers for name in (f"k{i}", f"v{i}")} | {"mask": start}
+                    live["x"] = n  # and the chunk's own lanes past its tokens (causal: they change no live lane)
                 stage.run(live)
                 for i in layers:
                     cache.keys[i][0, :, start:start + n] = stage.output(f"k{i}")[0, :, 0, :n]

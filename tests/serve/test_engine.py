@@ -113,21 +113,19 @@ def test_cancellation_stops_before_the_next_token(engine) -> None:
     assert len(produced) == 3
 
 
-def test_a_failed_sequence_is_replaced(engine, monkeypatch) -> None:
-    model = engine.model
+def test_a_failed_step_fails_its_sequences_and_frees_their_lanes(engine, monkeypatch) -> None:
     calls = {"n": 0}
-    original = type(model).decode_step
+    original = type(engine.model)._decode_lanes
 
-    def failing(self, token):  # noqa: ANN001, ANN202
+    def failing(self, tokens):  # noqa: ANN001, ANN202
         calls["n"] += 1
         if calls["n"] == 2:
             raise RuntimeError("device fault")
-        return original(self, token)
+        return original(self, tokens)
 
-    monkeypatch.setattr(type(model), "decode_step", failing)
+    monkeypatch.setattr(type(engine.model), "_decode_lanes", failing)
     with pytest.raises(RuntimeError, match="device fault"):
         list(engine.generate([1, 2], SamplingParams(max_tokens=10, temperature=0.0), lambda: False))
     monkeypatch.undo()
-    before = engine._sequences
+    assert engine.batch.active == 0  # its lane is free again
     assert len(list(engine.generate([1, 2], SamplingParams(max_tokens=10, temperature=0.0), lambda: False))) == 10
-    assert engine._sequences <= before + 1 <= engine.max_sequences

@@ -29,7 +29,8 @@ def build_parser(prog: str = "python -m orion serve") -> argparse.ArgumentParser
                    "to the network")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")
     p.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more get 503 with Retry-After")
-    p.add_argument("--max-sequences", type=int, default=4, help="requests generating at once, one token each in turn")
+    p.add_argument("--max-sequences", type=int, default=4, help="sequences generating at once: the decode programs' lanes, one step "
+                                                                  "advances them all (a request for n choices takes n)")
     p.add_argument("--max-body-bytes", type=int, default=Limits.max_body_bytes, help="larger request bodies get 413")
     p.add_argument("--body-timeout", type=float, default=Limits.body_timeout,
                    help="seconds for a request body to arrive, else 408")

@@ -261,3 +261,19 @@ def test_the_mask_is_held_once_per_process() -> None:
     assert first["held"] == first["after"] == [1, 1024 * 1024 * 4], first
     assert first["grown"] < 8 << 20, first  # seven more copies would be 28 MiB
     assert second["freed"] == [0, 0], second
+
+
+def test_generate_compiles_the_buckets_it_reaches_before_the_first_token(monkeypatch) -> None:
+    import orion
+    from orion.generation import loop
+
+    model = GPT2(CONFIG, random_weights(CONFIG, seed=2), progress=False)
+    ids = [int(t) for t in np.random.default_rng(3).integers(0, CONFIG.vocab_size, 60)]
+    steps = model.generate(ids, 20, temperature=0, ignore_eos=True)
+    next(steps)
+    compiled = orion.compile_count()
+    assert len(list(steps)) == 19 and model.cache.bucket == 256  # grew from 64 to 256 positions mid-generation
+    assert orion.compile_count() == compiled and sorted(model.decode_plan.layers_by_context) == [64, 256]
+    # Short of budget (ANE-11), the reserve for new prompt lengths wins: buckets compile when first used.
+    monkeypatch.setattr(loop, "compiles_left", lambda: 2)
+    assert model.prepare(1024) == [] and 1024 not in model.decode_plan.layers_by_context

@@ -100,3 +100,20 @@ def test_hints_reach_the_tensors_cut_from_a_packed_input(live) -> None:
     np.testing.assert_allclose(stage.output("y").astype(np.float64), want, rtol=0, atol=0.02 * np.abs(want).max() + 0.02)
     with pytest.raises(orion.EvaluateError, match="live_lanes"):
         stage.run({"k": S + 1})  # the runtime's bound check holds for cut tensors too
+
+
+def test_hints_reach_the_tensor_cut_from_a_padded_input() -> None:
+    """A [1, 64, 1, 8] input is flattened into a padded surface (ANE-12/-14); a hint on it names the
+    [1, 64, 1, 8] tensor the program cuts back out, so a sum over its lanes skips the dead (NaN) ones.
+    Reference: numpy float64 over the live lanes."""
+    g = Graph("padded_lanes")
+    x = g.input("x", [1, 64, 1, 8])
+    g.output(g.reduce_sum(g.mul(x, x, name="sq"), axis=3, name="total"), "y")
+    compiled = compile_graph(g)
+    assert compiled.layout.inputs[0].padded != (1, 64, 1, 8) and not compiled.layout.inputs[0].surface
+    stage = Stage(compiled)
+    xs = np.random.default_rng(2).standard_normal((1, 64, 1, 8))
+    stage.input("x")[...] = np.where(np.arange(8) < 3, xs, np.nan)
+    stage.run({"x": 3})
+    want = (xs[..., :3] ** 2).sum(axis=3, keepdims=True)
+    np.testing.assert_allclose(stage.output("y").astype(np.float64), want, rtol=0.01, atol=0.01)

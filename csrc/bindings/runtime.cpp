@@ -206,13 +206,13 @@ void bind_runtime(py::module_& m) {
         .def_property_readonly(
             "input_parts",
             [](const runtime::LoadedProgram& p) {
-                std::vector<std::tuple<std::string, std::string, int64_t>> parts;
+                std::vector<std::tuple<std::string, std::string, int64_t, std::vector<int64_t>>> parts;
                 for (const auto& part : p.input_parts())
-                    parts.emplace_back(part.name, p.inputs()[part.input].name, part.offset);
+                    parts.emplace_back(part.name, p.inputs()[part.input].name, part.offset, part.type.shape);
                 return parts;
             },
-            "[(name, input, element offset)]: the tensors the program cuts from its input surfaces; a live-lanes "
-            "hint may name them")
+            "[(name, input, element offset, shape)]: the tensors the program cuts from its input surfaces; a "
+            "live-lanes hint may name them")
         .def_property_readonly("loaded", &runtime::LoadedProgram::loaded)
         .def(
             "evaluate",

@@ -33,7 +33,7 @@ using frontend::where;
 // the tensor is partially live, the whole tensor otherwise).
 void load_input(const uint8_t* src, Tensor& t) {
     if (t.data.empty()) return;  // an empty tensor (memcpy may not be given its null data)
-    if (t.partial() && mil::is_float(t.dtype)) {
+    if (t.skips_dead_lanes() && mil::is_float(t.dtype)) {
         for_each_live_row(t, [&](int64_t at, int64_t n) {
             if (t.dtype == mil::DType::fp16)
                 kernels::half_to_float(reinterpret_cast<const uint16_t*>(src) + at, t.data.data() + at, static_cast<size_t>(n));
@@ -74,7 +74,7 @@ Int saturate(float v, double lo, double hi) {
 
 void store_output(const Tensor& t, uint8_t* dst) {
     if (t.data.empty()) return;
-    if (t.partial() && mil::is_float(t.dtype)) {
+    if (t.skips_dead_lanes() && mil::is_float(t.dtype)) {
         for_each_live_row(t, [&](int64_t at, int64_t n) {
             if (t.dtype == mil::DType::fp16)
                 kernels::float_to_half(t.data.data() + at, reinterpret_cast<uint16_t*>(dst) + at, static_cast<size_t>(n));
@@ -874,11 +874,15 @@ private:
         }
         run.flat = flat;
         add_group_kernel(steps, intermediates, parts, "elementwise (fused)", [run = std::move(run), reads](Frame& fr) {
-            for (int slot : reads)
-                if (fr.values[static_cast<size_t>(slot)].partial() || fr.values[static_cast<size_t>(slot)].half) return false;
+            int64_t lanes = run.width;  // live where every operand spanning the lanes is (binary ops' rule)
+            for (int slot : reads) {
+                const Tensor& t = fr.values[static_cast<size_t>(slot)];
+                if (t.skips_dead_lanes() || t.half) return false;  // short partial rows are computed whole
+                if (t.last_dim() == run.width) lanes = std::min(lanes, t.lanes);
+            }
             run_elementwise(run, fr);
             for (const auto& step : run.steps)
-                if (step.out >= 0) fr.values[static_cast<size_t>(step.out)].lanes = run.width;
+                if (step.out >= 0) fr.values[static_cast<size_t>(step.out)].lanes = lanes;
             return true;
         });
     }

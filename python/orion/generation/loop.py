@@ -19,7 +19,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -45,7 +45,7 @@ from orion.generation.streaming import IncrementalDetokenizer, StopStrings
 from orion.generation.tokenizer import Tokenizer, TokenizerNotFound
 from orion.graph import Graph
 from orion.lora.hot_swap import AdapterHost
-from orion.runtime.backend import backend
+from orion.runtime.backend import backend, compiles_left
 from orion.runtime.builder import ProgramBuilder
 from orion.runtime.stage import Stage
 
@@ -77,6 +77,7 @@ Stop = int | str | Sequence[int | str] | None
 # Called on every step with every id so far (prompt and new) and the logits; returns the logits to sample.
 LogitsProcessor = Callable[[list[int], np.ndarray], np.ndarray]
 DEFAULT_MAX_NEW_TOKENS = 64  # when neither the caller nor generation_config.json says
+COMPILE_RESERVE = 2  # sets of layer + LM-head programs ``prepare`` leaves in the compile budget (new prompt lengths)
 FINISH_REASONS = ("stop", "length")
 
 
@@ -152,6 +153,61 @@ class _Sampling:
                                       f"array of shape {logits.shape}")
             logits = out
         return logits
+
+
+class _Sequence:
+    """One sequence's choices from each step's logits: the logits processors, the sampler, stop tokens and
+    strings, and the text so far. ``choose(logits, position)`` returns the next token and the text safe to
+    show, and sets ``finish`` (and ``done``) on the last one; the caller runs the model (one sequence, or a
+    lane of a batch)."""
+
+    def __init__(self, ids: list[int], max_new_tokens: int, params: _Sampling, rng: np.random.Generator,
+                 stop_ids: set[int], stops: StopStrings, detok: IncrementalDetokenizer | None,
+                 mask: Callable[[np.ndarray], np.ndarray], context: int) -> None:
+        self.ids, self.max_new_tokens, self.params, self.rng = ids, max_new_tokens, params, rng
+        self.stop_ids, self.stops, self.detok, self.mask, self.context = stop_ids, stops, detok, mask, context
+        self.history = list(ids)
+        self.produced = 0
+        self.finish = _Finish(reason="length" if max_new_tokens == 0 else None)
+
+    @property
+    def done(self) -> bool:
+        return self.finish.reason is not None
+
+    def choose(self, logits: np.ndarray, position: int) -> tuple[int, str]:
+        """The token after ``logits`` (of the token at ``position - 1``) and its text safe to show."""
+        finish, detok, stops = self.finish, self.detok, self.stops
+        if np.isnan(logits).any():
+            raise NonFiniteLogits(
+                f"generate: the logits of new token {self.produced} (position {position}) contain NaN, "
+                f"so no token can be chosen; the model overflowed fp16 or its weights are not finite: "
+                f"check the weights (or compare with lm_head='cpu')")
+        logits = self.params.process(self.history, self.mask(logits))
+        token = next_token(logits, self.params.temperature, self.params.top_k, self.params.top_p, self.rng,
+                           self.params.min_p)
+        self.history.append(token)
+        self.produced += 1
+        last = self.produced == self.max_new_tokens
+        context_end = position >= self.context
+        if token in self.stop_ids:
+            finish.reason, finish.stopped_by = "stop", token
+            return token, _flush(detok, stops)
+        piece = detok.push(token) if detok else ""
+        if detok and (last or context_end):
+            piece += detok.flush()
+        found = stops.feed(piece)
+        if found.stopped:
+            finish.reason, finish.stopped_by = "stop", found.stop
+            return token, found.text
+        piece = found.text + (stops.finish() if last or context_end else "")
+        if last or context_end:
+            finish.reason, finish.context_full = "length", context_end and not last
+            if finish.context_full:
+                warnings.warn(f"generation stopped after {self.produced} of {self.max_new_tokens} new tokens: the "
+                              f"sequence reached the context length {self.context} (finish_reason "
+                              f"'length'); use a shorter prompt or fewer new tokens", ContextLengthWarning,
+                              stacklevel=4)
+        return token, piece
 
 
 def _processors(given: Any) -> list[LogitsProcessor]:
@@ -326,21 +382,78 @@ class CausalLM(AdapterHost):
         self._kv_buckets = context_buckets(d.kv_heads * d.head_dim, d.context, self.options.io_dtype) \
             if sized else (d.context,)
         self._compile_lock = threading.Lock()  # shared by forks: one compiles a new bucket (prefill, KV cache) at a time
-        self.decode_plan: DecodePlan = build_decode_plan(
-            self.builder, self.options, d.n_layer, sram_fusion_depth(d.n_layer, self.layer_weight_bytes()),
-            self._head_ranges, lambda r, t: self.decode_graph(r, context=t) if sized else self.decode_graph(r),
-            self.lm_head_graph, self.program_costs,
-            self._kv_buckets[0], self._compile_lock)
+        self.decode_plan: DecodePlan = self._build_decode_plan(self.builder, self.options)
         self.builder.end()
         self.compile_seconds = time.perf_counter() - start
         self._prefill_plans: dict[tuple[int, bool, bool], PrefillPlan] = {}  # shared by forks
         self._bind_cache()
 
+    def _build_decode_plan(self, builder: ProgramBuilder, options: PlanOptions) -> DecodePlan:
+        """Compiles the decode programs of ``options`` (their lanes) for the shortest KV bucket."""
+        d = self.dims
+        return build_decode_plan(builder, options, d.n_layer, sram_fusion_depth(d.n_layer, self.layer_weight_bytes()),
+                                 self._head_ranges, lambda r, t: self._decode_graph(r, t, None, options.lanes),
+                                 self.lm_head_graph, self.program_costs, self._kv_buckets[0], self._compile_lock)
+
+    def _decode_graph(self, layers: range, context: int, adapters: Mapping[str, int] | None, lanes: int) -> Graph:
+        """The ``decode_graph`` hook with the arguments it takes: ``context`` (else full-context caches) and
+        ``lanes`` (else one sequence per step)."""
+        takes = inspect.signature(self.decode_graph).parameters
+        extra: dict[str, Any] = {"context": context} if "context" in takes else {}
+        if lanes > 1:
+            if "lanes" not in takes:
+                raise GenerationError(f"{self.display_name}'s decode_graph takes no 'lanes': it decodes one "
+                                      f"sequence per step (use lanes=1)")
+            extra["lanes"] = lanes
+        return self.decode_graph(layers, adapters, **extra) if adapters else self.decode_graph(layers, **extra)
+
+    def prepare(self, positions: int) -> list[int]:
+        """Compile now the decode programs of every KV bucket a sequence of up to ``positions`` positions
+        reaches, so that none is compiled in the middle of a generation (``generate`` calls it with the
+        prompt's length plus ``max_new_tokens``). Within the compile budget (ANE-11): a bucket is compiled
+        ahead only while :data:`COMPILE_RESERVE` sets of programs (prompts of new lengths) stay in the budget;
+        the others are compiled when first used. Returns the buckets compiled now."""
+        plan = self.decode_plan
+        reach = next(t for t in self._kv_buckets if t >= min(max(positions, 1), self.dims.context))
+        per_bucket = len(plan.layer_ranges)
+        reserve = COMPILE_RESERVE * (per_bucket + len(plan.head_programs))
+        done = []
+        for bucket in (t for t in self._kv_buckets if t <= reach and t not in plan.layers_by_context):
+            if compiles_left() < per_bucket + reserve:
+                break
+            plan.layers_at(bucket)
+            done.append(bucket)
+        return done
+
+    def with_lanes(self, lanes: int) -> CausalLM:
+        """A copy of this model whose decode programs advance ``lanes`` sequences per step, one lane each
+        (``orion.generation.batch.Batch`` schedules them), sharing the weights, the prefill programs and the
+        loaded adapters. Compiles its decode programs now: one set for any number of sequences up to ``lanes``."""
+        if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
+            raise GenerationError(f"lanes={lanes!r}: use a positive number of sequences")
+        with self._exclusive("with_lanes"):
+            registry = self.__dict__.get("_lora")
+            base = registry.variants[None] if registry else None
+            twin = copy.copy(self)
+            for name in ("_lora", "_lora_bound"):
+                twin.__dict__.pop(name, None)
+            twin.lora_sites, twin.active_adapter, twin._adapter_inputs = None, None, {}
+            if base is not None:
+                twin.builder, twin._prefill_plans = base.builder, base.prefill_plans
+            twin.options = replace(self.options, lanes=lanes)
+            twin.builder.begin(f"{self.display_name} decode over {lanes} lanes", len(self.decode_plan.layer_ranges))
+            twin.decode_plan = twin._build_decode_plan(twin.builder, twin.options)
+            twin.builder.end()
+            twin._bind_cache()
+        for name, loaded in (registry.adapters.items() if registry else ()):
+            twin.add_adapter(loaded.adapter, name)
+        return twin
+
     def _bind_cache(self, bucket: int | None = None) -> None:
         """A new, empty KV cache in new decode stages of length ``bucket`` (default the shortest), the
         surfaces of this object alone (a fork calls it too)."""
         d = self.dims
-        self.cache = KVCache(d.n_layer, d.kv_heads, d.head_dim, d.context, self._kv_buckets)
+        self.cache = KVCache(d.n_layer, d.kv_heads, d.head_dim, d.context, self._kv_buckets, self.options.lanes)
         self._bind_decode(bucket or self.cache.bucket)
         self._prefill_stages: dict[tuple[int, bool, int], tuple[list[Stage], list[Stage]]] = {}
         self._forget_bound_variants()
@@ -373,7 +486,8 @@ class CausalLM(AdapterHost):
         with self._exclusive("fork"):
             twin = copy.copy(self)
             twin._bind_cache(self._bound_bucket)
-            twin.cache.copy_lane(self.cache, 0, 0)
+            for lane in range(self.options.lanes):
+                twin.cache.copy_lane(self.cache, lane, lane)
             return twin
 
     def reset(self) -> None:
@@ -392,32 +506,45 @@ class CausalLM(AdapterHost):
         layer, and return the last position's logits ``[vocab]``."""
         ids = self._check_ids(ids)
         with self._exclusive("prefill"):
-            return self._head_logits(self._run_prefill(ids)[:, -1])
+            return self._prefill_logits(0, self._run_prefill(ids)[:, -1])
 
     def decode_step(self, token: int) -> np.ndarray:
         """Append one token at the next position and return its logits ``[vocab]``."""
         with self._exclusive("decode_step"):
-            cache = self.cache
-            pos = cache.length
+            return self._decode_lanes({0: token})[0]
+
+    def _decode_lanes(self, tokens: Mapping[int, int]) -> dict[int, np.ndarray]:
+        """One decode step: token ``tokens[b]`` appended at lane ``b``'s next position, for every lane given
+        at once (one dispatch per program); returns each lane's logits ``[vocab]``. The other lanes are
+        dead: the emulator computes the live lanes only (up to the highest given)."""
+        cache = self.cache
+        lanes = sorted(tokens)
+        positions = [int(cache.lengths[b]) for b in lanes]
+        for pos in positions:
             if pos == 0:
                 raise OrionError("decode_step needs a prefilled cache: call prefill(ids) first")
             if pos >= cache.context:
                 raise ContextFull(f"the KV cache holds {pos} tokens, the context length is {cache.context}: "
                                   f"reset() or start a new prompt")
-            self._check_ids([_token_id(token, "decode_step's token")])
-            self._reserve(pos + 1)  # the cache grows by buckets (kv_cache)
-            self._layers[0].input("x")[0, :, 0, 0] = self.embed([token], pos)[0]
+        self._check_ids([_token_id(tokens[b], "decode_step's token") for b in lanes])
+        longest = max(positions)
+        self._reserve(longest + 1)  # the cache grows by buckets (kv_cache)
+        x, per_lane = self._layers[0].input("x"), {"x"}
+        for lane, pos in zip(lanes, positions):
+            x[0, :, 0, lane] = self.embed([tokens[lane]], pos)[0]
             extra = self.position_inputs(range(pos, pos + 1))
-            if extra:
-                _write_lanes(self._layers, extra)
-            for stage, layers in zip(self._layers, self.decode_plan.layer_ranges):
-                # Positions >= pos of the caches and the mask are dead lanes: the emulator skips them.
-                stage.run({name: pos for i in layers for name in (f"k{i}", f"v{i}")} | {"mask": pos})
-                for i in layers:
-                    cache.keys[i][0, :, pos] = stage.output(f"k{i}")[0, :, 0, 0]
-                    cache.values[i][0, :, pos] = stage.output(f"v{i}")[0, :, 0, 0]
-            cache.filled(0, pos + 1)
-            return self._head_logits(None)
+            _write_lanes(self._layers, extra, lane)
+            per_lane |= set(extra)
+        for stage, layers in zip(self._layers, self.decode_plan.layer_ranges):
+            # Positions >= the longest of the caches and the mask are dead lanes: the emulator skips them.
+            hints = {name: longest for i in layers for name in (f"k{i}", f"v{i}")} | {"mask": longest}
+            stage.run(hints | {name: lanes[-1] + 1 for name in per_lane if name in stage.mil_name})
+            for i in layers:  # [lanes given, width] at each lane's position
+                cache.keys[i][lanes, :, positions] = stage.output(f"k{i}")[0, :, 0, :][:, lanes].T
+                cache.values[i][lanes, :, positions] = stage.output(f"v{i}")[0, :, 0, :][:, lanes].T
+        for lane, pos in zip(lanes, positions):
+            cache.filled(lane, pos + 1)
+        return self._head_logits(lanes)
 
     def logits(self, ids: Prompt) -> np.ndarray:
         """Logits ``[len(ids), vocab]`` of every position (fills the cache like ``prefill``)."""
@@ -440,7 +567,8 @@ class CausalLM(AdapterHost):
                 raise ContextFull(f"extend: {cache.length} cached and {len(ids)} new tokens exceed the context "
                                   f"length {cache.context}: reset() or append fewer tokens")
             rows: list[np.ndarray] = []
-            self._run_pieces(ids, cache.length, self._logit_rows(rows))
+            for _ in self._append_pieces(ids, cache.length, 0, self._logit_rows(rows)):
+                pass  # one piece (at most prefill_chunk tokens) after another
             return _float32(np.concatenate(rows))
 
     def truncate(self, length: int) -> None:
@@ -530,6 +658,18 @@ class CausalLM(AdapterHost):
                text: bool = False, speculative: Speculation | str | None = None,
                ) -> tuple[_Finish, Iterator[tuple[int, str]]]:
         """Checks every argument now (not on the first ``next``) and returns the step generator."""
+        settings = Speculation.of(speculative)
+        sequence = self._sequence(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, min_p,
+                                  repetition_penalty, logits_processor, eos=eos, text=text)
+        speculator = None if settings is None else Speculator(self, settings, sequence.ids)
+        sequence.finish.speculation = None if speculator is None else speculator.stats
+        return sequence.finish, self._steps(sequence, speculator)
+
+    def _sequence(self, prompt: Prompt, max_new_tokens: int | None, temperature: float | None, top_k: int | None,
+                  top_p: float | None, seed: int | None, stop: Stop, min_p: float | None,
+                  repetition_penalty: float | None, logits_processor: Any, *, eos: bool,
+                  text: bool = False) -> _Sequence:
+        """A new sequence's choices, every argument checked (``generate``'s, with the model's defaults)."""
         d = self.generation_defaults
         params = _Sampling(
             temperature=d.temperature if temperature is None else temperature,
@@ -547,72 +687,31 @@ class CausalLM(AdapterHost):
             stop_ids |= set(self._tokenizer.eos_token_ids)
         if (stop_strings or text) and self._tokenizer is None:
             self.tokenizer  # noqa: B018 -- raises TokenizerNotFound: stop strings need text
-        settings = Speculation.of(speculative)
         ids = self.prompt_ids(prompt)
         self._check_context(ids)
-        finish = _Finish()
-        speculator = None if settings is None else Speculator(self, settings, ids)
-        finish.speculation = None if speculator is None else speculator.stats
-        return finish, self._steps(finish, ids, int(max_new_tokens), params, np.random.default_rng(seed), stop_ids,
-                                   stop_strings, text or bool(stop_strings), speculator)
+        decode = text or bool(stop_strings)
+        return _Sequence(ids, int(max_new_tokens), params, np.random.default_rng(seed), stop_ids,
+                         StopStrings(stop_strings), IncrementalDetokenizer(self.tokenizer.decode, ids) if decode else None,
+                         self._mask_ids_without_text, self.dims.context)
 
-    def _steps(self, finish: _Finish, ids: list[int], max_new_tokens: int, params: _Sampling,
-               rng: np.random.Generator, stop_ids: set[int], stop_strings: list[str],
-               decode: bool, speculator: Speculator | None = None) -> Iterator[tuple[int, str]]:
-        """Yields ``(token, text safe to show)``; fills in ``finish`` on the last step. With a ``speculator``,
-        the logits after each token come from it (checked drafts) instead of ``decode_step``."""
+    def _steps(self, sequence: _Sequence, speculator: Speculator | None = None) -> Iterator[tuple[int, str]]:
+        """Yields ``(token, text safe to show)`` of one sequence in lane 0; fills in its ``finish`` on the last step.
+        With a ``speculator``, the logits after each token come from it (checked drafts) instead of
+        ``decode_step``; the positions of drafts never chosen leave the cache at the end."""
+        self.prepare(len(sequence.ids) + sequence.max_new_tokens)
+        logits = self.prefill(sequence.ids)
         try:
-            yield from self._choose(finish, ids, max_new_tokens, params, rng, stop_ids, stop_strings, decode,
-                                    speculator.next_logits if speculator else lambda token, wanted: self.decode_step(token))
+            while not sequence.done:
+                fed = self.cache.length - (len(speculator.pending) if speculator else 0)  # drafts not counted
+                token, piece = sequence.choose(logits, fed)
+                yield token, piece
+                if sequence.done:
+                    return
+                wanted = sequence.max_new_tokens - sequence.produced - 1  # tokens after the next one
+                logits = speculator.next_logits(token, wanted) if speculator else self.decode_step(token)
         finally:
             if speculator is not None:
                 speculator.close()
-
-    def _choose(self, finish: _Finish, ids: list[int], max_new_tokens: int, params: _Sampling,
-                rng: np.random.Generator, stop_ids: set[int], stop_strings: list[str], decode: bool,
-                next_logits: Callable[[int, int], np.ndarray]) -> Iterator[tuple[int, str]]:
-        """The steps of :meth:`_steps`; ``next_logits(token, tokens still wanted after the next)``."""
-        detok = IncrementalDetokenizer(self.tokenizer.decode, ids) if decode else None
-        stops = StopStrings(stop_strings)
-        history = list(ids)
-        if max_new_tokens == 0:
-            finish.reason = "length"
-        logits = self.prefill(ids)
-        for produced in range(max_new_tokens):
-            if np.isnan(logits).any():
-                raise NonFiniteLogits(
-                    f"generate: the logits of new token {produced} (position {self.cache.length}) contain NaN, "
-                    f"so no token can be chosen; the model overflowed fp16 or its weights are not finite: "
-                    f"check the weights (or compare with lm_head='cpu')")
-            logits = params.process(history, self._mask_ids_without_text(logits))
-            token = next_token(logits, params.temperature, params.top_k, params.top_p, rng, params.min_p)
-            history.append(token)
-            last = produced + 1 == max_new_tokens
-            context_end = len(history) - 1 >= self.cache.context  # positions fed (drafts in the cache not counted)
-            if token in stop_ids:
-                finish.reason, finish.stopped_by = "stop", token
-                yield token, _flush(detok, stops)
-                return
-            piece = detok.push(token) if detok else ""
-            if detok and (last or context_end):
-                piece += detok.flush()
-            found = stops.feed(piece)
-            if found.stopped:
-                finish.reason, finish.stopped_by = "stop", found.stop
-                yield token, found.text
-                return
-            piece = found.text + (stops.finish() if last or context_end else "")
-            if last or context_end:
-                finish.reason, finish.context_full = "length", context_end and not last
-                if finish.context_full:
-                    warnings.warn(f"generation stopped after {produced + 1} of {max_new_tokens} new tokens: the "
-                                  f"sequence reached the context length {self.cache.context} (finish_reason "
-                                  f"'length'); use a shorter prompt or fewer new tokens", ContextLengthWarning,
-                                  stacklevel=3)
-            yield token, piece
-            if finish.reason:
-                return
-            logits = next_logits(token, max_new_tokens - produced - 2)
 
     def _mask_ids_without_text(self, logits: np.ndarray) -> np.ndarray:
         """``logits`` with the ids beyond the tokenizer at -inf: a model's embedding may have more rows than
@@ -665,26 +764,40 @@ class CausalLM(AdapterHost):
 
     def _run_prefill(self, ids: list[int],
                      on_chunk: Callable[[list[Stage], np.ndarray], None] | None = None) -> np.ndarray:
+        """Runs the layers over the prompt into lane 0 of the (reset) cache (``_prefill_pieces``). Returns
+        the last piece's x ``[hidden, tokens]``."""
+        pieces = self._prefill_pieces(ids, 0, on_chunk)
+        while True:
+            try:
+                next(pieces)
+            except StopIteration as done:
+                return done.value
+
+    def _prefill_pieces(self, ids: list[int], lane: int,
+                        on_chunk: Callable[[list[Stage], np.ndarray], None] | None = None,
+                        ) -> Iterator[None]:
         """Runs the layers over the prompt, in chunks when it is longer than the largest bucket
-        (``PlanOptions.prefill_pieces``), and stores its keys/values in the (reset) cache; with a
-        ``prefix_cache``, the longest prefix it holds is copied in instead of computed (not for
-        ``on_chunk``, which wants every position). After each piece, ``on_chunk(LM-head stages, x
-        [hidden, tokens])`` (given: the plans include the LM head when it runs on the ANE). Returns the
-        last piece's x ``[hidden, tokens]``."""
-        self.cache.clear()
-        reused = self.prefix_cache.restore(self, ids) if self.prefix_cache is not None and on_chunk is None else 0
-        x = self._run_pieces(ids[reused:], reused, on_chunk)
+        (``PlanOptions.prefill_pieces``), and stores its keys/values in lane ``lane`` of the cache (emptied
+        first), yielding after each piece (so other lanes may decode in between); with a ``prefix_cache``,
+        the longest prefix it holds is copied in instead of computed (not for ``on_chunk``, which wants
+        every position). After each piece, ``on_chunk(LM-head stages, x [hidden, tokens])`` (given: the
+        plans include the LM head when it runs on the ANE). Returns the last piece's x ``[hidden, tokens]``."""
+        self.cache.clear(lane)
+        reused = self.prefix_cache.restore(self, ids, lane) if self.prefix_cache is not None and on_chunk is None else 0
+        x = yield from self._append_pieces(ids[reused:], reused, lane, on_chunk)
         if self.prefix_cache is not None:
-            self.prefix_cache.store(self, ids)
+            self.prefix_cache.store(self, ids, lane)
         return x
 
-    def _run_pieces(self, ids: list[int], first: int,
-                    on_chunk: Callable[[list[Stage], np.ndarray], None] | None) -> np.ndarray:
-        """Runs the layers over ``ids`` at positions ``first...`` after the ``first`` cached ones (a prompt
-        into an empty cache, or tokens appended through the chunk programs) and stores their keys/values."""
+    def _append_pieces(self, ids: list[int], first: int, lane: int,
+                       on_chunk: Callable[[list[Stage], np.ndarray], None] | None) -> Iterator[None]:
+        """Runs the layers over ``ids`` at positions ``first...`` of lane ``lane``, after its ``first`` cached
+        ones (a prompt into an empty lane, or tokens appended through the chunk programs), stores their
+        keys/values and yields between pieces; returns the last piece's x ``[hidden, tokens]``."""
         cache = self.cache
         pieces = self.options.prefill_pieces(len(ids)) if first == 0 else self.options.extend_pieces(first, len(ids))
         self._reserve(first + len(ids))  # chunk programs read the cache at the bucket holding every position
+        x = np.zeros((self.dims.hidden, 0), np.float32)
         for start, n, seq in pieces:
             past = start > 0
             with_head = on_chunk is not None and self.options.lm_head == "ane"
@@ -698,28 +811,35 @@ class CausalLM(AdapterHost):
             for stage, layers in zip(stages, self.decode_plan.layer_ranges):
                 live = None
                 if past:  # the chunk reads the positions filled so far; the later ones are dead lanes
-                    _write_past(stage, layers, cache, 0, start)
+                    _write_past(stage, layers, cache, lane, start)
                     live = {name: start for i in layers for name in (f"k{i}", f"v{i}")} | {"mask": start}
                     live["x"] = n  # and the chunk's own lanes past its tokens (causal: they change no live lane)
                 stage.run(live)
                 for i in layers:
-                    cache.keys[i][0, :, start:start + n] = stage.output(f"k{i}")[0, :, 0, :n]
-                    cache.values[i][0, :, start:start + n] = stage.output(f"v{i}")[0, :, 0, :n]
-            cache.filled(0, start + n)
+                    cache.keys[i][lane, :, start:start + n] = stage.output(f"k{i}")[0, :, 0, :n]
+                    cache.values[i][lane, :, start:start + n] = stage.output(f"v{i}")[0, :, 0, :n]
+            cache.filled(lane, start + n)
             x = stages[-1].output("x")[0, :, 0, :n]
             if on_chunk is not None:
                 on_chunk(heads, x)
+            if start + n < first + len(ids):
+                yield
         return x
 
-    def _head_logits(self, x: np.ndarray | None) -> np.ndarray:
-        """Logits of one position: ``x`` [hidden] (None: the decode chain's last output)."""
+    def _prefill_logits(self, lane: int, x: np.ndarray) -> np.ndarray:
+        """Logits of a prompt's last position ``x`` [hidden], through lane ``lane`` of the decode LM head."""
         if self.options.lm_head == "cpu":
-            return self.cpu_logits(self._layers[-1].output("x")[0, :, 0, 0] if x is None else x)
-        if x is not None:
-            self._heads[0].input("x")[0, :, 0, 0] = x
+            return self.cpu_logits(x)
+        self._heads[0].input("x")[0, :, 0, lane] = x
+        return self._head_logits([lane])[lane]
+
+    def _head_logits(self, lanes: list[int]) -> dict[int, np.ndarray]:
+        """Logits of the decode chain's last output ``x`` at each of ``lanes`` (ascending)."""
+        if self.options.lm_head == "cpu":
+            return {b: self.cpu_logits(self._layers[-1].output("x")[0, :, 0, b]) for b in lanes}
         for head in self._heads:
-            head.run()
-        return _float32(np.concatenate([h.output("logits")[0, :, 0, 0] for h in self._heads]))
+            head.run({"x": lanes[-1] + 1})
+        return {b: _float32(np.concatenate([h.output("logits")[0, :, 0, b] for h in self._heads])) for b in lanes}
 
 
 def _float32(logits: np.ndarray) -> np.ndarray:
@@ -739,12 +859,12 @@ def _write_past(stage: Stage, layers: range, cache: KVCache, lane: int, n: int) 
         stage.input(f"v{i}")[0, :, 0, :n] = cache.values[i][lane, :, :n]
 
 
-def _write_lanes(stages: list[Stage], values: dict[str, np.ndarray]) -> None:
-    """``values[name]`` ([channels, n]) into the first n lanes of input ``name`` of each stage that has it."""
+def _write_lanes(stages: list[Stage], values: dict[str, np.ndarray], first: int = 0) -> None:
+    """``values[name]`` ([channels, n]) into lanes ``first..first+n-1`` of input ``name`` of each stage that has it."""
     for stage in stages:
         for name, value in values.items():
             if name in stage.mil_name:
-                stage.input(name)[0, :, 0, : value.shape[1]] = value
+                stage.input(name)[0, :, 0, first:first + value.shape[1]] = value
 
 
 class _Exclusive:

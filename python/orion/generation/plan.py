@@ -47,10 +47,13 @@ class PlanOptions:
     lm_head: str = "ane"
     io_dtype: str = "fp16"
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    lanes: int = 1  # sequences one decode step advances (``CausalLM.with_lanes``)
 
     def __post_init__(self) -> None:
         if self.lm_head not in LM_HEAD_PLACEMENTS:
             raise PlanError(f"lm_head={self.lm_head!r}: use one of {LM_HEAD_PLACEMENTS}")
+        if isinstance(self.lanes, bool) or not isinstance(self.lanes, int) or self.lanes < 1:
+            raise PlanError(f"lanes={self.lanes!r}: use a positive number of sequences per decode step")
         if self.fusion_depth is not None and self.fusion_depth < 1:
             raise PlanError(f"fusion_depth={self.fusion_depth}: use a positive number of layers (or None)")
         chunk = self.prefill_chunk
@@ -198,16 +201,17 @@ def build_decode_plan(builder: ProgramBuilder, options: PlanOptions, n_layer: in
     the later compiles (of other cache lengths) that share the builder."""
 
     def build_depth(depth: int) -> list[CompiledGraph]:
-        return _decode_layers(builder, layer_ranges(n_layer, depth), depth, decode_graph, context)
+        return _decode_layers(builder, layer_ranges(n_layer, depth), depth, decode_graph, context, options.lanes)
 
     depth, layers = builder.with_fallback(options.fusion_depth or default_depth, build_depth)
     ranges = layer_ranges(n_layer, depth)
     heads = []
     if options.lm_head == "ane":
-        heads = [builder.build("lm_head", lambda r=r: lm_head_graph(r, 1), vocab=[r.start, r.stop], seq=1)
-                 for r in head_ranges]
+        heads = [builder.build("lm_head", lambda r=r: lm_head_graph(r, options.lanes), vocab=[r.start, r.stop],
+                               seq=options.lanes) for r in head_ranges]
     return DecodePlan(options, depth, ranges, head_ranges, heads, costs(ranges, head_ranges, options.lm_head),
-                      builder, _layer_builder(builder, ranges, depth, decode_graph), {context: layers}, compile_lock)
+                      builder, _layer_builder(builder, ranges, depth, decode_graph, options.lanes), {context: layers},
+                      compile_lock)
 
 
 def rebuild_decode_layers(builder: ProgramBuilder, base: DecodePlan,
@@ -215,20 +219,21 @@ def rebuild_decode_layers(builder: ProgramBuilder, base: DecodePlan,
     """``base`` with its layer programs built from ``decode_graph`` at the same fusion (a program variant of
     the same layers, e.g. with LoRA inputs), for ``base``'s shortest KV-cache length (others when first
     used); the LM-head programs are ``base``'s own."""
-    build = _layer_builder(builder, base.layer_ranges, base.fusion_depth, decode_graph)
+    build = _layer_builder(builder, base.layer_ranges, base.fusion_depth, decode_graph, base.options.lanes)
     context = min(base.layers_by_context)
     return replace(base, builder=builder, build_layers=build, layers_by_context={context: build(context)})
 
 
 def _layer_builder(builder: ProgramBuilder, ranges: list[range], depth: int,
-                   decode_graph: Callable[[range, int], Graph]) -> Callable[[int], list[CompiledGraph]]:
-    return lambda context: _decode_layers(builder, ranges, depth, decode_graph, context)
+                   decode_graph: Callable[[range, int], Graph], lanes: int) -> Callable[[int], list[CompiledGraph]]:
+    return lambda context: _decode_layers(builder, ranges, depth, decode_graph, context, lanes)
 
 
 def _decode_layers(builder: ProgramBuilder, ranges: list[range], depth: int,
-                   decode_graph: Callable[[range, int], Graph], context: int) -> list[CompiledGraph]:
+                   decode_graph: Callable[[range, int], Graph], context: int, lanes: int) -> list[CompiledGraph]:
+    extra = {"lanes": lanes} if lanes > 1 else {}  # the cache key of single-lane programs is unchanged
     return [builder.build("decode", lambda r=r: decode_graph(r, context), max_layers=depth,
-                          layers=[r.start, r.stop], context=context) for r in ranges]
+                          layers=[r.start, r.stop], context=context, **extra) for r in ranges]
 
 
 def build_prefill_plan(builder: ProgramBuilder, n_layer: int, depth: int, seq: int, head_ranges: list[range],

@@ -86,9 +86,10 @@ class PrefixCache:
         with self._lock:
             self._entries.clear()
 
-    def restore(self, model: CausalLM, ids: list[int]) -> int:
-        """Copy into ``model``'s empty KV cache the longest stored prefix of ``ids`` (not all of them: the
-        last position must run); returns the positions filled (0 when none of ``min_tokens`` is stored)."""
+    def restore(self, model: CausalLM, ids: list[int], lane: int = 0) -> int:
+        """Copy into lane ``lane`` (empty) of ``model``'s KV cache the longest stored prefix of ``ids`` (not all
+        of them: the last position must run); returns the positions filled (0 when none of ``min_tokens`` is
+        stored)."""
         with self._lock:
             self.stats.lookups += 1
             best, reuse = None, 0
@@ -105,21 +106,22 @@ class PrefixCache:
             cache = model.cache
             model._reserve(len(ids))  # the bucket the whole prompt will take
             for mine, stored in zip(cache.keys + cache.values, entry.keys + entry.values):
-                mine[0, :, :reuse] = stored[:, :reuse]
-            cache.filled(0, reuse)
+                mine[lane, :, :reuse] = stored[:, :reuse]
+            cache.filled(lane, reuse)
             self.stats.hits += 1
             self.stats.reused_tokens += reuse
             return reuse
 
-    def store(self, model: CausalLM, ids: list[int]) -> None:
-        """Keep the keys and values of prompt ``ids`` (just computed into ``model``'s cache); a stored prompt
+    def store(self, model: CausalLM, ids: list[int], lane: int = 0) -> None:
+        """Keep the keys and values of prompt ``ids`` (just computed into lane ``lane`` of ``model``'s cache); a stored prompt
         that ``ids`` extends is replaced. Prompts shorter than ``min_tokens`` or larger than the whole budget
         are not kept."""
         cache = model.cache
         n = len(ids)
-        if n < self.min_tokens or n > cache.length:
+        if n < self.min_tokens or n > cache.lengths[lane]:
             return
-        entry = _Entry(tuple(ids), [k[0, :, :n].copy() for k in cache.keys], [v[0, :, :n].copy() for v in cache.values])
+        entry = _Entry(tuple(ids), [k[lane, :, :n].copy() for k in cache.keys],
+                       [v[lane, :, :n].copy() for v in cache.values])
         if entry.nbytes > self.max_bytes:
             return
         adapter = model.active_adapter

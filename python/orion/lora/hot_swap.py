@@ -179,7 +179,7 @@ class AdapterHost:
         builder = ProgramBuilder({**base.builder.identity, "lora": ranks}, base.builder.io_dtype,
                                  base.builder.progress, base.builder.compile_options)
         plan = rebuild_decode_layers(builder, base.decode_plan,
-                                     lambda r, t: self.decode_graph(r, adapters=ranks, context=t))
+                                     lambda r, t: self._decode_graph(r, t, ranks, base.decode_plan.options.lanes))
         return _Variant(ranks, builder, plan, {})
 
     def _switch_variant(self: CausalLM, key: VariantKey) -> None:

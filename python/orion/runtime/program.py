@@ -53,10 +53,10 @@ class Program:
         return self._native.backend
 
     @property
-    def input_parts(self) -> dict[str, tuple[str, int]]:
-        """name -> (input, element offset) of each tensor the program cuts from an input surface by slices
-        and reshapes (the I/O packing and padding): a ``live_lanes`` hint may name it."""
-        return {name: (source, offset) for name, source, offset in self._native.input_parts}
+    def input_parts(self) -> dict[str, tuple[str, int, tuple[int, ...]]]:
+        """name -> (input, element offset, shape) of each tensor the program cuts from an input surface by
+        slices and reshapes (the I/O packing and padding): a ``live_lanes`` hint may name it."""
+        return {name: (source, offset, tuple(shape)) for name, source, offset, shape in self._native.input_parts}
 
     @property
     def loaded(self) -> bool:

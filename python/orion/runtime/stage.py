@@ -34,6 +34,7 @@ class Stage:
         self.program = compiled.program
         layout = compiled.layout
         self.mil_name = {s.name: s.mil_name for s in layout.inputs}
+        self._hint_name = {s.name: _cut_name(s, self.program.input_parts) for s in layout.inputs}
         shared = dict(shared or {})
         given_in = {n: s for n, s in shared.items() if not n.startswith("out:")}
         given_out = {n[4:]: s for n, s in shared.items() if n.startswith("out:")}
@@ -60,15 +61,24 @@ class Stage:
         return self._outputs[name]
 
     def run(self, live_lanes: Mapping[str, int] | None = None) -> None:
-        """Evaluates the program once; ``live_lanes`` by graph input name (see ``Program.evaluate``). The
-        hint on a tensor the I/O packing put in a shared surface names the tensor the program cuts from
-        it (``Program.input_parts``), so it reaches the emulator either way. A shared surface given
-        for a packed tensor is copied in whole."""
+        """Evaluates the program once; ``live_lanes`` by graph input name (see ``Program.evaluate``). A hint
+        names the tensor of the graph's shape the program cuts from its surface (``Program.input_parts``:
+        of a packed surface, ANE-37, or a padded one, ANE-12/-14), so it reaches the emulator either way.
+        A shared surface given for a packed tensor is copied in whole."""
         for _, source, target in self._copy_in:
             target[...] = source
-        self._bound({self.mil_name[n]: v for n, v in live_lanes.items()} if live_lanes else None)
+        self._bound({self._hint_name[n]: v for n, v in live_lanes.items()} if live_lanes else None)
         for source, target in self._copy_out:
             target[...] = source
+
+
+def _cut_name(spec: IOSpec, parts: Mapping[str, tuple[str, int, tuple[int, ...]]]) -> str:
+    """The MIL name a live-lanes hint on ``spec``'s tensor takes: the value of its shape cut from its place in
+    its surface (the input itself when the program cuts nothing from it)."""
+    source = spec.surface or spec.mil_name
+    cuts = [name for name, (surface, offset, shape) in parts.items()
+            if surface == source and offset == spec.offset and shape == tuple(spec.shape)]
+    return spec.mil_name if spec.mil_name in cuts or not cuts else cuts[0]
 
 
 def _view(surfaces: Mapping[str, Surface], spec: IOSpec) -> np.ndarray:

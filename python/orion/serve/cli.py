@@ -10,7 +10,6 @@ from pathlib import Path
 
 from orion import quant
 from orion.cli import HelpFormatter
-from orion.generation.speculative import METHODS, Speculation
 
 try:
     import uvicorn
@@ -30,7 +29,8 @@ def build_parser(prog: str = "python -m orion serve") -> argparse.ArgumentParser
                    "to the network")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")
     p.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more get 503 with Retry-After")
-    p.add_argument("--max-sequences", type=int, default=4, help="requests generating at once, one token each in turn")
+    p.add_argument("--max-sequences", type=int, default=4, help="sequences generating at once: the decode programs' lanes, one step "
+                                                                  "advances them all (a request for n choices takes n)")
     p.add_argument("--max-body-bytes", type=int, default=Limits.max_body_bytes, help="larger request bodies get 413")
     p.add_argument("--body-timeout", type=float, default=Limits.body_timeout,
                    help="seconds for a request body to arrive, else 408")
@@ -40,11 +40,6 @@ def build_parser(prog: str = "python -m orion serve") -> argparse.ArgumentParser
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (info logs every request)")
     p.add_argument("--quiet", action="store_true", help="no progress while loading and compiling")
-    p.add_argument("--speculative", choices=METHODS, default=None,
-                   help="speculative decoding for every request: prompt-lookup drafts tokens from n-grams of the "
-                        "prompt and the text so far and checks them in one run (the same tokens)")
-    p.add_argument("--draft-tokens", type=int, default=Speculation.num_tokens,
-                   help="most drafted tokens per check (with --speculative)")
     p.add_argument("--prefix-cache-mb", type=int, default=256,
                    help="MiB of computed prompt prefixes kept (least recently used out) so that prompts starting "
                         "the same (a system prompt, a chat history) skip recomputing them; 0: off")
@@ -64,7 +59,7 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--port {args.port}: use 0..65535")
     if args.prefix_cache_mb < 0:
         parser.error(f"--prefix-cache-mb {args.prefix_cache_mb}: use 0 (off) or more")
-    for name in ("max_queue", "max_sequences", "max_body_bytes", "retry_after", "draft_tokens"):
+    for name in ("max_queue", "max_sequences", "max_body_bytes", "retry_after"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: use 1 or more")
     for name in ("body_timeout", "send_timeout"):
@@ -88,8 +83,6 @@ def main(argv: list[str] | None = None) -> int:
     from orion.errors import OrionError
     from orion.serve.model_engine import ModelEngine
 
-    speculation = None if args.speculative is None else Speculation(args.speculative, num_tokens=args.draft_tokens)
-
     if not _is_loopback(args.host):
         print(f"warning: listening on {args.host}, not loopback: anyone who can reach this machine can use the model",
               file=sys.stderr)
@@ -104,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             options = quant.model_options(args.quant, args.probe_report, lambda text: print(text, file=sys.stderr))
             engine = ModelEngine.from_directory(args.model, model_id=args.model_name, progress=not args.quiet,
                                                max_sequences=args.max_sequences, model_options=options,
-                                               speculative=speculation, prefix_cache_bytes=args.prefix_cache_mb << 20)
+                                               prefix_cache_bytes=args.prefix_cache_mb << 20)
         except (OrionError, ValueError, OSError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1

@@ -76,8 +76,8 @@ class GPT2(CausalLM):
                 "weights": self.weights.content_hash(self.config), **quant_identity(self.quant)}
 
     def decode_graph(self, layers: range, adapters: Mapping[str, int] | None = None,
-                     context: int | None = None) -> Graph:
-        return graphs.decode_graph(self.config, self.weights, layers, adapters, self.quant, context)
+                     context: int | None = None, lanes: int = 1) -> Graph:
+        return graphs.decode_graph(self.config, self.weights, layers, adapters, self.quant, context, lanes)
 
     def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None,
                       past: bool = False, context: int | None = None) -> Graph:

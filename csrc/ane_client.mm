@@ -174,6 +174,7 @@ public:
         std::unique_ptr<AneProgram> p(new AneProgram(mil, options));
         p->inputs_ = std::move(checked.inputs);
         p->outputs_ = std::move(checked.outputs);
+        for (auto& [name, part] : checked.cuts.ranges) p->parts_.push_back(std::move(part));
         Pool pool;
         id mil_arg = fault("mil_as_string")
                          ? (id)[[[NSString alloc] initWithBytes:mil.data() length:mil.size() encoding:NSUTF8StringEncoding] autorelease]

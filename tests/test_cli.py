@@ -78,6 +78,19 @@ def test_generate_streams_text(model_dir) -> None:
     assert out.stdout.startswith("hello world") and len(out.stdout.strip()) > len("hello world")
 
 
+def test_generate_speculative_prints_the_same_text_and_its_acceptance(model_dir) -> None:
+    prompt = "the cat sat on the mat. the cat sat on the mat. the cat"
+    plain = run("orion", "generate", "--model", str(model_dir), "--prompt", prompt, "--max-new-tokens", "12",
+                "--ignore-eos")
+    spec = run("orion", "generate", "--model", str(model_dir), "--prompt", prompt, "--max-new-tokens", "12",
+               "--ignore-eos", "--speculative", "prompt-lookup", "--draft-tokens", "4", "--ngram", "2")
+    assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
+    assert spec.stdout == plain.stdout
+    assert re.search(r"speculative: \d+ checks, \d+ of \d+ drafted tokens accepted", spec.stderr), spec.stderr
+    bad = run("orion", "generate", "--model", str(model_dir), "--prompt", "x", "--speculative", "medusa")
+    assert bad.returncode == 2 and "prompt-lookup" in bad.stderr
+
+
 def test_generate_stops_at_zero_new_tokens(model_dir) -> None:
     out = run("orion", "generate", "--model", str(model_dir), "--prompt", "hello", "--max-new-tokens", "0")
     assert out.returncode == 0, out.stderr

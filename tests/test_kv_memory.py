@@ -64,11 +64,15 @@ def test_the_cache_grows_by_buckets_and_decodes_as_a_full_context_cache_bit_for_
     assert sized.cache.bucket == 256 and sized.cache.length == full.cache.length == 70
     want = reference_logits(CONFIG, weights, ids)[-1]
     np.testing.assert_allclose(got, want, rtol=0, atol=0.03 * float(np.abs(want).max()))
-    # Resident: the 256-position rows of the sized cache; every page of the full-context one.
+    # Resident: the cache lives in the decode program's packed input (ANE-37); of the sized one, the
+    # 256-position rows; of the full-context one, every page.
     width, row = CONFIG.n_embd, 2 * CONFIG.n_embd
-    k_sized, k_full = sized.cache.surfaces["k0"].array, full.cache.surfaces["k0"].array
-    assert resident_bytes(k_sized, row * 1024) <= width * 256 * 2 + PAGE
-    assert resident_bytes(k_full, row * 1024) == width * 1024 * 2
+    for model, positions in ((sized, 256), (full, 1024)):
+        packed = model._layers[0].inputs["in_packed"]
+        k0 = model.cache.keys[0]
+        assert np.shares_memory(k0, packed.array) and k0.shape == (1, width, positions)
+        held = resident_bytes(packed.array, packed.nbytes)
+        assert 2 * width * positions * 2 <= held <= 2 * width * positions * 2 + 4 * PAGE + row
     # A new prompt starts from the shortest bucket again; a fork takes the cache's bucket.
     sized.prefill(ids[:5])
     assert sized.cache.bucket == 64
@@ -76,31 +80,42 @@ def test_the_cache_grows_by_buckets_and_decodes_as_a_full_context_cache_bit_for_
     np.testing.assert_array_equal(twin.decode_step(ids[5]), sized.decode_step(ids[5]))
 
 
-def test_growing_keeps_the_filled_positions_and_the_mask() -> None:
-    cache = KVCache(layers=2, kv_heads=12, head_dim=64, context=256, io_dtype="fp16", buckets=(32, 64, 256))
+def storage(cache: KVCache, bucket: int, programs: int = 1) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+    """Arrays in the shapes the decode programs' inputs give the cache at ``bucket``."""
+    tensors = {f"{kind}{i}": np.zeros((1, cache.lanes * cache.width, 1, bucket), np.float16)
+               for i in range(cache.layers) for kind in "kv"}
+    return tensors, [np.zeros((1, cache.lanes, 1, bucket), np.float16) for _ in range(programs)]
+
+
+def test_growing_keeps_the_filled_positions_and_the_masks() -> None:
+    cache = KVCache(layers=2, kv_heads=12, head_dim=64, context=256, buckets=(32, 64, 256), lanes=2)
     rng = np.random.default_rng(0)
     filled = rng.standard_normal((768, 16)).astype(np.float16)
-    cache.reserve(16)
-    assert cache.bucket == 32
-    cache.keys[1][:, :16] = filled
-    cache.mask[:16] = 0
-    cache.length = 16
-    cache.reserve(33)  # past the bucket: rows move to the 64-position layout
-    assert cache.bucket == 64 and cache.keys[1].shape == (768, 64) and cache.surfaces["k1"].shape == (1, 768, 1, 64)
-    np.testing.assert_array_equal(cache.keys[1][:, :16], filled)
-    np.testing.assert_array_equal(cache.mask, np.r_[np.zeros(16), np.full(48, MASKED)].astype(np.float16))
-    cache.reserve(40)  # fits: nothing moves
-    assert cache.bucket == 64
-    twin = KVCache(layers=2, kv_heads=12, head_dim=64, context=256, io_dtype="fp16", buckets=(32, 64, 256))
-    twin.copy_from(cache)
-    assert twin.bucket == 64 and twin.length == 16
-    np.testing.assert_array_equal(twin.keys[1][:, :16], filled)
+    assert cache.bucket_for(16) == 32
+    cache.attach(32, *storage(cache, 32, programs=2))
+    cache.keys[1][1, :, :16] = filled
+    cache.filled(1, 16)
+    cache.keys[0][0, :, :3] = 2.0
+    cache.filled(0, 3)
+    assert cache.bucket_for(33) == 64 and cache.bucket_for(20) == 32
+    cache.attach(64, *storage(cache, 64, programs=2))  # past the bucket: rows move to the 64-position layout
+    assert cache.bucket == 64 and cache.keys[1].shape == (2, 768, 64)
+    np.testing.assert_array_equal(cache.keys[1][1, :, :16], filled)
+    assert np.all(cache.keys[0][0, :, :3] == 2.0) and list(cache.lengths) == [3, 16]
+    for mask in cache.masks:  # every program's copy of the mask
+        np.testing.assert_array_equal(mask[1], np.r_[np.zeros(16), np.full(48, MASKED)].astype(np.float16))
+        np.testing.assert_array_equal(mask[0], np.r_[np.zeros(3), np.full(61, MASKED)].astype(np.float16))
+    twin = KVCache(layers=2, kv_heads=12, head_dim=64, context=256, buckets=(32, 64, 256), lanes=2)
+    twin.attach(64, *storage(twin, 64))
+    twin.copy_lane(cache, 1, 0)  # a fork of lane 1 into lane 0
+    assert list(twin.lengths) == [16, 0]
+    np.testing.assert_array_equal(twin.keys[1][0, :, :16], filled)
+    cache.clear(1)
+    assert list(cache.lengths) == [3, 0] and np.all(cache.masks[0][1] == np.float16(MASKED))
     cache.clear()
-    cache.reserve(3)  # empty: back to the shortest
-    assert cache.bucket == 32 and np.all(cache.mask == np.float16(MASKED))
-    assert len({s.nbytes for s in cache.surfaces.values()}) == 1  # one size at every bucket (ANE-13)
+    assert cache.bucket_for(3) == 32  # empty: back to the shortest
     with pytest.raises(ValueError, match="context is 256"):
-        cache.reserve(257)
+        cache.bucket_for(257)
 
 
 def test_buckets_keep_the_positions_on_the_lane_axis() -> None:
@@ -246,3 +261,19 @@ def test_the_mask_is_held_once_per_process() -> None:
     assert first["held"] == first["after"] == [1, 1024 * 1024 * 4], first
     assert first["grown"] < 8 << 20, first  # seven more copies would be 28 MiB
     assert second["freed"] == [0, 0], second
+
+
+def test_generate_compiles_the_buckets_it_reaches_before_the_first_token(monkeypatch) -> None:
+    import orion
+    from orion.generation import loop
+
+    model = GPT2(CONFIG, random_weights(CONFIG, seed=2), progress=False)
+    ids = [int(t) for t in np.random.default_rng(3).integers(0, CONFIG.vocab_size, 60)]
+    steps = model.generate(ids, 20, temperature=0, ignore_eos=True)
+    next(steps)
+    compiled = orion.compile_count()
+    assert len(list(steps)) == 19 and model.cache.bucket == 256  # grew from 64 to 256 positions mid-generation
+    assert orion.compile_count() == compiled and sorted(model.decode_plan.layers_by_context) == [64, 256]
+    # Short of budget (ANE-11), the reserve for new prompt lengths wins: buckets compile when first used.
+    monkeypatch.setattr(loop, "compiles_left", lambda: 2)
+    assert model.prepare(1024) == [] and 1024 not in model.decode_plan.layers_by_context

@@ -7,6 +7,9 @@ import numpy as np
 import pytest
 
 import orion
+from orion.compiler import compile_graph
+from orion.graph import Graph
+from orion.runtime.stage import Stage
 from support.handmil import SEVERAL_SURFACES, const, op, program, ttype
 from test_ops import CONV_ARGS, conv_consts
 
@@ -74,3 +77,43 @@ def test_bad_live_lanes_are_refused() -> None:
     for bad in ({"x": 0}, {"x": S + 1}, {"nope": 1}):
         with pytest.raises(orion.EvaluateError, match="live_lanes"):
             p.evaluate(ins, outs, live_lanes=bad)
+
+
+@pytest.mark.parametrize("live", [1, 7, S])
+def test_hints_reach_the_tensors_cut_from_a_packed_input(live) -> None:
+    """Under the one-input rule (ANE-37) x and a cache-like k share one surface; a hint on k names the
+    tensor the program cuts from it, and its dead lanes (NaN here) are never read. Reference: numpy
+    float64 over the live lanes, within fp16 rounding of the sum."""
+    g = Graph("packed_lanes")
+    x, k = g.input("x", [1, C, 1, 1]), g.input("k", [1, C, 1, S])
+    g.output(g.reduce_sum(g.mul(k, x, name="xk"), axis=3, name="total"), "y")
+    compiled = compile_graph(g)
+    assert {s.surface for s in compiled.layout.inputs} == {"in_packed"}
+    assert next(s.mil_name for s in compiled.layout.inputs if s.name == "k") in compiled.program.input_parts
+    stage = Stage(compiled)
+    rng = np.random.default_rng(live)
+    xs, ks = rng.standard_normal((1, C, 1, 1)), rng.standard_normal((1, C, 1, S))
+    stage.input("x")[...] = xs
+    stage.input("k")[...] = np.where(np.arange(S) < live, ks, np.nan)
+    stage.run({"k": live})
+    want = (ks[..., :live] * xs).sum(axis=3, keepdims=True)
+    np.testing.assert_allclose(stage.output("y").astype(np.float64), want, rtol=0, atol=0.02 * np.abs(want).max() + 0.02)
+    with pytest.raises(orion.EvaluateError, match="live_lanes"):
+        stage.run({"k": S + 1})  # the runtime's bound check holds for cut tensors too
+
+
+def test_hints_reach_the_tensor_cut_from_a_padded_input() -> None:
+    """A [1, 64, 1, 8] input is flattened into a padded surface (ANE-12/-14); a hint on it names the
+    [1, 64, 1, 8] tensor the program cuts back out, so a sum over its lanes skips the dead (NaN) ones.
+    Reference: numpy float64 over the live lanes."""
+    g = Graph("padded_lanes")
+    x = g.input("x", [1, 64, 1, 8])
+    g.output(g.reduce_sum(g.mul(x, x, name="sq"), axis=3, name="total"), "y")
+    compiled = compile_graph(g)
+    assert compiled.layout.inputs[0].padded != (1, 64, 1, 8) and not compiled.layout.inputs[0].surface
+    stage = Stage(compiled)
+    xs = np.random.default_rng(2).standard_normal((1, 64, 1, 8))
+    stage.input("x")[...] = np.where(np.arange(8) < 3, xs, np.nan)
+    stage.run({"x": 3})
+    want = (xs[..., :3] ** 2).sum(axis=3, keepdims=True)
+    np.testing.assert_allclose(stage.output("y").astype(np.float64), want, rtol=0.01, atol=0.01)

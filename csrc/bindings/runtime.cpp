@@ -1,5 +1,6 @@
 // orion._core: compile / evaluate / unload, surfaces, the compile budget and the constraint ids.
 #include <optional>
+#include <tuple>
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -202,6 +203,16 @@ void bind_runtime(py::module_& m) {
         .def_property_readonly("inputs", [](const runtime::LoadedProgram& p) { return specs(p.inputs()); },
                                "[(name, shape, dtype)] in binding (alphabetical) order")
         .def_property_readonly("outputs", [](const runtime::LoadedProgram& p) { return specs(p.outputs()); })
+        .def_property_readonly(
+            "input_parts",
+            [](const runtime::LoadedProgram& p) {
+                std::vector<std::tuple<std::string, std::string, int64_t, std::vector<int64_t>>> parts;
+                for (const auto& part : p.input_parts())
+                    parts.emplace_back(part.name, p.inputs()[part.input].name, part.offset, part.type.shape);
+                return parts;
+            },
+            "[(name, input, element offset, shape)]: the tensors the program cuts from its input surfaces; a "
+            "live-lanes hint may name them")
         .def_property_readonly("loaded", &runtime::LoadedProgram::loaded)
         .def(
             "evaluate",

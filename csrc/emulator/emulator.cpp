@@ -35,10 +35,17 @@ using frontend::where;
 // program before the kernel step allocates.
 class ProgramModel {
 public:
-    ProgramModel(const mil::Function& fn, std::vector<frontend::TypedOp> typed, const runtime::WeightFiles& weights) {
+    // `cuts`: the values cut from input surfaces (frontend::InputCuts::ranges): no op computes them;
+    // the program reads the ones it uses from their place in the surface (EmulatedProgram::plan_loads).
+    ProgramModel(const mil::Function& fn, std::vector<frontend::TypedOp> typed, const runtime::WeightFiles& weights,
+                 const std::map<std::string, runtime::InputPart>& cuts) {
         for (const auto& p : fn.inputs) define(p.name, p.type);
         for (size_t i = 0; i < fn.body.size(); ++i) {
             const mil::Operation& op = fn.body[i];
+            if (cuts.count(op.output)) {
+                define(op.output, op.type);
+                continue;
+            }
             if (op.op == "const") {
                 const int id = define(op.output, op.type);
                 values_[id].constant = &*op.val;
@@ -151,6 +158,11 @@ public:
         : text_(text), options_(std::move(options)), program_(std::move(checked.program)), model_(std::move(model)) {
         inputs_ = std::move(checked.inputs);
         outputs_ = std::move(checked.outputs);
+        used_parts_ = std::move(checked.cuts.parts);
+        for (auto& [name, part] : checked.cuts.ranges) {
+            cut_values_.insert(model_.ids_.at(name));
+            parts_.push_back(std::move(part));
+        }
         fold_constants();
         build_kernels();
         for (auto& v : values()) v.blob.reset(), v.compressed.reset();  // the caller's weight buffers are not kept
@@ -345,11 +357,7 @@ private:
             io_.outputs[i].slot = values()[model_.ids_.at(outputs_[i].name)].slot;
             values()[static_cast<size_t>(io_.outputs[i].slot)].needs_fp32 = true;  // stored from fp32 data
         }
-        for (const auto& s : inputs_) {
-            const int slot = values()[model_.ids_.at(s.name)].slot;
-            io_.inputs.push_back({s.name, slot,
-                                  s.type.dtype == mil::DType::fp16 && !values()[static_cast<size_t>(slot)].needs_fp32});
-        }
+        plan_loads(readers);
         const std::vector<bool> pooled = plan_buffers();
         frame_.values.resize(values().size());
         for (size_t i = 0; i < values().size(); ++i) {
@@ -370,6 +378,7 @@ private:
             if (held_masks_.count(static_cast<int>(i))) continue;  // held once per process (add_fused_attention)
             if (pooled[i]) continue;  // taken from the buffer pool while it is live (run_kernel)
             if (!is_const && io_.reads_in_place(v.slot)) continue;  // its readers take fp16 from the surface
+            if (!is_const && unread_.count(static_cast<int>(i))) continue;  // an input (or a cut of one) nothing reads
             if (!is_const) {
                 unallocated_.push_back(v.slot);  // allocated by the first evaluate (allocate_frame)
             } else if (v.blob) {
@@ -434,6 +443,30 @@ private:
         for (size_t at = block; at < bytes.size(); at += block)
             if (std::memcmp(bytes.data(), bytes.data() + at, block) != 0) return false;
         return true;
+    }
+
+    // What run() fills from the input surfaces (io_.inputs): each input something reads, and each tensor
+    // cut from one (InputPart) straight from its place in the surface, instead of the whole surface
+    // loaded and copied apart by the cut ops (which have no kernel). The inputs and cuts nothing reads
+    // are never loaded nor allocated (unread_): a packed input whose tensors all are cuts costs only
+    // their live lanes, and an fp16 cut only fp16 readers take is read in place.
+    void plan_loads(const std::vector<int>& readers) {
+        auto add = [&](const std::string& name, size_t surface, int64_t offset, std::vector<std::string> hint_names) {
+            const int id = model_.ids_.at(name);
+            const int slot = values()[static_cast<size_t>(id)].slot;
+            const ValueInfo& v = values()[static_cast<size_t>(slot)];
+            const size_t element = mil::dtype_size(v.type.dtype);
+            io_.inputs.push_back({slot, surface, static_cast<size_t>(offset) * element,
+                                  v.type.dtype == mil::DType::fp16 && !v.needs_fp32, std::move(hint_names)});
+        };
+        for (size_t i = 0; i < inputs_.size(); ++i) {
+            const int id = model_.ids_.at(inputs_[i].name);
+            if (readers[static_cast<size_t>(id)] > 0) add(inputs_[i].name, i, 0, {inputs_[i].name});
+            else unread_.insert(id);
+        }
+        for (const auto& part : used_parts_) add(part.name, part.input, part.offset, part.hint_names);
+        for (int id : cut_values_)
+            if (!readers[static_cast<size_t>(id)]) unread_.insert(id);
     }
 
     // Liveness of the frame's tensors: each one of at least kMinPooledElements that is not a const (nor
@@ -742,11 +775,15 @@ private:
         }
         run.flat = flat;
         add_group_kernel(steps, intermediates, parts, "elementwise (fused)", [run = std::move(run), reads](Frame& fr) {
-            for (int slot : reads)
-                if (fr.values[static_cast<size_t>(slot)].partial() || fr.values[static_cast<size_t>(slot)].half) return false;
+            int64_t lanes = run.width;  // live where every operand spanning the lanes is (binary ops' rule)
+            for (int slot : reads) {
+                const Tensor& t = fr.values[static_cast<size_t>(slot)];
+                if (t.skips_dead_lanes() || t.half) return false;  // short partial rows are computed whole
+                if (t.last_dim() == run.width) lanes = std::min(lanes, t.lanes);
+            }
             run_elementwise(run, fr);
             for (const auto& step : run.steps)
-                if (step.out >= 0) fr.values[static_cast<size_t>(step.out)].lanes = run.width;
+                if (step.out >= 0) fr.values[static_cast<size_t>(step.out)].lanes = lanes;
             return true;
         });
     }
@@ -878,6 +915,8 @@ private:
     std::vector<std::unique_ptr<mil::Value>> folded_;  // the values of folded ops (fold_constants)
     Schedule schedule_;
     SurfaceIO io_;
+    std::vector<runtime::InputPart> used_parts_;  // the cuts something other than a cut reads (loaded)
+    std::set<int> cut_values_, unread_;  // values cut from inputs (no kernel); inputs and cuts nothing reads
     std::vector<int> unallocated_;  // frame slots allocate_frame() still has to allocate
     std::set<int> unmaterialised_;  // constexpr outputs no kernel reads as data: never computed nor allocated
     std::set<int> held_masks_;      // causal-mask consts held once per process, not in the frame (add_fused_attention)
@@ -889,7 +928,7 @@ private:
 std::unique_ptr<runtime::LoadedProgram> build_checked(std::string_view text, const runtime::WeightFiles& weights,
                                                       const runtime::CompileOptions& options, bool count_compile) {
     frontend::CheckedProgram checked = frontend::check(text, weights, options);
-    ProgramModel model(checked.main(), std::move(checked.typed), weights);
+    ProgramModel model(checked.main(), std::move(checked.typed), weights, checked.cuts.ranges);
     if (count_compile) runtime::consume_compile();
     return std::make_unique<EmulatedProgram>(text, std::move(checked), std::move(model), options);
 }

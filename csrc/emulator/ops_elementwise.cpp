@@ -74,16 +74,18 @@ BuiltOp binary(OpContext& ctx, F f) {
     return {[=](Frame& fr) {
                 const Tensor &ta = fr.values[x], &tb = fr.values[y];
                 Tensor& out = fr.values[o];
-                // Live lanes: the widest live prefix among operands that span the output's last axis.
+                // Live lanes: the narrowest live prefix among operands that span the output's last axis (a
+                // lane dead in one operand is dead in the result; e.g. a residual add keeps the hinted lanes
+                // of x past a batched attention, whose transposes made its own output whole).
                 const int64_t width = out.last_dim();
-                int64_t lanes = 0;
+                int64_t lanes = width;
                 for (const Tensor* t : {&ta, &tb})
-                    if (t->last_dim() == width) lanes = std::max(lanes, t->lanes);
-                out.lanes = lanes > 0 ? lanes : width;
+                    if (t->last_dim() == width) lanes = std::min(lanes, t->lanes);
+                out.lanes = lanes;
                 const float* a = ta.data.data();
                 const float* b = tb.data.data();
                 float* c = out.data.data();
-                const bool full = !out.partial(), round = out.dtype == mil::DType::fp16;
+                const bool full = !out.skips_dead_lanes(), round = out.dtype == mil::DType::fp16;
                 if (same && full) {  // one flat range, split across the threads; fp16 rounding fused
                     kernels::parallel_for(out.size(), kElementwiseGrain, [&](int64_t begin, int64_t end) {
                         for (int64_t i = begin; i < end; ++i) c[i] = f(a[i], b[i]);
@@ -132,7 +134,7 @@ BuiltOp unary_rows(OpContext& ctx, Rows rows) {
                 Tensor& out = fr.values[o];
                 out.lanes = fr.values[x].lanes;
                 float* c = out.data.data();
-                if (!out.partial()) {  // one flat range, split across the threads
+                if (!out.skips_dead_lanes()) {  // one flat range, split across the threads
                     kernels::parallel_for(out.size(), kElementwiseGrain, [&](int64_t begin, int64_t end) {
                         rows(a + begin, c + begin, static_cast<size_t>(end - begin));
                     });

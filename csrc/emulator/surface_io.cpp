@@ -16,7 +16,7 @@ namespace {
 // the tensor is partially live, the whole tensor otherwise).
 void load_input(const uint8_t* src, Tensor& t) {
     if (t.data.empty()) return;  // an empty tensor (memcpy may not be given its null data)
-    if (t.partial() && mil::is_float(t.dtype)) {
+    if (t.skips_dead_lanes() && mil::is_float(t.dtype)) {
         for_each_live_row(t, [&](int64_t at, int64_t n) {
             if (t.dtype == mil::DType::fp16)
                 kernels::half_to_float(reinterpret_cast<const uint16_t*>(src) + at, t.data.data() + at, static_cast<size_t>(n));
@@ -57,7 +57,7 @@ Int saturate(float v, double lo, double hi) {
 
 void store_output(const Tensor& t, uint8_t* dst) {
     if (t.data.empty()) return;
-    if (t.partial() && mil::is_float(t.dtype)) {
+    if (t.skips_dead_lanes() && mil::is_float(t.dtype)) {
         for_each_live_row(t, [&](int64_t at, int64_t n) {
             if (t.dtype == mil::DType::fp16)
                 kernels::float_to_half(t.data.data() + at, reinterpret_cast<uint16_t*>(dst) + at, static_cast<size_t>(n));
@@ -106,14 +106,19 @@ bool SurfaceIO::reads_in_place(int slot) const {
 }
 
 void SurfaceIO::load(const runtime::Bindings& surfaces, const runtime::LiveLanes& live, Frame& frame) const {
-    for (size_t i = 0; i < inputs.size(); ++i) {
-        Tensor& t = frame.values[static_cast<size_t>(inputs[i].slot)];
-        const auto hint = live.find(inputs[i].name);
-        t.lanes = hint == live.end() ? t.last_dim() : hint->second;
-        if (inputs[i].in_place)
-            t.half = reinterpret_cast<const uint16_t*>(surfaces[i].second->data());
+    for (const Input& in : inputs) {
+        Tensor& t = frame.values[static_cast<size_t>(in.slot)];
+        t.lanes = t.last_dim();
+        for (const auto& name : in.hint_names)
+            if (const auto hint = live.find(name); hint != live.end()) {
+                t.lanes = hint->second;
+                break;
+            }
+        const uint8_t* data = surfaces[in.surface].second->data() + in.byte_offset;
+        if (in.in_place)
+            t.half = reinterpret_cast<const uint16_t*>(data);
         else
-            load_input(surfaces[i].second->data(), t);
+            load_input(data, t);
     }
 }
 

@@ -27,13 +27,20 @@ struct Tensor {
     int64_t size() const { return static_cast<int64_t>(data.size()); }
     int64_t last_dim() const { return shape.empty() ? 1 : shape.back(); }
     bool partial() const { return lanes < last_dim(); }
+    // Whether a lane-separable kernel (elementwise, loads and stores) walks only each row's live prefix:
+    // a partial tensor whose rows are longer than kShortRow lanes. Shorter rows (a decode step's lanes,
+    // one per sequence) are computed whole: a kernel call per short row costs more than the dead lanes
+    // it skips, and a dead lane's value is undefined either way. Reductions and matmuls over the lane
+    // axis still see only the live prefix (partial()).
+    static constexpr int64_t kShortRow = 32;
+    bool skips_dead_lanes() const { return partial() && last_dim() > kShortRow; }
 };
 
 // Calls fn(offset, count) for the live prefix of every row of t's last axis (one call when all
-// lanes are live).
+// lanes are live, or the rows are short: skips_dead_lanes).
 template <typename Fn>
 void for_each_live_row(const Tensor& t, Fn&& fn) {
-    if (!t.partial()) return fn(int64_t{0}, t.size());
+    if (!t.skips_dead_lanes()) return fn(int64_t{0}, t.size());
     const int64_t width = t.last_dim();
     for (int64_t offset = 0; offset < t.size(); offset += width) fn(offset, t.lanes);
 }

@@ -151,7 +151,7 @@ void check_weight_keys(const runtime::WeightFiles& weights) {
 
 CheckedProgram check(std::string_view text, const runtime::WeightFiles& weights, const runtime::CompileOptions& options) {
     check_weight_keys(weights);
-    CheckedProgram checked{mil::parse(text), {}, {}, {}};
+    CheckedProgram checked{mil::parse(text), {}, {}, {}, {}};
     for (auto& f : checked.program.functions) expand_constexpr_attributes(f);
     const mil::Function* fn = checked.program.find_function("main");
     if (!fn) throw CompileError("the program has no function 'main' (the ANE runs main)");
@@ -162,6 +162,7 @@ CheckedProgram check(std::string_view text, const runtime::WeightFiles& weights,
     check_io(*fn, checked.inputs, checked.outputs);
     check_weights(*fn, weights);
     checked.typed = check_types(*fn);
+    checked.cuts = find_input_cuts(*fn, checked.inputs, checked.typed);
     return checked;
 }
 

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "frontend/input_parts.h"
 #include "frontend/types.h"
 #include "mil/program.h"
 #include "runtime/program.h"
@@ -19,6 +20,7 @@ struct CheckedProgram {
     mil::Program program;
     std::vector<runtime::TensorSpec> inputs, outputs;  // binding order
     std::vector<TypedOp> typed;                        // per statement of main, in order
+    InputCuts cuts;                                    // the tensors main cuts from its input surfaces
     const mil::Function& main() const { return *program.find_function("main"); }
 };
 

@@ -42,7 +42,7 @@ std::string host_platform() {
 void LoadedProgram::evaluate(const Bindings& inputs, const Bindings& outputs, const LiveLanes& live) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!loaded_) throw EvaluateError("the program was unloaded; compile it again");
-    check_live_lanes(inputs_, live);
+    check_live_lanes(inputs_, parts_, live);
     if (!fault_injected("skip_binding_checks")) check_bindings(inputs_, inputs, outputs_, outputs, min_surface_bytes_);
     for (const auto* side : {&inputs, &outputs})
         for (const auto& [name, surface] : *side)

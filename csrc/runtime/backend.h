@@ -25,6 +25,8 @@ public:
     // Inputs and outputs in binding order: alphabetical by name (docs/hardware.md §3).
     const std::vector<TensorSpec>& inputs() const { return inputs_; }
     const std::vector<TensorSpec>& outputs() const { return outputs_; }
+    // The tensors the program cuts from its input surfaces (InputPart): a live-lanes hint may name them.
+    const std::vector<InputPart>& input_parts() const { return parts_; }
     // Runs the program once, synchronously. `inputs`/`outputs` must be in binding order.
     void evaluate(const Bindings& inputs, const Bindings& outputs, const LiveLanes& live = {});
     // Releases the program on its device (always, ANE-33); later evaluates raise EvaluateError.
@@ -48,6 +50,7 @@ protected:
     virtual void release() = 0;  // frees the device side; the program is marked unloaded even if it throws
 
     std::vector<TensorSpec> inputs_, outputs_;
+    std::vector<InputPart> parts_;
     size_t min_surface_bytes_ = limits::MIN_SURFACE_BYTES;
     bool loaded_ = true;  // set by the backend once its program is loaded
 

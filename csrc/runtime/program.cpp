@@ -111,13 +111,15 @@ bool fault_injected(const char* name) {
 #endif
 }
 
-void check_live_lanes(const std::vector<TensorSpec>& inputs, const LiveLanes& live) {
-    for (const auto& entry : live) {
-        const std::string& name = entry.first;
-        const int64_t lanes = entry.second;
-        auto spec = std::find_if(inputs.begin(), inputs.end(), [&](const TensorSpec& s) { return s.name == name; });
-        if (spec == inputs.end()) throw EvaluateError("live_lanes names '" + name + "', which is not an input");
-        const int64_t width = spec->type.shape.empty() ? 1 : spec->type.shape.back();
+void check_live_lanes(const std::vector<TensorSpec>& inputs, const std::vector<InputPart>& parts, const LiveLanes& live) {
+    for (const auto& [name, lanes] : live) {
+        const mil::Type* type = nullptr;
+        for (const auto& s : inputs)
+            if (s.name == name) type = &s.type;
+        for (const auto& p : parts)
+            if (p.name == name) type = &p.type;
+        if (!type) throw EvaluateError("live_lanes names '" + name + "', which is not an input (nor a tensor cut from one)");
+        const int64_t width = type->shape.empty() ? 1 : type->shape.back();
         if (lanes < 1 || lanes > width)
             throw EvaluateError("live_lanes['" + name + "'] = " + std::to_string(lanes) + ": give 1.." +
                                 std::to_string(width) + " (the input's last dimension)");

@@ -21,12 +21,26 @@ struct TensorSpec {
     mil::Type type;
 };
 
+// A tensor a program cuts out of one of its input surfaces by slices and reshapes alone (the I/O
+// packing lays several tensors in one surface, ANE-37; the I/O padding puts a small one at the front
+// of a larger one): the MIL value `name` of type `type` holds elements [offset, offset + its count)
+// of input `input` (an index in binding order), in the input's dtype. A live-lanes hint may name it;
+// `hint_names` are the names whose hint sets its lanes: its own, then those of the cuts (and the
+// input) it is whole rows of, nearest first.
+struct InputPart {
+    std::string name;
+    mil::Type type;
+    size_t input = 0;
+    int64_t offset = 0;
+    std::vector<std::string> hint_names;
+};
+
 // Surfaces named by the MIL parameter / returned variable they bind to.
 using Bindings = std::vector<std::pair<std::string, Surface*>>;
 
-// Per input name, how many leading lanes (last-axis entries) hold data the outputs depend on. A
-// performance hint: the emulator computes only those lanes, the ANE ignores it. Lanes past the
-// hint in the outputs are undefined.
+// Per input name (or the name of an InputPart), how many leading lanes (last-axis entries) hold data
+// the outputs depend on. A performance hint: the emulator computes only those lanes, the ANE ignores
+// it. Lanes past the hint in the outputs are undefined.
 using LiveLanes = std::map<std::string, int64_t>;
 
 // Maps each BLOBFILE path of the MIL (e.g. "@model_path/weights/w.bin") to the whole file.
@@ -58,8 +72,8 @@ std::vector<TensorSpec> sorted_outputs(const mil::Function& fn);
 // Checks surfaces against the rules of docs/hardware.md §3 before an evaluate: names in binding
 // order (ANE-20), each surface large enough for its tensor and >= 49,152 bytes (ANE-12), one size
 // for all inputs and one for all outputs (ANE-13), no surface bound twice (ANE-15).
-// Checks a live-lanes hint: every name an input, every count in 1..the input's last dimension.
-void check_live_lanes(const std::vector<TensorSpec>& inputs, const LiveLanes& live);
+// Checks a live-lanes hint: every name an input or an input part, every count in 1..its last dimension.
+void check_live_lanes(const std::vector<TensorSpec>& inputs, const std::vector<InputPart>& parts, const LiveLanes& live);
 
 void check_bindings(const std::vector<TensorSpec>& inputs, const Bindings& in_surfaces,
                     const std::vector<TensorSpec>& outputs, const Bindings& out_surfaces,

@@ -12,6 +12,7 @@ from pathlib import Path
 from orion import quant
 from orion.cli import HelpFormatter, non_negative_int, positive_int, report_errors, write_out
 from orion.errors import OrionError
+from orion.generation.speculative import METHODS, Speculation
 
 DESCRIPTION = """\
 Orion compiles transformer language models to Apple's MIL and runs them on the Apple Neural Engine,
@@ -97,6 +98,14 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
                                "end-of-sequence tokens stop too (unless --ignore-eos)")
     generate.add_argument("--ignore-eos", action="store_true",
                           help="go on past the model's end-of-sequence tokens (to --max-new-tokens)")
+    generate.add_argument("--speculative", choices=METHODS, default=None,
+                          help="speculative decoding: prompt-lookup drafts tokens from n-grams of the prompt and "
+                               "the text so far and checks them in one run (the same text, faster when it repeats "
+                               "the prompt)")
+    generate.add_argument("--draft-tokens", type=positive_int, default=Speculation.num_tokens,
+                          help="most drafted tokens per check (with --speculative)")
+    generate.add_argument("--ngram", type=positive_int, default=Speculation.max_ngram,
+                          help="longest n-gram looked up (with --speculative; down to 1 token)")
     quant.add_arguments(generate)
     generate.add_argument("--no-echo", action="store_true", help="print only the generated text, not the prompt")
     generate.add_argument("--quiet", action="store_true", help="no progress lines or warnings on stderr")
@@ -158,6 +167,8 @@ def _generate(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore")
     check_sampling(0.0 if args.temperature is None else args.temperature, args.top_k, args.top_p, args.min_p,
                    args.repetition_penalty)
+    speculation = None if args.speculative is None else \
+        Speculation(args.speculative, num_tokens=args.draft_tokens, max_ngram=args.ngram)
     directory = Path(args.model)
     models.registry.model_class(directory)  # the directory, its config.json and model_type (or a .gguf file)
     tokenizer = models.load_tokenizer(directory)
@@ -172,7 +183,8 @@ def _generate(args: argparse.Namespace) -> int:
     model = models.load(directory, progress=not args.quiet, **quant.model_options(args.quant, args.probe_report, note))
     run = model.generate_text(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                               top_p=args.top_p, seed=args.seed, stop=_unescape(args.stop), min_p=args.min_p,
-                              repetition_penalty=args.repetition_penalty, ignore_eos=args.ignore_eos)
+                              repetition_penalty=args.repetition_penalty, ignore_eos=args.ignore_eos,
+                              speculative=speculation)
     echo = not args.no_echo and not args.chat
     start = time.perf_counter()
     first = None
@@ -193,6 +205,10 @@ def _generate(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(timing_line(len(model.prompt_ids(prompt)), len(run.token_ids), start, first, end, run.finish_reason),
               file=sys.stderr, flush=True)
+        if run.speculation is not None:
+            stats = run.speculation
+            print(f"speculative: {stats.checks} checks, {stats.accepted} of {stats.drafted} drafted tokens accepted "
+                  f"({stats.acceptance_rate:.0%})", file=sys.stderr, flush=True)
     return 0
 
 

@@ -17,7 +17,7 @@ from tokenizers import models as tok_models
 
 import orion
 from orion import models
-from orion.generation.kv_cache import MASKED, KVCache
+from orion.generation.kv_cache import KVCache
 from orion.models import GPT2, GPT2Config
 from orion.models.gpt2.weights import save_hf
 from support.gpt2_fixtures import lively_weights
@@ -90,19 +90,13 @@ def test_random_shapes_by_name_or_config() -> None:
         models.random({"n_layer": 2})
 
 
-def test_kv_cache_holds_only_the_kv_heads() -> None:
-    cache = KVCache(layers=3, kv_heads=2, head_dim=16, context=64, io_dtype="fp16")  # e.g. 8 query heads, GQA 4:1
-    assert sorted(cache.surfaces) == ["k0", "k1", "k2", "mask", "v0", "v1", "v2"]
-    assert cache.shape == (1, 32, 1, 64) and cache.keys[2].shape == (32, 64) and cache.mask.shape == (64,)
-    assert len({s.nbytes for s in cache.surfaces.values()}) == 1  # one size, so programs can bind them
-    assert np.all(cache.mask == np.float16(MASKED)) and cache.length == 0
-    cache.keys[1][:, :3] = 1.5
-    cache.mask[:3] = 0
-    cache.length = 3
-    twin = KVCache(layers=3, kv_heads=2, head_dim=16, context=64, io_dtype="fp16")
-    twin.copy_from(cache)
-    assert twin.length == 3 and np.all(twin.keys[1][:, :3] == 1.5) and np.all(twin.mask[:3] == 0)
-    np.testing.assert_array_equal(twin.surfaces["k1"].array, cache.surfaces["k1"].array)
+def test_kv_cache_holds_only_the_kv_heads(model) -> None:
+    cache = model.cache  # 4 query heads of 8 channels over 2 KV heads (GQA 2:1) would hold 16 channels
+    d = model.dims
+    assert cache.keys[0].shape == (1, d.kv_heads * d.head_dim, cache.bucket)
+    assert len(cache.keys) == len(cache.values) == d.n_layer and cache.masks[0].shape == (1, cache.bucket)
+    small = KVCache(layers=3, kv_heads=2, head_dim=16, context=64)
+    assert small.width == 32 and small.buckets == (64,) and small.length == 0
 
 
 def test_nan_logits_stop_generate_naming_the_step(model, monkeypatch) -> None:

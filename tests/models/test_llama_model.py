@@ -86,8 +86,8 @@ def test_greedy_output_is_identical(model) -> None:
 
 def test_gqa_cache_holds_only_the_kv_heads(model) -> None:
     c = model.config
-    assert model.cache.shape == (1, c.n_kv_heads * c.head_dim, 1, CONTEXT)
-    assert len(model.cache.keys) == c.n_layers
+    assert model.cache.width == c.n_kv_heads * c.head_dim and model.cache.context == CONTEXT
+    assert len(model.cache.keys) == c.n_layers and model.cache.keys[0].shape[:2] == (1, c.n_kv_heads * c.head_dim)
 
 
 def test_fork_keeps_the_cache_independent(model) -> None:

@@ -42,8 +42,9 @@ def test_malformed_json(base_url) -> None:
     ("max_tokens", "5", "integer"), ("max_tokens", 2.5, "integer"), ("max_tokens", True, "integer"),
     ("temperature", "hot", "number"), ("temperature", -1, "[0, 2]"), ("top_p", 1.5, "(0, 1]"), ("top_p", 0, "(0, 1]"),
     ("top_k", 0, ">= 1"), ("min_p", 2, "[0, 1]"), ("repetition_penalty", 0, "(0, 10]"), ("seed", 1.5, "integer"),
-    ("stop", 5, "list"), ("stop", ["a"] * 17, "16"), ("stream", "yes", "boolean"), ("n", 2, "one choice"),
-    ("frequency_penalty", 3, "[-2, 2]"), ("logprobs", 2, "log-probabilities"), ("echo", True, "echo"),
+    ("stop", 5, "list"), ("stop", ["a"] * 17, "16"), ("stream", "yes", "boolean"), ("n", 0, ">= 1"),
+    ("n", 99, "at most 4 choices"), ("frequency_penalty", 3, "[-2, 2]"), ("logprobs", 6, "[0, 5]"),
+    ("logprobs", True, "[0, 5]"), ("echo", True, "echo"),
     ("prompt", {"text": "hi"}, "string"), ("prompt", [], "string"), ("prompt", ["a", "b"], "one prompt per request"),
     ("prompt", [1, 10**6], "outside the vocabulary"), ("stream_options", {"include_usage": 1}, "include_usage"),
     ("bogus", 1, "unknown field"),
@@ -66,7 +67,8 @@ def test_wrong_messages(base_url, engine, messages, param, says) -> None:
 
 
 def test_unsupported_chat_fields(base_url, engine) -> None:
-    for field, value in (("tools", [{"type": "function"}]), ("logprobs", True), ("response_format", {"type": "json"})):
+    for field, value in (("tools", [{"type": "function"}]), ("logprobs", 1), ("top_logprobs", 21),
+                         ("response_format", {"type": "json"})):
         assert_error(post(base_url, "/v1/chat/completions", chat(engine, **{field: value})), 400, field)
 
 

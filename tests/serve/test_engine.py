@@ -113,21 +113,36 @@ def test_cancellation_stops_before_the_next_token(engine) -> None:
     assert len(produced) == 3
 
 
-def test_a_failed_sequence_is_replaced(engine, monkeypatch) -> None:
-    model = engine.model
+def test_a_failed_step_fails_its_sequences_and_frees_their_lanes(engine, monkeypatch) -> None:
     calls = {"n": 0}
-    original = type(model).decode_step
+    original = type(engine.model)._decode_lanes
 
-    def failing(self, token):  # noqa: ANN001, ANN202
+    def failing(self, tokens):  # noqa: ANN001, ANN202
         calls["n"] += 1
         if calls["n"] == 2:
             raise RuntimeError("device fault")
-        return original(self, token)
+        return original(self, tokens)
 
-    monkeypatch.setattr(type(model), "decode_step", failing)
+    monkeypatch.setattr(type(engine.model), "_decode_lanes", failing)
     with pytest.raises(RuntimeError, match="device fault"):
         list(engine.generate([1, 2], SamplingParams(max_tokens=10, temperature=0.0), lambda: False))
     monkeypatch.undo()
-    before = engine._sequences
+    assert engine.batch.active == 0  # its lane is free again
     assert len(list(engine.generate([1, 2], SamplingParams(max_tokens=10, temperature=0.0), lambda: False))) == 10
-    assert engine._sequences <= before + 1 <= engine.max_sequences
+
+
+def test_a_prefix_cache_engine_reuses_a_shared_system_prompt_with_the_models_tokens(model_dir, reference) -> None:
+    """``--prefix-cache-mb``: requests sharing a long system prompt give the model's own greedy tokens, and
+    the later one reads the shared positions from the cache instead of recomputing them."""
+    from orion.models import GPT2
+
+    engine = ModelEngine(GPT2.from_pretrained(model_dir, progress=False), "prefix", max_sequences=2,
+                         prefix_cache_bytes=1 << 22)
+    system = reference.tokenizer.encode("the neural engine runs the model one token at a time. " * 3)
+    params = SamplingParams(max_tokens=10, temperature=0.0)
+    for user in ("hello world", "the engine"):
+        ids = system + reference.tokenizer.encode(user)
+        got = [t for t in engine.generate(ids, params, lambda: False) if t is not None]
+        assert got == list(reference.generate(ids, 10)), user
+    cache = engine.model.prefix_cache
+    assert cache.stats.hits == 1 and cache.stats.reused_tokens >= len(system)

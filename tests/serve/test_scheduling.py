@@ -37,6 +37,9 @@ class TestEngine:
         if self.gate is not None:
             assert self.gate.wait(10), "the test never opened the gate"
         for token in self.inner.generate(prompt_ids, params, cancelled):
+            if token is None:  # no token this round (a long prompt being read)
+                yield token
+                continue
             if list(prompt_ids) == CRASH_PROMPT and len(produced) == 2:
                 raise RuntimeError("injected failure")
             time.sleep(self.per_token)

@@ -35,6 +35,7 @@ def test_defaults_bind_loopback() -> None:
     (["--port", "70000"], "--port 70000"),
     (["--max-queue", "0"], "--max-queue 0"),
     (["--body-timeout", "-1"], "--body-timeout"),
+    (["--prefix-cache-mb", "-1"], "--prefix-cache-mb -1"),
 ])
 def test_bad_arguments_fail_before_loading(model_dir, capsys, argv, says) -> None:
     argv = argv if argv[0] == "--model" else ["--model", str(model_dir), *argv]

@@ -1,26 +1,29 @@
-"""The KV cache: every layer's keys and values in persistent surfaces the decode programs bind as
-inputs, the additive attention mask, and how many positions are filled.
+"""The KV cache: every layer's keys and values and the additive attention masks of up to ``lanes``
+sequences (one per lane of the decode programs), and how many positions each has filled.
 
-The cache is sized to use: its tensors are ``[1, width, 1, T]`` for the current *bucket* ``T``, the
-shortest of :func:`context_buckets` that holds the filled positions. The surfaces have the
-full context's size from the start (one size for every decode input, ANE-13), but a surface of
-256 KiB or more is an anonymous map whose untouched pages cost no memory, and a bucket's tensors are
-packed at the front: a cache holding ``n`` positions has touched ``width * T`` values per surface,
-not ``width * context``. Growing to the next bucket moves each row to its new place in the same
-surface. Decode programs exist per bucket (``DecodePlan.layers_at``).
+The cache has no storage of its own: it lives in the decode layer programs' input surfaces. Under
+the one-input rule (ANE-37) the I/O packing lays a layer program's inputs (the residual stream
+``x``, the mask, rotary tables and each of its layers' caches) in one surface, so the cache rows are
+bytes of that surface, and a decode step writes only the new tokens' keys and values at their
+positions (``attach`` takes the views; without packing they are the caches' own surfaces).
+
+Layout: ``k<i>``/``v<i>`` are ``[1, lanes * width, 1, T]`` (lane ``b``'s ``[width, T]`` block after
+lane ``b - 1``'s, position on the lane axis, so the live-lanes hint skips unfilled positions) and
+``mask`` ``[1, lanes, 1, T]``, for the current *bucket* ``T``: the shortest of
+:func:`context_buckets` that holds the positions of every lane. Growing to the next bucket binds
+the programs of that bucket and moves each filled row into their surfaces (``attach``). Memory:
+``2 * layers * lanes * width * T`` fp16 values, within ``BUCKET_GROWTH`` x of the positions held by
+the longest sequence.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from orion.limits import FP16_MAX, MIN_SURFACE_BYTES
+from orion.limits import FP16_MAX
 from orion.passes.io_padding import padded_shape
-from orion.runtime.dtypes import numpy_dtype
-from orion.runtime.packing import packed_view
-from orion.runtime.surface import Surface
 
 MASKED = -FP16_MAX  # additive mask of an empty cache position (fp16's lowest finite value)
 FIRST_BUCKET = 64  # positions of the shortest cache (when its surfaces keep the lane layout)
@@ -34,7 +37,7 @@ def context_buckets(width: int, context: int, io_dtype: str) -> tuple[int, ...]:
     Each is a power of two (a softmax over the cache needs one, ANE-08) from :data:`FIRST_BUCKET` up
     by :data:`BUCKET_GROWTH`; a length whose ``[1, width, 1, T]`` surface
     would be flattened by the I/O padding (too few bytes or lanes) is skipped, so every bucket keeps
-    the positions on the lane axis (the emulator's live-lanes hint, ``KVCache.lane_hints``)."""
+    the positions on the lane axis (the emulator's live-lanes hint)."""
     buckets, t = [], FIRST_BUCKET
     while t < context:
         if padded_shape((1, width, 1, t), io_dtype, "the KV cache") == (1, width, 1, t):
@@ -44,85 +47,85 @@ def context_buckets(width: int, context: int, io_dtype: str) -> tuple[int, ...]:
 
 
 class KVCache:
-    """Keys and values per layer, named ``k<i>``/``v<i>``, and the mask (0 where filled, :data:`MASKED`
-    elsewhere), for up to ``context`` positions in ``buckets`` (default: one, the context).
+    """Keys and values per layer (``k<i>``/``v<i>``) and the masks (0 where filled, :data:`MASKED`
+    elsewhere) of ``lanes`` sequences of up to ``context`` positions each, in ``buckets`` (default:
+    one, the context). ``kv_heads`` may be fewer than the query heads (grouped-query attention): the
+    cache holds only the key/value heads.
 
-    ``kv_heads`` may be fewer than the query heads (grouped-query attention): the cache holds only
-    the key/value heads. ``shape`` is the full context's ``[1, width, 1, context]``; ``bucket`` the
-    current length ``T``; ``keys[i]``/``values[i]`` are ``[width, T]`` views and ``mask`` is ``[T]``.
-    All surfaces have one size, so the decode programs can bind them (ANE-13).
+    ``keys[i]``/``values[i]`` are ``[lanes, width, T]`` views and ``masks`` one ``[lanes, T]`` view per
+    layer program (each program reads its own copy of the mask); ``lengths[b]`` is lane ``b``'s filled
+    positions. Nothing is readable before ``attach`` gives the views.
     """
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, context: int, io_dtype: str,
-                 min_bytes: int = 0, buckets: Sequence[int] | None = None) -> None:
-        """``min_bytes``: the least surface size (a program reading these surfaces may have larger inputs)."""
-        self.shape = (1, kv_heads * head_dim, 1, context)
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, context: int,
+                 buckets: Sequence[int] | None = None, lanes: int = 1) -> None:
+        self.layers, self.width, self.context, self.lanes = layers, kv_heads * head_dim, context, lanes
         self.buckets = tuple(buckets or (context,))
         if list(self.buckets) != sorted(set(self.buckets)) or self.buckets[-1] != context:
             raise ValueError(f"KVCache buckets {self.buckets}: give increasing lengths ending at the context {context}")
-        cache_shape = padded_shape(self.shape, io_dtype, "the KV cache")
-        mask_shape = padded_shape((1, 1, 1, context), io_dtype, "the attention mask")
-        elem = numpy_dtype(io_dtype).itemsize
-        nbytes = max(MIN_SURFACE_BYTES, min_bytes, int(np.prod(cache_shape)) * elem, int(np.prod(mask_shape)) * elem)
-        self._full = {"mask": Surface(mask_shape, io_dtype, nbytes)}  # the surfaces; ``surfaces``: views at the bucket
-        for i in range(layers):
-            for kind in "kv":
-                self._full[f"{kind}{i}"] = Surface(cache_shape, io_dtype, nbytes)
-        self.layers, self.io_dtype = layers, io_dtype
-        # The live-lanes hint needs the cache's positions on the lane axis (true unless it was flattened).
-        self.lane_hints = cache_shape == self.shape
-        self.length = 0
-        self._use(self.buckets[0])
-        self.clear()
+        self.lengths = np.zeros(lanes, dtype=np.int64)
+        self.bucket = self.buckets[0]
+        self.keys: list[np.ndarray] = []
+        self.values: list[np.ndarray] = []
+        self.masks: list[np.ndarray] = []
 
     @property
-    def context(self) -> int:
-        """Positions the cache can hold."""
-        return self.shape[3]
+    def length(self) -> int:
+        """Positions filled by lane 0 (the only lane of a single-sequence model)."""
+        return int(self.lengths[0])
 
-    def clear(self) -> None:
-        """Forget every position."""
-        self.mask[:] = MASKED
-        self.length = 0
+    @length.setter
+    def length(self, n: int) -> None:
+        self.lengths[0] = n
 
-    def reserve(self, n: int) -> None:
-        """Make room for ``n`` positions: the shortest bucket holding them when the cache is empty (it
-        may shrink), else, when they do not fit, the next buckets, the filled positions kept."""
+    @property
+    def longest(self) -> int:
+        """The most positions any lane holds."""
+        return int(self.lengths.max())
+
+    def bucket_for(self, n: int) -> int:
+        """The bucket that holds ``n`` positions and every lane's filled ones (``n`` at most the context)."""
         if n > self.context:
-            raise ValueError(f"KVCache.reserve({n}): the context is {self.context} positions")
-        if self.length and n <= self.bucket:
-            return
-        bucket = next(t for t in self.buckets if t >= max(n, self.length))
-        if bucket != self.bucket:
-            self._use(bucket)
+            raise ValueError(f"KVCache: {n} positions; the context is {self.context}")
+        return next(t for t in self.buckets if t >= max(n, self.longest))
 
-    def copy_from(self, other: KVCache) -> None:
-        """Take ``other``'s filled positions (a cache of the same shape and buckets)."""
-        self.length = 0
-        if other.bucket != self.bucket:
-            self._use(other.bucket)
-        for mine, theirs in zip(self.keys + self.values, other.keys + other.values):
-            mine[:, : other.length] = theirs[:, : other.length]
-        self.mask[:] = other.mask
-        self.length = other.length
+    def attach(self, bucket: int, tensors: Mapping[str, np.ndarray], masks: Sequence[np.ndarray]) -> None:
+        """Take new storage of length ``bucket``: ``tensors`` by graph name (``k<i>``/``v<i>``, each
+        ``[1, lanes * width, 1, bucket]``) and ``masks`` (``[1, lanes, 1, bucket]``), views of the decode
+        programs' input surfaces. Every lane's filled positions move there."""
+        keys = [tensors[f"k{i}"].reshape(self.lanes, self.width, bucket) for i in range(self.layers)]
+        values = [tensors[f"v{i}"].reshape(self.lanes, self.width, bucket) for i in range(self.layers)]
+        masks = [m.reshape(self.lanes, bucket) for m in masks]
+        for new, old in zip(keys + values, self.keys + self.values):
+            for lane, n in enumerate(self.lengths):
+                new[lane, :, :n] = old[lane, :, :n]
+        self.keys, self.values, self.masks, self.bucket = keys, values, masks, bucket
+        for lane, n in enumerate(self.lengths):
+            self._mask(lane, int(n))
 
-    def _use(self, bucket: int) -> None:
-        """Switch to length ``bucket``: each filled row moves to its place in the new layout (numpy copies
-        overlapping views as if through a temporary), and the mask covers the new length."""
-        width, n = self.shape[1], self.length
-        for i in range(self.layers):
-            for kind in "kv":
-                flat = self._full[f"{kind}{i}"].array.reshape(-1)
-                if n:
-                    flat[: width * bucket].reshape(width, bucket)[:, :n] = flat[: width * self.bucket].reshape(
-                        width, self.bucket)[:, :n]
-        self.bucket = bucket
-        rows = (1, width, 1, bucket)
-        cache_shape = padded_shape(rows, self.io_dtype, "the KV cache")
-        mask_shape = padded_shape((1, 1, 1, bucket), self.io_dtype, "the attention mask")
-        self.surfaces = {name: s.view_as(mask_shape if name == "mask" else cache_shape) for name, s in self._full.items()}
-        self.keys = [packed_view(self.surfaces[f"k{i}"].array, rows)[0, :, 0, :] for i in range(self.layers)]
-        self.values = [packed_view(self.surfaces[f"v{i}"].array, rows)[0, :, 0, :] for i in range(self.layers)]
-        self.mask = packed_view(self.surfaces["mask"].array, (1, 1, 1, bucket))[0, 0, 0, :]
-        self.mask[:] = MASKED
-        self.mask[:n] = 0.0
+    def clear(self, lane: int | None = None) -> None:
+        """Forget every position of ``lane`` (None: of every lane)."""
+        for b in range(self.lanes) if lane is None else (lane,):
+            self.lengths[b] = 0
+            self._mask(b, 0)
+
+    def filled(self, lane: int, n: int) -> None:
+        """Lane ``lane`` now holds positions ``0..n-1`` (their keys and values were written)."""
+        old = int(self.lengths[lane])
+        self.lengths[lane] = n
+        if n < old:
+            self._mask(lane, n)
+        for mask in self.masks:
+            mask[lane, old:n] = 0.0
+
+    def copy_lane(self, source: KVCache, source_lane: int, lane: int) -> None:
+        """Lane ``lane`` takes ``source``'s lane ``source_lane`` (a cache of the same shape and bucket)."""
+        n = int(source.lengths[source_lane])
+        for mine, theirs in zip(self.keys + self.values, source.keys + source.values):
+            mine[lane, :, :n] = theirs[source_lane, :, :n]
+        self.filled(lane, n)
+
+    def _mask(self, lane: int, n: int) -> None:
+        for mask in self.masks:
+            mask[lane, :n] = 0.0
+            mask[lane, n:] = MASKED

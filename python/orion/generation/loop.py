@@ -19,7 +19,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -27,7 +27,7 @@ import numpy as np
 from orion._core import kernels
 from orion.errors import OrionError
 from orion.generation.defaults import GenerationDefaults
-from orion.generation.kv_cache import KVCache, context_buckets
+from orion.generation.kv_cache import MASKED, KVCache, context_buckets
 from orion.generation.plan import (
     DecodePlan,
     PlanOptions,
@@ -38,12 +38,14 @@ from orion.generation.plan import (
     sram_fusion_depth,
     vocab_chunks,
 )
+from orion.generation.prefix_cache import PrefixCache
 from orion.generation.sampling import apply_repetition_penalty, check_sampling, next_token
+from orion.generation.speculative import Speculation, SpeculationStats, Speculator
 from orion.generation.streaming import IncrementalDetokenizer, StopStrings
 from orion.generation.tokenizer import Tokenizer, TokenizerNotFound
 from orion.graph import Graph
 from orion.lora.hot_swap import AdapterHost
-from orion.runtime.backend import backend
+from orion.runtime.backend import backend, compiles_left
 from orion.runtime.builder import ProgramBuilder
 from orion.runtime.stage import Stage
 
@@ -79,6 +81,7 @@ Stop = int | str | Sequence[int | str] | None
 # Called on every step with every id so far (prompt and new) and the logits; returns the logits to sample.
 LogitsProcessor = Callable[[list[int], np.ndarray], np.ndarray]
 DEFAULT_MAX_NEW_TOKENS = 64  # when neither the caller nor generation_config.json says
+COMPILE_RESERVE = 2  # sets of layer + LM-head programs ``prepare`` leaves in the compile budget (new prompt lengths)
 FINISH_REASONS = ("stop", "length")
 
 
@@ -87,6 +90,7 @@ class _Finish:
     reason: str | None = None
     stopped_by: int | str | None = None
     context_full: bool = False
+    speculation: SpeculationStats | None = None
 
 
 class Generation:
@@ -127,6 +131,11 @@ class Generation:
         """True when the context length, not ``max_new_tokens``, ended a ``"length"`` finish."""
         return self._finish.context_full
 
+    @property
+    def speculation(self) -> SpeculationStats | None:
+        """Checks, drafted and accepted tokens of a speculative generation (None without ``speculative``)."""
+        return self._finish.speculation
+
 
 @dataclass
 class _Sampling:
@@ -148,6 +157,61 @@ class _Sampling:
                                       f"array of shape {logits.shape}")
             logits = out
         return logits
+
+
+class _Sequence:
+    """One sequence's choices from each step's logits: the logits processors, the sampler, stop tokens and
+    strings, and the text so far. ``choose(logits, position)`` returns the next token and the text safe to
+    show, and sets ``finish`` (and ``done``) on the last one; the caller runs the model (one sequence, or a
+    lane of a batch)."""
+
+    def __init__(self, ids: list[int], max_new_tokens: int, params: _Sampling, rng: np.random.Generator,
+                 stop_ids: set[int], stops: StopStrings, detok: IncrementalDetokenizer | None,
+                 mask: Callable[[np.ndarray], np.ndarray], context: int) -> None:
+        self.ids, self.max_new_tokens, self.params, self.rng = ids, max_new_tokens, params, rng
+        self.stop_ids, self.stops, self.detok, self.mask, self.context = stop_ids, stops, detok, mask, context
+        self.history = list(ids)
+        self.produced = 0
+        self.finish = _Finish(reason="length" if max_new_tokens == 0 else None)
+
+    @property
+    def done(self) -> bool:
+        return self.finish.reason is not None
+
+    def choose(self, logits: np.ndarray, position: int) -> tuple[int, str]:
+        """The token after ``logits`` (of the token at ``position - 1``) and its text safe to show."""
+        finish, detok, stops = self.finish, self.detok, self.stops
+        if np.isnan(logits).any():
+            raise NonFiniteLogits(
+                f"generate: the logits of new token {self.produced} (position {position}) contain NaN, "
+                f"so no token can be chosen; the model overflowed fp16 or its weights are not finite: "
+                f"check the weights (or compare with lm_head='cpu')")
+        logits = self.params.process(self.history, self.mask(logits))
+        token = next_token(logits, self.params.temperature, self.params.top_k, self.params.top_p, self.rng,
+                           self.params.min_p)
+        self.history.append(token)
+        self.produced += 1
+        last = self.produced == self.max_new_tokens
+        context_end = position >= self.context
+        if token in self.stop_ids:
+            finish.reason, finish.stopped_by = "stop", token
+            return token, _flush(detok, stops)
+        piece = detok.push(token) if detok else ""
+        if detok and (last or context_end):
+            piece += detok.flush()
+        found = stops.feed(piece)
+        if found.stopped:
+            finish.reason, finish.stopped_by = "stop", found.stop
+            return token, found.text
+        piece = found.text + (stops.finish() if last or context_end else "")
+        if last or context_end:
+            finish.reason, finish.context_full = "length", context_end and not last
+            if finish.context_full:
+                warnings.warn(f"generation stopped after {self.produced} of {self.max_new_tokens} new tokens: the "
+                              f"sequence reached the context length {self.context} (finish_reason "
+                              f"'length'); use a shorter prompt or fewer new tokens", ContextLengthWarning,
+                              stacklevel=4)
+        return token, piece
 
 
 def _processors(given: Any) -> list[LogitsProcessor]:
@@ -242,6 +306,8 @@ class CausalLM(AdapterHost):
     quant: str = "fp16"  # how the linear weights are stored: "fp16", or "int8" (W8A16, orion.quant)
     # Defaults of generate's sampling arguments: orion.models.load reads them from generation_config.json.
     generation_defaults: GenerationDefaults = GenerationDefaults()
+    # Computed prompt prefixes whose KV positions a prefill reuses (None: off); forks share it.
+    prefix_cache: PrefixCache | None = None
 
     # -- hooks ----------------------------------------------------------------------------------------
     def program_identity(self) -> dict[str, Any]:
@@ -256,11 +322,12 @@ class CausalLM(AdapterHost):
         raise NotImplementedError
 
     def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None,
-                      past: bool = False) -> Graph:
+                      past: bool = False, context: int | None = None) -> Graph:
         """Layers ``layers`` over ``seq`` tokens with causal attention: input ``x`` [1, hidden, 1, seq];
         outputs ``x`` and each layer's ``k<i>``/``v<i>`` [1, kv_heads * head_dim, 1, seq]. ``past``: a
         chunk of a longer prompt that also attends to the KV cache filled so far (inputs ``mask`` and
-        ``k<i>``/``v<i>`` as in ``decode_graph``, and any ``position_inputs`` over the chunk's lanes)."""
+        ``k<i>``/``v<i>`` as in ``decode_graph`` with ``T = context``, default the model's context, and any
+        ``position_inputs`` over the chunk's lanes)."""
         raise NotImplementedError
 
     def lm_head_graph(self, vocab: range, seq: int) -> Graph:
@@ -327,39 +394,112 @@ class CausalLM(AdapterHost):
         self._kv_buckets = context_buckets(d.kv_heads * d.head_dim, d.context, self.options.io_dtype) \
             if sized else (d.context,)
         self._compile_lock = threading.Lock()  # shared by forks: one compiles a new bucket (prefill, KV cache) at a time
-        self.decode_plan: DecodePlan = build_decode_plan(
-            self.builder, self.options, d.n_layer, sram_fusion_depth(d.n_layer, self.layer_weight_bytes()),
-            self._head_ranges, lambda r, t: self.decode_graph(r, context=t) if sized else self.decode_graph(r),
-            self.lm_head_graph, self.program_costs,
-            self._kv_buckets[0], self._compile_lock)
+        self.decode_plan: DecodePlan = self._build_decode_plan(self.builder, self.options)
         self.builder.end()
         self.compile_seconds = time.perf_counter() - start
         self._prefill_plans: dict[tuple[int, bool, bool], PrefillPlan] = {}  # shared by forks
         self._bind_cache()
 
-    def _bind_cache(self) -> None:
-        """A new KV cache and the surfaces of this object alone (a fork calls it too)."""
+    def _build_decode_plan(self, builder: ProgramBuilder, options: PlanOptions) -> DecodePlan:
+        """Compiles the decode programs of ``options`` (their lanes) for the shortest KV bucket."""
         d = self.dims
-        self.cache = KVCache(d.n_layer, d.kv_heads, d.head_dim, d.context, self.options.io_dtype,
-                             max(self._adapter_surface_bytes(), self.decode_plan.residual_bytes), self._kv_buckets)
-        self._bind_decode()
-        self._prefill_stages: dict[tuple[int, bool, bool], tuple[list[Stage], list[Stage]]] = {}
+        return build_decode_plan(builder, options, d.n_layer, sram_fusion_depth(d.n_layer, self.layer_weight_bytes()),
+                                 self._head_ranges, lambda r, t: self._decode_graph(r, t, None, options.lanes),
+                                 self.lm_head_graph, self.program_costs, self._kv_buckets[0], self._compile_lock)
+
+    def _decode_graph(self, layers: range, context: int, adapters: Mapping[str, int] | None, lanes: int) -> Graph:
+        """The ``decode_graph`` hook with the arguments it takes: ``context`` (else full-context caches) and
+        ``lanes`` (else one sequence per step)."""
+        takes = inspect.signature(self.decode_graph).parameters
+        extra: dict[str, Any] = {"context": context} if "context" in takes else {}
+        if lanes > 1:
+            if "lanes" not in takes:
+                raise GenerationError(f"{self.display_name}'s decode_graph takes no 'lanes': it decodes one "
+                                      f"sequence per step (use lanes=1)")
+            extra["lanes"] = lanes
+        return self.decode_graph(layers, adapters, **extra) if adapters else self.decode_graph(layers, **extra)
+
+    def prepare(self, positions: int) -> list[int]:
+        """Compile now the decode programs of every KV bucket a sequence of up to ``positions`` positions
+        reaches, so that none is compiled in the middle of a generation (``generate`` calls it with the
+        prompt's length plus ``max_new_tokens``). Within the compile budget (ANE-11): a bucket is compiled
+        ahead only while :data:`COMPILE_RESERVE` sets of programs (prompts of new lengths) stay in the budget;
+        the others are compiled when first used. Returns the buckets compiled now."""
+        plan = self.decode_plan
+        reach = next(t for t in self._kv_buckets if t >= min(max(positions, 1), self.dims.context))
+        per_bucket = len(plan.layer_ranges)
+        reserve = COMPILE_RESERVE * (per_bucket + len(plan.head_programs))
+        done = []
+        for bucket in (t for t in self._kv_buckets if t <= reach and t not in plan.layers_by_context):
+            if compiles_left() < per_bucket + reserve:
+                break
+            plan.layers_at(bucket)
+            done.append(bucket)
+        return done
+
+    def with_lanes(self, lanes: int) -> CausalLM:
+        """A copy of this model whose decode programs advance ``lanes`` sequences per step, one lane each
+        (``orion.generation.batch.Batch`` schedules them), sharing the weights, the prefill programs and the
+        loaded adapters. Compiles its decode programs now: one set for any number of sequences up to ``lanes``."""
+        if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
+            raise GenerationError(f"lanes={lanes!r}: use a positive number of sequences")
+        with self._exclusive("with_lanes"):
+            registry = self.__dict__.get("_lora")
+            base = registry.variants[None] if registry else None
+            twin = copy.copy(self)
+            for name in ("_lora", "_lora_bound"):
+                twin.__dict__.pop(name, None)
+            twin.lora_sites, twin.active_adapter, twin._adapter_inputs = None, None, {}
+            if base is not None:
+                twin.builder, twin._prefill_plans = base.builder, base.prefill_plans
+            twin.options = replace(self.options, lanes=lanes)
+            twin.builder.begin(f"{self.display_name} decode over {lanes} lanes", len(self.decode_plan.layer_ranges))
+            twin.decode_plan = twin._build_decode_plan(twin.builder, twin.options)
+            twin.builder.end()
+            twin._bind_cache()
+        for name, loaded in (registry.adapters.items() if registry else ()):
+            twin.add_adapter(loaded.adapter, name)
+        return twin
+
+    def _bind_cache(self, bucket: int | None = None) -> None:
+        """A new, empty KV cache in new decode stages of length ``bucket`` (default the shortest), the
+        surfaces of this object alone (a fork calls it too)."""
+        d = self.dims
+        self.cache = KVCache(d.n_layer, d.kv_heads, d.head_dim, d.context, self._kv_buckets, self.options.lanes)
+        self._bind_decode(bucket or self.cache.bucket)
+        self._prefill_stages: dict[tuple[int, bool, int], tuple[list[Stage], list[Stage]]] = {}
         self._forget_bound_variants()
         self._busy = threading.Lock()
 
-    def _bind_decode(self) -> None:
-        """The decode stages for the cache's current length (its layer programs compiled on first use)."""
-        self._layers, self._heads = self.decode_plan.bind(self.cache.surfaces, self.cache.bucket)
-        self._bound_bucket = self.cache.bucket
+    def _bind_decode(self, bucket: int) -> None:
+        """New decode stages for a KV cache of ``bucket`` positions (its layer programs compiled on first
+        use), the cache moved into their inputs."""
+        self._layers, self._heads = self.decode_plan.bind(bucket)
+        self._bound_bucket = bucket
         self._write_adapter_inputs([self._layers])
+        self._attach_cache()
+
+    def _attach_cache(self) -> None:
+        """The KV cache into the inputs of the bound decode stages (``KVCache.attach``)."""
+        tensors = {name: stage.input(name) for stage, layers in zip(self._layers, self.decode_plan.layer_ranges)
+                   for i in layers for name in (f"k{i}", f"v{i}")}
+        self.cache.attach(self._bound_bucket, tensors, [stage.input("mask") for stage in self._layers])
+
+    def _reserve(self, n: int) -> None:
+        """Room for ``n`` positions: the shortest bucket holding them and the filled ones (an empty cache
+        may shrink), its decode stages bound."""
+        bucket = self.cache.bucket_for(n)
+        if bucket != self._bound_bucket:
+            self._bind_decode(bucket)
 
     def fork(self) -> CausalLM:
         """A model sharing this one's compiled programs with its own copy of the KV cache (and its
         own surfaces, so the two may run in different threads)."""
         with self._exclusive("fork"):
             twin = copy.copy(self)
-            twin._bind_cache()
-            twin.cache.copy_from(self.cache)
+            twin._bind_cache(self._bound_bucket)
+            for lane in range(self.options.lanes):
+                twin.cache.copy_lane(self.cache, lane, lane)
             return twin
 
     def reset(self) -> None:
@@ -378,60 +518,99 @@ class CausalLM(AdapterHost):
         layer, and return the last position's logits ``[vocab]``."""
         ids = self._check_ids(ids)
         with self._exclusive("prefill"):
-            return self._head_logits(self._run_prefill(ids)[:, -1])
+            return self._prefill_logits(0, self._run_prefill(ids)[:, -1])
 
     def decode_step(self, token: int) -> np.ndarray:
         """Append one token at the next position and return its logits ``[vocab]``."""
         with self._exclusive("decode_step"):
-            cache = self.cache
-            pos = cache.length
+            return self._decode_lanes({0: token})[0]
+
+    def _decode_lanes(self, tokens: Mapping[int, int]) -> dict[int, np.ndarray]:
+        """One decode step: token ``tokens[b]`` appended at lane ``b``'s next position, for every lane given
+        at once (one dispatch per program); returns each lane's logits ``[vocab]``. The other lanes are
+        dead: the emulator computes the live lanes only (up to the highest given)."""
+        cache = self.cache
+        lanes = sorted(tokens)
+        positions = [int(cache.lengths[b]) for b in lanes]
+        for pos in positions:
             if pos == 0:
                 raise OrionError("decode_step needs a prefilled cache: call prefill(ids) first")
             if pos >= cache.context:
                 raise ContextFull(f"the KV cache holds {pos} tokens, the context length is {cache.context}: "
                                   f"reset() or start a new prompt")
-            self._check_ids([_token_id(token, "decode_step's token")])
-            if pos >= cache.bucket or self._bound_bucket != cache.bucket:  # the cache grows by buckets (kv_cache)
-                cache.reserve(pos + 1)
-                self._bind_decode()
-            self._layers[0].input("x")[0, :, 0, 0] = self.embed([token], pos)[0]
+        self._check_ids([_token_id(tokens[b], "decode_step's token") for b in lanes])
+        longest = max(positions)
+        self._reserve(longest + 1)  # the cache grows by buckets (kv_cache)
+        x, per_lane = self._layers[0].input("x"), {"x"}
+        for lane, pos in zip(lanes, positions):
+            x[0, :, 0, lane] = self.embed([tokens[lane]], pos)[0]
             extra = self.position_inputs(range(pos, pos + 1)) | self.mask_inputs(range(pos, pos + 1), cache.bucket)
-            if extra:
-                _write_lanes(self._layers, extra)
-            for stage, layers in zip(self._layers, self.decode_plan.layer_ranges):
-                # Positions >= pos of the caches and the mask are dead lanes: the emulator skips them.
-                live = {name: pos for i in layers for name in (f"k{i}", f"v{i}")} if cache.lane_hints else {}
-                stage.run(live | {"mask": pos} if live else None)
-                _check_finite(stage, layers, 1, f"token at position {pos}")
-                for i in layers:
-                    cache.keys[i][:, pos] = stage.output(f"k{i}")[0, :, 0, 0]
-                    cache.values[i][:, pos] = stage.output(f"v{i}")[0, :, 0, 0]
-            cache.mask[pos] = 0.0
-            cache.length = pos + 1
-            return self._head_logits(None)
+            _write_lanes(self._layers, extra, lane)
+            per_lane |= set(extra)
+        for stage, layers in zip(self._layers, self.decode_plan.layer_ranges):
+            # Positions >= the longest of the caches and the mask are dead lanes: the emulator skips them.
+            hints = {name: longest for i in layers for name in (f"k{i}", f"v{i}")} | {"mask": longest}
+            stage.run(hints | {name: lanes[-1] + 1 for name in per_lane if name in stage.mil_name})
+            _check_finite(stage, layers, lanes, "tokens at positions " + ", ".join(map(str, positions)))
+            for i in layers:  # [lanes given, width] at each lane's position
+                cache.keys[i][lanes, :, positions] = stage.output(f"k{i}")[0, :, 0, :][:, lanes].T
+                cache.values[i][lanes, :, positions] = stage.output(f"v{i}")[0, :, 0, :][:, lanes].T
+        for lane, pos in zip(lanes, positions):
+            cache.filled(lane, pos + 1)
+        return self._head_logits(lanes)
 
     def logits(self, ids: Prompt) -> np.ndarray:
         """Logits ``[len(ids), vocab]`` of every position (fills the cache like ``prefill``)."""
         ids = self._check_ids(ids)
         with self._exclusive("logits"):
             rows: list[np.ndarray] = []
-
-            def chunk_logits(heads: list[Stage], x: np.ndarray) -> None:
-                if self.options.lm_head == "cpu":
-                    rows.append(np.stack([self.cpu_logits(x[:, i]) for i in range(x.shape[1])]))
-                    return
-                for head in heads:
-                    head.run()
-                rows.append(np.concatenate([h.output("logits")[0, :, 0, :x.shape[1]] for h in heads]).T)
-
-            self._run_prefill(ids, chunk_logits)
+            self._run_prefill(ids, self._logit_rows(rows))
             return _float32(np.concatenate(rows))
+
+    def extend(self, ids: Prompt) -> np.ndarray:
+        """Append ``ids`` after the cached positions in one run of the chunk programs (a chunk attending to
+        the KV cache, ``PlanOptions.extend_pieces``) and return the logits ``[len(ids), vocab]`` of each new
+        position: how speculative decoding checks its drafts in one dispatch per program."""
+        ids = self._check_ids(ids)
+        with self._exclusive("extend"):
+            cache = self.cache
+            if cache.length == 0:
+                raise OrionError("extend needs a prefilled cache: call prefill(ids) first")
+            if cache.length + len(ids) > cache.context:
+                raise ContextFull(f"extend: {cache.length} cached and {len(ids)} new tokens exceed the context "
+                                  f"length {cache.context}: reset() or append fewer tokens")
+            rows: list[np.ndarray] = []
+            for _ in self._append_pieces(ids, cache.length, 0, self._logit_rows(rows)):
+                pass  # one piece (at most prefill_chunk tokens) after another
+            return _float32(np.concatenate(rows))
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` cached positions and forget the rest (e.g. rejected speculative drafts):
+        no program reads them again, and the next tokens overwrite them."""
+        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or not 0 <= length <= self.cache.length:
+            raise GenerationError(f"truncate({length}): the KV cache holds {self.cache.length} positions; give a "
+                                  f"length in [0, {self.cache.length}]")
+        with self._exclusive("truncate"):
+            self.cache.filled(0, int(length))
+
+    def _logit_rows(self, rows: list[np.ndarray]) -> Callable[[list[Stage], np.ndarray], None]:
+        """An ``on_chunk`` that appends each piece's logits ``[tokens, vocab]`` to ``rows``."""
+
+        def chunk_logits(heads: list[Stage], x: np.ndarray) -> None:
+            if self.options.lm_head == "cpu":
+                rows.append(np.stack([self.cpu_logits(x[:, i]) for i in range(x.shape[1])]))
+                return
+            for head in heads:
+                head.run({"x": x.shape[1]})  # the lanes past the piece's tokens are padding
+            rows.append(np.concatenate([h.output("logits")[0, :, 0, :x.shape[1]] for h in heads]).T)
+
+        return chunk_logits
 
     def generate(self, ids: Prompt, max_new_tokens: int | None = None, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  stop: Stop = None, *, min_p: float | None = None, repetition_penalty: float | None = None,
                  logits_processor: LogitsProcessor | Sequence[LogitsProcessor] | None = None,
-                 ignore_eos: bool = False) -> Generation:
+                 ignore_eos: bool = False, speculative: Speculation | str | None = None) -> Generation:
         """Iterate over up to ``max_new_tokens`` new token ids after the prompt ``ids`` (token ids, or
         text or a chat when the model has a tokenizer; an empty prompt starts from the BOS token).
 
@@ -443,23 +622,29 @@ class CausalLM(AdapterHost):
         ``stop``: token ids and/or strings; the run ends after the token that hits one (stop strings
         are matched on the decoded text). The model's end-of-sequence ids stop it too, as in transformers
         (the EOS id is the last one yielded), unless ``ignore_eos``. The returned :class:`Generation`
-        tells why it ended."""
+        tells why it ended.
+
+        ``speculative``: ``"prompt-lookup"`` or a :class:`Speculation` drafts tokens from n-grams of the
+        text so far and checks them in one run of the chunk programs (``orion.generation.speculative``):
+        the same tokens, fewer dispatches when the text repeats its prompt."""
         finish, steps = self._start(ids, max_new_tokens, temperature, top_k, top_p, seed, stop, min_p,
-                                    repetition_penalty, logits_processor, eos=not ignore_eos)
+                                    repetition_penalty, logits_processor, eos=not ignore_eos,
+                                    speculative=speculative)
         return Generation(finish, steps, lambda token, text: token)
 
     def generate_text(self, prompt: Prompt, max_new_tokens: int | None = None, temperature: float | None = None,
                       top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                       stop: Stop = None, *, min_p: float | None = None, repetition_penalty: float | None = None,
                       logits_processor: LogitsProcessor | Sequence[LogitsProcessor] | None = None,
-                      ignore_eos: bool = False) -> Generation:
+                      ignore_eos: bool = False, speculative: Speculation | str | None = None) -> Generation:
         """Like ``generate`` on text: iterate over text pieces that joined equal the decoded new
         tokens (multi-byte characters are never split). Stops at the model's end-of-sequence tokens
         (unless ``ignore_eos``) and at ``stop`` (strings and/or token ids); neither the stop token's text
-        nor any part of a stop string is in the output."""
+        nor any part of a stop string is in the output. ``speculative`` as for ``generate``."""
         self.tokenizer  # noqa: B018 -- raises TokenizerNotFound before any work
         finish, steps = self._start(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, min_p,
-                                    repetition_penalty, logits_processor, eos=not ignore_eos, text=True)
+                                    repetition_penalty, logits_processor, eos=not ignore_eos, text=True,
+                                    speculative=speculative)
         return Generation(finish, steps, lambda token, text: text)
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:
@@ -483,8 +668,21 @@ class CausalLM(AdapterHost):
     def _start(self, prompt: Prompt, max_new_tokens: int | None, temperature: float | None, top_k: int | None,
                top_p: float | None, seed: int | None, stop: Stop, min_p: float | None,
                repetition_penalty: float | None, logits_processor: Any, *, eos: bool,
-               text: bool = False) -> tuple[_Finish, Iterator[tuple[int, str]]]:
+               text: bool = False, speculative: Speculation | str | None = None,
+               ) -> tuple[_Finish, Iterator[tuple[int, str]]]:
         """Checks every argument now (not on the first ``next``) and returns the step generator."""
+        settings = Speculation.of(speculative)
+        sequence = self._sequence(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, min_p,
+                                  repetition_penalty, logits_processor, eos=eos, text=text)
+        speculator = None if settings is None else Speculator(self, settings, sequence.ids)
+        sequence.finish.speculation = None if speculator is None else speculator.stats
+        return sequence.finish, self._steps(sequence, speculator)
+
+    def _sequence(self, prompt: Prompt, max_new_tokens: int | None, temperature: float | None, top_k: int | None,
+                  top_p: float | None, seed: int | None, stop: Stop, min_p: float | None,
+                  repetition_penalty: float | None, logits_processor: Any, *, eos: bool,
+                  text: bool = False) -> _Sequence:
+        """A new sequence's choices, every argument checked (``generate``'s, with the model's defaults)."""
         d = self.generation_defaults
         params = _Sampling(
             temperature=d.temperature if temperature is None else temperature,
@@ -504,55 +702,29 @@ class CausalLM(AdapterHost):
             self.tokenizer  # noqa: B018 -- raises TokenizerNotFound: stop strings need text
         ids = self.prompt_ids(prompt)
         self._check_context(ids)
-        finish = _Finish()
-        return finish, self._steps(finish, ids, int(max_new_tokens), params, np.random.default_rng(seed), stop_ids,
-                                   stop_strings, text or bool(stop_strings))
+        decode = text or bool(stop_strings)
+        return _Sequence(ids, int(max_new_tokens), params, np.random.default_rng(seed), stop_ids,
+                         StopStrings(stop_strings), IncrementalDetokenizer(self.tokenizer.decode, ids) if decode else None,
+                         self._mask_ids_without_text, self.dims.context)
 
-    def _steps(self, finish: _Finish, ids: list[int], max_new_tokens: int, params: _Sampling,
-               rng: np.random.Generator, stop_ids: set[int], stop_strings: list[str],
-               decode: bool) -> Iterator[tuple[int, str]]:
-        """Yields ``(token, text safe to show)``; fills in ``finish`` on the last step."""
-        detok = IncrementalDetokenizer(self.tokenizer.decode, ids) if decode else None
-        stops = StopStrings(stop_strings)
-        history = list(ids)
-        if max_new_tokens == 0:
-            finish.reason = "length"
-        logits = self.prefill(ids)
-        for produced in range(max_new_tokens):
-            if np.isnan(logits).any():
-                raise NonFiniteLogits(
-                    f"generate: the logits of new token {produced} (position {self.cache.length}) contain NaN, "
-                    f"so no token can be chosen; the model overflowed fp16 or its weights are not finite: "
-                    f"check the weights (or compare with lm_head='cpu')")
-            logits = params.process(history, self._mask_ids_without_text(logits))
-            token = next_token(logits, params.temperature, params.top_k, params.top_p, rng, params.min_p)
-            history.append(token)
-            last = produced + 1 == max_new_tokens
-            context_end = self.cache.length >= self.cache.context
-            if token in stop_ids:
-                finish.reason, finish.stopped_by = "stop", token
-                yield token, _flush(detok, stops)
-                return
-            piece = detok.push(token) if detok else ""
-            if detok and (last or context_end):
-                piece += detok.flush()
-            found = stops.feed(piece)
-            if found.stopped:
-                finish.reason, finish.stopped_by = "stop", found.stop
-                yield token, found.text
-                return
-            piece = found.text + (stops.finish() if last or context_end else "")
-            if last or context_end:
-                finish.reason, finish.context_full = "length", context_end and not last
-                if finish.context_full:
-                    warnings.warn(f"generation stopped after {produced + 1} of {max_new_tokens} new tokens: the "
-                                  f"sequence reached the context length {self.cache.context} (finish_reason "
-                                  f"'length'); use a shorter prompt or fewer new tokens", ContextLengthWarning,
-                                  stacklevel=3)
-            yield token, piece
-            if finish.reason:
-                return
-            logits = self.decode_step(token)
+    def _steps(self, sequence: _Sequence, speculator: Speculator | None = None) -> Iterator[tuple[int, str]]:
+        """Yields ``(token, text safe to show)`` of one sequence in lane 0; fills in its ``finish`` on the last step.
+        With a ``speculator``, the logits after each token come from it (checked drafts) instead of
+        ``decode_step``; the positions of drafts never chosen leave the cache at the end."""
+        self.prepare(len(sequence.ids) + sequence.max_new_tokens)
+        logits = self.prefill(sequence.ids)
+        try:
+            while not sequence.done:
+                fed = self.cache.length - (len(speculator.pending) if speculator else 0)  # drafts not counted
+                token, piece = sequence.choose(logits, fed)
+                yield token, piece
+                if sequence.done:
+                    return
+                wanted = sequence.max_new_tokens - sequence.produced - 1  # tokens after the next one
+                logits = speculator.next_logits(token, wanted) if speculator else self.decode_step(token)
+        finally:
+            if speculator is not None:
+                speculator.close()
 
     def _mask_ids_without_text(self, logits: np.ndarray) -> np.ndarray:
         """``logits`` with the ids beyond the tokenizer at -inf: a model's embedding may have more rows than
@@ -583,15 +755,15 @@ class CausalLM(AdapterHost):
             raise GenerationError(f"token ids {bad[:5]} are outside the vocabulary [0, {d.vocab_size})")
         return ids
 
-    def _prefill_bucket(self, seq: int, with_head: bool, past: bool) -> tuple[list[Stage], list[Stage]]:
-        """The prefill stages of bucket ``seq`` (``past``: the chunk programs, bound to this object's KV
-        cache): programs compiled once per bucket, surfaces per fork."""
+    def _prefill_bucket(self, seq: int, with_head: bool, past: int) -> tuple[list[Stage], list[Stage]]:
+        """The prefill stages of bucket ``seq`` (``past``: the chunk programs over this object's KV cache at
+        its bucket of ``past`` positions): programs compiled once per bucket, surfaces per fork."""
         key = (seq, with_head, past)
         if key not in self._prefill_stages:
             with self._compile_lock:
                 if key not in self._prefill_plans:
                     plan = self.decode_plan
-                    what = f"prompt chunks of {seq} tokens" if past else f"prompts up to {seq} tokens"
+                    what = f"chunks of {seq} tokens over {past} cached" if past else f"prompts up to {seq} tokens"
                     self.builder.begin(f"{self.display_name} {what}", len(plan.layer_ranges)
                                        + (len(self._head_ranges) if with_head else 0))
                     self._prefill_plans[key] = build_prefill_plan(
@@ -599,60 +771,92 @@ class CausalLM(AdapterHost):
                         self._head_ranges if with_head else [], self._variant_prefill_graph, self.lm_head_graph,
                         past)
                     self.builder.end()
-            self._prefill_stages[key] = self._prefill_plans[key].bind(self.options.io_dtype,
-                                                                      self.cache.surfaces if past else None)
+            self._prefill_stages[key] = self._prefill_plans[key].bind(self.options.io_dtype)
             self._write_adapter_inputs(self._prefill_stages[key][:1])
         return self._prefill_stages[key]
 
     def _run_prefill(self, ids: list[int],
                      on_chunk: Callable[[list[Stage], np.ndarray], None] | None = None) -> np.ndarray:
+        """Runs the layers over the prompt into lane 0 of the (reset) cache (``_prefill_pieces``). Returns
+        the last piece's x ``[hidden, tokens]``."""
+        pieces = self._prefill_pieces(ids, 0, on_chunk)
+        while True:
+            try:
+                next(pieces)
+            except StopIteration as done:
+                return done.value
+
+    def _prefill_pieces(self, ids: list[int], lane: int,
+                        on_chunk: Callable[[list[Stage], np.ndarray], None] | None = None,
+                        ) -> Iterator[None]:
         """Runs the layers over the prompt, in chunks when it is longer than the largest bucket
-        (``PlanOptions.prefill_pieces``), and stores its keys/values in the (reset) cache. After each
-        piece, ``on_chunk(LM-head stages, x [hidden, tokens])`` (given: the plans include the LM head when
-        it runs on the ANE). Returns the last piece's x ``[hidden, tokens]``."""
+        (``PlanOptions.prefill_pieces``), and stores its keys/values in lane ``lane`` of the cache (emptied
+        first), yielding after each piece (so other lanes may decode in between); with a ``prefix_cache``,
+        the longest prefix it holds is copied in instead of computed (not for ``on_chunk``, which wants
+        every position). After each piece, ``on_chunk(LM-head stages, x [hidden, tokens])`` (given: the
+        plans include the LM head when it runs on the ANE). Returns the last piece's x ``[hidden, tokens]``."""
+        self.cache.clear(lane)
+        reused = self.prefix_cache.restore(self, ids, lane) if self.prefix_cache is not None and on_chunk is None else 0
+        x = yield from self._append_pieces(ids[reused:], reused, lane, on_chunk)
+        if self.prefix_cache is not None:
+            self.prefix_cache.store(self, ids, lane)
+        return x
+
+    def _append_pieces(self, ids: list[int], first: int, lane: int,
+                       on_chunk: Callable[[list[Stage], np.ndarray], None] | None) -> Iterator[None]:
+        """Runs the layers over ``ids`` at positions ``first...`` of lane ``lane``, after its ``first`` cached
+        ones (a prompt into an empty lane, or tokens appended through the chunk programs), stores their
+        keys/values and yields between pieces; returns the last piece's x ``[hidden, tokens]``."""
         cache = self.cache
-        cache.clear()
-        pieces = self.options.prefill_pieces(len(ids))
-        # Chunk programs read the cache at the full context's layout: a chunked prompt takes that bucket.
-        cache.reserve(self.dims.context if len(pieces) > 1 else len(ids))
+        pieces = self.options.prefill_pieces(len(ids)) if first == 0 else self.options.extend_pieces(first, len(ids))
+        self._reserve(first + len(ids))  # chunk programs read the cache at the bucket holding every position
+        x = np.zeros((self.dims.hidden, 0), np.float32)
         for start, n, seq in pieces:
             past = start > 0
             with_head = on_chunk is not None and self.options.lm_head == "ane"
-            stages, heads = self._prefill_bucket(seq, with_head, past)
+            stages, heads = self._prefill_bucket(seq, with_head, cache.bucket if past else 0)
             x = stages[0].input("x")
             x[...] = 0.0
-            x[0, :, 0, :n] = self.embed(ids[start:start + n], start).T
+            x[0, :, 0, :n] = self.embed(ids[start - first:start - first + n], start).T
             extra = self.position_inputs(range(start, start + n))
             if past:
                 extra |= self.mask_inputs(range(start, start + n), cache.bucket)
             if extra:
                 _write_lanes(stages, extra)
             for stage, layers in zip(stages, self.decode_plan.layer_ranges):
-                # Cache positions >= start are dead lanes: the emulator skips them.
-                live = {name: start for i in layers for name in (f"k{i}", f"v{i}", "mask")} \
-                    if past and cache.lane_hints else None
+                live = None
+                if past:  # the chunk reads the positions filled so far; the later ones are dead lanes
+                    _write_past(stage, layers, cache, lane, start)
+                    live = {name: start for i in layers for name in (f"k{i}", f"v{i}")} | {"mask": start}
+                    live["x"] = n  # and the chunk's own lanes past its tokens (causal: they change no live lane)
                 stage.run(live)
                 _check_finite(stage, layers, n, f"prompt positions {start}-{start + n - 1}")
                 for i in layers:
-                    cache.keys[i][:, start:start + n] = stage.output(f"k{i}")[0, :, 0, :n]
-                    cache.values[i][:, start:start + n] = stage.output(f"v{i}")[0, :, 0, :n]
-            cache.mask[start:start + n] = 0.0
-            cache.length = start + n
+                    cache.keys[i][lane, :, start:start + n] = stage.output(f"k{i}")[0, :, 0, :n]
+                    cache.values[i][lane, :, start:start + n] = stage.output(f"v{i}")[0, :, 0, :n]
+            cache.filled(lane, start + n)
             x = stages[-1].output("x")[0, :, 0, :n]
             if on_chunk is not None:
                 on_chunk(heads, x)
+            if start + n < first + len(ids):
+                yield
         kernels.release_idle_buffers()  # the prompt's activations: decode's own are far smaller
         return x
 
-    def _head_logits(self, x: np.ndarray | None) -> np.ndarray:
-        """Logits of one position: ``x`` [hidden] (None: the decode chain's last output)."""
+    def _prefill_logits(self, lane: int, x: np.ndarray) -> np.ndarray:
+        """Logits of a prompt's last position ``x`` [hidden], through lane ``lane`` of the decode LM head."""
         if self.options.lm_head == "cpu":
-            return self.cpu_logits(self._layers[-1].output("x")[0, :, 0, 0] if x is None else x)
-        if x is not None:
-            self._heads[0].input("x")[0, :, 0, 0] = x
+            return self.cpu_logits(x)
+        self._heads[0].input("x")[0, :, 0, lane] = x
+        return self._head_logits([lane])[lane]
+
+    def _head_logits(self, lanes: list[int]) -> dict[int, np.ndarray]:
+        """Logits of the decode chain's last output ``x`` at each of ``lanes`` (ascending)."""
+        if self.options.lm_head == "cpu":
+            return {b: self.cpu_logits(self._layers[-1].output("x")[0, :, 0, b]) for b in lanes}
         for head in self._heads:
-            head.run()
-        return _float32(np.concatenate([h.output("logits")[0, :, 0, 0] for h in self._heads]))
+            head.run({"x": lanes[-1] + 1})
+        return {b: _float32(np.concatenate([h.output("logits")[0, :, 0, b] for h in self._heads])) for b in lanes}
 
 
 def _float32(logits: np.ndarray) -> np.ndarray:
@@ -661,10 +865,10 @@ def _float32(logits: np.ndarray) -> np.ndarray:
     return kernels.half_to_float(logits) if logits.dtype == np.float16 else logits.astype(np.float32)
 
 
-def _check_finite(stage: Stage, layers: range, lanes: int, where: str) -> None:
+def _check_finite(stage: Stage, layers: range, lanes: int | list[int], where: str) -> None:
     """Raise :class:`ActivationOverflow` naming ``layers`` when the residual stream ``x`` they output is not finite
-    in its first ``lanes`` lanes: an fp16 overflow (inf, or NaN after it) in those layers."""
-    x = stage.output("x")[0, :, 0, :lanes]
+    in its first ``lanes`` lanes (or in the lanes listed): an fp16 overflow (inf, or NaN after it) in those layers."""
+    x = stage.output("x")[0, :, 0, :lanes] if isinstance(lanes, int) else stage.output("x")[0, :, 0, lanes]
     if np.isfinite(x).all():
         return
     bad = np.flatnonzero(~np.isfinite(x).all(axis=0))
@@ -676,12 +880,23 @@ def _check_finite(stage: Stage, layers: range, lanes: int, where: str) -> None:
         f"(Gemma: a power of two, e.g. residual_scale=8); else check the weights or compare with lm_head='cpu'")
 
 
-def _write_lanes(stages: list[Stage], values: dict[str, np.ndarray]) -> None:
-    """``values[name]`` ([channels, n]) into the first n lanes of input ``name`` of each stage that has it."""
+def _write_past(stage: Stage, layers: range, cache: KVCache, lane: int, n: int) -> None:
+    """The first ``n`` positions of ``lane``'s cache into a prompt-chunk stage's cache inputs (full-context
+    tensors ``[1, width, 1, context]``), the others masked (their stale values stay finite: never NaN)."""
+    mask = stage.input("mask")[0, 0, 0]
+    mask[:n] = 0.0
+    mask[n:] = MASKED
+    for i in layers:
+        stage.input(f"k{i}")[0, :, 0, :n] = cache.keys[i][lane, :, :n]
+        stage.input(f"v{i}")[0, :, 0, :n] = cache.values[i][lane, :, :n]
+
+
+def _write_lanes(stages: list[Stage], values: dict[str, np.ndarray], first: int = 0) -> None:
+    """``values[name]`` ([channels, n]) into lanes ``first..first+n-1`` of input ``name`` of each stage that has it."""
     for stage in stages:
         for name, value in values.items():
             if name in stage.mil_name:
-                stage.input(name)[0, :, 0, : value.shape[1]] = value
+                stage.input(name)[0, :, 0, first:first + value.shape[1]] = value
 
 
 class _Exclusive:

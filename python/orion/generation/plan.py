@@ -6,7 +6,7 @@ program per vocabulary chunk: that is the number of dispatches per token. The de
 is the largest that keeps a program's weights inside ``SRAM_SHARE`` of the SRAM; when a compile
 fails at some depth, the plan falls back to shallower fusion (the hardware's fusion limit is not
 known). The residual stream ``x`` flows from each layer program to the next through one chain of
-surfaces; the KV cache surfaces are bound as the decode programs' ``k<i>``/``v<i>`` inputs. The
+surfaces; the KV cache lives in the decode programs' own ``k<i>``/``v<i>`` inputs (``KVCache.attach``). The
 layer programs exist per KV-cache length (``kv_cache.context_buckets``): the shortest is built with
 the plan, a longer one the first time a cache grows to it (``DecodePlan.layers_at``).
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -25,7 +25,6 @@ from orion.errors import OrionError
 from orion.graph import Graph
 from orion.limits import MIN_LANES, MIN_SURFACE_BYTES, SRAM_BYTES
 from orion.runtime.builder import ProgramBuilder
-from orion.runtime.dtypes import numpy_dtype
 from orion.runtime.stage import Stage
 from orion.runtime.surface import Surface
 
@@ -48,10 +47,13 @@ class PlanOptions:
     lm_head: str = "ane"
     io_dtype: str = "fp16"
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    lanes: int = 1  # sequences one decode step advances (``CausalLM.with_lanes``)
 
     def __post_init__(self) -> None:
         if self.lm_head not in LM_HEAD_PLACEMENTS:
             raise PlanError(f"lm_head={self.lm_head!r}: use one of {LM_HEAD_PLACEMENTS}")
+        if isinstance(self.lanes, bool) or not isinstance(self.lanes, int) or self.lanes < 1:
+            raise PlanError(f"lanes={self.lanes!r}: use a positive number of sequences per decode step")
         if self.fusion_depth is not None and self.fusion_depth < 1:
             raise PlanError(f"fusion_depth={self.fusion_depth}: use a positive number of layers (or None)")
         chunk = self.prefill_chunk
@@ -68,6 +70,15 @@ class PlanOptions:
             return [(0, n, max(MIN_LANES[self.io_dtype], 1 << (n - 1).bit_length()))]
         return [(start, min(self.prefill_chunk, n - start), self.prefill_chunk)
                 for start in range(0, n, self.prefill_chunk)]
+
+    def extend_pieces(self, start: int, n: int) -> list[tuple[int, int, int]]:
+        """How ``n`` tokens appended after ``start`` cached positions run (a reused prefix's rest, speculative
+        drafts): ``(start, tokens, bucket)`` per run of the chunk programs, which attend to the cache; pieces
+        of at most ``prefill_chunk`` tokens, each in the smallest power-of-two bucket that holds it."""
+        least = MIN_LANES[self.io_dtype]
+        return [(s, min(self.prefill_chunk, start + n - s),
+                 max(least, 1 << (min(self.prefill_chunk, start + n - s) - 1).bit_length()))
+                for s in range(start, start + n, self.prefill_chunk)]
 
 
 @dataclass(frozen=True)
@@ -122,13 +133,6 @@ class DecodePlan:
         """The layer programs of the shortest KV-cache length built."""
         return self.layers_by_context[min(self.layers_by_context)]
 
-    @property
-    def residual_bytes(self) -> int:
-        """The size of the residual-stream surfaces the layer programs read and write (padded, ANE-12): the KV
-        surfaces, which :meth:`bind` gives them the size of, must be at least this large (ANE-13)."""
-        shape = _surface_shape([*self.layer_programs, *self.head_programs])
-        return int(np.prod(shape)) * numpy_dtype(self.options.io_dtype).itemsize
-
     def layers_at(self, context: int) -> list[CompiledGraph]:
         """The layer programs reading a KV cache of ``context`` positions, compiled on first use (forks
         share the plan: one thread compiles, the others wait)."""
@@ -139,19 +143,10 @@ class DecodePlan:
                 self.builder.end()
             return self.layers_by_context[context]
 
-    def bind(self, cache: Mapping[str, Surface], context: int) -> tuple[list[Stage], list[Stage]]:
-        """Layer and LM-head stages bound to ``cache`` (KV cache and mask surfaces by graph name, all
-        of one size, which the residual-stream surfaces take too) holding ``context`` positions."""
-        programs = self.layers_at(context)
-        nbytes = cache["mask"].nbytes
-        shape = _surface_shape([*programs, *self.head_programs])
-        x = [Surface(shape, self.options.io_dtype, nbytes) for _ in range(len(programs) + 1)]
-        layers = []
-        for i, (cg, r) in enumerate(zip(programs, self.layer_ranges)):
-            own = {"x": x[i], "out:x": x[i + 1], "mask": cache["mask"]}
-            own.update({name: cache[name] for j in r for name in (f"k{j}", f"v{j}")})
-            layers.append(Stage(cg, own))
-        return layers, [Stage(cg, {"x": x[-1]}) for cg in self.head_programs]
+    def bind(self, context: int) -> tuple[list[Stage], list[Stage]]:
+        """Layer and LM-head stages for a KV cache of ``context`` positions, on new surfaces (the KV cache
+        lives in the layer stages' inputs, ``KVCache.attach``), the residual stream chained between them."""
+        return _bind(self.layers_at(context), self.head_programs, self.options.io_dtype)
 
 
 @dataclass
@@ -165,22 +160,22 @@ class PrefillPlan:
     head_programs: list[CompiledGraph]  # empty unless the plan computes every position's logits
     past: bool = False
 
-    def bind(self, io_dtype: str, cache: Mapping[str, Surface] | None = None) -> tuple[list[Stage], list[Stage]]:
-        """Layer and LM-head stages on new surfaces, the residual stream chained between them; a ``past``
-        plan's layers also bind ``cache`` (the KV cache and mask surfaces by graph name, as decode's do)."""
-        nbytes = max(MIN_SURFACE_BYTES, largest_surface(self.layer_programs),  # one size for every input (ANE-13)
-                     cache["mask"].nbytes if self.past else 0)
-        shape = _surface_shape([*self.layer_programs, *self.head_programs])
-        x = [Surface(shape, io_dtype, nbytes) for _ in range(2)]  # programs run in turn: two surfaces take turns
-        layers = []
-        for i, (cg, r) in enumerate(zip(self.layer_programs, self.layer_ranges)):
-            own = {"x": x[i % 2], "out:x": x[(i + 1) % 2]}
-            if self.past:
-                own["mask"] = cache["mask"]
-                own.update({name: cache[name] for j in r for name in (f"k{j}", f"v{j}")})
-            layers.append(Stage(cg, own))
-        return layers, [Stage(cg, {"x": x[len(layers) % 2]}) for cg in self.head_programs]
+    def bind(self, io_dtype: str) -> tuple[list[Stage], list[Stage]]:
+        """Layer and LM-head stages on new surfaces, the residual stream chained between them (a ``past``
+        plan's cache inputs are the stages' own: the loop copies the filled positions in)."""
+        return _bind(self.layer_programs, self.head_programs, io_dtype)
 
+
+def _bind(programs: list[CompiledGraph], heads: list[CompiledGraph],
+          io_dtype: str) -> tuple[list[Stage], list[Stage]]:
+    """Stages of ``programs`` (layers) and ``heads``, the residual stream ``x`` chained through two surfaces that
+    take turns (the programs run one after the other), of the size of every program's largest input (one size
+    for all inputs of a program, ANE-13)."""
+    nbytes = max(MIN_SURFACE_BYTES, largest_surface([*programs, *heads]))
+    shape = _surface_shape([*programs, *heads])
+    x = [Surface(shape, io_dtype, nbytes) for _ in range(2)]
+    layers = [Stage(cg, {"x": x[i % 2], "out:x": x[(i + 1) % 2]}) for i, cg in enumerate(programs)]
+    return layers, [Stage(cg, {"x": x[len(programs) % 2]}) for cg in heads]
 
 
 def _surface_shape(programs: list[CompiledGraph]) -> tuple[int, ...]:
@@ -207,16 +202,17 @@ def build_decode_plan(builder: ProgramBuilder, options: PlanOptions, n_layer: in
     the later compiles (of other cache lengths) that share the builder."""
 
     def build_depth(depth: int) -> list[CompiledGraph]:
-        return _decode_layers(builder, layer_ranges(n_layer, depth), depth, decode_graph, context)
+        return _decode_layers(builder, layer_ranges(n_layer, depth), depth, decode_graph, context, options.lanes)
 
     depth, layers = builder.with_fallback(options.fusion_depth or default_depth, build_depth)
     ranges = layer_ranges(n_layer, depth)
     heads = []
     if options.lm_head == "ane":
-        heads = [builder.build("lm_head", lambda r=r: lm_head_graph(r, 1), vocab=[r.start, r.stop], seq=1)
-                 for r in head_ranges]
+        heads = [builder.build("lm_head", lambda r=r: lm_head_graph(r, options.lanes), vocab=[r.start, r.stop],
+                               seq=options.lanes) for r in head_ranges]
     return DecodePlan(options, depth, ranges, head_ranges, heads, costs(ranges, head_ranges, options.lm_head),
-                      builder, _layer_builder(builder, ranges, depth, decode_graph), {context: layers}, compile_lock)
+                      builder, _layer_builder(builder, ranges, depth, decode_graph, options.lanes), {context: layers},
+                      compile_lock)
 
 
 def rebuild_decode_layers(builder: ProgramBuilder, base: DecodePlan,
@@ -224,31 +220,34 @@ def rebuild_decode_layers(builder: ProgramBuilder, base: DecodePlan,
     """``base`` with its layer programs built from ``decode_graph`` at the same fusion (a program variant of
     the same layers, e.g. with LoRA inputs), for ``base``'s shortest KV-cache length (others when first
     used); the LM-head programs are ``base``'s own."""
-    build = _layer_builder(builder, base.layer_ranges, base.fusion_depth, decode_graph)
+    build = _layer_builder(builder, base.layer_ranges, base.fusion_depth, decode_graph, base.options.lanes)
     context = min(base.layers_by_context)
     return replace(base, builder=builder, build_layers=build, layers_by_context={context: build(context)})
 
 
 def _layer_builder(builder: ProgramBuilder, ranges: list[range], depth: int,
-                   decode_graph: Callable[[range, int], Graph]) -> Callable[[int], list[CompiledGraph]]:
-    return lambda context: _decode_layers(builder, ranges, depth, decode_graph, context)
+                   decode_graph: Callable[[range, int], Graph], lanes: int) -> Callable[[int], list[CompiledGraph]]:
+    return lambda context: _decode_layers(builder, ranges, depth, decode_graph, context, lanes)
 
 
 def _decode_layers(builder: ProgramBuilder, ranges: list[range], depth: int,
-                   decode_graph: Callable[[range, int], Graph], context: int) -> list[CompiledGraph]:
+                   decode_graph: Callable[[range, int], Graph], context: int, lanes: int) -> list[CompiledGraph]:
+    extra = {"lanes": lanes} if lanes > 1 else {}  # the cache key of single-lane programs is unchanged
     return [builder.build("decode", lambda r=r: decode_graph(r, context), max_layers=depth,
-                          layers=[r.start, r.stop], context=context) for r in ranges]
+                          layers=[r.start, r.stop], context=context, **extra) for r in ranges]
 
 
 def build_prefill_plan(builder: ProgramBuilder, n_layer: int, depth: int, seq: int, head_ranges: list[range],
                        prefill_graph: Callable[..., Graph], lm_head_graph: Callable[[range, int], Graph],
-                       past: bool = False) -> PrefillPlan:
-    """Compiles the layer programs for ``seq`` tokens (``past``: the chunk programs, ``prefill_graph(r, seq,
-    past=True)``), and the LM head over all of them when ``head_ranges`` is not empty."""
+                       past: int = 0) -> PrefillPlan:
+    """Compiles the layer programs for ``seq`` tokens (``past``: the chunk programs over a KV cache of
+    ``past`` positions, ``prefill_graph(r, seq, past=True, context=past)``), and the LM head over all of
+    them when ``head_ranges`` is not empty."""
     ranges = layer_ranges(n_layer, depth)
-    kind, extra = ("prefill_chunk", {"past": True}) if past else ("prefill", {})
+    kind, extra = ("prefill_chunk", {"past": True, "context": past}) if past else ("prefill", {})
     layers = [builder.build(kind, lambda r=r: prefill_graph(r, seq, **extra), max_layers=depth,
-                            layers=[r.start, r.stop], seq=seq) for r in ranges]
+                            layers=[r.start, r.stop], seq=seq, **({"context": past} if past else {}))
+              for r in ranges]
     heads = [builder.build("lm_head", lambda r=r: lm_head_graph(r, seq), vocab=[r.start, r.stop], seq=seq)
              for r in head_ranges]
-    return PrefillPlan(seq, ranges, layers, heads, past)
+    return PrefillPlan(seq, ranges, layers, heads, bool(past))

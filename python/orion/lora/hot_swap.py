@@ -7,8 +7,7 @@ LM-head programs for decode. ``set_adapter(name)`` then only writes that adapter
 the bound input surfaces in place: no compile, no lowering. ``set_adapter(None)`` goes back to the
 base programs themselves, so outputs are the base outputs bit for bit.
 
-KV cache policy: any ``set_adapter`` call empties the KV cache (and so does ``add_adapter`` when the new
-variant's inputs outgrow the KV surfaces, which every decode input must match in size, ANE-13) (keys/values computed under another
+KV cache policy: any ``set_adapter`` call empties the KV cache (keys/values computed under another
 adapter would mix two models), so the next call must be ``prefill``/``logits``/``generate``;
 ``decode_step`` raises until then. Forks share the loaded adapters and compiled variants, and each
 fork has its own active adapter and surfaces.
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from orion.generation.plan import DecodePlan, PrefillPlan, largest_surface, rebuild_decode_layers
+from orion.generation.plan import DecodePlan, PrefillPlan, rebuild_decode_layers
 from orion.graph import Graph
 from orion.lora import peft_format
 from orion.lora.adapter import AdapterError, LoraAdapter, Placement, check_fits, site_inputs
@@ -61,7 +60,6 @@ class _Registry:
 
     adapters: dict[str, _Loaded] = field(default_factory=dict)
     variants: dict[VariantKey, _Variant] = field(default_factory=dict)
-    surface_bytes: int = 0  # the largest decode-program input of any variant (the KV surfaces' least size)
 
 
 def targeted_modules(targets: Any, paths: Iterable[str], source: str) -> set[str]:
@@ -140,8 +138,6 @@ class AdapterHost:
             if key not in registry.variants:
                 registry.variants[key] = self._compile_variant(ranks)
             registry.adapters[name] = _Loaded(adapter, key, inputs)
-        if self.cache.surfaces["mask"].nbytes < registry.surface_bytes:
-            self._bind_cache()  # the decode programs read the KV surfaces: one size for all inputs (ANE-13)
         return name
 
     def set_adapter(self: CausalLM, name: str | None) -> None:
@@ -158,6 +154,7 @@ class AdapterHost:
             self.active_adapter = name
             self._write_adapter_inputs([self._layers, *(s for pair in self._prefill_stages.values() for s in pair)])
             self.cache.clear()
+            self._attach_cache()
 
     def save_adapter(self: CausalLM, path: str | os.PathLike[str], name: str | None = None) -> None:
         """Write adapter ``name`` (default: the active one) as a PEFT LoRA directory that PEFT loads."""
@@ -182,9 +179,7 @@ class AdapterHost:
         builder = ProgramBuilder({**base.builder.identity, "lora": ranks}, base.builder.io_dtype,
                                  base.builder.progress, base.builder.compile_options)
         plan = rebuild_decode_layers(builder, base.decode_plan,
-                                     lambda r, t: self.decode_graph(r, adapters=ranks, context=t))
-        registry = self._lora_registry()
-        registry.surface_bytes = max(registry.surface_bytes, largest_surface(plan.layer_programs))
+                                     lambda r, t: self._decode_graph(r, t, ranks, base.decode_plan.options.lanes))
         return _Variant(ranks, builder, plan, {})
 
     def _switch_variant(self: CausalLM, key: VariantKey) -> None:
@@ -200,14 +195,14 @@ class AdapterHost:
         if key in bound:
             self._layers, self._heads, self._prefill_stages, self._bound_bucket = bound.pop(key)
         else:
-            self._layers, self._heads = self.decode_plan.bind(self.cache.surfaces, self.cache.bucket)
-            self._bound_bucket = self.cache.bucket
+            self._layers, self._heads = self.decode_plan.bind(self._bound_bucket)
             self._prefill_stages = {}
 
-    def _variant_prefill_graph(self: CausalLM, layers: range, seq: int, past: bool = False) -> Graph:
+    def _variant_prefill_graph(self: CausalLM, layers: range, seq: int, past: bool = False,
+                               context: int | None = None) -> Graph:
         """The active variant's prefill graph (the hook called as without adapters for the base programs);
-        ``past``: the chunk graph of a longer prompt (see ``CausalLM.prefill_graph``)."""
-        extra = {"past": True} if past else {}
+        ``past``: the chunk graph over a KV cache of ``context`` positions (see ``CausalLM.prefill_graph``)."""
+        extra = {"past": True, "context": context} if past else {}
         if self.lora_sites is None:
             return self.prefill_graph(layers, seq, **extra)
         return self.prefill_graph(layers, seq, adapters=self.lora_sites, **extra)
@@ -219,10 +214,6 @@ class AdapterHost:
                 for input_name, value in self._adapter_inputs.items():
                     if input_name in stage.mil_name:
                         stage.input(input_name)[...] = value
-
-    def _adapter_surface_bytes(self) -> int:
-        """The least KV-surface size the loaded variants' decode programs need (0 before any adapter)."""
-        return self._lora.surface_bytes if "_lora" in self.__dict__ else 0
 
     def _forget_bound_variants(self) -> None:
         """A fork binds its own surfaces: it must not reuse the stages of the object it was copied from."""

@@ -117,23 +117,30 @@ def linear(g: Graph, x: Node, weight: np.ndarray, bias: np.ndarray | None, quant
 
 def cached_attention(g: Graph, q: Node, k: Node, v: Node, k_cache: Node, v_cache: Node, mask: Node,
                      heads: int, scale: float | None = None, softcap: float | None = None) -> Node:
-    """One token's multi-head attention over a KV cache plus its own key/value; the scores are scaled
-    by ``scale`` (default ``1/sqrt(head_dim)``) and, with ``softcap``, capped (:func:`soft_cap`) before the mask.
+    """Multi-head attention of one token per lane over that lane's KV cache plus its own key/value; the
+    scores are scaled by ``scale`` (default ``1/sqrt(head_dim)``) and, with ``softcap``, capped
+    (:func:`soft_cap`) before the mask.
 
-    ``q``, ``k``, ``v`` are ``[1, C, 1, 1]``, the caches ``[1, C, 1, T]`` and ``mask`` ``[1, 1, 1, T]``
-    (additive: 0 for filled positions). softmax([q.K_cache + mask, q.k]) . [V_cache, v] written with
-    reductions, so the new key needs no concat: m = max(max_t s_t, s_self);
-    out = (sum_t e_t V_t + e_self v) / (sum_t e_t + e_self).
+    ``q``, ``k``, ``v`` are ``[1, C, 1, L]`` (one sequence per lane), the caches ``[1, L*C, 1, T]``
+    (lane ``b``'s ``[C, T]`` block after lane ``b-1``'s) and ``mask`` ``[1, L, 1, T]`` (additive: 0 for
+    filled positions). softmax([q.K_cache + mask, q.k]) . [V_cache, v] written with reductions, so the
+    new key needs no concat: m = max(max_t s_t, s_self); out = (sum_t e_t V_t + e_self v) / (sum_t e_t + e_self).
+    With several lanes, each lane is a batch of the matmuls (``[L, H, 1, D]`` against ``[L, H, D, T]``).
     """
-    c, t = q.shape[1], k_cache.shape[3]
+    c, lanes, t = q.shape[1], q.shape[3], k_cache.shape[3]
     d = c // heads
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    qh = g.reshape(g.mul(q, scale, name="qs"), [1, heads, 1, d], name="qh")
-    kh, vh = (g.reshape(n, [1, heads, 1, d], name=f"{p}h") for n, p in ((k, "k"), (v, "v")))
-    keys = g.reshape(k_cache, [1, heads, d, t], name="keys")
-    values = g.reshape(v_cache, [1, heads, d, t], name="values")
-    scores = g.add(soft_cap(g, g.matmul(qh, keys, name="scores"), softcap, "scores"), mask, name="masked")  # [1,H,1,T]
-    self_score = soft_cap(g, g.reduce_sum(g.mul(qh, kh, name="qk"), axis=3, name="self"), softcap, "self")  # [1,H,1,1]
+    if lanes == 1:
+        qh = g.reshape(g.mul(q, scale, name="qs"), [1, heads, 1, d], name="qh")
+        kh, vh = (g.reshape(n, [1, heads, 1, d], name=f"{p}h") for n, p in ((k, "k"), (v, "v")))
+    else:  # [1, C, 1, L] -> [L, H, 1, D]: the lane becomes the leading batch axis
+        qh, kh, vh = (g.transpose(g.reshape(n, [1, heads, d, lanes], name=f"{p}_heads"), [3, 1, 0, 2], name=f"{p}h")
+                      for n, p in ((g.mul(q, scale, name="qs"), "q"), (k, "k"), (v, "v")))
+        mask = g.reshape(mask, [lanes, 1, 1, t], name="lane_mask")
+    keys = g.reshape(k_cache, [lanes, heads, d, t], name="keys")
+    values = g.reshape(v_cache, [lanes, heads, d, t], name="values")
+    scores = g.add(soft_cap(g, g.matmul(qh, keys, name="scores"), softcap, "scores"), mask, name="masked")  # [L,H,1,T]
+    self_score = soft_cap(g, g.reduce_sum(g.mul(qh, kh, name="qk"), axis=3, name="self"), softcap, "self")  # [L,H,1,1]
     top = g.reduce_max(scores, axis=3, name="top")
     m = g.add(self_score, g.relu(g.sub(top, self_score, name="gap"), name="over"),
               name="max")  # max(top, self_score) without a max op
@@ -141,9 +148,11 @@ def cached_attention(g: Graph, q: Node, k: Node, v: Node, k_cache: Node, v_cache
     e_self = g.exp(g.sub(self_score, m, name="shift_self"), name="e_self")
     denom = g.add(g.reduce_sum(e, axis=3, name="esum"), e_self, name="denom")
     num = g.add(g.matmul(e, values, transpose_y=True, name="ev"), g.mul(e_self, vh, name="ev_self"),
-                name="num")  # [1,H,1,D]
+                name="num")  # [L,H,1,D]
     out = g.mul(num, g.pow(denom, -1.0, name="inv"), name="ctx")
-    return g.reshape(out, [1, c, 1, 1], name="merged")
+    if lanes > 1:
+        out = g.transpose(out, [2, 1, 3, 0], name="lanes_last")  # [1, H, D, L]
+    return g.reshape(out, [1, c, 1, lanes], name="merged")
 
 
 def chunk_attention(g: Graph, q: Node, k: Node, v: Node, k_cache: Node, v_cache: Node, past_mask: Node,
@@ -255,11 +264,14 @@ def masked_attention(g: Graph, qh: Node, kh: Node, vh: Node, mask: Node, scale: 
     return g.reshape(ctx, [1, heads * d, 1, s], name=f"{name}_merged")
 
 
-def window_mask_input(g: Graph, length: int, seq: int) -> Node:
+def window_mask_input(g: Graph, length: int, seq: int, per_lane: bool = False) -> Node:
     """The graph input ``mask_window`` ``[1, length, 1, seq]`` (:func:`window_mask_columns`, one column per
     query lane) as an additive mask of the scores: ``[1, 1, 1, length]`` for one token, ``[1, 1, seq, length]``
-    for a chunk."""
+    for a chunk, and ``[1, seq, 1, length]`` (``per_lane``: one sequence's token per lane, as the decode
+    ``mask`` of :func:`cached_attention`)."""
     columns = g.input(WINDOW_MASK_INPUT, [1, length, 1, seq])
     if seq == 1:
         return g.reshape(columns, [1, 1, 1, length], name="mask_window_row")
+    if per_lane:
+        return g.transpose(columns, [0, 3, 2, 1], name="mask_window_lanes")
     return g.transpose(columns, [0, 2, 3, 1], name="mask_window_rows")

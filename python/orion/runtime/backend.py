@@ -42,3 +42,8 @@ def compile_count() -> int:
 def compile_budget() -> int:
     """Compiles allowed per process (119 unless ORION_COMPILE_BUDGET overrides it)."""
     return _core.compile_budget()
+
+
+def compiles_left() -> int:
+    """Compiles this process may still do before the budget refuses them (its limit keeps the margin, ANE-11)."""
+    return _core.compile_limit() - _core.compile_count()

@@ -56,6 +56,12 @@ class Program:
         return self._native.backend
 
     @property
+    def input_parts(self) -> dict[str, tuple[str, int, tuple[int, ...]]]:
+        """name -> (input, element offset, shape) of each tensor the program cuts from an input surface by
+        slices and reshapes (the I/O packing and padding): a ``live_lanes`` hint may name it."""
+        return {name: (source, offset, tuple(shape)) for name, source, offset, shape in self._native.input_parts}
+
+    @property
     def loaded(self) -> bool:
         return self._native.loaded
 
@@ -80,7 +86,8 @@ class Program:
 
         ``live_lanes`` optionally declares, per input, that only its first n lanes (entries of the
         last axis) hold data the outputs depend on, e.g. one live token in a 32-lane decode input
-        or the filled part of a KV cache. The emulator then computes only those lanes (reductions
+        or the filled part of a KV cache. A name may also be one of :attr:`input_parts`, a tensor the
+        program cuts from an input surface (the I/O packing's, ANE-37). The emulator then computes only those lanes (reductions
         and matmuls over the lane axis see the live ones only); the ANE ignores the hint and
         computes everything. Declare lanes dead only where they cannot change the live outputs
         (e.g. masked cache positions), or the two backends disagree. Output lanes past the live

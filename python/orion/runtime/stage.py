@@ -34,12 +34,12 @@ class Stage:
         self.program = compiled.program
         layout = compiled.layout
         self.mil_name = {s.name: s.mil_name for s in layout.inputs}
+        self._hint_name = {s.name: _cut_name(s, self.program.input_parts) for s in layout.inputs}
         shared = dict(shared or {})
         given_in = {n: s for n, s in shared.items() if not n.startswith("out:")}
         given_out = {n[4:]: s for n, s in shared.items() if n.startswith("out:")}
         self.inputs = _fill(layout.inputs, self.program.inputs, given_in)
         self.outputs = _fill(layout.outputs, self.program.outputs, given_out)
-        self._packed_inputs = {s.name for s in layout.inputs if s.surface}
         self._copy_in = [(s.name, packed_view(given_in[s.name].array, s.shape), _view(self.inputs, s))
                          for s in layout.inputs if s.surface and s.name in given_in]
         self._copy_out = [(_view(self.outputs, s), packed_view(given_out[s.name].array, s.shape))
@@ -61,15 +61,24 @@ class Stage:
         return self._outputs[name]
 
     def run(self, live_lanes: Mapping[str, int] | None = None) -> None:
-        """Evaluates the program once; ``live_lanes`` by graph input name (see ``Program.evaluate``). A
-        packed input's hint cannot reach the program (its lanes are not the packed surface's), which then
-        computes every lane: a shared tensor is copied in whole (a dead lane's value still counts)."""
+        """Evaluates the program once; ``live_lanes`` by graph input name (see ``Program.evaluate``). A hint
+        names the tensor of the graph's shape the program cuts from its surface (``Program.input_parts``:
+        of a packed surface, ANE-37, or a padded one, ANE-12/-14), so it reaches the emulator either way.
+        A shared surface given for a packed tensor is copied in whole."""
         for _, source, target in self._copy_in:
             target[...] = source
-        hints = {self.mil_name[n]: v for n, v in (live_lanes or {}).items() if n not in self._packed_inputs}
-        self._bound(hints or None)
+        self._bound({self._hint_name[n]: v for n, v in live_lanes.items()} if live_lanes else None)
         for source, target in self._copy_out:
             target[...] = source
+
+
+def _cut_name(spec: IOSpec, parts: Mapping[str, tuple[str, int, tuple[int, ...]]]) -> str:
+    """The MIL name a live-lanes hint on ``spec``'s tensor takes: the value of its shape cut from its place in
+    its surface (the input itself when the program cuts nothing from it)."""
+    source = spec.surface or spec.mil_name
+    cuts = [name for name, (surface, offset, shape) in parts.items()
+            if surface == source and offset == spec.offset and shape == tuple(spec.shape)]
+    return spec.mil_name if spec.mil_name in cuts or not cuts else cuts[0]
 
 
 def _view(surfaces: Mapping[str, Surface], spec: IOSpec) -> np.ndarray:

@@ -14,7 +14,8 @@ then). Endpoints:
 
 Parameters: ``max_tokens`` (``max_completion_tokens``), ``temperature``, ``top_p``, ``top_k``, ``min_p``,
 ``seed``, ``stop`` (a string or a list), ``repetition_penalty``, ``frequency_penalty``,
-``presence_penalty``, ``logit_bias``, ``n=1``, ``user``; for chat also ``response_format`` (``json_object``,
+``presence_penalty``, ``logit_bias``, ``n`` (up to ``--max-sequences``), ``logprobs`` (completions: the
+number of alternatives; chat: a boolean with ``top_logprobs``), ``user``; for chat also ``response_format`` (``json_object``,
 ``json_schema``: decoding held to the schema by llguidance, :mod:`orion.generation.structured`) and ``tools``
 with ``tool_choice`` (rendered by the model's chat template, calls parsed from the reply into ``tool_calls``,
 streamed too; ``"required"`` or a named function constrains decoding to a call: :mod:`orion.serve.tools`). A ``max_tokens`` past the context is cut to what fits and the
@@ -25,8 +26,11 @@ slower than ``--body-timeout``, 413 a body over ``--max-body-bytes``, 503 with `
 ``--max-queue`` requests already wait, 500 when generation itself fails (that request only).
 
 One worker thread owns the device: it admits requests in arrival order and steps up to
-``--max-sequences`` of them in turn, one token each; a client that disconnects stops its generation
-before the next token.
+``--max-sequences`` sequences, each a lane of the decode programs, so that one decode step advances them
+all (a new prompt is read one prefill chunk per step in between); ``n`` choices are forked lanes of one
+prompt; a client that disconnects stops its generation before the next token. ``logprobs`` and
+``top_logprobs`` come in OpenAI's completions and chat shapes, and ``usage`` also gives each request's
+time to first token and tok/s (logged too).
 
 In code: ``create_app(engine)`` builds the ASGI application over any :class:`~orion.serve.engine.Engine`;
 :class:`~orion.serve.model_engine.ModelEngine` adapts Orion's GPT-2; ``orion.serve.cli.main(argv)`` is the command.

@@ -89,24 +89,27 @@ def create_app(engine: Engine, *, max_waiting: int = 64, retry_after: int = 1, l
             with contextlib.suppress(RuntimeError):  # the event loop has closed: the server is stopping
                 loop.call_soon_threadsafe(events.put_nowait, event)
 
-        job = Job(wanted.prompt_ids, wanted.params, wanted.stops, emit)
+        job = Job(wanted.prompt_ids, wanted.params, wanted.stops, emit, wanted.n)
         try:
             scheduler.submit(job)
         except QueueFull as full:
             raise APIError(503, f"{full}; retry after {full.retry_after} s", code="server_busy", kind="server_error",
                            headers={"Retry-After": str(full.retry_after)}) from full
-        reply = Reply(chat, engine.model_id)
-        calls = None if wanted.tool_format is None else ToolCallParser(wanted.tool_format)  # tool calls in the reply
+        reply = Reply(chat, engine.model_id, engine.decode, wanted.params.logprobs is not None)
+        # tool calls in each choice's reply
+        calls = [None if wanted.tool_format is None else ToolCallParser(wanted.tool_format) for _ in range(wanted.n)]
         if wanted.stream:
             return EventSourceResponse(stream(job, events, reply, wanted.include_usage, calls),
                                        send_timeout=limits.send_timeout)
         return await collect(request, job, events, reply, calls)
 
     async def collect(request: Request, job: Job, events: asyncio.Queue, reply: Reply,
-                      calls: ToolCallParser | None) -> Response:
-        pieces = []
+                      calls: list[ToolCallParser | None]) -> Response:
+        pieces: list[list[str]] = [[] for _ in calls]
+        logprobs: list[list] = [[] for _ in calls]
+        done: dict[int, Finished] = {}
         try:
-            while True:
+            while len(done) < len(calls):
                 try:
                     event = await asyncio.wait_for(events.get(), limits.disconnect_poll)
                 except asyncio.TimeoutError:
@@ -114,48 +117,59 @@ def create_app(engine: Engine, *, max_waiting: int = 64, retry_after: int = 1, l
                         return Response(status_code=499)  # nobody reads it; the finally cancels the job
                     continue
                 if isinstance(event, Delta):
-                    pieces.append(event.text)
+                    pieces[event.index].append(event.text)
+                    logprobs[event.index] += event.logprobs
                 elif isinstance(event, Finished):
-                    if calls is None:
-                        return JSONResponse(reply.whole("".join(pieces), event))
-                    items = [*calls.feed("".join(pieces)), *calls.finish()]
-                    text = "".join(item for item in items if isinstance(item, str))
-                    return JSONResponse(reply.whole(text, event, [i for i in items if isinstance(i, ToolCall)]))
+                    done[event.index] = event
+                    logprobs[event.index] += event.logprobs
                 else:
                     raise generation_failed(event)
+            texts, made = [], []
+            for parser, chunks in zip(calls, pieces):
+                items = ["".join(chunks)] if parser is None else [*parser.feed("".join(chunks)), *parser.finish()]
+                texts.append("".join(item for item in items if isinstance(item, str)))
+                made.append([i for i in items if isinstance(i, ToolCall)] if parser is not None else None)
+            return JSONResponse(reply.whole(texts, [done[i] for i in range(len(calls))], made, logprobs))
         finally:
             job.cancel()
 
     async def stream(job: Job, events: asyncio.Queue, reply: Reply, include_usage: bool,
-                     calls: ToolCallParser | None) -> AsyncIterator[dict]:
-        made = 0  # tool calls sent so far
+                     calls: list[ToolCallParser | None]) -> AsyncIterator[dict]:
+        made = [0 for _ in calls]  # tool calls sent so far, per choice
+        done: list[Finished] = []
 
-        def chunks(items: list[str | ToolCall]) -> list[dict]:
-            nonlocal made
+        def chunks(index: int, items: list[str | ToolCall], logprobs: list) -> list[dict]:
             out = []
             for item in items:
                 if isinstance(item, str):
-                    out.append({"data": json.dumps(reply.delta(item))})
+                    out.append({"data": json.dumps(reply.delta(item, index, logprobs))})
+                    logprobs = []
                 else:
-                    out.append({"data": json.dumps(reply.tool_call_delta(made, item))})
-                    made += 1
+                    out.append({"data": json.dumps(reply.tool_call_delta(made[index], item, index))})
+                    made[index] += 1
             return out
 
         try:
-            for chunk in reply.first_chunks():
+            for chunk in reply.first_chunks(len(calls)):
                 yield {"data": json.dumps(chunk)}
             while True:
                 event = await events.get()
                 if isinstance(event, Delta):
-                    for item in chunks([event.text] if calls is None else calls.feed(event.text)):
+                    parser = calls[event.index]
+                    items = [event.text] if parser is None else calls[event.index].feed(event.text)
+                    for item in chunks(event.index, items, event.logprobs):
                         yield item
                 elif isinstance(event, Finished):
-                    for item in chunks([] if calls is None else calls.finish()):
+                    parser = calls[event.index]
+                    for item in chunks(event.index, [] if parser is None else parser.finish(), []):
                         yield item
-                    for chunk in reply.last_chunks(event, include_usage, made > 0):
-                        yield {"data": json.dumps(chunk)}
-                    yield {"data": "[DONE]"}
-                    return
+                    yield {"data": json.dumps(reply.last_chunk(event, made[event.index] > 0))}
+                    done.append(event)
+                    if len(done) == len(calls):
+                        if include_usage:
+                            yield {"data": json.dumps(reply.usage_chunk(done))}
+                        yield {"data": "[DONE]"}
+                        return
                 else:
                     yield {"data": json.dumps(generation_failed(event).body())}
                     return

@@ -29,7 +29,8 @@ def build_parser(prog: str = "python -m orion serve") -> argparse.ArgumentParser
                    "to the network")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")
     p.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more get 503 with Retry-After")
-    p.add_argument("--max-sequences", type=int, default=4, help="requests generating at once, one token each in turn")
+    p.add_argument("--max-sequences", type=int, default=4, help="sequences generating at once: the decode programs' lanes, one step "
+                                                                  "advances them all (a request for n choices takes n)")
     p.add_argument("--max-body-bytes", type=int, default=Limits.max_body_bytes, help="larger request bodies get 413")
     p.add_argument("--body-timeout", type=float, default=Limits.body_timeout,
                    help="seconds for a request body to arrive, else 408")
@@ -39,6 +40,9 @@ def build_parser(prog: str = "python -m orion serve") -> argparse.ArgumentParser
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (info logs every request)")
     p.add_argument("--quiet", action="store_true", help="no progress while loading and compiling")
+    p.add_argument("--prefix-cache-mb", type=int, default=256,
+                   help="MiB of computed prompt prefixes kept (least recently used out) so that prompts starting "
+                        "the same (a system prompt, a chat history) skip recomputing them; 0: off")
     quant.add_arguments(p)
     return p
 
@@ -53,6 +57,8 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--model {args.model}: {what}")
     if not 0 <= args.port <= 65535:
         parser.error(f"--port {args.port}: use 0..65535")
+    if args.prefix_cache_mb < 0:
+        parser.error(f"--prefix-cache-mb {args.prefix_cache_mb}: use 0 (off) or more")
     for name in ("max_queue", "max_sequences", "max_body_bytes", "retry_after"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: use 1 or more")
@@ -90,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             options = quant.model_options(args.quant, args.probe_report, lambda text: print(text, file=sys.stderr))
             engine = ModelEngine.from_directory(args.model, model_id=args.model_name, progress=not args.quiet,
-                                               max_sequences=args.max_sequences, model_options=options)
+                                               max_sequences=args.max_sequences, model_options=options,
+                                               prefix_cache_bytes=args.prefix_cache_mb << 20)
         except (OrionError, ValueError, OSError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1

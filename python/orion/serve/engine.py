@@ -2,7 +2,9 @@
 
 The server drives an :class:`Engine` from one worker thread (the thread that owns the device). It
 may hold several generators open at once and step them in turn, one token each; an engine that can
-hold only one sequence at a time says so with ``max_sequences = 1``.
+hold only one sequence at a time says so with ``max_sequences = 1``. A batching engine advances all its
+open sequences in one step (the first generator stepped in a round runs it, the others find their
+token computed) and may yield None for "no token this round" while it reads a new prompt.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
 
 from orion.errors import OrionError
 from orion.generation.structured import Grammar
@@ -43,6 +47,26 @@ class SamplingParams:
     stop_token_ids: frozenset[int] = field(default_factory=frozenset)
     logit_bias: tuple[tuple[int, float], ...] = ()
     grammar: Grammar | None = None
+    logprobs: int | None = None  # None: no log-probabilities; else each token's and this many alternatives'
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A new token with its log-probability under the model (log-softmax of the raw logits, float64) and the
+    ``top`` most likely tokens' (id, log-probability), most likely first, as OpenAI's ``logprobs`` report."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+    @classmethod
+    def of(cls, token: int, logits: np.ndarray, top: int) -> TokenLogprob:
+        z = logits.astype(np.float64)
+        finite = np.isfinite(z)
+        peak = z[finite].max() if finite.any() else 0.0
+        logp = z - (peak + np.log(np.exp(z[finite] - peak).sum()))
+        best = np.argsort(-logp, kind="stable")[:top]
+        return cls(int(token), float(logp[token]), tuple((int(i), float(logp[i])) for i in best))
 
 
 @runtime_checkable
@@ -72,6 +96,9 @@ class Engine(Protocol):
         the template does not render tools."""
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
-                 cancelled: Callable[[], bool]) -> Iterator[int]:
-        """Yield up to ``params.max_tokens`` new ids; stop after a token in ``params.stop_token_ids``, at
-        the context end, or before computing the next token once ``cancelled()`` is true."""
+                 cancelled: Callable[[], bool]) -> Iterator[int | TokenLogprob | None]:
+        """Yield up to ``params.max_tokens`` new ids (as :class:`TokenLogprob` when ``params.logprobs`` is
+        set; None for no token this round); stop after a token in ``params.stop_token_ids``, at the context
+        end, or before computing the next token once ``cancelled()`` is true. An engine that also has
+        ``generate_choices(prompt_ids, params, cancelled, n)`` gives ``n`` generators of one prompt (the
+        ``n`` of OpenAI's API); without it, requests for more than one choice are refused."""

@@ -1,9 +1,10 @@
 """The engine protocol for any Orion model (an :class:`orion.generation.loop.CausalLM`).
 
 What it takes from the model runtime: ``orion.models.load(dir, progress=)``, ``dims.context`` and
-``dims.vocab_size``, ``tokenizer`` (``encode``/``decode``/``eos_token_id``), ``prefill(ids)`` and
-``decode_step(id)`` returning float32 logits, ``fork()`` for each extra concurrent sequence, and
-``next_token`` (greedy/temperature/top-k/top-p) from ``orion.generation.sampling``.
+``dims.vocab_size``, ``tokenizer`` (``encode``/``decode``/``eos_token_id``), ``with_lanes(n)`` and the
+:class:`orion.generation.batch.Batch` over its lanes (every open generator is one lane: one decode step
+advances them all, a new prompt is read one prefill chunk per step in between), and ``next_token``
+(greedy/temperature/top-k/top-p) from ``orion.generation.sampling``.
 
 Chat prompts use the model's chat template (``tokenizer_config.json``'s ``chat_template``, rendered by
 :mod:`orion.generation.chat` as transformers renders it). Without a template, the plain format is one
@@ -20,21 +21,26 @@ from typing import Any
 import numpy as np
 
 from orion import models
+from orion.generation.batch import Batch
 from orion.generation.chat import ChatTemplate, ChatTemplateError
 from orion.generation.loop import CausalLM
+from orion.generation.prefix_cache import PrefixCache
 from orion.generation.sampling import next_token
 from orion.generation.structured import GrammarProcessor
-from orion.serve.engine import PromptError, SamplingParams
+from orion.serve.engine import PromptError, SamplingParams, TokenLogprob
 from orion.serve.logits import LogitsProcessor
 from orion.serve.tools import arguments_as_objects, tool_format
 
 
 class ModelEngine:
-    """Serves one model; up to ``max_sequences`` sequences at once, each with its own KV cache."""
+    """Serves one model; up to ``max_sequences`` sequences at once, each a lane of the decode programs
+    (compiled once for that many lanes) with its own KV cache rows."""
 
     def __init__(self, model: CausalLM, model_id: str, chat_template: ChatTemplate | None = None,
-                 max_sequences: int = 4) -> None:
-        """``chat_template`` overrides the model's own (``model.tokenizer.chat_template``)."""
+                 max_sequences: int = 4, prefix_cache_bytes: int = 0) -> None:
+        """``chat_template`` overrides the model's own (``model.tokenizer.chat_template``); ``prefix_cache_bytes``:
+        keep up to this many bytes of computed prompt prefixes for later prompts that start the same
+        (``orion.generation.prefix_cache``; 0: off)."""
         if max_sequences < 1:
             raise ValueError(f"max_sequences={max_sequences}: use 1 or more")
         self.model = model
@@ -45,17 +51,22 @@ class ModelEngine:
         self.eos_token_id = self.tokenizer.eos_token_id
         self.max_sequences = max_sequences
         self.chat_template = chat_template or self.tokenizer.chat_template
-        self._free: list[CausalLM] = [model]  # sequences (the model and its forks) not generating now
-        self._sequences = 1
+        if prefix_cache_bytes:
+            model.prefix_cache = PrefixCache(prefix_cache_bytes)  # its lanes model and forks share it
+        lanes = model.with_lanes(max_sequences) if max_sequences > 1 else model
+        lanes.prepare(self.context_length)  # every KV bucket's decode programs before the first request
+        self.batch = Batch(lanes)
 
     @classmethod
     def from_directory(cls, path: str | os.PathLike[str], model_id: str | None = None, progress: bool = True,
-                       max_sequences: int = 4, model_options: dict[str, Any] | None = None) -> ModelEngine:
+                       max_sequences: int = 4, model_options: dict[str, Any] | None = None,
+                       prefix_cache_bytes: int = 0) -> ModelEngine:
         """Load (and compile) the Hugging Face model directory ``path`` (``model_options``: e.g. ``quant``,
         see ``orion.quant.model_options``); the tokenizer is checked first."""
         models.load_tokenizer(path)  # a missing or broken tokenizer fails before the compile
         model = models.load(path, progress=progress, **(model_options or {}))
-        return cls(model, model_id or Path(path).resolve().name, max_sequences=max_sequences)
+        return cls(model, model_id or Path(path).resolve().name, max_sequences=max_sequences,
+                   prefix_cache_bytes=prefix_cache_bytes)
 
     # -- text ---------------------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -80,41 +91,59 @@ class ModelEngine:
 
     # -- generation ---------------------------------------------------------------------------------
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
-                 cancelled: Callable[[], bool]) -> Iterator[int]:
-        sequence = self._acquire()
-        healthy = False
-        try:
-            yield from self._steps(sequence, list(prompt_ids), params, cancelled)
-            healthy = True
-        except GeneratorExit:  # closed early by the caller: the sequence is intact
-            healthy = True
-            raise
-        finally:
-            if healthy:
-                self._free.append(sequence)
-            else:  # a failure mid-step may leave its cache half-written: drop it
-                self._sequences -= 1
+                 cancelled: Callable[[], bool]) -> Iterator[int | TokenLogprob | None]:
+        return self.generate_choices(prompt_ids, params, cancelled, 1)[0]
 
-    def _steps(self, sequence: CausalLM, ids: list[int], params: SamplingParams,
-               cancelled: Callable[[], bool]) -> Iterator[int]:
-        rng = np.random.default_rng(params.seed)
+    def generate_choices(self, prompt_ids: Sequence[int], params: SamplingParams, cancelled: Callable[[], bool],
+                         n: int) -> list[Iterator[int | TokenLogprob | None]]:
+        """``n`` generators of one prompt: it is read once into a lane, then forked into ``n`` lanes (choice
+        ``i`` samples with ``seed + i`` when a seed is given)."""
+        ids = list(prompt_ids)
+        root = self.batch.join(ids, new_tokens=params.max_tokens)
+        forks: list[int] = []
+
+        def lane(i: int) -> int:
+            if not forks:  # the prompt is read: every choice starts from its cache and logits
+                forks.extend([root, *(self.batch.fork(root) for _ in range(n - 1))])
+            return forks[i]
+
+        return [self._choice(root, lane, i, ids, params, cancelled) for i in range(n)]
+
+    def _choice(self, root: int, lane: Callable[[int], int], index: int, ids: list[int], params: SamplingParams,
+                cancelled: Callable[[], bool]) -> Iterator[int | TokenLogprob | None]:
+        """Choice ``index``: each new token (a :class:`TokenLogprob` when ``params.logprobs`` is set). Choice 0
+        reads the prompt, one prefill chunk per step (the other lanes decode in the same steps): a prompt
+        longer than one chunk yields None for the rounds before its last chunk, as the others do until then."""
+        batch, sequence = self.batch, None
+        try:
+            while not batch.ready(root):
+                if index == 0:
+                    batch.advance(root)
+                if not batch.ready(root):
+                    yield None
+            sequence = lane(index)
+            seed = None if params.seed is None else params.seed + index
+            yield from self._steps(sequence, ids, params, np.random.default_rng(seed), cancelled)
+        finally:
+            if sequence is not None:
+                batch.leave(sequence)
+            elif index == 0:
+                batch.leave(root)
+
+    def _steps(self, sequence: int, ids: list[int], params: SamplingParams, rng: np.random.Generator,
+               cancelled: Callable[[], bool]) -> Iterator[int | TokenLogprob]:
+        batch = self.batch
         guide = None if params.grammar is None else GrammarProcessor(params.grammar, self.tokenizer)
         process = LogitsProcessor(params, ids, self.vocab_size, guide)
-        logits = sequence.prefill(ids)
         for produced in range(params.max_tokens):
+            logits = batch.logits(sequence)  # the first decoding lane of a round runs the step for all
             token = next_token(process(logits), params.temperature, params.top_k, params.top_p, rng, params.min_p)
             process.record(token)
-            yield token
             done = token in params.stop_token_ids or produced + 1 == params.max_tokens
-            if done or len(ids) + produced >= self.context_length or cancelled():
+            if not (done or len(ids) + produced >= self.context_length):
+                batch.feed(sequence, token)  # before yielding: the next step appends it with the other lanes'
+            else:
+                done = True
+            yield token if params.logprobs is None else TokenLogprob.of(token, logits, params.logprobs)
+            if done or cancelled():
                 return
-            logits = sequence.decode_step(token)
-
-    def _acquire(self) -> CausalLM:
-        if self._free:
-            return self._free.pop()
-        if self._sequences >= self.max_sequences:
-            raise RuntimeError(f"all {self.max_sequences} sequences are generating: the scheduler must not "
-                               f"open more generators than max_sequences")
-        self._sequences += 1
-        return self.model.fork()

@@ -1,5 +1,8 @@
 """One worker thread owns the engine (and so the device): it admits queued requests in arrival order
-and steps the active ones in turn, one token each, so that every stream makes progress."""
+and steps the active ones in turn, one token each, so that every stream makes progress (a batching
+engine computes the round's tokens of all of them in one step). A request for ``n`` choices holds
+``n`` of the engine's sequences; each choice's events carry its index. Each finished choice reports its
+usage: prompt and completion tokens, time to first token and tokens per second (also logged)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from orion.serve.engine import Engine, SamplingParams
+from orion.serve.engine import Engine, SamplingParams, TokenLogprob
 from orion.serve.metrics import Metrics
 from orion.serve.text import TextStream
 
@@ -20,6 +23,8 @@ log = logging.getLogger("orion.serve")
 @dataclass
 class Delta:
     text: str
+    index: int = 0  # the choice
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # of the tokens this text completes
 
 
 @dataclass
@@ -27,6 +32,10 @@ class Finished:
     reason: str  # "stop" or "length"
     prompt_tokens: int
     completion_tokens: int
+    index: int = 0  # the choice
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # of the tokens no Delta carried
+    first_token_s: float = 0.0  # from arrival to the first token
+    tokens_per_s: float = 0.0  # completion tokens after the first, per second
 
 
 @dataclass
@@ -45,6 +54,7 @@ class Job:
     params: SamplingParams
     stops: list[str]
     emit: Callable[[Event], None]
+    n: int = 1  # choices, each one of the engine's sequences
     cancelled: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.monotonic)  # for the time to first token
 
@@ -67,10 +77,12 @@ class QueueFull(Exception):
 @dataclass
 class _Running:
     job: Job
-    tokens: Iterator[int]
+    tokens: Iterator[int | TokenLogprob | None]
     text: TextStream
+    index: int = 0
     produced: int = 0
     first_token_at: float = 0.0
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet sent with a delta
 
 
 @dataclass
@@ -134,7 +146,7 @@ class Scheduler:
                     self._wake.wait()
                 if self._stopping:
                     break
-                while self._waiting and len(self._active) < self.engine.max_sequences:
+                while self._waiting and len(self._active) + self._waiting[0].n <= self.engine.max_sequences:
                     self._admit(self._waiting.popleft())
                 round_robin = list(self._active)
             start, tokens = time.perf_counter(), self.stats.tokens
@@ -156,14 +168,15 @@ class Scheduler:
             return
         engine = self.engine
         try:
-            tokens = engine.generate(job.prompt_ids, job.params, job.cancelled.is_set)
-            text = TextStream(engine.decode, job.prompt_ids, job.stops, job.params.stop_token_ids)
+            choices = [engine.generate(job.prompt_ids, job.params, job.cancelled.is_set)] if job.n == 1 else \
+                engine.generate_choices(job.prompt_ids, job.params, job.cancelled.is_set, job.n)
+            texts = [TextStream(engine.decode, job.prompt_ids, job.stops, job.params.stop_token_ids) for _ in choices]
         except Exception as exc:  # an engine that fails before its first token fails this request only
             log.exception("generation failed to start")
             self.stats.failed += 1
             job.emit(Failed(exc))
             return
-        self._active.append(_Running(job, tokens, text))
+        self._active.extend(_Running(job, tokens, text, i) for i, (tokens, text) in enumerate(zip(choices, texts)))
         self.metrics.started(len(job.prompt_ids))
 
     def _step(self, running: _Running) -> bool:
@@ -179,6 +192,11 @@ class Scheduler:
                     return self._cancel(running)
                 text, reason = running.text.finish()
                 return self._finish(running, text, reason)
+            if token is None:  # no token this round: the engine is reading a prompt
+                return True
+            if isinstance(token, TokenLogprob):
+                running.logprobs.append(token)
+                token = token.token
             running.produced += 1
             self.stats.tokens += 1
             if running.produced == 1:
@@ -189,21 +207,31 @@ class Scheduler:
                 running.tokens.close()
                 return self._finish(running, text, reason)
             if text:
-                job.emit(Delta(text))
+                job.emit(Delta(text, running.index, running.logprobs))
+                running.logprobs = []
             return True
         except Exception as exc:  # a crash in generation fails this request only
             log.exception("generation failed")
             self.stats.failed += 1
             running.tokens.close()
+            job.cancel()  # its other choices stop too
             job.emit(Failed(exc))
             return False
 
     def _finish(self, running: _Running, text: str, reason: str) -> bool:
+        job = running.job
         if text:
-            running.job.emit(Delta(text))
-        running.job.emit(Finished(reason, len(running.job.prompt_ids), running.produced))
+            job.emit(Delta(text, running.index, running.logprobs))
+            running.logprobs = []
+        now = time.monotonic()
+        decoding = now - running.first_token_at if running.produced else 0.0
+        rate = (running.produced - 1) / decoding if running.produced > 1 and decoding > 0 else 0.0
+        first = running.first_token_at - job.arrived if running.produced else 0.0
+        job.emit(Finished(reason, len(job.prompt_ids), running.produced, running.index, running.logprobs, first, rate))
+        log.info("request finished (%s): %d prompt tokens, %d completion tokens, %.3f s to the first token, "
+                 "%.1f tok/s", reason, len(job.prompt_ids), running.produced, first, rate)
         if running.produced:
-            self.metrics.finished(time.monotonic() - running.first_token_at, running.produced - 1)
+            self.metrics.finished(decoding, running.produced - 1)
         self.stats.completed += 1
         return False
 

@@ -1,7 +1,7 @@
 """OpenAI request bodies to generation requests: every field checked, every mistake a clear 4xx.
 
-Fields Orion cannot honour (``n`` above 1, ``logprobs``, ``echo``...) are refused with an error
-naming the field, and so are fields OpenAI does not define, as OpenAI does: none is ignored silently.
+Fields Orion cannot honour (``echo``, ``suffix``, ``n`` above the server's sequences...) are refused with
+an error naming the field, and so are fields OpenAI does not define, as OpenAI does: none is ignored silently.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ MAX_STOP_STRINGS = 16
 MAX_JSON_DEPTH = 64  # arrays and objects nested deeper than this are refused (no request needs more)
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 LOGIT_BIAS_LIMIT = 100  # OpenAI's range: [-100, 100]
+MAX_TOP_LOGPROBS = {True: 20, False: 5}  # OpenAI's limits: chat's top_logprobs, completions' logprobs
 
 
 class APIError(Exception):
@@ -46,6 +47,7 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     tool_format: str | None = None  # parse tool calls in this format (orion.serve.tools) from the reply
+    n: int = 1  # choices
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -144,7 +146,7 @@ _SAMPLING = {
     "presence_penalty": (_number(-2, 2), "a number in [-2, 2]"),
     "seed": (lambda v: _integer(0)(v) and v < 2**64, "an integer in [0, 2**64)"),
     "stop": (_stop, f"a string or a list of at most {MAX_STOP_STRINGS} strings"),
-    "n": (_only(1), "1 (Orion generates one choice per request)"),
+    "n": (_integer(1), "an integer >= 1 (at most the server's --max-sequences)"),
     "stream": (_is(bool), "a boolean"),
     "stream_options": (lambda v: isinstance(v, dict) and set(v) <= {"include_usage"}
                        and isinstance(v.get("include_usage", False), bool), '{"include_usage": true|false}'),
@@ -154,7 +156,7 @@ _SAMPLING = {
 _COMPLETION = {
     **_SAMPLING,
     "prompt": (lambda v: True, "a string or a list of token ids"),
-    "logprobs": (lambda v: False, "absent (Orion does not return log-probabilities)"),
+    "logprobs": (lambda v: _integer(0)(v) and v <= MAX_TOP_LOGPROBS[False], "an integer in [0, 5]"),
     "echo": (_only(False), "false (Orion does not echo the prompt)"),
     "best_of": (_only(1), "1"),
     "suffix": (lambda v: False, "absent (Orion does not support suffix)"),
@@ -163,8 +165,8 @@ _CHAT = {
     **_SAMPLING,
     "messages": (lambda v: True, "a list of messages"),
     "max_completion_tokens": _SAMPLING["max_tokens"],
-    "logprobs": (_only(False), "false (Orion does not return log-probabilities)"),
-    "top_logprobs": (lambda v: False, "absent (Orion does not return log-probabilities)"),
+    "logprobs": (_is(bool), "a boolean"),
+    "top_logprobs": (lambda v: _integer(0)(v) and v <= MAX_TOP_LOGPROBS[True], "an integer in [0, 20]"),
     "response_format": (lambda v: isinstance(v, dict) and v.get("type") in ("text", "json_object", "json_schema"),
                         '{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": '
                         '{"name": ..., "schema": {...}}}'),
@@ -313,12 +315,28 @@ def parse_request(body: dict[str, Any], engine: Engine, chat: bool) -> Generatio
         stop_token_ids=frozenset(() if engine.eos_token_id is None else (engine.eos_token_id,)),
         logit_bias=_logit_bias(body.get("logit_bias"), engine.vocab_size),
         grammar=grammar,
+        logprobs=_logprobs(body, chat),
     )
+    n = _get(body, "n", 1)
+    if n > 1 and (n > engine.max_sequences or not hasattr(engine, "generate_choices")):
+        raise APIError(400, f"n={n}: this server generates at most "
+                       f"{engine.max_sequences if hasattr(engine, 'generate_choices') else 1} choices per request "
+                       f"(--max-sequences)", param="n", code="invalid_value")
     stop = body.get("stop")
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     options = body.get("stream_options") or {}
     return GenerationRequest(chat, prompt_ids, params, [s for s in stops if s], bool(body.get("stream")),
-                             bool(options.get("include_usage")), fmt)
+                             bool(options.get("include_usage")), fmt, n)
+
+
+def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
+    """How many alternatives each token's log-probability comes with (None: no log-probabilities): chat's
+    ``logprobs: true`` with ``top_logprobs``, completions' ``logprobs: <n>``."""
+    if not chat:
+        return body.get("logprobs")
+    if body.get("top_logprobs") is not None and not body.get("logprobs"):
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
+    return _get(body, "top_logprobs", 0) if body.get("logprobs") else None
 
 
 def _response_format(value: dict[str, Any] | None) -> Grammar | None:

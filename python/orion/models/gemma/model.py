@@ -101,9 +101,9 @@ class Gemma(CausalLM):
                                    self.quant, self.residual_scale)
 
     def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None,
-                      past: bool = False) -> Graph:
+                      past: bool = False, context: int | None = None) -> Graph:
         return graphs.prefill_graph(self.config, self.weights, layers, seq, adapters, self.quant,
-                                    self.dims.context if past else None, self.residual_scale)
+                                    (context or self.dims.context) if past else None, self.residual_scale)
 
     def lora_placements(self) -> dict[str, Placement]:
         """The Llama family's placements (the same fused qkv / gate_up sites, rotate-half q/k rows)."""

@@ -111,15 +111,16 @@ def prefill_attention(g: Graph, config: GPT2Config, layer: int, q: Node, k: Node
 
 
 def decode_graph(config: GPT2Config, weights: GPT2Weights, layers: range, adapters: Sites | None = None,
-                 quant: str = "fp16", context: int | None = None) -> Graph:
-    """Layers ``layers`` for one token: inputs ``x``, ``mask``, ``k<i>``/``v<i>`` caches of ``context``
-    positions (default ``n_positions``); outputs ``x`` (the residual stream after the last layer) and
-    each layer's new ``k<i>``/``v<i>``."""
+                 quant: str = "fp16", context: int | None = None, lanes: int = 1) -> Graph:
+    """Layers ``layers`` for one token of each of ``lanes`` sequences: inputs ``x`` ``[1, C, 1, lanes]``,
+    ``mask`` ``[1, lanes, 1, T]``, ``k<i>``/``v<i>`` caches ``[1, lanes * C, 1, T]`` of ``T = context``
+    positions (default ``n_positions``; ``blocks.cached_attention``); outputs ``x`` (the residual stream
+    after the last layer) and each layer's new ``k<i>``/``v<i>``."""
     c, t = config.n_embd, context or config.n_positions
-    g = Graph(f"gpt2_decode_{layers.start}_{layers.stop}")
-    x = g.input("x", [1, c, 1, 1])
-    mask = g.input("mask", [1, 1, 1, t])
-    caches = {i: (g.input(f"k{i}", [1, c, 1, t]), g.input(f"v{i}", [1, c, 1, t])) for i in layers}
+    g = Graph(f"gpt2_decode_{layers.start}_{layers.stop}" + (f"_l{lanes}" if lanes > 1 else ""))
+    x = g.input("x", [1, c, 1, lanes])
+    mask = g.input("mask", [1, lanes, 1, t])
+    caches = {i: (g.input(f"k{i}", [1, lanes * c, 1, t]), g.input(f"v{i}", [1, lanes * c, 1, t])) for i in layers}
 
     def attend(i: int, q: Node, k: Node, v: Node) -> Node:
         return cached_attention(g, q, k, v, *caches[i], mask, config.n_head, config.attention_scale(i))
@@ -129,14 +130,15 @@ def decode_graph(config: GPT2Config, weights: GPT2Weights, layers: range, adapte
 
 
 def prefill_graph(config: GPT2Config, weights: GPT2Weights, layers: range, seq: int,
-                  adapters: Sites | None = None, quant: str = "fp16", past: bool = False) -> Graph:
+                  adapters: Sites | None = None, quant: str = "fp16", past: bool = False,
+                  context: int | None = None) -> Graph:
     """Layers ``layers`` over ``seq`` tokens (a power of two) with causal attention: input ``x``;
     outputs ``x`` and each layer's ``k<i>``/``v<i>`` for the cache. ``adapters``: LoRA site ranks (None: base).
 
     ``past``: a chunk of a longer prompt, which also attends to the positions already in the KV cache:
     inputs ``mask`` and ``k<i>``/``v<i>`` caches as in :func:`decode_graph` (positions come from the
-    cache's filled length, so one program serves every chunk)."""
-    c, t = config.n_embd, config.n_positions
+    cache's filled length, so one program serves every chunk) of ``context`` positions (default ``n_positions``)."""
+    c, t = config.n_embd, context or config.n_positions
     g = Graph(f"gpt2_{'chunk' if past else 'prefill'}_{layers.start}_{layers.stop}_s{seq}")
     x = g.input("x", [1, c, 1, seq])
     if past:

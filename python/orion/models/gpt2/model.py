@@ -76,12 +76,12 @@ class GPT2(CausalLM):
                 "weights": self.weights.content_hash(self.config), **quant_identity(self.quant)}
 
     def decode_graph(self, layers: range, adapters: Mapping[str, int] | None = None,
-                     context: int | None = None) -> Graph:
-        return graphs.decode_graph(self.config, self.weights, layers, adapters, self.quant, context)
+                     context: int | None = None, lanes: int = 1) -> Graph:
+        return graphs.decode_graph(self.config, self.weights, layers, adapters, self.quant, context, lanes)
 
     def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None,
-                      past: bool = False) -> Graph:
-        return graphs.prefill_graph(self.config, self.weights, layers, seq, adapters, self.quant, past)
+                      past: bool = False, context: int | None = None) -> Graph:
+        return graphs.prefill_graph(self.config, self.weights, layers, seq, adapters, self.quant, past, context)
 
     peft_fan_in_fan_out = True  # Hugging Face GPT-2's projections are Conv1D ([in, out] weights)
 

@@ -319,23 +319,24 @@ def _layer_rope(g: Graph, config: LlamaConfig, layers: range, seq: int, as_input
 
 
 def decode_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, context: int | None = None,
-                 adapters: Sites | None = None, quant: str = "fp16") -> Graph:
-    """Layers ``layers`` for one token: inputs ``x`` ``[1, dim, 1, 1]``, ``mask`` ``[1, 1, 1, T]``, ``rope``
-    ``[1, 2 * head_dim, 1, 1]`` (:func:`rope_row`) and caches ``k<i>``/``v<i>`` ``[1, kv_dim, 1, T]``
-    (``T = context``, default ``max_position_embeddings``); outputs ``x`` and each layer's new ``k<i>``/``v<i>``."""
+                 adapters: Sites | None = None, quant: str = "fp16", lanes: int = 1) -> Graph:
+    """Layers ``layers`` for one token of each of ``lanes`` sequences: inputs ``x`` ``[1, dim, 1, lanes]``,
+    ``mask`` ``[1, lanes, 1, T]``, ``rope`` ``[1, 2 * head_dim, 1, lanes]`` (:func:`rope_row` per lane) and
+    caches ``k<i>``/``v<i>`` ``[1, lanes * kv_dim, 1, T]`` (``T = context``, default
+    ``max_position_embeddings``; ``blocks.cached_attention``); outputs ``x`` and each layer's new ``k<i>``/``v<i>``."""
     t = context or config.max_position_embeddings
     _check_span(config, t, f"decode cache of {t} positions")
     kv = config.n_kv_heads
-    g = Graph(f"llama_decode_{layers.start}_{layers.stop}_t{t}")
-    x = g.input("x", [1, config.dim, 1, 1])
-    mask = g.input("mask", [1, 1, 1, t])
-    rope = _layer_rope(g, config, layers, 1, True)
-    caches = {i: (g.input(f"k{i}", [1, config.kv_dim, 1, t]), g.input(f"v{i}", [1, config.kv_dim, 1, t]))
-              for i in layers}
-    window_mask = window_mask_input(g, t, 1) if any(config.window(i) for i in layers) else None
+    g = Graph(f"llama_decode_{layers.start}_{layers.stop}_t{t}" + (f"_l{lanes}" if lanes > 1 else ""))
+    x = g.input("x", [1, config.dim, 1, lanes])
+    mask = g.input("mask", [1, lanes, 1, t])
+    rope = _layer_rope(g, config, layers, lanes, True)
+    caches = {i: (g.input(f"k{i}", [1, lanes * config.kv_dim, 1, t]),
+                  g.input(f"v{i}", [1, lanes * config.kv_dim, 1, t])) for i in layers}
+    window_mask = window_mask_input(g, t, lanes, per_lane=True) if any(config.window(i) for i in layers) else None
     for i in layers:
         def attend(j: int, qh: Node, kh: Node, k: Node, v: Node, i: int = i) -> Node:
-            q = g.reshape(qh, [1, config.kv_dim, 1, 1], name=f"q{j}_rotated")
+            q = g.reshape(qh, [1, config.kv_dim, 1, lanes], name=f"q{j}_rotated")
             with g.scope(f"attn_g{j}"):
                 return cached_attention(g, q, k, v, *caches[i], window_mask if config.window(i) else mask, kv)
 

@@ -103,14 +103,14 @@ class Llama(CausalLM):
                 "weights": self.weights.content_hash(self.config), **quant_identity(self.quant)}
 
     def decode_graph(self, layers: range, adapters: Mapping[str, int] | None = None,
-                     context: int | None = None) -> Graph:
+                     context: int | None = None, lanes: int = 1) -> Graph:
         return graphs.decode_graph(self.config, self.weights, layers, context or self.dims.context, adapters,
-                                   self.quant)
+                                   self.quant, lanes)
 
     def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None,
-                      past: bool = False) -> Graph:
+                      past: bool = False, context: int | None = None) -> Graph:
         return graphs.prefill_graph(self.config, self.weights, layers, seq, adapters, self.quant,
-                                    self.dims.context if past else None)
+                                    (context or self.dims.context) if past else None)
 
     def lora_placements(self) -> dict[str, Placement]:
         """``model.layers.<i>.self_attn.{q,k,v,o}_proj`` and ``mlp.{gate,up,down}_proj`` on the fused graph sites:

@@ -1,0 +1,141 @@
+"""Speculative decoding with prompt-lookup drafts: guess the next tokens from n-grams of the prompt
+and the text so far, and let the model check them all in one run of its chunk programs.
+
+Drafting (as transformers' ``prompt_lookup_num_tokens`` and llama.cpp's lookup decoding): the last
+``n`` tokens of the sequence, for ``n`` from ``max_ngram`` down to ``min_ngram``, are looked up in the
+sequence before them; the tokens that followed their most recent earlier occurrence (up to
+``num_tokens``) are the draft. Text that copies or edits its prompt (code edits, quoting, extraction)
+drafts well; free text seldom matches and then decodes as usual.
+
+Checking: after the token just chosen, ``t``, the model runs ``[t, d1, ..., dk]`` over its KV cache
+in one chunk (``CausalLM.extend``: one dispatch per layer program, however many drafts), which gives
+the logits after ``t`` and after each draft. The next token is chosen from the first of them exactly as
+plain decoding chooses it (same processors, same sampler, same random draws); while the chosen token
+equals the next draft, the logits after that draft are already computed and are used next, at no
+cost. At the first mismatch the cache is truncated to the accepted positions (the rejected drafts'
+keys and values are masked out and later overwritten), and the chosen token starts the next check.
+
+Why the output keeps the model's distribution: the draft ``d`` is deterministic, i.e. a draft
+distribution ``q`` with all its mass on ``d``. Speculative sampling's rule (Leviathan et al. 2023;
+Chen et al. 2023) accepts ``d`` with probability ``min(1, p(d) / q(d)) = p(d)`` and otherwise samples
+from ``norm(max(0, p - q))``, which is ``p`` without ``d``, renormalised. Drawing ``t ~ p`` and
+accepting ``d`` iff ``t == d`` does exactly that, in one draw: so greedy and sampled output, for a
+given seed, are the tokens plain decoding chooses from the same logits (the chunk programs' logits
+equal decode's to within fp16 rounding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from orion.errors import OrionError
+
+if TYPE_CHECKING:
+    from orion.generation.loop import CausalLM
+
+METHODS = ("prompt-lookup",)
+
+
+class SpeculationError(OrionError, ValueError):
+    """A speculative-decoding setting makes no sense."""
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """Prompt-lookup speculative decoding: up to ``num_tokens`` drafts per check, from the longest n-gram
+    (``max_ngram`` down to ``min_ngram`` tokens) of the sequence's end found earlier in it."""
+
+    method: str = "prompt-lookup"
+    num_tokens: int = 10
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise SpeculationError(f"speculative method {self.method!r}: use one of {METHODS}")
+        for name in ("num_tokens", "max_ngram", "min_ngram"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise SpeculationError(f"speculative {name}={value!r}: use a positive integer")
+        if self.min_ngram > self.max_ngram:
+            raise SpeculationError(f"speculative min_ngram={self.min_ngram} > max_ngram={self.max_ngram}: "
+                                   f"give min_ngram <= max_ngram")
+
+    @classmethod
+    def of(cls, given: Speculation | str | None) -> Speculation | None:
+        """``given`` as settings: a :class:`Speculation`, a method name (its defaults), or None (off)."""
+        if given is None or isinstance(given, Speculation):
+            return given
+        if isinstance(given, str):
+            return cls(method=given)
+        raise SpeculationError(f"speculative={given!r}: give 'prompt-lookup', a Speculation(...), or None")
+
+
+def prompt_lookup(history: Sequence[int], num_tokens: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
+    """Up to ``num_tokens`` tokens that followed the most recent earlier occurrence of the longest n-gram
+    (``max_ngram`` down to ``min_ngram`` tokens) ending ``history``; [] when none occurs earlier."""
+    seq = np.asarray(history, dtype=np.int64)
+    size = seq.size
+    for n in range(min(max_ngram, size - 1), min_ngram - 1, -1):
+        tail = seq[size - n:]
+        windows = np.lib.stride_tricks.sliding_window_view(seq[:size - 1], n)  # every n-gram ending before the last
+        hits = np.flatnonzero((windows == tail).all(axis=1))
+        if hits.size:
+            follow = int(hits[-1]) + n
+            return [int(t) for t in seq[follow:follow + num_tokens]]
+    return []
+
+
+@dataclass
+class SpeculationStats:
+    """What a speculative run did: checks (chunk runs), drafted and accepted tokens."""
+
+    checks: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafts over drafted ones (0 before any draft)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+class Speculator:
+    """The logits source of a speculative generation: ``next_logits(token, wanted)`` returns the logits after
+    ``token`` (just chosen) from a check made earlier when ``token`` was its draft, else from a new check of
+    ``token`` and the drafts after it; ``close()`` forgets the positions of drafts never confirmed."""
+
+    def __init__(self, model: CausalLM, settings: Speculation, prompt_ids: Sequence[int]) -> None:
+        self.model, self.settings = model, settings
+        self.history = list(prompt_ids)
+        self.pending: list[tuple[int, np.ndarray]] = []  # (draft, the logits after it), checked but not chosen yet
+        self.stats = SpeculationStats()
+
+    def next_logits(self, token: int, wanted: int) -> np.ndarray:
+        """The logits after ``token``; ``wanted``: how many more tokens the generation may still choose after
+        the one these logits choose (drafts beyond it would be wasted)."""
+        self.history.append(token)
+        if self.pending and self.pending[0][0] == token:
+            self.stats.accepted += 1
+            return self.pending.pop(0)[1]
+        self.close()
+        model, s = self.model, self.settings
+        room = min(s.num_tokens, wanted, model.cache.context - model.cache.length - 1)
+        drafts = prompt_lookup(self.history, room, s.max_ngram, s.min_ngram) if room > 0 else []
+        if not drafts:
+            return model.decode_step(token)
+        rows = model.extend([token, *drafts])
+        self.stats.checks += 1
+        self.stats.drafted += len(drafts)
+        self.pending = list(zip(drafts, rows[1:]))
+        return rows[0]
+
+    def close(self) -> None:
+        """Truncate the cache to the confirmed positions (drop the drafts never chosen)."""
+        if self.pending:
+            self.model.truncate(self.model.cache.length - len(self.pending))
+            self.pending = []

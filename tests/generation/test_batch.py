@@ -1,0 +1,164 @@
+"""Batched decode (orion.generation.batch): sequences in the lanes of one model's decode programs give,
+token for token, what separate runs of the single-sequence model give, whatever joins or leaves
+meanwhile, with per-sequence samplers and adapters, and without a compile per batch size.
+
+References: the same model generating each prompt alone (``CausalLM.generate``, its single-lane
+programs); greedy tokens must be equal, sampled ones too (same seed: the same draws from the same
+logits up to fp16 rounding of the batched attention, which these prompts do not cross)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import orion
+from orion.generation.batch import Batch, BatchFull
+from orion.generation.loop import GenerationError
+from orion.lora import LoraAdapter
+from orion.models import GPT2, GPT2Config, Llama, LlamaConfig
+from support.gpt2_fixtures import lively_weights
+from support.llama_fixtures import lively
+
+# prefill_chunk 32: the longer prompts are read in chunks, interleaved with the other lanes' decode steps
+GPT2_CONFIG = GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=300, n_positions=128)
+LLAMA_CONFIG = LlamaConfig(dim=64, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=16, hidden_dim=96, vocab_size=160,
+                           max_position_embeddings=128, rope_convention="half", rope_theta=500.0)
+LENGTHS = (3, 9, 17, 31, 5, 40, 12, 70)
+NEW = 12
+
+
+def prompts(vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.integers(0, vocab, n)] for n in LENGTHS]
+
+
+@pytest.fixture(scope="module")
+def gpt2() -> GPT2:
+    return GPT2(GPT2_CONFIG, lively_weights(GPT2_CONFIG, seed=3), progress=False, prefill_chunk=32)
+
+
+@pytest.fixture(scope="module")
+def llama() -> Llama:
+    return Llama(LLAMA_CONFIG, lively(LLAMA_CONFIG, seed=4), progress=False, prefill_chunk=32)
+
+
+@pytest.fixture(scope="module")
+def gpt2_lanes(gpt2) -> GPT2:
+    return gpt2.with_lanes(8)
+
+
+def alone(model, prompt: list[int], **options) -> list[int]:
+    return list(model.generate(prompt, NEW, **options))
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_eight_prompts_in_one_batch_match_eight_separate_runs(name, request) -> None:
+    model = request.getfixturevalue(name)
+    batched = request.getfixturevalue("gpt2_lanes") if name == "gpt2" else model.with_lanes(8)
+    ps = prompts(model.dims.vocab_size)
+    want = [alone(model, p, temperature=0) for p in ps]
+    assert len({tuple(w) for w in want}) == len(ps)  # different prompts, different continuations
+    batch = Batch(batched)
+    runs = [batch.submit(p, NEW, temperature=0) for p in ps]
+    batch.run()
+    assert [r.token_ids for r in runs] == want
+    assert all(r.finish_reason == "length" for r in runs) and batch.active == 0
+
+
+def test_joining_and_leaving_mid_batch_change_no_ones_tokens(gpt2, gpt2_lanes) -> None:
+    ps = prompts(GPT2_CONFIG.vocab_size, seed=1)
+    lengths = [NEW, 4, NEW, 7, NEW, 2, NEW, NEW]  # some leave early, freeing lanes for later joiners
+    want = [list(gpt2.generate(p, n, temperature=0)) for p, n in zip(ps, lengths)]
+    batch = Batch(gpt2_lanes)
+    runs = [batch.submit(p, n, temperature=0) for p, n in zip(ps[:3], lengths[:3])]
+    for _ in range(5):
+        batch.step()
+    runs += [batch.submit(p, n, temperature=0) for p, n in zip(ps[3:], lengths[3:])]  # join mid-batch
+    batch.run()
+    assert [r.token_ids for r in runs] == want
+
+
+def test_lanes_level_join_feed_fork_leave(gpt2, gpt2_lanes) -> None:
+    p, q = prompts(GPT2_CONFIG.vocab_size, seed=2)[2:4]
+    want_p, want_q = alone(gpt2, p, temperature=0), alone(gpt2, q, temperature=0)
+    batch = Batch(gpt2_lanes)
+    a = batch.join(p)
+    logits = batch.logits(a)
+    twin = batch.fork(a)  # a second choice of the same prompt: the same cache and logits
+    np.testing.assert_array_equal(batch.logits(twin), logits)
+    b = batch.join(q)  # read over the next steps, while a and twin decode
+    tokens: dict[int, list[int]] = {a: [], twin: [], b: []}
+    for step in range(NEW):
+        for s, got in tokens.items():
+            got.append(int(np.argmax(batch.logits(s))))
+            if len(got) < NEW:
+                batch.feed(s, got[-1])
+        if step == 4:
+            batch.leave(twin)  # leaves mid-way, its token fed: the others are unchanged
+            left = tokens.pop(twin)
+    assert tokens[a] == want_p and tokens[b] == want_q and left == want_p[:5]
+    with pytest.raises(GenerationError, match="no sequence"):
+        batch.logits(twin)
+
+
+def test_a_full_batch_refuses_another_lane(gpt2) -> None:
+    batch = Batch(gpt2.with_lanes(2))
+    batch.join([1, 2, 3])
+    batch.join([4, 5])
+    with pytest.raises(BatchFull, match="all 2 lanes"):
+        batch.join([6])
+
+
+def test_samplers_are_per_sequence(gpt2, gpt2_lanes) -> None:
+    ps = prompts(GPT2_CONFIG.vocab_size, seed=5)[:4]
+    settings = [dict(temperature=0.9, seed=1), dict(temperature=0.7, top_k=20, seed=2),
+                dict(temperature=1.1, top_p=0.8, seed=3), dict(temperature=0, repetition_penalty=1.3)]
+    want = [alone(gpt2, p, **s) for p, s in zip(ps, settings)]
+    batch = Batch(gpt2_lanes)
+    runs = [batch.submit(p, NEW, **s) for p, s in zip(ps, settings)]
+    runs.append(batch.submit(ps[0], NEW, stop=[want[0][3]], temperature=0.9, seed=1))  # a stop token
+    batch.run()
+    assert [r.token_ids for r in runs[:4]] == want
+    assert runs[4].token_ids == want[0][:4] and runs[4].finish_reason == "stop" and runs[4].stopped_by == want[0][3]
+
+
+def test_a_mixed_adapter_batch_matches_separate_runs(gpt2) -> None:
+    lanes = gpt2.with_lanes(4)
+    placements = sorted(lanes.lora_placements())
+    rng = np.random.default_rng(9)
+    for name in ("a", "b"):
+        modules = {path: (rng.normal(0, 0.3, (4, p.in_features)).astype(np.float32),
+                          rng.normal(0, 0.3, (p.out_features, 4)).astype(np.float32))
+                   for path, p in ((path, lanes.lora_placements()[path]) for path in placements)}
+        adapter = LoraAdapter(4, 8.0, modules)
+        lanes.add_adapter(adapter, name)
+        if name not in gpt2.adapters:
+            gpt2.add_adapter(adapter, name)
+    ps = prompts(GPT2_CONFIG.vocab_size, seed=6)[:6]
+    adapters = [None, "a", "b", "a", None, "b"]
+    want = []
+    for p, adapter in zip(ps, adapters):
+        gpt2.set_adapter(adapter)
+        want.append(alone(gpt2, p, temperature=0))
+    gpt2.set_adapter(None)
+    assert want[1] != alone(gpt2, ps[1], temperature=0)  # the adapters change the tokens
+    batch = Batch(lanes)
+    runs = [batch.submit(p, NEW, temperature=0, adapter=a) for p, a in zip(ps, adapters)]
+    batch.run()
+    assert [r.token_ids for r in runs] == want
+
+
+def test_the_compile_count_does_not_move_with_the_batch_size(gpt2) -> None:
+    lanes = gpt2.with_lanes(4)
+    ps = prompts(GPT2_CONFIG.vocab_size, seed=7)
+    warm = Batch(lanes)  # the prefill buckets these prompts use, compiled once
+    for p in ps:
+        warm.submit(p, 2, temperature=0)
+    warm.run()
+    before = orion.compile_count()
+    for size in (1, 2, 3, 4):
+        batch = Batch(lanes)
+        for p in ps[:size]:
+            batch.submit(p, NEW, temperature=0)
+        batch.run()
+        assert orion.compile_count() == before, f"{size} sequences compiled a program"

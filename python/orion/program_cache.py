@@ -50,7 +50,7 @@ from orion.errors import OrionError
 from orion.graph import Graph
 from orion.legalize.io import IOLayout, IOSpec
 
-_COMPILER_PARTS = ("compiler.py", "ops", "graph", "legalize", "passes", "emit.py", "generation", "models")
+_COMPILER_PARTS = ("compiler.py", "ops", "graph", "legalize", "passes", "emit.py", "quant.py", "generation", "models")
 MANIFEST = "manifest.json"
 BLOBS = "blobs"
 FILES = "files"  # _by_identity's memo: one small file per (kind, file version): checkpoint digests, blob CRCs

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 NUMPY = {"fp16": np.float16, "fp32": np.float32, "int32": np.int32, "bool": np.bool_, "int8": np.int8, "uint8": np.uint8}
+SUB_BYTE = {"int4": 4, "uint4": 4, "uint6": 6}  # bits per element
 
 
 def coremltools() -> Any | None:
@@ -34,7 +35,18 @@ def _blob(value: Any, weights: dict[str, bytes]) -> np.ndarray:
     header = int(value.blob_offset)
     assert struct.unpack_from("<I", data, header)[0] == 0xDEADBEEF, f"{value.blob_path}: no chunk at {header}"
     size, start = struct.unpack_from("<II", data, header + 8)[0], struct.unpack_from("<I", data, header + 16)[0]
-    return np.frombuffer(data[start:start + size], dtype=NUMPY[value.type.dtype]).reshape(list(value.type.shape))
+    dtype, shape = value.type.dtype, list(value.type.shape)
+    if dtype in SUB_BYTE:  # packed LSB first (coremltools' MILBlob); coremltools' own numpy dtype for it
+        from coremltools.converters.mil.mil import types
+
+        bits = SUB_BYTE[dtype]
+        count = int(np.prod(shape))
+        flat = np.unpackbits(np.frombuffer(data[start:start + size], np.uint8), bitorder="little")[:count * bits]
+        values = (flat.reshape(count, bits).astype(np.int64) << np.arange(bits)).sum(axis=1)
+        if dtype == "int4":
+            values = np.where(values >= 8, values - 16, values)
+        return values.astype(getattr(types, f"np_{dtype}_dtype")).reshape(shape)
+    return np.frombuffer(data[start:start + size], dtype=NUMPY[dtype]).reshape(shape)
 
 
 def const_value(value: Any, weights: dict[str, bytes]) -> Any:
@@ -60,7 +72,8 @@ def _signature(op: Any, declared: dict[str, Any], consts: dict[str, Any], weight
         return t.dtype, tuple(t.shape), shown
     attributes = tuple((k, v.type.dtype, tuple(v.type.shape), "" if _kind(v) == "blob" else repr(const_value(v, weights)))
                        for k, v in op.attributes)  # a constexpr op's parameters written as attributes
-    return (op.op, tuple((a.name, tuple(operand(r) for r in a.refs)) for a in op.args), attributes,
+    inline = tuple((a.name, a.literal.type.dtype, tuple(a.literal.type.shape)) for a in op.args if a.literal is not None)
+    return (op.op, tuple((a.name, tuple(operand(r) for r in a.refs)) for a in op.args), attributes + inline,
             op.type.dtype, tuple(op.type.shape))
 
 
@@ -95,7 +108,9 @@ def replay(program: Any, weights: dict[str, bytes], seen: set[tuple] | None = No
             for ref in dict.fromkeys(r for a in op.args for r in a.refs if r in consts):
                 env[ref] = mb.const(val=const_value(consts[ref], weights), name=ref)
             attributes = {k: const_value(v, weights) for k, v in op.attributes}
-            var = getattr(mb, op.op)(**{a.name: env[a.refs[0]] for a in op.args}, **attributes, name=op.name)
+            attributes.update({a.name: const_value(a.literal, weights) for a in op.args if a.literal is not None})
+            var = getattr(mb, op.op)(**{a.name: env[a.refs[0]] for a in op.args if a.literal is None}, **attributes,
+                                     name=op.name)
             got = f"{types.builtin_to_string(var.dtype)} {list(var.shape)}"
             want = f"{op.type.dtype} {list(op.type.shape)}"
             if got != want:

@@ -102,9 +102,8 @@ def write_gguf_of(model: Path, out: Path) -> Path:
     sys.path.insert(0, str(HERE))
     from gguf_export import write_gguf
 
-    config = GPT2Config(**{k: v for k, v in json.loads((model / "config.json").read_text()).items()
-                           if k in GPT2Config.__dataclass_fields__})
-    return write_gguf(out, config, load_hf(model, config), "f16")
+    config, weights = load_hf(model, progress=False)
+    return write_gguf(out, config, weights, "f16")
 
 
 def find_smollm2(given: str | None, workdir: Path) -> tuple[Path | None, str]:

@@ -102,9 +102,8 @@ def write_gguf_of(model: Path, out: Path) -> Path:
     sys.path.insert(0, str(HERE))
     from gguf_export import write_gguf
 
-    config = GPT2Config(**{k: v for k, v in json.loads((model / "config.json").read_text()).items()
-                           if k in GPT2Config.__dataclass_fields__})
-    return write_gguf(out, config, load_hf(model, config), "f16")
+    config, weights = load_hf(model, progress=False)
+    return write_gguf(out, config, weights, "f16")
 
 
 def find_smollm2(given: str | None, workdir: Path) -> tuple[Path | None, str]:
@@ -242,12 +241,13 @@ def serve_section(args: argparse.Namespace, model: Path, workdir: Path) -> dict[
     servers: dict[str, tuple[subprocess.Popen, str]] = {}
     notes = []
     try:
-        for name, extra in orion_variants(args.orion_variant).items():
+        for name, extra in orion_variants(args.orion_variant).items() if "orion" in args.servers else ():
             servers[name] = start_orion(model, slots, queue, args.threads, extra)
-        binary = llama_server_binary(args.llama_server)
+        binary = llama_server_binary(args.llama_server) if "llama-server" in args.servers else None
         gguf = Path(args.gguf) if args.gguf else write_gguf_of(model, workdir / "model-f16.gguf") if binary else None
         slot_context = args.prompt_tokens + args.new_tokens + 16
         proc, url, note = start_llama(binary, gguf, slots, slot_context, args.threads) if binary else \
+            (None, None, "llama-server: not asked for (--servers)") if "llama-server" not in args.servers else \
             start_llama(None, Path(), 0, 0, 0)
         if proc is not None:
             servers["llama-server"] = (proc, url)
@@ -434,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slots", type=int, default=0, help="sequences at once: Orion's --max-sequences and llama-server's "
                                                          "-np (default: the most clients)")
     p.add_argument("--threads", type=int, default=2, help="threads of every engine (default 2)")
+    p.add_argument("--servers", nargs="+", choices=("orion", "llama-server"), default=["orion", "llama-server"],
+                   help="which servers the serve section runs (default both)")
     p.add_argument("--orion-variant", action="append", default=[], metavar="NAME=ARGS",
                    help="an Orion server variant and its extra server arguments (repeatable; default: one per "
                         "--scheduler choice of the server)")

@@ -88,7 +88,9 @@ PLACEMENT = {"gpt2-relu-wide-unscaled": "cpu"}
 # with the layer programs in fp32, prefer="cpu", follows PEFT within 0.2%): they train at 5e-3, where they drift at
 # most 0.22% (measured), within Mistral's and Qwen2's 0.5%.
 LORA_LR = {"mistral": 5e-3, "gemma2": 5e-3, "gemma3": 5e-3}
-LORA_RTOL = {"mistral": 5e-3, "qwen2": 5e-3, "gemma2": 5e-3, "gemma3": 5e-3}
+# SmolLM3's curve moved by 0.27% at one step (of 30) when the CPU head's dh changed summation order (the same fp32
+# product, (W^T dlogits^T)^T): fp32 rounding carried along an fp16 trajectory, as for Mistral's and Qwen2's 0.5%.
+LORA_RTOL = {"mistral": 5e-3, "qwen2": 5e-3, "smollm3": 5e-3, "gemma2": 5e-3, "gemma3": 5e-3}
 TIMING = ("ms", "tokens_per_s", "compiles")
 
 

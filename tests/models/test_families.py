@@ -141,17 +141,12 @@ def test_published_fields_no_family_reads_are_accepted_with_one_note() -> None:
 
 @pytest.mark.parametrize("name,changes,match", [
     ("qwen3-0.6b", {"attention_bias": True}, "'attention_bias' is true: Qwen3 with projection biases"),
-    ("qwen3-0.6b", {"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 20},
-     "'sliding_window' is 4096 with a context of 40960"),
     ("qwen3-0.6b", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768,
                                      "low_freq_factor": 1.0}}, "rope_scaling.low_freq_factor"),
     ("smollm3-3b", {"no_rope_layers": [1, 0, 1]}, "'no_rope_layers' is .*36 entries of 0 or 1"),
-    ("smollm3-3b", {"use_sliding_window": True, "sliding_window": 4096}, "'sliding_window' is 4096"),
     ("smollm3-3b", {"mlp_bias": True}, "'mlp_bias' is true"),
     ("phi-3.5-mini", {"rope_scaling": {"type": "dynamic", "factor": 2.0}},
      "'rope_scaling.rope_type' is \"dynamic\": RoPE scaling 'dynamic' in a Phi-3 model"),
-    ("phi-3.5-mini", {"sliding_window": 2047, "max_position_embeddings": 4096, "rope_scaling": None},
-     "'sliding_window' is 2047 with a context of 4096"),  # Phi-3-mini-4k's window slides: refused with the fix
     ("llama-3.2-1b", {"rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 4.0,
                                        "high_freq_factor": 1.0}}, "high_freq_factor > low_freq_factor"),
 ])
@@ -159,3 +154,22 @@ def test_fields_a_family_does_not_implement_are_refused_by_name(name: str, chang
     with warnings.catch_warnings(), pytest.raises(ConfigError, match=match):
         warnings.simplefilter("ignore", ConfigNote)
         LlamaConfig.from_hf_json(families.PUBLISHED[name] | changes)
+
+
+@pytest.mark.parametrize("name,changes,window,layers", [
+    ("qwen3-0.6b", {"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 20}, 4096,
+     tuple(range(20, 28))),  # transformers: the layers from max_window_layers on
+    ("smollm3-3b", {"use_sliding_window": True, "sliding_window": 4096}, 4096,
+     tuple(range(3, 36, 4))),  # transformers: the layers without RoPE (every fourth)
+    ("phi-3.5-mini", {"sliding_window": 2047, "max_position_embeddings": 4096, "rope_scaling": None}, 2047,
+     None),  # Phi-3-mini-4k's published window: every layer
+])
+def test_sliding_windows_are_read_as_transformers_applies_them(name: str, changes: dict, window: int,
+                                                                layers: tuple[int, ...] | None) -> None:
+    """The windows the mechanism of tests/models/test_sliding_window.py then honours (checked there against
+    transformers' Mistral and Qwen2): which layers slide, by each family's own fields."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConfigNote)
+        config = LlamaConfig.from_hf_json(families.PUBLISHED[name] | changes)
+    assert (config.sliding_window, config.sliding_layers) == (window, layers)
+    assert LlamaConfig.from_hf_json(config.to_hf_json()) == config

@@ -122,6 +122,21 @@ class GemmaConfig:
         """sqrt(dim), the embedding's factor, rounded to float32 as transformers rounds it to the embedding's dtype."""
         return float(np.float32(math.sqrt(self.dim)))
 
+    @property
+    def rotary_dim(self) -> int:
+        """Channels of each head RoPE rotates: all (read by the Llama RoPE helpers Gemma shares)."""
+        return self.head_dim
+
+    @property
+    def qkv_bias(self) -> bool:
+        """Gemma's projections have no biases (read by the Llama layout helpers Gemma shares)."""
+        return False
+
+    @property
+    def fused_checkpoint(self) -> bool:
+        """Gemma stores q/k/v and gate/up as separate modules (read by the Llama LoRA placements Gemma shares)."""
+        return False
+
     def window(self, layer: int) -> int | None:
         """The sliding window of layer ``layer`` (None: a global layer, or a window that holds the whole context)."""
         if layer not in self.sliding_layers or self.sliding_window >= self.max_position_embeddings:

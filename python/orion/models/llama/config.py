@@ -127,6 +127,12 @@ class LlamaConfig:
         return layer not in self.no_rope_layers
 
     @property
+    def fused_checkpoint(self) -> bool:
+        """Whether the checkpoint stores q/k/v and gate/up as one module each (Phi-3): the Llama layer's LoRA sites
+        and placements (also Gemma's, whose config says False) follow it."""
+        return self.variant.fused_checkpoint
+
+    @property
     def variant(self) -> Variant:
         """The :class:`Variant` of this config's ``model_type``."""
         return VARIANTS[self.model_type]

@@ -138,7 +138,7 @@ def lora_site_names(config: LlamaConfig, layer: int) -> dict[str, str]:
     q/k/v (or a fused checkpoint's qkv_proj) share the fused qkv projection, gate/up (gate_up_proj) the fused
     gate_up one."""
     qkv, gate_up, o, down = f"l{layer}_qkv", f"l{layer}_gate_up", f"l{layer}_o", f"l{layer}_down"
-    if config.variant.fused_checkpoint:
+    if config.fused_checkpoint:
         return {"self_attn.qkv_proj": qkv, "self_attn.o_proj": o, "mlp.gate_up_proj": gate_up, "mlp.down_proj": down}
     return {"self_attn.q_proj": qkv, "self_attn.k_proj": qkv, "self_attn.v_proj": qkv, "self_attn.o_proj": o,
             "mlp.gate_proj": gate_up, "mlp.up_proj": gate_up, "mlp.down_proj": down}
@@ -174,7 +174,7 @@ def projections(config: LlamaConfig) -> tuple[Projection, Projection]:
     groups = range(config.group_size)
     q = tuple((f"wq_g{j}", bias(f"bq_g{j}")) for j in groups)
     k, v = (("wk", bias("bk")),), (("wv", bias("bv")),)
-    if config.variant.fused_checkpoint:  # one Hugging Face module each (Phi-3)
+    if config.fused_checkpoint:  # one Hugging Face module each (Phi-3)
         return {"self_attn.qkv_proj": (*q, *k, *v)}, {"mlp.gate_up_proj": (("w_gate", None), ("w_up", None))}
     return ({"self_attn.q_proj": q, "self_attn.k_proj": k, "self_attn.v_proj": v},
             {"mlp.gate_proj": (("w_gate", None),), "mlp.up_proj": (("w_up", None),)})

@@ -30,7 +30,7 @@ def lora_placements(config: LlamaConfig) -> dict[str, Placement]:
                                           tuple(group_rows(config, j) for j in groups)),
             "mlp.down_proj": Placement(Site(names["mlp.down_proj"], dim, (hidden,)), hidden, dim, slice(0, dim)),
         }
-        if config.variant.fused_checkpoint:
+        if config.fused_checkpoint:
             rows = np.concatenate([q_rows, q_dim + k_rows, q_dim + kv + np.arange(kv)])
             layer["self_attn.qkv_proj"] = Placement(qkv, dim, q_dim + 2 * kv, slice(0, q_dim + 2 * kv), rows)
             layer["mlp.gate_up_proj"] = Placement(gate_up, dim, 2 * hidden, slice(0, 2 * hidden))

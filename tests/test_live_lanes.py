@@ -117,3 +117,25 @@ def test_hints_reach_the_tensor_cut_from_a_padded_input() -> None:
     stage.run({"x": 3})
     want = (xs[..., :3] ** 2).sum(axis=3, keepdims=True)
     np.testing.assert_allclose(stage.output("y").astype(np.float64), want, rtol=0.01, atol=0.01)
+
+
+@pytest.mark.parametrize("moves", ["transpose"])
+def test_moving_the_lane_axis_turns_dead_lanes_into_zeros(moves) -> None:
+    """A transpose (and, in the kernel, a reshape) that moves the lane axis makes the dead lanes ordinary elements of rows that later
+    ops read whole (a per-head norm, a chunk's own keys): they are zeros there, never the stale (here NaN) values.
+    Before, a Gemma 3 chunk over a cache (q/k norms, a live-lanes hint on x) produced NaN. Reference: numpy with
+    the dead lanes zeroed, moved the same way."""
+    g = Graph("lanes_moved")
+    x = g.input("x", [1, 8, 1, 64])  # 64 lanes (rows longer than the 32 computed whole), 10 live
+    heads = g.reshape(x, [1, 2, 4, 64], name="heads")  # keeps the lane axis: a view, lanes kept
+    moved = g.transpose(heads, [0, 1, 3, 2], name="moved") if moves == "transpose" else \
+        g.reshape(heads, [1, 2, 64, 4], name="moved")
+    g.output(g.reshape(g.add(moved, 1.0, name="plus"), [1, 512, 1, 1], name="y"), "y")
+    stage = Stage(compile_graph(g))
+    xs = np.random.default_rng(3).standard_normal((1, 8, 1, 64))
+    stage.input("x")[...] = np.where(np.arange(64) < 10, xs, np.nan)
+    stage.run({"x": 10})
+    zeroed = np.where(np.arange(64) < 10, xs, 0.0).reshape(1, 2, 4, 64)
+    want = ((zeroed.transpose(0, 1, 3, 2) if moves == "transpose" else zeroed.reshape(1, 2, 64, 4)) + 1.0
+            ).reshape(1, 512, 1, 1)
+    np.testing.assert_allclose(stage.output("y").astype(np.float64), want, rtol=1e-3, atol=1e-3)

@@ -17,9 +17,15 @@ BuiltOp build_reshape(OpContext& ctx) {
         return {nullptr, ctx.slot("x", /*fp16_in_place=*/true)};
     if (ctx.plan_only()) return {};
     const int x = ctx.slot("x"), o = ctx.out_slot();
+    const int64_t in_lanes = in.empty() ? 1 : in.back();
     return {[=](Frame& fr) {
-                fr.values[o].data = fr.values[x].data;
+                const Tensor& t = fr.values[x];
+                fr.values[o].data = t.data;
                 fr.values[o].lanes = fr.values[o].last_dim();
+                // The lane axis changes: dead lanes (stale, maybe NaN) become ordinary elements, so they are zeros.
+                if (t.lanes < in_lanes)
+                    for (size_t i = 0; i < t.data.size(); ++i)
+                        if (static_cast<int64_t>(i) % in_lanes >= t.lanes) fr.values[o].data[i] = 0.0f;
             }};
 }
 
@@ -34,15 +40,18 @@ BuiltOp build_transpose(OpContext& ctx) {
     for (int64_t i = 0; i < rank; ++i) src_strides[i] = in_strides[perm[i]];
     const int x = ctx.slot("x"), o = ctx.out_slot();
     const bool keeps_lanes = rank > 0 && perm.back() == rank - 1;
+    const int64_t in_lanes = rank > 0 ? in.back() : 1;
     return {[=](Frame& fr) {
                 const float* a = fr.values[x].data.data();
                 fr.values[o].lanes = keeps_lanes ? fr.values[x].lanes : fr.values[o].last_dim();
+                // Moving the lane axis, dead lanes (stale, maybe NaN) become ordinary elements: they are zeros.
+                const int64_t live = keeps_lanes ? in_lanes : fr.values[x].lanes;
                 float* c = fr.values[o].data.data();
                 const int64_t n = element_count(out);
                 std::vector<int64_t> idx(static_cast<size_t>(rank), 0);
                 int64_t src = 0;
                 for (int64_t i = 0; i < n; ++i) {
-                    c[i] = a[src];
+                    c[i] = live < in_lanes && src % in_lanes >= live ? 0.0f : a[src];
                     for (int64_t d = rank - 1; d >= 0; --d) {
                         src += src_strides[d];
                         if (++idx[d] < out[d]) break;

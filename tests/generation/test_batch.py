@@ -15,7 +15,7 @@ import orion
 from orion.generation.batch import Batch, BatchFull
 from orion.generation.loop import GenerationError
 from orion.lora import LoraAdapter
-from orion.models import GPT2, GPT2Config, Llama, LlamaConfig
+from orion.models import GPT2, GPT2Config, GemmaConfig, Llama, LlamaConfig
 from support.gpt2_fixtures import lively_weights
 from support.llama_fixtures import lively
 
@@ -23,6 +23,14 @@ from support.llama_fixtures import lively
 GPT2_CONFIG = GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=300, n_positions=128)
 LLAMA_CONFIG = LlamaConfig(dim=64, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=16, hidden_dim=96, vocab_size=160,
                            max_position_embeddings=128, rope_convention="half", rope_theta=500.0)
+# sliding windows of 8 (every layer; Gemma 3's first layer, with its local RoPE): each lane's window mask is its own
+WINDOWED = {"mistral-window": LlamaConfig(dim=64, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=16, hidden_dim=96,
+                                          vocab_size=160, max_position_embeddings=128, model_type="mistral",
+                                          sliding_window=8),
+            "gemma3-window": GemmaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=96,
+                                         vocab_size=160, max_position_embeddings=128, sliding_window=8,
+                                         sliding_layers=(0,), query_pre_attn_scalar=16, model_type="gemma3_text",
+                                         qk_norm=True, rope_theta=1e6)}
 LENGTHS = (3, 9, 17, 31, 5, 40, 12, 70)
 NEW = 12
 
@@ -51,9 +59,12 @@ def alone(model, prompt: list[int], **options) -> list[int]:
     return list(model.generate(prompt, NEW, **options))
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", *WINDOWED])
 def test_eight_prompts_in_one_batch_match_eight_separate_runs(name, request) -> None:
-    model = request.getfixturevalue(name)
+    if name in WINDOWED:
+        model = orion.models.random(WINDOWED[name], seed=5, progress=False, prefill_chunk=32)
+    else:
+        model = request.getfixturevalue(name)
     batched = request.getfixturevalue("gpt2_lanes") if name == "gpt2" else model.with_lanes(8)
     ps = prompts(model.dims.vocab_size)
     want = [alone(model, p, temperature=0) for p in ps]

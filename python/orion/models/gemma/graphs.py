@@ -230,26 +230,28 @@ def prefill_graph(config: GemmaConfig, weights: GemmaWeights, layers: range, seq
 
 
 def decode_graph(config: GemmaConfig, weights: GemmaWeights, layers: range, context: int | None = None,
-                 adapters: Sites | None = None, quant: str = "fp16", residual_scale: float = 1.0) -> Graph:
-    """Layers ``layers`` for one token: inputs ``x`` ``[1, dim, 1, 1]``, ``mask`` ``[1, 1, 1, T]``, ``mask_window``
-    ``[1, T, 1, 1]`` (sliding layers), ``rope`` (and ``rope_local``) ``[1, 2 * head_dim, 1, 1]`` and caches
-    ``k<i>``/``v<i>`` ``[1, kv_dim, 1, T]``; outputs ``x`` and each layer's new ``k<i>``/``v<i>``."""
+                 adapters: Sites | None = None, quant: str = "fp16", residual_scale: float = 1.0,
+                 lanes: int = 1) -> Graph:
+    """Layers ``layers`` for one token of each of ``lanes`` sequences: inputs ``x`` ``[1, dim, 1, lanes]``, ``mask``
+    ``[1, lanes, 1, T]``, ``mask_window`` ``[1, T, 1, lanes]`` (sliding layers), ``rope`` (and ``rope_local``)
+    ``[1, 2 * head_dim, 1, lanes]`` and caches ``k<i>``/``v<i>`` ``[1, lanes * kv_dim, 1, T]``
+    (``blocks.cached_attention``); outputs ``x`` and each layer's new ``k<i>``/``v<i>``."""
     t = context or config.max_position_embeddings
     _check_span(config, t, f"decode cache of {t} positions")
     kv = config.n_kv_heads
-    g = Graph(f"gemma_decode_{layers.start}_{layers.stop}_t{t}")
-    x = g.input("x", [1, config.dim, 1, 1])
-    mask = g.input("mask", [1, 1, 1, t])
+    g = Graph(f"gemma_decode_{layers.start}_{layers.stop}_t{t}" + (f"_l{lanes}" if lanes > 1 else ""))
+    x = g.input("x", [1, config.dim, 1, lanes])
+    mask = g.input("mask", [1, lanes, 1, t])
     windows = {i: config.window(i) for i in layers}
-    window_mask = window_mask_input(g, t, 1) if any(windows.values()) else None
-    ropes = {local: _rope_input(g, config, ROPE_INPUTS[local], 1) for local in sorted({local_rope(config, i)
-                                                                                       for i in layers})}
-    caches = {i: (g.input(f"k{i}", [1, config.kv_dim, 1, t]), g.input(f"v{i}", [1, config.kv_dim, 1, t]))
-              for i in layers}
+    window_mask = window_mask_input(g, t, lanes, per_lane=True) if any(windows.values()) else None
+    ropes = {local: _rope_input(g, config, ROPE_INPUTS[local], lanes) for local in sorted({local_rope(config, i)
+                                                                                           for i in layers})}
+    caches = {i: (g.input(f"k{i}", [1, lanes * config.kv_dim, 1, t]),
+                  g.input(f"v{i}", [1, lanes * config.kv_dim, 1, t])) for i in layers}
     partner = rope_partner(g, config)
     for i in layers:
         def attend(j: int, qh: Node, kh: Node, k: Node, v: Node, i: int = i) -> Node:
-            q = g.reshape(qh, [1, config.kv_dim, 1, 1], name=f"q{j}_rotated")
+            q = g.reshape(qh, [1, config.kv_dim, 1, lanes], name=f"q{j}_rotated")
             with g.scope(f"attn_g{j}"):
                 return cached_attention(g, q, k, v, *caches[i], window_mask if windows[i] else mask, kv,
                                         config.attention_scale, config.attn_softcap)

@@ -96,9 +96,9 @@ class Gemma(CausalLM):
                 **quant_identity(self.quant)}
 
     def decode_graph(self, layers: range, adapters: Mapping[str, int] | None = None,
-                     context: int | None = None) -> Graph:
+                     context: int | None = None, lanes: int = 1) -> Graph:
         return graphs.decode_graph(self.config, self.weights, layers, context or self.dims.context, adapters,
-                                   self.quant, self.residual_scale)
+                                   self.quant, self.residual_scale, lanes)
 
     def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None,
                       past: bool = False, context: int | None = None) -> Graph:

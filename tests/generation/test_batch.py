@@ -15,7 +15,7 @@ import orion
 from orion.generation.batch import Batch, BatchFull
 from orion.generation.loop import GenerationError
 from orion.lora import LoraAdapter
-from orion.models import GPT2, GPT2Config, GemmaConfig, Llama, LlamaConfig
+from orion.models import GPT2, GemmaConfig, GPT2Config, Llama, LlamaConfig
 from support.gpt2_fixtures import lively_weights
 from support.llama_fixtures import lively
 

@@ -228,6 +228,13 @@ def causal_mask_node(g: Graph, s: int, window: int | None) -> Node:
     return g.const(f"mask_window_{s}", window_causal_mask(s, window))
 
 
+def window_mask_inputs(windows: Sequence[int | None], positions: range, length: int) -> dict[str, np.ndarray]:
+    """A model's ``mask_inputs`` hook (``orion.generation.loop``) for the layers' sliding ``windows`` (None: a layer
+    without one): the ``mask_window`` columns over a KV cache of ``length`` lanes, or nothing without a window."""
+    window = next((w for w in windows if w), None)
+    return {} if window is None else {WINDOW_MASK_INPUT: window_mask_columns(positions, positions.start, length, window)}
+
+
 def window_mask_columns(positions: range, cached: int, length: int, window: int) -> np.ndarray:
     """The ``mask_window`` input of the queries at ``positions`` over a KV cache of ``length`` lanes whose
     first ``cached`` positions are filled: float32 ``[length, len(positions)]``, column q 0 at the cached

@@ -16,7 +16,7 @@ from orion.generation.tokenizer import Tokenizer, TokenizerNotFound, load_tokeni
 from orion.graph import Graph
 from orion.limits import FP16_MAX
 from orion.lora.adapter import Placement
-from orion.models.blocks import WINDOW_MASK_INPUT, window_mask_columns
+from orion.models.blocks import window_mask_inputs
 from orion.models.gemma import graphs
 from orion.models.gemma.config import DISPLAY_NAMES, ConfigError, GemmaConfig
 from orion.models.gemma.weights import GemmaWeights, load_hf, random_weights
@@ -126,10 +126,7 @@ class Gemma(CausalLM):
 
     def mask_inputs(self, positions: range, length: int) -> dict[str, np.ndarray]:
         """The sliding window over the KV cache (``mask_window``)."""
-        window = next((w for i in range(self.config.n_layers) if (w := self.config.window(i))), None)
-        if window is None:
-            return {}
-        return {WINDOW_MASK_INPUT: window_mask_columns(positions, positions.start, length, window)}
+        return window_mask_inputs([self.config.window(i) for i in range(self.config.n_layers)], positions, length)
 
     def cpu_logits(self, x: np.ndarray) -> np.ndarray:
         """Final norm, LM head and soft-capping in numpy float32 (``x`` divided by the residual scale)."""

@@ -7,7 +7,6 @@ import numpy as np
 
 from orion.autodiff import cpu
 from orion.autodiff.trainable import TrainableModel
-from orion.errors import EvaluateError
 from orion.graph.builder import Graph
 from orion.graph.ir import Node
 from orion.lora.adapter import LayerTarget
@@ -151,24 +150,10 @@ class GemmaTrainable(TrainableModel):
         logits = h @ classifier.T
         cap = self.config.final_softcap
         tanh = np.tanh(logits / cap) if cap else None
-        loss, d_logits = _cross_entropy(logits if cap is None else cap * tanh, targets)
+        loss, d_logits = cpu.cross_entropy_of_logits(logits if cap is None else cap * tanh, targets)
         if cap:
             d_logits = d_logits * (1.0 - tanh * tanh)
-        dx, d_norm = cpu.rms_norm_backward((d_logits @ classifier).astype(np.float32), saved)
-        return loss, dx, {self.head_param: (d_logits.T @ h).astype(np.float32), "norm": d_norm}
+        dh, d_classifier = cpu.head_backward(h, classifier, d_logits)
+        dx, d_norm = cpu.rms_norm_backward(dh, saved)
+        return loss, dx, {self.head_param: d_classifier, "norm": d_norm}
 
-
-def _cross_entropy(logits: np.ndarray, targets: np.ndarray) -> tuple[float, np.ndarray]:
-    """Mean cross-entropy over the positions whose target is not negative, and its gradient by the logits."""
-    shifted = logits - logits.max(-1, keepdims=True)
-    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-    rows = np.flatnonzero(targets >= 0)
-    if len(rows) == 0:
-        raise EvaluateError("cross_entropy: every target is ignored (negative). Fix: give each window at least one "
-                            "trained target")
-    loss = -float(log_probs[rows, targets[rows]].mean())
-    d_logits = np.exp(log_probs)
-    d_logits[rows, targets[rows]] -= 1.0
-    d_logits /= len(rows)
-    d_logits[targets < 0] = 0.0
-    return loss, d_logits

@@ -16,7 +16,7 @@ from orion.generation.plan import ProgramInfo
 from orion.generation.tokenizer import TOKENIZER_FILE, Tokenizer, TokenizerNotFound, load_tokenizer
 from orion.graph import Graph
 from orion.lora.adapter import Placement
-from orion.models.blocks import WINDOW_MASK_INPUT, window_mask_columns
+from orion.models.blocks import window_mask_inputs
 from orion.models.llama import graphs
 from orion.models.llama.config import ConfigError, LlamaConfig, display_name
 from orion.models.llama.costs import decode_program_costs
@@ -145,10 +145,7 @@ class Llama(CausalLM):
 
     def mask_inputs(self, positions: range, length: int) -> dict[str, np.ndarray]:
         """The sliding window over the KV cache (``mask_window``) when a layer has one."""
-        window = next((w for i in range(self.config.n_layers) if (w := self.config.window(i))), None)
-        if window is None:
-            return {}
-        return {WINDOW_MASK_INPUT: window_mask_columns(positions, positions.start, length, window)}
+        return window_mask_inputs([self.config.window(i) for i in range(self.config.n_layers)], positions, length)
 
     def cpu_logits(self, x: np.ndarray) -> np.ndarray:
         """Final RMSNorm and LM head in numpy float32."""

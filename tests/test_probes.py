@@ -97,7 +97,9 @@ def test_report_round_trips_into_the_compiler(report, tmp_path) -> None:
         return report["probes"][probe]["outcome"] == "works"
 
     assert probes.load_report(path).ops == ((probes.QUANTIZED_OPS if proved("quantized_ops") else ())
-                                            + (probes.QUANTIZED_WEIGHT_OPS if proved("quantized_weights") else ()))
+                                            + (probes.QUANTIZED_WEIGHT_OPS if proved("quantized_weights") else ())
+                                            + (probes.LUT_WEIGHT_OPS if proved("lut_weights") else ())
+                                            + (probes.INT4_WEIGHT_OPS if proved("int4_weights") else ()))
     neither = {**ane, "probes": {**ane["probes"], "quantized_ops": {"outcome": "refused"},
                                  "quantized_weights": {"outcome": "refused"}}}
     quantized = {**neither, "probes": {**neither["probes"], "quantized_ops": {"outcome": "works"}}}

@@ -100,8 +100,8 @@ def test_report_round_trips_into_the_compiler(report, tmp_path) -> None:
                                             + (probes.QUANTIZED_WEIGHT_OPS if proved("quantized_weights") else ())
                                             + (probes.LUT_WEIGHT_OPS if proved("lut_weights") else ())
                                             + (probes.INT4_WEIGHT_OPS if proved("int4_weights") else ()))
-    neither = {**ane, "probes": {**ane["probes"], "quantized_ops": {"outcome": "refused"},
-                                 "quantized_weights": {"outcome": "refused"}}}
+    neither = {**ane, "probes": {**ane["probes"], **{probe: {"outcome": "refused"} for probe in (
+        "quantized_ops", "quantized_weights", "lut_weights", "lut6_weights", "int4_weights")}}}
     quantized = {**neither, "probes": {**neither["probes"], "quantized_ops": {"outcome": "works"}}}
     assert probes.relaxations(quantized).ops == ("quantize", "dequantize")
     weights = {**neither, "probes": {**neither["probes"], "quantized_weights": {"outcome": "works"}}}

@@ -3,38 +3,26 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import struct
-import sys
-from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
 
 from orion.errors import OrionError
-from orion.generation.hf_files import CONFIG_FILE
 from orion.models.gemma.config import GemmaConfig
-from orion.models.weights_io import (
-    INDEX_FILE,
-    PROGRESS_EVERY,
-    PROGRESS_MIN_BYTES,
-    WEIGHTS_FILE,
-    MappedSafetensors,
-    WeightsSource,
-    check_weight_shapes,
-    content_hash,
-    safetensors_files,
-    write_safetensors,
+from orion.models.hf_checkpoint import (
+    Checkpoint,
+    DecoderWeights,
+    attach_source,
+    hf_names,
+    load_hf_dir,
+    save_hf_dir,
 )
 
 DIRECTORY_HELP = ("a Gemma directory holds a Hugging Face config.json and model.safetensors "
                   "(or model.safetensors.index.json with its shards)")
-SAVE_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
-_READ_DTYPES = {"F16", "BF16", "F32", "F64"}
 
 # Orion field -> name under "model.layers.N." in a Hugging Face checkpoint.
 _LAYER_NAMES: dict[str, str] = {
@@ -47,8 +35,6 @@ _LAYER_NAMES: dict[str, str] = {
     "mlp_post_norm": "post_feedforward_layernorm.weight",
 }
 _QK_NORMS = ("q_norm", "k_norm")
-_TOP_NAMES: dict[str, str] = {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight",
-                              "lm_head": "lm_head.weight"}
 
 
 class WeightsError(OrionError):
@@ -75,47 +61,16 @@ class LayerWeights:
 
 
 @dataclass
-class GemmaWeights:
+class GemmaWeights(DecoderWeights[LayerWeights]):
     """All weights (float32); ``lm_head`` is None when tied to ``embed`` (every published Gemma)."""
 
-    embed: np.ndarray
-    norm: np.ndarray
-    layers: list[LayerWeights]
-    lm_head: np.ndarray | None = None
-    source: WeightsSource | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def classifier(self) -> np.ndarray:
-        return self.embed if self.lm_head is None else self.lm_head
-
-    def arrays(self) -> Iterator[tuple[str, np.ndarray]]:
-        """Every stored array with its Orion name, in a fixed order."""
-        yield "embed", self.embed
-        yield "norm", self.norm
-        if self.lm_head is not None:
-            yield "lm_head", self.lm_head
-        for i, layer in enumerate(self.layers):
-            for f in fields(LayerWeights):
-                array = getattr(layer, f.name)
-                if array is not None:
-                    yield f"layers.{i}.{f.name}", array
+    HASH_TAG = "orion-gemma-weights-v1"
+    OPTIONAL = dict.fromkeys(_QK_NORMS, "qk_norm")
 
     def validate(self, config: GemmaConfig) -> None:
-        if len(self.layers) != config.n_layers:
-            raise WeightsError(f"GemmaWeights has {len(self.layers)} layers, config.n_layers is {config.n_layers}")
-        if (self.lm_head is None) != config.tie_embeddings:
-            raise WeightsError(f"GemmaWeights.lm_head is {'absent' if self.lm_head is None else 'present'} but "
-                               f"config.tie_embeddings is {config.tie_embeddings}")
-        for i, layer in enumerate(self.layers):
-            for name in _QK_NORMS:
-                if (getattr(layer, name) is None) == config.qk_norm:
-                    raise WeightsError(f"GemmaWeights.layers.{i}.{name} is {'absent' if config.qk_norm else 'present'}"
-                                       f" but config.qk_norm is {config.qk_norm}")
-        check_weight_shapes("GemmaWeights", self.arrays(), expected_shapes(config), WeightsError)
-
-    def content_hash(self, config: GemmaConfig) -> str:
-        self.validate(config)
-        return content_hash("orion-gemma-weights-v1", repr(config), self.arrays(), self.source)
+        """Raise :class:`WeightsError` unless every array has the shape ``config`` implies, q/k norms are present
+        exactly when ``config.qk_norm`` and the LM head exactly when untied."""
+        self.check(config, expected_shapes(config), WeightsError)
 
 
 def expected_shapes(config: GemmaConfig) -> dict[str, tuple[int, ...]]:
@@ -147,13 +102,9 @@ def random_weights(config: GemmaConfig, seed: int = 0) -> GemmaWeights:
 
 
 def _hf_names(config: GemmaConfig) -> dict[str, tuple[str, int | None]]:
-    names: dict[str, tuple[str, int | None]] = {hf: (ours, None) for ours, hf in _TOP_NAMES.items()
-                                                if ours != "lm_head" or not config.tie_embeddings}
-    for i in range(config.n_layers):
-        for ours, hf in _LAYER_NAMES.items():
-            if ours not in _QK_NORMS or config.qk_norm:
-                names[f"model.layers.{i}.{hf}"] = (ours, i)
-    return names
+    """Hugging Face tensor name -> (Orion field, layer index or None) for every tensor the checkpoint stores."""
+    return hf_names(config.n_layers, config.tie_embeddings, _LAYER_NAMES,
+                    lambda ours: ours not in _QK_NORMS or config.qk_norm)
 
 
 def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple[GemmaConfig, GemmaWeights]:
@@ -164,75 +115,17 @@ def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple
     if not directory.is_dir():
         raise WeightsError(f"{directory}: no such directory; {DIRECTORY_HELP}")
     config = GemmaConfig.from_hf_json(directory)
-    shards = safetensors_files(directory, WeightsError, DIRECTORY_HELP)
-    if progress is None:
-        progress = sum(f.stat().st_size for f in shards) >= PROGRESS_MIN_BYTES
-    expected, shapes = _hf_names(config), expected_shapes(config)
-    found: dict[str, np.ndarray] = {}
-    where: dict[str, Path] = {}
-    mapped: list[MappedSafetensors] = []
-    for file, listed in shards.items():
-        try:
-            handle = safe_open(str(file), framework="np")
-            mapped.append(MappedSafetensors(file))
-        except (SafetensorError, OSError, ValueError, struct.error) as exc:
-            raise WeightsError(f"{file}: not a readable safetensors file ({exc})") from exc
-        with handle as f:
-            keys = sorted(f.keys())
-            absent = sorted((listed or set()) - set(keys))
-            if absent:
-                raise WeightsError(f"{directory / INDEX_FILE}: lists tensor {absent[0]!r} in {file.name}, which lacks it")
-            for key in keys:
-                if listed is not None and key not in listed:
-                    raise WeightsError(f"{file}: tensor {key!r} is not listed for this shard in {INDEX_FILE}")
-                tied_head = key == _TOP_NAMES["lm_head"] and config.tie_embeddings
-                if key not in expected and not tied_head:
-                    raise WeightsError(f"{file}: unexpected tensor {key!r}: not a weight of this {config.model_type} "
-                                       f"config (n_layers={config.n_layers}, tied: {config.tie_embeddings}); is "
-                                       f"{CONFIG_FILE} the checkpoint's own?")
-                if key in where:
-                    raise WeightsError(f"{file}: tensor {key!r} is stored twice (also in {where[key]})")
-                where[key] = file
-                ours = "lm_head" if tied_head else expected[key][0]
-                stored = f.get_slice(key)
-                dtype, shape = stored.get_dtype(), tuple(stored.get_shape())
-                if dtype not in _READ_DTYPES:
-                    raise WeightsError(f"{file}: tensor {key!r} has dtype {dtype}; expected F32, F16 or BF16")
-                if shape != shapes[ours]:
-                    raise WeightsError(f"{file}: tensor {key!r} has shape {shape}, expected {shapes[ours]} "
-                                       f"(from {CONFIG_FILE})")
-                found[key] = mapped[-1].float32(key)
-                if progress and len(found) % PROGRESS_EVERY == 0:
-                    print(f"orion: loading {directory.name}: {len(found)} tensors", file=sys.stderr, flush=True)
-    missing = [name for name in expected if name not in found]
-    if missing:
-        raise WeightsError(f"{directory}: missing tensor {missing[0]!r}"
-                           + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
-                           + f" that {CONFIG_FILE} implies ({config.model_type}, tied: {config.tie_embeddings})")
-    if config.tie_embeddings and _TOP_NAMES["lm_head"] in found and \
-            not np.array_equal(found.pop(_TOP_NAMES["lm_head"]), found[_TOP_NAMES["embed"]]):
-        raise WeightsError(f"{where[_TOP_NAMES['lm_head']]}: 'lm_head.weight' differs from 'model.embed_tokens.weight' "
-                           f"but {CONFIG_FILE} has tie_word_embeddings=true. Fix: set it to false")
-    top = {ours: found[hf] for ours, hf in _TOP_NAMES.items() if hf in found}
-    layers = [LayerWeights(**{ours: found[f"model.layers.{i}.{hf}"] for ours, hf in _LAYER_NAMES.items()
-                              if f"model.layers.{i}.{hf}" in found}) for i in range(config.n_layers)]
-    if progress:
-        print(f"orion: loaded {directory.name}: {len(found)} tensors", file=sys.stderr, flush=True)
-    weights = GemmaWeights(**top, layers=layers)
-    weights.source = WeightsSource(mapped, dict(weights.arrays()))
-    weights.source.release_pages()
+    about = f"{config.model_type} config (n_layers={config.n_layers}, tied: {config.tie_embeddings})"
+    spec = Checkpoint(config, _hf_names(config), expected_shapes(config), about, WeightsError, DIRECTORY_HELP,
+                      float32=True)
+    top, layers, mapped = load_hf_dir(directory, spec, progress)
+    weights = GemmaWeights(**top, layers=[LayerWeights(**fields) for fields in layers])
+    attach_source(weights, mapped)
     return config, weights
 
 
 def save_hf(path: str | os.PathLike[str], config: GemmaConfig, weights: GemmaWeights, dtype: str = "float32") -> None:
     """Write a Hugging Face directory transformers reads: ``config.json`` and ``model.safetensors`` (a tied LM
     head is not stored)."""
-    if dtype not in SAVE_DTYPES:
-        raise WeightsError(f"save_hf: dtype {dtype!r} is not one of {', '.join(SAVE_DTYPES)}")
     weights.validate(config)
-    directory = Path(path)
-    directory.mkdir(parents=True, exist_ok=True)
-    tensors = {hf: getattr(weights if layer is None else weights.layers[layer], ours)
-               for hf, (ours, layer) in _hf_names(config).items()}
-    (directory / CONFIG_FILE).write_text(json.dumps(config.to_hf_json() | {"dtype": dtype}, indent=2) + "\n")
-    write_safetensors(directory / WEIGHTS_FILE, tensors, SAVE_DTYPES[dtype])
+    save_hf_dir(path, config.to_hf_json(), weights.by_hf_name(_hf_names(config)), dtype, WeightsError)

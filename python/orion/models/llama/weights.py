@@ -11,33 +11,25 @@ the two layouts compute identical logits.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import struct
-import sys
-from collections.abc import Iterator
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
 
 from orion.errors import OrionError
-from orion.generation.hf_files import CONFIG_FILE
-from orion.models.llama.config import LlamaConfig
-from orion.models.weights_io import (
-    INDEX_FILE,
-    PROGRESS_EVERY,
-    PROGRESS_MIN_BYTES,
-    WEIGHTS_FILE,
-    MappedSafetensors,
-    WeightsSource,
-    check_weight_shapes,
-    content_hash,
-    safetensors_files,
-    write_safetensors,
+from orion.models.hf_checkpoint import (
+    Checkpoint,
+    DecoderWeights,
+    attach_source,
+    hf_names,
+    load_hf_dir,
+    save_hf_dir,
 )
+from orion.models.llama.config import LlamaConfig
+from orion.models.weights_io import INDEX_FILE, WEIGHTS_FILE, write_safetensors  # noqa: F401 (callers import them here)
 
 DIRECTORY_HELP = (
     "a Llama-family directory holds a Hugging Face config.json and model.safetensors "
@@ -46,8 +38,6 @@ DIRECTORY_HELP = (
 LLAMA2C_MAGIC = 0x616B3432  # "ak42": llama2.c's versioned export formats (Orion reads the legacy one)
 LLAMA2C_HEADER = struct.Struct("<7i")  # dim, hidden_dim, n_layers, n_heads, n_kv_heads, +-vocab_size, seq_len
 LLAMA2C_THETA, LLAMA2C_EPS = 10000.0, 1e-5  # fixed by llama2.c's model.py and run.c
-SAVE_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
-_READ_DTYPES = {"F16", "BF16", "F32", "F64"}
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)  # RoPE buffers older transformers saved; recomputed from theta
 
 # Orion field -> name under "model.layers.N." in a Hugging Face checkpoint.
@@ -63,8 +53,6 @@ _LAYER_NAMES: dict[str, str] = {
 # Checkpoints of a fused variant (Phi-3) store these as one tensor each, their rows stacked in this order.
 _FUSED_NAMES: dict[str, tuple[str, ...]] = {"self_attn.qkv_proj.weight": ("wq", "wk", "wv"),
                                             "mlp.gate_up_proj.weight": ("w_gate", "w_up")}
-_TOP_NAMES: dict[str, str] = {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight",
-                              "lm_head": "lm_head.weight"}
 _BIASES = ("bq", "bk", "bv")
 _HEAD_NORMS = ("q_norm", "k_norm")
 _LAYER_FUSED = {"qkv": "self_attn.qkv_proj.weight", "gate_up": "mlp.gate_up_proj.weight"}
@@ -97,57 +85,19 @@ class LayerWeights:
 
 
 @dataclass
-class LlamaWeights:
-    """All weights (float32, or float16 as a half-precision checkpoint loads); ``lm_head`` is None when the LM head is tied to ``embed``. ``source``: the
-    checkpoint they were loaded from (``load_hf``), None for weights made in memory."""
+class LlamaWeights(DecoderWeights[LayerWeights]):
+    """All weights (float32, or float16 as a half-precision checkpoint loads); ``lm_head`` is None when the LM head
+    is tied to ``embed``. ``source``: the checkpoint they were loaded from (``load_hf``), None for weights made in
+    memory."""
 
-    embed: np.ndarray
-    norm: np.ndarray
-    layers: list[LayerWeights]
-    lm_head: np.ndarray | None = None
-    source: WeightsSource | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def classifier(self) -> np.ndarray:
-        """The LM head matrix ``[vocab, dim]`` (``embed`` when tied)."""
-        return self.embed if self.lm_head is None else self.lm_head
-
-    def arrays(self) -> Iterator[tuple[str, np.ndarray]]:
-        """Every stored array with its Orion name (``embed``, ``layers.0.wq``, ...), in a fixed order."""
-        yield "embed", self.embed
-        yield "norm", self.norm
-        if self.lm_head is not None:
-            yield "lm_head", self.lm_head
-        for i, layer in enumerate(self.layers):
-            for f in fields(LayerWeights):
-                array = getattr(layer, f.name)
-                if array is not None:
-                    yield f"layers.{i}.{f.name}", array
+    HASH_TAG = "orion-llama-weights-v1"
+    OPTIONAL = {**dict.fromkeys(_BIASES, "qkv_bias"), **dict.fromkeys(_HEAD_NORMS, "qk_norm")}
 
     def validate(self, config: LlamaConfig) -> None:
         """Raise :class:`WeightsError` unless every array is float32 or float16 with the shape ``config`` implies,
-        biases are present exactly when ``config.qkv_bias`` and the LM head exactly when untied."""
-        if len(self.layers) != config.n_layers:
-            raise WeightsError(f"LlamaWeights has {len(self.layers)} layers, config.n_layers is {config.n_layers}")
-        if (self.lm_head is None) != config.tie_embeddings:
-            raise WeightsError(f"LlamaWeights.lm_head is {'absent' if self.lm_head is None else 'present'} but "
-                               f"config.tie_embeddings is {config.tie_embeddings}")
-        for i, layer in enumerate(self.layers):
-            for b in _BIASES:
-                if (getattr(layer, b) is None) == config.qkv_bias:
-                    raise WeightsError(f"LlamaWeights.layers.{i}.{b} is {'absent' if config.qkv_bias else 'present'} "
-                                       f"but config.qkv_bias is {config.qkv_bias}")
-            for n in _HEAD_NORMS:
-                if (getattr(layer, n) is None) == config.qk_norm:
-                    raise WeightsError(f"LlamaWeights.layers.{i}.{n} is {'absent' if config.qk_norm else 'present'} "
-                                       f"but config.qk_norm is {config.qk_norm}")
-        check_weight_shapes("LlamaWeights", self.arrays(), expected_shapes(config), WeightsError)
-
-    def content_hash(self, config: LlamaConfig) -> str:
-        """sha256 (hex) of the configuration and every array's name, shape and raw bytes (the checkpoint
-        files' digest standing for the bytes while the arrays are the loaded ones)."""
-        self.validate(config)
-        return content_hash("orion-llama-weights-v1", repr(config), self.arrays(), self.source)
+        biases are present exactly when ``config.qkv_bias``, q/k norms exactly when ``config.qk_norm`` and the LM
+        head exactly when untied."""
+        self.check(config, expected_shapes(config), WeightsError)
 
 
 def expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
@@ -242,28 +192,11 @@ def to_rope_convention(config: LlamaConfig, weights: LlamaWeights, convention: s
 def _hf_names(config: LlamaConfig) -> dict[str, tuple[str, int | None]]:
     """Hugging Face tensor name -> (Orion field, layer index or None) for every tensor the checkpoint stores (a
     fused variant's ``qkv_proj``/``gate_up_proj`` as the pseudo-fields ``qkv``/``gate_up``)."""
-    names: dict[str, tuple[str, int | None]] = {hf: (ours, None) for ours, hf in _TOP_NAMES.items()
-                                                if ours != "lm_head" or not config.tie_embeddings}
     fused = {part for parts in _FUSED_NAMES.values() for part in parts} if config.variant.fused_checkpoint else set()
-    for i in range(config.n_layers):
-        for ours, hf in _LAYER_NAMES.items():
-            if (ours not in _BIASES or config.qkv_bias) and (ours not in _HEAD_NORMS or config.qk_norm) \
-                    and ours not in fused:
-                names[f"model.layers.{i}.{hf}"] = (ours, i)
-        if fused:
-            names.update({f"model.layers.{i}.{hf}": (ours, i) for ours, hf in _LAYER_FUSED.items()})
-    return names
-
-
-def _shape_detail(config: LlamaConfig, field: str) -> str:
-    dims = {"embed": "vocab_size, dim", "lm_head": "vocab_size, dim", "wq": "n_heads*head_dim, dim",
-            "wk": "n_kv_heads*head_dim, dim", "wv": "n_kv_heads*head_dim, dim", "bq": "n_heads*head_dim",
-            "bk": "n_kv_heads*head_dim", "bv": "n_kv_heads*head_dim", "wo": "dim, n_heads*head_dim",
-            "w_gate": "hidden_dim, dim", "w_up": "hidden_dim, dim", "w_down": "dim, hidden_dim",
-            "q_norm": "head_dim", "k_norm": "head_dim", "qkv": "(n_heads+2*n_kv_heads)*head_dim, dim",
-            "gate_up": "2*hidden_dim, dim"}.get(field, "dim")
-    return (f"[{dims}] with dim={config.dim}, n_heads={config.n_heads}, n_kv_heads={config.n_kv_heads}, "
-            f"head_dim={config.head_dim}, hidden_dim={config.hidden_dim}, vocab_size={config.vocab_size}")
+    layer_names = _LAYER_NAMES | (_LAYER_FUSED if fused else {})
+    return hf_names(config.n_layers, config.tie_embeddings, layer_names,
+                    lambda ours: (ours not in _BIASES or config.qkv_bias) and (ours not in _HEAD_NORMS or config.qk_norm)
+                    and ours not in fused)
 
 
 def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple[LlamaConfig, LlamaWeights]:
@@ -279,81 +212,25 @@ def load_hf(path: str | os.PathLike[str], progress: bool | None = None) -> tuple
     if not directory.is_dir():
         raise WeightsError(f"{directory}: no such directory; {DIRECTORY_HELP}")
     config = LlamaConfig.from_hf_json(directory)
-    shards = safetensors_files(directory, WeightsError, DIRECTORY_HELP)
-    if progress is None:
-        progress = sum(f.stat().st_size for f in shards) >= PROGRESS_MIN_BYTES
-    expected = _hf_names(config)
-    shapes = expected_shapes(config)
-    found: dict[str, np.ndarray] = {}
-    where: dict[str, Path] = {}
-    mapped: list[MappedSafetensors] = []
-    count = 0
-    for file, listed in shards.items():
-        try:
-            handle = safe_open(str(file), framework="np")
-            mapped.append(MappedSafetensors(file))
-        except (SafetensorError, OSError, ValueError, struct.error) as exc:
-            raise WeightsError(f"{file}: not a readable safetensors file ({exc})") from exc
-        with handle as f:
-            keys = sorted(f.keys())
-            absent = sorted((listed or set()) - set(keys))
-            if absent:
-                raise WeightsError(f"{directory / INDEX_FILE}: lists tensor {absent[0]!r} in {file.name}, which lacks it")
-            for key in keys:
-                if key.endswith(_IGNORED_SUFFIXES):
-                    continue
-                if listed is not None and key not in listed:
-                    raise WeightsError(f"{file}: tensor {key!r} is not listed for this shard in {INDEX_FILE}")
-                tied_head = key == _TOP_NAMES["lm_head"] and config.tie_embeddings
-                if key not in expected and not tied_head:
-                    raise WeightsError(
-                        f"{file}: unexpected tensor {key!r}: not a weight of this {config.model_type} config "
-                        f"(n_layers={config.n_layers}, q/k/v biases: {config.qkv_bias}, tied: {config.tie_embeddings}); "
-                        f"is {CONFIG_FILE} the checkpoint's own?")
-                if key in where:
-                    raise WeightsError(f"{file}: tensor {key!r} is stored twice (also in {where[key]})")
-                where[key] = file
-                field = "lm_head" if tied_head else expected[key][0]
-                stored = f.get_slice(key)
-                dtype, shape = stored.get_dtype(), tuple(stored.get_shape())
-                if dtype not in _READ_DTYPES:
-                    raise WeightsError(f"{file}: tensor {key!r} has dtype {dtype}; expected F32, F16 or BF16")
-                if shape != shapes[field]:
-                    raise WeightsError(f"{file}: tensor {key!r} has shape {shape}, expected {shapes[field]} "
-                                       f"({_shape_detail(config, field)} from {CONFIG_FILE})")
-                found[key] = mapped[-1].array(key)
-                count += 1
-                if progress and count % PROGRESS_EVERY == 0:
-                    print(f"orion: loading {directory.name}: {count} tensors", file=sys.stderr, flush=True)
-    missing = [name for name in expected if name not in found]
-    if missing:
-        raise WeightsError(f"{directory}: missing tensor {missing[0]!r}"
-                           + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
-                           + f" that {CONFIG_FILE} implies ({config.model_type}, tied: {config.tie_embeddings})")
-    if config.tie_embeddings and _TOP_NAMES["lm_head"] in found and \
-            not np.array_equal(found.pop(_TOP_NAMES["lm_head"]), found[_TOP_NAMES["embed"]]):
-        raise WeightsError(f"{where[_TOP_NAMES['lm_head']]}: 'lm_head.weight' differs from 'model.embed_tokens.weight' "
-                           f"but {CONFIG_FILE} has tie_word_embeddings=true. Fix: set it to false")
-    top = {ours: found[hf] for ours, hf in _TOP_NAMES.items() if hf in found}
-    layers = [LayerWeights(**{ours: found[f"model.layers.{i}.{hf}"] for ours, hf in _LAYER_NAMES.items()
-                              if f"model.layers.{i}.{hf}" in found}, **_split_fused(config, found, i))
-              for i in range(config.n_layers)]
-    if progress:
-        print(f"orion: loaded {directory.name}: {count} tensors", file=sys.stderr, flush=True)
-    weights = LlamaWeights(**top, layers=layers)
-    weights.source = WeightsSource(mapped, dict(weights.arrays()))
-    weights.source.release_pages()  # the lm_head comparison read pages
+    about = (f"{config.model_type} config (n_layers={config.n_layers}, q/k/v biases: {config.qkv_bias}, "
+             f"tied: {config.tie_embeddings})")
+    spec = Checkpoint(config, _hf_names(config), expected_shapes(config), about, WeightsError, DIRECTORY_HELP,
+                      ignored=_IGNORED_SUFFIXES)
+    top, layers, mapped = load_hf_dir(directory, spec, progress)
+    weights = LlamaWeights(**top, layers=[LayerWeights(**_split_fused(config, fields)) for fields in layers])
+    attach_source(weights, mapped)
     return config, weights
 
 
-def _split_fused(config: LlamaConfig, found: dict[str, np.ndarray], layer: int) -> dict[str, np.ndarray]:
-    """Layer ``layer``'s fields held in fused tensors of ``found`` (views of their row blocks)."""
+def _split_fused(config: LlamaConfig, fields: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One layer's ``fields`` with a fused checkpoint's ``qkv``/``gate_up`` replaced by views of their row blocks."""
     rows = {"wq": config.q_dim, "wk": config.kv_dim, "wv": config.kv_dim, "w_gate": config.hidden_dim,
             "w_up": config.hidden_dim}
-    out = {}
-    for hf, parts in _FUSED_NAMES.items():
-        fused = found.get(f"model.layers.{layer}.{hf}")
+    out = dict(fields)
+    for ours, hf in _LAYER_FUSED.items():
+        fused = out.pop(ours, None)
         if fused is not None:
+            parts = _FUSED_NAMES[hf]
             starts = np.cumsum([0] + [rows[p] for p in parts])
             out.update({p: fused[a:b] for p, a, b in zip(parts, starts[:-1], starts[1:], strict=True)})
     return out
@@ -365,41 +242,16 @@ def save_hf(path: str | os.PathLike[str], config: LlamaConfig, weights: LlamaWei
     ``max_shard_bytes`` shards plus ``model.safetensors.index.json``. Interleaved-RoPE weights are
     permuted to rotate-half first; a tied LM head is not stored; a fused variant's q/k/v and gate/up are
     written as its ``qkv_proj``/``gate_up_proj``."""
-    if dtype not in SAVE_DTYPES:
-        raise WeightsError(f"save_hf: dtype {dtype!r} is not one of {', '.join(SAVE_DTYPES)}")
     weights.validate(config)
     config, weights = to_rope_convention(config, weights, "half")
-    meta = config.to_hf_json() | {"dtype": dtype}
-    directory = Path(path)
-    directory.mkdir(parents=True, exist_ok=True)
-    def tensor(ours: str, layer: int | None) -> np.ndarray:
-        owner = weights if layer is None else weights.layers[layer]
-        if ours in ("qkv", "gate_up"):  # a fused variant's stacked rows
+
+    def tensor(owner: object, ours: str) -> np.ndarray:
+        if ours in _LAYER_FUSED:  # a fused variant's stacked rows
             return np.concatenate([getattr(owner, p) for p in _FUSED_NAMES[_LAYER_FUSED[ours]]])
         return getattr(owner, ours)
 
-    tensors = {hf: tensor(ours, layer) for hf, (ours, layer) in _hf_names(config).items()}
-    code = SAVE_DTYPES[dtype]
-    (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-    if max_shard_bytes is None:
-        write_safetensors(directory / WEIGHTS_FILE, tensors, code)
-        return
-    groups: list[dict[str, np.ndarray]] = [{}]
-    size = 0
-    itemsize = 4 if code == "F32" else 2
-    for name, array in tensors.items():
-        if groups[-1] and size + array.size * itemsize > max_shard_bytes:
-            groups.append({})
-            size = 0
-        groups[-1][name] = array
-        size += array.size * itemsize
-    weight_map, total = {}, 0
-    for i, group in enumerate(groups, 1):
-        file = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
-        total += write_safetensors(directory / file, group, code)
-        weight_map.update(dict.fromkeys(group, file))
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    save_hf_dir(path, config.to_hf_json(), weights.by_hf_name(_hf_names(config), tensor), dtype, WeightsError,
+                max_shard_bytes)
 
 
 # -- llama2.c legacy .bin --------------------------------------------------------------------------

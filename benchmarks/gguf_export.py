@@ -97,35 +97,36 @@ def gguf_tensors(weights: GPT2Weights) -> list[tuple[str, np.ndarray, bool]]:
     return out
 
 
-def write_gguf(path: str | Path, config: GPT2Config, weights: GPT2Weights, dtype: str = "f16") -> Path:
-    """Write ``weights`` to ``path`` as a llama.cpp GPT-2 GGUF with matrices in ``dtype`` (f32, f16, q8_0)."""
+def _types(dtype: str) -> tuple[gguf.GGMLQuantizationType, gguf.LlamaFileType]:
+    """The GGUF tensor type and file type of ``dtype`` (a :data:`TYPES` name)."""
     if dtype not in TYPES:
         raise ValueError(f"dtype {dtype!r}: choose one of {', '.join(TYPES)}")
-    weights.validate(config)
-    qtype, file_type = TYPES[dtype]
-    path = Path(path)
-    writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[ARCH])
-    writer.add_name(f"GPT-2 {config.param_count() / 1e6:.0f}M (Orion benchmark weights)")
-    writer.add_context_length(config.n_positions)
-    writer.add_embedding_length(config.n_embd)
-    writer.add_feed_forward_length(4 * config.n_embd)
-    writer.add_block_count(config.n_layer)
-    writer.add_head_count(config.n_head)
-    writer.add_layer_norm_eps(config.layer_norm_epsilon)
+    return TYPES[dtype]
+
+
+def _write(path: Path, arch: str, name: str, hparams: list[tuple[str, object]], dtype: str, vocab_size: int,
+           tensors: list[tuple[str, np.ndarray, bool]]) -> Path:
+    """Write a GGUF file: ``name``, the ``hparams`` (``GGUFWriter`` method, value) in order, the file type, the
+    synthetic tokenizer and ``tensors`` (GGUF name, array, takes ``dtype`` rather than float32)."""
+    qtype, file_type = _types(dtype)
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_name(name)
+    for method, value in hparams:
+        getattr(writer, method)(value)
     writer.add_file_type(file_type)
     if qtype not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    tokens, types = synthetic_vocab(config.vocab_size)
+    tokens, types = synthetic_vocab(vocab_size)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("gpt-2")
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges([f"{tokens[ord(' ')]} {tokens[ord('t')]}"])  # "Ġ t": one merge of two byte symbols
-    writer.add_bos_token_id(config.vocab_size - 1)
-    writer.add_eos_token_id(config.vocab_size - 1)
-    for name, array, typed in gguf_tensors(weights):
+    writer.add_bos_token_id(vocab_size - 1)
+    writer.add_eos_token_id(vocab_size - 1)
+    for tensor, array, typed in tensors:
         target = qtype if typed else gguf.GGMLQuantizationType.F32
-        writer.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(array, np.float32), target),
+        writer.add_tensor(tensor, gguf.quants.quantize(np.ascontiguousarray(array, np.float32), target),
                           raw_dtype=target)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -134,55 +135,41 @@ def write_gguf(path: str | Path, config: GPT2Config, weights: GPT2Weights, dtype
     return path
 
 
+def write_gguf(path: str | Path, config: GPT2Config, weights: GPT2Weights, dtype: str = "f16") -> Path:
+    """Write ``weights`` to ``path`` as a llama.cpp GPT-2 GGUF with matrices in ``dtype`` (f32, f16, q8_0)."""
+    _types(dtype)
+    weights.validate(config)
+    hparams = [("add_context_length", config.n_positions), ("add_embedding_length", config.n_embd),
+               ("add_feed_forward_length", 4 * config.n_embd), ("add_block_count", config.n_layer),
+               ("add_head_count", config.n_head), ("add_layer_norm_eps", config.layer_norm_epsilon)]
+    return _write(Path(path), gguf.MODEL_ARCH_NAMES[ARCH],
+                  f"GPT-2 {config.param_count() / 1e6:.0f}M (Orion benchmark weights)", hparams, dtype,
+                  config.vocab_size, gguf_tensors(weights))
+
+
 def write_llama_gguf(path: str | Path, config, weights, dtype: str = "f16") -> Path:
     """Write Llama-family ``weights`` (``orion.models.llama``) to ``path`` as a llama.cpp ``llama`` or ``qwen2``
     GGUF with matrices in ``dtype`` (f32, f16, q8_0, q4_0) and the synthetic tokenizer."""
     from orion.models.llama.weights import to_rope_convention
 
-    if dtype not in TYPES:
-        raise ValueError(f"dtype {dtype!r}: choose one of {', '.join(TYPES)}")
+    _types(dtype)
     weights.validate(config)
     arch = "qwen2" if config.model_type == "qwen2" else "llama"
     config, weights = to_rope_convention(config, weights, "half" if arch == "qwen2" else "interleaved")
-    qtype, file_type = TYPES[dtype]
-    writer = gguf.GGUFWriter(Path(path), arch)
-    writer.add_name(f"{config.model_type} {config.param_count() / 1e6:.0f}M (Orion benchmark weights)")
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.dim)
-    writer.add_feed_forward_length(config.hidden_dim)
-    writer.add_block_count(config.n_layers)
-    writer.add_head_count(config.n_heads)
-    writer.add_head_count_kv(config.n_kv_heads)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(config.rope_theta)
-    writer.add_rope_dimension_count(config.head_dim)
-    writer.add_key_length(config.head_dim)
-    writer.add_value_length(config.head_dim)
-    writer.add_file_type(file_type)
-    if qtype not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
-        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    tokens, types = synthetic_vocab(config.vocab_size)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges([f"{tokens[ord(' ')]} {tokens[ord('t')]}"])
-    writer.add_bos_token_id(config.vocab_size - 1)
-    writer.add_eos_token_id(config.vocab_size - 1)
+    hparams = [("add_context_length", config.max_position_embeddings), ("add_embedding_length", config.dim),
+               ("add_feed_forward_length", config.hidden_dim), ("add_block_count", config.n_layers),
+               ("add_head_count", config.n_heads), ("add_head_count_kv", config.n_kv_heads),
+               ("add_layer_norm_rms_eps", config.rms_norm_eps), ("add_rope_freq_base", config.rope_theta),
+               ("add_rope_dimension_count", config.head_dim), ("add_key_length", config.head_dim),
+               ("add_value_length", config.head_dim)]
     tensors = [("token_embd.weight", weights.embed), ("output_norm.weight", weights.norm)]
     if weights.lm_head is not None:
         tensors.append(("output.weight", weights.lm_head))
     for i, layer in enumerate(weights.layers):
         tensors += [(f"blk.{i}.{name}", getattr(layer, field)) for field, name in LLAMA_LAYER.items()
                     if getattr(layer, field) is not None]
-    for name, array in tensors:
-        target = qtype if array.ndim == 2 else gguf.GGMLQuantizationType.F32
-        writer.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(array, np.float32), target), raw_dtype=target)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return Path(path)
+    return _write(Path(path), arch, f"{config.model_type} {config.param_count() / 1e6:.0f}M (Orion benchmark weights)",
+                  hparams, dtype, config.vocab_size, [(name, array, array.ndim == 2) for name, array in tensors])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,14 +11,13 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from orion.errors import OrionError
-from orion.generation.hf_files import ModelFileError, read_json_object
 from orion.models.config_fields import COMMON_MODEL_FIELDS, note_unread_fields
+from orion.models.llama.config import layer_types_slide, read_json, sliding_window, unsupported
 
 MODEL_TYPES = {"gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
 DISPLAY_NAMES = {"gemma2": "Gemma 2", "gemma3_text": "Gemma 3"}
@@ -163,7 +162,7 @@ class GemmaConfig:
     @classmethod
     def from_hf_json(cls, source: dict[str, Any] | str | os.PathLike[str]) -> GemmaConfig:
         """Read a Hugging Face Gemma 2 / Gemma 3 text ``config.json`` (a dict, the file or its directory)."""
-        data, where = _read_json(source)
+        data, where = read_json(source, "a Gemma", ConfigError)
         try:
             return cls(**_map_hf(data, where))
         except ConfigError as exc:
@@ -218,21 +217,9 @@ _REQUIRED = {"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "
 _DEFAULT_PATTERN = {"gemma2": 2, "gemma3_text": 6}  # every n-th layer global (transformers' defaults)
 
 
-def _read_json(source: dict[str, Any] | str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
-    if isinstance(source, dict):
-        return source, "config dict"
-    path = Path(source)
-    if path.is_dir():
-        path = path / "config.json"
-    try:
-        return read_json_object(path), str(path)
-    except ModelFileError as err:
-        raise ConfigError(f"{err}; a Gemma directory needs a Hugging Face config.json") from None
-
-
-def _unsupported(where: str, field: str, value: Any, what: str) -> ConfigError:
-    return ConfigError(f"{where}: field {field!r} is {json.dumps(value)}: {what} is not implemented by Orion. "
-                       "Fix: use a checkpoint without it (Orion never ignores a field that changes the model)")
+def _unsupported(where: str, field: str, value: Any, what: str) -> OrionError:
+    """Llama's ``unsupported`` raising Gemma's :class:`ConfigError`."""
+    return unsupported(where, field, value, what, ConfigError)
 
 
 def _rope_block(params: Any, field: str, where: str) -> tuple[float | None, float]:
@@ -286,19 +273,14 @@ def _rope(data: dict[str, Any], where: str, model_type: str) -> dict[str, float]
 
 
 def _sliding(data: dict[str, Any], where: str, model_type: str, n_layers: int) -> tuple[int | None, tuple[int, ...]]:
-    window = data.get("sliding_window")
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
-        raise ConfigError(f"{where}: field 'sliding_window' is {json.dumps(window)}; use a positive integer or null")
-    layer_types = data.get("layer_types")
-    if layer_types is None:
+    """The window and its layers: those ``layer_types`` marks, else every layer but each ``sliding_window_pattern``-th."""
+    window = sliding_window(data, where, ConfigError)
+    layers = layer_types_slide(data, where, n_layers, ConfigError)
+    if layers is None:
         pattern = data.get("sliding_window_pattern", data.get("_sliding_window_pattern", _DEFAULT_PATTERN[model_type]))
         if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern <= 0:
             raise ConfigError(f"{where}: field 'sliding_window_pattern' is {json.dumps(pattern)}; use a positive integer")
-        layer_types = [LAYER_TYPES[bool((i + 1) % pattern)] for i in range(n_layers)]
-    if not isinstance(layer_types, list) or len(layer_types) != n_layers or not set(layer_types) <= set(LAYER_TYPES):
-        raise _unsupported(where, "layer_types", layer_types,
-                           f"anything but {n_layers} entries of 'full_attention' or 'sliding_attention'")
-    layers = tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
+        layers = tuple(i for i in range(n_layers) if (i + 1) % pattern)
     return (window, layers) if window is not None else (None, ())
 
 

@@ -170,7 +170,7 @@ class LlamaConfig:
     def from_hf_json(cls, source: dict[str, Any] | str | os.PathLike[str]) -> LlamaConfig:
         """Read the Hugging Face ``config.json`` of any :data:`VARIANTS` ``model_type`` (Llama, Qwen2, Mistral,
         Qwen3, SmolLM3, Phi-3; a dict, the file or its directory)."""
-        data, where = _read_json(source)
+        data, where = read_json(source)
         try:
             return cls(**_map_hf(data, where))
         except ConfigError as exc:
@@ -257,7 +257,10 @@ def display_name(model_type: str) -> str:
     return VARIANTS[model_type].display_name
 
 
-def _read_json(source: dict[str, Any] | str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
+def read_json(source: dict[str, Any] | str | os.PathLike[str], family: str = "a Llama-family",
+              error: type[OrionError] = ConfigError) -> tuple[dict[str, Any], str]:
+    """A ``config.json`` (or a directory holding one, or the dict itself) and where it came from, for messages;
+    an unreadable file raises ``error`` saying that ``family`` directory needs one."""
     if isinstance(source, dict):
         return source, "config dict"
     path = Path(source)
@@ -266,13 +269,13 @@ def _read_json(source: dict[str, Any] | str | os.PathLike[str]) -> tuple[dict[st
     try:
         return read_json_object(path), str(path)
     except ModelFileError as err:
-        raise ConfigError(f"{err}; a Llama-family directory needs a Hugging Face config.json") from None
+        raise error(f"{err}; {family} directory needs a Hugging Face config.json") from None
 
 
-def unsupported(where: str, field: str, value: Any, what: str) -> ConfigError:
-    """The error for ``field`` holding ``value``, which asks for ``what`` (not implemented)."""
-    return ConfigError(f"{where}: field {field!r} is {json.dumps(value)}: {what} is not implemented by Orion. "
-                       "Fix: use a checkpoint without it (Orion never ignores a field that changes the model)")
+def unsupported(where: str, field: str, value: Any, what: str, error: type[OrionError] = ConfigError) -> OrionError:
+    """The ``error`` for ``field`` holding ``value``, which asks for ``what`` (not implemented)."""
+    return error(f"{where}: field {field!r} is {json.dumps(value)}: {what} is not implemented by Orion. "
+                 "Fix: use a checkpoint without it (Orion never ignores a field that changes the model)")
 
 
 def refuse_true(data: dict[str, Any], where: str, fields: dict[str, str]) -> None:
@@ -362,22 +365,30 @@ def _rope(data: dict[str, Any], where: str, variant: Variant, values: HfValues) 
 
 def read_sliding_window(data: dict[str, Any], where: str, values: HfValues, layers: tuple[int, ...] | None) -> None:
     """``sliding_window`` on ``layers`` (None: every layer; empty: none) into ``values``, as transformers applies it."""
-    window = data.get("sliding_window")
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
-        raise ConfigError(f"{where}: field 'sliding_window' is {json.dumps(window)}; use a positive integer or null")
+    window = sliding_window(data, where)
     if window is not None and layers != ():
         values["sliding_window"], values["sliding_layers"] = window, layers
 
 
-def layer_types_slide(data: dict[str, Any], where: str, n_layers: int) -> tuple[int, ...] | None:
-    """The layers ``layer_types`` marks ``sliding_attention`` (None: no ``layer_types``); malformed lists are refused."""
+def sliding_window(data: dict[str, Any], where: str, error: type[OrionError] = ConfigError) -> int | None:
+    """The ``sliding_window`` field: a positive integer or None (else ``error``)."""
+    window = data.get("sliding_window")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
+        raise error(f"{where}: field 'sliding_window' is {json.dumps(window)}; use a positive integer or null")
+    return window
+
+
+def layer_types_slide(data: dict[str, Any], where: str, n_layers: int,
+                      error: type[OrionError] = ConfigError) -> tuple[int, ...] | None:
+    """The layers ``layer_types`` marks ``sliding_attention`` (None: no ``layer_types``); malformed lists are
+    refused (``error``)."""
     layer_types = data.get("layer_types")
     if layer_types is None:
         return None
     if not isinstance(layer_types, list) or len(layer_types) != n_layers or \
             not set(layer_types) <= {"full_attention", "sliding_attention"}:
         raise unsupported(where, "layer_types", layer_types,
-                          f"anything but {n_layers} entries of 'full_attention' or 'sliding_attention'")
+                          f"anything but {n_layers} entries of 'full_attention' or 'sliding_attention'", error)
     return tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
 
 

@@ -18,7 +18,7 @@ import inspect
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -31,10 +31,11 @@ from orion.generation.kv_cache import MASKED, KVCache, context_buckets
 from orion.generation.plan import (
     DecodePlan,
     PlanOptions,
-    PrefillPlan,
     ProgramInfo,
+    ProgramSet,
     build_decode_plan,
     build_prefill_plan,
+    rebuild_decode_layers,
     sram_fusion_depth,
     vocab_chunks,
 )
@@ -381,23 +382,24 @@ class CausalLM(AdapterHost):
         self.options = PlanOptions(fusion_depth=fusion_depth, lm_head=lm_head,
                                    **({} if prefill_chunk is None else {"prefill_chunk": prefill_chunk}))
         start = time.perf_counter()
-        self.builder = ProgramBuilder(self.program_identity(), self.options.io_dtype, progress, compile_options,
-                                      after_lowering=self.release_weight_pages)
+        builder = ProgramBuilder(self.program_identity(), self.options.io_dtype, progress, compile_options,
+                                 after_lowering=self.release_weight_pages)
         self._head_ranges = vocab_chunks(d.vocab_size, d.hidden)
         depth = self.options.fusion_depth or sram_fusion_depth(d.n_layer, self.layer_weight_bytes())
         heads = len(self._head_ranges) if self.options.lm_head == "ane" else 0
         millions = f"{d.parameters / 1e6:.{0 if d.parameters >= 1e7 else 1}f}M"
-        self.builder.begin(f"{self.display_name} ({millions} parameters, {d.n_layer} layers) "
-                           f"on {backend()}", -(-d.n_layer // depth) + heads)
+        builder.begin(f"{self.display_name} ({millions} parameters, {d.n_layer} layers) "
+                      f"on {backend()}", -(-d.n_layer // depth) + heads)
         # A decode_graph hook without the ``context`` argument reads full-context caches: one bucket.
         sized = "context" in inspect.signature(self.decode_graph).parameters
         self._kv_buckets = context_buckets(d.kv_heads * d.head_dim, d.context, self.options.io_dtype) \
             if sized else (d.context,)
         self._compile_lock = threading.Lock()  # shared by forks: one compiles a new bucket (prefill, KV cache) at a time
-        self.decode_plan: DecodePlan = self._build_decode_plan(self.builder, self.options)
-        self.builder.end()
+        self._base_programs = ProgramSet(builder, self._build_decode_plan(builder, self.options))  # shared by forks
+        builder.end()
         self.compile_seconds = time.perf_counter() - start
-        self._prefill_plans: dict[tuple[int, bool, bool], PrefillPlan] = {}  # shared by forks
+        self._programs = self._base_programs
+        self._stage_inputs: Mapping[str, np.ndarray] = {}  # written into every stage bound (use_programs)
         self._bind_cache()
 
     def _build_decode_plan(self, builder: ProgramBuilder, options: PlanOptions) -> DecodePlan:
@@ -444,21 +446,19 @@ class CausalLM(AdapterHost):
         if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
             raise GenerationError(f"lanes={lanes!r}: use a positive number of sequences")
         with self._exclusive("with_lanes"):
-            registry = self.__dict__.get("_lora")
-            base = registry.variants[None] if registry else None
+            adapters = self.loaded_adapters()
+            base = self._base_programs
             twin = copy.copy(self)
-            for name in ("_lora", "_lora_bound"):
-                twin.__dict__.pop(name, None)
-            twin.lora_sites, twin.active_adapter, twin._adapter_inputs = None, None, {}
-            if base is not None:
-                twin.builder, twin._prefill_plans = base.builder, base.prefill_plans
+            twin.detach_adapters()
             twin.options = replace(self.options, lanes=lanes)
-            twin.builder.begin(f"{self.display_name} decode over {lanes} lanes", len(self.decode_plan.layer_ranges))
-            twin.decode_plan = twin._build_decode_plan(twin.builder, twin.options)
-            twin.builder.end()
+            base.builder.begin(f"{self.display_name} decode over {lanes} lanes", len(self.decode_plan.layer_ranges))
+            twin._base_programs = ProgramSet(base.builder, twin._build_decode_plan(base.builder, twin.options),
+                                             base.prefill_plans)
+            base.builder.end()
+            twin._programs, twin._stage_inputs = twin._base_programs, {}
             twin._bind_cache()
-        for name, loaded in (registry.adapters.items() if registry else ()):
-            twin.add_adapter(loaded.adapter, name)
+        for name, adapter in adapters.items():
+            twin.add_adapter(adapter, name)
         return twin
 
     def _bind_cache(self, bucket: int | None = None) -> None:
@@ -468,7 +468,7 @@ class CausalLM(AdapterHost):
         self.cache = KVCache(d.n_layer, d.kv_heads, d.head_dim, d.context, self._kv_buckets, self.options.lanes)
         self._bind_decode(bucket or self.cache.bucket)
         self._prefill_stages: dict[tuple[int, bool, int], tuple[list[Stage], list[Stage]]] = {}
-        self._forget_bound_variants()
+        self._bound_sets: dict[ProgramSet, _BoundStages] = {}  # this object's stages of the sets not in use
         self._busy = threading.Lock()
 
     def _bind_decode(self, bucket: int) -> None:
@@ -476,7 +476,7 @@ class CausalLM(AdapterHost):
         use), the cache moved into their inputs."""
         self._layers, self._heads = self.decode_plan.bind(bucket)
         self._bound_bucket = bucket
-        self._write_adapter_inputs([self._layers])
+        self._write_stage_inputs([self._layers])
         self._attach_cache()
 
     def _attach_cache(self) -> None:
@@ -505,6 +505,61 @@ class CausalLM(AdapterHost):
     def reset(self) -> None:
         """Empty the KV cache."""
         self.cache.clear()
+
+    # -- program sets (orion.lora.hot_swap runs an adapter's set) -------------------------------------
+    @property
+    def builder(self) -> ProgramBuilder:
+        """The builder of the programs in use."""
+        return self._programs.builder
+
+    @property
+    def decode_plan(self) -> DecodePlan:
+        """The decode plan in use."""
+        return self._programs.decode_plan
+
+    @property
+    def programs(self) -> ProgramSet:
+        """The program set in use."""
+        return self._programs
+
+    @property
+    def base_programs(self) -> ProgramSet:
+        """The program set compiled with the model (base layer graphs, no adapters)."""
+        return self._base_programs
+
+    def build_programs(self, adapters: Mapping[str, int], caller: str = "build_programs") -> ProgramSet:
+        """A program set whose layer graphs take LoRA ``adapters`` (site -> rank): its own builder (the base
+        identity plus the ranks), its decode layer programs compiled now, the base LM-head programs, its prefill
+        programs compiled on first use. ``caller``: the call a ``ConcurrentUse`` error names."""
+        base = self._base_programs
+        ranks = dict(adapters)
+        builder = ProgramBuilder({**base.builder.identity, "lora": ranks}, base.builder.io_dtype,
+                                 base.builder.progress, base.builder.compile_options)
+        lanes = base.decode_plan.options.lanes
+        with self._exclusive(caller):
+            plan = rebuild_decode_layers(builder, base.decode_plan, lambda r, t: self._decode_graph(r, t, ranks, lanes))
+        return ProgramSet(builder, plan, adapters=ranks)
+
+    def use_programs(self, programs: ProgramSet, inputs: Mapping[str, np.ndarray], caller: str = "use_programs") -> None:
+        """Run ``programs`` from now on, with ``inputs`` (graph input name -> array, e.g. an adapter's A/B) written
+        into every stage that reads them, now and whenever stages are bound later; empties the KV cache. This
+        object's stages of the set left are kept and bound again when that set is used again."""
+        with self._exclusive(caller):
+            if programs is not self._programs:
+                self._bound_sets[self._programs] = _BoundStages(self._layers, self._heads, self._prefill_stages,
+                                                                self._bound_bucket)
+                self._programs = programs
+                bound = self._bound_sets.pop(programs, None)
+                if bound is None:
+                    self._layers, self._heads = programs.decode_plan.bind(self._bound_bucket)
+                    self._prefill_stages = {}
+                else:
+                    self._layers, self._heads, self._prefill_stages, self._bound_bucket = \
+                        bound.layers, bound.heads, bound.prefill, bound.bucket
+            self._stage_inputs = inputs
+            self._write_stage_inputs([self._layers, *(s for pair in self._prefill_stages.values() for s in pair)])
+            self.cache.clear()
+            self._attach_cache()
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -744,6 +799,22 @@ class CausalLM(AdapterHost):
     def _exclusive(self, what: str) -> _Exclusive:
         return _Exclusive(self, what)
 
+    def _prefill_graph(self, layers: range, seq: int, past: bool = False, context: int | None = None) -> Graph:
+        """The ``prefill_graph`` hook for the program set in use (with its adapters, if any); ``past``: the chunk
+        graph over a KV cache of ``context`` positions."""
+        extra: dict[str, Any] = {"past": True, "context": context} if past else {}
+        if self._programs.adapters is None:
+            return self.prefill_graph(layers, seq, **extra)
+        return self.prefill_graph(layers, seq, adapters=self._programs.adapters, **extra)
+
+    def _write_stage_inputs(self, stage_lists: Iterable[list[Stage]]) -> None:
+        """The arrays of :meth:`use_programs`' ``inputs`` into every stage of ``stage_lists`` that reads them."""
+        for stages in stage_lists:
+            for stage in stages:
+                for input_name, value in self._stage_inputs.items():
+                    if input_name in stage.mil_name:
+                        stage.input(input_name)[...] = value
+
     def _check_ids(self, ids: Prompt) -> list[int]:
         ids = _token_ids(ids, "the prompt") if not isinstance(ids, str) else self.prompt_ids(ids)
         d = self.dims
@@ -759,20 +830,21 @@ class CausalLM(AdapterHost):
         """The prefill stages of bucket ``seq`` (``past``: the chunk programs over this object's KV cache at
         its bucket of ``past`` positions): programs compiled once per bucket, surfaces per fork."""
         key = (seq, with_head, past)
+        programs = self._programs
         if key not in self._prefill_stages:
             with self._compile_lock:
-                if key not in self._prefill_plans:
+                if key not in programs.prefill_plans:
                     plan = self.decode_plan
                     what = f"chunks of {seq} tokens over {past} cached" if past else f"prompts up to {seq} tokens"
                     self.builder.begin(f"{self.display_name} {what}", len(plan.layer_ranges)
                                        + (len(self._head_ranges) if with_head else 0))
-                    self._prefill_plans[key] = build_prefill_plan(
+                    programs.prefill_plans[key] = build_prefill_plan(
                         self.builder, self.dims.n_layer, self.decode_plan.fusion_depth, seq,
-                        self._head_ranges if with_head else [], self._variant_prefill_graph, self.lm_head_graph,
+                        self._head_ranges if with_head else [], self._prefill_graph, self.lm_head_graph,
                         past)
                     self.builder.end()
-            self._prefill_stages[key] = self._prefill_plans[key].bind(self.options.io_dtype)
-            self._write_adapter_inputs(self._prefill_stages[key][:1])
+            self._prefill_stages[key] = programs.prefill_plans[key].bind(self.options.io_dtype)
+            self._write_stage_inputs(self._prefill_stages[key][:1])
         return self._prefill_stages[key]
 
     def _run_prefill(self, ids: list[int],
@@ -897,6 +969,16 @@ def _write_lanes(stages: list[Stage], values: dict[str, np.ndarray], first: int 
         for name, value in values.items():
             if name in stage.mil_name:
                 stage.input(name)[0, :, 0, first:first + value.shape[1]] = value
+
+
+@dataclass
+class _BoundStages:
+    """One object's stages bound to a program set it is not running now (``CausalLM.use_programs``)."""
+
+    layers: list[Stage]
+    heads: list[Stage]
+    prefill: dict[tuple[int, bool, int], tuple[list[Stage], list[Stage]]]
+    bucket: int
 
 
 class _Exclusive:

@@ -215,6 +215,18 @@ def build_decode_plan(builder: ProgramBuilder, options: PlanOptions, n_layer: in
                       compile_lock)
 
 
+@dataclass(eq=False)
+class ProgramSet:
+    """The compiled programs a model runs, shared by its forks: the builder that compiles more of them, the
+    decode plan and the prefill plans by (bucket, with LM head, chunk); ``adapters``: the LoRA site ranks its
+    layer graphs take (None: the base graphs). Compared by identity."""
+
+    builder: ProgramBuilder
+    decode_plan: DecodePlan
+    prefill_plans: dict[tuple[int, bool, bool], PrefillPlan] = field(default_factory=dict)
+    adapters: dict[str, int] | None = None
+
+
 def rebuild_decode_layers(builder: ProgramBuilder, base: DecodePlan,
                           decode_graph: Callable[[range, int], Graph]) -> DecodePlan:
     """``base`` with its layer programs built from ``decode_graph`` at the same fusion (a program variant of

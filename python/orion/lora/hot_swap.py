@@ -17,34 +17,21 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from orion.generation.plan import DecodePlan, PrefillPlan, rebuild_decode_layers
-from orion.graph import Graph
+from orion.generation.plan import ProgramSet
 from orion.lora import peft_format
 from orion.lora.adapter import AdapterError, LoraAdapter, Placement, check_fits, site_inputs
-from orion.runtime.builder import ProgramBuilder
 from orion.runtime.dtypes import numpy_dtype
-from orion.runtime.stage import Stage
 
 if TYPE_CHECKING:
     from orion.generation.loop import CausalLM
 
 VariantKey = tuple[tuple[str, int], ...] | None  # sorted (site, rank); None: the base programs
-
-
-@dataclass
-class _Variant:
-    """Compiled programs of one set of site ranks (shared by forks)."""
-
-    sites: dict[str, int] | None
-    builder: ProgramBuilder
-    decode_plan: DecodePlan
-    prefill_plans: dict[tuple[int, bool, bool], PrefillPlan]  # (bucket, with LM head, chunk) -> plan
 
 
 @dataclass
@@ -56,10 +43,10 @@ class _Loaded:
 
 @dataclass
 class _Registry:
-    """Loaded adapters and compiled variants, shared by a model and its forks."""
+    """Loaded adapters and compiled program sets by site ranks, shared by a model and its forks."""
 
     adapters: dict[str, _Loaded] = field(default_factory=dict)
-    variants: dict[VariantKey, _Variant] = field(default_factory=dict)
+    variants: dict[VariantKey, ProgramSet] = field(default_factory=dict)
 
 
 def targeted_modules(targets: Any, paths: Iterable[str], source: str) -> set[str]:
@@ -94,12 +81,12 @@ class AdapterHost:
     """LoRA adapters of a model: ``load_adapter``, ``add_adapter``, ``set_adapter``, ``save_adapter``.
 
     A model provides ``lora_placements()`` (module path -> :class:`Placement`), ``peft_fan_in_fan_out``
-    and graph hooks taking ``adapters`` (site -> rank, or None for the base graphs)."""
+    and graph hooks taking ``adapters`` (site -> rank, or None for the base graphs). The adapters run through
+    the generation loop's public program-set interface: ``base_programs``, ``build_programs`` (an adapter
+    variant's programs) and ``use_programs`` (switch to a set, with the adapter's A/B as stage inputs)."""
 
     peft_fan_in_fan_out: bool = False
-    lora_sites: dict[str, int] | None = None  # the active variant's site ranks (None: base programs)
     active_adapter: str | None = None
-    _adapter_inputs: Mapping[str, np.ndarray] = {}  # graph input name -> array of the active adapter
 
     def lora_placements(self: CausalLM) -> dict[str, Placement]:
         """Every module path an adapter may target and where it lands in the graphs."""
@@ -110,6 +97,11 @@ class AdapterHost:
     def adapters(self: CausalLM) -> list[str]:
         """Names of the loaded adapters."""
         return sorted(self._lora_registry().adapters)
+
+    @property
+    def lora_sites(self: CausalLM) -> dict[str, int] | None:
+        """The site ranks of the programs in use (None: the base programs)."""
+        return self.programs.adapters
 
     def load_adapter(self: CausalLM, path: str | os.PathLike[str], name: str | None = None) -> str:
         """Load a PEFT LoRA directory under ``name`` (default: the directory's name); returns the name.
@@ -134,10 +126,9 @@ class AdapterHost:
         surface_dtype = numpy_dtype(self.options.io_dtype)  # converted once here, so a switch is a plain copy
         inputs = {input_name: value.astype(surface_dtype) for input_name, value in arrays.items()}
         key: VariantKey = tuple(sorted(ranks.items()))
-        with self._exclusive("add_adapter"):
-            if key not in registry.variants:
-                registry.variants[key] = self._compile_variant(ranks)
-            registry.adapters[name] = _Loaded(adapter, key, inputs)
+        if key not in registry.variants:
+            registry.variants[key] = self.build_programs(ranks, "add_adapter")
+        registry.adapters[name] = _Loaded(adapter, key, inputs)
         return name
 
     def set_adapter(self: CausalLM, name: str | None) -> None:
@@ -148,13 +139,9 @@ class AdapterHost:
             raise AdapterError(f"set_adapter: no adapter named {name!r} (loaded: {self.adapters}). "
                                f"Fix: load_adapter(path, name) first")
         loaded = registry.adapters.get(name) if name is not None else None
-        with self._exclusive("set_adapter"):
-            self._switch_variant(None if loaded is None else loaded.key)
-            self._adapter_inputs = {} if loaded is None else loaded.inputs
-            self.active_adapter = name
-            self._write_adapter_inputs([self._layers, *(s for pair in self._prefill_stages.values() for s in pair)])
-            self.cache.clear()
-            self._attach_cache()
+        self.use_programs(registry.variants[None if loaded is None else loaded.key],
+                          {} if loaded is None else loaded.inputs, "set_adapter")
+        self.active_adapter = name
 
     def save_adapter(self: CausalLM, path: str | os.PathLike[str], name: str | None = None) -> None:
         """Write adapter ``name`` (default: the active one) as a PEFT LoRA directory that PEFT loads."""
@@ -167,54 +154,18 @@ class AdapterHost:
         targets = peft_target_names(adapter.modules, self.lora_placements())
         peft_format.write(path, adapter, targets, self.peft_fan_in_fan_out)
 
-    # -- internals (called by CausalLM) ---------------------------------------------------------------
+    def loaded_adapters(self: CausalLM) -> dict[str, LoraAdapter]:
+        """The loaded adapters by name."""
+        return {name: loaded.adapter for name, loaded in self._lora_registry().adapters.items()}
+
+    def detach_adapters(self: CausalLM) -> None:
+        """Give this object an empty adapter registry of its own, the base model active: for a copy that runs
+        other programs (``with_lanes``), which then adds the adapters again."""
+        self.__dict__.pop("_lora", None)
+        self.active_adapter = None
+
     def _lora_registry(self: CausalLM) -> _Registry:
         if "_lora" not in self.__dict__:
             self._lora = _Registry()
-            self._lora.variants[None] = _Variant(None, self.builder, self.decode_plan, self._prefill_plans)
+            self._lora.variants[None] = self.base_programs
         return self._lora
-
-    def _compile_variant(self: CausalLM, ranks: dict[str, int]) -> _Variant:
-        base = self._lora_registry().variants[None]
-        builder = ProgramBuilder({**base.builder.identity, "lora": ranks}, base.builder.io_dtype,
-                                 base.builder.progress, base.builder.compile_options)
-        plan = rebuild_decode_layers(builder, base.decode_plan,
-                                     lambda r, t: self._decode_graph(r, t, ranks, base.decode_plan.options.lanes))
-        return _Variant(ranks, builder, plan, {})
-
-    def _switch_variant(self: CausalLM, key: VariantKey) -> None:
-        """Point the loop at variant ``key``'s programs and this object's stages bound to them."""
-        current: VariantKey = None if self.lora_sites is None else tuple(sorted(self.lora_sites.items()))
-        if key == current:
-            return
-        bound = self.__dict__.setdefault("_lora_bound", {})
-        bound[current] = (self._layers, self._heads, self._prefill_stages, self._bound_bucket)
-        variant = self._lora_registry().variants[key]
-        self.builder, self.decode_plan, self._prefill_plans = variant.builder, variant.decode_plan, variant.prefill_plans
-        self.lora_sites = variant.sites
-        if key in bound:
-            self._layers, self._heads, self._prefill_stages, self._bound_bucket = bound.pop(key)
-        else:
-            self._layers, self._heads = self.decode_plan.bind(self._bound_bucket)
-            self._prefill_stages = {}
-
-    def _variant_prefill_graph(self: CausalLM, layers: range, seq: int, past: bool = False,
-                               context: int | None = None) -> Graph:
-        """The active variant's prefill graph (the hook called as without adapters for the base programs);
-        ``past``: the chunk graph over a KV cache of ``context`` positions (see ``CausalLM.prefill_graph``)."""
-        extra = {"past": True, "context": context} if past else {}
-        if self.lora_sites is None:
-            return self.prefill_graph(layers, seq, **extra)
-        return self.prefill_graph(layers, seq, adapters=self.lora_sites, **extra)
-
-    def _write_adapter_inputs(self, stage_lists: Iterable[list[Stage]]) -> None:
-        """The active adapter's A/B arrays into every stage of ``stage_lists`` that reads them."""
-        for stages in stage_lists:
-            for stage in stages:
-                for input_name, value in self._adapter_inputs.items():
-                    if input_name in stage.mil_name:
-                        stage.input(input_name)[...] = value
-
-    def _forget_bound_variants(self) -> None:
-        """A fork binds its own surfaces: it must not reuse the stages of the object it was copied from."""
-        self.__dict__.pop("_lora_bound", None)

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from orion.generation.loop import CausalLM, DecoderDims
+from orion.generation.loop import CausalLM
 from orion.generation.plan import ProgramInfo
-from orion.generation.tokenizer import Tokenizer, TokenizerNotFound, load_tokenizer
+from orion.generation.tokenizer import Tokenizer, TokenizerNotFound
 from orion.graph import Graph
 from orion.limits import FP16_MAX
 from orion.lora.adapter import Placement
@@ -22,8 +22,9 @@ from orion.models.gemma.config import DISPLAY_NAMES, ConfigError, GemmaConfig
 from orion.models.gemma.weights import GemmaWeights, load_hf, random_weights
 from orion.models.llama.costs import decode_program_costs
 from orion.models.llama.lora import lora_placements
+from orion.models.llama.model import from_hf_dir, start_decoder
 from orion.models.weights_io import table_rows
-from orion.quant import compile_options, quant_identity, weight_bytes
+from orion.quant import quant_identity, weight_bytes
 
 RESIDUAL_HEADROOM = 2.0  # the scaled stream's bound stays at most FP16_MAX / this (room for rounding)
 
@@ -51,37 +52,21 @@ class Gemma(CausalLM):
                  lm_head: str = "ane", progress: bool = True, context: int | None = None, quant: str = "fp16",
                  profile: str = "hardware", probe_report: Any = None, prefill_chunk: int | None = None,
                  residual_scale: float | None = None) -> None:
-        weights.validate(config)
-        options = compile_options(quant, profile, probe_report)
-        self.quant = quant
-        context = config.max_position_embeddings if context is None else context
-        if isinstance(context, bool) or not isinstance(context, int) or \
-                not 0 < context <= config.max_position_embeddings:
-            raise ConfigError(f"Gemma: context={context!r}; use a positive number of positions up to the model's "
-                              f"max_position_embeddings ({config.max_position_embeddings})")
+        options = start_decoder(self, "Gemma", config, weights, context, quant, profile, probe_report, ConfigError)
         if residual_scale is None:
             residual_scale = residual_scale_for(config, weights)
         if isinstance(residual_scale, bool) or not isinstance(residual_scale, (int, float)) or residual_scale <= 0 \
                 or math.log2(residual_scale) != round(math.log2(residual_scale)):
             raise ConfigError(f"Gemma: residual_scale={residual_scale!r}; use a power of two (scaling by one is exact)")
         self.residual_scale = float(residual_scale)
-        self.config, self.weights = config, weights
         self.display_name = DISPLAY_NAMES[config.model_type]
-        self.dims = DecoderDims(n_layer=config.n_layers, hidden=config.dim, kv_heads=config.n_kv_heads,
-                                head_dim=config.head_dim, context=context, vocab_size=config.vocab_size,
-                                parameters=config.param_count())
         self._setup(tokenizer=tokenizer, tokenizer_error=tokenizer_error, fusion_depth=fusion_depth,
                     lm_head=lm_head, progress=progress, compile_options=options, prefill_chunk=prefill_chunk)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike[str], **options: Any) -> Gemma:
         """Load a Hugging Face ``Gemma2ForCausalLM`` / ``Gemma3ForCausalLM`` directory."""
-        config, weights = load_hf(path, progress=None if options.get("progress", True) else False)
-        try:
-            tokenizer, error = load_tokenizer(path), None
-        except TokenizerNotFound as missing:
-            tokenizer, error = None, missing
-        return cls(config, weights, tokenizer=tokenizer, tokenizer_error=error, **options)
+        return from_hf_dir(cls, path, load_hf, options)
 
     @classmethod
     def random(cls, config: GemmaConfig, seed: int = 0, **options: Any) -> Gemma:

@@ -15,8 +15,9 @@ from orion.models.blocks import InputParams, layer_flag_pick, window_causal_mask
 from orion.models.gemma import graphs
 from orion.models.gemma.config import GemmaConfig
 from orion.models.gemma.weights import GemmaWeights, LayerWeights
-from orion.models.llama.graphs import group_rows, rope_partner
+from orion.models.llama.graphs import rope_partner
 from orion.models.llama.lora import lora_placements
+from orion.models.llama.trainable import flat_params, grouped_weights
 from orion.ops import causal_mask
 
 
@@ -41,29 +42,12 @@ class GemmaTrainable(TrainableModel):
         return "embed" if self.config.tie_embeddings else "lm_head"
 
     def params(self, weights: GemmaWeights) -> dict[str, np.ndarray]:
-        out = {"embed": weights.embed, "norm": weights.norm}
-        if not self.config.tie_embeddings:
-            out["lm_head"] = weights.classifier
-        for i, part in enumerate(weights.layers):
-            out.update({self.layer_param(i, k): v for k, v in graphs.layer_arrays(self.config, part).items()})
-        return {k: np.array(v, np.float32) for k, v in out.items()}
+        """The flat fp32 parameters of ``weights`` (``wq``/``wo`` split by query group, as Llama's)."""
+        return flat_params(self, weights, graphs.layer_arrays)
 
     def weights(self, params: dict[str, np.ndarray]) -> GemmaWeights:
-        cfg = self.config
-        layers = []
-        for i in range(self.n_layers):
-            p = {name: np.asarray(params[self.layer_param(i, name)], np.float32) for name in self.layer_shapes()}
-            wq = np.zeros((cfg.q_dim, cfg.dim), np.float32)
-            wo = np.zeros((cfg.dim, cfg.q_dim), np.float32)
-            for j in range(cfg.group_size):
-                rows = group_rows(cfg, j)
-                wq[rows], wo[:, rows] = p[f"wq_g{j}"], p[f"wo_g{j}"]
-            layers.append(LayerWeights(p["attn_norm"], wq, p["wk"], p["wv"], wo, p["attn_post_norm"], p["mlp_norm"],
-                                       p["w_gate"], p["w_up"], p["w_down"], p["mlp_post_norm"], p.get("q_norm"),
-                                       p.get("k_norm")))
-        lm_head = None if cfg.tie_embeddings else np.asarray(params["lm_head"], np.float32)
-        return GemmaWeights(np.asarray(params["embed"], np.float32), np.asarray(params["norm"], np.float32), layers,
-                            lm_head)
+        """The inverse of :meth:`params`: float32 :class:`GemmaWeights`."""
+        return grouped_weights(self, params, LayerWeights, GemmaWeights)
 
     def layer_shapes(self) -> dict[str, tuple[int, ...]]:
         d, kv, h, hd = self.dim, self.config.kv_dim, self.config.hidden_dim, self.config.head_dim

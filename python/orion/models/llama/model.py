@@ -4,10 +4,10 @@ model-independent generation loop (``orion.generation.loop``)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -24,6 +24,8 @@ from orion.models.llama.lora import lora_placements
 from orion.models.llama.weights import LlamaWeights, load_hf, load_llama2c, random_weights
 from orion.models.weights_io import table_matvec, table_rows
 from orion.quant import compile_options, quant_identity, weight_bytes
+
+Model = TypeVar("Model", bound=CausalLM)
 
 
 class Llama(CausalLM):
@@ -44,19 +46,8 @@ class Llama(CausalLM):
                  tokenizer_error: TokenizerNotFound | None = None, fusion_depth: int | None = None,
                  lm_head: str = "ane", progress: bool = True, context: int | None = None, quant: str = "fp16",
                  profile: str = "hardware", probe_report: Any = None, prefill_chunk: int | None = None) -> None:
-        weights.validate(config)
-        options = compile_options(quant, profile, probe_report)  # int8 needs ANE-35 relaxed (orion.quant)
-        self.quant = quant
-        context = config.max_position_embeddings if context is None else context
-        if isinstance(context, bool) or not isinstance(context, int) or \
-                not 0 < context <= config.max_position_embeddings:
-            raise ConfigError(f"Llama: context={context!r}; use a positive number of positions up to the model's "
-                              f"max_position_embeddings ({config.max_position_embeddings})")
-        self.config, self.weights = config, weights
+        options = start_decoder(self, "Llama", config, weights, context, quant, profile, probe_report, ConfigError)
         self.display_name = display_name(config.model_type)
-        self.dims = DecoderDims(n_layer=config.n_layers, hidden=config.dim, kv_heads=config.n_kv_heads,
-                                head_dim=config.head_dim, context=context, vocab_size=config.vocab_size,
-                                parameters=config.param_count())
         self._setup(tokenizer=tokenizer, tokenizer_error=tokenizer_error, fusion_depth=fusion_depth,
                     lm_head=lm_head, progress=progress, compile_options=options, prefill_chunk=prefill_chunk)
 
@@ -65,12 +56,7 @@ class Llama(CausalLM):
         """Load a Hugging Face directory of a Llama-layer family (``LlamaForCausalLM``, ``Qwen2ForCausalLM``,
         ``MistralForCausalLM``, ``Qwen3ForCausalLM``, ``SmolLM3ForCausalLM``, ``Phi3ForCausalLM``: ``config.json``,
         single or sharded safetensors, optionally ``tokenizer.json``); ``progress=False`` silences weight loading too."""
-        config, weights = load_hf(path, progress=None if options.get("progress", True) else False)
-        try:
-            tokenizer, error = load_tokenizer(path), None
-        except TokenizerNotFound as missing:
-            tokenizer, error = None, missing
-        return cls(config, weights, tokenizer=tokenizer, tokenizer_error=error, **options)
+        return from_hf_dir(cls, path, load_hf, options)
 
     @classmethod
     def from_llama2c(cls, path: str | os.PathLike[str], **options: Any) -> Llama:
@@ -159,3 +145,36 @@ class Llama(CausalLM):
     def program_costs(self, layer_ranges: list[range], head_ranges: list[range], lm_head: str) -> list[ProgramInfo]:
         return decode_program_costs(self.config, self.dims.context, layer_ranges, head_ranges, lm_head,
                                     weight_bytes(self.quant))
+
+
+def start_decoder(model: CausalLM, name: str, config: Any, weights: Any, context: int | None, quant: str, profile: str,
+                  probe_report: Any, error: type[Exception]) -> dict[str, Any]:
+    """The start of a Llama-layer decoder's ``__init__`` (Llama's, Gemma's): validates ``weights`` against
+    ``config`` and ``context`` (default ``max_position_embeddings``; else ``error`` naming ``name``), sets
+    ``model``'s ``quant``, ``config``, ``weights`` and ``dims``; returns the programs' compile options (int8
+    needs ANE-35 relaxed, :mod:`orion.quant`)."""
+    weights.validate(config)
+    options = compile_options(quant, profile, probe_report)
+    model.quant = quant
+    context = config.max_position_embeddings if context is None else context
+    if isinstance(context, bool) or not isinstance(context, int) or \
+            not 0 < context <= config.max_position_embeddings:
+        raise error(f"{name}: context={context!r}; use a positive number of positions up to the model's "
+                    f"max_position_embeddings ({config.max_position_embeddings})")
+    model.config, model.weights = config, weights  # type: ignore[attr-defined]
+    model.dims = DecoderDims(n_layer=config.n_layers, hidden=config.dim, kv_heads=config.n_kv_heads,
+                             head_dim=config.head_dim, context=context, vocab_size=config.vocab_size,
+                             parameters=config.param_count())
+    return options
+
+
+def from_hf_dir(cls: type[Model], path: str | os.PathLike[str], load: Callable[..., tuple[Any, Any]],
+                options: dict[str, Any]) -> Model:
+    """``cls`` built from the Hugging Face directory ``path``: its weights by ``load`` (quiet with
+    ``progress=False``) and its ``tokenizer.json`` when there is one."""
+    config, weights = load(path, progress=None if options.get("progress", True) else False)
+    try:
+        tokenizer, error = load_tokenizer(path), None
+    except TokenizerNotFound as missing:
+        tokenizer, error = None, missing
+    return cls(config, weights, tokenizer=tokenizer, tokenizer_error=error, **options)  # type: ignore[call-arg]

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 import numpy as np
 
 from orion.autodiff import cpu
@@ -12,11 +15,14 @@ from orion.graph.ir import Node
 from orion.lora.adapter import LayerTarget
 from orion.lora.graph import Sites
 from orion.models.blocks import InputParams, layer_flag_pick, masked_attention, window_causal_mask
+from orion.models.hf_checkpoint import DecoderWeights
 from orion.models.llama.config import LlamaConfig
 from orion.models.llama.graphs import group_rows, layer, layer_arrays, rope_partner, rope_tables
 from orion.models.llama.lora import lora_placements
 from orion.models.llama.weights import LayerWeights, LlamaWeights
 from orion.ops import causal_mask
+
+Weights = TypeVar("Weights", bound=DecoderWeights)
 
 
 class LlamaTrainable(TrainableModel):
@@ -46,32 +52,11 @@ class LlamaTrainable(TrainableModel):
 
     def params(self, weights: LlamaWeights) -> dict[str, np.ndarray]:
         """The flat fp32 parameters of ``weights`` (``wq``/``bq``/``wo`` split by query group)."""
-        out = {"embed": weights.embed, "norm": weights.norm}
-        if not self.config.tie_embeddings:
-            out["lm_head"] = weights.classifier
-        for i, part in enumerate(weights.layers):
-            out.update({self.layer_param(i, k): v for k, v in layer_arrays(self.config, part).items()})
-        return {k: np.array(v, np.float32) for k, v in out.items()}
+        return flat_params(self, weights, layer_arrays)
 
     def weights(self, params: dict[str, np.ndarray]) -> LlamaWeights:
         """The inverse of :meth:`params`: float32 :class:`LlamaWeights` (query groups merged back)."""
-        cfg = self.config
-        layers = []
-        for i in range(self.n_layers):
-            p = {name: np.asarray(params[self.layer_param(i, name)], np.float32) for name in self.layer_shapes()}
-            wq = np.zeros((cfg.q_dim, cfg.dim), np.float32)
-            wo = np.zeros((cfg.dim, cfg.q_dim), np.float32)
-            bq = np.zeros(cfg.q_dim, np.float32) if cfg.qkv_bias else None
-            for j in range(cfg.group_size):
-                rows = group_rows(cfg, j)
-                wq[rows], wo[:, rows] = p[f"wq_g{j}"], p[f"wo_g{j}"]
-                if bq is not None:
-                    bq[rows] = p[f"bq_g{j}"]
-            layers.append(LayerWeights(p["attn_norm"], wq, p["wk"], p["wv"], wo, p["mlp_norm"], p["w_gate"], p["w_up"],
-                                       p["w_down"], bq, p.get("bk"), p.get("bv"), p.get("q_norm"), p.get("k_norm")))
-        lm_head = None if cfg.tie_embeddings else np.asarray(params["lm_head"], np.float32)
-        return LlamaWeights(np.asarray(params["embed"], np.float32), np.asarray(params["norm"], np.float32), layers,
-                            lm_head)
+        return grouped_weights(self, params, LayerWeights, LlamaWeights)
 
     def layer_shapes(self) -> dict[str, tuple[int, ...]]:
         d, kv, h = self.dim, self.config.kv_dim, self.config.hidden_dim
@@ -164,3 +149,40 @@ class LlamaTrainable(TrainableModel):
         loss, dh, d_cls = cpu.cross_entropy(h, params[self.head_param], targets)
         dx, d_norm = cpu.rms_norm_backward(dh, saved)
         return loss, dx, {self.head_param: d_cls, "norm": d_norm}
+
+
+def flat_params(model: TrainableModel, weights: DecoderWeights[Any],
+                arrays: Callable[[Any, Any], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The flat fp32 parameters of a decoder's ``weights`` (``model.config``'s family): embedding, final norm, the
+    LM head when untied, and each layer's ``arrays(config, layer)`` (its graph inputs, query groups split)."""
+    config = model.config  # type: ignore[attr-defined]
+    out = {"embed": weights.embed, "norm": weights.norm}
+    if not config.tie_embeddings:
+        out["lm_head"] = weights.classifier
+    for i, part in enumerate(weights.layers):
+        out.update({model.layer_param(i, k): v for k, v in arrays(config, part).items()})
+    return {k: np.array(v, np.float32) for k, v in out.items()}
+
+
+def grouped_weights(model: TrainableModel, params: dict[str, np.ndarray], layer_class: type,
+                    weights_class: type[Weights]) -> Weights:
+    """The inverse of :func:`flat_params`: float32 weights whose layers (``layer_class``, fields named as
+    ``model.layer_shapes()``) get ``wq``/``wo`` (and ``bq`` when split) merged back from the query groups."""
+    cfg = model.config  # type: ignore[attr-defined]
+    layers = []
+    for i in range(model.n_layers):
+        p = {name: np.asarray(params[model.layer_param(i, name)], np.float32) for name in model.layer_shapes()}
+        fields = {k: v for k, v in p.items() if not k.startswith(("wq_g", "wo_g", "bq_g"))}
+        fields["wq"] = np.zeros((cfg.q_dim, cfg.dim), np.float32)
+        fields["wo"] = np.zeros((cfg.dim, cfg.q_dim), np.float32)
+        if "bq_g0" in p:
+            fields["bq"] = np.zeros(cfg.q_dim, np.float32)
+        for j in range(cfg.group_size):
+            rows = group_rows(cfg, j)
+            fields["wq"][rows], fields["wo"][:, rows] = p[f"wq_g{j}"], p[f"wo_g{j}"]
+            if "bq" in fields:
+                fields["bq"][rows] = p[f"bq_g{j}"]
+        layers.append(layer_class(**fields))
+    lm_head = None if cfg.tie_embeddings else np.asarray(params["lm_head"], np.float32)
+    return weights_class(embed=np.asarray(params["embed"], np.float32), norm=np.asarray(params["norm"], np.float32),
+                         layers=layers, lm_head=lm_head)

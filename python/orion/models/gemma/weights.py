@@ -12,14 +12,7 @@ import numpy as np
 
 from orion.errors import OrionError
 from orion.models.gemma.config import GemmaConfig
-from orion.models.hf_checkpoint import (
-    Checkpoint,
-    DecoderWeights,
-    attach_source,
-    hf_names,
-    load_hf_dir,
-    save_hf_dir,
-)
+from orion.models.hf_checkpoint import Checkpoint, DecoderWeights, attach_source, hf_names, load_hf_dir, save_hf_dir
 
 DIRECTORY_HELP = ("a Gemma directory holds a Hugging Face config.json and model.safetensors "
                   "(or model.safetensors.index.json with its shards)")

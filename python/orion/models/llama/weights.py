@@ -20,14 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from orion.errors import OrionError
-from orion.models.hf_checkpoint import (
-    Checkpoint,
-    DecoderWeights,
-    attach_source,
-    hf_names,
-    load_hf_dir,
-    save_hf_dir,
-)
+from orion.models.hf_checkpoint import Checkpoint, DecoderWeights, attach_source, hf_names, load_hf_dir, save_hf_dir
 from orion.models.llama.config import LlamaConfig
 from orion.models.weights_io import INDEX_FILE, WEIGHTS_FILE, write_safetensors  # noqa: F401 (callers import them here)
 

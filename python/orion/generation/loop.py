@@ -20,6 +20,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, ClassVar
 
 import numpy as np
@@ -799,13 +800,14 @@ class CausalLM(AdapterHost):
     def _exclusive(self, what: str) -> _Exclusive:
         return _Exclusive(self, what)
 
-    def _prefill_graph(self, layers: range, seq: int, past: bool = False, context: int | None = None) -> Graph:
-        """The ``prefill_graph`` hook for the program set in use (with its adapters, if any); ``past``: the chunk
-        graph over a KV cache of ``context`` positions."""
+    def _prefill_graph(self, adapters: Mapping[str, int] | None, layers: range, seq: int, past: bool = False,
+                       context: int | None = None) -> Graph:
+        """The ``prefill_graph`` hook of a program set with LoRA ``adapters`` (None: the base graph); ``past``: the
+        chunk graph over a KV cache of ``context`` positions."""
         extra: dict[str, Any] = {"past": True, "context": context} if past else {}
-        if self._programs.adapters is None:
+        if adapters is None:
             return self.prefill_graph(layers, seq, **extra)
-        return self.prefill_graph(layers, seq, adapters=self._programs.adapters, **extra)
+        return self.prefill_graph(layers, seq, adapters=adapters, **extra)
 
     def _write_stage_inputs(self, stage_lists: Iterable[list[Stage]]) -> None:
         """The arrays of :meth:`use_programs`' ``inputs`` into every stage of ``stage_lists`` that reads them."""
@@ -840,8 +842,8 @@ class CausalLM(AdapterHost):
                                        + (len(self._head_ranges) if with_head else 0))
                     programs.prefill_plans[key] = build_prefill_plan(
                         self.builder, self.dims.n_layer, self.decode_plan.fusion_depth, seq,
-                        self._head_ranges if with_head else [], self._prefill_graph, self.lm_head_graph,
-                        past)
+                        self._head_ranges if with_head else [], partial(self._prefill_graph, programs.adapters),
+                        self.lm_head_graph, past)
                     self.builder.end()
             self._prefill_stages[key] = programs.prefill_plans[key].bind(self.options.io_dtype)
             self._write_stage_inputs(self._prefill_stages[key][:1])

@@ -149,3 +149,37 @@ def test_entries_sharing_a_blob_read_it_as_one_map(tmp_path, monkeypatch) -> Non
         assert data.obj is second.weights[path].obj  # one map of the blob for both entries
     check_runs(compile_lowered(first))
     check_runs(compile_lowered(second))
+
+
+def test_a_warm_read_checks_no_blob_another_entry_stamped(tmp_path, monkeypatch) -> None:
+    """A blob's CRC is computed when written; an entry referencing the blob later refreshes its time (a use
+    stamp), which must not make the next process compute every blob's CRC again (the Qwen-shape warm
+    start spent seconds there). A truncated blob is still caught (its size is part of the memo's key)."""
+    import gc
+    import time
+
+    from orion import program_cache
+
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    lower_cached({"test": "stamped blob", "entry": 0}, graph)
+    blobs = sorted((tmp_path / "blobs").iterdir())
+    times_before = [b.stat().st_mtime_ns for b in blobs]
+    time.sleep(0.01)
+    lower_cached({"test": "stamped blob", "entry": 1}, graph)  # the same weights: the blobs' times are refreshed
+    assert [b.stat().st_mtime_ns for b in blobs] != times_before
+    program_cache._MEMO.clear()  # as a new process: no in-process memo, no open map
+    gc.collect()
+    computed: list[int] = []
+    real = program_cache._checksum
+    monkeypatch.setattr(program_cache, "_checksum", lambda data: computed.append(len(data)) or real(data))
+    first, cached = lower_cached({"test": "stamped blob", "entry": 0}, graph)
+    assert cached and len(computed) == 2  # the entry's own two files (MIL, layout); no blob
+    check_runs(compile_lowered(first))
+    del first
+    program_cache._MEMO.clear()
+    gc.collect()
+    blob = max(blobs, key=lambda b: b.stat().st_size)
+    blob.write_bytes(blob.read_bytes()[:-64])  # truncated in place (same inode)
+    again, cached = lower_cached({"test": "stamped blob", "entry": 0}, graph)
+    assert not cached
+    check_runs(compile_lowered(again))

@@ -12,7 +12,8 @@ memory (a read entry's weight files are read-only maps of its blobs, one map per
 entry lowered here is switched to those maps once stored, and the maps' pages are dropped after the
 program is compiled: it holds its own copy). Every entry carries a manifest with each file's size and
 CRC-32 (its blobs' too), checked on every read, a blob's once per blob version (its CRC is memoized
-under the file's identity, so a rewritten or truncated blob is checked again): a damaged entry (a
+under the blob's path, inode and size, so a replaced or truncated blob is checked again, but not under
+its modification time, which a writer referencing the blob refreshes as a use stamp): a damaged entry (a
 truncated weight file, a disk error) is rebuilt with a one-line warning, never used. A program's
 content hash comes from its blobs' names (their SHA-256), so reading an entry hashes no weights.
 
@@ -198,7 +199,7 @@ def _verified_checksum(data: memoryview | bytes, path: Path, known: dict[str, in
                 return False
 
         compute = lambda: json.dumps(known if known is not None else _checksum(data))  # noqa: E731
-        _MAP_CHECKSUMS[shared] = json.loads(_by_identity(path, "crc32", compute, valid))
+        _MAP_CHECKSUMS[shared] = json.loads(_by_identity(path, "crc32", compute, valid, times=False))
     return _MAP_CHECKSUMS[shared]
 
 
@@ -268,13 +269,16 @@ _MEMO: dict[str, str] = {}  # _by_identity's memo in this process
 
 
 def _by_identity(path: Path, kind: str, compute: Callable[[], str], valid: Callable[[str], bool],
-                 st: os.stat_result | None = None) -> str:
+                 st: os.stat_result | None = None, times: bool = True) -> str:
     """``compute()`` for the file at ``path``, once per file version: memoized in this process and in the
     cache (``files/``) under ``kind`` and the file's identity (resolved path, device, inode, size,
     modification and change times, so any rewrite changes it; ``st``: that file's stat, default the
-    path's). ``valid`` checks a memoized value."""
+    path's). ``valid`` checks a memoized value. ``times=False`` leaves the times out: for a blob, which is
+    only ever written whole under a new inode (renamed into place) and whose modification time is a use
+    stamp (``_write_blob`` refreshes it), so a stamp must not void its memo; a truncation changes its size."""
     st = path.stat() if st is None else st
-    identity = f"{kind}\0{path.resolve()}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}"
+    stamp = f"\0{st.st_mtime_ns}\0{st.st_ctime_ns}" if times else ""
+    identity = f"{kind}\0{path.resolve()}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}{stamp}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:32]
     if key in _MEMO:
         return _MEMO[key]

@@ -183,3 +183,22 @@ def test_a_warm_read_checks_no_blob_another_entry_stamped(tmp_path, monkeypatch)
     again, cached = lower_cached({"test": "stamped blob", "entry": 0}, graph)
     assert not cached
     check_runs(compile_lowered(again))
+
+
+def test_storing_entries_walks_the_cache_once_not_per_entry(tmp_path, monkeypatch) -> None:
+    """The cap is checked against a running count: a cold start of N programs walks the cache once (it
+    walked it after each entry, quadratic in N), and still evicts once the count passes the cap."""
+    from orion import program_cache
+
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    walks: list[int] = []
+    real = program_cache._stored_bytes
+    monkeypatch.setattr(program_cache, "_stored_bytes", lambda root: walks.append(1) or real(root))
+    for i in range(4):
+        lower_cached({"test": "one walk", "n": i}, graph)
+    assert len(walks) == 1
+    assert program_cache._STORED[tmp_path] == real(tmp_path)  # the running count is the cache's size
+    monkeypatch.setenv("ORION_CACHE_MAX_SIZE", str(real(tmp_path) + 1))  # the next entry goes over the cap
+    lower_cached({"test": "one walk", "n": 4}, graph)
+    assert program_cache.usage(tmp_path)["entries"] < 5  # evicted
+    assert program_cache._STORED[tmp_path] == real(tmp_path) <= int(program_cache.max_size())

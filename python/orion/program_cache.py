@@ -18,8 +18,9 @@ truncated weight file, a disk error) is rebuilt with a one-line warning, never u
 content hash comes from its blobs' names (their SHA-256), so reading an entry hashes no weights.
 
 The cache has a size cap, ``ORION_CACHE_MAX_SIZE`` (bytes, or with a K/M/G suffix; default
-:data:`DEFAULT_MAX_SIZE`): after each new entry the least recently used entries are removed until
-it fits, then the blobs no entry references. ``python -m orion cache info`` shows it, ``cache clear``
+:data:`DEFAULT_MAX_SIZE`): when a new entry takes it over the cap (the cache is walked once per process,
+then counted up by what the process adds), the least recently used entries are removed until it
+fits, then the blobs no entry references. ``python -m orion cache info`` shows it, ``cache clear``
 empties it. The cache is safe to share between processes: entries and blobs are written to temporary
 names and renamed into place, and unreferenced blobs younger than a minute are kept (another process
 may be writing the entry that references them).
@@ -124,9 +125,10 @@ def _write_blob(blobs: Path, data: bytes, name: str, written: set[str] | None = 
     return name
 
 
-def _save(directory: Path, lowered: Lowered) -> Lowered:
+def _save(directory: Path, lowered: Lowered) -> tuple[Lowered, int]:
     """Stores ``lowered`` as entry ``directory``; returns it with its weight files as maps of the stored
-    blobs (so the process holds them once, as a cached read would), or as given when storing failed."""
+    blobs (so the process holds them once, as a cached read would), or as given when storing failed, and
+    the bytes the cache grew by (the entry's files and the blobs written here)."""
     root = directory.parent
     try:
         (root / BLOBS).mkdir(parents=True, exist_ok=True)
@@ -149,14 +151,16 @@ def _save(directory: Path, lowered: Lowered) -> Lowered:
         tmp.rename(directory)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)  # another process won the race, or the disk is full: not fatal
-        return lowered
+        return lowered, 0
+    added = sum(map(len, files.values())) + len(json.dumps(manifest)) + sum(
+        ref["size"] for ref in {ref["blob"]: ref for ref in weights.values() if ref["blob"] in written}.values())
     mapped = {path: _map_blob(root / BLOBS / digests[path]) for path in lowered.weights}
     if any(len(mapped[path]) != len(data) for path, data in lowered.weights.items()):
-        return lowered  # a blob vanished meanwhile (another process cleared the cache): keep the bytes
+        return lowered, added  # a blob vanished meanwhile (another process cleared the cache): keep the bytes
     for path, ref in weights.items():  # the checksums of blobs written here are known: a warm start need not
         if ref["blob"] in written:      # compute them (one found already there is checked when first read)
             _verified_checksum(mapped[path], root / BLOBS / ref["blob"], {"size": ref["size"], "crc32": ref["crc32"]})
-    return Lowered(lowered.mil, mapped, lowered.layout, lowered.report, digests=digests)
+    return Lowered(lowered.mil, mapped, lowered.layout, lowered.report, digests=digests), added
 
 
 # Read-only maps of the blobs in use, by (path, inode, size, mtime): entries that reference one blob
@@ -256,13 +260,29 @@ def lower_cached(description: dict, build: Callable[[], Graph], **lower_options)
             shutil.rmtree(root / key, ignore_errors=True)
     lowered = compiler.lower_graph(build(), **lower_options)
     if root is not None:
-        lowered = _save(root / key, lowered)
-        cap = max_size()
-        try:
-            enforce_cap(root, cap)
-        except OSError:  # another process is evicting at the same time: its pass does the work
-            pass
+        lowered, added = _save(root / key, lowered)
+        _keep_under_cap(root, added)
     return lowered, False
+
+
+_STORED: dict[Path, int] = {}  # per cache directory: its stored bytes as of this process's last count, plus what it added
+
+
+def _keep_under_cap(root: Path, added: int) -> None:
+    """After storing an entry of ``added`` new bytes: evict (``enforce_cap``) when the cache may exceed
+    :func:`max_size`. The cache is walked once per process and after each eviction, not after every entry
+    (walking it per entry made a cold start quadratic in its programs); between walks the count only grows
+    by what this process adds (an overestimate when others evict, which just walks it again sooner; entries
+    other processes add are theirs to count)."""
+    cap = max_size()
+    try:
+        total = _STORED[root] + added if root in _STORED else _stored_bytes(root)
+        if total > cap:
+            enforce_cap(root, cap)
+            total = _stored_bytes(root)
+        _STORED[root] = total
+    except OSError:  # another process is evicting at the same time: its pass does the work
+        _STORED.pop(root, None)
 
 
 _MEMO: dict[str, str] = {}  # _by_identity's memo in this process

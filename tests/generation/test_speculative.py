@@ -190,3 +190,32 @@ def test_sampled_output_keeps_the_models_distribution(gpt2, monkeypatch) -> None
     expected = np.array([probs[k] for k in probs]) * runs
     statistic = float(((observed - expected) ** 2 / expected).sum())
     assert statistic < chi2.ppf(1 - ALPHA, len(probs) - 1), (statistic, observed, expected.round(1))
+
+
+def test_failed_checks_back_off_to_plain_steps(gpt2, monkeypatch) -> None:
+    """Drafts that are always wrong: the output is still plain decoding's, and after each failed check the
+    speculator decodes plainly for a doubling number of steps, so checks become rare (1, 2, 4, 8, 16 steps
+    between them: 6 checks in 40 tokens) instead of one per token."""
+    ids = prompts(gpt2.dims.vocab_size)["random"]
+    plain = list(gpt2.generate(ids, NEW, temperature=0, ignore_eos=True))
+    truth = ids + plain
+
+    def wrong(history: list[int], num_tokens: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
+        return [(truth[len(history)] + 1) % gpt2.dims.vocab_size] * min(num_tokens, 3)
+
+    monkeypatch.setattr(speculative, "prompt_lookup", wrong)
+    run = gpt2.generate(ids, NEW, temperature=0, ignore_eos=True, speculative="prompt-lookup")
+    assert list(run) == plain
+    assert run.speculation.accepted == 0 and run.speculation.checks == 6, run.speculation
+
+
+def test_checks_run_in_the_draft_chunk_bucket() -> None:
+    from orion.generation.plan import PlanError, PlanOptions
+
+    options = PlanOptions()
+    assert options.extend_pieces(100, 8) == [(100, 8, 8)]  # a token and 7 drafts: the 8-lane programs
+    assert options.extend_pieces(100, 3) == [(100, 3, 8)]
+    assert options.extend_pieces(100, 9) == [(100, 9, 32)]  # more: the prompts' buckets, 32 lanes at least
+    assert PlanOptions(draft_chunk=4).extend_pieces(0, 3) == [(0, 3, 4)]
+    with pytest.raises(PlanError, match="draft_chunk=6"):
+        PlanOptions(draft_chunk=6)

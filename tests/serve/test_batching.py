@@ -1,6 +1,7 @@
 """The server over batched lanes: concurrent requests give what the model gives alone, ``n`` choices run
 as forked lanes of one prompt, ``logprobs``/``top_logprobs`` in OpenAI's completions and chat shapes, and
-per-request usage (token counts, time to first token, tok/s).
+per-request usage (token counts, time to first token, tok/s), and speculative requests (drafts checked in
+their lanes' chunk runs while plain requests decode beside them) giving plain decoding's tokens.
 
 References: the model's own ``generate`` (an instance independent of the server's) for tokens, and the
 log-softmax in float64 of its full-sequence logits (``logits(prompt + tokens)``, the prefill programs)
@@ -13,6 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
+
+from orion.generation import batch as batch_module
+from orion.generation import speculative
 
 LOGPROB_TOLERANCE = 0.05
 
@@ -89,3 +93,43 @@ def test_chat_logprobs_stream_and_usage(base_url, engine, reference) -> None:
     streamed = [c for e in events for choice in e["choices"] for c in (choice["logprobs"] or {}).get("content", [])]
     assert [c["token"] for c in streamed] == [c["token"] for c in content]
     assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 5
+
+
+def test_speculative_requests_give_plain_decodings_tokens(base_url, engine, reference, monkeypatch) -> None:
+    """Two speculative and two plain greedy requests at once. Drafts come from an oracle (the reference's own
+    continuation, every third token wrong), so checks accept runs of drafts and reject some mid-way; every
+    reply must be the reference's plain greedy one, and the speculative lanes must have checked drafts."""
+    prompts = [[5, 9, 14, 3] * 3, [7, 2, 8] * 4, [11, 4] * 5, [6, 6, 1, 12, 3]]
+    new = 14
+    truths = [ids + list(reference.generate(ids, new, temperature=0, ignore_eos=True)) for ids in prompts]
+
+    def oracle(history: list[int], num_tokens: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
+        truth = next(t for t in truths if t[:len(history)] == list(history))
+        drafts = truth[len(history):len(history) + num_tokens]
+        return [(t + 1) % engine.vocab_size if (len(history) + i) % 3 == 0 else t for i, t in enumerate(drafts)]
+
+    checks: list[int] = []
+    check = batch_module.Batch.check
+
+    def counted(self, sequence: int, tokens: list[int]) -> np.ndarray:
+        checks.append(len(tokens))
+        return check(self, sequence, tokens)
+
+    monkeypatch.setattr(speculative, "prompt_lookup", oracle)
+    monkeypatch.setattr(batch_module.Batch, "check", counted)
+    body = {"model": engine.model_id, "max_tokens": new, "temperature": 0,
+            "logit_bias": {str(engine.eos_token_id): -100}}
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        got = list(pool.map(lambda i: post(base_url, "/v1/completions", body | {"prompt": prompts[i],
+                                                                                  "speculative": i < 2}),
+                            range(len(prompts))))
+    assert [g["choices"][0]["text"] for g in got] == [reference.tokenizer.decode(t[len(ids):])
+                                                      for t, ids in zip(truths, prompts)]
+    assert all(g["usage"]["completion_tokens"] == new for g in got)
+    assert checks and max(checks) > 1  # drafts were checked, several per chunk run
+
+
+def test_speculative_must_be_a_boolean(base_url, engine) -> None:
+    response = httpx.post(base_url + "/v1/completions", json={"model": engine.model_id, "prompt": "hi",
+                                                               "speculative": "yes"}, timeout=60)
+    assert response.status_code == 400 and "speculative" in response.text

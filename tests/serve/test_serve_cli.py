@@ -36,6 +36,8 @@ def test_defaults_bind_loopback() -> None:
     (["--max-queue", "0"], "--max-queue 0"),
     (["--body-timeout", "-1"], "--body-timeout"),
     (["--prefix-cache-mb", "-1"], "--prefix-cache-mb -1"),
+    (["--speculative", "medusa"], "invalid choice: 'medusa'"),
+    (["--speculative", "prompt-lookup", "--draft-tokens", "0"], "--draft-tokens 0"),
 ])
 def test_bad_arguments_fail_before_loading(model_dir, capsys, argv, says) -> None:
     argv = argv if argv[0] == "--model" else ["--model", str(model_dir), *argv]

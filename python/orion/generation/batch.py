@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,6 +151,28 @@ class Batch:
         self._lanes[twin] = _Lane(entry.model, lane, None, entry.logits, entry.fed)
         return twin
 
+    def check(self, sequence: int, tokens: list[int]) -> np.ndarray:
+        """Append ``tokens`` to ``sequence`` in one run of the chunk programs (``CausalLM.extend`` on its lane:
+        a speculative check) and return the logits ``[len(tokens), vocab]`` after each."""
+        entry = self._entry(sequence)
+        if entry.reading is not None or entry.fed is not None:
+            raise GenerationError(f"sequence {sequence}: check tokens once its logits are consumed and none is fed")
+        ids = entry.model._check_ids(list(tokens))
+        with self._failing([sequence]), entry.model._exclusive("Batch.check"):
+            return entry.model._extend(ids, entry.lane)
+
+    def truncate(self, sequence: int, length: int) -> None:
+        """Keep the first ``length`` positions of ``sequence`` (drop rejected drafts)."""
+        entry = self._entry(sequence)
+        if not 0 < length <= self.position(sequence) or entry.fed is not None:
+            raise GenerationError(f"truncate({length}): sequence {sequence} holds {self.position(sequence)} "
+                                  f"positions and must have no token fed; give a length in [1, that]")
+        entry.model.cache.filled(entry.lane, length)
+
+    def context(self, sequence: int) -> int:
+        """Positions ``sequence``'s lane can hold."""
+        return self._entry(sequence).model.dims.context
+
     def leave(self, sequence: int) -> None:
         """End ``sequence``: its lane is free for the next one."""
         self._failed.pop(sequence, None)
@@ -271,3 +293,27 @@ class Batch:
                             f"(CausalLM.with_lanes)")
         return lane
 
+
+
+class LaneTarget:
+    """A batch sequence as a speculator's target (``orion.generation.speculative.Target``): its plain steps are
+    fed to the batch's next decode step (with the other lanes), its checks run the chunk programs on its lane."""
+
+    def __init__(self, batch: Batch, sequence: int) -> None:
+        self.batch, self.sequence = batch, sequence
+
+    def decode(self, token: int) -> Callable[[], np.ndarray]:
+        self.batch.feed(self.sequence, token)
+        return lambda: self.batch.logits(self.sequence)
+
+    def check(self, tokens: list[int]) -> np.ndarray:
+        return self.batch.check(self.sequence, tokens)
+
+    def truncate(self, length: int) -> None:
+        self.batch.truncate(self.sequence, length)
+
+    def length(self) -> int:
+        return self.batch.position(self.sequence)
+
+    def context(self) -> int:
+        return self.batch.context(self.sequence)

@@ -42,7 +42,7 @@ from orion.generation.plan import (
 )
 from orion.generation.prefix_cache import PrefixCache
 from orion.generation.sampling import apply_repetition_penalty, check_sampling, next_token
-from orion.generation.speculative import Speculation, SpeculationStats, Speculator
+from orion.generation.speculative import ModelTarget, Speculation, SpeculationStats, Speculator
 from orion.generation.streaming import IncrementalDetokenizer, StopStrings
 from orion.generation.tokenizer import Tokenizer, TokenizerNotFound
 from orion.graph import Graph
@@ -629,16 +629,20 @@ class CausalLM(AdapterHost):
         position: how speculative decoding checks its drafts in one dispatch per program."""
         ids = self._check_ids(ids)
         with self._exclusive("extend"):
-            cache = self.cache
-            if cache.length == 0:
-                raise OrionError("extend needs a prefilled cache: call prefill(ids) first")
-            if cache.length + len(ids) > cache.context:
-                raise ContextFull(f"extend: {cache.length} cached and {len(ids)} new tokens exceed the context "
-                                  f"length {cache.context}: reset() or append fewer tokens")
-            rows: list[np.ndarray] = []
-            for _ in self._append_pieces(ids, cache.length, 0, self._logit_rows(rows)):
-                pass  # one piece (at most prefill_chunk tokens) after another
-            return _float32(np.concatenate(rows))
+            return self._extend(ids, 0)
+
+    def _extend(self, ids: list[int], lane: int) -> np.ndarray:
+        """``extend`` of lane ``lane`` (checked ids; the caller holds the model)."""
+        held = int(self.cache.lengths[lane])
+        if held == 0:
+            raise OrionError("extend needs a prefilled cache: call prefill(ids) first")
+        if held + len(ids) > self.cache.context:
+            raise ContextFull(f"extend: {held} cached and {len(ids)} new tokens exceed the context "
+                              f"length {self.cache.context}: reset() or append fewer tokens")
+        rows: list[np.ndarray] = []
+        for _ in self._append_pieces(ids, held, lane, self._logit_rows(rows)):
+            pass  # one piece (at most prefill_chunk tokens) after another
+        return _float32(np.concatenate(rows))
 
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` cached positions and forget the rest (e.g. rejected speculative drafts):
@@ -730,7 +734,7 @@ class CausalLM(AdapterHost):
         settings = Speculation.of(speculative)
         sequence = self._sequence(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, min_p,
                                   repetition_penalty, logits_processor, eos=eos, text=text)
-        speculator = None if settings is None else Speculator(self, settings, sequence.ids)
+        speculator = None if settings is None else Speculator(ModelTarget(self), settings, sequence.ids)
         sequence.finish.speculation = None if speculator is None else speculator.stats
         return sequence.finish, self._steps(sequence, speculator)
 
@@ -914,7 +918,8 @@ class CausalLM(AdapterHost):
                 on_chunk(heads, x)
             if start + n < first + len(ids):
                 yield
-        kernels.release_idle_buffers()  # the prompt's activations: decode's own are far smaller
+        if len(ids) > self.options.draft_chunk:  # not after a speculative check: the next one reuses them
+            kernels.release_idle_buffers()  # the prompt's activations: decode's own are far smaller
         return x
 
     def _prefill_logits(self, lane: int, x: np.ndarray) -> np.ndarray:

@@ -8,12 +8,20 @@ sequence before them; the tokens that followed their most recent earlier occurre
 drafts well; free text seldom matches and then decodes as usual.
 
 Checking: after the token just chosen, ``t``, the model runs ``[t, d1, ..., dk]`` over its KV cache
-in one chunk (``CausalLM.extend``: one dispatch per layer program, however many drafts), which gives
+in one chunk (``CausalLM.extend``: one dispatch per layer program, however many drafts, in the chunk
+programs' ``PlanOptions.draft_chunk`` bucket when they fit it), which gives
 the logits after ``t`` and after each draft. The next token is chosen from the first of them exactly as
 plain decoding chooses it (same processors, same sampler, same random draws); while the chosen token
 equals the next draft, the logits after that draft are already computed and are used next, at no
 cost. At the first mismatch the cache is truncated to the accepted positions (the rejected drafts'
 keys and values are masked out and later overwritten), and the chosen token starts the next check.
+A check costs more than a decode step (on the emulator about 2-2.5 steps for SmolLM2-135M), so a check
+whose first draft is rejected is a loss: after one, the next ``backoff`` tokens decode plainly, ``backoff``
+doubling (up to :data:`MAX_BACKOFF`) while checks keep failing, and reset by a check that gains a token.
+Which steps check changes no token: the logits are the same either way.
+
+The model side is a :class:`Target`: one sequence's lane (``ModelTarget``: lane 0 of a ``CausalLM``;
+``orion.generation.batch.LaneTarget``: a lane of a batch, whose plain steps join the batch's decode steps).
 
 Why the output keeps the model's distribution: the draft ``d`` is deterministic, i.e. a draft
 distribution ``q`` with all its mass on ``d``. Speculative sampling's rule (Leviathan et al. 2023;
@@ -26,9 +34,9 @@ equal decode's to within fp16 rounding).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -38,6 +46,7 @@ if TYPE_CHECKING:
     from orion.generation.loop import CausalLM
 
 METHODS = ("prompt-lookup",)
+MAX_BACKOFF = 16  # most plain steps after failed checks before the next check
 
 
 class SpeculationError(OrionError, ValueError):
@@ -50,7 +59,7 @@ class Speculation:
     (``max_ngram`` down to ``min_ngram`` tokens) of the sequence's end found earlier in it."""
 
     method: str = "prompt-lookup"
-    num_tokens: int = 10
+    num_tokens: int = 7  # with the token before them, the 8-token chunk bucket (PlanOptions.draft_chunk)
     max_ngram: int = 3
     min_ngram: int = 1
 
@@ -104,38 +113,101 @@ class SpeculationStats:
         return self.accepted / self.drafted if self.drafted else 0.0
 
 
+class Target(Protocol):
+    """One sequence's lane of a model, as a speculator drives it."""
+
+    def decode(self, token: int) -> Callable[[], np.ndarray]:
+        """Append ``token``; returns what gives its logits ``[vocab]`` (a batch lane's come from the next decode
+        step of the whole batch)."""
+
+    def check(self, tokens: list[int]) -> np.ndarray:
+        """Append ``tokens`` in one chunk run; the logits ``[len(tokens), vocab]`` after each."""
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` positions."""
+
+    def length(self) -> int:
+        """Positions held."""
+
+    def context(self) -> int:
+        """Positions the lane can hold."""
+
+
+class ModelTarget:
+    """Lane 0 of a ``CausalLM`` (``generate``'s sequence)."""
+
+    def __init__(self, model: CausalLM) -> None:
+        self.model = model
+
+    def decode(self, token: int) -> Callable[[], np.ndarray]:
+        logits = self.model.decode_step(token)
+        return lambda: logits
+
+    def check(self, tokens: list[int]) -> np.ndarray:
+        return self.model.extend(tokens)
+
+    def truncate(self, length: int) -> None:
+        self.model.truncate(length)
+
+    def length(self) -> int:
+        return self.model.cache.length
+
+    def context(self) -> int:
+        return self.model.cache.context
+
+
 class Speculator:
     """The logits source of a speculative generation: ``next_logits(token, wanted)`` returns the logits after
     ``token`` (just chosen) from a check made earlier when ``token`` was its draft, else from a new check of
-    ``token`` and the drafts after it; ``close()`` forgets the positions of drafts never confirmed."""
+    ``token`` and the drafts after it (or a plain step while backing off); ``close()`` forgets the positions
+    of drafts never confirmed."""
 
-    def __init__(self, model: CausalLM, settings: Speculation, prompt_ids: Sequence[int]) -> None:
-        self.model, self.settings = model, settings
+    def __init__(self, target: Target, settings: Speculation, prompt_ids: Sequence[int]) -> None:
+        self.target = target
+        self.settings = settings
         self.history = list(prompt_ids)
         self.pending: list[tuple[int, np.ndarray]] = []  # (draft, the logits after it), checked but not chosen yet
         self.stats = SpeculationStats()
+        self._gained = True  # whether the last check's first draft was chosen
+        self._backoff = 0  # plain steps to take after the next failed check
+        self._plain = 0  # plain steps left before the next check
 
     def next_logits(self, token: int, wanted: int) -> np.ndarray:
         """The logits after ``token``; ``wanted``: how many more tokens the generation may still choose after
         the one these logits choose (drafts beyond it would be wasted)."""
+        return self.advance(token, wanted)()
+
+    def advance(self, token: int, wanted: int) -> Callable[[], np.ndarray]:
+        """``next_logits`` in two halves: appends ``token`` (a check, or a plain step the target may defer)
+        now, and returns what gives its logits."""
         self.history.append(token)
         if self.pending and self.pending[0][0] == token:
             self.stats.accepted += 1
-            return self.pending.pop(0)[1]
+            self._gained = True
+            logits = self.pending.pop(0)[1]
+            return lambda: logits
+        if self.pending and not self._gained:  # the check gained nothing: back off
+            self._backoff = min(MAX_BACKOFF, max(1, 2 * self._backoff))
+            self._plain = self._backoff
+        elif self.pending:
+            self._backoff = 0
         self.close()
-        model, s = self.model, self.settings
-        room = min(s.num_tokens, wanted, model.cache.context - model.cache.length - 1)
+        target, s = self.target, self.settings
+        if self._plain:
+            self._plain -= 1
+            return target.decode(token)
+        room = min(s.num_tokens, wanted, target.context() - target.length() - 1)
         drafts = prompt_lookup(self.history, room, s.max_ngram, s.min_ngram) if room > 0 else []
         if not drafts:
-            return model.decode_step(token)
-        rows = model.extend([token, *drafts])
+            return target.decode(token)
+        rows = target.check([token, *drafts])
         self.stats.checks += 1
         self.stats.drafted += len(drafts)
-        self.pending = list(zip(drafts, rows[1:]))
-        return rows[0]
+        self.pending, self._gained = list(zip(drafts, rows[1:])), False
+        return lambda: rows[0]
 
     def close(self) -> None:
         """Truncate the cache to the confirmed positions (drop the drafts never chosen)."""
         if self.pending:
-            self.model.truncate(self.model.cache.length - len(self.pending))
+            self.target.truncate(self.target.length() - len(self.pending))
             self.pending = []

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from orion import quant
 from orion.cli import HelpFormatter
+from orion.generation.speculative import METHODS, Speculation
 
 try:
     import uvicorn
@@ -43,6 +44,12 @@ def build_parser(prog: str = "python -m orion serve") -> argparse.ArgumentParser
     p.add_argument("--prefix-cache-mb", type=int, default=256,
                    help="MiB of computed prompt prefixes kept (least recently used out) so that prompts starting "
                         "the same (a system prompt, a chat history) skip recomputing them; 0: off")
+    p.add_argument("--speculative", choices=METHODS, default=None,
+                   help="speculative decoding for requests that do not set 'speculative' (a request may turn it on "
+                        "or off): prompt-lookup drafts tokens from n-grams of the prompt and the text so far, and the "
+                        "model checks them in one run (same output, faster when the reply repeats the prompt)")
+    p.add_argument("--draft-tokens", type=int, default=Speculation.num_tokens,
+                   help=f"most drafted tokens per check of a speculative request (default {Speculation.num_tokens})")
     quant.add_arguments(p)
     return p
 
@@ -57,6 +64,8 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--model {args.model}: {what}")
     if not 0 <= args.port <= 65535:
         parser.error(f"--port {args.port}: use 0..65535")
+    if args.draft_tokens < 1:
+        parser.error(f"--draft-tokens {args.draft_tokens}: use 1 or more")
     if args.prefix_cache_mb < 0:
         parser.error(f"--prefix-cache-mb {args.prefix_cache_mb}: use 0 (off) or more")
     for name in ("max_queue", "max_sequences", "max_body_bytes", "retry_after"):
@@ -97,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
             options = quant.model_options(args.quant, args.probe_report, lambda text: print(text, file=sys.stderr))
             engine = ModelEngine.from_directory(args.model, model_id=args.model_name, progress=not args.quiet,
                                                max_sequences=args.max_sequences, model_options=options,
-                                               prefix_cache_bytes=args.prefix_cache_mb << 20)
+                                               prefix_cache_bytes=args.prefix_cache_mb << 20,
+                                               speculative=None if args.speculative is None else
+                                               Speculation(args.speculative, num_tokens=args.draft_tokens))
         except (OrionError, ValueError, OSError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1

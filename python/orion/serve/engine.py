@@ -48,6 +48,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     grammar: Grammar | None = None
     logprobs: int | None = None  # None: no log-probabilities; else each token's and this many alternatives'
+    speculative: bool | None = None  # prompt-lookup speculative decoding; None: the engine's default
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,12 @@ from typing import Any
 import numpy as np
 
 from orion import models
-from orion.generation.batch import Batch
+from orion.generation.batch import Batch, LaneTarget
 from orion.generation.chat import ChatTemplate, ChatTemplateError
 from orion.generation.loop import CausalLM
 from orion.generation.prefix_cache import PrefixCache
 from orion.generation.sampling import next_token
+from orion.generation.speculative import Speculation, Speculator
 from orion.generation.structured import GrammarProcessor
 from orion.serve.engine import PromptError, SamplingParams, TokenLogprob
 from orion.serve.logits import LogitsProcessor
@@ -37,10 +38,11 @@ class ModelEngine:
     (compiled once for that many lanes) with its own KV cache rows."""
 
     def __init__(self, model: CausalLM, model_id: str, chat_template: ChatTemplate | None = None,
-                 max_sequences: int = 4, prefix_cache_bytes: int = 0) -> None:
+                 max_sequences: int = 4, prefix_cache_bytes: int = 0, speculative: Speculation | None = None) -> None:
         """``chat_template`` overrides the model's own (``model.tokenizer.chat_template``); ``prefix_cache_bytes``:
         keep up to this many bytes of computed prompt prefixes for later prompts that start the same
-        (``orion.generation.prefix_cache``; 0: off)."""
+        (``orion.generation.prefix_cache``; 0: off); ``speculative``: prompt-lookup speculative decoding for
+        requests that do not say (a request's ``speculative: true`` uses these settings, or the defaults)."""
         if max_sequences < 1:
             raise ValueError(f"max_sequences={max_sequences}: use 1 or more")
         self.model = model
@@ -50,6 +52,7 @@ class ModelEngine:
         self.vocab_size = model.dims.vocab_size
         self.eos_token_id = self.tokenizer.eos_token_id
         self.max_sequences = max_sequences
+        self.speculative = speculative
         self.chat_template = chat_template or self.tokenizer.chat_template
         if prefix_cache_bytes:
             model.prefix_cache = PrefixCache(prefix_cache_bytes)  # its lanes model and forks share it
@@ -60,13 +63,13 @@ class ModelEngine:
     @classmethod
     def from_directory(cls, path: str | os.PathLike[str], model_id: str | None = None, progress: bool = True,
                        max_sequences: int = 4, model_options: dict[str, Any] | None = None,
-                       prefix_cache_bytes: int = 0) -> ModelEngine:
+                       prefix_cache_bytes: int = 0, speculative: Speculation | None = None) -> ModelEngine:
         """Load (and compile) the Hugging Face model directory ``path`` (``model_options``: e.g. ``quant``,
         see ``orion.quant.model_options``); the tokenizer is checked first."""
         models.load_tokenizer(path)  # a missing or broken tokenizer fails before the compile
         model = models.load(path, progress=progress, **(model_options or {}))
         return cls(model, model_id or Path(path).resolve().name, max_sequences=max_sequences,
-                   prefix_cache_bytes=prefix_cache_bytes)
+                   prefix_cache_bytes=prefix_cache_bytes, speculative=speculative)
 
     # -- text ---------------------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -135,15 +138,25 @@ class ModelEngine:
         batch = self.batch
         guide = None if params.grammar is None else GrammarProcessor(params.grammar, self.tokenizer)
         process = LogitsProcessor(params, ids, self.vocab_size, guide)
+        settings = self.speculative if params.speculative is None else \
+            (self.speculative or Speculation()) if params.speculative else None
+        speculator = None if settings is None else Speculator(LaneTarget(batch, sequence), settings, ids)
+        pending = lambda: batch.logits(sequence)  # noqa: E731 -- the first decoding lane of a round runs the step
         for produced in range(params.max_tokens):
-            logits = batch.logits(sequence)  # the first decoding lane of a round runs the step for all
+            logits = pending()
             token = next_token(process(logits), params.temperature, params.top_k, params.top_p, rng, params.min_p)
             process.record(token)
             done = token in params.stop_token_ids or produced + 1 == params.max_tokens
             if not (done or len(ids) + produced >= self.context_length):
-                batch.feed(sequence, token)  # before yielding: the next step appends it with the other lanes'
+                # before yielding: the next step appends it with the other lanes' (or checks its drafts)
+                pending = speculator.advance(token, params.max_tokens - produced - 2) if speculator else \
+                    self._feed(sequence, token)
             else:
                 done = True
             yield token if params.logprobs is None else TokenLogprob.of(token, logits, params.logprobs)
             if done or cancelled():
                 return
+
+    def _feed(self, sequence: int, token: int) -> Callable[[], np.ndarray]:
+        self.batch.feed(sequence, token)
+        return lambda: self.batch.logits(sequence)

@@ -152,6 +152,7 @@ _SAMPLING = {
                        and isinstance(v.get("include_usage", False), bool), '{"include_usage": true|false}'),
     "user": (_is(str), "a string"),
     "logit_bias": (lambda v: isinstance(v, dict), "an object mapping token ids to a bias in [-100, 100]"),
+    "speculative": (_is(bool), "a boolean (prompt-lookup speculative decoding; null: the server's --speculative)"),
 }
 _COMPLETION = {
     **_SAMPLING,
@@ -316,6 +317,7 @@ def parse_request(body: dict[str, Any], engine: Engine, chat: bool) -> Generatio
         logit_bias=_logit_bias(body.get("logit_bias"), engine.vocab_size),
         grammar=grammar,
         logprobs=_logprobs(body, chat),
+        speculative=body.get("speculative"),
     )
     n = _get(body, "n", 1)
     if n > 1 and (n > engine.max_sequences or not hasattr(engine, "generate_choices")):

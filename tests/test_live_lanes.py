@@ -139,3 +139,74 @@ def test_moving_the_lane_axis_turns_dead_lanes_into_zeros(moves) -> None:
     want = ((zeroed.transpose(0, 1, 3, 2) if moves == "transpose" else zeroed.reshape(1, 2, 64, 4)) + 1.0
             ).reshape(1, 512, 1, 1)
     np.testing.assert_allclose(stage.output("y").astype(np.float64), want, rtol=1e-3, atol=1e-3)
+
+
+def decode_attention_stage(lanes: int, width: int, heads: int, positions: int) -> tuple[Stage, dict[str, np.ndarray]]:
+    """A decode step's attention over per-lane KV caches (``blocks.cached_attention``: the lane becomes the
+    matmuls' leading batch axis) between two projections and a residual add, as in a decode layer; and its
+    weights."""
+    from orion.models.blocks import cached_attention
+
+    rng = np.random.default_rng(7)
+    w = {n: (rng.standard_normal((width, width)) * 0.2).astype(np.float16) for n in "qkvo"}
+    g = Graph("decode_lanes")
+    x = g.input("x", [1, width, 1, lanes])
+    kc, vc = g.input("kc", [1, lanes * width, 1, positions]), g.input("vc", [1, lanes * width, 1, positions])
+    mask = g.input("mask", [1, lanes, 1, positions])
+    q, k, v = (g.linear(x, w[n], name=n) for n in "qkv")
+    ctx = cached_attention(g, q, k, v, kc, vc, mask, heads)
+    g.output(g.add(x, g.linear(ctx, w["o"], name="o"), name="res"), "y")
+    return Stage(compile_graph(g)), w
+
+
+def decode_attention_reference(w: dict[str, np.ndarray], x: np.ndarray, kc: np.ndarray, vc: np.ndarray,
+                               filled: int, heads: int) -> np.ndarray:
+    """numpy float64: per lane, softmax over its first ``filled`` cached keys and its own key."""
+    width, lanes = x.shape[1], x.shape[3]
+    d = width // heads
+    wd = {n: m.astype(np.float64) for n, m in w.items()}
+    out = np.zeros((width, lanes))
+    for b in range(lanes):
+        xb = x[0, :, 0, b]
+        q, k, v = (wd[n] @ xb for n in "qkv")
+        ctx = np.zeros(width)
+        for h in range(heads):
+            rows = slice(b * width + h * d, b * width + (h + 1) * d)
+            keys = np.concatenate([kc[0, rows, 0, :filled], k[h * d:(h + 1) * d, None]], axis=1)
+            values = np.concatenate([vc[0, rows, 0, :filled], v[h * d:(h + 1) * d, None]], axis=1)
+            s = q[h * d:(h + 1) * d] @ keys / np.sqrt(d)
+            p = np.exp(s - s.max())
+            ctx[h * d:(h + 1) * d] = values @ (p / p.sum())
+        out[:, b] = xb + wd["o"] @ ctx
+    return out[None, :, None, :]
+
+
+@pytest.mark.parametrize("live", [1, 3, 8])
+def test_dead_sequences_of_a_decode_step_are_skipped_and_change_nothing(live) -> None:
+    """With 8 sequence lanes of which ``live`` are declared, the dead sequences (NaN in x and in their cache
+    rows) are the attention's dead leading batches (skipped: Tensor::live_prefix), and the live lanes'
+    outputs are bit for bit those of the run without the lane hint on finite data. That run is checked
+    against numpy float64 within fp16 rounding."""
+    lanes, width, heads, positions, filled = 8, 64, 4, 64, 40
+    stage, w = decode_attention_stage(lanes, width, heads, positions)
+    rng = np.random.default_rng(live)
+    xs = rng.standard_normal((1, width, 1, lanes)).astype(np.float16).astype(np.float64)
+    ks, vs = (rng.standard_normal((1, lanes * width, 1, positions)).astype(np.float16).astype(np.float64)
+              for _ in range(2))
+    mask = np.where(np.arange(positions) < filled, 0.0, -65504.0) * np.ones((1, lanes, 1, positions))
+
+    def run(x: np.ndarray, k: np.ndarray, v: np.ndarray, hints: dict[str, int]) -> np.ndarray:
+        stage.input("x")[...], stage.input("kc")[...], stage.input("vc")[...] = x, k, v
+        stage.input("mask")[...] = mask
+        stage.run(hints)
+        return stage.output("y").astype(np.float64)
+
+    positions_hint = {"kc": filled, "vc": filled, "mask": filled}
+    whole = run(xs, ks, vs, positions_hint)
+    want = decode_attention_reference(w, xs, ks, vs, filled, heads)
+    np.testing.assert_allclose(whole, want, rtol=0, atol=0.01 * np.abs(want).max() + 0.01)
+    dead_rows = np.repeat(np.arange(lanes) >= live, width)[None, :, None, None]
+    nan_x = np.where(np.arange(lanes) < live, xs, np.nan)
+    nan_k, nan_v = (np.where(dead_rows, np.nan, c) for c in (ks, vs))
+    hinted = run(nan_x, nan_k, nan_v, positions_hint | {"x": live})
+    np.testing.assert_array_equal(hinted[..., :live], whole[..., :live])

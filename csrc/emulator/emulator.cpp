@@ -144,6 +144,7 @@ struct ScheduledKernel {
     std::string kind;                   // the profile's row: the op's kind, or the fused group's
     profile::Cost cost;                 // bytes and FLOPs by its operand and result types
     std::vector<int> acquire, release;  // pooled slots taken before it / given back after it
+    std::vector<int> settle;  // slots it reads that must be whole (settle_prefix): it ignores live prefixes
 };
 
 struct Schedule {
@@ -200,6 +201,7 @@ private:
     // last reader it is given back after it.
     void run_kernel(const ScheduledKernel& kernel) {
         for (int slot : kernel.acquire) frame_.values[slot].data = buffer_pool::take(pooled_size(slot));
+        for (int slot : kernel.settle) settle_prefix(frame_.values[slot]);
         kernel.run(frame_);
         for (int slot : kernel.release) buffer_pool::give(std::exchange(frame_.values[slot].data, {}));
     }
@@ -209,6 +211,7 @@ private:
 
     // Stores the outputs, then gives back the pooled buffers live to the end (the outputs').
     void store_outputs(const runtime::Bindings& outputs) {
+        for (const auto& out : io_.outputs) settle_prefix(frame_.values[static_cast<size_t>(out.slot)]);  // stored whole
         io_.store(outputs, frame_);
         for (int slot : schedule_.release_end) buffer_pool::give(std::exchange(frame_.values[slot].data, {}));
     }
@@ -325,8 +328,10 @@ private:
         }
         const std::map<const ProgramModel::Step*, ReplicatedOutput> replicated = find_replicated_outputs(readers, chains, runs);
         io_.outputs.assign(outputs_.size(), {});
+        std::set<const ProgramModel::Step*> replaced;  // steps whose kernel reads their operands whole
         for (size_t i = 0; i < order.size(); ++i)
             if (const auto r = replicated.find(order[i]); r != replicated.end()) {
+                replaced.insert(order[i]);
                 built[i].kernel = replicated_block_kernel(*order[i], r->second);
                 io_.outputs[r->second.output].replicated_block = r->second.block;
             }
@@ -350,8 +355,9 @@ private:
                 continue;  // the run computes at its last step
             }
             schedule_.kernels.push_back({std::move(built[i].kernel), {&step}, step.op->op,
-                                         profile::op_cost(*step.op, operand_types(step), step.op->type), {}, {}});
+                                         profile::op_cost(*step.op, operand_types(step), step.op->type), {}, {}, {}});
         }
+        plan_settles(replaced);
         label_ = program_label();
         for (size_t i = 0; i < outputs_.size(); ++i) {
             io_.outputs[i].slot = values()[model_.ids_.at(outputs_[i].name)].slot;
@@ -434,6 +440,39 @@ private:
             if (!all_broadcast) continue;
             v.type = mil::Type::tensor(v.type.dtype, shrunk);
             v.blob = v.blob->substr(0, static_cast<size_t>(element_count(shrunk)) * element);
+        }
+    }
+
+    // The ops whose kernels honour live prefixes (Tensor::live_prefix): a decode step's dead sequences,
+    // made the attention's leading batch axis, cost them nothing.
+    static bool prefix_aware_op(const std::string& op) {
+        static const std::set<std::string> aware = {"add", "sub", "mul", "real_div", "pow", "tanh", "sigmoid", "exp",
+                                                    "relu", "identity", "sqrt", "rsqrt", "gelu", "transpose", "matmul",
+                                                    "reduce_sum", "reduce_max", "reduce_mean"};
+        return aware.count(op) > 0;
+    }
+
+    // Every other kernel (and a fused attention chain, a replicated output's block) first settles the
+    // tensors it reads: their dead tail becomes zeros, as when a transpose or reshape moves the lane axis.
+    void plan_settles(const std::set<const ProgramModel::Step*>& replaced) {
+        for (ScheduledKernel& kernel : schedule_.kernels) {
+            bool aware = kernel.kind == "elementwise (fused)";  // it runs its binary ops' own kernels on a live prefix
+            if (!aware) {
+                aware = true;
+                for (const ProgramModel::Step* step : kernel.steps)
+                    aware = aware && !replaced.count(step) && prefix_aware_op(step->op->op);
+                aware = aware && kernel.steps.size() == 1;
+            }
+            if (aware) continue;
+            std::set<int> slots;
+            for (const ProgramModel::Step* step : kernel.steps)
+                for (size_t a = 0; a < step->arg_ids.size(); ++a) {
+                    std::vector<int> ids = step->tuple_ids[a];
+                    if (step->arg_ids[a] >= 0) ids.push_back(step->arg_ids[a]);
+                    for (int id : ids)
+                        if (!values()[static_cast<size_t>(id)].constant) slots.insert(values()[static_cast<size_t>(id)].slot);
+                }
+            kernel.settle.assign(slots.begin(), slots.end());
         }
     }
 
@@ -778,12 +817,12 @@ private:
             int64_t lanes = run.width;  // live where every operand spanning the lanes is (binary ops' rule)
             for (int slot : reads) {
                 const Tensor& t = fr.values[static_cast<size_t>(slot)];
-                if (t.skips_dead_lanes() || t.half) return false;  // short partial rows are computed whole
+                if (t.skips_dead_lanes() || t.half || t.prefix_partial()) return false;  // short partial rows are computed whole
                 if (t.last_dim() == run.width) lanes = std::min(lanes, t.lanes);
             }
             run_elementwise(run, fr);
             for (const auto& step : run.steps)
-                if (step.out >= 0) fr.values[static_cast<size_t>(step.out)].lanes = lanes;
+                if (step.out >= 0) fr.values[static_cast<size_t>(step.out)].lanes = lanes, fr.values[static_cast<size_t>(step.out)].live_prefix = -1;
             return true;
         });
     }
@@ -812,7 +851,7 @@ private:
             for (const Kernel& kernel : unfused) kernel(fr);
             for (const auto& [slot, size] : pooled) buffer_pool::give(std::exchange(fr.values[slot].data, {}));
         };
-        schedule_.kernels.push_back({std::move(run), steps, kind, cost, {}, {}});
+        schedule_.kernels.push_back({std::move(run), steps, kind, cost, {}, {}, {}});
     }
 
     // One kernel for a chain: the fused causal attention when it is exact for this call, else the
@@ -864,7 +903,7 @@ private:
                 return false;
             }
             if (held && !own_mask.empty()) std::vector<float>().swap(own_mask);  // a fallback's copy
-            out.lanes = out.last_dim();
+            out.lanes = out.last_dim(), out.live_prefix = -1;
             return true;
         });
     }

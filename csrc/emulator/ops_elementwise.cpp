@@ -1,7 +1,9 @@
 // Elementwise ops: binary arithmetic with numpy broadcasting, and unary activations.
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
+#include <utility>
 
 #include "emulator/ops.h"
 
@@ -65,15 +67,36 @@ void for_each_row(const Shape& out, const Shape& xs, const Shape& ys, bool coale
     }
 }
 
+// Live prefixes (Tensor::live_prefix) of a binary op: the output's leading entries are live where every
+// operand's that spans the output's leading axis is; an operand broadcast along it with a partial prefix
+// is settled. Sets out's prefix and returns where it ends (elements).
+int64_t live_prefix_of_binary(Tensor& out, const Shape& os, std::initializer_list<std::pair<Tensor*, const Shape*>> operands) {
+    if (os.size() < 2) {  // the leading axis is the lane axis: live lanes say it
+        for (const auto& operand : operands) settle_prefix(*operand.first);
+        out.live_prefix = -1;
+        return element_count(os);
+    }
+    int64_t lead = os[0];
+    for (const auto& [t, shape] : operands) {
+        if (!t->prefix_partial()) continue;
+        if (shape->size() == os.size() && (*shape)[0] == os[0] && os[0] > 1) lead = std::min(lead, live_leading(*t, *shape));
+        else settle_prefix(*t);
+    }
+    set_live_leading(out, os, lead);
+    return lead * (element_count(os) / std::max<int64_t>(os[0], 1));
+}
+
 template <typename F>
 BuiltOp binary(OpContext& ctx, F f) {
     if (ctx.plan_only()) return {};
     const int x = ctx.slot("x"), y = ctx.slot("y"), o = ctx.out_slot();
     const Shape xs = ctx.type("x").shape, ys = ctx.type("y").shape;  // a repeated const may be held shrunk
     const bool same = xs == ys;
+    const Shape os = ctx.out_type().shape;
     return {[=](Frame& fr) {
-                const Tensor &ta = fr.values[x], &tb = fr.values[y];
+                Tensor &ta = fr.values[x], &tb = fr.values[y];
                 Tensor& out = fr.values[o];
+                const int64_t end = live_prefix_of_binary(out, os, {{&ta, &xs}, {&tb, &ys}});
                 // Live lanes: the narrowest live prefix among operands that span the output's last axis (a
                 // lane dead in one operand is dead in the result; e.g. a residual add keeps the hinted lanes
                 // of x past a batched attention, whose transposes made its own output whole).
@@ -87,7 +110,7 @@ BuiltOp binary(OpContext& ctx, F f) {
                 float* c = out.data.data();
                 const bool full = !out.skips_dead_lanes(), round = out.dtype == mil::DType::fp16;
                 if (same && full) {  // one flat range, split across the threads; fp16 rounding fused
-                    kernels::parallel_for(out.size(), kElementwiseGrain, [&](int64_t begin, int64_t end) {
+                    kernels::parallel_for(end, kElementwiseGrain, [&](int64_t begin, int64_t end) {
                         for (int64_t i = begin; i < end; ++i) c[i] = f(a[i], b[i]);
                         if (round) kernels::round_fp16(c + begin, static_cast<size_t>(end - begin));
                     });
@@ -101,7 +124,7 @@ BuiltOp binary(OpContext& ctx, F f) {
                 const int64_t live = full ? std::numeric_limits<int64_t>::max() : out.lanes;
                 for_each_row(out.shape, xs, ys, full,
                              [&](int64_t oo, int64_t ox, int64_t sx, int64_t oy, int64_t sy, int64_t n) {
-                                 rows.push_back({oo, ox, sx, oy, sy, std::min(n, live)});
+                                 if (oo < end) rows.push_back({oo, ox, sx, oy, sy, std::min({n, live, end - oo})});
                              });
                 const int64_t row_length = rows.empty() ? 1 : std::max<int64_t>(rows[0].n, 1);
                 kernels::parallel_for(static_cast<int64_t>(rows.size()), std::max<int64_t>(1, kElementwiseGrain / row_length),
@@ -129,18 +152,22 @@ template <typename Rows>
 BuiltOp unary_rows(OpContext& ctx, Rows rows) {
     if (ctx.plan_only()) return {};
     const int x = ctx.slot("x"), o = ctx.out_slot();
+    const Shape xs = ctx.type("x").shape, os = ctx.out_type().shape;
     return {[=](Frame& fr) {
-                const float* a = fr.values[x].data.data();
+                Tensor& in = fr.values[x];
+                const float* a = in.data.data();
                 Tensor& out = fr.values[o];
-                out.lanes = fr.values[x].lanes;
+                out.lanes = in.lanes;
+                // A dead tail (Tensor::live_prefix) stays dead.
+                const int64_t live_end = live_prefix_of_binary(out, os, {{&in, &xs}});
                 float* c = out.data.data();
                 if (!out.skips_dead_lanes()) {  // one flat range, split across the threads
-                    kernels::parallel_for(out.size(), kElementwiseGrain, [&](int64_t begin, int64_t end) {
+                    kernels::parallel_for(live_end, kElementwiseGrain, [&](int64_t begin, int64_t end) {
                         rows(a + begin, c + begin, static_cast<size_t>(end - begin));
                     });
                 } else {
                     const int64_t width = std::max<int64_t>(out.last_dim(), 1);
-                    kernels::parallel_for(out.size() / width, std::max<int64_t>(1, kElementwiseGrain / width),
+                    kernels::parallel_for(live_end / width, std::max<int64_t>(1, kElementwiseGrain / width),
                                           [&](int64_t begin, int64_t end) {
                                               for (int64_t r = begin; r < end; ++r)
                                                   rows(a + r * width, c + r * width, static_cast<size_t>(out.lanes));

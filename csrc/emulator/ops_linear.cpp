@@ -10,6 +10,8 @@
 #include <cstring>
 #include <optional>
 
+#include <utility>
+
 #include "emulator/ops.h"
 
 namespace orion::emu {
@@ -222,9 +224,20 @@ BuiltOp build_matmul(OpContext& ctx) {
     // Element strides of op(x) [M, K] and op(y) [K, N] inside one matrix.
     const int64_t a_rs = tx_t ? 1 : K, a_cs = tx_t ? M : 1;
     const int64_t b_rs = ty_t ? 1 : N, b_cs = ty_t ? K : 1;
+    // Live prefixes (Tensor::live_prefix) over the leading batch axis: only the live batches are computed.
+    const Shape xs = ctx.type("x").shape, ys = ctx.type("y").shape, os = ctx.out_type().shape;
+    const bool batched_lead = !batch.empty() && batch[0] > 1;
     return {[=](Frame& fr) {
-                const Tensor &tx_v = fr.values[x], &ty_v = fr.values[y];
+                Tensor &tx_v = fr.values[x], &ty_v = fr.values[y];
                 Tensor& out_v = fr.values[o];
+                int64_t lead = batched_lead ? batch[0] : 1;
+                for (const auto& [t, shape] : {std::pair<Tensor*, const Shape*>{&tx_v, &xs}, {&ty_v, &ys}}) {
+                    if (!t->prefix_partial()) continue;
+                    if (batched_lead && shape->size() == os.size() && (*shape)[0] == batch[0]) lead = std::min(lead, live_leading(*t, *shape));
+                    else settle_prefix(*t);
+                }
+                set_live_leading(out_v, os, lead);
+                const int64_t live_batches = batched_lead ? lead * (nb / batch[0]) : nb;
                 // Live lanes: a partially live contracted axis is summed over its live prefix only;
                 // a partially live N axis (y's last) leaves the output live on the same prefix.
                 int64_t k = K;
@@ -238,7 +251,7 @@ BuiltOp build_matmul(OpContext& ctx) {
                 // An fp16 y read in place (a KV cache) is bound by its rows' cache misses, not by the
                 // multiply-adds: split it whenever there are batches to split.
                 const int64_t work = ty_v.half ? kMatmulBatchWork : M * n * k;
-                kernels::parallel_for(nb, std::max<int64_t>(1, kMatmulBatchWork / std::max<int64_t>(work, 1)),
+                kernels::parallel_for(live_batches, std::max<int64_t>(1, kMatmulBatchWork / std::max<int64_t>(work, 1)),
                                       [&](int64_t begin, int64_t end) {
                     for (int64_t i = begin; i < end; ++i) {
                         if (ty_v.half)  // an fp16 input read in place (e.g. a KV cache)

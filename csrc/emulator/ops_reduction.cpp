@@ -47,10 +47,10 @@ struct RowGroups {
     bool last_reduced = false;
 
     template <typename F>
-    void for_each_row(F&& f) const {  // f(row, group start), rows in order
+    void for_each_row(F&& f, int64_t limit) const {  // f(row, group start), rows in order, the first `limit`
         std::vector<int64_t> idx(lead.size(), 0);
         int64_t g = 0;
-        for (int64_t row = 0; row < rows; ++row) {
+        for (int64_t row = 0; row < std::min(rows, limit); ++row) {
             f(row, g);
             for (int64_t d = static_cast<int64_t>(lead.size()) - 1; d >= 0; --d) {
                 g += step[d];
@@ -88,10 +88,16 @@ BuiltOp build_reduce(OpContext& ctx, Reduce kind) {
     const auto groups = std::make_shared<const RowGroups>(row_groups(tx.shape, axes));
     const int x = ctx.slot("x"), o = ctx.out_slot();
     const bool reduces_lanes = !axes.empty() && axes.back() == static_cast<int64_t>(tx.shape.size()) - 1;
+    // A partial live prefix (Tensor::live_prefix) over a kept leading axis: only its live entries' rows.
+    const bool keeps_lead = tx.shape.size() >= 2 && std::find(axes.begin(), axes.end(), 0) == axes.end();
+    const Shape out_shape = ctx.out_type().shape;
     return {[=](Frame& fr) {
-                const Tensor& in = fr.values[x];
+                Tensor& in = fr.values[x];
+                if (!keeps_lead) settle_prefix(in);
+                const int64_t lead = keeps_lead ? live_leading(in, tx.shape) : 1;
                 const float* a = in.data.data();
                 Tensor& t = fr.values[o];
+                if (keeps_lead) set_live_leading(t, out_shape, lead);
                 t.lanes = reduces_lanes || !in.partial() ? t.last_dim() : in.lanes;
                 const float init = kind == Reduce::max ? -std::numeric_limits<float>::infinity() : 0.0f;
                 std::fill(t.data.begin(), t.data.end(), init);
@@ -105,6 +111,7 @@ BuiltOp build_reduce(OpContext& ctx, Reduce kind) {
                     for (int64_t row = 0; row < g.rows; ++row) v += a[row];
                     acc[0] = v;
                 } else {
+                    const int64_t live_rows = keeps_lead && lead < tx.shape[0] ? lead * (g.rows / tx.shape[0]) : g.rows;
                     g.for_each_row([&](int64_t row, int64_t start) {
                         const float* src = a + row * g.width;
                         float* dst = acc + start;
@@ -116,7 +123,7 @@ BuiltOp build_reduce(OpContext& ctx, Reduce kind) {
                             for (int64_t i = 0; i < lanes; ++i)
                                 dst[i] = kind == Reduce::max ? std::max(dst[i], src[i]) : dst[i] + src[i];
                         }
-                    });
+                    }, live_rows);
                 }
                 if (kind == Reduce::mean) {
                     const bool lanes_cut = reduces_lanes && in.last_dim() > 0;  // an empty last axis: mean of nothing

@@ -41,17 +41,32 @@ BuiltOp build_transpose(OpContext& ctx) {
     const int x = ctx.slot("x"), o = ctx.out_slot();
     const bool keeps_lanes = rank > 0 && perm.back() == rank - 1;
     const int64_t in_lanes = rank > 0 ? in.back() : 1;
+    // Live prefixes (Tensor::live_prefix): the lane axis made the leading one leaves the entries past the
+    // live lanes dead (a decode step's dead sequences as the attention's batch); the leading axis kept
+    // leading keeps its live entries, and made the lane axis it gives the live lanes. Only live entries are copied.
+    const bool lanes_to_lead = rank >= 2 && perm[0] == rank - 1;
+    const bool lead_kept = rank >= 2 && perm[0] == 0, lead_to_lanes = rank >= 2 && perm.back() == 0;
+    const int64_t out_inner = rank > 0 ? element_count(out) / std::max<int64_t>(out[0], 1) : 1;
     return {[=](Frame& fr) {
-                const float* a = fr.values[x].data.data();
-                fr.values[o].lanes = keeps_lanes ? fr.values[x].lanes : fr.values[o].last_dim();
+                Tensor& tin = fr.values[x];
+                Tensor& tout = fr.values[o];
+                if (!lead_kept && !lead_to_lanes) settle_prefix(tin);
+                const int64_t lead = rank > 0 ? live_leading(tin, in) : 1;  // the input's live leading entries
+                const float* a = tin.data.data();
+                tout.lanes = keeps_lanes ? tin.lanes : lead_to_lanes && lead < in[0] ? lead : tout.last_dim();
                 // Moving the lane axis, dead lanes (stale, maybe NaN) become ordinary elements: they are zeros.
-                const int64_t live = keeps_lanes ? in_lanes : fr.values[x].lanes;
-                float* c = fr.values[o].data.data();
-                const int64_t n = element_count(out);
+                const int64_t live = keeps_lanes ? in_lanes : tin.lanes;
+                int64_t out_lead = rank > 0 ? out[0] : 1;
+                if (lead_kept) out_lead = lead;
+                else if (lanes_to_lead && live < in_lanes) out_lead = live;
+                set_live_leading(tout, out, out_lead);
+                float* c = tout.data.data();
+                const int64_t n = out_lead * out_inner;
                 std::vector<int64_t> idx(static_cast<size_t>(rank), 0);
                 int64_t src = 0;
                 for (int64_t i = 0; i < n; ++i) {
-                    c[i] = live < in_lanes && src % in_lanes >= live ? 0.0f : a[src];
+                    if (!(lead_to_lanes && idx[static_cast<size_t>(rank - 1)] >= lead))  // else a dead lane
+                        c[i] = live < in_lanes && src % in_lanes >= live ? 0.0f : a[src];
                     for (int64_t d = rank - 1; d >= 0; --d) {
                         src += src_strides[d];
                         if (++idx[d] < out[d]) break;

@@ -109,6 +109,7 @@ void SurfaceIO::load(const runtime::Bindings& surfaces, const runtime::LiveLanes
     for (const Input& in : inputs) {
         Tensor& t = frame.values[static_cast<size_t>(in.slot)];
         t.lanes = t.last_dim();
+        t.live_prefix = -1;
         for (const auto& name : in.hint_names)
             if (const auto hint = live.find(name); hint != live.end()) {
                 t.lanes = hint->second;

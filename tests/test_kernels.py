@@ -312,7 +312,8 @@ def test_conv1x1_i8_rejects_bad_input():
 # --- gemm ---------------------------------------------------------------------------------------
 
 GEMM_SIZES = [(1, 1, 1), (1, 17, 5), (7, 1, 300), (13, 29, 17), (6, 16, 256), (100, 257, 300), (97, 513, 70),
-              (200, 40, 600), (1, 1000, 64), (33, 7, 1), (2, 300, 129), (3, 70, 1000), (4, 9, 11)]
+              (200, 40, 600), (1, 1000, 64), (33, 7, 1), (2, 300, 129), (3, 70, 1000), (4, 9, 11),
+              (1601, 23, 19), (5, 2099, 7)]  # the last two cross the packed outer blocks (1536 rows, 2048 columns)
 
 
 @pytest.mark.parametrize("M,N,K", GEMM_SIZES)
@@ -355,6 +356,35 @@ def test_gemm_rejects_bad_input():
         kernels.gemm(a.astype(np.float64), np.ones((4, 2), np.float32))
     with pytest.raises(ValueError, match="2-D"):
         kernels.gemm(a, np.ones(4, np.float32))
+
+
+# --- fp16 conversion and NaN scan ---------------------------------------------------------------
+
+def test_to_fp16_rounds_as_numpy():
+    edge = np.array([0.0, -0.0, 65504.0, 65519.99, 65520.0, -1e9, 6e-8, 2.98e-8, 2.99e-8, 1e-45, 1.0 + 2.0**-11,
+                     1.0 + 3 * 2.0**-11, np.inf, -np.inf, 3.3e-5], np.float32)  # overflow, subnormals, ties
+    for src in (edge, (RNG.standard_normal(300_000) * 300).astype(np.float32).reshape(3, 100_000)):
+        out = np.empty(src.shape, np.float16)
+        kernels.to_fp16(src, out)
+        np.testing.assert_array_equal(out.view(np.uint16), src.astype(np.float16).view(np.uint16))
+    with pytest.raises(ValueError, match="elements"):
+        kernels.to_fp16(edge, np.empty(3, np.float16))
+    with pytest.raises(ValueError, match="float32"):
+        kernels.to_fp16(edge.astype(np.float64), np.empty(edge.size, np.float16))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_has_nan(dtype):
+    a = (RNG.standard_normal(700_001)).astype(dtype)
+    a[5] = np.inf
+    a[6] = -np.inf
+    assert not kernels.has_nan(a)
+    for at in (0, 350_000, 700_000):
+        b = a.copy()
+        b[at] = -np.nan if at else np.nan
+        assert kernels.has_nan(b) == bool(np.isnan(b).any())
+    with pytest.raises(ValueError, match="float16 or float32"):
+        kernels.has_nan(a.astype(np.float64))
 
 
 # --- thread pool --------------------------------------------------------------------------------

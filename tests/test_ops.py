@@ -259,6 +259,20 @@ def test_matmul_runtime_operands_and_transposes(tx, ty) -> None:
     close(out, ref, rtol=2e-3, atol=2e-3 * float(np.abs(ref).max()))
 
 
+@pytest.mark.parametrize("tx,ty", [(False, False), (True, False), (False, True), (True, True)])
+def test_matmul_runtime_operands_odd_sizes_against_float64(tx, ty) -> None:
+    # Both operands program inputs (fp16; y read in place by the packed GEMM): odd M and N, K across two
+    # 256-deep slices, a broadcast batch; the reference is float64 on the same fp16 values.
+    M, K, N = 37, 301, 53
+    a = f16(2, 1, *((K, M) if tx else (M, K)))
+    b = f16(1, 3, *((N, K) if ty else (K, N)))
+    consts = [const("tx", "bool", tx), const("ty", "bool", ty)]
+    out = run_op("matmul", {"a": a, "b": b}, (2, 3, M, N), consts=consts, x="a", y="b", transpose_x="tx",
+                 transpose_y="ty")
+    ref = np.matmul(np.swapaxes(a, -1, -2) if tx else a, np.swapaxes(b, -1, -2) if ty else b, dtype=np.float64)
+    close(out, ref, rtol=2e-3, atol=2e-3 * float(np.abs(ref).max()))
+
+
 def test_layer_norm() -> None:
     x = f16(*ACT, scale=3.0)
     gamma, beta = f16(64), f16(64)

@@ -117,6 +117,47 @@ py::array_t<float> run_gemm(const py::object& a_obj, const py::object& b_obj, bo
     return c;
 }
 
+// `src` (float32) rounded to fp16 into `out` (float16, as many elements; both C-contiguous), on every thread.
+void to_fp16(const py::array& src, py::array out) {
+    if (!src.dtype().equal(py::dtype("float32")) || !out.dtype().equal(py::dtype("float16")))
+        throw py::value_error("to_fp16: src must be float32 and out float16, got " + py::str(src.dtype()).cast<std::string>() +
+                              " and " + py::str(out.dtype()).cast<std::string>());
+    if (!(src.flags() & py::array::c_style) || !(out.flags() & py::array::c_style) || !out.writeable())
+        throw py::value_error("to_fp16: src and out must be C-contiguous and out writable");
+    if (src.size() != out.size())
+        throw py::value_error("to_fp16: src has " + std::to_string(src.size()) + " elements, out " +
+                              std::to_string(out.size()) + "; pass arrays of one size");
+    const auto* s = static_cast<const float*>(src.data());
+    auto* d = static_cast<uint16_t*>(out.mutable_data());
+    py::gil_scoped_release release;
+    kern::parallel_for(src.size(), int64_t{1} << 18, [&](int64_t begin, int64_t end) {
+        kern::float_to_half(s + begin, d + begin, static_cast<size_t>(end - begin));
+    });
+}
+
+// Whether a C-contiguous float16 or float32 array holds a NaN (one pass over its bits, on every thread).
+bool has_nan(const py::array& arr) {
+    const bool half = arr.dtype().equal(py::dtype("float16"));
+    if (!half && !arr.dtype().equal(py::dtype("float32")))
+        throw py::value_error("has_nan: the array must be float16 or float32, got " + py::str(arr.dtype()).cast<std::string>());
+    if (!(arr.flags() & py::array::c_style)) throw py::value_error("has_nan: the array must be C-contiguous");
+    const void* data = arr.data();
+    std::atomic<bool> found{false};
+    py::gil_scoped_release release;
+    kern::parallel_for(arr.size(), int64_t{1} << 18, [&](int64_t begin, int64_t end) {
+        bool any = false;
+        if (half) {
+            const auto* h = static_cast<const uint16_t*>(data);
+            for (int64_t i = begin; i < end; ++i) any |= (h[i] & 0x7fffu) > 0x7c00u;
+        } else {
+            const auto* f = static_cast<const uint32_t*>(data);
+            for (int64_t i = begin; i < end; ++i) any |= (f[i] & 0x7fffffffu) > 0x7f800000u;
+        }
+        if (any) found = true;
+    });
+    return found;
+}
+
 // Test hook: how often each index of [0, n) was visited by parallel_for; raises ValueError from
 // inside the chunk that holds `fail_at`; with `nested`, each chunk visits its range through a
 // nested parallel_for.
@@ -240,6 +281,9 @@ void bind_kernels(py::module_& m) {
     k.def("gemm", &run_gemm, py::arg("a"), py::arg("b"), py::arg("transpose_a") = false,
           py::arg("transpose_b") = false, py::arg("round") = true,
           "float32 op(a) @ op(b) with fp32 accumulation, rounded to fp16 if `round`; op transposes if asked.");
+    k.def("to_fp16", &to_fp16, py::arg("src"), py::arg("out"),
+          "Rounds float32 `src` to fp16 into float16 `out` (same size, C-contiguous; ties to even, as numpy).");
+    k.def("has_nan", &has_nan, py::arg("array"), "Whether a C-contiguous float16 or float32 array holds a NaN.");
     k.def("shared_conv_weights", &kern::shared_conv1x1_usage,
           "(count, bytes) of the packed 1x1 conv weights alive in this process: one per distinct weight, "
           "shared by every program that bakes it.");

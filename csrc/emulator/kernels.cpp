@@ -48,7 +48,9 @@ constexpr int kConvConvertBlocks = 3;  // from this many lane tiles on, convert 
 // (kConvKBlock x 256 fp32, 128 KiB) in L2, instead of streaming all lanes once per panel.
 constexpr int64_t kConvLaneChunk = 256;
 constexpr int64_t kGemmMR = 6, kGemmNR = 16;  // gemm register tile: 6 rows x 16 columns
-constexpr int64_t kGemmKC = 256, kGemmMC = 96, kGemmMaxNC = 256;
+constexpr int64_t kGemmKC = 256, kGemmMC = 96;
+// Outer blocks of C whose A and B slices are packed once per K slice (1.5 and 2 MiB, in L3).
+constexpr int64_t kGemmOuterM = 1536, kGemmOuterN = 2048;
 constexpr int64_t kGemvMaxM = 3;  // up to this many rows of A, gemm streams B instead of packing it
 constexpr int64_t kCompactLanes = 4;  // conv1x1 copies x's live lanes when there are at most this many
 constexpr int64_t kParallelWork = int64_t{1} << 16;  // multiply-adds worth a chunk of their own
@@ -1159,6 +1161,11 @@ void conv_pair(const Kernels& k, const W* w, PanelScales scales, int64_t cin, co
 void pack_a(const float* a, int64_t a_rs, int64_t a_cs, int64_t m0, int64_t mc, int64_t p0, int64_t kc, float* dst) {
     for (int64_t i0 = 0; i0 < mc; i0 += kGemmMR, dst += kc * kGemmMR) {
         const int64_t rows = std::min(kGemmMR, mc - i0);
+        if (a_rs == 1 && rows == kGemmMR) {  // columns of A contiguous: one short copy per p
+            for (int64_t p = 0; p < kc; ++p)
+                std::memcpy(dst + p * kGemmMR, a + (m0 + i0) + (p0 + p) * a_cs, kGemmMR * sizeof(float));
+            continue;
+        }
         for (int64_t p = 0; p < kc; ++p) {
             const float* src = a + (m0 + i0) * a_rs + (p0 + p) * a_cs;
             for (int64_t i = 0; i < kGemmMR; ++i) dst[p * kGemmMR + i] = i < rows ? src[i * a_rs] : 0.0f;
@@ -1166,21 +1173,94 @@ void pack_a(const float* a, int64_t a_rs, int64_t a_cs, int64_t m0, int64_t mc, 
     }
 }
 
-// Packs B(p0.., n0..) [kc x nc] into column panels [kc][NR], zero-padding the last panel's columns.
-void pack_b(const float* b, int64_t b_rs, int64_t b_cs, int64_t p0, int64_t kc, int64_t n0, int64_t nc, float* dst) {
-    for (int64_t j0 = 0; j0 < nc; j0 += kGemmNR, dst += kc * kGemmNR) {
-        const int64_t cols = std::min(kGemmNR, nc - j0);
+// Packs one column panel of B(p0.., j0..) [kc x cols <= NR] into [kc][NR], zero-padding its columns;
+// an fp16 B is widened exactly on the way.
+template <typename B>
+void pack_b_panel(const Kernels& k, const B* b, int64_t b_rs, int64_t b_cs, int64_t p0, int64_t kc, int64_t j0,
+                  int64_t cols, float* dst) {
+    if (b_cs == 1) {
         for (int64_t p = 0; p < kc; ++p) {
-            const float* src = b + (p0 + p) * b_rs + (n0 + j0) * b_cs;
+            const B* src = b + (p0 + p) * b_rs + j0;
             float* row = dst + p * kGemmNR;
-            if (b_cs == 1) {
-                std::memcpy(row, src, static_cast<size_t>(cols) * sizeof(float));
-            } else {
-                for (int64_t j = 0; j < cols; ++j) row[j] = src[j * b_cs];
-            }
-            for (int64_t j = cols; j < kGemmNR; ++j) row[j] = 0.0f;
+            if constexpr (std::is_same_v<B, float>) std::memcpy(row, src, static_cast<size_t>(cols) * sizeof(float));
+            else k.half_to_float(src, row, static_cast<size_t>(cols));
+            std::fill(row + cols, row + kGemmNR, 0.0f);
         }
+        return;
     }
+    if (cols < kGemmNR)
+        for (int64_t p = 0; p < kc; ++p) std::fill(dst + p * kGemmNR + cols, dst + (p + 1) * kGemmNR, 0.0f);
+    for (int64_t j = 0; j < cols; ++j) {  // column by column: contiguous reads when B is transposed
+        const B* src = b + p0 * b_rs + (j0 + j) * b_cs;
+        for (int64_t p = 0; p < kc; ++p) dst[p * kGemmNR + j] = as_float(src[p * b_rs]);
+    }
+}
+
+// The packed GEMM (BLIS-style). C is cut into outer blocks of up to kGemmOuterM x kGemmOuterN; for each
+// block and each slice of kGemmKC along K, the threads first pack A's row panels and B's column panels
+// (each element once), then compute jobs of kGemmMC rows x a column chunk from the shared packs. Each
+// element of C is summed as gemm_tile sums it: from 0 over a K slice in order, then added to C, slice
+// after slice; it is rounded to fp16 (when asked) after the last slice.
+template <typename B>
+void gemm_packed(const Kernels& k, int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t a_cs,
+                 const B* b, int64_t b_rs, int64_t b_cs, float* c, int64_t c_rs, bool round_fp16) {
+    std::vector<float> a_packed(static_cast<size_t>(ceil_div(std::min(M, kGemmOuterM), kGemmMR) * kGemmMR * kGemmKC));
+    std::vector<float> b_packed(static_cast<size_t>(ceil_div(std::min(N, kGemmOuterN), kGemmNR) * kGemmNR * kGemmKC));
+    const int64_t by = k.gemm_block ? 2 : 1;
+    for (int64_t mo = 0; mo < M; mo += kGemmOuterM)
+        for (int64_t no = 0; no < N; no += kGemmOuterN) {
+            const int64_t mb = std::min(kGemmOuterM, M - mo), nb = std::min(kGemmOuterN, N - no);
+            const int64_t a_panels = ceil_div(mb, kGemmMR), b_panels = ceil_div(nb, kGemmNR);
+            // Jobs: kGemmMC rows x a chunk of whole 2NR column groups, a few jobs per thread.
+            const int64_t tiles_m = ceil_div(mb, kGemmMC);
+            const int64_t groups = ceil_div(nb, 2 * kGemmNR);
+            const int64_t chunks_n = std::clamp<int64_t>(ceil_div(int64_t{4} * num_threads(), tiles_m), 1, groups);
+            const int64_t chunk = ceil_div(groups, chunks_n) * 2 * kGemmNR;
+            const int64_t tiles_n = ceil_div(nb, chunk);
+            for (int64_t p0 = 0; p0 < K; p0 += kGemmKC) {
+                const int64_t kc = std::min(kGemmKC, K - p0);
+                const bool add = p0 > 0, last = p0 + kc >= K;
+                parallel_for(a_panels + b_panels, std::max<int64_t>(1, kParallelWork / (16 * kc * kGemmNR)),
+                             [&](int64_t begin, int64_t end) {
+                    for (int64_t q = begin; q < end; ++q) {
+                        if (q < a_panels) {
+                            const int64_t i0 = q * kGemmMR;
+                            pack_a(a, a_rs, a_cs, mo + i0, std::min(kGemmMR, mb - i0), p0, kc, a_packed.data() + i0 * kc);
+                        } else {
+                            const int64_t j0 = (q - a_panels) * kGemmNR;
+                            pack_b_panel(k, b, b_rs, b_cs, p0, kc, no + j0, std::min(kGemmNR, nb - j0),
+                                         b_packed.data() + j0 * kc);
+                        }
+                    }
+                });
+                const int64_t job_work = std::min(mb, kGemmMC) * std::min(nb, chunk) * kc;
+                parallel_for(tiles_m * tiles_n, std::max<int64_t>(1, kParallelWork / job_work), [&](int64_t begin,
+                                                                                                     int64_t end) {
+                    for (int64_t t = begin; t < end; ++t) {
+                        const int64_t m0 = t / tiles_n * kGemmMC, n0 = t % tiles_n * chunk;
+                        const int64_t mc = std::min(kGemmMC, mb - m0), nc = std::min(chunk, nb - n0);
+                        const float* ap = a_packed.data() + m0 * kc;
+                        const float* bp = b_packed.data() + n0 * kc;
+                        float* ct = c + (mo + m0) * c_rs + no + n0;
+                        // Blocks of 2x2 register tiles where the flavour has them, single tiles at the edges.
+                        for (int64_t j0 = 0; j0 < nc; j0 += by * kGemmNR)
+                            for (int64_t i0 = 0; i0 < mc; i0 += by * kGemmMR) {
+                                if (by == 2 && i0 + 2 * kGemmMR <= mc && j0 + 2 * kGemmNR <= nc) {
+                                    k.gemm_block(kc, ap + i0 * kc, ap + (i0 + kGemmMR) * kc, bp + j0 * kc,
+                                                 bp + (j0 + kGemmNR) * kc, ct + i0 * c_rs + j0, c_rs, add);
+                                    continue;
+                                }
+                                for (int64_t j = j0; j < std::min(nc, j0 + by * kGemmNR); j += kGemmNR)
+                                    for (int64_t i = i0; i < std::min(mc, i0 + by * kGemmMR); i += kGemmMR)
+                                        k.gemm_tile(kc, ap + i * kc, bp + j * kc, ct + i * c_rs + j, c_rs,
+                                                    std::min(kGemmMR, mc - i), std::min(kGemmNR, nc - j), add);
+                            }
+                        if (last && round_fp16)
+                            for (int64_t i = 0; i < mc; ++i) k.round_fp16(ct + i * c_rs, static_cast<size_t>(nc));
+                    }
+                });
+            }
+        }
 }
 
 }  // namespace
@@ -1615,10 +1695,7 @@ void gemm_f16b(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, in
     if (zero_sized(M, N, K, c, c_rs)) return;
     if (M <= kGemvMaxM && (b_cs == 1 || b_rs == 1))
         return gemv_path(active(), M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, c, c_rs, round_fp16);
-    std::vector<float> b32(static_cast<size_t>(K * N));  // other shapes: B in fp32 once, then the packed gemm
-    for (int64_t p = 0; p < K; ++p)
-        for (int64_t j = 0; j < N; ++j) b32[p * N + j] = emu::half_to_float(b[p * b_rs + j * b_cs]);
-    gemm(M, N, K, a, a_rs, a_cs, b32.data(), N, 1, c, c_rs, round_fp16);
+    gemm_packed(active(), M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, c, c_rs, round_fp16);  // B widened as it is packed
 }
 
 void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t b_rs,
@@ -1627,44 +1704,7 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t
     const Kernels& k = active();
     if (M <= kGemvMaxM && (b_cs == 1 || b_rs == 1))
         return gemv_path(k, M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, c, c_rs, round_fp16);
-    // Tiles of C [mc x nc], each computed over all of K by one thread; nc shrinks (down to 48) so
-    // that there are a few tiles per thread.
-    const int64_t tiles_m = ceil_div(M, kGemmMC);
-    const int64_t wanted_tiles_n = ceil_div(int64_t{4} * num_threads(), tiles_m);
-    const int64_t nc_max =
-        std::clamp(ceil_div(ceil_div(N, wanted_tiles_n), kGemmNR) * kGemmNR, int64_t{48}, kGemmMaxNC);
-    const int64_t tiles_n = ceil_div(N, nc_max);
-    const int64_t tile_work = std::min(M, kGemmMC) * std::min(N, nc_max) * K;
-    parallel_for(tiles_m * tiles_n, std::max<int64_t>(1, kParallelWork / tile_work), [&](int64_t begin, int64_t end) {
-        thread_local std::vector<float> a_buffer, b_buffer;
-        float* a_packed = scratch(a_buffer, kGemmMC * kGemmKC);
-        float* b_packed = scratch(b_buffer, kGemmMaxNC * kGemmKC);
-        for (int64_t t = begin; t < end; ++t) {
-            const int64_t m0 = t / tiles_n * kGemmMC, n0 = t % tiles_n * nc_max;
-            const int64_t mc = std::min(kGemmMC, M - m0), nc = std::min(nc_max, N - n0);
-            for (int64_t p0 = 0; p0 < K; p0 += kGemmKC) {
-                const int64_t kc = std::min(kGemmKC, K - p0);
-                pack_b(b, b_rs, b_cs, p0, kc, n0, nc, b_packed);
-                pack_a(a, a_rs, a_cs, m0, mc, p0, kc, a_packed);
-                // Blocks of 2x2 register tiles where the flavour has them, single tiles at the edges.
-                const int64_t by = k.gemm_block ? 2 : 1;
-                for (int64_t j0 = 0; j0 < nc; j0 += by * kGemmNR)
-                    for (int64_t i0 = 0; i0 < mc; i0 += by * kGemmMR) {
-                        if (by == 2 && i0 + 2 * kGemmMR <= mc && j0 + 2 * kGemmNR <= nc) {
-                            k.gemm_block(kc, a_packed + i0 * kc, a_packed + (i0 + kGemmMR) * kc, b_packed + j0 * kc,
-                                         b_packed + (j0 + kGemmNR) * kc, c + (m0 + i0) * c_rs + n0 + j0, c_rs, p0 > 0);
-                            continue;
-                        }
-                        for (int64_t j = j0; j < std::min(nc, j0 + by * kGemmNR); j += kGemmNR)
-                            for (int64_t i = i0; i < std::min(mc, i0 + by * kGemmMR); i += kGemmMR)
-                                k.gemm_tile(kc, a_packed + i * kc, b_packed + j * kc, c + (m0 + i) * c_rs + n0 + j,
-                                            c_rs, std::min(kGemmMR, mc - i), std::min(kGemmNR, nc - j), p0 > 0);
-                    }
-            }
-            if (round_fp16)
-                for (int64_t i = 0; i < mc; ++i) k.round_fp16(c + (m0 + i) * c_rs + n0, static_cast<size_t>(nc));
-        }
-    });
+    gemm_packed(k, M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, c, c_rs, round_fp16);
 }
 
 const char* simd_path() { return active().name; }

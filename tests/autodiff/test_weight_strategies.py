@@ -132,3 +132,21 @@ def test_patch_writes_weight_files_directly_and_falls_back_to_lowering(monkeypat
     want = direct.loss_and_grads(moved, ids, targets, SCALE)
     got = lowered.loss_and_grads(moved, ids, targets, SCALE)
     assert got[0] == want[0] and all(np.array_equal(got[1][k], want[1][k]) for k in want[1])
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_inputs_rounded_once_per_step_change_nothing(kind) -> None:
+    # With every program on the ANE the runner rounds each layer's inputs to fp16 once per step (its forward
+    # and gradient programs share them); the programs' fp16 input surfaces round fp32 inputs the same way, so
+    # the loss and every gradient are bit for bit those of passing the fp32 arrays to each program.
+    model, params = _model(kind)
+    ids, targets = _window()
+    runner = GradientRunner(model, SEQ, prefer="ane")
+    assert runner._fp16_inputs
+    once = runner.loss_and_grads(params, ids, targets, loss_scale=SCALE)
+    runner._fp16_inputs = False
+    per_program = runner.loss_and_grads(params, ids, targets, loss_scale=SCALE)
+    assert once[0] == per_program[0]
+    assert sorted(once[1]) == sorted(per_program[1])
+    for name, g in per_program[1].items():
+        np.testing.assert_array_equal(once[1][name], g, err_msg=name)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Collection, Mapping
 import numpy as np
 
 from orion import blobfile
+from orion._core import kernels
 from orion.autodiff import cpu, numpy_eval
 from orion.autodiff.partition import ANE, Plan, PlannedProgram, layer_params, partition, program_outputs
 from orion.autodiff.trainable import TrainableModel, input_layout
@@ -90,6 +91,9 @@ class GradientRunner:
                              "partition(model, seq, trainable=...) covering them, or pass no plan")
         self._forward = self._slot(self.plan.forward, params)
         self._gradients = [self._slot(p, params) for p in self.plan.gradients]
+        # Every program of a layer takes fp16 inputs (all on the ANE): each layer's inputs are rounded to fp16
+        # once per step, for its forward and gradient programs both, instead of once per program call.
+        self._fp16_inputs = all(p.device == ANE for p in (self.plan.forward, *self.plan.gradients))
 
     def _slot(self, program: PlannedProgram, params: Mapping[str, np.ndarray] | None) -> _Shared | _PerLayer:
         names = _baked_inputs(program, self.baked)
@@ -170,6 +174,8 @@ class GradientRunner:
         layer_inputs = []
         for i in range(m.n_layers):
             arrays = {"x": cpu.to_channels(x), **m.layer_inputs(params, i)}
+            if self._fp16_inputs:
+                arrays = {name: _fp16(a) for name, a in arrays.items()}
             layer_inputs.append(arrays)
             x = _finite(cpu.from_channels(self._forward(i, arrays)["y"]), f"layer {i} output")
         return x, layer_inputs
@@ -293,6 +299,16 @@ class _PerLayer:
 def _blob(value: np.ndarray) -> bytes:
     """The weight file of a baked value, as the emitter writes it."""
     return blobfile.write(np.asarray(value).astype(np.float16))
+
+
+def _fp16(a: np.ndarray) -> np.ndarray:
+    """A float32 array rounded to fp16 as an fp16 program input surface rounds it (ties to even, overflow to
+    Inf), on every core; other arrays as they are."""
+    if a.dtype != np.float32:
+        return a
+    out = np.empty(a.shape, np.float16)
+    kernels.to_fp16(np.ascontiguousarray(a), out)
+    return out
 
 
 def _finite(a: np.ndarray, what: str) -> np.ndarray:

@@ -11,8 +11,9 @@ form; emission writes that form with the op Apple's tools use for it:
   each weight in fp32 with no rounding step.
 - ``lut4`` / ``lut6`` (:class:`LutWeight`): palettized as ANEMLL ships its models (coremltools'
   ``OpPalettizerConfig(mode="kmeans", granularity="per_grouped_channel", group_size=8)``): one LUT of 16
-  or 64 fp16 values per group of 8 output channels, found by 1-D k-means (Lloyd's, from the quantiles),
-  and a 4- or 6-bit index per weight; emitted as ``constexpr_lut_to_dense`` (ANE-38).
+  or 64 fp16 values per group of 8 output channels, found by 1-D k-means (Lloyd's) with each weight counted
+  ``|w|`` times, so that a group's rare large weights keep entries near them, and a 4- or 6-bit index per
+  weight; emitted as ``constexpr_lut_to_dense`` (ANE-38).
 - ``int4`` (:class:`Int4Weight`): block-wise asymmetric 4 bits, like llama.cpp's Q4_1 and mlx's
   4-bit: per output channel and block of 32 input channels an fp16 scale and zero point, weight
   ``fp16((q - z) * s)`` with ``q`` in [0, 15]; emitted as iOS 18's ``constexpr_blockwise_shift_scale`` with
@@ -60,6 +61,9 @@ MIN_SCALE = 2.0**-21  # 8 * 2**-24: a 4-bit scale at or above it keeps q * scale
 LUT_GROUP = 8  # output channels per LUT (ANEMLL's per_channel default)
 INT4_BLOCK = 32  # input channels per int4 scale (llama.cpp's Q4_0/Q4_1 block)
 KMEANS_ITERATIONS = 10
+KMEANS_POWER = 1.0
+"""Each weight counts ``|w|`` times in the LUT k-means (docs/quantization.md: plain k-means leaves the rare
+large weights of a group an error of about one standard deviation of the group, which costs perplexity)."""
 
 
 class QuantError(OrionError, ValueError):
@@ -192,31 +196,42 @@ def _count_below(sorted_rows: np.ndarray, queries: np.ndarray) -> np.ndarray:
     return at - (row.astype(np.int64) * sorted_rows.shape[1])
 
 
-def kmeans_luts(groups: np.ndarray, entries: int, iterations: int = KMEANS_ITERATIONS) -> np.ndarray:
-    """Sorted centroids [G, entries] of each row of ``groups`` [G, N]: 1-D k-means (Lloyd's), started from
-    the means of ``entries`` equal-count quantile bins; each step assigns by the midpoints (a searchsorted on
-    the sorted rows) and recomputes the means from prefix sums. An empty cluster keeps its centroid."""
+def kmeans_luts(groups: np.ndarray, entries: int, iterations: int = KMEANS_ITERATIONS,
+                power: float = KMEANS_POWER) -> np.ndarray:
+    """Sorted centroids [G, entries] of each row of ``groups`` [G, N]: 1-D k-means (Lloyd's) with each value
+    counted ``|value| ** power`` times (``power`` 0: plain k-means). It starts from the weighted means of
+    ``entries`` bins of equal weight (the extremes kept as centroids: outliers matter); each step assigns by
+    the midpoints (a searchsorted on the sorted rows) and recomputes the weighted means from prefix sums. An
+    empty cluster keeps its centroid."""
     g, n = groups.shape
     values = np.sort(groups, axis=1)
-    prefix = np.concatenate([np.zeros((g, 1)), np.cumsum(values, axis=1)], axis=1)
+    weight = np.abs(values) ** power if power else np.ones_like(values)
+    weight += np.finfo(np.float64).tiny  # every value counts a little: a row of zeros still has a mean
+    mass = np.concatenate([np.zeros((g, 1)), np.cumsum(weight, axis=1)], axis=1)
+    moment = np.concatenate([np.zeros((g, 1)), np.cumsum(weight * values, axis=1)], axis=1)
     rows = np.arange(g)[:, None]
-    edges = np.round(np.linspace(0, n, entries + 1)).astype(np.int64)
-    counts = np.maximum(np.diff(edges), 1)
-    centroids = (prefix[:, edges[1:]] - prefix[:, edges[:-1]]) / counts
-    centroids = np.where(np.diff(edges) > 0, centroids, values[:, np.minimum(edges[:-1], n - 1)])
-    centroids[:, 0], centroids[:, -1] = values[:, 0], values[:, -1]  # the extremes keep a centroid: outliers matter
+
+    def means(bounds: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+        w = mass[rows, bounds[:, 1:]] - mass[rows, bounds[:, :-1]]
+        return np.sort(np.where(w > 0, (moment[rows, bounds[:, 1:]] - moment[rows, bounds[:, :-1]]) /
+                                np.where(w > 0, w, 1.0), fallback), axis=1)
+
+    share = mass[:, -1:] * np.linspace(0, 1, entries + 1)[None, :]  # equal-weight bins: index of each edge
+    edges = _count_below(mass[:, 1:], share).clip(0, n)
+    edges[:, 0], edges[:, -1] = 0, n
+    spread = values[:, :1] + np.linspace(0, 1, entries)[None, :] * (values[:, -1:] - values[:, :1])
+    centroids = means(edges, spread)
+    centroids[:, 0], centroids[:, -1] = values[:, 0], values[:, -1]
     for _ in range(iterations):
         cut = _count_below(values, (centroids[:, 1:] + centroids[:, :-1]) / 2)
-        bounds = np.concatenate([np.zeros((g, 1), np.int64), cut, np.full((g, 1), n)], axis=1)
-        counts = np.diff(bounds, axis=1)
-        sums = prefix[rows, bounds[:, 1:]] - prefix[rows, bounds[:, :-1]]
-        centroids = np.sort(np.where(counts > 0, sums / np.maximum(counts, 1), centroids), axis=1)
+        centroids = means(np.concatenate([np.zeros((g, 1), np.int64), cut, np.full((g, 1), n)], axis=1), centroids)
     return centroids
 
 
 def quantize_lut(weight: np.ndarray, bits: int, name: str = "weight", group: int = LUT_GROUP) -> LutWeight:
-    """Palettize ``weight`` [Cout, ...]: one 2**bits-entry fp16 LUT per ``group`` output channels (k-means;
-    a smaller group dividing Cout when ``group`` does not), each weight its nearest LUT entry."""
+    """Palettize ``weight`` [Cout, ...]: one 2**bits-entry fp16 LUT per ``group`` output channels (k-means
+    weighted by ``|w|``, :func:`kmeans_luts`; a smaller group dividing Cout when ``group`` does not), each
+    weight its nearest LUT entry."""
     if bits not in (4, 6):
         raise QuantError(f"{name}: LUTs of {bits} bits are not supported: use 4 or 6")
     rows = _checked_rows(weight, name, f"lut{bits}")
@@ -339,8 +354,14 @@ def weight_bytes(quant: str) -> float:
 
 
 def quant_identity(quant: str) -> dict[str, str]:
-    """What a model's program-cache identity adds for ``quant`` (nothing for fp16, so fp16 keys stay)."""
-    return {} if check_mode(quant) == "fp16" else {"quant": quant}
+    """What a model's program-cache identity adds for ``quant`` (nothing for fp16, so fp16 keys stay): the
+    mode and, for the LUT modes, the k-means settings that chose the LUTs (a cache written by another
+    quantizer must not serve its LUTs)."""
+    if check_mode(quant) == "fp16":
+        return {}
+    if quant in ("lut4", "lut6"):
+        return {"quant": quant, "quantizer": f"kmeans-power{KMEANS_POWER:g}-steps{KMEANS_ITERATIONS}"}
+    return {"quant": quant}
 
 
 def add_arguments(parser: Any) -> None:

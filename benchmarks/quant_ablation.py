@@ -27,7 +27,8 @@ from support.english_text import hamlet  # noqa: E402
 from support.smollm2 import smollm2_hf_f32_dir  # noqa: E402
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-DEFAULT = "lut6:g8:ball:p0,lut6:g8:ball:p1,lut6:g1:ball:p0,lut6:g8:b32:p0,lut4:g8:ball:p0,lut4:g8:ball:p1,lut4:g8:b32:p0,int4"
+DEFAULT = ("lut6:g8:ball:p0,lut6:g8:ball:p1,lut6:g1:ball:p0,lut6:g8:b32:p0,lut4:g8:ball:p0,lut4:g8:ball:p0.5,"
+           "lut4:g8:b32:p0,int4")
 
 
 def palettized(w: np.ndarray, bits: int, rows: int, block: int, power: float) -> tuple[np.ndarray, float]:

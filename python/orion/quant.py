@@ -12,8 +12,8 @@ form; emission writes that form with the op Apple's tools use for it:
 - ``lut4`` / ``lut6`` (:class:`LutWeight`): palettized as ANEMLL ships its models (coremltools'
   ``OpPalettizerConfig(mode="kmeans", granularity="per_grouped_channel", group_size=8)``): one LUT of 16
   or 64 fp16 values per group of 8 output channels, found by 1-D k-means (Lloyd's) with each weight counted
-  ``|w|`` times, so that a group's rare large weights keep entries near them, and a 4- or 6-bit index per
-  weight; emitted as ``constexpr_lut_to_dense`` (ANE-38).
+  ``|w|`` (6 bits) or ``|w| ** 0.5`` (4 bits) times, so that a group's rare large weights keep entries near
+  them, and a 4- or 6-bit index per weight; emitted as ``constexpr_lut_to_dense`` (ANE-38).
 - ``int4`` (:class:`Int4Weight`): block-wise asymmetric 4 bits, like llama.cpp's Q4_1 and mlx's
   4-bit: per output channel and block of 32 input channels an fp16 scale and zero point, weight
   ``fp16((q - z) * s)`` with ``q`` in [0, 15]; emitted as iOS 18's ``constexpr_blockwise_shift_scale`` with
@@ -61,9 +61,10 @@ MIN_SCALE = 2.0**-21  # 8 * 2**-24: a 4-bit scale at or above it keeps q * scale
 LUT_GROUP = 8  # output channels per LUT (ANEMLL's per_channel default)
 INT4_BLOCK = 32  # input channels per int4 scale (llama.cpp's Q4_0/Q4_1 block)
 KMEANS_ITERATIONS = 10
-KMEANS_POWER = 1.0
-"""Each weight counts ``|w|`` times in the LUT k-means (docs/quantization.md: plain k-means leaves the rare
-large weights of a group an error of about one standard deviation of the group, which costs perplexity)."""
+KMEANS_POWER = {4: 0.5, 6: 1.0}
+"""Per index width, the LUT k-means counts each weight ``|w| ** power`` times (docs/quantization.md: plain
+k-means leaves a group's rare large weights an error of about one standard deviation, which costs perplexity;
+16 entries cannot spare as many for the tails as 64, hence the smaller power for 4 bits)."""
 
 
 class QuantError(OrionError, ValueError):
@@ -197,7 +198,7 @@ def _count_below(sorted_rows: np.ndarray, queries: np.ndarray) -> np.ndarray:
 
 
 def kmeans_luts(groups: np.ndarray, entries: int, iterations: int = KMEANS_ITERATIONS,
-                power: float = KMEANS_POWER) -> np.ndarray:
+                power: float = 0.0) -> np.ndarray:
     """Sorted centroids [G, entries] of each row of ``groups`` [G, N]: 1-D k-means (Lloyd's) with each value
     counted ``|value| ** power`` times (``power`` 0: plain k-means). It starts from the weighted means of
     ``entries`` bins of equal weight (the extremes kept as centroids: outliers matter); each step assigns by
@@ -230,7 +231,7 @@ def kmeans_luts(groups: np.ndarray, entries: int, iterations: int = KMEANS_ITERA
 
 def quantize_lut(weight: np.ndarray, bits: int, name: str = "weight", group: int = LUT_GROUP) -> LutWeight:
     """Palettize ``weight`` [Cout, ...]: one 2**bits-entry fp16 LUT per ``group`` output channels (k-means
-    weighted by ``|w|``, :func:`kmeans_luts`; a smaller group dividing Cout when ``group`` does not), each
+    weighted by ``|w| ** KMEANS_POWER[bits]``, :func:`kmeans_luts`; a smaller group dividing Cout when ``group`` does not), each
     weight its nearest LUT entry."""
     if bits not in (4, 6):
         raise QuantError(f"{name}: LUTs of {bits} bits are not supported: use 4 or 6")
@@ -239,7 +240,7 @@ def quantize_lut(weight: np.ndarray, bits: int, name: str = "weight", group: int
     group = max(d for d in range(1, min(group, cout) + 1) if cout % d == 0)
     grouped = rows.reshape(cout // group, -1)
     entries = 1 << bits
-    lut = kmeans_luts(grouped, entries).astype(np.float16).astype(np.float64)  # fp16 entries, still sorted
+    lut = kmeans_luts(grouped, entries, power=KMEANS_POWER[bits]).astype(np.float16).astype(np.float64)  # fp16 entries, still sorted
     indices = _count_below(lut[:, 1:] * 0.5 + lut[:, :-1] * 0.5, grouped)  # nearest entry (ties: the lower)
     return LutWeight(indices.astype(np.uint8).reshape(np.shape(weight)), lut.astype(np.float32), bits, group)
 
@@ -360,7 +361,7 @@ def quant_identity(quant: str) -> dict[str, str]:
     if check_mode(quant) == "fp16":
         return {}
     if quant in ("lut4", "lut6"):
-        return {"quant": quant, "quantizer": f"kmeans-power{KMEANS_POWER:g}-steps{KMEANS_ITERATIONS}"}
+        return {"quant": quant, "quantizer": f"kmeans-power{KMEANS_POWER[int(quant[3:])]:g}-steps{KMEANS_ITERATIONS}"}
     return {"quant": quant}
 
 

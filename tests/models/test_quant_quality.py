@@ -7,7 +7,7 @@ for a mode, dequantized: the values Orion's emulator computes with (its low-bit 
 of these values bit for bit, tests/test_low_bit.py). The forward pass is transformers' own (torch, fp32),
 independent of Orion. Bounds from the issue: a mode of 6 bits or more within 3% of the baseline's
 perplexity, 4 bits within 8%. Measured here (128 tokens): int8 -0.6%, int4 +2.2%. lut6 and lut4 do not meet
-them on this model (with the LM head kept fp16, 256 tokens: +22.9% and +219%, benchmarks/quant_ablation.py;
+them on this model (with the LM head kept fp16, 256 tokens: +24.0% and +227%, benchmarks/quant_ablation.py;
 docs/quantization.md says why) and are not asserted.
 """
 

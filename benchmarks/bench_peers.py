@@ -62,11 +62,14 @@ class OrionMode:
     matrix_bits: float
 
 
-# Orion's precisions, each against its llama.cpp peer. A new mode (e.g. the 4-bit ones) is one entry:
-# "orion-lut4": OrionMode("q4_0", {"quant": "lut4"}, 4.0).
+# Orion's precisions, each against its llama.cpp peer (the quantized ones compile under the permissive profile:
+# their ops are disputed, ANE-35 and ANE-38). Bits per matrix element include the per-block fp16 scale and
+# offset of int4 (32 inputs a block: +1 bit); a LUT of 16 fp16 entries per 8 output channels adds ~0.
 ORION_ENGINES: dict[str, OrionMode] = {
     "orion": OrionMode("f16", {}, 16),
     "orion-int8": OrionMode("q8_0", {"quant": "int8", "profile": "permissive"}, 8),
+    "orion-int4": OrionMode("q4_0", {"quant": "int4", "profile": "permissive"}, 5),
+    "orion-lut4": OrionMode("q4_0", {"quant": "lut4", "profile": "permissive"}, 4),
 }
 LLAMA_TYPES = ("f16", "q8_0", "q4_0", "f32")  # gguf_export.TYPES
 ENGINES = (*ORION_ENGINES, "transformers", *(f"llama.cpp-{t}" for t in LLAMA_TYPES))

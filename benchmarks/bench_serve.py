@@ -431,7 +431,23 @@ def cost_section(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
         rows.append({"cache_positions": positions, **{f"lanes_{k}": v for k, v in steps.items()},
                      "ratio_32_to_1": round(steps[32]["step_ms"] / steps[1]["step_ms"], 2)})
     return {"assumptions": cost.describe().replace("{DISPATCH_MS}", str(DISPATCH_MS)),
-            "dispatches_per_step": model.decode_plan.dispatches_per_token, "rows": rows}
+            "dispatches_per_step": model.decode_plan.dispatches_per_token, "rows": rows,
+            "positions_within_1_5x": positions_within(cost, model, 1.5)}
+
+
+def positions_within(cost: DecodeCostModel, model: Any, bound: float, lanes: int = 32) -> int:
+    """The most KV positions per lane at which ``lanes`` lanes cost at most ``bound`` x one lane (the step
+    time grows with the positions, each lane reading its own cache): a binary search up to the context."""
+    def within(positions: int) -> bool:
+        return cost.step_ms(model, lanes, positions)["step_ms"] <= bound * cost.step_ms(model, 1, positions)["step_ms"]
+
+    low, high = 0, model.dims.context
+    if within(high):
+        return high
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if within(middle) else (low, middle)
+    return low
 
 
 # -- main -----------------------------------------------------------------------------------------------------
@@ -536,6 +552,8 @@ def render(report: dict[str, Any]) -> str:
             out.append(f"cache {r['cache_positions']:>5} positions/lane: " + ", ".join(
                 f"{lanes} lanes {r[f'lanes_{lanes}']['step_ms']:.2f} ms" for lanes in (1, 8, 32))
                 + f"; 32 lanes / 1 lane = {r['ratio_32_to_1']}x")
+        out.append(f"32 lanes stay within 1.5x of one lane up to {s['positions_within_1_5x']} KV positions per lane "
+                   "(beyond, each lane's own KV reads outweigh the shared weight stream)")
     return "\n".join(out)
 
 

@@ -13,7 +13,7 @@ from safetensors.numpy import load_file, save_file
 
 from orion import models
 from orion.constraints import ConstraintError
-from orion.models import GPT2Config
+from orion.models import GPT2Config, hf_checkpoint
 from orion.models.llama import weights as llama_weights
 from orion.models.llama.config import LlamaConfig
 from support.text_fixtures import write_model_dir
@@ -42,7 +42,7 @@ def test_a_bad_weight_is_named_as_the_checkpoint_names_it(llama_dir, value, says
 
 
 def test_progress_false_silences_the_loader(llama_dir, monkeypatch, capfd) -> None:
-    monkeypatch.setattr(llama_weights, "PROGRESS_MIN_BYTES", 0)  # as for a model of 64 MiB or more
+    monkeypatch.setattr(hf_checkpoint, "PROGRESS_MIN_BYTES", 0)  # as for a model of 64 MiB or more
     models.load(llama_dir, progress=False)
     assert capfd.readouterr().err == ""
     models.load(llama_dir, progress=True)

@@ -1,0 +1,251 @@
+// What the two kernel files share (internal to the emulator, not an API): the SIMD target macros, the
+// 1x1-conv panel geometry, the register tiles generic over how a panel's rows are read (fp16, fp32 in
+// kernels.cpp; int8 and 4/6-bit in low_bit_kernels.cpp), and the low-bit tiles the flavour tables of
+// kernels.cpp point at.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string_view>
+#include <vector>
+
+#include "emulator/fp16.h"
+#include "emulator/kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define ORION_X86 1
+#define ORION_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define ORION_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+#endif
+
+// Fully unrolls a constant-trip loop so that arrays of vector accumulators live in registers (GCC
+// otherwise keeps them on the stack).
+#if defined(__clang__)
+#define ORION_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define ORION_UNROLL _Pragma("GCC unroll 16")
+#else
+#define ORION_UNROLL
+#endif
+
+namespace orion::emu::kernels {
+
+constexpr int64_t kConvPanel = 16;     // output channels interleaved per packed conv panel
+
+// One panel (16 output channels) of a PackedConv1x1Q, as the low-bit tiles read it.
+struct QPanel {
+    PackedConv1x1Q::Kind kind = PackedConv1x1Q::Kind::lut4;
+    const uint8_t* rows = nullptr;      // the panel's cin rows of row_bytes
+    int64_t row_bytes = 8;
+    const float* lut = nullptr;         // lut kinds: [2 halves or 16 channels][entries]
+    int64_t entries = 16;
+    bool channel_luts = false;
+    const uint16_t* params = nullptr;   // affine4: per block of rows, 16 fp16 scales then 16 fp16 zero points
+    int block_shift = 5;
+};
+
+// fp16 bits -> fp32, all 65536 of them.
+inline const float* half_table() {
+    static const std::vector<float> table = [] {
+        std::vector<float> t(65536);
+        for (uint32_t h = 0; h < 65536; ++h) t[h] = emu::half_to_float(static_cast<uint16_t>(h));
+        return t;
+    }();
+    return table.data();
+}
+
+// The portable conv tile (Kernels::conv_tile_f16 / conv_tile_f32).
+template <typename W>
+void conv_tile_portable(const W* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add) {
+    const float* table = half_table();
+    for (int l = 0; l < lanes; ++l) {
+        float sum[kConvPanel] = {};
+        for (int64_t c = 0; c < k; ++c) {
+            const float xv = x[c * S + l];
+            for (int j = 0; j < kConvPanel; ++j) {
+                if constexpr (sizeof(W) == 2) {
+                    sum[j] += table[w[c * kConvPanel + j]] * xv;
+                } else {
+                    sum[j] += w[c * kConvPanel + j] * xv;
+                }
+            }
+        }
+        for (int j = 0; j < kConvPanel; ++j) acc[l * kConvPanel + j] = (add ? acc[l * kConvPanel + j] : 0.0f) + sum[j];
+    }
+}
+
+// A content hash of `bytes`: fixed 1 MiB chunks hashed on the threads, then combined in order (the
+// same for any thread count).
+inline size_t content_key(std::string_view bytes) {
+    constexpr size_t kChunk = size_t{1} << 20;
+    const int64_t chunks = static_cast<int64_t>((bytes.size() + kChunk - 1) / kChunk);
+    std::vector<size_t> parts(static_cast<size_t>(chunks));
+    parallel_for(chunks, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i)
+            parts[static_cast<size_t>(i)] = std::hash<std::string_view>{}(bytes.substr(static_cast<size_t>(i) * kChunk, kChunk));
+    });
+    size_t key = bytes.size();
+    for (size_t part : parts) key = (key ^ part) * 0x100000001B3ull;
+    return key;
+}
+
+// The low-bit tiles of each flavour (low_bit_kernels.cpp), as kernels.cpp's Kernels tables name them.
+void conv_tile_i8_portable(const int8_t* w, const float* scale, const float* x, int64_t S, int64_t k, int lanes,
+                           float* acc, bool add);
+void dequant_i8_portable(const int8_t* w, const float* scale, float* dst, int64_t rows);
+void widen_q_portable(const QPanel& p, int64_t c0, float* dst, int64_t rows);
+void conv_tile_q_portable(const QPanel& p, int64_t c0, const float* x, int64_t S, int64_t k, int lanes, float* acc,
+                          bool add);
+// The panel p (16 output channels) of w, as the low-bit tiles read it.
+QPanel q_panel(const PackedConv1x1Q& w, int64_t p);
+// Adds the low-bit packed weights alive in this process (shared_conv1x1_q) to count and bytes.
+void add_low_bit_usage(int64_t& count, int64_t& bytes);
+
+#ifdef ORION_X86
+ORION_AVX2 inline __m256 round8(__m256 v) {
+    return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+
+ORION_AVX2 inline __m256 load8(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+ORION_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+
+// 16 outputs x L lanes in 2*L*U accumulators; U interleaved partial sums over the input channels
+// keep enough FMAs in flight when L is small (the bandwidth-bound decode case).
+template <int L, int U, typename Rows>
+ORION_AVX2 void conv_tile_avx2_fixed(Rows rows, const float* x, int64_t S, int64_t k, float* acc, bool add) {
+    __m256 lo[U][L], hi[U][L];
+    ORION_UNROLL
+    for (int u = 0; u < U; ++u)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) lo[u][l] = hi[u][l] = _mm256_setzero_ps();
+    if (add)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) {
+            lo[0][l] = _mm256_loadu_ps(acc + l * kConvPanel);
+            hi[0][l] = _mm256_loadu_ps(acc + l * kConvPanel + 8);
+        }
+    int64_t c = 0;
+    for (; c + U <= k; c += U) {
+        ORION_UNROLL
+        for (int u = 0; u < U; ++u) {
+            const float* xc = x + (c + u) * S;
+            const __m256 w_lo = rows.lo(c + u), w_hi = rows.hi(c + u);
+            ORION_UNROLL
+            for (int l = 0; l < L; ++l) {
+                const __m256 xv = _mm256_broadcast_ss(xc + l);
+                lo[u][l] = _mm256_fmadd_ps(w_lo, xv, lo[u][l]);
+                hi[u][l] = _mm256_fmadd_ps(w_hi, xv, hi[u][l]);
+            }
+        }
+    }
+    for (; c < k; ++c) {
+        const __m256 w_lo = rows.lo(c), w_hi = rows.hi(c);
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) {
+            const __m256 xv = _mm256_broadcast_ss(x + c * S + l);
+            lo[0][l] = _mm256_fmadd_ps(w_lo, xv, lo[0][l]);
+            hi[0][l] = _mm256_fmadd_ps(w_hi, xv, hi[0][l]);
+        }
+    }
+    ORION_UNROLL
+    for (int u = 1; u < U; ++u)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) {
+            lo[0][l] = _mm256_add_ps(lo[0][l], lo[u][l]);
+            hi[0][l] = _mm256_add_ps(hi[0][l], hi[u][l]);
+        }
+    ORION_UNROLL
+    for (int l = 0; l < L; ++l) {
+        _mm256_storeu_ps(acc + l * kConvPanel, lo[0][l]);
+        _mm256_storeu_ps(acc + l * kConvPanel + 8, hi[0][l]);
+    }
+}
+
+template <typename Rows>
+ORION_AVX2 void conv_tile_avx2_rows(Rows rows, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add) {
+    switch (lanes) {
+        case 1: return conv_tile_avx2_fixed<1, 4>(rows, x, S, k, acc, add);
+        case 2: return conv_tile_avx2_fixed<2, 2>(rows, x, S, k, acc, add);
+        case 3: return conv_tile_avx2_fixed<3, 2>(rows, x, S, k, acc, add);
+        case 4: return conv_tile_avx2_fixed<4, 1>(rows, x, S, k, acc, add);
+        case 5: return conv_tile_avx2_fixed<5, 1>(rows, x, S, k, acc, add);
+        default: return conv_tile_avx2_fixed<6, 1>(rows, x, S, k, acc, add);
+    }
+}
+
+ORION_AVX2 void conv_tile_i8_avx2(const int8_t* w, const float* scale, const float* x, int64_t S, int64_t k,
+                                  int lanes, float* acc, bool add);
+ORION_AVX2 void dequant_i8_avx2(const int8_t* w, const float* scale, float* dst, int64_t rows);
+ORION_AVX2 void conv_tile_q_avx2(const QPanel& p, int64_t c0, const float* x, int64_t S, int64_t k, int lanes,
+                                 float* acc, bool add);
+ORION_AVX2 void widen_q_avx2(const QPanel& p, int64_t c0, float* dst, int64_t n);
+
+ORION_AVX512 inline __m512 load16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+ORION_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+template <int L, int U, typename Rows>
+ORION_AVX512 void conv_tile_avx512_fixed(Rows rows, const float* x, int64_t S, int64_t k, float* acc, bool add) {
+    __m512 sum[U][L];
+    ORION_UNROLL
+    for (int u = 0; u < U; ++u)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) sum[u][l] = _mm512_setzero_ps();
+    if (add)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) sum[0][l] = _mm512_loadu_ps(acc + l * kConvPanel);
+    int64_t c = 0;
+    for (; c + U <= k; c += U) {
+        ORION_UNROLL
+        for (int u = 0; u < U; ++u) {
+            const __m512 wv = rows.row(c + u);
+            const float* xc = x + (c + u) * S;
+            ORION_UNROLL
+            for (int l = 0; l < L; ++l) sum[u][l] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xc[l]), sum[u][l]);
+        }
+    }
+    for (; c < k; ++c) {
+        const __m512 wv = rows.row(c);
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) sum[0][l] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[c * S + l]), sum[0][l]);
+    }
+    ORION_UNROLL
+    for (int u = 1; u < U; ++u)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) sum[0][l] = _mm512_add_ps(sum[0][l], sum[u][l]);
+    ORION_UNROLL
+    for (int l = 0; l < L; ++l) _mm512_storeu_ps(acc + l * kConvPanel, sum[0][l]);
+}
+
+template <typename Rows>
+ORION_AVX512 void conv_tile_avx512_rows(Rows rows, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add) {
+    switch (lanes) {
+        case 1: return conv_tile_avx512_fixed<1, 4>(rows, x, S, k, acc, add);
+        case 2: return conv_tile_avx512_fixed<2, 2>(rows, x, S, k, acc, add);
+        case 3: return conv_tile_avx512_fixed<3, 2>(rows, x, S, k, acc, add);
+        case 4: return conv_tile_avx512_fixed<4, 1>(rows, x, S, k, acc, add);
+        case 5: return conv_tile_avx512_fixed<5, 1>(rows, x, S, k, acc, add);
+        case 6: return conv_tile_avx512_fixed<6, 1>(rows, x, S, k, acc, add);
+        case 7: return conv_tile_avx512_fixed<7, 1>(rows, x, S, k, acc, add);
+        case 8: return conv_tile_avx512_fixed<8, 1>(rows, x, S, k, acc, add);
+        case 9: return conv_tile_avx512_fixed<9, 1>(rows, x, S, k, acc, add);
+        case 10: return conv_tile_avx512_fixed<10, 1>(rows, x, S, k, acc, add);
+        case 11: return conv_tile_avx512_fixed<11, 1>(rows, x, S, k, acc, add);
+        default: return conv_tile_avx512_fixed<12, 1>(rows, x, S, k, acc, add);
+    }
+}
+
+ORION_AVX512 void conv_tile_i8_avx512(const int8_t* w, const float* scale, const float* x, int64_t S, int64_t k,
+                                      int lanes, float* acc, bool add);
+ORION_AVX512 void conv_tile_q_avx512(const QPanel& p, int64_t c0, const float* x, int64_t S, int64_t k, int lanes,
+                                     float* acc, bool add);
+ORION_AVX512 void widen_q_avx512(const QPanel& p, int64_t c0, float* dst, int64_t n);
+#endif  // ORION_X86
+
+}  // namespace orion::emu::kernels

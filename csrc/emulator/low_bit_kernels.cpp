@@ -1,0 +1,522 @@
+// The low-bit 1x1-conv weights: int8 (one scale per output channel) and 4/6-bit (palettized or
+// block-wise affine): their packing and the tiles that decode them exactly inside the conv, one per SIMD
+// flavour. kernels.cpp's conv driver runs these tiles as it runs the fp16 ones.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "emulator/conv_tiles.h"
+#include "emulator/fp16.h"
+#include "emulator/kernels.h"
+
+namespace orion::emu::kernels {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The low-bit packed weights alive in this process, by content hash (packed first, then shared).
+std::mutex shared_q_mutex;
+std::unordered_multimap<size_t, std::weak_ptr<const PackedConv1x1Q>> shared_q;
+
+bool same_content(const PackedConv1x1Q& a, const PackedConv1x1Q& b) {
+    return a.kind == b.kind && a.cout == b.cout && a.cin == b.cin && a.block_shift == b.block_shift &&
+           a.channel_luts == b.channel_luts && a.data == b.data &&
+           a.lut == b.lut && a.params == b.params;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Portable flavour.
+
+void conv_tile_i8_portable(const int8_t* w, const float* scale, const float* x, int64_t S, int64_t k, int lanes,
+                           float* acc, bool add) {
+    for (int l = 0; l < lanes; ++l) {
+        float sum[kConvPanel] = {};
+        for (int64_t c = 0; c < k; ++c) {
+            const float xv = x[c * S + l];
+            for (int j = 0; j < kConvPanel; ++j)
+                sum[j] += static_cast<float>(w[c * kConvPanel + j]) * (scale ? scale[j] : 1.0f) * xv;
+        }
+        for (int j = 0; j < kConvPanel; ++j) acc[l * kConvPanel + j] = (add ? acc[l * kConvPanel + j] : 0.0f) + sum[j];
+    }
+}
+
+void dequant_i8_portable(const int8_t* w, const float* scale, float* dst, int64_t rows) {
+    for (int64_t r = 0; r < rows; ++r)
+        for (int j = 0; j < kConvPanel; ++j)
+            dst[r * kConvPanel + j] = static_cast<float>(w[r * kConvPanel + j]) * (scale ? scale[j] : 1.0f);
+}
+
+void widen_q_portable(const QPanel& p, int64_t c0, float* dst, int64_t rows) {
+    const float* table = half_table();
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t c = c0 + r;
+        const uint8_t* row = p.rows + c * p.row_bytes;
+        for (int j = 0; j < kConvPanel; ++j) {
+            int index = (row[j / 2] >> (4 * (j % 2))) & 15;
+            float w = 0.0f;
+            switch (p.kind) {
+                case PackedConv1x1Q::Kind::lut6:
+                    index |= ((row[8 + j / 4] >> (2 * (j % 4))) & 3) << 4;
+                    [[fallthrough]];
+                case PackedConv1x1Q::Kind::lut4: w = p.lut[(p.channel_luts ? j : j / 8) * p.entries + index]; break;
+                case PackedConv1x1Q::Kind::affine4: {
+                    const uint16_t* block = p.params + (c >> p.block_shift) * 2 * kConvPanel;
+                    // (u - z) is an fp16 value (checked at pack), its product with s exact in fp32: one rounding
+                    w = emu::round_to_fp16((static_cast<float>(index) - table[block[kConvPanel + j]]) * table[block[j]]);
+                    break;
+                }
+            }
+            dst[r * kConvPanel + j] = w;
+        }
+    }
+}
+
+void conv_tile_q_portable(const QPanel& p, int64_t c0, const float* x, int64_t S, int64_t k, int lanes, float* acc,
+                          bool add) {
+    thread_local std::vector<float> rows;
+    if (rows.size() < static_cast<size_t>(k * kConvPanel)) rows.resize(static_cast<size_t>(k * kConvPanel));
+    widen_q_portable(p, c0, rows.data(), k);
+    conv_tile_portable<float>(rows.data(), x, S, k, lanes, acc, add);  // the fp16 tile's sums, on the same values
+}
+
+// ---------------------------------------------------------------------------------------------
+// AVX2 + F16C + FMA flavour.
+#ifdef ORION_X86
+namespace {
+
+// 8 int8 values as fp32 (times 8 scales: exact when the products are fp16 values).
+ORION_AVX2 inline __m256 load8_i8(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+ORION_AVX2 inline __m256 load8_i8(const int8_t* p, __m256 scale) { return _mm256_mul_ps(load8_i8(p), scale); }
+
+struct Int8Rows8 {
+    const int8_t* w;
+    __m256 scale_lo, scale_hi;
+    ORION_AVX2 __m256 lo(int64_t c) const { return load8_i8(w + c * kConvPanel, scale_lo); }
+    ORION_AVX2 __m256 hi(int64_t c) const { return load8_i8(w + c * kConvPanel + 8, scale_hi); }
+};
+struct UnscaledInt8Rows8 {
+    const int8_t* w;
+    ORION_AVX2 __m256 lo(int64_t c) const { return load8_i8(w + c * kConvPanel); }
+    ORION_AVX2 __m256 hi(int64_t c) const { return load8_i8(w + c * kConvPanel + 8); }
+};
+
+// Low-bit rows (PackedConv1x1Q) as two fp32 halves, each weight formed exactly.
+// The 8 nibbles of the 32-bit word at p, nibble k in lane k.
+ORION_AVX2 inline __m256i nibbles8(const uint8_t* p) {
+    uint32_t word;
+    std::memcpy(&word, p, 4);
+    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(word)),
+                                              _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                            _mm256_set1_epi32(15));
+}
+// t[idx] for idx in [0, 16), the table's entries 0-7 in t0 and 8-15 in t1.
+ORION_AVX2 inline __m256 lookup16(__m256i idx, __m256 t0, __m256 t1) {
+    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(t0, idx), _mm256_permutevar8x32_ps(t1, idx),
+                            _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));  // bit 3 picks t1
+}
+struct Lut4Rows8 {
+    const uint8_t* w;
+    __m256 a0, a1, b0, b1;  // the low half's LUT (entries 0-7, 8-15), the high half's
+    ORION_AVX2 __m256 lo(int64_t c) const { return lookup16(nibbles8(w + c * 8), a0, a1); }
+    ORION_AVX2 __m256 hi(int64_t c) const { return lookup16(nibbles8(w + c * 8 + 4), b0, b1); }
+};
+// Any LUT by a gather: 4- or 6-bit indices, one LUT per half or per output channel.
+struct LutGatherRows8 {
+    const uint8_t* w;
+    const float* lut;
+    int64_t row_bytes;
+    int64_t entries;
+    bool six_bits, channel_luts;
+    ORION_AVX2 __m256 make(int64_t c, int half) const {
+        const uint8_t* row = w + c * row_bytes;
+        __m256i index = nibbles8(row + 4 * half);
+        if (six_bits) {
+            uint16_t high;
+            std::memcpy(&high, row + 8 + 2 * half, 2);
+            const __m256i top = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(high),
+                                                                   _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                                 _mm256_set1_epi32(3));
+            index = _mm256_or_si256(index, _mm256_slli_epi32(top, 4));
+        }
+        const int e = static_cast<int>(entries);
+        const __m256i base = channel_luts ? _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                                               _mm256_set1_epi32(e))
+                                          : _mm256_setzero_si256();
+        const float* table = lut + (channel_luts ? 8 * half * entries : half * entries);
+        return _mm256_i32gather_ps(table, _mm256_add_epi32(index, base), 4);
+    }
+    ORION_AVX2 __m256 lo(int64_t c) const { return make(c, 0); }
+    ORION_AVX2 __m256 hi(int64_t c) const { return make(c, 1); }
+};
+struct Affine4Rows8 {
+    const uint8_t* w;
+    const uint16_t* params;
+    int64_t first;  // the panel row w starts at (blocks count from the panel's first row)
+    int shift;
+    ORION_AVX2 __m256 make(int64_t c, int half) const {
+        const uint16_t* block = params + ((first + c) >> shift) * 2 * kConvPanel + 8 * half;
+        const __m256 shifted = _mm256_sub_ps(_mm256_cvtepi32_ps(nibbles8(w + c * 8 + 4 * half)), load8(block + kConvPanel));
+        return round8(_mm256_mul_ps(shifted, load8(block)));  // fp16((u - z) * s): the product is exact in fp32
+    }
+    ORION_AVX2 __m256 lo(int64_t c) const { return make(c, 0); }
+    ORION_AVX2 __m256 hi(int64_t c) const { return make(c, 1); }
+};
+
+template <typename Rows>
+ORION_AVX2 void widen_rows_avx2(Rows rows, float* dst, int64_t n) {
+    for (int64_t r = 0; r < n; ++r) {
+        _mm256_storeu_ps(dst + r * kConvPanel, rows.lo(r));
+        _mm256_storeu_ps(dst + r * kConvPanel + 8, rows.hi(r));
+    }
+}
+
+// Calls f with the AVX2 rows reader of p from row c0.
+template <typename F>
+ORION_AVX2 void with_q_rows8(const QPanel& p, int64_t c0, F f) {
+    const uint8_t* w = p.rows + c0 * p.row_bytes;
+    switch (p.kind) {
+        case PackedConv1x1Q::Kind::lut4:
+            if (!p.channel_luts)
+                return f(Lut4Rows8{w, _mm256_loadu_ps(p.lut), _mm256_loadu_ps(p.lut + 8), _mm256_loadu_ps(p.lut + 16),
+                                   _mm256_loadu_ps(p.lut + 24)});
+            [[fallthrough]];
+        case PackedConv1x1Q::Kind::lut6:
+            return f(LutGatherRows8{w, p.lut, p.row_bytes, p.entries, p.kind == PackedConv1x1Q::Kind::lut6,
+                                    p.channel_luts});
+        case PackedConv1x1Q::Kind::affine4: return f(Affine4Rows8{w, p.params, c0, p.block_shift});
+    }
+}
+
+// What the low-bit entry points do with a rows reader (functors, not lambdas: a lambda does not take
+// its caller's target attribute).
+struct TileAvx2 {
+    const float* x;
+    int64_t S, k;
+    int lanes;
+    float* acc;
+    bool add;
+    template <typename Rows>
+    ORION_AVX2 void operator()(Rows rows) const { conv_tile_avx2_rows(rows, x, S, k, lanes, acc, add); }
+};
+struct WidenAvx2 {
+    float* dst;
+    int64_t n;
+    template <typename Rows>
+    ORION_AVX2 void operator()(Rows rows) const { widen_rows_avx2(rows, dst, n); }
+};
+
+}  // namespace
+
+ORION_AVX2 void conv_tile_i8_avx2(const int8_t* w, const float* scale, const float* x, int64_t S, int64_t k,
+                                  int lanes, float* acc, bool add) {
+    if (!scale) return conv_tile_avx2_rows(UnscaledInt8Rows8{w}, x, S, k, lanes, acc, add);
+    conv_tile_avx2_rows(Int8Rows8{w, _mm256_loadu_ps(scale), _mm256_loadu_ps(scale + 8)}, x, S, k, lanes, acc, add);
+}
+
+ORION_AVX2 void conv_tile_q_avx2(const QPanel& p, int64_t c0, const float* x, int64_t S, int64_t k, int lanes,
+                                 float* acc, bool add) {
+    with_q_rows8(p, c0, TileAvx2{x, S, k, lanes, acc, add});
+}
+
+ORION_AVX2 void widen_q_avx2(const QPanel& p, int64_t c0, float* dst, int64_t n) {
+    with_q_rows8(p, c0, WidenAvx2{dst, n});
+}
+
+ORION_AVX2 void dequant_i8_avx2(const int8_t* w, const float* scale, float* dst, int64_t rows) {
+    const __m256 one = _mm256_set1_ps(1.0f);  // exact: q * 1 = q
+    const __m256 lo = scale ? _mm256_loadu_ps(scale) : one, hi = scale ? _mm256_loadu_ps(scale + 8) : one;
+    for (int64_t r = 0; r < rows; ++r) {
+        _mm256_storeu_ps(dst + r * kConvPanel, load8_i8(w + r * kConvPanel, lo));
+        _mm256_storeu_ps(dst + r * kConvPanel + 8, load8_i8(w + r * kConvPanel + 8, hi));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// AVX-512 flavour.
+namespace {
+
+// 16 int8 weights as fp32 (times their 16 scales: exact when the products are fp16 values).
+ORION_AVX512 inline __m512 load16_i8(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+struct Int8Rows16 {
+    const int8_t* w;
+    __m512 scale;
+    ORION_AVX512 __m512 row(int64_t c) const { return _mm512_mul_ps(load16_i8(w + c * kConvPanel), scale); }
+};
+struct UnscaledInt8Rows16 {
+    const int8_t* w;
+    ORION_AVX512 __m512 row(int64_t c) const { return load16_i8(w + c * kConvPanel); }
+};
+
+// Low-bit rows (PackedConv1x1Q), 16 weights in one register, each formed exactly.
+// The 16 nibbles of the 64-bit word at p, nibble k in lane k.
+ORION_AVX512 inline __m512i nibbles16(const uint8_t* p) {
+    uint32_t lo, hi;
+    std::memcpy(&lo, p, 4);
+    std::memcpy(&hi, p + 4, 4);
+    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(static_cast<int>(lo))),
+                                            _mm256_set1_epi32(static_cast<int>(hi)), 1);
+    const __m512i shifts = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+    return _mm512_and_si512(_mm512_srlv_epi32(both, shifts), _mm512_set1_epi32(15));
+}
+struct Lut4Rows16 {
+    const uint8_t* w;
+    __m512 low, high;  // the low half's LUT, the high half's
+    ORION_AVX512 __m512 row(int64_t c) const {
+        const __m512i half = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 16, 16, 16, 16, 16, 16, 16, 16);
+        return _mm512_permutex2var_ps(low, _mm512_or_si512(nibbles16(w + c * 8), half), high);
+    }
+};
+struct LutGatherRows16 {
+    const uint8_t* w;
+    const float* lut;
+    int64_t row_bytes;
+    int64_t entries;
+    bool six_bits, channel_luts;
+    ORION_AVX512 __m512 row(int64_t c) const {
+        const uint8_t* r = w + c * row_bytes;
+        __m512i index = nibbles16(r);
+        if (six_bits) {
+            uint32_t high;
+            std::memcpy(&high, r + 8, 4);
+            const __m512i top = _mm512_and_si512(
+                _mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(high)),
+                                  _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)),
+                _mm512_set1_epi32(3));
+            index = _mm512_or_si512(index, _mm512_slli_epi32(top, 4));
+        }
+        const __m512i lane = channel_luts ? _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                                          : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        const __m512i base = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(entries)));
+        return _mm512_i32gather_ps(_mm512_add_epi32(index, base), lut, 4);
+    }
+};
+struct Affine4Rows16 {
+    const uint8_t* w;
+    const uint16_t* params;
+    int64_t first;
+    int shift;
+    ORION_AVX512 __m512 row(int64_t c) const {
+        const uint16_t* block = params + ((first + c) >> shift) * 2 * kConvPanel;
+        const __m512 shifted = _mm512_sub_ps(_mm512_cvtepi32_ps(nibbles16(w + c * 8)), load16(block + kConvPanel));
+        return _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_mul_ps(shifted, load16(block)), _MM_FROUND_TO_NEAREST_INT));
+    }
+};
+
+template <typename F>
+ORION_AVX512 void with_q_rows16(const QPanel& p, int64_t c0, F f) {
+    const uint8_t* w = p.rows + c0 * p.row_bytes;
+    switch (p.kind) {
+        case PackedConv1x1Q::Kind::lut4:
+            if (!p.channel_luts) return f(Lut4Rows16{w, _mm512_loadu_ps(p.lut), _mm512_loadu_ps(p.lut + 16)});
+            [[fallthrough]];
+        case PackedConv1x1Q::Kind::lut6:
+            return f(LutGatherRows16{w, p.lut, p.row_bytes, p.entries, p.kind == PackedConv1x1Q::Kind::lut6,
+                                     p.channel_luts});
+        case PackedConv1x1Q::Kind::affine4: return f(Affine4Rows16{w, p.params, c0, p.block_shift});
+    }
+}
+
+struct TileAvx512 {
+    const float* x;
+    int64_t S, k;
+    int lanes;
+    float* acc;
+    bool add;
+    template <typename Rows>
+    ORION_AVX512 void operator()(Rows rows) const { conv_tile_avx512_rows(rows, x, S, k, lanes, acc, add); }
+};
+struct WidenAvx512 {
+    float* dst;
+    int64_t n;
+    template <typename Rows>
+    ORION_AVX512 void operator()(Rows rows) const {
+        for (int64_t r = 0; r < n; ++r) _mm512_storeu_ps(dst + r * kConvPanel, rows.row(r));
+    }
+};
+
+}  // namespace
+
+ORION_AVX512 void conv_tile_i8_avx512(const int8_t* w, const float* scale, const float* x, int64_t S, int64_t k,
+                                      int lanes, float* acc, bool add) {
+    if (!scale) return conv_tile_avx512_rows(UnscaledInt8Rows16{w}, x, S, k, lanes, acc, add);
+    conv_tile_avx512_rows(Int8Rows16{w, _mm512_loadu_ps(scale)}, x, S, k, lanes, acc, add);
+}
+
+ORION_AVX512 void conv_tile_q_avx512(const QPanel& p, int64_t c0, const float* x, int64_t S, int64_t k, int lanes,
+                                     float* acc, bool add) {
+    with_q_rows16(p, c0, TileAvx512{x, S, k, lanes, acc, add});
+}
+
+ORION_AVX512 void widen_q_avx512(const QPanel& p, int64_t c0, float* dst, int64_t n) {
+    with_q_rows16(p, c0, WidenAvx512{dst, n});
+}
+
+#endif  // ORION_X86
+
+// ---------------------------------------------------------------------------------------------
+
+QPanel q_panel(const PackedConv1x1Q& w, int64_t p) {
+    QPanel panel;
+    panel.kind = w.kind;
+    panel.rows = w.data.data() + p * w.cin * w.row_bytes;
+    panel.row_bytes = w.row_bytes;
+    panel.entries = w.entries;
+    panel.channel_luts = w.channel_luts;
+    if (!w.lut.empty()) panel.lut = w.lut.data() + p * (w.channel_luts ? kConvPanel : 2) * w.entries;
+    if (!w.params.empty()) panel.params = w.params.data() + p * (w.cin >> w.block_shift) * 2 * kConvPanel;
+    panel.block_shift = w.block_shift;
+    return panel;
+}
+
+void add_low_bit_usage(int64_t& count, int64_t& bytes) {
+    std::lock_guard<std::mutex> lock_q(shared_q_mutex);
+    for (const auto& [key, weak] : shared_q)
+        if (auto alive = weak.lock()) {
+            ++count;
+            bytes += static_cast<int64_t>(alive->data.size() + alive->lut.size() * 4 + alive->params.size() * 2);
+        }
+}
+
+bool int8_weights_fp16_exact(const int8_t* q, const float* scale, int64_t cout, int64_t cin) {
+    for (int64_t o = 0; o < cout; ++o) {
+        // Which of the 256 values q may take give an exact fp16 product with this row's scale.
+        bool exact[256];
+        for (int v = -128; v < 128; ++v) {
+            const float w = static_cast<float>(v) * scale[o];
+            exact[v + 128] = std::isfinite(w) && emu::half_to_float(emu::float_to_half(w)) == w &&
+                             static_cast<double>(v) * scale[o] == static_cast<double>(w);
+        }
+        bool row = true;
+        for (int64_t c = 0; c < cin; ++c) row &= exact[q[o * cin + c] + 128];
+        if (!row) return false;
+    }
+    return true;
+}
+
+PackedConv1x1I8 pack_conv1x1_i8(const int8_t* q, const float* scale, int64_t cout, int64_t cin) {
+    if (cout < 0 || cin < 0) throw std::invalid_argument("pack_conv1x1_i8: negative weight shape");
+    if (!int8_weights_fp16_exact(q, scale, cout, cin))
+        throw std::invalid_argument("pack_conv1x1_i8: some q * scale is not an fp16 value (dequantize to fp16 instead)");
+    PackedConv1x1I8 packed;
+    packed.cout = cout;
+    packed.cin = cin;
+    const int64_t panels = ceil_div(cout, kConvPanel);
+    packed.data.assign(static_cast<size_t>(panels * cin * kConvPanel), 0);
+    packed.scale.assign(static_cast<size_t>(panels * kConvPanel), 0.0f);
+    for (int64_t o = 0; o < cout; ++o) {
+        int8_t* panel = packed.data.data() + (o / kConvPanel) * cin * kConvPanel + o % kConvPanel;
+        for (int64_t c = 0; c < cin; ++c) panel[c * kConvPanel] = q[o * cin + c];
+        packed.scale[static_cast<size_t>(o)] = scale[o];
+    }
+    packed.scale_after = std::all_of(scale, scale + cout, [](float s) {
+        int exponent = 0;
+        return std::isfinite(s) && std::fabs(std::frexp(s, &exponent)) == 0.5f;  // +-2^k
+    });
+    return packed;
+}
+
+PackedConv1x1Q pack_conv1x1_lut(const uint8_t* indices, int bits, const float* lut, int64_t group, int64_t cout,
+                                int64_t cin) {
+    if (cout < 0 || cin < 0) throw std::invalid_argument("pack_conv1x1_lut: negative weight shape");
+    if (bits != 4 && bits != 6) throw std::invalid_argument("pack_conv1x1_lut: indices must have 4 or 6 bits");
+    if (group <= 0) throw std::invalid_argument("pack_conv1x1_lut: the LUT group must be positive");
+    PackedConv1x1Q packed;
+    packed.kind = bits == 4 ? PackedConv1x1Q::Kind::lut4 : PackedConv1x1Q::Kind::lut6;
+    packed.cout = cout, packed.cin = cin;
+    packed.row_bytes = bits == 4 ? 8 : 12;
+    packed.entries = int64_t{1} << bits;
+    packed.channel_luts = group % 8 != 0;
+    const int64_t panels = ceil_div(cout, kConvPanel), tables = packed.channel_luts ? kConvPanel : 2;
+    packed.data.assign(static_cast<size_t>(panels * cin * packed.row_bytes), 0);
+    packed.lut.assign(static_cast<size_t>(panels * tables * packed.entries), 0.0f);
+    for (int64_t o = 0; o < cout; ++o) {
+        const int64_t p = o / kConvPanel, j = o % kConvPanel;
+        if (packed.channel_luts || j % 8 == 0)  // this channel's (or half's) LUT: its group's
+            std::copy(lut + (o / group) * packed.entries, lut + (o / group + 1) * packed.entries,
+                      packed.lut.begin() + (p * tables + (packed.channel_luts ? j : j / 8)) * packed.entries);
+        uint8_t* rows = packed.data.data() + p * cin * packed.row_bytes;
+        for (int64_t c = 0; c < cin; ++c) {
+            const unsigned index = indices[o * cin + c];
+            if (index >= static_cast<unsigned>(packed.entries))
+                throw std::invalid_argument("pack_conv1x1_lut: an index is out of the LUT's range");
+            uint8_t* row = rows + c * packed.row_bytes;
+            row[j / 2] |= static_cast<uint8_t>((index & 15) << (4 * (j % 2)));
+            if (bits == 6) row[8 + j / 4] |= static_cast<uint8_t>((index >> 4) << (2 * (j % 4)));
+        }
+    }
+    return packed;
+}
+
+bool affine4_packable(float scale, float zero) {
+    const auto is_half = [](float v) { return std::isfinite(v) && emu::half_to_float(emu::float_to_half(v)) == v; };
+    if (!is_half(scale) || !is_half(zero)) return false;
+    for (int u = 0; u < 16; ++u)
+        if (!is_half(static_cast<float>(u) - zero)) return false;  // exact in fp32: fp16 operands below 2^11
+    return true;
+}
+
+PackedConv1x1Q pack_conv1x1_affine4(const uint8_t* u, const float* scale, const float* zero, int64_t block,
+                                    int64_t cout, int64_t cin) {
+    if (cout < 0 || cin < 0) throw std::invalid_argument("pack_conv1x1_affine4: negative weight shape");
+    if (block <= 0 || (block & (block - 1)) || cin % block)
+        throw std::invalid_argument("pack_conv1x1_affine4: the block must be a power of two dividing cin");
+    PackedConv1x1Q packed;
+    packed.kind = PackedConv1x1Q::Kind::affine4;
+    packed.cout = cout, packed.cin = cin;
+    packed.row_bytes = 8;
+    packed.entries = 16;
+    int shift = 0;
+    while ((int64_t{1} << shift) < block) ++shift;
+    packed.block_shift = shift;
+    const int64_t panels = ceil_div(cout, kConvPanel), blocks = cin / block;
+    packed.data.assign(static_cast<size_t>(panels * cin * 8), 0);
+    packed.params.assign(static_cast<size_t>(panels * blocks * 2 * kConvPanel), 0);
+    for (int64_t o = 0; o < cout; ++o) {
+        const int64_t p = o / kConvPanel, j = o % kConvPanel;
+        for (int64_t b = 0; b < blocks; ++b) {
+            const float s = scale[o * blocks + b], z = zero[o * blocks + b];
+            if (!affine4_packable(s, z))
+                throw std::invalid_argument("pack_conv1x1_affine4: a scale or zero point is not an fp16 value, or some "
+                                            "u - zero is not (dequantize to fp16 instead)");
+            uint16_t* at = packed.params.data() + (p * blocks + b) * 2 * kConvPanel;
+            at[j] = emu::float_to_half(s);
+            at[kConvPanel + j] = emu::float_to_half(z);
+        }
+        uint8_t* rows = packed.data.data() + p * cin * 8;
+        for (int64_t c = 0; c < cin; ++c) {
+            const unsigned v = u[o * cin + c];
+            if (v > 15) throw std::invalid_argument("pack_conv1x1_affine4: a value is above 15");
+            rows[c * 8 + j / 2] |= static_cast<uint8_t>(v << (4 * (j % 2)));
+        }
+    }
+    return packed;
+}
+
+std::shared_ptr<const PackedConv1x1Q> shared_conv1x1_q(PackedConv1x1Q packed) {
+    size_t key = content_key(std::string_view(reinterpret_cast<const char*>(packed.data.data()), packed.data.size()));
+    key ^= content_key(std::string_view(reinterpret_cast<const char*>(packed.lut.data()), packed.lut.size() * 4)) << 1;
+    key ^= content_key(std::string_view(reinterpret_cast<const char*>(packed.params.data()), packed.params.size() * 2)) << 2;
+    key ^= static_cast<size_t>(packed.cout) * 0x9E3779B97F4A7C15ull + static_cast<size_t>(packed.kind);
+    std::lock_guard<std::mutex> lock(shared_q_mutex);
+    auto [first, last] = shared_q.equal_range(key);
+    for (auto it = first; it != last; ++it)
+        if (auto held = it->second.lock())
+            if (same_content(*held, packed)) return held;
+    for (auto it = shared_q.begin(); it != shared_q.end();) it = it->second.expired() ? shared_q.erase(it) : std::next(it);
+    auto made = std::make_shared<const PackedConv1x1Q>(std::move(packed));
+    shared_q.emplace(key, made);
+    return made;
+}
+
+}  // namespace orion::emu::kernels

@@ -222,6 +222,32 @@ def run(lowered, x: np.ndarray) -> np.ndarray:
     return compiler.compile_lowered(lowered, profile="permissive")(x=x)["y"]
 
 
+def evaluate_live(compiled, x: np.ndarray, lanes: int) -> np.ndarray:
+    """y[0, :, 0, :lanes] of a compiled low_bit_graph evaluated with only the first `lanes` lanes of x live."""
+    program = compiled.program
+    inputs, outputs = program.allocate_surfaces()
+    for name, packed in compiled.pack_inputs({"x": x}).items():
+        inputs[name].write(packed)
+    # the hint names x itself: the I/O padding's cut of it when small, else its surface
+    part = next((n for n, (_, _, shape) in program.input_parts.items() if shape == x.shape),
+                compiled.layout.inputs[0].mil_name)
+    program.evaluate(inputs, outputs, live_lanes={part: lanes})
+    return compiled.unpack_outputs({name: s.read() for name, s in outputs.items()})["y"][0, :, 0, :lanes]
+
+
+def packed_bytes(qw, mode: str, cout: int, cin: int) -> int:
+    """The bytes the emulator holds for a low-bit conv weight (kernels.h, PackedConv1x1Q): the indices at their
+    width per panel of 16 output channels, plus LUTs (fp32 per panel half or channel; on the AVX2 flavour, lut4
+    with LUTs per 8 channels: rows in pairs and 64 bytes of vpshufb tables) or the fp16 block parameters."""
+    panels = -(-cout // 16)
+    bits = 6 if mode == "lut6" else 4
+    if mode == "int4":
+        return panels * cin * 8 + panels * (cin // qw.block) * 32 * 2
+    if mode == "lut4" and qw.group % 8 == 0 and kernels.simd_path() == "avx2+f16c+fma":
+        return panels * (cin + cin % 2) * 8 + panels * 64
+    return panels * cin * 16 * bits // 8 + (panels * 16 if qw.group % 8 else panels * 2) * (1 << bits) * 4
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("cout,cin,s", [(48, 64, 1), (104, 96, 2), (40, 256, 32), (36, 128, 257)])
 def test_low_bit_conv_equals_the_fp16_program_of_its_weight_bit_for_bit(mode, cout, cin, s) -> None:
@@ -231,19 +257,35 @@ def test_low_bit_conv_equals_the_fp16_program_of_its_weight_bit_for_bit(mode, co
     before = kernels.shared_conv_weights()
     program = compiler.compile_lowered(compiler.lower_graph(low_bit_graph(w, s, mode)), profile="permissive")
     count, nbytes = kernels.shared_conv_weights()
-    panels = -(-cout // 16)
-    bits = 6 if mode == "lut6" else 4
-    data = panels * cin * 16 * bits // 8
     qw = quant.quantize(w, mode)
-    extra = (panels * 16 if mode != "int4" and qw.group % 8 else panels * 2) * (1 << bits) * 4 if mode != "int4" \
-        else panels * (cin // 32) * 32 * 2
     if orion.backend() == "emulator":  # (the harness's stand-in framework packs in its own copy of the core)
-        assert (count - before[0], nbytes - before[1]) == (1, data + extra), "the weight stays packed at its width"
+        assert (count - before[0], nbytes - before[1]) == (1, packed_bytes(qw, mode, cout, cin)), \
+            "the weight stays packed at its width"
     got = program(x=x)["y"]
     fp16 = run(compiler.lower_graph(low_bit_graph(qw.dequantized().astype(np.float32), s, "fp16")), x)
     np.testing.assert_array_equal(got, fp16)
     ref = qw.dequantized() @ x[0, :, 0, :].astype(np.float64)  # float64
     np.testing.assert_allclose(got[0, :, 0, :].astype(np.float64), ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("cout,cin", [(40, 33), (24, 72), (56, 97)])
+def test_low_bit_conv_of_odd_sizes_against_float64(mode, cout, cin) -> None:
+    """Odd input widths (lut4's pairs of rows padded; int4 blocks of 1 or 8 rows), partial panels, and live lanes
+    1-6 of 32 (each decode tile) and 13 (the converting path): bit for bit the fp16 program of the dequantized
+    weight, and within fp16 rounding of numpy float64 (2e-3 of the largest output)."""
+    w = RNG.standard_normal((cout, cin)) * 0.05
+    qw = quant.quantize(w, mode)
+    low = compiler.compile_lowered(compiler.lower_graph(low_bit_graph(w, 32, mode)), profile="permissive")
+    dense = compiler.compile_lowered(compiler.lower_graph(low_bit_graph(qw.dequantized().astype(np.float32), 32,
+                                                                        "fp16")), profile="permissive")
+    x = RNG.standard_normal((1, cin, 1, 32)).astype(np.float16)
+    for lanes in (1, 2, 3, 4, 5, 6, 13):
+        got = {key: evaluate_live(program, x, lanes) for key, program in (("low", low), ("dense", dense))}
+        np.testing.assert_array_equal(got["low"], got["dense"], err_msg=f"{lanes} lanes")
+        ref = qw.dequantized() @ x[0, :, 0, :lanes].astype(np.float64)
+        np.testing.assert_allclose(got["low"].astype(np.float64), ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max(),
+                                   err_msg=f"{lanes} lanes")
 
 
 def test_blockwise_weights_outside_the_kernels_layout_run_as_their_fp16_values() -> None:

@@ -44,6 +44,7 @@ struct QPanel {
     int64_t entries = 16;
     bool channel_luts = false;
     const uint16_t* params = nullptr;   // affine4: per block of rows, 16 fp16 scales then 16 fp16 zero points
+    const uint8_t* lut_bytes = nullptr; // lut4 in the AVX2 layout (PackedConv1x1Q::lut_bytes): rows in pairs
     int block_shift = 5;
 };
 

@@ -878,9 +878,10 @@ void add_usage(const SharedPacked<Packed>& shared, int64_t& count, int64_t& byte
         }
 }
 
-int64_t bytes_per_row(const PackedConv1x1Q& w) { return w.row_bytes; }
+// The elements (bytes for the low-bit weights) of one panel.
+int64_t panel_size(const PackedConv1x1Q& w) { return w.rows_stored() * w.row_bytes; }
 template <typename Packed>
-int64_t bytes_per_row(const Packed&) { return kConvPanel; }  // elements: one per output channel
+int64_t panel_size(const Packed& w) { return w.cin * kConvPanel; }
 
 PanelScales panel_scales(const PackedConv1x1&, int64_t) { return {}; }
 PanelScales panel_scales(const PackedConv1x1I8& w, int64_t o0) {
@@ -892,7 +893,7 @@ PanelScales panel_scales(const PackedConv1x1I8& w, int64_t o0) {
 template <typename Packed>
 void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16) {
     const int64_t panels = ceil_div(w.cout, kConvPanel);
-    if (w.cout < 0 || w.cin < 0 || static_cast<int64_t>(w.data.size()) != panels * w.cin * bytes_per_row(w))
+    if (w.cout < 0 || w.cin < 0 || static_cast<int64_t>(w.data.size()) != panels * panel_size(w))
         throw std::invalid_argument("conv1x1: weight is not a packed [cout, cin] conv weight");
     if (lanes < 0 || lanes > S) throw std::invalid_argument("conv1x1: lanes must be in [0, S]");
     if (lanes == 0 || panels == 0) return;
@@ -968,7 +969,11 @@ void conv1x1(const PackedConv1x1& w, const float* x, int64_t S, int64_t lanes, f
 void conv1x1(const PackedConv1x1Q& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16) {
     const int64_t panels = ceil_div(w.cout, kConvPanel);
     const bool lut = w.kind != PackedConv1x1Q::Kind::affine4;
-    if ((lut && static_cast<int64_t>(w.lut.size()) != panels * (w.channel_luts ? kConvPanel : 2) * w.entries) ||
+    const bool lut_ok = w.lut_bytes.empty()
+                            ? static_cast<int64_t>(w.lut.size()) == panels * (w.channel_luts ? kConvPanel : 2) * w.entries
+                            : w.kind == PackedConv1x1Q::Kind::lut4 && !w.channel_luts &&
+                                  static_cast<int64_t>(w.lut_bytes.size()) == panels * 64;
+    if ((lut && !lut_ok) ||
         (!lut && (w.block_shift < 0 || w.block_shift > 30 || (w.cin & ((int64_t{1} << w.block_shift) - 1)) ||
                   static_cast<int64_t>(w.params.size()) != panels * (w.cin >> w.block_shift) * 2 * kConvPanel)))
         throw std::invalid_argument("conv1x1: low-bit weight without its LUTs or block parameters");

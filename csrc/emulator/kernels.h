@@ -84,9 +84,16 @@ struct PackedConv1x1Q : std::enable_shared_from_this<PackedConv1x1Q> {
     int64_t entries = 16;    // lut kinds: LUT entries (16 or 64)
     bool channel_luts = false;  // lut kinds: one LUT per output channel in each panel, not one per half
     int block_shift = 5;     // affine4: log2 of the input channels per (scale, bias)
-    std::vector<uint8_t> data;     // panels x cin x row_bytes
+    std::vector<uint8_t> data;     // panels x rows_stored() x row_bytes
     std::vector<float> lut;        // lut kinds: panels x (2 halves or 16 channels) x entries
     std::vector<uint16_t> params;  // affine4: panels x blocks x (16 fp16 scales, then 16 fp16 zero points)
+    // lut4 with a LUT per panel half, packed for the AVX2 flavour (its lookups are vpshufb): the rows in
+    // pairs (16 bytes for rows 2q and 2q + 1; byte b holds in its low nibble the index of row 2q + b / 8,
+    // output b % 8, in its high nibble the same row's output 8 + b % 8; an odd cin padded with a zero
+    // row) and, instead of `lut`, per panel the LUT entries' fp16 bytes as vpshufb tables: low bytes of
+    // the first half's 16 entries, of the second half's, then their high bytes (64 bytes).
+    std::vector<uint8_t> lut_bytes;
+    int64_t rows_stored() const { return lut_bytes.empty() ? cin : cin + cin % 2; }
 };
 // Palettized weights: `indices` [cout][cin] (each < 2^bits, bits 4 or 6) and `lut` [ceil(cout/group)]
 // [2^bits] (fp16 values, as float). Throws std::invalid_argument for a layout the kernels do not take.

@@ -26,7 +26,7 @@ std::unordered_multimap<size_t, std::weak_ptr<const PackedConv1x1Q>> shared_q;
 bool same_content(const PackedConv1x1Q& a, const PackedConv1x1Q& b) {
     return a.kind == b.kind && a.cout == b.cout && a.cin == b.cin && a.block_shift == b.block_shift &&
            a.channel_luts == b.channel_luts && a.data == b.data &&
-           a.lut == b.lut && a.params == b.params;
+           a.lut == b.lut && a.params == b.params && a.lut_bytes == b.lut_bytes;
 }
 
 }  // namespace
@@ -171,6 +171,170 @@ struct Affine4Rows8 {
     ORION_AVX2 __m256 hi(int64_t c) const { return make(c, 1); }
 };
 
+// Readers that decode two rows at a time (pair(c, w) for even c, rows c and c + 1; lo/hi for one row),
+// for conv_tile_pairs_avx2.
+//
+// lut4 in the AVX2 layout (PackedConv1x1Q::paired_rows): rows 2q and 2q + 1 from 16 bytes, their 32
+// indices in bytes by one shift and mask, and the fp16 weights by two vpshufb lookups (the LUT entries'
+// low and high bytes; lane 0 holds the first half's LUT, lane 1 the second's).
+struct Lut4PairRows8 {
+    const uint8_t* w;   // the panel's pairs
+    int64_t first;      // the panel row that row 0 of this reader is (even for pair())
+    __m256i low, high;  // lut_bytes: the entries' low bytes, then their high bytes
+    // Rows r (outputs 0-7 in lane 0, 8-15 in lane 1) and r + 1 of the panel, r even, as fp16.
+    ORION_AVX2 void pair_fp16(int64_t r, __m256i& r0, __m256i& r1) const {
+        const __m256i bytes =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * 8)));
+        const __m256i index =
+            _mm256_and_si256(_mm256_srlv_epi64(bytes, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(15));
+        const __m256i lo = _mm256_shuffle_epi8(low, index), hi = _mm256_shuffle_epi8(high, index);
+        r0 = _mm256_unpacklo_epi8(lo, hi);
+        r1 = _mm256_unpackhi_epi8(lo, hi);
+    }
+    ORION_AVX2 void pair(int64_t c, __m256 (&out)[2][2]) const {
+        __m256i r0, r1;
+        pair_fp16(first + c, r0, r1);
+        out[0][0] = _mm256_cvtph_ps(_mm256_castsi256_si128(r0));
+        out[0][1] = _mm256_cvtph_ps(_mm256_extracti128_si256(r0, 1));
+        out[1][0] = _mm256_cvtph_ps(_mm256_castsi256_si128(r1));
+        out[1][1] = _mm256_cvtph_ps(_mm256_extracti128_si256(r1, 1));
+    }
+    ORION_AVX2 __m128i row_fp16(int64_t c, int half) const {
+        const int64_t r = first + c;
+        __m256i r0, r1;
+        pair_fp16(r & ~int64_t{1}, r0, r1);
+        const __m256i row = (r & 1) ? r1 : r0;
+        return half ? _mm256_extracti128_si256(row, 1) : _mm256_castsi256_si128(row);
+    }
+    ORION_AVX2 __m256 lo(int64_t c) const { return _mm256_cvtph_ps(row_fp16(c, 0)); }
+    ORION_AVX2 __m256 hi(int64_t c) const { return _mm256_cvtph_ps(row_fp16(c, 1)); }
+};
+// Block-wise 4-bit with each block's parameters decoded once into registers: s and n = -(z * s) (exact in
+// fp32: two fp16 values), so that a weight is fp16(fma(u, s, n)), the exact (u - z) * s rounded once:
+// Affine4Rows8's values. Needs blocks of 2 rows or more, pairs inside a block (even first).
+struct Affine4PairRows8 {
+    const uint8_t* w;
+    const uint16_t* params;
+    int64_t first;
+    int shift;
+    int64_t block = -1;  // whose parameters s and n hold
+    __m256 s[2] = {}, n[2] = {};
+    ORION_AVX2 void use_block(int64_t c) {
+        const int64_t b = (first + c) >> shift;
+        if (b == block) return;
+        block = b;
+        const uint16_t* at = params + b * 2 * kConvPanel;
+        for (int half = 0; half < 2; ++half) {
+            s[half] = load8(at + 8 * half);
+            n[half] = _mm256_mul_ps(load8(at + kConvPanel + 8 * half), _mm256_sub_ps(_mm256_setzero_ps(), s[half]));
+        }
+    }
+    ORION_AVX2 __m256 make(int64_t c, int half) const {
+        return round8(_mm256_fmadd_ps(_mm256_cvtepi32_ps(nibbles8(w + c * 8 + 4 * half)), s[half], n[half]));
+    }
+    ORION_AVX2 void pair(int64_t c, __m256 (&out)[2][2]) {
+        use_block(c);
+        out[0][0] = make(c, 0), out[0][1] = make(c, 1), out[1][0] = make(c + 1, 0), out[1][1] = make(c + 1, 1);
+    }
+    ORION_AVX2 __m256 lo(int64_t c) {
+        use_block(c);
+        return make(c, 0);
+    }
+    ORION_AVX2 __m256 hi(int64_t c) {
+        use_block(c);
+        return make(c, 1);
+    }
+};
+
+// conv_tile_avx2_fixed's sums (each row into the same partial sum, in the same order: the same bits)
+// with rows decoded in pairs: steps of P rows (whole pairs, a multiple of U).
+template <int L, int U, typename Rows>
+ORION_AVX2 void conv_tile_pairs_avx2_fixed(Rows rows, const float* x, int64_t S, int64_t k, float* acc, bool add) {
+    constexpr int P = U < 2 ? 2 : U;
+    __m256 lo[U][L], hi[U][L];
+    ORION_UNROLL
+    for (int u = 0; u < U; ++u)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) lo[u][l] = hi[u][l] = _mm256_setzero_ps();
+    if (add)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) {
+            lo[0][l] = _mm256_loadu_ps(acc + l * kConvPanel);
+            hi[0][l] = _mm256_loadu_ps(acc + l * kConvPanel + 8);
+        }
+    const int64_t main = k - k % U;  // rows c < main go to partial sum c % U, the rest to 0
+    int64_t c = 0;
+    for (; c + P <= main; c += P) {
+        ORION_UNROLL
+        for (int h = 0; h < P; h += 2) {
+            __m256 w[2][2];
+            rows.pair(c + h, w);
+            ORION_UNROLL
+            for (int r = 0; r < 2; ++r) {
+                const float* xc = x + (c + h + r) * S;
+                ORION_UNROLL
+                for (int l = 0; l < L; ++l) {
+                    const __m256 xv = _mm256_broadcast_ss(xc + l);
+                    lo[(h + r) % U][l] = _mm256_fmadd_ps(w[r][0], xv, lo[(h + r) % U][l]);
+                    hi[(h + r) % U][l] = _mm256_fmadd_ps(w[r][1], xv, hi[(h + r) % U][l]);
+                }
+            }
+        }
+    }
+    for (; c < k; ++c) {
+        const __m256 w_lo = rows.lo(c), w_hi = rows.hi(c);
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) {
+            const __m256 xv = _mm256_broadcast_ss(x + c * S + l);
+            lo[0][l] = _mm256_fmadd_ps(w_lo, xv, lo[0][l]);
+            hi[0][l] = _mm256_fmadd_ps(w_hi, xv, hi[0][l]);
+        }
+    }
+    ORION_UNROLL
+    for (int u = 1; u < U; ++u)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) {
+            lo[0][l] = _mm256_add_ps(lo[0][l], lo[u][l]);
+            hi[0][l] = _mm256_add_ps(hi[0][l], hi[u][l]);
+        }
+    ORION_UNROLL
+    for (int l = 0; l < L; ++l) {
+        _mm256_storeu_ps(acc + l * kConvPanel, lo[0][l]);
+        _mm256_storeu_ps(acc + l * kConvPanel + 8, hi[0][l]);
+    }
+}
+
+// conv_tile_avx2_rows (the same U for each lane count) over a pair reader.
+template <typename Rows>
+ORION_AVX2 void conv_tile_pairs_avx2(Rows rows, const float* x, int64_t S, int64_t k, int lanes, float* acc,
+                                     bool add) {
+    switch (lanes) {
+        case 1: return conv_tile_pairs_avx2_fixed<1, 4>(rows, x, S, k, acc, add);
+        case 2: return conv_tile_pairs_avx2_fixed<2, 2>(rows, x, S, k, acc, add);
+        case 3: return conv_tile_pairs_avx2_fixed<3, 2>(rows, x, S, k, acc, add);
+        case 4: return conv_tile_pairs_avx2_fixed<4, 1>(rows, x, S, k, acc, add);
+        case 5: return conv_tile_pairs_avx2_fixed<5, 1>(rows, x, S, k, acc, add);
+        default: return conv_tile_pairs_avx2_fixed<6, 1>(rows, x, S, k, acc, add);
+    }
+}
+
+template <typename Rows>
+ORION_AVX2 void widen_pairs_avx2(Rows rows, float* dst, int64_t n) {
+    int64_t r = 0;
+    for (; r + 2 <= n; r += 2) {
+        __m256 w[2][2];
+        rows.pair(r, w);
+        _mm256_storeu_ps(dst + r * kConvPanel, w[0][0]);
+        _mm256_storeu_ps(dst + r * kConvPanel + 8, w[0][1]);
+        _mm256_storeu_ps(dst + (r + 1) * kConvPanel, w[1][0]);
+        _mm256_storeu_ps(dst + (r + 1) * kConvPanel + 8, w[1][1]);
+    }
+    if (r < n) {
+        _mm256_storeu_ps(dst + r * kConvPanel, rows.lo(r));
+        _mm256_storeu_ps(dst + r * kConvPanel + 8, rows.hi(r));
+    }
+}
+
 template <typename Rows>
 ORION_AVX2 void widen_rows_avx2(Rows rows, float* dst, int64_t n) {
     for (int64_t r = 0; r < n; ++r) {
@@ -179,12 +343,17 @@ ORION_AVX2 void widen_rows_avx2(Rows rows, float* dst, int64_t n) {
     }
 }
 
-// Calls f with the AVX2 rows reader of p from row c0.
+// Calls f with the AVX2 rows reader of p from row c0 (f.pairs with a pair reader where one applies).
 template <typename F>
 ORION_AVX2 void with_q_rows8(const QPanel& p, int64_t c0, F f) {
     const uint8_t* w = p.rows + c0 * p.row_bytes;
     switch (p.kind) {
         case PackedConv1x1Q::Kind::lut4:
+            if (p.lut_bytes) {
+                const Lut4PairRows8 rows{p.rows, c0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.lut_bytes)),
+                                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.lut_bytes + 32))};
+                return c0 % 2 ? f(rows) : f.pairs(rows);
+            }
             if (!p.channel_luts)
                 return f(Lut4Rows8{w, _mm256_loadu_ps(p.lut), _mm256_loadu_ps(p.lut + 8), _mm256_loadu_ps(p.lut + 16),
                                    _mm256_loadu_ps(p.lut + 24)});
@@ -192,7 +361,9 @@ ORION_AVX2 void with_q_rows8(const QPanel& p, int64_t c0, F f) {
         case PackedConv1x1Q::Kind::lut6:
             return f(LutGatherRows8{w, p.lut, p.row_bytes, p.entries, p.kind == PackedConv1x1Q::Kind::lut6,
                                     p.channel_luts});
-        case PackedConv1x1Q::Kind::affine4: return f(Affine4Rows8{w, p.params, c0, p.block_shift});
+        case PackedConv1x1Q::Kind::affine4:
+            if (p.block_shift > 0 && c0 % 2 == 0) return f.pairs(Affine4PairRows8{w, p.params, c0, p.block_shift});
+            return f(Affine4Rows8{w, p.params, c0, p.block_shift});
     }
 }
 
@@ -206,12 +377,16 @@ struct TileAvx2 {
     bool add;
     template <typename Rows>
     ORION_AVX2 void operator()(Rows rows) const { conv_tile_avx2_rows(rows, x, S, k, lanes, acc, add); }
+    template <typename Rows>
+    ORION_AVX2 void pairs(Rows rows) const { conv_tile_pairs_avx2(rows, x, S, k, lanes, acc, add); }
 };
 struct WidenAvx2 {
     float* dst;
     int64_t n;
     template <typename Rows>
     ORION_AVX2 void operator()(Rows rows) const { widen_rows_avx2(rows, dst, n); }
+    template <typename Rows>
+    ORION_AVX2 void pairs(Rows rows) const { widen_pairs_avx2(rows, dst, n); }
 };
 
 }  // namespace
@@ -369,11 +544,12 @@ ORION_AVX512 void widen_q_avx512(const QPanel& p, int64_t c0, float* dst, int64_
 QPanel q_panel(const PackedConv1x1Q& w, int64_t p) {
     QPanel panel;
     panel.kind = w.kind;
-    panel.rows = w.data.data() + p * w.cin * w.row_bytes;
+    panel.rows = w.data.data() + p * w.rows_stored() * w.row_bytes;
     panel.row_bytes = w.row_bytes;
     panel.entries = w.entries;
     panel.channel_luts = w.channel_luts;
     if (!w.lut.empty()) panel.lut = w.lut.data() + p * (w.channel_luts ? kConvPanel : 2) * w.entries;
+    if (!w.lut_bytes.empty()) panel.lut_bytes = w.lut_bytes.data() + p * 64;
     if (!w.params.empty()) panel.params = w.params.data() + p * (w.cin >> w.block_shift) * 2 * kConvPanel;
     panel.block_shift = w.block_shift;
     return panel;
@@ -384,7 +560,8 @@ void add_low_bit_usage(int64_t& count, int64_t& bytes) {
     for (const auto& [key, weak] : shared_q)
         if (auto alive = weak.lock()) {
             ++count;
-            bytes += static_cast<int64_t>(alive->data.size() + alive->lut.size() * 4 + alive->params.size() * 2);
+            bytes += static_cast<int64_t>(alive->data.size() + alive->lut.size() * 4 + alive->params.size() * 2 +
+                                          alive->lut_bytes.size());
         }
 }
 
@@ -437,19 +614,38 @@ PackedConv1x1Q pack_conv1x1_lut(const uint8_t* indices, int bits, const float* l
     packed.row_bytes = bits == 4 ? 8 : 12;
     packed.entries = int64_t{1} << bits;
     packed.channel_luts = group % 8 != 0;
+    // The AVX2 flavour's layout for LUTs per panel half (the other flavours' readers take the plain one).
+    const bool paired = bits == 4 && !packed.channel_luts && std::string_view(simd_path()) == "avx2+f16c+fma";
     const int64_t panels = ceil_div(cout, kConvPanel), tables = packed.channel_luts ? kConvPanel : 2;
-    packed.data.assign(static_cast<size_t>(panels * cin * packed.row_bytes), 0);
-    packed.lut.assign(static_cast<size_t>(panels * tables * packed.entries), 0.0f);
+    const int64_t rows_stored = paired ? cin + cin % 2 : cin;
+    packed.data.assign(static_cast<size_t>(panels * rows_stored * packed.row_bytes), 0);
+    if (paired)
+        packed.lut_bytes.assign(static_cast<size_t>(panels * 64), 0);
+    else
+        packed.lut.assign(static_cast<size_t>(panels * tables * packed.entries), 0.0f);
     for (int64_t o = 0; o < cout; ++o) {
         const int64_t p = o / kConvPanel, j = o % kConvPanel;
-        if (packed.channel_luts || j % 8 == 0)  // this channel's (or half's) LUT: its group's
-            std::copy(lut + (o / group) * packed.entries, lut + (o / group + 1) * packed.entries,
+        const float* table = lut + (o / group) * packed.entries;  // this channel's LUT: its group's
+        if (paired && j % 8 == 0) {
+            uint8_t* bytes = packed.lut_bytes.data() + p * 64 + 16 * (j / 8);
+            for (int e = 0; e < 16; ++e) {
+                const uint16_t h = emu::float_to_half(table[e]);
+                bytes[e] = static_cast<uint8_t>(h & 0xFF);
+                bytes[32 + e] = static_cast<uint8_t>(h >> 8);
+            }
+        } else if (!paired && (packed.channel_luts || j % 8 == 0)) {
+            std::copy(table, table + packed.entries,
                       packed.lut.begin() + (p * tables + (packed.channel_luts ? j : j / 8)) * packed.entries);
-        uint8_t* rows = packed.data.data() + p * cin * packed.row_bytes;
+        }
+        uint8_t* rows = packed.data.data() + p * rows_stored * packed.row_bytes;
         for (int64_t c = 0; c < cin; ++c) {
             const unsigned index = indices[o * cin + c];
             if (index >= static_cast<unsigned>(packed.entries))
                 throw std::invalid_argument("pack_conv1x1_lut: an index is out of the LUT's range");
+            if (paired) {
+                rows[(c / 2) * 16 + (c % 2) * 8 + j % 8] |= static_cast<uint8_t>(index << (4 * (j / 8)));
+                continue;
+            }
             uint8_t* row = rows + c * packed.row_bytes;
             row[j / 2] |= static_cast<uint8_t>((index & 15) << (4 * (j % 2)));
             if (bits == 6) row[8 + j / 4] |= static_cast<uint8_t>((index >> 4) << (2 * (j % 4)));
@@ -507,6 +703,7 @@ std::shared_ptr<const PackedConv1x1Q> shared_conv1x1_q(PackedConv1x1Q packed) {
     size_t key = content_key(std::string_view(reinterpret_cast<const char*>(packed.data.data()), packed.data.size()));
     key ^= content_key(std::string_view(reinterpret_cast<const char*>(packed.lut.data()), packed.lut.size() * 4)) << 1;
     key ^= content_key(std::string_view(reinterpret_cast<const char*>(packed.params.data()), packed.params.size() * 2)) << 2;
+    key ^= content_key(std::string_view(reinterpret_cast<const char*>(packed.lut_bytes.data()), packed.lut_bytes.size())) << 3;
     key ^= static_cast<size_t>(packed.cout) * 0x9E3779B97F4A7C15ull + static_cast<size_t>(packed.kind);
     std::lock_guard<std::mutex> lock(shared_q_mutex);
     auto [first, last] = shared_q.equal_range(key);

@@ -237,14 +237,14 @@ def evaluate_live(compiled, x: np.ndarray, lanes: int) -> np.ndarray:
 
 def packed_bytes(qw, mode: str, cout: int, cin: int) -> int:
     """The bytes the emulator holds for a low-bit conv weight (kernels.h, PackedConv1x1Q): the indices at their
-    width per panel of 16 output channels, plus LUTs (fp32 per panel half or channel; on the AVX2 flavour, lut4
-    with LUTs per 8 channels: rows in pairs and 64 bytes of vpshufb tables) or the fp16 block parameters."""
+    width per panel of 16 output channels, plus LUTs (fp32 per panel half or channel; on the AVX2 flavour, LUTs
+    per 8 channels: rows in pairs and the entries' fp16 bytes as vpshufb tables) or the fp16 block parameters."""
     panels = -(-cout // 16)
     bits = 6 if mode == "lut6" else 4
     if mode == "int4":
         return panels * cin * 8 + panels * (cin // qw.block) * 32 * 2
-    if mode == "lut4" and qw.group % 8 == 0 and kernels.simd_path() == "avx2+f16c+fma":
-        return panels * (cin + cin % 2) * 8 + panels * 64
+    if qw.group % 8 == 0 and kernels.simd_path() == "avx2+f16c+fma":
+        return panels * (cin + cin % 2) * 2 * bits + panels * (1 << bits) * 4
     return panels * cin * 16 * bits // 8 + (panels * 16 if qw.group % 8 else panels * 2) * (1 << bits) * 4
 
 

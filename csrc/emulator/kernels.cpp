@@ -971,8 +971,7 @@ void conv1x1(const PackedConv1x1Q& w, const float* x, int64_t S, int64_t lanes, 
     const bool lut = w.kind != PackedConv1x1Q::Kind::affine4;
     const bool lut_ok = w.lut_bytes.empty()
                             ? static_cast<int64_t>(w.lut.size()) == panels * (w.channel_luts ? kConvPanel : 2) * w.entries
-                            : w.kind == PackedConv1x1Q::Kind::lut4 && !w.channel_luts &&
-                                  static_cast<int64_t>(w.lut_bytes.size()) == panels * 64;
+                            : !w.channel_luts && static_cast<int64_t>(w.lut_bytes.size()) == panels * w.entries * 4;
     if ((lut && !lut_ok) ||
         (!lut && (w.block_shift < 0 || w.block_shift > 30 || (w.cin & ((int64_t{1} << w.block_shift) - 1)) ||
                   static_cast<int64_t>(w.params.size()) != panels * (w.cin >> w.block_shift) * 2 * kConvPanel)))

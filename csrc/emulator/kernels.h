@@ -87,11 +87,12 @@ struct PackedConv1x1Q : std::enable_shared_from_this<PackedConv1x1Q> {
     std::vector<uint8_t> data;     // panels x rows_stored() x row_bytes
     std::vector<float> lut;        // lut kinds: panels x (2 halves or 16 channels) x entries
     std::vector<uint16_t> params;  // affine4: panels x blocks x (16 fp16 scales, then 16 fp16 zero points)
-    // lut4 with a LUT per panel half, packed for the AVX2 flavour (its lookups are vpshufb): the rows in
-    // pairs (16 bytes for rows 2q and 2q + 1; byte b holds in its low nibble the index of row 2q + b / 8,
-    // output b % 8, in its high nibble the same row's output 8 + b % 8; an odd cin padded with a zero
-    // row) and, instead of `lut`, per panel the LUT entries' fp16 bytes as vpshufb tables: low bytes of
-    // the first half's 16 entries, of the second half's, then their high bytes (64 bytes).
+    // LUTs per panel half, packed for the AVX2 flavour (its lookups are vpshufb): the rows in pairs (2 *
+    // row_bytes for rows 2q and 2q + 1: byte b < 16 holds in its low nibble the index's low 4 bits for
+    // row 2q + b / 8, output b % 8, in its high nibble those of output 8 + b % 8; lut6: byte 16 + i holds
+    // the high 2 bits of output i + 8h of row 2q + r at bits 2 * (2h + r); an odd cin padded with a zero
+    // row) and, instead of `lut`, per panel the LUT entries' fp16 bytes as vpshufb tables of 16 entries:
+    // [low bytes, high bytes][entries / 16 tables][panel half][16] (entries * 4 bytes).
     std::vector<uint8_t> lut_bytes;
     int64_t rows_stored() const { return lut_bytes.empty() ? cin : cin + cin % 2; }
 };

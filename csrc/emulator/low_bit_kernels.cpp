@@ -174,20 +174,45 @@ struct Affine4Rows8 {
 // Readers that decode two rows at a time (pair(c, w) for even c, rows c and c + 1; lo/hi for one row),
 // for conv_tile_pairs_avx2.
 //
-// lut4 in the AVX2 layout (PackedConv1x1Q::paired_rows): rows 2q and 2q + 1 from 16 bytes, their 32
-// indices in bytes by one shift and mask, and the fp16 weights by two vpshufb lookups (the LUT entries'
-// low and high bytes; lane 0 holds the first half's LUT, lane 1 the second's).
-struct Lut4PairRows8 {
-    const uint8_t* w;   // the panel's pairs
-    int64_t first;      // the panel row that row 0 of this reader is (even for pair())
-    __m256i low, high;  // lut_bytes: the entries' low bytes, then their high bytes
+// lut4 and lut6 in the AVX2 layout (PackedConv1x1Q::lut_bytes): rows 2q and 2q + 1 from one row pair,
+// their 32 indices' low 4 bits in bytes by one shift and mask (lut6's high 2 bits the same way), and the
+// fp16 weights by vpshufb lookups of the LUT entries' low and high bytes in tables of 16 entries (lane 0
+// the first half's LUT, lane 1 the second's; lut6 picks one of its 4 tables by the high bits, two blends).
+//
+// The 16 bytes of entries `index` of 4 tables picked by `top` (0-3 per byte; `odd`, `upper`: its bits 0
+// and 1 moved to each byte's bit 7, which blendv reads).
+ORION_AVX2 inline __m256i lookup64(const __m256i* table, __m256i index, __m256i odd, __m256i upper) {
+    const __m256i t01 = _mm256_blendv_epi8(_mm256_shuffle_epi8(table[0], index), _mm256_shuffle_epi8(table[1], index), odd);
+    const __m256i t23 = _mm256_blendv_epi8(_mm256_shuffle_epi8(table[2], index), _mm256_shuffle_epi8(table[3], index), odd);
+    return _mm256_blendv_epi8(t01, t23, upper);
+}
+template <int Tables>
+struct LutPairRows8 {
+    const uint8_t* w;    // the panel's row pairs
+    int64_t row_bytes;   // 8 (lut4) or 12 (lut6): a pair is 2 * row_bytes
+    int64_t first;       // the panel row that row 0 of this reader is (even for pair())
+    __m256i low[Tables], high[Tables];  // lut_bytes: the entries' low bytes, then their high bytes
     // Rows r (outputs 0-7 in lane 0, 8-15 in lane 1) and r + 1 of the panel, r even, as fp16.
     ORION_AVX2 void pair_fp16(int64_t r, __m256i& r0, __m256i& r1) const {
-        const __m256i bytes =
-            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * 8)));
+        const uint8_t* p = w + r * row_bytes;
+        const __m256i bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
         const __m256i index =
             _mm256_and_si256(_mm256_srlv_epi64(bytes, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(15));
-        const __m256i lo = _mm256_shuffle_epi8(low, index), hi = _mm256_shuffle_epi8(high, index);
+        __m256i lo, hi;
+        if constexpr (Tables == 1) {
+            lo = _mm256_shuffle_epi8(low[0], index);
+            hi = _mm256_shuffle_epi8(high[0], index);
+        } else {
+            long long top_bits;
+            std::memcpy(&top_bits, p + 16, 8);
+            const __m256i top = _mm256_and_si256(
+                _mm256_srlv_epi64(_mm256_set1_epi64x(top_bits), _mm256_setr_epi64x(0, 2, 4, 6)), _mm256_set1_epi8(3));
+            // a 16-bit shift moves each byte's bit 0 (by 7) or bit 1 (by 6) to its bit 7; what crosses into the
+            // next byte lands below its bit 7
+            const __m256i odd = _mm256_slli_epi16(top, 7), upper = _mm256_slli_epi16(top, 6);
+            lo = lookup64(low, index, odd, upper);
+            hi = lookup64(high, index, odd, upper);
+        }
         r0 = _mm256_unpacklo_epi8(lo, hi);
         r1 = _mm256_unpackhi_epi8(lo, hi);
     }
@@ -350,8 +375,9 @@ ORION_AVX2 void with_q_rows8(const QPanel& p, int64_t c0, F f) {
     switch (p.kind) {
         case PackedConv1x1Q::Kind::lut4:
             if (p.lut_bytes) {
-                const Lut4PairRows8 rows{p.rows, c0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.lut_bytes)),
-                                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.lut_bytes + 32))};
+                LutPairRows8<1> rows{p.rows, p.row_bytes, c0, {}, {}};
+                rows.low[0] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.lut_bytes));
+                rows.high[0] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.lut_bytes + 32));
                 return c0 % 2 ? f(rows) : f.pairs(rows);
             }
             if (!p.channel_luts)
@@ -359,6 +385,14 @@ ORION_AVX2 void with_q_rows8(const QPanel& p, int64_t c0, F f) {
                                    _mm256_loadu_ps(p.lut + 24)});
             [[fallthrough]];
         case PackedConv1x1Q::Kind::lut6:
+            if (p.kind == PackedConv1x1Q::Kind::lut6 && p.lut_bytes) {
+                LutPairRows8<4> rows{p.rows, p.row_bytes, c0, {}, {}};
+                for (int t = 0; t < 4; ++t) {
+                    rows.low[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.lut_bytes + 32 * t));
+                    rows.high[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.lut_bytes + 128 + 32 * t));
+                }
+                return c0 % 2 ? f(rows) : f.pairs(rows);
+            }
             return f(LutGatherRows8{w, p.lut, p.row_bytes, p.entries, p.kind == PackedConv1x1Q::Kind::lut6,
                                     p.channel_luts});
         case PackedConv1x1Q::Kind::affine4:
@@ -549,7 +583,7 @@ QPanel q_panel(const PackedConv1x1Q& w, int64_t p) {
     panel.entries = w.entries;
     panel.channel_luts = w.channel_luts;
     if (!w.lut.empty()) panel.lut = w.lut.data() + p * (w.channel_luts ? kConvPanel : 2) * w.entries;
-    if (!w.lut_bytes.empty()) panel.lut_bytes = w.lut_bytes.data() + p * 64;
+    if (!w.lut_bytes.empty()) panel.lut_bytes = w.lut_bytes.data() + p * w.entries * 4;
     if (!w.params.empty()) panel.params = w.params.data() + p * (w.cin >> w.block_shift) * 2 * kConvPanel;
     panel.block_shift = w.block_shift;
     return panel;
@@ -615,35 +649,38 @@ PackedConv1x1Q pack_conv1x1_lut(const uint8_t* indices, int bits, const float* l
     packed.entries = int64_t{1} << bits;
     packed.channel_luts = group % 8 != 0;
     // The AVX2 flavour's layout for LUTs per panel half (the other flavours' readers take the plain one).
-    const bool paired = bits == 4 && !packed.channel_luts && std::string_view(simd_path()) == "avx2+f16c+fma";
-    const int64_t panels = ceil_div(cout, kConvPanel), tables = packed.channel_luts ? kConvPanel : 2;
+    const bool paired = !packed.channel_luts && std::string_view(simd_path()) == "avx2+f16c+fma";
+    const int64_t tables = packed.entries / 16;  // paired: vpshufb tables of 16 entries per LUT
+    const int64_t panels = ceil_div(cout, kConvPanel), luts = packed.channel_luts ? kConvPanel : 2;
     const int64_t rows_stored = paired ? cin + cin % 2 : cin;
     packed.data.assign(static_cast<size_t>(panels * rows_stored * packed.row_bytes), 0);
     if (paired)
-        packed.lut_bytes.assign(static_cast<size_t>(panels * 64), 0);
+        packed.lut_bytes.assign(static_cast<size_t>(panels * packed.entries * 4), 0);
     else
-        packed.lut.assign(static_cast<size_t>(panels * tables * packed.entries), 0.0f);
+        packed.lut.assign(static_cast<size_t>(panels * luts * packed.entries), 0.0f);
     for (int64_t o = 0; o < cout; ++o) {
         const int64_t p = o / kConvPanel, j = o % kConvPanel;
         const float* table = lut + (o / group) * packed.entries;  // this channel's LUT: its group's
-        if (paired && j % 8 == 0) {
-            uint8_t* bytes = packed.lut_bytes.data() + p * 64 + 16 * (j / 8);
-            for (int e = 0; e < 16; ++e) {
+        if (paired && j % 8 == 0) {  // [low bytes, high bytes][table][panel half][16 entries]
+            uint8_t* bytes = packed.lut_bytes.data() + p * packed.entries * 4 + 16 * (j / 8);
+            for (int64_t e = 0; e < packed.entries; ++e) {
                 const uint16_t h = emu::float_to_half(table[e]);
-                bytes[e] = static_cast<uint8_t>(h & 0xFF);
-                bytes[32 + e] = static_cast<uint8_t>(h >> 8);
+                bytes[(e / 16) * 32 + e % 16] = static_cast<uint8_t>(h & 0xFF);
+                bytes[(tables + e / 16) * 32 + e % 16] = static_cast<uint8_t>(h >> 8);
             }
         } else if (!paired && (packed.channel_luts || j % 8 == 0)) {
             std::copy(table, table + packed.entries,
-                      packed.lut.begin() + (p * tables + (packed.channel_luts ? j : j / 8)) * packed.entries);
+                      packed.lut.begin() + (p * luts + (packed.channel_luts ? j : j / 8)) * packed.entries);
         }
         uint8_t* rows = packed.data.data() + p * rows_stored * packed.row_bytes;
         for (int64_t c = 0; c < cin; ++c) {
             const unsigned index = indices[o * cin + c];
             if (index >= static_cast<unsigned>(packed.entries))
                 throw std::invalid_argument("pack_conv1x1_lut: an index is out of the LUT's range");
-            if (paired) {
-                rows[(c / 2) * 16 + (c % 2) * 8 + j % 8] |= static_cast<uint8_t>(index << (4 * (j / 8)));
+            if (paired) {  // (kernels.h) and lut6's high bits at byte j % 8 after the pair's 16, bits 2 * (2 * half + row)
+                uint8_t* pair = rows + (c / 2) * 2 * packed.row_bytes;
+                pair[(c % 2) * 8 + j % 8] |= static_cast<uint8_t>((index & 15) << (4 * (j / 8)));
+                if (bits == 6) pair[16 + j % 8] |= static_cast<uint8_t>((index >> 4) << (2 * (2 * (j / 8) + c % 2)));
                 continue;
             }
             uint8_t* row = rows + c * packed.row_bytes;

@@ -361,7 +361,8 @@ def test_llama_low_bit_matches_the_reference_on_its_quantized_weights(mode) -> N
 
 
 # -- every SIMD flavour ----------------------------------------------------------------------------------
-KERNEL_TESTS = "test_low_bit_conv_equals_the_fp16_program_of_its_weight_bit_for_bit"
+KERNEL_TESTS = ("test_low_bit_conv_equals_the_fp16_program_of_its_weight_bit_for_bit or "
+                "test_low_bit_conv_of_odd_sizes_against_float64")
 
 
 @pytest.mark.skipif("ORION_SIMD" in os.environ, reason="this is a narrower path's run")

@@ -80,3 +80,13 @@ def test_weight_keys_must_name_weight_files() -> None:
         orion.compile(TEXT, w1, weight_keys={"@model_path/weights/other.bin": "0" * 64})
     with pytest.raises(orion.CompileError, match="is empty"):
         orion.compile(TEXT, w1, weight_keys={path: "" for path in w1})
+
+
+def test_new_weights_of_a_keyed_program_are_not_taken_for_the_old_ones() -> None:
+    """with_weights reloads without the keys the program was compiled with (they named the old bytes)."""
+    w1, _, _ = weights(51)
+    w2, wb, bb = weights(52)
+    x = np.random.default_rng(5).standard_normal(ACT).astype(np.float16)
+    first = orion.compile(TEXT, w1, weight_keys=_key(w1))
+    np.testing.assert_allclose(first.with_weights(w2)(x=x)["y"], reference(x, wb, bb), rtol=2e-2, atol=2e-2)
+    first.unload()

@@ -258,7 +258,9 @@ private:
 
     // Re-bakes the same MIL with new weights: a new program, no compile counted.
     std::unique_ptr<runtime::LoadedProgram> reload(const runtime::WeightFiles& weights) override {
-        return build(text_, weights, options_);
+        runtime::CompileOptions options = options_;
+        options.weight_keys.clear();  // they named the compiled files' bytes, not these: shared by content
+        return build(text_, weights, options);
     }
 
     std::vector<ValueInfo>& values() { return model_.values_; }

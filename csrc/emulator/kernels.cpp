@@ -1436,8 +1436,10 @@ bool samples_match(const PackedConv1x1& packed, const uint16_t* weight, int64_t 
 template <typename Pack>
 std::shared_ptr<const PackedConv1x1> share_by_key(SharedPacked<PackedConv1x1>& shared, std::string_view key,
                                                   const uint16_t* weight, int64_t cout, int64_t cin, const Pack& pack) {
+    // The same bytes read as another shape (a reshaped file) are another packed weight.
+    const std::string shaped = std::string(key) + "/" + std::to_string(cout) + "x" + std::to_string(cin);
     auto found = [&]() -> std::shared_ptr<const PackedConv1x1> {  // under the lock
-        auto it = shared.by_key.find(std::string(key));
+        auto it = shared.by_key.find(shaped);
         auto alive = it == shared.by_key.end() ? nullptr : it->second.lock();
         if (alive && !samples_match(*alive, weight, cout, cin))
             throw std::invalid_argument("shared_conv1x1: the weight key '" + std::string(key) +
@@ -1454,7 +1456,7 @@ std::shared_ptr<const PackedConv1x1> share_by_key(SharedPacked<PackedConv1x1>& s
     if (auto alive = found()) return alive;  // packed by another thread meanwhile
     for (auto it = shared.by_key.begin(); it != shared.by_key.end();)
         it = it->second.expired() ? shared.by_key.erase(it) : std::next(it);
-    shared.by_key.emplace(std::string(key), packed);
+    shared.by_key.emplace(shaped, packed);
     return packed;
 }
 

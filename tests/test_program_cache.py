@@ -238,3 +238,31 @@ def test_a_mapped_weight_is_range_checked_once_per_process(tmp_path, monkeypatch
         with pytest.raises(orion.OrionError, match="NaN"):
             build(bad)
     del good, bad
+
+
+def test_the_weight_keys_compiled_with_are_the_sha256_of_the_bytes(tmp_path, monkeypatch) -> None:
+    """The emulator trusts a weight key without hashing (orion.compile's weight_keys): compile_lowered must
+    give each weight file's true SHA-256, for a fresh lowering and for a cached read of a blob."""
+    import hashlib
+
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    seen = []
+    real = orion.compile
+    monkeypatch.setattr(orion, "compile", lambda mil, weights, **kw: seen.append((weights, kw["weight_keys"]))
+                        or real(mil, weights, **kw))
+    w = np.random.default_rng(7).standard_normal((64, 64)).astype(np.float32) * 0.1  # this test's own programs
+
+    def own_graph() -> orion.Graph:
+        g = orion.Graph("keyed_block")
+        g.output(g.relu(g.linear(g.input("x", [1, 64, 1, 32]), w)), "y")
+        return g
+
+    want = np.maximum(w @ X[0, :, 0, :], 0)[None, :, None, :]
+    for expect_cached in (False, True):
+        lowered, cached = lower_cached({"test": "weight keys"}, own_graph)
+        assert cached == expect_cached
+        compiled = compile_lowered(lowered, profile="permissive" if cached else "hardware")  # another program key
+        np.testing.assert_allclose(compiled(x=X)["y"], want, rtol=0, atol=2e-2 * float(np.abs(want).max()))
+    assert len(seen) == 2
+    for weights, keys in seen:
+        assert keys and keys == {path: hashlib.sha256(bytes(data)).hexdigest() for path, data in weights.items()}

@@ -38,7 +38,8 @@ public:
     // `cuts`: the values cut from input surfaces (frontend::InputCuts::ranges): no op computes them;
     // the program reads the ones it uses from their place in the surface (EmulatedProgram::plan_loads).
     ProgramModel(const mil::Function& fn, std::vector<frontend::TypedOp> typed, const runtime::WeightFiles& weights,
-                 const std::map<std::string, runtime::InputPart>& cuts) {
+                 const std::map<std::string, runtime::InputPart>& cuts,
+                 const std::map<std::string, std::string>& weight_keys) {
         for (const auto& p : fn.inputs) define(p.name, p.type);
         for (size_t i = 0; i < fn.body.size(); ++i) {
             const mil::Operation& op = fn.body[i];
@@ -49,7 +50,11 @@ public:
             if (op.op == "const") {
                 const int id = define(op.output, op.type);
                 values_[id].constant = &*op.val;
-                if (op.val->kind == mil::Value::Kind::blob) values_[id].blob = payload(*op.val, weights);
+                if (op.val->kind == mil::Value::Kind::blob) {
+                    values_[id].blob = payload(*op.val, weights);
+                    if (auto key = weight_keys.find(op.val->blob_path); key != weight_keys.end())
+                        values_[id].blob_key = key->second + "@" + std::to_string(op.val->blob_offset);
+                }
                 continue;
             }
             Step step{&op, find_op(op.op), {}, {}, -1, std::move(typed[i])};
@@ -59,7 +64,7 @@ public:
                 int single = -1;
                 if (a.kind == mil::Argument::Kind::literal) {  // permissive profile only
                     single = static_cast<int>(values_.size());
-                    values_.push_back(ValueInfo{a.literal.type, single, &a.literal, std::nullopt, false, false, {}});
+                    values_.push_back(ValueInfo{a.literal.type, single, &a.literal, std::nullopt, false, false, {}, {}});
                 } else if (a.kind == mil::Argument::Kind::ref) {
                     single = ids_.at(a.refs[0]);  // the front end checked every name is defined before use
                 } else {
@@ -117,7 +122,7 @@ private:
     int define(const std::string& name, const mil::Type& type) {
         const int id = static_cast<int>(values_.size());
         ids_[name] = id;
-        values_.push_back(ValueInfo{type, id, nullptr, std::nullopt, false, false, {}});
+        values_.push_back(ValueInfo{type, id, nullptr, std::nullopt, false, false, {}, {}});
         return id;
     }
 
@@ -253,7 +258,9 @@ private:
 
     // Re-bakes the same MIL with new weights: a new program, no compile counted.
     std::unique_ptr<runtime::LoadedProgram> reload(const runtime::WeightFiles& weights) override {
-        return build(text_, weights, options_);
+        runtime::CompileOptions options = options_;
+        options.weight_keys.clear();  // they named the compiled files' bytes, not these: shared by content
+        return build(text_, weights, options);
     }
 
     std::vector<ValueInfo>& values() { return model_.values_; }
@@ -967,7 +974,7 @@ private:
 std::unique_ptr<runtime::LoadedProgram> build_checked(std::string_view text, const runtime::WeightFiles& weights,
                                                       const runtime::CompileOptions& options, bool count_compile) {
     frontend::CheckedProgram checked = frontend::check(text, weights, options);
-    ProgramModel model(checked.main(), std::move(checked.typed), weights, checked.cuts.ranges);
+    ProgramModel model(checked.main(), std::move(checked.typed), weights, checked.cuts.ranges, options.weight_keys);
     if (count_compile) runtime::consume_compile();
     return std::make_unique<EmulatedProgram>(text, std::move(checked), std::move(model), options);
 }

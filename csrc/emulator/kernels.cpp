@@ -820,10 +820,12 @@ bool packs(const Packed& packed, const W* weight, const float* scale, int64_t co
     return equal.load();
 }
 
-// The packed weights alive in this process, by content hash, so that equal weights are packed once.
+// The packed weights alive in this process, by content hash, so that equal weights are packed once;
+// those compiled with a key (shared_conv1x1's), by key.
 template <typename Packed>
 struct SharedPacked {
     std::unordered_multimap<size_t, std::weak_ptr<const Packed>> held;
+    std::unordered_map<std::string, std::weak_ptr<const Packed>> by_key;
 };
 std::mutex shared_mutex;
 SharedPacked<PackedConv1x1> shared_f16;
@@ -867,8 +869,55 @@ std::shared_ptr<const Packed> share(SharedPacked<Packed>& shared, const W* weigh
     return packed;
 }
 
+// Whether `packed` holds `weight` [cout][cin] at a few sampled places (rows and columns first, middle
+// and last): what a keyed weight is checked by, a constant cost that catches a key naming other bytes.
+bool samples_match(const PackedConv1x1& packed, const uint16_t* weight, int64_t cout, int64_t cin) {
+    if (packed.cout != cout || packed.cin != cin) return false;
+    for (int64_t o : {int64_t{0}, cout / 2, cout - 1})
+        for (int64_t c : {int64_t{0}, cin / 3, cin / 2, cin - 1})
+            if (o >= 0 && o < cout && c >= 0 && c < cin &&
+                packed.data[static_cast<size_t>((o / kConvPanel) * cin * kConvPanel + c * kConvPanel + o % kConvPanel)] !=
+                    weight[o * cin + c])
+                return false;
+    return true;
+}
+
+// The weight packed under `key`, else `pack()`'s result, kept under it: no hashing, no comparison
+// beyond samples_match (std::invalid_argument when the samples differ: the key names other bytes).
+template <typename Pack>
+std::shared_ptr<const PackedConv1x1> share_by_key(SharedPacked<PackedConv1x1>& shared, std::string_view key,
+                                                  const uint16_t* weight, int64_t cout, int64_t cin, const Pack& pack) {
+    // The same bytes read as another shape (a reshaped file) are another packed weight.
+    const std::string shaped = std::string(key) + "/" + std::to_string(cout) + "x" + std::to_string(cin);
+    auto found = [&]() -> std::shared_ptr<const PackedConv1x1> {  // under the lock
+        auto it = shared.by_key.find(shaped);
+        auto alive = it == shared.by_key.end() ? nullptr : it->second.lock();
+        if (alive && !samples_match(*alive, weight, cout, cin))
+            throw std::invalid_argument("shared_conv1x1: the weight key '" + std::string(key) +
+                                        "' names bytes that differ from the weight packed under it (a key must be "
+                                        "determined by the weight's bytes, e.g. their SHA-256)");
+        return alive;
+    };
+    {
+        std::lock_guard<std::mutex> lock(shared_mutex);
+        if (auto alive = found()) return alive;
+    }
+    auto packed = std::make_shared<const PackedConv1x1>(pack());  // outside the lock: others pack meanwhile
+    std::lock_guard<std::mutex> lock(shared_mutex);
+    if (auto alive = found()) return alive;  // packed by another thread meanwhile
+    for (auto it = shared.by_key.begin(); it != shared.by_key.end();)
+        it = it->second.expired() ? shared.by_key.erase(it) : std::next(it);
+    shared.by_key.emplace(shaped, packed);
+    return packed;
+}
+
 template <typename Packed>
 void add_usage(const SharedPacked<Packed>& shared, int64_t& count, int64_t& bytes) {
+    for (const auto& [key, weak] : shared.by_key)
+        if (auto alive = weak.lock()) {
+            ++count;
+            bytes += static_cast<int64_t>(alive->data.size() * sizeof(alive->data[0]));
+        }
     for (const auto& [key, weak] : shared.held)
         if (auto alive = weak.lock()) {
             ++count;
@@ -944,8 +993,12 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
 
 }  // namespace
 
-std::shared_ptr<const PackedConv1x1> shared_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin) {
-    return share(shared_f16, weight, nullptr, cout, cin, [&] { return pack_conv1x1(weight, cout, cin); });
+std::shared_ptr<const PackedConv1x1> shared_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin,
+                                                    std::string_view key) {
+    auto pack = [&] { return pack_conv1x1(weight, cout, cin); };
+    if (key.empty()) return share(shared_f16, weight, nullptr, cout, cin, pack);
+    if (cout < 0 || cin < 0) throw std::invalid_argument("shared_conv1x1: negative weight shape");
+    return share_by_key(shared_f16, key, weight, cout, cin, pack);
 }
 
 std::shared_ptr<const PackedConv1x1I8> shared_conv1x1_i8(const int8_t* q, const float* scale, int64_t cout,

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -35,7 +36,11 @@ PackedConv1x1 pack_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin);
 
 // pack_conv1x1, held once per process for each distinct weight: programs baking the same weight
 // (a model's prefill buckets and its decode programs) share one packed copy, freed with the last.
-std::shared_ptr<const PackedConv1x1> shared_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin);
+// With a `key` (a name the weight's bytes alone determine, e.g. its file's SHA-256 and offset) the
+// weight is found by the key, neither hashed nor compared (a few sampled weights are checked: a key
+// naming other bytes throws std::invalid_argument).
+std::shared_ptr<const PackedConv1x1> shared_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin,
+                                                    std::string_view key = {});
 // (distinct packed weights alive, fp16 and int8, their bytes)
 std::pair<int64_t, int64_t> shared_conv1x1_usage();
 

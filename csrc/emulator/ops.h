@@ -44,6 +44,9 @@ struct ValueInfo {
     // Set on a constexpr op's output: its stored form, for kernels that read the weight as it is
     // stored (conv keeps int8, LUT and 4-bit weights so). Valid while the program is built.
     std::shared_ptr<const CompressedConst> compressed;
+    // A BLOBFILE const's shared-weight key: its file's key (CompileOptions::weight_keys) and offset;
+    // empty when the caller gave none (the weight is then shared by content).
+    std::string blob_key;
 };
 
 // Scale and zero point per element: a single value, or one per index along the axis.

@@ -148,7 +148,7 @@ BuiltOp build_conv(OpContext& ctx) {
             const ValueInfo& w = ctx.constant("weight");
             if (w.blob && w.type.dtype == mil::DType::fp16 && reinterpret_cast<uintptr_t>(w.blob->data()) % 2 == 0)
                 return pointwise_kernel(kernels::shared_conv1x1(reinterpret_cast<const uint16_t*>(w.blob->data()),
-                                                                g.cout, g.cin));
+                                                                g.cout, g.cin, w.blob_key));
         }
         const auto halves = weight_halves(ctx);
         return pointwise_kernel(kernels::shared_conv1x1(halves.data(), g.cout, g.cin));  // one copy across programs

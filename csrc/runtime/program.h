@@ -63,6 +63,11 @@ struct CompileOptions {
     // unless a probe report proved more on this machine.
     size_t max_inputs = limits::MAX_INPUT_SURFACES;
     size_t max_outputs = limits::MAX_OUTPUT_SURFACES;
+    // Per BLOBFILE path, a name that the file's bytes alone determine (the program cache's blob name,
+    // its SHA-256): the emulator shares a packed weight of that file by it, without hashing or
+    // comparing the weight's bytes. A key must never name different bytes; paths without one are
+    // shared by content (hashed, then compared).
+    std::map<std::string, std::string> weight_keys;
 };
 
 // Binding order of a function's I/O: parameters and returned names sorted by name.

@@ -173,7 +173,7 @@ def compile_lowered(lowered: Lowered, *, profile: str = "hardware", min_surface_
         if key not in _PROGRAMS or not _PROGRAMS[key].loaded:
             _PROGRAMS[key] = orion.compile(lowered.mil, lowered.weights, profile=profile,
                                            min_surface_bytes=min_surface_bytes, relaxed_ops=relaxed_ops,
-                                           surface_counts=surface_counts)
+                                           surface_counts=surface_counts, weight_keys=lowered.file_digests)
         release_pages(lowered.weights.values())  # the program holds its own copy now
         return CompiledGraph(lowered, _PROGRAMS[key])
 

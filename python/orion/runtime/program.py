@@ -247,6 +247,7 @@ def compile(  # noqa: A001 - mirrors the ANE API's verb
     relaxed_ops: Iterable[str] = (),
     surface_counts: tuple[int, int] | None = None,
     build_info: bool = True,
+    weight_keys: Mapping[str, str] | None = None,
 ) -> Program:
     """Compiles and loads MIL text.
 
@@ -262,7 +263,10 @@ def compile(  # noqa: A001 - mirrors the ANE API's verb
     allows one input surface and six output surfaces (ANE-37; ``orion.compile_graph`` packs I/O to fit).
     A text without a ``buildInfo`` block gets the default one (the block every program that ran on hardware
     carries), the same bytes on either backend; ``build_info=False`` sends it as written (the
-    ``build_info_absent`` probe).
+    ``build_info_absent`` probe). ``weight_keys`` maps a weight file's path to a name its bytes alone determine
+    (their SHA-256, as ``Lowered.file_digests``): the emulator then finds the packed weights it already holds
+    by that name instead of hashing and comparing every weight of every program (a key seen before with
+    other bytes, at a few sampled places, is refused).
     """
     if surface_counts is not None and (len(surface_counts) != 2 or any(
             not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1 for n in surface_counts)):
@@ -283,5 +287,5 @@ def compile(  # noqa: A001 - mirrors the ANE API's verb
     native = _core.compile(text, dict(weights or {}), profile, min_surface_bytes=min_surface_bytes or 0,
                            relaxed_ops=sorted(relaxed_ops),
                            surface_counts=tuple(int(n) for n in surface_counts) if surface_counts else (0, 0),
-                           build_info=build_info)
+                           build_info=build_info, weight_keys=dict(weight_keys or {}))
     return Program(native, {name: dtype for name, _, dtype in native.inputs + native.outputs})

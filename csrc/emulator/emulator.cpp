@@ -30,6 +30,14 @@ namespace {
 
 using frontend::where;
 
+// Zeroes lanes [from, to) of every row of t's last axis (dead lanes a kernel reads as finite values).
+void zero_lanes(Tensor& t, int64_t from, int64_t to) {
+    const int64_t width = t.last_dim();
+    if (t.data.empty() || from >= to || width <= 0) return;
+    for (int64_t row = 0; row < t.size(); row += width)
+        std::fill(t.data.begin() + row + from, t.data.begin() + row + std::min(to, width), 0.0f);
+}
+
 // The compile-time state of a program: one ValueInfo per variable, and per op the ids its
 // builder reads and the front end's type-step results. The plan step fills it for the whole
 // program before the kernel step allocates.
@@ -815,12 +823,14 @@ private:
         run.flat = flat;
         add_group_kernel(steps, intermediates, parts, "elementwise (fused)", [run = std::move(run), reads](Frame& fr) {
             int64_t lanes = run.width;  // live where every operand spanning the lanes is (binary ops' rule)
+            bool skip_dead = false;     // long partial rows: only their live lanes computed (short ones whole)
             for (int slot : reads) {
                 const Tensor& t = fr.values[static_cast<size_t>(slot)];
-                if (t.skips_dead_lanes() || t.half || t.prefix_partial()) return false;  // short partial rows are computed whole
+                if (t.half || t.prefix_partial()) return false;
                 if (t.last_dim() == run.width) lanes = std::min(lanes, t.lanes);
+                skip_dead = skip_dead || t.skips_dead_lanes();
             }
-            run_elementwise(run, fr);
+            run_elementwise(run, fr, skip_dead ? lanes : run.width);
             for (const auto& step : run.steps)
                 if (step.out >= 0) fr.values[static_cast<size_t>(step.out)].lanes = lanes, fr.values[static_cast<size_t>(step.out)].live_prefix = -1;
             return true;
@@ -892,18 +902,23 @@ private:
         for (const ProgramModel::Step* step : chain.steps)
             if (step != &context) intermediates.push_back(step->out);
         add_group_kernel(chain.steps, intermediates, parts, "attention (causal, fused)", [=](Frame& fr) {
-            const Tensor &tq = fr.values[q], &tk = fr.values[k], &tv = fr.values[v];
+            Tensor &tq = fr.values[q], &tk = fr.values[k], &tv = fr.values[v];
             Tensor& out = fr.values[o];
             std::vector<float>& own_mask = fr.values[mask].data;
-            if (tq.partial() || tk.partial() || tv.partial() ||
-                !run_causal_attention(a, tq.data.data(), tk.data.data(), tv.data.data(),
+            // With a live-lanes hint (a prompt shorter than its bucket) the lanes past the live ones are
+            // dead queries and keys: only the live queries' blocks are computed, and the dead lanes those
+            // blocks reach are zeroed first (finite, so their exact-0 probabilities stay 0).
+            const int64_t live = std::min({tq.lanes, tk.lanes, tv.lanes, a.seq});
+            if (live < a.seq)
+                for (Tensor* t : {&tq, &tk, &tv}) zero_lanes(*t, live, causal_attention_dead_end(a, live));
+            if (!run_causal_attention(a, tq.data.data(), tk.data.data(), tv.data.data(),
                                       scale >= 0 ? fr.values[scale].data[0] : 1.0f,
-                                      held ? held->data() : own_mask.data(), out.data.data())) {
+                                      held ? held->data() : own_mask.data(), out.data.data(), live)) {
                 if (held) own_mask.assign(held->begin(), held->end());  // for the chain's own kernels
                 return false;
             }
             if (held && !own_mask.empty()) std::vector<float>().swap(own_mask);  // a fallback's copy
-            out.lanes = out.last_dim(), out.live_prefix = -1;
+            out.lanes = live, out.live_prefix = -1;
             return true;
         });
     }

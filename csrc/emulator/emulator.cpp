@@ -823,14 +823,12 @@ private:
         run.flat = flat;
         add_group_kernel(steps, intermediates, parts, "elementwise (fused)", [run = std::move(run), reads](Frame& fr) {
             int64_t lanes = run.width;  // live where every operand spanning the lanes is (binary ops' rule)
-            bool skip_dead = false;     // long partial rows: only their live lanes computed (short ones whole)
             for (int slot : reads) {
                 const Tensor& t = fr.values[static_cast<size_t>(slot)];
-                if (t.half || t.prefix_partial()) return false;
+                if (t.skips_dead_lanes() || t.half || t.prefix_partial()) return false;  // short partial rows are computed whole
                 if (t.last_dim() == run.width) lanes = std::min(lanes, t.lanes);
-                skip_dead = skip_dead || t.skips_dead_lanes();
             }
-            run_elementwise(run, fr, skip_dead ? lanes : run.width);
+            run_elementwise(run, fr);
             for (const auto& step : run.steps)
                 if (step.out >= 0) fr.values[static_cast<size_t>(step.out)].lanes = lanes, fr.values[static_cast<size_t>(step.out)].live_prefix = -1;
             return true;

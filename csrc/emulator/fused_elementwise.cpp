@@ -35,22 +35,20 @@ bool elementwise_fn(const std::string& op, ElementwiseRun::Fn* fn) {
     return false;
 }
 
-void run_elementwise(const ElementwiseRun& run, Frame& frame, int64_t lanes) {
+void run_elementwise(const ElementwiseRun& run, Frame& frame) {
     using Kind = ElementwiseRun::Kind;
     using Fn = ElementwiseRun::Fn;
     const int64_t total = run.rows * run.width;
-    const bool flat = run.flat && lanes >= run.width;
     // A "row" here is a chunk of the flat tensor (flat runs) or a row of the last axis.
-    const int64_t W = flat ? std::min<int64_t>(total, kFlatChunk) : run.width;
-    const int64_t live = flat ? W : std::min(lanes, W);  // entries of each row computed
-    const int64_t rows_total = flat ? (total + W - 1) / W : run.rows;
+    const int64_t W = run.flat ? std::min<int64_t>(total, kFlatChunk) : run.width;
+    const int64_t rows_total = run.flat ? (total + W - 1) / W : run.rows;
     const size_t n_steps = run.steps.size();
     kernels::parallel_for(rows_total, std::max<int64_t>(1, kRowGrain / std::max<int64_t>(W, 1)), [&](int64_t begin, int64_t end) {
         thread_local std::vector<float> scratch;
         scratch.resize(n_steps * static_cast<size_t>(W));
         std::vector<float*> rows(n_steps);
         for (int64_t r = begin; r < end; ++r) {
-            const int64_t n = std::min(live, total - r * W);  // a flat run's last chunk may be short
+            const int64_t n = std::min(W, total - r * W);  // a flat run's last chunk may be short
             // Where operand `o` of row r starts, and its stride (1: a row, 0: one value).
             auto source = [&](const ElementwiseRun::Operand& o, int64_t* stride) -> const float* {
                 *stride = o.kind == Kind::full || o.kind == Kind::lanes ? 1 : 0;

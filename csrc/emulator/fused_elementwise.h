@@ -39,8 +39,6 @@ struct ElementwiseRun {
 // The Fn of a MIL op name, or false when the op is not a fusable binary op.
 bool elementwise_fn(const std::string& op, ElementwiseRun::Fn* fn);
 
-// Computes the run; with `lanes` < run.width (a live-lanes hint on rows longer than Tensor::kShortRow),
-// only each row's first `lanes` entries, row by row even when the run is flat.
-void run_elementwise(const ElementwiseRun& run, Frame& frame, int64_t lanes);
+void run_elementwise(const ElementwiseRun& run, Frame& frame);
 
 }  // namespace orion::emu

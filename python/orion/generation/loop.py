@@ -902,12 +902,11 @@ class CausalLM(AdapterHost):
             if extra:
                 _write_lanes(stages, extra)
             for stage, layers in zip(stages, self.decode_plan.layer_ranges):
-                # The bucket's lanes past the piece's tokens are dead (causal: they change no live lane), in a
-                # prompt as in a chunk: a 16-token prompt in the 32-lane bucket computes 16 lanes.
-                live = {"x": n}
+                live = None
                 if past:  # the chunk reads the positions filled so far; the later ones are dead lanes
                     _write_past(stage, layers, cache, lane, start)
-                    live |= {name: start for i in layers for name in (f"k{i}", f"v{i}")} | {"mask": start}
+                    live = {name: start for i in layers for name in (f"k{i}", f"v{i}")} | {"mask": start}
+                    live["x"] = n  # and the chunk's own lanes past its tokens (causal: they change no live lane)
                 stage.run(live)
                 _check_finite(stage, layers, n, f"prompt positions {start}-{start + n - 1}")
                 for i in layers:

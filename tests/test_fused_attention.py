@@ -14,6 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from orion._core import kernels
 from orion.graph import Graph
 from orion.runtime import profile
 from support.attention import twins
@@ -82,6 +83,34 @@ def test_scores_too_large_for_the_exactness_bound_take_the_unfused_path(amplitud
     _, fused, unfused = run_both(gpt2_attention(128, 2, 64), amplitude)
     np.testing.assert_array_equal(fused, unfused)  # NaN in the same places
     assert np.isnan(fused).any() == (amplitude > 100)
+
+
+@pytest.mark.parametrize("live", [1, 100, 128, 200])
+def test_live_lanes_compute_only_the_live_queries_fused(live) -> None:
+    """A prompt shorter than its bucket hints its live lanes (q, k, v: the tokens; the rest are dead queries
+    and keys). The kernel stays fused: no [B, S, S] intermediate of the five ops is taken from the frame pool,
+    and the live lanes equal the five ops' bit for bit, with NaN in the surfaces' dead lanes."""
+    seq, heads, d = 256, 2, 32
+    fused, unfused = twins(gpt2_attention(seq, heads, d), surface_counts=(16, 16), min_surface_bytes=0)  # q, k, v: hinted by name
+    rng = np.random.default_rng(live)
+    results = []
+    for compiled in (fused, unfused):
+        program = compiled.program
+        ins, outs = program.allocate_surfaces()
+        names = {}
+        for name, spec in program.inputs.items():
+            x = rng.standard_normal(spec.shape).astype(np.float16)
+            x[..., live:] = np.nan  # dead lanes: never read into a live lane
+            ins[name].write(x)
+            names[name] = live
+        kernels.buffer_pool(reset_peak=True)
+        program.evaluate(ins, outs, live_lanes=names)
+        results.append((outs[fused.layout.outputs[0].mil_name].read()[..., :live], kernels.buffer_pool()["peak"]))
+        rng = np.random.default_rng(live)  # the twin reads the same inputs
+    (y, fused_peak), (want, unfused_peak) = results
+    assert np.array_equal(y, want) and not np.isnan(y).any()
+    scores = 4 * heads * seq * seq  # one fp32 [B, S, S] tensor, on top of the q, k, v and output the fused kernel holds
+    assert fused_peak + scores <= unfused_peak, (fused_peak, unfused_peak)
 
 
 def test_a_mask_that_is_not_causal_is_not_fused(profiling) -> None:

@@ -17,11 +17,13 @@ constexpr int64_t kQueryBlock = 128, kSmallQueryBlock = 64;
 constexpr int64_t kLaneGroup = 16;   // row prefixes are whole groups of the widest softmax vector
 constexpr double kScoreLimit = 16384.0;  // |scaled score| bound: a masked one stays below -65504 + 16384
 
-// The largest Euclidean norm among the S columns of a [D, S] matrix.
-double max_column_norm(const float* m, int64_t depth, int64_t seq) {
-    std::vector<double> sq(static_cast<size_t>(seq), 0.0);
+int64_t query_block(int64_t seq) { return seq % kQueryBlock == 0 ? kQueryBlock : kSmallQueryBlock; }
+
+// The largest Euclidean norm among the first `columns` of the S columns of a [D, S] matrix.
+double max_column_norm(const float* m, int64_t depth, int64_t seq, int64_t columns) {
+    std::vector<double> sq(static_cast<size_t>(columns), 0.0);
     for (int64_t d = 0; d < depth; ++d)
-        for (int64_t s = 0; s < seq; ++s) sq[static_cast<size_t>(s)] += static_cast<double>(m[d * seq + s]) * m[d * seq + s];
+        for (int64_t s = 0; s < columns; ++s) sq[static_cast<size_t>(s)] += static_cast<double>(m[d * seq + s]) * m[d * seq + s];
     double worst = 0.0;
     for (double v : sq) worst = std::max(worst, v);  // NaN never wins std::max: checked below
     for (double v : sq)
@@ -29,13 +31,15 @@ double max_column_norm(const float* m, int64_t depth, int64_t seq) {
     return std::sqrt(worst);
 }
 
-// Whether every score of every batch is bounded well inside fp16.
-bool scores_are_bounded(const CausalAttention& a, const float* q, const float* k, float scale) {
+// Whether every score of a live query (the first `live` columns of q) over the keys it reaches (the
+// first `keys` columns of k) is bounded well inside fp16, in every batch.
+bool scores_are_bounded(const CausalAttention& a, const float* q, const float* k, float scale, int64_t live,
+                        int64_t keys) {
     const double s = a.has_scale ? std::fabs(static_cast<double>(scale)) : 1.0;
     if (!std::isfinite(s)) return false;
     for (int64_t b = 0; b < a.batches; ++b) {
-        const double bound = 1.01 * max_column_norm(q + a.q_offset[b], a.depth, a.seq) *
-                             max_column_norm(k + a.k_offset[b], a.depth, a.seq);
+        const double bound = 1.01 * max_column_norm(q + a.q_offset[b], a.depth, a.seq, live) *
+                             max_column_norm(k + a.k_offset[b], a.depth, a.seq, keys);
         if (!(bound < kScoreLimit * 2) || !(bound * s < kScoreLimit)) return false;
     }
     return true;
@@ -51,10 +55,16 @@ bool causal_attention_applies(int64_t seq, int64_t value_depth) {
     return seq >= kSmallQueryBlock && seq % kSmallQueryBlock == 0 && value_depth >= 16;
 }
 
+int64_t causal_attention_dead_end(const CausalAttention& a, int64_t live) {
+    const int64_t block = query_block(a.seq);
+    return std::min(a.seq, (live + block - 1) / block * block);
+}
+
 bool run_causal_attention(const CausalAttention& a, const float* q, const float* k, const float* v, float scale,
-                          const float* mask, float* out) {
-    if (!scores_are_bounded(a, q, k, scale)) return false;
-    const int64_t S = a.seq, block = S % kQueryBlock == 0 ? kQueryBlock : kSmallQueryBlock, blocks = S / block;
+                          const float* mask, float* out, int64_t live) {
+    live = std::clamp<int64_t>(live, 0, a.seq);
+    const int64_t S = a.seq, block = query_block(S), blocks = (live + block - 1) / block;
+    if (!scores_are_bounded(a, q, k, scale, live, causal_attention_dead_end(a, live))) return false;
     kernels::parallel_for(a.batches * blocks, 1, [&](int64_t begin, int64_t end) {
         thread_local std::vector<float> scratch;
         for (int64_t task = begin; task < end; ++task) {
@@ -67,18 +77,18 @@ bool run_causal_attention(const CausalAttention& a, const float* q, const float*
                           a.round_scores);
             for (int64_t r = 0; r < block; ++r) {
                 const int64_t i = i0 + r;
-                const int64_t live = std::min(keys, (i + kLaneGroup) / kLaneGroup * kLaneGroup);  // L_i
+                const int64_t reach = std::min(keys, (i + kLaneGroup) / kLaneGroup * kLaneGroup);  // L_i
                 float* row = p + r * keys;
                 if (a.has_scale) {
-                    for (int64_t j = 0; j < live; ++j) row[j] *= scale;
-                    maybe_round(a.round_scaled, row, live);
+                    for (int64_t j = 0; j < reach; ++j) row[j] *= scale;
+                    maybe_round(a.round_scaled, row, reach);
                 }
                 const float* m = mask + i * S;
-                for (int64_t j = 0; j < live; ++j) row[j] += m[j];
-                maybe_round(a.round_masked, row, live);
-                kernels::softmax(row, row, live);
-                maybe_round(a.round_probs, row, live);
-                std::fill(row + live, row + keys, 0.0f);  // the masked tail: exact zeros
+                for (int64_t j = 0; j < reach; ++j) row[j] += m[j];
+                maybe_round(a.round_masked, row, reach);
+                kernels::softmax(row, row, reach);
+                maybe_round(a.round_probs, row, reach);
+                std::fill(row + reach, row + keys, 0.0f);  // the masked tail: exact zeros
             }
             // o[d][i] = sum_j v[d][j] p[i][j] over the keys the block reaches.
             kernels::gemm(a.value_depth, block, keys, v + a.v_offset[b], S, 1, p, 1, keys,

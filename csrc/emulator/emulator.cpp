@@ -30,6 +30,14 @@ namespace {
 
 using frontend::where;
 
+// Zeroes lanes [from, to) of every row of t's last axis (dead lanes a kernel reads as finite values).
+void zero_lanes(Tensor& t, int64_t from, int64_t to) {
+    const int64_t width = t.last_dim();
+    if (t.data.empty() || from >= to || width <= 0) return;
+    for (int64_t row = 0; row < t.size(); row += width)
+        std::fill(t.data.begin() + row + from, t.data.begin() + row + std::min(to, width), 0.0f);
+}
+
 // The compile-time state of a program: one ValueInfo per variable, and per op the ids its
 // builder reads and the front end's type-step results. The plan step fills it for the whole
 // program before the kernel step allocates.
@@ -899,18 +907,23 @@ private:
         for (const ProgramModel::Step* step : chain.steps)
             if (step != &context) intermediates.push_back(step->out);
         add_group_kernel(chain.steps, intermediates, parts, "attention (causal, fused)", [=](Frame& fr) {
-            const Tensor &tq = fr.values[q], &tk = fr.values[k], &tv = fr.values[v];
+            Tensor &tq = fr.values[q], &tk = fr.values[k], &tv = fr.values[v];
             Tensor& out = fr.values[o];
             std::vector<float>& own_mask = fr.values[mask].data;
-            if (tq.partial() || tk.partial() || tv.partial() ||
-                !run_causal_attention(a, tq.data.data(), tk.data.data(), tv.data.data(),
+            // With a live-lanes hint (a prompt shorter than its bucket) the lanes past the live ones are
+            // dead queries and keys: only the live queries' blocks are computed, and the dead lanes those
+            // blocks reach are zeroed first (finite, so their exact-0 probabilities stay 0).
+            const int64_t live = std::min({tq.lanes, tk.lanes, tv.lanes, a.seq});
+            if (live < a.seq)
+                for (Tensor* t : {&tq, &tk, &tv}) zero_lanes(*t, live, causal_attention_dead_end(a, live));
+            if (!run_causal_attention(a, tq.data.data(), tk.data.data(), tv.data.data(),
                                       scale >= 0 ? fr.values[scale].data[0] : 1.0f,
-                                      held ? held->data() : own_mask.data(), out.data.data())) {
+                                      held ? held->data() : own_mask.data(), out.data.data(), live)) {
                 if (held) own_mask.assign(held->begin(), held->end());  // for the chain's own kernels
                 return false;
             }
             if (held && !own_mask.empty()) std::vector<float>().swap(own_mask);  // a fallback's copy
-            out.lanes = out.last_dim(), out.live_prefix = -1;
+            out.lanes = live, out.live_prefix = -1;
             return true;
         });
     }

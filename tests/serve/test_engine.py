@@ -99,10 +99,48 @@ def test_interleaved_sequences_do_not_mix(engine, reference) -> None:
     params = SamplingParams(max_tokens=15, temperature=0.0)
     gens = [engine.generate(p, params, lambda: False) for p in prompts]
     got: list[list[int]] = [[] for _ in prompts]
-    for _ in range(15):
+    for _ in range(15 + len(prompts)):  # rounds; a prompt waiting for its turn to be read yields None
         for out, gen in zip(got, gens, strict=True):
-            out.append(next(gen))
+            token = next(gen, None)
+            if token is not None:
+                out.append(token)
     assert got == [list(reference.generate(p, 15)) for p in prompts]
+
+
+def test_joining_prompts_are_read_one_chunk_a_round(engine, reference, monkeypatch) -> None:
+    pieces = [0]  # prefill pieces run so far
+    original = type(engine.model)._append_pieces
+
+    def counting(self, *args):  # noqa: ANN001, ANN202
+        inner = original(self, *args)
+        while True:
+            try:
+                next(inner)
+            except StopIteration as done:
+                pieces[0] += 1
+                return done.value
+            pieces[0] += 1
+            yield
+
+    monkeypatch.setattr(type(engine.model), "_append_pieces", counting)
+    prompts = [reference.tokenizer.encode(p) for p in ("hello world", "the engine", "café", "stop here")]
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    first = engine.generate(prompts[0], params, lambda: False)
+    got = [[next(first)]]
+    gens = [first, *(engine.generate(p, params, lambda: False) for p in prompts[1:])]  # three join mid-stream
+    got += [[] for _ in prompts[1:]]
+    per_round = []
+    for _ in range(len(prompts) + 7):
+        before = pieces[0]
+        for out, gen in zip(got, gens, strict=True):
+            token = next(gen, None)
+            if token is not None:
+                out.append(token)
+        per_round.append(pieces[0] - before)
+        if len(per_round) < len(prompts):
+            assert len(got[0]) == len(per_round) + 1  # the decoding stream gets a token every round
+    assert per_round[:len(prompts) - 1] == [1, 1, 1] and sum(per_round) == len(prompts) - 1  # one prompt a round
+    assert got == [list(reference.generate(p, 8)) for p in prompts]
 
 
 def test_cancellation_stops_before_the_next_token(engine) -> None:

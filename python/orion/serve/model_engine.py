@@ -103,6 +103,7 @@ class ModelEngine:
         ``i`` samples with ``seed + i`` when a seed is given)."""
         ids = list(prompt_ids)
         root = self.batch.join(ids, new_tokens=params.max_tokens)
+        joined = self.batch.steps
         forks: list[int] = []
 
         def lane(i: int) -> int:
@@ -110,19 +111,23 @@ class ModelEngine:
                 forks.extend([root, *(self.batch.fork(root) for _ in range(n - 1))])
             return forks[i]
 
-        return [self._choice(root, lane, i, ids, params, cancelled) for i in range(n)]
+        return [self._choice(root, lane, i, ids, params, cancelled, joined) for i in range(n)]
 
     def _choice(self, root: int, lane: Callable[[int], int], index: int, ids: list[int], params: SamplingParams,
-                cancelled: Callable[[], bool]) -> Iterator[int | TokenLogprob | None]:
-        """Choice ``index``: each new token (a :class:`TokenLogprob` when ``params.logprobs`` is set). Choice 0
-        reads the prompt, one prefill chunk per step (the other lanes decode in the same steps): a prompt
-        longer than one chunk yields None for the rounds before its last chunk, as the others do until then."""
+                cancelled: Callable[[], bool], seen: int) -> Iterator[int | TokenLogprob | None]:
+        """Choice ``index``: each new token (a :class:`TokenLogprob` when ``params.logprobs`` is set), None for
+        a round in which its prompt is still being read. Prompts are read one prefill chunk per step, oldest
+        first, in the step the decoding lanes run (``Batch.advance``), so a round (every generator stepped
+        once) holds one chunk, however many prompts wait: no decoding lane's token waits for more than one
+        chunk. Choice 0 runs a step itself only when none ran since its last turn (``seen``: the batch's
+        step count then), i.e. when no lane decodes."""
         batch, sequence = self.batch, None
         try:
             while not batch.ready(root):
-                if index == 0:
-                    batch.advance(root)
+                if index == 0 and batch.steps == seen:
+                    batch.advance()
                 if not batch.ready(root):
+                    seen = batch.steps
                     yield None
             sequence = lane(index)
             seed = None if params.seed is None else params.seed + index

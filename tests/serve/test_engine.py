@@ -184,3 +184,19 @@ def test_a_prefix_cache_engine_reuses_a_shared_system_prompt_with_the_models_tok
         assert got == list(reference.generate(ids, 10)), user
     cache = engine.model.prefix_cache
     assert cache.stats.hits == 1 and cache.stats.reused_tokens >= len(system)
+
+
+def test_the_turns_scheduler_steps_each_sequence_alone_with_the_models_tokens(model_dir, reference) -> None:
+    turns = ModelEngine.from_directory(model_dir, progress=False, max_sequences=2, scheduler="turns")
+    prompts = [reference.tokenizer.encode(p) for p in ("hello world", "the engine")]
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    gens = [turns.generate(p, params, lambda: False) for p in prompts]
+    got: list[list[int]] = [[], []]
+    for _ in range(6):  # in turns: each next() runs that sequence's own step
+        for out, gen in zip(got, gens, strict=True):
+            out.append(next(gen))
+    assert got == [list(reference.generate(p, 6)) for p in prompts]
+    with pytest.raises(PromptError, match="one choice per request"):
+        turns.generate_choices(prompts[0], params, lambda: False, 2)
+    with pytest.raises(ValueError, match="scheduler='lanes'"):
+        ModelEngine(reference, "x", scheduler="lanes")

@@ -64,7 +64,8 @@ def reference(xs: dict[str, np.ndarray]) -> np.ndarray:
     return y / (x * x + 1)
 
 
-@pytest.mark.parametrize("c, s", [(64, 32), (96, 256), (768, 64), (256, 1)])  # (256, 1): a decode step
+# (256, 1): a decode step; (768, 8): one over 8 lanes (short rows computed in blocks of rows)
+@pytest.mark.parametrize("c, s", [(64, 32), (96, 256), (768, 64), (256, 1), (768, 8)])
 def test_fused_runs_are_the_ops_bit_for_bit_and_match_float64(profiling, c, s) -> None:
     g, xs = layer(c, s)
     lowered = lower_graph(g)

@@ -39,20 +39,27 @@ void run_elementwise(const ElementwiseRun& run, Frame& frame) {
     using Kind = ElementwiseRun::Kind;
     using Fn = ElementwiseRun::Fn;
     const int64_t total = run.rows * run.width;
-    // A "row" here is a chunk of the flat tensor (flat runs) or a row of the last axis.
+    // A "row" here is a chunk of the flat tensor (flat runs) or a row of the last axis. Short rows (a
+    // decode step's lanes) are computed R at a time, as one block: a step over operands that are whole
+    // (or scalars, or earlier steps' blocks) is one call over the block, and each step's result is
+    // rounded once per block, not once per row. Every element is computed and rounded as before.
     const int64_t W = run.flat ? std::min<int64_t>(total, kFlatChunk) : run.width;
+    if (W <= 0) return;
     const int64_t rows_total = run.flat ? (total + W - 1) / W : run.rows;
+    const int64_t R = run.flat ? 1 : std::max<int64_t>(1, kFlatChunk / W);
+    const int64_t blocks = (rows_total + R - 1) / R;
     const size_t n_steps = run.steps.size();
-    kernels::parallel_for(rows_total, std::max<int64_t>(1, kRowGrain / std::max<int64_t>(W, 1)), [&](int64_t begin, int64_t end) {
+    kernels::parallel_for(blocks, std::max<int64_t>(1, kRowGrain / (W * R)), [&](int64_t begin, int64_t end) {
         thread_local std::vector<float> scratch;
-        scratch.resize(n_steps * static_cast<size_t>(W));
-        std::vector<float*> rows(n_steps);
-        for (int64_t r = begin; r < end; ++r) {
-            const int64_t n = std::min(W, total - r * W);  // a flat run's last chunk may be short
+        scratch.resize(n_steps * static_cast<size_t>(R * W));
+        std::vector<float*> results(n_steps);  // each step's block
+        for (int64_t block = begin; block < end; ++block) {
+            const int64_t r0 = block * R, r1 = std::min(rows_total, r0 + R);
+            const int64_t first = r0 * W, n = std::min(total, r1 * W) - first;  // the block's elements
             // Where operand `o` of row r starts, and its stride (1: a row, 0: one value).
-            auto source = [&](const ElementwiseRun::Operand& o, int64_t* stride) -> const float* {
+            auto source = [&](const ElementwiseRun::Operand& o, int64_t r, int64_t* stride) -> const float* {
                 *stride = o.kind == Kind::full || o.kind == Kind::lanes ? 1 : 0;
-                if (o.step >= 0) return rows[static_cast<size_t>(o.step)];
+                if (o.step >= 0) return results[static_cast<size_t>(o.step)] + (r - r0) * W;
                 const float* d = frame.values[static_cast<size_t>(o.slot)].data.data();
                 switch (o.kind) {
                     case Kind::full: return d + r * W;
@@ -62,20 +69,29 @@ void run_elementwise(const ElementwiseRun& run, Frame& frame) {
                 }
                 return d;
             };
+            auto per_row = [](const ElementwiseRun::Operand& o) {
+                return o.step < 0 && (o.kind == Kind::lanes || o.kind == Kind::per_row);
+            };
             for (size_t s = 0; s < n_steps; ++s) {
                 const ElementwiseRun::Step& step = run.steps[s];
-                float* c = step.out >= 0 ? frame.values[static_cast<size_t>(step.out)].data.data() + r * W
-                                         : scratch.data() + s * static_cast<size_t>(W);
-                rows[s] = c;
-                int64_t sa = 0, sb = 0;
-                const float* a = source(step.x, &sa);
-                const float* b = source(step.y, &sb);
-                switch (step.fn) {
-                    case Fn::add: apply(a, sa, b, sb, c, n, [](float u, float v) { return u + v; }); break;
-                    case Fn::sub: apply(a, sa, b, sb, c, n, [](float u, float v) { return u - v; }); break;
-                    case Fn::mul: apply(a, sa, b, sb, c, n, [](float u, float v) { return u * v; }); break;
-                    case Fn::div: apply(a, sa, b, sb, c, n, [](float u, float v) { return u / v; }); break;
-                    case Fn::pow: apply(a, sa, b, sb, c, n, [](float u, float v) { return std::pow(u, v); }); break;
+                float* c = step.out >= 0 ? frame.values[static_cast<size_t>(step.out)].data.data() + first
+                                         : scratch.data() + s * static_cast<size_t>(R * W);
+                results[s] = c;
+                // One call over the block when no operand changes from row to row, else one per row.
+                const bool rowwise = r1 - r0 > 1 && (per_row(step.x) || per_row(step.y));
+                for (int64_t r = r0; r < (rowwise ? r1 : r0 + 1); ++r) {
+                    int64_t sa = 0, sb = 0;
+                    const float* a = source(step.x, r, &sa);
+                    const float* b = source(step.y, r, &sb);
+                    float* cr = c + (r - r0) * W;
+                    const int64_t m = rowwise ? W : n;
+                    switch (step.fn) {
+                        case Fn::add: apply(a, sa, b, sb, cr, m, [](float u, float v) { return u + v; }); break;
+                        case Fn::sub: apply(a, sa, b, sb, cr, m, [](float u, float v) { return u - v; }); break;
+                        case Fn::mul: apply(a, sa, b, sb, cr, m, [](float u, float v) { return u * v; }); break;
+                        case Fn::div: apply(a, sa, b, sb, cr, m, [](float u, float v) { return u / v; }); break;
+                        case Fn::pow: apply(a, sa, b, sb, cr, m, [](float u, float v) { return std::pow(u, v); }); break;
+                    }
                 }
                 if (step.round) kernels::round_fp16(c, static_cast<size_t>(n));
             }

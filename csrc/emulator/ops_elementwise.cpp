@@ -140,7 +140,12 @@ BuiltOp binary(OpContext& ctx, F f) {
                                               } else {
                                                   for (int64_t i = 0; i < m; ++i) c[oo + i] = f(a[ox + i * sx], b[oy + i * sy]);
                                               }
-                                              if (round) kernels::round_fp16(c + oo, static_cast<size_t>(m));
+                                              if (round && !full) kernels::round_fp16(c + oo, static_cast<size_t>(m));
+                                          }
+                                          if (round && full && begin < end) {  // whole rows are one range: round it once
+                                              const Row& last = rows[static_cast<size_t>(end - 1)];
+                                              const int64_t from = rows[static_cast<size_t>(begin)].oo;
+                                              kernels::round_fp16(c + from, static_cast<size_t>(last.oo + last.n - from));
                                           }
                                       });
                 if (!round) finish(out);

@@ -99,10 +99,48 @@ def test_interleaved_sequences_do_not_mix(engine, reference) -> None:
     params = SamplingParams(max_tokens=15, temperature=0.0)
     gens = [engine.generate(p, params, lambda: False) for p in prompts]
     got: list[list[int]] = [[] for _ in prompts]
-    for _ in range(15):
+    for _ in range(15 + len(prompts)):  # rounds; a prompt waiting for its turn to be read yields None
         for out, gen in zip(got, gens, strict=True):
-            out.append(next(gen))
+            token = next(gen, None)
+            if token is not None:
+                out.append(token)
     assert got == [list(reference.generate(p, 15)) for p in prompts]
+
+
+def test_joining_prompts_are_read_one_chunk_a_round(engine, reference, monkeypatch) -> None:
+    pieces = [0]  # prefill pieces run so far
+    original = type(engine.model)._append_pieces
+
+    def counting(self, *args):  # noqa: ANN001, ANN202
+        inner = original(self, *args)
+        while True:
+            try:
+                next(inner)
+            except StopIteration as done:
+                pieces[0] += 1
+                return done.value
+            pieces[0] += 1
+            yield
+
+    monkeypatch.setattr(type(engine.model), "_append_pieces", counting)
+    prompts = [reference.tokenizer.encode(p) for p in ("hello world", "the engine", "café", "stop here")]
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    first = engine.generate(prompts[0], params, lambda: False)
+    got = [[next(first)]]
+    gens = [first, *(engine.generate(p, params, lambda: False) for p in prompts[1:])]  # three join mid-stream
+    got += [[] for _ in prompts[1:]]
+    per_round = []
+    for _ in range(len(prompts) + 7):
+        before = pieces[0]
+        for out, gen in zip(got, gens, strict=True):
+            token = next(gen, None)
+            if token is not None:
+                out.append(token)
+        per_round.append(pieces[0] - before)
+        if len(per_round) < len(prompts):
+            assert len(got[0]) == len(per_round) + 1  # the decoding stream gets a token every round
+    assert per_round[:len(prompts) - 1] == [1, 1, 1] and sum(per_round) == len(prompts) - 1  # one prompt a round
+    assert got == [list(reference.generate(p, 8)) for p in prompts]
 
 
 def test_cancellation_stops_before_the_next_token(engine) -> None:
@@ -146,3 +184,19 @@ def test_a_prefix_cache_engine_reuses_a_shared_system_prompt_with_the_models_tok
         assert got == list(reference.generate(ids, 10)), user
     cache = engine.model.prefix_cache
     assert cache.stats.hits == 1 and cache.stats.reused_tokens >= len(system)
+
+
+def test_the_turns_scheduler_steps_each_sequence_alone_with_the_models_tokens(model_dir, reference) -> None:
+    turns = ModelEngine.from_directory(model_dir, progress=False, max_sequences=2, scheduler="turns")
+    prompts = [reference.tokenizer.encode(p) for p in ("hello world", "the engine")]
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    gens = [turns.generate(p, params, lambda: False) for p in prompts]
+    got: list[list[int]] = [[], []]
+    for _ in range(6):  # in turns: each next() runs that sequence's own step
+        for out, gen in zip(got, gens, strict=True):
+            out.append(next(gen))
+    assert got == [list(reference.generate(p, 6)) for p in prompts]
+    with pytest.raises(PromptError, match="one choice per request"):
+        turns.generate_choices(prompts[0], params, lambda: False, 2)
+    with pytest.raises(ValueError, match="scheduler='lanes'"):
+        ModelEngine(reference, "x", scheduler="lanes")

@@ -79,6 +79,7 @@ class Batch:
         self._next_id = 0
         self._queue: deque[BatchGeneration] = deque()
         self._running: list[BatchGeneration] = []
+        self.steps = 0  # advance() calls so far: a caller stepping lanes in turn runs at most one a round
 
     @property
     def lanes(self) -> int:
@@ -184,6 +185,7 @@ class Batch:
         """One prefill piece of sequence ``reading`` (default: the one that joined first and is still reading),
         then one decode step per group over every lane with a token fed. When a step fails, the sequences in
         it end (their caches may be half-written): ``logits`` raises the error for each, their lanes are free."""
+        self.steps += 1
         if reading is not None and self._entry(reading).reading is not None:
             reading = (reading, self._lanes[reading])
         else:

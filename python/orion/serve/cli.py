@@ -11,6 +11,7 @@ from pathlib import Path
 from orion import quant
 from orion.cli import HelpFormatter
 from orion.generation.speculative import METHODS, Speculation
+from orion.serve.engine import SCHEDULERS
 
 try:
     import uvicorn
@@ -32,6 +33,9 @@ def build_parser(prog: str = "python -m orion serve") -> argparse.ArgumentParser
     p.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more get 503 with Retry-After")
     p.add_argument("--max-sequences", type=int, default=4, help="sequences generating at once: the decode programs' lanes, one step "
                                                                   "advances them all (a request for n choices takes n)")
+    p.add_argument("--scheduler", choices=SCHEDULERS, default="batched",
+                   help="batched: one decode step advances every sequence (lanes of one program); turns: each "
+                        "sequence alone, one step each in turn (the server before batching, a baseline)")
     p.add_argument("--max-body-bytes", type=int, default=Limits.max_body_bytes, help="larger request bodies get 413")
     p.add_argument("--body-timeout", type=float, default=Limits.body_timeout,
                    help="seconds for a request body to arrive, else 408")
@@ -106,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             options = quant.model_options(args.quant, args.probe_report, lambda text: print(text, file=sys.stderr))
             engine = ModelEngine.from_directory(args.model, model_id=args.model_name, progress=not args.quiet,
                                                max_sequences=args.max_sequences, model_options=options,
+                                               scheduler=args.scheduler,
                                                prefix_cache_bytes=args.prefix_cache_mb << 20,
                                                speculative=None if args.speculative is None else
                                                Speculation(args.speculative, num_tokens=args.draft_tokens))

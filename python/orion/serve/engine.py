@@ -18,6 +18,8 @@ import numpy as np
 from orion.errors import OrionError
 from orion.generation.structured import Grammar
 
+SCHEDULERS = ("batched", "turns")  # how ModelEngine steps its sequences (its ``scheduler``; serve --scheduler)
+
 
 class PromptError(OrionError, ValueError):
     """A prompt cannot be built from the request (for example a chat template refuses the messages)."""

@@ -127,6 +127,49 @@ def test_int4_blocks_hold_a_q4_1_grid_and_dequantize_as_fp16() -> None:
     assert np.all(err <= span / 30 * 1.01 + 1e-3), "within half a step of each block's 16 levels"
 
 
+def offset_blocks(rng: np.random.Generator, cout: int, cin: int) -> np.ndarray:
+    """Weights whose blocks sit far from zero for their range (the zero points blocks of 1-4 inputs need), with
+    rows of constant blocks (positive, negative, zero) and blocks whose range is subnormal."""
+    w = rng.standard_normal((cout, cin)) * 0.05
+    w[0], w[1], w[2] = 0.3, -0.02, 0.0
+    w[3] = rng.choice([-1, 1]) * (0.5 + rng.standard_normal(cin) * 1e-5)  # range ~1e-5 of the values
+    w[4] = 1e-3 + rng.uniform(0, 2**-26, cin)  # range below fp16's smallest subnormal
+    w[5] = -60000.0 + rng.uniform(0, 30, cin)  # near fp16's limit
+    return w
+
+
+@pytest.mark.parametrize("cin", [70, 33, 36, 64])  # blocks of 2, 1, 4 and 32 inputs
+def test_int4_zero_points_keep_every_level_an_fp16_value_and_the_error_bounded(cin) -> None:
+    """Regression: blocks of 2 inputs once gave zero points of ~3000 (some q - z not fp16: the emulator's generic
+    path rounded them otherwise) up to beyond fp16 (NaN outputs). Against a float64 dequantization written here:
+    each weight within half a level (the level max(range / 15, max|w| / 1000)) plus fp16 rounding."""
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        w = offset_blocks(rng, 8, cin)
+        iw = quant.quantize_int4(w, f"w{seed}")
+        s, z = iw.scale.astype(np.float64), iw.zero.astype(np.float64)
+        assert np.all(np.isfinite(iw.zero.astype(np.float16))) and np.abs(z).max() <= 1000.5
+        assert np.array_equal(s, s.astype(np.float16)) and np.array_equal(z, z.astype(np.float16))
+        levels = np.arange(16)[None, None, :] - z[:, :, None]
+        assert np.array_equal(levels, levels.astype(np.float16)), "every q - z is an fp16 value"
+        q = iw.q.reshape(8, -1, iw.block).astype(np.float64)
+        deq = ((q - z[:, :, None]) * s[:, :, None]).astype(np.float16).astype(np.float64).reshape(8, cin)
+        np.testing.assert_array_equal(iw.dequantized(), deq)
+        blocks = w.reshape(8, -1, iw.block)
+        span, top = np.ptp(blocks, axis=2), np.abs(blocks).max(axis=2)
+        bound = 1.01 * np.maximum(span / 30, top / 2000) + 2**-10 * top + 2**-24
+        err = np.abs(deq - w).reshape(blocks.shape)
+        assert np.all(err <= bound[:, :, None]), f"seed {seed}: error {np.max(err / bound[:, :, None]):.3g} x bound"
+    w = np.delete(w, 5, axis=0)  # the emulator runs the last seed's weights (but the row whose sums overflow)
+    x = RNG.standard_normal((1, cin, 1, 8)).astype(np.float16)
+    got = compiler.compile_lowered(compiler.lower_graph(low_bit_graph(w, 8, "int4")), profile="permissive")(x=x)["y"]
+    deq = quant.quantize_int4(w).dequantized()
+    assert np.all(np.isfinite(got))
+    np.testing.assert_array_equal(got, run(compiler.lower_graph(low_bit_graph(deq.astype(np.float32), 8, "fp16")), x))
+    ref = deq @ x[0, :, 0, :].astype(np.float64)  # float64
+    np.testing.assert_allclose(got[0, :, 0, :].astype(np.float64), ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_quantizers_refuse_what_they_cannot_store(mode) -> None:
     with pytest.raises(orion.ConstraintError, match="ANE-25"):

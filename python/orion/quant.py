@@ -17,9 +17,9 @@ form; emission writes that form with the op Apple's tools use for it:
 - ``int4`` (:class:`Int4Weight`): block-wise asymmetric 4 bits, like llama.cpp's Q4_1 and mlx's
   4-bit: per output channel and block of 32 input channels an fp16 scale and zero point, weight
   ``fp16((q - z) * s)`` with ``q`` in [0, 15]; emitted as iOS 18's ``constexpr_blockwise_shift_scale`` with
-  uint4 data and fp16 scale and offset (ANE-38). Zero points are rounded so that ``q - z`` is an fp16
-  value, and its product with ``s`` is exact in fp32: the emulator's 4-bit kernel rounds it once, as
-  coremltools' fp16 decompression does.
+  uint4 data and fp16 scale and offset (ANE-38). Zero points are kept within +-1000 and rounded so that
+  ``q - z`` is an fp16 value, and its product with ``s`` is exact in fp32: the emulator's 4-bit kernel
+  rounds it once, as coremltools' fp16 decompression does.
 
 The emulator's conv reads each of these in its stored form, never the dequantized tensor (the 4-bit
 modes stream half of int8's bytes); the result equals the fp16 conv of the dequantized weight bit for
@@ -60,6 +60,9 @@ MODE_HELP = {"int8": "W8A16, int8 linear weights with per-output-channel scales"
 MIN_SCALE = 2.0**-21  # 8 * 2**-24: a 4-bit scale at or above it keeps q * scale on fp16's subnormal grid
 LUT_GROUP = 8  # output channels per LUT (ANEMLL's per_channel default)
 INT4_BLOCK = 32  # input channels per int4 scale (llama.cpp's Q4_0/Q4_1 block)
+INT4_MAX_ZERO = 1000.0
+"""The largest int4 |zero point|: every ``q - z`` stays below 1024 in magnitude, so rounding z to a step of at
+most 1/2 keeps each of them an fp16 value (see :func:`quantize_int4`)."""
 KMEANS_ITERATIONS = 10
 KMEANS_POWER = {4: 0.5, 6: 1.0}
 """Per index width, the LUT k-means counts each weight ``|w| ** power`` times (docs/quantization.md: plain
@@ -249,7 +252,9 @@ def quantize_int4(weight: np.ndarray, name: str = "weight", block: int = INT4_BL
     """Block-wise asymmetric 4-bit of ``weight`` [Cout, Cin, 1...], as llama.cpp's Q4_1: per output channel and
     ``block`` input channels (a smaller power of two dividing Cin when ``block`` does not), the fp16 scale
     ``s = (max - min) / 15`` and the zero point ``z = -min / s`` (rounded so that every ``q - z`` is an fp16
-    value), so the 16 levels ``(q - z) * s`` span the block's range; each weight takes the nearest level."""
+    value), so the 16 levels ``(q - z) * s`` span the block's range; each weight takes the nearest level. A
+    block whose range is under 1.5% of its largest |w| gets ``s = max|w| / 1000`` instead (rounded up), which
+    keeps ``|z| <= 1000`` (:data:`INT4_MAX_ZERO`) at an error of at most max|w| / 2000, about fp16's rounding."""
     rows = _checked_rows(weight, name, "int4")
     cout, cin = rows.shape
     if tuple(np.shape(weight)[:2]) != (cout, cin):
@@ -259,9 +264,13 @@ def quantize_int4(weight: np.ndarray, name: str = "weight", block: int = INT4_BL
     blocks = rows.reshape(cout, cin // block, block)
     lo, hi = blocks.min(axis=2), blocks.max(axis=2)
     span = np.where(hi > lo, hi - lo, np.abs(lo)) / 15.0
-    scale = np.where(span > 0, span, 1.0).astype(np.float16).astype(np.float64)
+    # a block far from zero for its range (blocks of 2 do this often) would need |z| beyond fp16's integers
+    # (2048) or its range: the scale is kept at or above max|w| / INT4_MAX_ZERO, an error about fp16's own
+    floor = np.maximum(np.abs(lo), np.abs(hi)) / INT4_MAX_ZERO
+    scale = np.where(span > 0, np.maximum(span, floor), 1.0).astype(np.float16)
+    scale = np.where(scale < floor, np.nextafter(scale, np.float16(np.inf)), scale).astype(np.float64)  # rounded up
     scale = np.maximum(scale, 2.0**-24)  # a subnormal span rounds to 0: the smallest fp16 scale
-    zero = -lo / scale
+    zero = -lo / scale  # |zero| <= INT4_MAX_ZERO, so every |q - z| < 1024
     # to the fp16 grid of |q - z| (q in [0, 15]), so that q - z is an fp16 value for every q
     step = np.exp2(np.floor(np.log2(np.maximum(np.maximum(np.abs(zero), np.abs(15 - zero)), 1.0))) - 10)
     zero = np.round(zero / step) * step

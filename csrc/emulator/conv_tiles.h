@@ -117,9 +117,12 @@ ORION_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 
 // 16 outputs x L lanes in 2*L*U accumulators; U interleaved partial sums over the input channels
 // keep enough FMAs in flight when L is small (the bandwidth-bound decode case).
-template <int L, int U, typename Rows>
-ORION_AVX2 void conv_tile_avx2_fixed(Rows rows, const float* x, int64_t S, int64_t k, float* acc, bool add) {
-    __m256 lo[U][L], hi[U][L];
+// The start and end of every such tile, whatever decodes its weight rows: the partial sums start at
+// zero (partial sum 0 at acc's values if add); the rows from c to k go to partial sum 0; then the U
+// partial sums are added in order and stored.
+#define ORION_TILE_INLINE ORION_AVX2 __attribute__((always_inline)) inline
+template <int L, int U>
+ORION_TILE_INLINE void conv_tile_start(__m256 (&lo)[U][L], __m256 (&hi)[U][L], const float* acc, bool add) {
     ORION_UNROLL
     for (int u = 0; u < U; ++u)
         ORION_UNROLL
@@ -130,20 +133,11 @@ ORION_AVX2 void conv_tile_avx2_fixed(Rows rows, const float* x, int64_t S, int64
             lo[0][l] = _mm256_loadu_ps(acc + l * kConvPanel);
             hi[0][l] = _mm256_loadu_ps(acc + l * kConvPanel + 8);
         }
-    int64_t c = 0;
-    for (; c + U <= k; c += U) {
-        ORION_UNROLL
-        for (int u = 0; u < U; ++u) {
-            const float* xc = x + (c + u) * S;
-            const __m256 w_lo = rows.lo(c + u), w_hi = rows.hi(c + u);
-            ORION_UNROLL
-            for (int l = 0; l < L; ++l) {
-                const __m256 xv = _mm256_broadcast_ss(xc + l);
-                lo[u][l] = _mm256_fmadd_ps(w_lo, xv, lo[u][l]);
-                hi[u][l] = _mm256_fmadd_ps(w_hi, xv, hi[u][l]);
-            }
-        }
-    }
+}
+
+template <int L, int U, typename Rows>
+ORION_TILE_INLINE void conv_tile_finish(__m256 (&lo)[U][L], __m256 (&hi)[U][L], Rows& rows, const float* x, int64_t S,
+                                        int64_t c, int64_t k, float* acc) {
     for (; c < k; ++c) {
         const __m256 w_lo = rows.lo(c), w_hi = rows.hi(c);
         ORION_UNROLL
@@ -165,6 +159,27 @@ ORION_AVX2 void conv_tile_avx2_fixed(Rows rows, const float* x, int64_t S, int64
         _mm256_storeu_ps(acc + l * kConvPanel, lo[0][l]);
         _mm256_storeu_ps(acc + l * kConvPanel + 8, hi[0][l]);
     }
+}
+
+template <int L, int U, typename Rows>
+ORION_AVX2 void conv_tile_avx2_fixed(Rows rows, const float* x, int64_t S, int64_t k, float* acc, bool add) {
+    __m256 lo[U][L], hi[U][L];
+    conv_tile_start<L, U>(lo, hi, acc, add);
+    int64_t c = 0;
+    for (; c + U <= k; c += U) {
+        ORION_UNROLL
+        for (int u = 0; u < U; ++u) {
+            const float* xc = x + (c + u) * S;
+            const __m256 w_lo = rows.lo(c + u), w_hi = rows.hi(c + u);
+            ORION_UNROLL
+            for (int l = 0; l < L; ++l) {
+                const __m256 xv = _mm256_broadcast_ss(xc + l);
+                lo[u][l] = _mm256_fmadd_ps(w_lo, xv, lo[u][l]);
+                hi[u][l] = _mm256_fmadd_ps(w_hi, xv, hi[u][l]);
+            }
+        }
+    }
+    conv_tile_finish<L, U>(lo, hi, rows, x, S, c, k, acc);
 }
 
 template <typename Rows>

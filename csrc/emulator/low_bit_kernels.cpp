@@ -277,16 +277,7 @@ template <int L, int U, typename Rows>
 ORION_AVX2 void conv_tile_pairs_avx2_fixed(Rows rows, const float* x, int64_t S, int64_t k, float* acc, bool add) {
     constexpr int P = U < 2 ? 2 : U;
     __m256 lo[U][L], hi[U][L];
-    ORION_UNROLL
-    for (int u = 0; u < U; ++u)
-        ORION_UNROLL
-        for (int l = 0; l < L; ++l) lo[u][l] = hi[u][l] = _mm256_setzero_ps();
-    if (add)
-        ORION_UNROLL
-        for (int l = 0; l < L; ++l) {
-            lo[0][l] = _mm256_loadu_ps(acc + l * kConvPanel);
-            hi[0][l] = _mm256_loadu_ps(acc + l * kConvPanel + 8);
-        }
+    conv_tile_start<L, U>(lo, hi, acc, add);
     const int64_t main = k - k % U;  // rows c < main go to partial sum c % U, the rest to 0
     int64_t c = 0;
     for (; c + P <= main; c += P) {
@@ -306,27 +297,7 @@ ORION_AVX2 void conv_tile_pairs_avx2_fixed(Rows rows, const float* x, int64_t S,
             }
         }
     }
-    for (; c < k; ++c) {
-        const __m256 w_lo = rows.lo(c), w_hi = rows.hi(c);
-        ORION_UNROLL
-        for (int l = 0; l < L; ++l) {
-            const __m256 xv = _mm256_broadcast_ss(x + c * S + l);
-            lo[0][l] = _mm256_fmadd_ps(w_lo, xv, lo[0][l]);
-            hi[0][l] = _mm256_fmadd_ps(w_hi, xv, hi[0][l]);
-        }
-    }
-    ORION_UNROLL
-    for (int u = 1; u < U; ++u)
-        ORION_UNROLL
-        for (int l = 0; l < L; ++l) {
-            lo[0][l] = _mm256_add_ps(lo[0][l], lo[u][l]);
-            hi[0][l] = _mm256_add_ps(hi[0][l], hi[u][l]);
-        }
-    ORION_UNROLL
-    for (int l = 0; l < L; ++l) {
-        _mm256_storeu_ps(acc + l * kConvPanel, lo[0][l]);
-        _mm256_storeu_ps(acc + l * kConvPanel + 8, hi[0][l]);
-    }
+    conv_tile_finish<L, U>(lo, hi, rows, x, S, c, k, acc);
 }
 
 // conv_tile_avx2_rows (the same U for each lane count) over a pair reader.

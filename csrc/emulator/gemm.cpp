@@ -40,6 +40,10 @@ struct GemmKernels {
     // c[j] = sum_{p<k} a[p] * b[j*b_cs + p] for j < n (columns of B contiguous); B in fp32 or fp16.
     void (*gemv_cols)(int64_t k, int64_t n, const float* a, const float* b, int64_t b_cs, float* c);
     void (*gemv_cols_f16)(int64_t k, int64_t n, const float* a, const uint16_t* b, int64_t b_cs, float* c);
+    // dst[p*NR + j] = b[j*b_cs + p] (widened exactly from fp16) for p < k, j < NR: one full column panel
+    // of a B whose columns are contiguous (B transposed), packed.
+    void (*pack_b_cols)(const float* b, int64_t b_cs, int64_t k, float* dst);
+    void (*pack_b_cols_f16)(const uint16_t* b, int64_t b_cs, int64_t k, float* dst);
 };
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -93,9 +97,16 @@ void gemv_cols_portable(int64_t k, int64_t n, const float* a, const B* b, int64_
     }
 }
 
+template <typename B>
+void pack_b_cols_portable(const B* b, int64_t b_cs, int64_t k, float* dst) {
+    for (int64_t j = 0; j < kGemmNR; ++j)
+        for (int64_t p = 0; p < k; ++p) dst[p * kGemmNR + j] = as_float(b[j * b_cs + p]);
+}
+
 constexpr GemmKernels kPortable = {
     round_fp16_portable, half_to_float_portable, gemm_tile_portable, nullptr,
     gemv_rows_portable<float>, gemv_rows_portable<uint16_t>, gemv_cols_portable<float>, gemv_cols_portable<uint16_t>,
+    pack_b_cols_portable<float>, pack_b_cols_portable<uint16_t>,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -247,9 +258,51 @@ ORION_AVX2 void gemv_cols_avx2(int64_t k, int64_t n, const float* a, const B* b,
     }
 }
 
+// Rows r[0..7] of an 8 x 8 block, transposed in place.
+ORION_AVX2 inline void transpose8(__m256* r) {
+    __m256 t[8], u[8];
+    ORION_UNROLL
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    ORION_UNROLL
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    ORION_UNROLL
+    for (int i = 0; i < 4; ++i) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+}
+
+// The column panel by 8 x 8 blocks transposed in registers: each store fills half a packed row (the
+// scalar copy wrote one element of a different cache line per step); the last k % 8 rows one by one.
+template <typename B>
+ORION_AVX2 void pack_b_cols_avx2(const B* b, int64_t b_cs, int64_t k, float* dst) {
+    const int64_t k8 = k / 8 * 8;
+    for (int64_t j0 = 0; j0 < kGemmNR; j0 += 8) {
+        for (int64_t p = 0; p < k8; p += 8) {
+            __m256 r[8];
+            ORION_UNROLL
+            for (int q = 0; q < 8; ++q) r[q] = load8(b + (j0 + q) * b_cs + p);  // column j0 + q, rows p..p+7
+            transpose8(r);
+            ORION_UNROLL
+            for (int q = 0; q < 8; ++q) _mm256_storeu_ps(dst + (p + q) * kGemmNR + j0, r[q]);
+        }
+        for (int64_t j = j0; j < j0 + 8; ++j)
+            for (int64_t p = k8; p < k; ++p) dst[p * kGemmNR + j] = as_float(b[j * b_cs + p]);
+    }
+}
+
 constexpr GemmKernels kAvx2 = {
     round_fp16_avx2, half_to_float_avx2, gemm_tile_avx2, nullptr,
     gemv_rows_avx2<float>, gemv_rows_avx2<uint16_t>, gemv_cols_avx2<float>, gemv_cols_avx2<uint16_t>,
+    pack_b_cols_avx2<float>, pack_b_cols_avx2<uint16_t>,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -293,6 +346,7 @@ ORION_AVX512 void gemm_block_avx512(int64_t k, const float* a0, const float* a1,
 constexpr GemmKernels kAvx512 = {
     round_fp16_avx2, half_to_float_avx2, gemm_tile_avx2, gemm_block_avx512,
     gemv_rows_avx2<float>, gemv_rows_avx2<uint16_t>, gemv_cols_avx2<float>, gemv_cols_avx2<uint16_t>,
+    pack_b_cols_avx2<float>, pack_b_cols_avx2<uint16_t>,
 };
 #endif  // ORION_X86
 
@@ -340,6 +394,11 @@ void pack_b_panel(const GemmKernels& k, const B* b, int64_t b_rs, int64_t b_cs, 
             else k.half_to_float(src, row, static_cast<size_t>(cols));
             std::fill(row + cols, row + kGemmNR, 0.0f);
         }
+        return;
+    }
+    if (b_rs == 1 && cols == kGemmNR) {  // columns of B contiguous: the flavour's transposing copy
+        if constexpr (std::is_same_v<B, float>) k.pack_b_cols(b + p0 + j0 * b_cs, b_cs, kc, dst);
+        else k.pack_b_cols_f16(b + p0 + j0 * b_cs, b_cs, kc, dst);
         return;
     }
     if (cols < kGemmNR)

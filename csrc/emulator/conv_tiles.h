@@ -1,4 +1,4 @@
-// What the two kernel files share (internal to the emulator, not an API): the SIMD target macros, the
+// What the two conv kernel files share (internal to the emulator, not an API; the SIMD macros are simd.h's): the
 // 1x1-conv panel geometry, the register tiles generic over how a panel's rows are read (fp16, fp32 in
 // kernels.cpp; int8 and 4/6-bit in low_bit_kernels.cpp), and the low-bit tiles the flavour tables of
 // kernels.cpp point at.
@@ -13,23 +13,7 @@
 
 #include "emulator/fp16.h"
 #include "emulator/kernels.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define ORION_X86 1
-#define ORION_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define ORION_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
-#endif
-
-// Fully unrolls a constant-trip loop so that arrays of vector accumulators live in registers (GCC
-// otherwise keeps them on the stack).
-#if defined(__clang__)
-#define ORION_UNROLL _Pragma("unroll")
-#elif defined(__GNUC__)
-#define ORION_UNROLL _Pragma("GCC unroll 16")
-#else
-#define ORION_UNROLL
-#endif
+#include "emulator/simd.h"
 
 namespace orion::emu::kernels {
 
@@ -110,10 +94,6 @@ ORION_AVX2 inline __m256 round8(__m256 v) {
     return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
 }
 
-ORION_AVX2 inline __m256 load8(const uint16_t* p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-ORION_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 
 // 16 outputs x L lanes in 2*L*U accumulators; U interleaved partial sums over the input channels
 // keep enough FMAs in flight when L is small (the bandwidth-bound decode case).

@@ -1,5 +1,6 @@
 // Kernels: portable C++ drivers (packing, blocking, threading) around small inner kernels that
-// come in two flavours, AVX2+F16C+FMA and portable, picked once at run time.
+// come in two flavours, AVX2+F16C+FMA and portable, picked once at run time. The matrix multiply is
+// gemm.cpp's.
 #include "emulator/kernels.h"
 
 #include <algorithm>
@@ -18,9 +19,10 @@
 
 #include "emulator/conv_tiles.h"
 #include "emulator/fp16.h"
+#include "emulator/simd.h"
 #include "emulator/weight_prefetch.h"
 
-#ifdef ORION_X86  // conv_tiles.h
+#ifdef ORION_X86
 #include <cpuid.h>
 #endif
 
@@ -33,11 +35,6 @@ constexpr int kConvConvertBlocks = 3;  // from this many lane tiles on, convert 
 // Lanes per conv job on long rows: the job's accumulators (16 KiB) stay in L1 and its input slice
 // (kConvKBlock x 256 fp32, 128 KiB) in L2, instead of streaming all lanes once per panel.
 constexpr int64_t kConvLaneChunk = 256;
-constexpr int64_t kGemmMR = 6, kGemmNR = 16;  // gemm register tile: 6 rows x 16 columns
-constexpr int64_t kGemmKC = 256, kGemmMC = 96;
-// Outer blocks of C whose A and B slices are packed once per K slice (1.5 and 2 MiB, in L3).
-constexpr int64_t kGemmOuterM = 1536, kGemmOuterN = 2048;
-constexpr int64_t kGemvMaxM = 3;  // up to this many rows of A, gemm streams B instead of packing it
 constexpr int64_t kCompactLanes = 4;  // conv1x1 copies x's live lanes when there are at most this many
 constexpr int64_t kParallelWork = int64_t{1} << 16;  // multiply-adds worth a chunk of their own
 
@@ -64,21 +61,6 @@ struct Kernels {
     // Two panels at once (null when the flavour has no registers for it): acc[l*32 + j] (+)=
     // sum_{c<k} w[c*32 + j] * x[c*S + l] for l < lanes (<= conv_lanes), one sum per output in c order.
     void (*conv_pair_tile_f32)(const float* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
-    // c[i*c_rs + j] (+)= sum_{p<k} a[p*MR + i] * b[p*NR + j] for i < rows, j < cols.
-    void (*gemm_tile)(int64_t k, const float* a, const float* b, float* c, int64_t c_rs, int64_t rows, int64_t cols,
-                      bool add);
-    // A full 2MR x 2NR block of C from two A panels (rows 0..MR-1, MR..2MR-1) and two B panels
-    // (columns 0..NR-1, NR..2NR-1), each element summed as gemm_tile sums it; null when the flavour
-    // has no registers for it.
-    void (*gemm_block)(int64_t k, const float* a0, const float* a1, const float* b0, const float* b1, float* c,
-                       int64_t c_rs, bool add);
-    // c[j] = sum_{p<k} a[p*a_cs] * b[p*b_rs + j] for j < n (rows of B contiguous); B in fp32 or fp16.
-    void (*gemv_rows)(int64_t k, int64_t n, const float* a, int64_t a_cs, const float* b, int64_t b_rs, float* c);
-    void (*gemv_rows_f16)(int64_t k, int64_t n, const float* a, int64_t a_cs, const uint16_t* b, int64_t b_rs,
-                          float* c);
-    // c[j] = sum_{p<k} a[p] * b[j*b_cs + p] for j < n (columns of B contiguous); B in fp32 or fp16.
-    void (*gemv_cols)(int64_t k, int64_t n, const float* a, const float* b, int64_t b_cs, float* c);
-    void (*gemv_cols_f16)(int64_t k, int64_t n, const float* a, const uint16_t* b, int64_t b_cs, float* c);
     // conv_tile_f16 over rows c0 .. c0 + k of a low-bit panel, each weight decoded exactly to fp32.
     void (*conv_tile_q)(const QPanel& p, int64_t c0, const float* x, int64_t S, int64_t k, int lanes, float* acc,
                         bool add);
@@ -89,49 +71,8 @@ struct Kernels {
 // ---------------------------------------------------------------------------------------------
 // Portable flavour: plain loops (auto-vectorised where the compiler can), exact conversions.
 
-void round_fp16_portable(float* data, size_t n) {
-    for (size_t i = 0; i < n; ++i) data[i] = emu::round_to_fp16(data[i]);
-}
-
-void half_to_float_portable(const uint16_t* src, float* dst, size_t n) {
-    const float* table = half_table();
-    for (size_t i = 0; i < n; ++i) dst[i] = table[src[i]];
-}
-
 void float_to_half_portable(const float* src, uint16_t* dst, size_t n) {
     for (size_t i = 0; i < n; ++i) dst[i] = emu::float_to_half(src[i]);
-}
-
-void gemm_tile_portable(int64_t k, const float* a, const float* b, float* c, int64_t c_rs, int64_t rows, int64_t cols,
-                        bool add) {
-    float sum[kGemmMR][kGemmNR] = {};
-    for (int64_t p = 0; p < k; ++p)
-        for (int i = 0; i < kGemmMR; ++i)
-            for (int j = 0; j < kGemmNR; ++j) sum[i][j] += a[p * kGemmMR + i] * b[p * kGemmNR + j];
-    for (int64_t i = 0; i < rows; ++i)
-        for (int64_t j = 0; j < cols; ++j) c[i * c_rs + j] = (add ? c[i * c_rs + j] : 0.0f) + sum[i][j];
-}
-
-inline float as_float(float v) { return v; }
-inline float as_float(uint16_t h) { return emu::half_to_float(h); }
-
-template <typename B>
-void gemv_rows_portable(int64_t k, int64_t n, const float* a, int64_t a_cs, const B* b, int64_t b_rs, float* c) {
-    std::fill(c, c + n, 0.0f);
-    for (int64_t p = 0; p < k; ++p) {
-        const float ap = a[p * a_cs];
-        const B* bp = b + p * b_rs;
-        for (int64_t j = 0; j < n; ++j) c[j] += ap * as_float(bp[j]);
-    }
-}
-
-template <typename B>
-void gemv_cols_portable(int64_t k, int64_t n, const float* a, const B* b, int64_t b_cs, float* c) {
-    for (int64_t j = 0; j < n; ++j) {
-        float sum = 0.0f;
-        for (int64_t p = 0; p < k; ++p) sum += a[p] * as_float(b[j * b_cs + p]);
-        c[j] = sum;
-    }
 }
 
 void tanh_portable(const float* src, float* dst, size_t n) {
@@ -153,27 +94,12 @@ void softmax_portable(const float* src, float* dst, int64_t n) {
 constexpr Kernels kPortable = {
     "portable",         6,                             round_fp16_portable,           half_to_float_portable,
     float_to_half_portable, tanh_portable,  softmax_portable, conv_tile_portable<uint16_t>, conv_tile_portable<float>,
-    conv_tile_i8_portable, dequant_i8_portable, nullptr,
-    gemm_tile_portable, nullptr,                   gemv_rows_portable<float>,    gemv_rows_portable<uint16_t>,
-    gemv_cols_portable<float>, gemv_cols_portable<uint16_t>, conv_tile_q_portable, widen_q_portable,
+    conv_tile_i8_portable, dequant_i8_portable, nullptr, conv_tile_q_portable, widen_q_portable,
 };
 
 // ---------------------------------------------------------------------------------------------
 // AVX2 + F16C + FMA flavour.
 #ifdef ORION_X86
-
-ORION_AVX2 void round_fp16_avx2(float* data, size_t n) {
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(data + i, round8(_mm256_loadu_ps(data + i)));
-    for (; i < n; ++i) data[i] = emu::round_to_fp16(data[i]);
-}
-
-ORION_AVX2 void half_to_float_avx2(const uint16_t* src, float* dst, size_t n) {
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-    for (; i < n; ++i) dst[i] = emu::half_to_float(src[i]);
-}
 
 ORION_AVX2 void float_to_half_avx2(const float* src, uint16_t* dst, size_t n) {
     size_t i = 0;
@@ -194,132 +120,6 @@ struct PlainRows8 {
 template <typename W>
 ORION_AVX2 void conv_tile_avx2(const W* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add) {
     conv_tile_avx2_rows(PlainRows8<W>{w}, x, S, k, lanes, acc, add);
-}
-
-ORION_AVX2 void gemm_tile_avx2(int64_t k, const float* a, const float* b, float* c, int64_t c_rs, int64_t rows,
-                               int64_t cols, bool add) {
-    __m256 acc[kGemmMR][2];
-    ORION_UNROLL
-    for (int i = 0; i < kGemmMR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-    for (int64_t p = 0; p < k; ++p) {
-        const __m256 b0 = _mm256_loadu_ps(b + p * kGemmNR), b1 = _mm256_loadu_ps(b + p * kGemmNR + 8);
-        ORION_UNROLL
-        for (int i = 0; i < kGemmMR; ++i) {
-            const __m256 av = _mm256_broadcast_ss(a + p * kGemmMR + i);
-            acc[i][0] = _mm256_fmadd_ps(av, b0, acc[i][0]);
-            acc[i][1] = _mm256_fmadd_ps(av, b1, acc[i][1]);
-        }
-    }
-    if (rows == kGemmMR && cols == kGemmNR) {
-        ORION_UNROLL
-        for (int i = 0; i < kGemmMR; ++i) {
-            float* ci = c + i * c_rs;
-            if (add) {
-                acc[i][0] = _mm256_add_ps(acc[i][0], _mm256_loadu_ps(ci));
-                acc[i][1] = _mm256_add_ps(acc[i][1], _mm256_loadu_ps(ci + 8));
-            }
-            _mm256_storeu_ps(ci, acc[i][0]);
-            _mm256_storeu_ps(ci + 8, acc[i][1]);
-        }
-        return;
-    }
-    float tile[kGemmMR][kGemmNR];
-    ORION_UNROLL
-    for (int i = 0; i < kGemmMR; ++i) {
-        _mm256_storeu_ps(tile[i], acc[i][0]);
-        _mm256_storeu_ps(tile[i] + 8, acc[i][1]);
-    }
-    for (int64_t i = 0; i < rows; ++i)
-        for (int64_t j = 0; j < cols; ++j) c[i * c_rs + j] = (add ? c[i * c_rs + j] : 0.0f) + tile[i][j];
-}
-
-// The first n (< 8) values at p as fp32, the other lanes 0.
-template <typename B>
-ORION_AVX2 inline __m256 load8_first(const B* p, int64_t n) {
-    B part[8] = {};
-    std::memcpy(part, p, static_cast<size_t>(n) * sizeof(B));
-    return load8(part);
-}
-
-// Streams B row by row, four rows per pass over c (which stays in L1); the last n % 8 columns are
-// one vector summed in a register.
-template <typename B>
-ORION_AVX2 void gemv_rows_avx2(int64_t k, int64_t n, const float* a, int64_t a_cs, const B* b, int64_t b_rs,
-                               float* c) {
-    std::fill(c, c + n, 0.0f);
-    const int64_t n8 = n / 8 * 8, tail = n - n8;
-    __m256 c_tail = _mm256_setzero_ps();
-    int64_t p = 0;
-    for (; p + 4 <= k; p += 4) {
-        const B *b0 = b + p * b_rs, *b1 = b0 + b_rs, *b2 = b1 + b_rs, *b3 = b2 + b_rs;
-        const __m256 v0 = _mm256_set1_ps(a[p * a_cs]), v1 = _mm256_set1_ps(a[(p + 1) * a_cs]),
-                     v2 = _mm256_set1_ps(a[(p + 2) * a_cs]), v3 = _mm256_set1_ps(a[(p + 3) * a_cs]);
-        for (int64_t j = 0; j < n8; j += 8) {
-            __m256 sum = _mm256_fmadd_ps(v0, load8(b0 + j), _mm256_loadu_ps(c + j));
-            sum = _mm256_fmadd_ps(v1, load8(b1 + j), sum);
-            sum = _mm256_fmadd_ps(v2, load8(b2 + j), sum);
-            _mm256_storeu_ps(c + j, _mm256_fmadd_ps(v3, load8(b3 + j), sum));
-        }
-        if (tail) {
-            c_tail = _mm256_fmadd_ps(v0, load8_first(b0 + n8, tail), c_tail);
-            c_tail = _mm256_fmadd_ps(v1, load8_first(b1 + n8, tail), c_tail);
-            c_tail = _mm256_fmadd_ps(v2, load8_first(b2 + n8, tail), c_tail);
-            c_tail = _mm256_fmadd_ps(v3, load8_first(b3 + n8, tail), c_tail);
-        }
-    }
-    for (; p < k; ++p) {
-        const B* bp = b + p * b_rs;
-        const __m256 v = _mm256_set1_ps(a[p * a_cs]);
-        for (int64_t j = 0; j < n8; j += 8) _mm256_storeu_ps(c + j, _mm256_fmadd_ps(v, load8(bp + j), _mm256_loadu_ps(c + j)));
-        if (tail) c_tail = _mm256_fmadd_ps(v, load8_first(bp + n8, tail), c_tail);
-    }
-    if (tail) {
-        float part[8];
-        _mm256_storeu_ps(part, c_tail);
-        std::copy(part, part + tail, c + n8);
-    }
-}
-
-ORION_AVX2 inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-// The four horizontal sums of v[0..3], as one vector.
-ORION_AVX2 inline __m128 hsum4(const __m256* v) {
-    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
-    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-}
-
-// Dot products of a with four columns of B at a time; the last k % 8 entries are one vector.
-template <typename B>
-ORION_AVX2 void gemv_cols_avx2(int64_t k, int64_t n, const float* a, const B* b, int64_t b_cs, float* c) {
-    const int64_t k8 = k / 8 * 8, tail = k - k8;
-    const __m256 a_tail = tail ? load8_first(a + k8, tail) : _mm256_setzero_ps();
-    int64_t j = 0;
-    for (; j + 4 <= n; j += 4) {
-        const B* bj = b + j * b_cs;
-        __m256 acc[4];
-        ORION_UNROLL
-        for (int q = 0; q < 4; ++q) acc[q] = _mm256_setzero_ps();
-        for (int64_t p = 0; p < k8; p += 8) {
-            const __m256 av = _mm256_loadu_ps(a + p);
-            ORION_UNROLL
-            for (int q = 0; q < 4; ++q) acc[q] = _mm256_fmadd_ps(av, load8(bj + q * b_cs + p), acc[q]);
-        }
-        if (tail)
-            ORION_UNROLL
-            for (int q = 0; q < 4; ++q) acc[q] = _mm256_fmadd_ps(a_tail, load8_first(bj + q * b_cs + k8, tail), acc[q]);
-        _mm_storeu_ps(c + j, hsum4(acc));
-    }
-    for (; j < n; ++j) {
-        const B* bj = b + j * b_cs;
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t p = 0; p < k8; p += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + p), load8(bj + p), acc);
-        if (tail) acc = _mm256_fmadd_ps(a_tail, load8_first(bj + k8, tail), acc);
-        c[j] = hsum(acc);
-    }
 }
 
 // e^x for x in [-88, 88]: x = k ln2 + r with |r| <= ln2/2, e^r by its Taylor series to r^7
@@ -392,9 +192,7 @@ ORION_AVX2 void softmax_avx2(const float* src, float* dst, int64_t n) {
 constexpr Kernels kAvx2 = {
     "avx2+f16c+fma",    6,                         round_fp16_avx2,           half_to_float_avx2,
     float_to_half_avx2, tanh_avx2,    softmax_avx2, conv_tile_avx2<uint16_t>, conv_tile_avx2<float>,
-    conv_tile_i8_avx2, dequant_i8_avx2, nullptr,
-    gemm_tile_avx2, nullptr,     gemv_rows_avx2<float>,     gemv_rows_avx2<uint16_t>,
-    gemv_cols_avx2<float>, gemv_cols_avx2<uint16_t>, conv_tile_q_avx2, widen_q_avx2,
+    conv_tile_i8_avx2, dequant_i8_avx2, nullptr, conv_tile_q_avx2, widen_q_avx2,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -460,47 +258,11 @@ ORION_AVX512 void conv_pair_tile_avx512(const float* w, const float* x, int64_t 
     }
 }
 
-// C[12 x 32] from two packed A panels and two packed B panels: 24 accumulators, per step two
-// loads of B and twelve broadcasts of A feed 24 FMAs. Each element's sum is gemm_tile's (from 0
-// over p in order, then added to C when `add`).
-ORION_AVX512 void gemm_block_avx512(int64_t k, const float* a0, const float* a1, const float* b0, const float* b1,
-                                    float* c, int64_t c_rs, bool add) {
-    __m512 lo[2 * kGemmMR], hi[2 * kGemmMR];
-    ORION_UNROLL
-    for (int i = 0; i < 2 * kGemmMR; ++i) lo[i] = hi[i] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < k; ++p) {
-        const __m512 bl = _mm512_loadu_ps(b0 + p * kGemmNR), bh = _mm512_loadu_ps(b1 + p * kGemmNR);
-        ORION_UNROLL
-        for (int i = 0; i < kGemmMR; ++i) {
-            const __m512 av = _mm512_set1_ps(a0[p * kGemmMR + i]);
-            lo[i] = _mm512_fmadd_ps(av, bl, lo[i]);
-            hi[i] = _mm512_fmadd_ps(av, bh, hi[i]);
-        }
-        ORION_UNROLL
-        for (int i = 0; i < kGemmMR; ++i) {
-            const __m512 av = _mm512_set1_ps(a1[p * kGemmMR + i]);
-            lo[kGemmMR + i] = _mm512_fmadd_ps(av, bl, lo[kGemmMR + i]);
-            hi[kGemmMR + i] = _mm512_fmadd_ps(av, bh, hi[kGemmMR + i]);
-        }
-    }
-    ORION_UNROLL
-    for (int i = 0; i < 2 * kGemmMR; ++i) {
-        float* ci = c + i * c_rs;
-        if (add) {
-            lo[i] = _mm512_add_ps(lo[i], _mm512_loadu_ps(ci));
-            hi[i] = _mm512_add_ps(hi[i], _mm512_loadu_ps(ci + kGemmNR));
-        }
-        _mm512_storeu_ps(ci, lo[i]);
-        _mm512_storeu_ps(ci + kGemmNR, hi[i]);
-    }
-}
-
 constexpr Kernels kAvx512 = {
     "avx512f+f16c+fma", kConvMaxLanes,             round_fp16_avx2,
     half_to_float_avx2, float_to_half_avx2,        tanh_avx2,      softmax_avx2,
     conv_tile_avx512<uint16_t>, conv_tile_avx512<float>, conv_tile_i8_avx512, dequant_i8_avx2, conv_pair_tile_avx512,
-    gemm_tile_avx2, gemm_block_avx512,     gemv_rows_avx2<float>,     gemv_rows_avx2<uint16_t>,
-    gemv_cols_avx2<float>, gemv_cols_avx2<uint16_t>, conv_tile_q_avx512, widen_q_avx512,
+    conv_tile_q_avx512, widen_q_avx512,
 };
 
 bool cpu_has_avx2_f16c_fma() {
@@ -518,18 +280,27 @@ bool cpu_has_avx512f() {
 
 // ---------------------------------------------------------------------------------------------
 
-const Kernels& select_kernels() {
+SimdFlavour select_flavour() {
     // ORION_SIMD=portable forces the portable path, ORION_SIMD=avx2 the AVX2 one (no AVX-512).
     const std::string env = std::getenv("ORION_SIMD") ? std::getenv("ORION_SIMD") : "";
-    if (env == "portable") return kPortable;
+    if (env == "portable") return SimdFlavour::portable;
 #ifdef ORION_X86
-    if (cpu_has_avx2_f16c_fma()) return env != "avx2" && cpu_has_avx512f() ? kAvx512 : kAvx2;
+    if (cpu_has_avx2_f16c_fma())
+        return env != "avx2" && cpu_has_avx512f() ? SimdFlavour::avx512 : SimdFlavour::avx2;
 #endif
-    return kPortable;
+    return SimdFlavour::portable;
 }
 
 const Kernels& active() {
-    static const Kernels& kernels = select_kernels();
+    static const Kernels& kernels = [] () -> const Kernels& {
+        switch (simd_flavour()) {
+#ifdef ORION_X86
+            case SimdFlavour::avx512: return kAvx512;
+            case SimdFlavour::avx2: return kAvx2;
+#endif
+            default: return kPortable;
+        }
+    }();
     return kernels;
 }
 
@@ -661,113 +432,12 @@ void conv_pair(const Kernels& k, const W* w, PanelScales scales, int64_t cin, co
         for (int64_t s = 0; s < lanes; ++s) out[j * S + s] = acc[s * P + j];
 }
 
-// Packs A(m0.., p0..) [mc x kc] into row panels [kc][MR], zero-padding the last panel's rows.
-void pack_a(const float* a, int64_t a_rs, int64_t a_cs, int64_t m0, int64_t mc, int64_t p0, int64_t kc, float* dst) {
-    for (int64_t i0 = 0; i0 < mc; i0 += kGemmMR, dst += kc * kGemmMR) {
-        const int64_t rows = std::min(kGemmMR, mc - i0);
-        if (a_rs == 1 && rows == kGemmMR) {  // columns of A contiguous: one short copy per p
-            for (int64_t p = 0; p < kc; ++p)
-                std::memcpy(dst + p * kGemmMR, a + (m0 + i0) + (p0 + p) * a_cs, kGemmMR * sizeof(float));
-            continue;
-        }
-        for (int64_t p = 0; p < kc; ++p) {
-            const float* src = a + (m0 + i0) * a_rs + (p0 + p) * a_cs;
-            for (int64_t i = 0; i < kGemmMR; ++i) dst[p * kGemmMR + i] = i < rows ? src[i * a_rs] : 0.0f;
-        }
-    }
-}
-
-// Packs one column panel of B(p0.., j0..) [kc x cols <= NR] into [kc][NR], zero-padding its columns;
-// an fp16 B is widened exactly on the way.
-template <typename B>
-void pack_b_panel(const Kernels& k, const B* b, int64_t b_rs, int64_t b_cs, int64_t p0, int64_t kc, int64_t j0,
-                  int64_t cols, float* dst) {
-    if (b_cs == 1) {
-        for (int64_t p = 0; p < kc; ++p) {
-            const B* src = b + (p0 + p) * b_rs + j0;
-            float* row = dst + p * kGemmNR;
-            if constexpr (std::is_same_v<B, float>) std::memcpy(row, src, static_cast<size_t>(cols) * sizeof(float));
-            else k.half_to_float(src, row, static_cast<size_t>(cols));
-            std::fill(row + cols, row + kGemmNR, 0.0f);
-        }
-        return;
-    }
-    if (cols < kGemmNR)
-        for (int64_t p = 0; p < kc; ++p) std::fill(dst + p * kGemmNR + cols, dst + (p + 1) * kGemmNR, 0.0f);
-    for (int64_t j = 0; j < cols; ++j) {  // column by column: contiguous reads when B is transposed
-        const B* src = b + p0 * b_rs + (j0 + j) * b_cs;
-        for (int64_t p = 0; p < kc; ++p) dst[p * kGemmNR + j] = as_float(src[p * b_rs]);
-    }
-}
-
-// The packed GEMM (BLIS-style). C is cut into outer blocks of up to kGemmOuterM x kGemmOuterN; for each
-// block and each slice of kGemmKC along K, the threads first pack A's row panels and B's column panels
-// (each element once), then compute jobs of kGemmMC rows x a column chunk from the shared packs. Each
-// element of C is summed as gemm_tile sums it: from 0 over a K slice in order, then added to C, slice
-// after slice; it is rounded to fp16 (when asked) after the last slice.
-template <typename B>
-void gemm_packed(const Kernels& k, int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t a_cs,
-                 const B* b, int64_t b_rs, int64_t b_cs, float* c, int64_t c_rs, bool round_fp16) {
-    std::vector<float> a_packed(static_cast<size_t>(ceil_div(std::min(M, kGemmOuterM), kGemmMR) * kGemmMR * kGemmKC));
-    std::vector<float> b_packed(static_cast<size_t>(ceil_div(std::min(N, kGemmOuterN), kGemmNR) * kGemmNR * kGemmKC));
-    const int64_t by = k.gemm_block ? 2 : 1;
-    for (int64_t mo = 0; mo < M; mo += kGemmOuterM)
-        for (int64_t no = 0; no < N; no += kGemmOuterN) {
-            const int64_t mb = std::min(kGemmOuterM, M - mo), nb = std::min(kGemmOuterN, N - no);
-            const int64_t a_panels = ceil_div(mb, kGemmMR), b_panels = ceil_div(nb, kGemmNR);
-            // Jobs: kGemmMC rows x a chunk of whole 2NR column groups, a few jobs per thread.
-            const int64_t tiles_m = ceil_div(mb, kGemmMC);
-            const int64_t groups = ceil_div(nb, 2 * kGemmNR);
-            const int64_t chunks_n = std::clamp<int64_t>(ceil_div(int64_t{4} * num_threads(), tiles_m), 1, groups);
-            const int64_t chunk = ceil_div(groups, chunks_n) * 2 * kGemmNR;
-            const int64_t tiles_n = ceil_div(nb, chunk);
-            for (int64_t p0 = 0; p0 < K; p0 += kGemmKC) {
-                const int64_t kc = std::min(kGemmKC, K - p0);
-                const bool add = p0 > 0, last = p0 + kc >= K;
-                parallel_for(a_panels + b_panels, std::max<int64_t>(1, kParallelWork / (16 * kc * kGemmNR)),
-                             [&](int64_t begin, int64_t end) {
-                    for (int64_t q = begin; q < end; ++q) {
-                        if (q < a_panels) {
-                            const int64_t i0 = q * kGemmMR;
-                            pack_a(a, a_rs, a_cs, mo + i0, std::min(kGemmMR, mb - i0), p0, kc, a_packed.data() + i0 * kc);
-                        } else {
-                            const int64_t j0 = (q - a_panels) * kGemmNR;
-                            pack_b_panel(k, b, b_rs, b_cs, p0, kc, no + j0, std::min(kGemmNR, nb - j0),
-                                         b_packed.data() + j0 * kc);
-                        }
-                    }
-                });
-                const int64_t job_work = std::min(mb, kGemmMC) * std::min(nb, chunk) * kc;
-                parallel_for(tiles_m * tiles_n, std::max<int64_t>(1, kParallelWork / job_work), [&](int64_t begin,
-                                                                                                     int64_t end) {
-                    for (int64_t t = begin; t < end; ++t) {
-                        const int64_t m0 = t / tiles_n * kGemmMC, n0 = t % tiles_n * chunk;
-                        const int64_t mc = std::min(kGemmMC, mb - m0), nc = std::min(chunk, nb - n0);
-                        const float* ap = a_packed.data() + m0 * kc;
-                        const float* bp = b_packed.data() + n0 * kc;
-                        float* ct = c + (mo + m0) * c_rs + no + n0;
-                        // Blocks of 2x2 register tiles where the flavour has them, single tiles at the edges.
-                        for (int64_t j0 = 0; j0 < nc; j0 += by * kGemmNR)
-                            for (int64_t i0 = 0; i0 < mc; i0 += by * kGemmMR) {
-                                if (by == 2 && i0 + 2 * kGemmMR <= mc && j0 + 2 * kGemmNR <= nc) {
-                                    k.gemm_block(kc, ap + i0 * kc, ap + (i0 + kGemmMR) * kc, bp + j0 * kc,
-                                                 bp + (j0 + kGemmNR) * kc, ct + i0 * c_rs + j0, c_rs, add);
-                                    continue;
-                                }
-                                for (int64_t j = j0; j < std::min(nc, j0 + by * kGemmNR); j += kGemmNR)
-                                    for (int64_t i = i0; i < std::min(mc, i0 + by * kGemmMR); i += kGemmMR)
-                                        k.gemm_tile(kc, ap + i * kc, bp + j * kc, ct + i * c_rs + j, c_rs,
-                                                    std::min(kGemmMR, mc - i), std::min(kGemmNR, nc - j), add);
-                            }
-                        if (last && round_fp16)
-                            for (int64_t i = 0; i < mc; ++i) k.round_fp16(ct + i * c_rs, static_cast<size_t>(nc));
-                    }
-                });
-            }
-        }
-}
-
 }  // namespace
+
+SimdFlavour simd_flavour() {
+    static const SimdFlavour flavour = select_flavour();
+    return flavour;
+}
 
 void round_fp16(float* data, size_t n) {
     const Kernels& k = active();
@@ -1036,62 +706,6 @@ void conv1x1(const PackedConv1x1I8& w, const float* x, int64_t S, int64_t lanes,
     if (static_cast<int64_t>(w.scale.size()) != ceil_div(w.cout, kConvPanel) * kConvPanel)
         throw std::invalid_argument("conv1x1: int8 weight without one scale per (padded) output channel");
     conv1x1_packed(w, x, S, lanes, out, round_fp16);
-}
-
-namespace {
-
-// A few rows of A: stream B once per row in its natural order, split over columns.
-template <typename B>
-void gemv_path(const Kernels& k, int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t a_cs,
-               const B* b, int64_t b_rs, int64_t b_cs, float* c, int64_t c_rs, bool round_fp16) {
-    constexpr int64_t kColumnBlock = 64;
-    const int64_t blocks = ceil_div(N, kColumnBlock);
-    parallel_for(blocks, std::max<int64_t>(1, kParallelWork / (kColumnBlock * K)), [&](int64_t begin, int64_t end) {
-        const int64_t n0 = begin * kColumnBlock, n = std::min(N, end * kColumnBlock) - n0;
-        thread_local std::vector<float> row_buffer;
-        for (int64_t m = 0; m < M; ++m) {
-            float* c_row = c + m * c_rs + n0;
-            if (b_cs == 1) {
-                if constexpr (std::is_same_v<B, float>) k.gemv_rows(K, n, a + m * a_rs, a_cs, b + n0, b_rs, c_row);
-                else k.gemv_rows_f16(K, n, a + m * a_rs, a_cs, b + n0, b_rs, c_row);
-            } else {
-                float* a_row = scratch(row_buffer, static_cast<size_t>(K));
-                for (int64_t p = 0; p < K; ++p) a_row[p] = a[m * a_rs + p * a_cs];
-                if constexpr (std::is_same_v<B, float>) k.gemv_cols(K, n, a_row, b + n0 * b_cs, b_cs, c_row);
-                else k.gemv_cols_f16(K, n, a_row, b + n0 * b_cs, b_cs, c_row);
-            }
-            if (round_fp16) k.round_fp16(c_row, static_cast<size_t>(n));
-        }
-    });
-}
-
-bool zero_sized(int64_t M, int64_t N, int64_t K, float* c, int64_t c_rs) {
-    if (M < 0 || N < 0 || K < 0) throw std::invalid_argument("gemm: negative size");
-    if (M == 0 || N == 0) return true;
-    if (K == 0) {
-        for (int64_t m = 0; m < M; ++m) std::fill(c + m * c_rs, c + m * c_rs + N, 0.0f);
-        return true;
-    }
-    return false;
-}
-
-}  // namespace
-
-void gemm_f16b(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t a_cs, const uint16_t* b,
-               int64_t b_rs, int64_t b_cs, float* c, int64_t c_rs, bool round_fp16) {
-    if (zero_sized(M, N, K, c, c_rs)) return;
-    if (M <= kGemvMaxM && (b_cs == 1 || b_rs == 1))
-        return gemv_path(active(), M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, c, c_rs, round_fp16);
-    gemm_packed(active(), M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, c, c_rs, round_fp16);  // B widened as it is packed
-}
-
-void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t b_rs,
-          int64_t b_cs, float* c, int64_t c_rs, bool round_fp16) {
-    if (zero_sized(M, N, K, c, c_rs)) return;
-    const Kernels& k = active();
-    if (M <= kGemvMaxM && (b_cs == 1 || b_rs == 1))
-        return gemv_path(k, M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, c, c_rs, round_fp16);
-    gemm_packed(k, M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, c, c_rs, round_fp16);
 }
 
 const char* simd_path() { return active().name; }

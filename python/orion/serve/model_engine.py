@@ -184,7 +184,6 @@ class ModelEngine:
                 return
 
 
-
 def _feed(batch: Batch, sequence: int, token: int) -> Callable[[], np.ndarray]:
     batch.feed(sequence, token)
     return lambda: batch.logits(sequence)

@@ -312,9 +312,10 @@ def test_low_bit_conv_equals_the_fp16_program_of_its_weight_bit_for_bit(mode, co
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("cout,cin", [(40, 33), (24, 72), (56, 97)])
+@pytest.mark.parametrize("cout,cin", [(40, 33), (24, 72), (56, 97), (37, 45)])
 def test_low_bit_conv_of_odd_sizes_against_float64(mode, cout, cin) -> None:
-    """Odd input widths (lut4's pairs of rows padded; int4 blocks of 1 or 8 rows), partial panels, and live lanes
+    """Odd input widths (lut4's pairs of rows padded; int4 blocks of 1 or 8 rows), partial panels, an odd Cout
+    (37, prime: LUTs per output channel, as in GPT-2's LM head), and live lanes
     1-6 of 32 (each decode tile) and 13 (the converting path): bit for bit the fp16 program of the dequantized
     weight, and within fp16 rounding of numpy float64 (2e-3 of the largest output)."""
     w = RNG.standard_normal((cout, cin)) * 0.05

@@ -157,6 +157,43 @@ struct LutGatherRows8 {
     ORION_AVX2 __m256 lo(int64_t c) const { return make(c, 0); }
     ORION_AVX2 __m256 hi(int64_t c) const { return make(c, 1); }
 };
+// lut4 with one LUT per output channel (an odd Cout, e.g. an LM head): each row's 16 fp16 weights picked from
+// `entry` (entry e: the 16 channels' LUT entries e) by a binary tree of blends on the index bits, no gathers.
+struct Lut4ChannelRows8 {
+    const uint8_t* w;
+    const uint16_t* entry;  // [16 entries][16 channels] fp16
+    ORION_AVX2 __m256i row_fp16(int64_t c) const {
+        const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + c * 8));
+        const __m128i mask = _mm_set1_epi8(15);
+        const __m256i index = _mm256_cvtepu8_epi16(  // channel j's index in word j
+            _mm_unpacklo_epi8(_mm_and_si128(bytes, mask), _mm_and_si128(_mm_srli_epi16(bytes, 4), mask)));
+        __m256i pick[8];
+        ORION_UNROLL
+        for (int level = 0, n = 16; level < 4; ++level, n /= 2) {
+            const __m256i bit = _mm256_set1_epi16(static_cast<short>(1 << level));
+            const __m256i odd = _mm256_cmpeq_epi16(_mm256_and_si256(index, bit), bit);
+            ORION_UNROLL
+            for (int k = 0; k < n / 2; ++k) {
+                const __m256i even_entry = level ? pick[2 * k] : load_entry(2 * k);
+                const __m256i odd_entry = level ? pick[2 * k + 1] : load_entry(2 * k + 1);
+                pick[k] = _mm256_blendv_epi8(even_entry, odd_entry, odd);
+            }
+        }
+        return pick[0];
+    }
+    ORION_AVX2 __m256i load_entry(int e) const {
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(entry + 16 * e));
+    }
+    ORION_AVX2 void pair(int64_t c, __m256 (&out)[2][2]) const {
+        for (int r = 0; r < 2; ++r) {
+            const __m256i row = row_fp16(c + r);
+            out[r][0] = _mm256_cvtph_ps(_mm256_castsi256_si128(row));
+            out[r][1] = _mm256_cvtph_ps(_mm256_extracti128_si256(row, 1));
+        }
+    }
+    ORION_AVX2 __m256 lo(int64_t c) const { return _mm256_cvtph_ps(_mm256_castsi256_si128(row_fp16(c))); }
+    ORION_AVX2 __m256 hi(int64_t c) const { return _mm256_cvtph_ps(_mm256_extracti128_si256(row_fp16(c), 1)); }
+};
 struct Affine4Rows8 {
     const uint8_t* w;
     const uint16_t* params;
@@ -354,7 +391,13 @@ ORION_AVX2 void with_q_rows8(const QPanel& p, int64_t c0, F f) {
             if (!p.channel_luts)
                 return f(Lut4Rows8{w, _mm256_loadu_ps(p.lut), _mm256_loadu_ps(p.lut + 8), _mm256_loadu_ps(p.lut + 16),
                                    _mm256_loadu_ps(p.lut + 24)});
-            [[fallthrough]];
+            {
+                alignas(32) uint16_t entry[16 * kConvPanel];  // the panel's LUTs transposed, as fp16 (exact)
+                for (int j = 0; j < kConvPanel; ++j)
+                    for (int e = 0; e < 16; ++e) entry[16 * e + j] = emu::float_to_half(p.lut[16 * j + e]);
+                const Lut4ChannelRows8 rows{w, entry};
+                return c0 % 2 ? f(rows) : f.pairs(rows);
+            }
         case PackedConv1x1Q::Kind::lut6:
             if (p.kind == PackedConv1x1Q::Kind::lut6 && p.lut_bytes) {
                 LutPairRows8<4> rows{p.rows, p.row_bytes, c0, {}, {}};

@@ -152,6 +152,10 @@ class OrionEngine:
     def decode_step(self, token: int):
         return self.model.decode_step(token)
 
+    def prepare(self, positions: int) -> None:
+        """Compile every KV bucket up to ``positions`` before the first token, as ``generate`` does."""
+        self.model.prepare(positions)
+
 
 class TransformersEngine:
     """``AutoModelForCausalLM`` fp32 with its KV cache; prefill computes the last position's logits only."""
@@ -261,6 +265,8 @@ def greedy(engine, prompt: list[int], new_tokens: int) -> tuple[list[int], list[
     """(tokens, seconds per decode step) of a greedy generation; the first token comes from the prefill."""
     import numpy as np
 
+    if hasattr(engine, "prepare"):  # Orion: no bucket compile inside the timed steps (generate() prepares too)
+        engine.prepare(len(prompt) + new_tokens)
     tokens, steps = [int(np.argmax(engine.prefill(prompt)))], []
     for _ in range(new_tokens - 1):
         start = time.perf_counter()

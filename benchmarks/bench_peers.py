@@ -28,6 +28,10 @@ peer's; above 1 means Orion is better. A probe measures the machine's DRAM read 
 the decode roofline for fp16 weights (and int8 ones for orion-int8). ``--check`` verifies instead that every engine's logits agree
 with transformers fp32 (teacher-forced: a prefill, then decode steps) within stated tolerances.
 
+A child that fails (an engine that crashes, a model whose weights cannot be written) is reported at once and
+in the tables, with its last line of output and its log, and the run goes on with the rest; the exit status
+is then 1 and a temporary workdir is kept for the logs.
+
     python benchmarks/bench_peers.py [--passes 3] [--quick] [--json out.json] [--check] [--profile]
                                      [--models gpt2-124m,qwen2.5-0.5b,...] [--engines orion,transformers,...]
                                      [--threads 2] [--workdir DIR]
@@ -482,7 +486,37 @@ CHILD_ROLES = {"prepare": child_prepare, "workload": child_workload, "start": ch
 # ---------------------------------------------------------------------------------------------------
 
 class ChildFailed(RuntimeError):
-    """A child process exited with an error; its stderr tail is in the message."""
+    """A child process exited with an error; its stderr tail is in the message, and ``record`` says which child
+    failed, how, and where its log is (what the report and the JSON keep of it)."""
+
+    def __init__(self, tag: str, status: int, log: Path) -> None:
+        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+        tail = "\n".join(lines[-15:])
+        super().__init__(f"{tag}: exit status {status}; the end of {log}:\n{tail}")
+        error = next((line.strip() for line in reversed(lines) if line.strip()), "(no output)")
+        self.record = {"child": tag, "exit_status": status, "log": str(log), "error": error}
+
+
+def failure_text(record: dict[str, Any]) -> str:
+    """One line for a failed child: which, its exit status, its last line of output and its log."""
+    return f"{record['child']} FAILED (exit status {record['exit_status']}): {record['error']} [log: {record['log']}]"
+
+
+class Failures:
+    """The children that failed in a run: each is reported on stderr at once and kept for the report, and
+    the run goes on with the rest."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def spawn(self, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+        """``spawn(*args, **kwargs)``, or None (the failure recorded) when the child fails."""
+        try:
+            return spawn(*args, **kwargs)
+        except ChildFailed as exc:
+            self.records.append(exc.record)
+            print(f"bench_peers: {exc}", file=sys.stderr, flush=True)
+            return None
 
 
 def child_env(workdir: Path, threads: int, cache: Path | None = None) -> dict[str, str]:
@@ -521,8 +555,7 @@ def _spawn(role: str, spec: dict[str, Any], workdir: Path, threads: int, tag: st
         proc.returncode = os.waitstatus_to_exitcode(status)
         wall = time.monotonic() - start
     if proc.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-        raise ChildFailed(f"{tag}: exit status {proc.returncode}; the end of {log}:\n{tail}")
+        raise ChildFailed(tag, proc.returncode, log)
     result = json.loads(Path(spec["out"]).read_text())
     return {**result, "wall_s": wall, "wait4_maxrss_mib": usage.ru_maxrss / 1024}
 
@@ -619,31 +652,39 @@ def agreeing_prefix(a: list[int], b: list[int]) -> int:
 
 
 def summarise(result: dict[str, Any], setup: Setup) -> None:
-    """Per-pass figures, per-pass ratios to Orion and medians, added to ``result``."""
+    """Per-pass figures, per-pass ratios to Orion and medians, added to ``result``. A failed pass of an engine
+    is None in its figures and left out of its medians and of the ratios of that pass; ``ran`` lists the
+    engines with at least one pass that did not fail, ``failed`` every failed pass."""
     passes = result["passes"]
     engines = result["engines"]
-    per_engine = {e: [figures(p[e]["workload"], p[e]["start"], p[e].get("cold")) for p in passes if e in p]
-                  for e in engines}
+    per_engine = {e: [None if "failed" in p[e] else figures(p[e]["workload"], p[e]["start"], p[e].get("cold"))
+                      for p in passes] for e in engines}
     result["figures"] = per_engine
-    result["medians"] = {e: {k: statistics.median(f[k] for f in rows) for k in rows[0]}
-                         for e, rows in per_engine.items() if rows}
+    result["failed"] = [{"pass": i + 1, "engine": e, **p[e]["failed"]}
+                        for i, p in enumerate(passes) for e in engines if "failed" in p[e]]
+    result["ran"] = [e for e in engines if any(per_engine[e])]
+    result["medians"] = {e: {k: statistics.median(f[k] for f in rows if f) for k in next(filter(None, rows))}
+                         for e, rows in per_engine.items() if any(rows)}
+
     def ratios_of(base: str) -> dict[str, dict[str, Any]]:
         ratios: dict[str, dict[str, Any]] = {}
-        for peer in engines:
-            if peer in ORION_ENGINES:
+        for peer in result["ran"]:
+            pairs = [(o, p) for o, p in zip(per_engine[base], per_engine[peer], strict=True) if o and p]
+            if peer in ORION_ENGINES or not pairs:
                 continue
             ratios[peer] = {}
             for key, _, _, higher in metrics(setup):
-                pairs = zip(per_engine[base], per_engine[peer], strict=True)
                 per_pass = [advantage(o[key], p[key], higher) for o, p in pairs]
                 ratios[peer][key] = {"per_pass": per_pass, "median": statistics.median(per_pass)}
         return ratios
 
-    result["ratios"] = {e: ratios_of(e) for e in ORION_ENGINES if e in per_engine}
-    reference = "transformers" if "transformers" in engines else engines[0]
-    ref_tokens = passes[0][reference]["workload"]["decode"]["tokens"]
-    result["tokens_agreeing_with"] = {"reference": reference, **{
-        e: agreeing_prefix(passes[0][e]["workload"]["decode"]["tokens"], ref_tokens) for e in engines}}
+    result["ratios"] = {e: ratios_of(e) for e in ORION_ENGINES if e in result["ran"]}
+    first = [e for e in engines if per_engine[e][0]]  # the engines whose first pass ran
+    if first:
+        reference = "transformers" if "transformers" in first else first[0]
+        ref_tokens = passes[0][reference]["workload"]["decode"]["tokens"]
+        result["tokens_agreeing_with"] = {"reference": reference, **{
+            e: agreeing_prefix(passes[0][e]["workload"]["decode"]["tokens"], ref_tokens) for e in first}}
 
 
 def report(result: dict[str, Any], setup: Setup) -> str:
@@ -655,7 +696,10 @@ def report(result: dict[str, Any], setup: Setup) -> str:
              f"machine: {os.cpu_count()} CPUs",
              f"load average (1/5/15 min) before {fmt_load(result['load_before'])}, "
              f"after {fmt_load(result['load_after'])}; shared machine: compare within a run, not across runs"]
-    engines = result["engines"]
+    engines = result["ran"]
+    lines += [f"FAILED in pass {f['pass']}: {failure_text(f)}" for f in result["failed"]]
+    if not engines:
+        return "\n".join(lines + [f"no engine ran; notes: {'; '.join(result['notes']) or '(none)'}"])
     if probe:
         lines += [f"DRAM read bandwidth: {probe['dram_gbs']:.1f} GB/s with {probe['threads']} threads "
                   f"({probe['dram_1thread_gbs']:.1f} GB/s with 1; the same reduction in cache: "
@@ -691,9 +735,11 @@ def report(result: dict[str, Any], setup: Setup) -> str:
                 text = " ".join(f"{x:.2f}" for x in r["per_pass"]) + f" | {r['median']:.2f}"
                 cells.append(f"{text:>{cell}}")
             lines.append(f"{label:<46}" + "".join(cells))
-    agree = result["tokens_agreeing_with"]
-    lines += ["", f"greedy tokens agreeing with {agree['reference']} (of {setup.new_tokens}, pass 1): "
-              + ", ".join(f"{e} {agree[e]}" for e in engines)]
+    if "tokens_agreeing_with" in result:
+        agree = {**result["tokens_agreeing_with"]}
+        reference = agree.pop("reference")
+        lines += ["", f"greedy tokens agreeing with {reference} (of {setup.new_tokens}, pass 1): "
+                  + ", ".join(f"{e} {n}" for e, n in agree.items())]
     if "orion" in engines:
         lines.append("Orion's prefill 'first call' compiles the length's bucket in pass 1 (empty program cache: "
                      f"{result['orion_cache_empty_at_start']}); in later passes it reads the program cache")
@@ -714,18 +760,27 @@ def fmt_load(load: list[float]) -> str:
 
 
 def run_check(workdir: Path, engines: list[str], prepared: dict[str, Any], base: dict[str, Any],
-              threads: int) -> dict[str, Any]:
-    """Every engine's teacher-forced logits against transformers fp32 (else Orion)."""
+              threads: int, failures: Failures) -> dict[str, Any]:
+    """Every engine's teacher-forced logits against transformers fp32 (else the first engine that ran); an
+    engine whose child failed is a failed check, with its log."""
     import numpy as np
 
     spec = {**base, "check_tokens": 32}
-    logits = {e: np.load(spawn("check", engine_spec(spec, prepared, e), workdir, threads, f"check-{e}")["logits"])
-              for e in engines}
-    reference = "transformers" if "transformers" in engines else "orion"
+    logits, out = {}, {"engines": {}}
+    for e in engines:
+        child = failures.spawn("check", engine_spec(spec, prepared, e), workdir, threads,
+                               f"{prepared['model']}-check-{e}")
+        if child is None:
+            out["engines"][e] = {"ok": False, "failed": failures.records[-1]}
+        else:
+            logits[e] = np.load(child["logits"])
+    if not logits:
+        return {**out, "reference": None, "tokens": spec["check_tokens"], "positions": 0}
+    reference = "transformers" if "transformers" in logits else next(iter(logits))
     want = logits[reference]
     scale = float(np.abs(want).max())
-    out = {"reference": reference, "tokens": spec["check_tokens"], "positions": want.shape[0], "engines": {}}
-    for e in engines:
+    out.update(reference=reference, tokens=spec["check_tokens"], positions=want.shape[0])
+    for e in logits:
         if e == reference:
             continue
         err = float(np.abs(logits[e] - want).max()) / scale
@@ -740,6 +795,9 @@ def check_report(check: dict[str, Any]) -> str:
              f"half then decode steps, {check['positions']} positions compared; error = max |logit - reference| "
              f"/ max |reference|"]
     for e, r in check["engines"].items():
+        if "failed" in r:
+            lines.append(f"  {e:<16} {failure_text(r['failed'])}")
+            continue
         lines.append(f"  {e:<16} error {r['max_abs_error_over_max_logit']:.2e} (tolerance {r['tolerance']:.0e}) "
                      f"{'ok' if r['ok'] else 'FAILED'}; argmax agrees at {r['argmax_agree']}/{check['positions']}")
     return "\n".join(lines)
@@ -783,17 +841,22 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench-peers-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    status = 1
     try:
-        return run(args, setup, passes, wanted, workdir)
-    except ChildFailed as exc:
-        print(f"bench_peers: {exc}", file=sys.stderr)
-        return 1
+        status = run(args, setup, passes, wanted, workdir)
+        return status
     finally:
-        if not args.workdir:
+        if not args.workdir and status == 0:
             shutil.rmtree(workdir, ignore_errors=True)
+        elif not args.workdir:  # the failed children's logs are there
+            print(f"bench_peers: kept {workdir} (the failed children's logs)", file=sys.stderr)
 
 
 def run(args: argparse.Namespace, setup: Setup, passes: int, wanted: list[str], workdir: Path) -> int:
+    """Every model in turn: prepare, probe, the interleaved passes, the report. A child that fails is reported
+    with its log and the run goes on: a model whose weights could not be written is skipped, an engine's pass
+    that failed is left out of its medians and ratios. Exit status 1 if any child failed or a check did not
+    pass."""
     engines, notes = available_engines(wanted)
     if "orion-int8" in engines:
         notes.append(INT8_NOTE)
@@ -803,49 +866,71 @@ def run(args: argparse.Namespace, setup: Setup, passes: int, wanted: list[str], 
     threads = args.threads
     llama_types = [e.removeprefix("llama.cpp-") for e in engines if e.startswith("llama.cpp-")]
     models = args.models or setup.models
-    out: dict[str, Any] = {"setup": setup.__dict__, "models": {}}
+    failures = Failures()
+    out: dict[str, Any] = {"setup": setup.__dict__, "models": {}, "failures": failures.records}
     probe = None
     for model in models:
         cache_empty = not any((workdir / "orion-cache").glob("*"))
         prep_spec = {"model": model, "seed": args.seed, "llama_types": llama_types, "workdir": str(workdir)}
         print(f"{model}: writing its weights and GGUF files", file=sys.stderr, flush=True)
-        prepared = spawn("prepare", prep_spec, workdir, threads, f"{model}-prepare")
+        prepared = failures.spawn("prepare", prep_spec, workdir, threads, f"{model}-prepare")
+        if prepared is None:
+            out["models"][model] = {"failed": failures.records[-1]}
+            print(f"{model}: skipped: {failure_text(failures.records[-1])}\n", flush=True)
+            continue
         base = base_spec(prepared, setup, args.seed, threads, args.flash_attn)
         result: dict[str, Any] = {"seed": args.seed, "threads": threads, "engines": engines, "notes": notes,
                                   "flash_attn": args.flash_attn, "model": prepared,
                                   "orion_cache_empty_at_start": cache_empty}
         out["models"][model] = result
         if args.check:
-            result["check"] = run_check(workdir, engines, prepared, base, threads)
+            result["check"] = run_check(workdir, engines, prepared, base, threads, failures)
             print(f"{model}: " + check_report(result["check"]), flush=True)
             continue
         result["load_before"] = list(os.getloadavg())
-        probe = probe or spawn("probe", base, workdir, threads, "probe")  # once: the machine's, not the model's
+        probe = probe or failures.spawn("probe", base, workdir, threads, "probe")  # the machine's, not the model's
         result["probe"] = probe
-        result["roofline"] = roofline(prepared, setup, probe["dram_gbs"])
-        result["passes"] = []
-        for p in range(passes):
-            this_pass: dict[str, Any] = {"load_before": list(os.getloadavg())}
-            for engine in engines:
-                spec = engine_spec(base, prepared, engine)
-                tag = f"{model}-p{p}-{engine}"
-                print(f"{model} pass {p + 1}/{passes}: {engine}", file=sys.stderr, flush=True)
-                this_pass[engine] = {"workload": spawn("workload", spec, workdir, threads, f"{tag}-workload"),
-                                     "start": spawn("start", spec, workdir, threads, f"{tag}-start")}
-                if engine in ORION_ENGINES:
-                    this_pass[engine]["cold"] = spawn("start", spec, workdir, threads, f"{tag}-cold", cold=True)
-            result["passes"].append(this_pass)
+        if probe:
+            result["roofline"] = roofline(prepared, setup, probe["dram_gbs"])
+        result["passes"] = [run_pass(model, p, passes, engines, base, prepared, workdir, threads, failures)
+                            for p in range(passes)]
         result["load_after"] = list(os.getloadavg())
         if args.profile and "orion" in engines:
-            result["orion_profile"] = spawn("profile", engine_spec(base, prepared, "orion"), workdir, threads,
-                                            f"{model}-profile")
+            result["orion_profile"] = failures.spawn("profile", engine_spec(base, prepared, "orion"), workdir,
+                                                     threads, f"{model}-profile")
         summarise(result, setup)
         print(report(result, setup) + "\n", flush=True)
-        if "orion_profile" in result:
+        if result.get("orion_profile"):
             print(profile_report(result["orion_profile"]) + "\n", flush=True)
     write_json(args.json, out)
+    if failures.records:
+        print(f"bench_peers: {len(failures.records)} child process(es) failed:\n  "
+              + "\n  ".join(failure_text(r) for r in failures.records), flush=True)
     checks = [r["check"] for r in out["models"].values() if "check" in r]
-    return 0 if all(r["ok"] for c in checks for r in c["engines"].values()) else 1
+    checks_ok = all(r["ok"] for c in checks for r in c["engines"].values())
+    return 0 if checks_ok and not failures.records else 1
+
+
+def run_pass(model: str, p: int, passes: int, engines: list[str], base: dict[str, Any], prepared: dict[str, Any],
+             workdir: Path, threads: int, failures: Failures) -> dict[str, Any]:
+    """One interleaved pass: each engine's workload, warm start and (Orion) cold start processes. An engine
+    whose child fails has ``{"failed": record}`` for this pass; its remaining children are not run."""
+    this_pass: dict[str, Any] = {"load_before": list(os.getloadavg())}
+    for engine in engines:
+        spec = engine_spec(base, prepared, engine)
+        tag = f"{model}-p{p}-{engine}"
+        print(f"{model} pass {p + 1}/{passes}: {engine}", file=sys.stderr, flush=True)
+        children = [("workload", "workload", False), ("start", "start", False)]
+        if engine in ORION_ENGINES:
+            children.append(("cold", "start", True))
+        figures_of: dict[str, Any] = {}
+        for key, role, cold in children:
+            figures_of[key] = failures.spawn(role, spec, workdir, threads, f"{tag}-{key}", cold=cold)
+            if figures_of[key] is None:
+                figures_of = {"failed": failures.records[-1]}
+                break
+        this_pass[engine] = figures_of
+    return this_pass
 
 
 def profile_report(profile: dict[str, Any]) -> str:

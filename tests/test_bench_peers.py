@@ -1,0 +1,99 @@
+"""benchmarks/bench_peers.py keeps going when a child fails: the failure is reported with its log, and the
+other engines' figures and ratios are still there. The children are faked (no model is run) except for one
+real child process that fails."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_peers.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_peers_under_test", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def test_a_failing_child_names_its_error_and_log(bench, tmp_path):
+    """A real child process that raises: ChildFailed carries its exit status, last line and log path."""
+    with pytest.raises(bench.ChildFailed) as caught:
+        bench.spawn("prepare", {}, tmp_path, 1, "broken-prepare")  # no "workdir" in the spec: KeyError
+    record = caught.value.record
+    assert record["child"] == "broken-prepare" and record["exit_status"] != 0
+    assert "KeyError" in record["error"] and Path(record["log"]).exists()
+    assert "KeyError" in Path(record["log"]).read_text()
+
+
+def fake_child(bench, broken: set[str], role: str, spec: dict[str, Any], workdir: Path, threads: int, tag: str,
+               cold: bool = False) -> dict[str, Any]:
+    """What each child role returns, with made-up figures; a tag naming a broken engine fails as a child does."""
+    if any(name in tag for name in broken):
+        log = workdir / f"{tag}.log"
+        log.write_text("Traceback (most recent call last):\nRuntimeError: engine exploded\n")
+        raise bench.ChildFailed(tag, 1, log)
+    if role == "prepare":
+        return {"model": spec["model"], "family": "llama", "hf_dir": "", "gguf": {"f16": ""}, "vocab_size": 512,
+                "context": 256, "n_layer": 2, "hidden": 64, "kv_dim": 32, "params": 100_000,
+                "matrix_params": 90_000, "small_params": 256}
+    if role == "probe":
+        return {"threads": threads, "array_mib": 1, "dram_gbs": 10.0, "dram_1thread_gbs": 8.0,
+                "in_cache_1thread_gbs": 50.0, "method": "fake"}
+    speed = 20.0 if spec["engine"] == "orion" else 10.0
+    if role == "workload":
+        prefill = {str(n): {"first_s": 0.1, "warm_s": [0.05]} for n in spec["prefill_lengths"]}
+        return {"load_s": 1.0, "versions": {}, "prefill": prefill, "peak_rss_mib": 100.0,
+                "decode": {"tokens": [1, 2, 3], "step_s": [1 / speed] * 2, "tok_s": speed, "p50_ms": 1e3 / speed}}
+    return {"to_main_s": 0.1, "to_loaded_s": 0.5, "to_first_token_s": 1.0, "peak_rss_mib": 90.0}
+
+
+def run_with(bench, monkeypatch, tmp_path, broken: set[str], passes: int = 2,
+             profile: bool = False) -> tuple[int, dict[str, Any]]:
+    monkeypatch.setattr(bench, "spawn", lambda *a, **k: fake_child(bench, broken, *a, **k))
+    monkeypatch.setattr(bench, "available_engines", lambda wanted: (wanted, []))
+    out = tmp_path / "out.json"
+    args = argparse.Namespace(threads=1, models=["tiny-llama", "tiny-gpt2"], seed=0, flash_attn=True, check=False,
+                              profile=profile, json=str(out))
+    status = bench.run(args, bench.QUICK, passes, ["orion", "llama.cpp-f16", "transformers"], tmp_path)
+    return status, json.loads(out.read_text())
+
+
+def test_a_crashing_engine_is_reported_and_the_run_goes_on(bench, monkeypatch, tmp_path, capsys):
+    status, out = run_with(bench, monkeypatch, tmp_path, broken={"transformers-workload", "-profile"},
+                           profile=True)
+    printed = capsys.readouterr().out
+    assert status == 1  # a child failed
+    for model in ("tiny-llama", "tiny-gpt2"):
+        result = out["models"][model]
+        assert result["ran"] == ["orion", "llama.cpp-f16"]
+        assert [f["engine"] for f in result["failed"]] == ["transformers", "transformers"]
+        assert result["ratios"]["orion"]["llama.cpp-f16"]["decode_tok_s"]["per_pass"] == [2.0, 2.0]
+        assert "transformers" not in result["ratios"]["orion"]
+        assert result["orion_profile"] is None
+    assert len(out["failures"]) == 2 * 2 + 2  # two passes of two models, and their profiles
+    assert "tiny-llama-p0-transformers-workload FAILED (exit status 1): RuntimeError: engine exploded" in printed
+    assert str(tmp_path / "tiny-gpt2-profile.log") in printed
+
+
+def test_a_model_that_cannot_be_prepared_is_skipped(bench, monkeypatch, tmp_path, capsys):
+    status, out = run_with(bench, monkeypatch, tmp_path, broken={"tiny-llama-prepare"}, passes=1)
+    assert status == 1
+    assert out["models"]["tiny-llama"]["failed"]["child"] == "tiny-llama-prepare"
+    assert out["models"]["tiny-gpt2"]["ran"] == ["orion", "llama.cpp-f16", "transformers"]
+    assert "tiny-llama: skipped: tiny-llama-prepare FAILED" in capsys.readouterr().out
+
+
+def test_a_clean_run_exits_0(bench, monkeypatch, tmp_path):
+    status, out = run_with(bench, monkeypatch, tmp_path, broken=set(), passes=1)
+    assert status == 0 and out["failures"] == []

@@ -313,7 +313,8 @@ def test_conv1x1_i8_rejects_bad_input():
 
 GEMM_SIZES = [(1, 1, 1), (1, 17, 5), (7, 1, 300), (13, 29, 17), (6, 16, 256), (100, 257, 300), (97, 513, 70),
               (200, 40, 600), (1, 1000, 64), (33, 7, 1), (2, 300, 129), (3, 70, 1000), (4, 9, 11),
-              (1601, 23, 19), (5, 2099, 7)]  # the last two cross the packed outer blocks (1536 rows, 2048 columns)
+              (1601, 23, 19), (5, 2099, 7),  # these two cross the packed outer blocks (1536 rows, 2048 columns)
+              (64, 1, 64), (300, 1, 2)]  # one column (RoPE's partner times a head) streams A as gemv
 
 
 @pytest.mark.parametrize("M,N,K", GEMM_SIZES)
@@ -340,6 +341,19 @@ def test_gemm_strided_views():
             b_mat = b_view.T if transpose_b else b_view
             got = kernels.gemm(a, b_view, transpose_b=transpose_b, round=False)
             assert_close(got, a.astype(np.float64) @ b_mat.astype(np.float64), fp32_bound(a, b_mat), False)
+
+
+def test_gemm_one_column_of_a_signed_permutation_is_exact():
+    """A decode step's RoPE partner (one +-1 per row) times a head: the permuted head, exactly, either A layout."""
+    mate = RNG.permutation(64)
+    sign = RNG.choice([-1.0, 1.0], 64).astype(np.float32)
+    partner = np.zeros((64, 64), np.float32)
+    partner[np.arange(64), mate] = sign
+    x = RNG.standard_normal((64, 1)).astype(np.float16).astype(np.float32)
+    for transpose_a in (False, True):
+        a = np.ascontiguousarray(partner.T) if transpose_a else partner
+        got = kernels.gemm(a, x, transpose_a=transpose_a, round=True)
+        np.testing.assert_array_equal(got[:, 0], sign * x[mate, 0])
 
 
 def test_gemm_empty_and_zero_k():

@@ -495,6 +495,10 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t
     const GemmKernels& k = active();
     if (M <= kGemvMaxM && (b_cs == 1 || b_rs == 1))
         return gemv_path(k, M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, c, c_rs, round_fp16);
+    // One contiguous column of C (a decode step's RoPE partner times its [head_dim, 1] heads): its transpose,
+    // the row b^T A^T, streams A as gemv instead of packing it for a one-column tile.
+    if (N == 1 && c_rs == 1 && (a_cs == 1 || a_rs == 1))
+        return gemv_path(k, 1, M, K, b, 0, b_rs, a, a_cs, a_rs, c, 0, round_fp16);
     gemm_packed(k, M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, c, c_rs, round_fp16);
 }
 

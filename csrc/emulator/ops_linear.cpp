@@ -190,6 +190,10 @@ BuiltOp build_conv(OpContext& ctx) {
 
 // Multiply-adds worth a thread's share of a batched matmul's batches.
 constexpr int64_t kMatmulBatchWork = int64_t{1} << 16;
+// Bytes of an fp16 y read in place (a KV cache: bound by its rows' cache misses, not by the multiply-adds)
+// worth a thread's share: a decode step's short cache (SmolLM2-135M's 3 heads at 150 positions, 58 KB) is
+// read on the calling thread, where handing it to the pool costs more than the reads.
+constexpr int64_t kMatmulHalfBatchBytes = int64_t{1} << 16;
 
 BuiltOp build_matmul(OpContext& ctx) {
     const frontend::MatmulDims& dims = ctx.attrs<frontend::MatmulDims>();
@@ -248,10 +252,10 @@ BuiltOp build_matmul(OpContext& ctx) {
                 const float* a = tx_v.data.data();
                 float* c = out_v.data.data();
                 // The batches (heads) split across the threads; each gemm then runs on its own thread.
-                // An fp16 y read in place (a KV cache) is bound by its rows' cache misses, not by the
-                // multiply-adds: split it whenever there are batches to split.
-                const int64_t work = ty_v.half ? kMatmulBatchWork : M * n * k;
-                kernels::parallel_for(live_batches, std::max<int64_t>(1, kMatmulBatchWork / std::max<int64_t>(work, 1)),
+                // An fp16 y read in place (a KV cache) is split by the bytes it reads, not its multiply-adds.
+                const int64_t grain = ty_v.half ? kMatmulHalfBatchBytes / std::max<int64_t>(2 * k * n, 1)
+                                                : kMatmulBatchWork / std::max<int64_t>(M * n * k, 1);
+                kernels::parallel_for(live_batches, std::max<int64_t>(1, grain),
                                       [&](int64_t begin, int64_t end) {
                     for (int64_t i = begin; i < end; ++i) {
                         if (ty_v.half)  // an fp16 input read in place (e.g. a KV cache)

@@ -608,9 +608,11 @@ class CausalLM(AdapterHost):
             hints = {name: longest for i in layers for name in (f"k{i}", f"v{i}")} | {"mask": longest}
             stage.run(hints | {name: lanes[-1] + 1 for name in per_lane if name in stage.mil_name})
             _check_finite(stage, layers, lanes, "tokens at positions " + ", ".join(map(str, positions)))
-            for i in layers:  # [lanes given, width] at each lane's position
-                cache.keys[i][lanes, :, positions] = stage.output(f"k{i}")[0, :, 0, :][:, lanes].T
-                cache.values[i][lanes, :, positions] = stage.output(f"v{i}")[0, :, 0, :][:, lanes].T
+            for i in layers:  # each lane's new key and value at its position (basic indexing: a fancy-indexed
+                keys, values = stage.output(f"k{i}")[0, :, 0], stage.output(f"v{i}")[0, :, 0]  # write costs 40x)
+                for lane, pos in zip(lanes, positions):
+                    cache.keys[i][lane, :, pos] = keys[:, lane]
+                    cache.values[i][lane, :, pos] = values[:, lane]
         for lane, pos in zip(lanes, positions):
             cache.filled(lane, pos + 1)
         return self._head_logits(lanes)
@@ -947,7 +949,13 @@ def _float32(logits: np.ndarray) -> np.ndarray:
 def _check_finite(stage: Stage, layers: range, lanes: int | list[int], where: str) -> None:
     """Raise :class:`ActivationOverflow` naming ``layers`` when the residual stream ``x`` they output is not finite
     in its first ``lanes`` lanes (or in the lanes listed): an fp16 overflow (inf, or NaN after it) in those layers."""
-    x = stage.output("x")[0, :, 0, :lanes] if isinstance(lanes, int) else stage.output("x")[0, :, 0, lanes]
+    out = stage.output("x")[0, :, 0]
+    if isinstance(lanes, int):
+        x = out[:, :lanes]
+    elif len(lanes) == 1:  # a single sequence's step: a view, not a fancy-indexed copy
+        x = out[:, lanes[0]:lanes[0] + 1]
+    else:
+        x = out[:, lanes]
     if np.isfinite(x).all():
         return
     bad = np.flatnonzero(~np.isfinite(x).all(axis=0))

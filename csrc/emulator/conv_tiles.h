@@ -30,6 +30,7 @@ struct QPanel {
     const uint16_t* params = nullptr;   // affine4: per block of rows, 16 fp16 scales then 16 fp16 zero points
     const uint8_t* lut_bytes = nullptr; // lut4 in the AVX2 layout (PackedConv1x1Q::lut_bytes): rows in pairs
     int block_shift = 5;
+    bool affine4_pairs = false;         // affine4 in the AVX2 layout (PackedConv1x1Q::affine4_pairs)
 };
 
 // fp16 bits -> fp32, all 65536 of them.

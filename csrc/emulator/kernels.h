@@ -70,7 +70,8 @@ std::shared_ptr<const PackedConv1x1I8> shared_conv1x1_i8(const int8_t* q, const 
 // A 1x1 convolution weight [cout][cin] of 4 or 6 bits per weight, packed like PackedConv1x1 (panels
 // of 16 output channels, one row of 16 weights per input channel) and streamed at its stored width;
 // the tile forms each weight in fp32 exactly (an fp16 value) before the same FMA as the fp16 tile, so
-// conv1x1 gives bit for bit what it gives the fp16 weight of the same values.
+// conv1x1 gives bit for bit what it gives the fp16 weight of the same values (but AVX2's int4 decode
+// tile, which sums the unrounded weights per block: within their fp16 rounding, low_bit_kernels.cpp).
 //  - lut4, lut6: palettized (constexpr_lut_to_dense): weight = lut[o / group][index], the LUT's
 //    entries fp16 values. With group % 8 == 0 a panel half (8 output channels) reads one LUT (lut4: a
 //    register permute); otherwise each output channel's LUT is stored in its panel (a gather).
@@ -89,6 +90,9 @@ struct PackedConv1x1Q : std::enable_shared_from_this<PackedConv1x1Q> {
     int64_t entries = 16;    // lut kinds: LUT entries (16 or 64)
     bool channel_luts = false;  // lut kinds: one LUT per output channel in each panel, not one per half
     int block_shift = 5;     // affine4: log2 of the input channels per (scale, bias)
+    // affine4 in the AVX2 flavour's layout (blocks of 2+ rows): rows in pairs, byte j of pair q (16 bytes)
+    // holding output j's u of row 2q in its low nibble and of row 2q + 1 in its high one.
+    bool affine4_pairs = false;
     std::vector<uint8_t> data;     // panels x rows_stored() x row_bytes
     std::vector<float> lut;        // lut kinds: panels x (2 halves or 16 channels) x entries
     std::vector<uint16_t> params;  // affine4: panels x blocks x (16 fp16 scales, then 16 fp16 zero points)
@@ -121,7 +125,8 @@ std::shared_ptr<const PackedConv1x1Q> shared_conv1x1_q(PackedConv1x1Q packed);
 void conv1x1(const PackedConv1x1& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16);
 // The same with int8 weights: equal, bit for bit, to conv1x1 of the fp16 weight q * scale[o].
 void conv1x1(const PackedConv1x1I8& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16);
-// The same with 4- or 6-bit weights: equal, bit for bit, to conv1x1 of the fp16 weight they stand for.
+// The same with 4- or 6-bit weights: equal, bit for bit, to conv1x1 of the fp16 weight they stand for
+// (AVX2 int4 on up to 12 lanes: within the fp16 rounding of those weights, see PackedConv1x1Q).
 void conv1x1(const PackedConv1x1Q& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16);
 
 // C[m][n] = sum_k A(m,k) * B(k,n), with A(m,k) = a[m*a_rs + k*a_cs] and B(k,n) = b[k*b_rs + n*b_cs]

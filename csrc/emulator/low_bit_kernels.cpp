@@ -25,7 +25,7 @@ std::unordered_multimap<size_t, std::weak_ptr<const PackedConv1x1Q>> shared_q;
 
 bool same_content(const PackedConv1x1Q& a, const PackedConv1x1Q& b) {
     return a.kind == b.kind && a.cout == b.cout && a.cin == b.cin && a.block_shift == b.block_shift &&
-           a.channel_luts == b.channel_luts && a.data == b.data &&
+           a.channel_luts == b.channel_luts && a.affine4_pairs == b.affine4_pairs && a.data == b.data &&
            a.lut == b.lut && a.params == b.params && a.lut_bytes == b.lut_bytes;
 }
 
@@ -271,18 +271,23 @@ struct LutPairRows8 {
     ORION_AVX2 __m256 lo(int64_t c) const { return _mm256_cvtph_ps(row_fp16(c, 0)); }
     ORION_AVX2 __m256 hi(int64_t c) const { return _mm256_cvtph_ps(row_fp16(c, 1)); }
 };
-// Block-wise 4-bit with each block's parameters decoded once into registers: s and n = -(z * s) (exact in
-// fp32: two fp16 values), so that a weight is fp16(fma(u, s, n)), the exact (u - z) * s rounded once:
-// Affine4Rows8's values. Needs blocks of 2 rows or more, pairs inside a block (even first).
+// Block-wise 4-bit in the AVX2 layout (PackedConv1x1Q::affine4_pairs: rows in pairs, byte j of a pair holding
+// output j's values of both rows), each weight formed exactly: each block's s and n = -(z * s) (exact in fp32:
+// two fp16 values) decoded once into registers, and a weight is fp16(fma(u, s, n)), the exact (u - z) * s
+// rounded once (Affine4Rows8's values). Needs blocks of 2 rows or more, pairs inside a block (even first).
+// The u of 8 outputs of one row pair as int32 (row 2q in bits 0-3, row 2q + 1 in bits 4-7).
+ORION_AVX2 inline __m256i pair_bytes8(const uint8_t* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
 struct Affine4PairRows8 {
-    const uint8_t* w;
+    const uint8_t* w;  // the panel's row pairs
     const uint16_t* params;
-    int64_t first;
+    int64_t first;     // the panel row that row 0 of this reader is
     int shift;
     int64_t block = -1;  // whose parameters s and n hold
     __m256 s[2] = {}, n[2] = {};
-    ORION_AVX2 void use_block(int64_t c) {
-        const int64_t b = (first + c) >> shift;
+    ORION_AVX2 void use_block(int64_t r) {
+        const int64_t b = r >> shift;
         if (b == block) return;
         block = b;
         const uint16_t* at = params + b * 2 * kConvPanel;
@@ -291,22 +296,122 @@ struct Affine4PairRows8 {
             n[half] = _mm256_mul_ps(load8(at + kConvPanel + 8 * half), _mm256_sub_ps(_mm256_setzero_ps(), s[half]));
         }
     }
-    ORION_AVX2 __m256 make(int64_t c, int half) const {
-        return round8(_mm256_fmadd_ps(_mm256_cvtepi32_ps(nibbles8(w + c * 8 + 4 * half)), s[half], n[half]));
+    ORION_AVX2 __m256 weight(__m256i u, int half) const {
+        return round8(_mm256_fmadd_ps(_mm256_cvtepi32_ps(u), s[half], n[half]));
     }
     ORION_AVX2 void pair(int64_t c, __m256 (&out)[2][2]) {
-        use_block(c);
-        out[0][0] = make(c, 0), out[0][1] = make(c, 1), out[1][0] = make(c + 1, 0), out[1][1] = make(c + 1, 1);
+        const int64_t r = first + c;
+        use_block(r);
+        for (int half = 0; half < 2; ++half) {
+            const __m256i both = pair_bytes8(w + r * 8 + 8 * half);
+            out[0][half] = weight(_mm256_and_si256(both, _mm256_set1_epi32(15)), half);
+            out[1][half] = weight(_mm256_srli_epi32(both, 4), half);
+        }
     }
-    ORION_AVX2 __m256 lo(int64_t c) {
-        use_block(c);
-        return make(c, 0);
+    ORION_AVX2 __m256 row(int64_t c, int half) {
+        const int64_t r = first + c;
+        use_block(r);
+        const __m256i both = pair_bytes8(w + (r & ~int64_t{1}) * 8 + 8 * half);
+        return weight(_mm256_and_si256(_mm256_srli_epi32(both, 4 * static_cast<int>(r & 1)), _mm256_set1_epi32(15)), half);
     }
-    ORION_AVX2 __m256 hi(int64_t c) {
-        use_block(c);
-        return make(c, 1);
-    }
+    ORION_AVX2 __m256 lo(int64_t c) { return row(c, 0); }
+    ORION_AVX2 __m256 hi(int64_t c) { return row(c, 1); }
 };
+
+// The int4 decode tile (the AVX2 layout, blocks of B >= 2 rows, whole blocks from a block's first row): per block
+// and lane, the sums of u * x (u the stored 4-bit values, exact in fp32) and of x, then acc += s * sum(u * x) +
+// n * sum(x) with n = -(z * s): the block's scale and zero point applied once per block and lane, not per
+// weight. It sums (u - z) * s * x unrounded where the fp16 tile sums fp16((u - z) * s) * x, so each output
+// differs from the fp16 conv of the dequantized weight by at most the fp16 rounding of its weights
+// (|error| <= 2^-11 * sum |w * x|) plus fp32 rounding; the converting (prefill) path stays bit for bit.
+// U interleaved partial sums per block (rows r -> r % U) keep the FMAs in flight when L is small.
+template <int L, int U>
+ORION_AVX2 void affine4_block_tile_fixed(const uint8_t* pairs, const uint16_t* params, int64_t B, const float* x,
+                                         int64_t S, int64_t k, float* acc, bool add) {
+    constexpr int P = U < 2 ? 2 : U;  // rows per step: whole pairs
+    static_assert(L <= 8, "the sums of x hold one lane per float of a register");
+    const __m256i fifteen = _mm256_set1_epi32(15);
+    alignas(32) static constexpr int kLive[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    const __m256i live = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kLive + 8 - L));  // lanes l < L
+    __m256 a_lo[L], a_hi[L];
+    ORION_UNROLL
+    for (int l = 0; l < L; ++l) {
+        a_lo[l] = add ? _mm256_loadu_ps(acc + l * kConvPanel) : _mm256_setzero_ps();
+        a_hi[l] = add ? _mm256_loadu_ps(acc + l * kConvPanel + 8) : _mm256_setzero_ps();
+    }
+    for (int64_t c0 = 0; c0 < k; c0 += B, params += 2 * kConvPanel) {
+        alignas(32) float x_sum[8];
+        {
+            __m256 xs[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+            for (int64_t c = 0; c < B; c += 2) {
+                xs[0] = _mm256_add_ps(xs[0], _mm256_maskload_ps(x + (c0 + c) * S, live));
+                xs[1] = _mm256_add_ps(xs[1], _mm256_maskload_ps(x + (c0 + c + 1) * S, live));
+            }
+            _mm256_store_ps(x_sum, _mm256_add_ps(xs[0], xs[1]));
+        }
+        __m256 lo[U][L], hi[U][L];
+        ORION_UNROLL
+        for (int u = 0; u < U; ++u)
+            ORION_UNROLL
+            for (int l = 0; l < L; ++l) lo[u][l] = hi[u][l] = _mm256_setzero_ps();
+        for (int64_t c = c0; c < c0 + B; c += P) {
+            ORION_UNROLL
+            for (int h = 0; h < P; h += 2) {
+                const __m256i b_lo = pair_bytes8(pairs + (c + h) * 8), b_hi = pair_bytes8(pairs + (c + h) * 8 + 8);
+                const __m256 w[2][2] = {
+                    {_mm256_cvtepi32_ps(_mm256_and_si256(b_lo, fifteen)), _mm256_cvtepi32_ps(_mm256_and_si256(b_hi, fifteen))},
+                    {_mm256_cvtepi32_ps(_mm256_srli_epi32(b_lo, 4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(b_hi, 4))}};
+                ORION_UNROLL
+                for (int r = 0; r < 2; ++r) {
+                    const float* xc = x + (c + h + r) * S;
+                    ORION_UNROLL
+                    for (int l = 0; l < L; ++l) {
+                        const __m256 xv = _mm256_broadcast_ss(xc + l);
+                        lo[(h + r) % U][l] = _mm256_fmadd_ps(w[r][0], xv, lo[(h + r) % U][l]);
+                        hi[(h + r) % U][l] = _mm256_fmadd_ps(w[r][1], xv, hi[(h + r) % U][l]);
+                    }
+                }
+            }
+        }
+        ORION_UNROLL
+        for (int u = 1; u < U; ++u)
+            ORION_UNROLL
+            for (int l = 0; l < L; ++l) {
+                lo[0][l] = _mm256_add_ps(lo[0][l], lo[u][l]);
+                hi[0][l] = _mm256_add_ps(hi[0][l], hi[u][l]);
+            }
+        const __m256 s_lo = load8(params), s_hi = load8(params + 8);
+        const __m256 n_lo = _mm256_mul_ps(load8(params + kConvPanel), _mm256_sub_ps(_mm256_setzero_ps(), s_lo));
+        const __m256 n_hi = _mm256_mul_ps(load8(params + kConvPanel + 8), _mm256_sub_ps(_mm256_setzero_ps(), s_hi));
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) {
+            const __m256 xl = _mm256_broadcast_ss(x_sum + l);
+            a_lo[l] = _mm256_fmadd_ps(n_lo, xl, _mm256_fmadd_ps(s_lo, lo[0][l], a_lo[l]));
+            a_hi[l] = _mm256_fmadd_ps(n_hi, xl, _mm256_fmadd_ps(s_hi, hi[0][l], a_hi[l]));
+        }
+    }
+    ORION_UNROLL
+    for (int l = 0; l < L; ++l) {
+        _mm256_storeu_ps(acc + l * kConvPanel, a_lo[l]);
+        _mm256_storeu_ps(acc + l * kConvPanel + 8, a_hi[l]);
+    }
+}
+
+// affine4_block_tile_fixed for 1-6 lanes (5 and 6 as two tiles of up to 3, which the registers hold).
+ORION_AVX2 void affine4_block_tile(const uint8_t* pairs, const uint16_t* params, int64_t B, const float* x, int64_t S,
+                                   int64_t k, int lanes, float* acc, bool add) {
+    switch (lanes) {
+        case 1:
+            if (B >= 4) return affine4_block_tile_fixed<1, 4>(pairs, params, B, x, S, k, acc, add);
+            return affine4_block_tile_fixed<1, 2>(pairs, params, B, x, S, k, acc, add);
+        case 2: return affine4_block_tile_fixed<2, 2>(pairs, params, B, x, S, k, acc, add);
+        case 3: return affine4_block_tile_fixed<3, 1>(pairs, params, B, x, S, k, acc, add);
+        case 4: return affine4_block_tile_fixed<4, 1>(pairs, params, B, x, S, k, acc, add);
+        default:
+            affine4_block_tile_fixed<3, 1>(pairs, params, B, x, S, k, acc, add);
+            return affine4_block_tile(pairs, params, B, x + 3, S, k, lanes - 3, acc + 3 * kConvPanel, add);
+    }
+}
 
 // conv_tile_avx2_fixed's sums (each row into the same partial sum, in the same order: the same bits)
 // with rows decoded in pairs: steps of P rows (whole pairs, a multiple of U).
@@ -410,7 +515,10 @@ ORION_AVX2 void with_q_rows8(const QPanel& p, int64_t c0, F f) {
             return f(LutGatherRows8{w, p.lut, p.row_bytes, p.entries, p.kind == PackedConv1x1Q::Kind::lut6,
                                     p.channel_luts});
         case PackedConv1x1Q::Kind::affine4:
-            if (p.block_shift > 0 && c0 % 2 == 0) return f.pairs(Affine4PairRows8{w, p.params, c0, p.block_shift});
+            if (p.affine4_pairs) {
+                const Affine4PairRows8 rows{p.rows, p.params, c0, p.block_shift};
+                return c0 % 2 ? f(rows) : f.pairs(rows);
+            }
             return f(Affine4Rows8{w, p.params, c0, p.block_shift});
     }
 }
@@ -447,6 +555,10 @@ ORION_AVX2 void conv_tile_i8_avx2(const int8_t* w, const float* scale, const flo
 
 ORION_AVX2 void conv_tile_q_avx2(const QPanel& p, int64_t c0, const float* x, int64_t S, int64_t k, int lanes,
                                  float* acc, bool add) {
+    const int64_t block = int64_t{1} << p.block_shift;
+    if (p.kind == PackedConv1x1Q::Kind::affine4 && p.affine4_pairs && c0 % block == 0 && k % block == 0)
+        return affine4_block_tile(p.rows + c0 * p.row_bytes, p.params + (c0 >> p.block_shift) * 2 * kConvPanel, block,
+                                  x, S, k, lanes, acc, add);
     with_q_rows8(p, c0, TileAvx2{x, S, k, lanes, acc, add});
 }
 
@@ -600,6 +712,7 @@ QPanel q_panel(const PackedConv1x1Q& w, int64_t p) {
     if (!w.lut_bytes.empty()) panel.lut_bytes = w.lut_bytes.data() + p * w.entries * 4;
     if (!w.params.empty()) panel.params = w.params.data() + p * (w.cin >> w.block_shift) * 2 * kConvPanel;
     panel.block_shift = w.block_shift;
+    panel.affine4_pairs = w.affine4_pairs;
     return panel;
 }
 
@@ -726,6 +839,8 @@ PackedConv1x1Q pack_conv1x1_affine4(const uint8_t* u, const float* scale, const 
     int shift = 0;
     while ((int64_t{1} << shift) < block) ++shift;
     packed.block_shift = shift;
+    // The AVX2 flavour's layout for blocks of 2+ rows, rows in pairs (the other flavours' readers take the plain one).
+    packed.affine4_pairs = shift > 0 && std::string_view(simd_path()) == "avx2+f16c+fma";
     const int64_t panels = ceil_div(cout, kConvPanel), blocks = cin / block;
     packed.data.assign(static_cast<size_t>(panels * cin * 8), 0);
     packed.params.assign(static_cast<size_t>(panels * blocks * 2 * kConvPanel), 0);
@@ -744,7 +859,10 @@ PackedConv1x1Q pack_conv1x1_affine4(const uint8_t* u, const float* scale, const 
         for (int64_t c = 0; c < cin; ++c) {
             const unsigned v = u[o * cin + c];
             if (v > 15) throw std::invalid_argument("pack_conv1x1_affine4: a value is above 15");
-            rows[c * 8 + j / 2] |= static_cast<uint8_t>(v << (4 * (j % 2)));
+            if (packed.affine4_pairs)
+                rows[(c / 2) * 16 + j] |= static_cast<uint8_t>(v << (4 * (c % 2)));
+            else
+                rows[c * 8 + j / 2] |= static_cast<uint8_t>(v << (4 * (j % 2)));
         }
     }
     return packed;

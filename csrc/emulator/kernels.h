@@ -93,6 +93,10 @@ struct PackedConv1x1Q : std::enable_shared_from_this<PackedConv1x1Q> {
     // affine4 in the AVX2 flavour's layout (blocks of 2+ rows): rows in pairs, byte j of pair q (16 bytes)
     // holding output j's u of row 2q in its low nibble and of row 2q + 1 in its high one.
     bool affine4_pairs = false;
+    // lut4 with a LUT per output channel in the AVX2 flavour's layout: each panel's 16 channels one after
+    // another, each its rows_stored() / 2 bytes (byte i: row 2i in its low nibble, row 2i + 1 in its high one),
+    // cin padded to a multiple of 32 with index 0.
+    bool channel_major = false;
     std::vector<uint8_t> data;     // panels x rows_stored() x row_bytes
     std::vector<float> lut;        // lut kinds: panels x (2 halves or 16 channels) x entries
     std::vector<uint16_t> params;  // affine4: panels x blocks x (16 fp16 scales, then 16 fp16 zero points)
@@ -103,7 +107,10 @@ struct PackedConv1x1Q : std::enable_shared_from_this<PackedConv1x1Q> {
     // row) and, instead of `lut`, per panel the LUT entries' fp16 bytes as vpshufb tables of 16 entries:
     // [low bytes, high bytes][entries / 16 tables][panel half][16] (entries * 4 bytes).
     std::vector<uint8_t> lut_bytes;
-    int64_t rows_stored() const { return lut_bytes.empty() ? cin : cin + cin % 2; }
+    int64_t rows_stored() const {
+        if (channel_major) return (cin + 31) / 32 * 32;
+        return lut_bytes.empty() ? cin : cin + cin % 2;
+    }
 };
 // Palettized weights: `indices` [cout][cin] (each < 2^bits, bits 4 or 6) and `lut` [ceil(cout/group)]
 // [2^bits] (fp16 values, as float). Throws std::invalid_argument for a layout the kernels do not take.

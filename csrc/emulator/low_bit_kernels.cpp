@@ -25,7 +25,7 @@ std::unordered_multimap<size_t, std::weak_ptr<const PackedConv1x1Q>> shared_q;
 
 bool same_content(const PackedConv1x1Q& a, const PackedConv1x1Q& b) {
     return a.kind == b.kind && a.cout == b.cout && a.cin == b.cin && a.block_shift == b.block_shift &&
-           a.channel_luts == b.channel_luts && a.affine4_pairs == b.affine4_pairs && a.data == b.data &&
+           a.channel_luts == b.channel_luts && a.affine4_pairs == b.affine4_pairs && a.channel_major == b.channel_major && a.data == b.data &&
            a.lut == b.lut && a.params == b.params && a.lut_bytes == b.lut_bytes;
 }
 
@@ -156,43 +156,6 @@ struct LutGatherRows8 {
     }
     ORION_AVX2 __m256 lo(int64_t c) const { return make(c, 0); }
     ORION_AVX2 __m256 hi(int64_t c) const { return make(c, 1); }
-};
-// lut4 with one LUT per output channel (an odd Cout, e.g. an LM head): each row's 16 fp16 weights picked from
-// `entry` (entry e: the 16 channels' LUT entries e) by a binary tree of blends on the index bits, no gathers.
-struct Lut4ChannelRows8 {
-    const uint8_t* w;
-    const uint16_t* entry;  // [16 entries][16 channels] fp16
-    ORION_AVX2 __m256i row_fp16(int64_t c) const {
-        const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + c * 8));
-        const __m128i mask = _mm_set1_epi8(15);
-        const __m256i index = _mm256_cvtepu8_epi16(  // channel j's index in word j
-            _mm_unpacklo_epi8(_mm_and_si128(bytes, mask), _mm_and_si128(_mm_srli_epi16(bytes, 4), mask)));
-        __m256i pick[8];
-        ORION_UNROLL
-        for (int level = 0, n = 16; level < 4; ++level, n /= 2) {
-            const __m256i bit = _mm256_set1_epi16(static_cast<short>(1 << level));
-            const __m256i odd = _mm256_cmpeq_epi16(_mm256_and_si256(index, bit), bit);
-            ORION_UNROLL
-            for (int k = 0; k < n / 2; ++k) {
-                const __m256i even_entry = level ? pick[2 * k] : load_entry(2 * k);
-                const __m256i odd_entry = level ? pick[2 * k + 1] : load_entry(2 * k + 1);
-                pick[k] = _mm256_blendv_epi8(even_entry, odd_entry, odd);
-            }
-        }
-        return pick[0];
-    }
-    ORION_AVX2 __m256i load_entry(int e) const {
-        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(entry + 16 * e));
-    }
-    ORION_AVX2 void pair(int64_t c, __m256 (&out)[2][2]) const {
-        for (int r = 0; r < 2; ++r) {
-            const __m256i row = row_fp16(c + r);
-            out[r][0] = _mm256_cvtph_ps(_mm256_castsi256_si128(row));
-            out[r][1] = _mm256_cvtph_ps(_mm256_extracti128_si256(row, 1));
-        }
-    }
-    ORION_AVX2 __m256 lo(int64_t c) const { return _mm256_cvtph_ps(_mm256_castsi256_si128(row_fp16(c))); }
-    ORION_AVX2 __m256 hi(int64_t c) const { return _mm256_cvtph_ps(_mm256_extracti128_si256(row_fp16(c), 1)); }
 };
 struct Affine4Rows8 {
     const uint8_t* w;
@@ -341,7 +304,14 @@ ORION_AVX2 void affine4_block_tile_fixed(const uint8_t* pairs, const uint16_t* p
     }
     for (int64_t c0 = 0; c0 < k; c0 += B, params += 2 * kConvPanel) {
         alignas(32) float x_sum[8];
-        {
+        if (S == 1 && B % 16 == 0) {  // one lane, its x contiguous (a compact decode call): 8 rows a load
+            __m256 xs[2] = {_mm256_loadu_ps(x + c0), _mm256_loadu_ps(x + c0 + 8)};
+            for (int64_t c = 16; c < B; c += 16) {
+                xs[0] = _mm256_add_ps(xs[0], _mm256_loadu_ps(x + c0 + c));
+                xs[1] = _mm256_add_ps(xs[1], _mm256_loadu_ps(x + c0 + c + 8));
+            }
+            x_sum[0] = hsum(_mm256_add_ps(xs[0], xs[1]));
+        } else {  // lane l of row c at x[c * S + l]: a register of the live lanes per row
             __m256 xs[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
             for (int64_t c = 0; c < B; c += 2) {
                 xs[0] = _mm256_add_ps(xs[0], _mm256_maskload_ps(x + (c0 + c) * S, live));
@@ -493,16 +463,8 @@ ORION_AVX2 void with_q_rows8(const QPanel& p, int64_t c0, F f) {
                 rows.high[0] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.lut_bytes + 32));
                 return c0 % 2 ? f(rows) : f.pairs(rows);
             }
-            if (!p.channel_luts)
-                return f(Lut4Rows8{w, _mm256_loadu_ps(p.lut), _mm256_loadu_ps(p.lut + 8), _mm256_loadu_ps(p.lut + 16),
-                                   _mm256_loadu_ps(p.lut + 24)});
-            {
-                alignas(32) uint16_t entry[16 * kConvPanel];  // the panel's LUTs transposed, as fp16 (exact)
-                for (int j = 0; j < kConvPanel; ++j)
-                    for (int e = 0; e < 16; ++e) entry[16 * e + j] = emu::float_to_half(p.lut[16 * j + e]);
-                const Lut4ChannelRows8 rows{w, entry};
-                return c0 % 2 ? f(rows) : f.pairs(rows);
-            }
+            return f(Lut4Rows8{w, _mm256_loadu_ps(p.lut), _mm256_loadu_ps(p.lut + 8), _mm256_loadu_ps(p.lut + 16),
+                               _mm256_loadu_ps(p.lut + 24)});  // (per-channel LUTs: channel_bytes, not here)
         case PackedConv1x1Q::Kind::lut6:
             if (p.kind == PackedConv1x1Q::Kind::lut6 && p.lut_bytes) {
                 LutPairRows8<4> rows{p.rows, p.row_bytes, c0, {}, {}};
@@ -520,6 +482,67 @@ ORION_AVX2 void with_q_rows8(const QPanel& p, int64_t c0, F f) {
                 return c0 % 2 ? f(rows) : f.pairs(rows);
             }
             return f(Affine4Rows8{w, p.params, c0, p.block_shift});
+    }
+}
+
+// lut4 with a LUT per output channel in the channel-major layout (PackedConv1x1Q::channel_major), decoded along
+// the input axis: a channel's LUT (its 16 fp16 entries' low and high bytes) is a vpshufb table, and 16 bytes of
+// its indices give 32 rows' weights by one shift, one mask, two vpshufb and two unpacks (fp16), then four
+// vcvtph2ps. Each output is a dot product of its channel's exact weights with x, in 4 x 8 partial sums over
+// rows (x gathered once per lane into the order the weights come out in: rows 0, 2, .., 14, then 1, 3, .., 15,
+// then the same from 16): the values the fp16 tile multiplies, summed in another order (within fp32 rounding
+// of it). Rows c0 to c0 + k (conv_panel's tiles: all rows, c0 = 0), any number of lanes (a pass per lane).
+ORION_AVX2 void lut4_channel_tile(const QPanel& p, int64_t c0, const float* x, int64_t S, int64_t k, int lanes,
+                                  float* acc, bool add) {
+    if (c0 % 2) throw std::logic_error("lut4_channel_tile: rows from an odd first row");
+    const int64_t chunks = (k + 31) / 32;
+    thread_local std::vector<float> gathered;
+    if (gathered.size() < static_cast<size_t>(chunks * 32)) gathered.resize(static_cast<size_t>(chunks * 32));
+    float* xp = gathered.data();
+    alignas(16) uint8_t table[kConvPanel][2][16];  // per channel: its entries' low bytes, then high bytes
+    for (int j = 0; j < kConvPanel; ++j)
+        for (int e = 0; e < 16; ++e) {
+            const uint16_t h = emu::float_to_half(p.lut[16 * j + e]);
+            table[j][0][e] = static_cast<uint8_t>(h & 0xFF);
+            table[j][1][e] = static_cast<uint8_t>(h >> 8);
+        }
+    const __m256i nibble = _mm256_set1_epi8(15), shifts = _mm256_setr_epi64x(0, 0, 4, 4);
+    for (int l = 0; l < lanes; ++l) {
+        for (int64_t r = 0; r < chunks * 32; ++r) {  // row c0 + r to its place in the gathered order
+            const int64_t at = (r / 32) * 32 + ((r % 32) / 16) * 16 + (r % 2) * 8 + (r % 16) / 2;
+            xp[at] = r < k ? x[r * S + l] : 0.0f;
+        }
+        for (int j = 0; j < kConvPanel; ++j) {
+            const uint8_t* w = p.rows + j * p.channel_bytes + c0 / 2;
+            const __m256i low = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(table[j][0])));
+            const __m256i high = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(table[j][1])));
+            __m256 sum[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+            for (int64_t t = 0; t < chunks; ++t) {
+                const __m256i bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16 * t)));
+                const __m256i index = _mm256_and_si256(_mm256_srlv_epi64(bytes, shifts), nibble);  // lane 1: odd rows
+                const __m256i lo = _mm256_shuffle_epi8(low, index), hi = _mm256_shuffle_epi8(high, index);
+                const __m256i first = _mm256_unpacklo_epi8(lo, hi), second = _mm256_unpackhi_epi8(lo, hi);
+                const float* xt = xp + 32 * t;
+                sum[0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(first)), _mm256_loadu_ps(xt), sum[0]);
+                sum[1] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(first, 1)), _mm256_loadu_ps(xt + 8), sum[1]);
+                sum[2] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(second)), _mm256_loadu_ps(xt + 16), sum[2]);
+                sum[3] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(second, 1)), _mm256_loadu_ps(xt + 24), sum[3]);
+            }
+            const float total = hsum(_mm256_add_ps(_mm256_add_ps(sum[0], sum[1]), _mm256_add_ps(sum[2], sum[3])));
+            acc[l * kConvPanel + j] = (add ? acc[l * kConvPanel + j] : 0.0f) + total;
+        }
+    }
+}
+
+// widen_q of the channel-major layout: rows c0 to c0 + n of the panel, each weight its channel's LUT entry.
+void widen_lut4_channels(const QPanel& p, int64_t c0, float* dst, int64_t n) {
+    for (int j = 0; j < kConvPanel; ++j) {
+        const uint8_t* w = p.rows + j * p.channel_bytes;
+        const float* lut = p.lut + 16 * j;
+        for (int64_t r = 0; r < n; ++r) {
+            const int64_t c = c0 + r;
+            dst[r * kConvPanel + j] = lut[(w[c / 2] >> (4 * (c % 2))) & 15];
+        }
     }
 }
 
@@ -555,6 +578,7 @@ ORION_AVX2 void conv_tile_i8_avx2(const int8_t* w, const float* scale, const flo
 
 ORION_AVX2 void conv_tile_q_avx2(const QPanel& p, int64_t c0, const float* x, int64_t S, int64_t k, int lanes,
                                  float* acc, bool add) {
+    if (p.channel_bytes) return lut4_channel_tile(p, c0, x, S, k, lanes, acc, add);
     const int64_t block = int64_t{1} << p.block_shift;
     if (p.kind == PackedConv1x1Q::Kind::affine4 && p.affine4_pairs && c0 % block == 0 && k % block == 0)
         return affine4_block_tile(p.rows + c0 * p.row_bytes, p.params + (c0 >> p.block_shift) * 2 * kConvPanel, block,
@@ -563,6 +587,7 @@ ORION_AVX2 void conv_tile_q_avx2(const QPanel& p, int64_t c0, const float* x, in
 }
 
 ORION_AVX2 void widen_q_avx2(const QPanel& p, int64_t c0, float* dst, int64_t n) {
+    if (p.channel_bytes) return widen_lut4_channels(p, c0, dst, n);
     with_q_rows8(p, c0, WidenAvx2{dst, n});
 }
 
@@ -713,6 +738,7 @@ QPanel q_panel(const PackedConv1x1Q& w, int64_t p) {
     if (!w.params.empty()) panel.params = w.params.data() + p * (w.cin >> w.block_shift) * 2 * kConvPanel;
     panel.block_shift = w.block_shift;
     panel.affine4_pairs = w.affine4_pairs;
+    if (w.channel_major) panel.channel_bytes = w.rows_stored() / 2;
     return panel;
 }
 
@@ -776,10 +802,12 @@ PackedConv1x1Q pack_conv1x1_lut(const uint8_t* indices, int bits, const float* l
     packed.entries = int64_t{1} << bits;
     packed.channel_luts = group % 8 != 0;
     // The AVX2 flavour's layout for LUTs per panel half (the other flavours' readers take the plain one).
-    const bool paired = !packed.channel_luts && std::string_view(simd_path()) == "avx2+f16c+fma";
+    const bool avx2 = std::string_view(simd_path()) == "avx2+f16c+fma";
+    const bool paired = !packed.channel_luts && avx2;
+    packed.channel_major = packed.channel_luts && bits == 4 && avx2;
     const int64_t tables = packed.entries / 16;  // paired: vpshufb tables of 16 entries per LUT
     const int64_t panels = ceil_div(cout, kConvPanel), luts = packed.channel_luts ? kConvPanel : 2;
-    const int64_t rows_stored = paired ? cin + cin % 2 : cin;
+    const int64_t rows_stored = packed.channel_major ? packed.rows_stored() : paired ? cin + cin % 2 : cin;
     packed.data.assign(static_cast<size_t>(panels * rows_stored * packed.row_bytes), 0);
     if (paired)
         packed.lut_bytes.assign(static_cast<size_t>(panels * packed.entries * 4), 0);
@@ -804,6 +832,10 @@ PackedConv1x1Q pack_conv1x1_lut(const uint8_t* indices, int bits, const float* l
             const unsigned index = indices[o * cin + c];
             if (index >= static_cast<unsigned>(packed.entries))
                 throw std::invalid_argument("pack_conv1x1_lut: an index is out of the LUT's range");
+            if (packed.channel_major) {  // (kernels.h)
+                rows[j * (rows_stored / 2) + c / 2] |= static_cast<uint8_t>(index << (4 * (c % 2)));
+                continue;
+            }
             if (paired) {  // (kernels.h) and lut6's high bits at byte j % 8 after the pair's 16, bits 2 * (2 * half + row)
                 uint8_t* pair = rows + (c / 2) * 2 * packed.row_bytes;
                 pair[(c % 2) * 8 + j % 8] |= static_cast<uint8_t>((index & 15) << (4 * (j / 8)));

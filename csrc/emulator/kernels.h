@@ -94,8 +94,8 @@ struct PackedConv1x1Q : std::enable_shared_from_this<PackedConv1x1Q> {
     // holding output j's u of row 2q in its low nibble and of row 2q + 1 in its high one.
     bool affine4_pairs = false;
     // lut4 with a LUT per output channel in the AVX2 flavour's layout: each panel's 16 channels one after
-    // another, each its rows_stored() / 2 bytes (byte i: row 2i in its low nibble, row 2i + 1 in its high one),
-    // cin padded to a multiple of 32 with index 0.
+    // another, each its rows_stored() / 2 bytes, 16 per chunk of 32 rows (row r of a chunk: byte
+    // (r / 16) * 8 + r % 8, its high nibble when r / 8 is odd), cin padded to a multiple of 32 with index 0.
     bool channel_major = false;
     std::vector<uint8_t> data;     // panels x rows_stored() x row_bytes
     std::vector<float> lut;        // lut kinds: panels x (2 halves or 16 channels) x entries

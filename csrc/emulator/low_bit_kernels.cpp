@@ -29,6 +29,11 @@ bool same_content(const PackedConv1x1Q& a, const PackedConv1x1Q& b) {
            a.lut == b.lut && a.params == b.params && a.lut_bytes == b.lut_bytes;
 }
 
+// lut4's channel-major layout (PackedConv1x1Q::channel_major): where row r of a chunk of 32 rows is, byte (r / 16)
+// * 8 + r % 8 of the chunk's 16, the high nibble when r / 8 is odd (so that the AVX2 decode gives rows in order).
+int64_t chunk_byte(int64_t r) { return (r / 16) * 8 + r % 8; }
+int chunk_shift(int64_t r) { return 4 * static_cast<int>((r / 8) % 2); }
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -486,31 +491,37 @@ ORION_AVX2 void with_q_rows8(const QPanel& p, int64_t c0, F f) {
 }
 
 // lut4 with a LUT per output channel in the channel-major layout (PackedConv1x1Q::channel_major), decoded along
-// the input axis: a channel's LUT (its 16 fp16 entries' low and high bytes) is a vpshufb table, and 16 bytes of
-// its indices give 32 rows' weights by one shift, one mask, two vpshufb and two unpacks (fp16), then four
-// vcvtph2ps. Each output is a dot product of its channel's exact weights with x, in 4 x 8 partial sums over
-// rows (x gathered once per lane into the order the weights come out in: rows 0, 2, .., 14, then 1, 3, .., 15,
-// then the same from 16): the values the fp16 tile multiplies, summed in another order (within fp32 rounding
-// of it). Rows c0 to c0 + k (conv_panel's tiles: all rows, c0 = 0), any number of lanes (a pass per lane).
+// the input axis: a channel's LUT (its 16 fp16 entries' low and high bytes) is a vpshufb table, and the 16 bytes
+// of a chunk of 32 rows give their weights in row order by one shift, one mask, two vpshufb and two unpacks
+// (fp16), then four vcvtph2ps. Each output is a dot product of its channel's exact weights with x, in 4 x 8
+// partial sums over the rows: the values the fp16 tile multiplies, summed in another order (within fp32
+// rounding of it). Rows c0 to c0 + k, c0 a multiple of 32 (conv_panel's tiles: all rows from 0), any number of
+// lanes (a pass over the panel per lane, its x copied contiguous unless it is already).
+
 ORION_AVX2 void lut4_channel_tile(const QPanel& p, int64_t c0, const float* x, int64_t S, int64_t k, int lanes,
                                   float* acc, bool add) {
-    if (c0 % 2) throw std::logic_error("lut4_channel_tile: rows from an odd first row");
+    if (c0 % 32) throw std::logic_error("lut4_channel_tile: rows from inside a chunk of 32");
     const int64_t chunks = (k + 31) / 32;
-    thread_local std::vector<float> gathered;
-    if (gathered.size() < static_cast<size_t>(chunks * 32)) gathered.resize(static_cast<size_t>(chunks * 32));
-    float* xp = gathered.data();
-    alignas(16) uint8_t table[kConvPanel][2][16];  // per channel: its entries' low bytes, then high bytes
-    for (int j = 0; j < kConvPanel; ++j)
-        for (int e = 0; e < 16; ++e) {
-            const uint16_t h = emu::float_to_half(p.lut[16 * j + e]);
-            table[j][0][e] = static_cast<uint8_t>(h & 0xFF);
-            table[j][1][e] = static_cast<uint8_t>(h >> 8);
-        }
+    thread_local std::vector<float> column;
+    if (column.size() < static_cast<size_t>(chunks * 32)) column.resize(static_cast<size_t>(chunks * 32));
+    alignas(32) uint8_t table[kConvPanel][2][16];  // per channel: its entries' low bytes, then high bytes
+    // (the LUTs' entries are fp16 values: vcvtps2ph is exact; a lane's low bytes, then its high bytes)
+    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                           0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    for (int j = 0; j < kConvPanel; ++j) {
+        const __m256i halves = _mm256_setr_m128i(_mm256_cvtps_ph(_mm256_loadu_ps(p.lut + 16 * j), _MM_FROUND_TO_NEAREST_INT),
+                                                 _mm256_cvtps_ph(_mm256_loadu_ps(p.lut + 16 * j + 8), _MM_FROUND_TO_NEAREST_INT));
+        const __m256i bytes = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(halves, split), _MM_SHUFFLE(3, 1, 2, 0));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(table[j]), bytes);
+    }
     const __m256i nibble = _mm256_set1_epi8(15), shifts = _mm256_setr_epi64x(0, 0, 4, 4);
     for (int l = 0; l < lanes; ++l) {
-        for (int64_t r = 0; r < chunks * 32; ++r) {  // row c0 + r to its place in the gathered order
-            const int64_t at = (r / 32) * 32 + ((r % 32) / 16) * 16 + (r % 2) * 8 + (r % 16) / 2;
-            xp[at] = r < k ? x[r * S + l] : 0.0f;
+        const float* xl = x + l;  // row c's value at xl[c], padded rows 0
+        if (S != 1 || k % 32) {
+            float* to = column.data();
+            for (int64_t c = 0; c < k; ++c) to[c] = x[c * S + l];
+            std::fill(to + k, to + chunks * 32, 0.0f);
+            xl = to;
         }
         for (int j = 0; j < kConvPanel; ++j) {
             const uint8_t* w = p.rows + j * p.channel_bytes + c0 / 2;
@@ -519,10 +530,10 @@ ORION_AVX2 void lut4_channel_tile(const QPanel& p, int64_t c0, const float* x, i
             __m256 sum[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
             for (int64_t t = 0; t < chunks; ++t) {
                 const __m256i bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16 * t)));
-                const __m256i index = _mm256_and_si256(_mm256_srlv_epi64(bytes, shifts), nibble);  // lane 1: odd rows
+                const __m256i index = _mm256_and_si256(_mm256_srlv_epi64(bytes, shifts), nibble);  // lane 1: high nibbles
                 const __m256i lo = _mm256_shuffle_epi8(low, index), hi = _mm256_shuffle_epi8(high, index);
                 const __m256i first = _mm256_unpacklo_epi8(lo, hi), second = _mm256_unpackhi_epi8(lo, hi);
-                const float* xt = xp + 32 * t;
+                const float* xt = xl + 32 * t;  // rows 0-7, 8-15 (first), 16-23, 24-31 (second)
                 sum[0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(first)), _mm256_loadu_ps(xt), sum[0]);
                 sum[1] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(first, 1)), _mm256_loadu_ps(xt + 8), sum[1]);
                 sum[2] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(second)), _mm256_loadu_ps(xt + 16), sum[2]);
@@ -541,7 +552,7 @@ void widen_lut4_channels(const QPanel& p, int64_t c0, float* dst, int64_t n) {
         const float* lut = p.lut + 16 * j;
         for (int64_t r = 0; r < n; ++r) {
             const int64_t c = c0 + r;
-            dst[r * kConvPanel + j] = lut[(w[c / 2] >> (4 * (c % 2))) & 15];
+            dst[r * kConvPanel + j] = lut[(w[(c / 32) * 16 + chunk_byte(c % 32)] >> chunk_shift(c % 32)) & 15];
         }
     }
 }
@@ -833,7 +844,8 @@ PackedConv1x1Q pack_conv1x1_lut(const uint8_t* indices, int bits, const float* l
             if (index >= static_cast<unsigned>(packed.entries))
                 throw std::invalid_argument("pack_conv1x1_lut: an index is out of the LUT's range");
             if (packed.channel_major) {  // (kernels.h)
-                rows[j * (rows_stored / 2) + c / 2] |= static_cast<uint8_t>(index << (4 * (c % 2)));
+                rows[j * (rows_stored / 2) + (c / 32) * 16 + chunk_byte(c % 32)] |=
+                    static_cast<uint8_t>(index << chunk_shift(c % 32));
                 continue;
             }
             if (paired) {  // (kernels.h) and lut6's high bits at byte j % 8 after the pair's 16, bits 2 * (2 * half + row)

@@ -498,23 +498,36 @@ ORION_AVX2 void with_q_rows8(const QPanel& p, int64_t c0, F f) {
 // rounding of it). Rows c0 to c0 + k, c0 a multiple of 32 (conv_panel's tiles: all rows from 0), any number of
 // lanes (a pass over the panel per lane, its x copied contiguous unless it is already).
 
-ORION_AVX2 void lut4_channel_tile(const QPanel& p, int64_t c0, const float* x, int64_t S, int64_t k, int lanes,
-                                  float* acc, bool add) {
-    if (c0 % 32) throw std::logic_error("lut4_channel_tile: rows from inside a chunk of 32");
-    const int64_t chunks = (k + 31) / 32;
-    thread_local std::vector<float> column;
-    if (column.size() < static_cast<size_t>(chunks * 32)) column.resize(static_cast<size_t>(chunks * 32));
-    alignas(32) uint8_t table[kConvPanel][2][16];  // per channel: its entries' low bytes, then high bytes
-    // (the LUTs' entries are fp16 values: vcvtps2ph is exact; a lane's low bytes, then its high bytes)
+// Per channel of the panel, its LUT's entries' fp16 low bytes, then high bytes (vpshufb tables; the entries are
+// fp16 values, so vcvtps2ph is exact).
+ORION_AVX2 void channel_tables(const QPanel& p, uint8_t (&table)[kConvPanel][2][16]) {
     const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
                                            0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     for (int j = 0; j < kConvPanel; ++j) {
         const __m256i halves = _mm256_setr_m128i(_mm256_cvtps_ph(_mm256_loadu_ps(p.lut + 16 * j), _MM_FROUND_TO_NEAREST_INT),
                                                  _mm256_cvtps_ph(_mm256_loadu_ps(p.lut + 16 * j + 8), _MM_FROUND_TO_NEAREST_INT));
         const __m256i bytes = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(halves, split), _MM_SHUFFLE(3, 1, 2, 0));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(table[j]), bytes);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(table[j]), bytes);
     }
-    const __m256i nibble = _mm256_set1_epi8(15), shifts = _mm256_setr_epi64x(0, 0, 4, 4);
+}
+// The fp16 weights of a chunk's 32 rows (its 16 bytes at w): rows 0-7 and 8-15 in first's lanes, 16-31 in second's.
+ORION_AVX2 inline void decode_chunk(const uint8_t* w, __m256i low, __m256i high, __m256i& first, __m256i& second) {
+    const __m256i bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+    const __m256i index = _mm256_and_si256(_mm256_srlv_epi64(bytes, _mm256_setr_epi64x(0, 0, 4, 4)),
+                                           _mm256_set1_epi8(15));  // lane 1: the high nibbles
+    const __m256i lo = _mm256_shuffle_epi8(low, index), hi = _mm256_shuffle_epi8(high, index);
+    first = _mm256_unpacklo_epi8(lo, hi);
+    second = _mm256_unpackhi_epi8(lo, hi);
+}
+
+ORION_AVX2 void lut4_channel_tile(const QPanel& p, int64_t c0, const float* x, int64_t S, int64_t k, int lanes,
+                                  float* acc, bool add) {
+    if (c0 % 32) throw std::logic_error("lut4_channel_tile: rows from inside a chunk of 32");
+    const int64_t chunks = (k + 31) / 32;
+    thread_local std::vector<float> column;
+    if (column.size() < static_cast<size_t>(chunks * 32)) column.resize(static_cast<size_t>(chunks * 32));
+    alignas(32) uint8_t table[kConvPanel][2][16];
+    channel_tables(p, table);
     for (int l = 0; l < lanes; ++l) {
         const float* xl = x + l;  // row c's value at xl[c], padded rows 0
         if (S != 1 || k % 32) {
@@ -529,10 +542,8 @@ ORION_AVX2 void lut4_channel_tile(const QPanel& p, int64_t c0, const float* x, i
             const __m256i high = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(table[j][1])));
             __m256 sum[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
             for (int64_t t = 0; t < chunks; ++t) {
-                const __m256i bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16 * t)));
-                const __m256i index = _mm256_and_si256(_mm256_srlv_epi64(bytes, shifts), nibble);  // lane 1: high nibbles
-                const __m256i lo = _mm256_shuffle_epi8(low, index), hi = _mm256_shuffle_epi8(high, index);
-                const __m256i first = _mm256_unpacklo_epi8(lo, hi), second = _mm256_unpackhi_epi8(lo, hi);
+                __m256i first, second;
+                decode_chunk(w + 16 * t, low, high, first, second);
                 const float* xt = xl + 32 * t;  // rows 0-7, 8-15 (first), 16-23, 24-31 (second)
                 sum[0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(first)), _mm256_loadu_ps(xt), sum[0]);
                 sum[1] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(first, 1)), _mm256_loadu_ps(xt + 8), sum[1]);
@@ -545,14 +556,24 @@ ORION_AVX2 void lut4_channel_tile(const QPanel& p, int64_t c0, const float* x, i
     }
 }
 
-// widen_q of the channel-major layout: rows c0 to c0 + n of the panel, each weight its channel's LUT entry.
-void widen_lut4_channels(const QPanel& p, int64_t c0, float* dst, int64_t n) {
+// widen_q of the channel-major layout: rows c0 to c0 + n of the panel, each chunk of a channel decoded as in the
+// tile, then its rows stored at the channel's column.
+ORION_AVX2 void widen_lut4_channels(const QPanel& p, int64_t c0, float* dst, int64_t n) {
+    alignas(32) uint8_t table[kConvPanel][2][16];
+    channel_tables(p, table);
+    alignas(32) float rows[32];
     for (int j = 0; j < kConvPanel; ++j) {
-        const uint8_t* w = p.rows + j * p.channel_bytes;
-        const float* lut = p.lut + 16 * j;
-        for (int64_t r = 0; r < n; ++r) {
-            const int64_t c = c0 + r;
-            dst[r * kConvPanel + j] = lut[(w[(c / 32) * 16 + chunk_byte(c % 32)] >> chunk_shift(c % 32)) & 15];
+        const __m256i low = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(table[j][0])));
+        const __m256i high = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(table[j][1])));
+        for (int64_t t = c0 / 32; t * 32 < c0 + n; ++t) {
+            __m256i first, second;
+            decode_chunk(p.rows + j * p.channel_bytes + 16 * t, low, high, first, second);
+            _mm256_store_ps(rows, _mm256_cvtph_ps(_mm256_castsi256_si128(first)));
+            _mm256_store_ps(rows + 8, _mm256_cvtph_ps(_mm256_extracti128_si256(first, 1)));
+            _mm256_store_ps(rows + 16, _mm256_cvtph_ps(_mm256_castsi256_si128(second)));
+            _mm256_store_ps(rows + 24, _mm256_cvtph_ps(_mm256_extracti128_si256(second, 1)));
+            for (int64_t c = std::max(c0, 32 * t); c < std::min(c0 + n, 32 * t + 32); ++c)
+                dst[(c - c0) * kConvPanel + j] = rows[c - 32 * t];
         }
     }
 }

@@ -556,25 +556,52 @@ ORION_AVX2 void lut4_channel_tile(const QPanel& p, int64_t c0, const float* x, i
     }
 }
 
-// widen_q of the channel-major layout: rows c0 to c0 + n of the panel, each chunk of a channel decoded as in the
-// tile, then its rows stored at the channel's column.
+// The 8 x 8 block of fp32 at src (row stride src_stride) transposed into dst (row stride dst_stride).
+ORION_AVX2 inline void transpose8x8(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_load_ps(src + i * src_stride);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; ++i) {
+        _mm256_storeu_ps(dst + i * dst_stride, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (i + 4) * dst_stride, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
+}
+
+// widen_q of the channel-major layout: rows c0 to c0 + n of the panel, a chunk of 32 rows at a time: each
+// channel's chunk decoded as in the tile into a [16 channels][32 rows] block, then transposed by 8 x 8 blocks.
 ORION_AVX2 void widen_lut4_channels(const QPanel& p, int64_t c0, float* dst, int64_t n) {
     alignas(32) uint8_t table[kConvPanel][2][16];
     channel_tables(p, table);
-    alignas(32) float rows[32];
-    for (int j = 0; j < kConvPanel; ++j) {
-        const __m256i low = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(table[j][0])));
-        const __m256i high = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(table[j][1])));
-        for (int64_t t = c0 / 32; t * 32 < c0 + n; ++t) {
+    alignas(32) float block[kConvPanel][32];
+    alignas(32) float rows[32][kConvPanel];
+    for (int64_t t = c0 / 32; t * 32 < c0 + n; ++t) {
+        for (int j = 0; j < kConvPanel; ++j) {
+            const __m256i low = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(table[j][0])));
+            const __m256i high = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(table[j][1])));
             __m256i first, second;
             decode_chunk(p.rows + j * p.channel_bytes + 16 * t, low, high, first, second);
-            _mm256_store_ps(rows, _mm256_cvtph_ps(_mm256_castsi256_si128(first)));
-            _mm256_store_ps(rows + 8, _mm256_cvtph_ps(_mm256_extracti128_si256(first, 1)));
-            _mm256_store_ps(rows + 16, _mm256_cvtph_ps(_mm256_castsi256_si128(second)));
-            _mm256_store_ps(rows + 24, _mm256_cvtph_ps(_mm256_extracti128_si256(second, 1)));
-            for (int64_t c = std::max(c0, 32 * t); c < std::min(c0 + n, 32 * t + 32); ++c)
-                dst[(c - c0) * kConvPanel + j] = rows[c - 32 * t];
+            _mm256_store_ps(block[j], _mm256_cvtph_ps(_mm256_castsi256_si128(first)));
+            _mm256_store_ps(block[j] + 8, _mm256_cvtph_ps(_mm256_extracti128_si256(first, 1)));
+            _mm256_store_ps(block[j] + 16, _mm256_cvtph_ps(_mm256_castsi256_si128(second)));
+            _mm256_store_ps(block[j] + 24, _mm256_cvtph_ps(_mm256_extracti128_si256(second, 1)));
         }
+        const int64_t first_row = std::max(c0, 32 * t), end = std::min(c0 + n, 32 * t + 32);
+        const bool whole = first_row == 32 * t && end == 32 * t + 32;
+        float* to = whole ? dst + (32 * t - c0) * kConvPanel : &rows[0][0];
+        for (int jb = 0; jb < kConvPanel; jb += 8)
+            for (int rb = 0; rb < 32; rb += 8) transpose8x8(&block[jb][rb], 32, to + rb * kConvPanel + jb, kConvPanel);
+        if (!whole)
+            std::copy(&rows[0][0] + (first_row - 32 * t) * kConvPanel, &rows[0][0] + (end - 32 * t) * kConvPanel,
+                      dst + (first_row - c0) * kConvPanel);
     }
 }
 

@@ -74,7 +74,8 @@ std::shared_ptr<const PackedConv1x1I8> shared_conv1x1_i8(const int8_t* q, const 
 // tile, which sums the unrounded weights per block: within their fp16 rounding, low_bit_kernels.cpp).
 //  - lut4, lut6: palettized (constexpr_lut_to_dense): weight = lut[o / group][index], the LUT's
 //    entries fp16 values. With group % 8 == 0 a panel half (8 output channels) reads one LUT (lut4: a
-//    register permute); otherwise each output channel's LUT is stored in its panel (a gather).
+//    register permute); otherwise each output channel's LUT is stored in its panel (a gather; AVX2
+//    lut4: channel_major, decoded along the inputs).
 //  - affine4: block-wise 4-bit (constexpr_blockwise_shift_scale): weight = fp16((u - z) * s) with u in
 //    [0, 15] and fp16 (s, z) per output channel and block of `block` (a power of two) input channels,
 //    u - z an fp16 value (checked at pack): the product of two fp16 values is exact in fp32, so one

@@ -70,8 +70,8 @@ std::shared_ptr<const PackedConv1x1I8> shared_conv1x1_i8(const int8_t* q, const 
 // A 1x1 convolution weight [cout][cin] of 4 or 6 bits per weight, packed like PackedConv1x1 (panels
 // of 16 output channels, one row of 16 weights per input channel) and streamed at its stored width;
 // the tile forms each weight in fp32 exactly (an fp16 value) before the same FMA as the fp16 tile, so
-// conv1x1 gives bit for bit what it gives the fp16 weight of the same values (but AVX2's int4 decode
-// tile, which sums the unrounded weights per block: within their fp16 rounding, low_bit_kernels.cpp).
+// conv1x1 gives bit for bit what it gives the fp16 weight of the same values (but AVX2's int4 and per-channel
+// lut4 decode tiles, which sum in another order: within the fp16 rounding of the weights, low_bit_kernels.cpp).
 //  - lut4, lut6: palettized (constexpr_lut_to_dense): weight = lut[o / group][index], the LUT's
 //    entries fp16 values. With group % 8 == 0 a panel half (8 output channels) reads one LUT (lut4: a
 //    register permute); otherwise each output channel's LUT is stored in its panel (a gather; AVX2
@@ -134,7 +134,7 @@ void conv1x1(const PackedConv1x1& w, const float* x, int64_t S, int64_t lanes, f
 // The same with int8 weights: equal, bit for bit, to conv1x1 of the fp16 weight q * scale[o].
 void conv1x1(const PackedConv1x1I8& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16);
 // The same with 4- or 6-bit weights: equal, bit for bit, to conv1x1 of the fp16 weight they stand for
-// (AVX2 int4 on up to 12 lanes: within the fp16 rounding of those weights, see PackedConv1x1Q).
+// (AVX2 int4 and per-channel lut4 on up to 12 lanes: within the fp16 rounding of those weights, see PackedConv1x1Q).
 void conv1x1(const PackedConv1x1Q& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16);
 
 // C[m][n] = sum_k A(m,k) * B(k,n), with A(m,k) = a[m*a_rs + k*a_cs] and B(k,n) = b[k*b_rs + n*b_cs]

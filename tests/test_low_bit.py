@@ -7,7 +7,8 @@ and its ``constexpr_lut_to_dense`` / ``constexpr_blockwise_shift_scale`` ``decom
 tools give the ops), and the independent numpy fp32 models of tests/support run on the dequantized weights.
 Tolerances: a low-bit conv agrees bit for bit with the same program holding the fp16 weight it stands for
 (the emulator forms each weight exactly, then the fp16 kernel's sums), on every SIMD flavour (the kernel
-tests run once more under ORION_SIMD=portable and avx2); models agree with the reference on their
+tests run once more under ORION_SIMD=portable and avx2), but for AVX2's int4 and per-channel lut4 decode
+tiles, which sum in another way: within fp16 rounding of numpy float64 on the weights they sum (sums_differ); models agree with the reference on their
 quantized weights to the fp16 tolerance of their fp16 suites (3% of max |logit| for GPT-2, 2% for Llama).
 """
 
@@ -165,7 +166,11 @@ def test_int4_zero_points_keep_every_level_an_fp16_value_and_the_error_bounded(c
     got = compiler.compile_lowered(compiler.lower_graph(low_bit_graph(w, 8, "int4")), profile="permissive")(x=x)["y"]
     deq = quant.quantize_int4(w).dequantized()
     assert np.all(np.isfinite(got))
-    np.testing.assert_array_equal(got, run(compiler.lower_graph(low_bit_graph(deq.astype(np.float32), 8, "fp16")), x))
+    if sums_differ("int4", quant.quantize_int4(w), 8):
+        assert_within_weight_rounding(got[0, :, 0, :], "int4", quant.quantize_int4(w), x[0, :, 0, :])
+    else:
+        np.testing.assert_array_equal(got, run(compiler.lower_graph(low_bit_graph(deq.astype(np.float32), 8, "fp16")),
+                                               x))
     ref = deq @ x[0, :, 0, :].astype(np.float64)  # float64
     np.testing.assert_allclose(got[0, :, 0, :].astype(np.float64), ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
 
@@ -278,6 +283,35 @@ def evaluate_live(compiled, x: np.ndarray, lanes: int) -> np.ndarray:
     return compiled.unpack_outputs({name: s.read() for name, s in outputs.items()})["y"][0, :, 0, :lanes]
 
 
+def sums_differ(mode: str, qw, lanes: int) -> bool:
+    """Whether the conv runs one of AVX2's decode tiles that sum in another way than the fp16 tile (register tiles
+    of under 13 lanes; the converting path from 13 on stays bit for bit): int4 with blocks of 2+ inputs applies
+    each block's scale and zero point to the block's sums of u * x and of x (the unrounded weights (u - z) * s),
+    lut4 with a LUT per channel sums each channel's exact weights along the inputs in 8 partial sums."""
+    if lanes >= 13 or kernels.simd_path() != "avx2+f16c+fma":
+        return False
+    return (mode == "int4" and qw.block >= 2) or (mode == "lut4" and qw.group % 8 != 0)
+
+
+def summed_weights(mode: str, qw) -> np.ndarray:
+    """The float64 weights such a tile sums: int4's unrounded (u - z) * s, a LUT's entries."""
+    if mode != "int4":
+        return qw.dequantized()
+    rows = qw.q.reshape(qw.q.shape[0], -1).astype(np.float64)
+    return ((rows - np.repeat(qw.zero.astype(np.float64), qw.block, axis=1))
+            * np.repeat(qw.scale.astype(np.float64), qw.block, axis=1))
+
+
+def assert_within_weight_rounding(got: np.ndarray, mode: str, qw, x: np.ndarray) -> None:
+    """got [cout, lanes] against numpy float64 of summed_weights times x [cin, lanes]: within the fp16 rounding of
+    the output plus 2^-16 of sum |w * x| (fp32 sums; a wrong nibble, block, scale or entry is off by about |w * x|)."""
+    w, x64 = summed_weights(mode, qw), x.astype(np.float64)
+    ref = w @ x64
+    bound = 2**-11 * np.abs(ref) + 2**-16 * (np.abs(w) @ np.abs(x64)) + 2**-24
+    err = np.abs(got.astype(np.float64) - ref)
+    assert np.all(err <= bound), f"error {np.max(err / bound):.3g} x the bound"
+
+
 def packed_bytes(qw, mode: str, cout: int, cin: int) -> int:
     """The bytes the emulator holds for a low-bit conv weight (kernels.h, PackedConv1x1Q): the indices at their
     width per panel of 16 output channels, plus LUTs (fp32 per panel half or channel; on the AVX2 flavour, LUTs
@@ -288,6 +322,8 @@ def packed_bytes(qw, mode: str, cout: int, cin: int) -> int:
         return panels * cin * 8 + panels * (cin // qw.block) * 32 * 2
     if qw.group % 8 == 0 and kernels.simd_path() == "avx2+f16c+fma":
         return panels * (cin + cin % 2) * 2 * bits + panels * (1 << bits) * 4
+    if bits == 4 and kernels.simd_path() == "avx2+f16c+fma":  # a LUT per channel: channel-major, rows padded to 32
+        return panels * -(-cin // 32) * 32 * 8 + panels * 16 * 16 * 4
     return panels * cin * 16 * bits // 8 + (panels * 16 if qw.group % 8 else panels * 2) * (1 << bits) * 4
 
 
@@ -306,7 +342,10 @@ def test_low_bit_conv_equals_the_fp16_program_of_its_weight_bit_for_bit(mode, co
             "the weight stays packed at its width"
     got = program(x=x)["y"]
     fp16 = run(compiler.lower_graph(low_bit_graph(qw.dequantized().astype(np.float32), s, "fp16")), x)
-    np.testing.assert_array_equal(got, fp16)
+    if sums_differ(mode, qw, s):
+        assert_within_weight_rounding(got[0, :, 0, :], mode, qw, x[0, :, 0, :])
+    else:
+        np.testing.assert_array_equal(got, fp16)
     ref = qw.dequantized() @ x[0, :, 0, :].astype(np.float64)  # float64
     np.testing.assert_allclose(got[0, :, 0, :].astype(np.float64), ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
 
@@ -326,7 +365,10 @@ def test_low_bit_conv_of_odd_sizes_against_float64(mode, cout, cin) -> None:
     x = RNG.standard_normal((1, cin, 1, 32)).astype(np.float16)
     for lanes in (1, 2, 3, 4, 5, 6, 13):
         got = {key: evaluate_live(program, x, lanes) for key, program in (("low", low), ("dense", dense))}
-        np.testing.assert_array_equal(got["low"], got["dense"], err_msg=f"{lanes} lanes")
+        if sums_differ(mode, qw, lanes):
+            assert_within_weight_rounding(got["low"], mode, qw, x[0, :, 0, :lanes])
+        else:
+            np.testing.assert_array_equal(got["low"], got["dense"], err_msg=f"{lanes} lanes")
         ref = qw.dequantized() @ x[0, :, 0, :lanes].astype(np.float64)
         np.testing.assert_allclose(got["low"].astype(np.float64), ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max(),
                                    err_msg=f"{lanes} lanes")

@@ -70,10 +70,12 @@ std::shared_ptr<const PackedConv1x1I8> shared_conv1x1_i8(const int8_t* q, const 
 // A 1x1 convolution weight [cout][cin] of 4 or 6 bits per weight, packed like PackedConv1x1 (panels
 // of 16 output channels, one row of 16 weights per input channel) and streamed at its stored width;
 // the tile forms each weight in fp32 exactly (an fp16 value) before the same FMA as the fp16 tile, so
-// conv1x1 gives bit for bit what it gives the fp16 weight of the same values.
+// conv1x1 gives bit for bit what it gives the fp16 weight of the same values (but AVX2's int4 and per-channel
+// lut4 decode tiles, which sum in another order: within the fp16 rounding of the weights, low_bit_kernels.cpp).
 //  - lut4, lut6: palettized (constexpr_lut_to_dense): weight = lut[o / group][index], the LUT's
 //    entries fp16 values. With group % 8 == 0 a panel half (8 output channels) reads one LUT (lut4: a
-//    register permute); otherwise each output channel's LUT is stored in its panel (a gather).
+//    register permute); otherwise each output channel's LUT is stored in its panel (a gather; AVX2
+//    lut4: channel_major, decoded along the inputs).
 //  - affine4: block-wise 4-bit (constexpr_blockwise_shift_scale): weight = fp16((u - z) * s) with u in
 //    [0, 15] and fp16 (s, z) per output channel and block of `block` (a power of two) input channels,
 //    u - z an fp16 value (checked at pack): the product of two fp16 values is exact in fp32, so one
@@ -89,6 +91,13 @@ struct PackedConv1x1Q : std::enable_shared_from_this<PackedConv1x1Q> {
     int64_t entries = 16;    // lut kinds: LUT entries (16 or 64)
     bool channel_luts = false;  // lut kinds: one LUT per output channel in each panel, not one per half
     int block_shift = 5;     // affine4: log2 of the input channels per (scale, bias)
+    // affine4 in the AVX2 flavour's layout (blocks of 2+ rows): rows in pairs, byte j of pair q (16 bytes)
+    // holding output j's u of row 2q in its low nibble and of row 2q + 1 in its high one.
+    bool affine4_pairs = false;
+    // lut4 with a LUT per output channel in the AVX2 flavour's layout: each panel's 16 channels one after
+    // another, each its rows_stored() / 2 bytes, 16 per chunk of 32 rows (row r of a chunk: byte
+    // (r / 16) * 8 + r % 8, its high nibble when r / 8 is odd), cin padded to a multiple of 32 with index 0.
+    bool channel_major = false;
     std::vector<uint8_t> data;     // panels x rows_stored() x row_bytes
     std::vector<float> lut;        // lut kinds: panels x (2 halves or 16 channels) x entries
     std::vector<uint16_t> params;  // affine4: panels x blocks x (16 fp16 scales, then 16 fp16 zero points)
@@ -99,7 +108,10 @@ struct PackedConv1x1Q : std::enable_shared_from_this<PackedConv1x1Q> {
     // row) and, instead of `lut`, per panel the LUT entries' fp16 bytes as vpshufb tables of 16 entries:
     // [low bytes, high bytes][entries / 16 tables][panel half][16] (entries * 4 bytes).
     std::vector<uint8_t> lut_bytes;
-    int64_t rows_stored() const { return lut_bytes.empty() ? cin : cin + cin % 2; }
+    int64_t rows_stored() const {
+        if (channel_major) return (cin + 31) / 32 * 32;
+        return lut_bytes.empty() ? cin : cin + cin % 2;
+    }
 };
 // Palettized weights: `indices` [cout][cin] (each < 2^bits, bits 4 or 6) and `lut` [ceil(cout/group)]
 // [2^bits] (fp16 values, as float). Throws std::invalid_argument for a layout the kernels do not take.
@@ -121,7 +133,8 @@ std::shared_ptr<const PackedConv1x1Q> shared_conv1x1_q(PackedConv1x1Q packed);
 void conv1x1(const PackedConv1x1& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16);
 // The same with int8 weights: equal, bit for bit, to conv1x1 of the fp16 weight q * scale[o].
 void conv1x1(const PackedConv1x1I8& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16);
-// The same with 4- or 6-bit weights: equal, bit for bit, to conv1x1 of the fp16 weight they stand for.
+// The same with 4- or 6-bit weights: equal, bit for bit, to conv1x1 of the fp16 weight they stand for
+// (AVX2 int4 and per-channel lut4 on up to 12 lanes: within the fp16 rounding of those weights, see PackedConv1x1Q).
 void conv1x1(const PackedConv1x1Q& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16);
 
 // C[m][n] = sum_k A(m,k) * B(k,n), with A(m,k) = a[m*a_rs + k*a_cs] and B(k,n) = b[k*b_rs + n*b_cs]

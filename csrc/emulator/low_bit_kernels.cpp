@@ -25,9 +25,14 @@ std::unordered_multimap<size_t, std::weak_ptr<const PackedConv1x1Q>> shared_q;
 
 bool same_content(const PackedConv1x1Q& a, const PackedConv1x1Q& b) {
     return a.kind == b.kind && a.cout == b.cout && a.cin == b.cin && a.block_shift == b.block_shift &&
-           a.channel_luts == b.channel_luts && a.data == b.data &&
+           a.channel_luts == b.channel_luts && a.affine4_pairs == b.affine4_pairs && a.channel_major == b.channel_major && a.data == b.data &&
            a.lut == b.lut && a.params == b.params && a.lut_bytes == b.lut_bytes;
 }
+
+// lut4's channel-major layout (PackedConv1x1Q::channel_major): where row r of a chunk of 32 rows is, byte (r / 16)
+// * 8 + r % 8 of the chunk's 16, the high nibble when r / 8 is odd (so that the AVX2 decode gives rows in order).
+int64_t chunk_byte(int64_t r) { return (r / 16) * 8 + r % 8; }
+int chunk_shift(int64_t r) { return 4 * static_cast<int>((r / 8) % 2); }
 
 }  // namespace
 
@@ -157,43 +162,6 @@ struct LutGatherRows8 {
     ORION_AVX2 __m256 lo(int64_t c) const { return make(c, 0); }
     ORION_AVX2 __m256 hi(int64_t c) const { return make(c, 1); }
 };
-// lut4 with one LUT per output channel (an odd Cout, e.g. an LM head): each row's 16 fp16 weights picked from
-// `entry` (entry e: the 16 channels' LUT entries e) by a binary tree of blends on the index bits, no gathers.
-struct Lut4ChannelRows8 {
-    const uint8_t* w;
-    const uint16_t* entry;  // [16 entries][16 channels] fp16
-    ORION_AVX2 __m256i row_fp16(int64_t c) const {
-        const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + c * 8));
-        const __m128i mask = _mm_set1_epi8(15);
-        const __m256i index = _mm256_cvtepu8_epi16(  // channel j's index in word j
-            _mm_unpacklo_epi8(_mm_and_si128(bytes, mask), _mm_and_si128(_mm_srli_epi16(bytes, 4), mask)));
-        __m256i pick[8];
-        ORION_UNROLL
-        for (int level = 0, n = 16; level < 4; ++level, n /= 2) {
-            const __m256i bit = _mm256_set1_epi16(static_cast<short>(1 << level));
-            const __m256i odd = _mm256_cmpeq_epi16(_mm256_and_si256(index, bit), bit);
-            ORION_UNROLL
-            for (int k = 0; k < n / 2; ++k) {
-                const __m256i even_entry = level ? pick[2 * k] : load_entry(2 * k);
-                const __m256i odd_entry = level ? pick[2 * k + 1] : load_entry(2 * k + 1);
-                pick[k] = _mm256_blendv_epi8(even_entry, odd_entry, odd);
-            }
-        }
-        return pick[0];
-    }
-    ORION_AVX2 __m256i load_entry(int e) const {
-        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(entry + 16 * e));
-    }
-    ORION_AVX2 void pair(int64_t c, __m256 (&out)[2][2]) const {
-        for (int r = 0; r < 2; ++r) {
-            const __m256i row = row_fp16(c + r);
-            out[r][0] = _mm256_cvtph_ps(_mm256_castsi256_si128(row));
-            out[r][1] = _mm256_cvtph_ps(_mm256_extracti128_si256(row, 1));
-        }
-    }
-    ORION_AVX2 __m256 lo(int64_t c) const { return _mm256_cvtph_ps(_mm256_castsi256_si128(row_fp16(c))); }
-    ORION_AVX2 __m256 hi(int64_t c) const { return _mm256_cvtph_ps(_mm256_extracti128_si256(row_fp16(c), 1)); }
-};
 struct Affine4Rows8 {
     const uint8_t* w;
     const uint16_t* params;
@@ -271,18 +239,23 @@ struct LutPairRows8 {
     ORION_AVX2 __m256 lo(int64_t c) const { return _mm256_cvtph_ps(row_fp16(c, 0)); }
     ORION_AVX2 __m256 hi(int64_t c) const { return _mm256_cvtph_ps(row_fp16(c, 1)); }
 };
-// Block-wise 4-bit with each block's parameters decoded once into registers: s and n = -(z * s) (exact in
-// fp32: two fp16 values), so that a weight is fp16(fma(u, s, n)), the exact (u - z) * s rounded once:
-// Affine4Rows8's values. Needs blocks of 2 rows or more, pairs inside a block (even first).
+// Block-wise 4-bit in the AVX2 layout (PackedConv1x1Q::affine4_pairs: rows in pairs, byte j of a pair holding
+// output j's values of both rows), each weight formed exactly: each block's s and n = -(z * s) (exact in fp32:
+// two fp16 values) decoded once into registers, and a weight is fp16(fma(u, s, n)), the exact (u - z) * s
+// rounded once (Affine4Rows8's values). Needs blocks of 2 rows or more, pairs inside a block (even first).
+// The u of 8 outputs of one row pair as int32 (row 2q in bits 0-3, row 2q + 1 in bits 4-7).
+ORION_AVX2 inline __m256i pair_bytes8(const uint8_t* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
 struct Affine4PairRows8 {
-    const uint8_t* w;
+    const uint8_t* w;  // the panel's row pairs
     const uint16_t* params;
-    int64_t first;
+    int64_t first;     // the panel row that row 0 of this reader is
     int shift;
     int64_t block = -1;  // whose parameters s and n hold
     __m256 s[2] = {}, n[2] = {};
-    ORION_AVX2 void use_block(int64_t c) {
-        const int64_t b = (first + c) >> shift;
+    ORION_AVX2 void use_block(int64_t r) {
+        const int64_t b = r >> shift;
         if (b == block) return;
         block = b;
         const uint16_t* at = params + b * 2 * kConvPanel;
@@ -291,22 +264,129 @@ struct Affine4PairRows8 {
             n[half] = _mm256_mul_ps(load8(at + kConvPanel + 8 * half), _mm256_sub_ps(_mm256_setzero_ps(), s[half]));
         }
     }
-    ORION_AVX2 __m256 make(int64_t c, int half) const {
-        return round8(_mm256_fmadd_ps(_mm256_cvtepi32_ps(nibbles8(w + c * 8 + 4 * half)), s[half], n[half]));
+    ORION_AVX2 __m256 weight(__m256i u, int half) const {
+        return round8(_mm256_fmadd_ps(_mm256_cvtepi32_ps(u), s[half], n[half]));
     }
     ORION_AVX2 void pair(int64_t c, __m256 (&out)[2][2]) {
-        use_block(c);
-        out[0][0] = make(c, 0), out[0][1] = make(c, 1), out[1][0] = make(c + 1, 0), out[1][1] = make(c + 1, 1);
+        const int64_t r = first + c;
+        use_block(r);
+        for (int half = 0; half < 2; ++half) {
+            const __m256i both = pair_bytes8(w + r * 8 + 8 * half);
+            out[0][half] = weight(_mm256_and_si256(both, _mm256_set1_epi32(15)), half);
+            out[1][half] = weight(_mm256_srli_epi32(both, 4), half);
+        }
     }
-    ORION_AVX2 __m256 lo(int64_t c) {
-        use_block(c);
-        return make(c, 0);
+    ORION_AVX2 __m256 row(int64_t c, int half) {
+        const int64_t r = first + c;
+        use_block(r);
+        const __m256i both = pair_bytes8(w + (r & ~int64_t{1}) * 8 + 8 * half);
+        return weight(_mm256_and_si256(_mm256_srli_epi32(both, 4 * static_cast<int>(r & 1)), _mm256_set1_epi32(15)), half);
     }
-    ORION_AVX2 __m256 hi(int64_t c) {
-        use_block(c);
-        return make(c, 1);
-    }
+    ORION_AVX2 __m256 lo(int64_t c) { return row(c, 0); }
+    ORION_AVX2 __m256 hi(int64_t c) { return row(c, 1); }
 };
+
+// The int4 decode tile (the AVX2 layout, blocks of B >= 2 rows, whole blocks from a block's first row): per block
+// and lane, the sums of u * x (u the stored 4-bit values, exact in fp32) and of x, then acc += s * sum(u * x) +
+// n * sum(x) with n = -(z * s): the block's scale and zero point applied once per block and lane, not per
+// weight. It sums (u - z) * s * x unrounded where the fp16 tile sums fp16((u - z) * s) * x, so each output
+// differs from the fp16 conv of the dequantized weight by at most the fp16 rounding of its weights
+// (|error| <= 2^-11 * sum |w * x|) plus fp32 rounding; the converting (prefill) path stays bit for bit.
+// U interleaved partial sums per block (rows r -> r % U) keep the FMAs in flight when L is small.
+template <int L, int U>
+ORION_AVX2 void affine4_block_tile_fixed(const uint8_t* pairs, const uint16_t* params, int64_t B, const float* x,
+                                         int64_t S, int64_t k, float* acc, bool add) {
+    constexpr int P = U < 2 ? 2 : U;  // rows per step: whole pairs
+    static_assert(L <= 8, "the sums of x hold one lane per float of a register");
+    const __m256i fifteen = _mm256_set1_epi32(15);
+    alignas(32) static constexpr int kLive[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    const __m256i live = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kLive + 8 - L));  // lanes l < L
+    __m256 a_lo[L], a_hi[L];
+    ORION_UNROLL
+    for (int l = 0; l < L; ++l) {
+        a_lo[l] = add ? _mm256_loadu_ps(acc + l * kConvPanel) : _mm256_setzero_ps();
+        a_hi[l] = add ? _mm256_loadu_ps(acc + l * kConvPanel + 8) : _mm256_setzero_ps();
+    }
+    for (int64_t c0 = 0; c0 < k; c0 += B, params += 2 * kConvPanel) {
+        alignas(32) float x_sum[8];
+        if (S == 1 && B % 16 == 0) {  // one lane, its x contiguous (a compact decode call): 8 rows a load
+            __m256 xs[2] = {_mm256_loadu_ps(x + c0), _mm256_loadu_ps(x + c0 + 8)};
+            for (int64_t c = 16; c < B; c += 16) {
+                xs[0] = _mm256_add_ps(xs[0], _mm256_loadu_ps(x + c0 + c));
+                xs[1] = _mm256_add_ps(xs[1], _mm256_loadu_ps(x + c0 + c + 8));
+            }
+            x_sum[0] = hsum(_mm256_add_ps(xs[0], xs[1]));
+        } else {  // lane l of row c at x[c * S + l]: a register of the live lanes per row
+            __m256 xs[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+            for (int64_t c = 0; c < B; c += 2) {
+                xs[0] = _mm256_add_ps(xs[0], _mm256_maskload_ps(x + (c0 + c) * S, live));
+                xs[1] = _mm256_add_ps(xs[1], _mm256_maskload_ps(x + (c0 + c + 1) * S, live));
+            }
+            _mm256_store_ps(x_sum, _mm256_add_ps(xs[0], xs[1]));
+        }
+        __m256 lo[U][L], hi[U][L];
+        ORION_UNROLL
+        for (int u = 0; u < U; ++u)
+            ORION_UNROLL
+            for (int l = 0; l < L; ++l) lo[u][l] = hi[u][l] = _mm256_setzero_ps();
+        for (int64_t c = c0; c < c0 + B; c += P) {
+            ORION_UNROLL
+            for (int h = 0; h < P; h += 2) {
+                const __m256i b_lo = pair_bytes8(pairs + (c + h) * 8), b_hi = pair_bytes8(pairs + (c + h) * 8 + 8);
+                const __m256 w[2][2] = {
+                    {_mm256_cvtepi32_ps(_mm256_and_si256(b_lo, fifteen)), _mm256_cvtepi32_ps(_mm256_and_si256(b_hi, fifteen))},
+                    {_mm256_cvtepi32_ps(_mm256_srli_epi32(b_lo, 4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(b_hi, 4))}};
+                ORION_UNROLL
+                for (int r = 0; r < 2; ++r) {
+                    const float* xc = x + (c + h + r) * S;
+                    ORION_UNROLL
+                    for (int l = 0; l < L; ++l) {
+                        const __m256 xv = _mm256_broadcast_ss(xc + l);
+                        lo[(h + r) % U][l] = _mm256_fmadd_ps(w[r][0], xv, lo[(h + r) % U][l]);
+                        hi[(h + r) % U][l] = _mm256_fmadd_ps(w[r][1], xv, hi[(h + r) % U][l]);
+                    }
+                }
+            }
+        }
+        ORION_UNROLL
+        for (int u = 1; u < U; ++u)
+            ORION_UNROLL
+            for (int l = 0; l < L; ++l) {
+                lo[0][l] = _mm256_add_ps(lo[0][l], lo[u][l]);
+                hi[0][l] = _mm256_add_ps(hi[0][l], hi[u][l]);
+            }
+        const __m256 s_lo = load8(params), s_hi = load8(params + 8);
+        const __m256 n_lo = _mm256_mul_ps(load8(params + kConvPanel), _mm256_sub_ps(_mm256_setzero_ps(), s_lo));
+        const __m256 n_hi = _mm256_mul_ps(load8(params + kConvPanel + 8), _mm256_sub_ps(_mm256_setzero_ps(), s_hi));
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) {
+            const __m256 xl = _mm256_broadcast_ss(x_sum + l);
+            a_lo[l] = _mm256_fmadd_ps(n_lo, xl, _mm256_fmadd_ps(s_lo, lo[0][l], a_lo[l]));
+            a_hi[l] = _mm256_fmadd_ps(n_hi, xl, _mm256_fmadd_ps(s_hi, hi[0][l], a_hi[l]));
+        }
+    }
+    ORION_UNROLL
+    for (int l = 0; l < L; ++l) {
+        _mm256_storeu_ps(acc + l * kConvPanel, a_lo[l]);
+        _mm256_storeu_ps(acc + l * kConvPanel + 8, a_hi[l]);
+    }
+}
+
+// affine4_block_tile_fixed for 1-6 lanes (5 and 6 as two tiles of up to 3, which the registers hold).
+ORION_AVX2 void affine4_block_tile(const uint8_t* pairs, const uint16_t* params, int64_t B, const float* x, int64_t S,
+                                   int64_t k, int lanes, float* acc, bool add) {
+    switch (lanes) {
+        case 1:
+            if (B >= 4) return affine4_block_tile_fixed<1, 4>(pairs, params, B, x, S, k, acc, add);
+            return affine4_block_tile_fixed<1, 2>(pairs, params, B, x, S, k, acc, add);
+        case 2: return affine4_block_tile_fixed<2, 2>(pairs, params, B, x, S, k, acc, add);
+        case 3: return affine4_block_tile_fixed<3, 1>(pairs, params, B, x, S, k, acc, add);
+        case 4: return affine4_block_tile_fixed<4, 1>(pairs, params, B, x, S, k, acc, add);
+        default:
+            affine4_block_tile_fixed<3, 1>(pairs, params, B, x, S, k, acc, add);
+            return affine4_block_tile(pairs, params, B, x + 3, S, k, lanes - 3, acc + 3 * kConvPanel, add);
+    }
+}
 
 // conv_tile_avx2_fixed's sums (each row into the same partial sum, in the same order: the same bits)
 // with rows decoded in pairs: steps of P rows (whole pairs, a multiple of U).
@@ -388,16 +468,8 @@ ORION_AVX2 void with_q_rows8(const QPanel& p, int64_t c0, F f) {
                 rows.high[0] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.lut_bytes + 32));
                 return c0 % 2 ? f(rows) : f.pairs(rows);
             }
-            if (!p.channel_luts)
-                return f(Lut4Rows8{w, _mm256_loadu_ps(p.lut), _mm256_loadu_ps(p.lut + 8), _mm256_loadu_ps(p.lut + 16),
-                                   _mm256_loadu_ps(p.lut + 24)});
-            {
-                alignas(32) uint16_t entry[16 * kConvPanel];  // the panel's LUTs transposed, as fp16 (exact)
-                for (int j = 0; j < kConvPanel; ++j)
-                    for (int e = 0; e < 16; ++e) entry[16 * e + j] = emu::float_to_half(p.lut[16 * j + e]);
-                const Lut4ChannelRows8 rows{w, entry};
-                return c0 % 2 ? f(rows) : f.pairs(rows);
-            }
+            return f(Lut4Rows8{w, _mm256_loadu_ps(p.lut), _mm256_loadu_ps(p.lut + 8), _mm256_loadu_ps(p.lut + 16),
+                               _mm256_loadu_ps(p.lut + 24)});  // (per-channel LUTs: channel_bytes, not here)
         case PackedConv1x1Q::Kind::lut6:
             if (p.kind == PackedConv1x1Q::Kind::lut6 && p.lut_bytes) {
                 LutPairRows8<4> rows{p.rows, p.row_bytes, c0, {}, {}};
@@ -410,8 +482,126 @@ ORION_AVX2 void with_q_rows8(const QPanel& p, int64_t c0, F f) {
             return f(LutGatherRows8{w, p.lut, p.row_bytes, p.entries, p.kind == PackedConv1x1Q::Kind::lut6,
                                     p.channel_luts});
         case PackedConv1x1Q::Kind::affine4:
-            if (p.block_shift > 0 && c0 % 2 == 0) return f.pairs(Affine4PairRows8{w, p.params, c0, p.block_shift});
+            if (p.affine4_pairs) {
+                const Affine4PairRows8 rows{p.rows, p.params, c0, p.block_shift};
+                return c0 % 2 ? f(rows) : f.pairs(rows);
+            }
             return f(Affine4Rows8{w, p.params, c0, p.block_shift});
+    }
+}
+
+// lut4 with a LUT per output channel in the channel-major layout (PackedConv1x1Q::channel_major), decoded along
+// the input axis: a channel's LUT (its 16 fp16 entries' low and high bytes) is a vpshufb table, and the 16 bytes
+// of a chunk of 32 rows give their weights in row order by one shift, one mask, two vpshufb and two unpacks
+// (fp16), then four vcvtph2ps. Each output is a dot product of its channel's exact weights with x, in 4 x 8
+// partial sums over the rows: the values the fp16 tile multiplies, summed in another order (within fp32
+// rounding of it). Rows c0 to c0 + k, c0 a multiple of 32 (conv_panel's tiles: all rows from 0), any number of
+// lanes (a pass over the panel per lane, its x copied contiguous unless it is already).
+
+// Per channel of the panel, its LUT's entries' fp16 low bytes, then high bytes (vpshufb tables; the entries are
+// fp16 values, so vcvtps2ph is exact).
+ORION_AVX2 void channel_tables(const QPanel& p, uint8_t (&table)[kConvPanel][2][16]) {
+    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                           0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    for (int j = 0; j < kConvPanel; ++j) {
+        const __m256i halves = _mm256_setr_m128i(_mm256_cvtps_ph(_mm256_loadu_ps(p.lut + 16 * j), _MM_FROUND_TO_NEAREST_INT),
+                                                 _mm256_cvtps_ph(_mm256_loadu_ps(p.lut + 16 * j + 8), _MM_FROUND_TO_NEAREST_INT));
+        const __m256i bytes = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(halves, split), _MM_SHUFFLE(3, 1, 2, 0));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(table[j]), bytes);
+    }
+}
+// The fp16 weights of a chunk's 32 rows (its 16 bytes at w): rows 0-7 and 8-15 in first's lanes, 16-31 in second's.
+ORION_AVX2 inline void decode_chunk(const uint8_t* w, __m256i low, __m256i high, __m256i& first, __m256i& second) {
+    const __m256i bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+    const __m256i index = _mm256_and_si256(_mm256_srlv_epi64(bytes, _mm256_setr_epi64x(0, 0, 4, 4)),
+                                           _mm256_set1_epi8(15));  // lane 1: the high nibbles
+    const __m256i lo = _mm256_shuffle_epi8(low, index), hi = _mm256_shuffle_epi8(high, index);
+    first = _mm256_unpacklo_epi8(lo, hi);
+    second = _mm256_unpackhi_epi8(lo, hi);
+}
+
+ORION_AVX2 void lut4_channel_tile(const QPanel& p, int64_t c0, const float* x, int64_t S, int64_t k, int lanes,
+                                  float* acc, bool add) {
+    if (c0 % 32) throw std::logic_error("lut4_channel_tile: rows from inside a chunk of 32");
+    const int64_t chunks = (k + 31) / 32;
+    thread_local std::vector<float> column;
+    if (column.size() < static_cast<size_t>(chunks * 32)) column.resize(static_cast<size_t>(chunks * 32));
+    alignas(32) uint8_t table[kConvPanel][2][16];
+    channel_tables(p, table);
+    for (int l = 0; l < lanes; ++l) {
+        const float* xl = x + l;  // row c's value at xl[c], padded rows 0
+        if (S != 1 || k % 32) {
+            float* to = column.data();
+            for (int64_t c = 0; c < k; ++c) to[c] = x[c * S + l];
+            std::fill(to + k, to + chunks * 32, 0.0f);
+            xl = to;
+        }
+        for (int j = 0; j < kConvPanel; ++j) {
+            const uint8_t* w = p.rows + j * p.channel_bytes + c0 / 2;
+            const __m256i low = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(table[j][0])));
+            const __m256i high = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(table[j][1])));
+            __m256 sum[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+            for (int64_t t = 0; t < chunks; ++t) {
+                __m256i first, second;
+                decode_chunk(w + 16 * t, low, high, first, second);
+                const float* xt = xl + 32 * t;  // rows 0-7, 8-15 (first), 16-23, 24-31 (second)
+                sum[0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(first)), _mm256_loadu_ps(xt), sum[0]);
+                sum[1] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(first, 1)), _mm256_loadu_ps(xt + 8), sum[1]);
+                sum[2] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(second)), _mm256_loadu_ps(xt + 16), sum[2]);
+                sum[3] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(second, 1)), _mm256_loadu_ps(xt + 24), sum[3]);
+            }
+            const float total = hsum(_mm256_add_ps(_mm256_add_ps(sum[0], sum[1]), _mm256_add_ps(sum[2], sum[3])));
+            acc[l * kConvPanel + j] = (add ? acc[l * kConvPanel + j] : 0.0f) + total;
+        }
+    }
+}
+
+// The 8 x 8 block of fp32 at src (row stride src_stride) transposed into dst (row stride dst_stride).
+ORION_AVX2 inline void transpose8x8(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_load_ps(src + i * src_stride);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; ++i) {
+        _mm256_storeu_ps(dst + i * dst_stride, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (i + 4) * dst_stride, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
+}
+
+// widen_q of the channel-major layout: rows c0 to c0 + n of the panel, a chunk of 32 rows at a time: each
+// channel's chunk decoded as in the tile into a [16 channels][32 rows] block, then transposed by 8 x 8 blocks.
+ORION_AVX2 void widen_lut4_channels(const QPanel& p, int64_t c0, float* dst, int64_t n) {
+    alignas(32) uint8_t table[kConvPanel][2][16];
+    channel_tables(p, table);
+    alignas(32) float block[kConvPanel][32];
+    alignas(32) float rows[32][kConvPanel];
+    for (int64_t t = c0 / 32; t * 32 < c0 + n; ++t) {
+        for (int j = 0; j < kConvPanel; ++j) {
+            const __m256i low = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(table[j][0])));
+            const __m256i high = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(table[j][1])));
+            __m256i first, second;
+            decode_chunk(p.rows + j * p.channel_bytes + 16 * t, low, high, first, second);
+            _mm256_store_ps(block[j], _mm256_cvtph_ps(_mm256_castsi256_si128(first)));
+            _mm256_store_ps(block[j] + 8, _mm256_cvtph_ps(_mm256_extracti128_si256(first, 1)));
+            _mm256_store_ps(block[j] + 16, _mm256_cvtph_ps(_mm256_castsi256_si128(second)));
+            _mm256_store_ps(block[j] + 24, _mm256_cvtph_ps(_mm256_extracti128_si256(second, 1)));
+        }
+        const int64_t first_row = std::max(c0, 32 * t), end = std::min(c0 + n, 32 * t + 32);
+        const bool whole = first_row == 32 * t && end == 32 * t + 32;
+        float* to = whole ? dst + (32 * t - c0) * kConvPanel : &rows[0][0];
+        for (int jb = 0; jb < kConvPanel; jb += 8)
+            for (int rb = 0; rb < 32; rb += 8) transpose8x8(&block[jb][rb], 32, to + rb * kConvPanel + jb, kConvPanel);
+        if (!whole)
+            std::copy(&rows[0][0] + (first_row - 32 * t) * kConvPanel, &rows[0][0] + (end - 32 * t) * kConvPanel,
+                      dst + (first_row - c0) * kConvPanel);
     }
 }
 
@@ -447,10 +637,16 @@ ORION_AVX2 void conv_tile_i8_avx2(const int8_t* w, const float* scale, const flo
 
 ORION_AVX2 void conv_tile_q_avx2(const QPanel& p, int64_t c0, const float* x, int64_t S, int64_t k, int lanes,
                                  float* acc, bool add) {
+    if (p.channel_bytes) return lut4_channel_tile(p, c0, x, S, k, lanes, acc, add);
+    const int64_t block = int64_t{1} << p.block_shift;
+    if (p.kind == PackedConv1x1Q::Kind::affine4 && p.affine4_pairs && c0 % block == 0 && k % block == 0)
+        return affine4_block_tile(p.rows + c0 * p.row_bytes, p.params + (c0 >> p.block_shift) * 2 * kConvPanel, block,
+                                  x, S, k, lanes, acc, add);
     with_q_rows8(p, c0, TileAvx2{x, S, k, lanes, acc, add});
 }
 
 ORION_AVX2 void widen_q_avx2(const QPanel& p, int64_t c0, float* dst, int64_t n) {
+    if (p.channel_bytes) return widen_lut4_channels(p, c0, dst, n);
     with_q_rows8(p, c0, WidenAvx2{dst, n});
 }
 
@@ -600,6 +796,8 @@ QPanel q_panel(const PackedConv1x1Q& w, int64_t p) {
     if (!w.lut_bytes.empty()) panel.lut_bytes = w.lut_bytes.data() + p * w.entries * 4;
     if (!w.params.empty()) panel.params = w.params.data() + p * (w.cin >> w.block_shift) * 2 * kConvPanel;
     panel.block_shift = w.block_shift;
+    panel.affine4_pairs = w.affine4_pairs;
+    if (w.channel_major) panel.channel_bytes = w.rows_stored() / 2;
     return panel;
 }
 
@@ -663,10 +861,12 @@ PackedConv1x1Q pack_conv1x1_lut(const uint8_t* indices, int bits, const float* l
     packed.entries = int64_t{1} << bits;
     packed.channel_luts = group % 8 != 0;
     // The AVX2 flavour's layout for LUTs per panel half (the other flavours' readers take the plain one).
-    const bool paired = !packed.channel_luts && std::string_view(simd_path()) == "avx2+f16c+fma";
+    const bool avx2 = std::string_view(simd_path()) == "avx2+f16c+fma";
+    const bool paired = !packed.channel_luts && avx2;
+    packed.channel_major = packed.channel_luts && bits == 4 && avx2;
     const int64_t tables = packed.entries / 16;  // paired: vpshufb tables of 16 entries per LUT
     const int64_t panels = ceil_div(cout, kConvPanel), luts = packed.channel_luts ? kConvPanel : 2;
-    const int64_t rows_stored = paired ? cin + cin % 2 : cin;
+    const int64_t rows_stored = packed.channel_major ? packed.rows_stored() : paired ? cin + cin % 2 : cin;
     packed.data.assign(static_cast<size_t>(panels * rows_stored * packed.row_bytes), 0);
     if (paired)
         packed.lut_bytes.assign(static_cast<size_t>(panels * packed.entries * 4), 0);
@@ -691,6 +891,11 @@ PackedConv1x1Q pack_conv1x1_lut(const uint8_t* indices, int bits, const float* l
             const unsigned index = indices[o * cin + c];
             if (index >= static_cast<unsigned>(packed.entries))
                 throw std::invalid_argument("pack_conv1x1_lut: an index is out of the LUT's range");
+            if (packed.channel_major) {  // (kernels.h)
+                rows[j * (rows_stored / 2) + (c / 32) * 16 + chunk_byte(c % 32)] |=
+                    static_cast<uint8_t>(index << chunk_shift(c % 32));
+                continue;
+            }
             if (paired) {  // (kernels.h) and lut6's high bits at byte j % 8 after the pair's 16, bits 2 * (2 * half + row)
                 uint8_t* pair = rows + (c / 2) * 2 * packed.row_bytes;
                 pair[(c % 2) * 8 + j % 8] |= static_cast<uint8_t>((index & 15) << (4 * (j / 8)));
@@ -726,6 +931,8 @@ PackedConv1x1Q pack_conv1x1_affine4(const uint8_t* u, const float* scale, const 
     int shift = 0;
     while ((int64_t{1} << shift) < block) ++shift;
     packed.block_shift = shift;
+    // The AVX2 flavour's layout for blocks of 2+ rows, rows in pairs (the other flavours' readers take the plain one).
+    packed.affine4_pairs = shift > 0 && std::string_view(simd_path()) == "avx2+f16c+fma";
     const int64_t panels = ceil_div(cout, kConvPanel), blocks = cin / block;
     packed.data.assign(static_cast<size_t>(panels * cin * 8), 0);
     packed.params.assign(static_cast<size_t>(panels * blocks * 2 * kConvPanel), 0);
@@ -744,7 +951,10 @@ PackedConv1x1Q pack_conv1x1_affine4(const uint8_t* u, const float* scale, const 
         for (int64_t c = 0; c < cin; ++c) {
             const unsigned v = u[o * cin + c];
             if (v > 15) throw std::invalid_argument("pack_conv1x1_affine4: a value is above 15");
-            rows[c * 8 + j / 2] |= static_cast<uint8_t>(v << (4 * (j % 2)));
+            if (packed.affine4_pairs)
+                rows[(c / 2) * 16 + j] |= static_cast<uint8_t>(v << (4 * (c % 2)));
+            else
+                rows[c * 8 + j / 2] |= static_cast<uint8_t>(v << (4 * (j % 2)));
         }
     }
     return packed;

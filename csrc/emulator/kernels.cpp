@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "emulator/buffer_pool.h"
 #include "emulator/conv_tiles.h"
 #include "emulator/fp16.h"
 #include "emulator/simd.h"
@@ -366,30 +367,68 @@ struct PanelScales {
     const float* after = nullptr;
 };
 
-// One conv panel (16 output channels) over the first `lanes` lanes, written to out rows.
+// A job's `lanes` lanes as the conv register tiles take them: balanced tiles of at most conv_lanes lanes,
+// tile t from lane tile_start(t) on.
+struct LaneTiling {
+    int64_t lanes;
+    int tiles;
+    LaneTiling(const Kernels& k, int64_t n) : lanes(n), tiles(static_cast<int>(ceil_div(n, k.conv_lanes))) {}
+    int64_t tile_start(int t) const { return t * lanes / tiles; }
+    int tile_width(int t) const { return static_cast<int>(tile_start(t + 1) - tile_start(t)); }
+};
+
+// Where the tiles read x: its rows of S lanes (x[c*S + s]), or lane tiles packed by pack_lane_tiles, whose
+// rows are contiguous (the tile of n lanes from lane s: x[s*cin + c*n + l]), so that a tile reads one
+// stream instead of a cache line per input channel (rows of a power-of-two bucket, 4 KiB apart, also
+// share one L1 set).
+struct XView {
+    const float* x;
+    int64_t S, cin;
+    bool packed;
+    XView from(int64_t s) const { return {x + s * (packed ? cin : 1), S, cin, packed}; }
+    int64_t stride(int64_t n) const { return packed ? n : S; }
+    const float* rows(int64_t c0, int64_t n) const { return x + c0 * stride(n); }
+};
+
+// x's lanes [0, lanes) in the packed layout of XView, for jobs of `chunks` balanced lane chunks tiled
+// as conv_panel tiles them: dst[s*cin + c*n + l] = x[c*S + s + l] for each tile (from lane s, n wide).
+void pack_lane_tiles(const Kernels& k, const float* x, int64_t S, int64_t cin, int64_t lanes, int64_t chunks,
+                     float* dst) {
+    parallel_for(cin, std::max<int64_t>(1, kParallelWork / std::max<int64_t>(lanes, 1)), [&](int64_t begin, int64_t end) {
+        for (int64_t ch = 0; ch < chunks; ++ch) {
+            const int64_t a0 = ch * lanes / chunks;
+            const LaneTiling tiling(k, (ch + 1) * lanes / chunks - a0);
+            for (int t = 0; t < tiling.tiles; ++t) {
+                const int64_t s = a0 + tiling.tile_start(t), n = tiling.tile_width(t);
+                for (int64_t c = begin; c < end; ++c) std::memcpy(dst + s * cin + c * n, x + c * S + s, static_cast<size_t>(n) * sizeof(float));
+            }
+        }
+    });
+}
+
+// One conv panel (16 output channels) over the first `lanes` lanes of x, written to out rows.
 template <typename Weights>
-void conv_panel(const Kernels& k, Weights w, PanelScales scales, int64_t cin, const float* x, int64_t S,
-                int64_t lanes, float* out, int64_t rows, bool round) {
+void conv_panel(const Kernels& k, Weights w, PanelScales scales, int64_t cin, XView x, int64_t S, int64_t lanes,
+                float* out, int64_t rows, bool round) {
     const float* scale = scales.inside;
     thread_local std::vector<float> acc_buffer, weight_buffer;
     float* acc = scratch(acc_buffer, static_cast<size_t>(lanes * kConvPanel));
-    const int tiles = static_cast<int>(ceil_div(lanes, k.conv_lanes));
-    auto tile_lanes = [&](int t) { return t * lanes / tiles; };  // balanced tiles of <= conv_lanes lanes
+    const LaneTiling tiling(k, lanes);
     if (!converts_weights(k, cin, lanes)) {
-        for (int t = 0; t < tiles; ++t) {
-            const int64_t s0 = tile_lanes(t);
-            conv_tile(k, w, scale, x + s0, S, cin, static_cast<int>(tile_lanes(t + 1) - s0), acc + s0 * kConvPanel,
-                      false);
+        for (int t = 0; t < tiling.tiles; ++t) {
+            const int64_t s0 = tiling.tile_start(t);
+            const int n = tiling.tile_width(t);
+            conv_tile(k, w, scale, x.from(s0).rows(0, n), x.stride(n), cin, n, acc + s0 * kConvPanel, false);
         }
     } else {
         float* w32 = scratch(weight_buffer, kConvKBlock * kConvPanel);
         for (int64_t c0 = 0; c0 < cin; c0 += kConvKBlock) {
             const int64_t kc = std::min(kConvKBlock, cin - c0);
             widen_rows(k, advance(w, c0), scale, w32, kc);
-            for (int t = 0; t < tiles; ++t) {
-                const int64_t s0 = tile_lanes(t);
-                k.conv_tile_f32(w32, x + c0 * S + s0, S, kc, static_cast<int>(tile_lanes(t + 1) - s0),
-                                acc + s0 * kConvPanel, c0 > 0);
+            for (int t = 0; t < tiling.tiles; ++t) {
+                const int64_t s0 = tiling.tile_start(t);
+                const int n = tiling.tile_width(t);
+                k.conv_tile_f32(w32, x.from(s0).rows(c0, n), x.stride(n), kc, n, acc + s0 * kConvPanel, c0 > 0);
             }
         }
     }
@@ -403,15 +442,14 @@ void conv_panel(const Kernels& k, Weights w, PanelScales scales, int64_t cin, co
 // first `lanes` lanes, written to out rows: conv_panel's converting path with the pair tile. Each
 // output sums exactly as conv_panel's would.
 template <typename W>
-void conv_pair(const Kernels& k, const W* w, PanelScales scales, int64_t cin, const float* x, int64_t S, int64_t lanes,
+void conv_pair(const Kernels& k, const W* w, PanelScales scales, int64_t cin, XView x, int64_t S, int64_t lanes,
                float* out, int64_t rows, bool round) {
     constexpr int64_t P = 2 * kConvPanel;
     const float* scale = scales.inside;
     thread_local std::vector<float> acc_buffer, weight_buffer;
     float* acc = scratch(acc_buffer, static_cast<size_t>(lanes * P));
     float* w32 = scratch(weight_buffer, kConvKBlock * P);
-    const int tiles = static_cast<int>(ceil_div(lanes, k.conv_lanes));
-    auto tile_lanes = [&](int t) { return t * lanes / tiles; };
+    const LaneTiling tiling(k, lanes);
     const W* second = w + cin * kConvPanel;
     const float* second_scale = scale ? scale + kConvPanel : nullptr;
     for (int64_t c0 = 0; c0 < cin; c0 += kConvKBlock) {
@@ -420,10 +458,10 @@ void conv_pair(const Kernels& k, const W* w, PanelScales scales, int64_t cin, co
             widen_rows(k, w + (c0 + c) * kConvPanel, scale, w32 + c * P, 1);
             widen_rows(k, second + (c0 + c) * kConvPanel, second_scale, w32 + c * P + kConvPanel, 1);
         }
-        for (int t = 0; t < tiles; ++t) {
-            const int64_t s0 = tile_lanes(t);
-            k.conv_pair_tile_f32(w32, x + c0 * S + s0, S, kc, static_cast<int>(tile_lanes(t + 1) - s0), acc + s0 * P,
-                                 c0 > 0);
+        for (int t = 0; t < tiling.tiles; ++t) {
+            const int64_t s0 = tiling.tile_start(t);
+            const int n = tiling.tile_width(t);
+            k.conv_pair_tile_f32(w32, x.from(s0).rows(c0, n), x.stride(n), kc, n, acc + s0 * P, c0 > 0);
         }
     }
     scale_outputs(acc, scales.after, lanes, P);  // the pair's 32 scales are contiguous
@@ -635,8 +673,13 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
     auto chunk_start = [&](int64_t c) { return c * lanes / chunks; };
     // A job is one panel, or two adjacent ones when the flavour's pair tile applies.
     constexpr bool low_bit = std::is_same_v<Packed, PackedConv1x1Q>;
-    const int64_t per_job = !low_bit && k.conv_pair_tile_f32 && converts_weights(k, w.cin, lanes / chunks) ? 2 : 1;
+    const bool converts = converts_weights(k, w.cin, lanes / chunks);
+    const int64_t per_job = !low_bit && k.conv_pair_tile_f32 && converts ? 2 : 1;
     const int64_t job_work = per_job * w.cin * kConvPanel * (lanes / chunks + 4);  // + the weight stream's cost
+    // Long rows (the converting tiles, many panels per lane) read x packed in lane tiles, packed once here.
+    std::vector<float> packed_x = converts ? buffer_pool::take(static_cast<size_t>(lanes * w.cin)) : std::vector<float>{};
+    if (converts) pack_lane_tiles(k, x, S, w.cin, lanes, chunks, packed_x.data());
+    const XView xv{converts ? packed_x.data() : x, S, w.cin, converts};
     parallel_for(ceil_div(panels, per_job) * chunks, std::max<int64_t>(1, kParallelWork / std::max<int64_t>(job_work, 1)),
                  [&](int64_t begin, int64_t end) {
                      for (int64_t job = begin; job < end; ++job) {
@@ -644,19 +687,20 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
                          const int64_t s0 = chunk_start(c), n = chunk_start(c + 1) - s0;
                          if constexpr (low_bit) {
                              const QPanel panel = q_panel(w, p);
-                             conv_panel(k, QRows{&panel, 0}, PanelScales{}, w.cin, x + s0, S, n, out + o0 * S + s0,
-                                        std::min(kConvPanel, w.cout - o0), round_fp16);
+                             conv_panel(k, QRows{&panel, 0}, PanelScales{}, w.cin, xv.from(s0), S, n,
+                                        out + o0 * S + s0, std::min(kConvPanel, w.cout - o0), round_fp16);
                          } else {
                              const auto* panel = w.data.data() + o0 * w.cin;
                              if (per_job == 2 && p + 1 < panels)
-                                 conv_pair(k, panel, panel_scales(w, o0), w.cin, x + s0, S, n, out + o0 * S + s0,
+                                 conv_pair(k, panel, panel_scales(w, o0), w.cin, xv.from(s0), S, n, out + o0 * S + s0,
                                            std::min(2 * kConvPanel, w.cout - o0), round_fp16);
                              else
-                                 conv_panel(k, panel, panel_scales(w, o0), w.cin, x + s0, S, n, out + o0 * S + s0,
+                                 conv_panel(k, panel, panel_scales(w, o0), w.cin, xv.from(s0), S, n, out + o0 * S + s0,
                                             std::min(kConvPanel, w.cout - o0), round_fp16);
                          }
                      }
                  });
+    if (converts) buffer_pool::give(std::move(packed_x));
     if (lanes <= kCompactLanes)  // bound by the weight stream: read the next weights while other ops run
         weight_streamed(w.weak_from_this(), w.data.data(), w.data.size() * sizeof(w.data[0]));
 }

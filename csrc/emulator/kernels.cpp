@@ -36,6 +36,9 @@ constexpr int kConvConvertBlocks = 3;  // from this many lane tiles on, convert 
 // Lanes per conv job on long rows: the job's accumulators (16 KiB) stay in L1 and its input slice
 // (kConvKBlock x 256 fp32, 128 KiB) in L2, instead of streaming all lanes once per panel.
 constexpr int64_t kConvLaneChunk = 256;
+// Panels per conv job on long rows: each slice of x (kConvKBlock x kConvLaneChunk) is read from memory
+// once for all of them; their accumulators (64 KiB) and the slice stay in L2.
+constexpr int64_t kConvGroup = 4;
 constexpr int64_t kCompactLanes = 4;  // conv1x1 copies x's live lanes when there are at most this many
 constexpr int64_t kParallelWork = int64_t{1} << 16;  // multiply-adds worth a chunk of their own
 
@@ -313,7 +316,7 @@ float* scratch(std::vector<float>& buffer, size_t n) {
     return buffer.data();
 }
 
-// Whether conv_panel converts the weights to fp32 once per slice for `lanes` lanes (enough tiles
+// Whether conv_panels converts the weights to fp32 once per slice for `lanes` lanes (enough tiles
 // reuse them), which is also when two panels can share one job (Kernels::conv_pair_tile_f32).
 bool converts_weights(const Kernels& k, int64_t cin, int64_t lanes) {
     return cin > 0 && ceil_div(lanes, k.conv_lanes) >= kConvConvertBlocks;
@@ -335,7 +338,7 @@ void widen_rows(const Kernels& k, const uint16_t* w, const float*, float* dst, i
 void widen_rows(const Kernels& k, const int8_t* w, const float* scale, float* dst, int64_t rows) {
     k.dequant_i8(w, scale, dst, rows);
 }
-// A low-bit panel from row c0 on (what conv_panel passes where the other weights pass a pointer).
+// A low-bit panel from row c0 on (what conv_panels passes where the other weights pass a pointer).
 struct QRows {
     const QPanel* panel;
     int64_t c0;
@@ -391,7 +394,7 @@ struct XView {
 };
 
 // x's lanes [0, lanes) in the packed layout of XView, for jobs of `chunks` balanced lane chunks tiled
-// as conv_panel tiles them: dst[s*cin + c*n + l] = x[c*S + s + l] for each tile (from lane s, n wide).
+// as conv_panels tiles them: dst[s*cin + c*n + l] = x[c*S + s + l] for each tile (from lane s, n wide).
 void pack_lane_tiles(const Kernels& k, const float* x, int64_t S, int64_t cin, int64_t lanes, int64_t chunks,
                      float* dst) {
     parallel_for(cin, std::max<int64_t>(1, kParallelWork / std::max<int64_t>(lanes, 1)), [&](int64_t begin, int64_t end) {
@@ -406,41 +409,55 @@ void pack_lane_tiles(const Kernels& k, const float* x, int64_t S, int64_t cin, i
     });
 }
 
-// One conv panel (16 output channels) over the first `lanes` lanes of x, written to out rows.
-template <typename Weights>
-void conv_panel(const Kernels& k, Weights w, PanelScales scales, int64_t cin, XView x, int64_t S, int64_t lanes,
-                float* out, int64_t rows, bool round) {
-    const float* scale = scales.inside;
+// `count` conv panels (16 output channels each; panel_at(g) gives panel g's weights and scales, g < count)
+// over the first `lanes` lanes of x, written to out rows (rows of them in all, panel g's from row 16 g).
+// The converting path runs the panels slice by slice, so each slice of x is read from memory once for
+// all of them and from the cache by the others; each output sums its inputs as a single panel's would.
+template <typename PanelAt>
+void conv_panels(const Kernels& k, const PanelAt& panel_at, int64_t count, int64_t cin, XView x, int64_t S,
+                 int64_t lanes, float* out, int64_t rows, bool round) {
     thread_local std::vector<float> acc_buffer, weight_buffer;
-    float* acc = scratch(acc_buffer, static_cast<size_t>(lanes * kConvPanel));
+    const int64_t panel_acc = lanes * kConvPanel;
+    float* acc = scratch(acc_buffer, static_cast<size_t>(count * panel_acc));
     const LaneTiling tiling(k, lanes);
     if (!converts_weights(k, cin, lanes)) {
-        for (int t = 0; t < tiling.tiles; ++t) {
-            const int64_t s0 = tiling.tile_start(t);
-            const int n = tiling.tile_width(t);
-            conv_tile(k, w, scale, x.from(s0).rows(0, n), x.stride(n), cin, n, acc + s0 * kConvPanel, false);
+        for (int64_t g = 0; g < count; ++g) {
+            const auto [w, scales] = panel_at(g);
+            for (int t = 0; t < tiling.tiles; ++t) {
+                const int64_t s0 = tiling.tile_start(t);
+                const int n = tiling.tile_width(t);
+                conv_tile(k, w, scales.inside, x.from(s0).rows(0, n), x.stride(n), cin, n,
+                          acc + g * panel_acc + s0 * kConvPanel, false);
+            }
         }
     } else {
         float* w32 = scratch(weight_buffer, kConvKBlock * kConvPanel);
         for (int64_t c0 = 0; c0 < cin; c0 += kConvKBlock) {
             const int64_t kc = std::min(kConvKBlock, cin - c0);
-            widen_rows(k, advance(w, c0), scale, w32, kc);
-            for (int t = 0; t < tiling.tiles; ++t) {
-                const int64_t s0 = tiling.tile_start(t);
-                const int n = tiling.tile_width(t);
-                k.conv_tile_f32(w32, x.from(s0).rows(c0, n), x.stride(n), kc, n, acc + s0 * kConvPanel, c0 > 0);
+            for (int64_t g = 0; g < count; ++g) {
+                const auto [w, scales] = panel_at(g);
+                widen_rows(k, advance(w, c0), scales.inside, w32, kc);
+                for (int t = 0; t < tiling.tiles; ++t) {
+                    const int64_t s0 = tiling.tile_start(t);
+                    const int n = tiling.tile_width(t);
+                    k.conv_tile_f32(w32, x.from(s0).rows(c0, n), x.stride(n), kc, n,
+                                    acc + g * panel_acc + s0 * kConvPanel, c0 > 0);
+                }
             }
         }
     }
-    scale_outputs(acc, scales.after, lanes, kConvPanel);
-    if (round) k.round_fp16(acc, static_cast<size_t>(lanes * kConvPanel));
-    for (int64_t j = 0; j < rows; ++j)
-        for (int64_t s = 0; s < lanes; ++s) out[j * S + s] = acc[s * kConvPanel + j];
+    for (int64_t g = 0; g < count; ++g) {
+        float* panel = acc + g * panel_acc;
+        scale_outputs(panel, panel_at(g).second.after, lanes, kConvPanel);
+        if (round) k.round_fp16(panel, static_cast<size_t>(panel_acc));
+        for (int64_t j = 0; j < std::min(kConvPanel, rows - g * kConvPanel); ++j)
+            for (int64_t s = 0; s < lanes; ++s) out[(g * kConvPanel + j) * S + s] = panel[s * kConvPanel + j];
+    }
 }
 
 // Two adjacent panels (32 output channels; the second starts cin * 16 values after w) over the
-// first `lanes` lanes, written to out rows: conv_panel's converting path with the pair tile. Each
-// output sums exactly as conv_panel's would.
+// first `lanes` lanes, written to out rows: conv_panels' converting path with the pair tile. Each
+// output sums exactly as conv_panels' would.
 template <typename W>
 void conv_pair(const Kernels& k, const W* w, PanelScales scales, int64_t cin, XView x, int64_t S, int64_t lanes,
                float* out, int64_t rows, bool round) {
@@ -671,10 +688,12 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
     // register tile keeps 4+ lanes and each output sums its inputs in the same order as unchunked).
     const int64_t chunks = lanes >= 2 * kConvLaneChunk ? lanes / kConvLaneChunk : 1;
     auto chunk_start = [&](int64_t c) { return c * lanes / chunks; };
-    // A job is one panel, or two adjacent ones when the flavour's pair tile applies.
+    // A job is one panel; two adjacent ones when the flavour's pair tile applies; on long rows otherwise
+    // kConvGroup of them, which share each slice of x.
     constexpr bool low_bit = std::is_same_v<Packed, PackedConv1x1Q>;
     const bool converts = converts_weights(k, w.cin, lanes / chunks);
-    const int64_t per_job = !low_bit && k.conv_pair_tile_f32 && converts ? 2 : 1;
+    const bool pairs = !low_bit && k.conv_pair_tile_f32 && converts;
+    const int64_t per_job = pairs ? 2 : converts ? kConvGroup : 1;
     const int64_t job_work = per_job * w.cin * kConvPanel * (lanes / chunks + 4);  // + the weight stream's cost
     // Long rows (the converting tiles, many panels per lane) read x packed in lane tiles, packed once here.
     std::vector<float> packed_x = converts ? buffer_pool::take(static_cast<size_t>(lanes * w.cin)) : std::vector<float>{};
@@ -685,18 +704,22 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
                      for (int64_t job = begin; job < end; ++job) {
                          const int64_t p = job / chunks * per_job, c = job % chunks, o0 = p * kConvPanel;
                          const int64_t s0 = chunk_start(c), n = chunk_start(c + 1) - s0;
+                         const int64_t count = std::min(per_job, panels - p);
+                         float* job_out = out + o0 * S + s0;
                          if constexpr (low_bit) {
-                             const QPanel panel = q_panel(w, p);
-                             conv_panel(k, QRows{&panel, 0}, PanelScales{}, w.cin, xv.from(s0), S, n,
-                                        out + o0 * S + s0, std::min(kConvPanel, w.cout - o0), round_fp16);
+                             QPanel group[kConvGroup];
+                             for (int64_t g = 0; g < count; ++g) group[g] = q_panel(w, p + g);
+                             conv_panels(k, [&](int64_t g) { return std::pair{QRows{&group[g], 0}, PanelScales{}}; },
+                                         count, w.cin, xv.from(s0), S, n, job_out, w.cout - o0, round_fp16);
                          } else {
                              const auto* panel = w.data.data() + o0 * w.cin;
-                             if (per_job == 2 && p + 1 < panels)
-                                 conv_pair(k, panel, panel_scales(w, o0), w.cin, xv.from(s0), S, n, out + o0 * S + s0,
+                             if (pairs && count == 2)
+                                 conv_pair(k, panel, panel_scales(w, o0), w.cin, xv.from(s0), S, n, job_out,
                                            std::min(2 * kConvPanel, w.cout - o0), round_fp16);
                              else
-                                 conv_panel(k, panel, panel_scales(w, o0), w.cin, xv.from(s0), S, n, out + o0 * S + s0,
-                                            std::min(kConvPanel, w.cout - o0), round_fp16);
+                                 conv_panels(k, [&](int64_t g) {
+                                     return std::pair{panel + g * w.cin * kConvPanel, panel_scales(w, o0 + g * kConvPanel)};
+                                 }, count, w.cin, xv.from(s0), S, n, job_out, w.cout - o0, round_fp16);
                          }
                      }
                  });

@@ -52,6 +52,7 @@ struct Kernels {
     void (*tanh)(const float* src, float* dst, size_t n);
     // dst[i] = e^(src[i] - max) / sum_j e^(src[j] - max) for i < n; src may be dst.
     void (*softmax)(const float* src, float* dst, int64_t n);
+    void (*score_row_softmax)(float* row, const float* mask, int64_t n, const ScoreRowOps& ops);
     // acc[l*16 + j] (+)= sum_{c<k} w[c*16 + j] * x[c*S + l] for l < lanes (<= conv_lanes).
     void (*conv_tile_f16)(const uint16_t* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
     void (*conv_tile_f32)(const float* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
@@ -95,9 +96,24 @@ void softmax_portable(const float* src, float* dst, int64_t n) {
     for (int64_t i = 0; i < n; ++i) dst[i] /= sum;
 }
 
+// The score row ops one by one, each with the flavour's own kernels.
+template <void (*Round)(float*, size_t), void (*Softmax)(const float*, float*, int64_t)>
+void score_row_softmax_by_ops(float* row, const float* mask, int64_t n, const ScoreRowOps& ops) {
+    const size_t count = static_cast<size_t>(n);
+    if (ops.has_scale) {
+        for (int64_t j = 0; j < n; ++j) row[j] *= ops.scale;
+        if (ops.round_scaled) Round(row, count);
+    }
+    for (int64_t j = 0; j < n; ++j) row[j] += mask[j];
+    if (ops.round_masked) Round(row, count);
+    Softmax(row, row, n);
+    if (ops.round_probs) Round(row, count);
+}
+
 constexpr Kernels kPortable = {
     "portable",         6,                             round_fp16_portable,           half_to_float_portable,
-    float_to_half_portable, tanh_portable,  softmax_portable, conv_tile_portable<uint16_t>, conv_tile_portable<float>,
+    float_to_half_portable, tanh_portable,  softmax_portable,
+    score_row_softmax_by_ops<round_fp16_portable, softmax_portable>, conv_tile_portable<uint16_t>, conv_tile_portable<float>,
     conv_tile_i8_portable, dequant_i8_portable, nullptr, conv_tile_q_portable, widen_q_portable,
 };
 
@@ -193,9 +209,49 @@ ORION_AVX2 void softmax_avx2(const float* src, float* dst, int64_t n) {
     for (; i < n; ++i) dst[i] /= sum;
 }
 
+// score_row_softmax_by_ops<round_fp16_avx2, softmax_avx2> in three passes over the row when n is a
+// multiple of 8 (the scaled, masked scores and their max; the exponentials and their sum; the quotients):
+// the same fp32 operations on the same values in the same order (softmax_avx2's max and partial sums).
+ORION_AVX2 void score_row_softmax_avx2(float* row, const float* mask, int64_t n, const ScoreRowOps& ops) {
+    if (n % 8 != 0) return score_row_softmax_by_ops<round_fp16_avx2, softmax_avx2>(row, mask, n, ops);
+    const __m256 scale = _mm256_set1_ps(ops.scale);
+    __m256 mv = _mm256_set1_ps(-std::numeric_limits<float>::infinity()), nan = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        __m256 v = _mm256_loadu_ps(row + i);
+        if (ops.has_scale) {
+            v = _mm256_mul_ps(v, scale);
+            __asm__("" : "+x"(v));  // the product is its own op: never contracted with the add into an FMA
+            if (ops.round_scaled) v = round8(v);
+        }
+        v = _mm256_add_ps(v, _mm256_loadu_ps(mask + i));
+        if (ops.round_masked) v = round8(v);
+        _mm256_storeu_ps(row + i, v);
+        mv = _mm256_max_ps(mv, v);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    const float m = n > 0 ? hmax(mv) : 0.0f;
+    if (_mm256_movemask_ps(nan) != 0 || !std::isfinite(m)) {  // NaN or inf: softmax_avx2's IEEE path
+        softmax_portable(row, row, n);
+        if (ops.round_probs) round_fp16_avx2(row, static_cast<size_t>(n));
+        return;
+    }
+    const __m256 m8 = _mm256_set1_ps(m);
+    __m256 sv = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + i), m8));
+        _mm256_storeu_ps(row + i, e);
+        sv = _mm256_add_ps(sv, e);
+    }
+    const __m256 s8 = _mm256_set1_ps(hsum(sv));
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256 p = _mm256_div_ps(_mm256_loadu_ps(row + i), s8);
+        _mm256_storeu_ps(row + i, ops.round_probs ? round8(p) : p);
+    }
+}
+
 constexpr Kernels kAvx2 = {
     "avx2+f16c+fma",    6,                         round_fp16_avx2,           half_to_float_avx2,
-    float_to_half_avx2, tanh_avx2,    softmax_avx2, conv_tile_avx2<uint16_t>, conv_tile_avx2<float>,
+    float_to_half_avx2, tanh_avx2,    softmax_avx2, score_row_softmax_avx2, conv_tile_avx2<uint16_t>, conv_tile_avx2<float>,
     conv_tile_i8_avx2, dequant_i8_avx2, nullptr, conv_tile_q_avx2, widen_q_avx2,
 };
 
@@ -264,7 +320,7 @@ ORION_AVX512 void conv_pair_tile_avx512(const float* w, const float* x, int64_t 
 
 constexpr Kernels kAvx512 = {
     "avx512f+f16c+fma", kConvMaxLanes,             round_fp16_avx2,
-    half_to_float_avx2, float_to_half_avx2,        tanh_avx2,      softmax_avx2,
+    half_to_float_avx2, float_to_half_avx2,        tanh_avx2,      softmax_avx2, score_row_softmax_avx2,
     conv_tile_avx512<uint16_t>, conv_tile_avx512<float>, conv_tile_i8_avx512, dequant_i8_avx2, conv_pair_tile_avx512,
     conv_tile_q_avx512, widen_q_avx512,
 };
@@ -507,6 +563,10 @@ void half_to_float(const uint16_t* src, float* dst, size_t n) { active().half_to
 void tanh(const float* src, float* dst, size_t n) { active().tanh(src, dst, n); }
 
 void softmax(const float* src, float* dst, int64_t n) { active().softmax(src, dst, n); }
+
+void score_row_softmax(float* row, const float* mask, int64_t n, const ScoreRowOps& ops) {
+    active().score_row_softmax(row, mask, n, ops);
+}
 
 void float_to_half(const float* src, uint16_t* dst, size_t n) { active().float_to_half(src, dst, n); }
 

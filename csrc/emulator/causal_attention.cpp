@@ -45,10 +45,6 @@ bool scores_are_bounded(const CausalAttention& a, const float* q, const float* k
     return true;
 }
 
-void maybe_round(bool round, float* row, int64_t n) {
-    if (round) kernels::round_fp16(row, static_cast<size_t>(n));
-}
-
 }  // namespace
 
 bool causal_attention_applies(int64_t seq, int64_t value_depth) {
@@ -65,6 +61,7 @@ bool run_causal_attention(const CausalAttention& a, const float* q, const float*
     live = std::clamp<int64_t>(live, 0, a.seq);
     const int64_t S = a.seq, block = query_block(S), blocks = (live + block - 1) / block;
     if (!scores_are_bounded(a, q, k, scale, live, causal_attention_dead_end(a, live))) return false;
+    const kernels::ScoreRowOps row_ops{a.has_scale, scale, a.round_scaled, a.round_masked, a.round_probs};
     kernels::parallel_for(a.batches * blocks, 1, [&](int64_t begin, int64_t end) {
         thread_local std::vector<float> scratch;
         for (int64_t task = begin; task < end; ++task) {
@@ -79,15 +76,7 @@ bool run_causal_attention(const CausalAttention& a, const float* q, const float*
                 const int64_t i = i0 + r;
                 const int64_t reach = std::min(keys, (i + kLaneGroup) / kLaneGroup * kLaneGroup);  // L_i
                 float* row = p + r * keys;
-                if (a.has_scale) {
-                    for (int64_t j = 0; j < reach; ++j) row[j] *= scale;
-                    maybe_round(a.round_scaled, row, reach);
-                }
-                const float* m = mask + i * S;
-                for (int64_t j = 0; j < reach; ++j) row[j] += m[j];
-                maybe_round(a.round_masked, row, reach);
-                kernels::softmax(row, row, reach);
-                maybe_round(a.round_probs, row, reach);
+                kernels::score_row_softmax(row, mask + i * S, reach, row_ops);
                 std::fill(row + reach, row + keys, 0.0f);  // the masked tail: exact zeros
             }
             // o[d][i] = sum_j v[d][j] p[i][j] over the keys the block reaches.

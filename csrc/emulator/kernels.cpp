@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "emulator/buffer_pool.h"
 #include "emulator/conv_tiles.h"
 #include "emulator/fp16.h"
 #include "emulator/simd.h"
@@ -35,6 +36,9 @@ constexpr int kConvConvertBlocks = 3;  // from this many lane tiles on, convert 
 // Lanes per conv job on long rows: the job's accumulators (16 KiB) stay in L1 and its input slice
 // (kConvKBlock x 256 fp32, 128 KiB) in L2, instead of streaming all lanes once per panel.
 constexpr int64_t kConvLaneChunk = 256;
+// Panels per conv job on long rows: each slice of x (kConvKBlock x kConvLaneChunk) is read from memory
+// once for all of them; their accumulators (64 KiB) and the slice stay in L2.
+constexpr int64_t kConvGroup = 4;
 constexpr int64_t kCompactLanes = 4;  // conv1x1 copies x's live lanes when there are at most this many
 constexpr int64_t kParallelWork = int64_t{1} << 16;  // multiply-adds worth a chunk of their own
 
@@ -48,6 +52,7 @@ struct Kernels {
     void (*tanh)(const float* src, float* dst, size_t n);
     // dst[i] = e^(src[i] - max) / sum_j e^(src[j] - max) for i < n; src may be dst.
     void (*softmax)(const float* src, float* dst, int64_t n);
+    void (*score_row_softmax)(float* row, const float* mask, int64_t n, const ScoreRowOps& ops);
     // acc[l*16 + j] (+)= sum_{c<k} w[c*16 + j] * x[c*S + l] for l < lanes (<= conv_lanes).
     void (*conv_tile_f16)(const uint16_t* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
     void (*conv_tile_f32)(const float* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
@@ -91,9 +96,24 @@ void softmax_portable(const float* src, float* dst, int64_t n) {
     for (int64_t i = 0; i < n; ++i) dst[i] /= sum;
 }
 
+// The score row ops one by one, each with the flavour's own kernels.
+template <void (*Round)(float*, size_t), void (*Softmax)(const float*, float*, int64_t)>
+void score_row_softmax_by_ops(float* row, const float* mask, int64_t n, const ScoreRowOps& ops) {
+    const size_t count = static_cast<size_t>(n);
+    if (ops.has_scale) {
+        for (int64_t j = 0; j < n; ++j) row[j] *= ops.scale;
+        if (ops.round_scaled) Round(row, count);
+    }
+    for (int64_t j = 0; j < n; ++j) row[j] += mask[j];
+    if (ops.round_masked) Round(row, count);
+    Softmax(row, row, n);
+    if (ops.round_probs) Round(row, count);
+}
+
 constexpr Kernels kPortable = {
     "portable",         6,                             round_fp16_portable,           half_to_float_portable,
-    float_to_half_portable, tanh_portable,  softmax_portable, conv_tile_portable<uint16_t>, conv_tile_portable<float>,
+    float_to_half_portable, tanh_portable,  softmax_portable,
+    score_row_softmax_by_ops<round_fp16_portable, softmax_portable>, conv_tile_portable<uint16_t>, conv_tile_portable<float>,
     conv_tile_i8_portable, dequant_i8_portable, nullptr, conv_tile_q_portable, widen_q_portable,
 };
 
@@ -189,9 +209,49 @@ ORION_AVX2 void softmax_avx2(const float* src, float* dst, int64_t n) {
     for (; i < n; ++i) dst[i] /= sum;
 }
 
+// score_row_softmax_by_ops<round_fp16_avx2, softmax_avx2> in three passes over the row when n is a
+// multiple of 8 (the scaled, masked scores and their max; the exponentials and their sum; the quotients):
+// the same fp32 operations on the same values in the same order (softmax_avx2's max and partial sums).
+ORION_AVX2 void score_row_softmax_avx2(float* row, const float* mask, int64_t n, const ScoreRowOps& ops) {
+    if (n % 8 != 0) return score_row_softmax_by_ops<round_fp16_avx2, softmax_avx2>(row, mask, n, ops);
+    const __m256 scale = _mm256_set1_ps(ops.scale);
+    __m256 mv = _mm256_set1_ps(-std::numeric_limits<float>::infinity()), nan = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        __m256 v = _mm256_loadu_ps(row + i);
+        if (ops.has_scale) {
+            v = _mm256_mul_ps(v, scale);
+            __asm__("" : "+x"(v));  // the product is its own op: never contracted with the add into an FMA
+            if (ops.round_scaled) v = round8(v);
+        }
+        v = _mm256_add_ps(v, _mm256_loadu_ps(mask + i));
+        if (ops.round_masked) v = round8(v);
+        _mm256_storeu_ps(row + i, v);
+        mv = _mm256_max_ps(mv, v);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    const float m = n > 0 ? hmax(mv) : 0.0f;
+    if (_mm256_movemask_ps(nan) != 0 || !std::isfinite(m)) {  // NaN or inf: softmax_avx2's IEEE path
+        softmax_portable(row, row, n);
+        if (ops.round_probs) round_fp16_avx2(row, static_cast<size_t>(n));
+        return;
+    }
+    const __m256 m8 = _mm256_set1_ps(m);
+    __m256 sv = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + i), m8));
+        _mm256_storeu_ps(row + i, e);
+        sv = _mm256_add_ps(sv, e);
+    }
+    const __m256 s8 = _mm256_set1_ps(hsum(sv));
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256 p = _mm256_div_ps(_mm256_loadu_ps(row + i), s8);
+        _mm256_storeu_ps(row + i, ops.round_probs ? round8(p) : p);
+    }
+}
+
 constexpr Kernels kAvx2 = {
     "avx2+f16c+fma",    6,                         round_fp16_avx2,           half_to_float_avx2,
-    float_to_half_avx2, tanh_avx2,    softmax_avx2, conv_tile_avx2<uint16_t>, conv_tile_avx2<float>,
+    float_to_half_avx2, tanh_avx2,    softmax_avx2, score_row_softmax_avx2, conv_tile_avx2<uint16_t>, conv_tile_avx2<float>,
     conv_tile_i8_avx2, dequant_i8_avx2, nullptr, conv_tile_q_avx2, widen_q_avx2,
 };
 
@@ -260,7 +320,7 @@ ORION_AVX512 void conv_pair_tile_avx512(const float* w, const float* x, int64_t 
 
 constexpr Kernels kAvx512 = {
     "avx512f+f16c+fma", kConvMaxLanes,             round_fp16_avx2,
-    half_to_float_avx2, float_to_half_avx2,        tanh_avx2,      softmax_avx2,
+    half_to_float_avx2, float_to_half_avx2,        tanh_avx2,      softmax_avx2, score_row_softmax_avx2,
     conv_tile_avx512<uint16_t>, conv_tile_avx512<float>, conv_tile_i8_avx512, dequant_i8_avx2, conv_pair_tile_avx512,
     conv_tile_q_avx512, widen_q_avx512,
 };
@@ -312,7 +372,7 @@ float* scratch(std::vector<float>& buffer, size_t n) {
     return buffer.data();
 }
 
-// Whether conv_panel converts the weights to fp32 once per slice for `lanes` lanes (enough tiles
+// Whether conv_panels converts the weights to fp32 once per slice for `lanes` lanes (enough tiles
 // reuse them), which is also when two panels can share one job (Kernels::conv_pair_tile_f32).
 bool converts_weights(const Kernels& k, int64_t cin, int64_t lanes) {
     return cin > 0 && ceil_div(lanes, k.conv_lanes) >= kConvConvertBlocks;
@@ -334,7 +394,7 @@ void widen_rows(const Kernels& k, const uint16_t* w, const float*, float* dst, i
 void widen_rows(const Kernels& k, const int8_t* w, const float* scale, float* dst, int64_t rows) {
     k.dequant_i8(w, scale, dst, rows);
 }
-// A low-bit panel from row c0 on (what conv_panel passes where the other weights pass a pointer).
+// A low-bit panel from row c0 on (what conv_panels passes where the other weights pass a pointer).
 struct QRows {
     const QPanel* panel;
     int64_t c0;
@@ -366,52 +426,103 @@ struct PanelScales {
     const float* after = nullptr;
 };
 
-// One conv panel (16 output channels) over the first `lanes` lanes, written to out rows.
-template <typename Weights>
-void conv_panel(const Kernels& k, Weights w, PanelScales scales, int64_t cin, const float* x, int64_t S,
-                int64_t lanes, float* out, int64_t rows, bool round) {
-    const float* scale = scales.inside;
+// A job's `lanes` lanes as the conv register tiles take them: balanced tiles of at most conv_lanes lanes,
+// tile t from lane tile_start(t) on.
+struct LaneTiling {
+    int64_t lanes;
+    int tiles;
+    LaneTiling(const Kernels& k, int64_t n) : lanes(n), tiles(static_cast<int>(ceil_div(n, k.conv_lanes))) {}
+    int64_t tile_start(int t) const { return t * lanes / tiles; }
+    int tile_width(int t) const { return static_cast<int>(tile_start(t + 1) - tile_start(t)); }
+};
+
+// Where the tiles read x: its rows of S lanes (x[c*S + s]), or lane tiles packed by pack_lane_tiles, whose
+// rows are contiguous (the tile of n lanes from lane s: x[s*cin + c*n + l]), so that a tile reads one
+// stream instead of a cache line per input channel (rows of a power-of-two bucket, 4 KiB apart, also
+// share one L1 set).
+struct XView {
+    const float* x;
+    int64_t S, cin;
+    bool packed;
+    XView from(int64_t s) const { return {x + s * (packed ? cin : 1), S, cin, packed}; }
+    int64_t stride(int64_t n) const { return packed ? n : S; }
+    const float* rows(int64_t c0, int64_t n) const { return x + c0 * stride(n); }
+};
+
+// x's lanes [0, lanes) in the packed layout of XView, for jobs of `chunks` balanced lane chunks tiled
+// as conv_panels tiles them: dst[s*cin + c*n + l] = x[c*S + s + l] for each tile (from lane s, n wide).
+void pack_lane_tiles(const Kernels& k, const float* x, int64_t S, int64_t cin, int64_t lanes, int64_t chunks,
+                     float* dst) {
+    parallel_for(cin, std::max<int64_t>(1, kParallelWork / std::max<int64_t>(lanes, 1)), [&](int64_t begin, int64_t end) {
+        for (int64_t ch = 0; ch < chunks; ++ch) {
+            const int64_t a0 = ch * lanes / chunks;
+            const LaneTiling tiling(k, (ch + 1) * lanes / chunks - a0);
+            for (int t = 0; t < tiling.tiles; ++t) {
+                const int64_t s = a0 + tiling.tile_start(t), n = tiling.tile_width(t);
+                for (int64_t c = begin; c < end; ++c) std::memcpy(dst + s * cin + c * n, x + c * S + s, static_cast<size_t>(n) * sizeof(float));
+            }
+        }
+    });
+}
+
+// `count` conv panels (16 output channels each; panel_at(g) gives panel g's weights and scales, g < count)
+// over the first `lanes` lanes of x, written to out rows (rows of them in all, panel g's from row 16 g).
+// The converting path runs the panels slice by slice, so each slice of x is read from memory once for
+// all of them and from the cache by the others; each output sums its inputs as a single panel's would.
+template <typename PanelAt>
+void conv_panels(const Kernels& k, const PanelAt& panel_at, int64_t count, int64_t cin, XView x, int64_t S,
+                 int64_t lanes, float* out, int64_t rows, bool round) {
     thread_local std::vector<float> acc_buffer, weight_buffer;
-    float* acc = scratch(acc_buffer, static_cast<size_t>(lanes * kConvPanel));
-    const int tiles = static_cast<int>(ceil_div(lanes, k.conv_lanes));
-    auto tile_lanes = [&](int t) { return t * lanes / tiles; };  // balanced tiles of <= conv_lanes lanes
+    const int64_t panel_acc = lanes * kConvPanel;
+    float* acc = scratch(acc_buffer, static_cast<size_t>(count * panel_acc));
+    const LaneTiling tiling(k, lanes);
     if (!converts_weights(k, cin, lanes)) {
-        for (int t = 0; t < tiles; ++t) {
-            const int64_t s0 = tile_lanes(t);
-            conv_tile(k, w, scale, x + s0, S, cin, static_cast<int>(tile_lanes(t + 1) - s0), acc + s0 * kConvPanel,
-                      false);
+        for (int64_t g = 0; g < count; ++g) {
+            const auto [w, scales] = panel_at(g);
+            for (int t = 0; t < tiling.tiles; ++t) {
+                const int64_t s0 = tiling.tile_start(t);
+                const int n = tiling.tile_width(t);
+                conv_tile(k, w, scales.inside, x.from(s0).rows(0, n), x.stride(n), cin, n,
+                          acc + g * panel_acc + s0 * kConvPanel, false);
+            }
         }
     } else {
         float* w32 = scratch(weight_buffer, kConvKBlock * kConvPanel);
         for (int64_t c0 = 0; c0 < cin; c0 += kConvKBlock) {
             const int64_t kc = std::min(kConvKBlock, cin - c0);
-            widen_rows(k, advance(w, c0), scale, w32, kc);
-            for (int t = 0; t < tiles; ++t) {
-                const int64_t s0 = tile_lanes(t);
-                k.conv_tile_f32(w32, x + c0 * S + s0, S, kc, static_cast<int>(tile_lanes(t + 1) - s0),
-                                acc + s0 * kConvPanel, c0 > 0);
+            for (int64_t g = 0; g < count; ++g) {
+                const auto [w, scales] = panel_at(g);
+                widen_rows(k, advance(w, c0), scales.inside, w32, kc);
+                for (int t = 0; t < tiling.tiles; ++t) {
+                    const int64_t s0 = tiling.tile_start(t);
+                    const int n = tiling.tile_width(t);
+                    k.conv_tile_f32(w32, x.from(s0).rows(c0, n), x.stride(n), kc, n,
+                                    acc + g * panel_acc + s0 * kConvPanel, c0 > 0);
+                }
             }
         }
     }
-    scale_outputs(acc, scales.after, lanes, kConvPanel);
-    if (round) k.round_fp16(acc, static_cast<size_t>(lanes * kConvPanel));
-    for (int64_t j = 0; j < rows; ++j)
-        for (int64_t s = 0; s < lanes; ++s) out[j * S + s] = acc[s * kConvPanel + j];
+    for (int64_t g = 0; g < count; ++g) {
+        float* panel = acc + g * panel_acc;
+        scale_outputs(panel, panel_at(g).second.after, lanes, kConvPanel);
+        if (round) k.round_fp16(panel, static_cast<size_t>(panel_acc));
+        for (int64_t j = 0; j < std::min(kConvPanel, rows - g * kConvPanel); ++j)
+            for (int64_t s = 0; s < lanes; ++s) out[(g * kConvPanel + j) * S + s] = panel[s * kConvPanel + j];
+    }
 }
 
 // Two adjacent panels (32 output channels; the second starts cin * 16 values after w) over the
-// first `lanes` lanes, written to out rows: conv_panel's converting path with the pair tile. Each
-// output sums exactly as conv_panel's would.
+// first `lanes` lanes, written to out rows: conv_panels' converting path with the pair tile. Each
+// output sums exactly as conv_panels' would.
 template <typename W>
-void conv_pair(const Kernels& k, const W* w, PanelScales scales, int64_t cin, const float* x, int64_t S, int64_t lanes,
+void conv_pair(const Kernels& k, const W* w, PanelScales scales, int64_t cin, XView x, int64_t S, int64_t lanes,
                float* out, int64_t rows, bool round) {
     constexpr int64_t P = 2 * kConvPanel;
     const float* scale = scales.inside;
     thread_local std::vector<float> acc_buffer, weight_buffer;
     float* acc = scratch(acc_buffer, static_cast<size_t>(lanes * P));
     float* w32 = scratch(weight_buffer, kConvKBlock * P);
-    const int tiles = static_cast<int>(ceil_div(lanes, k.conv_lanes));
-    auto tile_lanes = [&](int t) { return t * lanes / tiles; };
+    const LaneTiling tiling(k, lanes);
     const W* second = w + cin * kConvPanel;
     const float* second_scale = scale ? scale + kConvPanel : nullptr;
     for (int64_t c0 = 0; c0 < cin; c0 += kConvKBlock) {
@@ -420,10 +531,10 @@ void conv_pair(const Kernels& k, const W* w, PanelScales scales, int64_t cin, co
             widen_rows(k, w + (c0 + c) * kConvPanel, scale, w32 + c * P, 1);
             widen_rows(k, second + (c0 + c) * kConvPanel, second_scale, w32 + c * P + kConvPanel, 1);
         }
-        for (int t = 0; t < tiles; ++t) {
-            const int64_t s0 = tile_lanes(t);
-            k.conv_pair_tile_f32(w32, x + c0 * S + s0, S, kc, static_cast<int>(tile_lanes(t + 1) - s0), acc + s0 * P,
-                                 c0 > 0);
+        for (int t = 0; t < tiling.tiles; ++t) {
+            const int64_t s0 = tiling.tile_start(t);
+            const int n = tiling.tile_width(t);
+            k.conv_pair_tile_f32(w32, x.from(s0).rows(c0, n), x.stride(n), kc, n, acc + s0 * P, c0 > 0);
         }
     }
     scale_outputs(acc, scales.after, lanes, P);  // the pair's 32 scales are contiguous
@@ -452,6 +563,10 @@ void half_to_float(const uint16_t* src, float* dst, size_t n) { active().half_to
 void tanh(const float* src, float* dst, size_t n) { active().tanh(src, dst, n); }
 
 void softmax(const float* src, float* dst, int64_t n) { active().softmax(src, dst, n); }
+
+void score_row_softmax(float* row, const float* mask, int64_t n, const ScoreRowOps& ops) {
+    active().score_row_softmax(row, mask, n, ops);
+}
 
 void float_to_half(const float* src, uint16_t* dst, size_t n) { active().float_to_half(src, dst, n); }
 
@@ -633,30 +748,42 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
     // register tile keeps 4+ lanes and each output sums its inputs in the same order as unchunked).
     const int64_t chunks = lanes >= 2 * kConvLaneChunk ? lanes / kConvLaneChunk : 1;
     auto chunk_start = [&](int64_t c) { return c * lanes / chunks; };
-    // A job is one panel, or two adjacent ones when the flavour's pair tile applies.
+    // A job is one panel; two adjacent ones when the flavour's pair tile applies; on long rows otherwise
+    // kConvGroup of them, which share each slice of x.
     constexpr bool low_bit = std::is_same_v<Packed, PackedConv1x1Q>;
-    const int64_t per_job = !low_bit && k.conv_pair_tile_f32 && converts_weights(k, w.cin, lanes / chunks) ? 2 : 1;
+    const bool converts = converts_weights(k, w.cin, lanes / chunks);
+    const bool pairs = !low_bit && k.conv_pair_tile_f32 && converts;
+    const int64_t per_job = pairs ? 2 : converts ? kConvGroup : 1;
     const int64_t job_work = per_job * w.cin * kConvPanel * (lanes / chunks + 4);  // + the weight stream's cost
+    // Long rows (the converting tiles, many panels per lane) read x packed in lane tiles, packed once here.
+    std::vector<float> packed_x = converts ? buffer_pool::take(static_cast<size_t>(lanes * w.cin)) : std::vector<float>{};
+    if (converts) pack_lane_tiles(k, x, S, w.cin, lanes, chunks, packed_x.data());
+    const XView xv{converts ? packed_x.data() : x, S, w.cin, converts};
     parallel_for(ceil_div(panels, per_job) * chunks, std::max<int64_t>(1, kParallelWork / std::max<int64_t>(job_work, 1)),
                  [&](int64_t begin, int64_t end) {
                      for (int64_t job = begin; job < end; ++job) {
                          const int64_t p = job / chunks * per_job, c = job % chunks, o0 = p * kConvPanel;
                          const int64_t s0 = chunk_start(c), n = chunk_start(c + 1) - s0;
+                         const int64_t count = std::min(per_job, panels - p);
+                         float* job_out = out + o0 * S + s0;
                          if constexpr (low_bit) {
-                             const QPanel panel = q_panel(w, p);
-                             conv_panel(k, QRows{&panel, 0}, PanelScales{}, w.cin, x + s0, S, n, out + o0 * S + s0,
-                                        std::min(kConvPanel, w.cout - o0), round_fp16);
+                             QPanel group[kConvGroup];
+                             for (int64_t g = 0; g < count; ++g) group[g] = q_panel(w, p + g);
+                             conv_panels(k, [&](int64_t g) { return std::pair{QRows{&group[g], 0}, PanelScales{}}; },
+                                         count, w.cin, xv.from(s0), S, n, job_out, w.cout - o0, round_fp16);
                          } else {
                              const auto* panel = w.data.data() + o0 * w.cin;
-                             if (per_job == 2 && p + 1 < panels)
-                                 conv_pair(k, panel, panel_scales(w, o0), w.cin, x + s0, S, n, out + o0 * S + s0,
+                             if (pairs && count == 2)
+                                 conv_pair(k, panel, panel_scales(w, o0), w.cin, xv.from(s0), S, n, job_out,
                                            std::min(2 * kConvPanel, w.cout - o0), round_fp16);
                              else
-                                 conv_panel(k, panel, panel_scales(w, o0), w.cin, x + s0, S, n, out + o0 * S + s0,
-                                            std::min(kConvPanel, w.cout - o0), round_fp16);
+                                 conv_panels(k, [&](int64_t g) {
+                                     return std::pair{panel + g * w.cin * kConvPanel, panel_scales(w, o0 + g * kConvPanel)};
+                                 }, count, w.cin, xv.from(s0), S, n, job_out, w.cout - o0, round_fp16);
                          }
                      }
                  });
+    if (converts) buffer_pool::give(std::move(packed_x));
     if (lanes <= kCompactLanes)  // bound by the weight stream: read the next weights while other ops run
         weight_streamed(w.weak_from_this(), w.data.data(), w.data.size() * sizeof(w.data[0]));
 }

@@ -25,6 +25,17 @@ void tanh(const float* src, float* dst, size_t n);
 // few float ulps); src may be dst.
 void softmax(const float* src, float* dst, int64_t n);
 
+// What a causal attention does to a row of scores before its context matmul (causal_attention.h): times
+// the scale (if has_scale), each step's result rounded to fp16 where its flag says so.
+struct ScoreRowOps {
+    bool has_scale = false;
+    float scale = 1.0f;
+    bool round_scaled = true, round_masked = true, round_probs = true;
+};
+// row[j] = softmax over j < n of (row[j] [* scale] + mask[j]), in place, with the roundings of `ops`: bit
+// for bit the ops one by one (mul, round_fp16, add, round_fp16, softmax, round_fp16), in fewer passes.
+void score_row_softmax(float* row, const float* mask, int64_t n, const ScoreRowOps& ops);
+
 // A 1x1 convolution weight [cout][cin] in fp16, repacked once at compile (bake) time into the
 // layout the kernel streams (held by a shared_ptr, it takes part in weight prefetching).
 struct PackedConv1x1 : std::enable_shared_from_this<PackedConv1x1> {

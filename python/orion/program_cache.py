@@ -90,7 +90,7 @@ def cache_dir() -> Path | None:
     if setting.lower() == "off":
         return None
     path = Path(setting) if setting else Path.home() / ".cache" / "orion"
-    if path.exists() and not path.is_dir():
+    if not path.is_dir() and path.exists():  # one stat when it is a directory (called per weight file)
         raise CacheDirError(f"ORION_CACHE_DIR={str(path)!r} is not a directory; point ORION_CACHE_DIR at a "
                             f"directory (it is created if missing) or set ORION_CACHE_DIR=off")
     return path
@@ -280,6 +280,7 @@ def lower_cached(description: dict, build: Callable[[], Graph], **lower_options)
 
 # -- files of packed panels ------------------------------------------------------------------------------
 _PANEL_NAMES: dict[Path, dict[str, list[str]]] = {}  # per cache directory: file names in panels/ by blob, read once
+_PANELS_CHECKED: set[Path] = set()  # files of panels whose CRC this process has checked (or written)
 
 
 def _panel_names(root: Path) -> dict[str, list[str]]:
@@ -302,6 +303,7 @@ def _forget_panel(root: Path, name: str, delete: bool) -> None:
     names = _panel_names(root).get(name[:64], [])
     if name in names:
         names.remove(name)
+    _PANELS_CHECKED.discard(root / PANELS / name)
     if delete:
         (root / PANELS / name).unlink(missing_ok=True)
 
@@ -334,7 +336,7 @@ def panel_files(root: Path, digests: Iterable[str]) -> dict[str, str]:
                 continue
             path = root / PANELS / name
             try:
-                good = _panel_crc(path) == int(match["crc"], 16)
+                good = path in _PANELS_CHECKED or _panel_crc(path) == int(match["crc"], 16)
             except OSError:
                 good = False
             if not good:
@@ -342,6 +344,7 @@ def panel_files(root: Path, digests: Iterable[str]) -> dict[str, str]:
                       file=sys.stderr, flush=True)
                 _forget_panel(root, name, delete=True)
                 continue
+            _PANELS_CHECKED.add(path)
             found[f"{digest}@{match['offset']}/{match['shape']}"] = str(path)
     return found
 
@@ -426,6 +429,12 @@ def _keep_under_cap(root: Path, added: int) -> None:
 _MEMO: dict[str, str] = {}  # _by_identity's memo in this process
 
 
+@lru_cache(maxsize=64)
+def _real_dir(directory: str) -> str:
+    """``os.path.realpath`` of a directory, once per process (a warm start asks it for every weight file)."""
+    return os.path.realpath(directory)
+
+
 def _by_identity(path: Path, kind: str, compute: Callable[[], str], valid: Callable[[str], bool],
                  st: os.stat_result | None = None, times: bool = True) -> str:
     """``compute()`` for the file at ``path``, once per file version: memoized in this process and in the
@@ -436,7 +445,8 @@ def _by_identity(path: Path, kind: str, compute: Callable[[], str], valid: Calla
     stamp (``_write_blob`` refreshes it), so a stamp must not void its memo; a truncation changes its size."""
     st = path.stat() if st is None else st
     stamp = f"\0{st.st_mtime_ns}\0{st.st_ctime_ns}" if times else ""
-    identity = f"{kind}\0{path.resolve()}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}{stamp}"
+    resolved = os.path.join(_real_dir(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
+    identity = f"{kind}\0{resolved}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}{stamp}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:32]
     if key in _MEMO:
         return _MEMO[key]
@@ -559,7 +569,8 @@ def _collect_blobs(root: Path, keep: set[str], grace_s: float = BLOB_GRACE_S) ->
         for path in folder.iterdir() if folder.is_dir() else []:
             if blob_of(path.name) not in keep and now - path.stat().st_mtime > grace_s:
                 path.unlink(missing_ok=True)
-    _PANEL_NAMES.pop(root, None)  # listed again when next needed
+    _PANEL_NAMES.pop(root, None)  # listed and checked again when next needed
+    _PANELS_CHECKED.clear()
 
 
 def clear(root: Path | None = None) -> int:
@@ -573,6 +584,7 @@ def clear(root: Path | None = None) -> int:
             freed += _size(path)
             shutil.rmtree(path, ignore_errors=True)
     _PANEL_NAMES.pop(root, None)
+    _PANELS_CHECKED.clear()
     return freed
 
 

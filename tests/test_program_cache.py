@@ -370,3 +370,27 @@ def test_orion_compile_refuses_a_panel_file_of_the_wrong_size(tmp_path) -> None:
     with pytest.raises(ValueError, match=r"packed weight file '.*short' holds 100 bytes.*cache clear"):
         orion.compile(TEXT, files, weight_keys={path: digest},
                       packed_weights={f"{digest}@{W_OFFSET}/64x64": str(short)})
+
+
+@pytest.mark.skipif(orion.backend() != "emulator", reason="the emulator's packed weights")
+def test_panels_are_evicted_with_their_blobs_and_cleared(tmp_path, monkeypatch) -> None:
+    import os
+    import time
+
+    from orion.program_cache import MANIFEST, clear, enforce_cap
+
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    for seed in (14, 15):
+        g, _ = _panel_graph(seed)
+        _released(compile_cached(lower_cached({"test": "panel eviction", "seed": seed}, lambda g=g: g)[0]))
+    assert len(list((tmp_path / PANELS).iterdir())) == 2
+    past = time.time() - 1000  # past the blobs' grace period; the second entry stays the newest
+    for path in tmp_path.rglob("*"):
+        os.utime(path, (past, past))
+    newest = max((p for p in tmp_path.iterdir() if (p / MANIFEST).is_file()), key=lambda p: p.stat().st_ctime)
+    os.utime(newest / MANIFEST)
+    enforce_cap(tmp_path, 0)  # only the newest entry survives, with its blobs and their panels
+    (kept,) = (tmp_path / PANELS).iterdir()
+    assert (tmp_path / "blobs" / kept.name[:64]).is_file()
+    clear(tmp_path)
+    assert not (tmp_path / PANELS).exists()

@@ -1,16 +1,21 @@
-"""The program caches: lowered programs on disk (verified, rebuilt when damaged) and compiled
-programs in this process (never handing out an unloaded one).
+"""The program caches: lowered programs on disk (verified, rebuilt when damaged), the emulator's packed
+panels on disk (mapped at a warm start, packed again when damaged) and compiled programs in this process
+(never handing out an unloaded one).
 
 Reference: numpy float32 of the small linear + relu graph (tolerance 2e-2 relative to its scale, fp16)."""
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
 import orion
+from orion import program_cache
+from orion._core import kernels
 from orion.compiler import compile_lowered
-from orion.program_cache import lower_cached
+from orion.program_cache import PANELS, compile_cached, lower_cached, panel_files
 
 RNG = np.random.default_rng(0)
 W = RNG.standard_normal((64, 64)).astype(np.float32) * 0.1
@@ -266,3 +271,126 @@ def test_the_weight_keys_compiled_with_are_the_sha256_of_the_bytes(tmp_path, mon
     assert len(seen) == 2
     for weights, keys in seen:
         assert keys and keys == {path: hashlib.sha256(bytes(data)).hexdigest() for path, data in weights.items()}
+
+
+# -- files of packed panels (compile_cached) ----------------------------------------------------------------------
+def _panel_graph(seed: int, cout: int = 72) -> tuple[orion.Graph, np.ndarray]:
+    """A linear of its own weight (not shared with other tests' programs): ``cout`` = 72 leaves the last panel
+    of 16 output channels half empty."""
+    w = np.random.default_rng(seed).standard_normal((cout, 64)).astype(np.float32) * 0.1
+    g = orion.Graph(f"panels_{seed}")
+    g.output(g.relu(g.linear(g.input("x", [1, 64, 1, 32]), w)), "y")
+    return g, w
+
+
+def _released(compiled) -> None:
+    """Unloads ``compiled`` and frees its packed weights, as a new process would start without them."""
+    compiled.program.unload()
+    del compiled
+    gc.collect()
+
+
+def _packed_here() -> set[str]:
+    return {key for key, _ in kernels.keyed_conv_panels()}
+
+
+@pytest.mark.skipif(orion.backend() != "emulator", reason="the emulator's packed weights")
+def test_a_warm_compile_maps_the_stored_panels_instead_of_packing(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    g, w = _panel_graph(11)
+    lowered, _ = lower_cached({"test": "panels"}, lambda: g)
+    first = compile_cached(lowered)
+    y = first(x=X)["y"]
+    want = np.maximum(w @ X[0, :, 0, :], 0)[None, :, None, :]
+    np.testing.assert_allclose(y, want, rtol=0, atol=2e-2 * float(np.abs(want).max()))
+    (stored,) = (tmp_path / PANELS).iterdir()  # the one conv weight, named by its blob, offset, shape and layout
+    digest = stored.name[:64]
+    assert digest in lowered.file_digests.values() and f"-72x64.{kernels.conv_panel_layout()}." in stored.name
+    # Its bytes are the panel layout: 16 output channels interleaved per input channel, the last panel zero-padded.
+    padded = np.zeros((80, 64), np.float16)
+    padded[:72] = w.astype(np.float16)
+    panels = padded.reshape(5, 16, 64).transpose(0, 2, 1)
+    assert stored.read_bytes() == panels.tobytes()
+    key = next(iter(panel_files(tmp_path, [digest])))
+    _released(first)
+    assert key not in _packed_here()
+    lowered, cached = lower_cached({"test": "panels"}, lambda: g)
+    again = compile_cached(lowered)
+    assert cached and key not in _packed_here()  # read from the file, not packed
+    assert np.array_equal(again(x=X)["y"], y)
+    _released(again)
+
+
+@pytest.mark.skipif(orion.backend() != "emulator", reason="the emulator's packed weights")
+@pytest.mark.parametrize("damage", ["truncated", "another weight's panels"])
+def test_a_damaged_panel_file_is_packed_again_with_one_warning(tmp_path, monkeypatch, capsys, damage) -> None:
+    import zlib
+
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    g, w = _panel_graph(12 if damage == "truncated" else 13)
+    lowered, _ = lower_cached({"test": "damaged panels"}, lambda: g)
+    first = compile_cached(lowered)
+    y = first(x=X)["y"]
+    _released(first)
+    (stored,) = (tmp_path / PANELS).iterdir()
+    if damage == "truncated":  # as by a full disk: its CRC is computed again (another size) and differs
+        stored.write_bytes(stored.read_bytes()[:-64])
+        expected = "damaged or missing"
+    else:  # a whole, consistent file (its CRC in its name) of other values: the emulator's samples refuse it
+        other = np.zeros((80, 64), np.float16)
+        other[:72] = np.random.default_rng(99).standard_normal((72, 64)).astype(np.float16)
+        data = other.reshape(5, 16, 64).transpose(0, 2, 1).tobytes()
+        stored.unlink()
+        stored = stored.with_name(f"{stored.name.rsplit('.', 1)[0]}.{zlib.crc32(data):08x}")
+        stored.write_bytes(data)
+        program_cache._PANEL_NAMES.clear()  # as a new process lists them
+        expected = "does not hold this weight's values"
+    capsys.readouterr()
+    again = compile_cached(lower_cached({"test": "damaged panels"}, lambda: g)[0])
+    warning = capsys.readouterr().err.strip().splitlines()
+    assert len(warning) == 1 and expected in warning[0] and str(stored) in warning[0]
+    assert np.array_equal(again(x=X)["y"], y)  # packed again from the weight
+    (rewritten,) = (tmp_path / PANELS).iterdir()  # and stored again
+    assert rewritten.read_bytes() == np.pad(w.astype(np.float16), ((0, 8), (0, 0))).reshape(5, 16, 64) \
+        .transpose(0, 2, 1).tobytes()
+    _released(again)
+
+
+@pytest.mark.skipif(orion.backend() != "emulator", reason="the emulator's packed weights")
+def test_orion_compile_refuses_a_panel_file_of_the_wrong_size(tmp_path) -> None:
+    import hashlib
+
+    from support.weighted import TEXT, W_OFFSET, weights
+
+    files, _, _ = weights(61)
+    ((path, data),) = files.items()
+    digest = hashlib.sha256(data).hexdigest()
+    short = tmp_path / "short"
+    short.write_bytes(bytes(100))
+    with pytest.raises(ValueError, match=r"packed weight file '.*short' holds 100 bytes.*cache clear"):
+        orion.compile(TEXT, files, weight_keys={path: digest},
+                      packed_weights={f"{digest}@{W_OFFSET}/64x64": str(short)})
+
+
+@pytest.mark.skipif(orion.backend() != "emulator", reason="the emulator's packed weights")
+def test_panels_are_evicted_with_their_blobs_and_cleared(tmp_path, monkeypatch) -> None:
+    import os
+    import time
+
+    from orion.program_cache import MANIFEST, clear, enforce_cap
+
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    for seed in (14, 15):
+        g, _ = _panel_graph(seed)
+        _released(compile_cached(lower_cached({"test": "panel eviction", "seed": seed}, lambda g=g: g)[0]))
+    assert len(list((tmp_path / PANELS).iterdir())) == 2
+    past = time.time() - 1000  # past the blobs' grace period; the second entry stays the newest
+    for path in tmp_path.rglob("*"):
+        os.utime(path, (past, past))
+    newest = max((p for p in tmp_path.iterdir() if (p / MANIFEST).is_file()), key=lambda p: p.stat().st_ctime)
+    os.utime(newest / MANIFEST)
+    enforce_cap(tmp_path, 0)  # only the newest entry survives, with its blobs and their panels
+    (kept,) = (tmp_path / PANELS).iterdir()
+    assert (tmp_path / "blobs" / kept.name[:64]).is_file()
+    clear(tmp_path)
+    assert not (tmp_path / PANELS).exists()

@@ -287,6 +287,24 @@ void bind_kernels(py::module_& m) {
     k.def("shared_conv_weights", &kern::shared_conv1x1_usage,
           "(count, bytes) of the packed 1x1 conv weights alive in this process: one per distinct weight, "
           "shared by every program that bakes it.");
+    k.def(
+        "keyed_conv_panels",
+        [] {
+            py::list out;
+            for (auto& [key, packed] : kern::keyed_conv1x1_packed()) {
+                auto* held = new std::shared_ptr<const kern::PackedConv1x1>(packed);  // alive while the view is
+                py::capsule owner(held, [](void* p) { delete static_cast<std::shared_ptr<const kern::PackedConv1x1>*>(p); });
+                py::array_t<uint16_t> panels({static_cast<py::ssize_t>(packed->data.size())}, {sizeof(uint16_t)},
+                                             packed->data.data(), owner);
+                py::detail::array_proxy(panels.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+                out.append(py::make_tuple(key, panels));
+            }
+            return out;
+        },
+        "[(key, uint16 panels)] of the keyed fp16 conv weights this process packed (not read from a file of "
+        "panels), by shaped key '<weight key>/<cout>x<cin>': read-only views, what the program cache stores.");
+    k.def("conv_panel_layout", &kern::conv1x1_panel_layout,
+          "The packed fp16 conv panels' layout name: files of panels written under another are not read.");
     k.def("shared_consts", &orion::emu::shared_floats_usage,
           "(count, bytes) of the const tensors held once per process (causal masks of fused attention), "
           "shared by every program that bakes them.");

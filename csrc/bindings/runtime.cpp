@@ -247,7 +247,8 @@ void bind_runtime(py::module_& m) {
         [](const py::object& mil, const PyWeights& weights, const std::string& profile, const std::string& backend,
            size_t min_surface_bytes, const std::vector<std::string>& relaxed_ops,
            std::pair<size_t, size_t> surface_counts, bool build_info,
-           const std::map<std::string, std::string>& weight_keys) {
+           const std::map<std::string, std::string>& weight_keys,
+           const std::map<std::string, std::string>& packed_weights) {
             const HeldBytes text(mil, "the MIL text");
             const HeldWeights held(weights);  // held until the GIL-released work is done
             runtime::CompileOptions options = compile_options(profile, relaxed_ops, surface_counts);
@@ -258,6 +259,7 @@ void bind_runtime(py::module_& m) {
                 if (key.empty()) throw CompileError("weight_keys['" + path + "'] is empty; give the file's SHA-256");
             }
             options.weight_keys = weight_keys;
+            options.packed_weights = packed_weights;
             const std::string name = backend.empty() ? runtime::current_selection().name : backend;
             const runtime::Backend& b = runtime::find_backend(name);
             std::unique_ptr<runtime::LoadedProgram> program;
@@ -277,13 +279,16 @@ void bind_runtime(py::module_& m) {
         py::arg("min_surface_bytes") = 0, py::arg("relaxed_ops") = std::vector<std::string>{},
         py::arg("surface_counts") = std::pair<size_t, size_t>{0, 0}, py::arg("build_info") = true,
         py::arg("weight_keys") = std::map<std::string, std::string>{},
+        py::arg("packed_weights") = std::map<std::string, std::string>{},
         "Compiles and loads MIL text with its BLOBFILE weights on `backend` ('' = the selected one). "
         "min_surface_bytes: a smaller surface minimum proved by a probe report (0 = the conservative 49,152). "
         "relaxed_ops: disputed ops (op_table() status 'disputed') a probe report proved on this machine. "
         "surface_counts: (inputs, outputs) a probe report proved (ANE-37; 0 = the conservative 1 and 6). "
         "build_info: add the default buildInfo block when the text has none (False: the text as written, "
         "for the buildInfo probe). weight_keys: per weight file path, a name its bytes alone determine (its "
-        "SHA-256): the emulator shares its packed weights by it, unhashed. Raises RuntimeWarning once when the "
+        "SHA-256): the emulator shares its packed weights by it, unhashed. packed_weights: per keyed weight "
+        "('<key>@<offset>/<cout>x<cin>'), a checked file of its packed panels (kernels.keyed_conv_panels' bytes) the "
+        "emulator maps instead of packing. Raises RuntimeWarning once when the "
         "compile count nears the budget.");
     m.def("backend_selection", [] { return selection_dict(runtime::current_selection()); },
           "{name, reason, warning}: the backend this process uses and why (reads ORION_BACKEND).");

@@ -47,7 +47,7 @@ public:
     // the program reads the ones it uses from their place in the surface (EmulatedProgram::plan_loads).
     ProgramModel(const mil::Function& fn, std::vector<frontend::TypedOp> typed, const runtime::WeightFiles& weights,
                  const std::map<std::string, runtime::InputPart>& cuts,
-                 const std::map<std::string, std::string>& weight_keys) {
+                 const runtime::CompileOptions& options) {
         for (const auto& p : fn.inputs) define(p.name, p.type);
         for (size_t i = 0; i < fn.body.size(); ++i) {
             const mil::Operation& op = fn.body[i];
@@ -60,8 +60,14 @@ public:
                 values_[id].constant = &*op.val;
                 if (op.val->kind == mil::Value::Kind::blob) {
                     values_[id].blob = payload(*op.val, weights);
-                    if (auto key = weight_keys.find(op.val->blob_path); key != weight_keys.end())
-                        values_[id].blob_key = key->second + "@" + std::to_string(op.val->blob_offset);
+                    if (auto key = options.weight_keys.find(op.val->blob_path); key != options.weight_keys.end()) {
+                        ValueInfo& v = values_[id];
+                        v.blob_key = key->second + "@" + std::to_string(op.val->blob_offset);
+                        const std::string prefix = v.blob_key + "/";
+                        for (auto it = options.packed_weights.lower_bound(prefix);
+                             it != options.packed_weights.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
+                            v.packed_files.insert(*it);
+                    }
                 }
                 continue;
             }
@@ -72,7 +78,7 @@ public:
                 int single = -1;
                 if (a.kind == mil::Argument::Kind::literal) {  // permissive profile only
                     single = static_cast<int>(values_.size());
-                    values_.push_back(ValueInfo{a.literal.type, single, &a.literal, std::nullopt, false, false, {}, {}});
+                    values_.push_back(ValueInfo{a.literal.type, single, &a.literal, std::nullopt, false, false, {}, {}, {}});
                 } else if (a.kind == mil::Argument::Kind::ref) {
                     single = ids_.at(a.refs[0]);  // the front end checked every name is defined before use
                 } else {
@@ -130,7 +136,7 @@ private:
     int define(const std::string& name, const mil::Type& type) {
         const int id = static_cast<int>(values_.size());
         ids_[name] = id;
-        values_.push_back(ValueInfo{type, id, nullptr, std::nullopt, false, false, {}, {}});
+        values_.push_back(ValueInfo{type, id, nullptr, std::nullopt, false, false, {}, {}, {}});
         return id;
     }
 
@@ -268,6 +274,7 @@ private:
     std::unique_ptr<runtime::LoadedProgram> reload(const runtime::WeightFiles& weights) override {
         runtime::CompileOptions options = options_;
         options.weight_keys.clear();  // they named the compiled files' bytes, not these: shared by content
+        options.packed_weights.clear();
         return build(text_, weights, options);
     }
 
@@ -987,7 +994,7 @@ private:
 std::unique_ptr<runtime::LoadedProgram> build_checked(std::string_view text, const runtime::WeightFiles& weights,
                                                       const runtime::CompileOptions& options, bool count_compile) {
     frontend::CheckedProgram checked = frontend::check(text, weights, options);
-    ProgramModel model(checked.main(), std::move(checked.typed), weights, checked.cuts.ranges, options.weight_keys);
+    ProgramModel model(checked.main(), std::move(checked.typed), weights, checked.cuts.ranges, options);
     if (count_compile) runtime::consume_compile();
     return std::make_unique<EmulatedProgram>(text, std::move(checked), std::move(model), options);
 }

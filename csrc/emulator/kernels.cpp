@@ -3,10 +3,16 @@
 // gemm.cpp's.
 #include "emulator/kernels.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cmath>
+#include <cerrno>
 #include <cstring>
 #include <iterator>
 #include <limits>
@@ -575,15 +581,18 @@ PackedConv1x1 pack_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin) {
     PackedConv1x1 packed;
     packed.cout = cout;
     packed.cin = cin;
-    packed.data.assign(static_cast<size_t>(ceil_div(cout, kConvPanel) * cin * kConvPanel), 0);
+    std::vector<uint16_t> panels(static_cast<size_t>(ceil_div(cout, kConvPanel) * cin * kConvPanel), 0);
     parallel_for(ceil_div(cout, kConvPanel), 1, [&](int64_t begin, int64_t end) {  // panels are independent
         for (int64_t o = begin * kConvPanel; o < std::min(cout, end * kConvPanel); ++o) {
-            uint16_t* panel = packed.data.data() + (o / kConvPanel) * cin * kConvPanel + o % kConvPanel;
+            uint16_t* panel = panels.data() + (o / kConvPanel) * cin * kConvPanel + o % kConvPanel;
             for (int64_t c = 0; c < cin; ++c) panel[c * kConvPanel] = weight[o * cin + c];
         }
     });
+    packed.data = PanelData<uint16_t>(std::move(panels));
     return packed;
 }
+
+const char* conv1x1_panel_layout() { return "fp16p16v1"; }  // fp16, panels of kConvPanel channels, [cin][16]
 
 namespace {
 
@@ -790,12 +799,56 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
 
 }  // namespace
 
+PackedConv1x1 map_conv1x1(const std::string& path, const uint16_t* weight, int64_t cout, int64_t cin) {
+    if (cout <= 0 || cin <= 0) throw std::invalid_argument("map_conv1x1: the weight has no elements");
+    const size_t bytes = static_cast<size_t>(ceil_div(cout, kConvPanel) * cin * kConvPanel) * sizeof(uint16_t);
+    auto refuse = [&](const std::string& why) {
+        return std::invalid_argument("packed weight file '" + path + "' " + why + " (a stale or damaged program-cache "
+                                     "file: delete it, or clear the cache with `python -m orion cache clear`)");
+    };
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw refuse(std::string("cannot be opened: ") + std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
+        ::close(fd);
+        throw refuse("holds " + std::to_string(st.st_size) + " bytes, but the panels of a [" + std::to_string(cout) +
+                     ", " + std::to_string(cin) + "] weight take " + std::to_string(bytes));
+    }
+    // MAP_POPULATE: the pages are in the page cache (a warm start): mapping them all at once costs less
+    // than a fault per page at the first evaluate.
+#ifdef MAP_POPULATE
+    constexpr int kFlags = MAP_PRIVATE | MAP_POPULATE;
+#else
+    constexpr int kFlags = MAP_PRIVATE;  // macOS: faulted in at the first evaluate
+#endif
+    void* map = ::mmap(nullptr, bytes, PROT_READ, kFlags, fd, 0);
+    ::close(fd);
+    if (map == MAP_FAILED) throw refuse(std::string("cannot be mapped: ") + std::strerror(errno));
+    std::shared_ptr<const void> owner(map, [bytes](const void* p) { ::munmap(const_cast<void*>(p), bytes); });
+    PackedConv1x1 packed;
+    packed.cout = cout;
+    packed.cin = cin;
+    packed.data = PanelData<uint16_t>(static_cast<const uint16_t*>(map), bytes / sizeof(uint16_t), std::move(owner));
+    if (!samples_match(packed, weight, cout, cin)) throw refuse("does not hold this weight's values");
+    return packed;
+}
+
 std::shared_ptr<const PackedConv1x1> shared_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin,
-                                                    std::string_view key) {
+                                                    std::string_view key, const std::string& packed_file) {
     auto pack = [&] { return pack_conv1x1(weight, cout, cin); };
     if (key.empty()) return share(shared_f16, weight, nullptr, cout, cin, pack);
     if (cout < 0 || cin < 0) throw std::invalid_argument("shared_conv1x1: negative weight shape");
+    if (!packed_file.empty() && cout > 0 && cin > 0)
+        return share_by_key(shared_f16, key, weight, cout, cin, [&] { return map_conv1x1(packed_file, weight, cout, cin); });
     return share_by_key(shared_f16, key, weight, cout, cin, pack);
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<const PackedConv1x1>>> keyed_conv1x1_packed() {
+    std::vector<std::pair<std::string, std::shared_ptr<const PackedConv1x1>>> out;
+    std::lock_guard<std::mutex> lock(shared_mutex);
+    for (const auto& [key, weak] : shared_f16.by_key)
+        if (auto alive = weak.lock(); alive && !alive->data.mapped()) out.emplace_back(key, std::move(alive));
+    return out;
 }
 
 std::shared_ptr<const PackedConv1x1I8> shared_conv1x1_i8(const int8_t* q, const float* scale, int64_t cout,

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -36,22 +37,62 @@ struct ScoreRowOps {
 // for bit the ops one by one (mul, round_fp16, add, round_fp16, softmax, round_fp16), in fewer passes.
 void score_row_softmax(float* row, const float* mask, int64_t n, const ScoreRowOps& ops);
 
+// A packed weight's panels, read-only: owned, or read in place from memory that `owner` keeps alive
+// (a read-only map of a file of panels, map_conv1x1). Copies share the memory.
+template <typename T>
+class PanelData {
+public:
+    PanelData() = default;
+    explicit PanelData(std::vector<T> owned) {
+        auto held = std::make_shared<const std::vector<T>>(std::move(owned));
+        data_ = held->data();
+        size_ = held->size();
+        owner_ = std::move(held);
+    }
+    PanelData(const T* data, size_t size, std::shared_ptr<const void> owner)
+        : data_(data), size_(size), owner_(std::move(owner)), mapped_(true) {}
+    const T* data() const { return data_; }
+    size_t size() const { return size_; }
+    const T& operator[](size_t i) const { return data_[i]; }
+    bool mapped() const { return mapped_; }  // read from a file's map, not packed in this process
+
+private:
+    const T* data_ = nullptr;
+    size_t size_ = 0;
+    std::shared_ptr<const void> owner_;
+    bool mapped_ = false;
+};
+
 // A 1x1 convolution weight [cout][cin] in fp16, repacked once at compile (bake) time into the
-// layout the kernel streams (held by a shared_ptr, it takes part in weight prefetching).
+// layout the kernel streams (held by a shared_ptr, it takes part in weight prefetching): panels of
+// kConvPanel (16) output channels, each [cin][16], the last panel's missing channels zero.
 struct PackedConv1x1 : std::enable_shared_from_this<PackedConv1x1> {
     int64_t cout = 0;
     int64_t cin = 0;
-    std::vector<uint16_t> data;
+    PanelData<uint16_t> data;
 };
 PackedConv1x1 pack_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin);
+// The panel layout's name and version: a file of panels written under another is not read
+// (map_conv1x1's callers name their files with it).
+const char* conv1x1_panel_layout();
+// The packed weight [cout][cin] read in place from `path`, a file holding exactly its panels (as
+// keyed_conv1x1_panels gives them), mapped read-only; `weight` is the fp16 weight it stands for.
+// Throws std::invalid_argument, naming the file, when it cannot be mapped, has the wrong size or
+// differs from `weight` at a few sampled places (a stale or foreign file).
+PackedConv1x1 map_conv1x1(const std::string& path, const uint16_t* weight, int64_t cout, int64_t cin);
 
 // pack_conv1x1, held once per process for each distinct weight: programs baking the same weight
 // (a model's prefill buckets and its decode programs) share one packed copy, freed with the last.
 // With a `key` (a name the weight's bytes alone determine, e.g. its file's SHA-256 and offset) the
 // weight is found by the key, neither hashed nor compared (a few sampled weights are checked: a key
 // naming other bytes throws std::invalid_argument).
+// `packed_file`: a file of the keyed weight's panels (map_conv1x1), read in place instead of packing
+// when no weight is held under the key yet.
 std::shared_ptr<const PackedConv1x1> shared_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin,
-                                                    std::string_view key = {});
+                                                    std::string_view key = {}, const std::string& packed_file = {});
+// The keyed fp16 weights alive in this process that were packed here (not mapped from a file), by
+// their shaped key ("<key>/<cout>x<cin>"): what a program cache stores as files of panels.
+std::vector<std::pair<std::string, std::shared_ptr<const PackedConv1x1>>> keyed_conv1x1_packed();
 // (distinct packed weights alive, fp16 and int8, their bytes)
 std::pair<int64_t, int64_t> shared_conv1x1_usage();
 

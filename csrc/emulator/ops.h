@@ -7,6 +7,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -47,6 +48,8 @@ struct ValueInfo {
     // A BLOBFILE const's shared-weight key: its file's key (CompileOptions::weight_keys) and offset;
     // empty when the caller gave none (the weight is then shared by content).
     std::string blob_key;
+    // Files of this const's packed panels by shaped key (CompileOptions::packed_weights under blob_key).
+    std::map<std::string, std::string> packed_files;
 };
 
 // Scale and zero point per element: a single value, or one per index along the axis.

@@ -146,9 +146,12 @@ BuiltOp build_conv(OpContext& ctx) {
         }
         if (!ctx.compressed("weight")) {  // an fp16 BLOBFILE weight is packed from its bytes: no transient copy
             const ValueInfo& w = ctx.constant("weight");
-            if (w.blob && w.type.dtype == mil::DType::fp16 && reinterpret_cast<uintptr_t>(w.blob->data()) % 2 == 0)
+            if (w.blob && w.type.dtype == mil::DType::fp16 && reinterpret_cast<uintptr_t>(w.blob->data()) % 2 == 0) {
+                const auto file = w.packed_files.find(w.blob_key + "/" + std::to_string(g.cout) + "x" + std::to_string(g.cin));
                 return pointwise_kernel(kernels::shared_conv1x1(reinterpret_cast<const uint16_t*>(w.blob->data()),
-                                                                g.cout, g.cin, w.blob_key));
+                                                                g.cout, g.cin, w.blob_key,
+                                                                file == w.packed_files.end() ? std::string() : file->second));
+            }
         }
         const auto halves = weight_halves(ctx);
         return pointwise_kernel(kernels::shared_conv1x1(halves.data(), g.cout, g.cin));  // one copy across programs

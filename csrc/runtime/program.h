@@ -68,6 +68,10 @@ struct CompileOptions {
     // comparing the weight's bytes. A key must never name different bytes; paths without one are
     // shared by content (hashed, then compared).
     std::map<std::string, std::string> weight_keys;
+    // Per keyed weight ("<weight key>@<offset>/<cout>x<cin>", as emulator::kernels::keyed_conv1x1_packed names
+    // them), a file of its packed panels the caller checked (the program cache's): the emulator maps it instead
+    // of packing the weight. Ignored by backends that do not pack weights.
+    std::map<std::string, std::string> packed_weights;
 };
 
 // Binding order of a function's I/O: parameters and returned names sorted by name.

@@ -157,12 +157,14 @@ class CompiledGraph:
 
 def compile_lowered(lowered: Lowered, *, profile: str = "hardware", min_surface_bytes: int | None = None,
                     relaxed_ops: tuple[str, ...] = (),
-                    surface_counts: tuple[int, int] | None = None) -> CompiledGraph:
+                    surface_counts: tuple[int, int] | None = None,
+                    packed_weights: dict[str, str] | None = None) -> CompiledGraph:
     """Compile an already lowered program; identical content is compiled once per process (and again
     if that program was unloaded). Programs of identical content are shared: unloading one unloads
     it for every holder. Thread-safe: concurrent calls for one program compile it once. ``min_surface_bytes``: a smaller surface minimum a probe report proved
     and ``relaxed_ops``: disputed ops (ANE-35) a probe report proved on this machine (see ``compile_graph``);
-    ``surface_counts``: the ``(inputs, outputs)`` surface counts it proved (ANE-37)."""
+    ``surface_counts``: the ``(inputs, outputs)`` surface counts it proved (ANE-37); ``packed_weights``: files of
+    packed panels of the weights (``orion.compile``'s, e.g. ``program_cache.compile_cached``'s)."""
     import orion
 
     counts = tuple(surface_counts) if surface_counts else CONSERVATIVE_COUNTS
@@ -173,7 +175,8 @@ def compile_lowered(lowered: Lowered, *, profile: str = "hardware", min_surface_
         if key not in _PROGRAMS or not _PROGRAMS[key].loaded:
             _PROGRAMS[key] = orion.compile(lowered.mil, lowered.weights, profile=profile,
                                            min_surface_bytes=min_surface_bytes, relaxed_ops=relaxed_ops,
-                                           surface_counts=surface_counts, weight_keys=lowered.file_digests)
+                                           surface_counts=surface_counts, weight_keys=lowered.file_digests,
+                                           packed_weights=packed_weights)
         release_pages(lowered.weights.values())  # the program holds its own copy now
         return CompiledGraph(lowered, _PROGRAMS[key])
 

@@ -17,11 +17,20 @@ its modification time, which a writer referencing the blob refreshes as a use st
 truncated weight file, a disk error) is rebuilt with a one-line warning, never used. A program's
 content hash comes from its blobs' names (their SHA-256), so reading an entry hashes no weights.
 
+The emulator's packed form of each fp16 conv weight (panels of 16 output channels, what it would
+otherwise repack from the weight files at every start) is stored too, once per weight, in ``panels/``:
+``<blob>@<offset>-<cout>x<cin>.<layout>.<crc32>``, named by the weight file's blob, the weight's place and
+shape, the panel layout (``_core.kernels.conv_panel_layout()``: files of another layout are not read) and
+the file's CRC-32. :func:`compile_cached` has the emulator map those files instead of packing; a file is
+checked against its CRC once per file version (as a blob is) and by the emulator against the weight at
+sampled places, and a damaged one is deleted with a one-line warning and packed again. A process writes
+the panels it packed itself after each compile.
+
 The cache has a size cap, ``ORION_CACHE_MAX_SIZE`` (bytes, or with a K/M/G suffix; default
 :data:`DEFAULT_MAX_SIZE`): when a new entry takes it over the cap (the cache is walked once per process,
 then counted up by what the process adds), the least recently used entries are removed until it
-fits, then the blobs no entry references. ``python -m orion cache info`` shows it, ``cache clear``
-empties it. The cache is safe to share between processes: entries and blobs are written to temporary
+fits, then the blobs no entry references (and their panels). ``python -m orion cache info`` shows it,
+``cache clear`` empties it. The cache is safe to share between processes: entries and blobs are written to temporary
 names and renamed into place, and unreferenced blobs younger than a minute are kept (another process
 may be writing the entry that references them).
 """
@@ -39,7 +48,7 @@ import tempfile
 import time
 import weakref
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
@@ -47,7 +56,8 @@ from typing import BinaryIO
 
 import orion
 from orion import compiler
-from orion.compiler import Lowered
+from orion._core import kernels
+from orion.compiler import CompiledGraph, Lowered, compile_lowered
 from orion.errors import OrionError
 from orion.graph import Graph
 from orion.legalize.io import IOLayout, IOSpec
@@ -55,11 +65,14 @@ from orion.legalize.io import IOLayout, IOSpec
 _COMPILER_PARTS = ("compiler.py", "ops", "graph", "legalize", "passes", "emit.py", "quant.py", "generation", "models")
 MANIFEST = "manifest.json"
 BLOBS = "blobs"
+PANELS = "panels"  # files of packed conv panels (compile_cached)
 FILES = "files"  # _by_identity's memo: one small file per (kind, file version): checkpoint digests, blob CRCs
 FORMAT = 2  # the entry layout: 2 = weight files as shared blobs
 DEFAULT_MAX_SIZE = 8 << 30
 BLOB_GRACE_S = 60.0
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+# A file of panels: <blob>@<offset>-<cout>x<cin>.<layout>.<crc32>; its weight's shaped key is <blob>@<offset>/<cout>x<cin>.
+_PANEL_FILE = re.compile(r"(?P<blob>[0-9a-f]{64})@(?P<offset>\d+)-(?P<shape>\d+x\d+)\.(?P<layout>\w+)\.(?P<crc>[0-9a-f]{8})")
 
 
 class CacheDirError(OrionError):
@@ -77,7 +90,7 @@ def cache_dir() -> Path | None:
     if setting.lower() == "off":
         return None
     path = Path(setting) if setting else Path.home() / ".cache" / "orion"
-    if path.exists() and not path.is_dir():
+    if not path.is_dir() and path.exists():  # one stat when it is a directory (called per weight file)
         raise CacheDirError(f"ORION_CACHE_DIR={str(path)!r} is not a directory; point ORION_CACHE_DIR at a "
                             f"directory (it is created if missing) or set ORION_CACHE_DIR=off")
     return path
@@ -265,6 +278,134 @@ def lower_cached(description: dict, build: Callable[[], Graph], **lower_options)
     return lowered, False
 
 
+# -- files of packed panels ------------------------------------------------------------------------------
+_PANEL_NAMES: dict[Path, dict[str, list[str]]] = {}  # per cache directory: file names in panels/ by blob, read once
+_PANELS_CHECKED: set[Path] = set()  # files of panels whose CRC this process has checked (or written)
+
+
+def _panel_names(root: Path) -> dict[str, list[str]]:
+    """The names in ``root/panels`` by the blob they belong to (listed once per process, then kept up to date
+    with what this process writes and deletes)."""
+    if root not in _PANEL_NAMES:
+        by_blob: dict[str, list[str]] = {}
+        try:
+            names = os.listdir(root / PANELS)
+        except OSError:
+            names = []
+        for name in names:
+            if match := _PANEL_FILE.fullmatch(name):
+                by_blob.setdefault(match["blob"], []).append(name)
+        _PANEL_NAMES[root] = by_blob
+    return _PANEL_NAMES[root]
+
+
+def _forget_panel(root: Path, name: str, delete: bool) -> None:
+    names = _panel_names(root).get(name[:64], [])
+    if name in names:
+        names.remove(name)
+    _PANELS_CHECKED.discard(root / PANELS / name)
+    if delete:
+        (root / PANELS / name).unlink(missing_ok=True)
+
+
+def _panel_crc(path: Path, known: int | None = None) -> int:
+    """The CRC-32 of the file at ``path``, computed once per file version (``_by_identity``); ``known``: that
+    of the bytes just written there (recorded, not computed)."""
+    def compute() -> str:
+        if known is not None:
+            return str(known)
+        crc = 0
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 22):
+                crc = zlib.crc32(chunk, crc)
+        return str(crc)
+
+    return int(_by_identity(path, "crc32", compute, str.isdigit, times=False))
+
+
+def panel_files(root: Path, digests: Iterable[str]) -> dict[str, str]:
+    """The stored, checked files of packed panels of the weights in the blobs ``digests``, by the weight's
+    shaped key (``orion.compile``'s ``packed_weights``). A damaged file is deleted with a one-line warning
+    (the emulator packs its weight again, and it is stored again)."""
+    layout = kernels.conv_panel_layout()
+    found = {}
+    for digest in set(digests):
+        for name in list(_panel_names(root).get(digest, [])):
+            match = _PANEL_FILE.fullmatch(name)
+            if match["layout"] != layout:
+                continue
+            path = root / PANELS / name
+            try:
+                good = path in _PANELS_CHECKED or _panel_crc(path) == int(match["crc"], 16)
+            except OSError:
+                good = False
+            if not good:
+                print(f"orion: packed weight file {path} is damaged or missing; packing that weight again",
+                      file=sys.stderr, flush=True)
+                _forget_panel(root, name, delete=True)
+                continue
+            _PANELS_CHECKED.add(path)
+            found[f"{digest}@{match['offset']}/{match['shape']}"] = str(path)
+    return found
+
+
+def store_panels(root: Path, digests: Iterable[str]) -> int:
+    """Writes to ``root/panels`` the packed panels of the weights in the blobs ``digests`` that this process
+    packed itself and the cache does not hold yet (``_core.kernels.keyed_conv_panels``); returns the bytes
+    written."""
+    layout, written, wanted = kernels.conv_panel_layout(), 0, set(digests)
+    names = _panel_names(root)
+    for key, panels in kernels.keyed_conv_panels():
+        blob, _, shape = key.partition("/")
+        digest, _, offset = blob.partition("@")
+        if digest not in wanted or any(n.startswith(f"{blob}-{shape}.{layout}.") for n in names.get(digest, [])):
+            continue
+        data = memoryview(panels).cast("B")
+        crc = zlib.crc32(data)
+        name = f"{digest}@{offset}-{shape}.{layout}.{crc:08x}"
+        try:
+            (root / PANELS).mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=root / PANELS, prefix=".tmp-")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, root / PANELS / name)
+            except OSError:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except OSError:  # a full disk or a read-only cache: the weight is packed again next time
+            return written
+        _panel_crc(root / PANELS / name, known=crc)
+        names.setdefault(digest, []).append(name)
+        written += len(data)
+    return written
+
+
+def compile_cached(lowered: Lowered, **options) -> CompiledGraph:
+    """``compile_lowered(lowered, **options)`` with the cache's files of packed panels: the emulator maps the
+    stored panels of the program's weights instead of packing them, and the panels it packed are stored
+    after. A file the emulator refuses (wrong size or values) is deleted with a one-line warning and the
+    program compiled again without it."""
+    root = cache_dir()
+    if root is None:
+        return compile_lowered(lowered, **options)
+    files = panel_files(root, lowered.file_digests.values())
+    try:
+        compiled = compile_lowered(lowered, packed_weights=files, **options)
+    except ValueError as exc:
+        refused = [path for path in files.values() if f"'{path}'" in str(exc)]
+        if not refused:
+            raise
+        print(f"orion: {exc}; deleting it and packing that weight again", file=sys.stderr, flush=True)
+        for path in refused:
+            _forget_panel(root, Path(path).name, delete=True)
+        return compile_cached(lowered, **options)
+    added = store_panels(root, lowered.file_digests.values())
+    if added:
+        _keep_under_cap(root, added)
+    return compiled
+
+
 _STORED: dict[Path, int] = {}  # per cache directory: its stored bytes as of this process's last count, plus what it added
 
 
@@ -288,6 +429,12 @@ def _keep_under_cap(root: Path, added: int) -> None:
 _MEMO: dict[str, str] = {}  # _by_identity's memo in this process
 
 
+@lru_cache(maxsize=64)
+def _real_dir(directory: str) -> str:
+    """``os.path.realpath`` of a directory, once per process (a warm start asks it for every weight file)."""
+    return os.path.realpath(directory)
+
+
 def _by_identity(path: Path, kind: str, compute: Callable[[], str], valid: Callable[[str], bool],
                  st: os.stat_result | None = None, times: bool = True) -> str:
     """``compute()`` for the file at ``path``, once per file version: memoized in this process and in the
@@ -298,7 +445,8 @@ def _by_identity(path: Path, kind: str, compute: Callable[[], str], valid: Calla
     stamp (``_write_blob`` refreshes it), so a stamp must not void its memo; a truncation changes its size."""
     st = path.stat() if st is None else st
     stamp = f"\0{st.st_mtime_ns}\0{st.st_ctime_ns}" if times else ""
-    identity = f"{kind}\0{path.resolve()}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}{stamp}"
+    resolved = os.path.join(_real_dir(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
+    identity = f"{kind}\0{resolved}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}{stamp}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:32]
     if key in _MEMO:
         return _MEMO[key]
@@ -414,12 +562,15 @@ def enforce_cap(root: Path, cap: int) -> None:
 
 
 def _collect_blobs(root: Path, keep: set[str], grace_s: float = BLOB_GRACE_S) -> None:
-    """Delete blobs outside ``keep`` older than ``grace_s`` (a writer may be about to reference them)."""
+    """Delete blobs outside ``keep``, and the files of panels of weights in them, older than ``grace_s``
+    (a writer may be about to reference them)."""
     now = time.time()
-    blob_dir = root / BLOBS
-    for blob in blob_dir.iterdir() if blob_dir.is_dir() else []:
-        if blob.name not in keep and now - blob.stat().st_mtime > grace_s:
-            blob.unlink(missing_ok=True)
+    for folder, blob_of in ((root / BLOBS, lambda name: name), (root / PANELS, lambda name: name[:64])):
+        for path in folder.iterdir() if folder.is_dir() else []:
+            if blob_of(path.name) not in keep and now - path.stat().st_mtime > grace_s:
+                path.unlink(missing_ok=True)
+    _PANEL_NAMES.pop(root, None)  # listed and checked again when next needed
+    _PANELS_CHECKED.clear()
 
 
 def clear(root: Path | None = None) -> int:
@@ -429,9 +580,11 @@ def clear(root: Path | None = None) -> int:
         return 0
     freed = 0
     for path in root.iterdir():
-        if path.name in (BLOBS, FILES) or path.name.startswith(".tmp-") or (path / MANIFEST).is_file():
+        if path.name in (BLOBS, PANELS, FILES) or path.name.startswith(".tmp-") or (path / MANIFEST).is_file():
             freed += _size(path)
             shutil.rmtree(path, ignore_errors=True)
+    _PANEL_NAMES.pop(root, None)
+    _PANELS_CHECKED.clear()
     return freed
 
 

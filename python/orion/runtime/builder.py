@@ -9,11 +9,11 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from orion.compiler import CompiledGraph, compile_lowered
+from orion.compiler import CompiledGraph
 from orion.errors import CompileBudgetExhausted, CompileError, ConstraintError
 from orion.graph import Graph
 from orion.passes.sram import SRAMBudgetWarning
-from orion.program_cache import lower_cached
+from orion.program_cache import compile_cached, lower_cached
 from orion.progress import ProgressLine, warn_user
 
 T = TypeVar("T")
@@ -50,7 +50,7 @@ class ProgramBuilder:
                  compile_options: dict[str, Any] | None = None,
                  after_lowering: Callable[[], None] | None = None) -> None:
         self.identity, self.io_dtype, self.progress = identity, io_dtype, progress
-        self.compile_options = compile_options or {}  # profile / relaxed_ops for compile_lowered (orion.quant)
+        self.compile_options = compile_options or {}  # profile / relaxed_ops for compile_cached (orion.quant)
         self.after_lowering = after_lowering
         self.seconds = 0.0
         self.cached = 0
@@ -94,7 +94,7 @@ class ProgramBuilder:
                 self._over_sram.append(label)
             else:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        compiled = compile_lowered(lowered, **self.compile_options)
+        compiled = compile_cached(lowered, **self.compile_options)
         self.seconds += time.perf_counter() - start
         self.cached += was_cached
         self.built += not was_cached

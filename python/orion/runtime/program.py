@@ -248,6 +248,7 @@ def compile(  # noqa: A001 - mirrors the ANE API's verb
     surface_counts: tuple[int, int] | None = None,
     build_info: bool = True,
     weight_keys: Mapping[str, str] | None = None,
+    packed_weights: Mapping[str, str] | None = None,
 ) -> Program:
     """Compiles and loads MIL text.
 
@@ -266,7 +267,10 @@ def compile(  # noqa: A001 - mirrors the ANE API's verb
     ``build_info_absent`` probe). ``weight_keys`` maps a weight file's path to a name its bytes alone determine
     (their SHA-256, as ``Lowered.file_digests``): the emulator then finds the packed weights it already holds
     by that name instead of hashing and comparing every weight of every program (a key seen before with
-    other bytes, at a few sampled places, is refused).
+    other bytes, at a few sampled places, is refused). ``packed_weights`` maps a keyed weight
+    (``"<key>@<offset>/<cout>x<cin>"``, as ``_core.kernels.keyed_conv_panels()`` names them) to a file of its
+    packed panels (those bytes, checked by the caller: the program cache's ``panels/``): the emulator maps the
+    file instead of packing the weight; a file of the wrong size or values raises ValueError naming it.
     """
     if surface_counts is not None and (len(surface_counts) != 2 or any(
             not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1 for n in surface_counts)):
@@ -287,5 +291,6 @@ def compile(  # noqa: A001 - mirrors the ANE API's verb
     native = _core.compile(text, dict(weights or {}), profile, min_surface_bytes=min_surface_bytes or 0,
                            relaxed_ops=sorted(relaxed_ops),
                            surface_counts=tuple(int(n) for n in surface_counts) if surface_counts else (0, 0),
-                           build_info=build_info, weight_keys=dict(weight_keys or {}))
+                           build_info=build_info, weight_keys=dict(weight_keys or {}),
+                           packed_weights=dict(packed_weights or {}))
     return Program(native, {name: dtype for name, _, dtype in native.inputs + native.outputs})

@@ -28,20 +28,29 @@ std::vector<float> take(size_t n) {
     Pool& p = pool();
     {
         std::lock_guard<std::mutex> lock(p.mutex);
-        p.live += n * sizeof(float);
         auto it = p.idle.find(n);
+        if (it == p.idle.end()) {
+            // No idle buffer of this size: reuse an idle one of at most twice it, shrunk (it keeps its capacity
+            // and regrows when given back), instead of allocating while it sits idle.
+            it = p.idle.upper_bound(n);
+            if (it != p.idle.end() && it->first / 2 > n) it = p.idle.end();
+        }
         if (it != p.idle.end()) {
             std::vector<float> out = std::move(it->second);
             p.idle.erase(it);
-            p.bytes -= n * sizeof(float);
+            p.bytes -= out.size() * sizeof(float);
+            p.live += out.size() * sizeof(float);
+            out.resize(n);
             return out;
         }
+        p.live += n * sizeof(float);
         p.note();
     }
     return std::vector<float>(n, 0.0f);
 }
 
 void give(std::vector<float>&& buffer) {
+    if (buffer.capacity() > buffer.size()) buffer.resize(buffer.capacity());  // a shrunk buffer regrows (take)
     const size_t n = buffer.size();
     if (n == 0) return;
     Pool& p = pool();

@@ -173,19 +173,29 @@ class PrefillPlan:
 
     def bind(self, io_dtype: str) -> tuple[list[Stage], list[Stage]]:
         """Layer and LM-head stages on new surfaces, the residual stream chained between them (a ``past``
-        plan's cache inputs are the stages' own: the loop copies the filled positions in)."""
-        return _bind(self.layer_programs, self.head_programs, io_dtype)
+        plan's cache inputs are the stages' own: the loop copies the filled positions in). The layer stages share
+        their other outputs' surfaces too (the loop copies each stage's keys and values out before the next runs)."""
+        return _bind(self.layer_programs, self.head_programs, io_dtype, share_outputs=True)
 
 
-def _bind(programs: list[CompiledGraph], heads: list[CompiledGraph],
-          io_dtype: str) -> tuple[list[Stage], list[Stage]]:
+def _bind(programs: list[CompiledGraph], heads: list[CompiledGraph], io_dtype: str,
+          share_outputs: bool = False) -> tuple[list[Stage], list[Stage]]:
     """Stages of ``programs`` (layers) and ``heads``, the residual stream ``x`` chained through two surfaces that
     take turns (the programs run one after the other), of the size of every program's largest input (one size
-    for all inputs of a program, ANE-13)."""
+    for all inputs of a program, ANE-13). ``share_outputs``: the layer stages' other outputs with a surface of
+    their own (a prefill's keys and values, read out after each stage) share one surface per place and shape."""
     nbytes = max(MIN_SURFACE_BYTES, largest_surface([*programs, *heads]))
     shape = _surface_shape([*programs, *heads])
     x = [Surface(shape, io_dtype, nbytes) for _ in range(2)]
-    layers = [Stage(cg, {"x": x[i % 2], "out:x": x[(i + 1) % 2]}) for i, cg in enumerate(programs)]
+    outputs: dict[tuple[int, tuple[int, ...], str], Surface] = {}
+    layers = []
+    for i, cg in enumerate(programs):
+        given = {"x": x[i % 2], "out:x": x[(i + 1) % 2]}
+        own = [s for s in cg.layout.outputs if s.name != "x" and not s.surface] if share_outputs else []
+        for place, spec in enumerate(own):
+            key = (place, tuple(spec.padded), spec.dtype)
+            given[f"out:{spec.name}"] = outputs.setdefault(key, Surface(spec.padded, spec.dtype, nbytes))
+        layers.append(Stage(cg, given))
     return layers, [Stage(cg, {"x": x[len(programs) % 2]}) for cg in heads]
 
 

@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from orion._core import kernels
 from orion.compiler import CompiledGraph
 from orion.errors import CompileBudgetExhausted, CompileError, ConstraintError
 from orion.graph import Graph
@@ -67,7 +68,9 @@ class ProgramBuilder:
         self.line.start(f"compiling {_programs(total)} for {what}", total)
 
     def end(self) -> None:
-        """The batch's summary line and, if some programs exceed the SRAM, one warning saying so."""
+        """The batch's summary line and, if some programs exceed the SRAM, one warning saying so. The heap the
+        batch's compiles freed (parsed text, graphs, weight copies) goes back to the OS (``release_idle_buffers``)."""
+        kernels.release_idle_buffers()
         built, cached = self.built - self._batch[0], self.cached - self._batch[1]
         self.line.finish(f"compiled {_programs(built + cached)} for {self.what} in {{seconds}} "
                          f"({built} built, {cached} loaded from cache)")

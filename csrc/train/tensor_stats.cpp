@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "emulator/kernels.h"
 #include "train/blocks.h"
 
 namespace orion::train {
@@ -72,6 +73,26 @@ ClampCounts clamp_finite(float* data, int64_t size, float limit) {
         total.clamped += p.clamped;
         total.nonfinite += p.nonfinite;
     }
+    return total;
+}
+
+int64_t unscale(const void* src, bool half, float* dst, int64_t size, float divisor) {
+    const std::vector<Block> blocks = make_blocks({size});
+    std::vector<int64_t> bad(blocks.size(), 0);
+    for_each_block(blocks, [&](size_t index, const Block& b) {
+        float* out = dst + b.begin;
+        const int64_t n = b.end - b.begin;
+        if (half) emu::kernels::half_to_float(static_cast<const uint16_t*>(src) + b.begin, out, static_cast<size_t>(n));
+        else std::memcpy(out, static_cast<const float*>(src) + b.begin, static_cast<size_t>(n) * sizeof(float));
+        int64_t count = 0;
+        for (int64_t i = 0; i < n; ++i) {  // a division, not a multiply by 1/divisor: numpy's bits for any divisor
+            out[i] /= divisor;
+            count += is_finite(out[i]) ? 0 : 1;
+        }
+        bad[index] = count;
+    });
+    int64_t total = 0;
+    for (int64_t b : bad) total += b;
     return total;
 }
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection, Mapping
 
 import numpy as np
 
-from orion import blobfile
+from orion import _core, blobfile
 from orion._core import kernels
 from orion.autodiff import cpu, numpy_eval
 from orion.autodiff.partition import ANE, Plan, PlannedProgram, layer_params, partition, program_outputs
@@ -146,8 +146,8 @@ class GradientRunner:
             for program in self.plan.gradients:  # weight gradients placed on the CPU: dy x^T in fp32
                 results.update({grad_name(t.param): t(results) for t in program.cpu_dw})
             for name in self.trainable:
-                g = np.divide(results[grad_name(name)].reshape(shapes[name]), loss_scale, dtype=np.float32)
-                grads[m.layer_param(i, name)] = _finite(g, m.layer_param(i, name))
+                grads[m.layer_param(i, name)] = _unscaled(results[grad_name(name)], shapes[name], loss_scale,
+                                                          m.layer_param(i, name))
             dx = _finite(cpu.from_channels(results[grad_name("x")]) / loss_scale, f"layer {i} input gradient")
         for name, g in m.embed_backward(params, ids, dx).items():
             grads[name] = grads[name] + g if name in grads else g
@@ -308,6 +308,18 @@ def _fp16(a: np.ndarray) -> np.ndarray:
         return a
     out = np.empty(a.shape, np.float16)
     kernels.to_fp16(np.ascontiguousarray(a), out)
+    return out
+
+
+def _unscaled(result: np.ndarray, shape: tuple[int, ...], loss_scale: float, what: str) -> np.ndarray:
+    """A program's (fp16) gradient ``result`` as fp32 of ``shape`` divided by ``loss_scale`` (numpy's
+    ``np.divide(result, loss_scale, dtype=np.float32)`` bits), widened, unscaled and checked in one parallel pass;
+    :class:`NonFiniteGradient` if any value is Inf or NaN."""
+    out = np.empty(shape, np.float32)
+    nonfinite = _core.train.unscale(what, np.ascontiguousarray(result), out, loss_scale)
+    if nonfinite:
+        raise NonFiniteGradient(f"{what}: {nonfinite} non-finite values. Fix: lower the loss scale (or skip this "
+                                "step); Orion never rewrites them")
     return out
 
 

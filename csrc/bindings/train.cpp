@@ -122,7 +122,7 @@ py::tuple clamp_fp16(const std::string& name, const py::handle& array) {
     return py::make_tuple(r.clamped, r.nonfinite);
 }
 
-int64_t unscale(const std::string& name, const py::array& src, const py::handle& out, double divisor) {
+int64_t unscale(const std::string& name, const py::array& src, const py::handle& out, double divisor, bool add) {
     const bool half = src.dtype().equal(py::dtype("float16"));
     if (!half && !src.dtype().is(py::dtype::of<float>()))
         throw train::TrainError("unscale: gradient '" + name + "' has dtype " + std::string(py::str(src.dtype())) +
@@ -139,7 +139,7 @@ int64_t unscale(const std::string& name, const py::array& src, const py::handle&
     const void* data = src.data();
     const int64_t size = static_cast<int64_t>(src.size());
     py::gil_scoped_release release;
-    return train::unscale(data, half, dst, size, static_cast<float>(divisor));
+    return train::unscale(data, half, dst, size, static_cast<float>(divisor), add);
 }
 
 }  // namespace
@@ -165,8 +165,9 @@ void bind_train(py::module_& root) {
     m.def("clamp_fp16", &clamp_fp16, py::arg("name"), py::arg("array"),
           "Clamps finite values to +-FP16_MAX in place; returns (clamped, nonfinite). NaN/Inf are left as they are.");
     m.def("unscale", &unscale, py::arg("name"), py::arg("src"), py::arg("out"), py::arg("divisor"),
+          py::arg("add") = false,
           "out = src / divisor in float32 (src float16 or float32, out float32 of its size, as np.divide(src, divisor, "
-          "dtype=np.float32)); returns the count of NaN/Inf results.");
+          "dtype=np.float32)); with add=True, out += that quotient. Returns the count of NaN/Inf quotients.");
 }
 
 }  // namespace orion::bindings

@@ -30,8 +30,9 @@ struct ClampCounts {
 ClampCounts clamp_finite(float* data, int64_t size, float limit);
 
 // dst[i] = float(src[i]) / divisor in fp32 (src fp16 bits when `half`, else fp32), as numpy's
-// np.divide(src, divisor, dtype=float32) rounds it; returns how many results are NaN or Inf.
-// One parallel pass: a gradient program's fp16 result unscaled, widened and checked at once.
-int64_t unscale(const void* src, bool half, float* dst, int64_t size, float divisor);
+// np.divide(src, divisor, dtype=float32) rounds it; with `add`, dst[i] += that quotient (numpy's
+// dst += quotient). Returns how many quotients are NaN or Inf. One parallel pass: a gradient program's
+// fp16 result unscaled, widened, checked (and accumulated) at once.
+int64_t unscale(const void* src, bool half, float* dst, int64_t size, float divisor, bool add);
 
 }  // namespace orion::train

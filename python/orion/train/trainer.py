@@ -311,6 +311,7 @@ class Trainer:
         # with each update; None until _program_params first writes them, and again whenever self.params are set
         self._fp16: dict[str, np.ndarray] | None = None
         self._fp16_clamps = 0
+        self._grads: dict[str, np.ndarray] = {}  # the step's summed gradients, reused by the next step
 
     # -- the run ---------------------------------------------------------------------------------------
 
@@ -353,18 +354,15 @@ class Trainer:
         total: dict[str, np.ndarray] | None = None
         losses: list[float] = []
         overflow = None
-        for ids, targets in ((i, t) for inputs, outputs in batches for i, t in zip(inputs, outputs, strict=True)):
-            try:
-                loss, grads = runner.loss_and_grads(program_params, ids, targets, loss_scale=scale)
+        pairs = ((i, t) for inputs, outputs in batches for i, t in zip(inputs, outputs, strict=True))
+        for window, (ids, targets) in enumerate(pairs):
+            try:  # the gradients summed in place, in the arrays of the last step (no new memory to fault in)
+                loss, total = runner.loss_and_grads(program_params, ids, targets, loss_scale=scale,
+                                                    into=self._grads, add=window > 0)
             except NonFiniteGradient as exc:
                 overflow = str(exc)
                 break
             losses.append(loss)
-            if total is None:
-                total = grads
-            else:
-                for name, g in grads.items():
-                    total[name] += g
         stats = grad_norm(total) if overflow is None else None
         nonfinite = 1 if overflow is not None else stats.nonfinite
         applied = self.scaler.update(nonfinite)

@@ -40,3 +40,16 @@ def test_m4_cost_model_and_orion_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     assert orion_paper == pytest.approx(want + 3 * (want - result["params"] * 28 / 120e9 * 1e3), rel=1e-9)
     assert f"{cost.describe()}" in text and "1,345 ms per 4 x 256-token step" in text
     assert "the published run is Stories110M; this is tiny-llama" in text
+
+
+def test_profile_splits_the_step_into_parts_that_add_up() -> None:
+    """``--profile``: the step's disjoint parts (each found by cProfile, none left empty by a renamed function)
+    and the rest add up to the step; the emulator's per-program profile names both layer programs."""
+    result = bench.run("tiny-llama", seq=32, steps=1, prefer="ane", torch=False, profile=True)
+    parts = dict(result["profile"]["parts"])
+    named = [label for label, _ in bench.STEP_PARTS]
+    assert all(parts[label] > 0 for label in named if label != "weights' fp16 range check")  # fp16 copies: ~0
+    assert sum(parts[label] for label in named) + parts["the rest (Python, numpy)"] == pytest.approx(parts["step"])
+    assert parts["layer gradient programs"] + parts["layer forward programs"] >= parts["  of the programs: emulator evaluate"]
+    assert result["profile"]["emulator"].count("\nprogram ") == 2
+    assert "where Orion's step goes" in bench.report(result)

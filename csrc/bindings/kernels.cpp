@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <optional>
@@ -149,15 +150,21 @@ bool has_nan(const py::array& arr) {
     std::atomic<bool> found{false};
     py::gil_scoped_release release;
     kern::parallel_for(arr.size(), int64_t{1} << 18, [&](int64_t begin, int64_t end) {
-        bool any = false;
-        if (half) {
-            const auto* h = static_cast<const uint16_t*>(data);
-            for (int64_t i = begin; i < end; ++i) any |= (h[i] & 0x7fffu) > 0x7c00u;
-        } else {
-            const auto* f = static_cast<const uint32_t*>(data);
-            for (int64_t i = begin; i < end; ++i) any |= (f[i] & 0x7fffffffu) > 0x7f800000u;
+        // Chunks of unsigned OR-reductions the compiler vectorizes (a bool |= was scalar: ~1 ns an element);
+        // a NaN found ends the scan at the next chunk, on every thread.
+        constexpr int64_t kChunk = 8192;
+        for (int64_t c0 = begin; c0 < end && !found.load(std::memory_order_relaxed); c0 += kChunk) {
+            const int64_t c1 = std::min(end, c0 + kChunk);
+            unsigned any = 0;
+            if (half) {
+                const auto* h = static_cast<const uint16_t*>(data);
+                for (int64_t i = c0; i < c1; ++i) any |= static_cast<unsigned>((h[i] & 0x7fffu) > 0x7c00u);
+            } else {
+                const auto* f = static_cast<const uint32_t*>(data);
+                for (int64_t i = c0; i < c1; ++i) any |= static_cast<unsigned>((f[i] & 0x7fffffffu) > 0x7f800000u);
+            }
+            if (any) found = true;
         }
-        if (any) found = true;
     });
     return found;
 }

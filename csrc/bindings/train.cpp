@@ -1,9 +1,10 @@
-// orion._core.train: AdamW, the global gradient norm and the fp16-range clamp on numpy float32 arrays,
-// in place. Every array is checked (dtype, shape, C-contiguity, writability) before any is touched.
+// orion._core.train: AdamW, the global gradient norm, the fp16-range clamp and the loss-scale undo on
+// numpy float32 arrays, in place. Every array is checked (dtype, shape, C-contiguity, writability) before any is touched.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -54,14 +55,15 @@ const float* floats(const py::handle& obj) {
     return static_cast<const float*>(py::reinterpret_borrow<py::array>(obj).data());
 }
 
-void adamw_step(const std::vector<std::string>& names, const py::list& params, const py::list& grads,
-                const py::list& exp_avgs, const py::list& exp_avg_sqs, const std::vector<bool>& decay, double lr,
-                double beta1, double beta2, double eps, double weight_decay, int64_t step, double grad_scale) {
+int64_t adamw_step(const std::vector<std::string>& names, const py::list& params, const py::list& grads,
+                   const py::list& exp_avgs, const py::list& exp_avg_sqs, const std::vector<bool>& decay, double lr,
+                   double beta1, double beta2, double eps, double weight_decay, int64_t step, double grad_scale,
+                   const py::list& halves) {
     const size_t n = names.size();
     if (params.size() != n || grads.size() != n || exp_avgs.size() != n || exp_avg_sqs.size() != n ||
-        decay.size() != n)
-        throw train::TrainError("adamw_step: names, params, grads, exp_avgs, exp_avg_sqs and decay must have the "
-                                "same length (" + std::to_string(n) + " names)");
+        decay.size() != n || halves.size() != n)
+        throw train::TrainError("adamw_step: names, params, grads, exp_avgs, exp_avg_sqs, decay and halves must have "
+                                "the same length (" + std::to_string(n) + " names)");
     train::AdamWHyper h{lr, beta1, beta2, eps, weight_decay, step, grad_scale};
     train::check_hyper(h);
     std::vector<train::AdamWTensor> tensors;
@@ -71,11 +73,24 @@ void adamw_step(const std::vector<std::string>& names, const py::list& params, c
         check_array(grads[i], names[i], "gradient", false, &param);
         check_array(exp_avgs[i], names[i], "exp_avg (AdamW m)", true, &param);
         check_array(exp_avg_sqs[i], names[i], "exp_avg_sq (AdamW v)", true, &param);
+        uint16_t* half = nullptr;
+        if (!halves[i].is_none()) {
+            const std::string where = "fp16 copy of '" + names[i] + "'";
+            if (!py::isinstance<py::array>(halves[i]))
+                throw train::TrainError(where + " is not a numpy array; pass a float16 array or None");
+            auto a = py::reinterpret_borrow<py::array>(halves[i]);
+            if (!a.dtype().equal(py::dtype("float16")) || !(a.flags() & py::array::c_style) || !a.writeable() ||
+                a.size() != param.size())
+                throw train::TrainError(where + " must be a writable C-contiguous float16 array of the parameter's " +
+                                        std::to_string(param.size()) + " values; it has dtype " +
+                                        std::string(py::str(a.dtype())) + " and " + std::to_string(a.size()));
+            half = static_cast<uint16_t*>(a.mutable_data());
+        }
         tensors.push_back({mutable_floats(params[i]), floats(grads[i]), mutable_floats(exp_avgs[i]),
-                           mutable_floats(exp_avg_sqs[i]), static_cast<int64_t>(param.size()), decay[i]});
+                           mutable_floats(exp_avg_sqs[i]), static_cast<int64_t>(param.size()), decay[i], half});
     }
     py::gil_scoped_release release;
-    train::adamw_step(tensors, h);
+    return train::adamw_step(tensors, h);
 }
 
 py::tuple sum_of_squares(const std::vector<std::string>& names, const py::list& arrays) {
@@ -107,6 +122,26 @@ py::tuple clamp_fp16(const std::string& name, const py::handle& array) {
     return py::make_tuple(r.clamped, r.nonfinite);
 }
 
+int64_t unscale(const std::string& name, const py::array& src, const py::handle& out, double divisor, bool add) {
+    const bool half = src.dtype().equal(py::dtype("float16"));
+    if (!half && !src.dtype().is(py::dtype::of<float>()))
+        throw train::TrainError("unscale: gradient '" + name + "' has dtype " + std::string(py::str(src.dtype())) +
+                                "; it must be float16 or float32");
+    if (!(src.flags() & py::array::c_style))
+        throw train::TrainError("unscale: gradient '" + name + "' is not C-contiguous; pass np.ascontiguousarray(...)");
+    check_array(out, name, "unscaled gradient", true);
+    if (py::reinterpret_borrow<py::array>(out).size() != src.size())
+        throw train::TrainError("unscale: '" + name + "' has " + std::to_string(src.size()) + " values but out has " +
+                                std::to_string(py::reinterpret_borrow<py::array>(out).size()) + "; pass one of each size");
+    if (!(divisor > 0) || !std::isfinite(divisor))
+        throw train::TrainError("unscale: divisor=" + std::to_string(divisor) + " must be finite and > 0");
+    float* dst = mutable_floats(out);
+    const void* data = src.data();
+    const int64_t size = static_cast<int64_t>(src.size());
+    py::gil_scoped_release release;
+    return train::unscale(data, half, dst, size, static_cast<float>(divisor), add);
+}
+
 }  // namespace
 
 void bind_train(py::module_& root) {
@@ -121,12 +156,18 @@ void bind_train(py::module_& root) {
     });
     m.def("adamw_step", &adamw_step, py::arg("names"), py::arg("params"), py::arg("grads"), py::arg("exp_avgs"),
           py::arg("exp_avg_sqs"), py::arg("decay"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
-          py::arg("weight_decay"), py::arg("step"), py::arg("grad_scale"),
-          "One AdamW update of every tensor, in place (gradients read as grad * grad_scale).");
+          py::arg("weight_decay"), py::arg("step"), py::arg("grad_scale"), py::arg("halves"),
+          "One AdamW update of every tensor, in place (gradients read as grad * grad_scale); where halves[i] is a "
+          "float16 array, the updated parameter clamped to +-FP16_MAX (finite values) and rounded to fp16 is written "
+          "there in the same pass. Returns the count of values clamped.");
     m.def("sum_of_squares", &sum_of_squares, py::arg("names"), py::arg("arrays"),
           "(sum of squares of the finite values, count of NaN/Inf values) over all arrays, in one pass.");
     m.def("clamp_fp16", &clamp_fp16, py::arg("name"), py::arg("array"),
           "Clamps finite values to +-FP16_MAX in place; returns (clamped, nonfinite). NaN/Inf are left as they are.");
+    m.def("unscale", &unscale, py::arg("name"), py::arg("src"), py::arg("out"), py::arg("divisor"),
+          py::arg("add") = false,
+          "out = src / divisor in float32 (src float16 or float32, out float32 of its size, as np.divide(src, divisor, "
+          "dtype=np.float32)); with add=True, out += that quotient. Returns the count of NaN/Inf quotients.");
 }
 
 }  // namespace orion::bindings

@@ -1,16 +1,50 @@
 #include "train/adamw.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
 
+#include "emulator/kernels.h"
+#include "hardware_limits.h"
 #include "train/blocks.h"
 #include "train/train_error.h"
 
 namespace orion::train {
+
+namespace {
+
+// half[i] = fp16(p[i] with finite values clamped to +-FP16_MAX) for i < n; returns the count clamped.
+// Branch-free (bit tests, min/max) so the clamp vectorizes; the fp16 rounding is the kernels' F16C one.
+int64_t write_half(const float* p, uint16_t* half, int64_t n) {
+    constexpr int64_t kChunk = 1024;
+    const float limit = static_cast<float>(limits::FP16_MAX);
+    float clamped[kChunk];
+    int64_t count = 0;
+    for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+        const int64_t m = std::min(kChunk, n - c0);
+        int32_t chunk_count = 0;
+        for (int64_t i = 0; i < m; ++i) {
+            const float x = p[c0 + i];
+            uint32_t bits;
+            std::memcpy(&bits, &x, sizeof bits);
+            const bool finite = (bits & 0x7f800000u) != 0x7f800000u;
+            const float y = std::min(std::max(x, -limit), limit);
+            clamped[i] = finite ? y : x;  // NaN and Inf as they are
+            chunk_count += (finite && y != x) ? 1 : 0;
+        }
+        count += chunk_count;
+        emu::kernels::float_to_half(clamped, half + c0, static_cast<size_t>(m));
+    }
+    return count;
+}
+
+}  // namespace
 
 void check_hyper(const AdamWHyper& h) {
     auto fail = [](const std::string& what) { throw TrainError("AdamW: " + what); };
@@ -24,7 +58,7 @@ void check_hyper(const AdamWHyper& h) {
     if (!std::isfinite(h.grad_scale)) fail("grad_scale=" + std::to_string(h.grad_scale) + " must be finite");
 }
 
-void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWHyper& h) {
+int64_t adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWHyper& h) {
     check_hyper(h);
     // Scalars as torch computes them (in double, then used against fp32 tensors).
     const double bias1 = 1.0 - std::pow(h.beta1, static_cast<double>(h.step));
@@ -36,6 +70,7 @@ void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWHyper& h) {
     const float eps = static_cast<float>(h.eps), gs = static_cast<float>(h.grad_scale);
     const float decay_factor = static_cast<float>(1.0 - h.lr * h.weight_decay);
 
+    std::atomic<int64_t> clamped{0};
     std::vector<int64_t> sizes;
     sizes.reserve(tensors.size());
     for (const auto& t : tensors) sizes.push_back(t.size);
@@ -75,7 +110,9 @@ void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWHyper& h) {
             v[i] = vi;
             p[i] = p[i] * decay - step_size * (mi / (std::sqrt(vi) / bias2_sqrt + eps));
         }
+        if (t.half) clamped += write_half(p + begin, t.half + begin, end - begin);
     });
+    return clamped.load();
 }
 
 }  // namespace orion::train

@@ -1,4 +1,5 @@
-// AdamW on fp32 master weights, in place, over the emulator's thread pool (ORION_NUM_THREADS).
+// AdamW on fp32 master weights, in place, over the emulator's thread pool (ORION_NUM_THREADS), optionally
+// writing each updated weight's fp16 copy (the programs' input) in the same pass.
 // Same update as torch.optim.AdamW: decoupled weight decay p -= lr*wd*p (only on tensors the caller
 // marks), then m = b1*m + (1-b1)*g, v = b2*v + (1-b2)*g^2, p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps).
 #pragma once
@@ -26,12 +27,16 @@ struct AdamWTensor {
     float* exp_avg_sq;
     int64_t size;
     bool decay;
+    // When set: the updated parameter, its finite values clamped to +-FP16_MAX (NaN and Inf as they are),
+    // rounded to fp16 (ties to even) into these `size` values, while the block is in cache.
+    uint16_t* half = nullptr;
 };
 
 // Throws TrainError naming the field when a hyperparameter is out of range.
 void check_hyper(const AdamWHyper& h);
 
-// Updates every tensor in place (one parallel pass over all of them).
-void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWHyper& h);
+// Updates every tensor in place (one parallel pass over all of them); returns how many values of the
+// fp16 copies were clamped.
+int64_t adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWHyper& h);
 
 }  // namespace orion::train

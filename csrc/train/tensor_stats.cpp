@@ -1,7 +1,9 @@
 #include "train/tensor_stats.h"
 
+#include <algorithm>
 #include <cstring>
 
+#include "emulator/kernels.h"
 #include "train/blocks.h"
 
 namespace orion::train {
@@ -72,6 +74,31 @@ ClampCounts clamp_finite(float* data, int64_t size, float limit) {
         total.clamped += p.clamped;
         total.nonfinite += p.nonfinite;
     }
+    return total;
+}
+
+int64_t unscale(const void* src, bool half, float* dst, int64_t size, float divisor, bool add) {
+    const std::vector<Block> blocks = make_blocks({size});
+    std::vector<int64_t> bad(blocks.size(), 0);
+    for_each_block(blocks, [&](size_t index, const Block& b) {
+        constexpr int64_t kChunk = 1024;
+        float quotient[kChunk];
+        int64_t count = 0;
+        for (int64_t c0 = b.begin; c0 < b.end; c0 += kChunk) {
+            const int64_t n = std::min(kChunk, b.end - c0);
+            if (half) emu::kernels::half_to_float(static_cast<const uint16_t*>(src) + c0, quotient, static_cast<size_t>(n));
+            else std::memcpy(quotient, static_cast<const float*>(src) + c0, static_cast<size_t>(n) * sizeof(float));
+            float* out = dst + c0;
+            for (int64_t i = 0; i < n; ++i) {  // a division, not a multiply by 1/divisor: numpy's bits for any divisor
+                const float q = quotient[i] / divisor;
+                count += is_finite(q) ? 0 : 1;
+                out[i] = add ? out[i] + q : q;
+            }
+        }
+        bad[index] = count;
+    });
+    int64_t total = 0;
+    for (int64_t b : bad) total += b;
     return total;
 }
 

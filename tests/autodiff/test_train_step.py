@@ -128,3 +128,23 @@ def test_twenty_steps_follow_pytorch_fp32(kind: str, tmp_path) -> None:
         optimizer.step()
         want.append(loss.item())
     np.testing.assert_allclose(losses, want, rtol=3e-2)
+
+
+def test_program_gradients_are_unscaled_as_numpy_divides_them_and_nonfinite_ones_raise() -> None:
+    """The runner widens a gradient program's fp16 (or fp32) result and divides it by the loss scale in one pass:
+    numpy's ``np.divide(result, scale, dtype=float32)`` bits for any scale (and ``total += that`` when it
+    accumulates into a window's gradients); an Inf or NaN raises naming the tensor."""
+    from orion.autodiff.runner import NonFiniteGradient, _unscaled
+
+    result = (np.random.default_rng(0).standard_normal((1, 300, 1, 700)) * 300).astype(np.float16)
+    for array, scale in ((result, 1024.0), (result, 3.0), (result.astype(np.float32), 100.0)):
+        got = _unscaled(array, (300, 700), scale, "l0.wq")
+        expected = np.divide(array.reshape(300, 700), scale, dtype=np.float32)
+        assert got.shape == (300, 700) and np.array_equal(got.view(np.uint32), expected.view(np.uint32))
+    total = np.random.default_rng(1).standard_normal((300, 700)).astype(np.float32)
+    expected = total + np.divide(result.reshape(300, 700), 512.0, dtype=np.float32)
+    assert _unscaled(result, (300, 700), 512.0, "l0.wq", out=total, add=True) is total  # accumulated in place
+    assert np.array_equal(total.view(np.uint32), expected.view(np.uint32))
+    result[0, 299, 0, 699] = np.inf
+    with pytest.raises(NonFiniteGradient, match="l0.w_down: 1 non-finite"):
+        _unscaled(result, (300, 700), 1024.0, "l0.w_down")

@@ -231,3 +231,33 @@ def test_bad_parameters_and_hyperparameters_raise() -> None:
     other = AdamW({"x": np.zeros(3, np.float32)}).state_dict()
     with pytest.raises(TrainError, match="exp_avg has tensors"):
         AdamW(_params()).load_state_dict(other)
+
+
+def test_fp16_copies_written_in_the_step_are_the_clamped_updated_weights() -> None:
+    """``halves``: the fp16 copy of each named parameter equals numpy's fp16 rounding of its updated value with the
+    finite values clamped to +-FP16_MAX (NaN and Inf kept), and the step returns how many were clamped."""
+    from orion.limits import FP16_MAX
+
+    params = _params()
+    params["w1"][0, :5] = [7e4, -1e5, np.inf, np.nan, 65504.0]  # beyond fp16 either way, non-finite, the limit
+    plain, fused = AdamW({n: p.copy() for n, p in params.items()}, **HYPER), AdamW(params, **HYPER)
+    halves = {n: np.full(params[n].shape, 7.0, np.float16) for n in ("w1", "norm")}
+    assert plain.step(_grads(1)) == 0
+    with np.errstate(invalid="ignore"):
+        clamped = fused.step(_grads(1), halves=halves)
+    for name, half in halves.items():
+        updated = fused.params[name]
+        np.testing.assert_array_equal(updated, plain.params[name])  # the master weights as without copies
+        finite = np.isfinite(updated)
+        expected = np.where(finite, np.clip(updated, -FP16_MAX, FP16_MAX), updated).astype(np.float16)
+        np.testing.assert_array_equal(half.view(np.uint16), expected.view(np.uint16))
+    w1 = fused.params["w1"]
+    assert clamped == int((np.isfinite(w1) & (np.abs(w1) > FP16_MAX)).sum()) == 2
+
+
+def test_fp16_copies_of_the_wrong_kind_or_name_are_refused() -> None:
+    opt = AdamW(_params(), **HYPER)
+    with pytest.raises(TrainError, match="fp16 copy of 'w1'.*float16"):
+        opt.step(_grads(1), halves={"w1": np.zeros(SHAPES["w1"], np.float32)})
+    with pytest.raises(TrainError, match="not parameters"):
+        opt.step(_grads(1), halves={"nope": np.zeros(3, np.float16)})

@@ -68,18 +68,24 @@ def cross_entropy(h: np.ndarray, classifier: np.ndarray, targets: np.ndarray
 
 def cross_entropy_of_logits(logits: np.ndarray, targets: np.ndarray) -> tuple[float, np.ndarray]:
     """Mean cross-entropy of ``logits`` against ``targets`` over the positions whose target is not negative (``-100``,
-    PyTorch's ignore_index, marks an untrained position: no loss, zero gradient); returns ``(loss, dlogits)``."""
-    shifted = logits - logits.max(-1, keepdims=True)
-    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    PyTorch's ignore_index, marks an untrained position: no loss, zero gradient); returns ``(loss, dlogits)``.
+
+    ``logits`` (float32 ``[S, V]``, C-contiguous) is overwritten: it becomes ``dlogits``. Five passes over it and no
+    ``[S, V]`` temporary (the row max subtracted, exp, the row sums, one scale; the targets' entries apart): at
+    Stories110M's 256 x 32000 each pass and each temporary costs milliseconds."""
     rows = np.flatnonzero(targets >= 0)
     if len(rows) == 0:
         raise EvaluateError("cross_entropy: every target is ignored (negative). Fix: give each window at least one "
                             "trained target")
     kept = targets[rows]
-    loss = -float(log_probs[rows, kept].mean())
-    d_logits = np.exp(log_probs)
-    d_logits[rows, kept] -= 1.0
-    d_logits /= len(rows)
+    d_logits = logits
+    d_logits -= d_logits.max(-1, keepdims=True)
+    picked = d_logits[rows, kept]  # the targets' shifted logits, before the exp below overwrites them
+    np.exp(d_logits, out=d_logits)
+    sums = d_logits.sum(-1, keepdims=True)
+    loss = -float((picked - np.log(sums[rows, 0])).mean())
+    d_logits *= np.float32(1.0) / (sums * np.float32(len(rows)))  # softmax / n
+    d_logits[rows, kept] -= np.float32(1.0 / len(rows))
     if len(rows) < len(targets):
         d_logits[targets < 0] = 0.0
     return loss, d_logits

@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection, Mapping
 
 import numpy as np
 
-from orion import blobfile
+from orion import _core, blobfile
 from orion._core import kernels
 from orion.autodiff import cpu, numpy_eval
 from orion.autodiff.partition import ANE, Plan, PlannedProgram, layer_params, partition, program_outputs
@@ -130,13 +130,22 @@ class GradientRunner:
                 slot.unload()
 
     def loss_and_grads(self, params: dict[str, np.ndarray], ids: np.ndarray, targets: np.ndarray,
-                       loss_scale: float = 1.0) -> tuple[float, dict[str, np.ndarray]]:
+                       loss_scale: float = 1.0, *, into: dict[str, np.ndarray] | None = None, add: bool = False
+                       ) -> tuple[float, dict[str, np.ndarray]]:
         """Mean cross-entropy of predicting ``targets`` from ``ids`` and its fp32 gradient for every trained
-        parameter (baked weights hold the values of the last :meth:`update`, or of construction)."""
+        parameter (baked weights hold the values of the last :meth:`update`, or of construction).
+
+        ``into`` (a dict the caller keeps across calls; returned as the gradients): each layer gradient is written
+        into its array there (made on first use) by its unscale pass, so a step page-faults no new memory for
+        them, and with ``add=True`` added to what the array holds (accumulation over windows); the head's and the
+        embedding's gradients replace their entries, or are added to them."""
+        if add and into is None:
+            raise OrionError("GradientRunner.loss_and_grads: add=True needs into= (the gradients to add to)")
         ids, targets = self._check_window("loss_and_grads", ids, targets)
         m = self.model
+        out: dict[str, np.ndarray] = {} if into is None else into
         x, layer_inputs = self._layers_forward(params, ids)
-        loss, dx, grads = m.head(params, x, targets)
+        loss, dx, cpu_grads = m.head(params, x, targets)
         shapes = m.layer_shapes()
         for i in reversed(range(m.n_layers)):
             cotangent = _to_fp16_range(cpu.to_channels(dx * loss_scale))
@@ -146,12 +155,17 @@ class GradientRunner:
             for program in self.plan.gradients:  # weight gradients placed on the CPU: dy x^T in fp32
                 results.update({grad_name(t.param): t(results) for t in program.cpu_dw})
             for name in self.trainable:
-                g = np.divide(results[grad_name(name)].reshape(shapes[name]), loss_scale, dtype=np.float32)
-                grads[m.layer_param(i, name)] = _finite(g, m.layer_param(i, name))
+                key = m.layer_param(i, name)
+                out[key] = _unscaled(results[grad_name(name)], shapes[name], loss_scale, key, out.get(key), add)
             dx = _finite(cpu.from_channels(results[grad_name("x")]) / loss_scale, f"layer {i} input gradient")
         for name, g in m.embed_backward(params, ids, dx).items():
-            grads[name] = grads[name] + g if name in grads else g
-        return loss, grads
+            cpu_grads[name] = cpu_grads[name] + g if name in cpu_grads else g
+        for name, g in cpu_grads.items():
+            if add:
+                out[name] += g
+            else:
+                out[name] = g
+        return loss, out
 
 
     def loss(self, params: dict[str, np.ndarray], ids: np.ndarray, targets: np.ndarray) -> float:
@@ -308,6 +322,23 @@ def _fp16(a: np.ndarray) -> np.ndarray:
         return a
     out = np.empty(a.shape, np.float16)
     kernels.to_fp16(np.ascontiguousarray(a), out)
+    return out
+
+
+def _unscaled(result: np.ndarray, shape: tuple[int, ...], loss_scale: float, what: str,
+              out: np.ndarray | None = None, add: bool = False) -> np.ndarray:
+    """A program's (fp16) gradient ``result`` as fp32 of ``shape`` divided by ``loss_scale`` (numpy's
+    ``np.divide(result, loss_scale, dtype=np.float32)`` bits), widened, unscaled and checked in one parallel pass,
+    into ``out`` (reused when it is a float32 array of ``shape``; ``add=True``: added to it, as ``out += ...``);
+    :class:`NonFiniteGradient` if any value of this result is Inf or NaN."""
+    if add and (out is None or out.shape != shape):
+        raise OrionError(f"{what}: no gradient of shape {shape} to add to. Fix: pass the previous window's gradients")
+    if out is None or out.shape != shape or out.dtype != np.float32:
+        out = np.empty(shape, np.float32)
+    nonfinite = _core.train.unscale(what, np.ascontiguousarray(result), out, loss_scale, add)
+    if nonfinite:
+        raise NonFiniteGradient(f"{what}: {nonfinite} non-finite values. Fix: lower the loss scale (or skip this "
+                                "step); Orion never rewrites them")
     return out
 
 

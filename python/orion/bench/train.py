@@ -7,12 +7,19 @@ see the same machine load; medians are reported. Per side: ms/step and tokens/s;
 and compiles per step, the partitioner's FLOP split between ANE and CPU, and the first-step loss of both sides
 (same weights and batch: they agree to fp16 rounding). Then the M4 ANE cost model's ms/step for the same plan,
 against the published Stories110M figures: the Orion paper's 1,345 ms per 4 x 256-token step and maderix's
-~91 ms per 256-token micro-batch (docs/hardware.md §8; the model's constants and their sources: §1)."""
+~91 ms per 256-token micro-batch (docs/hardware.md §8; the model's constants and their sources: §1).
+
+``--profile`` also says where Orion's timed steps go: the emulator's per-program, per-op profile, and (by
+cProfile) the step's disjoint parts per step: the layer forward programs, the gradient programs, the CPU's fp32
+head and loss, the gradients' unscale, the embedding's backward, the gradient norm, AdamW, the weights' fp16 range
+check and the rest (Python, numpy conversions); cProfile's own overhead is in the times."""
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import sys
 import tempfile
 import time
@@ -115,11 +122,51 @@ def torch_available() -> str | None:
     return None
 
 
+# The disjoint parts of Orion's step (--profile): label, (source path suffix, function[, caller function]).
+STEP_PARTS = (
+    ("layer forward programs", ("autodiff/runner.py", "__call__", "_layers_forward")),
+    ("layer gradient programs", ("autodiff/runner.py", "__call__", "loss_and_grads")),
+    ("head and loss (CPU fp32)", ("trainable.py", "head")),
+    ("gradients unscaled (fp16 -> fp32)", ("autodiff/runner.py", "_unscaled")),
+    ("embedding backward", ("trainable.py", "embed_backward")),
+    ("gradient norm", ("train/optim.py", "grad_norm")),
+    ("AdamW", ("train/optim.py", "step")),
+    ("weights' fp16 range check", ("train/trainer.py", "_program_params")),
+)
+# Parts inside the program calls above, shown apart.
+PROGRAM_CALL_PARTS = (
+    ("program input NaN checks", ("runtime/program.py", "_has_nan")),
+    ("inputs written into surfaces", ("orion/compiler.py", "fill")),
+    ("outputs read from surfaces", ("orion/compiler.py", "read")),
+    ("emulator evaluate", ("~", "<built-in method orion._core.evaluate>")),
+)
+
+
+def step_breakdown(stats: pstats.Stats, steps: int) -> list[tuple[str, float]]:
+    """``(part, ms per step)`` of :data:`STEP_PARTS`, the rest of the step, then :data:`PROGRAM_CALL_PARTS`."""
+    table = stats.stats  # type: ignore[attr-defined]  # (file, line, function) -> (cc, nc, tt, ct, callers)
+
+    def cumulative(path: str, function: str, caller: str | None = None) -> float:
+        total = 0.0
+        for (file, _, name), (_, _, _, ct, callers) in table.items():
+            if name != function or not file.endswith(path):
+                continue
+            total += ct if caller is None else sum(c[3] for k, c in callers.items() if k[2] == caller)
+        return total * 1e3 / steps
+
+    parts = [(label, cumulative(*where)) for label, where in STEP_PARTS]
+    step = cumulative("train/trainer.py", "_train_step")
+    return [*parts, ("the rest (Python, numpy)", step - sum(ms for _, ms in parts)), ("step", step),
+            *((f"  of the programs: {label}", cumulative(*where)) for label, where in PROGRAM_CALL_PARTS)]
+
+
 def run(model: str = DEFAULT_MODEL, seq: int = 256, batch: int = 1, accum: int = 1, steps: int = 2,
         weights: str = "inputs", prefer: str = "auto", torch: bool = True,
-        cost: M4CostModel | None = None) -> dict[str, Any]:
-    """Runs the benchmark; returns its figures (see :func:`report`)."""
+        cost: M4CostModel | None = None, profile: bool = False) -> dict[str, Any]:
+    """Runs the benchmark; returns its figures (see :func:`report`). ``profile``: with the emulator's profile
+    and :func:`step_breakdown` of Orion's timed steps."""
     from orion import backend, compile_count
+    from orion.runtime import profile as emulator_profile
 
     cost = cost or M4CostModel()
     missing = torch_available() if torch else "--no-torch"
@@ -134,8 +181,17 @@ def run(model: str = DEFAULT_MODEL, seq: int = 256, batch: int = 1, accum: int =
         first = trainer.train_step()  # compiles Orion's programs; untimed on both sides
         torch_first = reference.step()[0] if reference else None
         compiles_before, orion_ms, torch_ms = compile_count(), [], []
+        profiler = cProfile.Profile() if profile else None
+        if profile:
+            emulator_profile.reset()
         for _ in range(steps):  # interleaved passes
+            if profiler:
+                emulator_profile.enable()
+                profiler.enable()
             orion_ms.append(trainer.train_step()["ms"])
+            if profiler:
+                profiler.disable()
+                emulator_profile.enable(False)
             if reference:
                 torch_ms.append(reference.step()[1])
         plan, windows = trainer.plan, batch * accum
@@ -152,6 +208,8 @@ def run(model: str = DEFAULT_MODEL, seq: int = 256, batch: int = 1, accum: int =
             "m4": cost.step_ms(plan, windows, params), "m4_constants": cost.describe(),
             "m4_published": [(who, ms, n, s, cost.step_ms(plan, n, params)["total"] if s == seq else None)
                              for who, ms, n, s in PUBLISHED],
+            "profile": None if profiler is None else {"parts": step_breakdown(pstats.Stats(profiler), steps),
+                                                      "emulator": emulator_profile.table(top=6)},
         }
     return result
 
@@ -182,6 +240,10 @@ def report(r: dict[str, Any]) -> str:
         same = "" if r["model"] == "stories110m" else f" (the published run is Stories110M; this is {r['model']})"
         model_text = "n/a (other sequence length)" if modelled is None else f"{modelled:.1f} ms modelled{same}"
         lines.append(f"  {who}: {published:,.0f} ms per {n} x {s}-token step; {model_text}")
+    if r.get("profile"):
+        lines.append(f"where Orion's step goes (cProfile, mean of {r['steps']} timed steps):")
+        lines.extend(f"  {label:<48}{ms:9.1f} ms" for label, ms in r["profile"]["parts"])
+        lines.append(r["profile"]["emulator"])
     load = r["load"]
     lines.append(f"load average (1 min): {load[0]:.1f} at the start, {load[1]:.1f} at the end, on {r['cores']} cores")
     return "\n".join(lines)
@@ -201,6 +263,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefer", choices=("auto", "ane", "cpu"), default="auto",
                         help="the partitioner's placement (default auto)")
     parser.add_argument("--no-torch", action="store_true", help="Orion alone")
+    parser.add_argument("--profile", action="store_true",
+                        help="where Orion's timed steps go: the emulator's per-program profile and the step's parts")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     return report_errors(lambda: _print(run(args.model, args.seq, args.batch, args.accum, args.steps, args.weights,
-                                            args.prefer, not args.no_torch)))
+                                            args.prefer, not args.no_torch, profile=args.profile)))
 
 
 def _print(result: dict[str, Any]) -> int:

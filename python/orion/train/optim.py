@@ -1,4 +1,5 @@
-"""AdamW on fp32 master weights (in C++, on every core) and the global gradient norm.
+"""AdamW on fp32 master weights (in C++, on every core; optionally writing their fp16 copies in the same pass)
+and the global gradient norm.
 
 The update is torch.optim.AdamW's: decoupled weight decay on the tensors named in ``decay`` (by default
 the matrices, ``ndim >= 2``), bias-corrected moments. Gradients are read as ``grad * grad_scale``, so
@@ -75,8 +76,14 @@ class AdamW:
         self.exp_avg = {n: np.zeros_like(p) for n, p in self.params.items()}
         self.exp_avg_sq = {n: np.zeros_like(p) for n, p in self.params.items()}
 
-    def step(self, grads: Mapping[str, np.ndarray], lr: float | None = None, grad_scale: float = 1.0) -> None:
-        """One update of every parameter from ``grads`` (same names), at ``lr`` (default: the constructor's)."""
+    def step(self, grads: Mapping[str, np.ndarray], lr: float | None = None, grad_scale: float = 1.0,
+             halves: Mapping[str, np.ndarray] | None = None) -> int:
+        """One update of every parameter from ``grads`` (same names), at ``lr`` (default: the constructor's).
+
+        ``halves`` (parameter name -> float16 array of its size): in the same pass, each of those parameters'
+        fp16 copy (what fp16 programs take) is rewritten from its updated value, finite values clamped to
+        +-``FP16_MAX`` first (NaN and Inf kept, as :func:`orion.train.loss_scale.clamp_to_fp16`). Returns how
+        many values were clamped."""
         missing, extra = set(self.params) - set(grads), set(grads) - set(self.params)
         if missing or extra:
             raise TrainError(f"AdamW.step: gradients missing for {sorted(missing)[:8]}, unknown {sorted(extra)[:8]}; "
@@ -85,12 +92,17 @@ class AdamW:
             lr, grad_scale = float(self.lr if lr is None else lr), float(grad_scale)
         except (TypeError, ValueError) as exc:
             raise TrainError(f"AdamW.step: lr and grad_scale must be numbers ({exc})") from exc
+        halves = halves or {}
+        unknown = sorted(set(halves) - set(self.params))
+        if unknown:
+            raise TrainError(f"AdamW.step: fp16 copies of {unknown[:8]}, which are not parameters")
         names = list(self.params)
-        _core.train.adamw_step(
+        clamped = _core.train.adamw_step(
             names, [self.params[n] for n in names], [grads[n] for n in names], [self.exp_avg[n] for n in names],
             [self.exp_avg_sq[n] for n in names], [n in self.decay for n in names], lr, self.betas[0], self.betas[1],
-            self.eps, self.weight_decay, self.step_count + 1, grad_scale)
+            self.eps, self.weight_decay, self.step_count + 1, grad_scale, [halves.get(n) for n in names])
         self.step_count += 1
+        return int(clamped)
 
     def state_dict(self) -> dict[str, Any]:
         """Step, hyperparameters and the moments (the arrays themselves, not copies)."""

@@ -36,6 +36,7 @@ from typing import IO, Any
 import numpy as np
 
 from orion import compile_count, quant
+from orion._core import kernels
 from orion.autodiff.partition import ANE, Plan, partition
 from orion.autodiff.runner import WEIGHT_STRATEGIES, GradientRunner, NonFiniteGradient, planned_compiles
 from orion.autodiff.trainable import TrainableModel
@@ -306,6 +307,11 @@ class Trainer:
         self._log: IO[str] | None = None
         self._resume, self._started, self._resume_logged, self._pending_note = resume, False, False, ""
         self._checkpointed_step: int | None = None  # the step of the last checkpoint this process wrote
+        # the layer weights' fp16 program inputs (clamped to fp16's range: _fp16_clamps values), rewritten by AdamW
+        # with each update; None until _program_params first writes them, and again whenever self.params are set
+        self._fp16: dict[str, np.ndarray] | None = None
+        self._fp16_clamps = 0
+        self._grads: dict[str, np.ndarray] = {}  # the step's summed gradients, reused by the next step
 
     # -- the run ---------------------------------------------------------------------------------------
 
@@ -348,18 +354,15 @@ class Trainer:
         total: dict[str, np.ndarray] | None = None
         losses: list[float] = []
         overflow = None
-        for ids, targets in ((i, t) for inputs, outputs in batches for i, t in zip(inputs, outputs, strict=True)):
-            try:
-                loss, grads = runner.loss_and_grads(program_params, ids, targets, loss_scale=scale)
+        pairs = ((i, t) for inputs, outputs in batches for i, t in zip(inputs, outputs, strict=True))
+        for window, (ids, targets) in enumerate(pairs):
+            try:  # the gradients summed in place, in the arrays of the last step (no new memory to fault in)
+                loss, total = runner.loss_and_grads(program_params, ids, targets, loss_scale=scale,
+                                                    into=self._grads, add=window > 0)
             except NonFiniteGradient as exc:
                 overflow = str(exc)
                 break
             losses.append(loss)
-            if total is None:
-                total = grads
-            else:
-                for name, g in grads.items():
-                    total[name] += g
         stats = grad_norm(total) if overflow is None else None
         nonfinite = 1 if overflow is not None else stats.nonfinite
         applied = self.scaler.update(nonfinite)
@@ -371,7 +374,10 @@ class Trainer:
         if applied:
             norm = stats.norm / windows
             coefficient = clip_coefficient(norm, cfg.max_grad_norm)
-            self.optimizer.step(total, lr=schedule.advance(self.schedule), grad_scale=coefficient / windows)
+            clamped = self.optimizer.step(total, lr=schedule.advance(self.schedule), grad_scale=coefficient / windows,
+                                          halves=self._fp16)
+            if self._fp16 is not None:
+                self._fp16_clamps = clamped
             if runner.rebakes:  # baked weights follow the step ("patch", "recompile")
                 runner.update(self._program_params()[0])
             record.update(loss=float(np.mean(losses)), grad_norm=norm, lr=lr)
@@ -385,20 +391,30 @@ class Trainer:
 
     def _program_params(self) -> tuple[dict[str, np.ndarray], int]:
         """The parameters as the programs get them: layer weights entering fp16 (ANE) programs clamped to
-        +-FP16_MAX in a copy (the master weights stay as they are), with the number of values clamped."""
+        +-FP16_MAX in a copy (the master weights stay as they are), with the number of values clamped. When every
+        program is fp16 and takes the weights as inputs, those copies are the fp16 ones AdamW writes in its pass
+        (:attr:`_fp16`), so no step converts or range-checks the weights again."""
         if self.plan is None or not any(p.device == ANE for p in self.plan.programs):
             return self.params, 0
+        fp16 = self.config.weights == "inputs" and all(p.device == ANE for p in self.plan.programs)
+        if fp16 and self._fp16 is not None:
+            return {**self.params, **self._fp16}, self._fp16_clamps
         out, clamped = dict(self.params), 0
-        for i in range(self.model.n_layers):
-            for name in self.model.layer_shapes():
-                key = self.model.layer_param(i, name)
-                if key not in self.params:  # a frozen LoRA base weight: baked (and range-checked) by the runner
-                    continue
-                p = self.params[key]
-                if p.max() > FP16_MAX or p.min() < -FP16_MAX:
-                    out[key] = p.copy()
-                    clamped += loss_scale.clamp_to_fp16(out[key], key).clamped
+        for key in self._layer_keys():
+            p = self.params[key]
+            if p.max() > FP16_MAX or p.min() < -FP16_MAX:
+                out[key] = p.copy()
+                clamped += loss_scale.clamp_to_fp16(out[key], key).clamped
+        if fp16:  # written once here; AdamW rewrites them with every update
+            self._fp16 = {key: _as_fp16(out[key]) for key in self._layer_keys()}
+            self._fp16_clamps = clamped
+            return {**self.params, **self._fp16}, clamped
         return out, clamped
+
+    def _layer_keys(self) -> list[str]:
+        """The trained layer parameters (a frozen LoRA base weight is baked, and range-checked, by the runner)."""
+        return [key for i in range(self.model.n_layers) for name in self.model.layer_shapes()
+                if (key := self.model.layer_param(i, name)) in self.params]
 
     def validation_loss(self) -> float | None:
         """Mean loss per trained token over the fixed validation windows (``config.eval_batches`` of them, or every
@@ -535,6 +551,7 @@ class Trainer:
                                  f"{sorted(names - have)[:4]}, extra {sorted(have - names)[:4]})")
         for name, p in self.params.items():
             np.copyto(p, tensors[f"param/{name}"])
+        self._fp16 = None  # the master weights changed: their fp16 copies are written again
         self.optimizer.load_state_dict({**state["optimizer"],
                                         "exp_avg": {n: tensors[f"exp_avg/{n}"] for n in names},
                                         "exp_avg_sq": {n: tensors[f"exp_avg_sq/{n}"] for n in names}})
@@ -589,6 +606,13 @@ class Trainer:
                 f"{eta // 60 % 60:02d}:{eta % 60:02d}")
         sys.stderr.write(line.ljust(100))
         sys.stderr.flush()
+
+
+def _as_fp16(a: np.ndarray) -> np.ndarray:
+    """A float32 array rounded to fp16 (ties to even, as numpy and the program input surfaces), on every core."""
+    out = np.empty(a.shape, np.float16)
+    kernels.to_fp16(np.ascontiguousarray(a), out)
+    return out
 
 
 def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:

@@ -122,6 +122,21 @@ def test_right_and_wrong_drafts_give_plain_decodings_tokens(name, request, monke
     np.testing.assert_allclose(after, want, rtol=0, atol=0.03 * float(np.abs(want).max()))
 
 
+def test_extend_after_truncating_back_reads_the_rewritten_positions(gpt2) -> None:
+    """The chunk programs keep the cache positions they were given (``KVCache.copied``): after a truncation below
+    them and new tokens in their place, an ``extend`` attends to the new ones (logits as a fresh run's)."""
+    ids = prompts(GPT2_CONFIG.vocab_size)["random"][:30]
+    gpt2.prefill(ids)
+    gpt2.extend([1, 2, 3])
+    gpt2.extend([4, 5])  # the chunk programs now hold the first 33 positions
+    gpt2.truncate(20)
+    for token in (7, 8, 9, 10, 11):
+        gpt2.decode_step(token)
+    got = gpt2.extend([12, 13])
+    want = gpt2.logits(ids[:20] + [7, 8, 9, 10, 11, 12, 13])[-2:]
+    np.testing.assert_allclose(got, want, rtol=0, atol=0.03 * float(np.abs(want).max()))
+
+
 def test_a_stop_token_ends_at_it_with_the_cache_truncated(gpt2) -> None:
     ids = prompts(gpt2.dims.vocab_size)["repeated"]
     plain = list(gpt2.generate(ids, NEW, temperature=0, ignore_eos=True))

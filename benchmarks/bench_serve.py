@@ -303,7 +303,7 @@ def speculative_section(args: argparse.Namespace, workdir: Path) -> dict[str, An
         return {"note": note}
     os.environ["ORION_NUM_THREADS"] = str(args.threads)
     model = models.load(path, progress=False)
-    settings = Speculation(num_tokens=args.draft_tokens, max_ngram=3)
+    settings = Speculation(num_tokens=args.draft_tokens)
     rows = []
     for name, text in EDITS.items():
         chat = [{"role": "user", "content": text}]
@@ -341,6 +341,7 @@ def speculative_section(args: argparse.Namespace, workdir: Path) -> dict[str, An
                      "ratios_per_repeat": [round(p[1] / q[1], 2) for p, q in zip(times["plain"], times["spec"])],
                      "reply_start": plain_text[:60]})
     return {"model": str(path), "draft_tokens": settings.num_tokens, "max_ngram": settings.max_ngram,
+            "min_ngram": settings.min_ngram,
             "repeats": args.spec_repeats, "rows": rows}
 
 
@@ -528,8 +529,8 @@ def render(report: dict[str, Any]) -> str:
         if "note" in s:
             out += ["", s["note"]]
         else:
-            out += [f"\n## speculative: prompt lookup ({s['draft_tokens']} drafts, n-grams up to {s['max_ngram']}) "
-                    f"against plain greedy, {s['model']}, medians of {s['repeats']}",
+            out += [f"\n## speculative: prompt lookup ({s['draft_tokens']} drafts, n-grams of {s['min_ngram']} to "
+                    f"{s['max_ngram']} tokens) against plain greedy, {s['model']}, medians of {s['repeats']}",
                     f"{'workload':<9} {'prompt':>6} {'new':>4} {'same text':>9} {'checks':>6} {'accepted':>13} "
                     f"{'plain tok/s':>11} {'spec tok/s':>10} {'ratio':>6}  decode only (after the first token): "
                     f"plain, spec tok/s, ratio"]

@@ -105,7 +105,10 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
     generate.add_argument("--draft-tokens", type=positive_int, default=Speculation.num_tokens,
                           help="most drafted tokens per check (with --speculative)")
     generate.add_argument("--ngram", type=positive_int, default=Speculation.max_ngram,
-                          help="longest n-gram looked up (with --speculative; down to 1 token)")
+                          help="longest n-gram looked up (with --speculative)")
+    generate.add_argument("--min-ngram", type=positive_int, default=None,
+                          help=f"shortest n-gram match that drafts; a shorter one decodes plainly (with "
+                               f"--speculative; default {Speculation.min_ngram}, or --ngram if that is shorter)")
     quant.add_arguments(generate)
     generate.add_argument("--no-echo", action="store_true", help="print only the generated text, not the prompt")
     generate.add_argument("--quiet", action="store_true", help="no progress lines or warnings on stderr")
@@ -168,7 +171,8 @@ def _generate(args: argparse.Namespace) -> int:
     check_sampling(0.0 if args.temperature is None else args.temperature, args.top_k, args.top_p, args.min_p,
                    args.repetition_penalty)
     speculation = None if args.speculative is None else \
-        Speculation(args.speculative, num_tokens=args.draft_tokens, max_ngram=args.ngram)
+        Speculation(args.speculative, num_tokens=args.draft_tokens, max_ngram=args.ngram,
+                    min_ngram=args.min_ngram or min(Speculation.min_ngram, args.ngram))
     directory = Path(args.model)
     models.registry.model_class(directory)  # the directory, its config.json and model_type (or a .gguf file)
     tokenizer = models.load_tokenizer(directory)

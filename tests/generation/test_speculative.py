@@ -80,7 +80,7 @@ def test_greedy_output_is_plain_decoding_token_for_token(name, request) -> None:
     for label, ids in prompts(model.dims.vocab_size).items():
         plain = list(model.generate(ids, NEW, temperature=0, ignore_eos=True))
         run = model.generate(ids, NEW, temperature=0, ignore_eos=True,
-                             speculative=Speculation(num_tokens=6, max_ngram=2))
+                             speculative=Speculation(num_tokens=6, max_ngram=2, min_ngram=1))
         got = list(run)
         same = next((i for i, (a, b) in enumerate(zip(got, plain)) if a != b), NEW)
         if same < NEW:  # only where fp16 rounding may pick either of two near-equal logits
@@ -120,6 +120,21 @@ def test_right_and_wrong_drafts_give_plain_decodings_tokens(name, request, monke
     model.prefill(truth)
     want = model.logits(truth)[-1]
     np.testing.assert_allclose(after, want, rtol=0, atol=0.03 * float(np.abs(want).max()))
+
+
+def test_extend_after_truncating_back_reads_the_rewritten_positions(gpt2) -> None:
+    """The chunk programs keep the cache positions they were given (``KVCache.copied``): after a truncation below
+    them and new tokens in their place, an ``extend`` attends to the new ones (logits as a fresh run's)."""
+    ids = prompts(GPT2_CONFIG.vocab_size)["random"][:30]
+    gpt2.prefill(ids)
+    gpt2.extend([1, 2, 3])
+    gpt2.extend([4, 5])  # the chunk programs now hold the first 33 positions
+    gpt2.truncate(20)
+    for token in (7, 8, 9, 10, 11):
+        gpt2.decode_step(token)
+    got = gpt2.extend([12, 13])
+    want = gpt2.logits(ids[:20] + [7, 8, 9, 10, 11, 12, 13])[-2:]
+    np.testing.assert_allclose(got, want, rtol=0, atol=0.03 * float(np.abs(want).max()))
 
 
 def test_a_stop_token_ends_at_it_with_the_cache_truncated(gpt2) -> None:
@@ -194,8 +209,8 @@ def test_sampled_output_keeps_the_models_distribution(gpt2, monkeypatch) -> None
 
 def test_failed_checks_back_off_to_plain_steps(gpt2, monkeypatch) -> None:
     """Drafts that are always wrong: the output is still plain decoding's, and after each failed check the
-    speculator decodes plainly for a doubling number of steps, so checks become rare (1, 2, 4, 8, 16 steps
-    between them: 6 checks in 40 tokens) instead of one per token."""
+    speculator decodes plainly for a doubling number of steps from the second failure in a row, so checks become
+    rare (0, 1, 2, 4, 8, 16 steps between them: 7 checks in 40 tokens) instead of one per token."""
     ids = prompts(gpt2.dims.vocab_size)["random"]
     plain = list(gpt2.generate(ids, NEW, temperature=0, ignore_eos=True))
     truth = ids + plain
@@ -206,7 +221,7 @@ def test_failed_checks_back_off_to_plain_steps(gpt2, monkeypatch) -> None:
     monkeypatch.setattr(speculative, "prompt_lookup", wrong)
     run = gpt2.generate(ids, NEW, temperature=0, ignore_eos=True, speculative="prompt-lookup")
     assert list(run) == plain
-    assert run.speculation.accepted == 0 and run.speculation.checks == 6, run.speculation
+    assert run.speculation.accepted == 0 and run.speculation.checks == 7, run.speculation
 
 
 def test_checks_run_in_the_draft_chunk_bucket() -> None:

@@ -14,6 +14,11 @@ lane ``b - 1``'s, position on the lane axis, so the live-lanes hint skips unfill
 the programs of that bucket and moves each filled row into their surfaces (``attach``). Memory:
 ``2 * layers * lanes * width * T`` fp16 values, within ``BUCKET_GROWTH`` x of the positions held by
 the longest sequence.
+
+Copies: a chunk program reads a lane's first positions from inputs of its own (``CausalLM.extend``);
+``copied`` tells it how many of them it already holds unchanged since its last run, so a speculative
+check copies only the positions added since the last one (a full copy is 30 layers' keys and values
+for SmolLM2-135M: 7 ms of a 145 ms decode step under load).
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ class KVCache:
         self.keys: list[np.ndarray] = []
         self.values: list[np.ndarray] = []
         self.masks: list[np.ndarray] = []
+        self._copies: dict[int, tuple[object, int, int]] = {}  # id(holder) -> (holder, lane, positions held)
 
     @property
     def length(self) -> int:
@@ -103,11 +109,21 @@ class KVCache:
         for lane, n in enumerate(self.lengths):
             self._mask(lane, int(n))
 
+    def copied(self, holder: object, lane: int, n: int) -> int:
+        """How many of lane ``lane``'s first ``n`` positions ``holder`` (a copy of a lane's first positions, e.g. a
+        chunk program's cache inputs) still holds unchanged from its last ``copied`` call; records that it now holds
+        the first ``n`` (the caller copies the rest)."""
+        record = self._copies.get(id(holder))
+        same = record[2] if record is not None and record[0] is holder and record[1] == lane else 0
+        self._copies[id(holder)] = (holder, lane, n)
+        return min(same, n)
+
     def clear(self, lane: int | None = None) -> None:
         """Forget every position of ``lane`` (None: of every lane)."""
         for b in range(self.lanes) if lane is None else (lane,):
             self.lengths[b] = 0
             self._mask(b, 0)
+            self._changed(b, 0)
 
     def filled(self, lane: int, n: int) -> None:
         """Lane ``lane`` now holds positions ``0..n-1`` (their keys and values were written)."""
@@ -115,6 +131,7 @@ class KVCache:
         self.lengths[lane] = n
         if n < old:
             self._mask(lane, n)
+            self._changed(lane, n)  # the positions from n on will be written again
         for mask in self.masks:
             mask[lane, old:n] = 0.0
 
@@ -123,7 +140,14 @@ class KVCache:
         n = int(source.lengths[source_lane])
         for mine, theirs in zip(self.keys + self.values, source.keys + source.values):
             mine[lane, :, :n] = theirs[source_lane, :, :n]
+        self._changed(lane, 0)
         self.filled(lane, n)
+
+    def _changed(self, lane: int, n: int) -> None:
+        """Lane ``lane``'s positions from ``n`` on are no longer what the copies of them hold."""
+        for key, (holder, held_lane, held) in self._copies.items():
+            if held_lane == lane and held > n:
+                self._copies[key] = (holder, held_lane, n)
 
     def _mask(self, lane: int, n: int) -> None:
         for mask in self.masks:

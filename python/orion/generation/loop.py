@@ -906,7 +906,7 @@ class CausalLM(AdapterHost):
             for stage, layers in zip(stages, self.decode_plan.layer_ranges):
                 live = None
                 if past:  # the chunk reads the positions filled so far; the later ones are dead lanes
-                    _write_past(stage, layers, cache, lane, start)
+                    _write_past(stage, layers, cache, lane, start, cache.copied(stage, lane, start))
                     live = {name: start for i in layers for name in (f"k{i}", f"v{i}")} | {"mask": start}
                     live["x"] = n  # and the chunk's own lanes past its tokens (causal: they change no live lane)
                 stage.run(live)
@@ -967,15 +967,16 @@ def _check_finite(stage: Stage, layers: range, lanes: int | list[int], where: st
         f"(Gemma: a power of two, e.g. residual_scale=8); else check the weights or compare with lm_head='cpu'")
 
 
-def _write_past(stage: Stage, layers: range, cache: KVCache, lane: int, n: int) -> None:
+def _write_past(stage: Stage, layers: range, cache: KVCache, lane: int, n: int, held: int = 0) -> None:
     """The first ``n`` positions of ``lane``'s cache into a prompt-chunk stage's cache inputs (full-context
-    tensors ``[1, width, 1, context]``), the others masked (their stale values stay finite: never NaN)."""
+    tensors ``[1, width, 1, context]``), the others masked (their stale values stay finite: never NaN); the
+    first ``held`` are there already (``KVCache.copied``)."""
     mask = stage.input("mask")[0, 0, 0]
     mask[:n] = 0.0
     mask[n:] = MASKED
     for i in layers:
-        stage.input(f"k{i}")[0, :, 0, :n] = cache.keys[i][lane, :, :n]
-        stage.input(f"v{i}")[0, :, 0, :n] = cache.values[i][lane, :, :n]
+        stage.input(f"k{i}")[0, :, 0, held:n] = cache.keys[i][lane, :, held:n]
+        stage.input(f"v{i}")[0, :, 0, held:n] = cache.values[i][lane, :, held:n]
 
 
 def _write_lanes(stages: list[Stage], values: dict[str, np.ndarray], first: int = 0) -> None:

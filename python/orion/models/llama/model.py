@@ -94,9 +94,14 @@ class Llama(CausalLM):
                                    self.quant, lanes)
 
     def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None,
-                      past: bool = False, context: int | None = None) -> Graph:
+                      past: bool = False, context: int | None = None, packed: bool = False) -> Graph:
         return graphs.prefill_graph(self.config, self.weights, layers, seq, adapters, self.quant,
-                                    (context or self.dims.context) if past else None)
+                                    (context or self.dims.context) if past else None, packed)
+
+    @property
+    def packs_prompts(self) -> bool:
+        """Prompts joining a batch are read together unless a layer has a sliding window (``graphs.packs_prompts``)."""
+        return super().packs_prompts and graphs.packs_prompts(self.config)
 
     def lora_placements(self) -> dict[str, Placement]:
         """``model.layers.<i>.self_attn.{q,k,v,o}_proj`` and ``mlp.{gate,up,down}_proj`` on the fused graph sites:

@@ -299,8 +299,8 @@ class CausalLM(AdapterHost):
     Hooks a model implements: ``model_type`` (its ``config.json`` name) and ``display_name`` (class
     attributes), ``program_identity()``, ``decode_graph(layers)``, ``prefill_graph(layers, seq)``,
     ``lm_head_graph(vocab, seq)``, ``embed(ids, start)``, ``cpu_logits(x)``, ``layer_weight_bytes()``
-    and ``program_costs(layer_ranges, head_ranges, lm_head)``; optionally ``position_inputs(positions)`` and
-    ``mask_inputs(positions, length)``.
+    and ``program_costs(layer_ranges, head_ranges, lm_head)``; optionally ``position_inputs(positions)``,
+    ``mask_inputs(positions, length)`` and ``packed_mask_inputs(lengths, seq)``.
     The layer graph hooks take ``adapters`` (LoRA site ranks, None: the base graph) and ``lora_placements()``
     says where each adaptable module lands (``orion.lora.hot_swap`` for adapters and the KV-cache policy).
     """
@@ -376,6 +376,13 @@ class CausalLM(AdapterHost):
         ``orion.models.blocks.window_mask_columns``): name -> float32 ``[length, len(positions)]``, written
         like ``position_inputs``. None by default."""
         return {}
+
+    def packed_mask_inputs(self, lengths: Sequence[int], seq: int) -> dict[str, np.ndarray]:
+        """The mask inputs of a packed prefill (``prefill_graph(..., packed=True)``) of prompts of ``lengths`` tokens
+        on ``seq`` lanes: name -> float32 ``[seq, seq]`` (``orion.ops.packed_causal_mask``), written into each layer
+        program declaring it. By default ``mask_packed``; a model with sliding windows adds ``mask_packed_window``
+        (``orion.models.blocks.packed_mask_inputs``)."""
+        return {PACKED_MASK_INPUT: packed_causal_mask(lengths, seq)}
 
     # -- construction ---------------------------------------------------------------------------------
     def _setup(self, *, tokenizer: Tokenizer | None, tokenizer_error: TokenizerNotFound | None,
@@ -966,9 +973,9 @@ class CausalLM(AdapterHost):
             x[0, :, 0, start:start + len(ids)] = self.embed(ids, 0).T
         extra = [self.position_inputs(range(len(ids))) for ids in prompts.values()]
         _write_lanes(stages, {name: np.concatenate([e[name] for e in extra], axis=1) for name in extra[0]})
-        mask = packed_causal_mask(lengths, seq)
-        for stage in stages:
-            stage.input(PACKED_MASK_INPUT)[0, :, 0] = mask
+        for name, mask in self.packed_mask_inputs(lengths, seq).items():
+            for stage in (s for s in stages if name in s.mil_name):
+                stage.input(name)[0, :, 0] = mask
         total = sum(lengths)
         for stage, layers in zip(stages, self.decode_plan.layer_ranges):
             stage.run({"x": total})  # the lanes past the prompts are padding, each attending to itself alone

@@ -19,7 +19,7 @@ from orion.autodiff.trainable import input_shape
 from orion.graph import Graph
 from orion.graph.ir import Node
 from orion.lora.graph import Sites, adapted, adapted_parts
-from orion.ops import MASK_VALUE, PACKED_MASK_INPUT, graph_causal_mask
+from orion.ops import MASK_VALUE, PACKED_MASK_INPUT, PACKED_WINDOW_MASK_INPUT, graph_causal_mask, packed_causal_mask
 from orion.quant import weight_operand
 
 # Hugging Face module (relative to its layer) -> its (weight, bias or None) parameters, output rows in order
@@ -199,10 +199,20 @@ def chunk_attention(g: Graph, q: Node, k: Node, v: Node, k_cache: Node, v_cache:
 # attending to its own earlier positions only, through an additive mask input (``orion.ops.packed_causal_mask``,
 # the input ``PACKED_MASK_INPUT``) instead of the causal const.
 
-def packed_mask_input(g: Graph, seq: int) -> Node:
-    """The input ``mask_packed`` ``[1, seq, 1, seq]`` (a query per channel row, its keys on the lanes:
-    ``orion.ops.packed_causal_mask``) as the additive ``[1, 1, seq, seq]`` mask of the scores."""
-    return g.reshape(g.input(PACKED_MASK_INPUT, [1, seq, 1, seq]), [1, 1, seq, seq], name="mask_packed_rows")
+def packed_mask_input(g: Graph, seq: int, window: bool = False) -> Node:
+    """The input ``mask_packed`` (``window``: ``mask_packed_window``, of the sliding-window layers) ``[1, seq, 1,
+    seq]`` (a query per channel row, its keys on the lanes: ``orion.ops.packed_causal_mask``) as the additive
+    ``[1, 1, seq, seq]`` mask of the scores."""
+    name = PACKED_WINDOW_MASK_INPUT if window else PACKED_MASK_INPUT
+    return g.reshape(g.input(name, [1, seq, 1, seq]), [1, 1, seq, seq], name=f"{name}_rows")
+
+
+def packed_mask_inputs(windows: Sequence[int | None], lengths: Sequence[int], seq: int) -> dict[str, np.ndarray]:
+    """A model's ``packed_mask_inputs`` hook (``orion.generation.loop``) for the layers' sliding ``windows`` (None: a
+    layer without one): ``mask_packed`` and, with a window, ``mask_packed_window`` of prompts of ``lengths``."""
+    window = next((w for w in windows if w), None)
+    masks = {PACKED_MASK_INPUT: packed_causal_mask(lengths, seq)}
+    return masks if window is None else masks | {PACKED_WINDOW_MASK_INPUT: packed_causal_mask(lengths, seq, window)}
 
 
 def packed_attention(g: Graph, q: Node, k: Node, v: Node, mask: Node, heads: int, name: str) -> Node:

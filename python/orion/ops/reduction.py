@@ -204,18 +204,21 @@ def causal_mask(s: int) -> np.ndarray:
 
 
 PACKED_MASK_INPUT = "mask_packed"  # the graph input of packed prompts' mask (``prefill_graph(..., packed=True)``)
+PACKED_WINDOW_MASK_INPUT = "mask_packed_window"  # and of their sliding-window layers'
 
 
-def packed_causal_mask(lengths: Sequence[int], seq: int) -> np.ndarray:
+def packed_causal_mask(lengths: Sequence[int], seq: int, window: int | None = None) -> np.ndarray:
     """The ``mask_packed`` input of prompts of ``lengths`` tokens laid one after the other on ``seq`` lanes:
-    float32 ``[seq, seq]``, row i (a query) 0 at the keys j of the same prompt with j <= i and -65504 elsewhere;
+    float32 ``[seq, seq]``, row i (a query) 0 at the keys j of the same prompt with j <= i (and, with a sliding
+    ``window``, j > i - window: lanes and positions differ by the prompt's offset alone) and -65504 elsewhere;
     the lanes past the prompts (padding) see only themselves, so every row keeps a finite softmax."""
     if sum(lengths) > seq or min(lengths, default=1) < 1:
         raise ValueError(f"packed_causal_mask: prompts of {list(lengths)} tokens do not fit {seq} lanes")
     segment = np.repeat(np.arange(len(lengths) + 1), [*lengths, seq - sum(lengths)])
     segment[sum(lengths):] = len(lengths) + np.arange(seq - sum(lengths))  # padding: one lane each
     i, j = np.arange(seq)[:, None], np.arange(seq)[None, :]
-    return np.where((segment[:, None] == segment[None, :]) & (j <= i), 0.0, MASK_VALUE).astype(np.float32)
+    seen = (segment[:, None] == segment[None, :]) & (j <= i) & (j > i - (window or seq))
+    return np.where(seen, 0.0, MASK_VALUE).astype(np.float32)
 
 
 GENERATED_MASK_LIMIT = 2048  # fp16 holds every integer up to 2048: the position tables below stay exact

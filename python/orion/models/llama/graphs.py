@@ -264,11 +264,10 @@ def prefill_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, seq
     take that ``rope`` input too; graphs whose layers all skip RoPE take none.
 
     ``packed``: several whole prompts side by side on the lanes, each attending only to its own earlier positions
-    through the input ``mask_packed`` ``[1, seq, 1, seq]`` (``orion.ops.packed_causal_mask``), with the ``rope``
-    input (each prompt's positions from 0); not with sliding windows (:func:`packs_prompts`)."""
-    if packed and (past_context or not packs_prompts(config)):
-        raise ConfigError("prefill_graph(packed=True): packed prompts are whole prompts (no past_context) of a model "
-                          "without sliding windows; read such prompts one at a time")
+    through the input ``mask_packed`` ``[1, seq, 1, seq]`` (``orion.ops.packed_causal_mask``; sliding-window
+    layers ``mask_packed_window``), with the ``rope`` input (each prompt's positions from 0)."""
+    if packed and past_context:
+        raise ConfigError("prefill_graph(packed=True): packed prompts are whole prompts; give no past_context")
     bucket_limit = max(MIN_LANES["fp16"], 1 << (config.max_position_embeddings - 1).bit_length())
     if not 0 < seq <= bucket_limit:  # positions past the context are padding lanes of the last bucket
         raise ConfigError(f"prefill of {seq} tokens: outside the context length (max_position_embeddings "
@@ -286,8 +285,8 @@ def prefill_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, seq
     rope = _layer_rope(g, config, layers, seq,
                        past_context is not None and past_context > 0 or rope_by_length(config) or packed)
     windows = {i: config.window(i) for i in layers}
-    own_masks = {None: packed_mask_input(g, seq)} if packed else \
-        {w: causal_mask_node(g, seq, w) for w in set(windows.values())}  # within the prompt (chunk)
+    own_masks = {w: packed_mask_input(g, seq, w is not None) if packed else causal_mask_node(g, seq, w)
+                 for w in set(windows.values())}  # within the prompt (chunk, or each packed prompt)
     # over the cache (chunk): the filled positions, or a sliding window's, an input since it moves with the position
     window_mask = window_mask_input(g, t, seq) if past_context and any(windows.values()) else None
     for i in layers:
@@ -312,12 +311,6 @@ def prefill_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, seq
         g.output(v, f"v{i}")
     g.output(x, "x")
     return g
-
-
-def packs_prompts(config: LlamaConfig) -> bool:
-    """Whether :func:`prefill_graph` reads packed prompts: not with a sliding window on any layer (its mask within a
-    packed pass is not built)."""
-    return not any(config.window(i) for i in range(config.n_layers))
 
 
 def _layer_rope(g: Graph, config: LlamaConfig, layers: range, seq: int, as_input: bool) -> Rope:

@@ -14,6 +14,7 @@ import pytest
 import orion
 from orion.generation.batch import Batch, BatchFull
 from orion.generation.loop import GenerationError
+from orion.generation.prefix_cache import PrefixCache
 from orion.lora import LoraAdapter
 from orion.models import GPT2, GemmaConfig, GPT2Config, Llama, LlamaConfig
 from orion.ops import packed_causal_mask
@@ -117,6 +118,16 @@ def test_prompts_joining_together_are_read_in_one_pass_as_separate_runs_read_the
     runs = [batch.submit(p, NEW, temperature=0) for p in ps]
     batch.run()
     assert [r.token_ids for r in runs] == [alone(model, p, temperature=0) for p in ps]
+
+
+def test_with_a_prefix_cache_new_prompts_are_read_together_and_stored(gpt2) -> None:
+    lanes = gpt2.with_lanes(4)
+    lanes.prefix_cache = PrefixCache(1 << 24)  # keeps prompts of 16 tokens or more
+    ps = [p for p in prompts(GPT2_CONFIG.vocab_size, seed=8) if len(p) < 20][:3]  # 3, 9 and 17 tokens
+    for p, logits in zip(ps, read_together(lanes, ps)):
+        np.testing.assert_array_equal(logits, gpt2.prefill(p))
+    assert len(lanes.prefix_cache) == 1 and lanes._packable(ps[0])
+    assert not lanes._packable(ps[2] + [1, 2])  # starts with the stored prompt: copies it in, reads the rest alone
 
 
 def test_a_packed_read_without_the_per_prompt_mask_is_caught(gpt2, gpt2_lanes, monkeypatch) -> None:

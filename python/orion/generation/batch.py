@@ -219,14 +219,15 @@ class Batch:
     def _together(self, sequence: int, entry: _Lane) -> dict[int, _Lane]:
         """``sequence`` and the unread prompts of its group that joined after it, in join order, as many as fit
         one packed read with it (``PlanOptions.packed_chunk`` tokens); just ``sequence`` when its prompt is
-        partly read, or its model reads prompts one at a time (``CausalLM.packs_prompts``)."""
+        partly read, or cannot be packed (``CausalLM._packable``)."""
         model, room = entry.model, entry.model.options.packed_chunk
-        if entry.prompt is None or not model.packs_prompts or len(entry.prompt) > room:
+        if entry.prompt is None or not model._packable(entry.prompt):
             return {sequence: entry}
         together = {sequence: entry}
         room -= len(entry.prompt)
         for other, e in self._lanes.items():
-            if e.model is model and e.prompt is not None and other not in together and len(e.prompt) <= room:
+            if e.model is model and e.prompt is not None and other not in together and len(e.prompt) <= room \
+                    and model._packable(e.prompt):
                 together[other] = e
                 room -= len(e.prompt)
         return together

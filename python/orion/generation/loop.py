@@ -821,9 +821,15 @@ class CausalLM(AdapterHost):
 
     @property
     def packs_prompts(self) -> bool:
-        """Whether several whole prompts can be read in one pass (the ``prefill_graph`` hook takes ``packed``,
-        and no prefix cache wants each prompt's own read); ``_read_packed``."""
-        return "packed" in inspect.signature(self.prefill_graph).parameters and self.prefix_cache is None
+        """Whether several whole prompts can be read in one pass (the ``prefill_graph`` hook takes ``packed``):
+        ``_read_packed``."""
+        return "packed" in inspect.signature(self.prefill_graph).parameters
+
+    def _packable(self, ids: list[int]) -> bool:
+        """Whether prompt ``ids`` may be read in a packed pass: the model packs prompts, it fits one, and the prefix
+        cache holds none of it (such a prompt copies that prefix in and reads only the rest, alone)."""
+        return self.packs_prompts and len(ids) <= self.options.packed_chunk and \
+            (self.prefix_cache is None or self.prefix_cache.reusable(self, ids) == 0)
 
     def _prefill_graph(self, adapters: Mapping[str, int] | None, layers: range, seq: int, past: bool = False,
                        context: int | None = None, packed: bool = False) -> Graph:
@@ -956,7 +962,7 @@ class CausalLM(AdapterHost):
         takes ``packed``) in one pass of the packed prefill programs: one dispatch per layer program for all of
         them, side by side on the lanes, each attending to itself (``packed_causal_mask``); their keys and values
         go to their lanes of the cache (emptied first). Returns each lane's logits after its prompt, from one
-        run of the LM head."""
+        run of the LM head; with a ``prefix_cache``, each prompt is stored in it."""
         seq, cache = self.options.packed_chunk, self.cache
         lengths = [len(ids) for ids in prompts.values()]
         if sum(lengths) > seq:
@@ -987,6 +993,9 @@ class CausalLM(AdapterHost):
                     cache.values[i][lane, :, :n] = values[:, start:start + n]
         for lane, n in zip(prompts, lengths):
             cache.filled(lane, n)
+        if self.prefix_cache is not None:
+            for lane, ids in prompts.items():
+                self.prefix_cache.store(self, ids, lane)
         last = stages[-1].output("x")[0, :, 0]
         return self._prefill_logits({lane: last[:, start + n - 1] for lane, start, n in zip(prompts, starts, lengths)})
 

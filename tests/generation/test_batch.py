@@ -14,8 +14,10 @@ import pytest
 import orion
 from orion.generation.batch import Batch, BatchFull
 from orion.generation.loop import GenerationError
+from orion.generation.prefix_cache import PrefixCache
 from orion.lora import LoraAdapter
 from orion.models import GPT2, GemmaConfig, GPT2Config, Llama, LlamaConfig
+from orion.ops import packed_causal_mask
 from support.gpt2_fixtures import lively_weights
 from support.llama_fixtures import lively
 
@@ -87,6 +89,56 @@ def test_joining_and_leaving_mid_batch_change_no_ones_tokens(gpt2, gpt2_lanes) -
     runs += [batch.submit(p, n, temperature=0) for p, n in zip(ps[3:], lengths[3:])]  # join mid-batch
     batch.run()
     assert [r.token_ids for r in runs] == want
+
+
+def read_together(model, ps: list[list[int]]) -> list[np.ndarray]:
+    """The logits after each of ``ps``, joined at once and read in one step (one packed pass)."""
+    batch = Batch(model)
+    sequences = [batch.join(p) for p in ps]
+    batch.advance()
+    assert all(batch.ready(s) for s in sequences), "the prompts were not read in one step"
+    return [batch.logits(s) for s in sequences]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", *WINDOWED])
+def test_prompts_joining_together_are_read_in_one_pass_as_separate_runs_read_them(name, request) -> None:
+    if name in WINDOWED:  # prompts of 9 and 17 tokens cross their windows of 8
+        model = orion.models.random(WINDOWED[name], seed=5, progress=False, prefill_chunk=32)
+    else:
+        model = request.getfixturevalue(name)
+    lanes = request.getfixturevalue("gpt2_lanes") if name == "gpt2" else model.with_lanes(4)
+    assert lanes.packs_prompts and lanes.options.packed_chunk == 32
+    ps = [p for p in prompts(model.dims.vocab_size, seed=8) if len(p) < 20][:3]  # 3, 9 and 17 tokens: 29 lanes
+    got = read_together(lanes, ps)
+    for p, logits in zip(ps, got):  # each prompt attends to itself alone: GPT-2's logits are bit for bit the
+        # separate run's; the others' within fp16 rounding (their RoPE tables inputs here, consts in the prompt program)
+        want = model.prefill(p)
+        np.testing.assert_allclose(logits, want, rtol=0, atol=0 if name == "gpt2" else 1e-3 * np.abs(want).max())
+    batch = Batch(lanes)
+    runs = [batch.submit(p, NEW, temperature=0) for p in ps]
+    batch.run()
+    assert [r.token_ids for r in runs] == [alone(model, p, temperature=0) for p in ps]
+
+
+def test_with_a_prefix_cache_new_prompts_are_read_together_and_stored(gpt2) -> None:
+    lanes = gpt2.with_lanes(4)
+    lanes.prefix_cache = PrefixCache(1 << 24)  # keeps prompts of 16 tokens or more
+    ps = [p for p in prompts(GPT2_CONFIG.vocab_size, seed=8) if len(p) < 20][:3]  # 3, 9 and 17 tokens
+    for p, logits in zip(ps, read_together(lanes, ps)):
+        np.testing.assert_array_equal(logits, gpt2.prefill(p))
+    assert len(lanes.prefix_cache) == 1 and lanes._packable(ps[0])
+    assert not lanes._packable(ps[2] + [1, 2])  # starts with the stored prompt: copies it in, reads the rest alone
+
+
+def test_a_packed_read_without_the_per_prompt_mask_is_caught(gpt2, gpt2_lanes, monkeypatch) -> None:
+    """The comparison above fails when the prompts see each other: a plain causal mask over the packed lanes."""
+    ps = [p for p in prompts(GPT2_CONFIG.vocab_size, seed=8) if len(p) < 20][:3]
+    causal = lambda lengths, seq: packed_causal_mask([seq], seq)  # noqa: E731 -- one prompt: plain causal
+    monkeypatch.setattr("orion.generation.loop.packed_causal_mask", causal)
+    got = read_together(gpt2_lanes, ps)
+    np.testing.assert_array_equal(got[0], gpt2.prefill(ps[0]))  # the first prompt sees only itself anyway
+    for p, logits in zip(ps[1:], got[1:]):
+        assert np.abs(logits - gpt2.prefill(p)).max() > 1e-2
 
 
 def test_lanes_level_join_feed_fork_leave(gpt2, gpt2_lanes) -> None:

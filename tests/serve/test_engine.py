@@ -108,6 +108,8 @@ def test_interleaved_sequences_do_not_mix(engine, reference) -> None:
 
 
 def test_joining_prompts_are_read_one_chunk_a_round(engine, reference, monkeypatch) -> None:
+    """Prompts read one at a time (a model that cannot pack them): one prefill piece a round."""
+    monkeypatch.setattr(type(engine.batch._models[None]), "packs_prompts", property(lambda self: False))
     pieces = [0]  # prefill pieces run so far
     original = type(engine.model)._append_pieces
 
@@ -140,6 +142,33 @@ def test_joining_prompts_are_read_one_chunk_a_round(engine, reference, monkeypat
         if len(per_round) < len(prompts):
             assert len(got[0]) == len(per_round) + 1  # the decoding stream gets a token every round
     assert per_round[:len(prompts) - 1] == [1, 1, 1] and sum(per_round) == len(prompts) - 1  # one prompt a round
+    assert got == [list(reference.generate(p, 8)) for p in prompts]
+
+
+def test_prompts_joining_together_are_read_in_one_round(engine, reference, monkeypatch) -> None:
+    """Three prompts joining a decoding stream are read in one packed pass, in the round after they join: the
+    decoding stream still gets a token every round, and every stream the tokens of a separate run."""
+    passes = []  # prompts of each packed read
+    original = type(engine.model)._read_packed
+
+    def counting(self, prompts):  # noqa: ANN001, ANN202
+        passes.append(len(prompts))
+        return original(self, prompts)
+
+    monkeypatch.setattr(type(engine.model), "_read_packed", counting)
+    prompts = [reference.tokenizer.encode(p) for p in ("hello world", "the engine", "café", "stop here")]
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    first = engine.generate(prompts[0], params, lambda: False)
+    got = [[next(first)]]  # read alone: nothing joined with it
+    gens = [first, *(engine.generate(p, params, lambda: False) for p in prompts[1:])]  # three join mid-stream
+    got += [[] for _ in prompts[1:]]
+    for round_ in range(8):
+        for out, gen in zip(got, gens, strict=True):
+            token = next(gen, None)
+            if token is not None:
+                out.append(token)
+        if round_ == 0:
+            assert passes == [3] and [len(out) for out in got] == [2, 1, 1, 1]  # all three read in the first round
     assert got == [list(reference.generate(p, 8)) for p in prompts]
 
 

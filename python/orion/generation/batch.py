@@ -3,8 +3,10 @@ programs (``CausalLM.with_lanes``).
 
 Each sequence owns a lane: its KV cache rows, its position, its sampler and stop rules. One
 :meth:`Batch.step` reads one prefill chunk of one joining sequence (so a long prompt delays the
-others by at most one chunk), then advances every sequence that has a token to feed by one token, in
-one dispatch per layer program: the decode programs' lanes are fixed when they are compiled, so the
+others by at most one chunk), or, when several whole prompts joined and fit one packed chunk
+(``PlanOptions.join_chunk``), all of them in one pass (``CausalLM._read_packed``: one dispatch per layer
+program, one weight stream, for every joiner), then advances every sequence that has a token to feed by
+one token, in one dispatch per layer program: the decode programs' lanes are fixed when they are compiled, so the
 number of sequences never causes a compile, and the emulator computes only the lanes in use (the
 live-lanes hint). Sequences join and leave between steps. Sequences with different LoRA adapters
 run in groups, one model copy (``fork``) per adapter with lanes of its own, one decode step per group.
@@ -39,6 +41,7 @@ class _Lane:
     model: CausalLM
     lane: int
     reading: Iterator[None] | None  # the prompt's prefill pieces still to run, None once read
+    prompt: list[int] | None = None  # the prompt's ids while none of it is read (it may be read with others)
     logits: np.ndarray | None = None  # of the last token, until it is consumed by feed
     fed: int | None = None  # the token the next step appends
 
@@ -93,8 +96,8 @@ class Batch:
 
     # -- lanes ----------------------------------------------------------------------------------------
     def join(self, prompt_ids: Sequence[int], adapter: str | None = None, new_tokens: int = 0) -> int:
-        """Start a sequence: its prompt is read over the next steps (one prefill chunk each) into a free
-        lane of ``adapter``'s group; the decode programs for its prompt plus ``new_tokens`` are compiled
+        """Start a sequence: its prompt is read over the next steps (one prefill chunk each, or in one pass
+        with other prompts joining meanwhile) into a free lane of ``adapter``'s group; the decode programs for its prompt plus ``new_tokens`` are compiled
         now (``CausalLM.prepare``). Returns the sequence's id; raises :class:`BatchFull` without a lane."""
         model = self._model(adapter)
         ids = model._check_ids(list(prompt_ids))
@@ -102,7 +105,7 @@ class Batch:
         lane = self._free_lane(model)
         sequence = self._next_id
         self._next_id += 1
-        self._lanes[sequence] = _Lane(model, lane, model._prefill_pieces(ids, lane))
+        self._lanes[sequence] = _Lane(model, lane, model._prefill_pieces(ids, lane), ids)
         return sequence
 
     def feed(self, sequence: int, token: int) -> None:
@@ -149,7 +152,7 @@ class Batch:
         entry.model.cache.copy_lane(entry.model.cache, entry.lane, lane)
         twin = self._next_id
         self._next_id += 1
-        self._lanes[twin] = _Lane(entry.model, lane, None, entry.logits, entry.fed)
+        self._lanes[twin] = _Lane(entry.model, lane, None, logits=entry.logits, fed=entry.fed)
         return twin
 
     def check(self, sequence: int, tokens: list[int]) -> np.ndarray:
@@ -183,21 +186,27 @@ class Batch:
 
     def advance(self, reading: int | None = None) -> None:
         """One prefill piece of sequence ``reading`` (default: the one that joined first and is still reading),
-        then one decode step per group over every lane with a token fed. When a step fails, the sequences in
-        it end (their caches may be half-written): ``logits`` raises the error for each, their lanes are free."""
+        or, when its prompt is unread and other unread prompts of its group fit one packed chunk with it, all
+        of them in one pass (``_together``); then one decode step per group over every lane with a token fed.
+        When a step fails, the sequences in it end (their caches may be half-written): ``logits`` raises the
+        error for each, their lanes are free."""
         self.steps += 1
         if reading is not None and self._entry(reading).reading is not None:
             reading = (reading, self._lanes[reading])
         else:
             reading = next(((s, e) for s, e in self._lanes.items() if e.reading is not None), None)
-        if reading is not None:
+        together = self._together(*reading) if reading is not None else {}
+        if len(together) > 1:
+            self._read_together(together)
+        elif reading is not None:
             sequence, entry = reading
+            entry.prompt = None
             with self._failing([sequence]), entry.model._exclusive("Batch.step"):
                 try:
                     next(entry.reading)
                 except StopIteration as read:
                     entry.reading = None
-                    entry.logits = entry.model._prefill_logits(entry.lane, read.value[:, -1])
+                    entry.logits = entry.model._prefill_logits({entry.lane: read.value[:, -1]})[entry.lane]
         for model in self._models.values():
             fed = {s: e for s, e in self._lanes.items() if e.model is model and e.fed is not None}
             if not fed:
@@ -206,6 +215,31 @@ class Batch:
                 logits = model._decode_lanes({e.lane: e.fed for e in fed.values()})
             for entry in fed.values():
                 entry.logits, entry.fed = logits[entry.lane], None
+
+    def _together(self, sequence: int, entry: _Lane) -> dict[int, _Lane]:
+        """``sequence`` and the unread prompts of its group that joined after it, in join order, as many as fit
+        one packed read with it (``PlanOptions.packed_chunk`` tokens); just ``sequence`` when its prompt is
+        partly read, or cannot be packed (``CausalLM._packable``)."""
+        model, room = entry.model, entry.model.options.packed_chunk
+        if entry.prompt is None or not model._packable(entry.prompt):
+            return {sequence: entry}
+        together = {sequence: entry}
+        room -= len(entry.prompt)
+        for other, e in self._lanes.items():
+            if e.model is model and e.prompt is not None and other not in together and len(e.prompt) <= room \
+                    and model._packable(e.prompt):
+                together[other] = e
+                room -= len(e.prompt)
+        return together
+
+    def _read_together(self, together: dict[int, _Lane]) -> None:
+        """The unread prompts of ``together`` (one group) in one pass (``CausalLM._read_packed``)."""
+        model = next(iter(together.values())).model
+        with self._failing(list(together)), model._exclusive("Batch.step"):
+            logits = model._read_packed({e.lane: e.prompt for e in together.values()})
+        for entry in together.values():
+            entry.reading.close()  # never started: its pieces are read
+            entry.reading, entry.prompt, entry.logits = None, None, logits[entry.lane]
 
     @contextlib.contextmanager
     def _failing(self, sequences: list[int]) -> Iterator[None]:

@@ -32,6 +32,8 @@ from orion.generation.kv_cache import MASKED, KVCache, context_buckets
 from orion.generation.plan import (
     DecodePlan,
     PlanOptions,
+    PrefillKey,
+    PrefillPlan,
     ProgramInfo,
     ProgramSet,
     build_decode_plan,
@@ -47,6 +49,7 @@ from orion.generation.streaming import IncrementalDetokenizer, StopStrings
 from orion.generation.tokenizer import Tokenizer, TokenizerNotFound
 from orion.graph import Graph
 from orion.lora.hot_swap import AdapterHost
+from orion.ops import PACKED_MASK_INPUT, packed_causal_mask
 from orion.runtime.backend import backend, compiles_left
 from orion.runtime.builder import ProgramBuilder
 from orion.runtime.stage import Stage
@@ -296,8 +299,8 @@ class CausalLM(AdapterHost):
     Hooks a model implements: ``model_type`` (its ``config.json`` name) and ``display_name`` (class
     attributes), ``program_identity()``, ``decode_graph(layers)``, ``prefill_graph(layers, seq)``,
     ``lm_head_graph(vocab, seq)``, ``embed(ids, start)``, ``cpu_logits(x)``, ``layer_weight_bytes()``
-    and ``program_costs(layer_ranges, head_ranges, lm_head)``; optionally ``position_inputs(positions)`` and
-    ``mask_inputs(positions, length)``.
+    and ``program_costs(layer_ranges, head_ranges, lm_head)``; optionally ``position_inputs(positions)``,
+    ``mask_inputs(positions, length)`` and ``packed_mask_inputs(lengths, seq)``.
     The layer graph hooks take ``adapters`` (LoRA site ranks, None: the base graph) and ``lora_placements()``
     says where each adaptable module lands (``orion.lora.hot_swap`` for adapters and the KV-cache policy).
     """
@@ -329,7 +332,10 @@ class CausalLM(AdapterHost):
         outputs ``x`` and each layer's ``k<i>``/``v<i>`` [1, kv_heads * head_dim, 1, seq]. ``past``: a
         chunk of a longer prompt that also attends to the KV cache filled so far (inputs ``mask`` and
         ``k<i>``/``v<i>`` as in ``decode_graph`` with ``T = context``, default the model's context, and any
-        ``position_inputs`` over the chunk's lanes)."""
+        ``position_inputs`` over the chunk's lanes). A hook that takes ``packed`` reads several whole prompts in one
+        pass when ``packed=True``: side by side on the lanes, each embedded from position 0 (and its
+        ``position_inputs`` from 0), kept apart by the input ``mask_packed`` ``[1, seq, 1, seq]``
+        (``orion.ops.packed_causal_mask``); ``Batch`` then reads prompts joining together so."""
         raise NotImplementedError
 
     def lm_head_graph(self, vocab: range, seq: int) -> Graph:
@@ -370,6 +376,13 @@ class CausalLM(AdapterHost):
         ``orion.models.blocks.window_mask_columns``): name -> float32 ``[length, len(positions)]``, written
         like ``position_inputs``. None by default."""
         return {}
+
+    def packed_mask_inputs(self, lengths: Sequence[int], seq: int) -> dict[str, np.ndarray]:
+        """The mask inputs of a packed prefill (``prefill_graph(..., packed=True)``) of prompts of ``lengths`` tokens
+        on ``seq`` lanes: name -> float32 ``[seq, seq]`` (``orion.ops.packed_causal_mask``), written into each layer
+        program declaring it. By default ``mask_packed``; a model with sliding windows adds ``mask_packed_window``
+        (``orion.models.blocks.packed_mask_inputs``)."""
+        return {PACKED_MASK_INPUT: packed_causal_mask(lengths, seq)}
 
     # -- construction ---------------------------------------------------------------------------------
     def _setup(self, *, tokenizer: Tokenizer | None, tokenizer_error: TokenizerNotFound | None,
@@ -458,6 +471,8 @@ class CausalLM(AdapterHost):
             base.builder.end()
             twin._programs, twin._stage_inputs = twin._base_programs, {}
             twin._bind_cache()
+            if twin.packs_prompts:  # compiled with the plan: joining prompts never compile, however many
+                twin._prefill_plan((twin.options.packed_chunk, False, 0, True))
         for name, adapter in adapters.items():
             twin.add_adapter(adapter, name)
         return twin
@@ -468,7 +483,7 @@ class CausalLM(AdapterHost):
         d = self.dims
         self.cache = KVCache(d.n_layer, d.kv_heads, d.head_dim, d.context, self._kv_buckets, self.options.lanes)
         self._bind_decode(bucket or self.cache.bucket)
-        self._prefill_stages: dict[tuple[int, bool, int], tuple[list[Stage], list[Stage]]] = {}
+        self._prefill_stages: dict[PrefillKey, tuple[list[Stage], list[Stage]]] = {}
         self._bound_sets: dict[ProgramSet, _BoundStages] = {}  # this object's stages of the sets not in use
         self._busy = threading.Lock()
 
@@ -574,7 +589,7 @@ class CausalLM(AdapterHost):
         layer, and return the last position's logits ``[vocab]``."""
         ids = self._check_ids(ids)
         with self._exclusive("prefill"):
-            return self._prefill_logits(0, self._run_prefill(ids)[:, -1])
+            return self._prefill_logits({0: self._run_prefill(ids)[:, -1]})[0]
 
     def decode_step(self, token: int) -> np.ndarray:
         """Append one token at the next position and return its logits ``[vocab]``."""
@@ -806,11 +821,23 @@ class CausalLM(AdapterHost):
     def _exclusive(self, what: str) -> _Exclusive:
         return _Exclusive(self, what)
 
+    @property
+    def packs_prompts(self) -> bool:
+        """Whether several whole prompts can be read in one pass (the ``prefill_graph`` hook takes ``packed``):
+        ``_read_packed``."""
+        return "packed" in inspect.signature(self.prefill_graph).parameters
+
+    def _packable(self, ids: list[int]) -> bool:
+        """Whether prompt ``ids`` may be read in a packed pass: the model packs prompts, it fits one, and the prefix
+        cache holds none of it (such a prompt copies that prefix in and reads only the rest, alone)."""
+        return self.packs_prompts and len(ids) <= self.options.packed_chunk and \
+            (self.prefix_cache is None or self.prefix_cache.reusable(self, ids) == 0)
+
     def _prefill_graph(self, adapters: Mapping[str, int] | None, layers: range, seq: int, past: bool = False,
-                       context: int | None = None) -> Graph:
+                       context: int | None = None, packed: bool = False) -> Graph:
         """The ``prefill_graph`` hook of a program set with LoRA ``adapters`` (None: the base graph); ``past``: the
-        chunk graph over a KV cache of ``context`` positions."""
-        extra: dict[str, Any] = {"past": True, "context": context} if past else {}
+        chunk graph over a KV cache of ``context`` positions; ``packed``: the graph of several whole prompts."""
+        extra: dict[str, Any] = {"past": True, "context": context} if past else {"packed": True} if packed else {}
         if adapters is None:
             return self.prefill_graph(layers, seq, **extra)
         return self.prefill_graph(layers, seq, adapters=adapters, **extra)
@@ -834,26 +861,34 @@ class CausalLM(AdapterHost):
             raise GenerationError(f"token ids {bad[:5]} are outside the vocabulary [0, {d.vocab_size})")
         return ids
 
-    def _prefill_bucket(self, seq: int, with_head: bool, past: int) -> tuple[list[Stage], list[Stage]]:
+    def _prefill_bucket(self, seq: int, with_head: bool, past: int,
+                        packed: bool = False) -> tuple[list[Stage], list[Stage]]:
         """The prefill stages of bucket ``seq`` (``past``: the chunk programs over this object's KV cache at
-        its bucket of ``past`` positions): programs compiled once per bucket, surfaces per fork."""
-        key = (seq, with_head, past)
-        programs = self._programs
+        its bucket of ``past`` positions; ``packed``: of several prompts at once): programs compiled once per
+        bucket, surfaces per fork."""
+        key = (seq, with_head, past, packed)
         if key not in self._prefill_stages:
-            with self._compile_lock:
-                if key not in programs.prefill_plans:
-                    plan = self.decode_plan
-                    what = f"chunks of {seq} tokens over {past} cached" if past else f"prompts up to {seq} tokens"
-                    self.builder.begin(f"{self.display_name} {what}", len(plan.layer_ranges)
-                                       + (len(self._head_ranges) if with_head else 0))
-                    programs.prefill_plans[key] = build_prefill_plan(
-                        self.builder, self.dims.n_layer, self.decode_plan.fusion_depth, seq,
-                        self._head_ranges if with_head else [], partial(self._prefill_graph, programs.adapters),
-                        self.lm_head_graph, past)
-                    self.builder.end()
-            self._prefill_stages[key] = programs.prefill_plans[key].bind(self.options.io_dtype)
+            self._prefill_stages[key] = self._prefill_plan(key).bind(self.options.io_dtype)
             self._write_stage_inputs(self._prefill_stages[key][:1])
         return self._prefill_stages[key]
+
+    def _prefill_plan(self, key: PrefillKey) -> PrefillPlan:
+        """The prefill plan ``key`` of the program set in use, compiled on first use."""
+        seq, with_head, past, packed = key
+        programs = self._programs
+        with self._compile_lock:
+            if key not in programs.prefill_plans:
+                plan = self.decode_plan
+                what = f"chunks of {seq} tokens over {past} cached" if past else \
+                    f"prompts read together on {seq} lanes" if packed else f"prompts up to {seq} tokens"
+                self.builder.begin(f"{self.display_name} {what}", len(plan.layer_ranges)
+                                   + (len(self._head_ranges) if with_head else 0))
+                programs.prefill_plans[key] = build_prefill_plan(
+                    self.builder, self.dims.n_layer, self.decode_plan.fusion_depth, seq,
+                    self._head_ranges if with_head else [], partial(self._prefill_graph, programs.adapters),
+                    self.lm_head_graph, past, packed)
+                self.builder.end()
+            return programs.prefill_plans[key]
 
     def _run_prefill(self, ids: list[int],
                      on_chunk: Callable[[list[Stage], np.ndarray], None] | None = None) -> np.ndarray:
@@ -924,12 +959,56 @@ class CausalLM(AdapterHost):
             kernels.release_idle_buffers()  # the prompt's activations: decode's own are far smaller
         return x
 
-    def _prefill_logits(self, lane: int, x: np.ndarray) -> np.ndarray:
-        """Logits of a prompt's last position ``x`` [hidden], through lane ``lane`` of the decode LM head."""
+    def _read_packed(self, prompts: Mapping[int, list[int]]) -> dict[int, np.ndarray]:
+        """Reads whole prompts (lane -> checked ids, together at most ``options.packed_chunk`` tokens; the hook
+        takes ``packed``) in one pass of the packed prefill programs: one dispatch per layer program for all of
+        them, side by side on the lanes, each attending to itself (``packed_causal_mask``); their keys and values
+        go to their lanes of the cache (emptied first). Returns each lane's logits after its prompt, from one
+        run of the LM head; with a ``prefix_cache``, each prompt is stored in it."""
+        seq, cache = self.options.packed_chunk, self.cache
+        lengths = [len(ids) for ids in prompts.values()]
+        if sum(lengths) > seq:
+            raise GenerationError(f"{len(prompts)} prompts of {sum(lengths)} tokens exceed the {seq} lanes of a packed "
+                                  f"read (PlanOptions.join_chunk): read them in turn")
+        starts = np.cumsum([0, *lengths[:-1]]).tolist()
+        for lane in prompts:
+            cache.clear(lane)
+        self._reserve(max(lengths))
+        stages, _ = self._prefill_bucket(seq, False, 0, packed=True)
+        x = stages[0].input("x")
+        x[...] = 0.0
+        for ids, start in zip(prompts.values(), starts):
+            x[0, :, 0, start:start + len(ids)] = self.embed(ids, 0).T
+        extra = [self.position_inputs(range(len(ids))) for ids in prompts.values()]
+        _write_lanes(stages, {name: np.concatenate([e[name] for e in extra], axis=1) for name in extra[0]})
+        for name, mask in self.packed_mask_inputs(lengths, seq).items():
+            for stage in (s for s in stages if name in s.mil_name):
+                stage.input(name)[0, :, 0] = mask
+        total = sum(lengths)
+        for stage, layers in zip(stages, self.decode_plan.layer_ranges):
+            stage.run({"x": total})  # the lanes past the prompts are padding, each attending to itself alone
+            _check_finite(stage, layers, total, f"{len(prompts)} prompts read together")
+            for i in layers:
+                keys, values = stage.output(f"k{i}")[0, :, 0], stage.output(f"v{i}")[0, :, 0]
+                for lane, start, n in zip(prompts, starts, lengths):
+                    cache.keys[i][lane, :, :n] = keys[:, start:start + n]
+                    cache.values[i][lane, :, :n] = values[:, start:start + n]
+        for lane, n in zip(prompts, lengths):
+            cache.filled(lane, n)
+        if self.prefix_cache is not None:
+            for lane, ids in prompts.items():
+                self.prefix_cache.store(self, ids, lane)
+        last = stages[-1].output("x")[0, :, 0]
+        return self._prefill_logits({lane: last[:, start + n - 1] for lane, start, n in zip(prompts, starts, lengths)})
+
+    def _prefill_logits(self, xs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+        """Logits of prompts' last positions ``xs`` (lane -> [hidden]), through their lanes of the decode LM head
+        (one run for all)."""
         if self.options.lm_head == "cpu":
-            return self.cpu_logits(x)
-        self._heads[0].input("x")[0, :, 0, lane] = x
-        return self._head_logits([lane])[lane]
+            return {lane: self.cpu_logits(x) for lane, x in xs.items()}
+        for lane, x in xs.items():
+            self._heads[0].input("x")[0, :, 0, lane] = x
+        return self._head_logits(sorted(xs))
 
     def _head_logits(self, lanes: list[int]) -> dict[int, np.ndarray]:
         """Logits of the decode chain's last output ``x`` at each of ``lanes`` (ascending)."""
@@ -993,7 +1072,7 @@ class _BoundStages:
 
     layers: list[Stage]
     heads: list[Stage]
-    prefill: dict[tuple[int, bool, int], tuple[list[Stage], list[Stage]]]
+    prefill: dict[PrefillKey, tuple[list[Stage], list[Stage]]]
     bucket: int
 
 

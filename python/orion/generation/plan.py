@@ -48,6 +48,9 @@ class PlanOptions:
     io_dtype: str = "fp16"
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     lanes: int = 1  # sequences one decode step advances (``CausalLM.with_lanes``)
+    # The lanes of the packed prefill programs, which read several whole prompts joining a batch in one pass
+    # (``CausalLM._read_packed``); at most ``prefill_chunk`` (``packed_chunk``).
+    join_chunk: int = 128
     # The chunk-program bucket of up to this many appended tokens (speculative checks: a token and its drafts).
     # Not the 32-lane minimum of prompts: the emulator computes a chunk program's short rows whole, so a 4-token
     # check in the 32-token bucket cost SmolLM2-135M 3.4 decode steps, in this one 2.5 (7 drafts), 2.1 (3).
@@ -63,11 +66,20 @@ class PlanOptions:
         draft = self.draft_chunk
         if isinstance(draft, bool) or not isinstance(draft, int) or draft < 1 or draft & (draft - 1):
             raise PlanError(f"draft_chunk={draft!r}: use a power of two (the chunk bucket of speculative checks)")
+        join = self.join_chunk
+        if isinstance(join, bool) or not isinstance(join, int) or join < MIN_LANES[self.io_dtype] or join & (join - 1):
+            raise PlanError(f"join_chunk={join!r}: use a power of two of at least {MIN_LANES[self.io_dtype]} tokens "
+                            f"(the lanes of the packed prefill of prompts joining a batch)")
         chunk = self.prefill_chunk
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < MIN_LANES[self.io_dtype] \
                 or chunk & (chunk - 1):
             raise PlanError(f"prefill_chunk={chunk!r}: use a power of two of at least {MIN_LANES[self.io_dtype]} "
                             f"tokens (the largest prefill bucket; longer prompts run in chunks of it)")
+
+    @property
+    def packed_chunk(self) -> int:
+        """The lanes of the packed prefill programs: ``join_chunk``, at most ``prefill_chunk``."""
+        return min(self.join_chunk, self.prefill_chunk)
 
     def prefill_pieces(self, n: int) -> list[tuple[int, int, int]]:
         """How a prompt of ``n`` tokens runs: ``(start, tokens, bucket)`` per program run. Up to
@@ -160,6 +172,10 @@ class DecodePlan:
         return _bind(self.layers_at(context), self.head_programs, self.options.io_dtype)
 
 
+# A prefill plan's (bucket, with the LM head, KV-cache length of a chunk plan or 0, packed prompts)
+PrefillKey = tuple[int, bool, int, bool]
+
+
 @dataclass
 class PrefillPlan:
     """The compiled prefill programs of one bucket (sequence length ``seq``); with ``past``, the chunk
@@ -239,12 +255,12 @@ def build_decode_plan(builder: ProgramBuilder, options: PlanOptions, n_layer: in
 @dataclass(eq=False)
 class ProgramSet:
     """The compiled programs a model runs, shared by its forks: the builder that compiles more of them, the
-    decode plan and the prefill plans by (bucket, with LM head, chunk); ``adapters``: the LoRA site ranks its
+    decode plan and the prefill plans by :data:`PrefillKey`; ``adapters``: the LoRA site ranks its
     layer graphs take (None: the base graphs). Compared by identity."""
 
     builder: ProgramBuilder
     decode_plan: DecodePlan
-    prefill_plans: dict[tuple[int, bool, bool], PrefillPlan] = field(default_factory=dict)
+    prefill_plans: dict[PrefillKey, PrefillPlan] = field(default_factory=dict)
     adapters: dict[str, int] | None = None
 
 
@@ -272,12 +288,14 @@ def _decode_layers(builder: ProgramBuilder, ranges: list[range], depth: int,
 
 def build_prefill_plan(builder: ProgramBuilder, n_layer: int, depth: int, seq: int, head_ranges: list[range],
                        prefill_graph: Callable[..., Graph], lm_head_graph: Callable[[range, int], Graph],
-                       past: int = 0) -> PrefillPlan:
+                       past: int = 0, packed: bool = False) -> PrefillPlan:
     """Compiles the layer programs for ``seq`` tokens (``past``: the chunk programs over a KV cache of
-    ``past`` positions, ``prefill_graph(r, seq, past=True, context=past)``), and the LM head over all of
-    them when ``head_ranges`` is not empty."""
+    ``past`` positions, ``prefill_graph(r, seq, past=True, context=past)``; ``packed``: several whole prompts
+    on the lanes, ``prefill_graph(r, seq, packed=True)``), and the LM head over all of them when
+    ``head_ranges`` is not empty."""
     ranges = layer_ranges(n_layer, depth)
-    kind, extra = ("prefill_chunk", {"past": True, "context": past}) if past else ("prefill", {})
+    kind, extra = ("prefill_chunk", {"past": True, "context": past}) if past else \
+        ("prefill_packed", {"packed": True}) if packed else ("prefill", {})
     layers = [builder.build(kind, lambda r=r: prefill_graph(r, seq, **extra), max_layers=depth,
                             layers=[r.start, r.stop], seq=seq, **({"context": past} if past else {}))
               for r in ranges]

@@ -86,20 +86,32 @@ class PrefixCache:
         with self._lock:
             self._entries.clear()
 
+    def reusable(self, model: CausalLM, ids: list[int]) -> int:
+        """The positions :meth:`restore` would fill for ``ids`` (0: none), without copying them or counting a lookup
+        (a batch reads prompts with none together, ``CausalLM._read_packed``)."""
+        with self._lock:
+            return self._longest(model, ids)[1]
+
+    def _longest(self, model: CausalLM, ids: list[int]) -> tuple[tuple[str | None, tuple[int, ...]] | None, int]:
+        """The key of the stored prompt sharing the longest reusable prefix with ``ids``, and its length (None, 0:
+        none of ``min_tokens``). The caller holds the lock."""
+        best, reuse = None, 0
+        for key, entry in self._entries.items():
+            if key[0] != model.active_adapter:
+                continue
+            n = _common_prefix(entry.ids, ids, len(ids) - 1)
+            if n > reuse:
+                best, reuse = key, n
+        return (None, 0) if best is None or reuse < self.min_tokens else (best, reuse)
+
     def restore(self, model: CausalLM, ids: list[int], lane: int = 0) -> int:
         """Copy into lane ``lane`` (empty) of ``model``'s KV cache the longest stored prefix of ``ids`` (not all
         of them: the last position must run); returns the positions filled (0 when none of ``min_tokens`` is
         stored)."""
         with self._lock:
             self.stats.lookups += 1
-            best, reuse = None, 0
-            for key, entry in self._entries.items():
-                if key[0] != model.active_adapter:
-                    continue
-                n = _common_prefix(entry.ids, ids, len(ids) - 1)
-                if n > reuse:
-                    best, reuse = key, n
-            if best is None or reuse < self.min_tokens:
+            best, reuse = self._longest(model, ids)
+            if best is None:
                 return 0
             self._entries.move_to_end(best)
             entry = self._entries[best]

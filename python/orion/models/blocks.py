@@ -19,7 +19,7 @@ from orion.autodiff.trainable import input_shape
 from orion.graph import Graph
 from orion.graph.ir import Node
 from orion.lora.graph import Sites, adapted, adapted_parts
-from orion.ops import MASK_VALUE, graph_causal_mask
+from orion.ops import MASK_VALUE, PACKED_MASK_INPUT, PACKED_WINDOW_MASK_INPUT, graph_causal_mask, packed_causal_mask
 from orion.quant import weight_operand
 
 # Hugging Face module (relative to its layer) -> its (weight, bias or None) parameters, output rows in order
@@ -192,6 +192,41 @@ def chunk_attention(g: Graph, q: Node, k: Node, v: Node, k_cache: Node, v_cache:
     ctx = g.add(g.matmul(values, p_past, transpose_y=True, name="past_ctx"),
                 g.matmul(vh, p_own, transpose_y=True, name="own_ctx"), name="ctx")  # [1,H,D,S]
     return g.reshape(ctx, [1, c, 1, s], name="merged")
+
+
+# -- packed prompts -----------------------------------------------------------------------------------------
+# Several whole prompts read in one pass (``prefill_graph(..., packed=True)``): side by side on the lanes, each
+# attending to its own earlier positions only, through an additive mask input (``orion.ops.packed_causal_mask``,
+# the input ``PACKED_MASK_INPUT``) instead of the causal const.
+
+def packed_mask_input(g: Graph, seq: int, window: bool = False) -> Node:
+    """The input ``mask_packed`` (``window``: ``mask_packed_window``, of the sliding-window layers) ``[1, seq, 1,
+    seq]`` (a query per channel row, its keys on the lanes: ``orion.ops.packed_causal_mask``) as the additive
+    ``[1, 1, seq, seq]`` mask of the scores."""
+    name = PACKED_WINDOW_MASK_INPUT if window else PACKED_MASK_INPUT
+    return g.reshape(g.input(name, [1, seq, 1, seq]), [1, 1, seq, seq], name=f"{name}_rows")
+
+
+def packed_mask_inputs(windows: Sequence[int | None], lengths: Sequence[int], seq: int) -> dict[str, np.ndarray]:
+    """A model's ``packed_mask_inputs`` hook (``orion.generation.loop``) for the layers' sliding ``windows`` (None: a
+    layer without one): ``mask_packed`` and, with a window, ``mask_packed_window`` of prompts of ``lengths``."""
+    window = next((w for w in windows if w), None)
+    masks = {PACKED_MASK_INPUT: packed_causal_mask(lengths, seq)}
+    return masks if window is None else masks | {PACKED_WINDOW_MASK_INPUT: packed_causal_mask(lengths, seq, window)}
+
+
+def packed_attention(g: Graph, q: Node, k: Node, v: Node, mask: Node, heads: int, name: str) -> Node:
+    """``g.attention(q, k, v, heads, causal=True)`` as the registry legalizes it (scores scaled by 1/sqrt(head_dim),
+    softmax, context), with the additive ``mask`` ``[1, 1, S, S]`` (``orion.ops.packed_causal_mask``) in place of the
+    causal one: ``q``, ``k``, ``v`` and the result ``[1, C, 1, S]``."""
+    c, s = q.shape[1], q.shape[3]
+    d = c // heads
+    qh, kh, vh = (g.reshape(t, [1, heads, d, s], name=f"{name}_{p}_heads") for t, p in ((q, "q"), (k, "k"), (v, "v")))
+    scores = g.mul(g.matmul(qh, kh, transpose_x=True, name=f"{name}_scores"), 1.0 / math.sqrt(d),
+                   name=f"{name}_scaled")
+    probs = g.softmax(g.add(scores, mask, name=f"{name}_masked"), axis=-1, name=f"{name}_probs")
+    ctx = g.matmul(vh, probs, transpose_y=True, name=f"{name}_ctx")  # [1, H, d, S]
+    return g.reshape(ctx, [1, c, 1, s], name=f"{name}_merged")
 
 
 def soft_cap(g: Graph, scores: Node, cap: float | None, name: str) -> Node:

@@ -27,7 +27,15 @@ from orion.ops.base import (
     define_mil_only,
     get,
 )
-from orion.ops.reduction import MASK_VALUE, causal_mask, graph_causal_mask, stable_norm
+from orion.ops.reduction import (
+    MASK_VALUE,
+    PACKED_MASK_INPUT,
+    PACKED_WINDOW_MASK_INPUT,
+    causal_mask,
+    graph_causal_mask,
+    packed_causal_mask,
+    stable_norm,
+)
 
 SOURCES = frozenset({"input", "const"})  # graph nodes that are not ops: the interface and the data
 DIALECT_OPS = SOURCES | {name for name, op in REGISTRY.ops.items() if op.is_dialect}
@@ -35,6 +43,7 @@ HIGH_LEVEL_OPS = frozenset(name for name, op in REGISTRY.ops.items() if not op.i
 
 __all__ = [
     "ALLOWED", "ANY", "BANNED", "CONST", "DIALECT_OPS", "DISPUTED", "FLOATS", "HIGH_LEVEL_OPS", "MASK_VALUE",
+    "PACKED_MASK_INPUT", "PACKED_WINDOW_MASK_INPUT",
     "REGISTRY", "REQUIRED", "RUNTIME", "SOURCES", "Attr", "MilOp", "OpDef", "Operand", "causal_mask", "define",
-    "define_mil_only", "get", "graph_causal_mask", "stable_norm",
+    "define_mil_only", "get", "graph_causal_mask", "packed_causal_mask", "stable_norm",
 ]

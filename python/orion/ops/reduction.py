@@ -4,7 +4,7 @@ rms_norm and attention (high-level)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -201,6 +201,24 @@ def causal_mask(s: int) -> np.ndarray:
     """``[1, 1, S, S]`` additive mask, broadcast over the heads: 0 on and below the diagonal, -65504 above.
     One [S, S] block rather than one per head (a 12-head 1024 bucket's would be 25 MB per layer)."""
     return (np.triu(np.ones((s, s)), k=1) * MASK_VALUE).reshape(1, 1, s, s)
+
+
+PACKED_MASK_INPUT = "mask_packed"  # the graph input of packed prompts' mask (``prefill_graph(..., packed=True)``)
+PACKED_WINDOW_MASK_INPUT = "mask_packed_window"  # and of their sliding-window layers'
+
+
+def packed_causal_mask(lengths: Sequence[int], seq: int, window: int | None = None) -> np.ndarray:
+    """The ``mask_packed`` input of prompts of ``lengths`` tokens laid one after the other on ``seq`` lanes:
+    float32 ``[seq, seq]``, row i (a query) 0 at the keys j of the same prompt with j <= i (and, with a sliding
+    ``window``, j > i - window: lanes and positions differ by the prompt's offset alone) and -65504 elsewhere;
+    the lanes past the prompts (padding) see only themselves, so every row keeps a finite softmax."""
+    if sum(lengths) > seq or min(lengths, default=1) < 1:
+        raise ValueError(f"packed_causal_mask: prompts of {list(lengths)} tokens do not fit {seq} lanes")
+    segment = np.repeat(np.arange(len(lengths) + 1), [*lengths, seq - sum(lengths)])
+    segment[sum(lengths):] = len(lengths) + np.arange(seq - sum(lengths))  # padding: one lane each
+    i, j = np.arange(seq)[:, None], np.arange(seq)[None, :]
+    seen = (segment[:, None] == segment[None, :]) & (j <= i) & (j > i - (window or seq))
+    return np.where(seen, 0.0, MASK_VALUE).astype(np.float32)
 
 
 GENERATED_MASK_LIMIT = 2048  # fp16 holds every integer up to 2048: the position tables below stay exact

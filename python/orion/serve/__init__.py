@@ -27,7 +27,7 @@ slower than ``--body-timeout``, 413 a body over ``--max-body-bytes``, 503 with `
 
 One worker thread owns the device: it admits requests in arrival order and steps up to
 ``--max-sequences`` sequences, each a lane of the decode programs, so that one decode step advances them
-all (new prompts are read one prefill chunk per step in between, oldest first; ``--scheduler turns``
+all (new prompts are read one prefill chunk per step in between, oldest first, or several in one pass; ``--scheduler turns``
 steps each sequence alone instead, the baseline of ``benchmarks/bench_serve.py``); ``n`` choices are forked lanes of one
 prompt; a client that disconnects stops its generation before the next token. ``logprobs`` and
 ``top_logprobs`` come in OpenAI's completions and chat shapes, and ``usage`` also gives each request's

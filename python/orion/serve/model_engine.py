@@ -3,7 +3,8 @@
 What it takes from the model runtime: ``orion.models.load(dir, progress=)``, ``dims.context`` and
 ``dims.vocab_size``, ``tokenizer`` (``encode``/``decode``/``eos_token_id``), ``with_lanes(n)`` and the
 :class:`orion.generation.batch.Batch` over its lanes (every open generator is one lane: one decode step
-advances them all, a new prompt is read one prefill chunk per step in between), and ``next_token``
+advances them all, a new prompt is read one prefill chunk per step in between, prompts joining together in
+one pass), and ``next_token``
 (greedy/temperature/top-k/top-p) from ``orion.generation.sampling``.
 
 Chat prompts use the model's chat template (``tokenizer_config.json``'s ``chat_template``, rendered by
@@ -139,8 +140,9 @@ class ModelEngine:
                 seen: int) -> Iterator[int | TokenLogprob | None]:
         """Choice ``index``: each new token (a :class:`TokenLogprob` when ``params.logprobs`` is set), None for
         a round in which its prompt is still being read. Prompts are read one prefill chunk per step, oldest
-        first, in the step the decoding lanes run (``Batch.advance``), so a round (every generator stepped
-        once) holds one chunk, however many prompts wait: no decoding lane's token waits for more than one
+        first (or, when whole prompts wait together, as many as fit one packed chunk in one pass), in the step the
+        decoding lanes run (``Batch.advance``), so a round (every generator stepped once) holds one chunk,
+        however many prompts wait: no decoding lane's token waits for more than one
         chunk. Choice 0 runs a step itself only when none ran since its last turn (``seen``: the batch's
         step count then), i.e. when no lane decodes."""
         sequence = None

@@ -35,6 +35,7 @@ from orion.models.blocks import (
     chunk_attention,
     linear,
     masked_attention,
+    packed_mask_input,
     soft_cap,
     window_mask_input,
 )
@@ -180,18 +181,25 @@ def _rope_consts(g: Graph, config: GemmaConfig, seq: int, local: bool) -> tuple[
 # -- graphs ----------------------------------------------------------------------------------------------
 
 def prefill_graph(config: GemmaConfig, weights: GemmaWeights, layers: range, seq: int, adapters: Sites | None = None,
-                  quant: str = "fp16", past_context: int | None = None, residual_scale: float = 1.0) -> Graph:
+                  quant: str = "fp16", past_context: int | None = None, residual_scale: float = 1.0,
+                  packed: bool = False) -> Graph:
     """Layers ``layers`` over ``seq`` tokens at positions ``0..seq-1`` (a power of two; pad a shorter prompt at the
     end): input ``x`` ``[1, dim, 1, seq]``; outputs ``x`` and each layer's rotated keys ``k<i>`` and values ``v<i>``.
 
     ``past_context``: a chunk of a longer prompt over a KV cache of ``past_context`` positions: inputs ``mask``,
-    ``mask_window`` (sliding layers), ``k<i>``/``v<i>`` and the chunk positions' ``rope`` (and ``rope_local``)."""
+    ``mask_window`` (sliding layers), ``k<i>``/``v<i>`` and the chunk positions' ``rope`` (and ``rope_local``).
+    ``packed``: several whole prompts side by side on the lanes, kept apart by the inputs ``mask_packed`` (and, for
+    sliding layers, ``mask_packed_window``) ``[1, seq, 1, seq]`` (``orion.ops.packed_causal_mask``), with the
+    ``rope`` (and ``rope_local``) inputs of each prompt's positions from 0."""
+    if packed and past_context:
+        raise ConfigError("prefill_graph(packed=True): packed prompts are whole prompts; give no past_context")
     bucket_limit = max(MIN_LANES["fp16"], 1 << (config.max_position_embeddings - 1).bit_length())
     if not 0 < seq <= bucket_limit:
         raise ConfigError(f"prefill of {seq} tokens: outside the context length (max_position_embeddings "
                           f"{config.max_position_embeddings}, so buckets of at most {bucket_limit} lanes)")
     kv, d = config.n_kv_heads, config.head_dim
-    g = Graph(f"gemma_{'chunk' if past_context else 'prefill'}_{layers.start}_{layers.stop}_s{seq}")
+    g = Graph(f"gemma_{'chunk' if past_context else 'packed' if packed else 'prefill'}_{layers.start}_{layers.stop}"
+              f"_s{seq}")
     x = g.input("x", [1, config.dim, 1, seq])
     locals_used = sorted({local_rope(config, i) for i in layers})
     windows = {i: config.window(i) for i in layers}
@@ -204,9 +212,11 @@ def prefill_graph(config: GemmaConfig, weights: GemmaWeights, layers: range, seq
         caches = {i: (g.input(f"k{i}", [1, config.kv_dim, 1, t]), g.input(f"v{i}", [1, config.kv_dim, 1, t]))
                   for i in layers}
     else:
-        ropes = {local: _rope_consts(g, config, seq, local) for local in locals_used}
+        ropes = {local: _rope_input(g, config, ROPE_INPUTS[local], seq) if packed else _rope_consts(g, config, seq, local)
+                 for local in locals_used}
     partner = rope_partner(g, config)
-    own_masks = {w: causal_mask_node(g, seq, w) for w in set(windows.values())}
+    own_masks = {w: packed_mask_input(g, seq, w is not None) if packed else causal_mask_node(g, seq, w)
+                 for w in set(windows.values())}
     for i in layers:
         values: list[Node] = []
 

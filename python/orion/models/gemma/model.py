@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -16,7 +16,7 @@ from orion.generation.tokenizer import Tokenizer, TokenizerNotFound
 from orion.graph import Graph
 from orion.limits import FP16_MAX
 from orion.lora.adapter import Placement
-from orion.models.blocks import window_mask_inputs
+from orion.models.blocks import packed_mask_inputs, window_mask_inputs
 from orion.models.gemma import graphs
 from orion.models.gemma.config import DISPLAY_NAMES, ConfigError, GemmaConfig
 from orion.models.gemma.weights import GemmaWeights, load_hf, random_weights
@@ -86,9 +86,9 @@ class Gemma(CausalLM):
                                    self.quant, self.residual_scale, lanes)
 
     def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None,
-                      past: bool = False, context: int | None = None) -> Graph:
+                      past: bool = False, context: int | None = None, packed: bool = False) -> Graph:
         return graphs.prefill_graph(self.config, self.weights, layers, seq, adapters, self.quant,
-                                    (context or self.dims.context) if past else None, self.residual_scale)
+                                    (context or self.dims.context) if past else None, self.residual_scale, packed)
 
     def lora_placements(self) -> dict[str, Placement]:
         """The Llama family's placements (the same fused qkv / gate_up sites, rotate-half q/k rows)."""
@@ -108,6 +108,10 @@ class Gemma(CausalLM):
         index = np.arange(positions.start, positions.stop)
         return {graphs.ROPE_INPUTS[local]: np.concatenate(graphs.rope_tables(self.config, index, local)).astype(
             np.float32) for local in {False, graphs.uses_local_rope(self.config)}}
+
+    def packed_mask_inputs(self, lengths: Sequence[int], seq: int) -> dict[str, np.ndarray]:
+        """``mask_packed``, and ``mask_packed_window`` when a layer has a sliding window."""
+        return packed_mask_inputs([self.config.window(i) for i in range(self.config.n_layers)], lengths, seq)
 
     def mask_inputs(self, positions: range, length: int) -> dict[str, np.ndarray]:
         """The sliding window over the KV cache (``mask_window``)."""

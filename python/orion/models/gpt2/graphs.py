@@ -21,7 +21,15 @@ import numpy as np
 from orion.graph import Graph
 from orion.graph.ir import Node
 from orion.lora.graph import Sites
-from orion.models.blocks import BakedParams, LayerParams, cached_attention, chunk_attention, linear
+from orion.models.blocks import (
+    BakedParams,
+    LayerParams,
+    cached_attention,
+    chunk_attention,
+    linear,
+    packed_attention,
+    packed_mask_input,
+)
 from orion.models.gpt2.config import GPT2Config
 from orion.models.gpt2.weights import BlockWeights, GPT2Weights
 from orion.ops import graph_causal_mask
@@ -99,14 +107,18 @@ def _layers(g: Graph, x: Node, config: GPT2Config, weights: GPT2Weights, layers:
 
 
 def prefill_attention(g: Graph, config: GPT2Config, layer: int, q: Node, k: Node, v: Node,
-                      scale: Node | None = None) -> Node:
+                      scale: Node | None = None, packed_mask: Node | None = None) -> Node:
     """Causal attention over the whole sequence. ``g.attention`` scales by 1/sqrt(head_dim): another scale
-    (``config.attention_scale``, or the ``[1, C, 1, 1]`` factor ``scale`` on it) is folded into ``q`` first."""
+    (``config.attention_scale``, or the ``[1, C, 1, 1]`` factor ``scale`` on it) is folded into ``q`` first.
+    ``packed_mask``: several prompts in one pass, the additive ``[1, 1, S, S]`` mask input that keeps each
+    to itself (``blocks.packed_attention``) in place of the causal one."""
     factor = config.attention_scale(layer) * math.sqrt(config.head_dim)
     if scale is not None:
         q = g.mul(q, scale, name="q_scale")
     elif factor != 1.0:
         q = g.mul(q, factor, name="q_scale")
+    if packed_mask is not None:
+        return packed_attention(g, q, k, v, packed_mask, config.n_head, name="core")
     return g.attention(q, k, v, config.n_head, causal=True, name="core")
 
 
@@ -131,16 +143,22 @@ def decode_graph(config: GPT2Config, weights: GPT2Weights, layers: range, adapte
 
 def prefill_graph(config: GPT2Config, weights: GPT2Weights, layers: range, seq: int,
                   adapters: Sites | None = None, quant: str = "fp16", past: bool = False,
-                  context: int | None = None) -> Graph:
+                  context: int | None = None, packed: bool = False) -> Graph:
     """Layers ``layers`` over ``seq`` tokens (a power of two) with causal attention: input ``x``;
     outputs ``x`` and each layer's ``k<i>``/``v<i>`` for the cache. ``adapters``: LoRA site ranks (None: base).
 
     ``past``: a chunk of a longer prompt, which also attends to the positions already in the KV cache:
     inputs ``mask`` and ``k<i>``/``v<i>`` caches as in :func:`decode_graph` (positions come from the
-    cache's filled length, so one program serves every chunk) of ``context`` positions (default ``n_positions``)."""
+    cache's filled length, so one program serves every chunk) of ``context`` positions (default ``n_positions``).
+    ``packed``: several whole prompts side by side on the lanes, each attending only to its own earlier
+    positions through the input ``mask_packed`` ``[1, seq, 1, seq]`` (``orion.ops.packed_causal_mask``; positions
+    are embedded by the caller, each prompt from 0)."""
+    if past and packed:
+        raise ValueError("prefill_graph: a packed pass reads whole prompts; it has no past (give one of them)")
     c, t = config.n_embd, context or config.n_positions
-    g = Graph(f"gpt2_{'chunk' if past else 'prefill'}_{layers.start}_{layers.stop}_s{seq}")
+    g = Graph(f"gpt2_{'chunk' if past else 'packed' if packed else 'prefill'}_{layers.start}_{layers.stop}_s{seq}")
     x = g.input("x", [1, c, 1, seq])
+    packed_mask = packed_mask_input(g, seq) if packed else None
     if past:
         mask = g.input("mask", [1, 1, 1, t])
         caches = {i: (g.input(f"k{i}", [1, c, 1, t]), g.input(f"v{i}", [1, c, 1, t])) for i in layers}
@@ -149,7 +167,7 @@ def prefill_graph(config: GPT2Config, weights: GPT2Weights, layers: range, seq: 
     def attend(i: int, q: Node, k: Node, v: Node) -> Node:
         if past:
             return chunk_attention(g, q, k, v, *caches[i], mask, causal, config.n_head, config.attention_scale(i))
-        return prefill_attention(g, config, i, q, k, v)
+        return prefill_attention(g, config, i, q, k, v, packed_mask=packed_mask)
 
     g.output(_layers(g, x, config, weights, layers, attend, adapters, quant), "x")
     return g

@@ -80,8 +80,9 @@ class GPT2(CausalLM):
         return graphs.decode_graph(self.config, self.weights, layers, adapters, self.quant, context, lanes)
 
     def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None,
-                      past: bool = False, context: int | None = None) -> Graph:
-        return graphs.prefill_graph(self.config, self.weights, layers, seq, adapters, self.quant, past, context)
+                      past: bool = False, context: int | None = None, packed: bool = False) -> Graph:
+        return graphs.prefill_graph(self.config, self.weights, layers, seq, adapters, self.quant, past, context,
+                                    packed)
 
     peft_fan_in_fan_out = True  # Hugging Face GPT-2's projections are Conv1D ([in, out] weights)
 

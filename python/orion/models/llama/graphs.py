@@ -49,6 +49,7 @@ from orion.models.blocks import (
     causal_mask_node,
     chunk_attention,
     linear,
+    packed_mask_input,
     window_mask_input,
 )
 from orion.models.llama.config import ConfigError, LlamaConfig
@@ -249,7 +250,8 @@ def _group_attention(g: Graph, q: Node, k: Node, v: Node, mask: Node, name: str)
 # -- graphs --------------------------------------------------------------------------------------
 
 def prefill_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, seq: int,
-                  adapters: Sites | None = None, quant: str = "fp16", past_context: int | None = None) -> Graph:
+                  adapters: Sites | None = None, quant: str = "fp16", past_context: int | None = None,
+                  packed: bool = False) -> Graph:
     """Layers ``layers`` over ``seq`` tokens at positions ``0..seq-1`` (a power of two, at most the context
     length rounded up to one; pad a shorter prompt at the end, the causal mask keeps padding out of earlier
     tokens): input ``x`` ``[1, dim, 1, seq]``; outputs ``x`` and each layer's rotated keys ``k<i>`` and
@@ -259,13 +261,20 @@ def prefill_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, seq
     ``past_context`` positions: inputs ``mask`` and ``k<i>``/``v<i>`` caches as in :func:`decode_graph`, and
     ``rope`` ``[1, 2 * head_dim, 1, seq]`` (the chunk's positions' cos, then sin), so one program serves
     every chunk. Prefill graphs of a model whose tables depend on the prompt's length (:func:`rope_by_length`)
-    take that ``rope`` input too; graphs whose layers all skip RoPE take none."""
+    take that ``rope`` input too; graphs whose layers all skip RoPE take none.
+
+    ``packed``: several whole prompts side by side on the lanes, each attending only to its own earlier positions
+    through the input ``mask_packed`` ``[1, seq, 1, seq]`` (``orion.ops.packed_causal_mask``; sliding-window
+    layers ``mask_packed_window``), with the ``rope`` input (each prompt's positions from 0)."""
+    if packed and past_context:
+        raise ConfigError("prefill_graph(packed=True): packed prompts are whole prompts; give no past_context")
     bucket_limit = max(MIN_LANES["fp16"], 1 << (config.max_position_embeddings - 1).bit_length())
     if not 0 < seq <= bucket_limit:  # positions past the context are padding lanes of the last bucket
         raise ConfigError(f"prefill of {seq} tokens: outside the context length (max_position_embeddings "
                           f"{config.max_position_embeddings}, so buckets of at most {bucket_limit} lanes)")
     kv, d = config.n_kv_heads, config.head_dim
-    g = Graph(f"llama_{'chunk' if past_context else 'prefill'}_{layers.start}_{layers.stop}_s{seq}")
+    g = Graph(f"llama_{'chunk' if past_context else 'packed' if packed else 'prefill'}_{layers.start}_{layers.stop}"
+              f"_s{seq}")
     x = g.input("x", [1, config.dim, 1, seq])
     if past_context:
         _check_span(config, past_context, f"prefill chunk over a cache of {past_context} positions")
@@ -273,9 +282,11 @@ def prefill_graph(config: LlamaConfig, weights: LlamaWeights, layers: range, seq
         mask = g.input("mask", [1, 1, 1, t])
         caches = {i: (g.input(f"k{i}", [1, config.kv_dim, 1, t]), g.input(f"v{i}", [1, config.kv_dim, 1, t]))
                   for i in layers}
-    rope = _layer_rope(g, config, layers, seq, past_context is not None and past_context > 0 or rope_by_length(config))
+    rope = _layer_rope(g, config, layers, seq,
+                       past_context is not None and past_context > 0 or rope_by_length(config) or packed)
     windows = {i: config.window(i) for i in layers}
-    own_masks = {w: causal_mask_node(g, seq, w) for w in set(windows.values())}  # within the prompt (chunk)
+    own_masks = {w: packed_mask_input(g, seq, w is not None) if packed else causal_mask_node(g, seq, w)
+                 for w in set(windows.values())}  # within the prompt (chunk, or each packed prompt)
     # over the cache (chunk): the filled positions, or a sliding window's, an input since it moves with the position
     window_mask = window_mask_input(g, t, seq) if past_context and any(windows.values()) else None
     for i in layers:

@@ -4,7 +4,7 @@ model-independent generation loop (``orion.generation.loop``)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,7 +16,7 @@ from orion.generation.plan import ProgramInfo
 from orion.generation.tokenizer import TOKENIZER_FILE, Tokenizer, TokenizerNotFound, load_tokenizer
 from orion.graph import Graph
 from orion.lora.adapter import Placement
-from orion.models.blocks import window_mask_inputs
+from orion.models.blocks import packed_mask_inputs, window_mask_inputs
 from orion.models.llama import graphs
 from orion.models.llama.config import ConfigError, LlamaConfig, display_name
 from orion.models.llama.costs import decode_program_costs
@@ -94,9 +94,13 @@ class Llama(CausalLM):
                                    self.quant, lanes)
 
     def prefill_graph(self, layers: range, seq: int, adapters: Mapping[str, int] | None = None,
-                      past: bool = False, context: int | None = None) -> Graph:
+                      past: bool = False, context: int | None = None, packed: bool = False) -> Graph:
         return graphs.prefill_graph(self.config, self.weights, layers, seq, adapters, self.quant,
-                                    (context or self.dims.context) if past else None)
+                                    (context or self.dims.context) if past else None, packed)
+
+    def packed_mask_inputs(self, lengths: Sequence[int], seq: int) -> dict[str, np.ndarray]:
+        """``mask_packed``, and ``mask_packed_window`` when a layer has a sliding window."""
+        return packed_mask_inputs([self.config.window(i) for i in range(self.config.n_layers)], lengths, seq)
 
     def lora_placements(self) -> dict[str, Placement]:
         """``model.layers.<i>.self_attn.{q,k,v,o}_proj`` and ``mlp.{gate,up,down}_proj`` on the fused graph sites:

@@ -277,3 +277,28 @@ def test_generate_compiles_the_buckets_it_reaches_before_the_first_token(monkeyp
     # Short of budget (ANE-11), the reserve for new prompt lengths wins: buckets compile when first used.
     monkeypatch.setattr(loop, "compiles_left", lambda: 2)
     assert model.prepare(1024) == [] and 1024 not in model.decode_plan.layers_by_context
+
+
+def test_prompts_share_a_compiled_bucket_when_the_budget_is_short(monkeypatch) -> None:
+    """Short of compiles for a prompt bucket of its own (after the decode buckets and the largest prompt
+    bucket are reserved), a prompt runs in a compiled bucket that holds it, its tokens the live lanes: the
+    same logits, bit for bit, as in its own bucket, and no compile."""
+    from orion.generation import loop
+
+    weights = random_weights(CONFIG, seed=4)
+    ids = [int(t) for t in np.random.default_rng(5).integers(0, CONFIG.vocab_size, 100)]
+    own = GPT2(CONFIG, weights, progress=False)
+    expected = {n: own.prefill(ids[:n]) for n in (10, 100)}
+    assert sorted(seq for seq, *_ in own._programs.prefill_plans) == [32, 128]
+
+    model = GPT2(CONFIG, weights, progress=False, prefill_chunk=256)
+    monkeypatch.setattr(loop, "compiles_left", lambda: 0)
+    np.testing.assert_array_equal(model.prefill(ids[:100]), expected[100])  # the largest bucket: 256
+    import orion
+    compiled = orion.compile_count()
+    np.testing.assert_array_equal(model.prefill(ids[:10]), expected[10])  # in the 256 bucket too
+    assert orion.compile_count() == compiled
+    assert sorted(seq for seq, *_ in model._programs.prefill_plans) == [256]
+    tokens = [int(np.argmax(model.decode_step(int(np.argmax(expected[10])))))]
+    own.prefill(ids[:10])
+    assert tokens == [int(np.argmax(own.decode_step(int(np.argmax(expected[10])))))]

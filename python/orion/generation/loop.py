@@ -395,6 +395,8 @@ class CausalLM(AdapterHost):
         self._tokenizer, self._tokenizer_error = tokenizer, tokenizer_error
         self.options = PlanOptions(fusion_depth=fusion_depth, lm_head=lm_head,
                                    **({} if prefill_chunk is None else {"prefill_chunk": prefill_chunk}))
+        largest = self.options.prefill_pieces(d.context)[0][2]  # a packed read holds at most a context-long prompt
+        self.options = replace(self.options, join_chunk=min(self.options.join_chunk, largest))
         start = time.perf_counter()
         builder = ProgramBuilder(self.program_identity(), self.options.io_dtype, progress, compile_options,
                                  after_lowering=self.release_weight_pages)
@@ -872,6 +874,26 @@ class CausalLM(AdapterHost):
             self._write_stage_inputs(self._prefill_stages[key][:1])
         return self._prefill_stages[key]
 
+    def _prompt_bucket(self, natural: int, with_head: bool) -> int:
+        """The bucket a prompt of ``natural``'s bucket runs in (its tokens the live lanes, the rest dead: the
+        emulator computes the live ones only, the ANE every lane). Its own when compiled, or when compiling it
+        leaves room in the budget (ANE-11) for the decode buckets not compiled yet and the largest prompt
+        bucket; else the smallest compiled prompt bucket that holds it; else the largest (``prefill_chunk``, or
+        the first piece's bucket of a context-long prompt when that is shorter). A 24-layer model at one layer per program spends 24 compiles per bucket: Qwen2.5-0.5B's prompts of 16,
+        128 and 1000 tokens and their decode buckets took 131 compiles, past the budget, before this."""
+        largest = self.options.prefill_pieces(self.dims.context)[0][2]
+        compiled = sorted(seq for seq, head, past, packed in self._programs.prefill_plans
+                          if head == with_head and not past and not packed and seq >= natural)
+        if natural in compiled or natural == largest:
+            return natural
+        plan = self.decode_plan
+        per_set = len(plan.layer_ranges) + (len(self._head_ranges) if with_head else 0)
+        decode_left = sum(t not in plan.layers_by_context for t in self._kv_buckets)
+        reserve = decode_left * len(plan.layer_ranges) + (per_set if largest not in compiled else 0)
+        if compiles_left() >= per_set + reserve:
+            return natural
+        return compiled[0] if compiled else largest
+
     def _prefill_plan(self, key: PrefillKey) -> PrefillPlan:
         """The prefill plan ``key`` of the program set in use, compiled on first use."""
         seq, with_head, past, packed = key
@@ -926,9 +948,11 @@ class CausalLM(AdapterHost):
         pieces = self.options.prefill_pieces(len(ids)) if first == 0 else self.options.extend_pieces(first, len(ids))
         self._reserve(first + len(ids))  # chunk programs read the cache at the bucket holding every position
         x = np.zeros((self.dims.hidden, 0), np.float32)
+        with_head = on_chunk is not None and self.options.lm_head == "ane"
         for start, n, seq in pieces:
             past = start > 0
-            with_head = on_chunk is not None and self.options.lm_head == "ane"
+            if not past:
+                seq = self._prompt_bucket(seq, with_head)
             stages, heads = self._prefill_bucket(seq, with_head, cache.bucket if past else 0)
             x = stages[0].input("x")
             x[...] = 0.0
@@ -939,7 +963,7 @@ class CausalLM(AdapterHost):
             if extra:
                 _write_lanes(stages, extra)
             for stage, layers in zip(stages, self.decode_plan.layer_ranges):
-                live = None
+                live = {"x": n} if n < seq else None  # a prompt's dead lanes (causal: they change no live lane)
                 if past:  # the chunk reads the positions filled so far; the later ones are dead lanes
                     _write_past(stage, layers, cache, lane, start, cache.copied(stage, lane, start))
                     live = {name: start for i in layers for name in (f"k{i}", f"v{i}")} | {"mask": start}

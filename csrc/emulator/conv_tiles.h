@@ -118,6 +118,35 @@ ORION_TILE_INLINE void conv_tile_start(__m256 (&lo)[U][L], __m256 (&hi)[U][L], c
         }
 }
 
+// Two decoded weight rows (w[r] = row `row + r`'s 16 outputs as lo/hi halves) times their lanes of x, into
+// partial sums (slot + r) % U.
+template <int L, int U>
+ORION_TILE_INLINE void fma_row_pair(const __m256 (&w)[2][2], const float* x, int64_t S, int64_t row, int slot,
+                                    __m256 (&lo)[U][L], __m256 (&hi)[U][L]) {
+    ORION_UNROLL
+    for (int r = 0; r < 2; ++r) {
+        const float* xc = x + (row + r) * S;
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) {
+            const __m256 xv = _mm256_broadcast_ss(xc + l);
+            lo[(slot + r) % U][l] = _mm256_fmadd_ps(w[r][0], xv, lo[(slot + r) % U][l]);
+            hi[(slot + r) % U][l] = _mm256_fmadd_ps(w[r][1], xv, hi[(slot + r) % U][l]);
+        }
+    }
+}
+
+// The U partial sums added in order into partial sum 0.
+template <int L, int U>
+ORION_TILE_INLINE void sum_partials(__m256 (&lo)[U][L], __m256 (&hi)[U][L]) {
+    ORION_UNROLL
+    for (int u = 1; u < U; ++u)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) {
+            lo[0][l] = _mm256_add_ps(lo[0][l], lo[u][l]);
+            hi[0][l] = _mm256_add_ps(hi[0][l], hi[u][l]);
+        }
+}
+
 template <int L, int U, typename Rows>
 ORION_TILE_INLINE void conv_tile_finish(__m256 (&lo)[U][L], __m256 (&hi)[U][L], Rows& rows, const float* x, int64_t S,
                                         int64_t c, int64_t k, float* acc) {
@@ -130,13 +159,7 @@ ORION_TILE_INLINE void conv_tile_finish(__m256 (&lo)[U][L], __m256 (&hi)[U][L], 
             hi[0][l] = _mm256_fmadd_ps(w_hi, xv, hi[0][l]);
         }
     }
-    ORION_UNROLL
-    for (int u = 1; u < U; ++u)
-        ORION_UNROLL
-        for (int l = 0; l < L; ++l) {
-            lo[0][l] = _mm256_add_ps(lo[0][l], lo[u][l]);
-            hi[0][l] = _mm256_add_ps(hi[0][l], hi[u][l]);
-        }
+    sum_partials<L, U>(lo, hi);
     ORION_UNROLL
     for (int l = 0; l < L; ++l) {
         _mm256_storeu_ps(acc + l * kConvPanel, lo[0][l]);

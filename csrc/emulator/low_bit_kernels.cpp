@@ -336,25 +336,10 @@ ORION_AVX2 void affine4_block_tile_fixed(const uint8_t* pairs, const uint16_t* p
                 const __m256 w[2][2] = {
                     {_mm256_cvtepi32_ps(_mm256_and_si256(b_lo, fifteen)), _mm256_cvtepi32_ps(_mm256_and_si256(b_hi, fifteen))},
                     {_mm256_cvtepi32_ps(_mm256_srli_epi32(b_lo, 4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(b_hi, 4))}};
-                ORION_UNROLL
-                for (int r = 0; r < 2; ++r) {
-                    const float* xc = x + (c + h + r) * S;
-                    ORION_UNROLL
-                    for (int l = 0; l < L; ++l) {
-                        const __m256 xv = _mm256_broadcast_ss(xc + l);
-                        lo[(h + r) % U][l] = _mm256_fmadd_ps(w[r][0], xv, lo[(h + r) % U][l]);
-                        hi[(h + r) % U][l] = _mm256_fmadd_ps(w[r][1], xv, hi[(h + r) % U][l]);
-                    }
-                }
+                fma_row_pair<L, U>(w, x, S, c + h, h, lo, hi);
             }
         }
-        ORION_UNROLL
-        for (int u = 1; u < U; ++u)
-            ORION_UNROLL
-            for (int l = 0; l < L; ++l) {
-                lo[0][l] = _mm256_add_ps(lo[0][l], lo[u][l]);
-                hi[0][l] = _mm256_add_ps(hi[0][l], hi[u][l]);
-            }
+        sum_partials<L, U>(lo, hi);
         const __m256 s_lo = load8(params), s_hi = load8(params + 8);
         const __m256 n_lo = _mm256_mul_ps(load8(params + kConvPanel), _mm256_sub_ps(_mm256_setzero_ps(), s_lo));
         const __m256 n_hi = _mm256_mul_ps(load8(params + kConvPanel + 8), _mm256_sub_ps(_mm256_setzero_ps(), s_hi));
@@ -402,16 +387,7 @@ ORION_AVX2 void conv_tile_pairs_avx2_fixed(Rows rows, const float* x, int64_t S,
         for (int h = 0; h < P; h += 2) {
             __m256 w[2][2];
             rows.pair(c + h, w);
-            ORION_UNROLL
-            for (int r = 0; r < 2; ++r) {
-                const float* xc = x + (c + h + r) * S;
-                ORION_UNROLL
-                for (int l = 0; l < L; ++l) {
-                    const __m256 xv = _mm256_broadcast_ss(xc + l);
-                    lo[(h + r) % U][l] = _mm256_fmadd_ps(w[r][0], xv, lo[(h + r) % U][l]);
-                    hi[(h + r) % U][l] = _mm256_fmadd_ps(w[r][1], xv, hi[(h + r) % U][l]);
-                }
-            }
+            fma_row_pair<L, U>(w, x, S, c + h, h, lo, hi);
         }
     }
     conv_tile_finish<L, U>(lo, hi, rows, x, S, c, k, acc);

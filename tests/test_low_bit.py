@@ -365,7 +365,8 @@ def test_low_bit_conv_of_odd_sizes_against_float64(mode, cout, cin) -> None:
     x = RNG.standard_normal((1, cin, 1, 32)).astype(np.float16)
     for lanes in (1, 2, 3, 4, 5, 6, 13):
         got = {key: evaluate_live(program, x, lanes) for key, program in (("low", low), ("dense", dense))}
-        if sums_differ(mode, qw, lanes):
+        computed = lanes if orion.backend() == "emulator" else 32  # the ANE ignores the hint: every lane
+        if sums_differ(mode, qw, computed):
             assert_within_weight_rounding(got["low"], mode, qw, x[0, :, 0, :lanes])
         else:
             np.testing.assert_array_equal(got["low"], got["dense"], err_msg=f"{lanes} lanes")

@@ -103,14 +103,19 @@ PEAK = textwrap.dedent("""
 # and packed while their map's pages are resident; this model's largest program (the LM head, or both
 # layers fused) is half its weights, hence 1.3 + 2 x 0.4 (on Qwen2.5-0.5B, 24 layer programs and 12 LM-head
 # chunks, the cold peak is within 1.04 x the warm one). A float32 host copy of the weights alone is 2.0.
-PEAK_RATIO = {"warm": 1.35, "cold": 2.1}
+# With the program cache off, every program is lowered as when cold (1.66 measured); before the builder dropped
+# each compiled program's lowered weight files, every set of programs (a prefill bucket, a KV-cache length) kept
+# one more copy of its weights in memory: 2.09 here, and 30 MiB a layer program on Qwen2.5-0.5B's shape.
+PEAK_RATIO = {"warm": 1.35, "cold": 2.1, "off": 1.8}
 
 
-@pytest.mark.parametrize("cache", ["warm", "cold"])
-def test_peak_rss_is_in_proportion_to_the_weights(checkpoint, cache) -> None:
+@pytest.mark.parametrize("cache", ["warm", "cold", "off"])
+def test_peak_rss_is_in_proportion_to_the_weights(checkpoint, cache, monkeypatch) -> None:
     """Load, a 400-token prefill and 60 decode steps in a fresh process: the peak RSS above the imported
     interpreter's is at most ``PEAK_RATIO`` x (fp16 weight bytes + KV cache at the length reached) (fails on the
-    code before this round: 3.4 x warm, 6.1 x cold)."""
+    code before this round: 3.4 x warm, 6.1 x cold; 2.09 x off while compiled programs kept their lowered weight files)."""
+    if cache == "off":
+        monkeypatch.setenv("ORION_CACHE_DIR", "off")
     for _ in range(2 if cache == "warm" else 1):
         out = subprocess.run([sys.executable, "-c", PEAK, str(checkpoint)], capture_output=True, text=True,
                              timeout=600)

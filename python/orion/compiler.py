@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -63,6 +63,14 @@ class Lowered:
         for path in sorted(self.weights):
             h.update(path.encode() + b"\0" + len(self.weights[path]).to_bytes(8, "little") + bytes.fromhex(digests[path]))
         return h.hexdigest()
+
+    def without_weights(self) -> Lowered:
+        """This lowering without its weight files, for a program compiled from it that no one patches: the
+        program holds its own copy, and bytes lowered in memory (no program cache to map them from) would
+        otherwise stay resident twice. The content hash is kept."""
+        light = replace(self, weights={}, digests={})
+        light.__dict__["content_hash"] = self.content_hash  # cached_property's slot (frozen dataclass)
+        return light
 
 
 def lower_graph(graph: Graph, *, io_dtype: str = "fp16", max_layers: int = 1,

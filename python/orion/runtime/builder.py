@@ -97,7 +97,8 @@ class ProgramBuilder:
                 self._over_sram.append(label)
             else:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        compiled = compile_cached(lowered, **self.compile_options)
+        # Nothing patches these programs' weights: the lowered copy goes (with no program cache, bytes in memory).
+        compiled = CompiledGraph(lowered.without_weights(), compile_cached(lowered, **self.compile_options).program)
         self.seconds += time.perf_counter() - start
         self.cached += was_cached
         self.built += not was_cached

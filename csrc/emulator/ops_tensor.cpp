@@ -20,12 +20,20 @@ BuiltOp build_reshape(OpContext& ctx) {
     const int64_t in_lanes = in.empty() ? 1 : in.back();
     return {[=](Frame& fr) {
                 const Tensor& t = fr.values[x];
-                fr.values[o].data = t.data;
-                fr.values[o].lanes = fr.values[o].last_dim();
+                Tensor& out = fr.values[o];
+                out.lanes = out.last_dim();
+                if (t.lanes >= in_lanes) {
+                    out.data = t.data;
+                    return;
+                }
                 // The lane axis changes: dead lanes (stale, maybe NaN) become ordinary elements, so they are zeros.
-                if (t.lanes < in_lanes)
-                    for (size_t i = 0; i < t.data.size(); ++i)
-                        if (static_cast<int64_t>(i) % in_lanes >= t.lanes) fr.values[o].data[i] = 0.0f;
+                out.data.resize(t.data.size());
+                const int64_t live = t.lanes, rows = t.size() / in_lanes;
+                for (int64_t r = 0; r < rows; ++r) {
+                    const float* src = t.data.data() + r * in_lanes;
+                    float* dst = out.data.data() + r * in_lanes;
+                    for (int64_t j = 0; j < in_lanes; ++j) dst[j] = j < live ? src[j] : 0.0f;
+                }
             }};
 }
 

@@ -836,15 +836,18 @@ private:
         }
         run.flat = flat;
         add_group_kernel(steps, intermediates, parts, "elementwise (fused)", [run = std::move(run), reads](Frame& fr) {
-            int64_t lanes = run.width;  // live where every operand spanning the lanes is (binary ops' rule)
             for (int slot : reads) {
                 const Tensor& t = fr.values[static_cast<size_t>(slot)];
-                if (t.skips_dead_lanes() || t.half || t.prefix_partial()) return false;  // short partial rows are computed whole
-                if (t.last_dim() == run.width) lanes = std::min(lanes, t.lanes);
+                if (t.half || t.prefix_partial()) return false;
             }
-            run_elementwise(run, fr);
-            for (const auto& step : run.steps)
-                if (step.out >= 0) fr.values[static_cast<size_t>(step.out)].lanes = lanes, fr.values[static_cast<size_t>(step.out)].live_prefix = -1;
+            // Each step's live lanes, as its op would give them (not the run's narrowest: a run may mix a KV
+            // bucket's positions with head_dim lanes of the same width). Long rows skip their dead lanes;
+            // short ones (a decode step's sequences) are computed whole.
+            const std::vector<int64_t> live = live_lanes_of_steps(run, fr);
+            run_elementwise(run, fr, run.width > Tensor::kShortRow ? &live : nullptr);
+            for (size_t s = 0; s < run.steps.size(); ++s)
+                if (const int out = run.steps[s].out; out >= 0)
+                    fr.values[static_cast<size_t>(out)].lanes = live[s], fr.values[static_cast<size_t>(out)].live_prefix = -1;
             return true;
         });
     }

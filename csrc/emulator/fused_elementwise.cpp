@@ -35,18 +35,36 @@ bool elementwise_fn(const std::string& op, ElementwiseRun::Fn* fn) {
     return false;
 }
 
-void run_elementwise(const ElementwiseRun& run, Frame& frame) {
+std::vector<int64_t> live_lanes_of_steps(const ElementwiseRun& run, const Frame& frame) {
+    std::vector<int64_t> live(run.steps.size(), run.width);
+    auto lanes_of = [&](const ElementwiseRun::Operand& o) -> int64_t {
+        if (o.step >= 0) return live[static_cast<size_t>(o.step)];
+        if (o.kind != ElementwiseRun::Kind::full && o.kind != ElementwiseRun::Kind::lanes) return run.width;
+        const Tensor& t = frame.values[static_cast<size_t>(o.slot)];
+        return t.last_dim() == run.width ? std::min(t.lanes, run.width) : run.width;
+    };
+    for (size_t s = 0; s < run.steps.size(); ++s)
+        live[s] = std::min(lanes_of(run.steps[s].x), lanes_of(run.steps[s].y));
+    return live;
+}
+
+void run_elementwise(const ElementwiseRun& run, Frame& frame, const std::vector<int64_t>* live) {
     using Kind = ElementwiseRun::Kind;
     using Fn = ElementwiseRun::Fn;
     const int64_t total = run.rows * run.width;
     // A "row" here is a chunk of the flat tensor (flat runs) or a row of the last axis. Short rows (a
     // decode step's lanes) are computed R at a time, as one block: a step over operands that are whole
     // (or scalars, or earlier steps' blocks) is one call over the block, and each step's result is
-    // rounded once per block, not once per row. Every element is computed and rounded as before.
-    const int64_t W = run.flat ? std::min<int64_t>(total, kFlatChunk) : run.width;
+    // rounded once per block, not once per row. Every element is computed and rounded as before. A step
+    // with dead lanes computes and rounds each row's live prefix on its own.
+    auto live_of = [&](size_t s) { return live ? (*live)[s] : run.width; };
+    bool any_partial = false;
+    for (size_t s = 0; s < run.steps.size(); ++s) any_partial = any_partial || live_of(s) < run.width;
+    const bool flat = run.flat && !any_partial;
+    const int64_t W = flat ? std::min<int64_t>(total, kFlatChunk) : run.width;
     if (W <= 0) return;
-    const int64_t rows_total = run.flat ? (total + W - 1) / W : run.rows;
-    const int64_t R = run.flat ? 1 : std::max<int64_t>(1, kFlatChunk / W);
+    const int64_t rows_total = flat ? (total + W - 1) / W : run.rows;
+    const int64_t R = flat ? 1 : std::max<int64_t>(1, kFlatChunk / W);
     const int64_t blocks = (rows_total + R - 1) / R;
     const size_t n_steps = run.steps.size();
     kernels::parallel_for(blocks, std::max<int64_t>(1, kRowGrain / (W * R)), [&](int64_t begin, int64_t end) {
@@ -78,13 +96,15 @@ void run_elementwise(const ElementwiseRun& run, Frame& frame) {
                                          : scratch.data() + s * static_cast<size_t>(R * W);
                 results[s] = c;
                 // One call over the block when no operand changes from row to row, else one per row.
-                const bool rowwise = r1 - r0 > 1 && (per_row(step.x) || per_row(step.y));
+                const int64_t step_live = live_of(s);
+                const bool partial = step_live < W && !flat;
+                const bool rowwise = partial || (r1 - r0 > 1 && (per_row(step.x) || per_row(step.y)));
                 for (int64_t r = r0; r < (rowwise ? r1 : r0 + 1); ++r) {
                     int64_t sa = 0, sb = 0;
                     const float* a = source(step.x, r, &sa);
                     const float* b = source(step.y, r, &sb);
                     float* cr = c + (r - r0) * W;
-                    const int64_t m = rowwise ? W : n;
+                    const int64_t m = partial ? step_live : rowwise ? W : n;
                     switch (step.fn) {
                         case Fn::add: apply(a, sa, b, sb, cr, m, [](float u, float v) { return u + v; }); break;
                         case Fn::sub: apply(a, sa, b, sb, cr, m, [](float u, float v) { return u - v; }); break;
@@ -93,7 +113,10 @@ void run_elementwise(const ElementwiseRun& run, Frame& frame) {
                         case Fn::pow: apply(a, sa, b, sb, cr, m, [](float u, float v) { return std::pow(u, v); }); break;
                     }
                 }
-                if (step.round) kernels::round_fp16(c, static_cast<size_t>(n));
+                if (step.round && partial)
+                    for (int64_t r = r0; r < r1; ++r) kernels::round_fp16(c + (r - r0) * W, static_cast<size_t>(step_live));
+                else if (step.round)
+                    kernels::round_fp16(c, static_cast<size_t>(n));
             }
         }
     });

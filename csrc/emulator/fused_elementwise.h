@@ -39,6 +39,12 @@ struct ElementwiseRun {
 // The Fn of a MIL op name, or false when the op is not a fusable binary op.
 bool elementwise_fn(const std::string& op, ElementwiseRun::Fn* fn);
 
-void run_elementwise(const ElementwiseRun& run, Frame& frame);
+// Each step's live lanes by the binary ops' rule: the narrowest live prefix among its operands that span the
+// lanes (an earlier step's result carries that step's), the row width when all are whole.
+std::vector<int64_t> live_lanes_of_steps(const ElementwiseRun& run, const Frame& frame);
+
+// Computes the run: every element, or (given `live`, per step) each row's first live[s] elements of a step
+// whose live lanes are fewer than the row width; its dead lanes stay stale, as the op's own kernel leaves them.
+void run_elementwise(const ElementwiseRun& run, Frame& frame, const std::vector<int64_t>* live = nullptr);
 
 }  // namespace orion::emu

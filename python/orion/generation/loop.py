@@ -508,6 +508,10 @@ class CausalLM(AdapterHost):
         may shrink), its decode stages bound."""
         bucket = self.cache.bucket_for(n)
         if bucket != self._bound_bucket:
+            # The idle activations of earlier prompts go back to the OS before the new bucket's surfaces come,
+            # not after every prompt: the next prompt's first program would fault them in again (GPT-2 124M:
+            # ~80 ms a prompt in the 1,024-lane bucket).
+            kernels.release_idle_buffers()
             self._bind_decode(bucket)
 
     def fork(self) -> CausalLM:
@@ -979,8 +983,6 @@ class CausalLM(AdapterHost):
                 on_chunk(heads, x)
             if start + n < first + len(ids):
                 yield
-        if len(ids) > self.options.draft_chunk:  # not after a speculative check: the next one reuses them
-            kernels.release_idle_buffers()  # the prompt's activations: decode's own are far smaller
         return x
 
     def _read_packed(self, prompts: Mapping[int, list[int]]) -> dict[int, np.ndarray]:

@@ -110,9 +110,11 @@ BuiltOp build_cast(OpContext& ctx) {
 // Copies the box [begin, begin + size) with `stride` of x into out (all per dimension), a row of the
 // last axis at a time (contiguous rows as one copy), the rows split across the threads. Trailing axes
 // the box spans whole are merged into the one before them first, so that a box of whole rows (a
-// channel range of [1, C, 1, 1], the first row of a padded input) is one row, one copy.
-Kernel strided_copy(int x, int o, Shape in_shape, std::vector<int64_t> begin, std::vector<int64_t> stride, Shape box) {
-    while (box.size() >= 2 && box.back() == in_shape.back() && begin.back() == 0 && stride.back() == 1 &&
+// channel range of [1, C, 1, 1], the first row of a padded input) is one row, one copy. With `live_rows`
+// (a box of whole rows of the lane axis), rows are not merged and each copies x's live lanes only.
+Kernel strided_copy(int x, int o, Shape in_shape, std::vector<int64_t> begin, std::vector<int64_t> stride, Shape box,
+                    bool live_rows = false) {
+    while (!live_rows && box.size() >= 2 && box.back() == in_shape.back() && begin.back() == 0 && stride.back() == 1 &&
            stride[stride.size() - 2] == 1) {
         const int64_t whole = in_shape.back();
         for (auto* v : {&in_shape, &box, &begin, &stride}) v->pop_back();
@@ -127,6 +129,7 @@ Kernel strided_copy(int x, int o, Shape in_shape, std::vector<int64_t> begin, st
         if (rank == 0) return void(c[0] = a[0]);
         const auto in_strides = strides_of(in_shape);
         const int64_t width = box.back(), rows = n / width;
+        const int64_t copied = live_rows ? std::min(width, fr.values[x].lanes) : width;
         const int64_t step = stride.back() * in_strides.back();  // between a row's elements in x
         kernels::parallel_for(rows, std::max<int64_t>(1, (int64_t{1} << 15) / width), [&](int64_t first, int64_t end) {
             for (int64_t row = first; row < end; ++row) {
@@ -137,9 +140,9 @@ Kernel strided_copy(int x, int o, Shape in_shape, std::vector<int64_t> begin, st
                 }
                 float* dst = c + row * width;
                 if (step == 1) {
-                    std::copy(a + src, a + src + width, dst);
+                    std::copy(a + src, a + src + copied, dst);
                 } else {
-                    for (int64_t i = 0; i < width; ++i) dst[i] = a[src + i * step];
+                    for (int64_t i = 0; i < copied; ++i) dst[i] = a[src + i * step];
                 }
             }
         });
@@ -157,8 +160,11 @@ BuiltOp build_slice_by_size(OpContext& ctx) {
     const Kernel copy = strided_copy(x, o, in, begin, slice.stride, box);
     const int64_t lane_begin = rank ? begin.back() : 0, lane_size = rank ? box.back() : 1;
     const bool slices_lanes = rank && box.back() != in.back();
+    // Whole rows of a long lane axis (q, k and v cut from a prompt's qkv): only their live lanes are copied.
+    const Kernel live_copy = rank >= 2 && !slices_lanes ? strided_copy(x, o, in, begin, slice.stride, box, true)
+                                                         : Kernel{};
     return {[=](Frame& fr) {
-                copy(fr);
+                (live_copy && fr.values[x].skips_dead_lanes() ? live_copy : copy)(fr);
                 // Slicing inside the live prefix keeps part of it live; everything else is fully live.
                 const int64_t live = fr.values[x].lanes - (slices_lanes ? lane_begin : 0);
                 fr.values[o].lanes = live > 0 && live < lane_size ? live : lane_size;

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import weakref
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -28,7 +29,9 @@ from orion.runtime.pages import release_pages
 
 _NUMPY_DTYPES = {"fp16": np.float16, "fp32": np.float32}
 ProgramKey = tuple[str, str, tuple[str, ...], tuple[int, int]]  # content hash, profile, relaxed ops, surface counts
-_PROGRAMS: dict[ProgramKey, Any] = {}
+# Compiled programs by content, shared while something holds them: the last holder frees it (a process that loads
+# model after model, or a test suite, would otherwise keep every program and its weights).
+_PROGRAMS: weakref.WeakValueDictionary[ProgramKey, Any] = weakref.WeakValueDictionary()
 _COMPILING: dict[ProgramKey, threading.Lock] = {}  # per key: one thread compiles it
 CONSERVATIVE_COUNTS = (MAX_INPUT_SURFACES, MAX_OUTPUT_SURFACES)
 _COMPILING_LOCK = threading.Lock()
@@ -167,8 +170,8 @@ def compile_lowered(lowered: Lowered, *, profile: str = "hardware", min_surface_
                     relaxed_ops: tuple[str, ...] = (),
                     surface_counts: tuple[int, int] | None = None,
                     packed_weights: dict[str, str] | None = None) -> CompiledGraph:
-    """Compile an already lowered program; identical content is compiled once per process (and again
-    if that program was unloaded). Programs of identical content are shared: unloading one unloads
+    """Compile an already lowered program; identical content is compiled once per process while a holder keeps
+    it (and again if that program was unloaded). Programs of identical content are shared: unloading one unloads
     it for every holder. Thread-safe: concurrent calls for one program compile it once. ``min_surface_bytes``: a smaller surface minimum a probe report proved
     and ``relaxed_ops``: disputed ops (ANE-35) a probe report proved on this machine (see ``compile_graph``);
     ``surface_counts``: the ``(inputs, outputs)`` surface counts it proved (ANE-37); ``packed_weights``: files of
@@ -180,13 +183,14 @@ def compile_lowered(lowered: Lowered, *, profile: str = "hardware", min_surface_
     with _COMPILING_LOCK:
         lock = _COMPILING.setdefault(key, threading.Lock())
     with lock:  # threads compiling one program wait for the first instead of spending the budget twice
-        if key not in _PROGRAMS or not _PROGRAMS[key].loaded:
-            _PROGRAMS[key] = orion.compile(lowered.mil, lowered.weights, profile=profile,
-                                           min_surface_bytes=min_surface_bytes, relaxed_ops=relaxed_ops,
-                                           surface_counts=surface_counts, weight_keys=lowered.file_digests,
-                                           packed_weights=packed_weights)
+        program = _PROGRAMS.get(key)
+        if program is None or not program.loaded:
+            program = _PROGRAMS[key] = orion.compile(
+                lowered.mil, lowered.weights, profile=profile, min_surface_bytes=min_surface_bytes,
+                relaxed_ops=relaxed_ops, surface_counts=surface_counts, weight_keys=lowered.file_digests,
+                packed_weights=packed_weights)
         release_pages(lowered.weights.values())  # the program holds its own copy now
-        return CompiledGraph(lowered, _PROGRAMS[key])
+        return CompiledGraph(lowered, program)
 
 
 def compile_graph(graph: Graph, *, io_dtype: str = "fp16", profile: str = "hardware", max_layers: int = 1,

@@ -1,7 +1,7 @@
-"""Test-wide settings and the record of every MIL program the suite lowers from a graph.
+"""Test-wide settings and the schema replay of every MIL program the suite lowers from a graph.
 
-The record feeds tests/compiler/test_schema_replay.py, which runs last and replays each program
-through coremltools' MIL builder.
+Each program is replayed through coremltools' MIL builder as it is lowered (``SCHEMA_REPLAY``);
+tests/compiler/test_schema_replay.py runs last and reports the mismatches.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import pytest  # noqa: E402
 
 import orion.compiler  # noqa: E402
 from orion.runtime import profile  # noqa: E402
+from support.compiler.mil_schema_check import Replayer  # noqa: E402
 from support.smollm2 import smollm2_dir, smollm2_f32_dir, smollm2_gguf_path  # noqa: E402, F401 -- session fixtures
 
-EMITTED: list[tuple[str, str, dict[str, bytes]]] = []  # (test id, MIL text, weights)
+SCHEMA_REPLAY = Replayer()
 
 
 @pytest.fixture(autouse=True)
@@ -26,7 +27,7 @@ def _record_emitted(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
 
     def recording(*args, **kwargs):
         lowered = original(*args, **kwargs)
-        EMITTED.append((request.node.nodeid, lowered.mil, lowered.weights))
+        SCHEMA_REPLAY(request.node.nodeid, lowered.mil, lowered.weights)
         return lowered
 
     monkeypatch.setattr(orion.compiler, "lower_graph", recording)
@@ -44,7 +45,7 @@ def profiling():
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the schema replay last so it sees every program the other tests emitted."""
+    """Run the schema replay's report last so it sees every program the other tests emitted."""
     items.sort(key=lambda item: "test_schema_replay" in item.nodeid)
 
 

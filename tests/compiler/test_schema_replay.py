@@ -1,6 +1,6 @@
-"""Replay every MIL program the compiler tests emitted (parsed back with orion.mil.parse) through
-coremltools' MIL builder and compare declared output types with coremltools' type inference.
-Runs last (see conftest.pytest_collection_modifyitems)."""
+"""Replay every MIL program the suite emitted (parsed back with orion.mil.parse) through coremltools' MIL
+builder and compare declared output types with coremltools' type inference. conftest's ``SCHEMA_REPLAY``
+replays each as it is lowered; the report runs last (see conftest.pytest_collection_modifyitems)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from conftest import EMITTED
+from conftest import SCHEMA_REPLAY
 from support.compiler.mil_schema_check import coremltools, replay
 
 from .test_compiler import block
@@ -51,20 +51,13 @@ def test_every_emitted_program_matches_coremltools_types() -> None:
         if os.environ.get("CI"):
             pytest.fail(message + ": CI must run the schema replay")
         pytest.skip(message)
-    from orion import mil
     from orion.compiler import lower_graph
 
     for graph in (mlp(), block()[0], int8_linear()):  # at least these, when this test runs alone
         for io_dtype in ("fp16", "fp32"):
-            lower_graph(graph, io_dtype=io_dtype)
-    programs = {text: (test_id, weights) for test_id, text, weights in EMITTED}
-    failures = []
-    seen: set[tuple] = set()  # op signatures already replayed
-    for text, (test_id, weights) in programs.items():
-        mismatches = replay(mil.parse(text), weights, seen)
-        failures.extend(f"{test_id}: {m}" for m in mismatches)
-    assert not failures, "\n".join(failures)
-    assert len(programs) >= 4
+            lower_graph(graph, io_dtype=io_dtype)  # replayed as lowered (conftest)
+    assert not SCHEMA_REPLAY.failures, "\n".join(SCHEMA_REPLAY.failures)
+    assert SCHEMA_REPLAY.programs >= 4
 
 
 def test_the_replay_reports_a_declared_type_coremltools_disagrees_with() -> None:

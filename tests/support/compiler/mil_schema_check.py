@@ -7,8 +7,10 @@ returns None when it is not installed (an installed but broken coremltools raise
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import struct
+import threading
 from typing import Any
 
 import numpy as np
@@ -125,3 +127,36 @@ def replay(program: Any, weights: dict[str, bytes], seen: set[tuple] | None = No
                  for r in operands]
         mb.program(input_specs=specs, opset_version=ct.target.iOS18)(scope["main"])
     return mismatches
+
+
+class Replayer:
+    """Replays programs as the suite lowers them (each distinct MIL text once, each op signature once) and keeps
+    the mismatches, by test id: not the programs and their weights, which for the suite's published-shape models
+    would be gigabytes held to its end. Without coremltools it records nothing (the replay test skips)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # a server's worker thread lowers too
+        self._texts: set[bytes] = set()
+        self._seen: set[tuple] = set()
+        self.failures: list[str] = []
+
+    @property
+    def programs(self) -> int:
+        """Distinct programs replayed."""
+        return len(self._texts)
+
+    def __call__(self, test_id: str, text: str, weights: dict[str, bytes]) -> None:
+        if coremltools() is None:
+            return
+        from orion import mil
+
+        key = hashlib.sha256(text.encode()).digest()
+        with self._lock:
+            if key in self._texts:
+                return
+            self._texts.add(key)
+            try:
+                mismatches = replay(mil.parse(text), weights, self._seen)
+            except Exception as e:  # noqa: BLE001 -- reported by the replay test, not by the test that lowered
+                mismatches = [f"the replay raised {type(e).__name__}: {e}"]
+            self.failures.extend(f"{test_id}: {m}" for m in mismatches)

@@ -93,6 +93,24 @@ def test_unary(name, fn, extra, profile) -> None:
     close(run_op(name, {"x": x}, ACT, profile=profile, x="x"), fn(x.astype(np.float32)))
 
 
+@pytest.mark.parametrize("name,fn", [("sigmoid", lambda v: 1.0 / (1.0 + np.exp(-v))), ("tanh", np.tanh)])
+def test_vectorised_unary_over_every_fp16_value(name, fn) -> None:
+    """The vectorised kernels (e^x by a series, clamped to [-88, 88]) over all 63,488 finite fp16 values, the
+    infinities: each result is float64's rounded to fp16, or one fp16 ulp from it where float64's lies within a few
+    fp32 ulps of a rounding boundary; the infinities give the limits. (Inputs holding a NaN are refused.)"""
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    values = bits.view(np.float16)
+    x = np.concatenate([values[np.isfinite(values)], np.float16([np.inf, -np.inf])])
+    x = np.resize(x, 64 * 1024).reshape(1, 64, 1, 1024)  # padded by repeating: the lanes fill the rows
+    with np.errstate(over="ignore"):
+        want = fn(x.astype(np.float64)).astype(np.float16)
+    got = run_op(name, {"x": x}, x.shape, x="x")
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    ulp = np.spacing(np.abs(w).astype(np.float16)).astype(np.float64)
+    assert (np.abs(g - w) <= ulp).all(), x[np.abs(g - w) > ulp][:8]
+    assert np.mean(g == w) > 0.999
+
+
 def test_rsqrt_with_epsilon() -> None:
     x = np.abs(f16(*ACT)).astype(np.float16)
     out = run_op("rsqrt", {"x": x}, ACT, consts=[const("eps", "fp16", 0.01)], profile="permissive", x="x", epsilon="eps")

@@ -56,6 +56,7 @@ struct Kernels {
     void (*half_to_float)(const uint16_t* src, float* dst, size_t n);
     void (*float_to_half)(const float* src, uint16_t* dst, size_t n);
     void (*tanh)(const float* src, float* dst, size_t n);
+    void (*sigmoid)(const float* src, float* dst, size_t n);
     // dst[i] = e^(src[i] - max) / sum_j e^(src[j] - max) for i < n; src may be dst.
     void (*softmax)(const float* src, float* dst, int64_t n);
     void (*score_row_softmax)(float* row, const float* mask, int64_t n, const ScoreRowOps& ops);
@@ -90,6 +91,10 @@ void tanh_portable(const float* src, float* dst, size_t n) {
     for (size_t i = 0; i < n; ++i) dst[i] = std::tanh(src[i]);
 }
 
+void sigmoid_portable(const float* src, float* dst, size_t n) {
+    for (size_t i = 0; i < n; ++i) dst[i] = 1.0f / (1.0f + std::exp(-src[i]));
+}
+
 // std::exp, skipping the call where its fp32 result is exactly 0 (a masked score): below
 // ln(smallest denormal / 2), about -103.97.
 inline float exp_or_zero(float d) { return d < -110.0f ? 0.0f : std::exp(d); }
@@ -118,7 +123,7 @@ void score_row_softmax_by_ops(float* row, const float* mask, int64_t n, const Sc
 
 constexpr Kernels kPortable = {
     "portable",         6,                             round_fp16_portable,           half_to_float_portable,
-    float_to_half_portable, tanh_portable,  softmax_portable,
+    float_to_half_portable, tanh_portable, sigmoid_portable, softmax_portable,
     score_row_softmax_by_ops<round_fp16_portable, softmax_portable>, conv_tile_portable<uint16_t>, conv_tile_portable<float>,
     conv_tile_i8_portable, dequant_i8_portable, nullptr, conv_tile_q_portable, widen_q_portable,
 };
@@ -178,6 +183,19 @@ ORION_AVX2 void tanh_avx2(const float* src, float* dst, size_t n) {
         _mm256_storeu_ps(dst + i, _mm256_or_ps(t, _mm256_and_ps(x, sign_bit)));  // NaN stays NaN via big
     }
     for (; i < n; ++i) dst[i] = std::tanh(src[i]);
+}
+
+// 1 / (1 + e^-x) with exp8 (its clamp to [-88, 88] gives 1 above 88 and below -88 a value under 1e-38,
+// both as in fp32); a NaN stays NaN.
+ORION_AVX2 void sigmoid_avx2(const float* src, float* dst, size_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(src + i);
+        const __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+        _mm256_storeu_ps(dst + i, _mm256_blendv_ps(s, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+    }
+    sigmoid_portable(src + i, dst + i, n - i);
 }
 
 ORION_AVX2 float hmax(__m256 v) {
@@ -257,7 +275,7 @@ ORION_AVX2 void score_row_softmax_avx2(float* row, const float* mask, int64_t n,
 
 constexpr Kernels kAvx2 = {
     "avx2+f16c+fma",    6,                         round_fp16_avx2,           half_to_float_avx2,
-    float_to_half_avx2, tanh_avx2,    softmax_avx2, score_row_softmax_avx2, conv_tile_avx2<uint16_t>, conv_tile_avx2<float>,
+    float_to_half_avx2, tanh_avx2, sigmoid_avx2, softmax_avx2, score_row_softmax_avx2, conv_tile_avx2<uint16_t>, conv_tile_avx2<float>,
     conv_tile_i8_avx2, dequant_i8_avx2, nullptr, conv_tile_q_avx2, widen_q_avx2,
 };
 
@@ -326,7 +344,7 @@ ORION_AVX512 void conv_pair_tile_avx512(const float* w, const float* x, int64_t 
 
 constexpr Kernels kAvx512 = {
     "avx512f+f16c+fma", kConvMaxLanes,             round_fp16_avx2,
-    half_to_float_avx2, float_to_half_avx2,        tanh_avx2,      softmax_avx2, score_row_softmax_avx2,
+    half_to_float_avx2, float_to_half_avx2,        tanh_avx2, sigmoid_avx2, softmax_avx2, score_row_softmax_avx2,
     conv_tile_avx512<uint16_t>, conv_tile_avx512<float>, conv_tile_i8_avx512, dequant_i8_avx2, conv_pair_tile_avx512,
     conv_tile_q_avx512, widen_q_avx512,
 };
@@ -567,6 +585,7 @@ void round_fp16(float* data, size_t n) {
 void half_to_float(const uint16_t* src, float* dst, size_t n) { active().half_to_float(src, dst, n); }
 
 void tanh(const float* src, float* dst, size_t n) { active().tanh(src, dst, n); }
+void sigmoid(const float* src, float* dst, size_t n) { active().sigmoid(src, dst, n); }
 
 void softmax(const float* src, float* dst, int64_t n) { active().softmax(src, dst, n); }
 

@@ -21,6 +21,8 @@ void float_to_half(const float* src, uint16_t* dst, size_t n);
 
 // dst[i] = tanh(src[i]) in fp32, within a few float ulps (far below fp16 rounding); src may be dst.
 void tanh(const float* src, float* dst, size_t n);
+// dst[i] = 1 / (1 + e^-src[i]) in fp32, within a few float ulps; src may be dst.
+void sigmoid(const float* src, float* dst, size_t n);
 
 // dst[i] = e^(src[i] - m) / sum_j e^(src[j] - m), m = max_j src[j], in fp32 for i < n (within a
 // few float ulps); src may be dst.

@@ -217,7 +217,7 @@ std::vector<OpEntry> elementwise_ops() {
         {"real_div", [](OpContext& c) { return binary(c, [](float a, float b) { return a / b; }); }},
         {"pow", [](OpContext& c) { return binary(c, [](float a, float b) { return std::pow(a, b); }); }},
         {"tanh", [](OpContext& c) { return unary_rows(c, kernels::tanh); }},  // the vectorised kernel
-        {"sigmoid", [](OpContext& c) { return unary(c, sigmoid); }},
+        {"sigmoid", [](OpContext& c) { return unary_rows(c, kernels::sigmoid); }},  // the vectorised kernel
         {"exp", [](OpContext& c) { return unary(c, [](float v) { return std::exp(v); }); }},
         {"relu", [](OpContext& c) { return unary(c, [](float v) { return v > 0.0f ? v : 0.0f; }); }},
         {"identity", [](OpContext& c) { return unary(c, [](float v) { return v; }); }},

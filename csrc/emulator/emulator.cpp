@@ -758,15 +758,15 @@ private:
         return std::nullopt;
     }
 
-    // Runs of two or more consecutive binary elementwise steps of one float output shape (none of
-    // them in an attention chain), by each of their steps.
+    // Runs of two or more consecutive elementwise steps (binary, or sigmoid) of one float output shape
+    // (none of them in an attention chain), by each of their steps.
     std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>> find_elementwise_runs(
         const std::map<const ProgramModel::Step*, AttentionChain>& chains) const {
         auto fusable = [&](const ProgramModel::Step& step) {
             ElementwiseRun::Fn fn;
             const mil::Type& t = step.op->type;
             if (chains.count(&step) || !elementwise_fn(step.op->op, &fn) || !t.is_tensor || !mil::is_float(t.dtype) ||
-                t.shape.empty() || t.element_count() == 0 || step.arg_ids.size() != 2)
+                t.shape.empty() || t.element_count() == 0 || step.arg_ids.size() != (fn == ElementwiseRun::Fn::sigmoid ? 1u : 2u))
                 return false;
             for (int id : step.arg_ids)
                 if (id < 0 || !operand_kind(id, t.shape)) return false;
@@ -812,7 +812,12 @@ private:
             elementwise_fn(step->op->op, &s.fn);
             s.round = step->op->type.dtype == mil::DType::fp16;
             OpContext ctx(*step->op, step->typed, values(), step->arg_ids, step->tuple_ids, step->out, false);
+            const bool unary = step->arg_ids.size() == 1;
             for (const char* name : {"x", "y"}) {
+                if (unary && name[0] == 'y') {
+                    s.y = s.x;
+                    break;
+                }
                 ElementwiseRun::Operand& o = name[0] == 'x' ? s.x : s.y;
                 const int id = step->arg_ids[name[0] == 'x' ? 0 : 1];
                 o.kind = *operand_kind(id, shape);

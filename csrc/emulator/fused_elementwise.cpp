@@ -32,6 +32,7 @@ bool elementwise_fn(const std::string& op, ElementwiseRun::Fn* fn) {
     if (op == "mul") return *fn = Fn::mul, true;
     if (op == "real_div") return *fn = Fn::div, true;
     if (op == "pow") return *fn = Fn::pow, true;
+    if (op == "sigmoid") return *fn = Fn::sigmoid, true;
     return false;
 }
 
@@ -111,6 +112,9 @@ void run_elementwise(const ElementwiseRun& run, Frame& frame, const std::vector<
                         case Fn::mul: apply(a, sa, b, sb, cr, m, [](float u, float v) { return u * v; }); break;
                         case Fn::div: apply(a, sa, b, sb, cr, m, [](float u, float v) { return u / v; }); break;
                         case Fn::pow: apply(a, sa, b, sb, cr, m, [](float u, float v) { return std::pow(u, v); }); break;
+                        case Fn::sigmoid:  // x is the step's shape: a whole row or block
+                            kernels::sigmoid(a, cr, static_cast<size_t>(m));
+                            break;
                     }
                 }
                 if (step.round && partial)

@@ -1,4 +1,4 @@
-// A run of binary elementwise ops (add, sub, mul, real_div, pow) of one output shape, computed row by
+// A run of elementwise ops (add, sub, mul, real_div, pow, and the unary sigmoid: SiLU and SwiGLU) of one output shape, computed row by
 // row in one pass over memory: each row of every op's result is computed while the rows it reads are
 // still in cache, and results nothing outside the run reads are never stored in the frame.
 //
@@ -16,7 +16,7 @@
 namespace orion::emu {
 
 struct ElementwiseRun {
-    enum class Fn { add, sub, mul, div, pow };
+    enum class Fn { add, sub, mul, div, pow, sigmoid };  // sigmoid: unary, its y is its x
     enum class Kind { full, lanes, per_row, scalar };
     struct Operand {
         Kind kind = Kind::full;
@@ -36,7 +36,7 @@ struct ElementwiseRun {
     bool flat = false;
 };
 
-// The Fn of a MIL op name, or false when the op is not a fusable binary op.
+// The Fn of a MIL op name, or false when the op is not a fusable elementwise op.
 bool elementwise_fn(const std::string& op, ElementwiseRun::Fn* fn);
 
 // Each step's live lanes by the binary ops' rule: the narrowest live prefix among its operands that span the

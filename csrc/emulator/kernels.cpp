@@ -186,7 +186,8 @@ ORION_AVX2 void tanh_avx2(const float* src, float* dst, size_t n) {
 }
 
 // 1 / (1 + e^-x) with exp8 (its clamp to [-88, 88] gives 1 above 88 and below -88 a value under 1e-38,
-// both as in fp32); a NaN stays NaN.
+// both as in fp32); a NaN stays NaN. Every element by the vector code, so a fused run's rows and the op's
+// flat pass agree bit for bit.
 ORION_AVX2 void sigmoid_avx2(const float* src, float* dst, size_t n) {
     const __m256 one = _mm256_set1_ps(1.0f);
     size_t i = 0;
@@ -195,7 +196,12 @@ ORION_AVX2 void sigmoid_avx2(const float* src, float* dst, size_t n) {
         const __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
         _mm256_storeu_ps(dst + i, _mm256_blendv_ps(s, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
     }
-    sigmoid_portable(src + i, dst + i, n - i);
+    if (i < n) {  // the tail by the same vector code: each value's result does not depend on where it sits
+        float tail[8] = {};
+        std::copy(src + i, src + n, tail);
+        sigmoid_avx2(tail, tail, 8);
+        std::copy(tail, tail + (n - i), dst + i);
+    }
 }
 
 ORION_AVX2 float hmax(__m256 v) {

@@ -1,5 +1,5 @@
 """The emulator's fused elementwise runs (csrc/emulator/fused_elementwise.h): consecutive binary ops (and
-sigmoids) of one shape computed row by row in one pass, results nothing else reads never stored.
+sigmoids and tanhs) of one shape computed row by row in one pass, results nothing else reads never stored.
 
 The run must compute exactly what its ops compute one by one. The unfused twin is the same MIL with an
 ``identity`` after every fusable op (identity ends a run, and copies its input exactly); both are compared
@@ -18,7 +18,7 @@ from orion.graph import Graph
 from orion.runtime import profile
 
 FUSED = "elementwise (fused)"
-BINARY = re.compile(r"^(\s*)(tensor<[^>]*>) (\w+) = (add|sub|mul|real_div|pow|sigmoid)\((.*)$")
+BINARY = re.compile(r"^(\s*)(tensor<[^>]*>) (\w+) = (add|sub|mul|real_div|pow|sigmoid|tanh)\((.*)$")
 
 
 def unfused_twin(mil: str) -> str:
@@ -37,7 +37,7 @@ def unfused_twin(mil: str) -> str:
 
 
 def layer(c: int, s: int, seed: int = 0) -> tuple[Graph, dict[str, np.ndarray]]:
-    """LayerNorm -> GELU (tanh form: its two binary runs around the tanh) -> residual add, with a runtime
+    """LayerNorm -> GELU (tanh form: one run with the binary ops around the tanh) -> residual add, with a runtime
     per-channel scale ([1, C, 1, 1], one value per row) and a per-lane bias ([1, 1, 1, S], shared by rows)."""
     rng = np.random.default_rng(seed)
     g = Graph("ew")
@@ -75,34 +75,37 @@ def test_fused_runs_are_the_ops_bit_for_bit_and_match_float64(profiling, c, s) -
     y, y_twin = fused(**inputs)["y"], twin(**inputs)["y"]
     np.testing.assert_array_equal(y.view(np.uint16), y_twin.view(np.uint16))
     rows = profile.snapshot()
-    assert sum(r.calls for r in rows if r.op == FUSED) >= 3  # LayerNorm's, and the two around the tanh
-    assert len({r.program for r in rows if r.op == FUSED}) == 1  # the twin has none
+    assert sum(r.calls for r in rows if r.op == FUSED) >= 3  # LayerNorm's, and GELU's through its tanh
+    (program,) = {r.program for r in rows if r.op == FUSED}  # the twin has none
+    assert not [r for r in rows if r.op == "tanh" and r.program == program]
     want = reference(xs)
     np.testing.assert_allclose(y.astype(np.float64), want, atol=3e-2 * np.abs(want).max())  # fp16 per op
 
 
+@pytest.mark.parametrize("act", ["sigmoid", "tanh"])
 @pytest.mark.parametrize("c, s", [(96, 256), (4864, 32), (64, 64)])
-def test_swiglu_is_one_fused_run_bit_for_bit(profiling, c, s) -> None:
-    """gate * sigmoid(gate) * up (SiLU and SwiGLU, as the Llama family's MLP lowers): the sigmoid joins the run,
-    so its result and the SiLU's are never stored; the run is its ops bit for bit and float64's within fp16."""
+def test_gated_activations_are_one_fused_run_bit_for_bit(profiling, act, c, s) -> None:
+    """gate * act(gate) * up (sigmoid: SiLU and SwiGLU, as the Llama family's MLP lowers; tanh: as in GELU's tanh
+    form): the unary op joins the run, so neither its result nor the product's is stored; the run is its ops bit
+    for bit and float64's within fp16."""
     rng = np.random.default_rng(c + s)
-    g = Graph("swiglu")
+    g = Graph("gated")
     gate, up = g.input("gate", [1, c, 1, s]), g.input("up", [1, c, 1, s])
-    g.output(g.mul(g.mul(gate, g.sigmoid(gate)), up), "y")
+    g.output(g.mul(g.mul(gate, getattr(g, act)(gate)), up), "y")
     xs = {"gate": (rng.standard_normal((1, c, 1, s)) * 4).astype(np.float16),
           "up": rng.standard_normal((1, c, 1, s)).astype(np.float16)}
     lowered = lower_graph(g)
-    assert "sigmoid(" in lowered.mil
+    assert f"{act}(" in lowered.mil
     fused = CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights))
     twin = CompiledGraph(lowered, orion.compile(unfused_twin(lowered.mil), lowered.weights, profile="permissive"))
     y, y_twin = fused(**xs)["y"], twin(**xs)["y"]
     np.testing.assert_array_equal(y.view(np.uint16), y_twin.view(np.uint16))
     rows = profile.snapshot()
     (program,) = {r.program for r in rows if r.op == FUSED}  # the twin has none
-    assert not [r for r in rows if r.op in ("sigmoid", "mul") and r.program == program], rows
+    assert not [r for r in rows if r.op in (act, "mul") and r.program == program], rows
     gate64, up64 = xs["gate"].astype(np.float64), xs["up"].astype(np.float64)
-    want = gate64 / (1 + np.exp(-gate64)) * up64
-    np.testing.assert_allclose(y.astype(np.float64), want, rtol=3e-3, atol=1e-3)  # three fp16 roundings
+    activation = 1 / (1 + np.exp(-gate64)) if act == "sigmoid" else np.tanh(gate64)
+    np.testing.assert_allclose(y.astype(np.float64), gate64 * activation * up64, rtol=3e-3, atol=1e-3)  # 3 roundings
 
 
 def test_partially_live_operands_take_the_unfused_path() -> None:

@@ -758,7 +758,7 @@ private:
         return std::nullopt;
     }
 
-    // Runs of two or more consecutive elementwise steps (binary, or sigmoid) of one float output shape
+    // Runs of two or more consecutive elementwise steps (binary, sigmoid or tanh) of one float output shape
     // (none of them in an attention chain), by each of their steps.
     std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>> find_elementwise_runs(
         const std::map<const ProgramModel::Step*, AttentionChain>& chains) const {
@@ -766,7 +766,7 @@ private:
             ElementwiseRun::Fn fn;
             const mil::Type& t = step.op->type;
             if (chains.count(&step) || !elementwise_fn(step.op->op, &fn) || !t.is_tensor || !mil::is_float(t.dtype) ||
-                t.shape.empty() || t.element_count() == 0 || step.arg_ids.size() != (fn == ElementwiseRun::Fn::sigmoid ? 1u : 2u))
+                t.shape.empty() || t.element_count() == 0 || step.arg_ids.size() != (is_unary(fn) ? 1u : 2u))
                 return false;
             for (int id : step.arg_ids)
                 if (id < 0 || !operand_kind(id, t.shape)) return false;

@@ -33,6 +33,7 @@ bool elementwise_fn(const std::string& op, ElementwiseRun::Fn* fn) {
     if (op == "real_div") return *fn = Fn::div, true;
     if (op == "pow") return *fn = Fn::pow, true;
     if (op == "sigmoid") return *fn = Fn::sigmoid, true;
+    if (op == "tanh") return *fn = Fn::tanh, true;
     return false;
 }
 
@@ -115,6 +116,7 @@ void run_elementwise(const ElementwiseRun& run, Frame& frame, const std::vector<
                         case Fn::sigmoid:  // x is the step's shape: a whole row or block
                             kernels::sigmoid(a, cr, static_cast<size_t>(m));
                             break;
+                        case Fn::tanh: kernels::tanh(a, cr, static_cast<size_t>(m)); break;
                     }
                 }
                 if (step.round && partial)

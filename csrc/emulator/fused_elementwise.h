@@ -1,4 +1,5 @@
-// A run of elementwise ops (add, sub, mul, real_div, pow, and the unary sigmoid: SiLU and SwiGLU) of one output shape, computed row by
+// A run of elementwise ops (add, sub, mul, real_div, pow, and the unary sigmoid and tanh: SiLU, SwiGLU, GELU's
+// tanh form) of one output shape, computed row by
 // row in one pass over memory: each row of every op's result is computed while the rows it reads are
 // still in cache, and results nothing outside the run reads are never stored in the frame.
 //
@@ -16,7 +17,7 @@
 namespace orion::emu {
 
 struct ElementwiseRun {
-    enum class Fn { add, sub, mul, div, pow, sigmoid };  // sigmoid: unary, its y is its x
+    enum class Fn { add, sub, mul, div, pow, sigmoid, tanh };  // sigmoid, tanh: unary, their y is their x
     enum class Kind { full, lanes, per_row, scalar };
     struct Operand {
         Kind kind = Kind::full;
@@ -38,6 +39,8 @@ struct ElementwiseRun {
 
 // The Fn of a MIL op name, or false when the op is not a fusable elementwise op.
 bool elementwise_fn(const std::string& op, ElementwiseRun::Fn* fn);
+// Whether `fn` takes one operand.
+inline bool is_unary(ElementwiseRun::Fn fn) { return fn == ElementwiseRun::Fn::sigmoid || fn == ElementwiseRun::Fn::tanh; }
 
 // Each step's live lanes by the binary ops' rule: the narrowest live prefix among its operands that span the
 // lanes (an earlier step's result carries that step's), the row width when all are whole.

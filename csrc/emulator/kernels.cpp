@@ -168,7 +168,8 @@ ORION_AVX2 inline __m256 exp8(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
 }
 
-// tanh(a) = 1 - 2 / (e^(2a) + 1) for a = |x| >= 1/16; an odd series below, where that form cancels.
+// tanh(a) = 1 - 2 / (e^(2a) + 1) for a = |x| >= 1/16; an odd series below, where that form cancels. Every
+// element by the vector code (see sigmoid_avx2); a NaN stays NaN.
 ORION_AVX2 void tanh_avx2(const float* src, float* dst, size_t n) {
     const __m256 sign_bit = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f), two = _mm256_set1_ps(2.0f);
     size_t i = 0;
@@ -180,9 +181,15 @@ ORION_AVX2 void tanh_avx2(const float* src, float* dst, size_t n) {
         const __m256 series = _mm256_mul_ps(
             a, _mm256_fmadd_ps(a2, _mm256_fmadd_ps(a2, _mm256_set1_ps(2.0f / 15.0f), _mm256_set1_ps(-1.0f / 3.0f)), one));
         const __m256 t = _mm256_blendv_ps(big, series, _mm256_cmp_ps(a, _mm256_set1_ps(0.0625f), _CMP_LT_OQ));
-        _mm256_storeu_ps(dst + i, _mm256_or_ps(t, _mm256_and_ps(x, sign_bit)));  // NaN stays NaN via big
+        const __m256 signed_t = _mm256_or_ps(t, _mm256_and_ps(x, sign_bit));
+        _mm256_storeu_ps(dst + i, _mm256_blendv_ps(signed_t, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q)));  // NaN stays NaN
     }
-    for (; i < n; ++i) dst[i] = std::tanh(src[i]);
+    if (i < n) {  // the tail by the same vector code: each value's result does not depend on where it sits
+        float tail[8] = {};
+        std::copy(src + i, src + n, tail);
+        tanh_avx2(tail, tail, 8);
+        std::copy(tail, tail + (n - i), dst + i);
+    }
 }
 
 // 1 / (1 + e^-x) with exp8 (its clamp to [-88, 88] gives 1 above 88 and below -88 a value under 1e-38,

@@ -812,9 +812,8 @@ private:
             elementwise_fn(step->op->op, &s.fn);
             s.round = step->op->type.dtype == mil::DType::fp16;
             OpContext ctx(*step->op, step->typed, values(), step->arg_ids, step->tuple_ids, step->out, false);
-            const bool unary = step->arg_ids.size() == 1;
             for (const char* name : {"x", "y"}) {
-                if (unary && name[0] == 'y') {
+                if (is_unary(s.fn) && name[0] == 'y') {
                     s.y = s.x;
                     break;
                 }

@@ -113,9 +113,8 @@ void run_elementwise(const ElementwiseRun& run, Frame& frame, const std::vector<
                         case Fn::mul: apply(a, sa, b, sb, cr, m, [](float u, float v) { return u * v; }); break;
                         case Fn::div: apply(a, sa, b, sb, cr, m, [](float u, float v) { return u / v; }); break;
                         case Fn::pow: apply(a, sa, b, sb, cr, m, [](float u, float v) { return std::pow(u, v); }); break;
-                        case Fn::sigmoid:  // x is the step's shape: a whole row or block
-                            kernels::sigmoid(a, cr, static_cast<size_t>(m));
-                            break;
+                        // unary: x has the step's shape, so `a` is a whole row or block
+                        case Fn::sigmoid: kernels::sigmoid(a, cr, static_cast<size_t>(m)); break;
                         case Fn::tanh: kernels::tanh(a, cr, static_cast<size_t>(m)); break;
                     }
                 }

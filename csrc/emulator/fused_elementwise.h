@@ -1,7 +1,7 @@
-// A run of elementwise ops (add, sub, mul, real_div, pow, and the unary sigmoid and tanh: SiLU, SwiGLU, GELU's
-// tanh form) of one output shape, computed row by
-// row in one pass over memory: each row of every op's result is computed while the rows it reads are
-// still in cache, and results nothing outside the run reads are never stored in the frame.
+// A run of elementwise ops (add, sub, mul, real_div, pow, and the unary sigmoid and tanh: SiLU, SwiGLU,
+// GELU's tanh form) of one output shape, computed row by row in one pass over memory: each row of every
+// op's result is computed while the rows it reads are still in cache, and results nothing outside the run
+// reads are never stored in the frame.
 //
 // Each element is computed exactly as the op's own kernel computes it (the same fp32 operation, then
 // the same rounding to the op's dtype), so the run's results are the ops' bit for bit. Operands are

@@ -18,14 +18,14 @@ from orion.graph import Graph
 from orion.runtime import profile
 
 FUSED = "elementwise (fused)"
-BINARY = re.compile(r"^(\s*)(tensor<[^>]*>) (\w+) = (add|sub|mul|real_div|pow|sigmoid|tanh)\((.*)$")
+FUSABLE = re.compile(r"^(\s*)(tensor<[^>]*>) (\w+) = (add|sub|mul|real_div|pow|sigmoid|tanh)\((.*)$")
 
 
 def unfused_twin(mil: str) -> str:
     """Each fusable op's result renamed and passed through an identity under its old name."""
     lines = []
     for line in mil.splitlines():
-        m = BINARY.match(line)
+        m = FUSABLE.match(line)
         if not m:
             lines.append(line)
             continue

@@ -95,7 +95,7 @@ def test_unary(name, fn, extra, profile) -> None:
 
 @pytest.mark.parametrize("name,fn", [("sigmoid", lambda v: 1.0 / (1.0 + np.exp(-v))), ("tanh", np.tanh)])
 def test_vectorised_unary_over_every_fp16_value(name, fn) -> None:
-    """The vectorised kernels (e^x by a series, clamped to [-88, 88]) over all 63,488 finite fp16 values, the
+    """The vectorised kernels (e^x by a series, clamped to [-88, 88]) over all 63,488 finite fp16 values and the
     infinities: each result is float64's rounded to fp16, or one fp16 ulp from it where float64's lies within a few
     fp32 ulps of a rounding boundary; the infinities give the limits. (Inputs holding a NaN are refused.)"""
     bits = np.arange(1 << 16, dtype=np.uint16)

@@ -812,21 +812,18 @@ private:
             elementwise_fn(step->op->op, &s.fn);
             s.round = step->op->type.dtype == mil::DType::fp16;
             OpContext ctx(*step->op, step->typed, values(), step->arg_ids, step->tuple_ids, step->out, false);
-            for (const char* name : {"x", "y"}) {
-                if (is_unary(s.fn) && name[0] == 'y') {
-                    s.y = s.x;
-                    break;
-                }
-                ElementwiseRun::Operand& o = name[0] == 'x' ? s.x : s.y;
-                const int id = step->arg_ids[name[0] == 'x' ? 0 : 1];
+            for (size_t a = 0; a < step->arg_ids.size(); ++a) {  // x, and y unless unary
+                ElementwiseRun::Operand& o = a == 0 ? s.x : s.y;
+                const int id = step->arg_ids[a];
                 o.kind = *operand_kind(id, shape);
                 if (const auto found = step_of.find(id); found != step_of.end()) {
                     o.step = found->second;
                 } else {
-                    o.slot = ctx.slot(name);
+                    o.slot = ctx.slot(a == 0 ? "x" : "y");
                     reads.push_back(o.slot);
                 }
             }
+            if (is_unary(s.fn)) s.y = s.x;
             int inside = 0;  // readers of this step's result within the run
             for (const ProgramModel::Step* later : steps)
                 for (int id : later->arg_ids) inside += id == step->out;

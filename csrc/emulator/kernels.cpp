@@ -168,6 +168,16 @@ ORION_AVX2 inline __m256 exp8(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
 }
 
+// Values i..n-1 (fewer than 8) through `kernel` as one zero-padded group of 8: the tail takes the vector code
+// too, so a value's result does not depend on where it sits.
+inline void padded_tail(void (*kernel)(const float*, float*, size_t), const float* src, float* dst, size_t i, size_t n) {
+    if (i == n) return;
+    float tail[8] = {};
+    std::copy(src + i, src + n, tail);
+    kernel(tail, tail, 8);
+    std::copy(tail, tail + (n - i), dst + i);
+}
+
 // tanh(a) = 1 - 2 / (e^(2a) + 1) for a = |x| >= 1/16; an odd series below, where that form cancels. Every
 // element by the vector code (see sigmoid_avx2); a NaN stays NaN.
 ORION_AVX2 void tanh_avx2(const float* src, float* dst, size_t n) {
@@ -184,12 +194,7 @@ ORION_AVX2 void tanh_avx2(const float* src, float* dst, size_t n) {
         const __m256 signed_t = _mm256_or_ps(t, _mm256_and_ps(x, sign_bit));
         _mm256_storeu_ps(dst + i, _mm256_blendv_ps(signed_t, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q)));  // NaN stays NaN
     }
-    if (i < n) {  // the tail by the same vector code: each value's result does not depend on where it sits
-        float tail[8] = {};
-        std::copy(src + i, src + n, tail);
-        tanh_avx2(tail, tail, 8);
-        std::copy(tail, tail + (n - i), dst + i);
-    }
+    padded_tail(tanh_avx2, src, dst, i, n);
 }
 
 // 1 / (1 + e^-x) with exp8 (its clamp to [-88, 88] gives 1 above 88 and below -88 a value under 1e-38,
@@ -203,12 +208,7 @@ ORION_AVX2 void sigmoid_avx2(const float* src, float* dst, size_t n) {
         const __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
         _mm256_storeu_ps(dst + i, _mm256_blendv_ps(s, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
     }
-    if (i < n) {  // the tail by the same vector code: each value's result does not depend on where it sits
-        float tail[8] = {};
-        std::copy(src + i, src + n, tail);
-        sigmoid_avx2(tail, tail, 8);
-        std::copy(tail, tail + (n - i), dst + i);
-    }
+    padded_tail(sigmoid_avx2, src, dst, i, n);
 }
 
 ORION_AVX2 float hmax(__m256 v) {

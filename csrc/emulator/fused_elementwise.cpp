@@ -70,8 +70,8 @@ void run_elementwise(const ElementwiseRun& run, Frame& frame, const std::vector<
     const int64_t blocks = (rows_total + R - 1) / R;
     const size_t n_steps = run.steps.size();
     kernels::parallel_for(blocks, std::max<int64_t>(1, kRowGrain / (W * R)), [&](int64_t begin, int64_t end) {
-        thread_local std::vector<float> scratch;
-        scratch.resize(n_steps * static_cast<size_t>(R * W));
+        thread_local std::vector<float> scratch;  // grown, never shrunk: a regrowth would zero it
+        if (const size_t need = n_steps * static_cast<size_t>(R * W); scratch.size() < need) scratch.resize(need);
         std::vector<float*> results(n_steps);  // each step's block
         for (int64_t block = begin; block < end; ++block) {
             const int64_t r0 = block * R, r1 = std::min(rows_total, r0 + R);

@@ -105,10 +105,13 @@ BuiltOp build_reduce(OpContext& ctx, Reduce kind) {
                 const int64_t lanes = in.partial() ? in.lanes : g.width;
                 float* acc = t.data.data();
                 // Rows in order, each element in order: the same sums as element by element.
-                if (g.width == 1 && lanes == 1 && t.data.size() == 1 && kind != Reduce::max) {
-                    // One element per row, one sum (a [1, C, 1, 1] over C): the same order, in a register.
+                if (g.width == 1 && lanes == 1 && t.data.size() == 1) {
+                    // One element per row, one result (a [1, C, 1, 1] over C): the same order, in a register.
                     float v = acc[0];
-                    for (int64_t row = 0; row < g.rows; ++row) v += a[row];
+                    if (kind == Reduce::max)
+                        for (int64_t row = 0; row < g.rows; ++row) v = std::max(v, a[row]);
+                    else
+                        for (int64_t row = 0; row < g.rows; ++row) v += a[row];
                     acc[0] = v;
                 } else {
                     const int64_t live_rows = keeps_lead && lead < tx.shape[0] ? lead * (g.rows / tx.shape[0]) : g.rows;

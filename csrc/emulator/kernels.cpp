@@ -412,7 +412,7 @@ float* scratch(std::vector<float>& buffer, size_t n) {
 // Whether conv_panels converts the weights to fp32 once per slice for `lanes` lanes (enough tiles
 // reuse them), which is also when two panels can share one job (Kernels::conv_pair_tile_f32).
 bool converts_weights(const Kernels& k, int64_t cin, int64_t lanes) {
-    return cin > 0 && ceil_div(lanes, k.conv_lanes) >= kConvConvertBlocks;
+    return cin > 0 && lanes > (kConvConvertBlocks - 1) * k.conv_lanes;  // ceil(lanes / conv_lanes) >= blocks, undivided
 }
 
 // A panel's weights in the flavour's tile, and widened to fp32: fp16 ones, or int8 ones times their
@@ -468,8 +468,10 @@ struct PanelScales {
 struct LaneTiling {
     int64_t lanes;
     int tiles;
-    LaneTiling(const Kernels& k, int64_t n) : lanes(n), tiles(static_cast<int>(ceil_div(n, k.conv_lanes))) {}
-    int64_t tile_start(int t) const { return t * lanes / tiles; }
+    // One tile (decode's few lanes) without a division: a 64-bit one costs tens of cycles, per panel.
+    LaneTiling(const Kernels& k, int64_t n)
+        : lanes(n), tiles(n <= k.conv_lanes ? 1 : static_cast<int>(ceil_div(n, k.conv_lanes))) {}
+    int64_t tile_start(int t) const { return tiles == 1 ? t * lanes : t * lanes / tiles; }
     int tile_width(int t) const { return static_cast<int>(tile_start(t + 1) - tile_start(t)); }
 };
 
@@ -803,8 +805,10 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
     parallel_for(ceil_div(panels, per_job) * chunks, std::max<int64_t>(1, kParallelWork / std::max<int64_t>(job_work, 1)),
                  [&](int64_t begin, int64_t end) {
                      for (int64_t job = begin; job < end; ++job) {
-                         const int64_t p = job / chunks * per_job, c = job % chunks, o0 = p * kConvPanel;
-                         const int64_t s0 = chunk_start(c), n = chunk_start(c + 1) - s0;
+                         // One lane chunk (decode, short prompts): no divisions per job.
+                         const int64_t p = (chunks == 1 ? job : job / chunks) * per_job, c = chunks == 1 ? 0 : job % chunks;
+                         const int64_t o0 = p * kConvPanel;
+                         const int64_t s0 = chunks == 1 ? 0 : chunk_start(c), n = chunks == 1 ? lanes : chunk_start(c + 1) - s0;
                          const int64_t count = std::min(per_job, panels - p);
                          float* job_out = out + o0 * S + s0;
                          if constexpr (low_bit) {

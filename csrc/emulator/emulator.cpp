@@ -633,6 +633,7 @@ private:
             return is_const(x) ? y : x;
         };
         std::map<const ProgramModel::Step*, AttentionChain> chains;
+        std::map<std::pair<int, int64_t>, bool> causal;  // (mask, S) checked: is_causal_mask reads S * S values
         for (const auto& context : model_.steps_) {
             if (context.op->op != "matmul") continue;
             const auto& cd = std::get<frontend::MatmulDims>(context.typed.attrs);
@@ -658,7 +659,9 @@ private:
             if (!sd.transpose_x || sd.transpose_y || sd.x_batch != sd.batch || sd.y_batch != sd.batch ||
                 sd.batch != cd.batch || sd.M != S || cd.K != S || cd.N != S || !causal_attention_applies(S, cd.M))
                 continue;
-            if (!is_causal_mask(vals[static_cast<size_t>(chain.mask)], S)) continue;
+            const auto known = causal.try_emplace({chain.mask, S}, false);  // each head group reads one mask
+            if (known.second) known.first->second = is_causal_mask(vals[static_cast<size_t>(chain.mask)], S);
+            if (!known.first->second) continue;
             chain.steps = {scores};
             if (scaled) chain.steps.push_back(scaled);
             chain.steps.insert(chain.steps.end(), {masked, probs, &context});

@@ -14,7 +14,7 @@ import pytest
 import orion
 from orion.graph import Graph
 from orion.ops import causal_mask, graph_causal_mask
-from orion.ops.reduction import GENERATED_MASK_LIMIT
+from orion.ops.reduction import GENERATED_MASK_LIMIT, MASK_VALUE, generated_causal_mask
 from orion.runtime import profile
 
 
@@ -91,3 +91,37 @@ def test_a_prefill_attention_with_a_generated_mask_is_still_fused(profiling) -> 
     rng = np.random.default_rng(1)
     orion.compile_graph(g)(**{n: rng.standard_normal((1, 128, 1, 128)).astype(np.float16) for n in "qkv"})
     assert any(r.op == "attention (causal, fused)" for r in profile.snapshot())
+
+
+@pytest.mark.parametrize("perturbed", [False, True])
+def test_a_folded_value_is_shared_only_with_its_exact_derivation(perturbed) -> None:
+    """While a live program holds a folded mask (its fused attention's), a later program folding the same ops
+    on the same bytes takes those values instead of computing them, and one whose position table differs in
+    a single value computes its own: each gets its own tables' mask exactly (float64 reference)."""
+    seq = 128
+    holder_graph = Graph("attn")
+    q, k, v = (holder_graph.input(n, [1, 128, 1, seq]) for n in "qkv")
+    holder_graph.output(holder_graph.attention(q, k, v, 2, causal=True, name="core"), "y")
+    holder = orion.compile_graph(holder_graph)  # holds its folded [S, S] mask while alive
+    assert "mask_offset = matmul" in holder.lowered.mil
+
+    g = Graph(f"masked_{perturbed}")
+    x = g.input("x", [1, seq, 1, seq])
+    tables = {}
+
+    def const(name: str, value):
+        value = np.asarray(value, np.float64).copy()
+        if perturbed and name == "mask_rows":
+            value[0, 0, 5, 0] += 1.0  # row 5 sees one key more
+        tables[name] = value
+        return g.const(name, value)
+
+    mask = generated_causal_mask(const, lambda op, xs, attrs, name: g.apply(op, xs, attrs, name=name), seq)
+    g.output(g.reshape(g.add(g.reshape(x, [1, 1, seq, seq], name="rows"), mask, name="masked"), [1, seq, 1, seq],
+                       name="y"), "y")
+    got = orion.compile_graph(g)(x=np.zeros((1, seq, 1, seq), np.float16))["y"].reshape(seq, seq)
+    offset = tables["mask_rows"][0, 0] @ tables["mask_cols"][0, 0]
+    want = np.maximum(1.0 - np.maximum(offset, 0.0), 0.0) * MASK_VALUE
+    np.testing.assert_array_equal(got.astype(np.float64), want)
+    assert perturbed == (not np.array_equal(want, causal_mask(seq).reshape(seq, seq)))
+    del holder

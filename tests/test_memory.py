@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -79,6 +80,7 @@ class CountingSha256:
 def test_a_warm_start_hashes_no_weights(checkpoint, monkeypatch) -> None:
     """With the programs cached, loading the model and its first prompt hash only names and MIL text:
     the checkpoint's digest is memoized under its identity and each program's comes from its manifest."""
+    time.sleep(program_cache.RACY_NS / 1e9)  # a file changed within a clock tick is hashed every time
     GPT2.from_pretrained(checkpoint, progress=False).prefill(IDS)  # cold: hashes, lowers, stores
     monkeypatch.setattr(program_cache, "_MEMO", {})  # as a new process: no in-memory memo, no programs
     monkeypatch.setattr(compiler, "_PROGRAMS", {})

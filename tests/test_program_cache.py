@@ -7,6 +7,8 @@ Reference: numpy float32 of the small linear + relu graph (tolerance 2e-2 relati
 from __future__ import annotations
 
 import gc
+import hashlib
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -394,3 +396,29 @@ def test_panels_are_evicted_with_their_blobs_and_cleared(tmp_path, monkeypatch) 
     assert (tmp_path / "blobs" / kept.name[:64]).is_file()
     clear(tmp_path)
     assert not (tmp_path / PANELS).exists()
+
+
+def test_a_file_changed_within_a_clock_tick_is_hashed_every_time(tmp_path, monkeypatch) -> None:
+    """A rewrite within one tick of the file system's clock can keep a file's size and times, so a memo keyed
+    by its identity could stand for the bytes before it: a file changed less than RACY_NS ago is hashed at
+    every call; an older one once."""
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "weights.bin"
+    path.write_bytes(b"a" * 4096)
+    st = path.stat()  # what a same-tick rewrite of the same size leaves, times included
+    computed = []
+
+    def digest() -> str:
+        computed.append(path.read_bytes())
+        return hashlib.sha256(computed[-1]).hexdigest()
+
+    valid = lambda text: len(text) == 64  # noqa: E731
+    first = program_cache._by_identity(path, "sha256", digest, valid, st=st)
+    path.write_bytes(b"b" * 4096)
+    assert program_cache._by_identity(path, "sha256", digest, valid, st=st) != first
+    aged = SimpleNamespace(st_dev=st.st_dev, st_ino=st.st_ino, st_size=st.st_size,
+                           st_mtime_ns=st.st_mtime_ns - 10 * program_cache.RACY_NS,
+                           st_ctime_ns=st.st_ctime_ns - 10 * program_cache.RACY_NS)
+    for _ in range(2):
+        assert program_cache._by_identity(path, "sha256", digest, valid, st=aged) == hashlib.sha256(b"b" * 4096).hexdigest()
+    assert len(computed) == 3

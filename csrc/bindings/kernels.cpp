@@ -17,6 +17,7 @@
 
 #include "bindings/bindings.h"
 #include "emulator/buffer_pool.h"
+#include "emulator/const_fold.h"
 #include "emulator/kernels.h"
 #include "emulator/shared_consts.h"
 
@@ -316,9 +317,14 @@ void bind_kernels(py::module_& m) {
         "panels), by shaped key '<weight key>/<cout>x<cin>': read-only views, what the program cache stores.");
     k.def("conv_panel_layout", &kern::conv1x1_panel_layout,
           "The packed fp16 conv panels' layout name: files of panels written under another are not read.");
-    k.def("shared_consts", &orion::emu::shared_floats_usage,
-          "(count, bytes) of the const tensors held once per process (causal masks of fused attention), "
-          "shared by every program that bakes them.");
+    k.def(
+        "shared_consts",
+        [] {
+            const auto stored = orion::emu::shared_floats_usage(), folded = orion::emu::folded_usage();
+            return std::make_pair(stored.first + folded.first, stored.second + folded.second);
+        },
+        "(count, bytes) of the const tensors held once per process (causal masks of fused attention, stored "
+        "or folded), shared by every program that bakes them.");
     k.def(
         "buffer_pool",
         [](bool reset_peak) {

@@ -1,6 +1,9 @@
 // Compile-time constant folding (see const_fold.h).
 #include "emulator/const_fold.h"
 
+#include <map>
+#include <mutex>
+
 namespace orion::emu {
 
 namespace {
@@ -18,11 +21,44 @@ std::vector<int> operand_ids(const std::vector<int>& arg_ids, const std::vector<
 // A const's values in the frame, as the evaluate materialises them (fp16 rounded, integers whole).
 void load_constant(const ValueInfo& v, Tensor& t) {
     t.dtype = v.type.dtype, t.shape = v.type.shape, t.lanes = t.last_dim();
-    if (v.blob)
-        t.data = blob_floats(v);
-    else
-        t.data.assign(v.constant->numbers.begin(), v.constant->numbers.end());
+    t.data = const_values(v);
     finish(t);
+}
+
+// Appends `field` length-prefixed, so that a concatenation of fields reads back one way only.
+void append_field(std::string& key, std::string_view field) {
+    key += std::to_string(field.size());
+    key += ':';
+    key += field;
+}
+
+// A stored or literal const's derivation: its kind, type and bytes (empty when over the size limit).
+std::string const_key(const ValueInfo& v) {
+    std::string key = v.blob ? "b" : "l";
+    append_field(key, v.type.str());
+    if (v.blob) {
+        if (v.blob->size() > kMaxKeyedConstBytes) return "";
+        append_field(key, *v.blob);
+        return key;
+    }
+    const std::vector<double>& numbers = v.constant->numbers;
+    if (numbers.size() * sizeof(double) + v.constant->text.size() > kMaxKeyedConstBytes) return "";
+    append_field(key, std::string_view(reinterpret_cast<const char*>(numbers.data()), numbers.size() * sizeof(double)));
+    append_field(key, v.constant->text);
+    return key;
+}
+
+// Derivations longer than this are not shared (an op reading one folded value twice doubles its key).
+constexpr size_t kMaxKeyBytes = size_t{1} << 20;
+
+struct Folded {
+    std::mutex mutex;
+    std::map<std::string, std::weak_ptr<const std::vector<float>>> by_key;
+};
+
+Folded& folded() {
+    static Folded* f = new Folded;  // never destroyed: programs may outlive static destruction order
+    return *f;
 }
 
 }  // namespace
@@ -38,9 +74,9 @@ bool foldable(const std::vector<ValueInfo>& values, const std::vector<int>& arg_
     return true;
 }
 
-mil::Value evaluate_constant_op(const mil::Operation& op, const frontend::TypedOp& typed, OpBuilder build,
-                                std::vector<ValueInfo>& values, const std::vector<int>& arg_ids,
-                                const std::vector<std::vector<int>>& tuple_ids, int out) {
+std::vector<float> evaluate_constant_op(const mil::Operation& op, const frontend::TypedOp& typed, OpBuilder build,
+                                        std::vector<ValueInfo>& values, const std::vector<int>& arg_ids,
+                                        const std::vector<std::vector<int>>& tuple_ids, int out) {
     Frame frame;
     frame.values.resize(values.size());
     for (int id : operand_ids(arg_ids, tuple_ids))
@@ -49,14 +85,64 @@ mil::Value evaluate_constant_op(const mil::Operation& op, const frontend::TypedO
     BuiltOp built = build(ctx);
     const mil::Type& type = values[static_cast<size_t>(out)].type;
     Tensor& result = frame.values[static_cast<size_t>(out)];
-    if (built.view_of >= 0) {
-        result.data = frame.values[static_cast<size_t>(built.view_of)].data;  // the same values in the same order
-    } else {
-        result.dtype = type.dtype, result.shape = type.shape, result.lanes = result.last_dim();
-        result.data.assign(static_cast<size_t>(type.element_count()), 0.0f);
-        built.kernel(frame);
+    if (built.view_of >= 0) return frame.values[static_cast<size_t>(built.view_of)].data;  // the same values in the same order
+    result.dtype = type.dtype, result.shape = type.shape, result.lanes = result.last_dim();
+    result.data.assign(static_cast<size_t>(type.element_count()), 0.0f);
+    built.kernel(frame);
+    finish(result);  // (the kernel rounds already: this holds the documented form whatever the op)
+    return std::move(result.data);
+}
+
+std::string fold_key(const mil::Operation& op, const frontend::TypedOp& typed, const std::vector<ValueInfo>& values,
+                     const std::vector<int>& arg_ids, const std::vector<std::vector<int>>& tuple_ids,
+                     const std::vector<std::optional<std::string>>& keys) {
+    if (!op.attributes.empty()) return "";
+    std::string key = "f";
+    append_field(key, op.op);
+    append_field(key, typed.type.str());
+    for (size_t a = 0; a < arg_ids.size(); ++a) {
+        append_field(key, op.args[a].name);
+        std::vector<int> ids = tuple_ids[a];
+        if (arg_ids[a] >= 0) ids.push_back(arg_ids[a]);
+        key += arg_ids[a] >= 0 ? 's' : 't';  // a single operand or a tuple
+        append_field(key, std::to_string(ids.size()));
+        for (int id : ids) {
+            const std::optional<std::string>& folded_here = keys[static_cast<size_t>(id)];
+            const std::string operand = folded_here ? *folded_here : const_key(values[static_cast<size_t>(id)]);
+            if (operand.empty() || key.size() + operand.size() > kMaxKeyBytes) return "";
+            append_field(key, operand);
+        }
     }
-    return mil::Value::list(type, std::vector<double>(result.data.begin(), result.data.end()));
+    return key;
+}
+
+std::shared_ptr<const std::vector<float>> find_folded(const std::string& key) {
+    Folded& f = folded();
+    std::lock_guard<std::mutex> lock(f.mutex);
+    const auto found = f.by_key.find(key);
+    return found == f.by_key.end() ? nullptr : found->second.lock();
+}
+
+std::shared_ptr<const std::vector<float>> keep_folded(const std::string& key,
+                                                      std::shared_ptr<const std::vector<float>> values) {
+    Folded& f = folded();
+    std::lock_guard<std::mutex> lock(f.mutex);
+    for (auto it = f.by_key.begin(); it != f.by_key.end();) it = it->second.expired() ? f.by_key.erase(it) : std::next(it);
+    auto [it, added] = f.by_key.emplace(key, values);
+    if (!added) {
+        if (auto alive = it->second.lock()) return alive;
+        it->second = values;
+    }
+    return values;
+}
+
+std::pair<int64_t, int64_t> folded_usage() {
+    Folded& f = folded();
+    std::lock_guard<std::mutex> lock(f.mutex);
+    int64_t count = 0, bytes = 0;
+    for (const auto& [key, weak] : f.by_key)
+        if (auto alive = weak.lock()) ++count, bytes += static_cast<int64_t>(alive->size() * sizeof(float));
+    return {count, bytes};
 }
 
 }  // namespace orion::emu

@@ -78,7 +78,7 @@ public:
                 int single = -1;
                 if (a.kind == mil::Argument::Kind::literal) {  // permissive profile only
                     single = static_cast<int>(values_.size());
-                    values_.push_back(ValueInfo{a.literal.type, single, &a.literal, std::nullopt, false, false, {}, {}, {}});
+                    values_.push_back(ValueInfo{a.literal.type, single, &a.literal, std::nullopt, false, false, {}, {}, {}, {}});
                 } else if (a.kind == mil::Argument::Kind::ref) {
                     single = ids_.at(a.refs[0]);  // the front end checked every name is defined before use
                 } else {
@@ -136,7 +136,7 @@ private:
     int define(const std::string& name, const mil::Type& type) {
         const int id = static_cast<int>(values_.size());
         ids_[name] = id;
-        values_.push_back(ValueInfo{type, id, nullptr, std::nullopt, false, false, {}, {}, {}});
+        values_.push_back(ValueInfo{type, id, nullptr, std::nullopt, false, false, {}, {}, {}, {}});
         return id;
     }
 
@@ -185,8 +185,7 @@ public:
         }
         fold_constants();
         build_kernels();
-        for (auto& v : values()) v.blob.reset(), v.compressed.reset();  // the caller's weight buffers are not kept
-        for (auto& f : folded_) std::vector<double>().swap(f->numbers);  // read at build only: the frame has them
+        for (auto& v : values()) v.blob.reset(), v.compressed.reset(), v.folded.reset();  // read at build only
     }
 
     ~EmulatedProgram() override { buffer_pool::clear(); }
@@ -280,14 +279,18 @@ private:
 
     std::vector<ValueInfo>& values() { return model_.values_; }
 
-    // Evaluates every op whose operands are all constants once, now (const_fold.h): its result
-    // becomes a constant and the op leaves the program, up to kMaxFoldedElements computed per
-    // program. Views (a reshape of a const) stay views: they cost nothing. Returned values stay ops
-    // (their frame slot is stored at every evaluate), and so do quantized weights (kept int8).
+    // Folds every op whose operands are all constants (const_fold.h): its result becomes a constant and
+    // the op leaves the program, up to kMaxFoldedElements per program. Views (a reshape of a const) stay
+    // views: they cost nothing. Returned values stay ops (their frame slot is stored at every evaluate),
+    // and so do quantized weights (kept int8). A folded value is computed only when a remaining op reads
+    // it, and not at all when a program still holds the values of its derivation (fold_key): then the
+    // ops it was folded from are not computed either.
     void fold_constants() {
         std::set<int> returned;
         for (const auto& spec : outputs_) returned.insert(model_.ids_.at(spec.name));
         std::vector<ProgramModel::Step> kept;
+        std::map<int, ProgramModel::Step> folds;  // by the value each computes
+        std::vector<std::optional<std::string>> keys(values().size());  // set for the values folded here
         int64_t computed = 0;
         for (auto& step : model_.steps_) {
             ValueInfo& out = values()[static_cast<size_t>(step.out)];
@@ -298,15 +301,40 @@ private:
                 kept.push_back(std::move(step));
                 continue;
             }
-            folded_.push_back(std::make_unique<mil::Value>(evaluate_constant_op(
-                *step.op, step.typed, step.build, values(), step.arg_ids, step.tuple_ids, step.out)));
+            keys[static_cast<size_t>(step.out)] = fold_key(*step.op, step.typed, values(), step.arg_ids, step.tuple_ids, keys);
+            folded_.push_back(std::make_unique<mil::Value>(mil::Value::list(out.type, {})));  // its values: ValueInfo::folded
             out.constant = folded_.back().get();
             computed += out.type.element_count();
+            const int id = step.out;
+            folds.emplace(id, std::move(step));
         }
-        const bool folded = kept.size() < model_.steps_.size();
         model_.steps_ = std::move(kept);
-        if (folded)
-            for (auto& v : values()) v.used_as_data = v.needs_fp32 = false;  // the kernel step marks its own reads
+        if (folds.empty()) return;
+        std::function<void(int)> materialise = [&](int id) {
+            ValueInfo& v = values()[static_cast<size_t>(id)];
+            const std::string& key = *keys[static_cast<size_t>(id)];
+            if (v.folded || (!key.empty() && (v.folded = find_folded(key)))) return;
+            const ProgramModel::Step& step = folds.at(id);
+            for (const int operand : operands(step))
+                if (keys[static_cast<size_t>(operand)]) materialise(operand);
+            auto computed_values = std::make_shared<const std::vector<float>>(evaluate_constant_op(
+                *step.op, step.typed, step.build, values(), step.arg_ids, step.tuple_ids, step.out));
+            v.folded = key.empty() ? std::move(computed_values) : keep_folded(key, std::move(computed_values));
+        };
+        for (const auto& step : model_.steps_)
+            for (const int operand : operands(step))
+                if (keys[static_cast<size_t>(operand)]) materialise(operand);
+        for (auto& v : values()) v.used_as_data = v.needs_fp32 = false;  // the kernel step marks its own reads
+    }
+
+    // Every value id a step reads.
+    static std::vector<int> operands(const ProgramModel::Step& step) {
+        std::vector<int> ids;
+        for (size_t a = 0; a < step.arg_ids.size(); ++a) {
+            if (step.arg_ids[a] >= 0) ids.push_back(step.arg_ids[a]);
+            ids.insert(ids.end(), step.tuple_ids[a].begin(), step.tuple_ids[a].end());
+        }
+        return ids;
     }
 
     // The kernel step, after the plan step of every op and the memory guard.
@@ -409,11 +437,9 @@ private:
             if (!is_const && unread_.count(static_cast<int>(i))) continue;  // an input (or a cut of one) nothing reads
             if (!is_const) {
                 unallocated_.push_back(v.slot);  // allocated by the first evaluate (allocate_frame)
-            } else if (v.blob) {
-                t.data = blob_floats(v);
             } else {
-                t.data.assign(v.constant->numbers.begin(), v.constant->numbers.end());
-                finish(t);  // an fp16 const holds the fp16 nearest its literal
+                t.data = const_values(v);
+                if (!v.blob) finish(t);  // an fp16 const holds the fp16 nearest its literal
             }
         }
     }
@@ -607,6 +633,7 @@ private:
             return is_const(x) ? y : x;
         };
         std::map<const ProgramModel::Step*, AttentionChain> chains;
+        std::map<std::pair<int, int64_t>, bool> causal;  // (mask, S) checked: is_causal_mask reads S * S values
         for (const auto& context : model_.steps_) {
             if (context.op->op != "matmul") continue;
             const auto& cd = std::get<frontend::MatmulDims>(context.typed.attrs);
@@ -632,7 +659,9 @@ private:
             if (!sd.transpose_x || sd.transpose_y || sd.x_batch != sd.batch || sd.y_batch != sd.batch ||
                 sd.batch != cd.batch || sd.M != S || cd.K != S || cd.N != S || !causal_attention_applies(S, cd.M))
                 continue;
-            if (!is_causal_mask(vals[static_cast<size_t>(chain.mask)], S)) continue;
+            const auto known = causal.try_emplace({chain.mask, S}, false);  // each head group reads one mask
+            if (known.second) known.first->second = is_causal_mask(vals[static_cast<size_t>(chain.mask)], S);
+            if (!known.first->second) continue;
             chain.steps = {scores};
             if (scaled) chain.steps.push_back(scaled);
             chain.steps.insert(chain.steps.end(), {masked, probs, &context});
@@ -641,19 +670,20 @@ private:
         return chains;
     }
 
-    // A float const's values as its frame tensor holds them: a BLOBFILE's, or the literal's (or a folded
-    // op's) rounded to fp16 for an fp16 const.
-    static std::vector<float> const_floats(const ValueInfo& v) {
-        if (v.blob) return blob_floats(v);
-        std::vector<float> values(v.constant->numbers.begin(), v.constant->numbers.end());
-        if (v.type.dtype == mil::DType::fp16) kernels::round_fp16(values.data(), values.size());
-        return values;
+    // A float const's values as its frame tensor holds them: a BLOBFILE's, a folded op's (held, not
+    // copied), or the literal's rounded to fp16 for an fp16 const.
+    static std::shared_ptr<const std::vector<float>> const_floats(const ValueInfo& v) {
+        if (v.folded) return v.folded;  // rounded to its dtype (evaluate_constant_op)
+        std::vector<float> values = const_values(v);
+        if (v.type.dtype == mil::DType::fp16 && !v.blob) kernels::round_fp16(values.data(), values.size());
+        return std::make_shared<const std::vector<float>>(std::move(values));
     }
 
     // An [S, S] additive mask (any ones in front): exactly 0 on and below the diagonal, <= -65504 above.
     static bool is_causal_mask(const ValueInfo& v, int64_t S) {
         if (v.type.element_count() != S * S || !mil::is_float(v.type.dtype)) return false;
-        const std::vector<float> m = const_floats(v);
+        const std::shared_ptr<const std::vector<float>> held = const_floats(v);
+        const std::vector<float>& m = *held;
         for (int64_t i = 0; i < S; ++i)
             for (int64_t j = 0; j < S; ++j)
                 if (j <= i ? m[static_cast<size_t>(i * S + j)] != 0.0f : !(m[static_cast<size_t>(i * S + j)] <= -65504.0f))
@@ -710,6 +740,7 @@ private:
     static bool all_positive_zero(const ValueInfo& v, const Shape& shape) {
         if (!v.constant || !v.type.is_tensor || v.type.shape != shape) return false;
         if (v.blob) return std::all_of(v.blob->begin(), v.blob->end(), [](char b) { return b == 0; });
+        if (v.folded) return std::all_of(v.folded->begin(), v.folded->end(), [](float f) { return f == 0.0f && !std::signbit(f); });
         return std::all_of(v.constant->numbers.begin(), v.constant->numbers.end(),
                            [](double d) { return d == 0.0 && !std::signbit(d); });
     }
@@ -911,8 +942,9 @@ private:
         const int scale = a.has_scale ? values()[static_cast<size_t>(chain.scale)].slot : -1;
         std::shared_ptr<const std::vector<float>> held;
         if (const ValueInfo& m = values()[static_cast<size_t>(mask)]; only_chains_read_mask && m.constant) {
-            held = shared_floats(const_floats(m));  // stored, or folded from the generated mask
-            held_masks_.insert(mask);
+            auto& shared = held_masks_[mask];  // a folded mask is shared already; a stored one by content
+            if (!shared) shared = m.folded ? m.folded : shared_floats(*const_floats(m));
+            held = shared;
         }
         std::vector<int> intermediates;  // every step's result but the context's
         for (const ProgramModel::Step* step : chain.steps)
@@ -989,7 +1021,8 @@ private:
     std::set<int> cut_values_, unread_;  // values cut from inputs (no kernel); inputs and cuts nothing reads
     std::vector<int> unallocated_;  // frame slots allocate_frame() still has to allocate
     std::set<int> unmaterialised_;  // constexpr outputs no kernel reads as data: never computed nor allocated
-    std::set<int> held_masks_;      // causal-mask consts held once per process, not in the frame (add_fused_attention)
+    // causal-mask consts held once per process, not in the frame (add_fused_attention)
+    std::map<int, std::shared_ptr<const std::vector<float>>> held_masks_;
     std::vector<bool> internal_;  // per slot: an intermediate of a fused chain (in no frame or pool plan)
     std::string label_;                         // the program's name in the profile
     Frame frame_;

@@ -67,9 +67,11 @@ const ValueInfo& OpContext::constant(const char* arg) const {
     return v;
 }
 
-std::vector<float> OpContext::floats(const char* arg) const {
-    const ValueInfo& v = constant(arg);
+std::vector<float> OpContext::floats(const char* arg) const { return const_values(constant(arg)); }
+
+std::vector<float> const_values(const ValueInfo& v) {
     if (v.blob) return blob_floats(v);
+    if (v.folded) return *v.folded;
     return std::vector<float>(v.constant->numbers.begin(), v.constant->numbers.end());
 }
 

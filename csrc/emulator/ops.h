@@ -50,6 +50,9 @@ struct ValueInfo {
     std::string blob_key;
     // Files of this const's packed panels by shaped key (CompileOptions::packed_weights under blob_key).
     std::map<std::string, std::string> packed_files;
+    // A folded op's values (const_fold.h: `constant` then holds its type only), shared with every program
+    // that folded the same derivation. Valid while the program is built.
+    std::shared_ptr<const std::vector<float>> folded;
 };
 
 // Scale and zero point per element: a single value, or one per index along the axis.
@@ -149,6 +152,8 @@ std::vector<OpEntry> quantization_ops();
 // Shared helpers for op builders.
 // A BLOBFILE const's payload as fp32 values, decoded by its dtype.
 std::vector<float> blob_floats(const ValueInfo& v);
+// A const's values as fp32: a BLOBFILE's decoded, a folded op's, or a literal's as written (not rounded).
+std::vector<float> const_values(const ValueInfo& v);
 // Rounds a freshly computed tensor to its dtype: fp16 rounding, or whole numbers for integers.
 void finish(Tensor& t);
 

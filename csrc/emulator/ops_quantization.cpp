@@ -96,8 +96,7 @@ int64_t block_entry(const frontend::BlockLayout& blocks, const mil::Type& type, 
 }
 
 std::vector<float> dequantize(const CompressedConst& c, const ValueInfo& q) {
-    const std::vector<float> values =
-        q.blob ? blob_floats(q) : std::vector<float>(q.constant->numbers.begin(), q.constant->numbers.end());
+    const std::vector<float> values = const_values(q);
     Tensor folded;
     folded.dtype = c.type.dtype;
     folded.shape = c.type.shape;

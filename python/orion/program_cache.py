@@ -427,6 +427,9 @@ def _keep_under_cap(root: Path, added: int) -> None:
 
 
 _MEMO: dict[str, str] = {}  # _by_identity's memo in this process
+# A file changed this recently may change again with the same times (a file system's clock ticks every few
+# ms; Linux's coarse clock lags the true time by up to a tick): _by_identity does not memoize it.
+RACY_NS = 100_000_000
 
 
 @lru_cache(maxsize=64)
@@ -442,8 +445,14 @@ def _by_identity(path: Path, kind: str, compute: Callable[[], str], valid: Calla
     modification and change times, so any rewrite changes it; ``st``: that file's stat, default the
     path's). ``valid`` checks a memoized value. ``times=False`` leaves the times out: for a blob, which is
     only ever written whole under a new inode (renamed into place) and whose modification time is a use
-    stamp (``_write_blob`` refreshes it), so a stamp must not void its memo; a truncation changes its size."""
+    stamp (``_write_blob`` refreshes it), so a stamp must not void its memo; a truncation changes its size.
+
+    A file whose times are within :data:`RACY_NS` of now is computed and not memoized: a rewrite of it
+    in the same tick of the file system's clock could keep every part of its identity (same size, same
+    times), and a memo would then stand for the bytes before it (git's "racily clean" files)."""
     st = path.stat() if st is None else st
+    if times and time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < RACY_NS:
+        return compute()
     stamp = f"\0{st.st_mtime_ns}\0{st.st_ctime_ns}" if times else ""
     resolved = os.path.join(_real_dir(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
     identity = f"{kind}\0{resolved}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}{stamp}"

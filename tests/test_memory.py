@@ -236,3 +236,32 @@ def test_a_fused_projections_output_serves_its_halves_consumers() -> None:
     a, b = m[:, :c], m[:, c:]
     ref = fp16(fp16(fp16(np.tanh(a)) * b) + a)
     assert np.max(np.abs(got - ref)) <= 4e-3  # fp16 rounding of values below 4 in magnitude (tanh within ulps)
+
+
+def test_a_new_pooled_buffer_replaces_smaller_idle_ones() -> None:
+    """A value larger than every idle buffer (a [4C, S] one after [C, S] ones, as an MLP's hidden layer after the
+    attention's projections) is allocated in place of the idle buffers too small for it, not beside them: the
+    pool's peak is the 5 [C, S] units live at once (c and the [4C, S] value), not 7 (2 idle [C, S] buffers more).
+    Values match numpy."""
+    import orion
+    from orion._core import kernels
+    from support.handmil import const, op, program, ttype
+
+    c, s = 256, 1024
+    act, big, row = ttype("fp16", [1, c, 1, s]), ttype("fp16", [1, 4 * c, 1, s]), ttype("fp16", [1, 1, 1, s])
+    text = program({"x": act}, [
+        op("a", act, "relu", x="x"), op("b", act, "add", x="a", y="x"), op("r", act, "relu", x="b"),
+        const("ax", "int32", 1), const("il", "bool", False),
+        op("w", big, "concat", values=("r", "r", "r", "r"), axis="ax", interleave="il"),
+        const("axes", "int32", [1], [1]), const("kd", "bool", True),
+        op("out", row, "reduce_sum", x="w", axes="axes", keep_dims="kd")], ["out"])
+    kernels.release_idle_buffers()
+    program_ = orion.compile(text, profile="permissive")
+    x = np.random.default_rng(6).standard_normal((1, c, 1, s)).astype(np.float16)
+    kernels.buffer_pool(reset_peak=True)
+    got = program_(x=x)["out"].astype(np.float64)
+    unit = c * s * 4  # bytes of one [C, S] fp32 buffer
+    assert kernels.buffer_pool()["peak"] <= 5 * unit, kernels.buffer_pool()
+    r = np.maximum(x.astype(np.float64), 0) * 2  # relu(relu(x) + x): exact in fp16 for these values
+    ref = (4 * r.astype(np.float16).astype(np.float64)).sum(axis=1, keepdims=True).astype(np.float16)
+    np.testing.assert_allclose(got, ref.astype(np.float64), rtol=2e-3)

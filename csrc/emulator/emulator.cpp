@@ -185,7 +185,7 @@ public:
         }
         fold_constants();
         build_kernels();
-        for (auto& v : values()) v.blob.reset(), v.compressed.reset(), v.folded.reset();  // read at build only
+        drop_build_state();
     }
 
     ~EmulatedProgram() override { buffer_pool::clear(); }
@@ -224,8 +224,7 @@ private:
         for (int slot : kernel.release) buffer_pool::give(std::exchange(frame_.values[slot].data, {}));
     }
 
-    size_t pooled_size(int slot) const { return static_cast<size_t>(values_at(slot).type.element_count()); }
-    const ValueInfo& values_at(int slot) const { return model_.values_[static_cast<size_t>(slot)]; }
+    size_t pooled_size(int slot) const { return slot_elements_[static_cast<size_t>(slot)]; }
 
     // Stores the outputs, then gives back the pooled buffers live to the end (the outputs').
     void store_outputs(const runtime::Bindings& outputs) {
@@ -278,6 +277,20 @@ private:
     }
 
     std::vector<ValueInfo>& values() { return model_.values_; }
+
+    // Once the kernels are built, a program runs on its schedule, frame, I/O plan and each slot's
+    // element count alone: the parsed MIL, the model of its values and steps, the folded consts and
+    // the build's bookkeeping are freed (a 1024-lane prefill layer's came to ~0.3 MB, kept by every
+    // program of every bucket: SmolLM2-135M's ~190 programs held ~50 MB). The MIL text stays (reload).
+    void drop_build_state() {
+        slot_elements_.resize(values().size());
+        for (size_t i = 0; i < values().size(); ++i)
+            slot_elements_[i] = static_cast<size_t>(values()[i].type.element_count());
+        auto free = [](auto& member) { std::decay_t<decltype(member)>().swap(member); };  // `= {}` keeps a vector's capacity
+        for (ScheduledKernel& kernel : schedule_.kernels) free(kernel.steps);
+        free(model_.ids_), free(model_.values_), free(model_.steps_), free(program_.functions), free(folded_);
+        free(used_parts_), free(cut_values_), free(unread_), free(unmaterialised_), free(held_masks_), free(internal_);
+    }
 
     // Folds every op whose operands are all constants (const_fold.h): its result becomes a constant and
     // the op leaves the program, up to kMaxFoldedElements per program. Views (a reshape of a const) stay
@@ -384,6 +397,9 @@ private:
                 replaced.insert(order[i]);
                 built[i].kernel = replicated_block_kernel(*order[i], r->second);
                 io_.outputs[r->second.output].replicated_block = r->second.block;
+                for (int id : order[i]->arg_ids)  // the +0 const the block kernel never reads: not in the frame
+                    if (id != r->second.source && readers[static_cast<size_t>(id)] == 1)
+                        values()[static_cast<size_t>(id)].used_as_data = false;
             }
         std::map<const ProgramModel::Step*, Kernel> group_parts;  // a fused group's own kernels, until its last
         for (size_t i = 0; i < order.size(); ++i) {
@@ -1025,6 +1041,7 @@ private:
     std::map<int, std::shared_ptr<const std::vector<float>>> held_masks_;
     std::vector<bool> internal_;  // per slot: an intermediate of a fused chain (in no frame or pool plan)
     std::string label_;                         // the program's name in the profile
+    std::vector<size_t> slot_elements_;         // per frame slot, its tensor's element count (drop_build_state)
     Frame frame_;
 };
 

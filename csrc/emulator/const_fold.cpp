@@ -8,16 +8,6 @@ namespace orion::emu {
 
 namespace {
 
-// Every value id an op reads.
-std::vector<int> operand_ids(const std::vector<int>& arg_ids, const std::vector<std::vector<int>>& tuple_ids) {
-    std::vector<int> ids;
-    for (size_t a = 0; a < arg_ids.size(); ++a) {
-        if (arg_ids[a] >= 0) ids.push_back(arg_ids[a]);
-        ids.insert(ids.end(), tuple_ids[a].begin(), tuple_ids[a].end());
-    }
-    return ids;
-}
-
 // A const's values in the frame, as the evaluate materialises them (fp16 rounded, integers whole).
 void load_constant(const ValueInfo& v, Tensor& t) {
     t.dtype = v.type.dtype, t.shape = v.type.shape, t.lanes = t.last_dim();
@@ -62,6 +52,15 @@ Folded& folded() {
 }
 
 }  // namespace
+
+std::vector<int> operand_ids(const std::vector<int>& arg_ids, const std::vector<std::vector<int>>& tuple_ids) {
+    std::vector<int> ids;
+    for (size_t a = 0; a < arg_ids.size(); ++a) {
+        if (arg_ids[a] >= 0) ids.push_back(arg_ids[a]);
+        ids.insert(ids.end(), tuple_ids[a].begin(), tuple_ids[a].end());
+    }
+    return ids;
+}
 
 bool foldable(const std::vector<ValueInfo>& values, const std::vector<int>& arg_ids,
               const std::vector<std::vector<int>>& tuple_ids, const mil::Type& out) {

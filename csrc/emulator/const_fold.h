@@ -25,6 +25,9 @@ namespace orion::emu {
 // Elements folded per program at most: the rest is left to the evaluate.
 constexpr int64_t kMaxFoldedElements = int64_t{1} << 25;  // a 2048-token bucket's generated mask: 24M
 
+// Every value id an op reads: its single operands' (arg_ids, -1 for a tuple argument) and its tuples'.
+std::vector<int> operand_ids(const std::vector<int>& arg_ids, const std::vector<std::vector<int>>& tuple_ids);
+
 // Whether the op reading arg_ids / tuple_ids (value ids, -1 for a tuple argument) with output type
 // `out` can be folded: every operand is a const() value (or an inline literal) and the result is a
 // float or int32 tensor.

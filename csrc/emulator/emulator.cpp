@@ -328,26 +328,16 @@ private:
             const std::string& key = *keys[static_cast<size_t>(id)];
             if (v.folded || (!key.empty() && (v.folded = find_folded(key)))) return;
             const ProgramModel::Step& step = folds.at(id);
-            for (const int operand : operands(step))
+            for (const int operand : operand_ids(step.arg_ids, step.tuple_ids))
                 if (keys[static_cast<size_t>(operand)]) materialise(operand);
             auto computed_values = std::make_shared<const std::vector<float>>(evaluate_constant_op(
                 *step.op, step.typed, step.build, values(), step.arg_ids, step.tuple_ids, step.out));
             v.folded = key.empty() ? std::move(computed_values) : keep_folded(key, std::move(computed_values));
         };
         for (const auto& step : model_.steps_)
-            for (const int operand : operands(step))
+            for (const int operand : operand_ids(step.arg_ids, step.tuple_ids))
                 if (keys[static_cast<size_t>(operand)]) materialise(operand);
         for (auto& v : values()) v.used_as_data = v.needs_fp32 = false;  // the kernel step marks its own reads
-    }
-
-    // Every value id a step reads.
-    static std::vector<int> operands(const ProgramModel::Step& step) {
-        std::vector<int> ids;
-        for (size_t a = 0; a < step.arg_ids.size(); ++a) {
-            if (step.arg_ids[a] >= 0) ids.push_back(step.arg_ids[a]);
-            ids.insert(ids.end(), step.tuple_ids[a].begin(), step.tuple_ids[a].end());
-        }
-        return ids;
     }
 
     // The kernel step, after the plan step of every op and the memory guard.

@@ -4,6 +4,8 @@
 #include <map>
 #include <mutex>
 
+#include "emulator/shared_consts.h"
+
 namespace orion::emu {
 
 namespace {
@@ -138,10 +140,7 @@ std::shared_ptr<const std::vector<float>> keep_folded(const std::string& key,
 std::pair<int64_t, int64_t> folded_usage() {
     Folded& f = folded();
     std::lock_guard<std::mutex> lock(f.mutex);
-    int64_t count = 0, bytes = 0;
-    for (const auto& [key, weak] : f.by_key)
-        if (auto alive = weak.lock()) ++count, bytes += static_cast<int64_t>(alive->size() * sizeof(float));
-    return {count, bytes};
+    return alive_usage(f.by_key);
 }
 
 }  // namespace orion::emu

@@ -47,10 +47,7 @@ std::shared_ptr<const std::vector<float>> shared_floats(std::vector<float> value
 std::pair<int64_t, int64_t> shared_floats_usage() {
     Held& h = held();
     std::lock_guard<std::mutex> lock(h.mutex);
-    int64_t count = 0, bytes = 0;
-    for (const auto& [key, weak] : h.by_hash)
-        if (auto alive = weak.lock()) ++count, bytes += static_cast<int64_t>(alive->size() * sizeof(float));
-    return {count, bytes};
+    return alive_usage(h.by_hash);
 }
 
 }  // namespace orion::emu

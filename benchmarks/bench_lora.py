@@ -121,8 +121,12 @@ class TorchPeft:
 
 def train_part(args: argparse.Namespace) -> dict:
     """LoRA ms/step against full fine-tuning (Orion) and PEFT on PyTorch, interleaved passes."""
+    with tempfile.TemporaryDirectory(prefix="bench-lora-") as work:
+        return _train_part(args, Path(work))
+
+
+def _train_part(args: argparse.Namespace, work: Path) -> dict:
     spec = LoraSpec.parse(args.lora)
-    work = Path(tempfile.mkdtemp(prefix="bench-lora-"))
     data = random_tokens(work, SHAPES[args.train_shape].vocab_size)
     common = {"steps": 10_000, "seq": args.seq, "eval_every": 10_000, "checkpoint_every": 10_000, "quiet": True}
     trainers = {"orion_lora": Trainer(args.train_shape, data, work / "lora", lora=spec, **common),

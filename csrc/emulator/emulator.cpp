@@ -14,6 +14,8 @@
 
 #include "emulator/buffer_pool.h"
 #include "emulator/causal_attention.h"
+#include "emulator/decode_attention.h"
+#include "emulator/stable_norm.h"
 #include "emulator/const_fold.h"
 #include "emulator/fused_elementwise.h"
 #include "emulator/ops.h"
@@ -350,7 +352,13 @@ private:
         std::map<int, int> chain_reads;  // per mask: the fused chains reading it
         for (const auto& [step, chain] : chains)
             if (step == chain.steps.back()) ++chain_reads[chain.mask];
-        const std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>> runs = find_elementwise_runs(chains);
+        const std::map<const ProgramModel::Step*, DecodeChain> decode_chains = find_decode_attention(readers);
+        const std::map<const ProgramModel::Step*, NormChain> norms = find_stable_norms(readers);
+        std::set<const ProgramModel::Step*> grouped;  // steps of a fused attention or norm: in no other group
+        for (const auto& [step, chain] : chains) grouped.insert(step);
+        for (const auto& [step, chain] : decode_chains) grouped.insert(step);
+        for (const auto& [step, chain] : norms) grouped.insert(step);
+        const std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>> runs = find_elementwise_runs(grouped);
         // A compile-time constant op's kernel (constexpr_*) is built after its readers,
         // and kept only if one of them reads its values or the program returns them: conv takes its
         // weight in its stored form (ValueInfo::compressed), so the values are never materialised.
@@ -379,7 +387,7 @@ private:
             OpContext ctx(*step.op, step.typed, values(), step.arg_ids, step.tuple_ids, step.out, /*plan_only=*/false);
             built[i] = step.build(ctx);
         }
-        const std::map<const ProgramModel::Step*, ReplicatedOutput> replicated = find_replicated_outputs(readers, chains, runs);
+        const std::map<const ProgramModel::Step*, ReplicatedOutput> replicated = find_replicated_outputs(readers, grouped, runs);
         io_.outputs.assign(outputs_.size(), {});
         std::set<const ProgramModel::Step*> replaced;  // steps whose kernel reads their operands whole
         for (size_t i = 0; i < order.size(); ++i)
@@ -403,6 +411,16 @@ private:
                 if (&step == found->second.steps.back())
                     add_fused_attention(found->second, chain_reads[found->second.mask] == readers[found->second.mask],
                                         group_parts);
+                continue;  // the chain runs at its last step
+            }
+            if (const auto found = decode_chains.find(&step); found != decode_chains.end()) {
+                group_parts[&step] = std::move(built[i].kernel);
+                if (&step == found->second.steps.back()) add_decode_attention(found->second, group_parts);
+                continue;  // the chain runs at its last step
+            }
+            if (const auto found = norms.find(&step); found != norms.end()) {
+                group_parts[&step] = std::move(built[i].kernel);
+                if (&step == found->second.steps.back()) add_stable_norm(found->second, group_parts);
                 continue;  // the chain runs at its last step
             }
             if (const auto found = runs.find(&step); found != runs.end()) {
@@ -676,6 +694,207 @@ private:
         return chains;
     }
 
+    // A decode step's attention of one lane (decode_attention.h): its 19 steps in program order, its
+    // operands' value ids and its shape.
+    struct DecodeChain {
+        std::vector<const ProgramModel::Step*> steps;
+        int q = -1, k = -1, v = -1, keys = -1, values = -1, mask = -1, exponent = -1;
+        DecodeAttention shape;
+    };
+
+    // The chains whose intermediates nothing else reads, all in fp16, by each of their steps.
+    std::map<const ProgramModel::Step*, DecodeChain> find_decode_attention(const std::vector<int>& readers) const {
+        const auto& vals = model_.values_;
+        std::map<int, const ProgramModel::Step*> producer;
+        for (const auto& step : model_.steps_) producer[step.out] = &step;
+        auto arg = [](const ProgramModel::Step& step, const char* name) {
+            for (size_t a = 0; a < step.op->args.size(); ++a)
+                if (step.op->args[a].name == name) return step.arg_ids[a];
+            return -1;
+        };
+        std::map<const ProgramModel::Step*, DecodeChain> found;
+        for (const auto& last : model_.steps_) {
+            std::vector<const ProgramModel::Step*> steps;
+            // The fp16 step computing `id` into its own slot when `op` is its kind (it joins the chain), else null.
+            auto made = [&](int id, const char* op) -> const ProgramModel::Step* {
+                const auto p = id >= 0 ? producer.find(id) : producer.end();
+                if (p == producer.end() || p->second->op->op != op || vals[static_cast<size_t>(id)].slot != id ||
+                    p->second->op->type.dtype != mil::DType::fp16)
+                    return nullptr;
+                steps.push_back(p->second);
+                return p->second;
+            };
+            const ProgramModel::Step* out = made(last.out, "mul");
+            const ProgramModel::Step *num = out ? made(arg(*out, "x"), "add") : nullptr, *inv = out ? made(arg(*out, "y"), "pow") : nullptr;
+            if (!num || !inv) continue;
+            const ProgramModel::Step *ev = made(arg(*num, "x"), "matmul"), *ev_self = made(arg(*num, "y"), "mul");
+            const ProgramModel::Step* denom = made(arg(*inv, "x"), "add");
+            if (!ev || !ev_self || !denom) continue;
+            const ProgramModel::Step *esum = made(arg(*denom, "x"), "reduce_sum"), *e_self = made(arg(*denom, "y"), "exp");
+            const ProgramModel::Step* e = esum ? made(arg(*esum, "x"), "exp") : nullptr;
+            if (!e || !e_self || arg(*ev, "x") != e->out || arg(*ev_self, "x") != e_self->out) continue;
+            const ProgramModel::Step *shift = made(arg(*e, "x"), "sub"), *shift_self = made(arg(*e_self, "x"), "sub");
+            if (!shift || !shift_self || arg(*shift, "y") != arg(*shift_self, "y")) continue;
+            const ProgramModel::Step* m = made(arg(*shift, "y"), "add");
+            const ProgramModel::Step *masked = made(arg(*shift, "x"), "add"), *self = made(arg(*shift_self, "x"), "reduce_sum");
+            if (!m || !masked || !self || arg(*m, "x") != self->out) continue;
+            const ProgramModel::Step* over = made(arg(*m, "y"), "relu");
+            const ProgramModel::Step* gap = over ? made(arg(*over, "x"), "sub") : nullptr;
+            const ProgramModel::Step* top = gap ? made(arg(*gap, "x"), "reduce_max") : nullptr;
+            if (!top || arg(*gap, "y") != self->out || arg(*top, "x") != masked->out) continue;
+            const ProgramModel::Step *scores = made(arg(*masked, "x"), "matmul"), *qk = made(arg(*self, "x"), "mul");
+            if (!scores || !qk || arg(*qk, "x") != arg(*scores, "x")) continue;
+            DecodeChain chain;
+            chain.q = arg(*scores, "x"), chain.keys = arg(*scores, "y"), chain.k = arg(*qk, "y");
+            chain.values = arg(*ev, "y"), chain.v = arg(*ev_self, "y"), chain.mask = arg(*masked, "y");
+            chain.exponent = arg(*inv, "y");
+            // Shapes: one query row per head ([.., 1, D] against [.., D, T] keys and values), every
+            // reduction over the last axis, the exponent a scalar const.
+            const auto& sd = std::get<frontend::MatmulDims>(scores->typed.attrs);
+            const auto& ed = std::get<frontend::MatmulDims>(ev->typed.attrs);
+            const int64_t D = sd.K, T = sd.N, H = element_count(sd.batch);
+            auto batched = [](const frontend::MatmulDims& d) { return d.x_batch == d.batch && d.y_batch == d.batch; };
+            if (sd.transpose_x || sd.transpose_y || !ed.transpose_y || ed.transpose_x || !batched(sd) || !batched(ed) ||
+                sd.M != 1 || ed.M != 1 || ed.K != T || ed.N != D || sd.batch != ed.batch || D <= 0 || T <= 0)
+                continue;
+            const int64_t rank = static_cast<int64_t>(scores->op->type.shape.size());
+            bool ok = true;
+            for (const ProgramModel::Step* r : {esum, self, top}) {
+                const auto& axes = std::get<frontend::Reduction>(r->typed.attrs).axes;
+                ok = ok && axes == std::vector<int64_t>{rank - 1} && r->op->type.shape.back() == 1;
+            }
+            const ValueInfo& exponent = vals[static_cast<size_t>(chain.exponent)];
+            const Shape& mask = vals[static_cast<size_t>(chain.mask)].type.shape;
+            const Shape& row = scores->op->type.shape;  // [.., 1, T]
+            const Shape& lane = ev->op->type.shape;     // [.., 1, D]
+            chain.shape = {H, D, T, mask_heads_per_row(mask, row)};
+            ok = ok && exponent.constant && exponent.type.element_count() == 1 && mil::is_float(exponent.type.dtype) &&
+                 chain.shape.heads_per_mask_row > 0 &&
+                 vals[static_cast<size_t>(chain.k)].type.shape == lane && vals[static_cast<size_t>(chain.v)].type.shape == lane &&
+                 vals[static_cast<size_t>(chain.q)].type.shape == lane;
+            // Every intermediate is read by the chain only.
+            std::map<int, int> reads;
+            for (const ProgramModel::Step* step : steps)
+                for (int id : step->arg_ids) ++reads[id];
+            for (const ProgramModel::Step* step : steps)
+                ok = ok && (step == out || readers[static_cast<size_t>(step->out)] == reads[step->out]);
+            if (!ok) continue;
+            std::sort(steps.begin(), steps.end());  // program order: steps_ is a vector
+            chain.steps = steps;
+            for (const ProgramModel::Step* step : steps) found[step] = chain;
+        }
+        return found;
+    }
+
+    // A stable norm over the channels of a decode step's [1, C, 1, S] (stable_norm.h): its steps in program
+    // order, its input and its consts.
+    struct NormChain {
+        std::vector<const ProgramModel::Step*> steps;
+        int x = -1;
+        StableNorm shape;
+    };
+
+    // The chains whose intermediates nothing else reads, all in fp16, by each of their steps.
+    std::map<const ProgramModel::Step*, NormChain> find_stable_norms(const std::vector<int>& readers) const {
+        const auto& vals = model_.values_;
+        std::map<int, const ProgramModel::Step*> producer;
+        for (const auto& step : model_.steps_) producer[step.out] = &step;
+        auto arg = [](const ProgramModel::Step& step, const char* name) {
+            for (size_t a = 0; a < step.op->args.size(); ++a)
+                if (step.op->args[a].name == name) return step.arg_ids[a];
+            return -1;
+        };
+        std::map<const ProgramModel::Step*, NormChain> found;
+        for (const auto& last : model_.steps_) {
+            std::vector<const ProgramModel::Step*> steps;
+            auto made = [&](int id, const char* op) -> const ProgramModel::Step* {
+                const auto p = id >= 0 ? producer.find(id) : producer.end();
+                if (p == producer.end() || p->second->op->op != op || vals[static_cast<size_t>(id)].slot != id ||
+                    p->second->op->type.dtype != mil::DType::fp16)
+                    return nullptr;
+                steps.push_back(p->second);
+                return p->second;
+            };
+            bool ok = true;
+            // The scalar float const operand `name` of `step`, as the frame holds it.
+            auto scalar = [&](const ProgramModel::Step* step, const char* name) {
+                const int id = step ? arg(*step, name) : -1;
+                const ValueInfo* v = id >= 0 ? &vals[static_cast<size_t>(id)] : nullptr;
+                ok = ok && v && v->constant && v->type.element_count() == 1 && mil::is_float(v->type.dtype);
+                return ok ? const_floats(*v)->at(0) : 0.0f;
+            };
+            auto channel_reduction = [&](const ProgramModel::Step* step) {
+                ok = ok && step && std::get<frontend::Reduction>(step->typed.attrs).axes == std::vector<int64_t>{1};
+            };
+            const ProgramModel::Step* normed = made(last.out, "mul");
+            const ProgramModel::Step* rstd = normed ? made(arg(*normed, "y"), "pow") : nullptr;
+            const ProgramModel::Step* var = rstd ? made(arg(*rstd, "x"), "add") : nullptr;
+            if (!var) continue;
+            const ProgramModel::Step *meansq = made(arg(*var, "x"), "mul"), *eps = made(arg(*var, "y"), "mul");
+            const ProgramModel::Step* sqsum = meansq ? made(arg(*meansq, "x"), "reduce_sum") : nullptr;
+            const ProgramModel::Step* sq = sqsum ? made(arg(*sqsum, "x"), "mul") : nullptr;
+            const ProgramModel::Step* root = eps ? made(arg(*eps, "x"), "mul") : nullptr;
+            const int y = arg(*normed, "x");
+            if (!sq || !root || arg(*sq, "x") != y || arg(*sq, "y") != y || arg(*eps, "y") != root->out) continue;
+            const ProgramModel::Step *centered = made(y, "sub"), *mean = nullptr, *sum = nullptr, *unit = nullptr;
+            if (centered) {
+                mean = made(arg(*centered, "y"), "mul");
+                sum = mean ? made(arg(*mean, "x"), "reduce_sum") : nullptr;
+                unit = sum ? made(arg(*centered, "x"), "mul") : nullptr;
+                if (!unit || arg(*sum, "x") != unit->out) continue;
+            } else {
+                unit = made(y, "mul");
+            }
+            const ProgramModel::Step* inv = unit ? made(arg(*unit, "y"), "pow") : nullptr;
+            const ProgramModel::Step* scale = inv ? made(arg(*inv, "x"), "add") : nullptr;
+            const ProgramModel::Step* peak = scale ? made(arg(*scale, "x"), "add") : nullptr;
+            const ProgramModel::Step* top = peak ? made(arg(*peak, "x"), "reduce_max") : nullptr;
+            const ProgramModel::Step* over = peak ? made(arg(*peak, "y"), "relu") : nullptr;
+            const ProgramModel::Step* gap = over ? made(arg(*over, "x"), "sub") : nullptr;
+            const ProgramModel::Step* bottom = gap ? made(arg(*gap, "x"), "reduce_max") : nullptr;
+            const ProgramModel::Step* neg = bottom ? made(arg(*bottom, "x"), "mul") : nullptr;
+            if (!top || !neg || arg(*root, "x") != inv->out || arg(*gap, "y") != top->out) continue;
+            NormChain chain;
+            chain.x = arg(*unit, "x");
+            if (arg(*top, "x") != chain.x || arg(*neg, "x") != chain.x) continue;
+            const Shape& shape = vals[static_cast<size_t>(chain.x)].type.shape;  // [1, C, 1, S]
+            ok = shape.size() == 4 && shape[0] == 1 && shape[2] == 1 && shape[3] <= kStableNormMaxLanes &&
+                 normed->op->type.shape == shape;
+            for (const ProgramModel::Step* r : {top, bottom, sqsum, sum}) channel_reduction(r ? r : top);
+            StableNorm& n = chain.shape;
+            n.channels = ok ? shape[1] : 0, n.lanes = ok ? shape[3] : 0, n.center = centered != nullptr;
+            n.neg_y = scalar(neg, "y"), n.floor = scalar(scale, "y"), n.inv_y = scalar(inv, "y");
+            n.mean_y = centered ? scalar(mean, "y") : 0.0f, n.meansq_y = scalar(meansq, "y");
+            n.root_eps_y = scalar(root, "y"), n.rsqrt_y = scalar(rstd, "y");
+            // Every intermediate is read by the chain only.
+            std::map<int, int> reads;
+            for (const ProgramModel::Step* step : steps)
+                for (int id : step->arg_ids) ++reads[id];
+            for (const ProgramModel::Step* step : steps)
+                ok = ok && (step == normed || readers[static_cast<size_t>(step->out)] == reads[step->out]);
+            if (!ok) continue;
+            std::sort(steps.begin(), steps.end());  // program order: steps_ is a vector
+            chain.steps = steps;
+            for (const ProgramModel::Step* step : steps) found[step] = chain;
+        }
+        return found;
+    }
+
+    // How many consecutive rows of `row` ([.., 1, T]) one row of `mask` (broadcast to it) covers: 1 when the
+    // mask has every row, all of them for one [T] row, the heads of a lane for a [L, 1, 1, T] mask of
+    // [L, H, 1, T] rows; 0 when a row of the mask is not one contiguous run of rows.
+    static int64_t mask_heads_per_row(Shape mask, const Shape& row) {
+        if (mask.size() > row.size() || mask.empty() || mask.back() != row.back()) return 0;
+        mask.insert(mask.begin(), row.size() - mask.size(), 1);
+        size_t kept = 0;  // the mask's leading axes equal to the rows', then ones
+        while (kept + 1 < row.size() && mask[kept] == row[kept]) ++kept;
+        for (size_t d = kept; d + 1 < row.size(); ++d)
+            if (mask[d] != 1) return 0;
+        int64_t shared = 1;
+        for (size_t d = kept; d + 1 < row.size(); ++d) shared *= row[d];
+        return shared;
+    }
+
     // A float const's values as its frame tensor holds them: a BLOBFILE's, a folded op's (held, not
     // copied), or the literal's rounded to fp16 for an fp16 const.
     static std::shared_ptr<const std::vector<float>> const_floats(const ValueInfo& v) {
@@ -709,7 +928,7 @@ private:
     // block and the store copies it, in the surface's dtype, into the other rows: the same bytes for a
     // k-th of the work.
     std::map<const ProgramModel::Step*, ReplicatedOutput> find_replicated_outputs(
-        const std::vector<int>& readers, const std::map<const ProgramModel::Step*, AttentionChain>& chains,
+        const std::vector<int>& readers, const std::set<const ProgramModel::Step*>& grouped,
         const std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>>& runs) const {
         std::map<int, const ProgramModel::Step*> producer;
         for (const auto& step : model_.steps_) producer[step.out] = &step;
@@ -720,7 +939,7 @@ private:
             const mil::DType dtype = outputs_[k].type.dtype;
             if (made == producer.end()) continue;
             const ProgramModel::Step* step = made->second;
-            if (step->op->op != "add" || step->arg_ids.size() != 2 || chains.count(step) || runs.count(step) ||
+            if (step->op->op != "add" || step->arg_ids.size() != 2 || grouped.count(step) || runs.count(step) ||
                 readers[static_cast<size_t>(id)] != 2 || (dtype != mil::DType::fp16 && dtype != mil::DType::fp32))
                 continue;
             const Shape& out = step->op->type.shape;
@@ -796,13 +1015,13 @@ private:
     }
 
     // Runs of two or more consecutive elementwise steps (binary, sigmoid or tanh) of one float output shape
-    // (none of them in an attention chain), by each of their steps.
+    // (none of them in a fused attention), by each of their steps.
     std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>> find_elementwise_runs(
-        const std::map<const ProgramModel::Step*, AttentionChain>& chains) const {
+        const std::set<const ProgramModel::Step*>& grouped) const {
         auto fusable = [&](const ProgramModel::Step& step) {
             ElementwiseRun::Fn fn;
             const mil::Type& t = step.op->type;
-            if (chains.count(&step) || !elementwise_fn(step.op->op, &fn) || !t.is_tensor || !mil::is_float(t.dtype) ||
+            if (grouped.count(&step) || !elementwise_fn(step.op->op, &fn) || !t.is_tensor || !mil::is_float(t.dtype) ||
                 t.shape.empty() || t.element_count() == 0 || step.arg_ids.size() != (is_unary(fn) ? 1u : 2u))
                 return false;
             for (int id : step.arg_ids)
@@ -973,6 +1192,60 @@ private:
             }
             if (held && !own_mask.empty()) std::vector<float>().swap(own_mask);  // a fallback's copy
             out.lanes = live, out.live_prefix = -1;
+            return true;
+        });
+    }
+
+    // One kernel for a decode attention chain: run_decode_attention when its operands are fp32 tensors (or an fp16
+    // cache read in place) with no live prefix, else the chain's own kernels. The live lanes of the cache and the
+    // mask (a cache filled up to some position) bound the positions as they bound the ops'.
+    void add_decode_attention(const DecodeChain& chain, std::map<const ProgramModel::Step*, Kernel>& parts) {
+        auto slot = [&](int id) { return values()[static_cast<size_t>(id)].slot; };
+        const int q = slot(chain.q), k = slot(chain.k), v = slot(chain.v), keys = slot(chain.keys);
+        const int cache_values = slot(chain.values), mask = slot(chain.mask), exponent = slot(chain.exponent);
+        const int o = chain.steps.back()->out;
+        std::vector<int> intermediates;
+        for (const ProgramModel::Step* step : chain.steps)
+            if (step->out != o) intermediates.push_back(step->out);
+        const DecodeAttention a = chain.shape;
+        add_group_kernel(chain.steps, intermediates, parts, "attention (decode, fused)", [=](Frame& fr) {
+            for (int s : {q, k, v, keys, cache_values, mask}) {
+                const Tensor& t = fr.values[static_cast<size_t>(s)];
+                const bool cache = s == keys || s == cache_values;  // lanes: cached positions (as the matmuls take them)
+                if (t.prefix_partial() || (t.partial() && !(cache && t.last_dim() == a.positions) && s != mask) ||
+                    (t.half && !cache))
+                    return false;
+            }
+            // The live positions of a cache or the mask (the add takes the mask's lanes when its rows are positions).
+            auto live = [&](int s) {
+                const Tensor& t = fr.values[static_cast<size_t>(s)];
+                return t.partial() && t.last_dim() == a.positions ? t.lanes : a.positions;
+            };
+            const int64_t scored = std::min(live(keys), live(mask)), summed = std::min(scored, live(cache_values));
+            auto cache = [&](int s) { return CacheView{fr.values[s].half ? nullptr : fr.values[s].data.data(), fr.values[s].half}; };
+            Tensor& out = fr.values[o];
+            run_decode_attention(a, scored, summed, fr.values[q].data.data(), fr.values[k].data.data(), fr.values[v].data.data(),
+                                 cache(keys), cache(cache_values), fr.values[mask].data.data(),
+                                 fr.values[exponent].data[0], out.data.data());
+            out.lanes = out.last_dim(), out.live_prefix = -1;
+            return true;
+        });
+    }
+
+    // One kernel for a stable norm chain: run_stable_norm when x is a whole fp32 tensor, else the chain's own
+    // kernels.
+    void add_stable_norm(const NormChain& chain, std::map<const ProgramModel::Step*, Kernel>& parts) {
+        const int x = values()[static_cast<size_t>(chain.x)].slot, o = chain.steps.back()->out;
+        std::vector<int> intermediates;
+        for (const ProgramModel::Step* step : chain.steps)
+            if (step->out != o) intermediates.push_back(step->out);
+        const StableNorm n = chain.shape;
+        add_group_kernel(chain.steps, intermediates, parts, "norm (fused)", [=](Frame& fr) {
+            const Tensor& in = fr.values[static_cast<size_t>(x)];
+            if (in.partial() || in.prefix_partial() || in.half) return false;
+            Tensor& out = fr.values[o];
+            run_stable_norm(n, in.data.data(), out.data.data());
+            out.lanes = out.last_dim(), out.live_prefix = -1;
             return true;
         });
     }

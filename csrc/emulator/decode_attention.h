@@ -1,0 +1,44 @@
+// A decode step's attention of one query per head over its KV cache plus its own key and value
+// (models/blocks.py cached_attention, one lane), computed as one kernel instead of its 19 MIL ops:
+//   scores = matmul(q, keys)              [.., 1, T]   (q: [.., 1, D], keys: [.., D, T])
+//   masked = add(scores, mask)                          (mask: [.., 1, T], its rows broadcast over heads)
+//   self   = reduce_sum(mul(q, k), -1)    [.., 1, 1]
+//   top    = reduce_max(masked, -1)
+//   m      = add(self, relu(sub(top, self)))            (max(top, self) without a max op)
+//   e      = exp(sub(masked, m));  e_self = exp(sub(self, m))
+//   denom  = add(reduce_sum(e, -1), e_self)
+//   num    = add(matmul(e, values^T), mul(e_self, v))   (values: [.., D, T], v: [.., 1, D])
+//   out    = mul(num, pow(denom, exponent))             (exponent: the scalar const, -1)
+// Each head's values are computed as the ops compute them: the same matmul kernels (kernels::gemm,
+// gemm_f16b for an fp16 cache read in place) on the same operands, each reduction from the first element
+// to the last in fp32, each elementwise result in fp32 and every op's result rounded to fp16. So the
+// kernel's result is the ops' bit for bit, with no condition on the data; what it saves is the ops'
+// dispatch, broadcasting and frame traffic (~20 kernel calls per head group and layer).
+#pragma once
+
+#include <cstdint>
+
+namespace orion::emu {
+
+struct DecodeAttention {
+    int64_t heads = 0;      // H: batches of the matmuls (every leading axis)
+    int64_t depth = 0;      // D: q, k, v and output lanes
+    int64_t positions = 0;  // T: cached positions
+    int64_t heads_per_mask_row = 1;  // consecutive heads one [T] row of the mask covers (1: a row per head)
+};
+
+// Where the cache's keys and values are: fp32 in the frame, or fp16 read in place from the surface
+// (exactly one of the two pointers is set).
+struct CacheView {
+    const float* data = nullptr;
+    const uint16_t* half = nullptr;
+};
+
+// out[h, d] for every head h and lane d, as above; q, k, v and out are [H, D], the mask [H / heads_per_mask_row, T].
+// Live lanes (a live-lanes hint on the cache and the mask), as the ops take them: the scores, the softmax and its
+// sum cover the first `scored` positions, and the context's sum the first `summed` (<= scored).
+void run_decode_attention(const DecodeAttention& a, int64_t scored, int64_t summed, const float* q, const float* k,
+                          const float* v, CacheView keys, CacheView values, const float* mask, float exponent,
+                          float* out);
+
+}  // namespace orion::emu

@@ -1,0 +1,82 @@
+// The fused stable norm kernel (see stable_norm.h for why it is the ops bit for bit).
+#include "emulator/stable_norm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "emulator/kernels.h"
+
+namespace orion::emu {
+
+namespace {
+
+void round(float* v, int64_t n) { kernels::round_fp16(v, static_cast<size_t>(n)); }
+
+// acc[s] = acc[s] (+ or max) v[c, s] over the channels in order, then rounded: reduce_sum / reduce_max over axis 1.
+template <typename F>
+void reduce_channels(const float* v, int64_t C, int64_t S, float init, float* acc, F f) {
+    std::fill(acc, acc + S, init);
+    for (int64_t c = 0; c < C; ++c)
+        for (int64_t s = 0; s < S; ++s) acc[s] = f(acc[s], v[c * S + s]);
+    round(acc, S);
+}
+
+}  // namespace
+
+void run_stable_norm(const StableNorm& n, const float* x, float* out) {
+    const int64_t C = n.channels, S = n.lanes, size = C * S;
+    thread_local std::vector<float> scratch;  // grown, never shrunk
+    if (scratch.size() < static_cast<size_t>(size)) scratch.resize(static_cast<size_t>(size));
+    float* tmp = scratch.data();
+    float top[kStableNormMaxLanes], bottom[kStableNormMaxLanes], inv[kStableNormMaxLanes], rstd[kStableNormMaxLanes];
+    auto max = [](float a, float b) { return std::max(a, b); };
+    auto sum = [](float a, float b) { return a + b; };
+    const float lowest = -std::numeric_limits<float>::infinity();
+    reduce_channels(x, C, S, lowest, top, max);
+    for (int64_t i = 0; i < size; ++i) tmp[i] = x[i] * n.neg_y;  // neg
+    round(tmp, size);
+    reduce_channels(tmp, C, S, lowest, bottom, max);
+    for (int64_t s = 0; s < S; ++s) {
+        float gap = bottom[s] - top[s];
+        round(&gap, 1);
+        float peak = top[s] + (gap > 0.0f ? gap : 0.0f);  // top + relu(gap)
+        round(&peak, 1);
+        float scale = peak + n.floor;
+        round(&scale, 1);
+        inv[s] = std::pow(scale, n.inv_y);
+    }
+    round(inv, S);
+    float* y = out;  // the unit (then centered) values, normalized in place at the end
+    for (int64_t c = 0; c < C; ++c)
+        for (int64_t s = 0; s < S; ++s) y[c * S + s] = x[c * S + s] * inv[s];
+    round(y, size);
+    if (n.center) {
+        float mean[kStableNormMaxLanes];
+        reduce_channels(y, C, S, 0.0f, mean, sum);
+        for (int64_t s = 0; s < S; ++s) mean[s] *= n.mean_y;
+        round(mean, S);
+        for (int64_t c = 0; c < C; ++c)
+            for (int64_t s = 0; s < S; ++s) y[c * S + s] -= mean[s];
+        round(y, size);
+    }
+    for (int64_t i = 0; i < size; ++i) tmp[i] = y[i] * y[i];  // sq
+    round(tmp, size);
+    reduce_channels(tmp, C, S, 0.0f, rstd, sum);  // the squares' sum, then the rstd
+    for (int64_t s = 0; s < S; ++s) {
+        float terms[3] = {rstd[s] * n.meansq_y, inv[s] * n.root_eps_y, 0.0f};  // meansq, root_eps
+        round(terms, 2);
+        terms[2] = terms[1] * terms[1];  // eps
+        round(terms + 2, 1);
+        float var = terms[0] + terms[2];
+        round(&var, 1);
+        rstd[s] = std::pow(var, n.rsqrt_y);
+    }
+    round(rstd, S);
+    for (int64_t c = 0; c < C; ++c)
+        for (int64_t s = 0; s < S; ++s) y[c * S + s] *= rstd[s];
+    round(y, size);
+}
+
+}  // namespace orion::emu

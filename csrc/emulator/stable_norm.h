@@ -1,0 +1,30 @@
+// LayerNorm's and RMSNorm's overflow-safe normalization (python/orion/ops/reduction.py stable_norm) over the
+// channels of [1, C, 1, S], computed as one kernel instead of its 17 (RMSNorm) or 20 (LayerNorm) MIL ops:
+//   top  = reduce_max(x, 1);  bottom = reduce_max(mul(x, neg_y), 1)
+//   peak = add(top, relu(sub(bottom, top)));  inv = pow(add(peak, floor), inv_y)
+//   y    = mul(x, inv)                                   (LayerNorm: y = sub(y, mul(reduce_sum(y, 1), mean_y)))
+//   rstd = pow(add(mul(reduce_sum(mul(y, y), 1), meansq_y), mul(r, r)), rsqrt_y),  r = mul(inv, root_eps_y)
+//   out  = mul(y, rstd)
+// Every value is computed as its op computes it: each elementwise result in fp32, each reduction over the
+// channels from the first to the last in fp32, every op's result rounded to fp16. So the kernel's result is the
+// ops' bit for bit for any data; what it saves is a decode step's ~20 kernel calls per norm.
+#pragma once
+
+#include <cstdint>
+
+namespace orion::emu {
+
+struct StableNorm {
+    int64_t channels = 0, lanes = 0;  // C, S
+    bool center = false;              // LayerNorm (subtract the mean) or RMSNorm
+    // The scalar consts of the chain, as the frame holds them (fp16 values).
+    float neg_y = -1.0f, floor = 0.0f, inv_y = -1.0f, mean_y = 0.0f, meansq_y = 0.0f, root_eps_y = 0.0f, rsqrt_y = -0.5f;
+};
+
+// Lanes a fused norm handles: a decode step's (one per sequence). Longer rows (a prompt's) run the ops.
+constexpr int64_t kStableNormMaxLanes = 64;
+
+// out = the normalized x, both [C, S] channel-major.
+void run_stable_norm(const StableNorm& n, const float* x, float* out);
+
+}  // namespace orion::emu

@@ -1,0 +1,98 @@
+"""The emulator's fused stable norm (csrc/emulator/stable_norm.h): LayerNorm's and RMSNorm's overflow-safe
+normalization of a decode step's [1, C, 1, S] (ops/reduction.py stable_norm, 17 or 20 MIL ops) runs as one
+kernel.
+
+It must compute exactly what the ops do, for any data. The unfused twin is the same MIL with one
+intermediate (the rstd) also returned: an intermediate something else reads is never fused. Both are
+compared bit for bit, and against a float64 numpy reference."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import orion
+from orion.compiler import CompiledGraph, lower_graph
+from orion.graph import Graph
+from orion.runtime import profile
+from orion.runtime.stage import Stage
+
+FUSED = "norm (fused)"
+EPS = 1e-5
+
+
+def norm_graph(kind: str, channels: int, lanes: int, gamma: np.ndarray, beta: np.ndarray) -> Graph:
+    g = Graph("norm")
+    x = g.input("x", [1, channels, 1, lanes])
+    y = g.rms_norm(x, gamma, EPS) if kind == "rms" else g.layer_norm(x, gamma, beta, EPS)
+    g.output(y, "y")
+    return g
+
+
+def twins(graph: Graph) -> tuple[Stage, Stage]:
+    """The compiled graph, and its twin with the rstd also returned (so never fused)."""
+    lowered = lower_graph(graph)
+    rstd = re.search(r"> (\w+_rstd) = pow\(", lowered.mil).group(1)
+    returned = re.search(r"\} -> \((.*)\);", lowered.mil).group(1)
+    unfused = lowered.mil.replace(f"}} -> ({returned});", f"}} -> ({returned}, {rstd});")
+    return (Stage(CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights))),
+            Stage(CompiledGraph(lowered, orion.compile(unfused, lowered.weights, profile="permissive"))))
+
+
+def run_twins(kind: str, channels: int, lanes: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                            np.ndarray]:
+    """Output "y" of the fused program and of its twin on x, and the norm's parameters."""
+    rng = np.random.default_rng(1)
+    gamma, beta = (rng.standard_normal(channels).astype(np.float16) for _ in range(2))
+    fused, unfused = twins(norm_graph(kind, channels, lanes, gamma, beta))
+    outs = []
+    for stage in (fused, unfused):
+        stage.input("x")[...] = x
+        profile.enable(True)
+        profile.reset()
+        try:
+            stage.run()
+            calls = {row.op for row in profile.snapshot()}
+        finally:
+            profile.enable(False)
+        assert (FUSED in calls) == (stage is fused), calls
+        outs.append(stage.output("y").copy())
+    return outs[0], outs[1], gamma, beta
+
+
+def reference(kind: str, x: np.ndarray, gamma: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    g, b = gamma.astype(np.float64).reshape(1, -1, 1, 1), beta.astype(np.float64).reshape(1, -1, 1, 1)
+    if kind == "rms":
+        return x / np.sqrt((x**2).mean(axis=1, keepdims=True) + EPS) * g
+    mu, var = x.mean(axis=1, keepdims=True), x.var(axis=1, keepdims=True)
+    return (x - mu) / np.sqrt(var + EPS) * g + b
+
+
+def assert_same_bits(a: np.ndarray, b: np.ndarray) -> None:
+    np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16))
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("channels, lanes, amplitude", [(576, 1, 1.0), (96, 3, 1.0), (64, 1, 3000.0)])
+def test_stable_norm_is_its_ops_bit_for_bit(kind, channels, lanes, amplitude) -> None:
+    """SmolLM2's width for one sequence, a few sequences, and a residual stream far past where squaring
+    overflows fp16 (the case the stable form exists for). Reference: float64, within fp16 rounding."""
+    x = (np.random.default_rng(channels).standard_normal((1, channels, 1, lanes)) * amplitude).astype(np.float16)
+    fused, unfused, gamma, beta = run_twins(kind, channels, lanes, x)
+    assert_same_bits(fused, unfused)
+    want = reference(kind, x, gamma, beta)
+    np.testing.assert_allclose(fused.astype(np.float64), want, rtol=0, atol=0.01 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_stable_norm_of_zeros_and_non_finite_values_is_the_ops(kind) -> None:
+    """A zero lane, a lane with an infinity and one with a NaN: the kernel gives the ops' bits, NaNs included."""
+    x = np.random.default_rng(2).standard_normal((1, 32, 1, 3)).astype(np.float16)
+    x[..., 0] = 0
+    x[0, 5, 0, 1] = np.inf
+    x[0, 7, 0, 2] = np.nan
+    fused, unfused, _, _ = run_twins(kind, 32, 3, x)
+    assert_same_bits(fused, unfused)

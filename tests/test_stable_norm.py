@@ -41,11 +41,14 @@ def twins(graph: Graph) -> tuple[Stage, Stage]:
             Stage(CompiledGraph(lowered, orion.compile(unfused, lowered.weights, profile="permissive"))))
 
 
-def run_twins(kind: str, channels: int, lanes: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                                            np.ndarray]:
-    """Output "y" of the fused program and of its twin on x, and the norm's parameters."""
+def run_twins(kind: str, channels: int, lanes: int, x: np.ndarray, uniform: bool = False) -> tuple[
+        np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Output "y" of the fused program and of its twin on x, and the norm's parameters (random, or with
+    ``uniform`` one value each, which the emulator holds as a single value)."""
     rng = np.random.default_rng(1)
     gamma, beta = (rng.standard_normal(channels).astype(np.float16) for _ in range(2))
+    if uniform:
+        gamma, beta = np.full(channels, 1.5, np.float16), np.full(channels, 0.25, np.float16)
     fused, unfused = twins(norm_graph(kind, channels, lanes, gamma, beta))
     outs = []
     for stage in (fused, unfused):
@@ -96,3 +99,13 @@ def test_stable_norm_of_zeros_and_non_finite_values_is_the_ops(kind) -> None:
     x[0, 7, 0, 2] = np.nan
     fused, unfused, _, _ = run_twins(kind, 32, 3, x)
     assert_same_bits(fused, unfused)
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_stable_norm_with_uniform_parameters(kind) -> None:
+    """gamma and beta each one value repeated (a fresh model's ones): held as one value, read for every channel."""
+    x = np.random.default_rng(3).standard_normal((1, 48, 1, 2)).astype(np.float16)
+    fused, unfused, gamma, beta = run_twins(kind, 48, 2, x, uniform=True)
+    assert_same_bits(fused, unfused)
+    want = reference(kind, x, gamma, beta)
+    np.testing.assert_allclose(fused.astype(np.float64), want, rtol=0, atol=0.01 * np.abs(want).max())

@@ -790,7 +790,7 @@ private:
     // order, its input and its consts.
     struct NormChain {
         std::vector<const ProgramModel::Step*> steps;
-        int x = -1;
+        int x = -1, gamma = -1, beta = -1;  // gamma, beta: [1, C, 1, 1] operands of the optional mul and add
         StableNorm shape;
     };
 
@@ -873,11 +873,34 @@ private:
             for (const ProgramModel::Step* step : steps)
                 ok = ok && (step == normed || readers[static_cast<size_t>(step->out)] == reads[step->out]);
             if (!ok) continue;
+            // The affine tail: mul by gamma, then (LayerNorm) add beta, each the only reader of what it reads.
+            const ProgramModel::Step* tail = normed;
+            for (const auto& [op, operand] : {std::pair{"mul", &chain.gamma}, std::pair{"add", &chain.beta}}) {
+                const ProgramModel::Step* next = sole_reader(tail->out, readers);
+                const int p = next && next->op->op == op ? arg(*next, "y") : -1;
+                const Shape* ps = p >= 0 ? &vals[static_cast<size_t>(p)].type.shape : nullptr;
+                // [1, C, 1, 1], or one value (a const of equal values is held shrunk: shrink_repeated_consts)
+                if (!ps || arg(*next, "x") != tail->out || next->op->type.dtype != mil::DType::fp16 ||
+                    (*ps != Shape{1, shape[1], 1, 1} && *ps != Shape{1, 1, 1, 1}))
+                    break;
+                (op == std::string("mul") ? chain.shape.gamma_stride : chain.shape.beta_stride) = (*ps)[1] > 1 ? 1 : 0;
+                *operand = p;
+                steps.push_back(next);
+                tail = next;
+            }
             std::sort(steps.begin(), steps.end());  // program order: steps_ is a vector
             chain.steps = steps;
             for (const ProgramModel::Step* step : steps) found[step] = chain;
         }
         return found;
+    }
+
+    // The step that reads value `id` when it is its only reader (and the program does not return it), else null.
+    const ProgramModel::Step* sole_reader(int id, const std::vector<int>& readers) const {
+        if (readers[static_cast<size_t>(id)] != 1) return nullptr;
+        for (const auto& step : model_.steps_)
+            if (std::find(step.arg_ids.begin(), step.arg_ids.end(), id) != step.arg_ids.end()) return &step;
+        return nullptr;
     }
 
     // How many consecutive rows of `row` ([.., 1, T]) one row of `mask` (broadcast to it) covers: 1 when the
@@ -1235,16 +1258,20 @@ private:
     // One kernel for a stable norm chain: run_stable_norm when x is a whole fp32 tensor, else the chain's own
     // kernels.
     void add_stable_norm(const NormChain& chain, std::map<const ProgramModel::Step*, Kernel>& parts) {
-        const int x = values()[static_cast<size_t>(chain.x)].slot, o = chain.steps.back()->out;
+        auto slot = [&](int id) { return id >= 0 ? values()[static_cast<size_t>(id)].slot : -1; };
+        const int x = slot(chain.x), gamma = slot(chain.gamma), beta = slot(chain.beta), o = chain.steps.back()->out;
         std::vector<int> intermediates;
         for (const ProgramModel::Step* step : chain.steps)
             if (step->out != o) intermediates.push_back(step->out);
         const StableNorm n = chain.shape;
         add_group_kernel(chain.steps, intermediates, parts, "norm (fused)", [=](Frame& fr) {
-            const Tensor& in = fr.values[static_cast<size_t>(x)];
-            if (in.partial() || in.prefix_partial() || in.half) return false;
+            for (int s : {x, gamma, beta}) {
+                const Tensor* t = s >= 0 ? &fr.values[static_cast<size_t>(s)] : nullptr;
+                if (t && (t->partial() || t->prefix_partial() || t->half)) return false;
+            }
+            auto data = [&](int s) { return s >= 0 ? fr.values[static_cast<size_t>(s)].data.data() : nullptr; };
             Tensor& out = fr.values[o];
-            run_stable_norm(n, in.data.data(), out.data.data());
+            run_stable_norm(n, data(x), data(gamma), data(beta), out.data.data());
             out.lanes = out.last_dim(), out.live_prefix = -1;
             return true;
         });

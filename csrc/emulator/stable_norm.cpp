@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "emulator/kernels.h"
@@ -25,7 +26,7 @@ void reduce_channels(const float* v, int64_t C, int64_t S, float init, float* ac
 
 }  // namespace
 
-void run_stable_norm(const StableNorm& n, const float* x, float* out) {
+void run_stable_norm(const StableNorm& n, const float* x, const float* gamma, const float* beta, float* out) {
     const int64_t C = n.channels, S = n.lanes, size = C * S;
     thread_local std::vector<float> scratch;  // grown, never shrunk
     if (scratch.size() < static_cast<size_t>(size)) scratch.resize(static_cast<size_t>(size));
@@ -77,6 +78,14 @@ void run_stable_norm(const StableNorm& n, const float* x, float* out) {
     for (int64_t c = 0; c < C; ++c)
         for (int64_t s = 0; s < S; ++s) y[c * S + s] *= rstd[s];
     round(y, size);
+    for (const auto& [per_channel, stride, add] : {std::tuple{gamma, n.gamma_stride, false}, std::tuple{beta, n.beta_stride, true}}) {
+        if (!per_channel) continue;
+        for (int64_t c = 0; c < C; ++c) {
+            const float p = per_channel[c * stride];
+            for (int64_t s = 0; s < S; ++s) y[c * S + s] = add ? y[c * S + s] + p : y[c * S + s] * p;
+        }
+        round(y, size);
+    }
 }
 
 }  // namespace orion::emu

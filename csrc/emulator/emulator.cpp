@@ -15,6 +15,7 @@
 #include "emulator/buffer_pool.h"
 #include "emulator/causal_attention.h"
 #include "emulator/decode_attention.h"
+#include "emulator/rotary.h"
 #include "emulator/stable_norm.h"
 #include "emulator/const_fold.h"
 #include "emulator/fused_elementwise.h"
@@ -354,10 +355,12 @@ private:
             if (step == chain.steps.back()) ++chain_reads[chain.mask];
         const std::map<const ProgramModel::Step*, DecodeChain> decode_chains = find_decode_attention(readers);
         const std::map<const ProgramModel::Step*, NormChain> norms = find_stable_norms(readers);
+        const std::map<const ProgramModel::Step*, RotaryChain> rotaries = find_rotaries(readers);
         std::set<const ProgramModel::Step*> grouped;  // steps of a fused attention or norm: in no other group
         for (const auto& [step, chain] : chains) grouped.insert(step);
         for (const auto& [step, chain] : decode_chains) grouped.insert(step);
         for (const auto& [step, chain] : norms) grouped.insert(step);
+        for (const auto& [step, chain] : rotaries) grouped.insert(step);
         const std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>> runs = find_elementwise_runs(grouped);
         // A compile-time constant op's kernel (constexpr_*) is built after its readers,
         // and kept only if one of them reads its values or the program returns them: conv takes its
@@ -416,6 +419,11 @@ private:
             if (const auto found = decode_chains.find(&step); found != decode_chains.end()) {
                 group_parts[&step] = std::move(built[i].kernel);
                 if (&step == found->second.steps.back()) add_decode_attention(found->second, group_parts);
+                continue;  // the chain runs at its last step
+            }
+            if (const auto found = rotaries.find(&step); found != rotaries.end()) {
+                group_parts[&step] = std::move(built[i].kernel);
+                if (&step == found->second.steps.back()) add_rotary(found->second, group_parts);
                 continue;  // the chain runs at its last step
             }
             if (const auto found = norms.find(&step); found != norms.end()) {
@@ -895,6 +903,55 @@ private:
         return found;
     }
 
+    // A rotary embedding (rotary.h): its 4 steps in program order and its operands' value ids.
+    struct RotaryChain {
+        std::vector<const ProgramModel::Step*> steps;
+        int x = -1, partner = -1, cos = -1, sin = -1;
+        Rotary shape;
+    };
+
+    // The chains whose intermediates nothing else reads, all in fp16, by each of their steps.
+    std::map<const ProgramModel::Step*, RotaryChain> find_rotaries(const std::vector<int>& readers) const {
+        const auto& vals = model_.values_;
+        std::map<int, const ProgramModel::Step*> producer;
+        for (const auto& step : model_.steps_) producer[step.out] = &step;
+        auto arg = [](const ProgramModel::Step& step, const char* name) {
+            for (size_t a = 0; a < step.op->args.size(); ++a)
+                if (step.op->args[a].name == name) return step.arg_ids[a];
+            return -1;
+        };
+        auto made = [&](int id, const char* op) -> const ProgramModel::Step* {
+            const auto p = id >= 0 ? producer.find(id) : producer.end();
+            return p != producer.end() && p->second->op->op == op && vals[static_cast<size_t>(id)].slot == id &&
+                           p->second->op->type.dtype == mil::DType::fp16 && readers[static_cast<size_t>(id)] == 1
+                       ? p->second : nullptr;
+        };
+        auto shape_of = [&](int id) -> const Shape& { return vals[static_cast<size_t>(id)].type.shape; };
+        std::map<const ProgramModel::Step*, RotaryChain> found;
+        for (const auto& sum : model_.steps_) {
+            if (sum.op->op != "add" || sum.op->type.dtype != mil::DType::fp16) continue;
+            const ProgramModel::Step *cos = made(arg(sum, "x"), "mul"), *sin = made(arg(sum, "y"), "mul");
+            const ProgramModel::Step* mate = sin ? made(arg(*sin, "x"), "matmul") : nullptr;
+            if (!cos || !mate) continue;
+            RotaryChain chain;
+            chain.x = arg(*cos, "x"), chain.cos = arg(*cos, "y"), chain.sin = arg(*sin, "y");
+            chain.partner = arg(*mate, "x");
+            const auto& md = std::get<frontend::MatmulDims>(mate->typed.attrs);
+            const Shape& x = shape_of(chain.x);  // [1, H, D, S]
+            if (arg(*mate, "y") != chain.x || md.transpose_x || md.transpose_y || x.size() != 4 || x[0] != 1 ||
+                md.M != x[2] || md.K != x[2] || md.N != x[3] || element_count(md.x_batch) != 1 || md.y_batch != md.batch ||
+                !vals[static_cast<size_t>(chain.partner)].constant || shape_of(chain.partner) != Shape{1, 1, x[2], x[2]} ||
+                shape_of(chain.cos) != Shape{1, 1, x[2], x[3]} || shape_of(chain.sin) != Shape{1, 1, x[2], x[3]} ||
+                sum.op->type.shape != x)
+                continue;
+            chain.shape = {x[1], x[2], x[3]};
+            chain.steps = {mate, cos, sin, &sum};
+            std::sort(chain.steps.begin(), chain.steps.end());  // program order: steps_ is a vector
+            for (const ProgramModel::Step* step : chain.steps) found[step] = chain;
+        }
+        return found;
+    }
+
     // The step that reads value `id` when it is its only reader (and the program does not return it), else null.
     const ProgramModel::Step* sole_reader(int id, const std::vector<int>& readers) const {
         if (readers[static_cast<size_t>(id)] != 1) return nullptr;
@@ -1272,6 +1329,29 @@ private:
             auto data = [&](int s) { return s >= 0 ? fr.values[static_cast<size_t>(s)].data.data() : nullptr; };
             Tensor& out = fr.values[o];
             run_stable_norm(n, data(x), data(gamma), data(beta), out.data.data());
+            out.lanes = out.last_dim(), out.live_prefix = -1;
+            return true;
+        });
+    }
+
+    // One kernel for a rotary embedding: run_rotary when its operands are whole fp32 tensors, else the chain's
+    // own kernels.
+    void add_rotary(const RotaryChain& chain, std::map<const ProgramModel::Step*, Kernel>& parts) {
+        auto slot = [&](int id) { return values()[static_cast<size_t>(id)].slot; };
+        const int x = slot(chain.x), partner = slot(chain.partner), cos = slot(chain.cos), sin = slot(chain.sin);
+        const int o = chain.steps.back()->out;
+        std::vector<int> intermediates;
+        for (const ProgramModel::Step* step : chain.steps)
+            if (step->out != o) intermediates.push_back(step->out);
+        const Rotary r = chain.shape;
+        add_group_kernel(chain.steps, intermediates, parts, "rotary (fused)", [=](Frame& fr) {
+            for (int s : {x, partner, cos, sin}) {
+                const Tensor& t = fr.values[static_cast<size_t>(s)];
+                if (t.partial() || t.prefix_partial() || t.half) return false;
+            }
+            Tensor& out = fr.values[o];
+            run_rotary(r, fr.values[x].data.data(), fr.values[partner].data.data(), fr.values[cos].data.data(),
+                       fr.values[sin].data.data(), out.data.data());
             out.lanes = out.last_dim(), out.live_prefix = -1;
             return true;
         });

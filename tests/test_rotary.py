@@ -1,0 +1,77 @@
+"""The emulator's fused rotary embedding (csrc/emulator/rotary.h): the Llama family's RoPE (models/llama/graphs.py
+apply_rope: a matmul by the signed partner permutation, two products with the cos/sin tables and their sum) runs
+as one kernel.
+
+It must compute exactly what the four ops do, for any data. The unfused twin is the same MIL with the partner
+product also returned: an intermediate something else reads is never fused. Both are compared bit for bit,
+and against a float64 numpy rotation."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import orion
+from orion.compiler import CompiledGraph, lower_graph
+from orion.graph import Graph
+from orion.models.llama.config import LlamaConfig
+from orion.models.llama.graphs import apply_rope, rope_partner
+from orion.runtime import profile
+from orion.runtime.stage import Stage
+
+FUSED = "rotary (fused)"
+
+
+def rope_graph(heads: int, d: int, lanes: int) -> Graph:
+    """x [1, H*D, 1, S] rotated by runtime cos/sin tables [1, D, 1, S] seen as [1, 1, D, S] (a decode step's form)."""
+    config = LlamaConfig(dim=heads * d, n_layers=1, n_heads=heads, n_kv_heads=heads, head_dim=d, hidden_dim=64,
+                         vocab_size=32, max_position_embeddings=64)
+    g = Graph("rope")
+    x = g.input("x", [1, heads * d, 1, lanes])
+    cos, sin = (g.reshape(g.input(n, [1, d, 1, lanes]), [1, 1, d, lanes]) for n in ("cos", "sin"))
+    g.output(g.reshape(apply_rope(g, x, heads, cos, sin, rope_partner(g, config), "r"), [1, heads * d, 1, lanes]), "y")
+    return g
+
+
+def twins(graph: Graph) -> tuple[Stage, Stage]:
+    lowered = lower_graph(graph)
+    mate = re.search(r"> (\w+_mate) = matmul\(", lowered.mil).group(1)
+    returned = re.search(r"\} -> \((.*)\);", lowered.mil).group(1)
+    unfused = lowered.mil.replace(f"}} -> ({returned});", f"}} -> ({returned}, {mate});")
+    return (Stage(CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights))),
+            Stage(CompiledGraph(lowered, orion.compile(unfused, lowered.weights, profile="permissive"))))
+
+
+@pytest.mark.parametrize("heads, d, lanes, amplitude", [(3, 64, 1, 1.0), (2, 16, 32, 1.0), (2, 64, 1, 60000.0)])
+def test_rotary_is_its_ops_bit_for_bit(heads, d, lanes, amplitude) -> None:
+    """A decode step's head group (SmolLM2's), a prompt's lanes, and values whose products overflow fp16.
+    Reference: float64 rotation of each channel pair (the half-split convention), within fp16 rounding."""
+    fused, unfused = twins(rope_graph(heads, d, lanes))
+    rng = np.random.default_rng(d + lanes)
+    x = np.clip(rng.standard_normal((1, heads * d, 1, lanes)) * amplitude, -65504, 65504).astype(np.float16)
+    angles = rng.uniform(0, 2 * np.pi, (1, 1, d // 2, lanes))
+    cos = np.concatenate([np.cos(angles)] * 2, axis=2).astype(np.float16)
+    sin = np.concatenate([np.sin(angles)] * 2, axis=2).astype(np.float16)
+    outs = []
+    for stage in (fused, unfused):
+        stage.input("x")[...] = x
+        stage.input("cos")[...], stage.input("sin")[...] = (t.reshape(1, d, 1, lanes) for t in (cos, sin))
+        profile.enable(True)
+        profile.reset()
+        try:
+            stage.run()
+            ops = {row.op for row in profile.snapshot()}
+        finally:
+            profile.enable(False)
+        assert (FUSED in ops) == (stage is fused), ops
+        outs.append(stage.output("y").copy())
+    np.testing.assert_array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
+    if amplitude > 1:
+        return  # overflowed: the bits above are the check
+    xh = x.astype(np.float64).reshape(heads, d, lanes)
+    half = d // 2
+    rotated = np.concatenate([-xh[:, half:], xh[:, :half]], axis=1)
+    want = (xh * cos.astype(np.float64)[0] + rotated * sin.astype(np.float64)[0]).reshape(1, heads * d, 1, lanes)
+    np.testing.assert_allclose(outs[0].astype(np.float64), want, rtol=0, atol=0.01 * np.abs(want).max())

@@ -24,13 +24,20 @@ Pool& pool() {
 
 }  // namespace
 
+// Buffers from this many elements (1 MiB of fp32: a prompt's activations) are shared across sizes: a request
+// reuses a larger idle one, and a new one replaces smaller idle ones. Smaller ones (a decode step's padded I/O,
+// tens of KB) keep their exact sizes: a regrown buffer is zero-filled to its capacity at every give, which in a
+// decode step, its programs alternating between two sizes, came to megabytes per token.
+constexpr size_t kLargeBuffer = size_t{1} << 18;
+
 std::vector<float> take(size_t n) {
     Pool& p = pool();
     std::vector<std::vector<float>> replaced;  // idle buffers a new one replaces
     {
         std::lock_guard<std::mutex> lock(p.mutex);
         auto it = p.idle.find(n);
-        if (it == p.idle.end()) {
+        const bool large = n >= kLargeBuffer;
+        if (it == p.idle.end() && large) {
             // No idle buffer of this size: reuse an idle one of at most twice it, shrunk (it keeps its capacity
             // and regrows when given back), instead of allocating while it sits idle.
             it = p.idle.upper_bound(n);
@@ -48,7 +55,7 @@ std::vector<float> take(size_t n) {
         // of joining them: the pool stays near the most bytes live at once rather than growing by every size
         // a program's values take (GPT-2 124M's 1,024-lane prefill layer: 63 -> 47 MB, its MLP's [3072, S]
         // values arriving when [768, S] and [2304, S] ones are idle; run again, the layers find their sizes idle).
-        for (size_t freed = 0; freed < n;) {
+        for (size_t freed = 0; large && freed < n;) {
             auto smaller = p.idle.lower_bound(n);
             if (smaller == p.idle.begin()) break;
             --smaller;

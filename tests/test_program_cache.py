@@ -225,9 +225,11 @@ def test_a_mapped_weight_is_range_checked_once_per_process(tmp_path, monkeypatch
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     good, bad = (np.frombuffer(mapped, np.float16, 64 * 64, offset=i * 64 * 64 * 2).reshape(64, 64) for i in range(2))
     writable = good.copy()
+    from orion.graph import builder
+
     checks: list[int] = []
-    real = np.isfinite
-    monkeypatch.setattr(np, "isfinite", lambda a, *args, **kw: checks.append(np.size(a)) or real(a, *args, **kw))
+    real = builder._all_finite
+    monkeypatch.setattr(builder, "_all_finite", lambda a: checks.append(np.size(a)) or real(a))
 
     def build(w: np.ndarray) -> orion.Graph:
         g = orion.Graph("mapped_weight")
@@ -245,6 +247,61 @@ def test_a_mapped_weight_is_range_checked_once_per_process(tmp_path, monkeypatch
         with pytest.raises(orion.OrionError, match="NaN"):
             build(bad)
     del good, bad
+
+
+def test_a_weight_shared_by_programs_is_serialized_hashed_and_checksummed_once(tmp_path, monkeypatch) -> None:
+    """Programs baking the same checkpoint values (a view of a read-only map, or a fused array derived from
+    such views: orion.graph.lineage) serialize, hash and checksum their weight file once per process; a later
+    program emits the stored blob. A writable array is serialized every time. Every program still computes
+    the numpy reference (fp16 tolerance)."""
+    import mmap
+
+    from orion import blobfile, compiler
+    from orion.graph import lineage
+
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path / "cache"))
+    halves = RNG.standard_normal((2, 32, 64)).astype(np.float16)
+    path = tmp_path / "weights.bin"
+    path.write_bytes(halves.tobytes())
+    with path.open("rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    top, bottom = (np.frombuffer(mapped, np.float16, 32 * 64, offset=i * 32 * 64 * 2).reshape(32, 64) for i in range(2))
+    serialized, hashed, summed = [], [], []
+    real_write, real_sum, real_sha = blobfile.write, program_cache._checksum, hashlib.sha256
+    monkeypatch.setattr(blobfile, "write", lambda a, **kw: serialized.append(np.size(a)) or real_write(a, **kw))
+    monkeypatch.setattr(program_cache, "_checksum", lambda d: summed.append(len(d)) or real_sum(d))
+    monkeypatch.setattr(compiler.hashlib, "sha256", lambda d=b"": hashed.append(len(d)) or real_sha(d))
+
+    def run(weight_of, seq: int) -> None:
+        def build() -> orion.Graph:
+            g = orion.Graph("shared_weight")
+            g.output(g.linear(g.input("x", [1, 64, 1, seq]), weight_of()), "y")
+            return g
+
+        lowered, _ = lower_cached({"test": "shared_weight", "seq": seq, "weight": weight_of.__name__}, build)
+        x = RNG.standard_normal((1, 64, 1, seq)).astype(np.float32)
+        want = (np.asarray(weight_of(), np.float64) @ x[0, :, 0, :])[None, :, None, :]
+        got = compile_cached(lowered)(x=x)["y"]
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-2 * float(np.abs(want).max()))
+
+    def mapped_view() -> np.ndarray:
+        return top
+
+    def stacked() -> np.ndarray:  # a fused projection: derived anew by every graph from the same views
+        return lineage.derived(np.concatenate([top, bottom]), "concatenate", [top, bottom])
+
+    writable = np.array(top)
+
+    def copied() -> np.ndarray:
+        return writable
+
+    for weight_of, rows, programs, expected in ((mapped_view, 32, 3, 1), (stacked, 64, 3, 1), (copied, 32, 2, 2)):
+        serialized.clear(), hashed.clear(), summed.clear()
+        for seq in (32, 64, 128)[:programs]:
+            run(weight_of, seq)
+        file_bytes = len(real_write(np.zeros((rows, 64), np.float16)))
+        assert (serialized.count(rows * 64), hashed.count(file_bytes), summed.count(file_bytes)) == (expected,) * 3
+    assert lineage.key_of(top) is not None and lineage.key_of(writable) is None  # no key: its values may change
 
 
 def test_the_weight_keys_compiled_with_are_the_sha256_of_the_bytes(tmp_path, monkeypatch) -> None:

@@ -50,16 +50,16 @@ import weakref
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import asdict
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import BinaryIO
 
 import orion
-from orion import compiler
+from orion import compiler, emit
 from orion._core import kernels
 from orion.compiler import CompiledGraph, Lowered, compile_lowered
 from orion.errors import OrionError
-from orion.graph import Graph
+from orion.graph import Graph, lineage
 from orion.legalize.io import IOLayout, IOSpec
 
 _COMPILER_PARTS = ("compiler.py", "ops", "graph", "legalize", "passes", "emit.py", "quant.py", "generation", "models")
@@ -155,9 +155,10 @@ def _save(directory: Path, lowered: Lowered) -> tuple[Lowered, int]:
         files = {"model.mil": lowered.mil.encode(), "layout.json": json.dumps(layout).encode()}
         for name, data in files.items():
             (tmp / name).write_bytes(data)
-        digests = lowered.file_digests
+        digests, sources = lowered.file_digests, lowered.sources or {}
         written: set[str] = set()
-        weights = {path: {"blob": _write_blob(root / BLOBS, data, digests[path], written), **_checksum(data)}
+        weights = {path: {"blob": _write_blob(root / BLOBS, data, digests[path], written),
+                          **_weight_checksum(data, sources.get(path))}
                    for path, data in lowered.weights.items()}
         manifest = {"files": {name: _checksum(data) for name, data in files.items()}, "weights": weights}
         (tmp / MANIFEST).write_text(json.dumps(manifest))
@@ -173,7 +174,32 @@ def _save(directory: Path, lowered: Lowered) -> tuple[Lowered, int]:
     for path, ref in weights.items():  # the checksums of blobs written here are known: a warm start need not
         if ref["blob"] in written:      # compute them (one found already there is checked when first read)
             _verified_checksum(mapped[path], root / BLOBS / ref["blob"], {"size": ref["size"], "crc32": ref["crc32"]})
-    return Lowered(lowered.mil, mapped, lowered.layout, lowered.report, digests=digests), added
+    for path, key in sources.items():  # later programs baking the same values emit the blob, not new bytes
+        ref = weights[path]
+        lineage.remember(key, emit.FILE_COPY, partial(_stored_copy, root / BLOBS / ref["blob"],
+                                                      {"size": ref["size"], "crc32": ref["crc32"]}))
+    return Lowered(lowered.mil, mapped, lowered.layout, lowered.report, digests=digests, sources=sources), added
+
+
+def _stored_copy(path: Path, expected: dict[str, int]) -> memoryview | None:
+    """The blob at ``path`` as a shared read-only map when it still has the ``expected`` size and CRC-32
+    (checked once per blob version, as a read entry's blobs are), else None."""
+    data = _map_blob(path)
+    try:
+        good = len(data) == expected["size"] and _verified_checksum(data, path) == expected
+    except OSError:
+        good = False
+    return data if good and isinstance(data, memoryview) else None
+
+
+def _weight_checksum(data: memoryview | bytes, key: lineage.Key | None) -> dict[str, int]:
+    """``_checksum(data)`` of a weight file, computed once per process for the file of values of one lineage
+    ``key`` (the decode programs and prefill buckets of a model bake the same weights)."""
+    found = lineage.recall(key, emit.FILE_CRC32)
+    if found is None or found["size"] != len(data):
+        found = _checksum(data)
+        lineage.remember(key, emit.FILE_CRC32, found)
+    return found
 
 
 # Read-only maps of the blobs in use, by (path, inode, size, mtime): entries that reference one blob

@@ -362,6 +362,7 @@ def test_a_warm_compile_maps_the_stored_panels_instead_of_packing(tmp_path, monk
     y = first(x=X)["y"]
     want = np.maximum(w @ X[0, :, 0, :], 0)[None, :, None, :]
     np.testing.assert_allclose(y, want, rtol=0, atol=2e-2 * float(np.abs(want).max()))
+    program_cache.flush()
     (stored,) = (tmp_path / PANELS).iterdir()  # the one conv weight, named by its blob, offset, shape and layout
     digest = stored.name[:64]
     assert digest in lowered.file_digests.values() and f"-72x64.{kernels.conv_panel_layout()}." in stored.name
@@ -381,6 +382,32 @@ def test_a_warm_compile_maps_the_stored_panels_instead_of_packing(tmp_path, monk
 
 
 @pytest.mark.skipif(orion.backend() != "emulator", reason="the emulator's packed weights")
+def test_panels_are_written_by_a_writer_thread_and_named_only_once_whole(tmp_path, monkeypatch) -> None:
+    """A cold start's compiles do not wait for the files of panels: store_panels queues them to one writer
+    thread; until a file is whole it has no name panel_files would find (another program packs again)."""
+    import threading
+
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    g, w = _panel_graph(16)
+    lowered, _ = lower_cached({"test": "panel writer"}, lambda: g)
+    hold = threading.Event()
+    program_cache._writer().submit(hold.wait)  # the writer is busy
+    try:
+        compiled = compile_cached(lowered)
+        digests = lowered.file_digests.values()
+        assert not (tmp_path / PANELS).exists() and panel_files(tmp_path, digests) == {}
+        assert program_cache.store_panels(tmp_path, digests) == 0  # queued once, not again
+    finally:
+        hold.set()
+    program_cache.flush()
+    (stored,) = (tmp_path / PANELS).iterdir()
+    assert list(panel_files(tmp_path, digests).values()) == [str(stored)]
+    assert stored.read_bytes() == np.pad(w.astype(np.float16), ((0, 8), (0, 0))).reshape(5, 16, 64) \
+        .transpose(0, 2, 1).tobytes()
+    _released(compiled)
+
+
+@pytest.mark.skipif(orion.backend() != "emulator", reason="the emulator's packed weights")
 @pytest.mark.parametrize("damage", ["truncated", "another weight's panels"])
 def test_a_damaged_panel_file_is_packed_again_with_one_warning(tmp_path, monkeypatch, capsys, damage) -> None:
     import zlib
@@ -391,6 +418,7 @@ def test_a_damaged_panel_file_is_packed_again_with_one_warning(tmp_path, monkeyp
     first = compile_cached(lowered)
     y = first(x=X)["y"]
     _released(first)
+    program_cache.flush()
     (stored,) = (tmp_path / PANELS).iterdir()
     if damage == "truncated":  # as by a full disk: its CRC is computed again (another size) and differs
         stored.write_bytes(stored.read_bytes()[:-64])
@@ -409,6 +437,7 @@ def test_a_damaged_panel_file_is_packed_again_with_one_warning(tmp_path, monkeyp
     warning = capsys.readouterr().err.strip().splitlines()
     assert len(warning) == 1 and expected in warning[0] and str(stored) in warning[0]
     assert np.array_equal(again(x=X)["y"], y)  # packed again from the weight
+    program_cache.flush()
     (rewritten,) = (tmp_path / PANELS).iterdir()  # and stored again
     assert rewritten.read_bytes() == np.pad(w.astype(np.float16), ((0, 8), (0, 0))).reshape(5, 16, 64) \
         .transpose(0, 2, 1).tobytes()
@@ -442,6 +471,7 @@ def test_panels_are_evicted_with_their_blobs_and_cleared(tmp_path, monkeypatch) 
     for seed in (14, 15):
         g, _ = _panel_graph(seed)
         _released(compile_cached(lower_cached({"test": "panel eviction", "seed": seed}, lambda g=g: g)[0]))
+    program_cache.flush()
     assert len(list((tmp_path / PANELS).iterdir())) == 2
     past = time.time() - 1000  # past the blobs' grace period; the second entry stays the newest
     for path in tmp_path.rglob("*"):

@@ -407,6 +407,23 @@ def test_panels_are_written_by_a_writer_thread_and_named_only_once_whole(tmp_pat
     _released(compiled)
 
 
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="fork")
+def test_a_forked_child_gets_a_writer_of_its_own() -> None:
+    """The parent's writer thread is not in a forked child: the child's flush must not wait for it forever."""
+    import os
+    import signal
+
+    program_cache._writer().submit(lambda: None).result()
+    pid = os.fork()
+    if pid == 0:  # the child: exit code 0 when its flush and a write of its own finish within 10 s
+        signal.alarm(10)
+        program_cache.flush()
+        program_cache._writer().submit(lambda: None).result()
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 @pytest.mark.skipif(orion.backend() != "emulator", reason="the emulator's packed weights")
 @pytest.mark.parametrize("damage", ["truncated", "another weight's panels"])
 def test_a_damaged_panel_file_is_packed_again_with_one_warning(tmp_path, monkeypatch, capsys, damage) -> None:

@@ -431,6 +431,15 @@ _WRITER: list[ThreadPoolExecutor] = []  # the one writer thread of files of pane
 _PENDING: set[str] = set()  # "<blob>@<offset>-<shape>.<layout>." of the files of panels queued and not yet written
 
 
+def _forget_writer() -> None:
+    """In a forked child: the parent's writer thread is not there (a new one is made on first use)."""
+    _WRITER.clear()
+    _PENDING.clear()
+
+
+os.register_at_fork(after_in_child=_forget_writer)
+
+
 def _writer() -> ThreadPoolExecutor:
     if not _WRITER:
         _WRITER.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="orion-panel-writer"))

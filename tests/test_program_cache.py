@@ -225,9 +225,11 @@ def test_a_mapped_weight_is_range_checked_once_per_process(tmp_path, monkeypatch
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     good, bad = (np.frombuffer(mapped, np.float16, 64 * 64, offset=i * 64 * 64 * 2).reshape(64, 64) for i in range(2))
     writable = good.copy()
+    from orion.graph import builder
+
     checks: list[int] = []
-    real = np.isfinite
-    monkeypatch.setattr(np, "isfinite", lambda a, *args, **kw: checks.append(np.size(a)) or real(a, *args, **kw))
+    real = builder._all_finite
+    monkeypatch.setattr(builder, "_all_finite", lambda a: checks.append(np.size(a)) or real(a))
 
     def build(w: np.ndarray) -> orion.Graph:
         g = orion.Graph("mapped_weight")
@@ -245,6 +247,61 @@ def test_a_mapped_weight_is_range_checked_once_per_process(tmp_path, monkeypatch
         with pytest.raises(orion.OrionError, match="NaN"):
             build(bad)
     del good, bad
+
+
+def test_a_weight_shared_by_programs_is_serialized_hashed_and_checksummed_once(tmp_path, monkeypatch) -> None:
+    """Programs baking the same checkpoint values (a view of a read-only map, or a fused array derived from
+    such views: orion.graph.lineage) serialize, hash and checksum their weight file once per process; a later
+    program emits the stored blob. A writable array is serialized every time. Every program still computes
+    the numpy reference (fp16 tolerance)."""
+    import mmap
+
+    from orion import blobfile, compiler
+    from orion.graph import lineage
+
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path / "cache"))
+    halves = RNG.standard_normal((2, 32, 64)).astype(np.float16)
+    path = tmp_path / "weights.bin"
+    path.write_bytes(halves.tobytes())
+    with path.open("rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    top, bottom = (np.frombuffer(mapped, np.float16, 32 * 64, offset=i * 32 * 64 * 2).reshape(32, 64) for i in range(2))
+    serialized, hashed, summed = [], [], []
+    real_write, real_sum, real_sha = blobfile.write, program_cache._checksum, hashlib.sha256
+    monkeypatch.setattr(blobfile, "write", lambda a, **kw: serialized.append(np.size(a)) or real_write(a, **kw))
+    monkeypatch.setattr(program_cache, "_checksum", lambda d: summed.append(len(d)) or real_sum(d))
+    monkeypatch.setattr(compiler.hashlib, "sha256", lambda d=b"": hashed.append(len(d)) or real_sha(d))
+
+    def run(weight_of, seq: int) -> None:
+        def build() -> orion.Graph:
+            g = orion.Graph("shared_weight")
+            g.output(g.linear(g.input("x", [1, 64, 1, seq]), weight_of()), "y")
+            return g
+
+        lowered, _ = lower_cached({"test": "shared_weight", "seq": seq, "weight": weight_of.__name__}, build)
+        x = RNG.standard_normal((1, 64, 1, seq)).astype(np.float32)
+        want = (np.asarray(weight_of(), np.float64) @ x[0, :, 0, :])[None, :, None, :]
+        got = compile_cached(lowered)(x=x)["y"]
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-2 * float(np.abs(want).max()))
+
+    def mapped_view() -> np.ndarray:
+        return top
+
+    def stacked() -> np.ndarray:  # a fused projection: derived anew by every graph from the same views
+        return lineage.derived(np.concatenate([top, bottom]), "concatenate", [top, bottom])
+
+    writable = np.array(top)
+
+    def copied() -> np.ndarray:
+        return writable
+
+    for weight_of, rows, programs, expected in ((mapped_view, 32, 3, 1), (stacked, 64, 3, 1), (copied, 32, 2, 2)):
+        serialized.clear(), hashed.clear(), summed.clear()
+        for seq in (32, 64, 128)[:programs]:
+            run(weight_of, seq)
+        file_bytes = len(real_write(np.zeros((rows, 64), np.float16)))
+        assert (serialized.count(rows * 64), hashed.count(file_bytes), summed.count(file_bytes)) == (expected,) * 3
+    assert lineage.key_of(top) is not None and lineage.key_of(writable) is None  # no key: its values may change
 
 
 def test_the_weight_keys_compiled_with_are_the_sha256_of_the_bytes(tmp_path, monkeypatch) -> None:
@@ -305,6 +362,7 @@ def test_a_warm_compile_maps_the_stored_panels_instead_of_packing(tmp_path, monk
     y = first(x=X)["y"]
     want = np.maximum(w @ X[0, :, 0, :], 0)[None, :, None, :]
     np.testing.assert_allclose(y, want, rtol=0, atol=2e-2 * float(np.abs(want).max()))
+    program_cache.flush()
     (stored,) = (tmp_path / PANELS).iterdir()  # the one conv weight, named by its blob, offset, shape and layout
     digest = stored.name[:64]
     assert digest in lowered.file_digests.values() and f"-72x64.{kernels.conv_panel_layout()}." in stored.name
@@ -324,6 +382,49 @@ def test_a_warm_compile_maps_the_stored_panels_instead_of_packing(tmp_path, monk
 
 
 @pytest.mark.skipif(orion.backend() != "emulator", reason="the emulator's packed weights")
+def test_panels_are_written_by_a_writer_thread_and_named_only_once_whole(tmp_path, monkeypatch) -> None:
+    """A cold start's compiles do not wait for the files of panels: store_panels queues them to one writer
+    thread; until a file is whole it has no name panel_files would find (another program packs again)."""
+    import threading
+
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    g, w = _panel_graph(16)
+    lowered, _ = lower_cached({"test": "panel writer"}, lambda: g)
+    hold = threading.Event()
+    program_cache._writer().submit(hold.wait)  # the writer is busy
+    try:
+        compiled = compile_cached(lowered)
+        digests = lowered.file_digests.values()
+        assert not (tmp_path / PANELS).exists() and panel_files(tmp_path, digests) == {}
+        assert program_cache.store_panels(tmp_path, digests) == 0  # queued once, not again
+    finally:
+        hold.set()
+    program_cache.flush()
+    (stored,) = (tmp_path / PANELS).iterdir()
+    assert list(panel_files(tmp_path, digests).values()) == [str(stored)]
+    assert stored.read_bytes() == np.pad(w.astype(np.float16), ((0, 8), (0, 0))).reshape(5, 16, 64) \
+        .transpose(0, 2, 1).tobytes()
+    _released(compiled)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="fork")
+def test_a_forked_child_gets_a_writer_of_its_own() -> None:
+    """The parent's writer thread is not in a forked child: the child's flush must not wait for it forever."""
+    import os
+    import signal
+
+    program_cache._writer().submit(lambda: None).result()
+    pid = os.fork()
+    if pid == 0:  # the child: exit code 0 when its flush and a write of its own finish within 10 s
+        signal.alarm(10)
+        program_cache.flush()
+        program_cache._writer().submit(lambda: None).result()
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.skipif(orion.backend() != "emulator", reason="the emulator's packed weights")
 @pytest.mark.parametrize("damage", ["truncated", "another weight's panels"])
 def test_a_damaged_panel_file_is_packed_again_with_one_warning(tmp_path, monkeypatch, capsys, damage) -> None:
     import zlib
@@ -334,6 +435,7 @@ def test_a_damaged_panel_file_is_packed_again_with_one_warning(tmp_path, monkeyp
     first = compile_cached(lowered)
     y = first(x=X)["y"]
     _released(first)
+    program_cache.flush()
     (stored,) = (tmp_path / PANELS).iterdir()
     if damage == "truncated":  # as by a full disk: its CRC is computed again (another size) and differs
         stored.write_bytes(stored.read_bytes()[:-64])
@@ -352,6 +454,7 @@ def test_a_damaged_panel_file_is_packed_again_with_one_warning(tmp_path, monkeyp
     warning = capsys.readouterr().err.strip().splitlines()
     assert len(warning) == 1 and expected in warning[0] and str(stored) in warning[0]
     assert np.array_equal(again(x=X)["y"], y)  # packed again from the weight
+    program_cache.flush()
     (rewritten,) = (tmp_path / PANELS).iterdir()  # and stored again
     assert rewritten.read_bytes() == np.pad(w.astype(np.float16), ((0, 8), (0, 0))).reshape(5, 16, 64) \
         .transpose(0, 2, 1).tobytes()
@@ -385,6 +488,7 @@ def test_panels_are_evicted_with_their_blobs_and_cleared(tmp_path, monkeypatch) 
     for seed in (14, 15):
         g, _ = _panel_graph(seed)
         _released(compile_cached(lower_cached({"test": "panel eviction", "seed": seed}, lambda g=g: g)[0]))
+    program_cache.flush()
     assert len(list((tmp_path / PANELS).iterdir())) == 2
     past = time.time() - 1000  # past the blobs' grace period; the second entry stays the newest
     for path in tmp_path.rglob("*"):

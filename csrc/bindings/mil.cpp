@@ -277,7 +277,16 @@ void bind_blobfile(py::module_& m) {
             chunks.push_back({views.emplace_back(pair[0], "payload " + std::to_string(chunks.size())).bytes(),
                               static_cast<blobfile::DataType>(code), padding});
         }
-        return py::bytes(blobfile::write(chunks));
+        // Written straight into the bytes object, without the GIL (the payloads are held): one copy of each
+        const uint64_t size = blobfile::file_size(chunks);
+        py::object out = py::reinterpret_steal<py::object>(PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(size)));
+        if (!out) throw py::error_already_set();
+        char* data = PyBytes_AS_STRING(out.ptr());
+        {
+            py::gil_scoped_release unlocked;
+            blobfile::write_into(chunks, data);
+        }
+        return out;
     }, py::arg("payloads"), "One BLOBFILE holding every (payload, data-type code[, padding bits]) tuple, in order.");
     m.def("blobfile_chunk_offsets", &blobfile::chunk_offsets, py::arg("sizes"),
           "The MIL offsets (chunk header offsets) blobfile_write gives payloads of these sizes.");

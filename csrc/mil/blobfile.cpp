@@ -1,6 +1,8 @@
 // BLOBFILE weight files, byte layout of docs/hardware.md §5 (little-endian).
 #include "mil/blobfile.h"
 
+#include <cstring>
+
 #include "errors.h"
 
 namespace orion::mil::blobfile {
@@ -13,7 +15,7 @@ constexpr size_t kChunkSizeField = 8;    // payload bytes
 constexpr size_t kChunkDataField = 16;   // absolute payload offset
 constexpr size_t kChunkPaddingField = 24;  // sub-byte payloads: unused bits of the last byte
 
-void put_u32(std::string& out, size_t at, uint64_t v) {
+void put_u32(char* out, size_t at, uint64_t v) {
     for (int i = 0; i < 4; ++i) out[at + i] = static_cast<char>((v >> (8 * i)) & 0xff);
 }
 
@@ -43,24 +45,39 @@ bool is_data_type_code(uint32_t code) {
     return false;
 }
 
-std::string write(const std::vector<Payload>& payloads) {
+uint64_t file_size(const std::vector<Payload>& payloads) {
     std::vector<uint64_t> sizes;
     for (const auto& p : payloads) sizes.push_back(p.bytes.size());
     std::vector<uint64_t> offsets = chunk_offsets(sizes);
     uint64_t total = offsets.empty() ? kFileHeaderSize : offsets.back() + kChunkHeaderSize + sizes.back();
     if (total > UINT32_MAX) throw CompileError("BLOBFILE would be " + std::to_string(total) + " bytes; the format's offsets are 32-bit");
-    std::string out(total, '\0');
+    return total;
+}
+
+void write_into(const std::vector<Payload>& payloads, char* out) {
+    std::vector<uint64_t> sizes;
+    for (const auto& p : payloads) sizes.push_back(p.bytes.size());
+    std::vector<uint64_t> offsets = chunk_offsets(sizes);
+    std::memset(out, 0, kFileHeaderSize);
     put_u32(out, 0, payloads.size());
     out[kVersionByte] = 0x02;
+    uint64_t end = kFileHeaderSize;  // zero the alignment gaps and headers only: every payload byte is written
     for (size_t i = 0; i < payloads.size(); ++i) {
         size_t chunk = offsets[i];
+        std::memset(out + end, 0, chunk + kChunkHeaderSize - end);
         put_u32(out, chunk, kChunkMagic);
         put_u32(out, chunk + kChunkTypeByte, static_cast<uint32_t>(payloads[i].dtype));
         put_u32(out, chunk + kChunkSizeField, sizes[i]);
         put_u32(out, chunk + kChunkDataField, chunk + kChunkHeaderSize);
         put_u32(out, chunk + kChunkPaddingField, payloads[i].padding_bits);
-        payloads[i].bytes.copy(out.data() + chunk + kChunkHeaderSize, payloads[i].bytes.size());
+        std::memcpy(out + chunk + kChunkHeaderSize, payloads[i].bytes.data(), sizes[i]);
+        end = chunk + kChunkHeaderSize + sizes[i];
     }
+}
+
+std::string write(const std::vector<Payload>& payloads) {
+    std::string out(file_size(payloads), '\0');
+    write_into(payloads, out.data());
     return out;
 }
 

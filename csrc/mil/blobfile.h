@@ -36,6 +36,9 @@ struct Chunk {
 // header's count field is the number of payloads, each chunk header starts at the next multiple of
 // 64 after the previous payload (zero padding between), its payload right after it.
 std::string write(const std::vector<Payload>& payloads);
+// The bytes of that file, and the file written into `out` (that many bytes; each payload copied once).
+uint64_t file_size(const std::vector<Payload>& payloads);
+void write_into(const std::vector<Payload>& payloads, char* out);
 // Chunk header offsets write() would give these payload sizes.
 std::vector<uint64_t> chunk_offsets(const std::vector<uint64_t>& payload_sizes);
 

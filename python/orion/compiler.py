@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from orion import mil
-from orion.emit import to_program
+from orion.emit import FILE_SHA256, Emitter
 from orion.errors import EvaluateError
+from orion.graph import lineage
 from orion.graph.builder import Graph
 from orion.legalize import IOLayout, check_fusion_depth, legalize, prepare_io
 from orion.limits import MAX_INPUT_SURFACES, MAX_OUTPUT_SURFACES, MIN_SURFACE_BYTES, SRAM_BYTES
@@ -41,21 +42,28 @@ _COMPILING_LOCK = threading.Lock()
 class Lowered:
     """Everything lowering produces: MIL text, weight files by path, I/O layout and the pass report.
 
-    ``digests`` (path -> SHA-256 hex of the file) may be given when they are known already (the
-    program cache's blobs are named by them); otherwise each file is hashed once, on first use."""
+    ``digests`` (path -> SHA-256 hex of the file) may be given for the files whose digests are known
+    already (the program cache's blobs are named by them; a weight file emitted before); the others are
+    hashed once, on first use. ``sources``: the :mod:`orion.graph.lineage` key of the values of each weight
+    file that has one (what the emitter and the program cache learn about that file is kept under it)."""
 
     mil: str
     weights: dict[str, bytes]
     layout: IOLayout
     report: PipelineReport | None  # None when read back from the on-disk program cache
     digests: dict[str, str] | None = field(default=None, compare=False, repr=False)
+    sources: dict[str, lineage.Key] | None = field(default=None, compare=False, repr=False)
 
     @cached_property
     def file_digests(self) -> dict[str, str]:
-        """SHA-256 (hex) of every weight file by path, computed at most once."""
-        if self.digests is not None and set(self.digests) == set(self.weights):
-            return dict(self.digests)
-        return {path: hashlib.sha256(data).hexdigest() for path, data in self.weights.items()}
+        """SHA-256 (hex) of every weight file by path, computed at most once per file (and once per process
+        for a file of values with a lineage key)."""
+        known, sources, out = self.digests or {}, self.sources or {}, {}
+        for path, data in self.weights.items():
+            key = sources.get(path)
+            out[path] = known.get(path) or lineage.recall(key, FILE_SHA256) or hashlib.sha256(data).hexdigest()
+            lineage.remember(key, FILE_SHA256, out[path])
+        return out
 
     @cached_property
     def content_hash(self) -> str:
@@ -86,8 +94,9 @@ def lower_graph(graph: Graph, *, io_dtype: str = "fp16", max_layers: int = 1,
     layout = prepare_io(legal, io_dtype)
     context = PassContext(layout, sram_budget, min_surface_bytes, tuple(surface_counts))
     report = run_pipeline(legal, context)  # optimize, pack and pad the I/O, analyze
-    program, weights = to_program(legal)
-    return Lowered(mil.emit(program), weights, layout, report)
+    emitter = Emitter(legal)
+    program, weights = emitter.build()
+    return Lowered(mil.emit(program), weights, layout, report, digests=emitter.digests, sources=emitter.sources)
 
 
 def lower(graph: Graph, *, io_dtype: str = "fp16", max_layers: int = 1) -> tuple[str, dict[str, bytes]]:

@@ -15,12 +15,17 @@ import numpy as np
 
 from orion import blobfile, mil, ops, quant
 from orion.errors import CompileError
+from orion.graph import lineage
 from orion.graph.builder import Graph
 from orion.graph.ir import Node
 
 BLOB_OFFSET = 64
 WEIGHT_DIR = "@model_path/weights/"
 Arg = tuple[str, Any]
+# What is learnt about the fp16 weight file of a const's values, kept under their lineage key (orion.graph.lineage):
+# its SHA-256 (Lowered.file_digests), its CRC-32 and where a copy is stored (program_cache._save: a function that
+# returns that copy's bytes, checked, or None when it is gone or damaged).
+FILE_SHA256, FILE_CRC32, FILE_COPY = "fp16 weight file: SHA-256", "fp16 weight file: CRC-32", "fp16 weight file: copy"
 
 
 class Emitter:
@@ -29,7 +34,9 @@ class Emitter:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         self.program = mil.MilProgram()
-        self.weights: dict[str, bytes] = {}
+        self.weights: dict[str, bytes | memoryview] = {}
+        self.digests: dict[str, str] = {}  # SHA-256 of the weight files known without hashing them
+        self.sources: dict[str, lineage.Key] = {}  # the key of the values of each weight file that has one
         self.var: dict[int, str] = {id(n): n.name for n in graph.nodes}
 
     # -- argument consts (what OpDef.emit functions call) --------------------------------------
@@ -63,9 +70,28 @@ class Emitter:
             return
         if "quantized" in node.attrs:
             return self.quantized_constant(node, name)
+        key = lineage.key_of(node.value)
+        if key is not None:
+            self.sources[f"{WEIGHT_DIR}{name}.bin"] = key
+        found = self.reused(name, key, node.shape)
+        if found is not None:
+            self.program.add_const(name, found, name=name)
+            return
         # C order: a transposed weight (GPT-2's Conv1D view) is converted and laid out in one pass; an fp16
         # C-contiguous one (a view of an F16 checkpoint's map) is not copied here
         self.program.add_const(name, self.blob(name, np.ascontiguousarray(node.value, dtype=np.float16)), name=name)
+
+    def reused(self, name: str, key: lineage.Key | None, shape: tuple[int, ...]) -> Any:
+        """The BLOBFILE value of weight ``name`` when the weight file of the same values (``key``) is stored
+        (the program cache's blob: ``FILE_COPY``): that copy and its known SHA-256, instead of serializing
+        and hashing the values again; else None."""
+        digest, stored = lineage.recall(key, FILE_SHA256), lineage.recall(key, FILE_COPY)
+        found = stored() if digest is not None and stored is not None else None
+        if found is None:
+            return None
+        path = f"{WEIGHT_DIR}{name}.bin"
+        self.weights[path], self.digests[path] = found, digest
+        return mil.Value.blob(mil.Type.tensor("fp16", list(shape)), path, BLOB_OFFSET)
 
     def blob(self, name: str, array: np.ndarray | blobfile.SubByte) -> Any:
         """A BLOBFILE value ``@model_path/weights/<name>.bin`` holding ``array`` (fp16, int8, or a sub-byte

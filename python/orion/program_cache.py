@@ -24,7 +24,14 @@ shape, the panel layout (``_core.kernels.conv_panel_layout()``: files of another
 the file's CRC-32. :func:`compile_cached` has the emulator map those files instead of packing; a file is
 checked against its CRC once per file version (as a blob is) and by the emulator against the weight at
 sampled places, and a damaged one is deleted with a one-line warning and packed again. A process writes
-the panels it packed itself after each compile.
+the panels it packed itself after each compile, on one writer thread (the compiles go on meanwhile; a file
+gets its name only once whole, and the process waits for the writer at exit).
+
+A weight file's SHA-256 and CRC-32 are remembered under the lineage key of its values
+(``orion.graph.lineage``: a view of a read-only checkpoint map, or a fused array derived from such views),
+and once stored, a later program baking the same values (a prefill bucket after the decode programs) emits
+the blob itself (checked as a read entry's blobs are): each weight is serialized, hashed, checksummed and
+written once per process.
 
 The cache has a size cap, ``ORION_CACHE_MAX_SIZE`` (bytes, or with a K/M/G suffix; default
 :data:`DEFAULT_MAX_SIZE`): when a new entry takes it over the cap (the cache is walked once per process,
@@ -49,17 +56,18 @@ import time
 import weakref
 import zlib
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import BinaryIO
 
 import orion
-from orion import compiler
+from orion import compiler, emit
 from orion._core import kernels
 from orion.compiler import CompiledGraph, Lowered, compile_lowered
 from orion.errors import OrionError
-from orion.graph import Graph
+from orion.graph import Graph, lineage
 from orion.legalize.io import IOLayout, IOSpec
 
 _COMPILER_PARTS = ("compiler.py", "ops", "graph", "legalize", "passes", "emit.py", "quant.py", "generation", "models")
@@ -155,9 +163,10 @@ def _save(directory: Path, lowered: Lowered) -> tuple[Lowered, int]:
         files = {"model.mil": lowered.mil.encode(), "layout.json": json.dumps(layout).encode()}
         for name, data in files.items():
             (tmp / name).write_bytes(data)
-        digests = lowered.file_digests
+        digests, sources = lowered.file_digests, lowered.sources or {}
         written: set[str] = set()
-        weights = {path: {"blob": _write_blob(root / BLOBS, data, digests[path], written), **_checksum(data)}
+        weights = {path: {"blob": _write_blob(root / BLOBS, data, digests[path], written),
+                          **_weight_checksum(data, sources.get(path))}
                    for path, data in lowered.weights.items()}
         manifest = {"files": {name: _checksum(data) for name, data in files.items()}, "weights": weights}
         (tmp / MANIFEST).write_text(json.dumps(manifest))
@@ -173,7 +182,32 @@ def _save(directory: Path, lowered: Lowered) -> tuple[Lowered, int]:
     for path, ref in weights.items():  # the checksums of blobs written here are known: a warm start need not
         if ref["blob"] in written:      # compute them (one found already there is checked when first read)
             _verified_checksum(mapped[path], root / BLOBS / ref["blob"], {"size": ref["size"], "crc32": ref["crc32"]})
-    return Lowered(lowered.mil, mapped, lowered.layout, lowered.report, digests=digests), added
+    for path, key in sources.items():  # later programs baking the same values emit the blob, not new bytes
+        ref = weights[path]
+        lineage.remember(key, emit.FILE_COPY, partial(_stored_copy, root / BLOBS / ref["blob"],
+                                                      {"size": ref["size"], "crc32": ref["crc32"]}))
+    return Lowered(lowered.mil, mapped, lowered.layout, lowered.report, digests=digests, sources=sources), added
+
+
+def _stored_copy(path: Path, expected: dict[str, int]) -> memoryview | None:
+    """The blob at ``path`` as a shared read-only map when it still has the ``expected`` size and CRC-32
+    (checked once per blob version, as a read entry's blobs are), else None."""
+    data = _map_blob(path)
+    try:
+        good = len(data) == expected["size"] and _verified_checksum(data, path) == expected
+    except OSError:
+        good = False
+    return data if good and isinstance(data, memoryview) else None
+
+
+def _weight_checksum(data: memoryview | bytes, key: lineage.Key | None) -> dict[str, int]:
+    """``_checksum(data)`` of a weight file, computed once per process for the file of values of one lineage
+    ``key`` (the decode programs and prefill buckets of a model bake the same weights)."""
+    found = lineage.recall(key, emit.FILE_CRC32)
+    if found is None or found["size"] != len(data):
+        found = _checksum(data)
+        lineage.remember(key, emit.FILE_CRC32, found)
+    return found
 
 
 # Read-only maps of the blobs in use, by (path, inode, size, mtime): entries that reference one blob
@@ -320,7 +354,7 @@ def _panel_crc(path: Path, known: int | None = None) -> int:
                 crc = zlib.crc32(chunk, crc)
         return str(crc)
 
-    return int(_by_identity(path, "crc32", compute, str.isdigit, times=False))
+    return int(_by_identity(path, "crc32", compute, str.isdigit, times=False, root=path.parent.parent))
 
 
 def panel_files(root: Path, digests: Iterable[str]) -> dict[str, str]:
@@ -350,35 +384,72 @@ def panel_files(root: Path, digests: Iterable[str]) -> dict[str, str]:
 
 
 def store_panels(root: Path, digests: Iterable[str]) -> int:
-    """Writes to ``root/panels`` the packed panels of the weights in the blobs ``digests`` that this process
-    packed itself and the cache does not hold yet (``_core.kernels.keyed_conv_panels``); returns the bytes
-    written."""
-    layout, written, wanted = kernels.conv_panel_layout(), 0, set(digests)
+    """Queues for writing to ``root/panels`` the packed panels of the weights in the blobs ``digests`` that this
+    process packed itself and the cache does not hold yet (``_core.kernels.keyed_conv_panels``); returns the
+    bytes queued. One writer thread writes them (:func:`flush` waits for it; a process waits for it at exit),
+    so a cold start's compiles do not wait for a gigabyte of writes; the views keep the panels alive until
+    written, and a file is named (found by :func:`panel_files`) only once it is whole."""
+    layout, queued, wanted = kernels.conv_panel_layout(), 0, set(digests)
     names = _panel_names(root)
     for key, panels in kernels.keyed_conv_panels():
         blob, _, shape = key.partition("/")
         digest, _, offset = blob.partition("@")
-        if digest not in wanted or any(n.startswith(f"{blob}-{shape}.{layout}.") for n in names.get(digest, [])):
+        stem = f"{blob}-{shape}.{layout}."
+        if digest not in wanted or stem in _PENDING or any(n.startswith(stem) for n in names.get(digest, [])):
             continue
+        _PENDING.add(stem)
+        _writer().submit(_write_panels, root, stem, digest, panels)
+        queued += panels.nbytes
+    return queued
+
+
+def _write_panels(root: Path, stem: str, digest: str, panels: object) -> None:
+    """Writes one weight's packed panels as ``<stem><crc32>`` (a temporary name renamed into place) and
+    records its CRC-32; a full disk or a read-only cache skips it (the weight is packed again next time)."""
+    try:
         data = memoryview(panels).cast("B")
         crc = zlib.crc32(data)
-        name = f"{digest}@{offset}-{shape}.{layout}.{crc:08x}"
+        name = f"{stem}{crc:08x}"
+        (root / PANELS).mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=root / PANELS, prefix=".tmp-")
         try:
-            (root / PANELS).mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=root / PANELS, prefix=".tmp-")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, root / PANELS / name)
-            except OSError:
-                Path(tmp).unlink(missing_ok=True)
-                raise
-        except OSError:  # a full disk or a read-only cache: the weight is packed again next time
-            return written
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, root / PANELS / name)
+        except OSError:
+            Path(tmp).unlink(missing_ok=True)
+            raise
         _panel_crc(root / PANELS / name, known=crc)
-        names.setdefault(digest, []).append(name)
-        written += len(data)
-    return written
+        _panel_names(root).setdefault(digest, []).append(name)
+    except OSError:
+        pass
+    finally:
+        _PENDING.discard(stem)
+
+
+_WRITER: list[ThreadPoolExecutor] = []  # the one writer thread of files of panels, made on first use
+_PENDING: set[str] = set()  # "<blob>@<offset>-<shape>.<layout>." of the files of panels queued and not yet written
+
+
+def _forget_writer() -> None:
+    """In a forked child: the parent's writer thread is not there (a new one is made on first use)."""
+    _WRITER.clear()
+    _PENDING.clear()
+
+
+os.register_at_fork(after_in_child=_forget_writer)
+
+
+def _writer() -> ThreadPoolExecutor:
+    if not _WRITER:
+        _WRITER.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="orion-panel-writer"))
+    return _WRITER[0]
+
+
+def flush() -> None:
+    """Waits until the files of panels queued so far (:func:`store_panels`) are written."""
+    if _WRITER:
+        _WRITER[0].submit(lambda: None).result()  # one thread: everything queued before has run
 
 
 def compile_cached(lowered: Lowered, **options) -> CompiledGraph:
@@ -439,13 +510,14 @@ def _real_dir(directory: str) -> str:
 
 
 def _by_identity(path: Path, kind: str, compute: Callable[[], str], valid: Callable[[str], bool],
-                 st: os.stat_result | None = None, times: bool = True) -> str:
+                 st: os.stat_result | None = None, times: bool = True, root: Path | None = None) -> str:
     """``compute()`` for the file at ``path``, once per file version: memoized in this process and in the
     cache (``files/``) under ``kind`` and the file's identity (resolved path, device, inode, size,
     modification and change times, so any rewrite changes it; ``st``: that file's stat, default the
     path's). ``valid`` checks a memoized value. ``times=False`` leaves the times out: for a blob, which is
     only ever written whole under a new inode (renamed into place) and whose modification time is a use
     stamp (``_write_blob`` refreshes it), so a stamp must not void its memo; a truncation changes its size.
+    ``root``: the cache whose ``files/`` holds the memo (default :func:`cache_dir`).
 
     A file whose times are within :data:`RACY_NS` of now is computed and not memoized: a rewrite of it
     in the same tick of the file system's clock could keep every part of its identity (same size, same
@@ -459,7 +531,7 @@ def _by_identity(path: Path, kind: str, compute: Callable[[], str], valid: Calla
     key = hashlib.sha256(identity.encode()).hexdigest()[:32]
     if key in _MEMO:
         return _MEMO[key]
-    root = cache_dir()
+    root = cache_dir() if root is None else root
     memo = root / FILES / key if root is not None else None
     try:
         text = memo.read_text().strip() if memo is not None and memo.is_file() else ""
@@ -587,6 +659,7 @@ def clear(root: Path | None = None) -> int:
     root = cache_dir() if root is None else root
     if root is None or not root.is_dir():
         return 0
+    flush()  # no file of panels lands after the clear
     freed = 0
     for path in root.iterdir():
         if path.name in (BLOBS, PANELS, FILES) or path.name.startswith(".tmp-") or (path / MANIFEST).is_file():

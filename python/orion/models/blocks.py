@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from orion.autodiff.trainable import input_shape
-from orion.graph import Graph
+from orion.graph import Graph, lineage
 from orion.graph.ir import Node
 from orion.lora.graph import Sites, adapted, adapted_parts
 from orion.ops import MASK_VALUE, PACKED_MASK_INPUT, PACKED_WINDOW_MASK_INPUT, graph_causal_mask, packed_causal_mask
@@ -59,7 +59,10 @@ class BakedParams(LayerParams):
         if len(names) == 1:
             return self.arrays[names[0]]
         fused = self.fused.get(tuple(names))
-        return np.concatenate([self.arrays[n] for n in names]) if fused is None else fused
+        if fused is not None:
+            return fused
+        parts = [self.arrays[n] for n in names]
+        return lineage.derived(np.concatenate(parts), "concatenate", parts)
 
     def project(self, g: Graph, x: Node, modules: Projection, name: str) -> list[Node]:
         parts = [part for module in modules.values() for part in module]

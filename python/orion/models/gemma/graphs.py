@@ -41,7 +41,7 @@ from orion.models.blocks import (
 )
 from orion.models.gemma.config import ConfigError, GemmaConfig
 from orion.models.gemma.weights import GemmaWeights, LayerWeights
-from orion.models.llama.graphs import apply_rope, group_rows, lora_site_names, rope_partner
+from orion.models.llama.graphs import apply_rope, group_rows, group_split, lora_site_names, rope_partner
 
 ROPE_INPUTS = {False: "rope", True: "rope_local"}  # decode/chunk position inputs: global layers', Gemma 3's local ones
 
@@ -80,7 +80,7 @@ def layer_arrays(config: GemmaConfig, layer: LayerWeights) -> dict[str, np.ndarr
         arrays.update(q_norm=layer.q_norm, k_norm=layer.k_norm)
     for j in range(config.group_size):
         rows = group_rows(config, j)
-        arrays[f"wq_g{j}"], arrays[f"wo_g{j}"] = layer.wq[rows], layer.wo[:, rows]
+        arrays[f"wq_g{j}"], arrays[f"wo_g{j}"] = group_split(layer.wq, layer.wo, rows)
     return arrays
 
 

@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from orion.graph import Graph
+from orion.graph import Graph, lineage
 from orion.graph.ir import Node
 from orion.limits import MIN_LANES
 from orion.lora.graph import Sites
@@ -150,6 +150,13 @@ def qkv_order(config: LlamaConfig) -> np.ndarray:
     return np.concatenate([group_rows(config, j) for j in range(config.group_size)])
 
 
+def group_split(wq: np.ndarray, wo: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A query group's rows ``rows`` of ``wq`` and the same columns of ``wo`` (read-only, their derivation
+    recorded: :mod:`orion.graph.lineage`)."""
+    return lineage.derived(wq[rows], "rows", [wq], lineage.index_key(rows)), \
+        lineage.derived(wo[:, rows], "columns", [wo], lineage.index_key(rows))
+
+
 def layer_arrays(config: LlamaConfig, layer: LayerWeights) -> dict[str, np.ndarray]:
     """Layer ``layer``'s arrays by parameter name: ``wq`` (and ``bq``) split by query group into ``wq_g<j>``
     (``bq_g<j>``), ``wo``'s columns into ``wo_g<j>``; the others (``q_norm``/``k_norm`` with ``qk_norm``) as they are."""
@@ -157,9 +164,11 @@ def layer_arrays(config: LlamaConfig, layer: LayerWeights) -> dict[str, np.ndarr
               "w_gate": layer.w_gate, "w_up": layer.w_up, "w_down": layer.w_down}
     for j in range(config.group_size):
         rows = group_rows(config, j)
-        arrays[f"wq_g{j}"], arrays[f"wo_g{j}"] = layer.wq[rows], layer.wo[:, rows]
+        arrays[f"wq_g{j}"], arrays[f"wo_g{j}"] = group_split(layer.wq, layer.wo, rows)
     if config.qkv_bias:
-        arrays.update({f"bq_g{j}": layer.bq[group_rows(config, j)] for j in range(config.group_size)})
+        for j in range(config.group_size):
+            rows = group_rows(config, j)
+            arrays[f"bq_g{j}"] = lineage.derived(layer.bq[rows], "rows", [layer.bq], lineage.index_key(rows))
         arrays.update(bk=layer.bk, bv=layer.bv)
     if config.qk_norm:
         arrays.update(q_norm=layer.q_norm, k_norm=layer.k_norm)

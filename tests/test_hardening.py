@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -442,12 +441,13 @@ def test_a_dimension_over_max_dim_is_refused_by_name() -> None:
 
 
 def test_text_over_max_mil_text_bytes_is_refused_by_name() -> None:
+    """Refused by its size before any parsing: the bytes past the program are not MIL, and a parser that ran
+    first would report those instead. (Not by wall time: CI's machine is shared, and a timed bound failed
+    there under load.)"""
     limit = int(orion.limits.describe()["MAX_MIL_TEXT_BYTES"][0])
     text = program({"x": T}, [op("y", T, "tanh", x="x")], ["y"])
-    start = time.perf_counter()
     with pytest.raises(orion.CompileError, match="over MAX_MIL_TEXT_BYTES"):
-        orion.compile(text + " " * (limit - len(text) + 1))
-    assert time.perf_counter() - start < 1.0
+        orion.compile(text + "@" * (limit - len(text) + 1))
 
 
 def test_more_statements_than_max_ops_are_refused_by_name() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import time
+import resource
 
 import numpy as np
 import pytest
@@ -123,7 +123,8 @@ def test_unknown_profile_and_backend_env(monkeypatch) -> None:
 def test_a_program_too_large_for_memory_is_refused_by_name() -> None:
     huge = ttype("fp16", [32768, 65536])  # MAX_ELEMENTS (2^31) each: 8.6 GB in fp32, 35 tensors
     chain = [op(f"y{i}", huge, "tanh", x=f"y{i - 1}" if i else "x") for i in range(34)]
-    start = time.perf_counter()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
     with pytest.raises(orion.CompileError, match=r"GB of emulator memory \(largest tensor 'x'"):
         orion.compile(program({"x": huge}, chain, ["y33"]), profile="permissive")
-    assert time.perf_counter() - start < 1.0  # refused before anything is allocated
+    # refused before anything is allocated (by memory, not wall time: CI's machine is shared)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 256 * 1024

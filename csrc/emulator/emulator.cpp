@@ -131,6 +131,20 @@ public:
         frontend::TypedOp typed;  // its output type and what its type rule derived
     };
 
+    // The value id of argument `name` of `step`, or -1.
+    static int arg(const Step& step, const char* name) {
+        for (size_t a = 0; a < step.op->args.size(); ++a)
+            if (step.op->args[a].name == name) return step.arg_ids[a];
+        return -1;
+    }
+
+    // The step computing each value, by value id.
+    std::map<int, const Step*> producers() const {
+        std::map<int, const Step*> producer;
+        for (const auto& step : steps_) producer[step.out] = &step;
+        return producer;
+    }
+
     std::map<std::string, int> ids_;
     std::vector<ValueInfo> values_;
     std::vector<Step> steps_;
@@ -643,13 +657,8 @@ private:
     // The chains whose intermediates nothing else reads, by each of their steps.
     std::map<const ProgramModel::Step*, AttentionChain> find_causal_attention(const std::vector<int>& readers) const {
         const auto& vals = model_.values_;
-        std::map<int, const ProgramModel::Step*> producer;
-        for (const auto& step : model_.steps_) producer[step.out] = &step;
-        auto arg = [](const ProgramModel::Step& step, const char* name) {
-            for (size_t a = 0; a < step.op->args.size(); ++a)
-                if (step.op->args[a].name == name) return step.arg_ids[a];
-            return -1;
-        };
+        const std::map<int, const ProgramModel::Step*> producer = model_.producers();
+        auto arg = &ProgramModel::arg;
         auto is_const = [&](int id) { return id >= 0 && vals[static_cast<size_t>(id)].constant != nullptr; };
         // The step computing `id`, when `op` is its kind and the chain is its only reader.
         auto private_producer = [&](int id, const char* op) -> const ProgramModel::Step* {
@@ -702,6 +711,28 @@ private:
         return chains;
     }
 
+    // The fp16 step computing value `id` into its own slot (not a view) when `op` is its kind, else null: a step
+    // a fused decode chain can take in.
+    const ProgramModel::Step* fp16_producer(const std::map<int, const ProgramModel::Step*>& producer, int id,
+                                            const char* op) const {
+        const auto p = id >= 0 ? producer.find(id) : producer.end();
+        if (p == producer.end() || p->second->op->op != op || model_.values_[static_cast<size_t>(id)].slot != id ||
+            p->second->op->type.dtype != mil::DType::fp16)
+            return nullptr;
+        return p->second;
+    }
+
+    // Whether every result of `steps` but `out`'s is read by `steps` only (a program output never is).
+    static bool private_results(const std::vector<const ProgramModel::Step*>& steps, const ProgramModel::Step* out,
+                                const std::vector<int>& readers) {
+        std::map<int, int> reads;
+        for (const ProgramModel::Step* step : steps)
+            for (int id : step->arg_ids) ++reads[id];
+        for (const ProgramModel::Step* step : steps)
+            if (step != out && readers[static_cast<size_t>(step->out)] != reads[step->out]) return false;
+        return true;
+    }
+
     // A decode step's attention of one lane (decode_attention.h): its 19 steps in program order, its
     // operands' value ids and its shape.
     struct DecodeChain {
@@ -713,24 +744,15 @@ private:
     // The chains whose intermediates nothing else reads, all in fp16, by each of their steps.
     std::map<const ProgramModel::Step*, DecodeChain> find_decode_attention(const std::vector<int>& readers) const {
         const auto& vals = model_.values_;
-        std::map<int, const ProgramModel::Step*> producer;
-        for (const auto& step : model_.steps_) producer[step.out] = &step;
-        auto arg = [](const ProgramModel::Step& step, const char* name) {
-            for (size_t a = 0; a < step.op->args.size(); ++a)
-                if (step.op->args[a].name == name) return step.arg_ids[a];
-            return -1;
-        };
+        const std::map<int, const ProgramModel::Step*> producer = model_.producers();
+        auto arg = &ProgramModel::arg;
         std::map<const ProgramModel::Step*, DecodeChain> found;
         for (const auto& last : model_.steps_) {
             std::vector<const ProgramModel::Step*> steps;
-            // The fp16 step computing `id` into its own slot when `op` is its kind (it joins the chain), else null.
-            auto made = [&](int id, const char* op) -> const ProgramModel::Step* {
-                const auto p = id >= 0 ? producer.find(id) : producer.end();
-                if (p == producer.end() || p->second->op->op != op || vals[static_cast<size_t>(id)].slot != id ||
-                    p->second->op->type.dtype != mil::DType::fp16)
-                    return nullptr;
-                steps.push_back(p->second);
-                return p->second;
+            auto made = [&](int id, const char* op) {  // the chain's step computing `id`, or null
+                const ProgramModel::Step* step = fp16_producer(producer, id, op);
+                if (step) steps.push_back(step);
+                return step;
             };
             const ProgramModel::Step* out = made(last.out, "mul");
             const ProgramModel::Step *num = out ? made(arg(*out, "x"), "add") : nullptr, *inv = out ? made(arg(*out, "y"), "pow") : nullptr;
@@ -780,12 +802,7 @@ private:
                  chain.shape.heads_per_mask_row > 0 &&
                  vals[static_cast<size_t>(chain.k)].type.shape == lane && vals[static_cast<size_t>(chain.v)].type.shape == lane &&
                  vals[static_cast<size_t>(chain.q)].type.shape == lane;
-            // Every intermediate is read by the chain only.
-            std::map<int, int> reads;
-            for (const ProgramModel::Step* step : steps)
-                for (int id : step->arg_ids) ++reads[id];
-            for (const ProgramModel::Step* step : steps)
-                ok = ok && (step == out || readers[static_cast<size_t>(step->out)] == reads[step->out]);
+            ok = ok && private_results(steps, out, readers);
             if (!ok) continue;
             std::sort(steps.begin(), steps.end());  // program order: steps_ is a vector
             chain.steps = steps;
@@ -805,23 +822,15 @@ private:
     // The chains whose intermediates nothing else reads, all in fp16, by each of their steps.
     std::map<const ProgramModel::Step*, NormChain> find_stable_norms(const std::vector<int>& readers) const {
         const auto& vals = model_.values_;
-        std::map<int, const ProgramModel::Step*> producer;
-        for (const auto& step : model_.steps_) producer[step.out] = &step;
-        auto arg = [](const ProgramModel::Step& step, const char* name) {
-            for (size_t a = 0; a < step.op->args.size(); ++a)
-                if (step.op->args[a].name == name) return step.arg_ids[a];
-            return -1;
-        };
+        const std::map<int, const ProgramModel::Step*> producer = model_.producers();
+        auto arg = &ProgramModel::arg;
         std::map<const ProgramModel::Step*, NormChain> found;
         for (const auto& last : model_.steps_) {
             std::vector<const ProgramModel::Step*> steps;
-            auto made = [&](int id, const char* op) -> const ProgramModel::Step* {
-                const auto p = id >= 0 ? producer.find(id) : producer.end();
-                if (p == producer.end() || p->second->op->op != op || vals[static_cast<size_t>(id)].slot != id ||
-                    p->second->op->type.dtype != mil::DType::fp16)
-                    return nullptr;
-                steps.push_back(p->second);
-                return p->second;
+            auto made = [&](int id, const char* op) {  // the chain's step computing `id`, or null
+                const ProgramModel::Step* step = fp16_producer(producer, id, op);
+                if (step) steps.push_back(step);
+                return step;
             };
             bool ok = true;
             // The scalar float const operand `name` of `step`, as the frame holds it.
@@ -874,12 +883,7 @@ private:
             n.neg_y = scalar(neg, "y"), n.floor = scalar(scale, "y"), n.inv_y = scalar(inv, "y");
             n.mean_y = centered ? scalar(mean, "y") : 0.0f, n.meansq_y = scalar(meansq, "y");
             n.root_eps_y = scalar(root, "y"), n.rsqrt_y = scalar(rstd, "y");
-            // Every intermediate is read by the chain only.
-            std::map<int, int> reads;
-            for (const ProgramModel::Step* step : steps)
-                for (int id : step->arg_ids) ++reads[id];
-            for (const ProgramModel::Step* step : steps)
-                ok = ok && (step == normed || readers[static_cast<size_t>(step->out)] == reads[step->out]);
+            ok = ok && private_results(steps, normed, readers);
             if (!ok) continue;
             // The affine tail: mul by gamma, then (LayerNorm) add beta, each the only reader of what it reads.
             const ProgramModel::Step* tail = normed;
@@ -913,18 +917,10 @@ private:
     // The chains whose intermediates nothing else reads, all in fp16, by each of their steps.
     std::map<const ProgramModel::Step*, RotaryChain> find_rotaries(const std::vector<int>& readers) const {
         const auto& vals = model_.values_;
-        std::map<int, const ProgramModel::Step*> producer;
-        for (const auto& step : model_.steps_) producer[step.out] = &step;
-        auto arg = [](const ProgramModel::Step& step, const char* name) {
-            for (size_t a = 0; a < step.op->args.size(); ++a)
-                if (step.op->args[a].name == name) return step.arg_ids[a];
-            return -1;
-        };
-        auto made = [&](int id, const char* op) -> const ProgramModel::Step* {
-            const auto p = id >= 0 ? producer.find(id) : producer.end();
-            return p != producer.end() && p->second->op->op == op && vals[static_cast<size_t>(id)].slot == id &&
-                           p->second->op->type.dtype == mil::DType::fp16 && readers[static_cast<size_t>(id)] == 1
-                       ? p->second : nullptr;
+        const std::map<int, const ProgramModel::Step*> producer = model_.producers();
+        auto arg = &ProgramModel::arg;
+        auto made = [&](int id, const char* op) {  // read by the chain's next step only
+            return id >= 0 && readers[static_cast<size_t>(id)] == 1 ? fp16_producer(producer, id, op) : nullptr;
         };
         auto shape_of = [&](int id) -> const Shape& { return vals[static_cast<size_t>(id)].type.shape; };
         std::map<const ProgramModel::Step*, RotaryChain> found;
@@ -1010,8 +1006,7 @@ private:
     std::map<const ProgramModel::Step*, ReplicatedOutput> find_replicated_outputs(
         const std::vector<int>& readers, const std::set<const ProgramModel::Step*>& grouped,
         const std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>>& runs) const {
-        std::map<int, const ProgramModel::Step*> producer;
-        for (const auto& step : model_.steps_) producer[step.out] = &step;
+        const std::map<int, const ProgramModel::Step*> producer = model_.producers();
         std::map<const ProgramModel::Step*, ReplicatedOutput> found;
         for (size_t k = 0; k < outputs_.size(); ++k) {
             const int id = model_.ids_.at(outputs_[k].name);

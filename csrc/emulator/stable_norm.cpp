@@ -24,6 +24,18 @@ void reduce_channels(const float* v, int64_t C, int64_t S, float init, float* ac
     round(acc, S);
 }
 
+// dst[c, s] = f(src[c, s], lane[s]): one flat loop when there is one lane (a decode step), which vectorises.
+template <typename F>
+void per_lane(const float* src, const float* lane, int64_t C, int64_t S, float* dst, F f) {
+    if (S == 1) {
+        const float v = lane[0];
+        for (int64_t i = 0; i < C; ++i) dst[i] = f(src[i], v);
+        return;
+    }
+    for (int64_t c = 0; c < C; ++c)
+        for (int64_t s = 0; s < S; ++s) dst[c * S + s] = f(src[c * S + s], lane[s]);
+}
+
 }  // namespace
 
 void run_stable_norm(const StableNorm& n, const float* x, const float* gamma, const float* beta, float* out) {
@@ -49,17 +61,16 @@ void run_stable_norm(const StableNorm& n, const float* x, const float* gamma, co
         inv[s] = std::pow(scale, n.inv_y);
     }
     round(inv, S);
+    auto times = [](float a, float b) { return a * b; };
     float* y = out;  // the unit (then centered) values, normalized in place at the end
-    for (int64_t c = 0; c < C; ++c)
-        for (int64_t s = 0; s < S; ++s) y[c * S + s] = x[c * S + s] * inv[s];
+    per_lane(x, inv, C, S, y, times);
     round(y, size);
     if (n.center) {
         float mean[kStableNormMaxLanes];
         reduce_channels(y, C, S, 0.0f, mean, sum);
         for (int64_t s = 0; s < S; ++s) mean[s] *= n.mean_y;
         round(mean, S);
-        for (int64_t c = 0; c < C; ++c)
-            for (int64_t s = 0; s < S; ++s) y[c * S + s] -= mean[s];
+        per_lane(y, mean, C, S, y, [](float a, float b) { return a - b; });
         round(y, size);
     }
     for (int64_t i = 0; i < size; ++i) tmp[i] = y[i] * y[i];  // sq
@@ -75,14 +86,17 @@ void run_stable_norm(const StableNorm& n, const float* x, const float* gamma, co
         rstd[s] = std::pow(var, n.rsqrt_y);
     }
     round(rstd, S);
-    for (int64_t c = 0; c < C; ++c)
-        for (int64_t s = 0; s < S; ++s) y[c * S + s] *= rstd[s];
+    per_lane(y, rstd, C, S, y, times);
     round(y, size);
     for (const auto& [per_channel, stride, add] : {std::tuple{gamma, n.gamma_stride, false}, std::tuple{beta, n.beta_stride, true}}) {
         if (!per_channel) continue;
-        for (int64_t c = 0; c < C; ++c) {
-            const float p = per_channel[c * stride];
-            for (int64_t s = 0; s < S; ++s) y[c * S + s] = add ? y[c * S + s] + p : y[c * S + s] * p;
+        if (S == 1 && stride == 1) {  // a decode step: one flat loop
+            for (int64_t c = 0; c < C; ++c) y[c] = add ? y[c] + per_channel[c] : y[c] * per_channel[c];
+        } else {
+            for (int64_t c = 0; c < C; ++c) {
+                const float p = per_channel[c * stride];
+                for (int64_t s = 0; s < S; ++s) y[c * S + s] = add ? y[c * S + s] + p : y[c * S + s] * p;
+            }
         }
         round(y, size);
     }

@@ -17,6 +17,7 @@
 #include "emulator/const_fold.h"
 #include "emulator/fused_elementwise.h"
 #include "emulator/ops.h"
+#include "emulator/packed_outputs.h"
 #include "emulator/profile.h"
 #include "emulator/shared_consts.h"
 #include "emulator/surface_io.h"
@@ -350,7 +351,9 @@ private:
         std::map<int, int> chain_reads;  // per mask: the fused chains reading it
         for (const auto& [step, chain] : chains)
             if (step == chain.steps.back()) ++chain_reads[chain.mask];
-        const std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>> runs = find_elementwise_runs(chains);
+        const std::map<const ProgramModel::Step*, PackedChain> packs = find_packed_outputs(readers, chains);
+        const std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>> runs =
+            find_elementwise_runs(chains, packs);
         // A compile-time constant op's kernel (constexpr_*) is built after its readers,
         // and kept only if one of them reads its values or the program returns them: conv takes its
         // weight in its stored form (ValueInfo::compressed), so the values are never materialised.
@@ -409,6 +412,11 @@ private:
                 group_parts[&step] = std::move(built[i].kernel);
                 if (&step == found->second.back()) add_fused_elementwise(found->second, readers, group_parts);
                 continue;  // the run computes at its last step
+            }
+            if (const auto found = packs.find(&step); found != packs.end()) {
+                group_parts[&step] = std::move(built[i].kernel);
+                if (&step == found->second.steps.back()) add_packed_outputs(found->second, group_parts);
+                continue;  // the placement computes at its last step
             }
             schedule_.kernels.push_back({std::move(built[i].kernel), {&step}, step.op->op,
                                          profile::op_cost(*step.op, operand_types(step), step.op->type), {}, {}, {}});
@@ -768,6 +776,104 @@ private:
         };
     }
 
+    // The I/O packing's placement of outputs in one surface (packed_outputs.h): its steps in order (the
+    // one-hot muls and the adds summing them), the blocks placed (value ids) and where.
+    struct PackedChain {
+        std::vector<const ProgramModel::Step*> steps;
+        std::vector<int> blocks;
+        PackedOutputs placement;
+    };
+
+    // The row a const [1, rows, 1, 1] of fp16 +0s and one 1 selects, or -1.
+    int64_t one_hot_row(int id) const {
+        const ValueInfo& v = model_.values_[static_cast<size_t>(id)];
+        const Shape& s = v.type.shape;
+        if (!v.constant || !v.type.is_tensor || v.type.dtype != mil::DType::fp16 || s.size() != 4 || s[0] != 1 ||
+            s[2] != 1 || s[3] != 1)
+            return -1;
+        const std::shared_ptr<const std::vector<float>> held = const_floats(v);
+        int64_t hot = -1;
+        for (size_t r = 0; r < held->size(); ++r) {
+            const float f = (*held)[r];
+            if (f == 1.0f && hot < 0) hot = static_cast<int64_t>(r);
+            else if (f != 0.0f || std::signbit(f)) return -1;
+        }
+        return hot;
+    }
+
+    // Chains sum_i mul(block_i [1, 1, r, W], one-hot [1, rows, 1, 1]) of two or more fp16 blocks in
+    // distinct rows, added in order, whose partial sums and products nothing else reads (outside attention
+    // chains; an elementwise run does not take them), by each of their steps.
+    std::map<const ProgramModel::Step*, PackedChain> find_packed_outputs(
+        const std::vector<int>& readers, const std::map<const ProgramModel::Step*, AttentionChain>& chains) const {
+        const auto& vals = model_.values_;
+        auto fp16_tensor = [&](int id) {
+            return id >= 0 && vals[static_cast<size_t>(id)].type.is_tensor &&
+                   vals[static_cast<size_t>(id)].type.dtype == mil::DType::fp16;
+        };
+        std::map<int, PackedChain> open;  // by the value id of its running sum
+        for (const auto& step : model_.steps_) {
+            const Shape& out = step.op->type.shape;
+            if (chains.count(&step) || step.arg_ids.size() != 2 || !fp16_tensor(step.out) ||
+                out.size() != 4 || out[0] != 1)
+                continue;
+            const int x = step.arg_ids[0], y = step.arg_ids[1];
+            if (step.op->op == "mul") {
+                for (const auto& [block, row] : {std::pair<int, int>{x, y}, {y, x}}) {
+                    if (!fp16_tensor(block) || vals[static_cast<size_t>(block)].constant || row < 0) continue;
+                    const Shape& b = vals[static_cast<size_t>(block)].type.shape;
+                    const int64_t hot = one_hot_row(row);
+                    if (hot < 0 || b.size() != 4 || b[0] != 1 || b[1] != 1 || out[1] != vals[static_cast<size_t>(row)].type.shape[1] ||
+                        out[2] != b[2] || out[3] != b[3])
+                        continue;
+                    open[step.out] = {{&step}, {block}, {b[2] * b[3], out[1], {hot}}};
+                    break;
+                }
+            } else if (step.op->op == "add" && x != y && open.count(x) && open.count(y) && open.at(y).steps.size() == 1 &&
+                       readers[static_cast<size_t>(x)] == 1 && readers[static_cast<size_t>(y)] == 1) {
+                PackedChain sum = open.at(x);
+                const PackedChain& term = open.at(y);
+                const std::vector<int64_t>& rows = sum.placement.hot;
+                if (term.placement.block != sum.placement.block || term.placement.rows != sum.placement.rows ||
+                    std::find(rows.begin(), rows.end(), term.placement.hot[0]) != rows.end())
+                    continue;
+                sum.steps.push_back(term.steps[0]);
+                sum.steps.push_back(&step);
+                sum.blocks.push_back(term.blocks[0]);
+                sum.placement.hot.push_back(term.placement.hot[0]);
+                open.erase(x), open.erase(y);
+                open[step.out] = std::move(sum);
+            }
+        }
+        std::map<const ProgramModel::Step*, PackedChain> found;
+        for (const auto& [id, chain] : open)
+            if (chain.blocks.size() >= 2)
+                for (const ProgramModel::Step* step : chain.steps) found[step] = chain;
+        return found;
+    }
+
+    // One kernel for a placement: each row written once when every block is finite and whole, else the
+    // chain's own kernels (add_group_kernel).
+    void add_packed_outputs(const PackedChain& chain, std::map<const ProgramModel::Step*, Kernel>& parts) {
+        std::vector<int> intermediates, slots;
+        for (const ProgramModel::Step* step : chain.steps)
+            if (step != chain.steps.back()) intermediates.push_back(step->out);
+        for (int id : chain.blocks) slots.push_back(values()[static_cast<size_t>(id)].slot);
+        const int o = values()[static_cast<size_t>(chain.steps.back()->out)].slot;
+        add_group_kernel(chain.steps, intermediates, parts, "I/O packing (placed)", [=, placement = chain.placement](Frame& fr) {
+            std::vector<const float*> blocks;
+            for (int slot : slots) {
+                const Tensor& t = fr.values[static_cast<size_t>(slot)];
+                if (t.half || t.prefix_partial() || t.partial() || t.size() < placement.block) return false;
+                blocks.push_back(t.data.data());
+            }
+            Tensor& out = fr.values[static_cast<size_t>(o)];
+            if (!run_packed_outputs(placement, blocks, out.data.data())) return false;
+            out.lanes = out.last_dim(), out.live_prefix = -1;
+            return true;
+        });
+    }
+
     // How many steps read each value (a program output counts as a reader outside every group).
     std::vector<int> reader_counts() const {
         std::vector<int> readers(model_.values_.size(), 0);
@@ -798,11 +904,12 @@ private:
     // Runs of two or more consecutive elementwise steps (binary, sigmoid or tanh) of one float output shape
     // (none of them in an attention chain), by each of their steps.
     std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>> find_elementwise_runs(
-        const std::map<const ProgramModel::Step*, AttentionChain>& chains) const {
+        const std::map<const ProgramModel::Step*, AttentionChain>& chains,
+        const std::map<const ProgramModel::Step*, PackedChain>& packs) const {
         auto fusable = [&](const ProgramModel::Step& step) {
             ElementwiseRun::Fn fn;
             const mil::Type& t = step.op->type;
-            if (chains.count(&step) || !elementwise_fn(step.op->op, &fn) || !t.is_tensor || !mil::is_float(t.dtype) ||
+            if (chains.count(&step) || packs.count(&step) || !elementwise_fn(step.op->op, &fn) || !t.is_tensor || !mil::is_float(t.dtype) ||
                 t.shape.empty() || t.element_count() == 0 || step.arg_ids.size() != (is_unary(fn) ? 1u : 2u))
                 return false;
             for (int id : step.arg_ids)

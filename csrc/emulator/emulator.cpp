@@ -777,7 +777,8 @@ private:
     }
 
     // The I/O packing's placement of outputs in one surface (packed_outputs.h): its steps in order (the
-    // one-hot muls and the adds summing them), the blocks placed (value ids) and where.
+    // one-hot muls, the reshapes copying their blocks, the adds summing them), the values placed (value
+    // ids: a block, or the operand of the reshape copying it) and where.
     struct PackedChain {
         std::vector<const ProgramModel::Step*> steps;
         std::vector<int> blocks;
@@ -811,6 +812,13 @@ private:
             return id >= 0 && vals[static_cast<size_t>(id)].type.is_tensor &&
                    vals[static_cast<size_t>(id)].type.dtype == mil::DType::fp16;
         };
+        std::map<int, const ProgramModel::Step*> producer;
+        for (const auto& step : model_.steps_) producer[step.out] = &step;
+        auto arg_id = [](const ProgramModel::Step& step, const char* name) {
+            for (size_t a = 0; a < step.op->args.size(); ++a)
+                if (step.op->args[a].name == name) return step.arg_ids[a];
+            return -1;
+        };
         std::map<int, PackedChain> open;  // by the value id of its running sum
         for (const auto& step : model_.steps_) {
             const Shape& out = step.op->type.shape;
@@ -826,10 +834,23 @@ private:
                     if (hot < 0 || b.size() != 4 || b[0] != 1 || b[1] != 1 || out[1] != vals[static_cast<size_t>(row)].type.shape[1] ||
                         out[2] != b[2] || out[3] != b[3])
                         continue;
-                    open[step.out] = {{&step}, {block}, {b[2] * b[3], out[1], {hot}}};
+                    PackedChain term{{&step}, {block}, {b[2] * b[3], out[1], {hot}}};
+                    // A block that a reshape changing the lane axis copies, for this mul alone: the placement
+                    // reads the reshape's operand (the same elements in the same order) and skips the copy.
+                    const auto made = producer.find(block);
+                    const ProgramModel::Step* reshape = made == producer.end() ? nullptr : made->second;
+                    const int from = reshape && reshape->op->op == "reshape" ? arg_id(*reshape, "x") : -1;
+                    if (from >= 0 && readers[static_cast<size_t>(block)] == 1 && fp16_tensor(from) &&
+                        !cut_values_.count(block) && vals[static_cast<size_t>(block)].slot == block &&
+                        !vals[static_cast<size_t>(from)].type.shape.empty() &&
+                        vals[static_cast<size_t>(from)].type.shape.back() != b.back()) {
+                        term.steps.insert(term.steps.begin(), reshape);
+                        term.blocks[0] = from;
+                    }
+                    open[step.out] = std::move(term);
                     break;
                 }
-            } else if (step.op->op == "add" && x != y && open.count(x) && open.count(y) && open.at(y).steps.size() == 1 &&
+            } else if (step.op->op == "add" && x != y && open.count(x) && open.count(y) && open.at(y).blocks.size() == 1 &&
                        readers[static_cast<size_t>(x)] == 1 && readers[static_cast<size_t>(y)] == 1) {
                 PackedChain sum = open.at(x);
                 const PackedChain& term = open.at(y);
@@ -837,7 +858,7 @@ private:
                 if (term.placement.block != sum.placement.block || term.placement.rows != sum.placement.rows ||
                     std::find(rows.begin(), rows.end(), term.placement.hot[0]) != rows.end())
                     continue;
-                sum.steps.push_back(term.steps[0]);
+                sum.steps.insert(sum.steps.end(), term.steps.begin(), term.steps.end());
                 sum.steps.push_back(&step);
                 sum.blocks.push_back(term.blocks[0]);
                 sum.placement.hot.push_back(term.placement.hot[0]);
@@ -853,7 +874,7 @@ private:
     }
 
     // One kernel for a placement: each row written once when every block is finite and whole, else the
-    // chain's own kernels (add_group_kernel).
+    // chain's own kernels (add_group_kernel; its last add overwrites what a non-finite block left written).
     void add_packed_outputs(const PackedChain& chain, std::map<const ProgramModel::Step*, Kernel>& parts) {
         std::vector<int> intermediates, slots;
         for (const ProgramModel::Step* step : chain.steps)

@@ -30,27 +30,25 @@ inline float from_bits(uint32_t u) {
 
 bool run_packed_outputs(const PackedOutputs& p, const std::vector<const float*>& blocks, float* out) {
     const int64_t n = p.block, chunks = (n + kChunk - 1) / kChunk;
-    std::atomic<bool> finite{true};
-    // Pass 1: every block finite? (A non-finite one leaves the output to the ops themselves.)
-    kernels::parallel_for(chunks, 16, [&](int64_t begin, int64_t end) {
-        for (int64_t c = begin; c < end && finite.load(std::memory_order_relaxed); ++c) {
-            const int64_t e0 = c * kChunk, e1 = std::min(n, e0 + kChunk);
-            uint32_t worst = 0;
-            for (const float* b : blocks)
-                for (int64_t e = e0; e < e1; ++e) worst = std::max(worst, bits(b[e]) & kAbs);
-            if (worst >= kNonFinite) finite.store(false, std::memory_order_relaxed);
-        }
-    });
-    if (!finite.load()) return false;
     std::vector<int> block_of(static_cast<size_t>(p.rows), -1);
     for (size_t i = 0; i < p.hot.size(); ++i) block_of[static_cast<size_t>(p.hot[i])] = static_cast<int>(i);
+    std::atomic<bool> finite{true};
     kernels::parallel_for(chunks, 16, [&](int64_t begin, int64_t end) {
         uint32_t sign[kChunk];  // per element: the sign a zero sum takes (set only if every block's is)
-        for (int64_t c = begin; c < end; ++c) {
+        for (int64_t c = begin; c < end && finite.load(std::memory_order_relaxed); ++c) {
             const int64_t e0 = c * kChunk, len = std::min(n, e0 + kChunk) - e0;
             std::fill(sign, sign + len, kSign);
+            uint32_t worst = 0;  // the largest magnitude's bits: a non-finite block leaves the output to the ops
             for (const float* b : blocks)
-                for (int64_t e = 0; e < len; ++e) sign[e] &= bits(b[e0 + e]);
+                for (int64_t e = 0; e < len; ++e) {
+                    const uint32_t v = bits(b[e0 + e]);
+                    sign[e] &= v;
+                    worst = std::max(worst, v & kAbs);
+                }
+            if (worst >= kNonFinite) {
+                finite.store(false, std::memory_order_relaxed);
+                return;
+            }
             for (int64_t h = 0; h < p.rows; ++h) {
                 float* row = out + h * n + e0;
                 const int i = block_of[static_cast<size_t>(h)];
@@ -62,7 +60,7 @@ bool run_packed_outputs(const PackedOutputs& p, const std::vector<const float*>&
             }
         }
     });
-    return true;
+    return finite.load();
 }
 
 }  // namespace orion::emu

@@ -19,8 +19,8 @@ struct PackedOutputs {
 };
 
 // out[h * block + e] for every row h from blocks[i] (fp16 values in fp32) placed in rows p.hot[i].
-// Returns false, writing nothing, when some block holds Inf or NaN (x*0 is then NaN: the caller runs
-// the ops themselves).
+// Returns false when some block holds Inf or NaN (x*0 is then NaN): the caller runs the ops themselves,
+// which overwrite every element of `out`.
 bool run_packed_outputs(const PackedOutputs& p, const std::vector<const float*>& blocks, float* out);
 
 }  // namespace orion::emu

@@ -20,6 +20,7 @@
 #include "emulator/const_fold.h"
 #include "emulator/fused_elementwise.h"
 #include "emulator/ops.h"
+#include "emulator/packed_outputs.h"
 #include "emulator/profile.h"
 #include "emulator/shared_consts.h"
 #include "emulator/surface_io.h"
@@ -181,6 +182,15 @@ struct ScheduledKernel {
     profile::Cost cost;                 // bytes and FLOPs by its operand and result types
     std::vector<int> acquire, release;  // pooled slots taken before it / given back after it
     std::vector<int> settle;  // slots it reads that must be whole (settle_prefix): it ignores live prefixes
+};
+
+// A fused group's own kernels by step (its fallback), gathered until its last step.
+using GroupParts = std::map<const ProgramModel::Step*, Kernel>;
+
+// A fused group of steps: the last of them, where its one kernel is added, and what adds it.
+struct FusedGroup {
+    const ProgramModel::Step* last = nullptr;
+    std::function<void(GroupParts&)> add;
 };
 
 struct Schedule {
@@ -370,12 +380,26 @@ private:
         const std::map<const ProgramModel::Step*, DecodeChain> decode_chains = find_decode_attention(readers);
         const std::map<const ProgramModel::Step*, NormChain> norms = find_stable_norms(readers);
         const std::map<const ProgramModel::Step*, RotaryChain> rotaries = find_rotaries(readers);
-        std::set<const ProgramModel::Step*> grouped;  // steps of a fused attention or norm: in no other group
-        for (const auto& [step, chain] : chains) grouped.insert(step);
-        for (const auto& [step, chain] : decode_chains) grouped.insert(step);
-        for (const auto& [step, chain] : norms) grouped.insert(step);
-        for (const auto& [step, chain] : rotaries) grouped.insert(step);
+        // Every fused group's steps (no step is in two): its last step, where its kernel is added, and how.
+        std::map<const ProgramModel::Step*, FusedGroup> groups;
+        auto take = [&](const auto& found, auto add) {
+            for (const auto& [step, chain] : found)
+                groups[step] = {chain.steps.back(), [this, &chain = chain, add](GroupParts& parts) { (this->*add)(chain, parts); }};
+        };
+        for (const auto& [step, chain] : chains)
+            groups[step] = {chain.steps.back(), [this, &chain = chain, shared = chain_reads[chain.mask] == readers[chain.mask]](
+                                                    GroupParts& parts) { add_fused_attention(chain, shared, parts); }};
+        take(decode_chains, &EmulatedProgram::add_decode_attention);
+        take(norms, &EmulatedProgram::add_stable_norm);
+        take(rotaries, &EmulatedProgram::add_rotary);
+        std::set<const ProgramModel::Step*> grouped;
+        for (const auto& [step, group] : groups) grouped.insert(step);
+        const std::map<const ProgramModel::Step*, PackedChain> packs = find_packed_outputs(readers, grouped);
+        take(packs, &EmulatedProgram::add_packed_outputs);
+        for (const auto& [step, chain] : packs) grouped.insert(step);
         const std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>> runs = find_elementwise_runs(grouped);
+        for (const auto& [step, run] : runs)
+            groups[step] = {run.back(), [this, &run = run, &readers](GroupParts& parts) { add_fused_elementwise(run, readers, parts); }};
         // A compile-time constant op's kernel (constexpr_*) is built after its readers,
         // and kept only if one of them reads its values or the program returns them: conv takes its
         // weight in its stored form (ValueInfo::compressed), so the values are never materialised.
@@ -416,39 +440,17 @@ private:
                     if (id != r->second.source && readers[static_cast<size_t>(id)] == 1)
                         values()[static_cast<size_t>(id)].used_as_data = false;
             }
-        std::map<const ProgramModel::Step*, Kernel> group_parts;  // a fused group's own kernels, until its last
+        GroupParts group_parts;  // a fused group's own kernels, until its last
         for (size_t i = 0; i < order.size(); ++i) {
             const ProgramModel::Step& step = *order[i];
             if (built[i].view_of >= 0) continue;
             // An op whose output has no elements computes nothing: a kernel run over an empty tensor
             // may still loop over its other axes (a [2^31, 0, 1] concat walks 2^31 rows).
             if (step.op->type.element_count() == 0) continue;
-            if (const auto found = chains.find(&step); found != chains.end()) {
+            if (const auto found = groups.find(&step); found != groups.end()) {
                 group_parts[&step] = std::move(built[i].kernel);
-                if (&step == found->second.steps.back())
-                    add_fused_attention(found->second, chain_reads[found->second.mask] == readers[found->second.mask],
-                                        group_parts);
-                continue;  // the chain runs at its last step
-            }
-            if (const auto found = decode_chains.find(&step); found != decode_chains.end()) {
-                group_parts[&step] = std::move(built[i].kernel);
-                if (&step == found->second.steps.back()) add_decode_attention(found->second, group_parts);
-                continue;  // the chain runs at its last step
-            }
-            if (const auto found = rotaries.find(&step); found != rotaries.end()) {
-                group_parts[&step] = std::move(built[i].kernel);
-                if (&step == found->second.steps.back()) add_rotary(found->second, group_parts);
-                continue;  // the chain runs at its last step
-            }
-            if (const auto found = norms.find(&step); found != norms.end()) {
-                group_parts[&step] = std::move(built[i].kernel);
-                if (&step == found->second.steps.back()) add_stable_norm(found->second, group_parts);
-                continue;  // the chain runs at its last step
-            }
-            if (const auto found = runs.find(&step); found != runs.end()) {
-                group_parts[&step] = std::move(built[i].kernel);
-                if (&step == found->second.back()) add_fused_elementwise(found->second, readers, group_parts);
-                continue;  // the run computes at its last step
+                if (&step == found->second.last) found->second.add(group_parts);
+                continue;  // the group runs at its last step
             }
             schedule_.kernels.push_back({std::move(built[i].kernel), {&step}, step.op->op,
                                          profile::op_cost(*step.op, operand_types(step), step.op->type), {}, {}, {}});
@@ -1062,6 +1064,125 @@ private:
         };
     }
 
+    // The I/O packing's placement of outputs in one surface (packed_outputs.h): its steps in order (the
+    // one-hot muls, the reshapes copying their blocks, the adds summing them), the values placed (value
+    // ids: a block, or the operand of the reshape copying it) and where.
+    struct PackedChain {
+        std::vector<const ProgramModel::Step*> steps;
+        std::vector<int> blocks;
+        PackedOutputs placement;
+    };
+
+    // The row a const [1, rows, 1, 1] of fp16 +0s and one 1 selects, or -1.
+    int64_t one_hot_row(int id) const {
+        const ValueInfo& v = model_.values_[static_cast<size_t>(id)];
+        const Shape& s = v.type.shape;
+        if (!v.constant || !v.type.is_tensor || v.type.dtype != mil::DType::fp16 || s.size() != 4 || s[0] != 1 ||
+            s[2] != 1 || s[3] != 1)
+            return -1;
+        const std::shared_ptr<const std::vector<float>> held = const_floats(v);
+        int64_t hot = -1;
+        for (size_t r = 0; r < held->size(); ++r) {
+            const float f = (*held)[r];
+            if (f == 1.0f && hot < 0) hot = static_cast<int64_t>(r);
+            else if (f != 0.0f || std::signbit(f)) return -1;
+        }
+        return hot;
+    }
+
+    // Chains sum_i mul(block_i [1, 1, r, W], one-hot [1, rows, 1, 1]) of two or more fp16 blocks in
+    // distinct rows, added in order, whose partial sums and products nothing else reads (outside the other fused
+    // groups; an elementwise run does not take them), by each of their steps.
+    std::map<const ProgramModel::Step*, PackedChain> find_packed_outputs(
+        const std::vector<int>& readers, const std::set<const ProgramModel::Step*>& grouped) const {
+        const auto& vals = model_.values_;
+        auto fp16_tensor = [&](int id) {
+            return id >= 0 && vals[static_cast<size_t>(id)].type.is_tensor &&
+                   vals[static_cast<size_t>(id)].type.dtype == mil::DType::fp16;
+        };
+        std::map<int, const ProgramModel::Step*> producer;
+        for (const auto& step : model_.steps_) producer[step.out] = &step;
+        auto arg_id = [](const ProgramModel::Step& step, const char* name) {
+            for (size_t a = 0; a < step.op->args.size(); ++a)
+                if (step.op->args[a].name == name) return step.arg_ids[a];
+            return -1;
+        };
+        std::map<int, PackedChain> open;  // by the value id of its running sum
+        for (const auto& step : model_.steps_) {
+            const Shape& out = step.op->type.shape;
+            if (grouped.count(&step) || step.arg_ids.size() != 2 || !fp16_tensor(step.out) ||
+                out.size() != 4 || out[0] != 1)
+                continue;
+            const int x = step.arg_ids[0], y = step.arg_ids[1];
+            if (step.op->op == "mul") {
+                for (const auto& [block, row] : {std::pair<int, int>{x, y}, {y, x}}) {
+                    if (!fp16_tensor(block) || vals[static_cast<size_t>(block)].constant || row < 0) continue;
+                    const Shape& b = vals[static_cast<size_t>(block)].type.shape;
+                    const int64_t hot = one_hot_row(row);
+                    if (hot < 0 || b.size() != 4 || b[0] != 1 || b[1] != 1 || out[1] != vals[static_cast<size_t>(row)].type.shape[1] ||
+                        out[2] != b[2] || out[3] != b[3])
+                        continue;
+                    PackedChain term{{&step}, {block}, {b[2] * b[3], out[1], {hot}}};
+                    // A block that a reshape changing the lane axis copies, for this mul alone: the placement
+                    // reads the reshape's operand (the same elements in the same order) and skips the copy.
+                    const auto made = producer.find(block);
+                    const ProgramModel::Step* reshape = made == producer.end() ? nullptr : made->second;
+                    const int from = reshape && reshape->op->op == "reshape" ? arg_id(*reshape, "x") : -1;
+                    if (from >= 0 && readers[static_cast<size_t>(block)] == 1 && fp16_tensor(from) &&
+                        !cut_values_.count(block) && vals[static_cast<size_t>(block)].slot == block &&
+                        !vals[static_cast<size_t>(from)].type.shape.empty() &&
+                        vals[static_cast<size_t>(from)].type.shape.back() != b.back()) {
+                        term.steps.insert(term.steps.begin(), reshape);
+                        term.blocks[0] = from;
+                    }
+                    open[step.out] = std::move(term);
+                    break;
+                }
+            } else if (step.op->op == "add" && x != y && open.count(x) && open.count(y) && open.at(y).blocks.size() == 1 &&
+                       readers[static_cast<size_t>(x)] == 1 && readers[static_cast<size_t>(y)] == 1) {
+                PackedChain sum = open.at(x);
+                const PackedChain& term = open.at(y);
+                const std::vector<int64_t>& rows = sum.placement.hot;
+                if (term.placement.block != sum.placement.block || term.placement.rows != sum.placement.rows ||
+                    std::find(rows.begin(), rows.end(), term.placement.hot[0]) != rows.end())
+                    continue;
+                sum.steps.insert(sum.steps.end(), term.steps.begin(), term.steps.end());
+                sum.steps.push_back(&step);
+                sum.blocks.push_back(term.blocks[0]);
+                sum.placement.hot.push_back(term.placement.hot[0]);
+                open.erase(x), open.erase(y);
+                open[step.out] = std::move(sum);
+            }
+        }
+        std::map<const ProgramModel::Step*, PackedChain> found;
+        for (const auto& [id, chain] : open)
+            if (chain.blocks.size() >= 2)
+                for (const ProgramModel::Step* step : chain.steps) found[step] = chain;
+        return found;
+    }
+
+    // One kernel for a placement: each row written once when every block is finite and whole, else the
+    // chain's own kernels (add_group_kernel; its last add overwrites what a non-finite block left written).
+    void add_packed_outputs(const PackedChain& chain, GroupParts& parts) {
+        std::vector<int> intermediates, slots;
+        for (const ProgramModel::Step* step : chain.steps)
+            if (step != chain.steps.back()) intermediates.push_back(step->out);
+        for (int id : chain.blocks) slots.push_back(values()[static_cast<size_t>(id)].slot);
+        const int o = values()[static_cast<size_t>(chain.steps.back()->out)].slot;
+        add_group_kernel(chain.steps, intermediates, parts, "I/O packing (placed)", [=, placement = chain.placement](Frame& fr) {
+            std::vector<const float*> blocks;
+            for (int slot : slots) {
+                const Tensor& t = fr.values[static_cast<size_t>(slot)];
+                if (t.half || t.prefix_partial() || t.partial() || t.size() < placement.block) return false;
+                blocks.push_back(t.data.data());
+            }
+            Tensor& out = fr.values[static_cast<size_t>(o)];
+            if (!run_packed_outputs(placement, blocks, out.data.data())) return false;
+            out.lanes = out.last_dim(), out.live_prefix = -1;
+            return true;
+        });
+    }
+
     // How many steps read each value (a program output counts as a reader outside every group).
     std::vector<int> reader_counts() const {
         std::vector<int> readers(model_.values_.size(), 0);
@@ -1125,7 +1246,7 @@ private:
     // One kernel for a run: its rows in one pass when every operand is whole (no live-lane hint, no
     // fp16 read in place), else the run's own kernels (add_group_kernel).
     void add_fused_elementwise(const std::vector<const ProgramModel::Step*>& steps, const std::vector<int>& readers,
-                               std::map<const ProgramModel::Step*, Kernel>& parts) {
+                               GroupParts& parts) {
         const Shape& shape = steps.front()->op->type.shape;
         ElementwiseRun run;
         run.width = shape.back(), run.rows = element_count(shape) / shape.back();
@@ -1188,7 +1309,7 @@ private:
     // (writing nothing) and the group's own kernels run instead, with its `intermediates` (value ids
     // nothing outside the group reads: in no frame or pool plan) taken from the buffer pool for the call.
     void add_group_kernel(const std::vector<const ProgramModel::Step*>& steps, const std::vector<int>& intermediates,
-                          std::map<const ProgramModel::Step*, Kernel>& parts, const char* kind,
+                          GroupParts& parts, const char* kind,
                           std::function<bool(Frame&)> fused) {
         std::vector<Kernel> unfused;
         profile::Cost cost;
@@ -1217,7 +1338,7 @@ private:
     // each at 1024 tokens) rather than in each frame; a call that falls back copies it into the frame
     // for the chain's own kernels, and the next fused call frees that copy.
     void add_fused_attention(const AttentionChain& chain, bool only_chains_read_mask,
-                             std::map<const ProgramModel::Step*, Kernel>& parts) {
+                             GroupParts& parts) {
         const ProgramModel::Step& scores = *chain.steps.front();
         const ProgramModel::Step& context = *chain.steps.back();
         const auto& sd = std::get<frontend::MatmulDims>(scores.typed.attrs);
@@ -1274,7 +1395,7 @@ private:
     // One kernel for a decode attention chain: run_decode_attention when its operands are fp32 tensors (or an fp16
     // cache read in place) with no live prefix, else the chain's own kernels. The live lanes of the cache and the
     // mask (a cache filled up to some position) bound the positions as they bound the ops'.
-    void add_decode_attention(const DecodeChain& chain, std::map<const ProgramModel::Step*, Kernel>& parts) {
+    void add_decode_attention(const DecodeChain& chain, GroupParts& parts) {
         auto slot = [&](int id) { return values()[static_cast<size_t>(id)].slot; };
         const int q = slot(chain.q), k = slot(chain.k), v = slot(chain.v), keys = slot(chain.keys);
         const int cache_values = slot(chain.values), mask = slot(chain.mask), exponent = slot(chain.exponent);
@@ -1309,7 +1430,7 @@ private:
 
     // One kernel for a stable norm chain: run_stable_norm when x is a whole fp32 tensor, else the chain's own
     // kernels.
-    void add_stable_norm(const NormChain& chain, std::map<const ProgramModel::Step*, Kernel>& parts) {
+    void add_stable_norm(const NormChain& chain, GroupParts& parts) {
         auto slot = [&](int id) { return id >= 0 ? values()[static_cast<size_t>(id)].slot : -1; };
         const int x = slot(chain.x), gamma = slot(chain.gamma), beta = slot(chain.beta), o = chain.steps.back()->out;
         std::vector<int> intermediates;
@@ -1331,7 +1452,7 @@ private:
 
     // One kernel for a rotary embedding: run_rotary when its operands are whole fp32 tensors, else the chain's
     // own kernels.
-    void add_rotary(const RotaryChain& chain, std::map<const ProgramModel::Step*, Kernel>& parts) {
+    void add_rotary(const RotaryChain& chain, GroupParts& parts) {
         auto slot = [&](int id) { return values()[static_cast<size_t>(id)].slot; };
         const int x = slot(chain.x), partner = slot(chain.partner), cos = slot(chain.cos), sin = slot(chain.sin);
         const int o = chain.steps.back()->out;

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from orion import OrionError, compile_count
+from orion.autodiff import partition as partition_module
 from orion.autodiff.runner import GradientRunner
 from orion.models.gpt2 import weights as gpt2_weights
 from orion.models.gpt2.config import GPT2Config
@@ -150,3 +151,26 @@ def test_inputs_rounded_once_per_step_change_nothing(kind) -> None:
     assert sorted(once[1]) == sorted(per_program[1])
     for name, g in per_program[1].items():
         np.testing.assert_array_equal(once[1][name], g, err_msg=name)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_saved_activations_change_nothing(kind, monkeypatch) -> None:
+    # The forward program returns the activations the gradient rules read and the gradient program takes them
+    # instead of recomputing its layer's forward: the same fp16 ops on the same inputs, so the loss and every
+    # gradient are bit for bit those of the recomputing plan.
+    model, params = _model(kind)
+    ids, targets = _window()
+    saving = GradientRunner(model, SEQ, prefer="ane")
+    saved = [n for n in saving.plan.forward.graph.outputs if n.startswith("saved_")]
+    assert saved and sorted(saved) == sorted(n.name for n in saving.plan.gradients[0].graph.inputs
+                                             if n.name.startswith("saved_"))
+    monkeypatch.setattr(partition_module, "_saving_activations", lambda layer, wrt, forward, whole, *rest: (forward, whole))
+    recomputing = GradientRunner(model, SEQ, prefer="ane")
+    assert list(recomputing.plan.forward.graph.outputs) == ["y"]
+    assert saving.plan.gradients[0].flops < recomputing.plan.gradients[0].flops
+    got = saving.loss_and_grads(params, ids, targets, loss_scale=SCALE)
+    want = recomputing.loss_and_grads(params, ids, targets, loss_scale=SCALE)
+    assert got[0] == want[0]
+    assert sorted(got[1]) == sorted(want[1])
+    for name, g in want[1].items():
+        np.testing.assert_array_equal(got[1][name], g, err_msg=name)

@@ -3,6 +3,10 @@
 Per layer (one graph shared by all layers, weights as inputs) it plans a forward program and the gradient
 program(s): the whole layer gradient (dx and every dW) as one program when it lowers under the hardware
 rules and fits the SRAM budget, else one dx program plus dW programs over parameter groups that fit.
+When the forward and the whole gradient are both ANE programs, the forward also returns the activations the
+gradient rules read (``saved_<node>``) and the gradient takes them instead of recomputing its layer's
+forward (a quarter of its FLOPs for a Llama layer); if that pair is not legal or does not fit, the gradient
+recomputes them.
 A program goes to the ANE when it is legal and pays for itself: its modeled ANE time (FLOPs at
 ``CostModel.ane_flops`` plus one dispatch, ANE-28) beats its modeled CPU time (``CostModel.cpu_flops``).
 The embedding (a gather), the final norm, the classifier and cross-entropy always run on the CPU in fp32.
@@ -23,9 +27,10 @@ import numpy as np
 
 from orion.autodiff.flops import graph_flops
 from orion.autodiff.trainable import TrainableModel
-from orion.autodiff.transform import backward, grad_name
+from orion.autodiff.transform import backward, grad_name, saved_activations
 from orion.compiler import lower_graph
 from orion.errors import OrionError
+from orion.graph.bake import bake
 from orion.graph.builder import Graph
 from orion.graph.ir import GraphError, Node, dtype_size
 from orion.legalize import IOLayout
@@ -165,6 +170,8 @@ def partition(model: TrainableModel, seq: int, *, sram_budget: int = SRAM_BYTES,
         tapped = replace(_place(f"layer gradient (dx, {len(rest)} dW; {len(taps)} dW on the CPU in fp32)", graph, n,
                                 sram_budget, cost, prefer, fused), cpu_dw=tuple(taps))
         whole = tapped if tapped.device == ANE or whole.device != ANE else whole
+    if dw == ANE and whole.device == ANE and forward.device == ANE:
+        forward, whole = _saving_activations(layer, ["x", *params], forward, whole, sram_budget, cost, prefer)
     if whole.device == ANE or whole.reason.startswith("CPU pays") or prefer == "cpu":
         gradients: tuple[PlannedProgram, ...] = (whole,)
     else:  # over budget or illegal as one program: dx alone, then dW over groups of parameters that fit
@@ -175,6 +182,26 @@ def partition(model: TrainableModel, seq: int, *, sram_budget: int = SRAM_BYTES,
            CpuStage("final norm, classifier and cross-entropy (forward and backward)", 6.0 * seq * c * vocab,
                     "fp32 over the vocabulary: logits, dlogits, dx and dW of the classifier"))
     return Plan(model.name, seq, forward, gradients, cpu)
+
+
+def _saving_activations(layer: Graph, wrt: list[str], forward: PlannedProgram, whole: PlannedProgram, budget: int,
+                        cost: CostModel, prefer: str) -> tuple[PlannedProgram, PlannedProgram]:
+    """The forward and whole-gradient programs with the forward returning the values the gradient reads
+    (``backward(save_activations=True)``) instead of the gradient recomputing them, when both stay on the ANE;
+    else ``forward`` and ``whole`` as they are."""
+    gradient = backward(layer, wrt, save_activations=True)
+    saved = saved_activations(gradient)
+    if not saved:
+        return forward, whole
+    returning = bake(layer, {})  # a copy, given the saved values as outputs
+    nodes = {n.name: n for n in returning.nodes}
+    for output, node in saved.items():
+        returning.output(nodes[node], output)
+    fused = forward.fused
+    placed = (_place(f"{forward.name} (returning {len(saved)} activations)", returning, forward.count, budget, cost,
+                     prefer, fused),
+              _place(f"{whole.name} from the saved activations", gradient, whole.count, budget, cost, prefer, fused))
+    return placed if all(p.device == ANE for p in placed) else (forward, whole)
 
 
 def layer_params(model: TrainableModel, names: Collection[str] | None, what: str) -> list[str]:

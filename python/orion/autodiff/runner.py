@@ -1,8 +1,9 @@
 """Loss and gradients of a whole model through the planned programs: :class:`GradientRunner`.
 
-The step: embedding on the CPU, the layer forward programs (keeping each layer's input), the head and
-cross-entropy on the CPU in fp32, then the layer gradient programs from the last layer down (each recomputes
-its layer's forward), and the embedding's scatter. ANE programs run in fp16; the cotangent entering them is
+The step: embedding on the CPU, the layer forward programs (keeping each layer's inputs and the activations
+the plan saves for its gradient), the head and cross-entropy on the CPU in fp32, then the layer gradient
+programs from the last layer down (each takes the saved activations, or recomputes its layer's forward), and
+the embedding's scatter. ANE programs run in fp16; the cotangent entering them is
 multiplied by ``loss_scale`` and every gradient leaving them divided by it, in fp32 (the static form; the
 trainer's dynamic scaler wraps this). A non-finite gradient raises :class:`NonFiniteGradient` naming the
 tensor, never rewritten.
@@ -30,7 +31,7 @@ from orion._core import kernels
 from orion.autodiff import cpu, numpy_eval
 from orion.autodiff.partition import ANE, Plan, PlannedProgram, layer_params, partition, program_outputs
 from orion.autodiff.trainable import TrainableModel, input_layout
-from orion.autodiff.transform import grad_name
+from orion.autodiff.transform import SAVED_PREFIX, grad_name
 from orion.compiler import CompiledGraph, Lowered, compile_graph, lower_graph
 from orion.constraints import violation
 from orion.emit import WEIGHT_DIR
@@ -182,7 +183,8 @@ class GradientRunner:
 
     def _layers_forward(self, params: dict[str, np.ndarray], ids: np.ndarray
                         ) -> tuple[np.ndarray, list[dict[str, np.ndarray]]]:
-        """The last layer's output ``[S, C]`` and each layer's program inputs (kept for its gradient program)."""
+        """The last layer's output ``[S, C]`` and each layer's program inputs and the activations its forward
+        program saves (``saved_<node>``, fp16), kept for its gradient program."""
         m = self.model
         x = m.embed(params, ids).astype(np.float32)
         layer_inputs = []
@@ -191,7 +193,9 @@ class GradientRunner:
             if self._fp16_inputs:
                 arrays = {name: _fp16(a) for name, a in arrays.items()}
             layer_inputs.append(arrays)
-            x = _finite(cpu.from_channels(self._forward(i, arrays)["y"]), f"layer {i} output")
+            results = self._forward(i, arrays)
+            arrays.update((name, value) for name, value in results.items() if name.startswith(SAVED_PREFIX))
+            x = _finite(cpu.from_channels(results["y"]), f"layer {i} output")
         return x, layer_inputs
 
 

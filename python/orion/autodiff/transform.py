@@ -1,7 +1,9 @@
 """Reverse-mode differentiation of a graph over the op registry: :func:`backward`.
 
 The gradient graph recomputes the forward nodes it needs (a copy of the forward graph; dead-code
-elimination drops the rest at compile time), takes the cotangent of each forward output that depends on
+elimination drops the rest at compile time), or, with ``save_activations=True``, takes the forward values
+its gradient rules read as inputs ``saved_<node>`` (:func:`saved_activations`: the forward program returns
+them), so only what those values do not cover is recomputed. It takes the cotangent of each forward output that depends on
 the differentiated inputs as an input ``grad_<output>``, and returns ``grad_<input>`` for each input in
 ``wrt``. Nodes are visited in reverse topological order; each op's rule (``OpDef.grad``, see
 :mod:`orion.autodiff.context`) maps the cotangent of its result to cotangents of its operands, and the
@@ -18,6 +20,7 @@ from orion.graph.builder import Graph
 from orion.graph.ir import Node
 
 GRAD_PREFIX = "grad_"
+SAVED_PREFIX = "saved_"
 
 
 def grad_name(name: str) -> str:
@@ -25,8 +28,15 @@ def grad_name(name: str) -> str:
     return f"{GRAD_PREFIX}{name}"
 
 
+def saved_activations(gradient: Graph) -> dict[str, str]:
+    """The forward values a gradient graph built with ``save_activations=True`` takes as inputs: input name ->
+    forward node name (the forward program returns each under the input's name)."""
+    return {n.name: n.name[len(SAVED_PREFIX):] for n in gradient.inputs if n.name.startswith(SAVED_PREFIX)}
+
+
 def backward(graph: Graph, wrt: Sequence[str], *, name: str | None = None,
-             values: Mapping[str, str] | None = None, cotangents: Mapping[str, str] | None = None) -> Graph:
+             values: Mapping[str, str] | None = None, cotangents: Mapping[str, str] | None = None,
+             save_activations: bool = False) -> Graph:
     """The gradient graph of ``graph`` with respect to its inputs ``wrt`` (activations or runtime weights).
 
     Inputs: every input of ``graph`` (same names) and ``grad_<out>`` for each output that depends on
@@ -34,6 +44,9 @@ def backward(graph: Graph, wrt: Sequence[str], *, name: str | None = None,
     ``output name -> forward node name`` of ``values``, that node's recomputed value, and of
     ``cotangents``, that node's cotangent (how a weight gradient is left to the CPU: the ANE returns a
     linear's input and output cotangent, the CPU forms ``dy x^T``, see ``orion.autodiff.partition``).
+    ``save_activations``: each computed forward value ``[1, C, 1, S]`` that a gradient rule reads becomes the
+    input ``saved_<node>`` instead of being recomputed (its value is the forward program's, bit for bit: the
+    same ops on the same inputs).
     """
     by_name = {n.name: n for n in graph.inputs}
     unknown = [w for w in wrt if w not in by_name]
@@ -86,6 +99,8 @@ def backward(graph: Graph, wrt: Sequence[str], *, name: str | None = None,
                                         f"{list(d.shape)}, expected {list(src.shape)}. Fix: the op's gradient rule")
                 _accumulate(g, cotangent, src, d)
 
+    if save_activations:
+        _take_saved(g, copy, {id(copy[id(n)]) for n in graph.outputs.values()})
     for w in wrt:
         d = cotangent.get(id(by_name[w]))
         if d is None:
@@ -106,6 +121,26 @@ def backward(graph: Graph, wrt: Sequence[str], *, name: str | None = None,
                 d = g.identity(d, name=f"{out}_copy")
             g.output(d, out)
     return g
+
+
+def _take_saved(g: Graph, copy: dict[int, Node], outputs: set[int]) -> None:
+    """Replace each forward copy of ``[1, C, 1, S]`` that a gradient node reads by an input ``saved_<name>``,
+    except inputs, consts and the forward's own ``outputs`` (recomputed: the forward program returns a value
+    once); ``copy`` then maps its forward node to that input."""
+    forward = {id(c): (key, c) for key, c in copy.items()}
+    read: dict[int, tuple[int, Node]] = {}
+    for n in g.nodes:
+        if id(n) in forward:
+            continue
+        for i in n.inputs:
+            if id(i) in forward and id(i) not in outputs and i.op not in ("input", "const") and len(i.shape) == 4 \
+                    and i.shape[0] == 1 and i.shape[2] == 1:
+                read.setdefault(id(i), forward[id(i)])
+    for key, node in read.values():
+        saved = g.input(f"{SAVED_PREFIX}{node.name}", node.shape, node.dtype)
+        g.move_after(saved, node)  # before every reader of the value it stands for
+        g.replace_uses(node, saved)
+        copy[key] = saved
 
 
 def _accumulate(g: Graph, cotangent: dict[int, Node], node: Node, d: Node) -> None:

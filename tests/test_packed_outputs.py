@@ -1,0 +1,96 @@
+"""The emulator's one-pass placement of packed outputs (csrc/emulator/packed_outputs.h): the I/O packing's
+``sum_i mul(block_i, one-hot_i)`` (ANE-37) written row by row must be those ops bit for bit, signed zeros
+included; a non-finite block makes the kernel fall back to the ops (their NaNs). The reference is the same
+sum computed literally in numpy float16, and the unfused twin (an ``identity`` after each of the packing's
+muls and adds, which breaks the pattern)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import orion
+from orion.compiler import CompiledGraph, lower_graph
+from orion.graph import Graph
+from orion.runtime import profile
+
+PLACED = "I/O packing (placed)"
+FACTORS = (1.0, -1.0, 0.0, 2.0, -0.5, 0.25, -3.0)  # seven outputs of one size: packed into one surface
+PACKING_OP = re.compile(r"^(\s*)(tensor<[^>]*>) (out_packed_\w+_(?:placed|sum)) = (mul|add)\((.*)$")
+
+
+def unplaced_twin(mil: str) -> str:
+    """The packing's muls and adds each followed by an identity under its old name."""
+    lines = []
+    for line in mil.splitlines():
+        m = PACKING_OP.match(line)
+        if not m:
+            lines.append(line)
+            continue
+        indent, t, name, op, rest = m.groups()
+        renamed = rest.replace(f'string("{name}")', f'string("{name}_raw")')
+        lines.append(f"{indent}{t} {name}_raw = {op}({renamed}")
+        lines.append(f'{indent}{t} {name} = identity(x = {name}_raw)[name = string("{name}")];')
+    return "\n".join(lines)
+
+
+def packed_graph(lanes: int) -> Graph:
+    g = Graph("packed_outputs")
+    x = g.input("x", [1, 64, 1, lanes])
+    for i, factor in enumerate(FACTORS):
+        g.output(g.mul(x, factor, name=f"scaled{i}"), f"o{i}")
+    return g
+
+
+def literal_reference(x: np.ndarray) -> list[np.ndarray]:
+    """Each output as the packing computes it in fp16: sum_j (x * f_j) * (j == i), in order."""
+    blocks = [(x * np.float16(f)).astype(np.float16) for f in FACTORS]
+    out = []
+    for i in range(len(FACTORS)):
+        total = None
+        for j, b in enumerate(blocks):
+            placed = b * np.float16(1.0 if j == i else 0.0)
+            total = placed if total is None else (total + placed).astype(np.float16)
+        out.append(total)
+    return out
+
+
+def _x(seed: int, lanes: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, 64, 1, lanes)).astype(np.float16)
+    x.flat[::5] = np.float16(0.0)
+    x.flat[1::7] = np.float16(-0.0)
+    return x
+
+
+# 32 lanes: each output one row of the packed surface; 512: two rows each
+@pytest.mark.parametrize("lanes", [32, 512])
+def test_placement_is_the_ops_bit_for_bit_signed_zeros_included(profiling, lanes) -> None:
+    lowered = lower_graph(packed_graph(lanes))
+    assert "out_packed_0_1_placed" in lowered.mil
+    placed = CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights))
+    twin = CompiledGraph(lowered, orion.compile(unplaced_twin(lowered.mil), lowered.weights, profile="permissive"))
+    x = _x(0, lanes)
+    got, want = placed(x=x), twin(x=x)
+    for i, ref in enumerate(literal_reference(x)):
+        np.testing.assert_array_equal(got[f"o{i}"].view(np.uint16), ref.view(np.uint16), err_msg=f"o{i}")
+        np.testing.assert_array_equal(got[f"o{i}"].view(np.uint16), want[f"o{i}"].view(np.uint16), err_msg=f"o{i}")
+    assert np.signbit(got["o0"]).any() and (got["o0"] == 0).any()  # the case is there: -0 placed as the ops give it
+    rows = profile.snapshot()
+    (program,) = {r.program for r in rows if r.op == PLACED}  # the twin has none
+    assert not [r for r in rows if r.op == "add" and r.program == program], rows
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf])  # (a NaN input is refused at the input)
+def test_a_non_finite_block_falls_back_to_the_ops(bad) -> None:
+    lowered = lower_graph(packed_graph(512))
+    placed = CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights))
+    twin = CompiledGraph(lowered, orion.compile(unplaced_twin(lowered.mil), lowered.weights, profile="permissive"))
+    x = _x(1, 512)
+    x.flat[100] = np.float16(bad)
+    got, want = placed(x=x), twin(x=x)
+    for i in range(len(FACTORS)):
+        np.testing.assert_array_equal(got[f"o{i}"].view(np.uint16), want[f"o{i}"].view(np.uint16), err_msg=f"o{i}")
+        assert np.isnan(got[f"o{i}"].flat[100])  # inf * 0 in another row: the group's element is NaN

@@ -8,8 +8,6 @@ are compared bit for bit, and against a float64 numpy reference."""
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 
@@ -19,6 +17,7 @@ from orion.graph import Graph
 from orion.models.blocks import cached_attention
 from orion.runtime import profile
 from orion.runtime.stage import Stage
+from support.twins import also_returning
 
 FUSED = "attention (decode, fused)"
 
@@ -37,9 +36,7 @@ def decode_graph(heads: int, d: int, positions: int, lanes: int = 1) -> Graph:
 def twins(graph: Graph) -> tuple[Stage, Stage]:
     """The compiled graph, and its twin with the exponentials also returned (so never fused)."""
     lowered = lower_graph(graph)
-    e = re.search(r"> (\w+) = exp\(", lowered.mil).group(1)
-    returned = re.search(r"\} -> \((.*)\);", lowered.mil).group(1)
-    unfused = lowered.mil.replace(f"}} -> ({returned});", f"}} -> ({returned}, {e});")
+    unfused = also_returning(lowered.mil, "exp")
     return (Stage(CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights))),
             Stage(CompiledGraph(lowered, orion.compile(unfused, lowered.weights, profile="permissive"))))
 

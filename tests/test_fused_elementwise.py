@@ -16,24 +16,15 @@ import orion
 from orion.compiler import CompiledGraph, lower_graph
 from orion.graph import Graph
 from orion.runtime import profile
+from support.twins import identity_after
 
 FUSED = "elementwise (fused)"
 FUSABLE = re.compile(r"^(\s*)(tensor<[^>]*>) (\w+) = (add|sub|mul|real_div|pow|sigmoid|tanh)\((.*)$")
 
 
 def unfused_twin(mil: str) -> str:
-    """Each fusable op's result renamed and passed through an identity under its old name."""
-    lines = []
-    for line in mil.splitlines():
-        m = FUSABLE.match(line)
-        if not m:
-            lines.append(line)
-            continue
-        indent, t, name, op, rest = m.groups()
-        renamed = rest.replace(f'string("{name}")', f'string("{name}_raw")')
-        lines.append(f"{indent}{t} {name}_raw = {op}({renamed}")
-        lines.append(f'{indent}{t} {name} = identity(x = {name}_raw)[name = string("{name}")];')
-    return "\n".join(lines)
+    """Each fusable op's result passed through an identity under its old name."""
+    return identity_after(mil, FUSABLE)
 
 
 def layer(c: int, s: int, seed: int = 0) -> tuple[Graph, dict[str, np.ndarray]]:

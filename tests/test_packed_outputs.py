@@ -15,6 +15,7 @@ import orion
 from orion.compiler import CompiledGraph, lower_graph
 from orion.graph import Graph
 from orion.runtime import profile
+from support.twins import identity_after
 
 PLACED = "I/O packing (placed)"
 FACTORS = (1.0, -1.0, 0.0, 2.0, -0.5, 0.25, -3.0)  # seven outputs of one size: packed into one surface
@@ -23,17 +24,7 @@ PACKING_OP = re.compile(r"^(\s*)(tensor<[^>]*>) (out_packed_\w+_(?:placed|sum)) 
 
 def unplaced_twin(mil: str) -> str:
     """The packing's muls and adds each followed by an identity under its old name."""
-    lines = []
-    for line in mil.splitlines():
-        m = PACKING_OP.match(line)
-        if not m:
-            lines.append(line)
-            continue
-        indent, t, name, op, rest = m.groups()
-        renamed = rest.replace(f'string("{name}")', f'string("{name}_raw")')
-        lines.append(f"{indent}{t} {name}_raw = {op}({renamed}")
-        lines.append(f'{indent}{t} {name} = identity(x = {name}_raw)[name = string("{name}")];')
-    return "\n".join(lines)
+    return identity_after(mil, PACKING_OP)
 
 
 def packed_graph(lanes: int) -> Graph:

@@ -8,8 +8,6 @@ and against a float64 numpy rotation."""
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 
@@ -20,6 +18,7 @@ from orion.models.llama.config import LlamaConfig
 from orion.models.llama.graphs import apply_rope, rope_partner
 from orion.runtime import profile
 from orion.runtime.stage import Stage
+from support.twins import also_returning
 
 FUSED = "rotary (fused)"
 
@@ -37,9 +36,7 @@ def rope_graph(heads: int, d: int, lanes: int) -> Graph:
 
 def twins(graph: Graph) -> tuple[Stage, Stage]:
     lowered = lower_graph(graph)
-    mate = re.search(r"> (\w+_mate) = matmul\(", lowered.mil).group(1)
-    returned = re.search(r"\} -> \((.*)\);", lowered.mil).group(1)
-    unfused = lowered.mil.replace(f"}} -> ({returned});", f"}} -> ({returned}, {mate});")
+    unfused = also_returning(lowered.mil, "matmul", "_mate")
     return (Stage(CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights))),
             Stage(CompiledGraph(lowered, orion.compile(unfused, lowered.weights, profile="permissive"))))
 

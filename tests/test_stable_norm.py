@@ -8,8 +8,6 @@ compared bit for bit, and against a float64 numpy reference."""
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 
@@ -18,6 +16,7 @@ from orion.compiler import CompiledGraph, lower_graph
 from orion.graph import Graph
 from orion.runtime import profile
 from orion.runtime.stage import Stage
+from support.twins import also_returning
 
 FUSED = "norm (fused)"
 EPS = 1e-5
@@ -34,9 +33,7 @@ def norm_graph(kind: str, channels: int, lanes: int, gamma: np.ndarray, beta: np
 def twins(graph: Graph) -> tuple[Stage, Stage]:
     """The compiled graph, and its twin with the rstd also returned (so never fused)."""
     lowered = lower_graph(graph)
-    rstd = re.search(r"> (\w+_rstd) = pow\(", lowered.mil).group(1)
-    returned = re.search(r"\} -> \((.*)\);", lowered.mil).group(1)
-    unfused = lowered.mil.replace(f"}} -> ({returned});", f"}} -> ({returned}, {rstd});")
+    unfused = also_returning(lowered.mil, "pow", "_rstd")
     return (Stage(CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights))),
             Stage(CompiledGraph(lowered, orion.compile(unfused, lowered.weights, profile="permissive"))))
 

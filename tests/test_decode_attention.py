@@ -140,3 +140,27 @@ def test_decode_attention_overflow_is_the_ops_overflow() -> None:
     _, fused, unfused = run_twins(2, 32, 64, 30, amplitude=300.0, seed=3)
     assert not np.isfinite(unfused).all()  # the case is reached
     assert_same_bits(fused, unfused)
+
+
+def test_decode_attention_of_dead_sequences_is_not_computed() -> None:
+    """A batched step of 4 lanes with 2 live (a live-lanes hint on q, k and v: the loop's dead sequences). The
+    kernel computes the live lanes' heads only, as the ops do: their dead inputs hold NaN and are never read,
+    and the output is the ops' bit for bit, dead lanes included (the store zeroes both)."""
+    heads, d, positions, lanes, live = 2, 32, 64, 4, 2
+    fused, unfused = twins(decode_graph(heads, d, positions, lanes))
+    rng = np.random.default_rng(7)
+    xs = {n: rng.standard_normal(fused.input(n).shape).astype(np.float16) for n in ("q", "k", "v", "kc", "vc")}
+    for n in ("q", "k", "v"):
+        xs[n][..., live:] = np.nan
+    xs["mask"] = np.where(np.arange(positions) < 30, 0.0, -65504.0).astype(np.float16) * np.ones((1, lanes, 1, 1),
+                                                                                                 np.float16)
+    outs = []
+    for stage in (fused, unfused):
+        for name, x in xs.items():
+            stage.input(name)[...] = x
+        assert FUSED in kernel_calls(stage, {"q": live, "k": live, "v": live}) or stage is unfused
+        outs.append(stage.output("y").copy())
+    assert_same_bits(outs[0], outs[1])
+    assert np.isfinite(outs[0][..., :live]).all()
+    expected = reference({n: x[..., :live] if n in "qkv" else x for n, x in xs.items()}, heads, 30)
+    np.testing.assert_allclose(outs[0][..., :live].astype(np.float64), expected, rtol=0, atol=0.02)

@@ -14,6 +14,7 @@
 
 #include "emulator/buffer_pool.h"
 #include "emulator/causal_attention.h"
+#include "emulator/chains.h"
 #include "emulator/decode_attention.h"
 #include "emulator/rotary.h"
 #include "emulator/stable_norm.h"
@@ -42,142 +43,20 @@ void zero_lanes(Tensor& t, int64_t from, int64_t to) {
         std::fill(t.data.begin() + row + from, t.data.begin() + row + std::min(to, width), 0.0f);
 }
 
-// The compile-time state of a program: one ValueInfo per variable, and per op the ids its
-// builder reads and the front end's type-step results. The plan step fills it for the whole
-// program before the kernel step allocates.
-class ProgramModel {
-public:
-    // `cuts`: the values cut from input surfaces (frontend::InputCuts::ranges): no op computes them;
-    // the program reads the ones it uses from their place in the surface (EmulatedProgram::plan_loads).
-    ProgramModel(const mil::Function& fn, std::vector<frontend::TypedOp> typed, const runtime::WeightFiles& weights,
-                 const std::map<std::string, runtime::InputPart>& cuts,
-                 const runtime::CompileOptions& options) {
-        for (const auto& p : fn.inputs) define(p.name, p.type);
-        for (size_t i = 0; i < fn.body.size(); ++i) {
-            const mil::Operation& op = fn.body[i];
-            if (cuts.count(op.output)) {
-                define(op.output, op.type);
-                continue;
-            }
-            if (op.op == "const") {
-                const int id = define(op.output, op.type);
-                values_[id].constant = &*op.val;
-                if (op.val->kind == mil::Value::Kind::blob) {
-                    values_[id].blob = payload(*op.val, weights);
-                    if (auto key = options.weight_keys.find(op.val->blob_path); key != options.weight_keys.end()) {
-                        ValueInfo& v = values_[id];
-                        v.blob_key = key->second + "@" + std::to_string(op.val->blob_offset);
-                        const std::string prefix = v.blob_key + "/";
-                        for (auto it = options.packed_weights.lower_bound(prefix);
-                             it != options.packed_weights.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
-                            v.packed_files.insert(*it);
-                    }
-                }
-                continue;
-            }
-            Step step{&op, find_op(op.op), {}, {}, -1, std::move(typed[i])};
-            if (!step.build) throw CompileError(where(op) + ": the emulator has no kernel for '" + op.op + "'");
-            for (const auto& a : op.args) {
-                std::vector<int> ids;
-                int single = -1;
-                if (a.kind == mil::Argument::Kind::literal) {  // permissive profile only
-                    single = static_cast<int>(values_.size());
-                    values_.push_back(ValueInfo{a.literal.type, single, &a.literal, std::nullopt, false, false, {}, {}, {}, {}});
-                } else if (a.kind == mil::Argument::Kind::ref) {
-                    single = ids_.at(a.refs[0]);  // the front end checked every name is defined before use
-                } else {
-                    for (const auto& r : a.refs) ids.push_back(ids_.at(r));
-                }
-                step.arg_ids.push_back(single);
-                step.tuple_ids.push_back(std::move(ids));
-            }
-            step.out = static_cast<int>(values_.size());  // the slot define() gives
-            OpContext ctx(op, step.typed, values_, step.arg_ids, step.tuple_ids, step.out, /*plan_only=*/true);
-            const BuiltOp planned = step.build(ctx);
-            scratch_bytes_ += planned.scratch_bytes;
-            const int id = define(op.output, op.type);
-            if (planned.view_of >= 0) values_[id].slot = planned.view_of;
-            values_[id].compressed = planned.compressed;
-            steps_.push_back(std::move(step));
-        }
-    }
-
-    // The fp32 memory the kernel step and the frame will hold at most: every tensor that owns its
-    // data, every const (its payload may be materialised), and the builders' scratch.
-    double planned_bytes(const ValueInfo** largest) const {
-        double bytes = scratch_bytes_, worst = 0;
-        for (size_t i = 0; i < values_.size(); ++i) {
-            const ValueInfo& v = values_[i];
-            if (v.slot != static_cast<int>(i)) continue;  // a view
-            const double b = 4.0 * static_cast<double>(v.type.element_count()) +
-                             (v.blob ? static_cast<double>(v.blob->size()) : 0.0);
-            bytes += b;
-            if (b > worst) worst = b, *largest = &v;
-        }
-        return bytes;
-    }
-
-    std::string name_of(const ValueInfo* v) const {
-        for (const auto& [n, id] : ids_)
-            if (&values_[id] == v) return n;
-        return "";
-    }
-
-    struct Step {
-        const mil::Operation* op;
-        OpBuilder build;
-        std::vector<int> arg_ids;
-        std::vector<std::vector<int>> tuple_ids;
-        int out;
-        frontend::TypedOp typed;  // its output type and what its type rule derived
-    };
-
-    // The value id of argument `name` of `step`, or -1.
-    static int arg(const Step& step, const char* name) {
-        for (size_t a = 0; a < step.op->args.size(); ++a)
-            if (step.op->args[a].name == name) return step.arg_ids[a];
-        return -1;
-    }
-
-    // The step computing each value, by value id.
-    std::map<int, const Step*> producers() const {
-        std::map<int, const Step*> producer;
-        for (const auto& step : steps_) producer[step.out] = &step;
-        return producer;
-    }
-
-    std::map<std::string, int> ids_;
-    std::vector<ValueInfo> values_;
-    std::vector<Step> steps_;
-
-private:
-    int define(const std::string& name, const mil::Type& type) {
-        const int id = static_cast<int>(values_.size());
-        ids_[name] = id;
-        values_.push_back(ValueInfo{type, id, nullptr, std::nullopt, false, false, {}, {}, {}, {}});
-        return id;
-    }
-
-    static std::string_view payload(const mil::Value& v, const runtime::WeightFiles& weights) {
-        const std::string_view file = weights.at(v.blob_path);  // the front end checked path and size
-        const auto chunk = mil::blobfile::read_chunk(file, v.blob_offset, v.blob_path);
-        return file.substr(chunk.data_offset, chunk.size);
-    }
-
-    double scratch_bytes_ = 0;
-};
-
 // Intermediates below this many elements (16 KiB of fp32) keep their own buffer. Larger ones are
 // pooled: a short prompt's [768, 16] tensors or a decode program's padded I/O, held by each program
 // of a bucket, came to about 2 MiB a program (28 MiB for GPT-2's 16-token bucket); a take and a give
 // cost well under a microsecond, so a decode step's hundred of them are noise.
 constexpr int64_t kMinPooledElements = int64_t{1} << 12;
 
+// The profile row of the fused decode attention.
+constexpr const char* kDecodeAttentionRow = "attention (decode, fused)";
+
 // The kernels of a program in order, each with the steps it computes, its profile row and cost, and
 // the pooled buffers taken before it and given back after it (plan_buffers).
 struct ScheduledKernel {
     Kernel run;
-    std::vector<const ProgramModel::Step*> steps;
+    StepList steps;
     std::string kind;                   // the profile's row: the op's kind, or the fused group's
     profile::Cost cost;                 // bytes and FLOPs by its operand and result types
     std::vector<int> acquire, release;  // pooled slots taken before it / given back after it
@@ -185,11 +64,11 @@ struct ScheduledKernel {
 };
 
 // A fused group's own kernels by step (its fallback), gathered until its last step.
-using GroupParts = std::map<const ProgramModel::Step*, Kernel>;
+using GroupParts = std::map<const Step*, Kernel>;
 
 // A fused group of steps: the last of them, where its one kernel is added, and what adds it.
 struct FusedGroup {
-    const ProgramModel::Step* last = nullptr;
+    const Step* last = nullptr;
     std::function<void(GroupParts&)> add;
 };
 
@@ -328,8 +207,8 @@ private:
     void fold_constants() {
         std::set<int> returned;
         for (const auto& spec : outputs_) returned.insert(model_.ids_.at(spec.name));
-        std::vector<ProgramModel::Step> kept;
-        std::map<int, ProgramModel::Step> folds;  // by the value each computes
+        std::vector<Step> kept;
+        std::map<int, Step> folds;  // by the value each computes
         std::vector<std::optional<std::string>> keys(values().size());  // set for the values folded here
         int64_t computed = 0;
         for (auto& step : model_.steps_) {
@@ -354,7 +233,7 @@ private:
             ValueInfo& v = values()[static_cast<size_t>(id)];
             const std::string& key = *keys[static_cast<size_t>(id)];
             if (v.folded || (!key.empty() && (v.folded = find_folded(key)))) return;
-            const ProgramModel::Step& step = folds.at(id);
+            const Step& step = folds.at(id);
             for (const int operand : operand_ids(step.arg_ids, step.tuple_ids))
                 if (keys[static_cast<size_t>(operand)]) materialise(operand);
             auto computed_values = std::make_shared<const std::vector<float>>(evaluate_constant_op(
@@ -372,16 +251,17 @@ private:
         check_frame_size();
         shrink_repeated_consts();
         internal_.assign(values().size(), false);
-        const std::vector<int> readers = reader_counts();
-        const std::map<const ProgramModel::Step*, AttentionChain> chains = find_causal_attention(readers);
+        const ChainFinder find(model_, outputs_, cut_values_);
+        const std::vector<int>& readers = find.readers();
+        const ChainsByStep<AttentionChain> chains = find.causal_attention();
         std::map<int, int> chain_reads;  // per mask: the fused chains reading it
         for (const auto& [step, chain] : chains)
             if (step == chain.steps.back()) ++chain_reads[chain.mask];
-        const std::map<const ProgramModel::Step*, DecodeChain> decode_chains = find_decode_attention(readers);
-        const std::map<const ProgramModel::Step*, NormChain> norms = find_stable_norms(readers);
-        const std::map<const ProgramModel::Step*, RotaryChain> rotaries = find_rotaries(readers);
+        const ChainsByStep<DecodeChain> decode_chains = find.decode_attention();
+        const ChainsByStep<NormChain> norms = find.stable_norms();
+        const ChainsByStep<RotaryChain> rotaries = find.rotaries();
         // Every fused group's steps (no step is in two): its last step, where its kernel is added, and how.
-        std::map<const ProgramModel::Step*, FusedGroup> groups;
+        std::map<const Step*, FusedGroup> groups;
         auto take = [&](const auto& found, auto add) {
             for (const auto& [step, chain] : found)
                 groups[step] = {chain.steps.back(), [this, &chain = chain, add](GroupParts& parts) { (this->*add)(chain, parts); }};
@@ -392,20 +272,20 @@ private:
         take(decode_chains, &EmulatedProgram::add_decode_attention);
         take(norms, &EmulatedProgram::add_stable_norm);
         take(rotaries, &EmulatedProgram::add_rotary);
-        std::set<const ProgramModel::Step*> grouped;
+        std::set<const Step*> grouped;
         for (const auto& [step, group] : groups) grouped.insert(step);
-        const std::map<const ProgramModel::Step*, PackedChain> packs = find_packed_outputs(readers, grouped);
+        const ChainsByStep<PackedChain> packs = find.packed_outputs(grouped);
         take(packs, &EmulatedProgram::add_packed_outputs);
         for (const auto& [step, chain] : packs) grouped.insert(step);
-        const std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>> runs = find_elementwise_runs(grouped);
+        const ElementwiseRuns runs = find.elementwise_runs(grouped);
         for (const auto& [step, run] : runs)
-            groups[step] = {run.back(), [this, &run = run, &readers](GroupParts& parts) { add_fused_elementwise(run, readers, parts); }};
+            groups[step] = {run.back(), [this, &run = run, &find](GroupParts& parts) { add_fused_elementwise(run, find, parts); }};
         // A compile-time constant op's kernel (constexpr_*) is built after its readers,
         // and kept only if one of them reads its values or the program returns them: conv takes its
         // weight in its stored form (ValueInfo::compressed), so the values are never materialised.
         std::set<int> returned;
         for (const auto& spec : outputs_) returned.insert(model_.ids_.at(spec.name));
-        std::vector<const ProgramModel::Step*> order;
+        StepList order;
         std::vector<BuiltOp> built;
         for (const auto& step : model_.steps_) {
             order.push_back(&step);
@@ -417,7 +297,7 @@ private:
             built.push_back(step.build(ctx));
         }
         for (size_t i = 0; i < order.size(); ++i) {
-            const ProgramModel::Step& step = *order[i];
+            const Step& step = *order[i];
             ValueInfo& out = values()[static_cast<size_t>(step.out)];
             if (!out.compressed) continue;
             if (!out.used_as_data && !returned.count(step.out)) {
@@ -428,9 +308,9 @@ private:
             OpContext ctx(*step.op, step.typed, values(), step.arg_ids, step.tuple_ids, step.out, /*plan_only=*/false);
             built[i] = step.build(ctx);
         }
-        const std::map<const ProgramModel::Step*, ReplicatedOutput> replicated = find_replicated_outputs(readers, grouped, runs);
+        const ChainsByStep<ReplicatedOutput> replicated = find.replicated_outputs(grouped, runs);
         io_.outputs.assign(outputs_.size(), {});
-        std::set<const ProgramModel::Step*> replaced;  // steps whose kernel reads their operands whole
+        std::set<const Step*> replaced;  // steps whose kernel reads their operands whole
         for (size_t i = 0; i < order.size(); ++i)
             if (const auto r = replicated.find(order[i]); r != replicated.end()) {
                 replaced.insert(order[i]);
@@ -442,7 +322,7 @@ private:
             }
         GroupParts group_parts;  // a fused group's own kernels, until its last
         for (size_t i = 0; i < order.size(); ++i) {
-            const ProgramModel::Step& step = *order[i];
+            const Step& step = *order[i];
             if (built[i].view_of >= 0) continue;
             // An op whose output has no elements computes nothing: a kernel run over an empty tensor
             // may still loop over its other axes (a [2^31, 0, 1] concat walks 2^31 rows).
@@ -498,7 +378,7 @@ private:
     // those ops broadcast it. Values are unchanged; only the frame's copy shrinks.
     void shrink_repeated_consts() {
         static const std::set<std::string> broadcasting = {"add", "sub", "mul", "real_div", "maximum", "minimum"};
-        std::vector<std::vector<const ProgramModel::Step*>> readers(values().size());
+        std::vector<StepList> readers(values().size());
         for (const auto& step : model_.steps_)
             for (size_t a = 0; a < step.arg_ids.size(); ++a) {
                 for (int id : step.tuple_ids[a]) readers[static_cast<size_t>(id)].push_back(nullptr);  // not shrinkable
@@ -522,7 +402,7 @@ private:
             shrunk.insert(shrunk.end(), v.type.shape.begin() + static_cast<std::ptrdiff_t>(keep_from), v.type.shape.end());
             if (shrunk == v.type.shape) continue;
             bool all_broadcast = true;
-            for (const ProgramModel::Step* step : readers[id]) {
+            for (const Step* step : readers[id]) {
                 if (!step || !broadcasting.count(step->op->op) || step->arg_ids.size() != 2) {
                     all_broadcast = false;
                     break;
@@ -550,18 +430,19 @@ private:
 
     // Every other kernel (and a fused attention chain, a replicated output's block) first settles the
     // tensors it reads: their dead tail becomes zeros, as when a transpose or reshape moves the lane axis.
-    void plan_settles(const std::set<const ProgramModel::Step*>& replaced) {
+    void plan_settles(const std::set<const Step*>& replaced) {
         for (ScheduledKernel& kernel : schedule_.kernels) {
-            bool aware = kernel.kind == "elementwise (fused)";  // it runs its binary ops' own kernels on a live prefix
+            // These groups' kernels take live prefixes, and so do the ops they fall back to.
+            bool aware = kernel.kind == "elementwise (fused)" || kernel.kind == kDecodeAttentionRow;
             if (!aware) {
                 aware = true;
-                for (const ProgramModel::Step* step : kernel.steps)
+                for (const Step* step : kernel.steps)
                     aware = aware && !replaced.count(step) && prefix_aware_op(step->op->op);
                 aware = aware && kernel.steps.size() == 1;
             }
             if (aware) continue;
             std::set<int> slots;
-            for (const ProgramModel::Step* step : kernel.steps)
+            for (const Step* step : kernel.steps)
                 for (size_t a = 0; a < step->arg_ids.size(); ++a) {
                     std::vector<int> ids = step->tuple_ids[a];
                     if (step->arg_ids[a] >= 0) ids.push_back(step->arg_ids[a]);
@@ -620,7 +501,7 @@ private:
         auto owner = [&](int id) { return values()[static_cast<size_t>(id)].slot; };
         for (const auto& in : io_.inputs) first[static_cast<size_t>(in.slot)] = last[static_cast<size_t>(in.slot)] = -1;
         for (size_t k = 0; k < kernels.size(); ++k)
-            for (const ProgramModel::Step* step : kernels[k].steps) {
+            for (const Step* step : kernels[k].steps) {
                 const auto out = static_cast<size_t>(owner(step->out));
                 if (first[out] == -2) first[out] = static_cast<int64_t>(k);
                 last[out] = std::max<int64_t>(last[out], static_cast<int64_t>(k));
@@ -649,407 +530,9 @@ private:
         return pooled;
     }
 
-    // A causal attention chain (causal_attention.h): its steps in order (scores, the optional scale,
-    // the mask, softmax, context) and its const operands.
-    struct AttentionChain {
-        std::vector<const ProgramModel::Step*> steps;
-        int scale = -1, mask = -1;  // value ids
-    };
-
-    // The chains whose intermediates nothing else reads, by each of their steps.
-    std::map<const ProgramModel::Step*, AttentionChain> find_causal_attention(const std::vector<int>& readers) const {
-        const auto& vals = model_.values_;
-        const std::map<int, const ProgramModel::Step*> producer = model_.producers();
-        auto arg = &ProgramModel::arg;
-        auto is_const = [&](int id) { return id >= 0 && vals[static_cast<size_t>(id)].constant != nullptr; };
-        // The step computing `id`, when `op` is its kind and the chain is its only reader.
-        auto private_producer = [&](int id, const char* op) -> const ProgramModel::Step* {
-            if (id < 0 || readers[static_cast<size_t>(id)] != 1 || vals[static_cast<size_t>(id)].slot != id) return nullptr;
-            const auto found = producer.find(id);
-            return found != producer.end() && found->second->op->op == op ? found->second : nullptr;
-        };
-        // Of a binary step's operands, the one that is not a const (and the const).
-        auto split = [&](const ProgramModel::Step& step, int* constant) {
-            const int x = arg(step, "x"), y = arg(step, "y");
-            if (is_const(x) == is_const(y)) return -1;
-            *constant = is_const(x) ? x : y;
-            return is_const(x) ? y : x;
-        };
-        std::map<const ProgramModel::Step*, AttentionChain> chains;
-        std::map<std::pair<int, int64_t>, bool> causal;  // (mask, S) checked: is_causal_mask reads S * S values
-        for (const auto& context : model_.steps_) {
-            if (context.op->op != "matmul") continue;
-            const auto& cd = std::get<frontend::MatmulDims>(context.typed.attrs);
-            if (cd.transpose_x || !cd.transpose_y || cd.x_batch != cd.batch || cd.y_batch != cd.batch) continue;
-            const ProgramModel::Step* probs = private_producer(arg(context, "y"), "softmax");
-            if (!probs) continue;
-            const int64_t rank = static_cast<int64_t>(probs->op->type.shape.size());
-            if (std::get<frontend::Axis>(probs->typed.attrs).axis != rank - 1) continue;
-            const ProgramModel::Step* masked = private_producer(arg(*probs, "x"), "add");
-            if (!masked) continue;
-            AttentionChain chain;
-            int below = split(*masked, &chain.mask);
-            const ProgramModel::Step* scaled = nullptr;
-            if (const ProgramModel::Step* m = private_producer(below, "mul")) {
-                scaled = m;
-                below = split(*m, &chain.scale);
-                if (below < 0 || vals[static_cast<size_t>(chain.scale)].type.element_count() != 1) continue;
-            }
-            const ProgramModel::Step* scores = private_producer(below, "matmul");
-            if (!scores) continue;
-            const auto& sd = std::get<frontend::MatmulDims>(scores->typed.attrs);
-            const int64_t S = sd.N;
-            if (!sd.transpose_x || sd.transpose_y || sd.x_batch != sd.batch || sd.y_batch != sd.batch ||
-                sd.batch != cd.batch || sd.M != S || cd.K != S || cd.N != S || !causal_attention_applies(S, cd.M))
-                continue;
-            const auto known = causal.try_emplace({chain.mask, S}, false);  // each head group reads one mask
-            if (known.second) known.first->second = is_causal_mask(vals[static_cast<size_t>(chain.mask)], S);
-            if (!known.first->second) continue;
-            chain.steps = {scores};
-            if (scaled) chain.steps.push_back(scaled);
-            chain.steps.insert(chain.steps.end(), {masked, probs, &context});
-            for (const ProgramModel::Step* step : chain.steps) chains[step] = chain;
-        }
-        return chains;
-    }
-
-    // The fp16 step computing value `id` into its own slot (not a view) when `op` is its kind, else null: a step
-    // a fused decode chain can take in.
-    const ProgramModel::Step* fp16_producer(const std::map<int, const ProgramModel::Step*>& producer, int id,
-                                            const char* op) const {
-        const auto p = id >= 0 ? producer.find(id) : producer.end();
-        if (p == producer.end() || p->second->op->op != op || model_.values_[static_cast<size_t>(id)].slot != id ||
-            p->second->op->type.dtype != mil::DType::fp16)
-            return nullptr;
-        return p->second;
-    }
-
-    // Whether every result of `steps` but `out`'s is read by `steps` only (a program output never is).
-    static bool private_results(const std::vector<const ProgramModel::Step*>& steps, const ProgramModel::Step* out,
-                                const std::vector<int>& readers) {
-        std::map<int, int> reads;
-        for (const ProgramModel::Step* step : steps)
-            for (int id : step->arg_ids) ++reads[id];
-        for (const ProgramModel::Step* step : steps)
-            if (step != out && readers[static_cast<size_t>(step->out)] != reads[step->out]) return false;
-        return true;
-    }
-
-    // A decode step's attention of one lane (decode_attention.h): its 19 steps in program order, its
-    // operands' value ids and its shape.
-    struct DecodeChain {
-        std::vector<const ProgramModel::Step*> steps;
-        int q = -1, k = -1, v = -1, keys = -1, values = -1, mask = -1, exponent = -1;
-        DecodeAttention shape;
-    };
-
-    // The chains whose intermediates nothing else reads, all in fp16, by each of their steps.
-    std::map<const ProgramModel::Step*, DecodeChain> find_decode_attention(const std::vector<int>& readers) const {
-        const auto& vals = model_.values_;
-        const std::map<int, const ProgramModel::Step*> producer = model_.producers();
-        auto arg = &ProgramModel::arg;
-        std::map<const ProgramModel::Step*, DecodeChain> found;
-        for (const auto& last : model_.steps_) {
-            std::vector<const ProgramModel::Step*> steps;
-            auto made = [&](int id, const char* op) {  // the chain's step computing `id`, or null
-                const ProgramModel::Step* step = fp16_producer(producer, id, op);
-                if (step) steps.push_back(step);
-                return step;
-            };
-            const ProgramModel::Step* out = made(last.out, "mul");
-            const ProgramModel::Step *num = out ? made(arg(*out, "x"), "add") : nullptr, *inv = out ? made(arg(*out, "y"), "pow") : nullptr;
-            if (!num || !inv) continue;
-            const ProgramModel::Step *ev = made(arg(*num, "x"), "matmul"), *ev_self = made(arg(*num, "y"), "mul");
-            const ProgramModel::Step* denom = made(arg(*inv, "x"), "add");
-            if (!ev || !ev_self || !denom) continue;
-            const ProgramModel::Step *esum = made(arg(*denom, "x"), "reduce_sum"), *e_self = made(arg(*denom, "y"), "exp");
-            const ProgramModel::Step* e = esum ? made(arg(*esum, "x"), "exp") : nullptr;
-            if (!e || !e_self || arg(*ev, "x") != e->out || arg(*ev_self, "x") != e_self->out) continue;
-            const ProgramModel::Step *shift = made(arg(*e, "x"), "sub"), *shift_self = made(arg(*e_self, "x"), "sub");
-            if (!shift || !shift_self || arg(*shift, "y") != arg(*shift_self, "y")) continue;
-            const ProgramModel::Step* m = made(arg(*shift, "y"), "add");
-            const ProgramModel::Step *masked = made(arg(*shift, "x"), "add"), *self = made(arg(*shift_self, "x"), "reduce_sum");
-            if (!m || !masked || !self || arg(*m, "x") != self->out) continue;
-            const ProgramModel::Step* over = made(arg(*m, "y"), "relu");
-            const ProgramModel::Step* gap = over ? made(arg(*over, "x"), "sub") : nullptr;
-            const ProgramModel::Step* top = gap ? made(arg(*gap, "x"), "reduce_max") : nullptr;
-            if (!top || arg(*gap, "y") != self->out || arg(*top, "x") != masked->out) continue;
-            const ProgramModel::Step *scores = made(arg(*masked, "x"), "matmul"), *qk = made(arg(*self, "x"), "mul");
-            if (!scores || !qk || arg(*qk, "x") != arg(*scores, "x")) continue;
-            DecodeChain chain;
-            chain.q = arg(*scores, "x"), chain.keys = arg(*scores, "y"), chain.k = arg(*qk, "y");
-            chain.values = arg(*ev, "y"), chain.v = arg(*ev_self, "y"), chain.mask = arg(*masked, "y");
-            chain.exponent = arg(*inv, "y");
-            // Shapes: one query row per head ([.., 1, D] against [.., D, T] keys and values), every
-            // reduction over the last axis, the exponent a scalar const.
-            const auto& sd = std::get<frontend::MatmulDims>(scores->typed.attrs);
-            const auto& ed = std::get<frontend::MatmulDims>(ev->typed.attrs);
-            const int64_t D = sd.K, T = sd.N, H = element_count(sd.batch);
-            auto batched = [](const frontend::MatmulDims& d) { return d.x_batch == d.batch && d.y_batch == d.batch; };
-            if (sd.transpose_x || sd.transpose_y || !ed.transpose_y || ed.transpose_x || !batched(sd) || !batched(ed) ||
-                sd.M != 1 || ed.M != 1 || ed.K != T || ed.N != D || sd.batch != ed.batch || D <= 0 || T <= 0)
-                continue;
-            const int64_t rank = static_cast<int64_t>(scores->op->type.shape.size());
-            bool ok = true;
-            for (const ProgramModel::Step* r : {esum, self, top}) {
-                const auto& axes = std::get<frontend::Reduction>(r->typed.attrs).axes;
-                ok = ok && axes == std::vector<int64_t>{rank - 1} && r->op->type.shape.back() == 1;
-            }
-            const ValueInfo& exponent = vals[static_cast<size_t>(chain.exponent)];
-            const Shape& mask = vals[static_cast<size_t>(chain.mask)].type.shape;
-            const Shape& row = scores->op->type.shape;  // [.., 1, T]
-            const Shape& lane = ev->op->type.shape;     // [.., 1, D]
-            chain.shape = {H, D, T, mask_heads_per_row(mask, row)};
-            ok = ok && exponent.constant && exponent.type.element_count() == 1 && mil::is_float(exponent.type.dtype) &&
-                 chain.shape.heads_per_mask_row > 0 &&
-                 vals[static_cast<size_t>(chain.k)].type.shape == lane && vals[static_cast<size_t>(chain.v)].type.shape == lane &&
-                 vals[static_cast<size_t>(chain.q)].type.shape == lane;
-            ok = ok && private_results(steps, out, readers);
-            if (!ok) continue;
-            std::sort(steps.begin(), steps.end());  // program order: steps_ is a vector
-            chain.steps = steps;
-            for (const ProgramModel::Step* step : steps) found[step] = chain;
-        }
-        return found;
-    }
-
-    // A stable norm over the channels of a decode step's [1, C, 1, S] (stable_norm.h): its steps in program
-    // order, its input and its consts.
-    struct NormChain {
-        std::vector<const ProgramModel::Step*> steps;
-        int x = -1, gamma = -1, beta = -1;  // gamma, beta: [1, C, 1, 1] operands of the optional mul and add
-        StableNorm shape;
-    };
-
-    // The chains whose intermediates nothing else reads, all in fp16, by each of their steps.
-    std::map<const ProgramModel::Step*, NormChain> find_stable_norms(const std::vector<int>& readers) const {
-        const auto& vals = model_.values_;
-        const std::map<int, const ProgramModel::Step*> producer = model_.producers();
-        auto arg = &ProgramModel::arg;
-        std::map<const ProgramModel::Step*, NormChain> found;
-        for (const auto& last : model_.steps_) {
-            std::vector<const ProgramModel::Step*> steps;
-            auto made = [&](int id, const char* op) {  // the chain's step computing `id`, or null
-                const ProgramModel::Step* step = fp16_producer(producer, id, op);
-                if (step) steps.push_back(step);
-                return step;
-            };
-            bool ok = true;
-            // The scalar float const operand `name` of `step`, as the frame holds it.
-            auto scalar = [&](const ProgramModel::Step* step, const char* name) {
-                const int id = step ? arg(*step, name) : -1;
-                const ValueInfo* v = id >= 0 ? &vals[static_cast<size_t>(id)] : nullptr;
-                ok = ok && v && v->constant && v->type.element_count() == 1 && mil::is_float(v->type.dtype);
-                return ok ? const_floats(*v)->at(0) : 0.0f;
-            };
-            auto channel_reduction = [&](const ProgramModel::Step* step) {
-                ok = ok && step && std::get<frontend::Reduction>(step->typed.attrs).axes == std::vector<int64_t>{1};
-            };
-            const ProgramModel::Step* normed = made(last.out, "mul");
-            const ProgramModel::Step* rstd = normed ? made(arg(*normed, "y"), "pow") : nullptr;
-            const ProgramModel::Step* var = rstd ? made(arg(*rstd, "x"), "add") : nullptr;
-            if (!var) continue;
-            const ProgramModel::Step *meansq = made(arg(*var, "x"), "mul"), *eps = made(arg(*var, "y"), "mul");
-            const ProgramModel::Step* sqsum = meansq ? made(arg(*meansq, "x"), "reduce_sum") : nullptr;
-            const ProgramModel::Step* sq = sqsum ? made(arg(*sqsum, "x"), "mul") : nullptr;
-            const ProgramModel::Step* root = eps ? made(arg(*eps, "x"), "mul") : nullptr;
-            const int y = arg(*normed, "x");
-            if (!sq || !root || arg(*sq, "x") != y || arg(*sq, "y") != y || arg(*eps, "y") != root->out) continue;
-            const ProgramModel::Step *centered = made(y, "sub"), *mean = nullptr, *sum = nullptr, *unit = nullptr;
-            if (centered) {
-                mean = made(arg(*centered, "y"), "mul");
-                sum = mean ? made(arg(*mean, "x"), "reduce_sum") : nullptr;
-                unit = sum ? made(arg(*centered, "x"), "mul") : nullptr;
-                if (!unit || arg(*sum, "x") != unit->out) continue;
-            } else {
-                unit = made(y, "mul");
-            }
-            const ProgramModel::Step* inv = unit ? made(arg(*unit, "y"), "pow") : nullptr;
-            const ProgramModel::Step* scale = inv ? made(arg(*inv, "x"), "add") : nullptr;
-            const ProgramModel::Step* peak = scale ? made(arg(*scale, "x"), "add") : nullptr;
-            const ProgramModel::Step* top = peak ? made(arg(*peak, "x"), "reduce_max") : nullptr;
-            const ProgramModel::Step* over = peak ? made(arg(*peak, "y"), "relu") : nullptr;
-            const ProgramModel::Step* gap = over ? made(arg(*over, "x"), "sub") : nullptr;
-            const ProgramModel::Step* bottom = gap ? made(arg(*gap, "x"), "reduce_max") : nullptr;
-            const ProgramModel::Step* neg = bottom ? made(arg(*bottom, "x"), "mul") : nullptr;
-            if (!top || !neg || arg(*root, "x") != inv->out || arg(*gap, "y") != top->out) continue;
-            NormChain chain;
-            chain.x = arg(*unit, "x");
-            if (arg(*top, "x") != chain.x || arg(*neg, "x") != chain.x) continue;
-            const Shape& shape = vals[static_cast<size_t>(chain.x)].type.shape;  // [1, C, 1, S]
-            ok = shape.size() == 4 && shape[0] == 1 && shape[2] == 1 && shape[3] <= kStableNormMaxLanes &&
-                 normed->op->type.shape == shape;
-            for (const ProgramModel::Step* r : {top, bottom, sqsum, sum}) channel_reduction(r ? r : top);
-            StableNorm& n = chain.shape;
-            n.channels = ok ? shape[1] : 0, n.lanes = ok ? shape[3] : 0, n.center = centered != nullptr;
-            n.neg_y = scalar(neg, "y"), n.floor = scalar(scale, "y"), n.inv_y = scalar(inv, "y");
-            n.mean_y = centered ? scalar(mean, "y") : 0.0f, n.meansq_y = scalar(meansq, "y");
-            n.root_eps_y = scalar(root, "y"), n.rsqrt_y = scalar(rstd, "y");
-            ok = ok && private_results(steps, normed, readers);
-            if (!ok) continue;
-            // The affine tail: mul by gamma, then (LayerNorm) add beta, each the only reader of what it reads.
-            const ProgramModel::Step* tail = normed;
-            for (const auto& [op, operand] : {std::pair{"mul", &chain.gamma}, std::pair{"add", &chain.beta}}) {
-                const ProgramModel::Step* next = sole_reader(tail->out, readers);
-                const int p = next && next->op->op == op ? arg(*next, "y") : -1;
-                const Shape* ps = p >= 0 ? &vals[static_cast<size_t>(p)].type.shape : nullptr;
-                // [1, C, 1, 1], or one value (a const of equal values is held shrunk: shrink_repeated_consts)
-                if (!ps || arg(*next, "x") != tail->out || next->op->type.dtype != mil::DType::fp16 ||
-                    (*ps != Shape{1, shape[1], 1, 1} && *ps != Shape{1, 1, 1, 1}))
-                    break;
-                (op == std::string("mul") ? chain.shape.gamma_stride : chain.shape.beta_stride) = (*ps)[1] > 1 ? 1 : 0;
-                *operand = p;
-                steps.push_back(next);
-                tail = next;
-            }
-            std::sort(steps.begin(), steps.end());  // program order: steps_ is a vector
-            chain.steps = steps;
-            for (const ProgramModel::Step* step : steps) found[step] = chain;
-        }
-        return found;
-    }
-
-    // A rotary embedding (rotary.h): its 4 steps in program order and its operands' value ids.
-    struct RotaryChain {
-        std::vector<const ProgramModel::Step*> steps;
-        int x = -1, partner = -1, cos = -1, sin = -1;
-        Rotary shape;
-    };
-
-    // The chains whose intermediates nothing else reads, all in fp16, by each of their steps.
-    std::map<const ProgramModel::Step*, RotaryChain> find_rotaries(const std::vector<int>& readers) const {
-        const auto& vals = model_.values_;
-        const std::map<int, const ProgramModel::Step*> producer = model_.producers();
-        auto arg = &ProgramModel::arg;
-        auto made = [&](int id, const char* op) {  // read by the chain's next step only
-            return id >= 0 && readers[static_cast<size_t>(id)] == 1 ? fp16_producer(producer, id, op) : nullptr;
-        };
-        auto shape_of = [&](int id) -> const Shape& { return vals[static_cast<size_t>(id)].type.shape; };
-        std::map<const ProgramModel::Step*, RotaryChain> found;
-        for (const auto& sum : model_.steps_) {
-            if (sum.op->op != "add" || sum.op->type.dtype != mil::DType::fp16) continue;
-            const ProgramModel::Step *cos = made(arg(sum, "x"), "mul"), *sin = made(arg(sum, "y"), "mul");
-            const ProgramModel::Step* mate = sin ? made(arg(*sin, "x"), "matmul") : nullptr;
-            if (!cos || !mate) continue;
-            RotaryChain chain;
-            chain.x = arg(*cos, "x"), chain.cos = arg(*cos, "y"), chain.sin = arg(*sin, "y");
-            chain.partner = arg(*mate, "x");
-            const auto& md = std::get<frontend::MatmulDims>(mate->typed.attrs);
-            const Shape& x = shape_of(chain.x);  // [1, H, D, S]
-            if (arg(*mate, "y") != chain.x || md.transpose_x || md.transpose_y || x.size() != 4 || x[0] != 1 ||
-                md.M != x[2] || md.K != x[2] || md.N != x[3] || element_count(md.x_batch) != 1 || md.y_batch != md.batch ||
-                !vals[static_cast<size_t>(chain.partner)].constant || shape_of(chain.partner) != Shape{1, 1, x[2], x[2]} ||
-                shape_of(chain.cos) != Shape{1, 1, x[2], x[3]} || shape_of(chain.sin) != Shape{1, 1, x[2], x[3]} ||
-                sum.op->type.shape != x)
-                continue;
-            chain.shape = {x[1], x[2], x[3]};
-            chain.steps = {mate, cos, sin, &sum};
-            std::sort(chain.steps.begin(), chain.steps.end());  // program order: steps_ is a vector
-            for (const ProgramModel::Step* step : chain.steps) found[step] = chain;
-        }
-        return found;
-    }
-
-    // The step that reads value `id` when it is its only reader (and the program does not return it), else null.
-    const ProgramModel::Step* sole_reader(int id, const std::vector<int>& readers) const {
-        if (readers[static_cast<size_t>(id)] != 1) return nullptr;
-        for (const auto& step : model_.steps_)
-            if (std::find(step.arg_ids.begin(), step.arg_ids.end(), id) != step.arg_ids.end()) return &step;
-        return nullptr;
-    }
-
-    // How many consecutive rows of `row` ([.., 1, T]) one row of `mask` (broadcast to it) covers: 1 when the
-    // mask has every row, all of them for one [T] row, the heads of a lane for a [L, 1, 1, T] mask of
-    // [L, H, 1, T] rows; 0 when a row of the mask is not one contiguous run of rows.
-    static int64_t mask_heads_per_row(Shape mask, const Shape& row) {
-        if (mask.size() > row.size() || mask.empty() || mask.back() != row.back()) return 0;
-        mask.insert(mask.begin(), row.size() - mask.size(), 1);
-        size_t kept = 0;  // the mask's leading axes equal to the rows', then ones
-        while (kept + 1 < row.size() && mask[kept] == row[kept]) ++kept;
-        for (size_t d = kept; d + 1 < row.size(); ++d)
-            if (mask[d] != 1) return 0;
-        int64_t shared = 1;
-        for (size_t d = kept; d + 1 < row.size(); ++d) shared *= row[d];
-        return shared;
-    }
-
-    // A float const's values as its frame tensor holds them: a BLOBFILE's, a folded op's (held, not
-    // copied), or the literal's rounded to fp16 for an fp16 const.
-    static std::shared_ptr<const std::vector<float>> const_floats(const ValueInfo& v) {
-        if (v.folded) return v.folded;  // rounded to its dtype (evaluate_constant_op)
-        std::vector<float> values = const_values(v);
-        if (v.type.dtype == mil::DType::fp16 && !v.blob) kernels::round_fp16(values.data(), values.size());
-        return std::make_shared<const std::vector<float>>(std::move(values));
-    }
-
-    // An [S, S] additive mask (any ones in front): exactly 0 on and below the diagonal, <= -65504 above.
-    static bool is_causal_mask(const ValueInfo& v, int64_t S) {
-        if (v.type.element_count() != S * S || !mil::is_float(v.type.dtype)) return false;
-        const std::shared_ptr<const std::vector<float>> held = const_floats(v);
-        const std::vector<float>& m = *held;
-        for (int64_t i = 0; i < S; ++i)
-            for (int64_t j = 0; j < S; ++j)
-                if (j <= i ? m[static_cast<size_t>(i * S + j)] != 0.0f : !(m[static_cast<size_t>(i * S + j)] <= -65504.0f))
-                    return false;
-        return true;
-    }
-
-    // An output the I/O padding writes as add(all-+0 const, value repeated along the output's leading
-    // axes): which output, the repeated block's element count and the value repeated.
-    struct ReplicatedOutput {
-        size_t output;
-        int64_t block;
-        int source;
-    };
-
-    // Such outputs ([1, k, 1, C*S], the value in every row), by their step. Their kernel computes one
-    // block and the store copies it, in the surface's dtype, into the other rows: the same bytes for a
-    // k-th of the work.
-    std::map<const ProgramModel::Step*, ReplicatedOutput> find_replicated_outputs(
-        const std::vector<int>& readers, const std::set<const ProgramModel::Step*>& grouped,
-        const std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>>& runs) const {
-        const std::map<int, const ProgramModel::Step*> producer = model_.producers();
-        std::map<const ProgramModel::Step*, ReplicatedOutput> found;
-        for (size_t k = 0; k < outputs_.size(); ++k) {
-            const int id = model_.ids_.at(outputs_[k].name);
-            const auto made = producer.find(id);
-            const mil::DType dtype = outputs_[k].type.dtype;
-            if (made == producer.end()) continue;
-            const ProgramModel::Step* step = made->second;
-            if (step->op->op != "add" || step->arg_ids.size() != 2 || grouped.count(step) || runs.count(step) ||
-                readers[static_cast<size_t>(id)] != 2 || (dtype != mil::DType::fp16 && dtype != mil::DType::fp32))
-                continue;
-            const Shape& out = step->op->type.shape;
-            for (int z = 0; z < 2; ++z) {
-                const int zeros = step->arg_ids[static_cast<size_t>(z)], other = step->arg_ids[static_cast<size_t>(1 - z)];
-                if (zeros < 0 || other < 0 || !all_positive_zero(model_.values_[static_cast<size_t>(zeros)], out)) continue;
-                const Shape& o = model_.values_[static_cast<size_t>(other)].type.shape;
-                const int64_t block = element_count(o);
-                // `other`, padded with leading ones, must be out's trailing axes: out repeats it whole.
-                if (o.size() != out.size() || block == 0 || element_count(out) % block != 0) continue;
-                size_t lead = 0;
-                while (lead < o.size() && o[lead] == 1) ++lead;
-                if (!std::equal(o.begin() + static_cast<std::ptrdiff_t>(lead), o.end(), out.begin() + static_cast<std::ptrdiff_t>(lead)))
-                    continue;
-                found[step] = {k, block, other};
-                break;
-            }
-        }
-        return found;
-    }
-
-    // Whether a value is a const of shape `shape` whose every element is +0.
-    static bool all_positive_zero(const ValueInfo& v, const Shape& shape) {
-        if (!v.constant || !v.type.is_tensor || v.type.shape != shape) return false;
-        if (v.blob) return std::all_of(v.blob->begin(), v.blob->end(), [](char b) { return b == 0; });
-        if (v.folded) return std::all_of(v.folded->begin(), v.folded->end(), [](float f) { return f == 0.0f && !std::signbit(f); });
-        return std::all_of(v.constant->numbers.begin(), v.constant->numbers.end(),
-                           [](double d) { return d == 0.0 && !std::signbit(d); });
-    }
-
     // The first block of a replicated output: source + 0 as add computes it (so -0 becomes +0), rounded
     // to the output's dtype; the store replicates it.
-    Kernel replicated_block_kernel(const ProgramModel::Step& step, const ReplicatedOutput& r) const {
+    Kernel replicated_block_kernel(const Step& step, const ReplicatedOutput& r) const {
         const int from = model_.values_[static_cast<size_t>(r.source)].slot;
         const int o = model_.values_[static_cast<size_t>(step.out)].slot;
         const bool round = step.op->type.dtype == mil::DType::fp16;
@@ -1064,108 +547,11 @@ private:
         };
     }
 
-    // The I/O packing's placement of outputs in one surface (packed_outputs.h): its steps in order (the
-    // one-hot muls, the reshapes copying their blocks, the adds summing them), the values placed (value
-    // ids: a block, or the operand of the reshape copying it) and where.
-    struct PackedChain {
-        std::vector<const ProgramModel::Step*> steps;
-        std::vector<int> blocks;
-        PackedOutputs placement;
-    };
-
-    // The row a const [1, rows, 1, 1] of fp16 +0s and one 1 selects, or -1.
-    int64_t one_hot_row(int id) const {
-        const ValueInfo& v = model_.values_[static_cast<size_t>(id)];
-        const Shape& s = v.type.shape;
-        if (!v.constant || !v.type.is_tensor || v.type.dtype != mil::DType::fp16 || s.size() != 4 || s[0] != 1 ||
-            s[2] != 1 || s[3] != 1)
-            return -1;
-        const std::shared_ptr<const std::vector<float>> held = const_floats(v);
-        int64_t hot = -1;
-        for (size_t r = 0; r < held->size(); ++r) {
-            const float f = (*held)[r];
-            if (f == 1.0f && hot < 0) hot = static_cast<int64_t>(r);
-            else if (f != 0.0f || std::signbit(f)) return -1;
-        }
-        return hot;
-    }
-
-    // Chains sum_i mul(block_i [1, 1, r, W], one-hot [1, rows, 1, 1]) of two or more fp16 blocks in
-    // distinct rows, added in order, whose partial sums and products nothing else reads (outside the other fused
-    // groups; an elementwise run does not take them), by each of their steps.
-    std::map<const ProgramModel::Step*, PackedChain> find_packed_outputs(
-        const std::vector<int>& readers, const std::set<const ProgramModel::Step*>& grouped) const {
-        const auto& vals = model_.values_;
-        auto fp16_tensor = [&](int id) {
-            return id >= 0 && vals[static_cast<size_t>(id)].type.is_tensor &&
-                   vals[static_cast<size_t>(id)].type.dtype == mil::DType::fp16;
-        };
-        std::map<int, const ProgramModel::Step*> producer;
-        for (const auto& step : model_.steps_) producer[step.out] = &step;
-        auto arg_id = [](const ProgramModel::Step& step, const char* name) {
-            for (size_t a = 0; a < step.op->args.size(); ++a)
-                if (step.op->args[a].name == name) return step.arg_ids[a];
-            return -1;
-        };
-        std::map<int, PackedChain> open;  // by the value id of its running sum
-        for (const auto& step : model_.steps_) {
-            const Shape& out = step.op->type.shape;
-            if (grouped.count(&step) || step.arg_ids.size() != 2 || !fp16_tensor(step.out) ||
-                out.size() != 4 || out[0] != 1)
-                continue;
-            const int x = step.arg_ids[0], y = step.arg_ids[1];
-            if (step.op->op == "mul") {
-                for (const auto& [block, row] : {std::pair<int, int>{x, y}, {y, x}}) {
-                    if (!fp16_tensor(block) || vals[static_cast<size_t>(block)].constant || row < 0) continue;
-                    const Shape& b = vals[static_cast<size_t>(block)].type.shape;
-                    const int64_t hot = one_hot_row(row);
-                    if (hot < 0 || b.size() != 4 || b[0] != 1 || b[1] != 1 || out[1] != vals[static_cast<size_t>(row)].type.shape[1] ||
-                        out[2] != b[2] || out[3] != b[3])
-                        continue;
-                    PackedChain term{{&step}, {block}, {b[2] * b[3], out[1], {hot}}};
-                    // A block that a reshape changing the lane axis copies, for this mul alone: the placement
-                    // reads the reshape's operand (the same elements in the same order) and skips the copy.
-                    const auto made = producer.find(block);
-                    const ProgramModel::Step* reshape = made == producer.end() ? nullptr : made->second;
-                    const int from = reshape && reshape->op->op == "reshape" ? arg_id(*reshape, "x") : -1;
-                    if (from >= 0 && readers[static_cast<size_t>(block)] == 1 && fp16_tensor(from) &&
-                        !cut_values_.count(block) && vals[static_cast<size_t>(block)].slot == block &&
-                        !vals[static_cast<size_t>(from)].type.shape.empty() &&
-                        vals[static_cast<size_t>(from)].type.shape.back() != b.back()) {
-                        term.steps.insert(term.steps.begin(), reshape);
-                        term.blocks[0] = from;
-                    }
-                    open[step.out] = std::move(term);
-                    break;
-                }
-            } else if (step.op->op == "add" && x != y && open.count(x) && open.count(y) && open.at(y).blocks.size() == 1 &&
-                       readers[static_cast<size_t>(x)] == 1 && readers[static_cast<size_t>(y)] == 1) {
-                PackedChain sum = open.at(x);
-                const PackedChain& term = open.at(y);
-                const std::vector<int64_t>& rows = sum.placement.hot;
-                if (term.placement.block != sum.placement.block || term.placement.rows != sum.placement.rows ||
-                    std::find(rows.begin(), rows.end(), term.placement.hot[0]) != rows.end())
-                    continue;
-                sum.steps.insert(sum.steps.end(), term.steps.begin(), term.steps.end());
-                sum.steps.push_back(&step);
-                sum.blocks.push_back(term.blocks[0]);
-                sum.placement.hot.push_back(term.placement.hot[0]);
-                open.erase(x), open.erase(y);
-                open[step.out] = std::move(sum);
-            }
-        }
-        std::map<const ProgramModel::Step*, PackedChain> found;
-        for (const auto& [id, chain] : open)
-            if (chain.blocks.size() >= 2)
-                for (const ProgramModel::Step* step : chain.steps) found[step] = chain;
-        return found;
-    }
-
     // One kernel for a placement: each row written once when every block is finite and whole, else the
     // chain's own kernels (add_group_kernel; its last add overwrites what a non-finite block left written).
     void add_packed_outputs(const PackedChain& chain, GroupParts& parts) {
         std::vector<int> intermediates, slots;
-        for (const ProgramModel::Step* step : chain.steps)
+        for (const Step* step : chain.steps)
             if (step != chain.steps.back()) intermediates.push_back(step->out);
         for (int id : chain.blocks) slots.push_back(values()[static_cast<size_t>(id)].slot);
         const int o = values()[static_cast<size_t>(chain.steps.back()->out)].slot;
@@ -1183,69 +569,9 @@ private:
         });
     }
 
-    // How many steps read each value (a program output counts as a reader outside every group).
-    std::vector<int> reader_counts() const {
-        std::vector<int> readers(model_.values_.size(), 0);
-        for (const auto& step : model_.steps_)
-            for (size_t a = 0; a < step.arg_ids.size(); ++a) {
-                for (int id : step.tuple_ids[a]) ++readers[static_cast<size_t>(id)];
-                if (step.arg_ids[a] >= 0) ++readers[static_cast<size_t>(step.arg_ids[a])];
-            }
-        for (const auto& spec : outputs_) readers[static_cast<size_t>(model_.ids_.at(spec.name))] += 2;
-        return readers;
-    }
-
-    // How operand `id` of a binary op with output shape `out` is read row by row, if it can be.
-    std::optional<ElementwiseRun::Kind> operand_kind(int id, const Shape& out) const {
-        const ValueInfo& v = model_.values_[static_cast<size_t>(id)];
-        if (!mil::is_float(v.type.dtype) || v.type.shape.size() > out.size()) return std::nullopt;
-        if (!v.type.is_tensor) return ElementwiseRun::Kind::scalar;  // fp16 eps = const()...
-        Shape t(out.size() - v.type.shape.size(), 1);
-        t.insert(t.end(), v.type.shape.begin(), v.type.shape.end());
-        if (t == out) return ElementwiseRun::Kind::full;
-        if (element_count(t) == 1) return ElementwiseRun::Kind::scalar;
-        const Shape leading(out.begin(), out.end() - 1);
-        if (t.back() == 1 && Shape(t.begin(), t.end() - 1) == leading) return ElementwiseRun::Kind::per_row;
-        if (t.back() == out.back() && element_count(t) == out.back()) return ElementwiseRun::Kind::lanes;
-        return std::nullopt;
-    }
-
-    // Runs of two or more consecutive elementwise steps (binary, sigmoid or tanh) of one float output shape
-    // (none of them in a fused attention), by each of their steps.
-    std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>> find_elementwise_runs(
-        const std::set<const ProgramModel::Step*>& grouped) const {
-        auto fusable = [&](const ProgramModel::Step& step) {
-            ElementwiseRun::Fn fn;
-            const mil::Type& t = step.op->type;
-            if (grouped.count(&step) || !elementwise_fn(step.op->op, &fn) || !t.is_tensor || !mil::is_float(t.dtype) ||
-                t.shape.empty() || t.element_count() == 0 || step.arg_ids.size() != (is_unary(fn) ? 1u : 2u))
-                return false;
-            for (int id : step.arg_ids)
-                if (id < 0 || !operand_kind(id, t.shape)) return false;
-            return true;
-        };
-        std::map<const ProgramModel::Step*, std::vector<const ProgramModel::Step*>> runs;
-        std::vector<const ProgramModel::Step*> run;
-        auto close = [&] {
-            if (run.size() >= 2)
-                for (const ProgramModel::Step* step : run) runs[step] = run;
-            run.clear();
-        };
-        for (const auto& step : model_.steps_) {
-            if (!fusable(step)) {
-                close();
-                continue;
-            }
-            if (!run.empty() && run.front()->op->type.shape != step.op->type.shape) close();
-            run.push_back(&step);
-        }
-        close();
-        return runs;
-    }
-
     // One kernel for a run: its rows in one pass when every operand is whole (no live-lane hint, no
     // fp16 read in place), else the run's own kernels (add_group_kernel).
-    void add_fused_elementwise(const std::vector<const ProgramModel::Step*>& steps, const std::vector<int>& readers,
+    void add_fused_elementwise(const StepList& steps, const ChainFinder& find,
                                GroupParts& parts) {
         const Shape& shape = steps.front()->op->type.shape;
         ElementwiseRun run;
@@ -1259,7 +585,7 @@ private:
                 if (o->kind != ElementwiseRun::Kind::full && o->kind != ElementwiseRun::Kind::scalar) return false;
             return true;
         };
-        for (const ProgramModel::Step* step : steps) {
+        for (const Step* step : steps) {
             ElementwiseRun::Step s;
             elementwise_fn(step->op->op, &s.fn);
             s.round = step->op->type.dtype == mil::DType::fp16;
@@ -1267,7 +593,7 @@ private:
             for (size_t a = 0; a < step->arg_ids.size(); ++a) {  // x, and y unless unary
                 ElementwiseRun::Operand& o = a == 0 ? s.x : s.y;
                 const int id = step->arg_ids[a];
-                o.kind = *operand_kind(id, shape);
+                o.kind = *find.operand_kind(id, shape);
                 if (const auto found = step_of.find(id); found != step_of.end()) {
                     o.step = found->second;
                 } else {
@@ -1277,9 +603,9 @@ private:
             }
             if (is_unary(s.fn)) s.y = s.x;
             int inside = 0;  // readers of this step's result within the run
-            for (const ProgramModel::Step* later : steps)
+            for (const Step* later : steps)
                 for (int id : later->arg_ids) inside += id == step->out;
-            if (readers[static_cast<size_t>(step->out)] == inside)
+            if (find.readers()[static_cast<size_t>(step->out)] == inside)
                 intermediates.push_back(step->out);
             else
                 s.out = step->out;
@@ -1308,12 +634,12 @@ private:
     // One kernel for a fused group: `fused` computes the group and returns true, or returns false
     // (writing nothing) and the group's own kernels run instead, with its `intermediates` (value ids
     // nothing outside the group reads: in no frame or pool plan) taken from the buffer pool for the call.
-    void add_group_kernel(const std::vector<const ProgramModel::Step*>& steps, const std::vector<int>& intermediates,
+    void add_group_kernel(const StepList& steps, const std::vector<int>& intermediates,
                           GroupParts& parts, const char* kind,
                           std::function<bool(Frame&)> fused) {
         std::vector<Kernel> unfused;
         profile::Cost cost;
-        for (const ProgramModel::Step* step : steps) {
+        for (const Step* step : steps) {
             unfused.push_back(std::move(parts.at(step)));
             const profile::Cost c = profile::op_cost(*step->op, operand_types(*step), step->op->type);
             cost.bytes += c.bytes, cost.flops += c.flops;
@@ -1339,8 +665,8 @@ private:
     // for the chain's own kernels, and the next fused call frees that copy.
     void add_fused_attention(const AttentionChain& chain, bool only_chains_read_mask,
                              GroupParts& parts) {
-        const ProgramModel::Step& scores = *chain.steps.front();
-        const ProgramModel::Step& context = *chain.steps.back();
+        const Step& scores = *chain.steps.front();
+        const Step& context = *chain.steps.back();
         const auto& sd = std::get<frontend::MatmulDims>(scores.typed.attrs);
         const auto& cd = std::get<frontend::MatmulDims>(context.typed.attrs);
         CausalAttention a;
@@ -1349,7 +675,7 @@ private:
             a.q_offset.push_back(b * a.depth * a.seq), a.k_offset.push_back(b * a.depth * a.seq);
             a.v_offset.push_back(b * a.value_depth * a.seq);
         }
-        auto is_fp16 = [](const ProgramModel::Step* step) { return step->op->type.dtype == mil::DType::fp16; };
+        auto is_fp16 = [](const Step* step) { return step->op->type.dtype == mil::DType::fp16; };
         const size_t n = chain.steps.size();
         a.has_scale = chain.scale >= 0;
         a.round_scores = is_fp16(chain.steps[0]);
@@ -1368,7 +694,7 @@ private:
             held = shared;
         }
         std::vector<int> intermediates;  // every step's result but the context's
-        for (const ProgramModel::Step* step : chain.steps)
+        for (const Step* step : chain.steps)
             if (step != &context) intermediates.push_back(step->out);
         add_group_kernel(chain.steps, intermediates, parts, "attention (causal, fused)", [=](Frame& fr) {
             Tensor &tq = fr.values[q], &tk = fr.values[k], &tv = fr.values[v];
@@ -1401,17 +727,24 @@ private:
         const int cache_values = slot(chain.values), mask = slot(chain.mask), exponent = slot(chain.exponent);
         const int o = chain.steps.back()->out;
         std::vector<int> intermediates;
-        for (const ProgramModel::Step* step : chain.steps)
+        for (const Step* step : chain.steps)
             if (step->out != o) intermediates.push_back(step->out);
-        const DecodeAttention a = chain.shape;
-        add_group_kernel(chain.steps, intermediates, parts, "attention (decode, fused)", [=](Frame& fr) {
+        const DecodeAttention whole = chain.shape;
+        const Shape lane = chain.steps.back()->op->type.shape;  // [.., 1, D]: q's, k's, v's and the output's
+        add_group_kernel(chain.steps, intermediates, parts, kDecodeAttentionRow, [=](Frame& fr) {
             for (int s : {q, k, v, keys, cache_values, mask}) {
                 const Tensor& t = fr.values[static_cast<size_t>(s)];
                 const bool cache = s == keys || s == cache_values;  // lanes: cached positions (as the matmuls take them)
-                if (t.prefix_partial() || (t.partial() && !(cache && t.last_dim() == a.positions) && s != mask) ||
-                    (t.half && !cache))
+                if ((t.prefix_partial() && (s != q && s != k && s != v)) ||
+                    (t.partial() && !(cache && t.last_dim() == whole.positions) && s != mask) || (t.half && !cache))
                     return false;
             }
+            // Dead sequences (a live prefix of the lanes' leading axis on q, k or v): as the ops, only the heads of
+            // the live ones, the output live on the same prefix.
+            int64_t lead = lane[0];
+            for (int s : {q, k, v}) lead = std::min(lead, live_leading(fr.values[static_cast<size_t>(s)], lane));
+            DecodeAttention a = whole;
+            a.heads = whole.heads / lane[0] * lead;
             // The live positions of a cache or the mask (the add takes the mask's lanes when its rows are positions).
             auto live = [&](int s) {
                 const Tensor& t = fr.values[static_cast<size_t>(s)];
@@ -1423,7 +756,8 @@ private:
             run_decode_attention(a, scored, summed, fr.values[q].data.data(), fr.values[k].data.data(), fr.values[v].data.data(),
                                  cache(keys), cache(cache_values), fr.values[mask].data.data(),
                                  fr.values[exponent].data[0], out.data.data());
-            out.lanes = out.last_dim(), out.live_prefix = -1;
+            out.lanes = out.last_dim();
+            set_live_leading(out, lane, lead);
             return true;
         });
     }
@@ -1434,7 +768,7 @@ private:
         auto slot = [&](int id) { return id >= 0 ? values()[static_cast<size_t>(id)].slot : -1; };
         const int x = slot(chain.x), gamma = slot(chain.gamma), beta = slot(chain.beta), o = chain.steps.back()->out;
         std::vector<int> intermediates;
-        for (const ProgramModel::Step* step : chain.steps)
+        for (const Step* step : chain.steps)
             if (step->out != o) intermediates.push_back(step->out);
         const StableNorm n = chain.shape;
         add_group_kernel(chain.steps, intermediates, parts, "norm (fused)", [=](Frame& fr) {
@@ -1457,7 +791,7 @@ private:
         const int x = slot(chain.x), partner = slot(chain.partner), cos = slot(chain.cos), sin = slot(chain.sin);
         const int o = chain.steps.back()->out;
         std::vector<int> intermediates;
-        for (const ProgramModel::Step* step : chain.steps)
+        for (const Step* step : chain.steps)
             if (step->out != o) intermediates.push_back(step->out);
         const Rotary r = chain.shape;
         add_group_kernel(chain.steps, intermediates, parts, "rotary (fused)", [=](Frame& fr) {
@@ -1474,7 +808,7 @@ private:
     }
 
     // The tensor operands of a step, by argument name (for its profile cost).
-    profile::Operands operand_types(const ProgramModel::Step& step) {
+    profile::Operands operand_types(const Step& step) {
         profile::Operands types;
         for (size_t a = 0; a < step.arg_ids.size(); ++a) {
             std::vector<int> ids = step.tuple_ids[a];

@@ -18,6 +18,7 @@ from orion._core import kernels
 from orion.graph import Graph
 from orion.runtime import profile
 from support.attention import twins
+from support.twins import RAN_ITS_OPS
 
 FUSED = "attention (causal, fused)"
 
@@ -77,12 +78,13 @@ def test_llama_form_without_a_scale_is_fused_and_exact(profiling) -> None:
 
 
 @pytest.mark.parametrize("amplitude", [40.0, 300.0])
-def test_scores_too_large_for_the_exactness_bound_take_the_unfused_path(amplitude) -> None:
+def test_scores_too_large_for_the_exactness_bound_take_the_unfused_path(profiling, amplitude) -> None:
     """At 40 the scores pass 16384 (no fused shortcut is exact there), at 300 they overflow fp16 and the
-    rows turn to NaN: both must be what the five ops compute, NaN for NaN."""
+    rows turn to NaN: both must be what the five ops compute, NaN for NaN (the profile shows the group ran them)."""
     _, fused, unfused = run_both(gpt2_attention(128, 2, 64), amplitude)
     np.testing.assert_array_equal(fused, unfused)  # NaN in the same places
     assert np.isnan(fused).any() == (amplitude > 100)
+    assert [r.op for r in profile.snapshot() if r.op.startswith(FUSED)] == [FUSED + RAN_ITS_OPS]
 
 
 @pytest.mark.parametrize("live", [1, 100, 128, 200])

@@ -16,7 +16,7 @@ from orion.compiler import CompiledGraph, lower_graph
 from orion.graph import Graph
 from orion.runtime import profile
 from orion.runtime.stage import Stage
-from support.twins import also_returning
+from support.twins import RAN_ITS_OPS, also_returning
 
 FUSED = "norm (fused)"
 EPS = 1e-5
@@ -38,10 +38,10 @@ def twins(graph: Graph) -> tuple[Stage, Stage]:
             Stage(CompiledGraph(lowered, orion.compile(unfused, lowered.weights, profile="permissive"))))
 
 
-def run_twins(kind: str, channels: int, lanes: int, x: np.ndarray, uniform: bool = False) -> tuple[
-        np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def run_twins(kind: str, channels: int, lanes: int, x: np.ndarray, uniform: bool = False,
+              live: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Output "y" of the fused program and of its twin on x, and the norm's parameters (random, or with
-    ``uniform`` one value each, which the emulator holds as a single value)."""
+    ``uniform`` one value each, which the emulator holds as a single value); ``live``: a live-lanes hint on x."""
     rng = np.random.default_rng(1)
     gamma, beta = (rng.standard_normal(channels).astype(np.float16) for _ in range(2))
     if uniform:
@@ -53,11 +53,11 @@ def run_twins(kind: str, channels: int, lanes: int, x: np.ndarray, uniform: bool
         profile.enable(True)
         profile.reset()
         try:
-            stage.run()
+            stage.run(None if live is None else {"x": live})
             calls = {row.op for row in profile.snapshot()}
         finally:
             profile.enable(False)
-        assert (FUSED in calls) == (stage is fused), calls
+        assert (FUSED in calls and FUSED + RAN_ITS_OPS not in calls) == (stage is fused), calls
         outs.append(stage.output("y").copy())
     return outs[0], outs[1], gamma, beta
 
@@ -106,3 +106,15 @@ def test_stable_norm_with_uniform_parameters(kind) -> None:
     assert_same_bits(fused, unfused)
     want = reference(kind, x, gamma, beta)
     np.testing.assert_allclose(fused.astype(np.float64), want, rtol=0, atol=0.01 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_stable_norm_of_a_batched_step_with_dead_sequences(kind) -> None:
+    """8 lanes, 3 live (the loop's hint on a batched step's dead sequences), NaN in the dead ones: the kernel
+    still runs, and the live lanes are the ops' bit for bit (dead lanes are undefined for both)."""
+    x = np.random.default_rng(4).standard_normal((1, 64, 1, 8)).astype(np.float16)
+    x[..., 3:] = np.nan
+    fused, unfused, gamma, beta = run_twins(kind, 64, 8, x, live=3)
+    assert_same_bits(fused[..., :3], unfused[..., :3])
+    want = reference(kind, x[..., :3], gamma, beta)
+    np.testing.assert_allclose(fused[..., :3].astype(np.float64), want, rtol=0, atol=0.01 * np.abs(want).max())

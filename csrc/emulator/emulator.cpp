@@ -146,9 +146,10 @@ private:
         std::map<std::string, profile::Row> by_kind;
         for (const ScheduledKernel& kernel : schedule_.kernels) {
             const auto start = clock::now();
+            const int fallbacks = frame_.fallbacks;
             run_kernel(kernel);
             const double seconds = std::chrono::duration<double>(clock::now() - start).count();
-            profile::Row& row = by_kind[kernel.kind];
+            profile::Row& row = by_kind[frame_.fallbacks == fallbacks ? kernel.kind : kernel.kind + kRanItsOps];
             row.calls += 1, row.seconds += seconds;
             row.bytes += kernel.cost.bytes, row.flops += kernel.cost.flops;
         }
@@ -651,6 +652,7 @@ private:
         }
         Kernel run = [fused = std::move(fused), unfused = std::move(unfused), pooled](Frame& fr) {
             if (fused(fr)) return;
+            ++fr.fallbacks;
             for (const auto& [slot, size] : pooled) fr.values[slot].data = buffer_pool::take(size);
             for (const Kernel& kernel : unfused) kernel(fr);
             for (const auto& [slot, size] : pooled) buffer_pool::give(std::exchange(fr.values[slot].data, {}));
@@ -762,8 +764,8 @@ private:
         });
     }
 
-    // One kernel for a stable norm chain: run_stable_norm when x is a whole fp32 tensor, else the chain's own
-    // kernels.
+    // One kernel for a stable norm chain: run_stable_norm when x is an fp32 tensor with no live prefix and at most
+    // short partial rows (Tensor::skips_dead_lanes), else the chain's own kernels.
     void add_stable_norm(const NormChain& chain, GroupParts& parts) {
         auto slot = [&](int id) { return id >= 0 ? values()[static_cast<size_t>(id)].slot : -1; };
         const int x = slot(chain.x), gamma = slot(chain.gamma), beta = slot(chain.beta), o = chain.steps.back()->out;
@@ -772,14 +774,18 @@ private:
             if (step->out != o) intermediates.push_back(step->out);
         const StableNorm n = chain.shape;
         add_group_kernel(chain.steps, intermediates, parts, "norm (fused)", [=](Frame& fr) {
-            for (int s : {x, gamma, beta}) {
+            // x's dead lanes (a batched step's dead sequences) are computed, as the ops compute rows this short,
+            // and stay dead in the output; the lanes are independent, so the live ones are the ops'.
+            const Tensor& in = fr.values[static_cast<size_t>(x)];
+            if (in.skips_dead_lanes() || in.prefix_partial() || in.half) return false;
+            for (int s : {gamma, beta}) {
                 const Tensor* t = s >= 0 ? &fr.values[static_cast<size_t>(s)] : nullptr;
                 if (t && (t->partial() || t->prefix_partial() || t->half)) return false;
             }
             auto data = [&](int s) { return s >= 0 ? fr.values[static_cast<size_t>(s)].data.data() : nullptr; };
             Tensor& out = fr.values[o];
             run_stable_norm(n, data(x), data(gamma), data(beta), out.data.data());
-            out.lanes = out.last_dim(), out.live_prefix = -1;
+            out.lanes = in.lanes, out.live_prefix = -1;
             return true;
         });
     }

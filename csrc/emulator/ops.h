@@ -26,7 +26,11 @@ namespace orion::emu {
 // Per-program evaluation state: one tensor per MIL variable, allocated once at compile.
 struct Frame {
     std::vector<Tensor> values;
+    int fallbacks = 0;  // fused groups that ran their own ops instead (the profile names them: kRanItsOps)
 };
+
+// The suffix of a fused group's profile row when a call ran the group's own ops (its kernel did not apply).
+constexpr const char* kRanItsOps = " (ran its ops)";
 
 using Kernel = std::function<void(Frame&)>;
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import re
 
+# The suffix of a fused group's profile row for the calls that ran the group's own ops (its kernel did not apply).
+RAN_ITS_OPS = " (ran its ops)"
+
 
 def identity_after(mil: str, op_line: re.Pattern[str]) -> str:
     """``mil`` with the result of every op line ``op_line`` matches (groups: indent, type, name, op, rest)

@@ -18,7 +18,7 @@ from orion.models.llama.config import LlamaConfig
 from orion.models.llama.graphs import apply_rope, rope_partner
 from orion.runtime import profile
 from orion.runtime.stage import Stage
-from support.twins import also_returning
+from support.twins import RAN_ITS_OPS, also_returning
 
 FUSED = "rotary (fused)"
 
@@ -41,13 +41,18 @@ def twins(graph: Graph) -> tuple[Stage, Stage]:
             Stage(CompiledGraph(lowered, orion.compile(unfused, lowered.weights, profile="permissive"))))
 
 
-@pytest.mark.parametrize("heads, d, lanes, amplitude", [(3, 64, 1, 1.0), (2, 16, 32, 1.0), (2, 64, 1, 60000.0)])
-def test_rotary_is_its_ops_bit_for_bit(heads, d, lanes, amplitude) -> None:
-    """A decode step's head group (SmolLM2's), a prompt's lanes, and values whose products overflow fp16.
-    Reference: float64 rotation of each channel pair (the half-split convention), within fp16 rounding."""
+@pytest.mark.parametrize("heads, d, lanes, amplitude, live",
+                         [(3, 64, 1, 1.0, None), (2, 16, 32, 1.0, None), (2, 64, 1, 60000.0, None), (2, 16, 8, 1.0, 3)])
+def test_rotary_is_its_ops_bit_for_bit(heads, d, lanes, amplitude, live) -> None:
+    """A decode step's head group (SmolLM2's), a prompt's lanes, values whose products overflow fp16, and a
+    batched step of 8 lanes with 3 live (a live-lanes hint on x, cos and sin; NaN in the dead lanes, whose
+    outputs are undefined for both). Reference: float64 rotation of each channel pair (the half-split
+    convention), within fp16 rounding."""
     fused, unfused = twins(rope_graph(heads, d, lanes))
     rng = np.random.default_rng(d + lanes)
     x = np.clip(rng.standard_normal((1, heads * d, 1, lanes)) * amplitude, -65504, 65504).astype(np.float16)
+    if live is not None:
+        x[..., live:] = np.nan
     angles = rng.uniform(0, 2 * np.pi, (1, 1, d // 2, lanes))
     cos = np.concatenate([np.cos(angles)] * 2, axis=2).astype(np.float16)
     sin = np.concatenate([np.sin(angles)] * 2, axis=2).astype(np.float16)
@@ -58,12 +63,13 @@ def test_rotary_is_its_ops_bit_for_bit(heads, d, lanes, amplitude) -> None:
         profile.enable(True)
         profile.reset()
         try:
-            stage.run()
+            stage.run(None if live is None else {"x": live, "cos": live, "sin": live})
             ops = {row.op for row in profile.snapshot()}
         finally:
             profile.enable(False)
-        assert (FUSED in ops) == (stage is fused), ops
-        outs.append(stage.output("y").copy())
+        assert (FUSED in ops and FUSED + RAN_ITS_OPS not in ops) == (stage is fused), ops
+        outs.append(stage.output("y").copy()[..., :live])
+    x, cos, sin, lanes = x[..., :live], cos[..., :live], sin[..., :live], live or lanes
     np.testing.assert_array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
     if amplitude > 1:
         return  # overflowed: the bits above are the check

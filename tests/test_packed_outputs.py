@@ -15,7 +15,8 @@ import orion
 from orion.compiler import CompiledGraph, lower_graph
 from orion.graph import Graph
 from orion.runtime import profile
-from support.twins import identity_after
+from orion.runtime.stage import Stage
+from support.twins import RAN_ITS_OPS, identity_after
 
 PLACED = "I/O packing (placed)"
 FACTORS = (1.0, -1.0, 0.0, 2.0, -0.5, 0.25, -3.0)  # seven outputs of one size: packed into one surface
@@ -75,7 +76,7 @@ def test_placement_is_the_ops_bit_for_bit_signed_zeros_included(profiling, lanes
 
 
 @pytest.mark.parametrize("bad", [np.inf, -np.inf])  # (a NaN input is refused at the input)
-def test_a_non_finite_block_falls_back_to_the_ops(bad) -> None:
+def test_a_non_finite_block_falls_back_to_the_ops(profiling, bad) -> None:
     lowered = lower_graph(packed_graph(512))
     placed = CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights))
     twin = CompiledGraph(lowered, orion.compile(unplaced_twin(lowered.mil), lowered.weights, profile="permissive"))
@@ -85,3 +86,23 @@ def test_a_non_finite_block_falls_back_to_the_ops(bad) -> None:
     for i in range(len(FACTORS)):
         np.testing.assert_array_equal(got[f"o{i}"].view(np.uint16), want[f"o{i}"].view(np.uint16), err_msg=f"o{i}")
         assert np.isnan(got[f"o{i}"].flat[100])  # inf * 0 in another row: the group's element is NaN
+    assert PLACED + RAN_ITS_OPS in {r.op for r in profile.snapshot()}
+
+
+def test_placement_of_a_batched_step_with_dead_sequences(profiling) -> None:
+    """8 lanes, 3 live (a live-lanes hint on x, as on a batched decode step): placed in one pass, the live
+    lanes the ops' bit for bit (the dead ones are undefined for both)."""
+    lowered = lower_graph(packed_graph(8))
+    placed = Stage(CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights)))
+    twin = Stage(CompiledGraph(lowered, orion.compile(unplaced_twin(lowered.mil), lowered.weights, profile="permissive")))
+    x = _x(2, 8)
+    outs = []
+    for stage in (placed, twin):
+        stage.input("x")[...] = x
+        stage.run({"x": 3})
+        outs.append({f"o{i}": stage.output(f"o{i}")[..., :3].copy() for i in range(len(FACTORS))})
+    for i, ref in enumerate(literal_reference(x[..., :3])):
+        np.testing.assert_array_equal(outs[0][f"o{i}"].view(np.uint16), ref.view(np.uint16), err_msg=f"o{i}")
+        np.testing.assert_array_equal(outs[0][f"o{i}"].view(np.uint16), outs[1][f"o{i}"].view(np.uint16))
+    ops = {r.op for r in profile.snapshot()}
+    assert PLACED in ops and PLACED + RAN_ITS_OPS not in ops, ops

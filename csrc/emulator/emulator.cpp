@@ -548,7 +548,8 @@ private:
         };
     }
 
-    // One kernel for a placement: each row written once when every block is finite and whole, else the
+    // One kernel for a placement: each row written once when every block is finite and has no live prefix nor
+    // long partial rows, else the
     // chain's own kernels (add_group_kernel; its last add overwrites what a non-finite block left written).
     void add_packed_outputs(const PackedChain& chain, GroupParts& parts) {
         std::vector<int> intermediates, slots;
@@ -560,7 +561,8 @@ private:
             std::vector<const float*> blocks;
             for (int slot : slots) {
                 const Tensor& t = fr.values[static_cast<size_t>(slot)];
-                if (t.half || t.prefix_partial() || t.partial() || t.size() < placement.block) return false;
+                // dead lanes of short rows (a batched step's dead sequences) are placed, as the ops place them
+                if (t.half || t.prefix_partial() || t.skips_dead_lanes() || t.size() < placement.block) return false;
                 blocks.push_back(t.data.data());
             }
             Tensor& out = fr.values[static_cast<size_t>(o)];

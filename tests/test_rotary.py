@@ -23,14 +23,17 @@ from support.twins import RAN_ITS_OPS, also_returning
 FUSED = "rotary (fused)"
 
 
-def rope_graph(heads: int, d: int, lanes: int) -> Graph:
-    """x [1, H*D, 1, S] rotated by runtime cos/sin tables [1, D, 1, S] seen as [1, 1, D, S] (a decode step's form)."""
+def rope_graph(heads: int, d: int, lanes: int, reciprocal: bool = False) -> Graph:
+    """x [1, H*D, 1, S] rotated by runtime cos/sin tables [1, D, 1, S] seen as [1, 1, D, S] (a decode step's form);
+    ``reciprocal``: the output is 1 / the rotation, which tells -0 (-inf) from +0 (an output's I/O padding adds +0,
+    which makes both +0)."""
     config = LlamaConfig(dim=heads * d, n_layers=1, n_heads=heads, n_kv_heads=heads, head_dim=d, hidden_dim=64,
                          vocab_size=32, max_position_embeddings=64)
     g = Graph("rope")
     x = g.input("x", [1, heads * d, 1, lanes])
     cos, sin = (g.reshape(g.input(n, [1, d, 1, lanes]), [1, 1, d, lanes]) for n in ("cos", "sin"))
-    g.output(g.reshape(apply_rope(g, x, heads, cos, sin, rope_partner(g, config), "r"), [1, heads * d, 1, lanes]), "y")
+    y = g.reshape(apply_rope(g, x, heads, cos, sin, rope_partner(g, config), "r"), [1, heads * d, 1, lanes])
+    g.output(g.pow(y, -1.0) if reciprocal else y, "y")
     return g
 
 
@@ -42,11 +45,13 @@ def twins(graph: Graph) -> tuple[Stage, Stage]:
 
 
 @pytest.mark.parametrize("heads, d, lanes, amplitude, live",
-                         [(3, 64, 1, 1.0, None), (2, 16, 32, 1.0, None), (2, 64, 1, 60000.0, None), (2, 16, 8, 1.0, 3)])
+                         [(3, 64, 1, 1.0, None), (2, 16, 32, 1.0, None), (2, 64, 1, 60000.0, None), (2, 16, 8, 1.0, 3),
+                          (2, 16, 64, 1.0, 20)])
 def test_rotary_is_its_ops_bit_for_bit(heads, d, lanes, amplitude, live) -> None:
-    """A decode step's head group (SmolLM2's), a prompt's lanes, values whose products overflow fp16, and a
-    batched step of 8 lanes with 3 live (a live-lanes hint on x, cos and sin; NaN in the dead lanes, whose
-    outputs are undefined for both). Reference: float64 rotation of each channel pair (the half-split
+    """A decode step's head group (SmolLM2's), a prompt's lanes, values whose products overflow fp16, a batched
+    step of 8 lanes with 3 live and 64 lanes with 20 live (a live-lanes hint on x, cos and sin; NaN in the dead
+    lanes, whose outputs are undefined for both; the ops compute an 8-lane row whole and a 64-lane row's live
+    lanes only). Reference: float64 rotation of each channel pair (the half-split
     convention), within fp16 rounding."""
     fused, unfused = twins(rope_graph(heads, d, lanes))
     rng = np.random.default_rng(d + lanes)
@@ -78,3 +83,28 @@ def test_rotary_is_its_ops_bit_for_bit(heads, d, lanes, amplitude, live) -> None
     rotated = np.concatenate([-xh[:, half:], xh[:, :half]], axis=1)
     want = (xh * cos.astype(np.float64)[0] + rotated * sin.astype(np.float64)[0]).reshape(1, heads * d, 1, lanes)
     np.testing.assert_allclose(outs[0].astype(np.float64), want, rtol=0, atol=0.01 * np.abs(want).max())
+
+
+def test_rotary_signed_zeros_and_non_finite_values_are_the_ops() -> None:
+    """The partner is a signed permutation, which the kernel applies as one (sign * x, +0 for a zero, as the
+    matmul's sum from +0 gives) while a head's values are finite: -0 and +0 in x must come out as the ops give
+    them, and a head with an infinity takes the matmul (its NaNs where 0 * inf enters a sum)."""
+    heads, d, lanes = 2, 16, 4
+    fused, unfused = twins(rope_graph(heads, d, lanes, reciprocal=True))
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((1, heads * d, 1, lanes)).astype(np.float16)
+    # head 0, lane 0: +0, rotated by cos -1 and sin 1: each output is -0 + its mate, and a mate of sign -1 is +0
+    # from the matmul's sum (where -1 * x alone would be -0); lane 1: -0
+    x[0, :d, 0, 0], x[0, :d, 0, 1] = np.float16(0.0), np.float16(-0.0)
+    x[0, d + 5, 0, 2] = np.float16(np.inf)  # head 1, lane 2
+    cos = rng.standard_normal((1, d, 1, lanes)).astype(np.float16)
+    sin = rng.standard_normal((1, d, 1, lanes)).astype(np.float16)
+    cos[..., 0], sin[..., 0] = -1, 1
+    outs = []
+    for stage in (fused, unfused):
+        stage.input("x")[...], stage.input("cos")[...], stage.input("sin")[...] = x, cos, sin
+        stage.run()
+        outs.append(stage.output("y").copy())
+    assert np.isnan(outs[1][0, d:, 0, 2]).any()  # the case is reached: 0 * inf in the matmul's sums
+    assert (outs[1][0, :d, 0, 0] == np.inf).all()  # and the zeros' case: 1 / +0 from the ops
+    np.testing.assert_array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))

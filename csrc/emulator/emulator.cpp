@@ -792,8 +792,8 @@ private:
         });
     }
 
-    // One kernel for a rotary embedding: run_rotary when its operands are fp32 tensors with no live prefix and at
-    // most short partial rows, else the chain's own kernels.
+    // One kernel for a rotary embedding: run_rotary when its operands are fp32 tensors with no live prefix (and the
+    // partner whole), else the chain's own kernels.
     void add_rotary(const RotaryChain& chain, GroupParts& parts) {
         auto slot = [&](int id) { return values()[static_cast<size_t>(id)].slot; };
         const int x = slot(chain.x), partner = slot(chain.partner), cos = slot(chain.cos), sin = slot(chain.sin);
@@ -801,19 +801,21 @@ private:
         std::vector<int> intermediates;
         for (const Step* step : chain.steps)
             if (step->out != o) intermediates.push_back(step->out);
-        const Rotary r = chain.shape;
+        Rotary r = chain.shape;
+        read_permutation(const_floats(values()[static_cast<size_t>(chain.partner)])->data(), r);
         add_group_kernel(chain.steps, intermediates, parts, "rotary (fused)", [=](Frame& fr) {
-            // Dead lanes (a batched step's dead sequences) in rows this short are computed, as the ops compute
-            // them, and stay dead in the output; the lanes are independent, so the live ones are the ops'.
+            // Dead lanes (a batched step's dead sequences): as the ops, a long row's are not computed.
             int64_t lanes = fr.values[static_cast<size_t>(o)].last_dim();
             for (int s : {x, partner, cos, sin}) {
                 const Tensor& t = fr.values[static_cast<size_t>(s)];
-                if (t.skips_dead_lanes() || (s == partner && t.partial()) || t.prefix_partial() || t.half) return false;
+                if ((s == partner && t.partial()) || t.prefix_partial() || t.half) return false;
                 if (s != partner) lanes = std::min(lanes, t.lanes);
             }
             Tensor& out = fr.values[o];
-            run_rotary(r, fr.values[x].data.data(), fr.values[partner].data.data(), fr.values[cos].data.data(),
-                       fr.values[sin].data.data(), out.data.data());
+            const bool whole_rows = out.last_dim() <= Tensor::kShortRow;  // as the elementwise ops compute them
+            run_rotary(r, fr.values[x].lanes, whole_rows ? out.last_dim() : lanes, fr.values[x].data.data(),
+                       fr.values[partner].data.data(), fr.values[cos].data.data(), fr.values[sin].data.data(),
+                       out.data.data());
             out.lanes = lanes, out.live_prefix = -1;
             return true;
         });

@@ -1,27 +1,73 @@
 // The fused rotary embedding kernel (see rotary.h for why it is the ops bit for bit).
 #include "emulator/rotary.h"
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "emulator/kernels.h"
 
 namespace orion::emu {
 
-void run_rotary(const Rotary& r, const float* x, const float* partner, const float* cos, const float* sin, float* out) {
+namespace {
+
+// Whether the first `lanes` lanes of every row of x ([rows, S]) are finite.
+bool finite_lanes(const float* x, int64_t rows, int64_t S, int64_t lanes) {
+    bool finite = true;
+    for (int64_t d = 0; d < rows; ++d)
+        for (int64_t i = 0; i < lanes; ++i) finite &= std::isfinite(x[d * S + i]);
+    return finite;
+}
+
+}  // namespace
+
+void read_permutation(const float* partner, Rotary& r) {
+    const int64_t D = r.depth;
+    r.mate.assign(static_cast<size_t>(D), -1);
+    r.sign.assign(static_cast<size_t>(D), 0.0f);
+    for (int64_t c = 0; c < D; ++c)
+        for (int64_t k = 0; k < D; ++k) {
+            const float p = partner[c * D + k];
+            if (p == 0.0f) continue;
+            if ((p != 1.0f && p != -1.0f) || r.mate[static_cast<size_t>(c)] >= 0) {
+                r.mate.clear(), r.sign.clear();
+                return;
+            }
+            r.mate[static_cast<size_t>(c)] = k, r.sign[static_cast<size_t>(c)] = p;
+        }
+    if (std::find(r.mate.begin(), r.mate.end(), -1) != r.mate.end()) r.mate.clear(), r.sign.clear();
+}
+
+void run_rotary(const Rotary& r, int64_t x_lanes, int64_t live, const float* x, const float* partner, const float* cos,
+                const float* sin, float* out) {
     const int64_t D = r.depth, S = r.lanes, block = D * S;
     thread_local std::vector<float> scratch;  // grown, never shrunk
     if (scratch.size() < static_cast<size_t>(2 * block)) scratch.resize(static_cast<size_t>(2 * block));
     float *mate = scratch.data(), *turned = mate + block;
+    // The elements computed: every one, or each row's live lanes (rows of S, the live ones first).
+    const int64_t rows = live < S ? D : 1, width = live < S ? live : block;
+    auto round_rows = [&](float* v) {
+        for (int64_t d = 0; d < rows; ++d) kernels::round_fp16(v + d * S, static_cast<size_t>(width));
+    };
     for (int64_t h = 0; h < r.heads; ++h) {
         const float* xh = x + h * block;
         float* oh = out + h * block;
-        kernels::gemm(D, S, D, partner, D, 1, xh, S, 1, mate, S, true);  // the matmul op's call for this batch
-        for (int64_t i = 0; i < block; ++i) oh[i] = xh[i] * cos[i];
-        for (int64_t i = 0; i < block; ++i) turned[i] = mate[i] * sin[i];
-        kernels::round_fp16(oh, static_cast<size_t>(block));
-        kernels::round_fp16(turned, static_cast<size_t>(block));
-        for (int64_t i = 0; i < block; ++i) oh[i] += turned[i];
-        kernels::round_fp16(oh, static_cast<size_t>(block));
+        if (r.mate.empty() || !finite_lanes(xh, D, S, x_lanes)) {
+            kernels::gemm(D, x_lanes, D, partner, D, 1, xh, S, 1, mate, S, true);  // the matmul op's call for this batch
+        } else {
+            for (int64_t d = 0; d < D; ++d) {
+                const float* from = xh + r.mate[static_cast<size_t>(d)] * S;
+                const float sign = r.sign[static_cast<size_t>(d)];
+                for (int64_t i = 0; i < std::max(x_lanes, live); ++i) mate[d * S + i] = sign * from[i] + 0.0f;  // +0 for 0
+            }
+        }
+        for (int64_t d = 0; d < rows; ++d)
+            for (int64_t i = d * S; i < d * S + width; ++i) oh[i] = xh[i] * cos[i], turned[i] = mate[i] * sin[i];
+        round_rows(oh);
+        round_rows(turned);
+        for (int64_t d = 0; d < rows; ++d)
+            for (int64_t i = d * S; i < d * S + width; ++i) oh[i] += turned[i];
+        round_rows(oh);
     }
 }
 

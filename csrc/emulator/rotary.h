@@ -3,19 +3,32 @@
 //   mate = matmul(partner, x)                 (partner: [1, 1, D, D] const, x: [1, H, D, S])
 //   out  = add(mul(x, cos), mul(mate, sin))   (cos, sin: [1, 1, D, S], broadcast over the heads)
 // Each head's values are computed as the ops compute them: the same matmul kernel (kernels::gemm) on the
-// same operands, each product and sum in fp32, every op's result rounded to fp16. So the kernel's result
-// is the ops' bit for bit for any data; a decode step runs 4 of these per layer.
+// same operands, or, for a signed-permutation partner and finite values, the permutation itself (what that
+// gemm computes, exactly: see Rotary::mate); each product and sum in fp32, every op's result rounded to fp16.
+// So the kernel's result is the ops' bit for bit for any data; a decode step runs 4 of these per layer.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace orion::emu {
 
 struct Rotary {
     int64_t heads = 0, depth = 0, lanes = 0;  // H, D, S
+    // When the partner is a signed permutation (each row one +-1, zeros elsewhere: models/llama/graphs.py
+    // rope_partner), row c of the matmul is sign[c] * x[mate[c]]: the gemm sums that one exact product and
+    // zeros from +0, so it gives exactly sign * x (+0 for a zero) while x is finite. Empty: any other partner.
+    std::vector<int64_t> mate;
+    std::vector<float> sign;
 };
 
-// out = the rotated x, both [H, D, S]; partner [D, D]; cos and sin [D, S].
-void run_rotary(const Rotary& r, const float* x, const float* partner, const float* cos, const float* sin, float* out);
+// The signed permutation `partner` ([D, D]) stands for, in r.mate and r.sign (left empty when it is none).
+void read_permutation(const float* partner, Rotary& r);
+
+// out = the rotated x, both [H, D, S]; partner [D, D]; cos and sin [D, S]. With live lanes, as the ops: the
+// matmul covers x's first `x_lanes` lanes, the rest the first `live` lanes of each row (the caller passes S for
+// rows the ops compute whole); the rest of out is left as it was.
+void run_rotary(const Rotary& r, int64_t x_lanes, int64_t live, const float* x, const float* partner, const float* cos,
+                const float* sin, float* out);
 
 }  // namespace orion::emu

@@ -26,14 +26,11 @@
 #include "emulator/shared_consts.h"
 #include "emulator/surface_io.h"
 #include "errors.h"
-#include "mil/blobfile.h"
 #include "runtime/budget.h"
 
 namespace orion::emu {
 
 namespace {
-
-using frontend::where;
 
 // Zeroes lanes [from, to) of every row of t's last axis (dead lanes a kernel reads as finite values).
 void zero_lanes(Tensor& t, int64_t from, int64_t to) {

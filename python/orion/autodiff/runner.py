@@ -173,9 +173,10 @@ class GradientRunner:
 
 
     def loss(self, params: dict[str, np.ndarray], ids: np.ndarray, targets: np.ndarray) -> float:
-        """The mean cross-entropy of :meth:`loss_and_grads`, by the forward programs alone (validation)."""
+        """The mean cross-entropy of :meth:`loss_and_grads`, by the forward programs alone (validation; the head
+        forms no parameter gradient)."""
         ids, targets = self._check_window("loss", ids, targets)
-        return self.model.head(params, self._layers_forward(params, ids)[0], targets)[0]
+        return self.model.head(params, self._layers_forward(params, ids)[0], targets, frozen=True)[0]
 
     def _check_window(self, caller: str, ids: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ids, targets = np.asarray(ids), np.asarray(targets)

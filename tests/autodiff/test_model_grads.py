@@ -186,3 +186,15 @@ def test_gradients_match_torch_autograd(case, tmp_path) -> None:
             continue
         cosine = got @ w / (np.linalg.norm(got) * np.linalg.norm(w))
         assert cosine >= 0.999, (name, cosine)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "gemma2"])
+def test_a_frozen_head_gives_the_same_loss_and_input_gradient_and_no_parameter_gradients(kind) -> None:
+    model, params = MODELS[kind]()
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((SEQ, model.dim)).astype(np.float32)
+    _, targets = _batch(model.vocab_size)
+    loss, dx, grads = model.head(params, x, targets)
+    frozen_loss, frozen_dx, frozen_grads = model.head(params, x, targets, frozen=True)
+    assert grads and frozen_grads == {}
+    assert frozen_loss == loss and np.array_equal(frozen_dx, dx)

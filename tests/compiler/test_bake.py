@@ -1,10 +1,12 @@
 """orion.graph.bake: runtime inputs become consts. A baked graph computes what the unbaked one computes with the
-same arrays: in float64 numpy (the registry references) to 1e-12 relative; compiled on the emulator in fp16, against
+same arrays: in float64 numpy (the registry references) to 1e-12 relative (of the largest output for a gradient
+that is zero but for rounding); compiled on the emulator in fp16, against
 that float64 result and against the unbaked graph on the emulator, within 1% of the output's largest magnitude (or
 of 1e-4 of the largest output, for a zero gradient: GPT-2's key bias). A baked weight lowers to a conv, a runtime
 one to a matmul, so the fp16 rounding differs (measured: at most 0.2% on the GPT-2 gradient). Covered: a linear
 with bias, LayerNorm and RMSNorm parameters, and a whole GPT-2 layer with its gradient graph (baked after the
-backward transform, as the training runner does). The original graph is left unchanged; bad inputs raise."""
+backward transform, as the training runner does), whose input gradient through a baked weight becomes a conv by
+the transposed weight. The original graph is left unchanged; bad inputs raise."""
 
 from __future__ import annotations
 
@@ -62,8 +64,9 @@ def _check(graph: Graph, arrays: dict[str, np.ndarray], baked_names: list[str], 
     want = numpy_eval.evaluate(graph, arrays, np.float64)
     got = numpy_eval.evaluate(baked, rest, np.float64)
     assert sorted(got) == sorted(want)
-    for name in want:
-        np.testing.assert_allclose(got[name], want[name], rtol=1e-12, atol=1e-12 * np.abs(want[name]).max())
+    largest = max(np.abs(w).max() for w in want.values())
+    for name in want:  # a gradient that is zero but for float64 rounding (GPT-2's key bias): to the largest output
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-12, atol=1e-12 * largest)
     program = compile_graph(baked, max_layers=max_layers)
     assert sorted(s.name for s in program.layout.inputs) == sorted(rest)
     emulated = program(**rest)
@@ -97,6 +100,17 @@ def test_baked_gpt2_layer_and_gradient_match_the_unbaked_ones() -> None:
     cotangent = rng.uniform(-1, 1, (1, model.dim, 1, SEQ)).astype(np.float16).astype(np.float64)
     baked = _check(gradient, {**arrays, "grad_y": cotangent}, params)
     assert list(baked.outputs) == list(gradient.outputs)  # dW of every baked weight is still computed
+
+
+def test_the_input_gradient_through_a_baked_weight_is_a_conv_by_its_transpose() -> None:
+    rng = np.random.default_rng(2)
+    arrays = _small_arrays(rng)
+    gradient = backward(_small(), ["x"])
+    assert " matmul(" in lower_graph(gradient).mil  # the transform's dx = W^T dy through the runtime weight
+    cotangent = rng.uniform(-1, 1, (1, 48, 1, SEQ)).astype(np.float16).astype(np.float64)
+    baked = _check(gradient, {**arrays, "grad_y": cotangent}, ["w", "b", "gamma", "beta"])
+    mil = lower_graph(baked).mil
+    assert " matmul(" not in mil and mil.count(" conv(") == 2  # the forward's linear and dx, both convs
 
 
 def test_bad_names_shapes_and_values_are_refused() -> None:

@@ -58,12 +58,12 @@ def rms_norm_backward(dy: np.ndarray, saved: tuple) -> tuple[np.ndarray, np.ndar
     return r * (gy - x_hat * (gy * x_hat).mean(-1, keepdims=True)), (dy * x_hat).sum(0)
 
 
-def cross_entropy(h: np.ndarray, classifier: np.ndarray, targets: np.ndarray
-                  ) -> tuple[float, np.ndarray, np.ndarray]:
+def cross_entropy(h: np.ndarray, classifier: np.ndarray, targets: np.ndarray, frozen: bool = False
+                  ) -> tuple[float, np.ndarray, np.ndarray | None]:
     """Mean cross-entropy of ``logits = h @ classifier.T`` against ``targets`` (:func:`cross_entropy_of_logits`);
-    returns ``(loss, dh, dclassifier)``."""
+    returns ``(loss, dh, dclassifier)``, dclassifier None when the classifier is ``frozen``."""
     loss, d_logits = cross_entropy_of_logits(h @ classifier.T, targets)
-    return loss, *head_backward(h, classifier, d_logits)
+    return loss, *head_backward(h, classifier, d_logits, frozen)
 
 
 def cross_entropy_of_logits(logits: np.ndarray, targets: np.ndarray) -> tuple[float, np.ndarray]:
@@ -91,9 +91,11 @@ def cross_entropy_of_logits(logits: np.ndarray, targets: np.ndarray) -> tuple[fl
     return loss, d_logits
 
 
-def head_backward(h: np.ndarray, classifier: np.ndarray, d_logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(dh, dclassifier)`` of ``logits = h @ classifier.T``, float32. dh as (classifier^T d_logits^T)^T: the same
-    product, which OpenBLAS runs 3-5x faster than d_logits @ classifier (a 256 x 32000 by 32000 x 768 product:
-    0.5 s against 1.6-2.8 s here)."""
+def head_backward(h: np.ndarray, classifier: np.ndarray, d_logits: np.ndarray, frozen: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(dh, dclassifier)`` of ``logits = h @ classifier.T``, float32; dclassifier None (not computed: a third of
+    the head's products) when the classifier is ``frozen``. dh as (classifier^T d_logits^T)^T: the same product,
+    which OpenBLAS runs 3-5x faster than d_logits @ classifier (a 256 x 32000 by 32000 x 768 product: 0.5 s
+    against 1.6-2.8 s here)."""
     dh = np.ascontiguousarray((classifier.T @ d_logits.T).T, np.float32)
-    return dh, (d_logits.T @ h).astype(np.float32, copy=False)
+    return dh, None if frozen else (d_logits.T @ h).astype(np.float32, copy=False)

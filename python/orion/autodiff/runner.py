@@ -95,6 +95,9 @@ class GradientRunner:
         # Every program of a layer takes fp16 inputs (all on the ANE): each layer's inputs are rounded to fp16
         # once per step, for its forward and gradient programs both, instead of once per program call.
         self._fp16_inputs = all(p.device == ANE for p in (self.plan.forward, *self.plan.gradients))
+        # The layer inputs some program takes: a baked weight (LoRA's frozen base) is in none, so it is neither
+        # converted to fp16 nor kept per step.
+        self._taken = {name for slot in self._slots for name in slot.inputs}
 
     def _slot(self, program: PlannedProgram, params: Mapping[str, np.ndarray] | None) -> _Shared | _PerLayer:
         names = _baked_inputs(program, self.baked)
@@ -170,9 +173,10 @@ class GradientRunner:
 
 
     def loss(self, params: dict[str, np.ndarray], ids: np.ndarray, targets: np.ndarray) -> float:
-        """The mean cross-entropy of :meth:`loss_and_grads`, by the forward programs alone (validation)."""
+        """The mean cross-entropy of :meth:`loss_and_grads`, by the forward programs alone (validation; the head
+        forms no parameter gradient)."""
         ids, targets = self._check_window("loss", ids, targets)
-        return self.model.head(params, self._layers_forward(params, ids)[0], targets)[0]
+        return self.model.head(params, self._layers_forward(params, ids)[0], targets, frozen=True)[0]
 
     def _check_window(self, caller: str, ids: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ids, targets = np.asarray(ids), np.asarray(targets)
@@ -189,7 +193,8 @@ class GradientRunner:
         x = m.embed(params, ids).astype(np.float32)
         layer_inputs = []
         for i in range(m.n_layers):
-            arrays = {"x": cpu.to_channels(x), **m.layer_inputs(params, i)}
+            inputs = m.layer_inputs(params, i)
+            arrays = {"x": cpu.to_channels(x), **{name: inputs[name] for name in inputs if name in self._taken}}
             if self._fp16_inputs:
                 arrays = {name: _fp16(a) for name, a in arrays.items()}
             layer_inputs.append(arrays)
@@ -240,8 +245,9 @@ class _PerLayer:
     """An ANE program with ``names`` baked: one compiled program per layer, holding that layer's values.
 
     The MIL text does not depend on the baked values, only the weight files do. When every weight file that
-    holds a baked value holds it as is (flat fp16; proven once, by lowering with other values and comparing),
-    new weights are written straight into those files; otherwise the baked graph is lowered again."""
+    holds a baked value holds it as is or transposed (flat fp16; the transpose is a linear's input gradient
+    ``W^T dy``, :func:`orion.graph.bake.bake`; proven once, by lowering with other values and comparing), new
+    weights are written straight into those files; otherwise the baked graph is lowered again."""
 
     def __init__(self, model: TrainableModel, program: PlannedProgram, names: list[str],
                  params: Mapping[str, np.ndarray]) -> None:
@@ -265,26 +271,32 @@ class _PerLayer:
             warnings.simplefilter("ignore", SRAMBudgetWarning)
             return lower_graph(bake(self.program.graph, values), max_layers=self.program.fused)
 
-    def _files(self, values: dict[str, np.ndarray]) -> dict[str, str] | None:
-        """Weight-file path -> the baked name it holds as is, or None when some file cannot be written directly."""
+    def _files(self, values: dict[str, np.ndarray]) -> dict[str, tuple[str, bool]] | None:
+        """Weight-file path -> (the baked name it holds, whether transposed), or None when some file cannot be
+        written directly. A file named after a baked input holds it as is; another may hold one transposed."""
         files = {}
+        transposed: dict[str, bytes] = {}
         for path, data in self.lowered.weights.items():
             stem = path[len(WEIGHT_DIR):-len(".bin")]
             named = [n for n in self.names if stem == n or (stem.startswith(f"{n}_") and stem[len(n) + 1:].isdigit())]
-            holders = [n for n in named if data == _blob(values[n])]
+            holders = [(n, False) for n in named if data == _blob(values[n])]
+            if not named:
+                holders = [(n, True) for n in self.names
+                           if data == transposed.setdefault(n, _blob(_transposed(values[n])))]
             if len(holders) == 1:
                 files[path] = holders[0]
         rng = np.random.default_rng(0)
         probe = {n: rng.uniform(-1.0, 1.0, v.shape) for n, v in values.items()}
         other = self._lower(probe)
-        written = {**self.lowered.weights, **{p: _blob(probe[n]) for p, n in files.items()}}
+        written = {**self.lowered.weights, **{p: _blob(_transposed(probe[n]) if t else probe[n])
+                                              for p, (n, t) in files.items()}}
         return files if other.mil == self.lowered.mil and other.weights == written else None
 
     def _weights(self, params: Mapping[str, np.ndarray], layer: int) -> dict[str, bytes]:
         values = self._values(params, layer)
         if self.files is not None:  # each value converted to fp16 once, whatever number of files hold it
-            blobs = {n: _blob(values[n]) for n in set(self.files.values())}
-            return {**self.lowered.weights, **{p: blobs[n] for p, n in self.files.items()}}
+            blobs = {(n, t): _blob(_transposed(values[n]) if t else values[n]) for n, t in set(self.files.values())}
+            return {**self.lowered.weights, **{p: blobs[held] for p, held in self.files.items()}}
         lowered = self._lower(values)
         if lowered.mil != self.lowered.mil:
             raise CompileError(f"{self.program.name}: baking layer {layer}'s weights changed the MIL text, not only "
@@ -317,6 +329,11 @@ class _PerLayer:
 def _blob(value: np.ndarray) -> bytes:
     """The weight file of a baked value, as the emitter writes it."""
     return blobfile.write(np.asarray(value).astype(np.float16))
+
+
+def _transposed(value: np.ndarray) -> np.ndarray:
+    """A baked ``[1, Cout, 1, Cin]`` weight as the ``[Cin, Cout]`` const of its input gradient's linear."""
+    return np.ascontiguousarray(np.asarray(value)[0, :, 0, :].T)
 
 
 def _fp16(a: np.ndarray) -> np.ndarray:

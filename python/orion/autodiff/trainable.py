@@ -56,9 +56,10 @@ class TrainableModel(ABC):
         """Gradients of the embedding parameters given dL/dx ``[S, C]``."""
 
     @abstractmethod
-    def head(self, params: dict[str, np.ndarray], x: np.ndarray, targets: np.ndarray
+    def head(self, params: dict[str, np.ndarray], x: np.ndarray, targets: np.ndarray, frozen: bool = False
              ) -> tuple[float, np.ndarray, dict[str, np.ndarray]]:
-        """Final norm, classifier and mean cross-entropy: ``(loss, dL/dx, gradients of head parameters)``."""
+        """Final norm, classifier and mean cross-entropy: ``(loss, dL/dx, gradients of head parameters)``; with
+        ``frozen`` the head's parameters get no gradients (an empty dict; their products are not computed)."""
 
     def layer_param(self, layer: int, name: str) -> str:
         """The flat parameter name of ``name`` in layer ``layer``."""

@@ -158,10 +158,10 @@ class LoraTrainable(TrainableModel):
     def embed_backward(self, params: dict[str, np.ndarray], ids: np.ndarray, dx: np.ndarray) -> dict[str, np.ndarray]:
         return {}  # the embedding is frozen
 
-    def head(self, params: dict[str, np.ndarray], x: np.ndarray, targets: np.ndarray
+    def head(self, params: dict[str, np.ndarray], x: np.ndarray, targets: np.ndarray, frozen: bool = True
              ) -> tuple[float, np.ndarray, dict[str, np.ndarray]]:
-        loss, dx, _ = self.base.head(self.base_params, x, targets)  # the head is frozen: only dL/dx flows on
-        return loss, dx, {}
+        """The base's head, frozen: only dL/dx flows on (no classifier or norm gradient is computed)."""
+        return self.base.head(self.base_params, x, targets, frozen=True)
 
     # -- PEFT's layout ---------------------------------------------------------------------------------
     def init_params(self, seed: int) -> dict[str, np.ndarray]:

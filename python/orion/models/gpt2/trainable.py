@@ -101,9 +101,9 @@ class GPT2Trainable(TrainableModel):
         d_wpe[: len(ids)] = dx
         return {"wte": cpu.scatter_rows(params["wte"].shape, ids, dx), "wpe": d_wpe}
 
-    def head(self, params: dict[str, np.ndarray], x: np.ndarray, targets: np.ndarray
+    def head(self, params: dict[str, np.ndarray], x: np.ndarray, targets: np.ndarray, frozen: bool = False
              ) -> tuple[float, np.ndarray, dict[str, np.ndarray]]:
         h, saved = cpu.layer_norm(x, params["ln_f_g"], params["ln_f_b"], self.config.layer_norm_epsilon)
-        loss, dh, d_wte = cpu.cross_entropy(h, params["wte"], targets)
+        loss, dh, d_wte = cpu.cross_entropy(h, params["wte"], targets, frozen)
         dx, d_g, d_b = cpu.layer_norm_backward(dh, saved)
-        return loss, dx, {"wte": d_wte, "ln_f_g": d_g, "ln_f_b": d_b}
+        return loss, dx, {} if frozen else {"wte": d_wte, "ln_f_g": d_g, "ln_f_b": d_b}

@@ -143,12 +143,12 @@ class LlamaTrainable(TrainableModel):
     def embed_backward(self, params: dict[str, np.ndarray], ids: np.ndarray, dx: np.ndarray) -> dict[str, np.ndarray]:
         return {"embed": cpu.scatter_rows(params["embed"].shape, ids, dx)}
 
-    def head(self, params: dict[str, np.ndarray], x: np.ndarray, targets: np.ndarray
+    def head(self, params: dict[str, np.ndarray], x: np.ndarray, targets: np.ndarray, frozen: bool = False
              ) -> tuple[float, np.ndarray, dict[str, np.ndarray]]:
         h, saved = cpu.rms_norm(x, params["norm"], self.config.rms_norm_eps)
-        loss, dh, d_cls = cpu.cross_entropy(h, params[self.head_param], targets)
+        loss, dh, d_cls = cpu.cross_entropy(h, params[self.head_param], targets, frozen)
         dx, d_norm = cpu.rms_norm_backward(dh, saved)
-        return loss, dx, {self.head_param: d_cls, "norm": d_norm}
+        return loss, dx, {} if frozen else {self.head_param: d_cls, "norm": d_norm}
 
 
 def flat_params(model: TrainableModel, weights: DecoderWeights[Any],

@@ -159,10 +159,14 @@ class Int4Weight:
 
     def dequantized(self) -> np.ndarray:
         """The weight the hardware computes with, float64 (every value an fp16 value)."""
-        rows = self.q.reshape(self.q.shape[0], -1).astype(np.float64)
-        z = np.repeat(self.zero.astype(np.float64), self.block, axis=1)
-        s = np.repeat(self.scale.astype(np.float64), self.block, axis=1)
-        return ((rows - z) * s).astype(np.float16).astype(np.float64).reshape(self.q.shape)
+        # each block's 16 levels fp16((u - z) * s), then each weight its level: a lookup, not a product per weight
+        levels = ((np.arange(16, dtype=np.float64) - self.zero.astype(np.float64)[:, :, None])
+                  * self.scale.astype(np.float64)[:, :, None]).astype(np.float16)  # [Cout, blocks, 16]
+        q = self.q.reshape(self.q.shape[0], -1, self.block)  # [Cout, blocks, block]
+        if q.size and int(q.max()) > 15:
+            raise QuantError(f"an int4 weight's values must be in [0, 15], got {int(q.max())}")
+        at = q + (16 * np.arange(q.shape[0] * q.shape[1], dtype=np.intp)).reshape(q.shape[:2] + (1,))
+        return levels.astype(np.float64).reshape(-1)[at].reshape(self.q.shape)
 
     def reshaped(self, shape: tuple[int, ...]) -> Int4Weight:
         """The same weight in ``shape``: ``[Cout, Cin]`` with trailing ones (the blocks run along axis 1)."""
@@ -188,12 +192,37 @@ def _checked_rows(weight: np.ndarray, name: str, mode: str) -> np.ndarray:
     return rows
 
 
+class _RowKeys:
+    """``sorted_rows`` [G, N] (each row ascending) mapped for :func:`_count_below`, row g into [g, g + 1) by its own
+    range: computed once for the queries that lie within each row's range (k-means' midpoints, asked ten times)."""
+
+    def __init__(self, sorted_rows: np.ndarray) -> None:
+        self.rows = sorted_rows
+        self.lo, self.hi = sorted_rows[:, :1], sorted_rows[:, -1:]
+        self.span = _key_span(self.lo, self.hi)
+        self.row = np.arange(sorted_rows.shape[0], dtype=np.float64)[:, None]
+        self.keys = (self.row + (sorted_rows - self.lo) / self.span).reshape(-1)
+
+    def count_below(self, queries: np.ndarray) -> np.ndarray:
+        """:func:`_count_below` of the rows and ``queries`` (the same numbers: within the rows' ranges its mapping
+        is this one)."""
+        if not (np.all(queries.min(axis=1, keepdims=True) >= self.lo)
+                and np.all(queries.max(axis=1, keepdims=True) <= self.hi)):
+            return _count_below(self.rows, queries)
+        at = np.searchsorted(self.keys, (self.row + (queries - self.lo) / self.span).reshape(-1), side="left")
+        return at.reshape(queries.shape) - (self.row.astype(np.int64) * self.rows.shape[1])
+
+
+def _key_span(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    span = hi - lo
+    return np.where(span > 0, span, 1.0) * (1 + 1e-9)
+
+
 def _count_below(sorted_rows: np.ndarray, queries: np.ndarray) -> np.ndarray:
     """Per row g, how many of ``sorted_rows[g]`` (ascending) are below each of ``queries[g]``: one
     searchsorted over every row, each row's values mapped into its own unit interval [g, g + 1)."""
     lo = np.minimum(sorted_rows[:, :1], queries.min(axis=1, keepdims=True))
-    span = np.maximum(sorted_rows[:, -1:], queries.max(axis=1, keepdims=True)) - lo
-    span = np.where(span > 0, span, 1.0) * (1 + 1e-9)
+    span = _key_span(lo, np.maximum(sorted_rows[:, -1:], queries.max(axis=1, keepdims=True)))
     row = np.arange(sorted_rows.shape[0], dtype=np.float64)[:, None]
     keys = (row + (sorted_rows - lo) / span).reshape(-1)
     at = np.searchsorted(keys, (row + (queries - lo) / span).reshape(-1), side="left").reshape(queries.shape)
@@ -226,8 +255,9 @@ def kmeans_luts(groups: np.ndarray, entries: int, iterations: int = KMEANS_ITERA
     spread = values[:, :1] + np.linspace(0, 1, entries)[None, :] * (values[:, -1:] - values[:, :1])
     centroids = means(edges, spread)
     centroids[:, 0], centroids[:, -1] = values[:, 0], values[:, -1]
+    keys = _RowKeys(values)
     for _ in range(iterations):
-        cut = _count_below(values, (centroids[:, 1:] + centroids[:, :-1]) / 2)
+        cut = keys.count_below((centroids[:, 1:] + centroids[:, :-1]) / 2)
         centroids = means(np.concatenate([np.zeros((g, 1), np.int64), cut, np.full((g, 1), n)], axis=1), centroids)
     return centroids
 

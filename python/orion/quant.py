@@ -159,14 +159,21 @@ class Int4Weight:
 
     def dequantized(self) -> np.ndarray:
         """The weight the hardware computes with, float64 (every value an fp16 value)."""
-        # each block's 16 levels fp16((u - z) * s), then each weight its level: a lookup, not a product per weight
-        levels = ((np.arange(16, dtype=np.float64) - self.zero.astype(np.float64)[:, :, None])
-                  * self.scale.astype(np.float64)[:, :, None]).astype(np.float16)  # [Cout, blocks, 16]
+        # each weight its block's level: a lookup, not a product per weight
         q = self.q.reshape(self.q.shape[0], -1, self.block)  # [Cout, blocks, block]
         if q.size and int(q.max()) > 15:
             raise QuantError(f"an int4 weight's values must be in [0, 15], got {int(q.max())}")
         at = q + (16 * np.arange(q.shape[0] * q.shape[1], dtype=np.intp)).reshape(q.shape[:2] + (1,))
-        return levels.astype(np.float64).reshape(-1)[at].reshape(self.q.shape)
+        return self.levels().astype(np.float64).reshape(-1)[at].reshape(self.q.shape)
+
+    def levels(self) -> np.ndarray:
+        """Each block's 16 weights fp16((u - z) * s), u = 0..15: float16 ``[Cout, Cin // block, 16]``."""
+        return ((np.arange(16, dtype=np.float64) - self.zero.astype(np.float64)[:, :, None])
+                * self.scale.astype(np.float64)[:, :, None]).astype(np.float16)
+
+    def levels_finite(self) -> bool:
+        """Whether every level of every block is finite (then so is every weight)."""
+        return bool(np.all(np.isfinite(self.levels())))
 
     def reshaped(self, shape: tuple[int, ...]) -> Int4Weight:
         """The same weight in ``shape``: ``[Cout, Cin]`` with trailing ones (the blocks run along axis 1)."""
@@ -220,12 +227,19 @@ def _key_span(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 def _count_below(sorted_rows: np.ndarray, queries: np.ndarray) -> np.ndarray:
     """Per row g, how many of ``sorted_rows[g]`` (ascending) are below each of ``queries[g]``: one
-    searchsorted over every row, each row's values mapped into its own unit interval [g, g + 1)."""
+    searchsorted over every row, each row's values mapped into its own unit interval [g, g + 1) (or, for a few
+    values per row and many queries, a comparison per value: the same counts of the same mapped keys)."""
     lo = np.minimum(sorted_rows[:, :1], queries.min(axis=1, keepdims=True))
     span = _key_span(lo, np.maximum(sorted_rows[:, -1:], queries.max(axis=1, keepdims=True)))
     row = np.arange(sorted_rows.shape[0], dtype=np.float64)[:, None]
-    keys = (row + (sorted_rows - lo) / span).reshape(-1)
-    at = np.searchsorted(keys, (row + (queries - lo) / span).reshape(-1), side="left").reshape(queries.shape)
+    keys = row + (sorted_rows - lo) / span
+    if sorted_rows.shape[1] <= 64 < queries.shape[1]:  # a few keys per row (LUT midpoints): count by comparisons
+        below = np.zeros(queries.shape, np.uint8)
+        mapped = row + (queries - lo) / span
+        for k in range(sorted_rows.shape[1]):
+            below += keys[:, k:k + 1] < mapped
+        return below.astype(np.int64)
+    at = np.searchsorted(keys.reshape(-1), (row + (queries - lo) / span).reshape(-1), side="left").reshape(queries.shape)
     return at - (row.astype(np.int64) * sorted_rows.shape[1])
 
 
@@ -307,7 +321,7 @@ def quantize_int4(weight: np.ndarray, name: str = "weight", block: int = INT4_BL
     q = np.clip(np.rint(blocks / scale[:, :, None] + zero[:, :, None]), 0, 15)
     weight4 = Int4Weight(q.astype(np.uint8).reshape(np.shape(weight)), scale.astype(np.float32), zero.astype(np.float32),
                          block)
-    if not np.all(np.isfinite(weight4.dequantized())):
+    if not weight4.levels_finite() and not np.all(np.isfinite(weight4.dequantized())):
         raise violation("ANE-25", name, "an int4 block's dequantized range exceeds fp16", "rescale the weight")
     return weight4
 

@@ -93,6 +93,24 @@ def test_kmeans_is_weighted_lloyd_and_improves_on_its_start(power) -> None:
         assert np.array_equal(start[:, [0, -1]], np.stack([x.min(axis=1), x.max(axis=1)], axis=1))
 
 
+def test_count_below_each_way_gives_the_same_counts() -> None:
+    """The k-means and LUT assignment counts three ways: a searchsorted over every row's mapped keys (under 65
+    queries a row), comparisons with a row's few keys (more queries), keys mapped once (_RowKeys, queries within
+    the rows' ranges; else the first way). Rows with ties and queries equal to keys: numpy's searchsorted row by
+    row; queries beyond the rows' ranges (where two values 1e-16 apart can map to one key): the same counts."""
+    rows = np.sort(np.round(RNG.standard_normal((50, 15)), 1), axis=1)  # ties
+    inside = np.concatenate([rows[:, ::2], RNG.uniform(rows[:, :1], rows[:, -1:], (50, 90))], axis=1)
+    want = np.stack([np.searchsorted(r, q, side="left") for r, q in zip(rows, inside)])
+    for queries, expected in ((inside, want), (inside * 3.0, None)):
+        by_search = np.concatenate([quant._count_below(rows, queries[:, i:i + 10]) for i in range(0, 98, 10)], axis=1)
+        by_keys = np.concatenate([quant._RowKeys(rows).count_below(queries[:, i:i + 10]) for i in range(0, 98, 10)],
+                                 axis=1)
+        np.testing.assert_array_equal(quant._count_below(rows, queries), by_search)  # 98 queries: comparisons
+        np.testing.assert_array_equal(by_keys, by_search)
+        if expected is not None:
+            np.testing.assert_array_equal(by_search, expected)
+
+
 def test_weighted_kmeans_keeps_a_groups_large_weights() -> None:
     """Plain k-means spends a 64-entry LUT on the bulk of a group and leaves its few large weights an error of
     the order of the group's spread; counting each weight |w| times bounds it (docs/quantization.md)."""

@@ -137,8 +137,11 @@ class LutWeight:
     def dequantized(self) -> np.ndarray:
         """The weight the hardware computes with, float64 (exact: every value is an fp16 value)."""
         rows = self.indices.reshape(self.indices.shape[0], -1)
-        tables = np.repeat(self.lut.astype(np.float64), self.group, axis=0)
-        return np.take_along_axis(tables, rows.astype(np.intp), axis=1).reshape(self.indices.shape)
+        entries = self.lut.shape[1]
+        if rows.size and int(rows.max()) >= entries:
+            raise QuantError(f"a LUT weight's indices must be below its {entries} entries, got {int(rows.max())}")
+        at = rows + (entries * (np.arange(rows.shape[0], dtype=np.intp) // self.group))[:, None]  # its group's LUT
+        return self.lut.astype(np.float64).reshape(-1)[at].reshape(self.indices.shape)
 
     def reshaped(self, shape: tuple[int, ...]) -> LutWeight:
         """The same weight in ``shape`` (same leading output-channel axis)."""

@@ -64,6 +64,9 @@ INT4_MAX_ZERO = 1000.0
 """The largest int4 |zero point|: every ``q - z`` stays below 1024 in magnitude, so rounding z to a step of at
 most 1/2 keeps each of them an fp16 value (see :func:`quantize_int4`)."""
 KMEANS_ITERATIONS = 10
+LUT_VALUES_AT_ONCE = 1 << 21
+"""About how many weights of a LUT weight are quantized at once (whole groups): k-means holds several float64
+copies of the groups it runs on (the LM head's would take GBs)."""
 KMEANS_POWER = {4: 0.5, 6: 1.0}
 """Per index width, the LUT k-means counts each weight ``|w| ** power`` times (docs/quantization.md: plain
 k-means leaves a group's rare large weights an error of about one standard deviation, which costs perplexity;
@@ -206,11 +209,11 @@ class _RowKeys:
     """``sorted_rows`` [G, N] (each row ascending) mapped for :func:`_count_below`, row g into [g, g + 1) by its own
     range: computed once for the queries that lie within each row's range (k-means' midpoints, asked ten times)."""
 
-    def __init__(self, sorted_rows: np.ndarray) -> None:
-        self.rows = sorted_rows
+    def __init__(self, sorted_rows: np.ndarray, first_row: int = 0) -> None:
+        self.rows, self.first_row = sorted_rows, first_row
         self.lo, self.hi = sorted_rows[:, :1], sorted_rows[:, -1:]
         self.span = _key_span(self.lo, self.hi)
-        self.row = np.arange(sorted_rows.shape[0], dtype=np.float64)[:, None]
+        self.row = np.arange(first_row, first_row + sorted_rows.shape[0], dtype=np.float64)[:, None]
         self.keys = (self.row + (sorted_rows - self.lo) / self.span).reshape(-1)
 
     def count_below(self, queries: np.ndarray) -> np.ndarray:
@@ -218,9 +221,9 @@ class _RowKeys:
         is this one)."""
         if not (np.all(queries.min(axis=1, keepdims=True) >= self.lo)
                 and np.all(queries.max(axis=1, keepdims=True) <= self.hi)):
-            return _count_below(self.rows, queries)
+            return _count_below(self.rows, queries, self.first_row)
         at = np.searchsorted(self.keys, (self.row + (queries - self.lo) / self.span).reshape(-1), side="left")
-        return at.reshape(queries.shape) - (self.row.astype(np.int64) * self.rows.shape[1])
+        return at.reshape(queries.shape) - (np.arange(self.rows.shape[0])[:, None] * self.rows.shape[1])
 
 
 def _key_span(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -228,13 +231,14 @@ def _key_span(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return np.where(span > 0, span, 1.0) * (1 + 1e-9)
 
 
-def _count_below(sorted_rows: np.ndarray, queries: np.ndarray) -> np.ndarray:
+def _count_below(sorted_rows: np.ndarray, queries: np.ndarray, first_row: int = 0) -> np.ndarray:
     """Per row g, how many of ``sorted_rows[g]`` (ascending) are below each of ``queries[g]``: one
     searchsorted over every row, each row's values mapped into its own unit interval [g, g + 1) (or, for a few
-    values per row and many queries, a comparison per value: the same counts of the same mapped keys)."""
+    values per row and many queries, a comparison per value: the same counts of the same mapped keys). The rows
+    are rows ``first_row`` on of a larger set (their keys, so the counts, those of the whole set's run)."""
     lo = np.minimum(sorted_rows[:, :1], queries.min(axis=1, keepdims=True))
     span = _key_span(lo, np.maximum(sorted_rows[:, -1:], queries.max(axis=1, keepdims=True)))
-    row = np.arange(sorted_rows.shape[0], dtype=np.float64)[:, None]
+    row = np.arange(first_row, first_row + sorted_rows.shape[0], dtype=np.float64)[:, None]
     keys = row + (sorted_rows - lo) / span
     if sorted_rows.shape[1] <= 64 < queries.shape[1]:  # a few keys per row (LUT midpoints): count by comparisons
         below = np.zeros(queries.shape, np.uint8)
@@ -243,16 +247,16 @@ def _count_below(sorted_rows: np.ndarray, queries: np.ndarray) -> np.ndarray:
             below += keys[:, k:k + 1] < mapped
         return below.astype(np.int64)
     at = np.searchsorted(keys.reshape(-1), (row + (queries - lo) / span).reshape(-1), side="left").reshape(queries.shape)
-    return at - (row.astype(np.int64) * sorted_rows.shape[1])
+    return at - (np.arange(sorted_rows.shape[0])[:, None] * sorted_rows.shape[1])
 
 
 def kmeans_luts(groups: np.ndarray, entries: int, iterations: int = KMEANS_ITERATIONS,
-                power: float = 0.0) -> np.ndarray:
+                power: float = 0.0, first_row: int = 0) -> np.ndarray:
     """Sorted centroids [G, entries] of each row of ``groups`` [G, N]: 1-D k-means (Lloyd's) with each value
     counted ``|value| ** power`` times (``power`` 0: plain k-means). It starts from the weighted means of
     ``entries`` bins of equal weight (the extremes kept as centroids: outliers matter); each step assigns by
     the midpoints (a searchsorted on the sorted rows) and recomputes the weighted means from prefix sums. An
-    empty cluster keeps its centroid."""
+    empty cluster keeps its centroid. ``groups`` may be rows ``first_row`` on of a larger set (:func:`_count_below`)."""
     g, n = groups.shape
     values = np.sort(groups, axis=1)
     weight = np.abs(values) ** power if power else np.ones_like(values)
@@ -267,12 +271,12 @@ def kmeans_luts(groups: np.ndarray, entries: int, iterations: int = KMEANS_ITERA
                                 np.where(w > 0, w, 1.0), fallback), axis=1)
 
     share = mass[:, -1:] * np.linspace(0, 1, entries + 1)[None, :]  # equal-weight bins: index of each edge
-    edges = _count_below(mass[:, 1:], share).clip(0, n)
+    edges = _count_below(mass[:, 1:], share, first_row).clip(0, n)
     edges[:, 0], edges[:, -1] = 0, n
     spread = values[:, :1] + np.linspace(0, 1, entries)[None, :] * (values[:, -1:] - values[:, :1])
     centroids = means(edges, spread)
     centroids[:, 0], centroids[:, -1] = values[:, 0], values[:, -1]
-    keys = _RowKeys(values)
+    keys = _RowKeys(values, first_row)
     for _ in range(iterations):
         cut = keys.count_below((centroids[:, 1:] + centroids[:, :-1]) / 2)
         centroids = means(np.concatenate([np.zeros((g, 1), np.int64), cut, np.full((g, 1), n)], axis=1), centroids)
@@ -290,9 +294,15 @@ def quantize_lut(weight: np.ndarray, bits: int, name: str = "weight", group: int
     group = max(d for d in range(1, min(group, cout) + 1) if cout % d == 0)
     grouped = rows.reshape(cout // group, -1)
     entries = 1 << bits
-    lut = kmeans_luts(grouped, entries, power=KMEANS_POWER[bits]).astype(np.float16).astype(np.float64)  # fp16 entries, still sorted
-    indices = _count_below(lut[:, 1:] * 0.5 + lut[:, :-1] * 0.5, grouped)  # nearest entry (ties: the lower)
-    return LutWeight(indices.astype(np.uint8).reshape(np.shape(weight)), lut.astype(np.float32), bits, group)
+    lut, indices = np.empty((grouped.shape[0], entries)), np.empty(grouped.shape, np.uint8)
+    at_once = max(1, LUT_VALUES_AT_ONCE // grouped.shape[1])
+    for start in range(0, grouped.shape[0], at_once):  # bounded temporaries, the same numbers
+        part = slice(start, start + at_once)
+        lut[part] = kmeans_luts(grouped[part], entries, power=KMEANS_POWER[bits],
+                                first_row=start).astype(np.float16)  # fp16 entries, still sorted
+        # nearest entry (ties: the lower)
+        indices[part] = _count_below(lut[part, 1:] * 0.5 + lut[part, :-1] * 0.5, grouped[part], start)
+    return LutWeight(indices.reshape(np.shape(weight)), lut.astype(np.float32), bits, group)
 
 
 def quantize_int4(weight: np.ndarray, name: str = "weight", block: int = INT4_BLOCK) -> Int4Weight:

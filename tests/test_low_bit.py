@@ -114,15 +114,21 @@ def test_count_below_each_way_gives_the_same_counts() -> None:
 @pytest.mark.parametrize("bits", [4, 6])
 def test_lut_quantization_in_parts_is_the_whole_runs(bits, monkeypatch) -> None:
     """quantize_lut runs k-means on parts of a weight's groups at a time (bounded memory): the same LUTs and
-    indices as one run over every group (parts of 1 group, of 3, of all 37 rows; a LUT per row: 37 is prime)."""
+    indices as one run over every group (parts of 1 group, of 3, of all 37 rows; a LUT per row: 37 is prime).
+    int4's rounding in parts too."""
     w = RNG.standard_normal((37, 40)) * 0.05
     runs = []
     for values in (40, 3 * 40, 1 << 21):
-        monkeypatch.setattr(quant, "LUT_VALUES_AT_ONCE", values)
+        monkeypatch.setattr(quant, "VALUES_AT_ONCE", values)
         runs.append(quant.quantize_lut(w, bits))
     for run in runs[:2]:
         np.testing.assert_array_equal(run.indices, runs[2].indices)
         np.testing.assert_array_equal(run.lut, runs[2].lut)
+    int4 = []
+    for values in (40, 1 << 21):
+        monkeypatch.setattr(quant, "VALUES_AT_ONCE", values)
+        int4.append(quant.quantize_int4(w))
+    np.testing.assert_array_equal(int4[0].q, int4[1].q)
 
 
 def test_weighted_kmeans_keeps_a_groups_large_weights() -> None:

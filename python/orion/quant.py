@@ -64,9 +64,10 @@ INT4_MAX_ZERO = 1000.0
 """The largest int4 |zero point|: every ``q - z`` stays below 1024 in magnitude, so rounding z to a step of at
 most 1/2 keeps each of them an fp16 value (see :func:`quantize_int4`)."""
 KMEANS_ITERATIONS = 10
-LUT_VALUES_AT_ONCE = 1 << 21
-"""About how many weights of a LUT weight are quantized at once (whole groups): k-means holds several float64
-copies of the groups it runs on (the LM head's would take GBs)."""
+VALUES_AT_ONCE = 1 << 21
+"""About how many weights the 4- and 6-bit quantizers work on at once (whole LUT groups, whole rows): k-means
+holds several float64 copies of the groups it runs on, int4's rounding a few of its rows (the LM head's would take
+GBs)."""
 KMEANS_POWER = {4: 0.5, 6: 1.0}
 """Per index width, the LUT k-means counts each weight ``|w| ** power`` times (docs/quantization.md: plain
 k-means leaves a group's rare large weights an error of about one standard deviation, which costs perplexity;
@@ -295,7 +296,7 @@ def quantize_lut(weight: np.ndarray, bits: int, name: str = "weight", group: int
     grouped = rows.reshape(cout // group, -1)
     entries = 1 << bits
     lut, indices = np.empty((grouped.shape[0], entries)), np.empty(grouped.shape, np.uint8)
-    at_once = max(1, LUT_VALUES_AT_ONCE // grouped.shape[1])
+    at_once = max(1, VALUES_AT_ONCE // grouped.shape[1])
     for start in range(0, grouped.shape[0], at_once):  # bounded temporaries, the same numbers
         part = slice(start, start + at_once)
         lut[part] = kmeans_luts(grouped[part], entries, power=KMEANS_POWER[bits],
@@ -331,9 +332,12 @@ def quantize_int4(weight: np.ndarray, name: str = "weight", block: int = INT4_BL
     # to the fp16 grid of |q - z| (q in [0, 15]), so that q - z is an fp16 value for every q
     step = np.exp2(np.floor(np.log2(np.maximum(np.maximum(np.abs(zero), np.abs(15 - zero)), 1.0))) - 10)
     zero = np.round(zero / step) * step
-    q = np.clip(np.rint(blocks / scale[:, :, None] + zero[:, :, None]), 0, 15)
-    weight4 = Int4Weight(q.astype(np.uint8).reshape(np.shape(weight)), scale.astype(np.float32), zero.astype(np.float32),
-                         block)
+    q = np.empty(blocks.shape, np.uint8)
+    at_once = max(1, VALUES_AT_ONCE // cin)
+    for start in range(0, cout, at_once):  # bounded temporaries, the same numbers
+        part = slice(start, start + at_once)
+        q[part] = np.clip(np.rint(blocks[part] / scale[part, :, None] + zero[part, :, None]), 0, 15)
+    weight4 = Int4Weight(q.reshape(np.shape(weight)), scale.astype(np.float32), zero.astype(np.float32), block)
     if not weight4.levels_finite() and not np.all(np.isfinite(weight4.dequantized())):
         raise violation("ANE-25", name, "an int4 block's dequantized range exceeds fp16", "rescale the weight")
     return weight4

@@ -93,6 +93,44 @@ def test_kmeans_is_weighted_lloyd_and_improves_on_its_start(power) -> None:
         assert np.array_equal(start[:, [0, -1]], np.stack([x.min(axis=1), x.max(axis=1)], axis=1))
 
 
+def test_count_below_each_way_gives_the_same_counts() -> None:
+    """The k-means and LUT assignment counts three ways: a searchsorted over every row's mapped keys (under 65
+    queries a row), comparisons with a row's few keys (more queries), keys mapped once (_RowKeys, queries within
+    the rows' ranges; else the first way). Rows with ties and queries equal to keys: numpy's searchsorted row by
+    row; queries beyond the rows' ranges (where two values 1e-16 apart can map to one key): the same counts."""
+    rows = np.sort(np.round(RNG.standard_normal((50, 15)), 1), axis=1)  # ties
+    inside = np.concatenate([rows[:, ::2], RNG.uniform(rows[:, :1], rows[:, -1:], (50, 90))], axis=1)
+    want = np.stack([np.searchsorted(r, q, side="left") for r, q in zip(rows, inside)])
+    for queries, expected in ((inside, want), (inside * 3.0, None)):
+        by_search = np.concatenate([quant._count_below(rows, queries[:, i:i + 10]) for i in range(0, 98, 10)], axis=1)
+        by_keys = np.concatenate([quant._RowKeys(rows).count_below(queries[:, i:i + 10]) for i in range(0, 98, 10)],
+                                 axis=1)
+        np.testing.assert_array_equal(quant._count_below(rows, queries), by_search)  # 98 queries: comparisons
+        np.testing.assert_array_equal(by_keys, by_search)
+        if expected is not None:
+            np.testing.assert_array_equal(by_search, expected)
+
+
+@pytest.mark.parametrize("bits", [4, 6])
+def test_lut_quantization_in_parts_is_the_whole_runs(bits, monkeypatch) -> None:
+    """quantize_lut runs k-means on parts of a weight's groups at a time (bounded memory): the same LUTs and
+    indices as one run over every group (parts of 1 group, of 3, of all 37 rows; a LUT per row: 37 is prime).
+    int4's rounding in parts too."""
+    w = RNG.standard_normal((37, 40)) * 0.05
+    runs = []
+    for values in (40, 3 * 40, 1 << 21):
+        monkeypatch.setattr(quant, "VALUES_AT_ONCE", values)
+        runs.append(quant.quantize_lut(w, bits))
+    for run in runs[:2]:
+        np.testing.assert_array_equal(run.indices, runs[2].indices)
+        np.testing.assert_array_equal(run.lut, runs[2].lut)
+    int4 = []
+    for values in (40, 1 << 21):
+        monkeypatch.setattr(quant, "VALUES_AT_ONCE", values)
+        int4.append(quant.quantize_int4(w))
+    np.testing.assert_array_equal(int4[0].q, int4[1].q)
+
+
 def test_weighted_kmeans_keeps_a_groups_large_weights() -> None:
     """Plain k-means spends a 64-entry LUT on the bulk of a group and leaves its few large weights an error of
     the order of the group's spread; counting each weight |w| times bounds it (docs/quantization.md)."""

@@ -6,6 +6,7 @@ tensor is its chunk header: 64 for the first.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -32,13 +33,28 @@ class SubByte:
             raise BlobfileError(f"sub-byte dtype {dtype!r} is not one of {', '.join(SUB_BYTE_CODES)}")
         self.code, self.bits = SUB_BYTE_CODES[dtype]
         lo, hi = (-8, 7) if dtype == "int4" else (0, (1 << self.bits) - 1)
-        v = np.asarray(values).reshape(-1).astype(np.int64)
-        if v.size and (v.min() < lo or v.max() > hi):
+        v = np.asarray(values).reshape(-1)
+        if v.size and (int(v.min()) < lo or int(v.max()) > hi):
             raise BlobfileError(f"{dtype} values must be in [{lo}, {hi}], got [{v.min()}, {v.max()}]")
         self.dtype, self.shape, self.count = dtype, tuple(np.shape(values)), v.size
-        bits = ((v & ((1 << self.bits) - 1))[:, None] >> np.arange(self.bits)) & 1  # [n, b], LSB first
-        self.packed = np.packbits(bits.astype(np.uint8).reshape(-1), bitorder="little")
+        self.packed = _pack_lsb_first(v, self.bits)
         self.padding = (-self.count * self.bits) % 8
+
+
+def _pack_lsb_first(v: np.ndarray, bits: int) -> np.ndarray:
+    """The integers ``v`` (1-D) as ``bits``-bit fields packed LSB first (element i at bits [i*bits, (i+1)*bits)),
+    the last byte's unused bits zero: whole groups of elements filling whole bytes (2 of 4 bits, 4 of 6) combined
+    in a uint32 and split into their bytes."""
+    per_group = math.lcm(8, bits) // bits  # elements per group, <= 32 bits for every sub-byte dtype
+    fields = np.zeros(-(-v.size // per_group) * per_group, np.uint32)
+    fields[:v.size] = v.astype(np.int64, copy=False) & ((1 << bits) - 1)
+    groups = fields.reshape(-1, per_group)
+    word = np.zeros(groups.shape[0], np.uint32)
+    for k in range(per_group):
+        word |= groups[:, k] << np.uint32(k * bits)
+    nbytes = per_group * bits // 8
+    packed = np.stack([(word >> np.uint32(8 * j)).astype(np.uint8) for j in range(nbytes)], axis=1).reshape(-1)
+    return packed[:-(-v.size * bits // 8)]
 
 
 class BlobfileError(OrionError, ValueError):

@@ -64,6 +64,10 @@ INT4_MAX_ZERO = 1000.0
 """The largest int4 |zero point|: every ``q - z`` stays below 1024 in magnitude, so rounding z to a step of at
 most 1/2 keeps each of them an fp16 value (see :func:`quantize_int4`)."""
 KMEANS_ITERATIONS = 10
+VALUES_AT_ONCE = 1 << 21
+"""About how many weights the 4- and 6-bit quantizers work on at once (whole LUT groups, whole rows): k-means
+holds several float64 copies of the groups it runs on, int4's rounding a few of its rows (the LM head's would take
+GBs)."""
 KMEANS_POWER = {4: 0.5, 6: 1.0}
 """Per index width, the LUT k-means counts each weight ``|w| ** power`` times (docs/quantization.md: plain
 k-means leaves a group's rare large weights an error of about one standard deviation, which costs perplexity;
@@ -137,8 +141,11 @@ class LutWeight:
     def dequantized(self) -> np.ndarray:
         """The weight the hardware computes with, float64 (exact: every value is an fp16 value)."""
         rows = self.indices.reshape(self.indices.shape[0], -1)
-        tables = np.repeat(self.lut.astype(np.float64), self.group, axis=0)
-        return np.take_along_axis(tables, rows.astype(np.intp), axis=1).reshape(self.indices.shape)
+        entries = self.lut.shape[1]
+        if rows.size and int(rows.max()) >= entries:
+            raise QuantError(f"a LUT weight's indices must be below its {entries} entries, got {int(rows.max())}")
+        at = rows + (entries * (np.arange(rows.shape[0], dtype=np.intp) // self.group))[:, None]  # its group's LUT
+        return self.lut.astype(np.float64).reshape(-1)[at].reshape(self.indices.shape)
 
     def reshaped(self, shape: tuple[int, ...]) -> LutWeight:
         """The same weight in ``shape`` (same leading output-channel axis)."""
@@ -159,10 +166,21 @@ class Int4Weight:
 
     def dequantized(self) -> np.ndarray:
         """The weight the hardware computes with, float64 (every value an fp16 value)."""
-        rows = self.q.reshape(self.q.shape[0], -1).astype(np.float64)
-        z = np.repeat(self.zero.astype(np.float64), self.block, axis=1)
-        s = np.repeat(self.scale.astype(np.float64), self.block, axis=1)
-        return ((rows - z) * s).astype(np.float16).astype(np.float64).reshape(self.q.shape)
+        # each weight its block's level: a lookup, not a product per weight
+        q = self.q.reshape(self.q.shape[0], -1, self.block)  # [Cout, blocks, block]
+        if q.size and int(q.max()) > 15:
+            raise QuantError(f"an int4 weight's values must be in [0, 15], got {int(q.max())}")
+        at = q + (16 * np.arange(q.shape[0] * q.shape[1], dtype=np.intp)).reshape(q.shape[:2] + (1,))
+        return self.levels().astype(np.float64).reshape(-1)[at].reshape(self.q.shape)
+
+    def levels(self) -> np.ndarray:
+        """Each block's 16 weights fp16((u - z) * s), u = 0..15: float16 ``[Cout, Cin // block, 16]``."""
+        return ((np.arange(16, dtype=np.float64) - self.zero.astype(np.float64)[:, :, None])
+                * self.scale.astype(np.float64)[:, :, None]).astype(np.float16)
+
+    def levels_finite(self) -> bool:
+        """Whether every level of every block is finite (then so is every weight)."""
+        return bool(np.all(np.isfinite(self.levels())))
 
     def reshaped(self, shape: tuple[int, ...]) -> Int4Weight:
         """The same weight in ``shape``: ``[Cout, Cin]`` with trailing ones (the blocks run along axis 1)."""
@@ -188,25 +206,58 @@ def _checked_rows(weight: np.ndarray, name: str, mode: str) -> np.ndarray:
     return rows
 
 
-def _count_below(sorted_rows: np.ndarray, queries: np.ndarray) -> np.ndarray:
+class _RowKeys:
+    """``sorted_rows`` [G, N] (each row ascending) mapped for :func:`_count_below`, row g into [g, g + 1) by its own
+    range: computed once for the queries that lie within each row's range (k-means' midpoints, asked ten times)."""
+
+    def __init__(self, sorted_rows: np.ndarray, first_row: int = 0) -> None:
+        self.rows, self.first_row = sorted_rows, first_row
+        self.lo, self.hi = sorted_rows[:, :1], sorted_rows[:, -1:]
+        self.span = _key_span(self.lo, self.hi)
+        self.row = np.arange(first_row, first_row + sorted_rows.shape[0], dtype=np.float64)[:, None]
+        self.keys = (self.row + (sorted_rows - self.lo) / self.span).reshape(-1)
+
+    def count_below(self, queries: np.ndarray) -> np.ndarray:
+        """:func:`_count_below` of the rows and ``queries`` (the same numbers: within the rows' ranges its mapping
+        is this one)."""
+        if not (np.all(queries.min(axis=1, keepdims=True) >= self.lo)
+                and np.all(queries.max(axis=1, keepdims=True) <= self.hi)):
+            return _count_below(self.rows, queries, self.first_row)
+        at = np.searchsorted(self.keys, (self.row + (queries - self.lo) / self.span).reshape(-1), side="left")
+        return at.reshape(queries.shape) - (np.arange(self.rows.shape[0])[:, None] * self.rows.shape[1])
+
+
+def _key_span(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    span = hi - lo
+    return np.where(span > 0, span, 1.0) * (1 + 1e-9)
+
+
+def _count_below(sorted_rows: np.ndarray, queries: np.ndarray, first_row: int = 0) -> np.ndarray:
     """Per row g, how many of ``sorted_rows[g]`` (ascending) are below each of ``queries[g]``: one
-    searchsorted over every row, each row's values mapped into its own unit interval [g, g + 1)."""
+    searchsorted over every row, each row's values mapped into its own unit interval [g, g + 1) (or, for a few
+    values per row and many queries, a comparison per value: the same counts of the same mapped keys). The rows
+    are rows ``first_row`` on of a larger set (their keys, so the counts, those of the whole set's run)."""
     lo = np.minimum(sorted_rows[:, :1], queries.min(axis=1, keepdims=True))
-    span = np.maximum(sorted_rows[:, -1:], queries.max(axis=1, keepdims=True)) - lo
-    span = np.where(span > 0, span, 1.0) * (1 + 1e-9)
-    row = np.arange(sorted_rows.shape[0], dtype=np.float64)[:, None]
-    keys = (row + (sorted_rows - lo) / span).reshape(-1)
-    at = np.searchsorted(keys, (row + (queries - lo) / span).reshape(-1), side="left").reshape(queries.shape)
-    return at - (row.astype(np.int64) * sorted_rows.shape[1])
+    span = _key_span(lo, np.maximum(sorted_rows[:, -1:], queries.max(axis=1, keepdims=True)))
+    row = np.arange(first_row, first_row + sorted_rows.shape[0], dtype=np.float64)[:, None]
+    keys = row + (sorted_rows - lo) / span
+    if sorted_rows.shape[1] <= 64 < queries.shape[1]:  # a few keys per row (LUT midpoints): count by comparisons
+        below = np.zeros(queries.shape, np.uint8)
+        mapped = row + (queries - lo) / span
+        for k in range(sorted_rows.shape[1]):
+            below += keys[:, k:k + 1] < mapped
+        return below.astype(np.int64)
+    at = np.searchsorted(keys.reshape(-1), (row + (queries - lo) / span).reshape(-1), side="left").reshape(queries.shape)
+    return at - (np.arange(sorted_rows.shape[0])[:, None] * sorted_rows.shape[1])
 
 
 def kmeans_luts(groups: np.ndarray, entries: int, iterations: int = KMEANS_ITERATIONS,
-                power: float = 0.0) -> np.ndarray:
+                power: float = 0.0, first_row: int = 0) -> np.ndarray:
     """Sorted centroids [G, entries] of each row of ``groups`` [G, N]: 1-D k-means (Lloyd's) with each value
     counted ``|value| ** power`` times (``power`` 0: plain k-means). It starts from the weighted means of
     ``entries`` bins of equal weight (the extremes kept as centroids: outliers matter); each step assigns by
     the midpoints (a searchsorted on the sorted rows) and recomputes the weighted means from prefix sums. An
-    empty cluster keeps its centroid."""
+    empty cluster keeps its centroid. ``groups`` may be rows ``first_row`` on of a larger set (:func:`_count_below`)."""
     g, n = groups.shape
     values = np.sort(groups, axis=1)
     weight = np.abs(values) ** power if power else np.ones_like(values)
@@ -221,13 +272,14 @@ def kmeans_luts(groups: np.ndarray, entries: int, iterations: int = KMEANS_ITERA
                                 np.where(w > 0, w, 1.0), fallback), axis=1)
 
     share = mass[:, -1:] * np.linspace(0, 1, entries + 1)[None, :]  # equal-weight bins: index of each edge
-    edges = _count_below(mass[:, 1:], share).clip(0, n)
+    edges = _count_below(mass[:, 1:], share, first_row).clip(0, n)
     edges[:, 0], edges[:, -1] = 0, n
     spread = values[:, :1] + np.linspace(0, 1, entries)[None, :] * (values[:, -1:] - values[:, :1])
     centroids = means(edges, spread)
     centroids[:, 0], centroids[:, -1] = values[:, 0], values[:, -1]
+    keys = _RowKeys(values, first_row)
     for _ in range(iterations):
-        cut = _count_below(values, (centroids[:, 1:] + centroids[:, :-1]) / 2)
+        cut = keys.count_below((centroids[:, 1:] + centroids[:, :-1]) / 2)
         centroids = means(np.concatenate([np.zeros((g, 1), np.int64), cut, np.full((g, 1), n)], axis=1), centroids)
     return centroids
 
@@ -243,9 +295,15 @@ def quantize_lut(weight: np.ndarray, bits: int, name: str = "weight", group: int
     group = max(d for d in range(1, min(group, cout) + 1) if cout % d == 0)
     grouped = rows.reshape(cout // group, -1)
     entries = 1 << bits
-    lut = kmeans_luts(grouped, entries, power=KMEANS_POWER[bits]).astype(np.float16).astype(np.float64)  # fp16 entries, still sorted
-    indices = _count_below(lut[:, 1:] * 0.5 + lut[:, :-1] * 0.5, grouped)  # nearest entry (ties: the lower)
-    return LutWeight(indices.astype(np.uint8).reshape(np.shape(weight)), lut.astype(np.float32), bits, group)
+    lut, indices = np.empty((grouped.shape[0], entries)), np.empty(grouped.shape, np.uint8)
+    at_once = max(1, VALUES_AT_ONCE // grouped.shape[1])
+    for start in range(0, grouped.shape[0], at_once):  # bounded temporaries, the same numbers
+        part = slice(start, start + at_once)
+        lut[part] = kmeans_luts(grouped[part], entries, power=KMEANS_POWER[bits],
+                                first_row=start).astype(np.float16)  # fp16 entries, still sorted
+        # nearest entry (ties: the lower)
+        indices[part] = _count_below(lut[part, 1:] * 0.5 + lut[part, :-1] * 0.5, grouped[part], start)
+    return LutWeight(indices.reshape(np.shape(weight)), lut.astype(np.float32), bits, group)
 
 
 def quantize_int4(weight: np.ndarray, name: str = "weight", block: int = INT4_BLOCK) -> Int4Weight:
@@ -274,10 +332,13 @@ def quantize_int4(weight: np.ndarray, name: str = "weight", block: int = INT4_BL
     # to the fp16 grid of |q - z| (q in [0, 15]), so that q - z is an fp16 value for every q
     step = np.exp2(np.floor(np.log2(np.maximum(np.maximum(np.abs(zero), np.abs(15 - zero)), 1.0))) - 10)
     zero = np.round(zero / step) * step
-    q = np.clip(np.rint(blocks / scale[:, :, None] + zero[:, :, None]), 0, 15)
-    weight4 = Int4Weight(q.astype(np.uint8).reshape(np.shape(weight)), scale.astype(np.float32), zero.astype(np.float32),
-                         block)
-    if not np.all(np.isfinite(weight4.dequantized())):
+    q = np.empty(blocks.shape, np.uint8)
+    at_once = max(1, VALUES_AT_ONCE // cin)
+    for start in range(0, cout, at_once):  # bounded temporaries, the same numbers
+        part = slice(start, start + at_once)
+        q[part] = np.clip(np.rint(blocks[part] / scale[part, :, None] + zero[part, :, None]), 0, 15)
+    weight4 = Int4Weight(q.reshape(np.shape(weight)), scale.astype(np.float32), zero.astype(np.float32), block)
+    if not weight4.levels_finite() and not np.all(np.isfinite(weight4.dequantized())):
         raise violation("ANE-25", name, "an int4 block's dequantized range exceeds fp16", "rescale the weight")
     return weight4
 

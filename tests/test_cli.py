@@ -16,6 +16,7 @@ from orion import probes
 from orion.models import GPT2Config
 from orion.models.gpt2.weights import save_hf
 from support.gpt2_fixtures import lively_weights
+from support.signals import default_sigint
 from support.text_fixtures import write_model_dir
 
 CONFIG = GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=512, n_positions=128)
@@ -288,7 +289,7 @@ def test_ctrl_c_exits_cleanly(model_dir) -> None:
             f"sys.exit(cli.main(['generate', '--model', {str(model_dir)!r}, '--prompt', '-']))")
     env = {**os.environ, "ORION_CACHE_DIR": "off"}
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=default_sigint)
     assert proc.stdout.readline() == "ready\n"
     time.sleep(1.0)  # now waiting for the prompt on stdin, which never comes
     proc.send_signal(signal.SIGINT)

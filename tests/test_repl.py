@@ -13,6 +13,7 @@ import pytest
 
 from orion import models
 from orion.models import GPT2Config
+from support.signals import default_sigint
 from support.text_fixtures import write_model_dir
 
 CHAT_TEMPLATE = ("{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + eos_token }}{% endfor %}"
@@ -30,7 +31,7 @@ def model_dir(tmp_path_factory):
 def spawn(model_dir, *args: str):
     env = {**os.environ, "ORION_CACHE_DIR": "off", "TERM": "dumb"}
     child = pexpect.spawn(sys.executable, ["-m", "orion", "chat", "--model", str(model_dir), "--quiet", *args],
-                          env=env, encoding="utf-8", timeout=120, dimensions=(50, 2000))
+                          env=env, encoding="utf-8", timeout=120, dimensions=(50, 2000), preexec_fn=default_sigint)
     child.expect("Ctrl-D or /exit leaves")
     child.expect("> ")
     return child

@@ -546,15 +546,13 @@ private:
     }
 
     // One kernel for a placement: each row written once when every block is finite and has no live prefix nor
-    // long partial rows, else the
-    // chain's own kernels (add_group_kernel; its last add overwrites what a non-finite block left written).
+    // long partial rows, else the chain's own kernels (add_group_kernel; its last add overwrites what a
+    // non-finite block left written).
     void add_packed_outputs(const PackedChain& chain, GroupParts& parts) {
-        std::vector<int> intermediates, slots;
-        for (const Step* step : chain.steps)
-            if (step != chain.steps.back()) intermediates.push_back(step->out);
+        std::vector<int> slots;
         for (int id : chain.blocks) slots.push_back(values()[static_cast<size_t>(id)].slot);
         const int o = values()[static_cast<size_t>(chain.steps.back()->out)].slot;
-        add_group_kernel(chain.steps, intermediates, parts, "I/O packing (placed)", [=, placement = chain.placement](Frame& fr) {
+        add_group_kernel(chain.steps, results_before_last(chain.steps), parts, "I/O packing (placed)", [=, placement = chain.placement](Frame& fr) {
             std::vector<const float*> blocks;
             for (int slot : slots) {
                 const Tensor& t = fr.values[static_cast<size_t>(slot)];
@@ -631,6 +629,13 @@ private:
         });
     }
 
+    // The results of a chain's steps but its last's: what only the chain reads (its fallback's intermediates).
+    static std::vector<int> results_before_last(const StepList& steps) {
+        std::vector<int> results;
+        for (size_t i = 0; i + 1 < steps.size(); ++i) results.push_back(steps[i]->out);
+        return results;
+    }
+
     // One kernel for a fused group: `fused` computes the group and returns true, or returns false
     // (writing nothing) and the group's own kernels run instead, with its `intermediates` (value ids
     // nothing outside the group reads: in no frame or pool plan) taken from the buffer pool for the call.
@@ -694,10 +699,7 @@ private:
             if (!shared) shared = m.folded ? m.folded : shared_floats(*const_floats(m));
             held = shared;
         }
-        std::vector<int> intermediates;  // every step's result but the context's
-        for (const Step* step : chain.steps)
-            if (step != &context) intermediates.push_back(step->out);
-        add_group_kernel(chain.steps, intermediates, parts, "attention (causal, fused)", [=](Frame& fr) {
+        add_group_kernel(chain.steps, results_before_last(chain.steps), parts, "attention (causal, fused)", [=](Frame& fr) {
             Tensor &tq = fr.values[q], &tk = fr.values[k], &tv = fr.values[v];
             Tensor& out = fr.values[o];
             std::vector<float>& own_mask = fr.values[mask].data;
@@ -727,12 +729,9 @@ private:
         const int q = slot(chain.q), k = slot(chain.k), v = slot(chain.v), keys = slot(chain.keys);
         const int cache_values = slot(chain.values), mask = slot(chain.mask), exponent = slot(chain.exponent);
         const int o = chain.steps.back()->out;
-        std::vector<int> intermediates;
-        for (const Step* step : chain.steps)
-            if (step->out != o) intermediates.push_back(step->out);
         const DecodeAttention whole = chain.shape;
         const Shape lane = chain.steps.back()->op->type.shape;  // [.., 1, D]: q's, k's, v's and the output's
-        add_group_kernel(chain.steps, intermediates, parts, kDecodeAttentionRow, [=](Frame& fr) {
+        add_group_kernel(chain.steps, results_before_last(chain.steps), parts, kDecodeAttentionRow, [=](Frame& fr) {
             for (int s : {q, k, v, keys, cache_values, mask}) {
                 const Tensor& t = fr.values[static_cast<size_t>(s)];
                 const bool cache = s == keys || s == cache_values;  // lanes: cached positions (as the matmuls take them)
@@ -768,11 +767,8 @@ private:
     void add_stable_norm(const NormChain& chain, GroupParts& parts) {
         auto slot = [&](int id) { return id >= 0 ? values()[static_cast<size_t>(id)].slot : -1; };
         const int x = slot(chain.x), gamma = slot(chain.gamma), beta = slot(chain.beta), o = chain.steps.back()->out;
-        std::vector<int> intermediates;
-        for (const Step* step : chain.steps)
-            if (step->out != o) intermediates.push_back(step->out);
         const StableNorm n = chain.shape;
-        add_group_kernel(chain.steps, intermediates, parts, "norm (fused)", [=](Frame& fr) {
+        add_group_kernel(chain.steps, results_before_last(chain.steps), parts, "norm (fused)", [=](Frame& fr) {
             // x's dead lanes (a batched step's dead sequences) are computed, as the ops compute rows this short,
             // and stay dead in the output; the lanes are independent, so the live ones are the ops'.
             const Tensor& in = fr.values[static_cast<size_t>(x)];
@@ -795,12 +791,9 @@ private:
         auto slot = [&](int id) { return values()[static_cast<size_t>(id)].slot; };
         const int x = slot(chain.x), partner = slot(chain.partner), cos = slot(chain.cos), sin = slot(chain.sin);
         const int o = chain.steps.back()->out;
-        std::vector<int> intermediates;
-        for (const Step* step : chain.steps)
-            if (step->out != o) intermediates.push_back(step->out);
         Rotary r = chain.shape;
         read_permutation(const_floats(values()[static_cast<size_t>(chain.partner)])->data(), r);
-        add_group_kernel(chain.steps, intermediates, parts, "rotary (fused)", [=](Frame& fr) {
+        add_group_kernel(chain.steps, results_before_last(chain.steps), parts, "rotary (fused)", [=](Frame& fr) {
             // Dead lanes (a batched step's dead sequences): as the ops, a long row's are not computed.
             int64_t lanes = fr.values[static_cast<size_t>(o)].last_dim();
             for (int s : {x, partner, cos, sin}) {

@@ -14,26 +14,34 @@ from types import ModuleType
 import numpy as np
 import pytest
 
+# torch's intra-op threads for every reference computation. The tests' models are small, and torch's OpenMP
+# workers spin between ops: beside Orion's own thread pool and CI's background builds on 2 cores, 2 threads
+# made tests/lora/test_lora_train.py's PEFT tests take 134-151 s against 48-52 s at 1 thread, and
+# tests/models/test_families.py (published widths up to 3,072) 141 s against 106 s (load 5-8).
+TORCH_THREADS = 1
+
 
 def require(*names: str) -> tuple[ModuleType, ...]:
     """Import each named module; skip (or fail under CI) naming the one that is missing."""
     modules = []
     for name in names:
         try:
-            modules.append(importlib.import_module(name))
+            module = importlib.import_module(name)
         except ImportError as missing:
             message = f"needs {name!r} from the reference extra (pip install '.[reference]'): {missing}"
             if os.environ.get("CI"):
                 pytest.fail(message)
             pytest.skip(message, allow_module_level=True)
+        if name == "torch":
+            module.set_num_threads(TORCH_THREADS)
+        modules.append(module)
     return tuple(modules)
 
 
 def peft_model(base: str | os.PathLike, adapter, *, fan_in_fan_out: bool = False, dtype: str = "float32"):
-    """transformers' model of ``base`` (eager attention, 2 threads) wrapped by peft with ``adapter``'s A and B
+    """transformers' model of ``base`` (eager attention) wrapped by peft with ``adapter``'s A and B
     (an :class:`orion.lora.LoraAdapter`); ``fan_in_fan_out`` for GPT-2's Conv1D weights."""
     torch, transformers, peft = require("torch", "transformers", "peft")
-    torch.set_num_threads(2)
     hf = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=getattr(torch, dtype),
                                                            attn_implementation="eager")
     config = peft.LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, lora_dropout=0.0, task_type="CAUSAL_LM",

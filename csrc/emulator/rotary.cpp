@@ -25,17 +25,15 @@ void read_permutation(const float* partner, Rotary& r) {
     const int64_t D = r.depth;
     r.mate.assign(static_cast<size_t>(D), -1);
     r.sign.assign(static_cast<size_t>(D), 0.0f);
-    for (int64_t c = 0; c < D; ++c)
-        for (int64_t k = 0; k < D; ++k) {
+    bool permutation = true;
+    for (int64_t c = 0; c < D && permutation; ++c)
+        for (int64_t k = 0; k < D && permutation; ++k) {
             const float p = partner[c * D + k];
             if (p == 0.0f) continue;
-            if ((p != 1.0f && p != -1.0f) || r.mate[static_cast<size_t>(c)] >= 0) {
-                r.mate.clear(), r.sign.clear();
-                return;
-            }
+            permutation = (p == 1.0f || p == -1.0f) && r.mate[static_cast<size_t>(c)] < 0;
             r.mate[static_cast<size_t>(c)] = k, r.sign[static_cast<size_t>(c)] = p;
         }
-    if (std::find(r.mate.begin(), r.mate.end(), -1) != r.mate.end()) r.mate.clear(), r.sign.clear();
+    if (!permutation || std::find(r.mate.begin(), r.mate.end(), -1) != r.mate.end()) r.mate.clear(), r.sign.clear();
 }
 
 void run_rotary(const Rotary& r, int64_t x_lanes, int64_t live, const float* x, const float* partner, const float* cos,

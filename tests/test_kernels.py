@@ -159,6 +159,18 @@ def test_conv1x1_large_gpt2_shapes():
         conv_case(cout, cin, 32, 1, round_=True)
 
 
+@pytest.mark.parametrize("lanes", [5, 16, 24, 25])
+def test_conv1x1_few_lanes_of_long_rows_match_a_contiguous_copy(lanes):
+    # A short prompt in a long bucket (16 live lanes of rows 4 KiB apart) reads a compact copy of its lanes:
+    # the same sums, bit for bit, as the lanes alone.
+    weight = RNG.standard_normal((70, 300)).astype(np.float16)
+    x = RNG.standard_normal((300, 1024)).astype(np.float32)
+    got = kernels.conv1x1(weight, x, lanes=lanes)
+    np.testing.assert_array_equal(got[:, :lanes], kernels.conv1x1(weight, np.ascontiguousarray(x[:, :lanes])))
+    assert np.all(got[:, lanes:] == 0)
+    conv_case(70, 300, 1024, lanes, round_=True)
+
+
 def test_conv1x1_prefill_rows():
     conv_case(48, 96, 1024, 1000, round_=True)  # chunked lanes, a pair of panels and a single one
     conv_case(40, 33, 600, 517, round_=False)

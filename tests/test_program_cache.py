@@ -175,6 +175,7 @@ def test_a_warm_read_checks_no_blob_another_entry_stamped(tmp_path, monkeypatch)
     lower_cached({"test": "stamped blob", "entry": 1}, graph)  # the same weights: the blobs' times are refreshed
     assert [b.stat().st_mtime_ns for b in blobs] != times_before
     program_cache._MEMO.clear()  # as a new process: no in-process memo, no open map
+    program_cache._BLOB_CHECKSUMS.clear()
     gc.collect()
     computed: list[int] = []
     real = program_cache._checksum
@@ -184,6 +185,7 @@ def test_a_warm_read_checks_no_blob_another_entry_stamped(tmp_path, monkeypatch)
     check_runs(compile_lowered(first))
     del first
     program_cache._MEMO.clear()
+    program_cache._BLOB_CHECKSUMS.clear()
     gc.collect()
     blob = max(blobs, key=lambda b: b.stat().st_size)
     blob.write_bytes(blob.read_bytes()[:-64])  # truncated in place (same inode)
@@ -526,3 +528,93 @@ def test_a_file_changed_within_a_clock_tick_is_hashed_every_time(tmp_path, monke
     for _ in range(2):
         assert program_cache._by_identity(path, "sha256", digest, valid, st=aged) == hashlib.sha256(b"b" * 4096).hexdigest()
     assert len(computed) == 3
+
+
+# -- a checkpoint's weight files: named by where their values come from; a changed checkpoint is noticed ----------
+def _llama_dir(path, seed: int):
+    from orion.models.llama import weights as llama_weights
+    from orion.models.llama.config import LlamaConfig
+
+    config = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=96, vocab_size=96,
+                         max_position_embeddings=32, rope_convention="half")
+    llama_weights.save_hf(path, config, llama_weights.random_weights(config, seed=seed), dtype="float16")
+    return path
+
+
+def _load_run(directory):
+    """(logits of a fixed prompt, programs built, programs read from the cache)."""
+    from orion import models
+
+    model = models.load(directory, progress=False)
+    logits = model.logits([5, 17, 3, 60])
+    return logits, model.builder.built, model.builder.cached
+
+
+def test_a_checkpoints_weight_files_are_named_without_hashing_them(tmp_path, monkeypatch) -> None:
+    """A cold load hashes the checkpoint once; the fp16 weight files of its values are named by that hash and
+    their derivation (``program_cache.derived_digest``), not hashed again. The names are the same in the next
+    process, so its warm start finds the same blobs."""
+    from orion import compiler
+
+    directory = _llama_dir(tmp_path / "model", seed=1)
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path / "cache"))
+    hashed, real_sha = set(), hashlib.sha256
+    monkeypatch.setattr(compiler.hashlib, "sha256", lambda d=b"": hashed.add(real_sha(d).hexdigest()) or real_sha(d))
+    _, built, cached = _load_run(directory)
+    assert built > 0 and cached == 0
+    blobs = {b.name: b.read_bytes() for b in (tmp_path / "cache" / "blobs").iterdir()}
+    named = {name for name, data in blobs.items() if real_sha(data).hexdigest() != name}
+    checkpoint = (directory / "model.safetensors").stat().st_size
+    # The layer weights (views and fused stacks of the checkpoint) are named; computed consts (RoPE tables) hashed.
+    assert sum(len(blobs[n]) for n in named) > 0.8 * checkpoint
+    assert not {real_sha(blobs[n]).hexdigest() for n in named} & hashed  # none of their bytes went through SHA-256
+    # What a name stands for is recomputed from scratch in a fresh process: the same names, all served.
+    program_cache._MEMO.clear()
+    program_cache._BLOB_CHECKSUMS.clear()
+    from orion.graph import lineage
+
+    lineage._FACTS.clear()  # noqa: SLF001 (as a new process: nothing remembered under lineage keys)
+    _, built, cached = _load_run(directory)
+    assert built == 0 and cached > 0
+    assert {b.name for b in (tmp_path / "cache" / "blobs").iterdir()} == set(blobs)
+
+
+def test_a_checkpoint_rewritten_with_the_same_size_and_time_is_not_served_stale_programs(tmp_path, monkeypatch) -> None:
+    """Other weights of the same shapes written over the checkpoint, its modification time set back: the cache
+    serves none of the old programs (the checkpoint's identity includes its change time, so it is hashed again),
+    and the logits are the new weights' (as computed with no cache)."""
+    import os
+
+    directory = _llama_dir(tmp_path / "model", seed=1)
+    path = directory / "model.safetensors"
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path / "cache"))
+    old_logits, _, _ = _load_run(directory)
+    before = path.stat()
+    _llama_dir(tmp_path / "other", seed=2)
+    path.write_bytes((tmp_path / "other" / "model.safetensors").read_bytes())  # in place: the same inode
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
+    logits, built, cached = _load_run(directory)
+    assert cached == 0 and built > 0
+    monkeypatch.setenv("ORION_CACHE_DIR", "off")
+    fresh, _, _ = _load_run(directory)
+    np.testing.assert_array_equal(logits, fresh)
+    assert not np.array_equal(logits, old_logits)
+
+
+def test_a_touched_checkpoint_with_the_same_bytes_is_still_served(tmp_path, monkeypatch) -> None:
+    """Only the checkpoint's times changed: it is hashed again (its identity changed), found the same, and every
+    program comes from the cache, reading the same blobs (no new weight file)."""
+    import os
+
+    directory = _llama_dir(tmp_path / "model", seed=1)
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path / "cache"))
+    first, built, _ = _load_run(directory)
+    blobs = {b.name for b in (tmp_path / "cache" / "blobs").iterdir()}
+    stamp = (directory / "model.safetensors").stat().st_mtime_ns + 5_000_000_000
+    os.utime(directory / "model.safetensors", ns=(stamp, stamp))
+    logits, built_again, cached = _load_run(directory)
+    assert built_again == 0 and cached == built
+    np.testing.assert_array_equal(logits, first)
+    assert {b.name for b in (tmp_path / "cache" / "blobs").iterdir()} == blobs

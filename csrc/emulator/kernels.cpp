@@ -774,10 +774,13 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
         throw std::invalid_argument("conv1x1: weight is not a packed [cout, cin] conv weight");
     if (lanes < 0 || lanes > S) throw std::invalid_argument("conv1x1: lanes must be in [0, S]");
     if (lanes == 0 || panels == 0) return;
-    if (lanes <= kCompactLanes && lanes < S) {
-        // A few live lanes of wide rows (decode: 1 of 32): the panels read x as a contiguous
-        // [cin][lanes] copy (in L1, not a cache line per input channel) and write a compact result,
-        // scattered to out's rows after. The same values in the same order: the same sums.
+    const Kernels& k = active();
+    if (lanes < S && (lanes <= kCompactLanes || !converts_weights(k, w.cin, lanes))) {
+        // A few live lanes of wide rows (decode: 1 of 32; a short prompt in a long bucket: 16 of 1024, whose
+        // rows 4 KiB apart would all meet in one L1 set): the panels read x as a contiguous [cin][lanes]
+        // copy (in L1, not a cache line per input channel) and write a compact result, scattered to
+        // out's rows after. The same values in the same order: the same sums. (More lanes convert the
+        // weights and read x packed in lane tiles, below.)
         thread_local std::vector<float> compact_x, compact_out;
         float* xc = scratch(compact_x, static_cast<size_t>(w.cin * lanes));
         float* oc = scratch(compact_out, static_cast<size_t>(panels * kConvPanel * lanes));
@@ -786,7 +789,6 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
         for (int64_t o = 0; o < w.cout; ++o) std::copy(oc + o * lanes, oc + (o + 1) * lanes, out + o * S);
         return;
     }
-    const Kernels& k = active();
     // Long rows are cut into balanced chunks of about kConvLaneChunk lanes (each >= 18, so every
     // register tile keeps 4+ lanes and each output sums its inputs in the same order as unchunked).
     const int64_t chunks = lanes >= 2 * kConvLaneChunk ? lanes / kConvLaneChunk : 1;

@@ -56,12 +56,17 @@ class Lowered:
 
     @cached_property
     def file_digests(self) -> dict[str, str]:
-        """SHA-256 (hex) of every weight file by path, computed at most once per file (and once per process
-        for a file of values with a lineage key)."""
+        """A SHA-256 (hex) that names every weight file by path, by its bytes alone: the file's own, computed at
+        most once per file (and once per process for a file of values with a lineage key); for a file of
+        checkpoint values whose files are hashed already (``lineage.stable``), the hash of where the values come
+        from (``program_cache.derived_digest``), so a cold start hashes the checkpoint once, not its weights again."""
+        from orion.program_cache import derived_digest
+
         known, sources, out = self.digests or {}, self.sources or {}, {}
         for path, data in self.weights.items():
             key = sources.get(path)
-            out[path] = known.get(path) or lineage.recall(key, FILE_SHA256) or hashlib.sha256(data).hexdigest()
+            out[path] = known.get(path) or lineage.recall(key, FILE_SHA256) or derived_digest(key) \
+                or hashlib.sha256(data).hexdigest()
             lineage.remember(key, FILE_SHA256, out[path])
         return out
 

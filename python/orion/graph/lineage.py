@@ -11,7 +11,9 @@ them, the read-only map of that file) for as long as the source maps are open.
 The decode programs and every prefill bucket of a model bake the same layer weights: each is checked,
 serialized and hashed once per process, not once per program.
 
-Any other array (computed, writable) has no key and is handled afresh every time.
+Any other array (computed, writable) has no key and is handled afresh every time. Once a map's file is hashed
+(:func:`name_source`), :func:`stable` names the keys of its values in any process (the program cache names the
+weight files written from them so, instead of hashing those files).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ _TOKENS: weakref.WeakKeyDictionary[mmap.mmap, int] = weakref.WeakKeyDictionary()
 _COUNTER = itertools.count()
 _FACTS: dict[int, dict[tuple[Key, str], Any]] = {}  # per source map's number (dropped with the map): facts by key
 _DERIVED: dict[int, tuple[weakref.ref, Key]] = {}  # id(array) -> (the array, its key), while the array lives
+_NAMES: dict[int, str] = {}  # per source map's number: a name its bytes alone determine (name_source)
 
 
 def _token(found: mmap.mmap) -> int:
@@ -37,8 +40,37 @@ def _token(found: mmap.mmap) -> int:
     if token is None:
         token = _TOKENS[found] = next(_COUNTER)
         _FACTS[token] = {}
-        weakref.finalize(found, _FACTS.pop, token, None)
+        weakref.finalize(found, _forget_map, token)
     return token
+
+
+def _forget_map(token: int) -> None:
+    _FACTS.pop(token, None)
+    _NAMES.pop(token, None)
+
+
+def name_source(found: mmap.mmap, name: str) -> None:
+    """Records ``name`` as standing for the bytes of the read-only map ``found`` in any process (the SHA-256 of
+    the file it maps, as hashed from the mapped version), so that :func:`stable` can name its keys."""
+    _NAMES[_token(found)] = name
+
+
+def stable(key: Key | None) -> str | None:
+    """A text naming the values of ``key`` in any process: the key with each source map's number replaced by
+    the name :func:`name_source` recorded for it (None when a map has none, or for no key). Equal texts mean
+    equal values as long as every derivation is computed by the same code (the caller's part: the program
+    cache names weight files by it together with the compiler's fingerprint)."""
+    def named(k: Key) -> Key:
+        if k[0] == "map":
+            return ("file", _NAMES[k[1]], *k[2:])
+        if k[0] == "view":
+            return ("view", named(k[1]), *k[2:])
+        return ("derived", k[1], tuple(named(s) for s in k[2]), k[3])
+
+    try:
+        return None if key is None else repr(named(key))
+    except KeyError:
+        return None
 
 
 def key_of(array: Any) -> Key | None:

@@ -31,6 +31,7 @@ import numpy as np
 
 from orion import origins
 from orion.errors import OrionError
+from orion.graph import lineage
 from orion.runtime.pages import map_of, release_pages
 
 WEIGHTS_FILE = "model.safetensors"
@@ -114,12 +115,15 @@ class WeightsSource:
         return current.keys() == self.arrays.keys() and all(current[k] is a for k, a in self.arrays.items())
 
     def digest(self) -> str:
-        """SHA-256 over the files' own SHA-256s (each computed once per file version)."""
+        """SHA-256 over the files' own SHA-256s (each computed once per file version). Each file's stands for its
+        map's bytes from then on (``lineage.name_source``): weight files of its values are named by it."""
         from orion.program_cache import file_digest
 
         h = hashlib.sha256()
         for f in self.files:
-            h.update(bytes.fromhex(file_digest(f.path, f.file)))
+            file_sha = file_digest(f.path, f.file)
+            lineage.name_source(f.map, file_sha)
+            h.update(bytes.fromhex(file_sha))
         return h.hexdigest()
 
     def release_pages(self) -> None:

@@ -124,6 +124,46 @@ def test_round_fp16_rejects_other_dtypes():
         kernels.round_fp16([1.0, 2.0])
 
 
+# --- store_columns (a decode step's keys and values into the KV cache) ---------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_store_columns_writes_each_lanes_column_at_its_position(dtype):
+    # dst [lanes, width, T] and src [width, S] as the decode surfaces give them: strided views
+    dst_surface = RNG.standard_normal((8, 40, 1, 64)).astype(dtype)
+    dst = dst_surface.reshape(8 * 40, 1, 64)[:, 0].reshape(8, 40, 64)
+    src = RNG.standard_normal((1, 40, 1, 11)).astype(dtype)[0, :, 0]
+    lanes, positions = [0, 2, 3, 7], [5, 63, 0, 17]
+    want = dst.copy()
+    for lane, pos in zip(lanes, positions):
+        want[lane, :, pos] = src[:, lane]
+    kernels.store_columns(dst, src, lanes, positions)
+    np.testing.assert_array_equal(dst, want)
+    kernels.store_columns(dst[:, :, ::2], src, [1], [31])  # any strides
+    want[1, :, 62] = src[:, 1]
+    np.testing.assert_array_equal(dst, want)
+
+
+def test_store_columns_rejects_bad_input():
+    dst, src = np.zeros((4, 6, 16), np.float16), np.zeros((6, 4), np.float16)
+    cases = [((dst, src.astype(np.float32), [0], [0]), "dtype"),
+             ((dst.astype(np.int16), src.astype(np.int16), [0], [0]), "dtype"),
+             ((dst, src[:5], [0], [0]), "width"),
+             ((dst[0], src, [0], [0]), "width"),
+             ((dst, src, [0, 1], [0]), "one position per lane"),
+             ((dst, src, [4], [0]), "lane 4"),
+             ((dst, src[:, :2], [2], [0]), "lane 2"),
+             ((dst, src, [0], [16]), "position 16"),
+             ((dst, src, [0], [-1]), "position -1"),
+             ((dst.tolist(), src, [0], [0]), "numpy arrays")]
+    for args, match in cases:
+        with pytest.raises(ValueError, match=match):
+            kernels.store_columns(*args)
+    dst.setflags(write=False)
+    with pytest.raises(ValueError, match="read-only"):
+        kernels.store_columns(dst, src, [0], [0])
+
+
 # --- conv1x1 ------------------------------------------------------------------------------------
 
 
@@ -176,9 +216,10 @@ def test_conv1x1_prefill_rows():
     conv_case(40, 33, 600, 517, round_=False)
 
 
-@pytest.mark.parametrize("lanes", [4, 25, 64, 300, 1000])
+@pytest.mark.parametrize("lanes", [4, 7, 8, 12, 20, 25, 64, 300, 1000])
 def test_conv1x1_output_rows_do_not_depend_on_their_neighbours(lanes):
-    # Each output row sums its inputs the same way whether its panel runs alone or with another one.
+    # Each output row sums its inputs the same way whether its panel runs alone or with another one
+    # (decode's few lanes: the fp16 pair tile; many lanes: the converting pair tile).
     weight = RNG.standard_normal((48, 200)).astype(np.float16)
     x = RNG.standard_normal((200, 1024)).astype(np.float32)
     whole = kernels.conv1x1(weight, x, lanes=lanes)

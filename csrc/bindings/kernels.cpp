@@ -208,6 +208,57 @@ py::array_t<float> map_to_float32(const py::object& a_obj, const char* dtype, Fn
     return out;
 }
 
+// dst[lanes[i], :, positions[i]] = src[:, lanes[i]] for each i, elements of `Elem`'s size (strides in bytes).
+template <typename Elem>
+void store_columns_as(py::array& dst, const py::array& src, const std::vector<int64_t>& lanes,
+                      const std::vector<int64_t>& positions) {
+    const int64_t width = src.shape(0);
+    const int64_t d0 = dst.strides(0), d1 = dst.strides(1), d2 = dst.strides(2), s0 = src.strides(0), s1 = src.strides(1);
+    char* out = static_cast<char*>(dst.mutable_data());
+    const char* in = static_cast<const char*>(src.data());
+    constexpr int64_t kAhead = 8;  // channels whose destinations (each on a cache line of its own) are fetched ahead
+    for (int64_t c = 0; c < width; ++c)
+        for (size_t i = 0; i < lanes.size(); ++i) {
+            char* row = out + lanes[i] * d0 + positions[i] * d2;
+            if (c + kAhead < width) __builtin_prefetch(row + (c + kAhead) * d1, 1);
+            std::memcpy(row + c * d1, in + c * s0 + lanes[i] * s1, sizeof(Elem));
+        }
+}
+
+void store_columns(const py::object& dst_obj, const py::object& src_obj, const std::vector<int64_t>& lanes,
+                   const std::vector<int64_t>& positions) {
+    if (!py::isinstance<py::array>(dst_obj) || !py::isinstance<py::array>(src_obj))
+        throw py::value_error("store_columns: dst and src must be numpy arrays");
+    auto dst = py::reinterpret_borrow<py::array>(dst_obj);
+    const auto src = py::reinterpret_borrow<py::array>(src_obj);
+    auto shape = [](const py::array& a) {
+        std::string text = "(";
+        for (py::ssize_t d = 0; d < a.ndim(); ++d) text += (d ? ", " : "") + std::to_string(a.shape(d));
+        return text + ")";
+    };
+    if (dst.ndim() != 3 || src.ndim() != 2 || dst.shape(1) != src.shape(0))
+        throw py::value_error("store_columns: dst must be [lanes, width, positions] and src [width, lanes] with the same "
+                              "width; got " + shape(dst) + " and " + shape(src));
+    if (!dst.dtype().equal(src.dtype()) || dst.dtype().kind() != 'f' || (dst.itemsize() != 2 && dst.itemsize() != 4))
+        throw py::value_error("store_columns: dst and src must have one dtype of 2 or 4 bytes (float16 or float32), got " +
+                              py::str(dst.dtype()).cast<std::string>() + " and " + py::str(src.dtype()).cast<std::string>());
+    if (!dst.writeable()) throw py::value_error("store_columns: dst is read-only");
+    if (lanes.size() != positions.size())
+        throw py::value_error("store_columns: give one position per lane (" + std::to_string(lanes.size()) + " lanes, " +
+                              std::to_string(positions.size()) + " positions)");
+    for (size_t i = 0; i < lanes.size(); ++i) {
+        if (lanes[i] < 0 || lanes[i] >= std::min<int64_t>(dst.shape(0), src.shape(1)))
+            throw py::value_error("store_columns: lane " + std::to_string(lanes[i]) + " is outside dst's " +
+                                  std::to_string(dst.shape(0)) + " and src's " + std::to_string(src.shape(1)) + " lanes");
+        if (positions[i] < 0 || positions[i] >= dst.shape(2))
+            throw py::value_error("store_columns: position " + std::to_string(positions[i]) + " of lane " +
+                                  std::to_string(lanes[i]) + " is outside dst's " + std::to_string(dst.shape(2)) +
+                                  " positions");
+    }
+    if (dst.itemsize() == 2) store_columns_as<uint16_t>(dst, src, lanes, positions);
+    else store_columns_as<uint32_t>(dst, src, lanes, positions);
+}
+
 }  // namespace
 
 void bind_kernels(py::module_& m) {
@@ -295,6 +346,10 @@ void bind_kernels(py::module_& m) {
           "float32 op(a) @ op(b) with fp32 accumulation, rounded to fp16 if `round`; op transposes if asked.");
     k.def("to_fp16", &to_fp16, py::arg("src"), py::arg("out"),
           "Rounds float32 `src` to fp16 into float16 `out` (same size, C-contiguous; ties to even, as numpy).");
+    k.def("store_columns", &store_columns, py::arg("dst"), py::arg("src"), py::arg("lanes"), py::arg("positions"),
+          "dst[lanes[i], :, positions[i]] = src[:, lanes[i]] for each i (dst [lanes, width, positions], src [width, "
+          "lanes], any strides, one float16 or float32 dtype): a decode step's new keys or values into the KV cache "
+          "in one call, instead of one numpy assignment (and GIL release) per lane.");
     k.def("has_nan", &has_nan, py::arg("array"), "Whether a C-contiguous float16 or float32 array holds a NaN.");
     k.def("shared_conv_weights", &kern::shared_conv1x1_usage,
           "(count, bytes) of the packed 1x1 conv weights alive in this process: one per distinct weight, "

@@ -18,6 +18,9 @@
 namespace orion::emu::kernels {
 
 constexpr int64_t kConvPanel = 16;     // output channels interleaved per packed conv panel
+// From this many lanes on, a conv tile sums each output in one partial sum, c in order (fewer lanes
+// interleave 2 or 4: conv_tile_avx2_rows, conv_tile_avx512_rows).
+constexpr int kConvSequentialLanes = 4;
 
 // One panel (16 output channels) of a PackedConv1x1Q, as the low-bit tiles read it.
 struct QPanel {

@@ -47,6 +47,8 @@ constexpr int64_t kConvLaneChunk = 256;
 constexpr int64_t kConvGroup = 4;
 constexpr int64_t kCompactLanes = 4;  // conv1x1 copies x's live lanes when there are at most this many
 constexpr int64_t kParallelWork = int64_t{1} << 16;  // multiply-adds worth a chunk of their own
+// Rows of an fp16 panel (32 bytes each) the pair tile prefetches ahead of the row it reads: 4 KiB.
+constexpr int64_t kConvPrefetchRows = 128;
 
 // The inner kernels of one SIMD flavour.
 struct Kernels {
@@ -78,6 +80,11 @@ struct Kernels {
                         bool add);
     // dst[r*16 + j] = the weight of row c0 + r, output j, in fp32, for r < rows.
     void (*widen_q)(const QPanel& p, int64_t c0, float* dst, int64_t rows);
+    // Two fp16 panels at once (null when the flavour has no registers for it): acc0[l*16 + j] (+)=
+    // sum_{c<k} w0[c*16 + j] * x[c*S + l], acc1 likewise from w1, for l < lanes, lanes in
+    // [kConvSequentialLanes, conv_lanes]: each output summed as conv_tile_f16 sums it for those lanes.
+    void (*conv_pair_tile_f16)(const uint16_t* w0, const uint16_t* w1, const float* x, int64_t S, int64_t k,
+                               int lanes, float* acc0, float* acc1, bool add);
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -125,7 +132,7 @@ constexpr Kernels kPortable = {
     "portable",         6,                             round_fp16_portable,           half_to_float_portable,
     float_to_half_portable, tanh_portable, sigmoid_portable, softmax_portable,
     score_row_softmax_by_ops<round_fp16_portable, softmax_portable>, conv_tile_portable<uint16_t>, conv_tile_portable<float>,
-    conv_tile_i8_portable, dequant_i8_portable, nullptr, conv_tile_q_portable, widen_q_portable,
+    conv_tile_i8_portable, dequant_i8_portable, nullptr, conv_tile_q_portable, widen_q_portable, nullptr,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -289,7 +296,7 @@ ORION_AVX2 void score_row_softmax_avx2(float* row, const float* mask, int64_t n,
 constexpr Kernels kAvx2 = {
     "avx2+f16c+fma",    6,                         round_fp16_avx2,           half_to_float_avx2,
     float_to_half_avx2, tanh_avx2, sigmoid_avx2, softmax_avx2, score_row_softmax_avx2, conv_tile_avx2<uint16_t>, conv_tile_avx2<float>,
-    conv_tile_i8_avx2, dequant_i8_avx2, nullptr, conv_tile_q_avx2, widen_q_avx2,
+    conv_tile_i8_avx2, dequant_i8_avx2, nullptr, conv_tile_q_avx2, widen_q_avx2, nullptr,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -355,11 +362,68 @@ ORION_AVX512 void conv_pair_tile_avx512(const float* w, const float* x, int64_t 
     }
 }
 
+// Row c of two fp16 panels times its L lanes of x, into their sums.
+template <int L>
+ORION_AVX512 __attribute__((always_inline)) inline void fma_pair_row(const uint16_t* w0, const uint16_t* w1,
+                                                                     const float* xc, int64_t c, __m512 (&sum0)[L],
+                                                                     __m512 (&sum1)[L]) {
+    const __m512 a = load16(w0 + c * kConvPanel), b = load16(w1 + c * kConvPanel);
+    ORION_UNROLL
+    for (int l = 0; l < L; ++l) {
+        const __m512 xv = _mm512_set1_ps(xc[l]);
+        sum0[l] = _mm512_fmadd_ps(a, xv, sum0[l]);
+        sum1[l] = _mm512_fmadd_ps(b, xv, sum1[l]);
+    }
+}
+
+// Two fp16 panels x L lanes in 2L accumulators, one partial sum per output (conv_tile_avx512's sums from
+// kConvSequentialLanes lanes on): per row two weight loads and L broadcasts feed 2L FMAs, twice the
+// independent sums of the one-panel tile. Each panel's rows are prefetched kConvPrefetchRows ahead: a
+// decode step streams them from memory, and the hardware prefetcher alone leaves the FMAs waiting.
+template <int L>
+ORION_AVX512 void conv_pair_tile_f16_avx512_fixed(const uint16_t* w0, const uint16_t* w1, const float* x, int64_t S,
+                                                  int64_t k, float* acc0, float* acc1, bool add) {
+    __m512 sum0[L], sum1[L];
+    ORION_UNROLL
+    for (int l = 0; l < L; ++l) {
+        sum0[l] = add ? _mm512_loadu_ps(acc0 + l * kConvPanel) : _mm512_setzero_ps();
+        sum1[l] = add ? _mm512_loadu_ps(acc1 + l * kConvPanel) : _mm512_setzero_ps();
+    }
+    int64_t c = 0;
+    for (; c + 2 <= k; c += 2) {  // two rows: one cache line of each panel
+        _mm_prefetch(reinterpret_cast<const char*>(w0 + (c + kConvPrefetchRows) * kConvPanel), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w1 + (c + kConvPrefetchRows) * kConvPanel), _MM_HINT_T0);
+        fma_pair_row<L>(w0, w1, x + c * S, c, sum0, sum1);
+        fma_pair_row<L>(w0, w1, x + (c + 1) * S, c + 1, sum0, sum1);
+    }
+    if (c < k) fma_pair_row<L>(w0, w1, x + c * S, c, sum0, sum1);
+    ORION_UNROLL
+    for (int l = 0; l < L; ++l) {
+        _mm512_storeu_ps(acc0 + l * kConvPanel, sum0[l]);
+        _mm512_storeu_ps(acc1 + l * kConvPanel, sum1[l]);
+    }
+}
+
+ORION_AVX512 void conv_pair_tile_f16_avx512(const uint16_t* w0, const uint16_t* w1, const float* x, int64_t S,
+                                            int64_t k, int lanes, float* acc0, float* acc1, bool add) {
+    switch (lanes) {
+        case 4: return conv_pair_tile_f16_avx512_fixed<4>(w0, w1, x, S, k, acc0, acc1, add);
+        case 5: return conv_pair_tile_f16_avx512_fixed<5>(w0, w1, x, S, k, acc0, acc1, add);
+        case 6: return conv_pair_tile_f16_avx512_fixed<6>(w0, w1, x, S, k, acc0, acc1, add);
+        case 7: return conv_pair_tile_f16_avx512_fixed<7>(w0, w1, x, S, k, acc0, acc1, add);
+        case 8: return conv_pair_tile_f16_avx512_fixed<8>(w0, w1, x, S, k, acc0, acc1, add);
+        case 9: return conv_pair_tile_f16_avx512_fixed<9>(w0, w1, x, S, k, acc0, acc1, add);
+        case 10: return conv_pair_tile_f16_avx512_fixed<10>(w0, w1, x, S, k, acc0, acc1, add);
+        case 11: return conv_pair_tile_f16_avx512_fixed<11>(w0, w1, x, S, k, acc0, acc1, add);
+        default: return conv_pair_tile_f16_avx512_fixed<12>(w0, w1, x, S, k, acc0, acc1, add);
+    }
+}
+
 constexpr Kernels kAvx512 = {
     "avx512f+f16c+fma", kConvMaxLanes,             round_fp16_avx2,
     half_to_float_avx2, float_to_half_avx2,        tanh_avx2, sigmoid_avx2, softmax_avx2, score_row_softmax_avx2,
     conv_tile_avx512<uint16_t>, conv_tile_avx512<float>, conv_tile_i8_avx512, dequant_i8_avx2, conv_pair_tile_avx512,
-    conv_tile_q_avx512, widen_q_avx512,
+    conv_tile_q_avx512, widen_q_avx512, conv_pair_tile_f16_avx512,
 };
 
 bool cpu_has_avx2_f16c_fma() {
@@ -413,6 +477,12 @@ float* scratch(std::vector<float>& buffer, size_t n) {
 // reuse them), which is also when two panels can share one job (Kernels::conv_pair_tile_f32).
 bool converts_weights(const Kernels& k, int64_t cin, int64_t lanes) {
     return cin > 0 && lanes > (kConvConvertBlocks - 1) * k.conv_lanes;  // ceil(lanes / conv_lanes) >= blocks, undivided
+}
+
+// Whether conv_panels' unconverted path runs fp16 panels two at a time (Kernels::conv_pair_tile_f16) for
+// jobs of `lanes` lanes: every tile then has at least kConvSequentialLanes lanes.
+bool pairs_fp16_panels(const Kernels& k, int64_t lanes) {
+    return k.conv_pair_tile_f16 && lanes >= kConvSequentialLanes;
 }
 
 // A panel's weights in the flavour's tile, and widened to fp32: fp16 ones, or int8 ones times their
@@ -516,7 +586,18 @@ void conv_panels(const Kernels& k, const PanelAt& panel_at, int64_t count, int64
     float* acc = scratch(acc_buffer, static_cast<size_t>(count * panel_acc));
     const LaneTiling tiling(k, lanes);
     if (!converts_weights(k, cin, lanes)) {
-        for (int64_t g = 0; g < count; ++g) {
+        int64_t g = 0;
+        if constexpr (std::is_same_v<std::decay_t<decltype(panel_at(0).first)>, const uint16_t*>)
+            if (pairs_fp16_panels(k, lanes))
+                for (; g + 2 <= count; g += 2)
+                    for (int t = 0; t < tiling.tiles; ++t) {
+                        const int64_t s0 = tiling.tile_start(t);
+                        const int n = tiling.tile_width(t);
+                        k.conv_pair_tile_f16(panel_at(g).first, panel_at(g + 1).first, x.from(s0).rows(0, n),
+                                             x.stride(n), cin, n, acc + g * panel_acc + s0 * kConvPanel,
+                                             acc + (g + 1) * panel_acc + s0 * kConvPanel, false);
+                    }
+        for (; g < count; ++g) {
             const auto [w, scales] = panel_at(g);
             for (int t = 0; t < tiling.tiles; ++t) {
                 const int64_t s0 = tiling.tile_start(t);
@@ -793,12 +874,14 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
     // register tile keeps 4+ lanes and each output sums its inputs in the same order as unchunked).
     const int64_t chunks = lanes >= 2 * kConvLaneChunk ? lanes / kConvLaneChunk : 1;
     auto chunk_start = [&](int64_t c) { return c * lanes / chunks; };
-    // A job is one panel; two adjacent ones when the flavour's pair tile applies; on long rows otherwise
+    // A job is one panel; two adjacent ones when a pair tile of the flavour applies; on long rows otherwise
     // kConvGroup of them, which share each slice of x.
     constexpr bool low_bit = std::is_same_v<Packed, PackedConv1x1Q>;
     const bool converts = converts_weights(k, w.cin, lanes / chunks);
     const bool pairs = !low_bit && k.conv_pair_tile_f32 && converts;
-    const int64_t per_job = pairs ? 2 : converts ? kConvGroup : 1;
+    // Unconverted fp16 panels (decode's lanes) go two to a job when conv_panels runs them as a pair.
+    const bool fp16_pairs = std::is_same_v<Packed, PackedConv1x1> && !converts && pairs_fp16_panels(k, lanes);
+    const int64_t per_job = pairs || fp16_pairs ? 2 : converts ? kConvGroup : 1;
     const int64_t job_work = per_job * w.cin * kConvPanel * (lanes / chunks + 4);  // + the weight stream's cost
     // Long rows (the converting tiles, many panels per lane) read x packed in lane tiles, packed once here.
     std::vector<float> packed_x = converts ? buffer_pool::take(static_cast<size_t>(lanes * w.cin)) : std::vector<float>{};

@@ -629,11 +629,9 @@ class CausalLM(AdapterHost):
             hints = {name: longest for i in layers for name in (f"k{i}", f"v{i}")} | {"mask": longest}
             stage.run(hints | {name: lanes[-1] + 1 for name in per_lane if name in stage.mil_name})
             _check_finite(stage, layers, lanes, "tokens at positions " + ", ".join(map(str, positions)))
-            for i in layers:  # each lane's new key and value at its position (basic indexing: a fancy-indexed
-                keys, values = stage.output(f"k{i}")[0, :, 0], stage.output(f"v{i}")[0, :, 0]  # write costs 40x)
-                for lane, pos in zip(lanes, positions):
-                    cache.keys[i][lane, :, pos] = keys[:, lane]
-                    cache.values[i][lane, :, pos] = values[:, lane]
+            for i in layers:  # each lane's new key and value at its position
+                kernels.store_columns(cache.keys[i], stage.output(f"k{i}")[0, :, 0], lanes, positions)
+                kernels.store_columns(cache.values[i], stage.output(f"v{i}")[0, :, 0], lanes, positions)
         for lane, pos in zip(lanes, positions):
             cache.filled(lane, pos + 1)
         return self._head_logits(lanes)

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "emulator/fp16.h"
@@ -21,6 +22,10 @@ constexpr int64_t kConvPanel = 16;     // output channels interleaved per packed
 // From this many lanes on, a conv tile sums each output in one partial sum, c in order (fewer lanes
 // interleave 2 or 4: conv_tile_avx2_rows, conv_tile_avx512_rows).
 constexpr int kConvSequentialLanes = 4;
+// How far ahead a decode tile (fewer than kConvSequentialLanes lanes, its panel streamed from memory once)
+// prefetches its rows, when their reader gives their addresses (`at(c)` and `kRowBytes`): the hardware
+// prefetcher alone leaves the FMAs waiting.
+constexpr int64_t kConvPrefetchBytes = 4096;
 
 // One panel (16 output channels) of a PackedConv1x1Q, as the low-bit tiles read it.
 struct QPanel {
@@ -107,6 +112,23 @@ ORION_AVX2 inline __m256 round8(__m256 v) {
 // zero (partial sum 0 at acc's values if add); the rows from c to k go to partial sum 0; then the U
 // partial sums are added in order and stored.
 #define ORION_TILE_INLINE ORION_AVX2 __attribute__((always_inline)) inline
+
+// Whether a row reader gives its rows' addresses (`at(c)`, `kRowBytes`), for prefetch_row.
+template <typename Rows, typename = void>
+struct AddressedRows : std::false_type {};
+template <typename Rows>
+struct AddressedRows<Rows, std::void_t<decltype(Rows::kRowBytes)>> : std::true_type {};
+
+// Row (c + u)'s cache line kConvPrefetchBytes ahead, prefetched in an L-lane tile whose loop reads U rows a
+// step from a c that is a multiple of U (u: the unrolled loop's index, so the test folds): one prefetch per
+// cache line, in decode's tiles only.
+template <int L, typename Rows>
+ORION_TILE_INLINE void prefetch_row(const Rows& rows, int64_t c, int u) {
+    if constexpr (L < kConvSequentialLanes && AddressedRows<Rows>::value) {
+        if ((u * Rows::kRowBytes) % 64 == 0)
+            _mm_prefetch(reinterpret_cast<const char*>(rows.at(c + u + kConvPrefetchBytes / Rows::kRowBytes)), _MM_HINT_T0);
+    }
+}
 template <int L, int U>
 ORION_TILE_INLINE void conv_tile_start(__m256 (&lo)[U][L], __m256 (&hi)[U][L], const float* acc, bool add) {
     ORION_UNROLL
@@ -178,6 +200,7 @@ ORION_AVX2 void conv_tile_avx2_fixed(Rows rows, const float* x, int64_t S, int64
     for (; c + U <= k; c += U) {
         ORION_UNROLL
         for (int u = 0; u < U; ++u) {
+            prefetch_row<L>(rows, c, u);
             const float* xc = x + (c + u) * S;
             const __m256 w_lo = rows.lo(c + u), w_hi = rows.hi(c + u);
             ORION_UNROLL
@@ -229,6 +252,7 @@ ORION_AVX512 void conv_tile_avx512_fixed(Rows rows, const float* x, int64_t S, i
     for (; c + U <= k; c += U) {
         ORION_UNROLL
         for (int u = 0; u < U; ++u) {
+            prefetch_row<L>(rows, c, u);
             const __m512 wv = rows.row(c + u);
             const float* xc = x + (c + u) * S;
             ORION_UNROLL

@@ -47,8 +47,8 @@ constexpr int64_t kConvLaneChunk = 256;
 constexpr int64_t kConvGroup = 4;
 constexpr int64_t kCompactLanes = 4;  // conv1x1 copies x's live lanes when there are at most this many
 constexpr int64_t kParallelWork = int64_t{1} << 16;  // multiply-adds worth a chunk of their own
-// Rows of an fp16 panel (32 bytes each) the pair tile prefetches ahead of the row it reads: 4 KiB.
-constexpr int64_t kConvPrefetchRows = 128;
+// Rows of an fp16 panel (32 bytes each) the pair tile prefetches ahead of the row it reads.
+constexpr int64_t kConvPrefetchRows = kConvPrefetchBytes / (kConvPanel * sizeof(uint16_t));
 
 // The inner kernels of one SIMD flavour.
 struct Kernels {
@@ -150,7 +150,9 @@ ORION_AVX2 void float_to_half_avx2(const float* src, uint16_t* dst, size_t n) {
 // How a conv tile reads row c (16 weights of one input channel) of a panel, as two fp32 halves.
 template <typename W>
 struct PlainRows8 {
+    static constexpr int64_t kRowBytes = kConvPanel * sizeof(W);
     const W* w;
+    const W* at(int64_t c) const { return w + c * kConvPanel; }
     ORION_AVX2 __m256 lo(int64_t c) const { return load8(w + c * kConvPanel); }
     ORION_AVX2 __m256 hi(int64_t c) const { return load8(w + c * kConvPanel + 8); }
 };
@@ -306,7 +308,9 @@ constexpr Kernels kAvx2 = {
 
 template <typename W>
 struct PlainRows16 {
+    static constexpr int64_t kRowBytes = kConvPanel * sizeof(W);
     const W* w;
+    const W* at(int64_t c) const { return w + c * kConvPanel; }
     ORION_AVX512 __m512 row(int64_t c) const { return load16(w + c * kConvPanel); }
 };
 

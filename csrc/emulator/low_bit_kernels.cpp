@@ -103,13 +103,17 @@ ORION_AVX2 inline __m256 load8_i8(const int8_t* p) {
 ORION_AVX2 inline __m256 load8_i8(const int8_t* p, __m256 scale) { return _mm256_mul_ps(load8_i8(p), scale); }
 
 struct Int8Rows8 {
+    static constexpr int64_t kRowBytes = kConvPanel;
     const int8_t* w;
+    const int8_t* at(int64_t c) const { return w + c * kConvPanel; }
     __m256 scale_lo, scale_hi;
     ORION_AVX2 __m256 lo(int64_t c) const { return load8_i8(w + c * kConvPanel, scale_lo); }
     ORION_AVX2 __m256 hi(int64_t c) const { return load8_i8(w + c * kConvPanel + 8, scale_hi); }
 };
 struct UnscaledInt8Rows8 {
+    static constexpr int64_t kRowBytes = kConvPanel;
     const int8_t* w;
+    const int8_t* at(int64_t c) const { return w + c * kConvPanel; }
     ORION_AVX2 __m256 lo(int64_t c) const { return load8_i8(w + c * kConvPanel); }
     ORION_AVX2 __m256 hi(int64_t c) const { return load8_i8(w + c * kConvPanel + 8); }
 };
@@ -644,12 +648,16 @@ ORION_AVX512 inline __m512 load16_i8(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 struct Int8Rows16 {
+    static constexpr int64_t kRowBytes = kConvPanel;
     const int8_t* w;
+    const int8_t* at(int64_t c) const { return w + c * kConvPanel; }
     __m512 scale;
     ORION_AVX512 __m512 row(int64_t c) const { return _mm512_mul_ps(load16_i8(w + c * kConvPanel), scale); }
 };
 struct UnscaledInt8Rows16 {
+    static constexpr int64_t kRowBytes = kConvPanel;
     const int8_t* w;
+    const int8_t* at(int64_t c) const { return w + c * kConvPanel; }
     ORION_AVX512 __m512 row(int64_t c) const { return load16_i8(w + c * kConvPanel); }
 };
 

@@ -133,7 +133,9 @@ ORION_AVX2 inline __m256 lookup16(__m256i idx, __m256 t0, __m256 t1) {
                             _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));  // bit 3 picks t1
 }
 struct Lut4Rows8 {
+    static constexpr int64_t kRowBytes = 8;
     const uint8_t* w;
+    const uint8_t* at(int64_t c) const { return w + c * kRowBytes; }
     __m256 a0, a1, b0, b1;  // the low half's LUT (entries 0-7, 8-15), the high half's
     ORION_AVX2 __m256 lo(int64_t c) const { return lookup16(nibbles8(w + c * 8), a0, a1); }
     ORION_AVX2 __m256 hi(int64_t c) const { return lookup16(nibbles8(w + c * 8 + 4), b0, b1); }
@@ -167,7 +169,9 @@ struct LutGatherRows8 {
     ORION_AVX2 __m256 hi(int64_t c) const { return make(c, 1); }
 };
 struct Affine4Rows8 {
+    static constexpr int64_t kRowBytes = 8;
     const uint8_t* w;
+    const uint8_t* at(int64_t c) const { return w + c * kRowBytes; }
     const uint16_t* params;
     int64_t first;  // the panel row w starts at (blocks count from the panel's first row)
     int shift;
@@ -673,7 +677,9 @@ ORION_AVX512 inline __m512i nibbles16(const uint8_t* p) {
     return _mm512_and_si512(_mm512_srlv_epi32(both, shifts), _mm512_set1_epi32(15));
 }
 struct Lut4Rows16 {
+    static constexpr int64_t kRowBytes = 8;
     const uint8_t* w;
+    const uint8_t* at(int64_t c) const { return w + c * kRowBytes; }
     __m512 low, high;  // the low half's LUT, the high half's
     ORION_AVX512 __m512 row(int64_t c) const {
         const __m512i half = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 16, 16, 16, 16, 16, 16, 16, 16);
@@ -705,7 +711,9 @@ struct LutGatherRows16 {
     }
 };
 struct Affine4Rows16 {
+    static constexpr int64_t kRowBytes = 8;
     const uint8_t* w;
+    const uint8_t* at(int64_t c) const { return w + c * kRowBytes; }
     const uint16_t* params;
     int64_t first;
     int shift;

@@ -28,11 +28,11 @@ namespace {
 thread_local bool t_in_parallel_region = false;
 
 // Workers and a waiting caller spin this long before sleeping: back-to-back kernel calls (a decode
-// step runs hundreds) then start without a futex wake-up. Longer spins outlast the gaps between a
-// program's ops and carry on through its serial stretches and the Python between programs, burning a
-// core that the caller's thread (or a server's event loop) wants: GPT-2 124M, 8-lane decode step on a
-// shared 2-core machine, 200 us: 40 ms of CPU a step, 20 us: 33 ms, no spin: 33 ms.
-constexpr auto kSpinTime = std::chrono::microseconds(20);
+// step runs hundreds) and the Python between a step's programs then start without a futex wake-up.
+// A trade-off: GPT-2 124M decode p50 on a quiet 2-core machine, 200 us: 12.3-13.4 ms, 20 us: 13.1-13.8;
+// but on a loaded one the spins burn a core the caller's thread (or a server's event loop) wants:
+// an 8-lane decode step at load 6-9, 200 us: 40 ms of CPU, 20 us: 33 ms.
+constexpr auto kSpinTime = std::chrono::microseconds(200);
 // A prefetching worker looks for a job (or a newer request) after each step of this many bytes:
 // a job waits at most about a microsecond for it.
 constexpr size_t kPrefetchStep = size_t{16} << 10;

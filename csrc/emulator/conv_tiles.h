@@ -119,9 +119,9 @@ struct AddressedRows : std::false_type {};
 template <typename Rows>
 struct AddressedRows<Rows, std::void_t<decltype(Rows::kRowBytes)>> : std::true_type {};
 
-// Row (c + u)'s cache line kConvPrefetchBytes ahead, prefetched in an L-lane tile whose loop reads U rows a
-// step from a c that is a multiple of U (u: the unrolled loop's index, so the test folds): one prefetch per
-// cache line, in decode's tiles only.
+// Row (c + u)'s cache line kConvPrefetchBytes ahead, in decode's tiles only, from a loop that reads U rows a
+// step from a c that is a multiple of U (u: the unrolled loop's index, so the test folds): the rows starting
+// a cache line when U rows span whole lines (fp16, int8 at one lane), else the step's first row.
 template <int L, typename Rows>
 ORION_TILE_INLINE void prefetch_row(const Rows& rows, int64_t c, int u) {
     if constexpr (L < kConvSequentialLanes && AddressedRows<Rows>::value) {

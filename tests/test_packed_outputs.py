@@ -28,19 +28,19 @@ def unplaced_twin(mil: str) -> str:
     return identity_after(mil, PACKING_OP)
 
 
-def packed_graph(lanes: int) -> Graph:
+def packed_graph(lanes: int, factors: tuple[float, ...] = FACTORS) -> Graph:
     g = Graph("packed_outputs")
     x = g.input("x", [1, 64, 1, lanes])
-    for i, factor in enumerate(FACTORS):
+    for i, factor in enumerate(factors):
         g.output(g.mul(x, factor, name=f"scaled{i}"), f"o{i}")
     return g
 
 
-def literal_reference(x: np.ndarray) -> list[np.ndarray]:
+def literal_reference(x: np.ndarray, factors: tuple[float, ...] = FACTORS) -> list[np.ndarray]:
     """Each output as the packing computes it in fp16: sum_j (x * f_j) * (j == i), in order."""
-    blocks = [(x * np.float16(f)).astype(np.float16) for f in FACTORS]
+    blocks = [(x * np.float16(f)).astype(np.float16) for f in factors]
     out = []
-    for i in range(len(FACTORS)):
+    for i in range(len(factors)):
         total = None
         for j, b in enumerate(blocks):
             placed = b * np.float16(1.0 if j == i else 0.0)
@@ -73,6 +73,19 @@ def test_placement_is_the_ops_bit_for_bit_signed_zeros_included(profiling, lanes
     rows = profile.snapshot()
     (program,) = {r.program for r in rows if r.op == PLACED}  # the twin has none
     assert not [r for r in rows if r.op == "add" and r.program == program], rows
+
+
+def test_many_blocks_are_placed_in_shorter_slices(profiling) -> None:
+    """42 outputs of 32768 values: each pass covers fewer than 4096 of each block's elements (all the blocks'
+    slices in L2) and the passes run on the threads; still the ops' bit for bit, signed zeros included."""
+    factors = FACTORS * 6
+    lowered = lower_graph(packed_graph(512, factors))
+    placed = CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights))
+    x = _x(3, 512)
+    got = placed(x=x)
+    for i, ref in enumerate(literal_reference(x, factors)):
+        np.testing.assert_array_equal(got[f"o{i}"].view(np.uint16), ref.view(np.uint16), err_msg=f"o{i}")
+    assert PLACED in {r.op for r in profile.snapshot()}
 
 
 @pytest.mark.parametrize("bad", [np.inf, -np.inf])  # (a NaN input is refused at the input)

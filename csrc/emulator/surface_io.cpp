@@ -5,12 +5,31 @@
 #include <climits>
 #include <cstring>
 
+#include "emulator/kernels.h"
 #include "errors.h"
 #include "runtime/surface.h"
 
 namespace orion::emu {
 
 namespace {
+
+// Elements of an fp16 conversion worth a thread's share: a Stories110M layer gradient's input (11M values:
+// weights, saved activations, dy) and its outputs were converted on the calling thread alone.
+constexpr int64_t kConvertGrain = int64_t{1} << 18;
+
+// dst[i] = src[i] widened (exact), over the threads.
+void widen(const uint16_t* src, float* dst, int64_t n) {
+    kernels::parallel_for(n, kConvertGrain, [&](int64_t begin, int64_t end) {
+        kernels::half_to_float(src + begin, dst + begin, static_cast<size_t>(end - begin));
+    });
+}
+
+// dst[i] = src[i] rounded to fp16 (each element alone), over the threads.
+void narrow(const float* src, uint16_t* dst, int64_t n) {
+    kernels::parallel_for(n, kConvertGrain, [&](int64_t begin, int64_t end) {
+        kernels::float_to_half(src + begin, dst + begin, static_cast<size_t>(end - begin));
+    });
+}
 
 // Converts between a surface's packed bytes and a frame tensor (the live lanes of each row when
 // the tensor is partially live, the whole tensor otherwise).
@@ -27,7 +46,7 @@ void load_input(const uint8_t* src, Tensor& t) {
     }
     const size_t n = t.data.size();
     switch (t.dtype) {
-        case mil::DType::fp16: kernels::half_to_float(reinterpret_cast<const uint16_t*>(src), t.data.data(), n); break;
+        case mil::DType::fp16: widen(reinterpret_cast<const uint16_t*>(src), t.data.data(), static_cast<int64_t>(n)); break;
         case mil::DType::fp32: std::memcpy(t.data.data(), src, n * 4); break;
         case mil::DType::int32:
             for (size_t i = 0; i < n; ++i) {
@@ -68,7 +87,7 @@ void store_output(const Tensor& t, uint8_t* dst) {
     }
     const size_t n = t.data.size();
     switch (t.dtype) {
-        case mil::DType::fp16: kernels::float_to_half(t.data.data(), reinterpret_cast<uint16_t*>(dst), n); break;
+        case mil::DType::fp16: narrow(t.data.data(), reinterpret_cast<uint16_t*>(dst), static_cast<int64_t>(n)); break;
         case mil::DType::fp32: std::memcpy(dst, t.data.data(), n * 4); break;
         case mil::DType::int32:
             for (size_t i = 0; i < n; ++i) {

@@ -170,21 +170,23 @@ def llama_server_binary(given: str | None) -> str | None:
     return shutil.which("llama-server")
 
 
-def start_llama(binary: str | None, gguf: Path, slots: int, slot_context: int,
-                threads: int) -> tuple[subprocess.Popen | None, str | None, str]:
-    """``llama-server`` with ``slots`` parallel slots of ``slot_context`` positions each, or why it is skipped."""
+def start_llama(binary: str | None, gguf: Path, slots: int, slot_context: int, threads: int,
+                log: Path) -> tuple[subprocess.Popen | None, str | None, str]:
+    """``llama-server`` with ``slots`` parallel slots of ``slot_context`` positions each, or why it is skipped. Its log
+    (lines for every request) goes to the file ``log``: a pipe nobody reads would fill and stall it."""
     if binary is None:
         return None, None, ("llama-server: skipped (give --llama-server PATH or $LLAMA_SERVER, or put it on PATH; "
                             "see this file's docstring for the build)")
     port = free_port()
     cmd = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
            "-c", str(slots * slot_context), "-t", str(threads), "-tb", str(threads), "--cont-batching"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with log.open("w") as sink:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=sink)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            return None, None, f"llama-server: skipped (exited with {proc.returncode}: {proc.stderr.read()[-300:]})"
+            return None, None, f"llama-server: skipped (exited with {proc.returncode}: {log.read_text()[-300:]})"
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
                 return proc, url, " ".join(cmd[1:])
@@ -221,8 +223,12 @@ async def run_level(server: str, url: str, clients: int, requests: int, prompts:
                     new_tokens: int) -> Level:
     async with httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_connections=clients + 4)) as http:
         async def client(i: int) -> list[tuple[float, list[float], int]]:
-            return [await one_request(http, url, prompts[(i * requests + r) % len(prompts)], new_tokens)
-                    for r in range(requests)]
+            try:
+                return [await one_request(http, url, prompts[(i * requests + r) % len(prompts)], new_tokens)
+                        for r in range(requests)]
+            except httpx.HTTPError as failed:
+                raise RuntimeError(f"{server} at {url}, {clients} clients: a request failed: "
+                                   f"{type(failed).__name__}: {failed}") from failed
 
         start = time.perf_counter()
         results = [r for rs in await asyncio.gather(*(client(i) for i in range(clients))) for r in rs]
@@ -249,9 +255,10 @@ def serve_section(args: argparse.Namespace, model: Path, workdir: Path) -> dict[
         binary = llama_server_binary(args.llama_server) if "llama-server" in args.servers else None
         gguf = Path(args.gguf) if args.gguf else write_gguf_of(model, workdir / "model-f16.gguf") if binary else None
         slot_context = args.prompt_tokens + args.new_tokens + 16
-        proc, url, note = start_llama(binary, gguf, slots, slot_context, args.threads) if binary else \
+        proc, url, note = start_llama(binary, gguf, slots, slot_context, args.threads, workdir / "llama-server.log") \
+            if binary else \
             (None, None, "llama-server: not asked for (--servers)") if "llama-server" not in args.servers else \
-            start_llama(None, Path(), 0, 0, 0)
+            start_llama(None, Path(), 0, 0, 0, Path())
         if proc is not None:
             servers["llama-server"] = (proc, url)
             notes.append(f"llama-server {note}")

@@ -224,6 +224,81 @@ ChainsByStep<DecodeChain> ChainFinder::decode_attention() const {
     });
 }
 
+ChainsByStep<ChunkChain> ChainFinder::chunk_attention() const {
+    return fp16_chains<ChunkChain>([&](const Step& last, auto& made, StepList& steps) -> std::optional<ChunkChain> {
+        // Made from the end: every step found once (made records it), every shared operand compared by id.
+        const Step* out = made(last.out, "add");
+        const Step* past_ctx = out ? made(arg(*out, "x"), "matmul") : nullptr;
+        const Step* own_ctx = past_ctx ? made(arg(*out, "y"), "matmul") : nullptr;
+        const Step* past_p = own_ctx ? made(arg(*past_ctx, "y"), "mul") : nullptr;
+        const Step* own_p = past_p ? made(arg(*own_ctx, "y"), "mul") : nullptr;
+        if (!own_p || arg(*past_p, "y") != arg(*own_p, "y")) return std::nullopt;
+        const Step* inv = made(arg(*past_p, "y"), "pow");
+        const Step* denom = inv ? made(arg(*inv, "x"), "add") : nullptr;
+        const Step* past_sum = denom ? made(arg(*denom, "x"), "reduce_sum") : nullptr;
+        const Step* own_sum = past_sum ? made(arg(*denom, "y"), "reduce_sum") : nullptr;
+        const Step* past_e = own_sum ? made(arg(*past_p, "x"), "exp") : nullptr;
+        const Step* own_e = past_e ? made(arg(*own_p, "x"), "exp") : nullptr;
+        if (!own_e || arg(*past_sum, "x") != past_e->out || arg(*own_sum, "x") != own_e->out) return std::nullopt;
+        const Step* past_shift = made(arg(*past_e, "x"), "sub");
+        const Step* own_shift = past_shift ? made(arg(*own_e, "x"), "sub") : nullptr;
+        if (!own_shift || arg(*past_shift, "y") != arg(*own_shift, "y")) return std::nullopt;
+        const Step* m = made(arg(*past_shift, "y"), "add");
+        const Step* over = m ? made(arg(*m, "y"), "relu") : nullptr;
+        const Step* gap = over ? made(arg(*over, "x"), "sub") : nullptr;
+        const Step* past = gap ? made(arg(*past_shift, "x"), "add") : nullptr;
+        const Step* own = past ? made(arg(*own_shift, "x"), "add") : nullptr;
+        const Step* top_past = own ? made(arg(*gap, "x"), "reduce_max") : nullptr;
+        const Step* top_own = top_past ? made(arg(*m, "x"), "reduce_max") : nullptr;
+        if (!top_own || arg(*gap, "y") != top_own->out || arg(*top_past, "x") != past->out ||
+            arg(*top_own, "x") != own->out)
+            return std::nullopt;
+        const Step* past_scores = made(arg(*past, "x"), "matmul");
+        const Step* own_scores = past_scores ? made(arg(*own, "x"), "matmul") : nullptr;
+        if (!own_scores || arg(*past_scores, "x") != arg(*own_scores, "x")) return std::nullopt;
+        ChunkChain chain;
+        chain.q = arg(*past_scores, "x"), chain.keys = arg(*past_scores, "y"), chain.k = arg(*own_scores, "y");
+        chain.values = arg(*past_ctx, "x"), chain.v = arg(*own_ctx, "x");
+        chain.past_mask = arg(*past, "y"), chain.own_mask = arg(*own, "y"), chain.exponent = arg(*inv, "y");
+        // Shapes: q, k, v [.., D, S] and the caches [.., D, T], one batch axis set for all four matmuls (the
+        // heads), the scores transposing q, the contexts the probabilities; every reduction over the last axis.
+        using Dims = frontend::MatmulDims;
+        const Dims &ps = std::get<Dims>(past_scores->typed.attrs), &os = std::get<Dims>(own_scores->typed.attrs);
+        const Dims &pc = std::get<Dims>(past_ctx->typed.attrs), &oc = std::get<Dims>(own_ctx->typed.attrs);
+        const int64_t D = ps.K, S = ps.M, T = ps.N;
+        for (const Dims* d : {&ps, &os, &pc, &oc})
+            if (d->x_batch != ps.batch || d->y_batch != ps.batch || d->batch != ps.batch) return std::nullopt;
+        if (!ps.transpose_x || ps.transpose_y || !os.transpose_x || os.transpose_y || pc.transpose_x ||
+            !pc.transpose_y || oc.transpose_x || !oc.transpose_y || os.M != S || os.K != D || os.N != S ||
+            pc.M != D || pc.K != T || pc.N != S || oc.M != D || oc.K != S || oc.N != S || D <= 0 || S <= 0 || T <= 0)
+            return std::nullopt;
+        const int64_t rank = static_cast<int64_t>(past_scores->op->type.shape.size());
+        for (const Step* r : {past_sum, own_sum, top_past, top_own}) {
+            const auto& axes = std::get<frontend::Reduction>(r->typed.attrs).axes;
+            if (axes != std::vector<int64_t>{rank - 1} || r->op->type.shape.back() != 1) return std::nullopt;
+        }
+        // The masks broadcast over the heads: [.., 1, T] or [.., S, T] past, [.., S, S] own, ones in front.
+        auto mask_rows = [&](int id, int64_t width) -> int64_t {
+            const Shape& shape = value(id).type.shape;
+            if (shape.size() < 2 || shape.back() != width) return 0;
+            for (size_t d = 0; d + 2 < shape.size(); ++d)
+                if (shape[d] != 1) return 0;
+            return shape[shape.size() - 2];
+        };
+        const int64_t past_rows = mask_rows(chain.past_mask, T);
+        const ValueInfo& exponent = value(chain.exponent);
+        const Shape& qs = value(chain.q).type.shape;
+        const bool ok = (past_rows == 1 || past_rows == S) && mask_rows(chain.own_mask, S) == S &&
+                        exponent.constant && exponent.type.element_count() == 1 && mil::is_float(exponent.type.dtype) &&
+                        qs.size() >= 2 && qs[qs.size() - 2] == D && qs.back() == S &&
+                        value(chain.k).type.shape == qs && value(chain.v).type.shape == qs &&
+                        value(chain.keys).type.shape == value(chain.values).type.shape &&
+                        out->op->type.shape == qs && private_results(steps, out);
+        chain.shape = {element_count(ps.batch), D, S, T, past_rows};
+        return ok ? std::optional(chain) : std::nullopt;
+    });
+}
+
 ChainsByStep<NormChain> ChainFinder::stable_norms() const {
     return fp16_chains<NormChain>([&](const Step& last, auto& made, StepList& steps) -> std::optional<NormChain> {
         bool ok = true;

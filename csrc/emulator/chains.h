@@ -1,7 +1,7 @@
 // The chains of MIL ops that one fused kernel computes, found in a program's model (program_model.h):
 // each finder returns its chains by each of their steps, and finds only chains whose intermediates
 // nothing outside the chain reads. The emulator (emulator.cpp) adds one kernel per chain at its last
-// step; the kernels themselves are in causal_attention.h, decode_attention.h, stable_norm.h, rotary.h,
+// step; the kernels themselves are in causal_attention.h, decode_attention.h, chunk_attention.h, stable_norm.h, rotary.h,
 // packed_outputs.h and fused_elementwise.h.
 #pragma once
 
@@ -13,6 +13,7 @@
 #include <set>
 #include <vector>
 
+#include "emulator/chunk_attention.h"
 #include "emulator/decode_attention.h"
 #include "emulator/fused_elementwise.h"
 #include "emulator/packed_outputs.h"
@@ -38,6 +39,14 @@ struct DecodeChain {
     StepList steps;
     int q = -1, k = -1, v = -1, keys = -1, values = -1, mask = -1, exponent = -1;
     DecodeAttention shape;
+};
+
+// A prompt chunk's attention over its KV cache plus itself (chunk_attention.h): its 22 steps in program order,
+// its operands' value ids and its shape.
+struct ChunkChain {
+    StepList steps;
+    int q = -1, k = -1, v = -1, keys = -1, values = -1, past_mask = -1, own_mask = -1, exponent = -1;
+    ChunkAttention shape;
 };
 
 // A stable norm over the channels of a decode step's [1, C, 1, S] (stable_norm.h): its steps in program
@@ -86,6 +95,7 @@ public:
 
     ChainsByStep<AttentionChain> causal_attention() const;
     ChainsByStep<DecodeChain> decode_attention() const;
+    ChainsByStep<ChunkChain> chunk_attention() const;
     ChainsByStep<NormChain> stable_norms() const;
     ChainsByStep<RotaryChain> rotaries() const;
     // Chains sum_i mul(block_i [1, 1, r, W], one-hot [1, rows, 1, 1]) of two or more fp16 blocks in

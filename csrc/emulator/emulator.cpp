@@ -15,6 +15,7 @@
 #include "emulator/buffer_pool.h"
 #include "emulator/causal_attention.h"
 #include "emulator/chains.h"
+#include "emulator/chunk_attention.h"
 #include "emulator/decode_attention.h"
 #include "emulator/rotary.h"
 #include "emulator/stable_norm.h"
@@ -48,6 +49,7 @@ constexpr int64_t kMinPooledElements = int64_t{1} << 12;
 
 // The profile row of the fused decode attention.
 constexpr const char* kDecodeAttentionRow = "attention (decode, fused)";
+constexpr const char* kChunkAttentionRow = "attention (chunk, fused)";
 
 // The kernels of a program in order, each with the steps it computes, its profile row and cost, and
 // the pooled buffers taken before it and given back after it (plan_buffers).
@@ -256,6 +258,7 @@ private:
         for (const auto& [step, chain] : chains)
             if (step == chain.steps.back()) ++chain_reads[chain.mask];
         const ChainsByStep<DecodeChain> decode_chains = find.decode_attention();
+        const ChainsByStep<ChunkChain> chunk_chains = find.chunk_attention();
         const ChainsByStep<NormChain> norms = find.stable_norms();
         const ChainsByStep<RotaryChain> rotaries = find.rotaries();
         // Every fused group's steps (no step is in two): its last step, where its kernel is added, and how.
@@ -268,6 +271,7 @@ private:
             groups[step] = {chain.steps.back(), [this, &chain = chain, shared = chain_reads[chain.mask] == readers[chain.mask]](
                                                     GroupParts& parts) { add_fused_attention(chain, shared, parts); }};
         take(decode_chains, &EmulatedProgram::add_decode_attention);
+        take(chunk_chains, &EmulatedProgram::add_chunk_attention);
         take(norms, &EmulatedProgram::add_stable_norm);
         take(rotaries, &EmulatedProgram::add_rotary);
         std::set<const Step*> grouped;
@@ -758,6 +762,36 @@ private:
                                  fr.values[exponent].data[0], out.data.data());
             out.lanes = out.last_dim();
             set_live_leading(out, lane, lead);
+            return true;
+        });
+    }
+
+    // One kernel for a chunk attention chain: run_chunk_attention when its operands are fp32 tensors (the score
+    // matmuls' keys may be fp16 read in place) with no live prefix, else the chain's own kernels. Live lanes bound the
+    // queries, the cached positions and the chunk's keys as they bound the ops'; the output is live on the queries'.
+    void add_chunk_attention(const ChunkChain& chain, GroupParts& parts) {
+        auto slot = [&](int id) { return values()[static_cast<size_t>(id)].slot; };
+        const int q = slot(chain.q), k = slot(chain.k), v = slot(chain.v), keys = slot(chain.keys);
+        const int cache_values = slot(chain.values), past_mask = slot(chain.past_mask), own_mask = slot(chain.own_mask);
+        const int exponent = slot(chain.exponent), o = chain.steps.back()->out;
+        const ChunkAttention a = chain.shape;
+        add_group_kernel(chain.steps, results_before_last(chain.steps), parts, kChunkAttentionRow, [=](Frame& fr) {
+            auto at = [&](int s) -> const Tensor& { return fr.values[static_cast<size_t>(s)]; };
+            for (int s : {q, k, v, keys, cache_values, past_mask, own_mask})
+                if (at(s).prefix_partial() || (at(s).half && s != keys && s != k)) return false;
+            auto live = [&](int s, int64_t whole) { return at(s).partial() ? std::min(at(s).lanes, whole) : whole; };
+            ChunkLive l;
+            l.queries = live(q, a.seq);
+            l.scored = std::min(live(keys, a.positions), live(past_mask, a.positions));
+            l.summed = std::min(l.scored, live(cache_values, a.positions));
+            l.own_scored = std::min(live(k, a.seq), live(own_mask, a.seq));
+            l.own_summed = std::min(l.own_scored, live(v, a.seq));
+            auto view = [&](int s) { return CacheView{at(s).half ? nullptr : at(s).data.data(), at(s).half}; };
+            Tensor& out = fr.values[static_cast<size_t>(o)];
+            run_chunk_attention(a, l, at(q).data.data(), view(k), at(v).data.data(), view(keys),
+                                at(cache_values).data.data(), at(past_mask).data.data(), at(own_mask).data.data(),
+                                at(exponent).data[0], out.data.data());
+            out.lanes = l.queries, out.live_prefix = -1;
             return true;
         });
     }

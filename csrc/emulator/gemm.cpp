@@ -385,8 +385,13 @@ void pack_b_panel(const GemmKernels& k, const B* b, int64_t b_rs, int64_t b_cs, 
 template <typename B>
 void gemm_packed(const GemmKernels& k, int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t a_cs,
                  const B* b, int64_t b_rs, int64_t b_cs, float* c, int64_t c_rs, bool round_fp16) {
-    std::vector<float> a_packed(static_cast<size_t>(ceil_div(std::min(M, kGemmOuterM), kGemmMR) * kGemmMR * kGemmKC));
-    std::vector<float> b_packed(static_cast<size_t>(ceil_div(std::min(N, kGemmOuterN), kGemmNR) * kGemmNR * kGemmKC));
+    // The packs, reused by the calling thread across calls (a nested call runs inline on its own thread): a fresh
+    // zero-filled pack per call cost more than a small matmul's multiply-adds (a chunk's attention over its cache:
+    // 8 queries x 256 positions x 64 lanes, with a 256 KiB B pack). Only the K slice in use is sized.
+    const int64_t kc_max = std::min(K, kGemmKC);
+    thread_local std::vector<float> a_buffer, b_buffer;
+    float* const a_packed = scratch(a_buffer, static_cast<size_t>(ceil_div(std::min(M, kGemmOuterM), kGemmMR) * kGemmMR * kc_max));
+    float* const b_packed = scratch(b_buffer, static_cast<size_t>(ceil_div(std::min(N, kGemmOuterN), kGemmNR) * kGemmNR * kc_max));
     const int64_t by = k.gemm_block ? 2 : 1;
     for (int64_t mo = 0; mo < M; mo += kGemmOuterM)
         for (int64_t no = 0; no < N; no += kGemmOuterN) {
@@ -406,11 +411,11 @@ void gemm_packed(const GemmKernels& k, int64_t M, int64_t N, int64_t K, const fl
                     for (int64_t q = begin; q < end; ++q) {
                         if (q < a_panels) {
                             const int64_t i0 = q * kGemmMR;
-                            pack_a(a, a_rs, a_cs, mo + i0, std::min(kGemmMR, mb - i0), p0, kc, a_packed.data() + i0 * kc);
+                            pack_a(a, a_rs, a_cs, mo + i0, std::min(kGemmMR, mb - i0), p0, kc, a_packed + i0 * kc);
                         } else {
                             const int64_t j0 = (q - a_panels) * kGemmNR;
                             pack_b_panel(k, b, b_rs, b_cs, p0, kc, no + j0, std::min(kGemmNR, nb - j0),
-                                         b_packed.data() + j0 * kc);
+                                         b_packed + j0 * kc);
                         }
                     }
                 });
@@ -420,8 +425,8 @@ void gemm_packed(const GemmKernels& k, int64_t M, int64_t N, int64_t K, const fl
                     for (int64_t t = begin; t < end; ++t) {
                         const int64_t m0 = t / tiles_n * kGemmMC, n0 = t % tiles_n * chunk;
                         const int64_t mc = std::min(kGemmMC, mb - m0), nc = std::min(chunk, nb - n0);
-                        const float* ap = a_packed.data() + m0 * kc;
-                        const float* bp = b_packed.data() + n0 * kc;
+                        const float* ap = a_packed + m0 * kc;
+                        const float* bp = b_packed + n0 * kc;
                         float* ct = c + (mo + m0) * c_rs + no + n0;
                         // Blocks of 2x2 register tiles where the flavour has them, single tiles at the edges.
                         for (int64_t j0 = 0; j0 < nc; j0 += by * kGemmNR)

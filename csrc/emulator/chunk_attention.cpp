@@ -1,0 +1,109 @@
+// The fused chunk attention kernel (see chunk_attention.h for why it is the ops bit for bit).
+#include "emulator/chunk_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "emulator/kernels.h"
+
+namespace orion::emu {
+
+namespace {
+
+// Cache bytes worth a thread's share of the heads (as the decode attention's).
+constexpr int64_t kHeadBytes = int64_t{1} << 16;
+// Up to this many rows of A the gemm streams B (gemv) instead of packing it: the score matmuls' query
+// rows are cut to the live ones, but never across this bound, so each row is summed on the ops' path.
+constexpr int64_t kGemvRows = 3;
+
+float rounded(float v) {
+    kernels::round_fp16(&v, 1);
+    return v;
+}
+
+// c [M, N] (row stride ldb) = round(q^T b): q [K, S] (its first M columns), b [K, ldb] fp32 or fp16 read in
+// place, from `offset`: the score matmul's call.
+void scores(int64_t M, int64_t N, int64_t K, const float* q, int64_t S, CacheView b, int64_t offset, int64_t ldb,
+            float* c) {
+    if (b.half)
+        kernels::gemm_f16b(M, N, K, q, 1, S, b.half + offset, ldb, 1, c, ldb, true);
+    else
+        kernels::gemm(M, N, K, q, 1, S, b.data + offset, ldb, 1, c, ldb, true);
+}
+
+// row[t] = round(row[t] + mask[t]) for t < n.
+void add_mask(float* row, const float* mask, int64_t n) {
+    for (int64_t t = 0; t < n; ++t) row[t] += mask[t];
+    kernels::round_fp16(row, static_cast<size_t>(n));
+}
+
+// row[t] = round(exp(round(row[t] - m))) for t < n; returns round(the sum of the results, in order).
+float exp_shifted(float* row, float m, int64_t n) {
+    for (int64_t t = 0; t < n; ++t) row[t] -= m;
+    kernels::round_fp16(row, static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) row[t] = std::exp(row[t]);
+    kernels::round_fp16(row, static_cast<size_t>(n));
+    float sum = 0.0f;
+    for (int64_t t = 0; t < n; ++t) sum += row[t];
+    return rounded(sum);
+}
+
+void scale_row(float* row, float by, int64_t n) {
+    for (int64_t t = 0; t < n; ++t) row[t] *= by;
+    kernels::round_fp16(row, static_cast<size_t>(n));
+}
+
+float row_max(const float* row, int64_t n) {
+    float top = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < n; ++t) top = std::max(top, row[t]);
+    return top;
+}
+
+}  // namespace
+
+void run_chunk_attention(const ChunkAttention& a, const ChunkLive& live, const float* q, CacheView k,
+                         const float* v, CacheView keys, const float* values, const float* past_mask,
+                         const float* own_mask, float exponent, float* out) {
+    const int64_t D = a.depth, S = a.seq, T = a.positions, Q = live.queries;
+    const int64_t rows = S <= kGemvRows ? S : std::clamp<int64_t>(Q, kGemvRows + 1, S);  // score rows computed
+    kernels::parallel_for(a.heads, std::max<int64_t>(1, kHeadBytes / std::max<int64_t>(4 * D * (T + S), 1)),
+                          [&](int64_t begin, int64_t end) {
+        thread_local std::vector<float> scratch;  // grown, never shrunk
+        const size_t need = static_cast<size_t>(rows * (T + S) + 2 * D * S);
+        if (scratch.size() < need) scratch.resize(need);
+        float* past = scratch.data();       // [rows, T]: scores, masked, e, p (the ops' row layout)
+        float* own = past + rows * T;       // [rows, S]
+        float* past_ctx = own + rows * S;   // [D, S]
+        float* own_ctx = past_ctx + D * S;  // [D, S]
+        for (int64_t h = begin; h < end; ++h) {
+            const float* qh = q + h * D * S;
+            scores(rows, live.scored, D, qh, S, keys, h * D * T, T, past);
+            scores(rows, live.own_scored, D, qh, S, k, h * D * S, S, own);
+            for (int64_t i = 0; i < Q; ++i) {
+                float *pr = past + i * T, *orow = own + i * S;
+                add_mask(pr, past_mask + (a.past_mask_rows == 1 ? 0 : i * T), live.scored);
+                add_mask(orow, own_mask + i * S, live.own_scored);
+                const float top_own = row_max(orow, live.own_scored);
+                const float gap = rounded(row_max(pr, live.scored) - top_own);
+                const float m = rounded(top_own + (gap > 0.0f ? gap : 0.0f));  // top_own + relu(gap)
+                const float sums = exp_shifted(pr, m, live.scored) + exp_shifted(orow, m, live.own_scored);
+                const float inv = rounded(std::pow(rounded(sums), exponent));
+                scale_row(pr, inv, live.scored);
+                scale_row(orow, inv, live.own_scored);
+            }
+            // The contexts: values [D, T] times the probabilities' rows (B transposed), as the ops' matmuls.
+            kernels::gemm(D, Q, live.summed, values + h * D * T, T, 1, past, 1, T, past_ctx, S, true);
+            kernels::gemm(D, Q, live.own_summed, v + h * D * S, S, 1, own, 1, S, own_ctx, S, true);
+            float* oh = out + h * D * S;
+            for (int64_t d = 0; d < D; ++d) {
+                for (int64_t i = 0; i < Q; ++i) oh[d * S + i] = past_ctx[d * S + i] + own_ctx[d * S + i];
+                kernels::round_fp16(oh + d * S, static_cast<size_t>(Q));
+                std::fill(oh + d * S + Q, oh + (d + 1) * S, 0.0f);  // dead queries: finite for the ops reading whole rows
+            }
+        }
+    });
+}
+
+}  // namespace orion::emu

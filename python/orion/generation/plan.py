@@ -53,7 +53,8 @@ class PlanOptions:
     join_chunk: int = 128
     # The chunk-program bucket of up to this many appended tokens (speculative checks: a token and its drafts).
     # Not the 32-lane minimum of prompts: the emulator computes a chunk program's short rows whole, so a 4-token
-    # check in the 32-token bucket cost SmolLM2-135M 3.4 decode steps, in this one 2.5 (7 drafts), 2.1 (3).
+    # check in the 32-token bucket cost SmolLM2-135M 3.4 decode steps, in this one 2.5 (7 drafts), 2.1 (3) before
+    # the fused chunk attention, 1.6, 1.5 and 1.45 (1 draft) with it; a 16-token bucket 2.6 (15 drafts), 1.8 (7).
     draft_chunk: int = 8
 
     def __post_init__(self) -> None:

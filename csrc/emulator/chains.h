@@ -1,8 +1,8 @@
 // The chains of MIL ops that one fused kernel computes, found in a program's model (program_model.h):
 // each finder returns its chains by each of their steps, and finds only chains whose intermediates
 // nothing outside the chain reads. The emulator (emulator.cpp) adds one kernel per chain at its last
-// step; the kernels themselves are in causal_attention.h, decode_attention.h, chunk_attention.h, stable_norm.h, rotary.h,
-// packed_outputs.h and fused_elementwise.h.
+// step; the kernels themselves are in causal_attention.h, decode_attention.h, chunk_attention.h, stable_norm.h,
+// rotary.h, packed_outputs.h and fused_elementwise.h.
 #pragma once
 
 #include <cstddef>

@@ -100,7 +100,7 @@ void run_chunk_attention(const ChunkAttention& a, const ChunkLive& live, const f
             for (int64_t d = 0; d < D; ++d) {
                 for (int64_t i = 0; i < Q; ++i) oh[d * S + i] = past_ctx[d * S + i] + own_ctx[d * S + i];
                 kernels::round_fp16(oh + d * S, static_cast<size_t>(Q));
-                std::fill(oh + d * S + Q, oh + (d + 1) * S, 0.0f);  // dead queries: finite for the ops reading whole rows
+                std::fill(oh + d * S + Q, oh + (d + 1) * S, 0.0f);  // dead queries: finite for whole-row ops
             }
         }
     });

@@ -389,9 +389,11 @@ void gemm_packed(const GemmKernels& k, int64_t M, int64_t N, int64_t K, const fl
     // zero-filled pack per call cost more than a small matmul's multiply-adds (a chunk's attention over its cache:
     // 8 queries x 256 positions x 64 lanes, with a 256 KiB B pack). Only the K slice in use is sized.
     const int64_t kc_max = std::min(K, kGemmKC);
+    const int64_t a_rows = ceil_div(std::min(M, kGemmOuterM), kGemmMR) * kGemmMR;
+    const int64_t b_columns = ceil_div(std::min(N, kGemmOuterN), kGemmNR) * kGemmNR;
     thread_local std::vector<float> a_buffer, b_buffer;
-    float* const a_packed = scratch(a_buffer, static_cast<size_t>(ceil_div(std::min(M, kGemmOuterM), kGemmMR) * kGemmMR * kc_max));
-    float* const b_packed = scratch(b_buffer, static_cast<size_t>(ceil_div(std::min(N, kGemmOuterN), kGemmNR) * kGemmNR * kc_max));
+    float* const a_packed = scratch(a_buffer, static_cast<size_t>(a_rows * kc_max));
+    float* const b_packed = scratch(b_buffer, static_cast<size_t>(b_columns * kc_max));
     const int64_t by = k.gemm_block ? 2 : 1;
     for (int64_t mo = 0; mo < M; mo += kGemmOuterM)
         for (int64_t no = 0; no < N; no += kGemmOuterN) {

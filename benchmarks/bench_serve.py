@@ -348,8 +348,29 @@ def speculative_section(args: argparse.Namespace, workdir: Path) -> dict[str, An
                      "ratios_per_repeat": [round(p[1] / q[1], 2) for p, q in zip(times["plain"], times["spec"])],
                      "reply_start": plain_text[:60]})
     return {"model": str(path), "draft_tokens": settings.num_tokens, "max_ngram": settings.max_ngram,
-            "min_ngram": settings.min_ngram,
-            "repeats": args.spec_repeats, "rows": rows}
+            "min_ngram": settings.min_ngram, "repeats": args.spec_repeats, "rows": rows,
+            "check_cost": check_costs(model, model.prompt_ids([{"role": "user", "content": EDITS["code"]}]),
+                                      (1, 3, settings.num_tokens))}
+
+
+def check_costs(model: Any, prompt: list[int], drafts: tuple[int, ...], rounds: int = 9) -> dict[int, float]:
+    """What a check of k drafts costs in decode steps (the speculative policy's premise): per k, the median over
+    interleaved rounds of one check (``extend`` of k + 1 tokens, then forgotten) over one decode step."""
+    model.prefill(prompt)
+    costs = {}
+    for k in drafts:
+        ratios = []
+        for _ in range(rounds + 1):  # the first round warms
+            start = time.perf_counter()
+            model.decode_step(prompt[-1])
+            step = time.perf_counter() - start
+            start = time.perf_counter()
+            model.extend(prompt[-k - 1:])
+            check = time.perf_counter() - start
+            model.truncate(model.cache.length - k - 2)
+            ratios.append(check / step)
+        costs[k] = round(statistics.median(ratios[1:]), 2)
+    return costs
 
 
 # -- prefix reuse ---------------------------------------------------------------------------------------------
@@ -546,6 +567,8 @@ def render(report: dict[str, Any]) -> str:
                     f"{r['plain_tok_s']:>11.1f} {r['speculative_tok_s']:>10.1f} {r['speed_ratio']:>5.2f}x  "
                     f"{r['plain_decode_tok_s']:.1f}, {r['speculative_decode_tok_s']:.1f}, {r['decode_ratio']:.2f}x"
                     for r in s["rows"]]
+            out.append("a check of k drafts costs (decode steps, median of interleaved rounds): " +
+                       ", ".join(f"k={k}: {c}" for k, c in s["check_cost"].items()))
     if "prefix" in report:
         s = report["prefix"]
         out += [f"\n## prefix reuse: {s['system_tokens']}-token shared system prompt + {s['user_tokens']} tokens: "

@@ -29,10 +29,11 @@ bool same_content(const PackedConv1x1Q& a, const PackedConv1x1Q& b) {
            a.lut == b.lut && a.params == b.params && a.lut_bytes == b.lut_bytes;
 }
 
-// lut4's channel-major layout (PackedConv1x1Q::channel_major): where row r of a chunk of 32 rows is, byte (r / 16)
-// * 8 + r % 8 of the chunk's 16, the high nibble when r / 8 is odd (so that the AVX2 decode gives rows in order).
-int64_t chunk_byte(int64_t r) { return (r / 16) * 8 + r % 8; }
-int chunk_shift(int64_t r) { return 4 * static_cast<int>((r / 8) % 2); }
+// lut4's channel-major layout (PackedConv1x1Q::channel_major): where row r of a chunk of 32 rows is. AVX2: byte
+// (r / 16) * 8 + r % 8 of the chunk's 16, the high nibble when r / 8 is odd (so that the AVX2 decode gives rows
+// in order); AVX-512 (`halves`): byte r % 16, the high nibble when r >= 16 (one widening gives rows 0-15).
+int64_t chunk_byte(int64_t r, bool halves) { return halves ? r % 16 : (r / 16) * 8 + r % 8; }
+int chunk_shift(int64_t r, bool halves) { return 4 * static_cast<int>(halves ? r / 16 : (r / 8) % 2); }
 
 }  // namespace
 
@@ -562,11 +563,24 @@ ORION_AVX2 inline void transpose8x8(const float* src, int64_t src_stride, float*
 
 // widen_q of the channel-major layout: rows c0 to c0 + n of the panel, a chunk of 32 rows at a time: each
 // channel's chunk decoded as in the tile into a [16 channels][32 rows] block, then transposed by 8 x 8 blocks.
+// Rows c0 to c0 + n of chunk t, its weights decoded as block[channel][row of the chunk], into dst as panel rows
+// (transposed by 8 x 8 blocks).
+ORION_AVX2 void store_chunk_rows(const float (&block)[kConvPanel][32], int64_t t, int64_t c0, float* dst, int64_t n) {
+    alignas(32) float rows[32][kConvPanel];
+    const int64_t first_row = std::max(c0, 32 * t), end = std::min(c0 + n, 32 * t + 32);
+    const bool whole = first_row == 32 * t && end == 32 * t + 32;
+    float* to = whole ? dst + (32 * t - c0) * kConvPanel : &rows[0][0];
+    for (int jb = 0; jb < kConvPanel; jb += 8)
+        for (int rb = 0; rb < 32; rb += 8) transpose8x8(&block[jb][rb], 32, to + rb * kConvPanel + jb, kConvPanel);
+    if (!whole)
+        std::copy(&rows[0][0] + (first_row - 32 * t) * kConvPanel, &rows[0][0] + (end - 32 * t) * kConvPanel,
+                  dst + (first_row - c0) * kConvPanel);
+}
+
 ORION_AVX2 void widen_lut4_channels(const QPanel& p, int64_t c0, float* dst, int64_t n) {
     alignas(32) uint8_t table[kConvPanel][2][16];
     channel_tables(p, table);
     alignas(32) float block[kConvPanel][32];
-    alignas(32) float rows[32][kConvPanel];
     for (int64_t t = c0 / 32; t * 32 < c0 + n; ++t) {
         for (int j = 0; j < kConvPanel; ++j) {
             const __m256i low = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(table[j][0])));
@@ -578,14 +592,7 @@ ORION_AVX2 void widen_lut4_channels(const QPanel& p, int64_t c0, float* dst, int
             _mm256_store_ps(block[j] + 16, _mm256_cvtph_ps(_mm256_castsi256_si128(second)));
             _mm256_store_ps(block[j] + 24, _mm256_cvtph_ps(_mm256_extracti128_si256(second, 1)));
         }
-        const int64_t first_row = std::max(c0, 32 * t), end = std::min(c0 + n, 32 * t + 32);
-        const bool whole = first_row == 32 * t && end == 32 * t + 32;
-        float* to = whole ? dst + (32 * t - c0) * kConvPanel : &rows[0][0];
-        for (int jb = 0; jb < kConvPanel; jb += 8)
-            for (int rb = 0; rb < 32; rb += 8) transpose8x8(&block[jb][rb], 32, to + rb * kConvPanel + jb, kConvPanel);
-        if (!whole)
-            std::copy(&rows[0][0] + (first_row - 32 * t) * kConvPanel, &rows[0][0] + (end - 32 * t) * kConvPanel,
-                      dst + (first_row - c0) * kConvPanel);
+        store_chunk_rows(block, t, c0, dst, n);
     }
 }
 
@@ -676,14 +683,27 @@ ORION_AVX512 inline __m512i nibbles16(const uint8_t* p) {
     const __m512i shifts = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
     return _mm512_and_si512(_mm512_srlv_epi32(both, shifts), _mm512_set1_epi32(15));
 }
+// The 16 nibbles of the 64-bit row at p with the panel's halves interleaved (InterleavedRows): nibble j < 8 in
+// bits 0-3 of lane 2j, nibble 8 + j in those of lane 2j + 1 (one broadcast, one shift per lane pair); the
+// bits above are the next nibbles.
+ORION_AVX512 inline __m512i interleaved_nibbles16(const uint8_t* p) {
+    long long word;
+    std::memcpy(&word, p, 8);
+    return _mm512_srlv_epi64(_mm512_set1_epi64(word), _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28));
+}
+// lut4 with a LUT per panel half: an interleaved row by one shift, one ternary logic op (the nibble, and bit 4
+// picking the half's LUT) and one two-table permute of the fp32 entries.
 struct Lut4Rows16 {
     static constexpr int64_t kRowBytes = 8;
+    static constexpr bool kInterleaved = true;
     const uint8_t* w;
     const uint8_t* at(int64_t c) const { return w + c * kRowBytes; }
     __m512 low, high;  // the low half's LUT, the high half's
     ORION_AVX512 __m512 row(int64_t c) const {
-        const __m512i half = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 16, 16, 16, 16, 16, 16, 16, 16);
-        return _mm512_permutex2var_ps(low, _mm512_or_si512(nibbles16(w + c * 8), half), high);
+        const __m512i half = _mm512_setr_epi32(0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16);
+        const __m512i index = _mm512_ternarylogic_epi32(interleaved_nibbles16(w + c * 8), _mm512_set1_epi32(15), half,
+                                                        0xEA);  // (a & b) | c
+        return _mm512_permutex2var_ps(low, index, high);
     }
 };
 struct LutGatherRows16 {
@@ -724,6 +744,142 @@ struct Affine4Rows16 {
     }
 };
 
+// The int4 decode tile (blocks of B >= U rows, whole blocks from a block's first row): conv_tile_avx512_fixed's
+// sums (row c into partial sum c % U, in the same order: the same bits) with each block's s and n = -(z * s)
+// (exact in fp32: two fp16 values) decoded once into interleaved registers, and a weight fp16(fma(u, s, n)),
+// the exact (u - z) * s rounded once (Affine4Rows16's values), from an interleaved row of nibbles.
+template <int L, int U>
+ORION_AVX512 void affine4_tile_avx512_fixed(const uint8_t* w, const uint16_t* params, int64_t B, const float* x,
+                                            int64_t S, int64_t k, float* acc, bool add) {
+    __m512 sum[U][L];
+    ORION_UNROLL
+    for (int u = 0; u < U; ++u)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) sum[u][l] = _mm512_setzero_ps();
+    if (add)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) sum[0][l] = interleave16(_mm512_loadu_ps(acc + l * kConvPanel));
+    const __m512i fifteen = _mm512_set1_epi32(15);
+    for (int64_t c0 = 0; c0 < k; c0 += B, params += 2 * kConvPanel) {
+        const __m512 s = interleave16(load16(params));
+        const __m512 n = _mm512_mul_ps(interleave16(load16(params + kConvPanel)), _mm512_sub_ps(_mm512_setzero_ps(), s));
+        for (int64_t c = c0; c < c0 + B; c += U) {
+            if constexpr (L < kConvSequentialLanes)
+                _mm_prefetch(reinterpret_cast<const char*>(w + c * 8 + kConvPrefetchBytes), _MM_HINT_T0);
+            ORION_UNROLL
+            for (int u = 0; u < U; ++u) {
+                const __m512 v = _mm512_cvtepi32_ps(_mm512_and_si512(interleaved_nibbles16(w + (c + u) * 8), fifteen));
+                const __m512 wv = _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_fmadd_ps(v, s, n), _MM_FROUND_TO_NEAREST_INT));
+                const float* xc = x + (c + u) * S;
+                ORION_UNROLL
+                for (int l = 0; l < L; ++l) sum[u][l] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xc[l]), sum[u][l]);
+            }
+        }
+    }
+    ORION_UNROLL
+    for (int u = 1; u < U; ++u)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) sum[0][l] = _mm512_add_ps(sum[0][l], sum[u][l]);
+    ORION_UNROLL
+    for (int l = 0; l < L; ++l) _mm512_storeu_ps(acc + l * kConvPanel, deinterleave16(sum[0][l]));
+}
+
+// affine4_tile_avx512_fixed with conv_tile_avx512_rows' U for each lane count (B >= 4).
+ORION_AVX512 void affine4_tile_avx512(const uint8_t* w, const uint16_t* params, int64_t B, const float* x, int64_t S,
+                                      int64_t k, int lanes, float* acc, bool add) {
+    switch (lanes) {
+        case 1: return affine4_tile_avx512_fixed<1, 4>(w, params, B, x, S, k, acc, add);
+        case 2: return affine4_tile_avx512_fixed<2, 2>(w, params, B, x, S, k, acc, add);
+        case 3: return affine4_tile_avx512_fixed<3, 2>(w, params, B, x, S, k, acc, add);
+        case 4: return affine4_tile_avx512_fixed<4, 1>(w, params, B, x, S, k, acc, add);
+        case 5: return affine4_tile_avx512_fixed<5, 1>(w, params, B, x, S, k, acc, add);
+        case 6: return affine4_tile_avx512_fixed<6, 1>(w, params, B, x, S, k, acc, add);
+        case 7: return affine4_tile_avx512_fixed<7, 1>(w, params, B, x, S, k, acc, add);
+        case 8: return affine4_tile_avx512_fixed<8, 1>(w, params, B, x, S, k, acc, add);
+        case 9: return affine4_tile_avx512_fixed<9, 1>(w, params, B, x, S, k, acc, add);
+        case 10: return affine4_tile_avx512_fixed<10, 1>(w, params, B, x, S, k, acc, add);
+        case 11: return affine4_tile_avx512_fixed<11, 1>(w, params, B, x, S, k, acc, add);
+        default: return affine4_tile_avx512_fixed<12, 1>(w, params, B, x, S, k, acc, add);
+    }
+}
+
+// lut4 with a LUT per output channel in the channel-major layout (PackedConv1x1Q::channel_major, AVX-512's chunks),
+// decoded along the input axis: a channel's LUT is one register of fp32 entries, and a chunk's 16 bytes give its
+// 32 rows' weights by one widening, one shift and two permutes, rows 0-15 (low nibbles), then 16-31. Each output is a dot product of its channel's exact
+// weights with x in 4 partial sums of 16 (chunks alternating between two pairs), added and reduced at the end:
+// the values the fp16 tile multiplies, summed in another order (within fp32 rounding of it). Rows c0 to c0 + k,
+// c0 a multiple of 32 (conv_panel's tiles: all rows from 0); each decoded chunk feeds the L lanes.
+// Chunk t's 32 weights of one channel (its 16 bytes at w + 16 t) times the L lanes' columns, into sum.
+template <int L>
+ORION_AVX512 __attribute__((always_inline)) inline void lut4_channel_chunk(const uint8_t* w, __m512 table,
+                                                                          const float* columns, int64_t chunks,
+                                                                          int64_t t, __m512 (&sum)[L][2]) {
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16 * t)));
+    const __m512 low = _mm512_permutexvar_ps(bytes, table);  // (the index's bits 0-3)
+    const __m512 high = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
+    ORION_UNROLL
+    for (int l = 0; l < L; ++l) {
+        const float* xt = columns + (l * chunks + t) * 32;
+        sum[l][0] = _mm512_fmadd_ps(low, _mm512_loadu_ps(xt), sum[l][0]);
+        sum[l][1] = _mm512_fmadd_ps(high, _mm512_loadu_ps(xt + 16), sum[l][1]);
+    }
+}
+template <int L>
+ORION_AVX512 void lut4_channel_tile_avx512_fixed(const QPanel& p, int64_t c0, const float* columns, int64_t chunks,
+                                                 float* acc, bool add) {
+    for (int j = 0; j < kConvPanel; ++j) {
+        const uint8_t* w = p.rows + j * p.channel_bytes + c0 / 2;
+        const __m512 table = _mm512_loadu_ps(p.lut + 16 * j);
+        __m512 sum[2][L][2];
+        ORION_UNROLL
+        for (int h = 0; h < 2; ++h)
+            ORION_UNROLL
+            for (int l = 0; l < L; ++l) sum[h][l][0] = sum[h][l][1] = _mm512_setzero_ps();
+        int64_t t = 0;
+        for (; t + 2 <= chunks; t += 2) {
+            // (the panel's channels, then the next panel's, lie one after another: one stream)
+            _mm_prefetch(reinterpret_cast<const char*>(w + 16 * t + kConvPrefetchBytes), _MM_HINT_T0);
+            lut4_channel_chunk<L>(w, table, columns, chunks, t, sum[0]);
+            lut4_channel_chunk<L>(w, table, columns, chunks, t + 1, sum[1]);
+        }
+        if (t < chunks) lut4_channel_chunk<L>(w, table, columns, chunks, t, sum[0]);
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) {
+            const float total = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(sum[0][l][0], sum[0][l][1]),
+                                                                   _mm512_add_ps(sum[1][l][0], sum[1][l][1])));
+            acc[l * kConvPanel + j] = (add ? acc[l * kConvPanel + j] : 0.0f) + total;
+        }
+    }
+}
+
+ORION_AVX512 void lut4_channel_tile_avx512(const QPanel& p, int64_t c0, const float* x, int64_t S, int64_t k, int lanes,
+                                           float* acc, bool add) {
+    if (c0 % 32) throw std::logic_error("lut4_channel_tile_avx512: rows from inside a chunk of 32");
+    const int64_t chunks = (k + 31) / 32;
+    // Each lane's x contiguous, padded rows 0: x itself for one lane of contiguous whole chunks, else a copy.
+    thread_local std::vector<float> copy;
+    const float* columns = x;
+    if (S != 1 || k % 32) {
+        if (copy.size() < static_cast<size_t>(lanes * chunks * 32)) copy.resize(static_cast<size_t>(lanes * chunks * 32));
+        for (int l = 0; l < lanes; ++l) {
+            float* to = copy.data() + l * chunks * 32;
+            for (int64_t c = 0; c < k; ++c) to[c] = x[c * S + l];
+            std::fill(to + k, to + chunks * 32, 0.0f);
+        }
+        columns = copy.data();
+    }
+    for (int l0 = 0; l0 < lanes; l0 += 4) {
+        const float* cols = columns + l0 * chunks * 32;
+        float* a = acc + l0 * kConvPanel;
+        switch (std::min(lanes - l0, 4)) {
+            case 1: lut4_channel_tile_avx512_fixed<1>(p, c0, cols, chunks, a, add); break;
+            case 2: lut4_channel_tile_avx512_fixed<2>(p, c0, cols, chunks, a, add); break;
+            case 3: lut4_channel_tile_avx512_fixed<3>(p, c0, cols, chunks, a, add); break;
+            default: lut4_channel_tile_avx512_fixed<4>(p, c0, cols, chunks, a, add); break;
+        }
+    }
+}
+
 template <typename F>
 ORION_AVX512 void with_q_rows16(const QPanel& p, int64_t c0, F f) {
     const uint8_t* w = p.rows + c0 * p.row_bytes;
@@ -752,7 +908,11 @@ struct WidenAvx512 {
     int64_t n;
     template <typename Rows>
     ORION_AVX512 void operator()(Rows rows) const {
-        for (int64_t r = 0; r < n; ++r) _mm512_storeu_ps(dst + r * kConvPanel, rows.row(r));
+        for (int64_t r = 0; r < n; ++r) {
+            __m512 row = rows.row(r);
+            if constexpr (InterleavedRows<Rows>::value) row = deinterleave16(row);
+            _mm512_storeu_ps(dst + r * kConvPanel, row);
+        }
     }
 };
 
@@ -766,10 +926,29 @@ ORION_AVX512 void conv_tile_i8_avx512(const int8_t* w, const float* scale, const
 
 ORION_AVX512 void conv_tile_q_avx512(const QPanel& p, int64_t c0, const float* x, int64_t S, int64_t k, int lanes,
                                      float* acc, bool add) {
+    if (p.channel_bytes) return lut4_channel_tile_avx512(p, c0, x, S, k, lanes, acc, add);
+    const int64_t block = int64_t{1} << p.block_shift;
+    if (p.kind == PackedConv1x1Q::Kind::affine4 && block >= 4 && c0 % block == 0 && k % block == 0)
+        return affine4_tile_avx512(p.rows + c0 * p.row_bytes, p.params + (c0 >> p.block_shift) * 2 * kConvPanel, block,
+                                   x, S, k, lanes, acc, add);
     with_q_rows16(p, c0, TileAvx512{x, S, k, lanes, acc, add});
 }
 
 ORION_AVX512 void widen_q_avx512(const QPanel& p, int64_t c0, float* dst, int64_t n) {
+    if (p.channel_bytes) {  // the channel-major layout: a chunk of 32 rows at a time, as lut4_channel_tile_avx512
+        alignas(64) float block[kConvPanel][32];
+        for (int64_t t = c0 / 32; t * 32 < c0 + n; ++t) {
+            for (int j = 0; j < kConvPanel; ++j) {
+                const __m512 table = _mm512_loadu_ps(p.lut + 16 * j);
+                const __m512i bytes = _mm512_cvtepu8_epi32(
+                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(p.rows + j * p.channel_bytes + 16 * t)));
+                _mm512_store_ps(block[j], _mm512_permutexvar_ps(bytes, table));
+                _mm512_store_ps(block[j] + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table));
+            }
+            store_chunk_rows(block, t, c0, dst, n);
+        }
+        return;
+    }
     with_q_rows16(p, c0, WidenAvx512{dst, n});
 }
 
@@ -855,7 +1034,7 @@ PackedConv1x1Q pack_conv1x1_lut(const uint8_t* indices, int bits, const float* l
     // The AVX2 flavour's layout for LUTs per panel half (the other flavours' readers take the plain one).
     const bool avx2 = std::string_view(simd_path()) == "avx2+f16c+fma";
     const bool paired = !packed.channel_luts && avx2;
-    packed.channel_major = packed.channel_luts && bits == 4 && avx2;
+    packed.channel_major = packed.channel_luts && bits == 4 && (avx2 || std::string_view(simd_path()) == "avx512f+f16c+fma");
     const int64_t tables = packed.entries / 16;  // paired: vpshufb tables of 16 entries per LUT
     const int64_t panels = ceil_div(cout, kConvPanel), luts = packed.channel_luts ? kConvPanel : 2;
     const int64_t rows_stored = packed.channel_major ? packed.rows_stored() : paired ? cin + cin % 2 : cin;
@@ -884,8 +1063,8 @@ PackedConv1x1Q pack_conv1x1_lut(const uint8_t* indices, int bits, const float* l
             if (index >= static_cast<unsigned>(packed.entries))
                 throw std::invalid_argument("pack_conv1x1_lut: an index is out of the LUT's range");
             if (packed.channel_major) {  // (kernels.h)
-                rows[j * (rows_stored / 2) + (c / 32) * 16 + chunk_byte(c % 32)] |=
-                    static_cast<uint8_t>(index << chunk_shift(c % 32));
+                rows[j * (rows_stored / 2) + (c / 32) * 16 + chunk_byte(c % 32, !avx2)] |=
+                    static_cast<uint8_t>(index << chunk_shift(c % 32, !avx2));
                 continue;
             }
             if (paired) {  // (kernels.h) and lut6's high bits at byte j % 8 after the pair's 16, bits 2 * (2 * half + row)

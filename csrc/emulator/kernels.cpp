@@ -1024,7 +1024,8 @@ void conv1x1(const PackedConv1x1Q& w, const float* x, int64_t S, int64_t lanes, 
                             : !w.channel_luts && static_cast<int64_t>(w.lut_bytes.size()) == panels * w.entries * 4;
     if ((lut && !lut_ok) ||
         (!lut && (w.block_shift < 0 || w.block_shift > 30 || (w.cin & ((int64_t{1} << w.block_shift) - 1)) ||
-                  static_cast<int64_t>(w.params.size()) != panels * (w.cin >> w.block_shift) * 2 * kConvPanel)))
+                  static_cast<int64_t>(w.channel_major ? w.channel_params.size() : w.params.size()) !=
+                      panels * (w.cin >> w.block_shift) * 2 * kConvPanel)))
         throw std::invalid_argument("conv1x1: low-bit weight without its LUTs or block parameters");
     conv1x1_packed(w, x, S, lanes, out, round_fp16);
 }

@@ -151,10 +151,15 @@ struct PackedConv1x1Q : std::enable_shared_from_this<PackedConv1x1Q> {
     // lut4 with a LUT per output channel in the AVX2 flavour's layout: each panel's 16 channels one after
     // another, each its rows_stored() / 2 bytes, 16 per chunk of 32 rows (row r of a chunk: byte
     // (r / 16) * 8 + r % 8, its high nibble when r / 8 is odd), cin padded to a multiple of 32 with index 0.
+    // (AVX-512: the same for lut4 with a LUT per output channel, and for affine4 with blocks of 32+ rows, whose
+    // chunks hold row r at byte r % 16, its high nibble when r >= 16, and whose block parameters are then
+    // channel_params instead of params.)
     bool channel_major = false;
     std::vector<uint8_t> data;     // panels x rows_stored() x row_bytes
     std::vector<float> lut;        // lut kinds: panels x (2 halves or 16 channels) x entries
     std::vector<uint16_t> params;  // affine4: panels x blocks x (16 fp16 scales, then 16 fp16 zero points)
+    // affine4 channel-major: panels x 16 channels x blocks x (s, n = -(z * s)) in fp32 (exact: two fp16 values)
+    std::vector<float> channel_params;
     // LUTs per panel half, packed for the AVX2 flavour (its lookups are vpshufb): the rows in pairs (2 *
     // row_bytes for rows 2q and 2q + 1: byte b < 16 holds in its low nibble the index's low 4 bits for
     // row 2q + b / 8, output b % 8, in its high nibble those of output 8 + b % 8; lut6: byte 16 + i holds

@@ -26,7 +26,7 @@ std::unordered_multimap<size_t, std::weak_ptr<const PackedConv1x1Q>> shared_q;
 bool same_content(const PackedConv1x1Q& a, const PackedConv1x1Q& b) {
     return a.kind == b.kind && a.cout == b.cout && a.cin == b.cin && a.block_shift == b.block_shift &&
            a.channel_luts == b.channel_luts && a.affine4_pairs == b.affine4_pairs && a.channel_major == b.channel_major && a.data == b.data &&
-           a.lut == b.lut && a.params == b.params && a.lut_bytes == b.lut_bytes;
+           a.lut == b.lut && a.params == b.params && a.lut_bytes == b.lut_bytes && a.channel_params == b.channel_params;
 }
 
 // lut4's channel-major layout (PackedConv1x1Q::channel_major): where row r of a chunk of 32 rows is. AVX2: byte
@@ -527,6 +527,8 @@ ORION_AVX2 void lut4_channel_tile(const QPanel& p, int64_t c0, const float* x, i
             const __m256i high = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(table[j][1])));
             __m256 sum[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
             for (int64_t t = 0; t < chunks; ++t) {
+                // (the panel's channels, then the next panel's, lie one after another: one stream)
+                if (t % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(w + 16 * t + kConvPrefetchBytes), _MM_HINT_T0);
                 __m256i first, second;
                 decode_chunk(w + 16 * t, low, high, first, second);
                 const float* xt = xl + 32 * t;  // rows 0-7, 8-15 (first), 16-23, 24-31 (second)
@@ -824,12 +826,27 @@ ORION_AVX512 __attribute__((always_inline)) inline void lut4_channel_chunk(const
         sum[l][1] = _mm512_fmadd_ps(high, _mm512_loadu_ps(xt + 16), sum[l][1]);
     }
 }
-template <int L>
-ORION_AVX512 void lut4_channel_tile_avx512_fixed(const QPanel& p, int64_t c0, const float* columns, int64_t chunks,
-                                                 float* acc, bool add) {
+// Channel j's table: its LUT (lut4), or its block's 16 weights fp16(fma(u, s, n)), u = 0..15 (affine4: the
+// exact (u - z) * s rounded once, Affine4Rows16's values), for chunk t of the panel's (block of chunk 0: b0).
+template <bool Affine>
+ORION_AVX512 __attribute__((always_inline)) inline __m512 channel_table(const QPanel& p, int j, int64_t b) {
+    if constexpr (Affine) {
+        const float* sn = p.channel_params + (j * (p.channel_bytes * 2 >> p.block_shift) + b) * 2;
+        const __m512 u = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        return _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_fmadd_ps(u, _mm512_set1_ps(sn[0]), _mm512_set1_ps(sn[1])),
+                                               _MM_FROUND_TO_NEAREST_INT));
+    } else {
+        return _mm512_loadu_ps(p.lut + 16 * j);
+    }
+}
+template <int L, bool Affine>
+ORION_AVX512 void channel_tile_avx512_fixed(const QPanel& p, int64_t c0, const float* columns, int64_t chunks,
+                                            float* acc, bool add) {
+    const int block_chunks = Affine ? p.block_shift - 5 : 0;  // log2 of the chunks per block (affine4: 32+ rows)
+    const int64_t b0 = c0 >> p.block_shift;
     for (int j = 0; j < kConvPanel; ++j) {
         const uint8_t* w = p.rows + j * p.channel_bytes + c0 / 2;
-        const __m512 table = _mm512_loadu_ps(p.lut + 16 * j);
+        __m512 table = channel_table<Affine>(p, j, b0);
         __m512 sum[2][L][2];
         ORION_UNROLL
         for (int h = 0; h < 2; ++h)
@@ -839,10 +856,17 @@ ORION_AVX512 void lut4_channel_tile_avx512_fixed(const QPanel& p, int64_t c0, co
         for (; t + 2 <= chunks; t += 2) {
             // (the panel's channels, then the next panel's, lie one after another: one stream)
             _mm_prefetch(reinterpret_cast<const char*>(w + 16 * t + kConvPrefetchBytes), _MM_HINT_T0);
+            if (Affine && t > 0 && (t & ((int64_t{1} << block_chunks) - 1)) == 0)
+                table = channel_table<Affine>(p, j, b0 + (t >> block_chunks));
             lut4_channel_chunk<L>(w, table, columns, chunks, t, sum[0]);
+            if (Affine && block_chunks == 0) table = channel_table<Affine>(p, j, b0 + t + 1);
             lut4_channel_chunk<L>(w, table, columns, chunks, t + 1, sum[1]);
         }
-        if (t < chunks) lut4_channel_chunk<L>(w, table, columns, chunks, t, sum[0]);
+        if (t < chunks) {
+            if (Affine && t > 0 && (t & ((int64_t{1} << block_chunks) - 1)) == 0)
+                table = channel_table<Affine>(p, j, b0 + (t >> block_chunks));
+            lut4_channel_chunk<L>(w, table, columns, chunks, t, sum[0]);
+        }
         ORION_UNROLL
         for (int l = 0; l < L; ++l) {
             const float total = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(sum[0][l][0], sum[0][l][1]),
@@ -852,9 +876,10 @@ ORION_AVX512 void lut4_channel_tile_avx512_fixed(const QPanel& p, int64_t c0, co
     }
 }
 
-ORION_AVX512 void lut4_channel_tile_avx512(const QPanel& p, int64_t c0, const float* x, int64_t S, int64_t k, int lanes,
+ORION_AVX512 void channel_tile_avx512(const QPanel& p, int64_t c0, const float* x, int64_t S, int64_t k, int lanes,
                                            float* acc, bool add) {
-    if (c0 % 32) throw std::logic_error("lut4_channel_tile_avx512: rows from inside a chunk of 32");
+    if (c0 % 32 || (p.kind == PackedConv1x1Q::Kind::affine4 && c0 % (int64_t{1} << p.block_shift)))
+        throw std::logic_error("channel_tile_avx512: rows from inside a chunk of 32 (or an int4 block)");
     const int64_t chunks = (k + 31) / 32;
     // Each lane's x contiguous, padded rows 0: x itself for one lane of contiguous whole chunks, else a copy.
     thread_local std::vector<float> copy;
@@ -871,11 +896,17 @@ ORION_AVX512 void lut4_channel_tile_avx512(const QPanel& p, int64_t c0, const fl
     for (int l0 = 0; l0 < lanes; l0 += 4) {
         const float* cols = columns + l0 * chunks * 32;
         float* a = acc + l0 * kConvPanel;
-        switch (std::min(lanes - l0, 4)) {
-            case 1: lut4_channel_tile_avx512_fixed<1>(p, c0, cols, chunks, a, add); break;
-            case 2: lut4_channel_tile_avx512_fixed<2>(p, c0, cols, chunks, a, add); break;
-            case 3: lut4_channel_tile_avx512_fixed<3>(p, c0, cols, chunks, a, add); break;
-            default: lut4_channel_tile_avx512_fixed<4>(p, c0, cols, chunks, a, add); break;
+        const int n = static_cast<int>(std::min(lanes - l0, 4));
+        if (p.kind == PackedConv1x1Q::Kind::affine4) {
+            if (n == 1) channel_tile_avx512_fixed<1, true>(p, c0, cols, chunks, a, add);
+            else if (n == 2) channel_tile_avx512_fixed<2, true>(p, c0, cols, chunks, a, add);
+            else if (n == 3) channel_tile_avx512_fixed<3, true>(p, c0, cols, chunks, a, add);
+            else channel_tile_avx512_fixed<4, true>(p, c0, cols, chunks, a, add);
+        } else {
+            if (n == 1) channel_tile_avx512_fixed<1, false>(p, c0, cols, chunks, a, add);
+            else if (n == 2) channel_tile_avx512_fixed<2, false>(p, c0, cols, chunks, a, add);
+            else if (n == 3) channel_tile_avx512_fixed<3, false>(p, c0, cols, chunks, a, add);
+            else channel_tile_avx512_fixed<4, false>(p, c0, cols, chunks, a, add);
         }
     }
 }
@@ -926,7 +957,7 @@ ORION_AVX512 void conv_tile_i8_avx512(const int8_t* w, const float* scale, const
 
 ORION_AVX512 void conv_tile_q_avx512(const QPanel& p, int64_t c0, const float* x, int64_t S, int64_t k, int lanes,
                                      float* acc, bool add) {
-    if (p.channel_bytes) return lut4_channel_tile_avx512(p, c0, x, S, k, lanes, acc, add);
+    if (p.channel_bytes) return channel_tile_avx512(p, c0, x, S, k, lanes, acc, add);
     const int64_t block = int64_t{1} << p.block_shift;
     if (p.kind == PackedConv1x1Q::Kind::affine4 && block >= 4 && c0 % block == 0 && k % block == 0)
         return affine4_tile_avx512(p.rows + c0 * p.row_bytes, p.params + (c0 >> p.block_shift) * 2 * kConvPanel, block,
@@ -935,11 +966,13 @@ ORION_AVX512 void conv_tile_q_avx512(const QPanel& p, int64_t c0, const float* x
 }
 
 ORION_AVX512 void widen_q_avx512(const QPanel& p, int64_t c0, float* dst, int64_t n) {
-    if (p.channel_bytes) {  // the channel-major layout: a chunk of 32 rows at a time, as lut4_channel_tile_avx512
+    if (p.channel_bytes) {  // the channel-major layout: a chunk of 32 rows at a time, as channel_tile_avx512
         alignas(64) float block[kConvPanel][32];
         for (int64_t t = c0 / 32; t * 32 < c0 + n; ++t) {
             for (int j = 0; j < kConvPanel; ++j) {
-                const __m512 table = _mm512_loadu_ps(p.lut + 16 * j);
+                const __m512 table = p.kind == PackedConv1x1Q::Kind::affine4
+                                         ? channel_table<true>(p, j, (32 * t) >> p.block_shift)
+                                         : channel_table<false>(p, j, 0);
                 const __m512i bytes = _mm512_cvtepu8_epi32(
                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(p.rows + j * p.channel_bytes + 16 * t)));
                 _mm512_store_ps(block[j], _mm512_permutexvar_ps(bytes, table));
@@ -969,6 +1002,8 @@ QPanel q_panel(const PackedConv1x1Q& w, int64_t p) {
     panel.block_shift = w.block_shift;
     panel.affine4_pairs = w.affine4_pairs;
     if (w.channel_major) panel.channel_bytes = w.rows_stored() / 2;
+    if (!w.channel_params.empty())
+        panel.channel_params = w.channel_params.data() + p * kConvPanel * (w.cin >> w.block_shift) * 2;
     return panel;
 }
 
@@ -978,7 +1013,7 @@ void add_low_bit_usage(int64_t& count, int64_t& bytes) {
         if (auto alive = weak.lock()) {
             ++count;
             bytes += static_cast<int64_t>(alive->data.size() + alive->lut.size() * 4 + alive->params.size() * 2 +
-                                          alive->lut_bytes.size());
+                                          alive->lut_bytes.size() + alive->channel_params.size() * 4);
         }
 }
 
@@ -1104,9 +1139,14 @@ PackedConv1x1Q pack_conv1x1_affine4(const uint8_t* u, const float* scale, const 
     packed.block_shift = shift;
     // The AVX2 flavour's layout for blocks of 2+ rows, rows in pairs (the other flavours' readers take the plain one).
     packed.affine4_pairs = shift > 0 && std::string_view(simd_path()) == "avx2+f16c+fma";
+    // The AVX-512 flavour's channel-major layout for blocks of whole chunks of 32 rows.
+    packed.channel_major = block >= 32 && std::string_view(simd_path()) == "avx512f+f16c+fma";
     const int64_t panels = ceil_div(cout, kConvPanel), blocks = cin / block;
     packed.data.assign(static_cast<size_t>(panels * cin * 8), 0);
-    packed.params.assign(static_cast<size_t>(panels * blocks * 2 * kConvPanel), 0);
+    if (packed.channel_major)
+        packed.channel_params.assign(static_cast<size_t>(panels * kConvPanel * blocks * 2), 0.0f);
+    else
+        packed.params.assign(static_cast<size_t>(panels * blocks * 2 * kConvPanel), 0);
     for (int64_t o = 0; o < cout; ++o) {
         const int64_t p = o / kConvPanel, j = o % kConvPanel;
         for (int64_t b = 0; b < blocks; ++b) {
@@ -1114,6 +1154,12 @@ PackedConv1x1Q pack_conv1x1_affine4(const uint8_t* u, const float* scale, const 
             if (!affine4_packable(s, z))
                 throw std::invalid_argument("pack_conv1x1_affine4: a scale or zero point is not an fp16 value, or some "
                                             "u - zero is not (dequantize to fp16 instead)");
+            if (packed.channel_major) {
+                float* at = packed.channel_params.data() + ((p * kConvPanel + j) * blocks + b) * 2;
+                at[0] = s;
+                at[1] = z * -s;  // exact: two fp16 values
+                continue;
+            }
             uint16_t* at = packed.params.data() + (p * blocks + b) * 2 * kConvPanel;
             at[j] = emu::float_to_half(s);
             at[kConvPanel + j] = emu::float_to_half(z);
@@ -1122,7 +1168,9 @@ PackedConv1x1Q pack_conv1x1_affine4(const uint8_t* u, const float* scale, const 
         for (int64_t c = 0; c < cin; ++c) {
             const unsigned v = u[o * cin + c];
             if (v > 15) throw std::invalid_argument("pack_conv1x1_affine4: a value is above 15");
-            if (packed.affine4_pairs)
+            if (packed.channel_major)
+                rows[j * (cin / 2) + (c / 32) * 16 + chunk_byte(c % 32, true)] |= static_cast<uint8_t>(v << chunk_shift(c % 32, true));
+            else if (packed.affine4_pairs)
                 rows[(c / 2) * 16 + j] |= static_cast<uint8_t>(v << (4 * (c % 2)));
             else
                 rows[c * 8 + j / 2] |= static_cast<uint8_t>(v << (4 * (j % 2)));
@@ -1136,6 +1184,8 @@ std::shared_ptr<const PackedConv1x1Q> shared_conv1x1_q(PackedConv1x1Q packed) {
     key ^= content_key(std::string_view(reinterpret_cast<const char*>(packed.lut.data()), packed.lut.size() * 4)) << 1;
     key ^= content_key(std::string_view(reinterpret_cast<const char*>(packed.params.data()), packed.params.size() * 2)) << 2;
     key ^= content_key(std::string_view(reinterpret_cast<const char*>(packed.lut_bytes.data()), packed.lut_bytes.size())) << 3;
+    key ^= content_key(std::string_view(reinterpret_cast<const char*>(packed.channel_params.data()),
+                                        packed.channel_params.size() * 4)) << 4;
     key ^= static_cast<size_t>(packed.cout) * 0x9E3779B97F4A7C15ull + static_cast<size_t>(packed.kind);
     std::lock_guard<std::mutex> lock(shared_q_mutex);
     auto [first, last] = shared_q.equal_range(key);

@@ -124,12 +124,13 @@ std::shared_ptr<const PackedConv1x1I8> shared_conv1x1_i8(const int8_t* q, const 
 // A 1x1 convolution weight [cout][cin] of 4 or 6 bits per weight, packed like PackedConv1x1 (panels
 // of 16 output channels, one row of 16 weights per input channel) and streamed at its stored width;
 // the tile forms each weight in fp32 exactly (an fp16 value) before the same FMA as the fp16 tile, so
-// conv1x1 gives bit for bit what it gives the fp16 weight of the same values (but AVX2's int4 and per-channel
-// lut4 decode tiles, which sum in another order: within the fp16 rounding of the weights, low_bit_kernels.cpp).
+// conv1x1 gives bit for bit what it gives the fp16 weight of the same values (but the channel-major decode tiles,
+// which sum the same weights in another order, and AVX2's int4 decode tile, which sums unrounded weights:
+// within the fp16 rounding of the weights, low_bit_kernels.cpp).
 //  - lut4, lut6: palettized (constexpr_lut_to_dense): weight = lut[o / group][index], the LUT's
 //    entries fp16 values. With group % 8 == 0 a panel half (8 output channels) reads one LUT (lut4: a
-//    register permute); otherwise each output channel's LUT is stored in its panel (a gather; AVX2
-//    lut4: channel_major, decoded along the inputs).
+//    register permute); otherwise each output channel's LUT is stored in its panel (a gather; AVX2 and
+//    AVX-512 lut4: channel_major, decoded along the inputs).
 //  - affine4: block-wise 4-bit (constexpr_blockwise_shift_scale): weight = fp16((u - z) * s) with u in
 //    [0, 15] and fp16 (s, z) per output channel and block of `block` (a power of two) input channels,
 //    u - z an fp16 value (checked at pack): the product of two fp16 values is exact in fp32, so one

@@ -805,12 +805,14 @@ ORION_AVX512 void affine4_tile_avx512(const uint8_t* w, const uint16_t* params, 
     }
 }
 
-// lut4 with a LUT per output channel in the channel-major layout (PackedConv1x1Q::channel_major, AVX-512's chunks),
-// decoded along the input axis: a channel's LUT is one register of fp32 entries, and a chunk's 16 bytes give its
-// 32 rows' weights by one widening, one shift and two permutes, rows 0-15 (low nibbles), then 16-31. Each output is a dot product of its channel's exact
-// weights with x in 4 partial sums of 16 (chunks alternating between two pairs), added and reduced at the end:
-// the values the fp16 tile multiplies, summed in another order (within fp32 rounding of it). Rows c0 to c0 + k,
-// c0 a multiple of 32 (conv_panel's tiles: all rows from 0); each decoded chunk feeds the L lanes.
+// The channel-major layout (PackedConv1x1Q::channel_major, AVX-512's chunks: lut4 with a LUT per output channel,
+// int4 with blocks of 32+), decoded along the input axis: a channel's table (its LUT, or its block's 16 levels)
+// is one register of fp32 weights, and a chunk's 16 bytes give its 32 rows' weights by one widening, one shift
+// and two permutes, rows 0-15 (low nibbles), then 16-31. Each output is a dot product of its channel's exact
+// weights with x in 4 partial sums of 16 (chunks alternating between two pairs), added, then the 16 channels'
+// lanes summed together (lane_sums16): the values the fp16 tile multiplies, summed in another order (within
+// fp32 rounding of it). Rows c0 to c0 + k, c0 a multiple of 32 (and of an int4 block; conv_panel's tiles: all
+// rows from 0); each decoded chunk feeds the L lanes.
 // Chunk t's 32 weights of one channel (its 16 bytes at w + 16 t) times the L lanes' columns, into sum.
 template <int L>
 ORION_AVX512 __attribute__((always_inline)) inline void lut4_channel_chunk(const uint8_t* w, __m512 table,
@@ -839,11 +841,28 @@ ORION_AVX512 __attribute__((always_inline)) inline __m512 channel_table(const QP
         return _mm512_loadu_ps(p.lut + 16 * j);
     }
 }
+// The 16 sums of the lanes of v[0..15], in order (a fixed tree: the halves, quarters, pairs, then lanes added).
+ORION_AVX512 inline __m512 lane_sums16(const __m512 (&v)[16]) {
+    __m512 w[8], x[4], y[2];
+    for (int i = 0; i < 8; ++i)  // lanes 0-7: v[2i]'s halves added, 8-15: v[2i + 1]'s
+        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; ++i)  // quarter k: v[4i + k]'s quarters added
+        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xDD));
+    for (int m = 0; m < 2; ++m)  // quarter k: pairs of v[8m + k], then of v[8m + 4 + k]
+        y[m] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * m], x[2 * m + 1], 0x44), _mm512_shuffle_ps(x[2 * m], x[2 * m + 1], 0xEE));
+    // lane 4k + r: v[k + 4r]'s sum
+    const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), z);
+}
+
 template <int L, bool Affine>
 ORION_AVX512 void channel_tile_avx512_fixed(const QPanel& p, int64_t c0, const float* columns, int64_t chunks,
                                             float* acc, bool add) {
     const int block_chunks = Affine ? p.block_shift - 5 : 0;  // log2 of the chunks per block (affine4: 32+ rows)
     const int64_t b0 = c0 >> p.block_shift;
+    __m512 channel_sums[L][kConvPanel];
     for (int j = 0; j < kConvPanel; ++j) {
         const uint8_t* w = p.rows + j * p.channel_bytes + c0 / 2;
         __m512 table = channel_table<Affine>(p, j, b0);
@@ -868,11 +887,14 @@ ORION_AVX512 void channel_tile_avx512_fixed(const QPanel& p, int64_t c0, const f
             lut4_channel_chunk<L>(w, table, columns, chunks, t, sum[0]);
         }
         ORION_UNROLL
-        for (int l = 0; l < L; ++l) {
-            const float total = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(sum[0][l][0], sum[0][l][1]),
-                                                                   _mm512_add_ps(sum[1][l][0], sum[1][l][1])));
-            acc[l * kConvPanel + j] = (add ? acc[l * kConvPanel + j] : 0.0f) + total;
-        }
+        for (int l = 0; l < L; ++l)
+            channel_sums[l][j] = _mm512_add_ps(_mm512_add_ps(sum[0][l][0], sum[0][l][1]),
+                                               _mm512_add_ps(sum[1][l][0], sum[1][l][1]));
+    }
+    ORION_UNROLL
+    for (int l = 0; l < L; ++l) {
+        const __m512 total = lane_sums16(channel_sums[l]);
+        _mm512_storeu_ps(acc + l * kConvPanel, add ? _mm512_add_ps(_mm512_loadu_ps(acc + l * kConvPanel), total) : total);
     }
 }
 

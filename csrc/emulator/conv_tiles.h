@@ -42,6 +42,8 @@ struct QPanel {
     int64_t channel_bytes = 0;          // the channel-major layout (PackedConv1x1Q::channel_major): the bytes of
                                         // each channel's rows (0: another layout)
     const float* channel_params = nullptr;  // affine4 channel-major: per channel and block, s and -(z * s)
+    uint64_t call = 0;                  // which conv1x1 call reads it (0: unknown): the channel-major tiles copy x
+                                        // once per call and thread, not once per panel
 };
 
 // fp16 bits -> fp32, all 65536 of them.

@@ -903,15 +903,20 @@ ORION_AVX512 void channel_tile_avx512(const QPanel& p, int64_t c0, const float* 
     if (c0 % 32 || (p.kind == PackedConv1x1Q::Kind::affine4 && c0 % (int64_t{1} << p.block_shift)))
         throw std::logic_error("channel_tile_avx512: rows from inside a chunk of 32 (or an int4 block)");
     const int64_t chunks = (k + 31) / 32;
-    // Each lane's x contiguous, padded rows 0: x itself for one lane of contiguous whole chunks, else a copy.
+    // Each lane's x contiguous, padded rows 0: x itself for one lane of contiguous whole chunks, else a copy, made
+    // once per conv1x1 call and thread (the panels of a call read the same x).
     thread_local std::vector<float> copy;
+    thread_local struct { uint64_t call; const float* x; int64_t S, k; int lanes; } copied{};
     const float* columns = x;
     if (S != 1 || k % 32) {
-        if (copy.size() < static_cast<size_t>(lanes * chunks * 32)) copy.resize(static_cast<size_t>(lanes * chunks * 32));
-        for (int l = 0; l < lanes; ++l) {
-            float* to = copy.data() + l * chunks * 32;
-            for (int64_t c = 0; c < k; ++c) to[c] = x[c * S + l];
-            std::fill(to + k, to + chunks * 32, 0.0f);
+        if (!p.call || p.call != copied.call || x != copied.x || S != copied.S || k != copied.k || lanes != copied.lanes) {
+            if (copy.size() < static_cast<size_t>(lanes * chunks * 32)) copy.resize(static_cast<size_t>(lanes * chunks * 32));
+            for (int l = 0; l < lanes; ++l) {
+                float* to = copy.data() + l * chunks * 32;
+                for (int64_t c = 0; c < k; ++c) to[c] = x[c * S + l];
+                std::fill(to + k, to + chunks * 32, 0.0f);
+            }
+            copied = {p.call, x, S, k, lanes};
         }
         columns = copy.data();
     }

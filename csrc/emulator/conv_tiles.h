@@ -39,8 +39,11 @@ struct QPanel {
     const uint8_t* lut_bytes = nullptr; // lut4 in the AVX2 layout (PackedConv1x1Q::lut_bytes): rows in pairs
     int block_shift = 5;
     bool affine4_pairs = false;         // affine4 in the AVX2 layout (PackedConv1x1Q::affine4_pairs)
-    int64_t channel_bytes = 0;          // lut4 per channel in the AVX2 layout (PackedConv1x1Q::channel_major):
-                                        // the bytes of each channel's rows (0: another layout)
+    int64_t channel_bytes = 0;          // the channel-major layout (PackedConv1x1Q::channel_major): the bytes of
+                                        // each channel's rows (0: another layout)
+    const float* channel_params = nullptr;  // affine4 channel-major: per channel and block, s and -(z * s)
+    uint64_t call = 0;                  // which conv1x1 call reads it (0: unknown): the channel-major tiles copy x
+                                        // once per call and thread, not once per panel
 };
 
 // fp16 bits -> fp32, all 65536 of them.
@@ -238,8 +241,25 @@ ORION_AVX512 inline __m512 load16(const uint16_t* p) {
 }
 ORION_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 
+// Whether an AVX-512 row reader gives its 16 outputs with the panel's halves interleaved (`kInterleaved`): output
+// j < 8 in lane 2j, output 8 + j in lane 2j + 1 (what one 64-bit shift per lane pair decodes from a row of
+// nibbles). The tiles keep such sums interleaved and put them in order at the end (the same sums, lanes moved).
+template <typename Rows, typename = void>
+struct InterleavedRows : std::false_type {};
+template <typename Rows>
+struct InterleavedRows<Rows, std::void_t<decltype(Rows::kInterleaved)>> : std::true_type {};
+
+// 16 outputs in order from interleaved lanes, and back.
+ORION_AVX512 inline __m512 deinterleave16(__m512 v) {
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15), v);
+}
+ORION_AVX512 inline __m512 interleave16(__m512 v) {
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15), v);
+}
+
 template <int L, int U, typename Rows>
 ORION_AVX512 void conv_tile_avx512_fixed(Rows rows, const float* x, int64_t S, int64_t k, float* acc, bool add) {
+    constexpr bool interleaved = InterleavedRows<Rows>::value;
     __m512 sum[U][L];
     ORION_UNROLL
     for (int u = 0; u < U; ++u)
@@ -247,7 +267,10 @@ ORION_AVX512 void conv_tile_avx512_fixed(Rows rows, const float* x, int64_t S, i
         for (int l = 0; l < L; ++l) sum[u][l] = _mm512_setzero_ps();
     if (add)
         ORION_UNROLL
-        for (int l = 0; l < L; ++l) sum[0][l] = _mm512_loadu_ps(acc + l * kConvPanel);
+        for (int l = 0; l < L; ++l) {
+            sum[0][l] = _mm512_loadu_ps(acc + l * kConvPanel);
+            if constexpr (interleaved) sum[0][l] = interleave16(sum[0][l]);
+        }
     int64_t c = 0;
     for (; c + U <= k; c += U) {
         ORION_UNROLL
@@ -269,7 +292,10 @@ ORION_AVX512 void conv_tile_avx512_fixed(Rows rows, const float* x, int64_t S, i
         ORION_UNROLL
         for (int l = 0; l < L; ++l) sum[0][l] = _mm512_add_ps(sum[0][l], sum[u][l]);
     ORION_UNROLL
-    for (int l = 0; l < L; ++l) _mm512_storeu_ps(acc + l * kConvPanel, sum[0][l]);
+    for (int l = 0; l < L; ++l) {
+        if constexpr (interleaved) sum[0][l] = deinterleave16(sum[0][l]);
+        _mm512_storeu_ps(acc + l * kConvPanel, sum[0][l]);
+    }
 }
 
 template <typename Rows>

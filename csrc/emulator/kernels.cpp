@@ -903,6 +903,8 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
     // A job is one panel; two adjacent ones when a pair tile of the flavour applies; on long rows otherwise
     // kConvGroup of them, which share each slice of x.
     constexpr bool low_bit = std::is_same_v<Packed, PackedConv1x1Q>;
+    static std::atomic<uint64_t> calls{0};
+    const uint64_t call = low_bit ? ++calls : 0;  // (QPanel::call)
     const bool converts = converts_weights(k, w.cin, lanes / chunks);
     const bool pairs = !low_bit && k.conv_pair_tile_f32 && converts;
     // Unconverted fp16 panels (decode's lanes) go two to a job when conv_panels runs them as a pair.
@@ -924,7 +926,10 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
                          float* job_out = out + o0 * S + s0;
                          if constexpr (low_bit) {
                              QPanel group[kConvGroup];
-                             for (int64_t g = 0; g < count; ++g) group[g] = q_panel(w, p + g);
+                             for (int64_t g = 0; g < count; ++g) {
+                                 group[g] = q_panel(w, p + g);
+                                 group[g].call = call;
+                             }
                              conv_panels(k, [&](int64_t g) { return std::pair{QRows{&group[g], 0}, PanelScales{}}; },
                                          count, w.cin, xv.from(s0), S, n, job_out, w.cout - o0, round_fp16);
                          } else {
@@ -1024,7 +1029,8 @@ void conv1x1(const PackedConv1x1Q& w, const float* x, int64_t S, int64_t lanes, 
                             : !w.channel_luts && static_cast<int64_t>(w.lut_bytes.size()) == panels * w.entries * 4;
     if ((lut && !lut_ok) ||
         (!lut && (w.block_shift < 0 || w.block_shift > 30 || (w.cin & ((int64_t{1} << w.block_shift) - 1)) ||
-                  static_cast<int64_t>(w.params.size()) != panels * (w.cin >> w.block_shift) * 2 * kConvPanel)))
+                  static_cast<int64_t>(w.channel_major ? w.channel_params.size() : w.params.size()) !=
+                      panels * (w.cin >> w.block_shift) * 2 * kConvPanel)))
         throw std::invalid_argument("conv1x1: low-bit weight without its LUTs or block parameters");
     conv1x1_packed(w, x, S, lanes, out, round_fp16);
 }

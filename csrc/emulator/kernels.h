@@ -124,12 +124,13 @@ std::shared_ptr<const PackedConv1x1I8> shared_conv1x1_i8(const int8_t* q, const 
 // A 1x1 convolution weight [cout][cin] of 4 or 6 bits per weight, packed like PackedConv1x1 (panels
 // of 16 output channels, one row of 16 weights per input channel) and streamed at its stored width;
 // the tile forms each weight in fp32 exactly (an fp16 value) before the same FMA as the fp16 tile, so
-// conv1x1 gives bit for bit what it gives the fp16 weight of the same values (but AVX2's int4 and per-channel
-// lut4 decode tiles, which sum in another order: within the fp16 rounding of the weights, low_bit_kernels.cpp).
+// conv1x1 gives bit for bit what it gives the fp16 weight of the same values (but the channel-major decode tiles,
+// which sum the same weights in another order, and AVX2's int4 decode tile, which sums unrounded weights:
+// within the fp16 rounding of the weights, low_bit_kernels.cpp).
 //  - lut4, lut6: palettized (constexpr_lut_to_dense): weight = lut[o / group][index], the LUT's
 //    entries fp16 values. With group % 8 == 0 a panel half (8 output channels) reads one LUT (lut4: a
-//    register permute); otherwise each output channel's LUT is stored in its panel (a gather; AVX2
-//    lut4: channel_major, decoded along the inputs).
+//    register permute); otherwise each output channel's LUT is stored in its panel (a gather; AVX2 and
+//    AVX-512 lut4: channel_major, decoded along the inputs).
 //  - affine4: block-wise 4-bit (constexpr_blockwise_shift_scale): weight = fp16((u - z) * s) with u in
 //    [0, 15] and fp16 (s, z) per output channel and block of `block` (a power of two) input channels,
 //    u - z an fp16 value (checked at pack): the product of two fp16 values is exact in fp32, so one
@@ -151,10 +152,15 @@ struct PackedConv1x1Q : std::enable_shared_from_this<PackedConv1x1Q> {
     // lut4 with a LUT per output channel in the AVX2 flavour's layout: each panel's 16 channels one after
     // another, each its rows_stored() / 2 bytes, 16 per chunk of 32 rows (row r of a chunk: byte
     // (r / 16) * 8 + r % 8, its high nibble when r / 8 is odd), cin padded to a multiple of 32 with index 0.
+    // (AVX-512: the same for lut4 with a LUT per output channel, and for affine4 with blocks of 32+ rows, whose
+    // chunks hold row r at byte r % 16, its high nibble when r >= 16, and whose block parameters are then
+    // channel_params instead of params.)
     bool channel_major = false;
     std::vector<uint8_t> data;     // panels x rows_stored() x row_bytes
     std::vector<float> lut;        // lut kinds: panels x (2 halves or 16 channels) x entries
     std::vector<uint16_t> params;  // affine4: panels x blocks x (16 fp16 scales, then 16 fp16 zero points)
+    // affine4 channel-major: panels x 16 channels x blocks x (s, n = -(z * s)) in fp32 (exact: two fp16 values)
+    std::vector<float> channel_params;
     // LUTs per panel half, packed for the AVX2 flavour (its lookups are vpshufb): the rows in pairs (2 *
     // row_bytes for rows 2q and 2q + 1: byte b < 16 holds in its low nibble the index's low 4 bits for
     // row 2q + b / 8, output b % 8, in its high nibble those of output 8 + b % 8; lut6: byte 16 + i holds

@@ -26,13 +26,14 @@ std::unordered_multimap<size_t, std::weak_ptr<const PackedConv1x1Q>> shared_q;
 bool same_content(const PackedConv1x1Q& a, const PackedConv1x1Q& b) {
     return a.kind == b.kind && a.cout == b.cout && a.cin == b.cin && a.block_shift == b.block_shift &&
            a.channel_luts == b.channel_luts && a.affine4_pairs == b.affine4_pairs && a.channel_major == b.channel_major && a.data == b.data &&
-           a.lut == b.lut && a.params == b.params && a.lut_bytes == b.lut_bytes;
+           a.lut == b.lut && a.params == b.params && a.lut_bytes == b.lut_bytes && a.channel_params == b.channel_params;
 }
 
-// lut4's channel-major layout (PackedConv1x1Q::channel_major): where row r of a chunk of 32 rows is, byte (r / 16)
-// * 8 + r % 8 of the chunk's 16, the high nibble when r / 8 is odd (so that the AVX2 decode gives rows in order).
-int64_t chunk_byte(int64_t r) { return (r / 16) * 8 + r % 8; }
-int chunk_shift(int64_t r) { return 4 * static_cast<int>((r / 8) % 2); }
+// lut4's channel-major layout (PackedConv1x1Q::channel_major): where row r of a chunk of 32 rows is. AVX2: byte
+// (r / 16) * 8 + r % 8 of the chunk's 16, the high nibble when r / 8 is odd (so that the AVX2 decode gives rows
+// in order); AVX-512 (`halves`): byte r % 16, the high nibble when r >= 16 (one widening gives rows 0-15).
+int64_t chunk_byte(int64_t r, bool halves) { return halves ? r % 16 : (r / 16) * 8 + r % 8; }
+int chunk_shift(int64_t r, bool halves) { return 4 * static_cast<int>(halves ? r / 16 : (r / 8) % 2); }
 
 }  // namespace
 
@@ -526,6 +527,8 @@ ORION_AVX2 void lut4_channel_tile(const QPanel& p, int64_t c0, const float* x, i
             const __m256i high = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(table[j][1])));
             __m256 sum[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
             for (int64_t t = 0; t < chunks; ++t) {
+                // (the panel's channels, then the next panel's, lie one after another: one stream)
+                if (t % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(w + 16 * t + kConvPrefetchBytes), _MM_HINT_T0);
                 __m256i first, second;
                 decode_chunk(w + 16 * t, low, high, first, second);
                 const float* xt = xl + 32 * t;  // rows 0-7, 8-15 (first), 16-23, 24-31 (second)
@@ -562,11 +565,24 @@ ORION_AVX2 inline void transpose8x8(const float* src, int64_t src_stride, float*
 
 // widen_q of the channel-major layout: rows c0 to c0 + n of the panel, a chunk of 32 rows at a time: each
 // channel's chunk decoded as in the tile into a [16 channels][32 rows] block, then transposed by 8 x 8 blocks.
+// Rows c0 to c0 + n of chunk t, its weights decoded as block[channel][row of the chunk], into dst as panel rows
+// (transposed by 8 x 8 blocks).
+ORION_AVX2 void store_chunk_rows(const float (&block)[kConvPanel][32], int64_t t, int64_t c0, float* dst, int64_t n) {
+    alignas(32) float rows[32][kConvPanel];
+    const int64_t first_row = std::max(c0, 32 * t), end = std::min(c0 + n, 32 * t + 32);
+    const bool whole = first_row == 32 * t && end == 32 * t + 32;
+    float* to = whole ? dst + (32 * t - c0) * kConvPanel : &rows[0][0];
+    for (int jb = 0; jb < kConvPanel; jb += 8)
+        for (int rb = 0; rb < 32; rb += 8) transpose8x8(&block[jb][rb], 32, to + rb * kConvPanel + jb, kConvPanel);
+    if (!whole)
+        std::copy(&rows[0][0] + (first_row - 32 * t) * kConvPanel, &rows[0][0] + (end - 32 * t) * kConvPanel,
+                  dst + (first_row - c0) * kConvPanel);
+}
+
 ORION_AVX2 void widen_lut4_channels(const QPanel& p, int64_t c0, float* dst, int64_t n) {
     alignas(32) uint8_t table[kConvPanel][2][16];
     channel_tables(p, table);
     alignas(32) float block[kConvPanel][32];
-    alignas(32) float rows[32][kConvPanel];
     for (int64_t t = c0 / 32; t * 32 < c0 + n; ++t) {
         for (int j = 0; j < kConvPanel; ++j) {
             const __m256i low = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(table[j][0])));
@@ -578,14 +594,7 @@ ORION_AVX2 void widen_lut4_channels(const QPanel& p, int64_t c0, float* dst, int
             _mm256_store_ps(block[j] + 16, _mm256_cvtph_ps(_mm256_castsi256_si128(second)));
             _mm256_store_ps(block[j] + 24, _mm256_cvtph_ps(_mm256_extracti128_si256(second, 1)));
         }
-        const int64_t first_row = std::max(c0, 32 * t), end = std::min(c0 + n, 32 * t + 32);
-        const bool whole = first_row == 32 * t && end == 32 * t + 32;
-        float* to = whole ? dst + (32 * t - c0) * kConvPanel : &rows[0][0];
-        for (int jb = 0; jb < kConvPanel; jb += 8)
-            for (int rb = 0; rb < 32; rb += 8) transpose8x8(&block[jb][rb], 32, to + rb * kConvPanel + jb, kConvPanel);
-        if (!whole)
-            std::copy(&rows[0][0] + (first_row - 32 * t) * kConvPanel, &rows[0][0] + (end - 32 * t) * kConvPanel,
-                      dst + (first_row - c0) * kConvPanel);
+        store_chunk_rows(block, t, c0, dst, n);
     }
 }
 
@@ -676,14 +685,27 @@ ORION_AVX512 inline __m512i nibbles16(const uint8_t* p) {
     const __m512i shifts = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
     return _mm512_and_si512(_mm512_srlv_epi32(both, shifts), _mm512_set1_epi32(15));
 }
+// The 16 nibbles of the 64-bit row at p with the panel's halves interleaved (InterleavedRows): nibble j < 8 in
+// bits 0-3 of lane 2j, nibble 8 + j in those of lane 2j + 1 (one broadcast, one shift per lane pair); the
+// bits above are the next nibbles.
+ORION_AVX512 inline __m512i interleaved_nibbles16(const uint8_t* p) {
+    long long word;
+    std::memcpy(&word, p, 8);
+    return _mm512_srlv_epi64(_mm512_set1_epi64(word), _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28));
+}
+// lut4 with a LUT per panel half: an interleaved row by one shift, one ternary logic op (the nibble, and bit 4
+// picking the half's LUT) and one two-table permute of the fp32 entries.
 struct Lut4Rows16 {
     static constexpr int64_t kRowBytes = 8;
+    static constexpr bool kInterleaved = true;
     const uint8_t* w;
     const uint8_t* at(int64_t c) const { return w + c * kRowBytes; }
     __m512 low, high;  // the low half's LUT, the high half's
     ORION_AVX512 __m512 row(int64_t c) const {
-        const __m512i half = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 16, 16, 16, 16, 16, 16, 16, 16);
-        return _mm512_permutex2var_ps(low, _mm512_or_si512(nibbles16(w + c * 8), half), high);
+        const __m512i half = _mm512_setr_epi32(0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16);
+        const __m512i index = _mm512_ternarylogic_epi32(interleaved_nibbles16(w + c * 8), _mm512_set1_epi32(15), half,
+                                                        0xEA);  // (a & b) | c
+        return _mm512_permutex2var_ps(low, index, high);
     }
 };
 struct LutGatherRows16 {
@@ -724,6 +746,198 @@ struct Affine4Rows16 {
     }
 };
 
+// The int4 decode tile (blocks of B >= U rows, whole blocks from a block's first row): conv_tile_avx512_fixed's
+// sums (row c into partial sum c % U, in the same order: the same bits) with each block's s and n = -(z * s)
+// (exact in fp32: two fp16 values) decoded once into interleaved registers, and a weight fp16(fma(u, s, n)),
+// the exact (u - z) * s rounded once (Affine4Rows16's values), from an interleaved row of nibbles.
+template <int L, int U>
+ORION_AVX512 void affine4_tile_avx512_fixed(const uint8_t* w, const uint16_t* params, int64_t B, const float* x,
+                                            int64_t S, int64_t k, float* acc, bool add) {
+    __m512 sum[U][L];
+    ORION_UNROLL
+    for (int u = 0; u < U; ++u)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) sum[u][l] = _mm512_setzero_ps();
+    if (add)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) sum[0][l] = interleave16(_mm512_loadu_ps(acc + l * kConvPanel));
+    const __m512i fifteen = _mm512_set1_epi32(15);
+    for (int64_t c0 = 0; c0 < k; c0 += B, params += 2 * kConvPanel) {
+        const __m512 s = interleave16(load16(params));
+        const __m512 n = _mm512_mul_ps(interleave16(load16(params + kConvPanel)), _mm512_sub_ps(_mm512_setzero_ps(), s));
+        for (int64_t c = c0; c < c0 + B; c += U) {
+            if constexpr (L < kConvSequentialLanes)
+                _mm_prefetch(reinterpret_cast<const char*>(w + c * 8 + kConvPrefetchBytes), _MM_HINT_T0);
+            ORION_UNROLL
+            for (int u = 0; u < U; ++u) {
+                const __m512 v = _mm512_cvtepi32_ps(_mm512_and_si512(interleaved_nibbles16(w + (c + u) * 8), fifteen));
+                const __m512 wv = _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_fmadd_ps(v, s, n), _MM_FROUND_TO_NEAREST_INT));
+                const float* xc = x + (c + u) * S;
+                ORION_UNROLL
+                for (int l = 0; l < L; ++l) sum[u][l] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xc[l]), sum[u][l]);
+            }
+        }
+    }
+    ORION_UNROLL
+    for (int u = 1; u < U; ++u)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) sum[0][l] = _mm512_add_ps(sum[0][l], sum[u][l]);
+    ORION_UNROLL
+    for (int l = 0; l < L; ++l) _mm512_storeu_ps(acc + l * kConvPanel, deinterleave16(sum[0][l]));
+}
+
+// affine4_tile_avx512_fixed with conv_tile_avx512_rows' U for each lane count (B >= 4).
+ORION_AVX512 void affine4_tile_avx512(const uint8_t* w, const uint16_t* params, int64_t B, const float* x, int64_t S,
+                                      int64_t k, int lanes, float* acc, bool add) {
+    switch (lanes) {
+        case 1: return affine4_tile_avx512_fixed<1, 4>(w, params, B, x, S, k, acc, add);
+        case 2: return affine4_tile_avx512_fixed<2, 2>(w, params, B, x, S, k, acc, add);
+        case 3: return affine4_tile_avx512_fixed<3, 2>(w, params, B, x, S, k, acc, add);
+        case 4: return affine4_tile_avx512_fixed<4, 1>(w, params, B, x, S, k, acc, add);
+        case 5: return affine4_tile_avx512_fixed<5, 1>(w, params, B, x, S, k, acc, add);
+        case 6: return affine4_tile_avx512_fixed<6, 1>(w, params, B, x, S, k, acc, add);
+        case 7: return affine4_tile_avx512_fixed<7, 1>(w, params, B, x, S, k, acc, add);
+        case 8: return affine4_tile_avx512_fixed<8, 1>(w, params, B, x, S, k, acc, add);
+        case 9: return affine4_tile_avx512_fixed<9, 1>(w, params, B, x, S, k, acc, add);
+        case 10: return affine4_tile_avx512_fixed<10, 1>(w, params, B, x, S, k, acc, add);
+        case 11: return affine4_tile_avx512_fixed<11, 1>(w, params, B, x, S, k, acc, add);
+        default: return affine4_tile_avx512_fixed<12, 1>(w, params, B, x, S, k, acc, add);
+    }
+}
+
+// The channel-major layout (PackedConv1x1Q::channel_major, AVX-512's chunks: lut4 with a LUT per output channel,
+// int4 with blocks of 32+), decoded along the input axis: a channel's table (its LUT, or its block's 16 levels)
+// is one register of fp32 weights, and a chunk's 16 bytes give its 32 rows' weights by one widening, one shift
+// and two permutes, rows 0-15 (low nibbles), then 16-31. Each output is a dot product of its channel's exact
+// weights with x in 4 partial sums of 16 (chunks alternating between two pairs), added, then the 16 channels'
+// lanes summed together (lane_sums16): the values the fp16 tile multiplies, summed in another order (within
+// fp32 rounding of it). Rows c0 to c0 + k, c0 a multiple of 32 (and of an int4 block; conv_panel's tiles: all
+// rows from 0); each decoded chunk feeds the L lanes.
+// Chunk t's 32 weights of one channel (its 16 bytes at w + 16 t) times the L lanes' columns, into sum.
+template <int L>
+ORION_AVX512 __attribute__((always_inline)) inline void lut4_channel_chunk(const uint8_t* w, __m512 table,
+                                                                          const float* columns, int64_t chunks,
+                                                                          int64_t t, __m512 (&sum)[L][2]) {
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16 * t)));
+    const __m512 low = _mm512_permutexvar_ps(bytes, table);  // (the index's bits 0-3)
+    const __m512 high = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
+    ORION_UNROLL
+    for (int l = 0; l < L; ++l) {
+        const float* xt = columns + (l * chunks + t) * 32;
+        sum[l][0] = _mm512_fmadd_ps(low, _mm512_loadu_ps(xt), sum[l][0]);
+        sum[l][1] = _mm512_fmadd_ps(high, _mm512_loadu_ps(xt + 16), sum[l][1]);
+    }
+}
+// Channel j's table: its LUT (lut4), or its block's 16 weights fp16(fma(u, s, n)), u = 0..15 (affine4: the
+// exact (u - z) * s rounded once, Affine4Rows16's values), for chunk t of the panel's (block of chunk 0: b0).
+template <bool Affine>
+ORION_AVX512 __attribute__((always_inline)) inline __m512 channel_table(const QPanel& p, int j, int64_t b) {
+    if constexpr (Affine) {
+        const float* sn = p.channel_params + (j * (p.channel_bytes * 2 >> p.block_shift) + b) * 2;
+        const __m512 u = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        return _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_fmadd_ps(u, _mm512_set1_ps(sn[0]), _mm512_set1_ps(sn[1])),
+                                               _MM_FROUND_TO_NEAREST_INT));
+    } else {
+        return _mm512_loadu_ps(p.lut + 16 * j);
+    }
+}
+// The 16 sums of the lanes of v[0..15], in order (a fixed tree: the halves, quarters, pairs, then lanes added).
+ORION_AVX512 inline __m512 lane_sums16(const __m512 (&v)[16]) {
+    __m512 w[8], x[4], y[2];
+    for (int i = 0; i < 8; ++i)  // lanes 0-7: v[2i]'s halves added, 8-15: v[2i + 1]'s
+        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; ++i)  // quarter k: v[4i + k]'s quarters added
+        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xDD));
+    for (int m = 0; m < 2; ++m)  // quarter k: pairs of v[8m + k], then of v[8m + 4 + k]
+        y[m] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * m], x[2 * m + 1], 0x44), _mm512_shuffle_ps(x[2 * m], x[2 * m + 1], 0xEE));
+    // lane 4k + r: v[k + 4r]'s sum
+    const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), z);
+}
+
+template <int L, bool Affine>
+ORION_AVX512 void channel_tile_avx512_fixed(const QPanel& p, int64_t c0, const float* columns, int64_t chunks,
+                                            float* acc, bool add) {
+    const int block_chunks = Affine ? p.block_shift - 5 : 0;  // log2 of the chunks per block (affine4: 32+ rows)
+    const int64_t b0 = c0 >> p.block_shift;
+    __m512 channel_sums[L][kConvPanel];
+    for (int j = 0; j < kConvPanel; ++j) {
+        const uint8_t* w = p.rows + j * p.channel_bytes + c0 / 2;
+        __m512 table = channel_table<Affine>(p, j, b0);
+        __m512 sum[2][L][2];
+        ORION_UNROLL
+        for (int h = 0; h < 2; ++h)
+            ORION_UNROLL
+            for (int l = 0; l < L; ++l) sum[h][l][0] = sum[h][l][1] = _mm512_setzero_ps();
+        int64_t t = 0;
+        for (; t + 2 <= chunks; t += 2) {
+            // (the panel's channels, then the next panel's, lie one after another: one stream)
+            _mm_prefetch(reinterpret_cast<const char*>(w + 16 * t + kConvPrefetchBytes), _MM_HINT_T0);
+            if (Affine && t > 0 && (t & ((int64_t{1} << block_chunks) - 1)) == 0)
+                table = channel_table<Affine>(p, j, b0 + (t >> block_chunks));
+            lut4_channel_chunk<L>(w, table, columns, chunks, t, sum[0]);
+            if (Affine && block_chunks == 0) table = channel_table<Affine>(p, j, b0 + t + 1);
+            lut4_channel_chunk<L>(w, table, columns, chunks, t + 1, sum[1]);
+        }
+        if (t < chunks) {
+            if (Affine && t > 0 && (t & ((int64_t{1} << block_chunks) - 1)) == 0)
+                table = channel_table<Affine>(p, j, b0 + (t >> block_chunks));
+            lut4_channel_chunk<L>(w, table, columns, chunks, t, sum[0]);
+        }
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l)
+            channel_sums[l][j] = _mm512_add_ps(_mm512_add_ps(sum[0][l][0], sum[0][l][1]),
+                                               _mm512_add_ps(sum[1][l][0], sum[1][l][1]));
+    }
+    ORION_UNROLL
+    for (int l = 0; l < L; ++l) {
+        const __m512 total = lane_sums16(channel_sums[l]);
+        _mm512_storeu_ps(acc + l * kConvPanel, add ? _mm512_add_ps(_mm512_loadu_ps(acc + l * kConvPanel), total) : total);
+    }
+}
+
+ORION_AVX512 void channel_tile_avx512(const QPanel& p, int64_t c0, const float* x, int64_t S, int64_t k, int lanes,
+                                           float* acc, bool add) {
+    if (c0 % 32 || (p.kind == PackedConv1x1Q::Kind::affine4 && c0 % (int64_t{1} << p.block_shift)))
+        throw std::logic_error("channel_tile_avx512: rows from inside a chunk of 32 (or an int4 block)");
+    const int64_t chunks = (k + 31) / 32;
+    // Each lane's x contiguous, padded rows 0: x itself for one lane of contiguous whole chunks, else a copy, made
+    // once per conv1x1 call and thread (the panels of a call read the same x).
+    thread_local std::vector<float> copy;
+    thread_local struct { uint64_t call; const float* x; int64_t S, k; int lanes; } copied{};
+    const float* columns = x;
+    if (S != 1 || k % 32) {
+        if (!p.call || p.call != copied.call || x != copied.x || S != copied.S || k != copied.k || lanes != copied.lanes) {
+            if (copy.size() < static_cast<size_t>(lanes * chunks * 32)) copy.resize(static_cast<size_t>(lanes * chunks * 32));
+            for (int l = 0; l < lanes; ++l) {
+                float* to = copy.data() + l * chunks * 32;
+                for (int64_t c = 0; c < k; ++c) to[c] = x[c * S + l];
+                std::fill(to + k, to + chunks * 32, 0.0f);
+            }
+            copied = {p.call, x, S, k, lanes};
+        }
+        columns = copy.data();
+    }
+    for (int l0 = 0; l0 < lanes; l0 += 4) {
+        const float* cols = columns + l0 * chunks * 32;
+        float* a = acc + l0 * kConvPanel;
+        const int n = static_cast<int>(std::min(lanes - l0, 4));
+        if (p.kind == PackedConv1x1Q::Kind::affine4) {
+            if (n == 1) channel_tile_avx512_fixed<1, true>(p, c0, cols, chunks, a, add);
+            else if (n == 2) channel_tile_avx512_fixed<2, true>(p, c0, cols, chunks, a, add);
+            else if (n == 3) channel_tile_avx512_fixed<3, true>(p, c0, cols, chunks, a, add);
+            else channel_tile_avx512_fixed<4, true>(p, c0, cols, chunks, a, add);
+        } else {
+            if (n == 1) channel_tile_avx512_fixed<1, false>(p, c0, cols, chunks, a, add);
+            else if (n == 2) channel_tile_avx512_fixed<2, false>(p, c0, cols, chunks, a, add);
+            else if (n == 3) channel_tile_avx512_fixed<3, false>(p, c0, cols, chunks, a, add);
+            else channel_tile_avx512_fixed<4, false>(p, c0, cols, chunks, a, add);
+        }
+    }
+}
+
 template <typename F>
 ORION_AVX512 void with_q_rows16(const QPanel& p, int64_t c0, F f) {
     const uint8_t* w = p.rows + c0 * p.row_bytes;
@@ -752,7 +966,11 @@ struct WidenAvx512 {
     int64_t n;
     template <typename Rows>
     ORION_AVX512 void operator()(Rows rows) const {
-        for (int64_t r = 0; r < n; ++r) _mm512_storeu_ps(dst + r * kConvPanel, rows.row(r));
+        for (int64_t r = 0; r < n; ++r) {
+            __m512 row = rows.row(r);
+            if constexpr (InterleavedRows<Rows>::value) row = deinterleave16(row);
+            _mm512_storeu_ps(dst + r * kConvPanel, row);
+        }
     }
 };
 
@@ -766,10 +984,31 @@ ORION_AVX512 void conv_tile_i8_avx512(const int8_t* w, const float* scale, const
 
 ORION_AVX512 void conv_tile_q_avx512(const QPanel& p, int64_t c0, const float* x, int64_t S, int64_t k, int lanes,
                                      float* acc, bool add) {
+    if (p.channel_bytes) return channel_tile_avx512(p, c0, x, S, k, lanes, acc, add);
+    const int64_t block = int64_t{1} << p.block_shift;
+    if (p.kind == PackedConv1x1Q::Kind::affine4 && block >= 4 && c0 % block == 0 && k % block == 0)
+        return affine4_tile_avx512(p.rows + c0 * p.row_bytes, p.params + (c0 >> p.block_shift) * 2 * kConvPanel, block,
+                                   x, S, k, lanes, acc, add);
     with_q_rows16(p, c0, TileAvx512{x, S, k, lanes, acc, add});
 }
 
 ORION_AVX512 void widen_q_avx512(const QPanel& p, int64_t c0, float* dst, int64_t n) {
+    if (p.channel_bytes) {  // the channel-major layout: a chunk of 32 rows at a time, as channel_tile_avx512
+        alignas(64) float block[kConvPanel][32];
+        for (int64_t t = c0 / 32; t * 32 < c0 + n; ++t) {
+            for (int j = 0; j < kConvPanel; ++j) {
+                const __m512 table = p.kind == PackedConv1x1Q::Kind::affine4
+                                         ? channel_table<true>(p, j, (32 * t) >> p.block_shift)
+                                         : channel_table<false>(p, j, 0);
+                const __m512i bytes = _mm512_cvtepu8_epi32(
+                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(p.rows + j * p.channel_bytes + 16 * t)));
+                _mm512_store_ps(block[j], _mm512_permutexvar_ps(bytes, table));
+                _mm512_store_ps(block[j] + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table));
+            }
+            store_chunk_rows(block, t, c0, dst, n);
+        }
+        return;
+    }
     with_q_rows16(p, c0, WidenAvx512{dst, n});
 }
 
@@ -790,6 +1029,8 @@ QPanel q_panel(const PackedConv1x1Q& w, int64_t p) {
     panel.block_shift = w.block_shift;
     panel.affine4_pairs = w.affine4_pairs;
     if (w.channel_major) panel.channel_bytes = w.rows_stored() / 2;
+    if (!w.channel_params.empty())
+        panel.channel_params = w.channel_params.data() + p * kConvPanel * (w.cin >> w.block_shift) * 2;
     return panel;
 }
 
@@ -799,7 +1040,7 @@ void add_low_bit_usage(int64_t& count, int64_t& bytes) {
         if (auto alive = weak.lock()) {
             ++count;
             bytes += static_cast<int64_t>(alive->data.size() + alive->lut.size() * 4 + alive->params.size() * 2 +
-                                          alive->lut_bytes.size());
+                                          alive->lut_bytes.size() + alive->channel_params.size() * 4);
         }
 }
 
@@ -855,7 +1096,7 @@ PackedConv1x1Q pack_conv1x1_lut(const uint8_t* indices, int bits, const float* l
     // The AVX2 flavour's layout for LUTs per panel half (the other flavours' readers take the plain one).
     const bool avx2 = std::string_view(simd_path()) == "avx2+f16c+fma";
     const bool paired = !packed.channel_luts && avx2;
-    packed.channel_major = packed.channel_luts && bits == 4 && avx2;
+    packed.channel_major = packed.channel_luts && bits == 4 && (avx2 || std::string_view(simd_path()) == "avx512f+f16c+fma");
     const int64_t tables = packed.entries / 16;  // paired: vpshufb tables of 16 entries per LUT
     const int64_t panels = ceil_div(cout, kConvPanel), luts = packed.channel_luts ? kConvPanel : 2;
     const int64_t rows_stored = packed.channel_major ? packed.rows_stored() : paired ? cin + cin % 2 : cin;
@@ -884,8 +1125,8 @@ PackedConv1x1Q pack_conv1x1_lut(const uint8_t* indices, int bits, const float* l
             if (index >= static_cast<unsigned>(packed.entries))
                 throw std::invalid_argument("pack_conv1x1_lut: an index is out of the LUT's range");
             if (packed.channel_major) {  // (kernels.h)
-                rows[j * (rows_stored / 2) + (c / 32) * 16 + chunk_byte(c % 32)] |=
-                    static_cast<uint8_t>(index << chunk_shift(c % 32));
+                rows[j * (rows_stored / 2) + (c / 32) * 16 + chunk_byte(c % 32, !avx2)] |=
+                    static_cast<uint8_t>(index << chunk_shift(c % 32, !avx2));
                 continue;
             }
             if (paired) {  // (kernels.h) and lut6's high bits at byte j % 8 after the pair's 16, bits 2 * (2 * half + row)
@@ -925,9 +1166,14 @@ PackedConv1x1Q pack_conv1x1_affine4(const uint8_t* u, const float* scale, const 
     packed.block_shift = shift;
     // The AVX2 flavour's layout for blocks of 2+ rows, rows in pairs (the other flavours' readers take the plain one).
     packed.affine4_pairs = shift > 0 && std::string_view(simd_path()) == "avx2+f16c+fma";
+    // The AVX-512 flavour's channel-major layout for blocks of whole chunks of 32 rows.
+    packed.channel_major = block >= 32 && std::string_view(simd_path()) == "avx512f+f16c+fma";
     const int64_t panels = ceil_div(cout, kConvPanel), blocks = cin / block;
     packed.data.assign(static_cast<size_t>(panels * cin * 8), 0);
-    packed.params.assign(static_cast<size_t>(panels * blocks * 2 * kConvPanel), 0);
+    if (packed.channel_major)
+        packed.channel_params.assign(static_cast<size_t>(panels * kConvPanel * blocks * 2), 0.0f);
+    else
+        packed.params.assign(static_cast<size_t>(panels * blocks * 2 * kConvPanel), 0);
     for (int64_t o = 0; o < cout; ++o) {
         const int64_t p = o / kConvPanel, j = o % kConvPanel;
         for (int64_t b = 0; b < blocks; ++b) {
@@ -935,6 +1181,12 @@ PackedConv1x1Q pack_conv1x1_affine4(const uint8_t* u, const float* scale, const 
             if (!affine4_packable(s, z))
                 throw std::invalid_argument("pack_conv1x1_affine4: a scale or zero point is not an fp16 value, or some "
                                             "u - zero is not (dequantize to fp16 instead)");
+            if (packed.channel_major) {
+                float* at = packed.channel_params.data() + ((p * kConvPanel + j) * blocks + b) * 2;
+                at[0] = s;
+                at[1] = z * -s;  // exact: two fp16 values
+                continue;
+            }
             uint16_t* at = packed.params.data() + (p * blocks + b) * 2 * kConvPanel;
             at[j] = emu::float_to_half(s);
             at[kConvPanel + j] = emu::float_to_half(z);
@@ -943,7 +1195,9 @@ PackedConv1x1Q pack_conv1x1_affine4(const uint8_t* u, const float* scale, const 
         for (int64_t c = 0; c < cin; ++c) {
             const unsigned v = u[o * cin + c];
             if (v > 15) throw std::invalid_argument("pack_conv1x1_affine4: a value is above 15");
-            if (packed.affine4_pairs)
+            if (packed.channel_major)
+                rows[j * (cin / 2) + (c / 32) * 16 + chunk_byte(c % 32, true)] |= static_cast<uint8_t>(v << chunk_shift(c % 32, true));
+            else if (packed.affine4_pairs)
                 rows[(c / 2) * 16 + j] |= static_cast<uint8_t>(v << (4 * (c % 2)));
             else
                 rows[c * 8 + j / 2] |= static_cast<uint8_t>(v << (4 * (j % 2)));
@@ -957,6 +1211,8 @@ std::shared_ptr<const PackedConv1x1Q> shared_conv1x1_q(PackedConv1x1Q packed) {
     key ^= content_key(std::string_view(reinterpret_cast<const char*>(packed.lut.data()), packed.lut.size() * 4)) << 1;
     key ^= content_key(std::string_view(reinterpret_cast<const char*>(packed.params.data()), packed.params.size() * 2)) << 2;
     key ^= content_key(std::string_view(reinterpret_cast<const char*>(packed.lut_bytes.data()), packed.lut_bytes.size())) << 3;
+    key ^= content_key(std::string_view(reinterpret_cast<const char*>(packed.channel_params.data()),
+                                        packed.channel_params.size() * 4)) << 4;
     key ^= static_cast<size_t>(packed.cout) * 0x9E3779B97F4A7C15ull + static_cast<size_t>(packed.kind);
     std::lock_guard<std::mutex> lock(shared_q_mutex);
     auto [first, last] = shared_q.equal_range(key);

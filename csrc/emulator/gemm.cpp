@@ -440,6 +440,19 @@ void pack_b_panel(const GemmKernels& k, const B* b, int64_t b_rs, int64_t b_cs, 
     }
 }
 
+// The packed GEMM's A and B packs, in the calling thread's buffers kept across calls (at most 1.5 + 2 MiB a
+// thread; a call's packs are used by the pool's workers until it returns, and a thread runs one call at a
+// time: nested parallel_for runs inline). New vectors per call cost a zero fill of up to 3.5 MiB, and
+// fresh pages to fault in, for values the packing overwrites (it writes every element, padding included).
+struct PackBuffers {
+    std::vector<float> a, b;
+};
+
+PackBuffers& pack_buffers() {
+    thread_local PackBuffers buffers;
+    return buffers;
+}
+
 // The packed GEMM (BLIS-style). C is cut into outer blocks of up to kGemmOuterM x kGemmOuterN; for each
 // block and each slice of kGemmKC along K, the threads first pack A's row panels and B's column panels
 // (each element once), then compute jobs of kGemmMC rows x a column chunk from the shared packs. Each
@@ -448,8 +461,9 @@ void pack_b_panel(const GemmKernels& k, const B* b, int64_t b_rs, int64_t b_cs, 
 template <typename B>
 void gemm_packed(const GemmKernels& k, int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t a_cs,
                  const B* b, int64_t b_rs, int64_t b_cs, float* c, int64_t c_rs, bool round_fp16) {
-    std::vector<float> a_packed(static_cast<size_t>(ceil_div(std::min(M, kGemmOuterM), kGemmMR) * kGemmMR * kGemmKC));
-    std::vector<float> b_packed(static_cast<size_t>(ceil_div(std::min(N, kGemmOuterN), kGemmNR) * kGemmNR * kGemmKC));
+    PackBuffers& packs = pack_buffers();
+    float* const a_packed = scratch(packs.a, static_cast<size_t>(ceil_div(std::min(M, kGemmOuterM), kGemmMR) * kGemmMR * kGemmKC));
+    float* const b_packed = scratch(packs.b, static_cast<size_t>(ceil_div(std::min(N, kGemmOuterN), kGemmNR) * kGemmNR * kGemmKC));
     const int64_t by = k.gemm_block ? 2 : 1;
     for (int64_t mo = 0; mo < M; mo += kGemmOuterM)
         for (int64_t no = 0; no < N; no += kGemmOuterN) {
@@ -469,11 +483,11 @@ void gemm_packed(const GemmKernels& k, int64_t M, int64_t N, int64_t K, const fl
                     for (int64_t q = begin; q < end; ++q) {
                         if (q < a_panels) {
                             const int64_t i0 = q * kGemmMR;
-                            pack_a(k, a, a_rs, a_cs, mo + i0, std::min(kGemmMR, mb - i0), p0, kc, a_packed.data() + i0 * kc);
+                            pack_a(k, a, a_rs, a_cs, mo + i0, std::min(kGemmMR, mb - i0), p0, kc, a_packed + i0 * kc);
                         } else {
                             const int64_t j0 = (q - a_panels) * kGemmNR;
                             pack_b_panel(k, b, b_rs, b_cs, p0, kc, no + j0, std::min(kGemmNR, nb - j0),
-                                         b_packed.data() + j0 * kc);
+                                         b_packed + j0 * kc);
                         }
                     }
                 });
@@ -483,8 +497,8 @@ void gemm_packed(const GemmKernels& k, int64_t M, int64_t N, int64_t K, const fl
                     for (int64_t t = begin; t < end; ++t) {
                         const int64_t m0 = t / tiles_n * kGemmMC, n0 = t % tiles_n * chunk;
                         const int64_t mc = std::min(kGemmMC, mb - m0), nc = std::min(chunk, nb - n0);
-                        const float* ap = a_packed.data() + m0 * kc;
-                        const float* bp = b_packed.data() + n0 * kc;
+                        const float* ap = a_packed + m0 * kc;
+                        const float* bp = b_packed + n0 * kc;
                         float* ct = c + (mo + m0) * c_rs + no + n0;
                         // Blocks of 2x2 register tiles where the flavour has them, single tiles at the edges.
                         for (int64_t j0 = 0; j0 < nc; j0 += by * kGemmNR)

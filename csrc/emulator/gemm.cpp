@@ -44,6 +44,12 @@ struct GemmKernels {
     // of a B whose columns are contiguous (B transposed), packed.
     void (*pack_b_cols)(const float* b, int64_t b_cs, int64_t k, float* dst);
     void (*pack_b_cols_f16)(const uint16_t* b, int64_t b_cs, int64_t k, float* dst);
+    // dst[p*NR + j] = b[p*b_rs + j] (widened exactly from fp16) for p < k, j < NR: one full column panel of
+    // a B whose rows are contiguous, packed.
+    void (*pack_b_rows)(const float* b, int64_t b_rs, int64_t k, float* dst);
+    void (*pack_b_rows_f16)(const uint16_t* b, int64_t b_rs, int64_t k, float* dst);
+    // dst[p*MR + i] = a[i*a_rs + p] for p < k, i < MR: one full row panel of an A whose rows are contiguous.
+    void (*pack_a_rows)(const float* a, int64_t a_rs, int64_t k, float* dst);
 };
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -95,10 +101,22 @@ void pack_b_cols_portable(const B* b, int64_t b_cs, int64_t k, float* dst) {
         for (int64_t p = 0; p < k; ++p) dst[p * kGemmNR + j] = as_float(b[j * b_cs + p]);
 }
 
+template <typename B>
+void pack_b_rows_portable(const B* b, int64_t b_rs, int64_t k, float* dst) {
+    for (int64_t p = 0; p < k; ++p)
+        for (int64_t j = 0; j < kGemmNR; ++j) dst[p * kGemmNR + j] = as_float(b[p * b_rs + j]);
+}
+
+void pack_a_rows_portable(const float* a, int64_t a_rs, int64_t k, float* dst) {
+    for (int64_t p = 0; p < k; ++p)
+        for (int64_t i = 0; i < kGemmMR; ++i) dst[p * kGemmMR + i] = a[i * a_rs + p];
+}
+
 constexpr GemmKernels kPortable = {
     round_fp16_portable, half_to_float_portable, gemm_tile_portable, nullptr,
     gemv_rows_portable<float>, gemv_rows_portable<uint16_t>, gemv_cols_portable<float>, gemv_cols_portable<uint16_t>,
-    pack_b_cols_portable<float>, pack_b_cols_portable<uint16_t>,
+    pack_b_cols_portable<float>, pack_b_cols_portable<uint16_t>, pack_b_rows_portable<float>,
+    pack_b_rows_portable<uint16_t>, pack_a_rows_portable,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -267,10 +285,44 @@ ORION_AVX2 void pack_b_cols_avx2(const B* b, int64_t b_cs, int64_t k, float* dst
     }
 }
 
+// Two vector copies per packed row (a call to memcpy or to the conversion loop per 16 values cost more).
+template <typename B>
+ORION_AVX2 void pack_b_rows_avx2(const B* b, int64_t b_rs, int64_t k, float* dst) {
+    for (int64_t p = 0; p < k; ++p) {
+        const B* src = b + p * b_rs;
+        _mm256_storeu_ps(dst + p * kGemmNR, load8(src));
+        _mm256_storeu_ps(dst + p * kGemmNR + 8, load8(src + 8));
+    }
+}
+
+// The row panel by 6 x 8 blocks (two zero rows) transposed in registers: each packed row's 6 values one
+// store of 4 and one of 2 (the scalar copy read a different row's cache line per value); the last k % 8
+// columns one by one.
+ORION_AVX2 void pack_a_rows_avx2(const float* a, int64_t a_rs, int64_t k, float* dst) {
+    static_assert(kGemmMR == 6, "pack_a_rows_avx2 transposes 6 rows");
+    const int64_t k8 = k / 8 * 8;
+    for (int64_t p = 0; p < k8; p += 8) {
+        __m256 r[8];
+        ORION_UNROLL
+        for (int i = 0; i < kGemmMR; ++i) r[i] = _mm256_loadu_ps(a + i * a_rs + p);
+        r[6] = r[7] = _mm256_setzero_ps();
+        transpose8(r);  // r[q]: column p + q, rows 0..7
+        ORION_UNROLL
+        for (int q = 0; q < 8; ++q) {
+            float* d = dst + (p + q) * kGemmMR;
+            _mm_storeu_ps(d, _mm256_castps256_ps128(r[q]));
+            _mm_storel_pi(reinterpret_cast<__m64*>(d + 4), _mm256_extractf128_ps(r[q], 1));
+        }
+    }
+    for (int64_t p = k8; p < k; ++p)
+        for (int64_t i = 0; i < kGemmMR; ++i) dst[p * kGemmMR + i] = a[i * a_rs + p];
+}
+
 constexpr GemmKernels kAvx2 = {
     round_fp16_avx2, half_to_float_avx2, gemm_tile_avx2, nullptr,
     gemv_rows_avx2<float>, gemv_rows_avx2<uint16_t>, gemv_cols_avx2<float>, gemv_cols_avx2<uint16_t>,
-    pack_b_cols_avx2<float>, pack_b_cols_avx2<uint16_t>,
+    pack_b_cols_avx2<float>, pack_b_cols_avx2<uint16_t>, pack_b_rows_avx2<float>, pack_b_rows_avx2<uint16_t>,
+    pack_a_rows_avx2,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -314,7 +366,8 @@ ORION_AVX512 void gemm_block_avx512(int64_t k, const float* a0, const float* a1,
 constexpr GemmKernels kAvx512 = {
     round_fp16_avx2, half_to_float_avx2, gemm_tile_avx2, gemm_block_avx512,
     gemv_rows_avx2<float>, gemv_rows_avx2<uint16_t>, gemv_cols_avx2<float>, gemv_cols_avx2<uint16_t>,
-    pack_b_cols_avx2<float>, pack_b_cols_avx2<uint16_t>,
+    pack_b_cols_avx2<float>, pack_b_cols_avx2<uint16_t>, pack_b_rows_avx2<float>, pack_b_rows_avx2<uint16_t>,
+    pack_a_rows_avx2,
 };
 #endif  // ORION_X86
 
@@ -334,12 +387,17 @@ const GemmKernels& active() {
 }
 
 // Packs A(m0.., p0..) [mc x kc] into row panels [kc][MR], zero-padding the last panel's rows.
-void pack_a(const float* a, int64_t a_rs, int64_t a_cs, int64_t m0, int64_t mc, int64_t p0, int64_t kc, float* dst) {
+void pack_a(const GemmKernels& k, const float* a, int64_t a_rs, int64_t a_cs, int64_t m0, int64_t mc, int64_t p0,
+            int64_t kc, float* dst) {
     for (int64_t i0 = 0; i0 < mc; i0 += kGemmMR, dst += kc * kGemmMR) {
         const int64_t rows = std::min(kGemmMR, mc - i0);
         if (a_rs == 1 && rows == kGemmMR) {  // columns of A contiguous: one short copy per p
             for (int64_t p = 0; p < kc; ++p)
                 std::memcpy(dst + p * kGemmMR, a + (m0 + i0) + (p0 + p) * a_cs, kGemmMR * sizeof(float));
+            continue;
+        }
+        if (a_cs == 1 && rows == kGemmMR) {  // rows of A contiguous: the flavour's transposing copy
+            k.pack_a_rows(a + (m0 + i0) * a_rs + p0, a_rs, kc, dst);
             continue;
         }
         for (int64_t p = 0; p < kc; ++p) {
@@ -354,6 +412,11 @@ void pack_a(const float* a, int64_t a_rs, int64_t a_cs, int64_t m0, int64_t mc, 
 template <typename B>
 void pack_b_panel(const GemmKernels& k, const B* b, int64_t b_rs, int64_t b_cs, int64_t p0, int64_t kc, int64_t j0,
                   int64_t cols, float* dst) {
+    if (b_cs == 1 && cols == kGemmNR) {  // rows of B contiguous, a full panel: the flavour's row copy
+        if constexpr (std::is_same_v<B, float>) k.pack_b_rows(b + p0 * b_rs + j0, b_rs, kc, dst);
+        else k.pack_b_rows_f16(b + p0 * b_rs + j0, b_rs, kc, dst);
+        return;
+    }
     if (b_cs == 1) {
         for (int64_t p = 0; p < kc; ++p) {
             const B* src = b + (p0 + p) * b_rs + j0;
@@ -377,6 +440,19 @@ void pack_b_panel(const GemmKernels& k, const B* b, int64_t b_rs, int64_t b_cs, 
     }
 }
 
+// The packed GEMM's A and B packs, in the calling thread's buffers kept across calls (at most 1.5 + 2 MiB a
+// thread; a call's packs are used by the pool's workers until it returns, and a thread runs one call at a
+// time: nested parallel_for runs inline). New vectors per call cost a zero fill of up to 3.5 MiB, and
+// fresh pages to fault in, for values the packing overwrites (it writes every element, padding included).
+struct PackBuffers {
+    std::vector<float> a, b;
+};
+
+PackBuffers& pack_buffers() {
+    thread_local PackBuffers buffers;
+    return buffers;
+}
+
 // The packed GEMM (BLIS-style). C is cut into outer blocks of up to kGemmOuterM x kGemmOuterN; for each
 // block and each slice of kGemmKC along K, the threads first pack A's row panels and B's column panels
 // (each element once), then compute jobs of kGemmMC rows x a column chunk from the shared packs. Each
@@ -385,15 +461,9 @@ void pack_b_panel(const GemmKernels& k, const B* b, int64_t b_rs, int64_t b_cs, 
 template <typename B>
 void gemm_packed(const GemmKernels& k, int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t a_cs,
                  const B* b, int64_t b_rs, int64_t b_cs, float* c, int64_t c_rs, bool round_fp16) {
-    // The packs, reused by the calling thread across calls (a nested call runs inline on its own thread): a fresh
-    // zero-filled pack per call cost more than a small matmul's multiply-adds (a chunk's attention over its cache:
-    // 8 queries x 256 positions x 64 lanes, with a 256 KiB B pack). Only the K slice in use is sized.
-    const int64_t kc_max = std::min(K, kGemmKC);
-    const int64_t a_rows = ceil_div(std::min(M, kGemmOuterM), kGemmMR) * kGemmMR;
-    const int64_t b_columns = ceil_div(std::min(N, kGemmOuterN), kGemmNR) * kGemmNR;
-    thread_local std::vector<float> a_buffer, b_buffer;
-    float* const a_packed = scratch(a_buffer, static_cast<size_t>(a_rows * kc_max));
-    float* const b_packed = scratch(b_buffer, static_cast<size_t>(b_columns * kc_max));
+    PackBuffers& packs = pack_buffers();
+    float* const a_packed = scratch(packs.a, static_cast<size_t>(ceil_div(std::min(M, kGemmOuterM), kGemmMR) * kGemmMR * kGemmKC));
+    float* const b_packed = scratch(packs.b, static_cast<size_t>(ceil_div(std::min(N, kGemmOuterN), kGemmNR) * kGemmNR * kGemmKC));
     const int64_t by = k.gemm_block ? 2 : 1;
     for (int64_t mo = 0; mo < M; mo += kGemmOuterM)
         for (int64_t no = 0; no < N; no += kGemmOuterN) {
@@ -413,7 +483,7 @@ void gemm_packed(const GemmKernels& k, int64_t M, int64_t N, int64_t K, const fl
                     for (int64_t q = begin; q < end; ++q) {
                         if (q < a_panels) {
                             const int64_t i0 = q * kGemmMR;
-                            pack_a(a, a_rs, a_cs, mo + i0, std::min(kGemmMR, mb - i0), p0, kc, a_packed + i0 * kc);
+                            pack_a(k, a, a_rs, a_cs, mo + i0, std::min(kGemmMR, mb - i0), p0, kc, a_packed + i0 * kc);
                         } else {
                             const int64_t j0 = (q - a_panels) * kGemmNR;
                             pack_b_panel(k, b, b_rs, b_cs, p0, kc, no + j0, std::min(kGemmNR, nb - j0),

@@ -11,6 +11,7 @@
 #endif
 
 #include "emulator/kernels.h"
+#include "emulator/simd.h"
 #include "hardware_limits.h"
 #include "train/blocks.h"
 #include "train/train_error.h"
@@ -44,6 +45,60 @@ int64_t write_half(const float* p, uint16_t* half, int64_t n) {
     return count;
 }
 
+struct Coefficients {
+    float gs, one_minus_b1, b2, one_minus_b2, decay, step_size, bias2_sqrt, eps;
+};
+
+// The scalar loop's operations in order (no FMA), four lanes (SSE2, the baseline) or eight (AVX2) at a
+// time: every lane's bits are the scalar loop's. Returns the first index left to the scalar loop.
+int64_t update_sse2(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
+                    int64_t i, int64_t end, const Coefficients& k) {
+#if defined(__SSE2__)
+    // written out because std::sqrt's errno keeps GCC from vectorizing the scalar loop
+    const __m128 v_gs = _mm_set1_ps(k.gs), v_1mb1 = _mm_set1_ps(k.one_minus_b1), v_b2 = _mm_set1_ps(k.b2),
+                 v_1mb2 = _mm_set1_ps(k.one_minus_b2), v_decay = _mm_set1_ps(k.decay),
+                 v_step = _mm_set1_ps(k.step_size), v_bias2 = _mm_set1_ps(k.bias2_sqrt), v_eps = _mm_set1_ps(k.eps);
+    for (; i + 4 <= end; i += 4) {
+        const __m128 gi = _mm_mul_ps(_mm_loadu_ps(g + i), v_gs);
+        const __m128 m0 = _mm_loadu_ps(m + i), v0 = _mm_loadu_ps(v + i);
+        const __m128 mi = _mm_add_ps(m0, _mm_mul_ps(v_1mb1, _mm_sub_ps(gi, m0)));
+        const __m128 vi = _mm_add_ps(_mm_mul_ps(v0, v_b2), _mm_mul_ps(_mm_mul_ps(v_1mb2, gi), gi));
+        _mm_storeu_ps(m + i, mi);
+        _mm_storeu_ps(v + i, vi);
+        const __m128 denom = _mm_add_ps(_mm_div_ps(_mm_sqrt_ps(vi), v_bias2), v_eps);
+        const __m128 pi = _mm_sub_ps(_mm_mul_ps(_mm_loadu_ps(p + i), v_decay),
+                                     _mm_mul_ps(v_step, _mm_div_ps(mi, denom)));
+        _mm_storeu_ps(p + i, pi);
+    }
+#endif
+    return i;
+}
+
+#ifdef ORION_X86
+// "avx2" without "fma": GCC would fuse these multiplies and adds into FMAs (other bits) if it could.
+__attribute__((target("avx2"))) int64_t update_avx2(float* __restrict p, const float* __restrict g,
+                                                    float* __restrict m, float* __restrict v, int64_t i,
+                                                    int64_t end, const Coefficients& k) {
+    const __m256 v_gs = _mm256_set1_ps(k.gs), v_1mb1 = _mm256_set1_ps(k.one_minus_b1), v_b2 = _mm256_set1_ps(k.b2),
+                 v_1mb2 = _mm256_set1_ps(k.one_minus_b2), v_decay = _mm256_set1_ps(k.decay),
+                 v_step = _mm256_set1_ps(k.step_size), v_bias2 = _mm256_set1_ps(k.bias2_sqrt),
+                 v_eps = _mm256_set1_ps(k.eps);
+    for (; i + 8 <= end; i += 8) {
+        const __m256 gi = _mm256_mul_ps(_mm256_loadu_ps(g + i), v_gs);
+        const __m256 m0 = _mm256_loadu_ps(m + i), v0 = _mm256_loadu_ps(v + i);
+        const __m256 mi = _mm256_add_ps(m0, _mm256_mul_ps(v_1mb1, _mm256_sub_ps(gi, m0)));
+        const __m256 vi = _mm256_add_ps(_mm256_mul_ps(v0, v_b2), _mm256_mul_ps(_mm256_mul_ps(v_1mb2, gi), gi));
+        _mm256_storeu_ps(m + i, mi);
+        _mm256_storeu_ps(v + i, vi);
+        const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), v_bias2), v_eps);
+        const __m256 pi = _mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(p + i), v_decay),
+                                        _mm256_mul_ps(v_step, _mm256_div_ps(mi, denom)));
+        _mm256_storeu_ps(p + i, pi);
+    }
+    return update_sse2(p, g, m, v, i, end, k);
+}
+#endif
+
 }  // namespace
 
 void check_hyper(const AdamWHyper& h) {
@@ -74,32 +129,22 @@ int64_t adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWHyper& h)
     std::vector<int64_t> sizes;
     sizes.reserve(tensors.size());
     for (const auto& t : tensors) sizes.push_back(t.size);
+#ifdef ORION_X86
+    const bool avx2 = emu::kernels::simd_flavour() != emu::kernels::SimdFlavour::portable;
+#endif
     for_each_block(sizes, [&](size_t which, int64_t begin, int64_t end) {
         const AdamWTensor& t = tensors[which];
         float* __restrict p = t.param;
         const float* __restrict g = t.grad;
         float* __restrict m = t.exp_avg;
         float* __restrict v = t.exp_avg_sq;
-        const float decay = t.decay ? decay_factor : 1.0f;
-        int64_t i = begin;
-#if defined(__SSE2__)
-        // Four lanes with the scalar loop's exact operation order (no FMA), so both give the same bits;
-        // written out because std::sqrt's errno keeps GCC from vectorizing the scalar loop.
-        const __m128 v_gs = _mm_set1_ps(gs), v_1mb1 = _mm_set1_ps(one_minus_b1), v_b2 = _mm_set1_ps(b2),
-                     v_1mb2 = _mm_set1_ps(one_minus_b2), v_decay = _mm_set1_ps(decay),
-                     v_step = _mm_set1_ps(step_size), v_bias2 = _mm_set1_ps(bias2_sqrt), v_eps = _mm_set1_ps(eps);
-        for (; i + 4 <= end; i += 4) {
-            const __m128 gi = _mm_mul_ps(_mm_loadu_ps(g + i), v_gs);
-            const __m128 m0 = _mm_loadu_ps(m + i), v0 = _mm_loadu_ps(v + i);
-            const __m128 mi = _mm_add_ps(m0, _mm_mul_ps(v_1mb1, _mm_sub_ps(gi, m0)));
-            const __m128 vi = _mm_add_ps(_mm_mul_ps(v0, v_b2), _mm_mul_ps(_mm_mul_ps(v_1mb2, gi), gi));
-            _mm_storeu_ps(m + i, mi);
-            _mm_storeu_ps(v + i, vi);
-            const __m128 denom = _mm_add_ps(_mm_div_ps(_mm_sqrt_ps(vi), v_bias2), v_eps);
-            const __m128 pi = _mm_sub_ps(_mm_mul_ps(_mm_loadu_ps(p + i), v_decay),
-                                         _mm_mul_ps(v_step, _mm_div_ps(mi, denom)));
-            _mm_storeu_ps(p + i, pi);
-        }
+        const Coefficients k{gs, one_minus_b1, b2, one_minus_b2, t.decay ? decay_factor : 1.0f, step_size,
+                             bias2_sqrt, eps};
+        const float decay = k.decay;
+#ifdef ORION_X86
+        int64_t i = avx2 ? update_avx2(p, g, m, v, begin, end, k) : update_sse2(p, g, m, v, begin, end, k);
+#else
+        int64_t i = update_sse2(p, g, m, v, begin, end, k);
 #endif
         for (; i < end; ++i) {
             // The operation order of torch's single-tensor AdamW (lerp for m, addcmul for v, addcdiv).

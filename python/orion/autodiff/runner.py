@@ -98,6 +98,7 @@ class GradientRunner:
         # The layer inputs some program takes: a baked weight (LoRA's frozen base) is in none, so it is neither
         # converted to fp16 nor kept per step.
         self._taken = {name for slot in self._slots for name in slot.inputs}
+        self._head_scratch: dict[str, np.ndarray] = {}  # the head's gradients of a window added to earlier ones
 
     def _slot(self, program: PlannedProgram, params: Mapping[str, np.ndarray] | None) -> _Shared | _PerLayer:
         names = _baked_inputs(program, self.baked)
@@ -142,14 +143,17 @@ class GradientRunner:
         ``into`` (a dict the caller keeps across calls; returned as the gradients): each layer gradient is written
         into its array there (made on first use) by its unscale pass, so a step page-faults no new memory for
         them, and with ``add=True`` added to what the array holds (accumulation over windows); the head's and the
-        embedding's gradients replace their entries, or are added to them."""
+        embedding's gradients are written into their arrays there (the classifier's by its product, a tied
+        embedding's rows added to it), or added to them."""
         if add and into is None:
             raise OrionError("GradientRunner.loss_and_grads: add=True needs into= (the gradients to add to)")
         ids, targets = self._check_window("loss_and_grads", ids, targets)
         m = self.model
         out: dict[str, np.ndarray] = {} if into is None else into
         x, layer_inputs = self._layers_forward(params, ids)
-        loss, dx, cpu_grads = m.head(params, x, targets)
+        # The head writes its parameters' gradients into this step's arrays (add=False) or the runner's scratch
+        # (added below): no table-sized array of new memory per window.
+        loss, dx, cpu_grads = m.head(params, x, targets, into=self._head_scratch if add else out)
         shapes = m.layer_shapes()
         for i in reversed(range(m.n_layers)):
             cotangent = _to_fp16_range(cpu.to_channels(dx * loss_scale))
@@ -162,13 +166,15 @@ class GradientRunner:
                 key = m.layer_param(i, name)
                 out[key] = _unscaled(results[grad_name(name)], shapes[name], loss_scale, key, out.get(key), add)
             dx = _finite(cpu.from_channels(results[grad_name("x")]) / loss_scale, f"layer {i} input gradient")
-        for name, g in m.embed_backward(params, ids, dx).items():
-            cpu_grads[name] = cpu_grads[name] + g if name in cpu_grads else g
+        # A tied embedding's rows are added into the classifier's gradient in place.
+        cpu_grads.update(m.embed_backward(params, ids, dx, into=cpu_grads))
         for name, g in cpu_grads.items():
             if add:
                 out[name] += g
             else:
                 out[name] = g
+        if add:
+            self._head_scratch = cpu_grads
         return loss, out
 
 

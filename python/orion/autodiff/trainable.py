@@ -52,14 +52,19 @@ class TrainableModel(ABC):
         """Hidden states ``[S, C]`` of token ids at positions ``0..S-1``."""
 
     @abstractmethod
-    def embed_backward(self, params: dict[str, np.ndarray], ids: np.ndarray, dx: np.ndarray) -> dict[str, np.ndarray]:
-        """Gradients of the embedding parameters given dL/dx ``[S, C]``."""
+    def embed_backward(self, params: dict[str, np.ndarray], ids: np.ndarray, dx: np.ndarray,
+                       into: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Gradients of the embedding parameters given dL/dx ``[S, C]``; a gradient whose name is in ``into``
+        (float32, its shape) is added to that array in place and returned (a tied embedding: the classifier's
+        gradient gains the rows of ``ids``, no table-sized temporary)."""
 
     @abstractmethod
-    def head(self, params: dict[str, np.ndarray], x: np.ndarray, targets: np.ndarray, frozen: bool = False
-             ) -> tuple[float, np.ndarray, dict[str, np.ndarray]]:
+    def head(self, params: dict[str, np.ndarray], x: np.ndarray, targets: np.ndarray, frozen: bool = False,
+             into: dict[str, np.ndarray] | None = None) -> tuple[float, np.ndarray, dict[str, np.ndarray]]:
         """Final norm, classifier and mean cross-entropy: ``(loss, dL/dx, gradients of head parameters)``; with
-        ``frozen`` the head's parameters get no gradients (an empty dict; their products are not computed)."""
+        ``frozen`` the head's parameters get no gradients (an empty dict; their products are not computed).
+        ``into``: the classifier's gradient is written into the array of its name there when it fits (float32,
+        its shape, C-contiguous: overwritten, the same bits) instead of new memory."""
 
     def layer_param(self, layer: int, name: str) -> str:
         """The flat parameter name of ``name`` in layer ``layer``."""

@@ -155,11 +155,12 @@ class LoraTrainable(TrainableModel):
     def embed(self, params: dict[str, np.ndarray], ids: np.ndarray) -> np.ndarray:
         return self.base.embed(self.base_params, ids)
 
-    def embed_backward(self, params: dict[str, np.ndarray], ids: np.ndarray, dx: np.ndarray) -> dict[str, np.ndarray]:
+    def embed_backward(self, params: dict[str, np.ndarray], ids: np.ndarray, dx: np.ndarray,
+                       into: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         return {}  # the embedding is frozen
 
-    def head(self, params: dict[str, np.ndarray], x: np.ndarray, targets: np.ndarray, frozen: bool = True
-             ) -> tuple[float, np.ndarray, dict[str, np.ndarray]]:
+    def head(self, params: dict[str, np.ndarray], x: np.ndarray, targets: np.ndarray, frozen: bool = True,
+             into: dict[str, np.ndarray] | None = None) -> tuple[float, np.ndarray, dict[str, np.ndarray]]:
         """The base's head, frozen: only dL/dx flows on (no classifier or norm gradient is computed)."""
         return self.base.head(self.base_params, x, targets, frozen=True)
 

@@ -123,11 +123,13 @@ class GemmaTrainable(TrainableModel):
     def embed(self, params: dict[str, np.ndarray], ids: np.ndarray) -> np.ndarray:
         return params["embed"][ids] * np.float32(self.config.embed_scale)
 
-    def embed_backward(self, params: dict[str, np.ndarray], ids: np.ndarray, dx: np.ndarray) -> dict[str, np.ndarray]:
-        return {"embed": cpu.scatter_rows(params["embed"].shape, ids, dx * np.float32(self.config.embed_scale))}
+    def embed_backward(self, params: dict[str, np.ndarray], ids: np.ndarray, dx: np.ndarray,
+                       into: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        return {"embed": cpu.scatter_rows(params["embed"].shape, ids, dx * np.float32(self.config.embed_scale),
+                                          (into or {}).get("embed"))}
 
-    def head(self, params: dict[str, np.ndarray], x: np.ndarray, targets: np.ndarray, frozen: bool = False
-             ) -> tuple[float, np.ndarray, dict[str, np.ndarray]]:
+    def head(self, params: dict[str, np.ndarray], x: np.ndarray, targets: np.ndarray, frozen: bool = False,
+             into: dict[str, np.ndarray] | None = None) -> tuple[float, np.ndarray, dict[str, np.ndarray]]:
         """The ``(1 + w)`` final norm, the classifier, Gemma 2's final soft-capping and the mean cross-entropy."""
         h, saved = cpu.rms_norm(x, np.float32(1.0) + params["norm"], self.config.rms_norm_eps)
         classifier = params[self.head_param]
@@ -137,7 +139,8 @@ class GemmaTrainable(TrainableModel):
         loss, d_logits = cpu.cross_entropy_of_logits(logits if cap is None else cap * tanh, targets)
         if cap:
             d_logits = d_logits * (1.0 - tanh * tanh)
-        dh, d_classifier = cpu.head_backward(h, classifier, d_logits, frozen)
+        dh, d_classifier = cpu.head_backward(h, classifier, d_logits, frozen,
+                                             (into or {}).get(self.head_param))
         dx, d_norm = cpu.rms_norm_backward(dh, saved)
         return loss, dx, {} if frozen else {self.head_param: d_classifier, "norm": d_norm}
 

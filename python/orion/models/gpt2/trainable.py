@@ -96,14 +96,15 @@ class GPT2Trainable(TrainableModel):
     def embed(self, params: dict[str, np.ndarray], ids: np.ndarray) -> np.ndarray:
         return params["wte"][ids] + params["wpe"][: len(ids)]
 
-    def embed_backward(self, params: dict[str, np.ndarray], ids: np.ndarray, dx: np.ndarray) -> dict[str, np.ndarray]:
+    def embed_backward(self, params: dict[str, np.ndarray], ids: np.ndarray, dx: np.ndarray,
+                       into: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         d_wpe = np.zeros_like(params["wpe"])
         d_wpe[: len(ids)] = dx
-        return {"wte": cpu.scatter_rows(params["wte"].shape, ids, dx), "wpe": d_wpe}
+        return {"wte": cpu.scatter_rows(params["wte"].shape, ids, dx, (into or {}).get("wte")), "wpe": d_wpe}
 
-    def head(self, params: dict[str, np.ndarray], x: np.ndarray, targets: np.ndarray, frozen: bool = False
-             ) -> tuple[float, np.ndarray, dict[str, np.ndarray]]:
+    def head(self, params: dict[str, np.ndarray], x: np.ndarray, targets: np.ndarray, frozen: bool = False,
+             into: dict[str, np.ndarray] | None = None) -> tuple[float, np.ndarray, dict[str, np.ndarray]]:
         h, saved = cpu.layer_norm(x, params["ln_f_g"], params["ln_f_b"], self.config.layer_norm_epsilon)
-        loss, dh, d_wte = cpu.cross_entropy(h, params["wte"], targets, frozen)
+        loss, dh, d_wte = cpu.cross_entropy(h, params["wte"], targets, frozen, (into or {}).get("wte"))
         dx, d_g, d_b = cpu.layer_norm_backward(dh, saved)
         return loss, dx, {} if frozen else {"wte": d_wte, "ln_f_g": d_g, "ln_f_b": d_b}

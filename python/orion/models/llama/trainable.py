@@ -140,13 +140,15 @@ class LlamaTrainable(TrainableModel):
     def embed(self, params: dict[str, np.ndarray], ids: np.ndarray) -> np.ndarray:
         return params["embed"][ids]
 
-    def embed_backward(self, params: dict[str, np.ndarray], ids: np.ndarray, dx: np.ndarray) -> dict[str, np.ndarray]:
-        return {"embed": cpu.scatter_rows(params["embed"].shape, ids, dx)}
+    def embed_backward(self, params: dict[str, np.ndarray], ids: np.ndarray, dx: np.ndarray,
+                       into: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        return {"embed": cpu.scatter_rows(params["embed"].shape, ids, dx, (into or {}).get("embed"))}
 
-    def head(self, params: dict[str, np.ndarray], x: np.ndarray, targets: np.ndarray, frozen: bool = False
-             ) -> tuple[float, np.ndarray, dict[str, np.ndarray]]:
+    def head(self, params: dict[str, np.ndarray], x: np.ndarray, targets: np.ndarray, frozen: bool = False,
+             into: dict[str, np.ndarray] | None = None) -> tuple[float, np.ndarray, dict[str, np.ndarray]]:
         h, saved = cpu.rms_norm(x, params["norm"], self.config.rms_norm_eps)
-        loss, dh, d_cls = cpu.cross_entropy(h, params[self.head_param], targets, frozen)
+        loss, dh, d_cls = cpu.cross_entropy(h, params[self.head_param], targets, frozen,
+                                            (into or {}).get(self.head_param))
         dx, d_norm = cpu.rms_norm_backward(dh, saved)
         return loss, dx, {} if frozen else {self.head_param: d_cls, "norm": d_norm}
 

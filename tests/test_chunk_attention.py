@@ -11,8 +11,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import orion
-from orion.compiler import CompiledGraph, lower_graph
 from orion.graph import Graph
 from orion.models.blocks import (
     WINDOW_MASK_INPUT,
@@ -22,8 +20,7 @@ from orion.models.blocks import (
     window_mask_input,
 )
 from orion.runtime import profile
-from orion.runtime.stage import Stage
-from support.twins import RAN_ITS_OPS, also_returning
+from support.twins import RAN_ITS_OPS, stage_twins
 
 FUSED = "attention (chunk, fused)"
 
@@ -41,18 +38,11 @@ def chunk_graph(heads: int, d: int, seq: int, positions: int, window: bool = Fal
     return g
 
 
-def twins(graph: Graph) -> tuple[Stage, Stage]:
-    """The compiled graph, and its twin with the past exponentials also returned (so never fused)."""
-    lowered = lower_graph(graph)
-    unfused = also_returning(lowered.mil, "exp")
-    return (Stage(CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights))),
-            Stage(CompiledGraph(lowered, orion.compile(unfused, lowered.weights, profile="permissive"))))
-
 
 def run_both(graph: Graph, xs: dict[str, np.ndarray], hints: dict[str, int] | None) -> list[np.ndarray]:
     """Output "y" of the fused program and of its twin on ``xs``; checks which one fused."""
     outs = []
-    for stage in twins(graph):
+    for stage in stage_twins(graph, "exp"):
         for name, x in xs.items():
             stage.input(name)[...] = x
         profile.enable(True)

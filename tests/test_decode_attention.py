@@ -11,13 +11,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import orion
-from orion.compiler import CompiledGraph, lower_graph
 from orion.graph import Graph
 from orion.models.blocks import cached_attention
 from orion.runtime import profile
 from orion.runtime.stage import Stage
-from support.twins import RAN_ITS_OPS, also_returning
+from support.twins import RAN_ITS_OPS, stage_twins
 
 FUSED = "attention (decode, fused)"
 
@@ -32,13 +30,6 @@ def decode_graph(heads: int, d: int, positions: int, lanes: int = 1) -> Graph:
     g.output(cached_attention(g, q, k, v, kc, vc, mask, heads), "y")
     return g
 
-
-def twins(graph: Graph) -> tuple[Stage, Stage]:
-    """The compiled graph, and its twin with the exponentials also returned (so never fused)."""
-    lowered = lower_graph(graph)
-    unfused = also_returning(lowered.mil, "exp")
-    return (Stage(CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights))),
-            Stage(CompiledGraph(lowered, orion.compile(unfused, lowered.weights, profile="permissive"))))
 
 
 def kernel_calls(stage: Stage, hints: dict[str, int] | None) -> dict[str, int]:
@@ -56,7 +47,7 @@ def run_twins(heads: int, d: int, positions: int, filled: int, lanes: int = 1, a
               live: int | None = None, seed: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """Random inputs (the first ``filled`` positions of each lane's cache unmasked), and output "y" of the
     fused program and of its twin; ``live``: a live-lanes hint on the caches and the mask."""
-    fused, unfused = twins(decode_graph(heads, d, positions, lanes))
+    fused, unfused = stage_twins(decode_graph(heads, d, positions, lanes), "exp")
     rng = np.random.default_rng(seed)
     xs = {name: (rng.standard_normal(fused.input(name).shape) * amplitude).astype(np.float16)
           for name in ("q", "k", "v", "kc", "vc")}
@@ -117,7 +108,7 @@ def test_decode_attention_with_a_live_lanes_hint() -> None:
     """A cache filled to 40 of 128 positions, declared live on 48 (the hint a decode step gives): the ops
     then score, sum and weigh 48 positions, and so does the kernel. Dead positions hold NaN, never read."""
     heads, d, positions, live = 2, 32, 128, 48
-    fused, unfused = twins(decode_graph(heads, d, positions))
+    fused, unfused = stage_twins(decode_graph(heads, d, positions), "exp")
     rng = np.random.default_rng(5)
     xs = {n: rng.standard_normal(fused.input(n).shape).astype(np.float16) for n in ("q", "k", "v", "kc", "vc")}
     for n in ("kc", "vc"):
@@ -147,7 +138,7 @@ def test_decode_attention_of_dead_sequences_is_not_computed() -> None:
     kernel computes the live lanes' heads only, as the ops do: their dead inputs hold NaN and are never read,
     and the output is the ops' bit for bit, dead lanes included (the store zeroes both)."""
     heads, d, positions, lanes, live = 2, 32, 64, 4, 2
-    fused, unfused = twins(decode_graph(heads, d, positions, lanes))
+    fused, unfused = stage_twins(decode_graph(heads, d, positions, lanes), "exp")
     rng = np.random.default_rng(7)
     xs = {n: rng.standard_normal(fused.input(n).shape).astype(np.float16) for n in ("q", "k", "v", "kc", "vc")}
     for n in ("q", "k", "v"):

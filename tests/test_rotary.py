@@ -11,14 +11,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import orion
-from orion.compiler import CompiledGraph, lower_graph
 from orion.graph import Graph
 from orion.models.llama.config import LlamaConfig
 from orion.models.llama.graphs import apply_rope, rope_partner
 from orion.runtime import profile
-from orion.runtime.stage import Stage
-from support.twins import RAN_ITS_OPS, also_returning
+from support.twins import RAN_ITS_OPS, stage_twins
 
 FUSED = "rotary (fused)"
 
@@ -37,12 +34,6 @@ def rope_graph(heads: int, d: int, lanes: int, reciprocal: bool = False) -> Grap
     return g
 
 
-def twins(graph: Graph) -> tuple[Stage, Stage]:
-    lowered = lower_graph(graph)
-    unfused = also_returning(lowered.mil, "matmul", "_mate")
-    return (Stage(CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights))),
-            Stage(CompiledGraph(lowered, orion.compile(unfused, lowered.weights, profile="permissive"))))
-
 
 @pytest.mark.parametrize("heads, d, lanes, amplitude, live",
                          [(3, 64, 1, 1.0, None), (2, 16, 32, 1.0, None), (2, 64, 1, 60000.0, None), (2, 16, 8, 1.0, 3),
@@ -53,7 +44,7 @@ def test_rotary_is_its_ops_bit_for_bit(heads, d, lanes, amplitude, live) -> None
     lanes, whose outputs are undefined for both; the ops compute an 8-lane row whole and a 64-lane row's live
     lanes only). Reference: float64 rotation of each channel pair (the half-split
     convention), within fp16 rounding."""
-    fused, unfused = twins(rope_graph(heads, d, lanes))
+    fused, unfused = stage_twins(rope_graph(heads, d, lanes), "matmul", "_mate")
     rng = np.random.default_rng(d + lanes)
     x = np.clip(rng.standard_normal((1, heads * d, 1, lanes)) * amplitude, -65504, 65504).astype(np.float16)
     if live is not None:
@@ -90,7 +81,7 @@ def test_rotary_signed_zeros_and_non_finite_values_are_the_ops() -> None:
     matmul's sum from +0 gives) while a head's values are finite: -0 and +0 in x must come out as the ops give
     them, and a head with an infinity takes the matmul (its NaNs where 0 * inf enters a sum)."""
     heads, d, lanes = 2, 16, 4
-    fused, unfused = twins(rope_graph(heads, d, lanes, reciprocal=True))
+    fused, unfused = stage_twins(rope_graph(heads, d, lanes, reciprocal=True), "matmul", "_mate")
     rng = np.random.default_rng(9)
     x = rng.standard_normal((1, heads * d, 1, lanes)).astype(np.float16)
     # head 0, lane 0: +0, rotated by cos -1 and sin 1: each output is -0 + its mate, and a mate of sign -1 is +0

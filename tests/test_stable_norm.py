@@ -11,12 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import orion
-from orion.compiler import CompiledGraph, lower_graph
 from orion.graph import Graph
 from orion.runtime import profile
-from orion.runtime.stage import Stage
-from support.twins import RAN_ITS_OPS, also_returning
+from support.twins import RAN_ITS_OPS, stage_twins
 
 FUSED = "norm (fused)"
 EPS = 1e-5
@@ -30,13 +27,6 @@ def norm_graph(kind: str, channels: int, lanes: int, gamma: np.ndarray, beta: np
     return g
 
 
-def twins(graph: Graph) -> tuple[Stage, Stage]:
-    """The compiled graph, and its twin with the rstd also returned (so never fused)."""
-    lowered = lower_graph(graph)
-    unfused = also_returning(lowered.mil, "pow", "_rstd")
-    return (Stage(CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights))),
-            Stage(CompiledGraph(lowered, orion.compile(unfused, lowered.weights, profile="permissive"))))
-
 
 def run_twins(kind: str, channels: int, lanes: int, x: np.ndarray, uniform: bool = False,
               live: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -46,7 +36,7 @@ def run_twins(kind: str, channels: int, lanes: int, x: np.ndarray, uniform: bool
     gamma, beta = (rng.standard_normal(channels).astype(np.float16) for _ in range(2))
     if uniform:
         gamma, beta = np.full(channels, 1.5, np.float16), np.full(channels, 0.25, np.float16)
-    fused, unfused = twins(norm_graph(kind, channels, lanes, gamma, beta))
+    fused, unfused = stage_twins(norm_graph(kind, channels, lanes, gamma, beta), "pow", "_rstd")
     outs = []
     for stage in (fused, unfused):
         stage.input("x")[...] = x

@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import re
 
+import orion
+from orion.compiler import CompiledGraph, lower_graph
+from orion.graph import Graph
+from orion.runtime.stage import Stage
+
 # The suffix of a fused group's profile row for the calls that ran the group's own ops (its kernel did not apply).
 RAN_ITS_OPS = " (ran its ops)"
 
@@ -33,3 +38,12 @@ def also_returning(mil: str, op: str, suffix: str = "") -> str:
     name = re.search(rf"> (\w+{suffix}) = {op}\(", mil).group(1)
     returned = re.search(r"\} -> \((.*)\);", mil).group(1)
     return mil.replace(f"}} -> ({returned});", f"}} -> ({returned}, {name});")
+
+
+def stage_twins(graph: Graph, op: str, suffix: str = "") -> tuple[Stage, Stage]:
+    """``graph`` compiled, and its twin with the result of its first ``op`` (whose name ends with ``suffix``) also
+    returned, so the fused group holding it runs as its own ops; both as stages."""
+    lowered = lower_graph(graph)
+    unfused = also_returning(lowered.mil, op, suffix)
+    return (Stage(CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights))),
+            Stage(CompiledGraph(lowered, orion.compile(unfused, lowered.weights, profile="permissive"))))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import os
+import zlib
 from types import SimpleNamespace
 
 import numpy as np
@@ -175,7 +177,6 @@ def test_a_warm_read_checks_no_blob_another_entry_stamped(tmp_path, monkeypatch)
     lower_cached({"test": "stamped blob", "entry": 1}, graph)  # the same weights: the blobs' times are refreshed
     assert [b.stat().st_mtime_ns for b in blobs] != times_before
     program_cache._MEMO.clear()  # as a new process: no in-process memo, no open map
-    program_cache._BLOB_CHECKSUMS.clear()
     gc.collect()
     computed: list[int] = []
     real = program_cache._checksum
@@ -185,7 +186,6 @@ def test_a_warm_read_checks_no_blob_another_entry_stamped(tmp_path, monkeypatch)
     check_runs(compile_lowered(first))
     del first
     program_cache._MEMO.clear()
-    program_cache._BLOB_CHECKSUMS.clear()
     gc.collect()
     blob = max(blobs, key=lambda b: b.stat().st_size)
     blob.write_bytes(blob.read_bytes()[:-64])  # truncated in place (same inode)
@@ -530,6 +530,34 @@ def test_a_file_changed_within_a_clock_tick_is_hashed_every_time(tmp_path, monke
     assert len(computed) == 3
 
 
+
+def test_a_file_asked_again_is_served_by_the_memo_and_a_changed_one_is_computed_again(tmp_path, monkeypatch) -> None:
+    """``_by_identity`` in one process: the same file version again costs one lookup (no path resolution, no
+    hashing of its identity, no compute); a truncation in place (same inode, ``times=False`` as for blobs) or a
+    rewrite under a new inode is computed again, with no memo cleared."""
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "blob.bin"
+    path.write_bytes(b"a" * 4096)
+    computed, resolved = [], []
+
+    def crc() -> str:
+        computed.append(path.stat().st_size)
+        return str(zlib.crc32(path.read_bytes()))
+
+    real_dir = program_cache._real_dir
+    monkeypatch.setattr(program_cache, "_real_dir", lambda d: resolved.append(d) or real_dir(d))
+    ask = lambda: int(program_cache._by_identity(path, "crc32", crc, str.isdigit, times=False))  # noqa: E731
+    assert ask() == zlib.crc32(b"a" * 4096)
+    assert ask() == zlib.crc32(b"a" * 4096) and computed == [4096] and len(resolved) == 1
+    with path.open("r+b") as f:  # truncated in place: the same inode
+        f.truncate(2048)
+    assert ask() == zlib.crc32(b"a" * 2048) and computed == [4096, 2048]
+    other = tmp_path / "other.bin"
+    other.write_bytes(b"b" * 2048)
+    os.replace(other, path)  # the same size under a new inode
+    assert ask() == zlib.crc32(b"b" * 2048) and computed == [4096, 2048, 2048]
+
+
 # -- a checkpoint's weight files: named by where their values come from; a changed checkpoint is noticed ----------
 def _llama_dir(path, seed: int):
     from orion.models.llama import weights as llama_weights
@@ -570,7 +598,6 @@ def test_a_checkpoints_weight_files_are_named_without_hashing_them(tmp_path, mon
     assert not {real_sha(blobs[n]).hexdigest() for n in named} & hashed  # none of their bytes went through SHA-256
     # What a name stands for is recomputed from scratch in a fresh process: the same names, all served.
     program_cache._MEMO.clear()
-    program_cache._BLOB_CHECKSUMS.clear()
     from orion.graph import lineage
 
     lineage._FACTS.clear()  # noqa: SLF001 (as a new process: nothing remembered under lineage keys)

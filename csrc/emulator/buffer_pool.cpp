@@ -11,8 +11,8 @@ namespace {
 
 struct Pool {
     std::mutex mutex;
-    std::multimap<size_t, std::vector<float>> idle;  // by element count
-    size_t bytes = 0;  // idle
+    std::multimap<size_t, std::vector<float>> idle;  // by capacity (elements)
+    size_t bytes = 0;  // idle (capacities)
     size_t live = 0, peak = 0;
     void note() { peak = std::max(peak, live + bytes); }
 };
@@ -26,8 +26,9 @@ Pool& pool() {
 
 // Buffers from this many elements (1 MiB of fp32: a prompt's activations) are shared across sizes: a request
 // reuses a larger idle one, and a new one replaces smaller idle ones. Smaller ones (a decode step's padded I/O,
-// tens of KB) keep their exact sizes: a regrown buffer is zero-filled to its capacity at every give, which in a
-// decode step, its programs alternating between two sizes, came to megabytes per token.
+// tens of KB) keep their exact sizes: a buffer grown back within its capacity is zero-filled there (std::vector
+// value-initializes), which in a decode step, its programs alternating between two sizes, came to megabytes per
+// token.
 constexpr size_t kLargeBuffer = size_t{1} << 18;
 
 std::vector<float> take(size_t n) {
@@ -38,16 +39,19 @@ std::vector<float> take(size_t n) {
         auto it = p.idle.find(n);
         const bool large = n >= kLargeBuffer;
         if (it == p.idle.end() && large) {
-            // No idle buffer of this size: reuse an idle one of at most twice it, shrunk (it keeps its capacity
-            // and regrows when given back), instead of allocating while it sits idle.
+            // No idle buffer of this capacity: reuse an idle one of at most twice it, instead of allocating while
+            // it sits idle.
             it = p.idle.upper_bound(n);
             if (it != p.idle.end() && it->first / 2 > n) it = p.idle.end();
         }
         if (it != p.idle.end()) {
             std::vector<float> out = std::move(it->second);
             p.idle.erase(it);
-            p.bytes -= out.size() * sizeof(float);
-            p.live += out.size() * sizeof(float);
+            p.bytes -= out.capacity() * sizeof(float);
+            p.live += out.capacity() * sizeof(float);
+            // Given back at the size it was taken at, not regrown to its capacity: resizing here zero-fills only
+            // the elements past that size, when it grows (std::vector value-initializes). Regrowing at every
+            // give zero-filled a 1,024-lane prefill's shrunk buffers whether or not a larger value came next.
             out.resize(n);
             return out;
         }
@@ -72,8 +76,7 @@ std::vector<float> take(size_t n) {
 }
 
 void give(std::vector<float>&& buffer) {
-    if (buffer.capacity() > buffer.size()) buffer.resize(buffer.capacity());  // a shrunk buffer regrows (take)
-    const size_t n = buffer.size();
+    const size_t n = buffer.capacity();  // its size may be less (take): stale contents either way
     if (n == 0) return;
     Pool& p = pool();
     std::lock_guard<std::mutex> lock(p.mutex);

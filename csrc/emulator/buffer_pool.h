@@ -1,9 +1,9 @@
 // Process-wide pool of fp32 buffers for the emulator's intermediate tensors. A program takes a
 // buffer when a value is first written and gives it back after its last reader, so one evaluate
 // holds only the values that are live at once, and programs run one after the other share the
-// same memory. Buffers are matched by size: an idle one of that size, else an idle one of at most twice it
-// (shrunk while taken, regrown when given back: a fused projection's output [2C, S] serves its halves'
-// consumers in turn instead of sitting idle beside them); the pool keeps at most kMaxPooledBytes idle.
+// same memory. Buffers are matched by capacity: an idle one of that size, else an idle one of at most twice it
+// (resized within its capacity: a fused projection's output [2C, S] serves its halves' consumers in turn
+// instead of sitting idle beside them); the pool keeps at most kMaxPooledBytes idle.
 #pragma once
 
 #include <cstddef>
@@ -15,7 +15,7 @@ constexpr size_t kMaxPooledBytes = size_t{256} << 20;
 
 // A buffer of exactly n floats: a pooled one (stale contents; its capacity up to 2n) or a new zero-filled one.
 std::vector<float> take(size_t n);
-// Returns a buffer to the pool (or frees it when the pool is full), regrown to its capacity if take shrank it.
+// Returns a buffer to the pool at its capacity (or frees it when the pool is full); its contents stay stale.
 void give(std::vector<float>&& buffer);
 // Frees every idle buffer (the emulator calls it when a program is unloaded or destroyed).
 void clear();

@@ -267,18 +267,8 @@ def _verified_checksum(data: memoryview | bytes, path: Path, known: dict[str, in
                 return False
 
         compute = lambda: json.dumps(known if known is not None else _checksum(data))  # noqa: E731
-        st = path.stat()
-        identity = (str(path), st.st_dev, st.st_ino, st.st_size)  # _by_identity's for a blob, unresolved
-        if identity not in _BLOB_CHECKSUMS:
-            _BLOB_CHECKSUMS[identity] = json.loads(_by_identity(path, "crc32", compute, valid, st=st, times=False))
-        _MAP_CHECKSUMS[shared] = _BLOB_CHECKSUMS[identity]
+        _MAP_CHECKSUMS[shared] = json.loads(_by_identity(path, "crc32", compute, valid, times=False))
     return _MAP_CHECKSUMS[shared]
-
-
-# A blob's checksum by its identity, for this process: a blob is mapped again by each entry that reads it (its
-# map is freed once a program is compiled from it), and asking _by_identity each time cost a warm start of the
-# Qwen2.5-0.5B shape ~0.1 CPU s (873 reads of 333 blobs).
-_BLOB_CHECKSUMS: dict[tuple[str, int, int, int], dict[str, int]] = {}
 
 
 def _read_verified(directory: Path) -> tuple[dict[str, bytes], dict[str, bytes], dict[str, str]]:
@@ -524,7 +514,10 @@ def _keep_under_cap(root: Path, added: int) -> None:
         _STORED.pop(root, None)
 
 
-_MEMO: dict[str, str] = {}  # _by_identity's memo in this process
+# _by_identity's memo in this process, by the file's identity as given (kind, path unresolved, device, inode, size,
+# times or None): the one lookup a file asked for again costs (a warm start of the Qwen2.5-0.5B shape reads its 333
+# blobs 873 times, as each entry maps them again; resolving and hashing the identity each time cost ~0.1 CPU s).
+_MEMO: dict[tuple[str, str, int, int, int, tuple[int, int] | None], str] = {}
 # A file changed this recently may change again with the same times (a file system's clock ticks every few
 # ms; Linux's coarse clock lags the true time by up to a tick): _by_identity does not memoize it.
 RACY_NS = 100_000_000
@@ -552,12 +545,13 @@ def _by_identity(path: Path, kind: str, compute: Callable[[], str], valid: Calla
     st = path.stat() if st is None else st
     if times and time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < RACY_NS:
         return compute()
+    given = (kind, str(path), st.st_dev, st.st_ino, st.st_size, (st.st_mtime_ns, st.st_ctime_ns) if times else None)
+    if given in _MEMO:
+        return _MEMO[given]
     stamp = f"\0{st.st_mtime_ns}\0{st.st_ctime_ns}" if times else ""
     resolved = os.path.join(_real_dir(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
     identity = f"{kind}\0{resolved}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}{stamp}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:32]
-    if key in _MEMO:
-        return _MEMO[key]
     root = cache_dir() if root is None else root
     memo = root / FILES / key if root is not None else None
     try:
@@ -575,7 +569,7 @@ def _by_identity(path: Path, kind: str, compute: Callable[[], str], valid: Calla
                 os.replace(tmp, memo)
             except OSError:  # a read-only cache: compute again next time
                 pass
-    _MEMO[key] = text
+    _MEMO[given] = text
     return text
 
 

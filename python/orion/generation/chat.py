@@ -2,7 +2,8 @@
 or ``tokenizer_config.json``'s ``chat_template``, found as transformers finds it), rendered the way
 transformers renders it (a sandboxed environment, ``trim_blocks``/``lstrip_blocks``, ``raise_exception``,
 ``strftime_now`` and a ``tojson`` that does not escape HTML). Templates from model repositories are
-untrusted code, hence the sandbox."""
+untrusted code, hence the sandbox. Jinja is imported when a template is first compiled, not with this
+module: every model load imports it, and Jinja cost ~20 ms of a warm start that reads no template."""
 
 from __future__ import annotations
 
@@ -10,14 +11,13 @@ import json
 from datetime import datetime
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Any
-
-import jinja2
-import jinja2.meta
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from typing import TYPE_CHECKING, Any
 
 from orion.errors import OrionError
 from orion.generation.hf_files import read_json_object
+
+if TYPE_CHECKING:
+    import jinja2
 
 
 class ChatTemplateError(OrionError, ValueError):
@@ -25,6 +25,8 @@ class ChatTemplateError(OrionError, ValueError):
 
 
 def _raise_exception(message: str) -> None:
+    import jinja2
+
     raise jinja2.exceptions.TemplateError(message)
 
 
@@ -35,6 +37,8 @@ def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separ
 
 @lru_cache(maxsize=16)
 def _compile(source: str) -> jinja2.Template:
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
@@ -53,6 +57,8 @@ class ChatTemplate:
     def __init__(self, template: str | list[dict[str, str]], path: Path,
                  special_tokens: dict[str, str] | None = None) -> None:
         """``special_tokens``: ``bos_token``/``eos_token`` strings the template sees."""
+        import jinja2
+
         self.special_tokens = dict(special_tokens or {})
         if isinstance(template, list):  # named templates: transformers uses "default"
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
@@ -75,6 +81,8 @@ class ChatTemplate:
 
     @cached_property
     def _variables(self) -> set[str]:
+        import jinja2.meta
+
         return jinja2.meta.find_undeclared_variables(_compile(self.source).environment.parse(self.source))
 
     def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
@@ -82,6 +90,8 @@ class ChatTemplate:
         """The text of ``messages`` (dicts with ``role`` and ``content``), ending with the assistant's
         turn opened when ``add_generation_prompt``; ``tools`` (function schemas) reach the template when
         given; ``special`` gives ``bos_token``/``eos_token``."""
+        import jinja2
+
         if not isinstance(messages, list) or not all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in messages):
             raise ChatTemplateError('a chat is a list of {"role": ..., "content": ...} dicts, e.g. '

@@ -31,7 +31,7 @@ import numpy as np
 
 from orion.autodiff.partition import Plan
 from orion.autodiff.runner import WEIGHT_STRATEGIES
-from orion.cli import HelpFormatter, positive_int, report_errors
+from orion.cli import HelpFormatter, non_negative_int, positive_int, report_errors
 from orion.limits import DISPATCH_MS
 from orion.train.trainer import SHAPES, TrainConfig, Trainer
 
@@ -162,9 +162,10 @@ def step_breakdown(stats: pstats.Stats, steps: int) -> list[tuple[str, float]]:
 
 def run(model: str = DEFAULT_MODEL, seq: int = 256, batch: int = 1, accum: int = 1, steps: int = 2,
         weights: str = "inputs", prefer: str = "auto", torch: bool = True,
-        cost: M4CostModel | None = None, profile: bool = False) -> dict[str, Any]:
+        cost: M4CostModel | None = None, profile: bool = False, warmup: int = 2) -> dict[str, Any]:
     """Runs the benchmark; returns its figures (see :func:`report`). ``profile``: with the emulator's profile
-    and :func:`step_breakdown` of Orion's timed steps."""
+    and :func:`step_breakdown` of Orion's timed steps. ``warmup``: untimed interleaved steps of both sides after
+    the first (PyTorch's steps 2-4 ran up to 1.4x its later ones: its allocator and threads settle)."""
     from orion import backend, compile_count
     from orion.runtime import profile as emulator_profile
 
@@ -180,6 +181,10 @@ def run(model: str = DEFAULT_MODEL, seq: int = 256, batch: int = 1, accum: int =
         load_start = os.getloadavg()[0]
         first = trainer.train_step()  # compiles Orion's programs; untimed on both sides
         torch_first = reference.step()[0] if reference else None
+        for _ in range(warmup):
+            trainer.train_step()
+            if reference:
+                reference.step()
         compiles_before, orion_ms, torch_ms = compile_count(), [], []
         profiler = cProfile.Profile() if profile else None
         if profile:
@@ -197,7 +202,7 @@ def run(model: str = DEFAULT_MODEL, seq: int = 256, batch: int = 1, accum: int =
         plan, windows = trainer.plan, batch * accum
         result = {
             "model": model, "params": params, "seq": seq, "batch": batch, "accum": accum, "weights": weights,
-            "backend": backend(), "steps": steps, "tokens_per_step": config.tokens_per_step, "plan": str(plan),
+            "backend": backend(), "steps": steps, "warmup": warmup, "tokens_per_step": config.tokens_per_step, "plan": str(plan),
             "ms_per_step": float(np.median(orion_ms)), "first_step_ms": first["ms"], "first_loss": first["loss"],
             "dispatches_per_step": plan.dispatches * windows,
             "compiles_per_step": (compile_count() - compiles_before) / steps,
@@ -220,7 +225,7 @@ def report(r: dict[str, Any]) -> str:
     share = 100 * r["ane_gflop"] / (r["ane_gflop"] + r["cpu_gflop"])
     lines = [f"{r['model']}: {r['params'] / 1e6:.1f}M parameters, {tokens} tokens per step (seq {r['seq']} x batch "
              f"{r['batch']} x accum {r['accum']}), weights={r['weights']}, backend {r['backend']}, median of "
-             f"{r['steps']} interleaved steps", r["plan"],
+             f"{r['steps']} interleaved steps after {r['warmup']} untimed ones", r["plan"],
              f"orion:   {ms:9.1f} ms/step {tokens / ms * 1e3:9.1f} tokens/s | first step {r['first_step_ms']:.0f} ms "
              f"(compiles) | {r['dispatches_per_step']} ANE dispatches/step, {r['compiles_per_step']:.2f} compiles/step "
              f"| FLOPs ANE {r['ane_gflop']:.3g} GFLOP ({share:.1f}%), CPU {r['cpu_gflop']:.3g} GFLOP | first loss "
@@ -262,6 +267,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the trainer's weight strategy (default inputs)")
     parser.add_argument("--prefer", choices=("auto", "ane", "cpu"), default="auto",
                         help="the partitioner's placement (default auto)")
+    parser.add_argument("--warmup", type=non_negative_int, default=2,
+                        help="untimed interleaved steps after the first (default 2)")
     parser.add_argument("--no-torch", action="store_true", help="Orion alone")
     parser.add_argument("--profile", action="store_true",
                         help="where Orion's timed steps go: the emulator's per-program profile and the step's parts")
@@ -273,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     return report_errors(lambda: _print(run(args.model, args.seq, args.batch, args.accum, args.steps, args.weights,
-                                            args.prefer, not args.no_torch, profile=args.profile)))
+                                            args.prefer, not args.no_torch, profile=args.profile,
+                                            warmup=args.warmup)))
 
 
 def _print(result: dict[str, Any]) -> int:

@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "emulator/fp16.h"
 #include "emulator/kernels.h"
 
 namespace orion::emu {
@@ -17,11 +18,6 @@ constexpr int64_t kHeadBytes = int64_t{1} << 16;
 // Up to this many rows of A the gemm streams B (gemv) instead of packing it: the score matmuls' query
 // rows are cut to the live ones, but never across this bound, so each row is summed on the ops' path.
 constexpr int64_t kGemvRows = 3;
-
-float rounded(float v) {
-    kernels::round_fp16(&v, 1);
-    return v;
-}
 
 // c [M, N] (row stride ldb) = round(q^T b): q [K, S] (its first M columns), b [K, ldb] fp32 or fp16 read in
 // place, from `offset`: the score matmul's call.
@@ -43,11 +39,10 @@ void add_mask(float* row, const float* mask, int64_t n) {
 float exp_shifted(float* row, float m, int64_t n) {
     for (int64_t t = 0; t < n; ++t) row[t] -= m;
     kernels::round_fp16(row, static_cast<size_t>(n));
-    for (int64_t t = 0; t < n; ++t) row[t] = std::exp(row[t]);
-    kernels::round_fp16(row, static_cast<size_t>(n));
+    kernels::exp_fp16(row, row, static_cast<size_t>(n));
     float sum = 0.0f;
     for (int64_t t = 0; t < n; ++t) sum += row[t];
-    return rounded(sum);
+    return round_to_fp16(sum);
 }
 
 void scale_row(float* row, float by, int64_t n) {
@@ -86,10 +81,10 @@ void run_chunk_attention(const ChunkAttention& a, const ChunkLive& live, const f
                 add_mask(pr, past_mask + (a.past_mask_rows == 1 ? 0 : i * T), live.scored);
                 add_mask(orow, own_mask + i * S, live.own_scored);
                 const float top_own = row_max(orow, live.own_scored);
-                const float gap = rounded(row_max(pr, live.scored) - top_own);
-                const float m = rounded(top_own + (gap > 0.0f ? gap : 0.0f));  // top_own + relu(gap)
+                const float gap = round_to_fp16(row_max(pr, live.scored) - top_own);
+                const float m = round_to_fp16(top_own + (gap > 0.0f ? gap : 0.0f));  // top_own + relu(gap)
                 const float sums = exp_shifted(pr, m, live.scored) + exp_shifted(orow, m, live.own_scored);
-                const float inv = rounded(std::pow(rounded(sums), exponent));
+                const float inv = round_to_fp16(std::pow(round_to_fp16(sums), exponent));
                 scale_row(pr, inv, live.scored);
                 scale_row(orow, inv, live.own_scored);
             }

@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "emulator/fp16.h"
 #include "emulator/kernels.h"
 
 namespace orion::emu {
@@ -14,11 +15,6 @@ namespace {
 
 // Cache bytes worth a thread's share of the heads (as matmul's split of an fp16 cache read in place).
 constexpr int64_t kHeadBytes = int64_t{1} << 16;
-
-float rounded(float v) {
-    kernels::round_fp16(&v, 1);
-    return v;
-}
 
 // c[n] = sum over k < K of a[k] * b[k * b_rs + n * b_cs], for n < N, rounded to fp16: the matmul op's
 // call for one batch of one row.
@@ -53,24 +49,23 @@ void run_decode_attention(const DecodeAttention& a, int64_t scored, int64_t summ
             kernels::round_fp16(lanes, static_cast<size_t>(D));
             float self = 0.0f, top = -std::numeric_limits<float>::infinity();
             for (int64_t d = 0; d < D; ++d) self += lanes[d];
-            self = rounded(self);
+            self = round_to_fp16(self);
             for (int64_t t = 0; t < L; ++t) top = std::max(top, row[t]);
-            const float gap = rounded(top - self);
-            const float m = rounded(self + (gap > 0.0f ? gap : 0.0f));  // self + relu(gap)
+            const float gap = round_to_fp16(top - self);
+            const float m = round_to_fp16(self + (gap > 0.0f ? gap : 0.0f));  // self + relu(gap)
             for (int64_t t = 0; t < L; ++t) row[t] -= m;  // shift
             kernels::round_fp16(row, static_cast<size_t>(L));
-            for (int64_t t = 0; t < L; ++t) row[t] = std::exp(row[t]);  // e
-            kernels::round_fp16(row, static_cast<size_t>(L));
-            const float e_self = rounded(std::exp(rounded(self - m)));
+            kernels::exp_fp16(row, row, static_cast<size_t>(L));  // e
+            const float e_self = round_to_fp16(std::exp(round_to_fp16(self - m)));
             float sum = 0.0f;
             for (int64_t t = 0; t < L; ++t) sum += row[t];
-            const float denom = rounded(rounded(sum) + e_self);
+            const float denom = round_to_fp16(round_to_fp16(sum) + e_self);
             vector_times(D, summed, row, values, h * D * T, 1, T, context);  // e . values^T
             for (int64_t d = 0; d < D; ++d) lanes[d] = e_self * vh[d];
             kernels::round_fp16(lanes, static_cast<size_t>(D));
             for (int64_t d = 0; d < D; ++d) context[d] += lanes[d];  // num
             kernels::round_fp16(context, static_cast<size_t>(D));
-            const float inv = rounded(std::pow(denom, exponent));
+            const float inv = round_to_fp16(std::pow(denom, exponent));
             float* oh = out + h * D;
             for (int64_t d = 0; d < D; ++d) oh[d] = context[d] * inv;
             kernels::round_fp16(oh, static_cast<size_t>(D));

@@ -677,12 +677,28 @@ SimdFlavour simd_flavour() {
 void round_fp16(float* data, size_t n) {
     const Kernels& k = active();
     constexpr int64_t kGrain = int64_t{1} << 16;
+    if (n <= static_cast<size_t>(kGrain)) return k.round_fp16(data, n);  // a fused kernel's row: no dispatch
     parallel_for(static_cast<int64_t>(n), kGrain, [&](int64_t begin, int64_t end) {
         k.round_fp16(data + begin, static_cast<size_t>(end - begin));
     });
 }
 
 void half_to_float(const uint16_t* src, float* dst, size_t n) { active().half_to_float(src, dst, n); }
+
+void exp_fp16(const float* src, float* dst, size_t n) {
+    static const std::vector<float> table = [] {
+        std::vector<float> t(size_t{1} << 16);
+        for (uint32_t h = 0; h < t.size(); ++h) t[h] = round_to_fp16(std::exp(emu::half_to_float(static_cast<uint16_t>(h))));
+        return t;
+    }();
+    const Kernels& k = active();
+    uint16_t bits[256];
+    for (size_t i = 0; i < n; i += std::size(bits)) {
+        const size_t m = std::min(std::size(bits), n - i);
+        k.float_to_half(src + i, bits, m);  // exact: src holds fp16 values
+        for (size_t j = 0; j < m; ++j) dst[i + j] = table[bits[j]];
+    }
+}
 
 void tanh(const float* src, float* dst, size_t n) { active().tanh(src, dst, n); }
 void sigmoid(const float* src, float* dst, size_t n) { active().sigmoid(src, dst, n); }

@@ -18,6 +18,9 @@ namespace orion::emu::kernels {
 void round_fp16(float* data, size_t n);
 void half_to_float(const uint16_t* src, float* dst, size_t n);
 void float_to_half(const float* src, uint16_t* dst, size_t n);
+// dst[i] = fp16(e^src[i]) for src[i] that are fp16 values: the exp op's std::exp and rounding, read from a table with
+// one entry per fp16 input (so the same bits); src may be dst.
+void exp_fp16(const float* src, float* dst, size_t n);
 
 // dst[i] = tanh(src[i]) in fp32, within a few float ulps (far below fp16 rounding); src may be dst.
 void tanh(const float* src, float* dst, size_t n);

@@ -1,5 +1,5 @@
-// orion._core.train: AdamW, the global gradient norm, the fp16-range clamp and the loss-scale undo on
-// numpy float32 arrays, in place. Every array is checked (dtype, shape, C-contiguity, writability) before any is touched.
+// orion._core.train: AdamW, the global gradient norm, the fp16-range clamp, the loss-scale undo and the head's fp32
+// products on numpy float32 arrays, in place. Every array is checked (dtype, shape, C-contiguity, writability) before any is touched.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bindings/bindings.h"
+#include "emulator/kernels.h"
 #include "hardware_limits.h"
 #include "train/adamw.h"
 #include "train/tensor_stats.h"
@@ -142,6 +143,48 @@ int64_t unscale(const std::string& name, const py::array& src, const py::handle&
     return train::unscale(data, half, dst, size, static_cast<float>(divisor), add);
 }
 
+// A 2-D float32 operand of matmul: `role` (a or b) with element strides (rows, columns) of op(x).
+struct Operand {
+    const float* data;
+    int64_t rows, cols, row_stride, col_stride;
+};
+
+Operand operand(const py::handle& obj, const char* role, bool transpose) {
+    const std::string where = std::string("matmul: ") + role;
+    if (!py::isinstance<py::array>(obj))
+        throw train::TrainError(where + " is not a numpy array; pass a 2-D float32 array");
+    const auto a = py::reinterpret_borrow<py::array>(obj);
+    if (!a.dtype().is(py::dtype::of<float>()) || a.ndim() != 2)
+        throw train::TrainError(where + " is " + std::string(py::str(a.dtype())) + " of shape " + shape_text(a) +
+                                "; it must be a 2-D float32 array");
+    const py::ssize_t item = static_cast<py::ssize_t>(sizeof(float));
+    if (a.strides(0) % item != 0 || a.strides(1) % item != 0)
+        throw train::TrainError(where + " has strides that are not whole floats; pass np.ascontiguousarray(...) of it");
+    const int r = transpose ? 1 : 0, c = 1 - r;
+    return {static_cast<const float*>(a.data()), a.shape(r), a.shape(c), a.strides(r) / item, a.strides(c) / item};
+}
+
+// out = op(a) @ op(b) in float32 (fp32 multiply-adds, no rounding) on the emulator's gemm and threads: the CPU
+// head's products without numpy's BLAS, whose worker threads spin on after each call and take a core from
+// the programs that follow.
+void matmul(const py::handle& a_obj, const py::handle& b_obj, const py::handle& out, bool transpose_a,
+            bool transpose_b) {
+    const Operand a = operand(a_obj, "a", transpose_a), b = operand(b_obj, "b", transpose_b);
+    if (a.cols != b.rows)
+        throw train::TrainError("matmul: op(a) is [" + std::to_string(a.rows) + ", " + std::to_string(a.cols) +
+                                "] and op(b) [" + std::to_string(b.rows) + ", " + std::to_string(b.cols) +
+                                "]; the inner sizes must match");
+    check_array(out, "matmul", "out", true);
+    const auto o = py::reinterpret_borrow<py::array>(out);
+    if (o.ndim() != 2 || o.shape(0) != a.rows || o.shape(1) != b.cols)
+        throw train::TrainError("matmul: out has shape " + shape_text(o) + ", the product is (" +
+                                std::to_string(a.rows) + ", " + std::to_string(b.cols) + "); pass an array of that shape");
+    float* c = mutable_floats(out);
+    py::gil_scoped_release release;
+    emu::kernels::gemm(a.rows, b.cols, a.cols, a.data, a.row_stride, a.col_stride, b.data, b.row_stride, b.col_stride,
+                       c, b.cols, false);
+}
+
 }  // namespace
 
 void bind_train(py::module_& root) {
@@ -168,6 +211,10 @@ void bind_train(py::module_& root) {
           py::arg("add") = false,
           "out = src / divisor in float32 (src float16 or float32, out float32 of its size, as np.divide(src, divisor, "
           "dtype=np.float32)); with add=True, out += that quotient. Returns the count of NaN/Inf quotients.");
+    m.def("matmul", &matmul, py::arg("a"), py::arg("b"), py::arg("out"), py::arg("transpose_a") = false,
+          py::arg("transpose_b") = false,
+          "out = op(a) @ op(b) in float32 on the emulator's gemm (op transposes if asked; a and b any 2-D float32 "
+          "arrays with whole-float strides, out float32 C-contiguous of the product's shape, written whole).");
 }
 
 }  // namespace orion::bindings

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from orion import _core
 from orion.errors import EvaluateError
 
 
@@ -65,12 +66,26 @@ def rms_norm_backward(dy: np.ndarray, saved: tuple) -> tuple[np.ndarray, np.ndar
     return r * (gy - x_hat * (gy * x_hat).mean(-1, keepdims=True)), (dy * x_hat).sum(0)
 
 
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None, *, transpose_a: bool = False,
+           transpose_b: bool = False) -> np.ndarray:
+    """``op(a) @ op(b)`` in float32 (``op`` transposes if asked), written into ``out`` (float32, C-contiguous, the
+    product's shape; new if None) by the emulator's gemm on its thread pool. The head's products go here, not to
+    numpy's BLAS: its worker threads spin on for ~0.1 s after each call, a third core's worth of work on the
+    machine the layer programs that follow need whole (measured: 10 gemms of [256, 2048] x [2048, 768] on 2
+    threads, 75-79 ms of CPU after 0.5 s idle, 104-112 ms right after a numpy head product)."""
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    if out is None:
+        out = np.empty((a.shape[1 if transpose_a else 0], b.shape[0 if transpose_b else 1]), np.float32)
+    _core.train.matmul(a, b, out, transpose_a, transpose_b)
+    return out
+
+
 def cross_entropy(h: np.ndarray, classifier: np.ndarray, targets: np.ndarray, frozen: bool = False,
                   out: np.ndarray | None = None) -> tuple[float, np.ndarray, np.ndarray | None]:
     """Mean cross-entropy of ``logits = h @ classifier.T`` against ``targets`` (:func:`cross_entropy_of_logits`);
     returns ``(loss, dh, dclassifier)``, dclassifier None when the classifier is ``frozen`` (``out``: see
     :func:`head_backward`)."""
-    loss, d_logits = cross_entropy_of_logits(h @ classifier.T, targets)
+    loss, d_logits = cross_entropy_of_logits(matmul(h, classifier, transpose_b=True), targets)
     return loss, *head_backward(h, classifier, d_logits, frozen, out)
 
 
@@ -101,15 +116,13 @@ def cross_entropy_of_logits(logits: np.ndarray, targets: np.ndarray) -> tuple[fl
 
 def head_backward(h: np.ndarray, classifier: np.ndarray, d_logits: np.ndarray, frozen: bool = False,
                   out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """``(dh, dclassifier)`` of ``logits = h @ classifier.T``, float32; dclassifier None (not computed: a third of
-    the head's products) when the classifier is ``frozen``. dh as (classifier^T d_logits^T)^T: the same product,
-    which OpenBLAS runs 3-5x faster than d_logits @ classifier (a 256 x 32000 by 32000 x 768 product: 0.5 s
-    against 1.6-2.8 s here). ``out`` (float32, the classifier's shape, C-contiguous): dclassifier is written
-    there (the same bits) instead of into new memory, which a step would fault in page by page."""
-    dh = np.ascontiguousarray((classifier.T @ d_logits.T).T, np.float32)
+    """``(dh, dclassifier)`` of ``logits = h @ classifier.T``, float32 (:func:`matmul`); dclassifier None (not
+    computed: a third of the head's products) when the classifier is ``frozen``. ``out`` (float32, the
+    classifier's shape, C-contiguous): dclassifier is written there instead of into new memory, which a step
+    would fault in page by page."""
+    dh = matmul(d_logits, classifier)
     if frozen:
         return dh, None
-    if (out is not None and out.shape == classifier.shape and out.dtype == h.dtype == d_logits.dtype == np.float32
-            and out.flags.c_contiguous):
-        return dh, np.matmul(d_logits.T, h, out=out)
-    return dh, (d_logits.T @ h).astype(np.float32, copy=False)
+    if not (out is not None and out.shape == classifier.shape and out.dtype == np.float32 and out.flags.c_contiguous):
+        out = None
+    return dh, matmul(d_logits, h, out, transpose_a=True)

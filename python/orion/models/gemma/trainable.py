@@ -133,7 +133,7 @@ class GemmaTrainable(TrainableModel):
         """The ``(1 + w)`` final norm, the classifier, Gemma 2's final soft-capping and the mean cross-entropy."""
         h, saved = cpu.rms_norm(x, np.float32(1.0) + params["norm"], self.config.rms_norm_eps)
         classifier = params[self.head_param]
-        logits = h @ classifier.T
+        logits = cpu.matmul(h, classifier, transpose_b=True)
         cap = self.config.final_softcap
         tanh = np.tanh(logits / cap) if cap else None
         loss, d_logits = cpu.cross_entropy_of_logits(logits if cap is None else cap * tanh, targets)

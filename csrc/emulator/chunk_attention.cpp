@@ -18,21 +18,6 @@ constexpr int64_t kHeadBytes = int64_t{1} << 16;
 // rows are cut to the live ones, but never across this bound, so each row is summed on the ops' path.
 constexpr int64_t kGemvRows = 3;
 
-float rounded(float v) {
-    kernels::round_fp16(&v, 1);
-    return v;
-}
-
-// c [M, N] (row stride ldb) = round(q^T b): q [K, S] (its first M columns), b [K, ldb] fp32 or fp16 read in
-// place, from `offset`: the score matmul's call.
-void scores(int64_t M, int64_t N, int64_t K, const float* q, int64_t S, CacheView b, int64_t offset, int64_t ldb,
-            float* c) {
-    if (b.half)
-        kernels::gemm_f16b(M, N, K, q, 1, S, b.half + offset, ldb, 1, c, ldb, true);
-    else
-        kernels::gemm(M, N, K, q, 1, S, b.data + offset, ldb, 1, c, ldb, true);
-}
-
 // row[t] = round(row[t] + mask[t]) for t < n.
 void add_mask(float* row, const float* mask, int64_t n) {
     for (int64_t t = 0; t < n; ++t) row[t] += mask[t];
@@ -47,7 +32,7 @@ float exp_shifted(float* row, float m, int64_t n) {
     kernels::round_fp16(row, static_cast<size_t>(n));
     float sum = 0.0f;
     for (int64_t t = 0; t < n; ++t) sum += row[t];
-    return rounded(sum);
+    return kernels::round_fp16(sum);
 }
 
 void scale_row(float* row, float by, int64_t n) {
@@ -79,17 +64,17 @@ void run_chunk_attention(const ChunkAttention& a, const ChunkLive& live, const f
         float* own_ctx = past_ctx + D * S;  // [D, S]
         for (int64_t h = begin; h < end; ++h) {
             const float* qh = q + h * D * S;
-            scores(rows, live.scored, D, qh, S, keys, h * D * T, T, past);
-            scores(rows, live.own_scored, D, qh, S, k, h * D * S, S, own);
+            cache_gemm(rows, live.scored, D, qh, 1, S, keys, h * D * T, T, 1, past, T);  // scores: q^T keys
+            cache_gemm(rows, live.own_scored, D, qh, 1, S, k, h * D * S, S, 1, own, S);
             for (int64_t i = 0; i < Q; ++i) {
                 float *pr = past + i * T, *orow = own + i * S;
                 add_mask(pr, past_mask + (a.past_mask_rows == 1 ? 0 : i * T), live.scored);
                 add_mask(orow, own_mask + i * S, live.own_scored);
                 const float top_own = row_max(orow, live.own_scored);
-                const float gap = rounded(row_max(pr, live.scored) - top_own);
-                const float m = rounded(top_own + (gap > 0.0f ? gap : 0.0f));  // top_own + relu(gap)
+                const float gap = kernels::round_fp16(row_max(pr, live.scored) - top_own);
+                const float m = kernels::round_fp16(top_own + (gap > 0.0f ? gap : 0.0f));  // top_own + relu(gap)
                 const float sums = exp_shifted(pr, m, live.scored) + exp_shifted(orow, m, live.own_scored);
-                const float inv = rounded(std::pow(rounded(sums), exponent));
+                const float inv = kernels::round_fp16(std::pow(kernels::round_fp16(sums), exponent));
                 scale_row(pr, inv, live.scored);
                 scale_row(orow, inv, live.own_scored);
             }

@@ -682,6 +682,11 @@ void round_fp16(float* data, size_t n) {
     });
 }
 
+float round_fp16(float v) {
+    active().round_fp16(&v, 1);
+    return v;
+}
+
 void half_to_float(const uint16_t* src, float* dst, size_t n) { active().half_to_float(src, dst, n); }
 
 void tanh(const float* src, float* dst, size_t n) { active().tanh(src, dst, n); }

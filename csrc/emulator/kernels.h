@@ -16,6 +16,8 @@ namespace orion::emu::kernels {
 
 // Rounds every value to the nearest fp16 (ties to even; overflow -> +-inf), in place.
 void round_fp16(float* data, size_t n);
+// One value rounded as above.
+float round_fp16(float v);
 void half_to_float(const uint16_t* src, float* dst, size_t n);
 void float_to_half(const float* src, uint16_t* dst, size_t n);
 

@@ -19,16 +19,6 @@ constexpr int64_t kHeadBytes = int64_t{1} << 16;
 // rows are cut to the live ones, but never across this bound, so each row is summed on the ops' path.
 constexpr int64_t kGemvRows = 3;
 
-// c [M, N] (row stride ldb) = round(q^T b): q [K, S] (its first M columns), b [K, ldb] fp32 or fp16 read in
-// place, from `offset`: the score matmul's call.
-void scores(int64_t M, int64_t N, int64_t K, const float* q, int64_t S, CacheView b, int64_t offset, int64_t ldb,
-            float* c) {
-    if (b.half)
-        kernels::gemm_f16b(M, N, K, q, 1, S, b.half + offset, ldb, 1, c, ldb, true);
-    else
-        kernels::gemm(M, N, K, q, 1, S, b.data + offset, ldb, 1, c, ldb, true);
-}
-
 // row[t] = round(row[t] + mask[t]) for t < n.
 void add_mask(float* row, const float* mask, int64_t n) {
     for (int64_t t = 0; t < n; ++t) row[t] += mask[t];
@@ -74,8 +64,8 @@ void run_chunk_attention(const ChunkAttention& a, const ChunkLive& live, const f
         float* own_ctx = past_ctx + D * S;  // [D, S]
         for (int64_t h = begin; h < end; ++h) {
             const float* qh = q + h * D * S;
-            scores(rows, live.scored, D, qh, S, keys, h * D * T, T, past);
-            scores(rows, live.own_scored, D, qh, S, k, h * D * S, S, own);
+            cache_gemm(rows, live.scored, D, qh, 1, S, keys, h * D * T, T, 1, past, T);  // scores: q^T keys
+            cache_gemm(rows, live.own_scored, D, qh, 1, S, k, h * D * S, S, 1, own, S);
             for (int64_t i = 0; i < Q; ++i) {
                 float *pr = past + i * T, *orow = own + i * S;
                 add_mask(pr, past_mask + (a.past_mask_rows == 1 ? 0 : i * T), live.scored);

@@ -257,10 +257,10 @@ ORION_AVX512 inline __m512 interleave16(__m512 v) {
     return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15), v);
 }
 
-template <int L, int U, typename Rows>
-ORION_AVX512 void conv_tile_avx512_fixed(Rows rows, const float* x, int64_t S, int64_t k, float* acc, bool add) {
-    constexpr bool interleaved = InterleavedRows<Rows>::value;
-    __m512 sum[U][L];
+// The AVX-512 tiles' U partial sums of L lanes (row c into sum[c % U]), kept interleaved when `Interleaved`:
+// all zero, sum[0] starting from acc's L rows of 16 when adding...
+template <int L, int U, bool Interleaved>
+ORION_AVX512 __attribute__((always_inline)) inline void tile_sums_start(__m512 (&sum)[U][L], const float* acc, bool add) {
     ORION_UNROLL
     for (int u = 0; u < U; ++u)
         ORION_UNROLL
@@ -269,8 +269,29 @@ ORION_AVX512 void conv_tile_avx512_fixed(Rows rows, const float* x, int64_t S, i
         ORION_UNROLL
         for (int l = 0; l < L; ++l) {
             sum[0][l] = _mm512_loadu_ps(acc + l * kConvPanel);
-            if constexpr (interleaved) sum[0][l] = interleave16(sum[0][l]);
+            if constexpr (Interleaved) sum[0][l] = interleave16(sum[0][l]);
         }
+}
+
+// ... and at the end added in order (sum[0] + sum[1] + ...) and stored to acc in output order.
+template <int L, int U, bool Interleaved>
+ORION_AVX512 __attribute__((always_inline)) inline void tile_sums_store(__m512 (&sum)[U][L], float* acc) {
+    ORION_UNROLL
+    for (int u = 1; u < U; ++u)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) sum[0][l] = _mm512_add_ps(sum[0][l], sum[u][l]);
+    ORION_UNROLL
+    for (int l = 0; l < L; ++l) {
+        if constexpr (Interleaved) sum[0][l] = deinterleave16(sum[0][l]);
+        _mm512_storeu_ps(acc + l * kConvPanel, sum[0][l]);
+    }
+}
+
+template <int L, int U, typename Rows>
+ORION_AVX512 void conv_tile_avx512_fixed(Rows rows, const float* x, int64_t S, int64_t k, float* acc, bool add) {
+    constexpr bool interleaved = InterleavedRows<Rows>::value;
+    __m512 sum[U][L];
+    tile_sums_start<L, U, interleaved>(sum, acc, add);
     int64_t c = 0;
     for (; c + U <= k; c += U) {
         ORION_UNROLL
@@ -287,15 +308,7 @@ ORION_AVX512 void conv_tile_avx512_fixed(Rows rows, const float* x, int64_t S, i
         ORION_UNROLL
         for (int l = 0; l < L; ++l) sum[0][l] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[c * S + l]), sum[0][l]);
     }
-    ORION_UNROLL
-    for (int u = 1; u < U; ++u)
-        ORION_UNROLL
-        for (int l = 0; l < L; ++l) sum[0][l] = _mm512_add_ps(sum[0][l], sum[u][l]);
-    ORION_UNROLL
-    for (int l = 0; l < L; ++l) {
-        if constexpr (interleaved) sum[0][l] = deinterleave16(sum[0][l]);
-        _mm512_storeu_ps(acc + l * kConvPanel, sum[0][l]);
-    }
+    tile_sums_store<L, U, interleaved>(sum, acc);
 }
 
 template <typename Rows>

@@ -16,17 +16,15 @@ namespace {
 // Cache bytes worth a thread's share of the heads (as matmul's split of an fp16 cache read in place).
 constexpr int64_t kHeadBytes = int64_t{1} << 16;
 
-// c[n] = sum over k < K of a[k] * b[k * b_rs + n * b_cs], for n < N, rounded to fp16: the matmul op's
-// call for one batch of one row.
-void vector_times(int64_t N, int64_t K, const float* a, CacheView b, int64_t offset, int64_t b_rs, int64_t b_cs,
-                  float* c) {
-    if (b.half)
-        kernels::gemm_f16b(1, N, K, a, K, 1, b.half + offset, b_rs, b_cs, c, N, true);
-    else
-        kernels::gemm(1, N, K, a, K, 1, b.data + offset, b_rs, b_cs, c, N, true);
-}
-
 }  // namespace
+
+void cache_gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t a_cs, CacheView b,
+                int64_t offset, int64_t b_rs, int64_t b_cs, float* c, int64_t c_rs) {
+    if (b.half)
+        kernels::gemm_f16b(M, N, K, a, a_rs, a_cs, b.half + offset, b_rs, b_cs, c, c_rs, true);
+    else
+        kernels::gemm(M, N, K, a, a_rs, a_cs, b.data + offset, b_rs, b_cs, c, c_rs, true);
+}
 
 void run_decode_attention(const DecodeAttention& a, int64_t scored, int64_t summed, const float* q, const float* k,
                           const float* v, CacheView keys, CacheView values, const float* mask, float exponent,
@@ -42,7 +40,7 @@ void run_decode_attention(const DecodeAttention& a, int64_t scored, int64_t summ
         for (int64_t h = begin; h < end; ++h) {
             const float *qh = q + h * D, *kh = k + h * D, *vh = v + h * D;
             const float* mh = mask + h / a.heads_per_mask_row * T;
-            vector_times(L, D, qh, keys, h * D * T, T, 1, row);  // scores
+            cache_gemm(1, L, D, qh, D, 1, keys, h * D * T, T, 1, row, L);  // scores
             for (int64_t t = 0; t < L; ++t) row[t] += mh[t];    // masked
             kernels::round_fp16(row, static_cast<size_t>(L));
             for (int64_t d = 0; d < D; ++d) lanes[d] = qh[d] * kh[d];  // q * k
@@ -60,7 +58,7 @@ void run_decode_attention(const DecodeAttention& a, int64_t scored, int64_t summ
             float sum = 0.0f;
             for (int64_t t = 0; t < L; ++t) sum += row[t];
             const float denom = round_to_fp16(round_to_fp16(sum) + e_self);
-            vector_times(D, summed, row, values, h * D * T, 1, T, context);  // e . values^T
+            cache_gemm(1, D, summed, row, summed, 1, values, h * D * T, 1, T, context, D);  // e . values^T
             for (int64_t d = 0; d < D; ++d) lanes[d] = e_self * vh[d];
             kernels::round_fp16(lanes, static_cast<size_t>(D));
             for (int64_t d = 0; d < D; ++d) context[d] += lanes[d];  // num

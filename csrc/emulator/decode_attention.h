@@ -34,6 +34,11 @@ struct CacheView {
     const uint16_t* half = nullptr;
 };
 
+// c = A B rounded to fp16 (kernels::gemm's contract), B the cache from element `offset` with strides b_rs, b_cs:
+// gemm_f16b reading an fp16 cache in place, else gemm. The attentions' matmul op calls over a cache.
+void cache_gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t a_cs, CacheView b,
+                int64_t offset, int64_t b_rs, int64_t b_cs, float* c, int64_t c_rs);
+
 // out[h, d] for every head h and lane d, as above; q, k, v and out are [H, D], the mask [H / heads_per_mask_row, T].
 // Live lanes (a live-lanes hint on the cache and the mask), as the ops take them: the scores, the softmax and its
 // sum cover the first `scored` positions, and the context's sum the first `summed` (<= scored).

@@ -917,7 +917,8 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
     const int64_t chunks = lanes >= 2 * kConvLaneChunk ? lanes / kConvLaneChunk : 1;
     auto chunk_start = [&](int64_t c) { return c * lanes / chunks; };
     // A job is one panel; two adjacent ones when a pair tile of the flavour applies; on long rows otherwise
-    // kConvGroup of them, which share each slice of x.
+    // kConvGroup of them, which share each slice of x; low-bit panels go kConvGroup to a job at decode's few
+    // lanes too, which amortizes a job's fixed cost (its QPanels, the tile dispatch).
     constexpr bool low_bit = std::is_same_v<Packed, PackedConv1x1Q>;
     static std::atomic<uint64_t> calls{0};
     const uint64_t call = low_bit ? ++calls : 0;  // (QPanel::call)
@@ -925,7 +926,7 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
     const bool pairs = !low_bit && k.conv_pair_tile_f32 && converts;
     // Unconverted fp16 panels (decode's lanes) go two to a job when conv_panels runs them as a pair.
     const bool fp16_pairs = std::is_same_v<Packed, PackedConv1x1> && !converts && pairs_fp16_panels(k, lanes);
-    const int64_t per_job = pairs || fp16_pairs ? 2 : converts ? kConvGroup : 1;
+    const int64_t per_job = pairs || fp16_pairs ? 2 : converts || low_bit ? kConvGroup : 1;
     const int64_t job_work = per_job * w.cin * kConvPanel * (lanes / chunks + 4);  // + the weight stream's cost
     // Long rows (the converting tiles, many panels per lane) read x packed in lane tiles, packed once here.
     std::vector<float> packed_x = converts ? buffer_pool::take(static_cast<size_t>(lanes * w.cin)) : std::vector<float>{};

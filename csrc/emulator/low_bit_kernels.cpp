@@ -754,13 +754,7 @@ template <int L, int U>
 ORION_AVX512 void affine4_tile_avx512_fixed(const uint8_t* w, const uint16_t* params, int64_t B, const float* x,
                                             int64_t S, int64_t k, float* acc, bool add) {
     __m512 sum[U][L];
-    ORION_UNROLL
-    for (int u = 0; u < U; ++u)
-        ORION_UNROLL
-        for (int l = 0; l < L; ++l) sum[u][l] = _mm512_setzero_ps();
-    if (add)
-        ORION_UNROLL
-        for (int l = 0; l < L; ++l) sum[0][l] = interleave16(_mm512_loadu_ps(acc + l * kConvPanel));
+    tile_sums_start<L, U, true>(sum, acc, add);
     const __m512i fifteen = _mm512_set1_epi32(15);
     for (int64_t c0 = 0; c0 < k; c0 += B, params += 2 * kConvPanel) {
         const __m512 s = interleave16(load16(params));
@@ -778,12 +772,7 @@ ORION_AVX512 void affine4_tile_avx512_fixed(const uint8_t* w, const uint16_t* pa
             }
         }
     }
-    ORION_UNROLL
-    for (int u = 1; u < U; ++u)
-        ORION_UNROLL
-        for (int l = 0; l < L; ++l) sum[0][l] = _mm512_add_ps(sum[0][l], sum[u][l]);
-    ORION_UNROLL
-    for (int l = 0; l < L; ++l) _mm512_storeu_ps(acc + l * kConvPanel, deinterleave16(sum[0][l]));
+    tile_sums_store<L, U, true>(sum, acc);
 }
 
 // affine4_tile_avx512_fixed with conv_tile_avx512_rows' U for each lane count (B >= 4).

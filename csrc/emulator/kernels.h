@@ -16,7 +16,6 @@ namespace orion::emu::kernels {
 
 // Rounds every value to the nearest fp16 (ties to even; overflow -> +-inf), in place.
 void round_fp16(float* data, size_t n);
-// One value rounded as above.
 void half_to_float(const uint16_t* src, float* dst, size_t n);
 void float_to_half(const float* src, uint16_t* dst, size_t n);
 // dst[i] = fp16(e^src[i]) for src[i] that are fp16 values: the exp op's std::exp and rounding, read from a table with

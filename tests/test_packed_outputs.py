@@ -119,3 +119,29 @@ def test_placement_of_a_batched_step_with_dead_sequences(profiling) -> None:
         np.testing.assert_array_equal(outs[0][f"o{i}"].view(np.uint16), outs[1][f"o{i}"].view(np.uint16))
     ops = {r.op for r in profile.snapshot()}
     assert PLACED in ops and PLACED + RAN_ITS_OPS not in ops, ops
+
+
+def test_a_fallback_holds_only_the_intermediates_live_at_once(profiling) -> None:
+    """When the placement falls back, each of the ops' intermediates (every one of the packed size) is taken
+    from the buffer pool at the op that computes it and given back after its last reader: the pool's peak is
+    a few packed sizes, not the 2 x 42 - 2 intermediates of the chain at once; results stay the ops'."""
+    from orion._core import kernels
+
+    factors = FACTORS * 6
+    lowered = lower_graph(packed_graph(512, factors))
+    placed = CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights))
+    twin = CompiledGraph(lowered, orion.compile(unplaced_twin(lowered.mil), lowered.weights, profile="permissive"))
+    x = _x(4, 512)
+    x.flat[7] = np.float16(np.inf)  # a non-finite block: the placement falls back
+    kernels.release_idle_buffers()
+    kernels.buffer_pool(reset_peak=True)
+    got = placed(x=x)
+    peak = kernels.buffer_pool()["peak"]
+    packed = 4 * len(factors) * 64 * 512  # one fp32 intermediate of the packed shape
+    # the blocks (one packed size in all), the output, and three intermediates (the running sum, the next term,
+    # their sum) plus slack: 5.0 x packed; before, every intermediate at once: 85 x packed
+    assert peak <= 6 * packed, (peak, packed)
+    assert PLACED + RAN_ITS_OPS in {r.op for r in profile.snapshot()}
+    want = twin(x=x)
+    for i in range(len(factors)):
+        np.testing.assert_array_equal(got[f"o{i}"].view(np.uint16), want[f"o{i}"].view(np.uint16), err_msg=f"o{i}")

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <vector>
 
 #include "emulator/fp16.h"
@@ -19,32 +18,11 @@ constexpr int64_t kHeadBytes = int64_t{1} << 16;
 // rows are cut to the live ones, but never across this bound, so each row is summed on the ops' path.
 constexpr int64_t kGemvRows = 3;
 
-// row[t] = round(row[t] + mask[t]) for t < n.
-void add_mask(float* row, const float* mask, int64_t n) {
-    for (int64_t t = 0; t < n; ++t) row[t] += mask[t];
-    kernels::round_fp16(row, static_cast<size_t>(n));
-}
-
-// row[t] = round(exp(round(row[t] - m))) for t < n; returns round(the sum of the results, in order).
-float exp_shifted(float* row, float m, int64_t n) {
-    for (int64_t t = 0; t < n; ++t) row[t] -= m;
-    kernels::round_fp16(row, static_cast<size_t>(n));
-    kernels::exp_fp16(row, row, static_cast<size_t>(n));
-    float sum = 0.0f;
-    for (int64_t t = 0; t < n; ++t) sum += row[t];
-    return round_to_fp16(sum);
-}
-
 void scale_row(float* row, float by, int64_t n) {
     for (int64_t t = 0; t < n; ++t) row[t] *= by;
     kernels::round_fp16(row, static_cast<size_t>(n));
 }
 
-float row_max(const float* row, int64_t n) {
-    float top = -std::numeric_limits<float>::infinity();
-    for (int64_t t = 0; t < n; ++t) top = std::max(top, row[t]);
-    return top;
-}
 
 }  // namespace
 

@@ -18,6 +18,26 @@ constexpr int64_t kHeadBytes = int64_t{1} << 16;
 
 }  // namespace
 
+void add_mask(float* row, const float* mask, int64_t n) {
+    for (int64_t t = 0; t < n; ++t) row[t] += mask[t];
+    kernels::round_fp16(row, static_cast<size_t>(n));
+}
+
+float row_max(const float* row, int64_t n) {
+    float top = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < n; ++t) top = std::max(top, row[t]);
+    return top;
+}
+
+float exp_shifted(float* row, float m, int64_t n) {
+    for (int64_t t = 0; t < n; ++t) row[t] -= m;
+    kernels::round_fp16(row, static_cast<size_t>(n));
+    kernels::exp_fp16(row, row, static_cast<size_t>(n));
+    float sum = 0.0f;
+    for (int64_t t = 0; t < n; ++t) sum += row[t];
+    return round_to_fp16(sum);
+}
+
 void cache_gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t a_cs, CacheView b,
                 int64_t offset, int64_t b_rs, int64_t b_cs, float* c, int64_t c_rs) {
     if (b.half)
@@ -41,23 +61,17 @@ void run_decode_attention(const DecodeAttention& a, int64_t scored, int64_t summ
             const float *qh = q + h * D, *kh = k + h * D, *vh = v + h * D;
             const float* mh = mask + h / a.heads_per_mask_row * T;
             cache_gemm(1, L, D, qh, D, 1, keys, h * D * T, T, 1, row, L);  // scores
-            for (int64_t t = 0; t < L; ++t) row[t] += mh[t];    // masked
-            kernels::round_fp16(row, static_cast<size_t>(L));
+            add_mask(row, mh, L);  // masked
             for (int64_t d = 0; d < D; ++d) lanes[d] = qh[d] * kh[d];  // q * k
             kernels::round_fp16(lanes, static_cast<size_t>(D));
-            float self = 0.0f, top = -std::numeric_limits<float>::infinity();
+            float self = 0.0f;
             for (int64_t d = 0; d < D; ++d) self += lanes[d];
             self = round_to_fp16(self);
-            for (int64_t t = 0; t < L; ++t) top = std::max(top, row[t]);
-            const float gap = round_to_fp16(top - self);
+            const float gap = round_to_fp16(row_max(row, L) - self);
             const float m = round_to_fp16(self + (gap > 0.0f ? gap : 0.0f));  // self + relu(gap)
-            for (int64_t t = 0; t < L; ++t) row[t] -= m;  // shift
-            kernels::round_fp16(row, static_cast<size_t>(L));
-            kernels::exp_fp16(row, row, static_cast<size_t>(L));  // e
+            const float sum = exp_shifted(row, m, L);  // e, and its sum
             const float e_self = round_to_fp16(std::exp(round_to_fp16(self - m)));
-            float sum = 0.0f;
-            for (int64_t t = 0; t < L; ++t) sum += row[t];
-            const float denom = round_to_fp16(round_to_fp16(sum) + e_self);
+            const float denom = round_to_fp16(sum + e_self);
             cache_gemm(1, D, summed, row, summed, 1, values, h * D * T, 1, T, context, D);  // e . values^T
             for (int64_t d = 0; d < D; ++d) lanes[d] = e_self * vh[d];
             kernels::round_fp16(lanes, static_cast<size_t>(D));

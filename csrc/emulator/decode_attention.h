@@ -39,6 +39,14 @@ struct CacheView {
 void cache_gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t a_cs, CacheView b,
                 int64_t offset, int64_t b_rs, int64_t b_cs, float* c, int64_t c_rs);
 
+// The attentions' score-row ops, each result rounded to fp16 as its op's:
+// row[t] = round(row[t] + mask[t]) for t < n (add).
+void add_mask(float* row, const float* mask, int64_t n);
+// The largest of row[0..n) (reduce_max; -inf for n = 0).
+float row_max(const float* row, int64_t n);
+// row[t] = round(exp(round(row[t] - m))) for t < n (sub, exp); returns round(their sum, in order) (reduce_sum).
+float exp_shifted(float* row, float m, int64_t n);
+
 // out[h, d] for every head h and lane d, as above; q, k, v and out are [H, D], the mask [H / heads_per_mask_row, T].
 // Live lanes (a live-lanes hint on the cache and the mask), as the ops take them: the scores, the softmax and its
 // sum cover the first `scored` positions, and the context's sum the first `summed` (<= scored).

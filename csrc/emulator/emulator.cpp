@@ -655,7 +655,8 @@ private:
             cost.bytes += c.bytes, cost.flops += c.flops;
         }
         for (int id : intermediates) internal_[static_cast<size_t>(id)] = true;
-        Kernel run = [fused = std::move(fused), unfused = std::move(unfused), life = group_lifetimes(steps, intermediates)](Frame& fr) {
+        Kernel run = [fused = std::move(fused), unfused = std::move(unfused),
+                      life = group_lifetimes(steps, intermediates)](Frame& fr) {
             if (fused(fr)) return;
             ++fr.fallbacks;
             for (size_t i = 0; i < unfused.size(); ++i) {
@@ -688,8 +689,10 @@ private:
                 for (int operand : operand_ids(steps[i]->arg_ids, steps[i]->tuple_ids))
                     if (operand == id) last = std::max(last, i);
             }
-            if (first == steps.size()) throw std::logic_error("group_lifetimes: intermediate " + std::to_string(id) + " has no step in its group");
-            life.take[first].emplace_back(id, static_cast<size_t>(values()[static_cast<size_t>(id)].type.element_count()));
+            if (first == steps.size())
+                throw std::logic_error("group_lifetimes: intermediate " + std::to_string(id) + " has no step in its group");
+            const size_t elements = static_cast<size_t>(values()[static_cast<size_t>(id)].type.element_count());
+            life.take[first].emplace_back(id, elements);
             life.give[last].push_back(id);
         }
         return life;

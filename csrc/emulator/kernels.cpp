@@ -688,7 +688,8 @@ void half_to_float(const uint16_t* src, float* dst, size_t n) { active().half_to
 void exp_fp16(const float* src, float* dst, size_t n) {
     static const std::vector<float> table = [] {
         std::vector<float> t(size_t{1} << 16);
-        for (uint32_t h = 0; h < t.size(); ++h) t[h] = round_to_fp16(std::exp(emu::half_to_float(static_cast<uint16_t>(h))));
+        for (uint32_t h = 0; h < t.size(); ++h)
+            t[h] = round_to_fp16(std::exp(emu::half_to_float(static_cast<uint16_t>(h))));
         return t;
     }();
     const Kernels& k = active();

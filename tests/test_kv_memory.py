@@ -302,3 +302,38 @@ def test_prompts_share_a_compiled_bucket_when_the_budget_is_short(monkeypatch) -
     tokens = [int(np.argmax(model.decode_step(int(np.argmax(expected[10])))))]
     own.prefill(ids[:10])
     assert tokens == [int(np.argmax(own.decode_step(int(np.argmax(expected[10])))))]
+
+
+def test_prefill_layer_stages_share_their_key_and_value_surfaces(monkeypatch) -> None:
+    """A prefill's layer programs run in turn, each one's keys and values read out before the next runs: the
+    stages share one surface per output place, those the program packed together (ANE-37) too, and fill the
+    cache and the logits bit for bit as stages with surfaces of their own do (the reference: the same model
+    bound without sharing)."""
+    from orion.generation import plan
+    from orion.models.llama import weights as llama_weights
+    from orion.models.llama.config import LlamaConfig
+    from orion.models.llama.model import Llama
+
+    config = LlamaConfig(dim=96, n_layers=6, n_heads=4, n_kv_heads=2, head_dim=24, hidden_dim=128, vocab_size=160,
+                         max_position_embeddings=256)
+    weights = llama_weights.random_weights(config, seed=5)
+    ids = [int(i) for i in np.random.default_rng(6).integers(0, 160, 90)]
+    model = Llama(config, weights, progress=False, fusion_depth=3)  # 7 outputs a program: packed (ANE-37)
+    logits = model.prefill(ids)
+    (stages, _), = model._prefill_stages.values()
+    assert len(stages) == 2
+    packed = {s.surface for stage in stages for s in stage.compiled.layout.outputs if s.name != "x" and s.surface}
+    assert packed, "the keys and values of a layer are packed in one surface (ANE-37)"
+    for name in packed:
+        assert stages[0].outputs[name] is stages[1].outputs[name]
+
+    def unshared(self: plan.PrefillPlan, io_dtype: str):
+        return plan._bind(self.layer_programs, self.head_programs, io_dtype)
+
+    monkeypatch.setattr(plan.PrefillPlan, "bind", unshared)
+    reference = Llama(config, weights, progress=False, fusion_depth=3)
+    np.testing.assert_array_equal(logits, reference.prefill(ids))
+    (own, _), = reference._prefill_stages.values()
+    assert own[0].outputs[next(iter(packed))] is not own[1].outputs[next(iter(packed))]
+    for mine, theirs in zip(model.cache.keys + model.cache.values, reference.cache.keys + reference.cache.values):
+        np.testing.assert_array_equal(mine[:, :, :len(ids)], theirs[:, :, :len(ids)])

@@ -25,6 +25,7 @@ from orion.errors import OrionError
 from orion.graph import Graph
 from orion.limits import MIN_LANES, MIN_SURFACE_BYTES, SRAM_BYTES
 from orion.runtime.builder import ProgramBuilder
+from orion.runtime.dtypes import mil_dtype
 from orion.runtime.stage import Stage
 from orion.runtime.surface import Surface
 
@@ -199,8 +200,9 @@ def _bind(programs: list[CompiledGraph], heads: list[CompiledGraph], io_dtype: s
           share_outputs: bool = False) -> tuple[list[Stage], list[Stage]]:
     """Stages of ``programs`` (layers) and ``heads``, the residual stream ``x`` chained through two surfaces that
     take turns (the programs run one after the other), of the size of every program's largest input (one size
-    for all inputs of a program, ANE-13). ``share_outputs``: the layer stages' other outputs with a surface of
-    their own (a prefill's keys and values, read out after each stage) share one surface per place and shape."""
+    for all inputs of a program, ANE-13). ``share_outputs``: the layer stages' other output surfaces (a prefill's
+    keys and values, each in a surface of its own or packed together, ANE-37; read out after each stage) are
+    shared, one per place and shape."""
     nbytes = max(MIN_SURFACE_BYTES, largest_surface([*programs, *heads]))
     shape = _surface_shape([*programs, *heads])
     x = [Surface(shape, io_dtype, nbytes) for _ in range(2)]
@@ -208,11 +210,14 @@ def _bind(programs: list[CompiledGraph], heads: list[CompiledGraph], io_dtype: s
     layers = []
     for i, cg in enumerate(programs):
         given = {"x": x[i % 2], "out:x": x[(i + 1) % 2]}
-        own = [s for s in cg.layout.outputs if s.name != "x" and not s.surface] if share_outputs else []
-        for place, spec in enumerate(own):
-            key = (place, tuple(spec.padded), spec.dtype)
-            given[f"out:{spec.name}"] = outputs.setdefault(key, Surface(spec.padded, spec.dtype, nbytes))
-        layers.append(Stage(cg, given))
+        x_surface = next(s.surface_name for s in cg.layout.outputs if s.name == "x")
+        others = [(name, spec) for name, spec in cg.program.outputs.items() if name != x_surface] \
+            if share_outputs else []
+        surfaces = {}
+        for place, (name, spec) in enumerate(others):
+            key = (place, tuple(spec.shape), mil_dtype(spec.dtype))
+            surfaces[name] = outputs.setdefault(key, Surface(spec.shape, mil_dtype(spec.dtype), nbytes))
+        layers.append(Stage(cg, given, surfaces))
     return layers, [Stage(cg, {"x": x[len(programs) % 2]}) for cg in heads]
 
 

@@ -24,12 +24,15 @@ class Stage:
     Not thread-safe: a stage's surfaces belong to one caller at a time.
     """
 
-    def __init__(self, compiled: CompiledGraph, shared: Mapping[str, Surface] | None = None) -> None:
+    def __init__(self, compiled: CompiledGraph, shared: Mapping[str, Surface] | None = None,
+                 output_surfaces: Mapping[str, Surface] | None = None) -> None:
         """``shared`` gives surfaces owned elsewhere (a KV cache, a residual-stream chain) by input
         name, or ``"out:<name>"`` for an output, each holding its tensor packed at the front; the stage
         allocates the others. A shared tensor with a surface of its own is bound as it is (zero-copy);
         one the program packed with others is copied into the packed surface before each run (an
-        output: out of it after)."""
+        output: out of it after). ``output_surfaces`` gives output surfaces by MIL surface name (a packed
+        one too), bound as they are: stages run in turn may share them when each one's outputs are read
+        before the next runs."""
         self.compiled = compiled
         self.program = compiled.program
         layout = compiled.layout
@@ -39,7 +42,7 @@ class Stage:
         given_in = {n: s for n, s in shared.items() if not n.startswith("out:")}
         given_out = {n[4:]: s for n, s in shared.items() if n.startswith("out:")}
         self.inputs = _fill(layout.inputs, self.program.inputs, given_in)
-        self.outputs = _fill(layout.outputs, self.program.outputs, given_out)
+        self.outputs = _fill(layout.outputs, self.program.outputs, given_out, output_surfaces or {})
         self._copy_in = [(s.name, packed_view(given_in[s.name].array, s.shape), _view(self.inputs, s))
                          for s in layout.inputs if s.surface and s.name in given_in]
         self._copy_out = [(_view(self.outputs, s), packed_view(given_out[s.name].array, s.shape))
@@ -85,10 +88,12 @@ def _view(surfaces: Mapping[str, Surface], spec: IOSpec) -> np.ndarray:
     return packed_view(surfaces[spec.surface_name].array, spec.shape, spec.offset)
 
 
-def _fill(specs: list[IOSpec], programs: Mapping[str, TensorSpec], given: Mapping[str, Surface]) -> dict[str, Surface]:
-    """By MIL surface name: given surfaces where a tensor has its own, new ones elsewhere, all of one
-    size (ANE-13)."""
+def _fill(specs: list[IOSpec], programs: Mapping[str, TensorSpec], given: Mapping[str, Surface],
+          by_surface: Mapping[str, Surface] | None = None) -> dict[str, Surface]:
+    """By MIL surface name: given surfaces where a tensor has its own, ``by_surface``'s by MIL surface name,
+    new ones elsewhere, all of one size (ANE-13)."""
     own = {s.surface_name: given[s.name] for s in specs if not s.surface and s.name in given}
+    own |= by_surface or {}
     size = max([MIN_SURFACE_BYTES] + [int(np.prod(p.shape)) * p.dtype.itemsize for p in programs.values()]
                + [s.nbytes for s in own.values()])
     return {name: own.get(name) or Surface(p.shape, mil_dtype(p.dtype), size) for name, p in programs.items()}

@@ -337,3 +337,24 @@ def test_prefill_layer_stages_share_their_key_and_value_surfaces(monkeypatch) ->
     assert own[0].outputs[next(iter(packed))] is not own[1].outputs[next(iter(packed))]
     for mine, theirs in zip(model.cache.keys + model.cache.values, reference.cache.keys + reference.cache.values):
         np.testing.assert_array_equal(mine[:, :, :len(ids)], theirs[:, :, :len(ids)])
+
+
+def test_a_long_prompt_is_embedded_in_pieces_with_the_same_values(monkeypatch) -> None:
+    """A prompt's rows are embedded ``EMBED_ROWS`` tokens at a time (its float32 rows are not all held at once):
+    the logits and the cache are those of one piece per prompt, bit for bit, chunked prompts too (a piece
+    starting at a chunk's first position)."""
+    from orion.generation import loop
+
+    weights = random_weights(CONFIG, seed=7)
+    ids = [int(i) for i in np.random.default_rng(8).integers(0, CONFIG.vocab_size, 150)]
+    runs = []
+    for rows in (1 << 20, 7):  # every prompt in one piece; pieces of 7 tokens, across the chunks of 64
+        monkeypatch.setattr(loop, "EMBED_ROWS", rows)
+        model = GPT2(CONFIG, weights, progress=False, prefill_chunk=64)
+        logits = model.prefill(ids)
+        runs.append((logits, [a[:, :, :len(ids)].copy() for a in model.cache.keys + model.cache.values]))
+    (whole, whole_cache), (pieces, pieces_cache) = runs
+    np.testing.assert_array_equal(whole, pieces)
+    for a, b in zip(whole_cache, pieces_cache):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(whole, reference_logits(CONFIG, weights, ids)[-1], atol=0.03 * np.abs(whole).max())

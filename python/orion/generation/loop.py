@@ -87,6 +87,9 @@ Stop = int | str | Sequence[int | str] | None
 LogitsProcessor = Callable[[list[int], np.ndarray], np.ndarray]
 DEFAULT_MAX_NEW_TOKENS = 64  # when neither the caller nor generation_config.json says
 COMPILE_RESERVE = 2  # sets of layer + LM-head programs ``prepare`` leaves in the compile budget (new prompt lengths)
+# Tokens embedded at a time into a prefill's input (``_embed_into``): a 1,000-token prompt's float32 rows (GPT-2:
+# token + position tables, 7.3 MiB at once) stay a fraction of its activations.
+EMBED_ROWS = 256
 FINISH_REASONS = ("stop", "length")
 
 
@@ -958,7 +961,7 @@ class CausalLM(AdapterHost):
             stages, heads = self._prefill_bucket(seq, with_head, cache.bucket if past else 0)
             x = stages[0].input("x")
             x[...] = 0.0
-            x[0, :, 0, :n] = self.embed(ids[start - first:start - first + n], start).T
+            self._embed_into(x[0, :, 0], ids[start - first:start - first + n], start)
             extra = self.position_inputs(range(start, start + n))
             if past:
                 extra |= self.mask_inputs(range(start, start + n), cache.bucket)
@@ -983,6 +986,13 @@ class CausalLM(AdapterHost):
                 yield
         return x
 
+    def _embed_into(self, x: np.ndarray, ids: list[int], start: int) -> None:
+        """The embeddings of ``ids`` at positions ``start...`` into the first lanes of ``x`` ``[hidden, lanes]``,
+        :data:`EMBED_ROWS` tokens at a time (``embed`` is per token: the same values as at once)."""
+        for a in range(0, len(ids), EMBED_ROWS):
+            piece = ids[a:a + EMBED_ROWS]
+            x[:, a:a + len(piece)] = self.embed(piece, start + a).T
+
     def _read_packed(self, prompts: Mapping[int, list[int]]) -> dict[int, np.ndarray]:
         """Reads whole prompts (lane -> checked ids, together at most ``options.packed_chunk`` tokens; the hook
         takes ``packed``) in one pass of the packed prefill programs: one dispatch per layer program for all of
@@ -1002,7 +1012,7 @@ class CausalLM(AdapterHost):
         x = stages[0].input("x")
         x[...] = 0.0
         for ids, start in zip(prompts.values(), starts):
-            x[0, :, 0, start:start + len(ids)] = self.embed(ids, 0).T
+            self._embed_into(x[0, :, 0, start:], ids, 0)
         extra = [self.position_inputs(range(len(ids))) for ids in prompts.values()]
         _write_lanes(stages, {name: np.concatenate([e[name] for e in extra], axis=1) for name in extra[0]})
         for name, mask in self.packed_mask_inputs(lengths, seq).items():

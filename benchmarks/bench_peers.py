@@ -570,7 +570,7 @@ def available_engines(wanted: list[str]) -> tuple[list[str], list[str]]:
 
     notes, engines = [], []
     for name in wanted:
-        module = {"orion": "orion", "orion-int8": "orion", "transformers": "transformers"}.get(name, "llama_cpp")
+        module = "orion" if name in ORION_ENGINES else "transformers" if name == "transformers" else "llama_cpp"
         needed = [module, "torch"] if name == "transformers" else [module]
         if any(importlib.util.find_spec(m) is None for m in needed):
             hint = {"llama_cpp": "pip install llama-cpp-python", "transformers": "pip install torch transformers",

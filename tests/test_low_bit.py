@@ -422,6 +422,18 @@ def test_low_bit_conv_of_odd_sizes_against_float64(mode, cout, cin) -> None:
                                    err_msg=f"{lanes} lanes")
 
 
+def test_int4_decode_calls_in_a_row_each_sum_their_own_x() -> None:
+    """One int4 program evaluated on new x at the same live lanes, call after call: each output within the weights'
+    fp16 rounding of numpy float64 for its own x (AVX2's decode tile keeps each block's sums of x per conv call,
+    from a copy of x that is at the same address every call)."""
+    w = RNG.standard_normal((48, 96)) * 0.05
+    qw = quant.quantize(w, "int4")
+    program = compiler.compile_lowered(compiler.lower_graph(low_bit_graph(w, 32, "int4")), profile="permissive")
+    for lanes in (1, 1, 2, 2, 5, 5):
+        x = RNG.standard_normal((1, 96, 1, 32)).astype(np.float16)
+        assert_within_weight_rounding(evaluate_live(program, x, lanes), "int4", qw, x[0, :, 0, :lanes])
+
+
 def test_blockwise_weights_outside_the_kernels_layout_run_as_their_fp16_values() -> None:
     """int4 data and offsets in named-const operands, blocks along the output axis too: the generic path,
     which computes (q - offset) in fp16 and then times scale, as coremltools' decompress does."""

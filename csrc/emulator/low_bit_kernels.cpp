@@ -295,6 +295,43 @@ struct Affine4PairRows8 {
     ORION_AVX2 __m256 hi(int64_t c) { return row(c, 1); }
 };
 
+// The sums of x over each block of B rows of the first k, per lane: sums[b * lanes + l]. They are the same for
+// every panel of a conv1x1 call, so they are made once per call and thread (QPanel::call; 0: every time).
+ORION_AVX2 const float* block_x_sums(uint64_t call, const float* x, int64_t S, int64_t B, int64_t k, int lanes) {
+    thread_local std::vector<float> sums;
+    thread_local struct { uint64_t call; const float* x; int64_t S, B, k; int lanes; } made{};
+    if (call && call == made.call && x == made.x && S == made.S && B == made.B && k == made.k && lanes == made.lanes)
+        return sums.data();
+    alignas(32) static constexpr int kLive[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    const int64_t blocks = k / B;
+    sums.resize(static_cast<size_t>(blocks * lanes));
+    for (int64_t b = 0; b < blocks; ++b) {
+        const float* xb = x + b * B * S;
+        if (S == 1 && B % 16 == 0) {  // one lane, its x contiguous (a compact decode call): 8 rows a load
+            __m256 xs[2] = {_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8)};
+            for (int64_t c = 16; c < B; c += 16) {
+                xs[0] = _mm256_add_ps(xs[0], _mm256_loadu_ps(xb + c));
+                xs[1] = _mm256_add_ps(xs[1], _mm256_loadu_ps(xb + c + 8));
+            }
+            sums[static_cast<size_t>(b)] = hsum(_mm256_add_ps(xs[0], xs[1]));
+            continue;
+        }
+        for (int l0 = 0; l0 < lanes; l0 += 8) {  // lane l of row c at x[c * S + l]: a register of 8 lanes per row
+            const int n = std::min(lanes - l0, 8);
+            const __m256i live = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kLive + 8 - n));
+            __m256 xs[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+            for (int64_t c = 0; c < B; c += 2) {
+                xs[0] = _mm256_add_ps(xs[0], _mm256_maskload_ps(xb + c * S + l0, live));
+                xs[1] = _mm256_add_ps(xs[1], _mm256_maskload_ps(xb + (c + 1) * S + l0, live));
+            }
+            alignas(32) float total[8];
+            _mm256_store_ps(total, _mm256_add_ps(xs[0], xs[1]));
+            std::copy(total, total + n, sums.begin() + b * lanes + l0);
+        }
+    }
+    made = {call, x, S, B, k, lanes};
+    return sums.data();
+}
 // The int4 decode tile (the AVX2 layout, blocks of B >= 2 rows, whole blocks from a block's first row): per block
 // and lane, the sums of u * x (u the stored 4-bit values, exact in fp32) and of x, then acc += s * sum(u * x) +
 // n * sum(x) with n = -(z * s): the block's scale and zero point applied once per block and lane, not per
@@ -302,43 +339,27 @@ struct Affine4PairRows8 {
 // differs from the fp16 conv of the dequantized weight by at most the fp16 rounding of its weights
 // (|error| <= 2^-11 * sum |w * x|) plus fp32 rounding; the converting (prefill) path stays bit for bit.
 // U interleaved partial sums per block (rows r -> r % U) keep the FMAs in flight when L is small.
-template <int L, int U>
+// L lanes of x from lane 0, x_sums their block sums (block_x_sums' rows of `stride` lanes), P rows a step (whole
+// pairs, a multiple of U dividing B); under kConvSequentialLanes lanes each step prefetches kConvPrefetchBytes ahead.
+template <int L, int U, int P = (U < 2 ? 2 : U)>
 ORION_AVX2 void affine4_block_tile_fixed(const uint8_t* pairs, const uint16_t* params, int64_t B, const float* x,
-                                         int64_t S, int64_t k, float* acc, bool add) {
-    constexpr int P = U < 2 ? 2 : U;  // rows per step: whole pairs
-    static_assert(L <= 8, "the sums of x hold one lane per float of a register");
+                                         int64_t S, int64_t k, const float* x_sums, int stride, float* acc, bool add) {
     const __m256i fifteen = _mm256_set1_epi32(15);
-    alignas(32) static constexpr int kLive[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
-    const __m256i live = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kLive + 8 - L));  // lanes l < L
     __m256 a_lo[L], a_hi[L];
     ORION_UNROLL
     for (int l = 0; l < L; ++l) {
         a_lo[l] = add ? _mm256_loadu_ps(acc + l * kConvPanel) : _mm256_setzero_ps();
         a_hi[l] = add ? _mm256_loadu_ps(acc + l * kConvPanel + 8) : _mm256_setzero_ps();
     }
-    for (int64_t c0 = 0; c0 < k; c0 += B, params += 2 * kConvPanel) {
-        alignas(32) float x_sum[8];
-        if (S == 1 && B % 16 == 0) {  // one lane, its x contiguous (a compact decode call): 8 rows a load
-            __m256 xs[2] = {_mm256_loadu_ps(x + c0), _mm256_loadu_ps(x + c0 + 8)};
-            for (int64_t c = 16; c < B; c += 16) {
-                xs[0] = _mm256_add_ps(xs[0], _mm256_loadu_ps(x + c0 + c));
-                xs[1] = _mm256_add_ps(xs[1], _mm256_loadu_ps(x + c0 + c + 8));
-            }
-            x_sum[0] = hsum(_mm256_add_ps(xs[0], xs[1]));
-        } else {  // lane l of row c at x[c * S + l]: a register of the live lanes per row
-            __m256 xs[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-            for (int64_t c = 0; c < B; c += 2) {
-                xs[0] = _mm256_add_ps(xs[0], _mm256_maskload_ps(x + (c0 + c) * S, live));
-                xs[1] = _mm256_add_ps(xs[1], _mm256_maskload_ps(x + (c0 + c + 1) * S, live));
-            }
-            _mm256_store_ps(x_sum, _mm256_add_ps(xs[0], xs[1]));
-        }
+    for (int64_t c0 = 0; c0 < k; c0 += B, params += 2 * kConvPanel, x_sums += stride) {
         __m256 lo[U][L], hi[U][L];
         ORION_UNROLL
         for (int u = 0; u < U; ++u)
             ORION_UNROLL
             for (int l = 0; l < L; ++l) lo[u][l] = hi[u][l] = _mm256_setzero_ps();
         for (int64_t c = c0; c < c0 + B; c += P) {
+            if constexpr (L < kConvSequentialLanes)  // (a decode tile: its panel streamed from memory once)
+                _mm_prefetch(reinterpret_cast<const char*>(pairs + c * 8 + kConvPrefetchBytes), _MM_HINT_T0);
             ORION_UNROLL
             for (int h = 0; h < P; h += 2) {
                 const __m256i b_lo = pair_bytes8(pairs + (c + h) * 8), b_hi = pair_bytes8(pairs + (c + h) * 8 + 8);
@@ -354,7 +375,7 @@ ORION_AVX2 void affine4_block_tile_fixed(const uint8_t* pairs, const uint16_t* p
         const __m256 n_hi = _mm256_mul_ps(load8(params + kConvPanel + 8), _mm256_sub_ps(_mm256_setzero_ps(), s_hi));
         ORION_UNROLL
         for (int l = 0; l < L; ++l) {
-            const __m256 xl = _mm256_broadcast_ss(x_sum + l);
+            const __m256 xl = _mm256_broadcast_ss(x_sums + l);
             a_lo[l] = _mm256_fmadd_ps(n_lo, xl, _mm256_fmadd_ps(s_lo, lo[0][l], a_lo[l]));
             a_hi[l] = _mm256_fmadd_ps(n_hi, xl, _mm256_fmadd_ps(s_hi, hi[0][l], a_hi[l]));
         }
@@ -366,19 +387,22 @@ ORION_AVX2 void affine4_block_tile_fixed(const uint8_t* pairs, const uint16_t* p
     }
 }
 
-// affine4_block_tile_fixed for 1-6 lanes (5 and 6 as two tiles of up to 3, which the registers hold).
+// affine4_block_tile_fixed for any number of lanes (from 5 on, tiles of up to 3, which the registers hold).
 ORION_AVX2 void affine4_block_tile(const uint8_t* pairs, const uint16_t* params, int64_t B, const float* x, int64_t S,
-                                   int64_t k, int lanes, float* acc, bool add) {
+                                   int64_t k, const float* x_sums, int stride, int lanes, float* acc, bool add) {
     switch (lanes) {
         case 1:
-            if (B >= 4) return affine4_block_tile_fixed<1, 4>(pairs, params, B, x, S, k, acc, add);
-            return affine4_block_tile_fixed<1, 2>(pairs, params, B, x, S, k, acc, add);
-        case 2: return affine4_block_tile_fixed<2, 2>(pairs, params, B, x, S, k, acc, add);
-        case 3: return affine4_block_tile_fixed<3, 1>(pairs, params, B, x, S, k, acc, add);
-        case 4: return affine4_block_tile_fixed<4, 1>(pairs, params, B, x, S, k, acc, add);
+            if (B >= 8)  // a step of 8 rows: one cache line of the panel
+                return affine4_block_tile_fixed<1, 4, 8>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
+            if (B >= 4) return affine4_block_tile_fixed<1, 4>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
+            return affine4_block_tile_fixed<1, 2>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
+        case 2: return affine4_block_tile_fixed<2, 2>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
+        case 3: return affine4_block_tile_fixed<3, 1>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
+        case 4: return affine4_block_tile_fixed<4, 1>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
         default:
-            affine4_block_tile_fixed<3, 1>(pairs, params, B, x, S, k, acc, add);
-            return affine4_block_tile(pairs, params, B, x + 3, S, k, lanes - 3, acc + 3 * kConvPanel, add);
+            affine4_block_tile_fixed<3, 1>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
+            return affine4_block_tile(pairs, params, B, x + 3, S, k, x_sums + 3, stride, lanes - 3,
+                                      acc + 3 * kConvPanel, add);
     }
 }
 
@@ -634,7 +658,7 @@ ORION_AVX2 void conv_tile_q_avx2(const QPanel& p, int64_t c0, const float* x, in
     const int64_t block = int64_t{1} << p.block_shift;
     if (p.kind == PackedConv1x1Q::Kind::affine4 && p.affine4_pairs && c0 % block == 0 && k % block == 0)
         return affine4_block_tile(p.rows + c0 * p.row_bytes, p.params + (c0 >> p.block_shift) * 2 * kConvPanel, block,
-                                  x, S, k, lanes, acc, add);
+                                  x, S, k, block_x_sums(p.call, x, S, block, k, lanes), lanes, lanes, acc, add);
     with_q_rows8(p, c0, TileAvx2{x, S, k, lanes, acc, add});
 }
 

@@ -19,6 +19,7 @@ import threading
 import numpy as np
 import pytest
 
+from orion import _core
 from orion._core import kernels
 
 EPS32 = float(np.finfo(np.float32).eps)
@@ -573,6 +574,66 @@ def test_softmax_of_specials_follows_ieee() -> None:
                   [-np.inf] * 9], np.float32)
     got = kernels.softmax(x)
     assert np.isnan(got[0, 1]) and np.isnan(got[1]).all() and np.isnan(got[2]).all()
+
+
+def reference_cross_entropy(logits: np.ndarray, targets: np.ndarray) -> tuple[float, np.ndarray]:
+    """Mean cross-entropy over the kept (non-negative) targets and its gradient, in float64."""
+    x = logits.astype(np.float64)
+    lse = x.max(1) + np.log(np.exp(x - x.max(1, keepdims=True)).sum(1))
+    kept = np.flatnonzero(targets >= 0)
+    d = np.exp(x - lse[:, None]) / len(kept)
+    d[kept, targets[kept]] -= 1.0 / len(kept)
+    d[targets < 0] = 0.0
+    return float((lse[kept] - x[kept, targets[kept]]).mean()), d
+
+
+@pytest.mark.parametrize("vocab", [1, 7, 8, 33, 1000])
+def test_cross_entropy_kernel_matches_float64(vocab: int) -> None:
+    """orion._core.train.cross_entropy (the scaled_softmax kernel per row, rows across the threads): loss within
+    1e-7 relative, the gradient within 5e-7 relative (the exponential, the pairwise fp32 sum, 1 / (sum * kept) and
+    the product each rounded) plus 4 fp32 ulps of 1 / kept (a target's p / kept - 1 / kept cancels in fp32)."""
+    rows = 67
+    logits = (RNG.standard_normal((rows, vocab)) * 12).astype(np.float32)
+    logits[5, :] -= 500.0  # a row far from 0: shifted by its max before the exp
+    targets = RNG.integers(0, vocab, rows)
+    targets[[2, 40]] = -100  # ignored positions
+    want_loss, want = reference_cross_entropy(logits, targets)
+    got = logits.copy()
+    loss = _core.train.cross_entropy(got, targets)
+    assert loss == pytest.approx(want_loss, rel=1e-7)
+    np.testing.assert_allclose(got, want, rtol=5e-7, atol=4 * EPS32 / (rows - 2))
+    assert np.all(got[[2, 40]] == 0.0)
+
+
+def test_cross_entropy_kernel_rounds_as_numpy() -> None:
+    """The gradient's softmax / kept rounds as numpy's fp32 passes with a correctly rounded exp (x - max, e^x in
+    float64 rounded to fp32, np.sum's pairwise order, np.float32(1) / (sum * kept), the product): all but a few
+    values (an exponential within 1e-11 of a rounding tie) bit for bit, none more than 2 ulps off. (np.exp's own
+    fp32 exp is not correctly rounded on every machine: on an AVX2 one, 61% of these values.)"""
+    rows, vocab = 16, 32000
+    logits = (RNG.standard_normal((rows, vocab)) * 3).astype(np.float32)
+    targets = RNG.integers(0, vocab, rows)
+    got = logits.copy()
+    _core.train.cross_entropy(got, targets)
+    want = np.exp((logits - logits.max(-1, keepdims=True)).astype(np.float64)).astype(np.float32)
+    want *= np.float32(1.0) / (want.sum(-1, keepdims=True) * np.float32(rows))
+    want[np.arange(rows), targets] -= np.float32(1.0 / rows)
+    ulps = np.abs(got.view(np.int32).astype(np.int64) - want.view(np.int32).astype(np.int64))
+    assert ulps.max() <= 2 and np.mean(ulps == 0) > 0.999, (ulps.max(), np.mean(ulps == 0))
+
+
+def test_cross_entropy_kernel_propagates_specials() -> None:
+    """A NaN or Inf logit makes its row's gradient and the loss NaN (the trainer then skips the step); the other
+    rows are as without it."""
+    logits = RNG.standard_normal((4, 40)).astype(np.float32)
+    targets = np.array([1, 2, 3, 4])
+    clean = logits.copy()
+    _core.train.cross_entropy(clean, targets)
+    for special in (np.nan, np.inf):
+        got = logits.copy()
+        got[1, 17] = special
+        assert np.isnan(_core.train.cross_entropy(got, targets))
+        assert np.isnan(got[1]).any() and np.array_equal(got[[0, 2, 3]], clean[[0, 2, 3]])
 
 
 def test_half_to_float_is_exact_for_every_fp16_value() -> None:

@@ -1,5 +1,6 @@
-// orion._core.train: AdamW, the global gradient norm, the fp16-range clamp, the loss-scale undo and the head's fp32
-// products on numpy float32 arrays, in place. Every array is checked (dtype, shape, C-contiguity, writability) before any is touched.
+// orion._core.train: AdamW, the global gradient norm, the fp16-range clamp, the loss-scale undo, the head's fp32
+// products and its cross-entropy on numpy float32 arrays, in place. Every array is checked (dtype, shape,
+// C-contiguity, writability) before any is touched.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -12,6 +13,7 @@
 #include "emulator/kernels.h"
 #include "hardware_limits.h"
 #include "train/adamw.h"
+#include "train/cross_entropy.h"
 #include "train/tensor_stats.h"
 #include "train/train_error.h"
 
@@ -185,6 +187,24 @@ void matmul(const py::handle& a_obj, const py::handle& b_obj, const py::handle& 
                        c, b.cols, false);
 }
 
+// The mean cross-entropy of logits [S, V] against targets [S] (int64), logits overwritten with its gradient.
+double cross_entropy(const py::handle& logits, const py::array& targets) {
+    check_array(logits, "cross_entropy", "logits", true);
+    const auto l = py::reinterpret_borrow<py::array>(logits);
+    if (l.ndim() != 2)
+        throw train::TrainError("cross_entropy: logits have shape " + shape_text(l) + "; pass a 2-D [positions, "
+                                "vocabulary] array");
+    if (!targets.dtype().is(py::dtype::of<int64_t>()) || targets.ndim() != 1 || targets.shape(0) != l.shape(0) ||
+        !(targets.flags() & py::array::c_style))
+        throw train::TrainError("cross_entropy: targets are " + std::string(py::str(targets.dtype())) + " of shape " +
+                                shape_text(targets) + "; pass a C-contiguous int64 array of the logits' " +
+                                std::to_string(l.shape(0)) + " positions");
+    float* data = mutable_floats(logits);
+    const auto* t = static_cast<const int64_t*>(targets.data());
+    py::gil_scoped_release release;
+    return train::cross_entropy(data, l.shape(0), l.shape(1), t);
+}
+
 }  // namespace
 
 void bind_train(py::module_& root) {
@@ -215,6 +235,10 @@ void bind_train(py::module_& root) {
           py::arg("transpose_b") = false,
           "out = op(a) @ op(b) in float32 on the emulator's gemm (op transposes if asked; a and b any 2-D float32 "
           "arrays with whole-float strides, out float32 C-contiguous of the product's shape, written whole).");
+    m.def("cross_entropy", &cross_entropy, py::arg("logits"), py::arg("targets"),
+          "Mean cross-entropy of logits (float32 [S, V], C-contiguous) against targets (int64 [S]; negative: "
+          "ignored), in one parallel pass that overwrites logits with its gradient (softmax / kept rows, minus "
+          "1 / kept at each target, 0 on ignored rows). Returns the loss.");
 }
 
 }  // namespace orion::bindings

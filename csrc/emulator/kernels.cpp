@@ -61,6 +61,9 @@ struct Kernels {
     void (*sigmoid)(const float* src, float* dst, size_t n);
     // dst[i] = e^(src[i] - max) / sum_j e^(src[j] - max) for i < n; src may be dst.
     void (*softmax)(const float* src, float* dst, int64_t n);
+    // dst[i] = e^(src[i] - max) * (1 / (sum_j e^(src[j] - max) * count)) for i < n, the sum in numpy's order;
+    // returns max + log(sum) (the log-sum-exp); src may be dst.
+    double (*scaled_softmax)(const float* src, float* dst, int64_t n, float count);
     void (*score_row_softmax)(float* row, const float* mask, int64_t n, const ScoreRowOps& ops);
     // acc[l*16 + j] (+)= sum_{c<k} w[c*16 + j] * x[c*S + l] for l < lanes (<= conv_lanes).
     void (*conv_tile_f16)(const uint16_t* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
@@ -114,6 +117,39 @@ void softmax_portable(const float* src, float* dst, int64_t n) {
     for (int64_t i = 0; i < n; ++i) dst[i] /= sum;
 }
 
+// sum of a[0..n) in fp32 in numpy's order (np.sum's pairwise_sum): under 8 values one by one; up to 128 in 8
+// partial sums combined as ((0+1)+(2+3))+((4+5)+(6+7)), then the rest one by one; more split in two halves, the
+// first a multiple of 8 long. The cross-entropy's gradient then rounds as numpy's did.
+float numpy_pairwise_sum(const float* a, int64_t n) {
+    if (n < 8) {
+        float res = -0.0f;
+        for (int64_t i = 0; i < n; ++i) res += a[i];
+        return res;
+    }
+    if (n <= 128) {
+        float r[8];
+        std::copy(a, a + 8, r);
+        int64_t i = 8;
+        for (; i < n - n % 8; i += 8)
+            for (int j = 0; j < 8; ++j) r[j] += a[i + j];
+        float res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; ++i) res += a[i];
+        return res;
+    }
+    const int64_t half = n / 2 - (n / 2) % 8;
+    return numpy_pairwise_sum(a, half) + numpy_pairwise_sum(a + half, n - half);
+}
+
+double scaled_softmax_portable(const float* src, float* dst, int64_t n, float count) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, src[i]);
+    for (int64_t i = 0; i < n; ++i) dst[i] = exp_or_zero(src[i] - m);
+    const float sum = numpy_pairwise_sum(dst, n);
+    const float r = 1.0f / (sum * count);
+    for (int64_t i = 0; i < n; ++i) dst[i] *= r;
+    return static_cast<double>(m) + std::log(static_cast<double>(sum));
+}
+
 // The score row ops one by one, each with the flavour's own kernels.
 template <void (*Round)(float*, size_t), void (*Softmax)(const float*, float*, int64_t)>
 void score_row_softmax_by_ops(float* row, const float* mask, int64_t n, const ScoreRowOps& ops) {
@@ -130,7 +166,7 @@ void score_row_softmax_by_ops(float* row, const float* mask, int64_t n, const Sc
 
 constexpr Kernels kPortable = {
     "portable",         6,                             round_fp16_portable,           half_to_float_portable,
-    float_to_half_portable, tanh_portable, sigmoid_portable, softmax_portable,
+    float_to_half_portable, tanh_portable, sigmoid_portable, softmax_portable, scaled_softmax_portable,
     score_row_softmax_by_ops<round_fp16_portable, softmax_portable>, conv_tile_portable<uint16_t>, conv_tile_portable<float>,
     conv_tile_i8_portable, dequant_i8_portable, nullptr, conv_tile_q_portable, widen_q_portable, nullptr,
 };
@@ -255,6 +291,54 @@ ORION_AVX2 void softmax_avx2(const float* src, float* dst, int64_t n) {
     for (; i < n; ++i) dst[i] /= sum;
 }
 
+// e^x of 4 doubles for x in [-110, 0]: x = k ln2 + r with |r| <= ln2/2 (ln2 split in two), e^r by its Taylor
+// series to r^9 (relative error < 1e-11), scaled by 2^k through the exponent bits; below e^-110 (0 once rounded
+// to fp32), e^-110.
+ORION_AVX2 inline __m256d exp4d(__m256d x) {
+    x = _mm256_max_pd(x, _mm256_set1_pd(-110.0));
+    const __m256d k = _mm256_round_pd(_mm256_mul_pd(x, _mm256_set1_pd(1.4426950408889634)),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256d r = _mm256_fnmadd_pd(k, _mm256_set1_pd(0.6931471803691238), x);
+    r = _mm256_fnmadd_pd(k, _mm256_set1_pd(1.9082149292705877e-10), r);
+    __m256d p = _mm256_set1_pd(1.0 / 362880.0);
+    for (const double c : {1.0 / 40320.0, 1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0})
+        p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(c));
+    const __m256i exponent = _mm256_slli_epi64(
+        _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_cvtpd_epi32(k)), _mm256_set1_epi64x(1023)), 52);
+    return _mm256_mul_pd(p, _mm256_castsi256_pd(exponent));
+}
+
+// softmax_avx2's max; the exponentials nearly correctly rounded to fp32 (exp4d; exp8's 1/3-ulp error changes the
+// rounding of ~1 value in 5), summed in numpy's order; then one product by 1 / (sum * count) per value: numpy's
+// roundings of the cross-entropy's gradient but for its exp's last bits.
+ORION_AVX2 double scaled_softmax_avx2(const float* src, float* dst, int64_t n, float count) {
+    if (n <= 0) return -std::numeric_limits<double>::infinity();
+    int64_t i = 0;
+    __m256 mv = _mm256_set1_ps(-std::numeric_limits<float>::infinity()), nan = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(src + i);
+        mv = _mm256_max_ps(mv, v);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    float m = hmax(mv);
+    bool special = _mm256_movemask_ps(nan) != 0;
+    for (; i < n; ++i) m = std::max(m, src[i]), special |= std::isnan(src[i]);
+    if (special || !std::isfinite(m)) return scaled_softmax_portable(src, dst, n, count);  // IEEE's results
+    const __m256 m8 = _mm256_set1_ps(m);
+    for (i = 0; i + 8 <= n; i += 8) {
+        const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(src + i), m8);
+        const __m128 e_lo = _mm256_cvtpd_ps(exp4d(_mm256_cvtps_pd(_mm256_castps256_ps128(d))));
+        const __m128 e_hi = _mm256_cvtpd_ps(exp4d(_mm256_cvtps_pd(_mm256_extractf128_ps(d, 1))));
+        _mm256_storeu_ps(dst + i, _mm256_set_m128(e_hi, e_lo));
+    }
+    for (; i < n; ++i) dst[i] = exp_or_zero(src[i] - m);
+    const float sum = numpy_pairwise_sum(dst, n);
+    const __m256 r8 = _mm256_set1_ps(1.0f / (sum * count));
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_loadu_ps(dst + i), r8));
+    for (; i < n; ++i) dst[i] *= 1.0f / (sum * count);
+    return static_cast<double>(m) + std::log(static_cast<double>(sum));
+}
+
 // score_row_softmax_by_ops<round_fp16_avx2, softmax_avx2> in three passes over the row when n is a
 // multiple of 8 (the scaled, masked scores and their max; the exponentials and their sum; the quotients):
 // the same fp32 operations on the same values in the same order (softmax_avx2's max and partial sums).
@@ -297,7 +381,8 @@ ORION_AVX2 void score_row_softmax_avx2(float* row, const float* mask, int64_t n,
 
 constexpr Kernels kAvx2 = {
     "avx2+f16c+fma",    6,                         round_fp16_avx2,           half_to_float_avx2,
-    float_to_half_avx2, tanh_avx2, sigmoid_avx2, softmax_avx2, score_row_softmax_avx2, conv_tile_avx2<uint16_t>, conv_tile_avx2<float>,
+    float_to_half_avx2, tanh_avx2, sigmoid_avx2, softmax_avx2, scaled_softmax_avx2, score_row_softmax_avx2,
+    conv_tile_avx2<uint16_t>, conv_tile_avx2<float>,
     conv_tile_i8_avx2, dequant_i8_avx2, nullptr, conv_tile_q_avx2, widen_q_avx2, nullptr,
 };
 
@@ -425,7 +510,8 @@ ORION_AVX512 void conv_pair_tile_f16_avx512(const uint16_t* w0, const uint16_t* 
 
 constexpr Kernels kAvx512 = {
     "avx512f+f16c+fma", kConvMaxLanes,             round_fp16_avx2,
-    half_to_float_avx2, float_to_half_avx2,        tanh_avx2, sigmoid_avx2, softmax_avx2, score_row_softmax_avx2,
+    half_to_float_avx2, float_to_half_avx2,        tanh_avx2, sigmoid_avx2, softmax_avx2, scaled_softmax_avx2,
+    score_row_softmax_avx2,
     conv_tile_avx512<uint16_t>, conv_tile_avx512<float>, conv_tile_i8_avx512, dequant_i8_avx2, conv_pair_tile_avx512,
     conv_tile_q_avx512, widen_q_avx512, conv_pair_tile_f16_avx512,
 };
@@ -705,6 +791,10 @@ void tanh(const float* src, float* dst, size_t n) { active().tanh(src, dst, n); 
 void sigmoid(const float* src, float* dst, size_t n) { active().sigmoid(src, dst, n); }
 
 void softmax(const float* src, float* dst, int64_t n) { active().softmax(src, dst, n); }
+
+double scaled_softmax(const float* src, float* dst, int64_t n, float count) {
+    return active().scaled_softmax(src, dst, n, count);
+}
 
 void score_row_softmax(float* row, const float* mask, int64_t n, const ScoreRowOps& ops) {
     active().score_row_softmax(row, mask, n, ops);

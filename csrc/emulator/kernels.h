@@ -30,6 +30,10 @@ void sigmoid(const float* src, float* dst, size_t n);
 // dst[i] = e^(src[i] - m) / sum_j e^(src[j] - m), m = max_j src[j], in fp32 for i < n (within a
 // few float ulps); src may be dst.
 void softmax(const float* src, float* dst, int64_t n);
+// dst[i] = softmax's e^(src[i] - m) times 1 / (sum_j e^(src[j] - m) * count) in fp32, the sum in numpy's pairwise
+// order (np.sum's), one product per value (cross-entropy's softmax / rows): numpy's roundings of it but for the
+// exp's last bits. Returns the log-sum-exp m + log(sum). src may be dst; NaN or inf: IEEE's results.
+double scaled_softmax(const float* src, float* dst, int64_t n, float count);
 
 // What a causal attention does to a row of scores before its context matmul (causal_attention.h): times
 // the scale (if has_scale), each step's result rounded to fp16 where its flag says so.

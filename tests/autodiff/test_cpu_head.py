@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from orion.autodiff import cpu
+from orion.errors import EvaluateError
 from orion.train.errors import TrainError
 
 
@@ -76,3 +77,16 @@ def test_cross_entropy_matches_float64(frozen) -> None:
     else:
         assert dw is out
         np.testing.assert_allclose(dw, d.T @ h64, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("logits, targets, error, message", [
+    (np.zeros((3, 5), np.float32), np.array([0, 5, 1]), TrainError, "outside the vocabulary of 5"),
+    (np.zeros((3, 5), np.float64), np.array([0, 1, 1]), TrainError, "float32"),
+    (np.zeros((3, 5), np.float32), np.array([0, 1]), TrainError, "positions"),
+    (np.zeros((3, 5), np.float32), np.array([-100, -100, -1]), EvaluateError, "every target is ignored"),
+])
+def test_cross_entropy_refuses_bad_input_untouched(logits, targets, error, message) -> None:
+    before = logits.copy()
+    with pytest.raises(error, match=message):
+        cpu.cross_entropy_of_logits(logits, targets)
+    np.testing.assert_array_equal(logits, before)

@@ -93,25 +93,16 @@ def cross_entropy_of_logits(logits: np.ndarray, targets: np.ndarray) -> tuple[fl
     """Mean cross-entropy of ``logits`` against ``targets`` over the positions whose target is not negative (``-100``,
     PyTorch's ignore_index, marks an untrained position: no loss, zero gradient); returns ``(loss, dlogits)``.
 
-    ``logits`` (float32 ``[S, V]``, C-contiguous) is overwritten: it becomes ``dlogits``. Five passes over it and no
-    ``[S, V]`` temporary (the row max subtracted, exp, the row sums, one scale; the targets' entries apart): at
-    Stories110M's 256 x 32000 each pass and each temporary costs milliseconds."""
-    rows = np.flatnonzero(targets >= 0)
-    if len(rows) == 0:
+    ``logits`` (float32 ``[S, V]``, C-contiguous) is overwritten: it becomes ``dlogits`` (softmax / kept rows, minus
+    1 / kept at each target). One pass on every core (``orion._core.train.cross_entropy``): each row's max,
+    exponentials, their sum and the scaling while the row sits in cache (at Stories110M's 256 x 32000 each pass
+    over the logits costs milliseconds), rounded as numpy's ``max``/``exp``/``sum``/``*=`` passes round them but
+    for the last bits of the exp; the loss in float64 (log-sum-exps, summed in row order)."""
+    targets = np.ascontiguousarray(targets, np.int64)
+    if not (targets >= 0).any():
         raise EvaluateError("cross_entropy: every target is ignored (negative). Fix: give each window at least one "
                             "trained target")
-    kept = targets[rows]
-    d_logits = logits
-    d_logits -= d_logits.max(-1, keepdims=True)
-    picked = d_logits[rows, kept]  # the targets' shifted logits, before the exp below overwrites them
-    np.exp(d_logits, out=d_logits)
-    sums = d_logits.sum(-1, keepdims=True)
-    loss = -float((picked - np.log(sums[rows, 0])).mean())
-    d_logits *= np.float32(1.0) / (sums * np.float32(len(rows)))  # softmax / n
-    d_logits[rows, kept] -= np.float32(1.0 / len(rows))
-    if len(rows) < len(targets):
-        d_logits[targets < 0] = 0.0
-    return loss, d_logits
+    return _core.train.cross_entropy(logits, targets), logits
 
 
 def head_backward(h: np.ndarray, classifier: np.ndarray, d_logits: np.ndarray, frozen: bool = False,

@@ -262,10 +262,9 @@ ORION_AVX2 float hmax(__m256 v) {
     return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
 }
 
-// The max is exact; e^x by exp8 (relative error < 2e-8; below e^-87 it may give 0, which no fp16
-// result can tell from the true value since the sum is >= 1); the sum in 8 fp32 partial sums.
-ORION_AVX2 void softmax_avx2(const float* src, float* dst, int64_t n) {
-    if (n <= 0) return;
+// The largest of src[0..n) (n > 0) into m; whether the row holds a NaN or an infinity (the softmaxes then
+// take IEEE's results from their portable forms).
+ORION_AVX2 bool row_max_special(const float* src, int64_t n, float& m) {
     int64_t i = 0;
     __m256 mv = _mm256_set1_ps(-std::numeric_limits<float>::infinity()), nan = _mm256_setzero_ps();
     for (; i + 8 <= n; i += 8) {
@@ -273,13 +272,22 @@ ORION_AVX2 void softmax_avx2(const float* src, float* dst, int64_t n) {
         mv = _mm256_max_ps(mv, v);
         nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     }
-    float m = hmax(mv);
+    m = hmax(mv);
     bool special = _mm256_movemask_ps(nan) != 0;
     for (; i < n; ++i) m = std::max(m, src[i]), special |= std::isnan(src[i]);
-    if (special || !std::isfinite(m)) return softmax_portable(src, dst, n);  // NaN or inf: IEEE's results
+    return special || !std::isfinite(m);
+}
+
+// The max is exact; e^x by exp8 (relative error < 2e-8; below e^-87 it may give 0, which no fp16
+// result can tell from the true value since the sum is >= 1); the sum in 8 fp32 partial sums.
+ORION_AVX2 void softmax_avx2(const float* src, float* dst, int64_t n) {
+    if (n <= 0) return;
+    float m;
+    if (row_max_special(src, n, m)) return softmax_portable(src, dst, n);  // NaN or inf: IEEE's results
     const __m256 m8 = _mm256_set1_ps(m);
     __m256 sv = _mm256_setzero_ps();
-    for (i = 0; i + 8 <= n; i += 8) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
         const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(src + i), m8));
         _mm256_storeu_ps(dst + i, e);
         sv = _mm256_add_ps(sv, e);
@@ -313,17 +321,9 @@ ORION_AVX2 inline __m256d exp4d(__m256d x) {
 // roundings of the cross-entropy's gradient but for its exp's last bits.
 ORION_AVX2 double scaled_softmax_avx2(const float* src, float* dst, int64_t n, float count) {
     if (n <= 0) return -std::numeric_limits<double>::infinity();
+    float m;
+    if (row_max_special(src, n, m)) return scaled_softmax_portable(src, dst, n, count);  // IEEE's results
     int64_t i = 0;
-    __m256 mv = _mm256_set1_ps(-std::numeric_limits<float>::infinity()), nan = _mm256_setzero_ps();
-    for (; i + 8 <= n; i += 8) {
-        const __m256 v = _mm256_loadu_ps(src + i);
-        mv = _mm256_max_ps(mv, v);
-        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    }
-    float m = hmax(mv);
-    bool special = _mm256_movemask_ps(nan) != 0;
-    for (; i < n; ++i) m = std::max(m, src[i]), special |= std::isnan(src[i]);
-    if (special || !std::isfinite(m)) return scaled_softmax_portable(src, dst, n, count);  // IEEE's results
     const __m256 m8 = _mm256_set1_ps(m);
     for (i = 0; i + 8 <= n; i += 8) {
         const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(src + i), m8);

@@ -109,7 +109,12 @@ if os.environ.get("ORION_HARNESS_COMPARE") == "1":
         HARNESS_COMPARED[0] += 1
 
     orion.compile = _program.compile = _recording_compile
+    def _checked_in_turn(calls):
+        for bound, live_lanes in calls:  # one at a time: the same evaluates, with Python between them
+            _checked_call(bound, live_lanes)
+
     _program.BoundProgram.__call__ = _checked_call
+    _program.BoundProgram.in_turn = staticmethod(_checked_in_turn)
     _program.Program.with_weights = _recording_with_weights
 
 

@@ -37,6 +37,29 @@ def test_call_and_zero_copy_evaluate_agree() -> None:
     assert outs["s"].array.base is not None and np.all(outs["s"].array == 3.5)
 
 
+def test_bound_programs_copy_views_and_run_in_turn() -> None:
+    """``bind``'s copies (strided views, as a stage's packed tensors are) run around each evaluate, and
+    ``BoundProgram.in_turn`` runs bound programs in order: the second reads what the first wrote; numpy is the reference."""
+    p = orion.compile(TEXT, **SEVERAL_SURFACES)
+    (ins1, outs1), (ins2, outs2) = p.allocate_surfaces(), p.allocate_surfaces()
+    rng = np.random.default_rng(0)
+    source = rng.integers(-4, 4, (64, 64)).astype(np.float16)  # x of the first: every other column of it
+    saved = np.zeros((32, 64), np.float16)  # the first's p, transposed, copied out after it
+    ins1["y"].array[...] = 2.0
+    first = p.bind(ins1, outs1, copy_in=[(source[None, :, None, ::2], ins1["x"].array)],
+                   copy_out=[(outs1["p"].array[0, :, 0].T, saved)])
+    second = p.bind(ins2, outs2, copy_in=[(outs1["s"].array, ins2["x"].array), (outs1["p"].array, ins2["y"].array)])
+    orion.runtime.program.BoundProgram.in_turn([(first, None), (second, None)])
+    x = source[:, ::2].astype(np.float64)
+    np.testing.assert_array_equal(saved, (2 * x).T)
+    np.testing.assert_array_equal(outs2["s"].array[0, :, 0], (x + 2) + 2 * x)
+    np.testing.assert_array_equal(outs2["p"].array[0, :, 0], (x + 2) * (2 * x))
+    with pytest.raises(ValueError, match="one shape and dtype"):
+        p.bind(ins1, outs1, copy_in=[(np.zeros(ACT, np.float32), ins1["x"].array)])
+    with pytest.raises(ValueError, match="one shape and dtype"):
+        p.bind(ins1, outs1, copy_in=[(np.zeros((1, 64, 1, 16), np.float16), ins1["x"].array)])
+
+
 def test_float32_inputs_are_converted_and_results_do_not_alias() -> None:
     p = orion.compile(TEXT, **SEVERAL_SURFACES)
     a = p(x=np.ones(ACT, np.float32), y=np.ones(ACT))

@@ -1,7 +1,11 @@
 // orion._core: compile / evaluate / unload, surfaces, the compile budget and the constraint ids.
+#include <cstring>
 #include <optional>
 #include <tuple>
+#include <utility>
+#include <vector>
 
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -38,6 +42,73 @@ py::list specs(const std::vector<runtime::TensorSpec>& list) {
 runtime::Bindings bindings(const std::vector<std::pair<std::string, runtime::Surface*>>& given) {
     return runtime::Bindings(given.begin(), given.end());
 }
+
+// A copy between two numpy views of one shape and dtype (a stage's shared tensor and its place in a packed
+// surface, ANE-37: orion.runtime.stage), made without the GIL: the views are held for the copy's lifetime.
+class ViewCopy {
+public:
+    ViewCopy(py::array source, py::array target) : source_(std::move(source)), target_(std::move(target)) {
+        if (!source_.dtype().is(target_.dtype()) || source_.ndim() != target_.ndim() ||
+            !std::equal(source_.shape(), source_.shape() + source_.ndim(), target_.shape()))
+            throw std::invalid_argument("a surface copy needs two views of one shape and dtype");
+        if (!target_.writeable()) throw std::invalid_argument("a surface copy's target is read-only");
+        for (py::ssize_t d = 0; d < source_.ndim(); ++d) {
+            if (source_.shape(d) == 1) continue;  // (its strides do not matter)
+            shape_.push_back(source_.shape(d));
+            from_strides_.push_back(source_.strides(d));
+            to_strides_.push_back(target_.strides(d));
+        }
+        from_ = static_cast<const char*>(source_.data());
+        to_ = static_cast<char*>(target_.mutable_data());
+        itemsize_ = source_.itemsize();
+    }
+    void run() const { copy(0, from_, to_); }
+
+private:
+    void copy(size_t d, const char* from, char* to) const {
+        if (d == shape_.size()) {
+            std::memcpy(to, from, static_cast<size_t>(itemsize_));
+        } else if (d + 1 == shape_.size() && from_strides_[d] == itemsize_ && to_strides_[d] == itemsize_) {
+            std::memcpy(to, from, static_cast<size_t>(shape_[d] * itemsize_));  // a contiguous row
+        } else {
+            for (py::ssize_t i = 0; i < shape_[d]; ++i) copy(d + 1, from + i * from_strides_[d], to + i * to_strides_[d]);
+        }
+    }
+    py::array source_, target_;
+    std::vector<py::ssize_t> shape_, from_strides_, to_strides_;
+    const char* from_ = nullptr;
+    char* to_ = nullptr;
+    py::ssize_t itemsize_ = 0;
+};
+
+// A program bound to its surfaces once (orion.runtime.program.BoundProgram): each call copies the shared
+// views in, evaluates and copies views out, all without the GIL; evaluate_in_turn runs a list of them
+// with no Python between programs (a decode step's layers and head).
+class BoundEvaluation {
+public:
+    BoundEvaluation(py::object program, py::list inputs, py::list outputs, const py::list& copy_in,
+                    const py::list& copy_out)
+        : program_(std::move(program)), inputs_(std::move(inputs)), outputs_(std::move(outputs)) {
+        native_ = program_.cast<runtime::LoadedProgram*>();
+        in_ = bindings(inputs_.cast<std::vector<std::pair<std::string, runtime::Surface*>>>());
+        out_ = bindings(outputs_.cast<std::vector<std::pair<std::string, runtime::Surface*>>>());
+        for (const auto& pair : copy_in) before_.emplace_back(pair[py::int_(0)], pair[py::int_(1)]);
+        for (const auto& pair : copy_out) after_.emplace_back(pair[py::int_(0)], pair[py::int_(1)]);
+    }
+    // Without the GIL.
+    void run(const runtime::LiveLanes& live) {
+        for (const auto& c : before_) c.run();
+        native_->evaluate(in_, out_, live);
+        for (const auto& c : after_) c.run();
+    }
+
+private:
+    py::object program_;        // holds native_
+    py::list inputs_, outputs_;  // hold the surfaces in in_ and out_
+    runtime::LoadedProgram* native_ = nullptr;
+    runtime::Bindings in_, out_;
+    std::vector<ViewCopy> before_, after_;
+};
 
 using PyWeights = std::map<std::string, py::object>;
 
@@ -199,6 +270,21 @@ void bind_runtime(py::module_& m) {
                                    {static_cast<py::ssize_t>(s.size())}, {1});
         });
 
+    py::class_<BoundEvaluation>(m, "BoundEvaluation", "A program bound to its surfaces (LoadedProgram.bind).")
+        .def(
+            "__call__",
+            [](BoundEvaluation& b, const runtime::LiveLanes& live) {
+                py::gil_scoped_release release;
+                b.run(live);
+            },
+            py::arg("live_lanes") = runtime::LiveLanes{}, "Copies in, evaluates once, copies out.");
+    m.def(
+        "evaluate_in_turn",
+        [](const std::vector<std::pair<BoundEvaluation*, runtime::LiveLanes>>& calls) {
+            py::gil_scoped_release release;
+            for (const auto& [call, live] : calls) call->run(live);
+        },
+        py::arg("calls"), "Runs [(BoundEvaluation, live_lanes)] one after another in one call (no Python between).");
     py::class_<runtime::LoadedProgram>(m, "LoadedProgram", "A compiled, loaded program.")
         .def_property_readonly("inputs", [](const runtime::LoadedProgram& p) { return specs(p.inputs()); },
                                "[(name, shape, dtype)] in binding (alphabetical) order")
@@ -224,6 +310,14 @@ void bind_runtime(py::module_& m) {
             },
             py::arg("inputs"), py::arg("outputs"), py::arg("live_lanes") = runtime::LiveLanes{},
             "Runs once; inputs/outputs are [(name, Surface)] in binding order; live_lanes: {input: lanes}.")
+        .def(
+            "bind",
+            [](py::object self, py::list inputs, py::list outputs, const py::list& copy_in, const py::list& copy_out) {
+                return BoundEvaluation(std::move(self), std::move(inputs), std::move(outputs), copy_in, copy_out);
+            },
+            py::arg("inputs"), py::arg("outputs"), py::arg("copy_in") = py::list(), py::arg("copy_out") = py::list(),
+            "A callable evaluating on these surfaces (as evaluate's lists); copy_in / copy_out: [(source, target)] "
+            "numpy views of one shape and dtype copied before / after each evaluate.")
         .def("unload", &runtime::LoadedProgram::unload)
         .def_property_readonly("backend", [](const runtime::LoadedProgram& p) { return std::string(p.backend()); })
         .def_property_readonly("min_surface_bytes", &runtime::LoadedProgram::min_surface_bytes)

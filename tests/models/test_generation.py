@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from tokenizers import models as tok_models
 import orion
 from orion import models
 from orion.generation.kv_cache import KVCache
+from orion.generation.loop import ActivationOverflow
 from orion.models import GPT2, GPT2Config
 from orion.models.gpt2.weights import save_hf
 from support.gpt2_fixtures import lively_weights
@@ -109,6 +111,21 @@ def test_nan_logits_stop_generate_naming_the_step(model, monkeypatch) -> None:
     monkeypatch.setattr(model, "prefill", lambda ids: nan)
     with pytest.raises(orion.OrionError, match=r"new token 0 .* contain NaN"):
         list(model.generate([1, 2, 3], 5, temperature=0.7, seed=0))
+
+
+def test_a_decode_step_names_the_first_layer_that_overflowed() -> None:
+    """A step's layer and head programs run in one native call and the outputs are checked after it: an inf in
+    layer 1's cached values (what an fp16 overflow leaves) is named at layer 1 of 3, not at the last layer nor at
+    layer 0 (whose output surface layer 2's overwrote), and the step counts no position."""
+    config = replace(CONFIG, n_layer=3)
+    twin = GPT2(config, lively_weights(config, seed=3), progress=False, fusion_depth=1)
+    twin.prefill([3, 1, 4])
+    twin.cache.values[1][0, :, 1] = np.inf
+    with pytest.raises(ActivationOverflow, match=r"^layer 1 overflowed fp16 .* tokens at positions 3 "):
+        twin.decode_step(5)
+    assert twin.cache.length == 3
+    twin.cache.values[1][0, :, 1] = 0.0
+    assert np.isfinite(twin.decode_step(5)).all() and twin.cache.length == 4
 
 
 def test_generate_text_stops_at_the_eos_ids_of_the_model_files(model, model_dir, monkeypatch) -> None:

@@ -52,7 +52,7 @@ from orion.lora.hot_swap import AdapterHost
 from orion.ops import PACKED_MASK_INPUT, packed_causal_mask
 from orion.runtime.backend import backend, compiles_left
 from orion.runtime.builder import ProgramBuilder
-from orion.runtime.stage import Stage
+from orion.runtime.stage import Stage, run_in_turn
 
 
 class GenerationError(OrionError, ValueError):
@@ -622,22 +622,37 @@ class CausalLM(AdapterHost):
         longest = max(positions)
         self._reserve(longest + 1)  # the cache grows by buckets (kv_cache)
         x, per_lane = self._layers[0].input("x"), {"x"}
-        for lane, pos in zip(lanes, positions):
-            x[0, :, 0, lane] = self.embed([tokens[lane]], pos)[0]
+        embedded = [self.embed([tokens[lane]], pos)[0] for lane, pos in zip(lanes, positions)]
+        for lane, pos, row in zip(lanes, positions, embedded):
+            x[0, :, 0, lane] = row
             extra = self.position_inputs(range(pos, pos + 1)) | self.mask_inputs(range(pos, pos + 1), cache.bucket)
             _write_lanes(self._layers, extra, lane)
             per_lane |= set(extra)
+        # Positions >= the longest of the caches and the mask are dead lanes: the emulator skips them.
+        runs = [(stage, {name: longest for i in layers for name in (f"k{i}", f"v{i}")} | {"mask": longest}
+                 | {name: lanes[-1] + 1 for name in per_lane if name in stage.mil_name})
+                for stage, layers in zip(self._layers, self.decode_plan.layer_ranges)]
+        head = self.options.lm_head != "cpu"
+        # The layers and the head in one call: a layer's new key and value do not reach a later layer's program
+        # in this step, and an overflowed layer is named below, in order, as if the step had stopped there.
+        run_in_turn(runs + [(stage, {"x": lanes[-1] + 1}) for stage in self._heads if head])
+        if not np.isfinite(_residual_lanes(self._layers[-1], lanes)).all():
+            # An overflow reaches the last layer's output (each layer adds to the residual stream; NaN and inf
+            # stay). The stages' residual outputs, and the first one's input, take turns in two surfaces, so the
+            # step runs again from the embedding, a stage at a time, to name the first layer that overflowed (the
+            # cache is as it was: nothing was stored yet).
+            for lane, row in zip(lanes, embedded):
+                x[0, :, 0, lane] = row
+            for (stage, live), layers in zip(runs, self.decode_plan.layer_ranges):
+                stage.run(live)
+                _check_finite(stage, layers, lanes, "tokens at positions " + ", ".join(map(str, positions)))
         for stage, layers in zip(self._layers, self.decode_plan.layer_ranges):
-            # Positions >= the longest of the caches and the mask are dead lanes: the emulator skips them.
-            hints = {name: longest for i in layers for name in (f"k{i}", f"v{i}")} | {"mask": longest}
-            stage.run(hints | {name: lanes[-1] + 1 for name in per_lane if name in stage.mil_name})
-            _check_finite(stage, layers, lanes, "tokens at positions " + ", ".join(map(str, positions)))
             for i in layers:  # each lane's new key and value at its position
                 kernels.store_columns(cache.keys[i], stage.output(f"k{i}")[0, :, 0], lanes, positions)
                 kernels.store_columns(cache.values[i], stage.output(f"v{i}")[0, :, 0], lanes, positions)
         for lane, pos in zip(lanes, positions):
             cache.filled(lane, pos + 1)
-        return self._head_logits(lanes)
+        return self._head_logits(lanes, ran=head)
 
     def logits(self, ids: Prompt) -> np.ndarray:
         """Logits ``[len(ids), vocab]`` of every position (fills the cache like ``prefill``)."""
@@ -1044,12 +1059,13 @@ class CausalLM(AdapterHost):
             self._heads[0].input("x")[0, :, 0, lane] = x
         return self._head_logits(sorted(xs))
 
-    def _head_logits(self, lanes: list[int]) -> dict[int, np.ndarray]:
-        """Logits of the decode chain's last output ``x`` at each of ``lanes`` (ascending)."""
+    def _head_logits(self, lanes: list[int], ran: bool = False) -> dict[int, np.ndarray]:
+        """Logits of the decode chain's last output ``x`` at each of ``lanes`` (ascending); ``ran``: the head programs
+        have run on it already."""
         if self.options.lm_head == "cpu":
             return {b: self.cpu_logits(self._layers[-1].output("x")[0, :, 0, b]) for b in lanes}
-        for head in self._heads:
-            head.run({"x": lanes[-1] + 1})
+        if not ran:
+            run_in_turn((head, {"x": lanes[-1] + 1}) for head in self._heads)
         return {b: _float32(np.concatenate([h.output("logits")[0, :, 0, b] for h in self._heads])) for b in lanes}
 
 
@@ -1059,16 +1075,20 @@ def _float32(logits: np.ndarray) -> np.ndarray:
     return kernels.half_to_float(logits) if logits.dtype == np.float16 else logits.astype(np.float32)
 
 
+def _residual_lanes(stage: Stage, lanes: int | list[int]) -> np.ndarray:
+    """The residual stream ``x`` a stage outputs, ``[channels, lanes]``: its first ``lanes`` lanes or the lanes listed."""
+    out = stage.output("x")[0, :, 0]
+    if isinstance(lanes, int):
+        return out[:, :lanes]
+    if len(lanes) == 1:  # a single sequence's step: a view, not a fancy-indexed copy
+        return out[:, lanes[0]:lanes[0] + 1]
+    return out[:, lanes]
+
+
 def _check_finite(stage: Stage, layers: range, lanes: int | list[int], where: str) -> None:
     """Raise :class:`ActivationOverflow` naming ``layers`` when the residual stream ``x`` they output is not finite
     in its first ``lanes`` lanes (or in the lanes listed): an fp16 overflow (inf, or NaN after it) in those layers."""
-    out = stage.output("x")[0, :, 0]
-    if isinstance(lanes, int):
-        x = out[:, :lanes]
-    elif len(lanes) == 1:  # a single sequence's step: a view, not a fancy-indexed copy
-        x = out[:, lanes[0]:lanes[0] + 1]
-    else:
-        x = out[:, lanes]
+    x = _residual_lanes(stage, lanes)
     if np.isfinite(x).all():
         return
     bad = np.flatnonzero(~np.isfinite(x).all(axis=0))

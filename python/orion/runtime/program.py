@@ -103,13 +103,17 @@ class Program:
         """
         self.bind(inputs, outputs)(live_lanes)
 
-    def bind(self, inputs: Mapping[str, Surface], outputs: Mapping[str, Surface]) -> BoundProgram:
+    def bind(self, inputs: Mapping[str, Surface], outputs: Mapping[str, Surface],
+             copy_in: Iterable[tuple[np.ndarray, np.ndarray]] = (),
+             copy_out: Iterable[tuple[np.ndarray, np.ndarray]] = ()) -> BoundProgram:
         """Checks the surfaces once and returns a callable evaluating the program on them: the
-        fast path for loops that reuse the same surfaces every call (e.g. a decode step)."""
+        fast path for loops that reuse the same surfaces every call (e.g. a decode step). ``copy_in`` /
+        ``copy_out``: ``(source, target)`` views of one shape and dtype copied before / after each evaluate
+        (a tensor shared with another program and packed with others here, ``orion.runtime.stage``)."""
         self._check_surfaces("input", self.inputs, inputs)
         self._check_surfaces("output", self.outputs, outputs)
         return BoundProgram(self, [(name, inputs[name].native) for name in sorted(inputs)],
-                            [(name, outputs[name].native) for name in sorted(outputs)])
+                            [(name, outputs[name].native) for name in sorted(outputs)], copy_in, copy_out)
 
     def __call__(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
         """Runs the program on numpy arrays (by input name); returns arrays by output name.
@@ -200,14 +204,23 @@ class Program:
 
 
 class BoundProgram:
-    """A program with its surfaces bound in binding (alphabetical) order; call it to evaluate."""
+    """A program with its surfaces bound in binding (alphabetical) order (``inputs``, ``outputs``: ``[(name,
+    native surface)]``) and its copies (``Program.bind``); call it to evaluate."""
 
-    def __init__(self, program: Program, inputs: list, outputs: list) -> None:
+    def __init__(self, program: Program, inputs: list, outputs: list,
+                 copy_in: Iterable[tuple[np.ndarray, np.ndarray]], copy_out: Iterable[tuple[np.ndarray, np.ndarray]]):
         self.program, self.inputs, self.outputs = program, inputs, outputs
+        self.native = program._native.bind(inputs, outputs, list(copy_in), list(copy_out))
 
     def __call__(self, live_lanes: Mapping[str, int] | None = None) -> None:
         """Runs the program once (see :meth:`Program.evaluate` for ``live_lanes``)."""
-        self.program._native.evaluate(self.inputs, self.outputs, live_lanes or {})
+        self.native(live_lanes or {})
+
+    @staticmethod
+    def in_turn(calls: Iterable[tuple[BoundProgram, Mapping[str, int] | None]]) -> None:
+        """Runs bound programs one after another, each with its live-lanes hint, in one native call: no Python
+        (and no interpreter's cache misses) between them, as a decode step's layer and head programs want."""
+        _core.evaluate_in_turn([(bound.native, live or {}) for bound, live in calls])
 
 
 def _check_names(side: str, specs: Mapping[str, object], given: Mapping[str, object]) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -11,7 +11,7 @@ from orion.legalize.io import IOSpec
 from orion.limits import MIN_SURFACE_BYTES
 from orion.runtime.dtypes import mil_dtype
 from orion.runtime.packing import packed_view
-from orion.runtime.program import TensorSpec
+from orion.runtime.program import BoundProgram, TensorSpec
 from orion.runtime.surface import Surface
 
 
@@ -43,17 +43,16 @@ class Stage:
         given_out = {n[4:]: s for n, s in shared.items() if n.startswith("out:")}
         self.inputs = _fill(layout.inputs, self.program.inputs, given_in)
         self.outputs = _fill(layout.outputs, self.program.outputs, given_out, output_surfaces or {})
-        self._copy_in = [(s.name, packed_view(given_in[s.name].array, s.shape), _view(self.inputs, s))
-                         for s in layout.inputs if s.surface and s.name in given_in]
-        self._copy_out = [(_view(self.outputs, s), packed_view(given_out[s.name].array, s.shape))
-                          for s in layout.outputs if s.surface and s.name in given_out]
+        copy_in = {s.name: (packed_view(given_in[s.name].array, s.shape), _view(self.inputs, s))
+                   for s in layout.inputs if s.surface and s.name in given_in}
+        copy_out = {s.name: (_view(self.outputs, s), packed_view(given_out[s.name].array, s.shape))
+                    for s in layout.outputs if s.surface and s.name in given_out}
         # the caller's views: of the surface holding the caller's data (a shared one where given)
         self._inputs = {s.name: _view(self.inputs, s) for s in layout.inputs}
-        self._inputs.update({name: source for name, source, _ in self._copy_in})
+        self._inputs.update({name: source for name, (source, _) in copy_in.items()})
         self._outputs = {s.name: _view(self.outputs, s) for s in layout.outputs}
-        self._outputs.update({s.name: packed_view(given_out[s.name].array, s.shape)
-                              for s in layout.outputs if s.surface and s.name in given_out})
-        self._bound = self.program.bind(self.inputs, self.outputs)
+        self._outputs.update({name: target for name, (_, target) in copy_out.items()})
+        self._bound = self.program.bind(self.inputs, self.outputs, copy_in.values(), copy_out.values())
 
     def input(self, name: str) -> np.ndarray:
         """A writable view of input ``name`` in the graph's shape."""
@@ -68,11 +67,15 @@ class Stage:
         names the tensor of the graph's shape the program cuts from its surface (``Program.input_parts``:
         of a packed surface, ANE-37, or a padded one, ANE-12/-14), so it reaches the emulator either way.
         A shared surface given for a packed tensor is copied in whole."""
-        for _, source, target in self._copy_in:
-            target[...] = source
-        self._bound({self._hint_name[n]: v for n, v in live_lanes.items()} if live_lanes else None)
-        for source, target in self._copy_out:
-            target[...] = source
+        self._bound(self._hints(live_lanes))
+
+    def _hints(self, live_lanes: Mapping[str, int] | None) -> dict[str, int] | None:
+        return {self._hint_name[n]: v for n, v in live_lanes.items()} if live_lanes else None
+
+
+def run_in_turn(runs: Iterable[tuple[Stage, Mapping[str, int] | None]]) -> None:
+    """``stage.run(live_lanes)`` for each of ``runs`` in order, in one native call (``BoundProgram.in_turn``)."""
+    BoundProgram.in_turn([(stage._bound, stage._hints(live)) for stage, live in runs])
 
 
 def _cut_name(spec: IOSpec, parts: Mapping[str, tuple[str, int, tuple[int, ...]]]) -> str:

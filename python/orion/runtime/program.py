@@ -208,7 +208,8 @@ class BoundProgram:
     native surface)]``) and its copies (``Program.bind``); call it to evaluate."""
 
     def __init__(self, program: Program, inputs: list, outputs: list,
-                 copy_in: Iterable[tuple[np.ndarray, np.ndarray]], copy_out: Iterable[tuple[np.ndarray, np.ndarray]]):
+                 copy_in: Iterable[tuple[np.ndarray, np.ndarray]],
+                 copy_out: Iterable[tuple[np.ndarray, np.ndarray]]) -> None:
         self.program, self.inputs, self.outputs = program, inputs, outputs
         self.native = program._native.bind(inputs, outputs, list(copy_in), list(copy_out))
 

@@ -441,6 +441,32 @@ def test_int4_decode_calls_in_a_row_each_sum_their_own_x() -> None:
             np.testing.assert_array_equal(got, evaluate_live(dense, x, lanes), err_msg=f"{lanes} lanes")
 
 
+def test_int4_decode_gives_the_same_bits_when_the_thread_flushes_denormals() -> None:
+    """AVX2's int4 decode tile uses each stored value as an fp32 subnormal (u * 2^-149) against x scaled by 2^100
+    (exact products), unless the thread flushes denormals (MXCSR's DAZ or FTZ, which would read those weights as
+    0): then it converts each value. A small conv runs on the calling thread, whose flush mode
+    torch.set_flush_denormal sets: the same bits either way, and within the weights' fp16 rounding of float64."""
+    torch = pytest.importorskip("torch")
+    if orion.backend() != "emulator":
+        pytest.skip("the emulator's kernels on the calling thread")
+    w = RNG.standard_normal((48, 96)) * 0.05
+    qw = quant.quantize(w, "int4")
+    program = compiler.compile_lowered(compiler.lower_graph(low_bit_graph(w, 32, "int4")), profile="permissive")
+    x = RNG.standard_normal((1, 96, 1, 32)).astype(np.float16)
+    x[np.abs(x) < 2**-14] = 2**-14  # (no fp16 subnormals in x: nothing else for the flush mode to change)
+    for lanes in (1, 2, 3, 5):
+        plain = evaluate_live(program, x, lanes)
+        if not torch.set_flush_denormal(True):
+            pytest.skip("this CPU has no flush-denormal mode")
+        try:
+            flushed = evaluate_live(program, x, lanes)
+        finally:
+            torch.set_flush_denormal(False)
+        np.testing.assert_array_equal(flushed, plain, err_msg=f"{lanes} lanes")
+        if sums_differ("int4", qw, lanes):
+            assert_within_weight_rounding(plain, "int4", qw, x[0, :, 0, :lanes])
+
+
 def test_blockwise_weights_outside_the_kernels_layout_run_as_their_fp16_values() -> None:
     """int4 data and offsets in named-const operands, blocks along the output axis too: the generic path,
     which computes (q - offset) in fp16 and then times scale, as coremltools' decompress does."""

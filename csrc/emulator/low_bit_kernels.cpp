@@ -295,13 +295,45 @@ struct Affine4PairRows8 {
     ORION_AVX2 __m256 hi(int64_t c) { return row(c, 1); }
 };
 
-// The sums of x over each block of B rows of the first k, per lane: sums[b * lanes + l]. They are the same for
-// every panel of a conv1x1 call, so they are made once per call and thread (QPanel::call; 0: every time).
-ORION_AVX2 const float* block_x_sums(uint64_t call, const float* x, int64_t S, int64_t B, int64_t k, int lanes) {
-    thread_local std::vector<float> sums;
+// What the int4 decode tile reads of x besides x itself, the same for every panel of a conv1x1 call, so made once
+// per call and thread (QPanel::call; 0: every time). `sums`: the sums of x over each block of B rows of the first
+// k, per lane, at sums[b * lanes + l]. `scaled`: x[c * S + l] * 2^kEvenShift (row c even) or 2^kOddShift (odd) at
+// scaled[c * lanes + l], for the subnormal weights (affine4_block_tile_fixed), or nullptr where they would not give
+// the converted weights' bits: an x with 2^-60 > |x| > 0 or |x| >= 2^26 (finite), or MXCSR's DAZ or FTZ set.
+struct BlockX {
+    const float* sums;
+    const float* scaled;
+};
+constexpr int kEvenShift = 100, kOddShift = 96;
+// The lanes of v that BlockX::scaled does not allow: 0 < |v| < 2^-60 or 2^26 <= |v| < infinity.
+ORION_AVX2 inline __m256 unscalable(__m256 v) {
+    const __m256 a = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+    const __m256 tiny = _mm256_and_ps(_mm256_cmp_ps(a, _mm256_set1_ps(0x1p-60f), _CMP_LT_OQ),
+                                      _mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_GT_OQ));
+    const __m256 big = _mm256_and_ps(_mm256_cmp_ps(a, _mm256_set1_ps(0x1p26f), _CMP_GE_OQ),
+                                     _mm256_cmp_ps(a, _mm256_set1_ps(INFINITY), _CMP_LT_OQ));
+    return _mm256_or_ps(tiny, big);
+}
+// Whether BlockX::scaled allows every x[i * S + l] (i < rows, l < lanes).
+ORION_AVX2 bool scalable(const float* x, int64_t S, int64_t rows, int lanes) {
+    __m256 bad = _mm256_setzero_ps();
+    if (S == lanes) {  // contiguous
+        const int64_t n = rows * lanes;
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) bad = _mm256_or_ps(bad, unscalable(_mm256_loadu_ps(x + i)));
+        for (; i < n; ++i) bad = _mm256_or_ps(bad, unscalable(_mm256_set1_ps(x[i])));
+    } else {
+        for (int64_t i = 0; i < rows; ++i)
+            for (int l = 0; l < lanes; ++l) bad = _mm256_or_ps(bad, unscalable(_mm256_set1_ps(x[i * S + l])));
+    }
+    return _mm256_movemask_ps(bad) == 0;
+}
+ORION_AVX2 BlockX block_x(uint64_t call, const float* x, int64_t S, int64_t B, int64_t k, int lanes) {
+    thread_local std::vector<float> sums, scaled;
+    thread_local bool exact = false;
     thread_local struct { uint64_t call; const float* x; int64_t S, B, k; int lanes; } made{};
     if (call && call == made.call && x == made.x && S == made.S && B == made.B && k == made.k && lanes == made.lanes)
-        return sums.data();
+        return {sums.data(), exact ? scaled.data() : nullptr};
     alignas(32) static constexpr int kLive[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
     const int64_t blocks = k / B;
     sums.resize(static_cast<size_t>(blocks * lanes));
@@ -329,8 +361,16 @@ ORION_AVX2 const float* block_x_sums(uint64_t call, const float* x, int64_t S, i
             std::copy(total, total + n, sums.begin() + b * lanes + l0);
         }
     }
+    exact = (_mm_getcsr() & 0x8040) == 0 && scalable(x, S, k, lanes);  // (FTZ 0x8000, DAZ 0x40)
+    if (exact) {
+        scaled.resize(static_cast<size_t>(k * lanes));
+        const float even = std::ldexp(1.0f, kEvenShift), odd = std::ldexp(1.0f, kOddShift);
+        for (int64_t c = 0; c < k; ++c)
+            for (int l = 0; l < lanes; ++l)
+                scaled[static_cast<size_t>(c * lanes + l)] = x[c * S + l] * (c % 2 ? odd : even);
+    }
     made = {call, x, S, B, k, lanes};
-    return sums.data();
+    return {sums.data(), exact ? scaled.data() : nullptr};
 }
 // The int4 decode tile (the AVX2 layout, blocks of B >= 2 rows, whole blocks from a block's first row): per block
 // and lane, the sums of u * x (u the stored 4-bit values, exact in fp32) and of x, then acc += s * sum(u * x) +
@@ -339,12 +379,20 @@ ORION_AVX2 const float* block_x_sums(uint64_t call, const float* x, int64_t S, i
 // differs from the fp16 conv of the dequantized weight by at most the fp16 rounding of its weights
 // (|error| <= 2^-11 * sum |w * x|) plus fp32 rounding; the converting (prefill) path stays bit for bit.
 // U interleaved partial sums per block (rows r -> r % U) keep the FMAs in flight when L is small.
-// L lanes of x from lane 0, x_sums their block sums (block_x_sums' rows of `stride` lanes), P rows a step (whole
+// L lanes of x from lane 0, x_sums their block sums (BlockX's rows of `stride` lanes), P rows a step (whole
 // pairs, a multiple of U dividing B); under kConvSequentialLanes lanes each step prefetches kConvPrefetchBytes ahead.
-template <int L, int U, int P = (U < 2 ? 2 : U)>
+// Subnormal: x is BlockX::scaled (S its lanes) and each u is used as it is stored, not converted: u & 15 (row 2q)
+// and u & 0xF0 (row 2q + 1) read as fp32 bits are the subnormals u * 2^-149 and u * 2^-145, so each product
+// with the scaled x is u * x * 2^(kEvenShift - 149) = u * x * 2^-49 exactly, and every sum is the converted
+// path's times 2^-49 exactly (for the x BlockX allows every product and sum is a multiple of 2^-83, so scaled it
+// is exact where it is subnormal, and |x * 2^100| < 2^126): s * 2^49 then gives the same bits. One vpand per 8
+// weights instead of a vpand or vpsrld and a vcvtdq2ps.
+template <int L, int U, bool Subnormal, int P = (U < 2 ? 2 : U)>
 ORION_AVX2 void affine4_block_tile_fixed(const uint8_t* pairs, const uint16_t* params, int64_t B, const float* x,
                                          int64_t S, int64_t k, const float* x_sums, int stride, float* acc, bool add) {
-    const __m256i fifteen = _mm256_set1_epi32(15);
+    static_assert(kEvenShift - 149 == kOddShift - 145, "both rows' products at one scale");
+    const __m256i fifteen = _mm256_set1_epi32(15), high = _mm256_set1_epi32(0xF0);
+    const __m256 unscale = _mm256_set1_ps(Subnormal ? 0x1p49f : 1.0f);
     __m256 a_lo[L], a_hi[L];
     ORION_UNROLL
     for (int l = 0; l < L; ++l) {
@@ -363,9 +411,18 @@ ORION_AVX2 void affine4_block_tile_fixed(const uint8_t* pairs, const uint16_t* p
             ORION_UNROLL
             for (int h = 0; h < P; h += 2) {
                 const __m256i b_lo = pair_bytes8(pairs + (c + h) * 8), b_hi = pair_bytes8(pairs + (c + h) * 8 + 8);
-                const __m256 w[2][2] = {
-                    {_mm256_cvtepi32_ps(_mm256_and_si256(b_lo, fifteen)), _mm256_cvtepi32_ps(_mm256_and_si256(b_hi, fifteen))},
-                    {_mm256_cvtepi32_ps(_mm256_srli_epi32(b_lo, 4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(b_hi, 4))}};
+                __m256 w[2][2];
+                if constexpr (Subnormal) {
+                    w[0][0] = _mm256_castsi256_ps(_mm256_and_si256(b_lo, fifteen));
+                    w[0][1] = _mm256_castsi256_ps(_mm256_and_si256(b_hi, fifteen));
+                    w[1][0] = _mm256_castsi256_ps(_mm256_and_si256(b_lo, high));
+                    w[1][1] = _mm256_castsi256_ps(_mm256_and_si256(b_hi, high));
+                } else {
+                    w[0][0] = _mm256_cvtepi32_ps(_mm256_and_si256(b_lo, fifteen));
+                    w[0][1] = _mm256_cvtepi32_ps(_mm256_and_si256(b_hi, fifteen));
+                    w[1][0] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b_lo, 4));
+                    w[1][1] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b_hi, 4));
+                }
                 fma_row_pair<L, U>(w, x, S, c + h, h, lo, hi);
             }
         }
@@ -373,11 +430,12 @@ ORION_AVX2 void affine4_block_tile_fixed(const uint8_t* pairs, const uint16_t* p
         const __m256 s_lo = load8(params), s_hi = load8(params + 8);
         const __m256 n_lo = _mm256_mul_ps(load8(params + kConvPanel), _mm256_sub_ps(_mm256_setzero_ps(), s_lo));
         const __m256 n_hi = _mm256_mul_ps(load8(params + kConvPanel + 8), _mm256_sub_ps(_mm256_setzero_ps(), s_hi));
+        const __m256 su_lo = _mm256_mul_ps(s_lo, unscale), su_hi = _mm256_mul_ps(s_hi, unscale);  // (exact)
         ORION_UNROLL
         for (int l = 0; l < L; ++l) {
             const __m256 xl = _mm256_broadcast_ss(x_sums + l);
-            a_lo[l] = _mm256_fmadd_ps(n_lo, xl, _mm256_fmadd_ps(s_lo, lo[0][l], a_lo[l]));
-            a_hi[l] = _mm256_fmadd_ps(n_hi, xl, _mm256_fmadd_ps(s_hi, hi[0][l], a_hi[l]));
+            a_lo[l] = _mm256_fmadd_ps(n_lo, xl, _mm256_fmadd_ps(su_lo, lo[0][l], a_lo[l]));
+            a_hi[l] = _mm256_fmadd_ps(n_hi, xl, _mm256_fmadd_ps(su_hi, hi[0][l], a_hi[l]));
         }
     }
     ORION_UNROLL
@@ -388,21 +446,25 @@ ORION_AVX2 void affine4_block_tile_fixed(const uint8_t* pairs, const uint16_t* p
 }
 
 // affine4_block_tile_fixed for any number of lanes (from 5 on, tiles of up to 3, which the registers hold).
+template <bool Subnormal>
 ORION_AVX2 void affine4_block_tile(const uint8_t* pairs, const uint16_t* params, int64_t B, const float* x, int64_t S,
                                    int64_t k, const float* x_sums, int stride, int lanes, float* acc, bool add) {
     switch (lanes) {
         case 1:
-            if (B >= 8)  // a step of 8 rows: one cache line of the panel
-                return affine4_block_tile_fixed<1, 4, 8>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
-            if (B >= 4) return affine4_block_tile_fixed<1, 4>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
-            return affine4_block_tile_fixed<1, 2>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
-        case 2: return affine4_block_tile_fixed<2, 2>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
-        case 3: return affine4_block_tile_fixed<3, 1>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
-        case 4: return affine4_block_tile_fixed<4, 1>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
+            if (B >= 8) {  // a step of 8 rows: one cache line of the panel
+                return affine4_block_tile_fixed<1, 4, Subnormal, 8>(pairs, params, B, x, S, k, x_sums, stride, acc,
+                                                                    add);
+            }
+            if (B >= 4)
+                return affine4_block_tile_fixed<1, 4, Subnormal>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
+            return affine4_block_tile_fixed<1, 2, Subnormal>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
+        case 2: return affine4_block_tile_fixed<2, 2, Subnormal>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
+        case 3: return affine4_block_tile_fixed<3, 1, Subnormal>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
+        case 4: return affine4_block_tile_fixed<4, 1, Subnormal>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
         default:
-            affine4_block_tile_fixed<3, 1>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
-            return affine4_block_tile(pairs, params, B, x + 3, S, k, x_sums + 3, stride, lanes - 3,
-                                      acc + 3 * kConvPanel, add);
+            affine4_block_tile_fixed<3, 1, Subnormal>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
+            return affine4_block_tile<Subnormal>(pairs, params, B, x + 3, S, k, x_sums + 3, stride, lanes - 3,
+                                                 acc + 3 * kConvPanel, add);
     }
 }
 
@@ -656,9 +718,14 @@ ORION_AVX2 void conv_tile_q_avx2(const QPanel& p, int64_t c0, const float* x, in
                                  float* acc, bool add) {
     if (p.channel_bytes) return lut4_channel_tile(p, c0, x, S, k, lanes, acc, add);
     const int64_t block = int64_t{1} << p.block_shift;
-    if (p.kind == PackedConv1x1Q::Kind::affine4 && p.affine4_pairs && c0 % block == 0 && k % block == 0)
-        return affine4_block_tile(p.rows + c0 * p.row_bytes, p.params + (c0 >> p.block_shift) * 2 * kConvPanel, block,
-                                  x, S, k, block_x_sums(p.call, x, S, block, k, lanes), lanes, lanes, acc, add);
+    if (p.kind == PackedConv1x1Q::Kind::affine4 && p.affine4_pairs && c0 % block == 0 && k % block == 0) {
+        const uint8_t* pairs = p.rows + c0 * p.row_bytes;
+        const uint16_t* params = p.params + (c0 >> p.block_shift) * 2 * kConvPanel;
+        const BlockX bx = block_x(p.call, x, S, block, k, lanes);
+        if (bx.scaled)
+            return affine4_block_tile<true>(pairs, params, block, bx.scaled, lanes, k, bx.sums, lanes, lanes, acc, add);
+        return affine4_block_tile<false>(pairs, params, block, x, S, k, bx.sums, lanes, lanes, acc, add);
+    }
     with_q_rows8(p, c0, TileAvx2{x, S, k, lanes, acc, add});
 }
 

@@ -455,6 +455,55 @@ def test_has_nan(dtype):
         kernels.has_nan(a.astype(np.float64))
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.uint8])
+@pytest.mark.parametrize("n", [0, 1, 1_000_003, 3 << 19])
+def test_copy_is_numpy_copy_bit_for_bit(dtype, n):
+    src = RNG.integers(0, 255, n * np.dtype(dtype).itemsize, np.uint8).view(dtype)  # NaN and Inf bits too
+    dst = np.zeros(n, dtype)
+    kernels.copy(dst, src)
+    assert dst.tobytes() == src.tobytes()
+    view = np.zeros(n + 8, dtype)[3:3 + n]  # a packed view at an offset, as surfaces hold tensors
+    kernels.copy(view, src)
+    assert view.tobytes() == src.tobytes()
+
+
+def test_copy_overlapping_and_errors():
+    a = np.arange(2_000_000, dtype=np.float32)
+    expected = a[:1_500_000].copy()
+    kernels.copy(a[500_000:], a[:1_500_000])  # overlapping ranges: as numpy's copyto, through a buffer
+    assert np.array_equal(a[500_000:], expected)
+    with pytest.raises(ValueError, match="one dtype"):
+        kernels.copy(np.zeros(4, np.float16), np.zeros(4, np.float32))
+    with pytest.raises(ValueError, match="one size"):
+        kernels.copy(np.zeros(4, np.float32), np.zeros(5, np.float32))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        kernels.copy(np.zeros(8, np.float32)[::2], np.zeros(4, np.float32))
+    read_only = np.zeros(4, np.float32)
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match="writable"):
+        kernels.copy(read_only, np.zeros(4, np.float32))
+
+
+def test_copy_into_and_copied_are_numpy_copyto_and_copy():
+    from orion.runtime.packing import PARALLEL_COPY_BYTES, copied, copy_into
+
+    big = RNG.standard_normal(PARALLEL_COPY_BYTES // 2 + 7).astype(np.float16)  # the parallel path
+    wide = RNG.standard_normal(big.size).astype(np.float32) * 3e4  # float32 into float16: rounded as numpy
+    wide[:8] = [np.nan, np.inf, -7e4, 65519.0, 65520.0, 1e-7, -3e-8, 2.0**-24 * 1.5]  # overflow, ties, subnormals
+    for src in (big, wide, big[:100], big[::2], 1.5, [1.0, 2.0]):  # strided, small and lists: numpy's copy
+        expected = np.zeros(np.shape(src) or (3,), np.float16)
+        with np.errstate(over="ignore"):
+            np.copyto(expected, src, casting="same_kind")
+        dst = np.zeros(expected.shape, np.float16)
+        copy_into(dst, src)
+        assert dst.tobytes() == expected.tobytes()
+    with pytest.raises(TypeError):
+        copy_into(np.zeros(4, np.float16), np.zeros(4, np.complex64))  # numpy's refusal, unchanged
+    for a in (big.reshape(-1, 1), big[::3], big[:10]):
+        out = copied(a)
+        assert out.flags.c_contiguous and out.dtype == a.dtype and np.array_equal(out, a, equal_nan=True)
+
+
 # --- thread pool --------------------------------------------------------------------------------
 
 

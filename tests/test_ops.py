@@ -168,6 +168,36 @@ def test_reductions(name, fn, profile, axes, keep) -> None:
     close(out, ref, rtol=2e-3, atol=2e-3 * float(np.abs(ref).max()))
 
 
+@pytest.mark.parametrize("name", ["reduce_sum", "reduce_max", "reduce_mean"])
+@pytest.mark.parametrize("shape,axes", [((1, 768, 1, 256), [1]), ((1, 768, 1, 256), [3]), ((2, 384, 1, 256), [0, 1]),
+                                        ((2, 384, 1, 256), [1, 3]), ((2, 384, 1, 200), [0, 3])])
+def test_large_reductions_sum_in_row_then_lane_order(name, shape, axes) -> None:
+    """Training-sized reductions, whose rows or lanes the emulator splits over its threads (a kept last axis: the
+    lanes; a reduced one: the rows, when each has a group of its own): every result is the fp32 sum of its
+    elements in row order, then lane order, as one thread computes it, bit for bit (fp32 in and out, against
+    sequential fp32 sums by np.add.accumulate over the elements in that order); and within 2e-3 of float64."""
+    x = f16(*shape).astype(np.float32)  # fp32 in and out: no fp16 rounding hides a change of order
+    moved = np.moveaxis(x, axes, list(range(4 - len(axes), 4)))  # reduced axes last, in order
+    flat = moved.reshape(*moved.shape[:4 - len(axes)], -1)
+    if name == "reduce_max":
+        seq = flat.max(-1)
+    else:
+        seq = np.add.accumulate(flat, axis=-1, dtype=np.float32)[..., -1]
+        if name == "reduce_mean":
+            seq = seq / np.float32(flat.shape[-1])
+    keep_shape = tuple(1 if d in axes else n for d, n in enumerate(shape))
+    ref = seq.reshape(keep_shape)
+    kd = const("kd", "bool", True)
+    out = run_op(name, {"x": x}, keep_shape, "fp32", consts=[const("ax", "int32", axes, [len(axes)]), kd],
+                 profile="permissive", x="x", axes="ax", keep_dims="kd")
+    np.testing.assert_array_equal(out.view(np.uint32), ref.view(np.uint32))
+    if name == "reduce_sum":  # the order is visible in fp32: the sums in reverse order differ somewhere
+        assert (np.add.accumulate(flat[..., ::-1], axis=-1)[..., -1].reshape(keep_shape) != out).any()
+    fn = {"reduce_sum": np.sum, "reduce_max": np.max, "reduce_mean": np.mean}[name]
+    want = fn(x.astype(np.float64), axis=tuple(axes), keepdims=True)
+    close(out, want, rtol=2e-3, atol=2e-3 * float(np.abs(want).max()))
+
+
 def test_reshape_and_transpose() -> None:
     x = f16(1, 64, 1, 32)
     out = run_op("reshape", {"x": x}, (1, 4, 16, 32), consts=[const("s", "int32", [1, 4, -1, 32], [4])], x="x", shape="s")

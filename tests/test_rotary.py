@@ -37,12 +37,12 @@ def rope_graph(heads: int, d: int, lanes: int, reciprocal: bool = False) -> Grap
 
 @pytest.mark.parametrize("heads, d, lanes, amplitude, live",
                          [(3, 64, 1, 1.0, None), (2, 16, 32, 1.0, None), (2, 64, 1, 60000.0, None), (2, 16, 8, 1.0, 3),
-                          (2, 16, 64, 1.0, 20)])
+                          (2, 16, 64, 1.0, 20), (12, 64, 256, 1.0, None)])
 def test_rotary_is_its_ops_bit_for_bit(heads, d, lanes, amplitude, live) -> None:
     """A decode step's head group (SmolLM2's), a prompt's lanes, values whose products overflow fp16, a batched
     step of 8 lanes with 3 live and 64 lanes with 20 live (a live-lanes hint on x, cos and sin; NaN in the dead
     lanes, whose outputs are undefined for both; the ops compute an 8-lane row whole and a 64-lane row's live
-    lanes only). Reference: float64 rotation of each channel pair (the half-split
+    lanes only), a training step's 12 heads of 256 lanes (the heads split over the threads). Reference: float64 rotation of each channel pair (the half-split
     convention), within fp16 rounding."""
     fused, unfused = stage_twins(rope_graph(heads, d, lanes), "matmul", "_mate")
     rng = np.random.default_rng(d + lanes)
@@ -98,4 +98,30 @@ def test_rotary_signed_zeros_and_non_finite_values_are_the_ops() -> None:
         outs.append(stage.output("y").copy())
     assert np.isnan(outs[1][0, d:, 0, 2]).any()  # the case is reached: 0 * inf in the matmul's sums
     assert (outs[1][0, :d, 0, 0] == np.inf).all()  # and the zeros' case: 1 / +0 from the ops
+    np.testing.assert_array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
+
+
+def test_rotary_heads_over_the_threads_each_take_their_own_path() -> None:
+    """Heads split over the threads (8 of 64 x 128): a head holding an infinity takes the matmul, the others the
+    permutation, each as the ops compute it, bit for bit."""
+    heads, d, lanes = 8, 64, 128
+    fused, unfused = stage_twins(rope_graph(heads, d, lanes), "matmul", "_mate")
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((1, heads * d, 1, lanes)).astype(np.float16)
+    x[0, 5 * d + 3, 0, 7] = np.float16(np.inf)  # head 5
+    cos = rng.standard_normal((1, d, 1, lanes)).astype(np.float16)
+    sin = rng.standard_normal((1, d, 1, lanes)).astype(np.float16)
+    outs = []
+    for stage in (fused, unfused):
+        stage.input("x")[...], stage.input("cos")[...], stage.input("sin")[...] = x, cos, sin
+        profile.enable(True)
+        profile.reset()
+        try:
+            stage.run()
+            ops = {row.op for row in profile.snapshot()}
+        finally:
+            profile.enable(False)
+        assert (FUSED in ops and FUSED + RAN_ITS_OPS not in ops) == (stage is fused), ops
+        outs.append(stage.output("y").copy())
+    assert np.isnan(outs[1][0, 5 * d:6 * d, 0, 7]).any() and np.isfinite(outs[1][0, :5 * d]).all()
     np.testing.assert_array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))

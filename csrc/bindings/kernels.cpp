@@ -141,6 +141,32 @@ void to_fp16(const py::array& src, py::array out) {
     });
 }
 
+// `src` copied into `dst` (one dtype, as many elements, both C-contiguous), on every thread: a training
+// step's weights and saved activations into a program's input surfaces and its gradients out, hundreds of
+// MB a step, which numpy copies on one thread while the other cores wait.
+void copy(py::array dst, const py::array& src) {
+    if (!dst.dtype().equal(src.dtype()))
+        throw py::value_error("copy: dst is " + py::str(dst.dtype()).cast<std::string>() + " and src " +
+                              py::str(src.dtype()).cast<std::string>() + "; pass arrays of one dtype");
+    if (!(src.flags() & py::array::c_style) || !(dst.flags() & py::array::c_style) || !dst.writeable())
+        throw py::value_error("copy: dst and src must be C-contiguous and dst writable");
+    if (src.size() != dst.size())
+        throw py::value_error("copy: dst has " + std::to_string(dst.size()) + " elements, src " +
+                              std::to_string(src.size()) + "; pass arrays of one size");
+    const auto* s = static_cast<const char*>(src.data());
+    auto* d = static_cast<char*>(dst.mutable_data());
+    const int64_t bytes = src.nbytes();
+    if (bytes == 0) return;
+    py::gil_scoped_release release;
+    if (s < d + bytes && d < s + bytes) {  // overlapping: one memmove, which copies as if through a buffer
+        std::memmove(d, s, static_cast<size_t>(bytes));
+        return;
+    }
+    kern::parallel_for(bytes, int64_t{1} << 17, [&](int64_t begin, int64_t end) {
+        std::memcpy(d + begin, s + begin, static_cast<size_t>(end - begin));
+    });
+}
+
 // Whether a C-contiguous float16 or float32 array holds a NaN (one pass over its bits, on every thread).
 bool has_nan(const py::array& arr) {
     const bool half = arr.dtype().equal(py::dtype("float16"));
@@ -350,6 +376,8 @@ void bind_kernels(py::module_& m) {
           "dst[lanes[i], :, positions[i]] = src[:, lanes[i]] for each i (dst [lanes, width, positions], src [width, "
           "lanes], any strides, one float16 or float32 dtype): a decode step's new keys or values into the KV cache "
           "in one call, instead of one numpy assignment (and GIL release) per lane.");
+    k.def("copy", &copy, py::arg("dst"), py::arg("src"),
+          "Copies `src` into `dst` (one dtype, as many elements, both C-contiguous) on every thread.");
     k.def("has_nan", &has_nan, py::arg("array"), "Whether a C-contiguous float16 or float32 array holds a NaN.");
     k.def("shared_conv_weights", &kern::shared_conv1x1_usage,
           "(count, bytes) of the packed 1x1 conv weights alive in this process: one per distinct weight, "

@@ -36,6 +36,11 @@ void for_each_grouped(const Shape& shape, const std::vector<int64_t>& axes, F&& 
 
 enum class Reduce { sum, max, mean };
 
+// A reduction's parallel chunks: at least this many elements, and a kept last axis split in runs of at least
+// this many lanes (whole cache lines and vectors).
+constexpr int64_t kReduceWork = int64_t{1} << 15;
+constexpr int64_t kReduceLanes = 64;
+
 // Where each row (run along the last axis) of a tensor reduced over `axes` accumulates: the group of
 // the row's first element, and whether the last axis is reduced (the row is one group) or kept (lane
 // j goes to group start + j). Rows are walked in order by an odometer over the leading axes, so
@@ -46,11 +51,23 @@ struct RowGroups {
     int64_t rows = 0, width = 1;
     bool last_reduced = false;
 
+    // Whether each row has a group of its own (no leading axis reduced): rows may then go to any thread.
+    bool rows_apart() const {
+        for (size_t d = 0; d < lead.size(); ++d)
+            if (step[d] == 0 && lead[d] > 1) return false;
+        return true;
+    }
+
     template <typename F>
-    void for_each_row(F&& f, int64_t limit) const {  // f(row, group start), rows in order, the first `limit`
+    void for_each_row(F&& f, int64_t limit, int64_t first = 0) const {  // f(row, group start), rows [first, limit)
         std::vector<int64_t> idx(lead.size(), 0);
         int64_t g = 0;
-        for (int64_t row = 0; row < std::min(rows, limit); ++row) {
+        for (int64_t d = static_cast<int64_t>(lead.size()) - 1, rest = first; d >= 0; --d) {  // row `first`'s place
+            idx[static_cast<size_t>(d)] = rest % lead[static_cast<size_t>(d)];
+            g += idx[static_cast<size_t>(d)] * step[static_cast<size_t>(d)];
+            rest /= lead[static_cast<size_t>(d)];
+        }
+        for (int64_t row = first; row < std::min(rows, limit); ++row) {
             f(row, g);
             for (int64_t d = static_cast<int64_t>(lead.size()) - 1; d >= 0; --d) {
                 g += step[d];
@@ -115,18 +132,35 @@ BuiltOp build_reduce(OpContext& ctx, Reduce kind) {
                     acc[0] = v;
                 } else {
                     const int64_t live_rows = keeps_lead && lead < tx.shape[0] ? lead * (g.rows / tx.shape[0]) : g.rows;
-                    g.for_each_row([&](int64_t row, int64_t start) {
-                        const float* src = a + row * g.width;
-                        float* dst = acc + start;
-                        if (g.last_reduced) {
-                            float v = *dst;
-                            for (int64_t i = 0; i < lanes; ++i) v = kind == Reduce::max ? std::max(v, src[i]) : v + src[i];
-                            *dst = v;
-                        } else {
-                            for (int64_t i = 0; i < lanes; ++i)
-                                dst[i] = kind == Reduce::max ? std::max(dst[i], src[i]) : dst[i] + src[i];
-                        }
-                    }, live_rows);
+                    // Each result sums its elements in row order, then lane order, whatever thread computes it: a
+                    // kept last axis splits the lanes over the threads, a reduced one the rows when each row has
+                    // a group of its own; anything else runs on the caller's thread.
+                    auto rows_of = [&](int64_t first, int64_t limit, int64_t i0, int64_t i1) {
+                        g.for_each_row([&](int64_t row, int64_t start) {
+                            const float* src = a + row * g.width;
+                            float* dst = acc + start;
+                            if (g.last_reduced) {
+                                float v = *dst;
+                                for (int64_t i = i0; i < i1; ++i)
+                                    v = kind == Reduce::max ? std::max(v, src[i]) : v + src[i];
+                                *dst = v;
+                            } else {
+                                for (int64_t i = i0; i < i1; ++i)
+                                    dst[i] = kind == Reduce::max ? std::max(dst[i], src[i]) : dst[i] + src[i];
+                            }
+                        }, limit, first);
+                    };
+                    if (!g.last_reduced) {
+                        const int64_t grain = std::max(kReduceLanes, kReduceWork / std::max<int64_t>(live_rows, 1));
+                        kernels::parallel_for(lanes, grain,
+                                              [&](int64_t i0, int64_t i1) { rows_of(0, live_rows, i0, i1); });
+                    } else if (g.rows_apart()) {
+                        const int64_t grain = std::max<int64_t>(1, kReduceWork / std::max<int64_t>(lanes, 1));
+                        kernels::parallel_for(live_rows, grain,
+                                              [&](int64_t r0, int64_t r1) { rows_of(r0, r1, 0, lanes); });
+                    } else {
+                        rows_of(0, live_rows, 0, lanes);
+                    }
                 }
                 if (kind == Reduce::mean) {
                     const bool lanes_cut = reduces_lanes && in.last_dim() > 0;  // an empty last axis: mean of nothing

@@ -11,6 +11,9 @@ namespace orion::emu {
 
 namespace {
 
+// Elements of work below which a parallel_for chunk is not worth waking a thread for.
+constexpr int64_t kParallelElements = int64_t{1} << 15;
+
 // Whether the first `lanes` lanes of every row of x ([rows, S]) are finite.
 bool finite_lanes(const float* x, int64_t rows, int64_t S, int64_t lanes) {
     bool finite = true;
@@ -39,34 +42,40 @@ void read_permutation(const float* partner, Rotary& r) {
 void run_rotary(const Rotary& r, int64_t x_lanes, int64_t live, const float* x, const float* partner, const float* cos,
                 const float* sin, float* out) {
     const int64_t D = r.depth, S = r.lanes, block = D * S;
-    thread_local std::vector<float> scratch;  // grown, never shrunk
-    if (scratch.size() < static_cast<size_t>(2 * block)) scratch.resize(static_cast<size_t>(2 * block));
-    float *mate = scratch.data(), *turned = mate + block;
     // The elements computed: every one, or each row's live lanes (rows of S, the live ones first).
     const int64_t rows = live < S ? D : 1, width = live < S ? live : block;
-    auto round_rows = [&](float* v) {
-        for (int64_t d = 0; d < rows; ++d) kernels::round_fp16(v + d * S, static_cast<size_t>(width));
-    };
-    for (int64_t h = 0; h < r.heads; ++h) {
-        const float* xh = x + h * block;
-        float* oh = out + h * block;
-        if (r.mate.empty() || !finite_lanes(xh, D, S, x_lanes)) {
-            kernels::gemm(D, x_lanes, D, partner, D, 1, xh, S, 1, mate, S, true);  // the matmul op's call for this batch
-        } else {
-            for (int64_t d = 0; d < D; ++d) {
-                const float* from = xh + r.mate[static_cast<size_t>(d)] * S;
-                const float sign = r.sign[static_cast<size_t>(d)];
-                for (int64_t i = 0; i < std::max(x_lanes, live); ++i) mate[d * S + i] = sign * from[i] + 0.0f;  // +0 for 0
+    // Heads are independent: a training step's 12 heads of 64 x 256 go over the threads, a decode step's few
+    // lanes stay on the caller's.
+    const int64_t grain = std::max<int64_t>(1, kParallelElements / std::max<int64_t>(rows * width, 1));
+    kernels::parallel_for(r.heads, grain, [&](int64_t h0, int64_t h1) {
+        thread_local std::vector<float> scratch;  // grown, never shrunk
+        if (scratch.size() < static_cast<size_t>(2 * block)) scratch.resize(static_cast<size_t>(2 * block));
+        float *mate = scratch.data(), *turned = mate + block;
+        auto round_rows = [&](float* v) {
+            for (int64_t d = 0; d < rows; ++d) kernels::round_fp16(v + d * S, static_cast<size_t>(width));
+        };
+        for (int64_t h = h0; h < h1; ++h) {
+            const float* xh = x + h * block;
+            float* oh = out + h * block;
+            if (r.mate.empty() || !finite_lanes(xh, D, S, x_lanes)) {
+                kernels::gemm(D, x_lanes, D, partner, D, 1, xh, S, 1, mate, S, true);  // the matmul op's call
+            } else {
+                for (int64_t d = 0; d < D; ++d) {
+                    const float* from = xh + r.mate[static_cast<size_t>(d)] * S;
+                    const float sign = r.sign[static_cast<size_t>(d)];
+                    for (int64_t i = 0; i < std::max(x_lanes, live); ++i)
+                        mate[d * S + i] = sign * from[i] + 0.0f;  // +0 for 0
+                }
             }
+            for (int64_t d = 0; d < rows; ++d)
+                for (int64_t i = d * S; i < d * S + width; ++i) oh[i] = xh[i] * cos[i], turned[i] = mate[i] * sin[i];
+            round_rows(oh);
+            round_rows(turned);
+            for (int64_t d = 0; d < rows; ++d)
+                for (int64_t i = d * S; i < d * S + width; ++i) oh[i] += turned[i];
+            round_rows(oh);
         }
-        for (int64_t d = 0; d < rows; ++d)
-            for (int64_t i = d * S; i < d * S + width; ++i) oh[i] = xh[i] * cos[i], turned[i] = mate[i] * sin[i];
-        round_rows(oh);
-        round_rows(turned);
-        for (int64_t d = 0; d < rows; ++d)
-            for (int64_t i = d * S; i < d * S + width; ++i) oh[i] += turned[i];
-        round_rows(oh);
-    }
+    });
 }
 
 }  // namespace orion::emu

@@ -25,7 +25,7 @@ from orion.graph.builder import Graph
 from orion.legalize import IOLayout, check_fusion_depth, legalize, prepare_io
 from orion.limits import MAX_INPUT_SURFACES, MAX_OUTPUT_SURFACES, MIN_SURFACE_BYTES, SRAM_BYTES
 from orion.passes import PassContext, PipelineReport, run_pipeline
-from orion.runtime.packing import packed_view
+from orion.runtime.packing import copied, copy_into, packed_view
 from orion.runtime.pages import release_pages
 
 _NUMPY_DTYPES = {"fp16": np.float16, "fp32": np.float32}
@@ -166,16 +166,16 @@ class CompiledGraph:
     def __call__(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
         """Runs the program on unpadded arrays by graph name; returns unpadded arrays by graph name. Each input is
         written (converted) straight into its place in the program's input surface, and each output copied once
-        out of its place in the output surface: no packed array is built."""
+        out of its place in the output surface (large ones on every core, :func:`copy_into`): no packed array is
+        built."""
         self._check_inputs(arrays)
 
         def fill(surfaces: dict[str, np.ndarray]) -> None:
             for spec in self.layout.inputs:
-                np.copyto(packed_view(surfaces[spec.surface_name], spec.shape, spec.offset), arrays[spec.name],
-                          casting="same_kind")
+                copy_into(packed_view(surfaces[spec.surface_name], spec.shape, spec.offset), arrays[spec.name])
 
         def read(surfaces: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            return {s.name: packed_view(surfaces[s.surface_name], s.shape, s.offset).copy() for s in self.layout.outputs}
+            return {s.name: copied(packed_view(surfaces[s.surface_name], s.shape, s.offset)) for s in self.layout.outputs}
 
         return self.program.call_in_place(fill, read)
 

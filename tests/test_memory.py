@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -98,6 +99,22 @@ def test_a_warm_start_hashes_no_weights(checkpoint, monkeypatch) -> None:
     changed = GPT2.from_pretrained(checkpoint, progress=False)
     assert CountingSha256.fed >= (checkpoint / "model.safetensors").stat().st_size
     assert changed.program_identity()["weights"] != before
+
+
+def test_loading_and_running_on_token_ids_leave_the_tokenizers_library_unimported(tmp_path: Path) -> None:
+    """``tokenizers`` (~4 MB resident: its Rust library and objects) is imported when a tokenizer is first loaded,
+    not with ``orion.models``: a model run on token ids (the peak-RSS benchmark's workload) never loads it."""
+    save_hf(tmp_path / "hf", CONFIG, random_weights(CONFIG, seed=4))
+    script = textwrap.dedent(f"""
+        import sys
+        from orion.models import load
+        model = load({str(tmp_path / "hf")!r}, progress=False)
+        model.prefill({IDS!r})
+        print("tokenizers" in sys.modules)
+    """)
+    env = {**os.environ, "ORION_CACHE_DIR": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split() == ["False"], out
 
 
 def test_a_replaced_array_is_hashed_by_its_bytes(checkpoint) -> None:

@@ -14,9 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
-
-import tokenizers
+from typing import TYPE_CHECKING, Any
 
 from orion.errors import OrionError
 from orion.generation.chat import CHAT_TEMPLATE_FILE, ChatTemplate, read_chat_template
@@ -25,6 +23,9 @@ from orion.generation.hf_files import CONFIG_FILE, read_optional
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
+
+if TYPE_CHECKING:
+    import tokenizers
 
 
 class TokenizerError(OrionError):
@@ -123,6 +124,8 @@ def load_tokenizer(directory: str | os.PathLike[str], defaults: dict[str, Any] |
             f"{directory}: no {TOKENIZER_FILE}; text in/out needs the Hugging Face {TOKENIZER_FILE} "
             f"next to the weights (copy it from the model's repository), while token ids work without one"
         )
+    import tokenizers  # here, not with the module: ~4 MB resident that a model run on token ids never uses
+
     try:
         backend = tokenizers.Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises a bare Exception for malformed files

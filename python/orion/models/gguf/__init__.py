@@ -22,7 +22,6 @@ from typing import Any
 
 from orion.generation.tokenizer import TokenizerNotFound
 from orion.models.gguf.reader import GGUFError, GGUFFile
-from orion.models.gguf.tokenizer import gguf_tokenizer
 
 ARCHITECTURES = ("llama", "qwen2", "gpt2")
 
@@ -50,6 +49,8 @@ def model_class_of(path: str | os.PathLike[str]) -> type:
 def load_gguf(path: str | os.PathLike[str], **options: Any) -> Any:
     """The model in GGUF file ``path``, with the file's tokenizer and chat template (options: as
     ``from_pretrained``'s, e.g. ``quant``, ``context``, ``progress``)."""
+    from orion.models.gguf.tokenizer import gguf_tokenizer  # here: it imports tokenizers (~4 MB resident)
+
     file = open_gguf(path)
     cls, read = _family(file)
     config, weights = read(file)
@@ -62,6 +63,8 @@ def load_gguf(path: str | os.PathLike[str], **options: Any) -> Any:
 
 def load_gguf_tokenizer(path: str | os.PathLike[str]) -> Any:
     """Only the tokenizer of GGUF file ``path`` (for checks before the model is built)."""
+    from orion.models.gguf.tokenizer import gguf_tokenizer
+
     return gguf_tokenizer(open_gguf(path))
 
 

@@ -123,16 +123,24 @@ py::array_t<float> run_gemm(const py::object& a_obj, const py::object& b_obj, bo
     return c;
 }
 
+// Refuses a kernel's `dst` and `src` (named for the error) unless both are C-contiguous, `dst` is writable and they
+// hold as many elements.
+void check_flat_pair(const char* kernel, const py::array& dst, const char* dst_name, const py::array& src,
+                     const char* src_name) {
+    const std::string prefix = std::string(kernel) + ": " + dst_name + " ";
+    if (!(src.flags() & py::array::c_style) || !(dst.flags() & py::array::c_style) || !dst.writeable())
+        throw py::value_error(prefix + "and " + src_name + " must be C-contiguous and " + dst_name + " writable");
+    if (src.size() != dst.size())
+        throw py::value_error(prefix + "has " + std::to_string(dst.size()) + " elements, " + src_name + " " +
+                              std::to_string(src.size()) + "; pass arrays of one size");
+}
+
 // `src` (float32) rounded to fp16 into `out` (float16, as many elements; both C-contiguous), on every thread.
 void to_fp16(const py::array& src, py::array out) {
     if (!src.dtype().equal(py::dtype("float32")) || !out.dtype().equal(py::dtype("float16")))
         throw py::value_error("to_fp16: src must be float32 and out float16, got " + py::str(src.dtype()).cast<std::string>() +
                               " and " + py::str(out.dtype()).cast<std::string>());
-    if (!(src.flags() & py::array::c_style) || !(out.flags() & py::array::c_style) || !out.writeable())
-        throw py::value_error("to_fp16: src and out must be C-contiguous and out writable");
-    if (src.size() != out.size())
-        throw py::value_error("to_fp16: src has " + std::to_string(src.size()) + " elements, out " +
-                              std::to_string(out.size()) + "; pass arrays of one size");
+    check_flat_pair("to_fp16", out, "out", src, "src");
     const auto* s = static_cast<const float*>(src.data());
     auto* d = static_cast<uint16_t*>(out.mutable_data());
     py::gil_scoped_release release;
@@ -148,11 +156,7 @@ void copy(py::array dst, const py::array& src) {
     if (!dst.dtype().equal(src.dtype()))
         throw py::value_error("copy: dst is " + py::str(dst.dtype()).cast<std::string>() + " and src " +
                               py::str(src.dtype()).cast<std::string>() + "; pass arrays of one dtype");
-    if (!(src.flags() & py::array::c_style) || !(dst.flags() & py::array::c_style) || !dst.writeable())
-        throw py::value_error("copy: dst and src must be C-contiguous and dst writable");
-    if (src.size() != dst.size())
-        throw py::value_error("copy: dst has " + std::to_string(dst.size()) + " elements, src " +
-                              std::to_string(src.size()) + "; pass arrays of one size");
+    check_flat_pair("copy", dst, "dst", src, "src");
     const auto* s = static_cast<const char*>(src.data());
     auto* d = static_cast<char*>(dst.mutable_data());
     const int64_t bytes = src.nbytes();

@@ -652,7 +652,7 @@ class CausalLM(AdapterHost):
                 kernels.store_columns(cache.values[i], stage.output(f"v{i}")[0, :, 0], lanes, positions)
         for lane, pos in zip(lanes, positions):
             cache.filled(lane, pos + 1)
-        return self._head_logits(lanes, ran=head)
+        return self._read_logits(lanes)
 
     def logits(self, ids: Prompt) -> np.ndarray:
         """Logits ``[len(ids), vocab]`` of every position (fills the cache like ``prefill``)."""
@@ -1057,15 +1057,15 @@ class CausalLM(AdapterHost):
             return {lane: self.cpu_logits(x) for lane, x in xs.items()}
         for lane, x in xs.items():
             self._heads[0].input("x")[0, :, 0, lane] = x
-        return self._head_logits(sorted(xs))
+        lanes = sorted(xs)
+        run_in_turn((head, {"x": lanes[-1] + 1}) for head in self._heads)
+        return self._read_logits(lanes)
 
-    def _head_logits(self, lanes: list[int], ran: bool = False) -> dict[int, np.ndarray]:
-        """Logits of the decode chain's last output ``x`` at each of ``lanes`` (ascending); ``ran``: the head programs
-        have run on it already."""
+    def _read_logits(self, lanes: list[int]) -> dict[int, np.ndarray]:
+        """Logits at each of ``lanes`` (ascending) of the decode chain's last output ``x``: from the LM head programs'
+        outputs (they have run on it), or by the CPU head."""
         if self.options.lm_head == "cpu":
             return {b: self.cpu_logits(self._layers[-1].output("x")[0, :, 0, b]) for b in lanes}
-        if not ran:
-            run_in_turn((head, {"x": lanes[-1] + 1}) for head in self._heads)
         return {b: _float32(np.concatenate([h.output("logits")[0, :, 0, b] for h in self._heads])) for b in lanes}
 
 

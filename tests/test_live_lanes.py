@@ -9,6 +9,7 @@ import pytest
 import orion
 from orion.compiler import compile_graph
 from orion.graph import Graph
+from orion.runtime import profile
 from orion.runtime.stage import Stage
 from support.handmil import SEVERAL_SURFACES, const, op, program, ttype
 from test_ops import CONV_ARGS, conv_consts
@@ -210,3 +211,29 @@ def test_dead_sequences_of_a_decode_step_are_skipped_and_change_nothing(live) ->
     nan_k, nan_v = (np.where(dead_rows, np.nan, c) for c in (ks, vs))
     hinted = run(nan_x, nan_k, nan_v, positions_hint | {"x": live})
     np.testing.assert_array_equal(hinted[..., :live], whole[..., :live])
+
+
+@pytest.mark.parametrize("live", [1, 3, 7])
+def test_dead_sequences_of_a_fused_elementwise_run_are_skipped_and_change_nothing(profiling, live) -> None:
+    """A decode step over 8 sequence lanes (rows of 8: short rows) with ``live`` of them declared: the fused
+    LayerNorm and the fused runs after it (GELU, the residual, a per-row scale and a per-lane bias) compute the
+    live lanes gathered together (emulator.cpp's add_stable_norm, fused_elementwise.cpp's run_compacted), bit for
+    bit what the program without the hint gives on finite data, whatever the dead lanes hold (NaN here)."""
+    from test_fused_elementwise import FUSED, layer
+
+    g, xs = layer(768, 8, seed=live)
+    stage = Stage(compile_graph(g))
+    inputs = {spec.name: xs[spec.name] for spec in stage.compiled.layout.inputs}
+
+    def run(x: np.ndarray, hints: dict[str, int]) -> np.ndarray:
+        for name, value in (inputs | {"x": x}).items():
+            stage.input(name)[...] = value
+        stage.run(hints)
+        return stage.output("y").copy()
+
+    whole = run(xs["x"], {})
+    assert np.isfinite(whole).all() and np.abs(whole).max() > 0.1
+    profile.reset()
+    hinted = run(np.where(np.arange(8) < live, xs["x"], np.float16(np.nan)), {"x": live})
+    np.testing.assert_array_equal(hinted[..., :live].view(np.uint16), whole[..., :live].view(np.uint16))
+    assert sum(r.calls for r in profile.snapshot() if r.op == FUSED) >= 1  # the runs ran as runs

@@ -622,10 +622,9 @@ private:
                 if (t.half || t.prefix_partial()) return false;
             }
             // Each step's live lanes, as its op would give them (not the run's narrowest: a run may mix a KV
-            // bucket's positions with head_dim lanes of the same width). Long rows skip their dead lanes;
-            // short ones (a decode step's sequences) are computed whole.
+            // bucket's positions with head_dim lanes of the same width): their dead lanes are skipped.
             const std::vector<int64_t> live = live_lanes_of_steps(run, fr);
-            run_elementwise(run, fr, run.width > Tensor::kShortRow ? &live : nullptr);
+            run_elementwise(run, fr, &live);
             for (size_t s = 0; s < run.steps.size(); ++s)
                 if (const int out = run.steps[s].out; out >= 0)
                     fr.values[static_cast<size_t>(out)].lanes = live[s], fr.values[static_cast<size_t>(out)].live_prefix = -1;
@@ -833,8 +832,8 @@ private:
         const int x = slot(chain.x), gamma = slot(chain.gamma), beta = slot(chain.beta), o = chain.steps.back()->out;
         const StableNorm n = chain.shape;
         add_group_kernel(chain.steps, results_before_last(chain.steps), parts, "norm (fused)", [=](Frame& fr) {
-            // x's dead lanes (a batched step's dead sequences) are computed, as the ops compute rows this short,
-            // and stay dead in the output; the lanes are independent, so the live ones are the ops'.
+            // x's dead lanes (a batched step's dead sequences, rows this short) are left out: the lanes are
+            // independent, each summed over the channels in order, so the live ones are the ops' bit for bit.
             const Tensor& in = fr.values[static_cast<size_t>(x)];
             if (in.skips_dead_lanes() || in.prefix_partial() || in.half) return false;
             for (int s : {gamma, beta}) {
@@ -843,7 +842,16 @@ private:
             }
             auto data = [&](int s) { return s >= 0 ? fr.values[static_cast<size_t>(s)].data.data() : nullptr; };
             Tensor& out = fr.values[o];
-            run_stable_norm(n, data(x), data(gamma), data(beta), out.data.data());
+            if (in.partial() && in.lanes > 0) {
+                StableNorm live = n;
+                live.lanes = in.lanes;
+                const std::vector<float> packed = gather_lanes(in.data.data(), n.channels, n.lanes, live.lanes);
+                std::vector<float> normed(packed.size());
+                run_stable_norm(live, packed.data(), data(gamma), data(beta), normed.data());
+                scatter_lanes(normed.data(), n.channels, live.lanes, out.data.data(), n.lanes);
+            } else {
+                run_stable_norm(n, data(x), data(gamma), data(beta), out.data.data());
+            }
             out.lanes = in.lanes, out.live_prefix = -1;
             return true;
         });

@@ -1,7 +1,9 @@
 // Fused runs of binary elementwise ops (see fused_elementwise.h).
 #include "emulator/fused_elementwise.h"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace orion::emu {
 
@@ -50,9 +52,65 @@ std::vector<int64_t> live_lanes_of_steps(const ElementwiseRun& run, const Frame&
     return live;
 }
 
+namespace {
+
+// Short rows whose steps all have the same `live` lanes (a batched decode step's dead sequences): the run over
+// the live lanes gathered into rows of that width, in a frame of its own, its stored results scattered back.
+// Each live element is computed and rounded as the whole run computes it; the dead lanes stay stale.
+void run_compacted(const ElementwiseRun& run, Frame& frame, int64_t live) {
+    using Kind = ElementwiseRun::Kind;
+    const int64_t W = run.width, R = run.rows;
+    ElementwiseRun compact = run;
+    compact.width = live;
+    Frame local;
+    std::vector<std::pair<int, int>> stored;  // (frame slot, local slot) of the run's stored results
+    std::vector<std::pair<int, int>> read;    // (frame slot, local slot) of the operands it reads
+    auto local_slot = [&](int slot, std::vector<std::pair<int, int>>& table) {
+        for (const auto& [from, to] : table)
+            if (from == slot) return to;
+        table.emplace_back(slot, static_cast<int>(local.values.size()));
+        local.values.emplace_back();
+        return table.back().second;
+    };
+    for (ElementwiseRun::Step& step : compact.steps) {
+        for (ElementwiseRun::Operand* o : {&step.x, &step.y}) {
+            if (o->step >= 0) continue;
+            const Tensor& t = frame.values[static_cast<size_t>(o->slot)];
+            const int slot = local_slot(o->slot, read);
+            o->slot = slot;
+            Tensor& copy = local.values[static_cast<size_t>(slot)];
+            if (!copy.data.empty()) continue;
+            if (o->kind == Kind::full) {
+                copy.data = gather_lanes(t.data.data(), R, W, live);
+            } else {  // a row of lanes (its live prefix), a value per row or a scalar: read as they are
+                copy.data.assign(t.data.begin(), o->kind == Kind::lanes ? t.data.begin() + live : t.data.end());
+            }
+        }
+        if (step.out >= 0) {
+            const int slot = local_slot(step.out, stored);
+            local.values[static_cast<size_t>(slot)].data.resize(static_cast<size_t>(R * live));
+            step.out = slot;
+        }
+    }
+    run_elementwise(compact, local, nullptr);
+    for (const auto& [slot, from] : stored)
+        scatter_lanes(local.values[static_cast<size_t>(from)].data.data(), R, live,
+                      frame.values[static_cast<size_t>(slot)].data.data(), W);
+}
+
+}  // namespace
+
 void run_elementwise(const ElementwiseRun& run, Frame& frame, const std::vector<int64_t>* live) {
     using Kind = ElementwiseRun::Kind;
     using Fn = ElementwiseRun::Fn;
+    if (live && run.width <= Tensor::kShortRow) {
+        // Short rows (a decode step's sequences): one kernel call per row would cost more than the dead lanes it
+        // skips, so they are computed whole, or gathered when every step has the same live lanes.
+        const int64_t first = live->empty() ? run.width : live->front();
+        const bool uniform = std::all_of(live->begin(), live->end(), [&](int64_t l) { return l == first; });
+        if (uniform && first > 0 && first < run.width) return run_compacted(run, frame, first);
+        live = nullptr;
+    }
     const int64_t total = run.rows * run.width;
     // A "row" here is a chunk of the flat tensor (flat runs) or a row of the last axis. Short rows (a
     // decode step's lanes) are computed R at a time, as one block: a step over operands that are whole

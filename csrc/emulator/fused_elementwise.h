@@ -48,6 +48,7 @@ std::vector<int64_t> live_lanes_of_steps(const ElementwiseRun& run, const Frame&
 
 // Computes the run: every element, or (given `live`, per step) each row's first live[s] elements of a step
 // whose live lanes are fewer than the row width; its dead lanes stay stale, as the op's own kernel leaves them.
+// Rows of at most Tensor::kShortRow lanes skip dead lanes only when every step has the same live lanes.
 void run_elementwise(const ElementwiseRun& run, Frame& frame, const std::vector<int64_t>* live = nullptr);
 
 }  // namespace orion::emu

@@ -55,6 +55,7 @@ BuiltOp build_transpose(OpContext& ctx) {
     const bool lanes_to_lead = rank >= 2 && perm[0] == rank - 1;
     const bool lead_kept = rank >= 2 && perm[0] == 0, lead_to_lanes = rank >= 2 && perm.back() == 0;
     const int64_t out_inner = rank > 0 ? element_count(out) / std::max<int64_t>(out[0], 1) : 1;
+    const int64_t lane_dim = std::find(perm.begin(), perm.end(), rank - 1) - perm.begin();  // the input lanes' axis
     return {[=](Frame& fr) {
                 Tensor& tin = fr.values[x];
                 Tensor& tout = fr.values[o];
@@ -69,13 +70,26 @@ BuiltOp build_transpose(OpContext& ctx) {
                 else if (lanes_to_lead && live < in_lanes) out_lead = live;
                 set_live_leading(tout, out, out_lead);
                 float* c = tout.data.data();
-                const int64_t n = out_lead * out_inner;
+                if (rank == 0) {
+                    c[0] = a[0];
+                    return;
+                }
+                // Row by row of the output's last axis; the input lane of an element is its index on lane_dim.
+                const int64_t n = out_lead * out_inner, row = out[rank - 1], step = src_strides[rank - 1];
+                const int64_t copied = lead_to_lanes ? std::min(lead, row) : row;  // past it: dead lanes, left stale
                 std::vector<int64_t> idx(static_cast<size_t>(rank), 0);
                 int64_t src = 0;
-                for (int64_t i = 0; i < n; ++i) {
-                    if (!(lead_to_lanes && idx[static_cast<size_t>(rank - 1)] >= lead))  // else a dead lane
-                        c[i] = live < in_lanes && src % in_lanes >= live ? 0.0f : a[src];
-                    for (int64_t d = rank - 1; d >= 0; --d) {
+                for (int64_t first = 0; first < n; first += row) {
+                    float* dst = c + first;
+                    if (live == in_lanes) {
+                        for (int64_t j = 0; j < copied; ++j) dst[j] = a[src + j * step];
+                    } else if (lane_dim == rank - 1) {
+                        for (int64_t j = 0; j < copied; ++j) dst[j] = j >= live ? 0.0f : a[src + j * step];
+                    } else {
+                        const bool dead = idx[static_cast<size_t>(lane_dim)] >= live;
+                        for (int64_t j = 0; j < copied; ++j) dst[j] = dead ? 0.0f : a[src + j * step];
+                    }
+                    for (int64_t d = rank - 2; d >= 0; --d) {
                         src += src_strides[d];
                         if (++idx[d] < out[d]) break;
                         src -= src_strides[d] * out[d];

@@ -467,6 +467,35 @@ def test_int4_decode_gives_the_same_bits_when_the_thread_flushes_denormals() -> 
             assert_within_weight_rounding(plain, "int4", qw, x[0, :, 0, :lanes])
 
 
+@pytest.mark.parametrize("block", [8, 16, 64, 128])
+def test_int4_blocks_of_other_sizes_against_float64(block) -> None:
+    """int4 with blocks of 8 to 128 inputs (AVX2: stored in octets of rows, the one-lane tile in 2 partial sums),
+    at live lanes 1-5 (the decode tiles) and 13 (the converting path): within the weights' fp16 rounding of numpy
+    float64 where a decode tile sums unrounded weights, else bit for bit the fp16 program of the dequantized weight;
+    and within fp16 rounding of float64 (2e-3 of the largest output)."""
+    cout, cin = 40, 256
+    w = RNG.standard_normal((cout, cin)) * 0.05
+    qw = quant.quantize_int4(w, block=block)
+    assert qw.block == block
+    g = Graph("lin")
+    xin = g.input("x", [1, cin, 1, 32])
+    g.output(g.linear(xin, g.const_quantized("lin_weight", qw), name="lin"), "y")
+    low = compiler.compile_lowered(compiler.lower_graph(g), profile="permissive")
+    dense = compiler.compile_lowered(compiler.lower_graph(low_bit_graph(qw.dequantized().astype(np.float32), 32,
+                                                                        "fp16")), profile="permissive")
+    x = RNG.standard_normal((1, cin, 1, 32)).astype(np.float16)
+    for lanes in (1, 2, 3, 4, 5, 13):
+        got = evaluate_live(low, x, lanes)
+        computed = lanes if orion.backend() == "emulator" else 32  # the ANE ignores the hint: every lane
+        if sums_differ("int4", qw, computed):
+            assert_within_weight_rounding(got, "int4", qw, x[0, :, 0, :lanes])
+        else:
+            np.testing.assert_array_equal(got, evaluate_live(dense, x, lanes), err_msg=f"{lanes} lanes")
+        ref = qw.dequantized() @ x[0, :, 0, :lanes].astype(np.float64)
+        np.testing.assert_allclose(got.astype(np.float64), ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max(),
+                                   err_msg=f"{lanes} lanes")
+
+
 def test_blockwise_weights_outside_the_kernels_layout_run_as_their_fp16_values() -> None:
     """int4 data and offsets in named-const operands, blocks along the output axis too: the generic path,
     which computes (q - offset) in fp16 and then times scale, as coremltools' decompress does."""

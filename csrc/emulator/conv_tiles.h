@@ -39,6 +39,7 @@ struct QPanel {
     const uint8_t* lut_bytes = nullptr; // lut4 in the AVX2 layout (PackedConv1x1Q::lut_bytes): rows in pairs
     int block_shift = 5;
     bool affine4_pairs = false;         // affine4 in the AVX2 layout (PackedConv1x1Q::affine4_pairs)
+    bool affine4_octets = false;        // affine4 in the AVX2 layout (PackedConv1x1Q::affine4_octets)
     int64_t channel_bytes = 0;          // the channel-major layout (PackedConv1x1Q::channel_major): the bytes of
                                         // each channel's rows (0: another layout)
     const float* channel_params = nullptr;  // affine4 channel-major: per channel and block, s and -(z * s)

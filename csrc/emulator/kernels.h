@@ -156,6 +156,10 @@ struct PackedConv1x1Q : std::enable_shared_from_this<PackedConv1x1Q> {
     // affine4 in the AVX2 flavour's layout (blocks of 2+ rows): rows in pairs, byte j of pair q (16 bytes)
     // holding output j's u of row 2q in its low nibble and of row 2q + 1 in its high one.
     bool affine4_pairs = false;
+    // affine4 in the AVX2 flavour's layout for blocks of 8+ rows (instead of pairs): rows in octets, 64 bytes each,
+    // its bytes 32h to 32h + 31 8 little-endian 32-bit words, word j holding output 8h + j's u of row 8g + i (octet g)
+    // in bits 4i to 4i + 3.
+    bool affine4_octets = false;
     // lut4 with a LUT per output channel in the AVX2 flavour's layout: each panel's 16 channels one after
     // another, each its rows_stored() / 2 bytes, 16 per chunk of 32 rows (row r of a chunk: byte
     // (r / 16) * 8 + r % 8, its high nibble when r / 8 is odd), cin padded to a multiple of 32 with index 0.

@@ -25,7 +25,8 @@ std::unordered_multimap<size_t, std::weak_ptr<const PackedConv1x1Q>> shared_q;
 
 bool same_content(const PackedConv1x1Q& a, const PackedConv1x1Q& b) {
     return a.kind == b.kind && a.cout == b.cout && a.cin == b.cin && a.block_shift == b.block_shift &&
-           a.channel_luts == b.channel_luts && a.affine4_pairs == b.affine4_pairs && a.channel_major == b.channel_major && a.data == b.data &&
+           a.channel_luts == b.channel_luts && a.affine4_pairs == b.affine4_pairs &&
+           a.affine4_octets == b.affine4_octets && a.channel_major == b.channel_major && a.data == b.data &&
            a.lut == b.lut && a.params == b.params && a.lut_bytes == b.lut_bytes && a.channel_params == b.channel_params;
 }
 
@@ -248,19 +249,25 @@ struct LutPairRows8 {
     ORION_AVX2 __m256 lo(int64_t c) const { return _mm256_cvtph_ps(row_fp16(c, 0)); }
     ORION_AVX2 __m256 hi(int64_t c) const { return _mm256_cvtph_ps(row_fp16(c, 1)); }
 };
-// Block-wise 4-bit in the AVX2 layout (PackedConv1x1Q::affine4_pairs: rows in pairs, byte j of a pair holding
-// output j's values of both rows), each weight formed exactly: each block's s and n = -(z * s) (exact in fp32:
-// two fp16 values) decoded once into registers, and a weight is fp16(fma(u, s, n)), the exact (u - z) * s
-// rounded once (Affine4Rows8's values). Needs blocks of 2 rows or more, pairs inside a block (even first).
+// Block-wise 4-bit in the AVX2 layouts (PackedConv1x1Q::affine4_pairs: rows in pairs, byte j of a pair holding
+// output j's values of both rows; affine4_octets: rows in octets, a 32-bit word per output), each weight formed
+// exactly: each block's s and n = -(z * s) (exact in fp32: two fp16 values) decoded once into registers, and a
+// weight is fp16(fma(u, s, n)), the exact (u - z) * s rounded once (Affine4Rows8's values). Needs blocks of 2 rows
+// or more, pairs inside a block (even first).
 // The u of 8 outputs of one row pair as int32 (row 2q in bits 0-3, row 2q + 1 in bits 4-7).
 ORION_AVX2 inline __m256i pair_bytes8(const uint8_t* p) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
 }
+// Octets: the 8 words of half `half` (outputs 8 * half + j) of the octet holding row r (rows 8g + i in bits 4i-4i+3).
+ORION_AVX2 inline __m256i octet_words(const uint8_t* w, int64_t r, int half) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (r / 8) * 64 + 32 * half));
+}
 struct Affine4PairRows8 {
-    const uint8_t* w;  // the panel's row pairs
+    const uint8_t* w;  // the panel's row pairs (or octets)
     const uint16_t* params;
     int64_t first;     // the panel row that row 0 of this reader is
     int shift;
+    bool octets;       // PackedConv1x1Q::affine4_octets
     int64_t block = -1;  // whose parameters s and n hold
     __m256 s[2] = {}, n[2] = {};
     ORION_AVX2 void use_block(int64_t r) {
@@ -276,20 +283,26 @@ struct Affine4PairRows8 {
     ORION_AVX2 __m256 weight(__m256i u, int half) const {
         return round8(_mm256_fmadd_ps(_mm256_cvtepi32_ps(u), s[half], n[half]));
     }
+    // Rows r and r + 1 (r even) of 8 outputs: their u in bits 0-3 and 4-7 of each int32 (and others above).
+    ORION_AVX2 __m256i both(int64_t r, int half) const {
+        if (!octets) return pair_bytes8(w + r * 8 + 8 * half);
+        return _mm256_srl_epi32(octet_words(w, r, half), _mm_cvtsi32_si128(4 * static_cast<int>(r % 8)));
+    }
     ORION_AVX2 void pair(int64_t c, __m256 (&out)[2][2]) {
         const int64_t r = first + c;
         use_block(r);
+        const __m256i fifteen = _mm256_set1_epi32(15);
         for (int half = 0; half < 2; ++half) {
-            const __m256i both = pair_bytes8(w + r * 8 + 8 * half);
-            out[0][half] = weight(_mm256_and_si256(both, _mm256_set1_epi32(15)), half);
-            out[1][half] = weight(_mm256_srli_epi32(both, 4), half);
+            const __m256i u = both(r, half);
+            out[0][half] = weight(_mm256_and_si256(u, fifteen), half);
+            out[1][half] = weight(_mm256_and_si256(_mm256_srli_epi32(u, 4), fifteen), half);
         }
     }
     ORION_AVX2 __m256 row(int64_t c, int half) {
         const int64_t r = first + c;
         use_block(r);
-        const __m256i both = pair_bytes8(w + (r & ~int64_t{1}) * 8 + 8 * half);
-        return weight(_mm256_and_si256(_mm256_srli_epi32(both, 4 * static_cast<int>(r & 1)), _mm256_set1_epi32(15)), half);
+        const __m256i u = both(r & ~int64_t{1}, half);
+        return weight(_mm256_and_si256(_mm256_srli_epi32(u, 4 * static_cast<int>(r & 1)), _mm256_set1_epi32(15)), half);
     }
     ORION_AVX2 __m256 lo(int64_t c) { return row(c, 0); }
     ORION_AVX2 __m256 hi(int64_t c) { return row(c, 1); }
@@ -297,14 +310,24 @@ struct Affine4PairRows8 {
 
 // What the int4 decode tile reads of x besides x itself, the same for every panel of a conv1x1 call, so made once
 // per call and thread (QPanel::call; 0: every time). `sums`: the sums of x over each block of B rows of the first
-// k, per lane, at sums[b * lanes + l]. `scaled`: x[c * S + l] * 2^kEvenShift (row c even) or 2^kOddShift (odd) at
-// scaled[c * lanes + l], for the subnormal weights (affine4_block_tile_fixed), or nullptr where they would not give
-// the converted weights' bits: an x with 2^-60 > |x| > 0 or |x| >= 2^26 (finite), or MXCSR's DAZ or FTZ set.
+// k, per lane, at sums[b * lanes + l]. `scaled`: x[c * S + l] * 2^x_shift(c) at scaled[c * lanes + l], for the
+// subnormal weights (affine4_block_tile_fixed), or nullptr where they would not give the converted weights' bits:
+// an x with 2^-60 > |x| > 0 or |x| >= 2^26 (finite), or MXCSR's DAZ or FTZ set.
 struct BlockX {
     const float* sums;
     const float* scaled;
 };
 constexpr int kEvenShift = 100, kOddShift = 96;
+// Row c's nibble as the tile masks it in place: bit 4i of an octet's word (i = c % 8; rows 5-7 after a shift right
+// by 12: bit 4i - 12), bit 0 or 4 of a pair's byte.
+constexpr int nibble_bit(int64_t c, bool octets) {
+    const int i = static_cast<int>(c % 8);
+    return octets ? 4 * (i < 5 ? i : i - 3) : 4 * static_cast<int>(c % 2);
+}
+// The power of two BlockX::scaled multiplies row c's x by: that masked nibble read as fp32 bits is the subnormal
+// u * 2^(nibble_bit - 149), so the product is u * x * 2^(kEvenShift - 149) for every row.
+constexpr int x_shift(int64_t c, bool octets) { return kEvenShift - nibble_bit(c, octets); }
+static_assert(x_shift(1, false) == kOddShift, "pairs: odd rows at 2^kOddShift");
 // The lanes of v that BlockX::scaled does not allow: 0 < |v| < 2^-60 or 2^26 <= |v| < infinity.
 ORION_AVX2 inline __m256 unscalable(__m256 v) {
     const __m256 a = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
@@ -328,11 +351,12 @@ ORION_AVX2 bool scalable(const float* x, int64_t S, int64_t rows, int lanes) {
     }
     return _mm256_movemask_ps(bad) == 0;
 }
-ORION_AVX2 BlockX block_x(uint64_t call, const float* x, int64_t S, int64_t B, int64_t k, int lanes) {
+ORION_AVX2 BlockX block_x(uint64_t call, const float* x, int64_t S, int64_t B, int64_t k, int lanes, bool octets) {
     thread_local std::vector<float> sums, scaled;
     thread_local bool exact = false;
-    thread_local struct { uint64_t call; const float* x; int64_t S, B, k; int lanes; } made{};
-    if (call && call == made.call && x == made.x && S == made.S && B == made.B && k == made.k && lanes == made.lanes)
+    thread_local struct { uint64_t call; const float* x; int64_t S, B, k; int lanes; bool octets; } made{};
+    if (call && call == made.call && x == made.x && S == made.S && B == made.B && k == made.k && lanes == made.lanes &&
+        octets == made.octets)
         return {sums.data(), exact ? scaled.data() : nullptr};
     alignas(32) static constexpr int kLive[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
     const int64_t blocks = k / B;
@@ -364,12 +388,12 @@ ORION_AVX2 BlockX block_x(uint64_t call, const float* x, int64_t S, int64_t B, i
     exact = (_mm_getcsr() & 0x8040) == 0 && scalable(x, S, k, lanes);  // (FTZ 0x8000, DAZ 0x40)
     if (exact) {
         scaled.resize(static_cast<size_t>(k * lanes));
-        const float even = std::ldexp(1.0f, kEvenShift), odd = std::ldexp(1.0f, kOddShift);
-        for (int64_t c = 0; c < k; ++c)
-            for (int l = 0; l < lanes; ++l)
-                scaled[static_cast<size_t>(c * lanes + l)] = x[c * S + l] * (c % 2 ? odd : even);
+        for (int64_t c = 0; c < k; ++c) {
+            const float scale = std::ldexp(1.0f, x_shift(c, octets));
+            for (int l = 0; l < lanes; ++l) scaled[static_cast<size_t>(c * lanes + l)] = x[c * S + l] * scale;
+        }
     }
-    made = {call, x, S, B, k, lanes};
+    made = {call, x, S, B, k, lanes, octets};
     return {sums.data(), exact ? scaled.data() : nullptr};
 }
 // The int4 decode tile (the AVX2 layout, blocks of B >= 2 rows, whole blocks from a block's first row): per block
@@ -380,17 +404,22 @@ ORION_AVX2 BlockX block_x(uint64_t call, const float* x, int64_t S, int64_t B, i
 // (|error| <= 2^-11 * sum |w * x|) plus fp32 rounding; the converting (prefill) path stays bit for bit.
 // U interleaved partial sums per block (rows r -> r % U) keep the FMAs in flight when L is small.
 // L lanes of x from lane 0, x_sums their block sums (BlockX's rows of `stride` lanes), P rows a step (whole
-// pairs, a multiple of U dividing B); under kConvSequentialLanes lanes each step prefetches kConvPrefetchBytes ahead.
-// Subnormal: x is BlockX::scaled (S its lanes) and each u is used as it is stored, not converted: u & 15 (row 2q)
-// and u & 0xF0 (row 2q + 1) read as fp32 bits are the subnormals u * 2^-149 and u * 2^-145, so each product
-// with the scaled x is u * x * 2^(kEvenShift - 149) = u * x * 2^-49 exactly, and every sum is the converted
-// path's times 2^-49 exactly (for the x BlockX allows every product and sum is a multiple of 2^-83, so scaled it
-// is exact where it is subnormal, and |x * 2^100| < 2^126): s * 2^49 then gives the same bits. One vpand per 8
-// weights instead of a vpand or vpsrld and a vcvtdq2ps.
-template <int L, int U, bool Subnormal, int P = (U < 2 ? 2 : U)>
+// pairs, a multiple of U dividing B; octets: 8); under kConvSequentialLanes lanes each step prefetches
+// kConvPrefetchBytes ahead.
+// Subnormal: x is BlockX::scaled (S its lanes) and each u is used where it is stored, not converted: masked in
+// place (pairs: u & 15 for row 2q, u & 0xF0 for row 2q + 1; octets: word & (15 << 4i) for row i < 5 of an octet,
+// for rows 5-7 the word shifted right by 12 once and masked the same way) and read as fp32 bits it is the
+// subnormal u * 2^(nibble_bit - 149), so each product with the scaled x is u * x * 2^(kEvenShift - 149) =
+// u * x * 2^-49 exactly, and every sum is the converted path's times 2^-49 exactly (for the x BlockX allows every
+// product and sum is a multiple of 2^-83, so scaled it is exact where it is subnormal, and |x * 2^100| < 2^126):
+// s * 2^49 then gives the same bits. Octets: one 32-byte load per 8 rows of 8 outputs and a vpand per 8 weights
+// (and a vpsrld per 8 rows), instead of a vpmovzxbd per 16 weights and a vpand or vpsrld and a vcvtdq2ps per 8.
+// Row c goes to partial sum c % U in both layouts (so the converting and subnormal forms give the same bits); at
+// one lane the octet tile has U = 2 where the pair tile has 4, another order of the same fp32 sums.
+template <int L, int U, bool Subnormal, bool Octets, int P = (Octets ? 8 : U < 2 ? 2 : U)>
 ORION_AVX2 void affine4_block_tile_fixed(const uint8_t* pairs, const uint16_t* params, int64_t B, const float* x,
                                          int64_t S, int64_t k, const float* x_sums, int stride, float* acc, bool add) {
-    static_assert(kEvenShift - 149 == kOddShift - 145, "both rows' products at one scale");
+    static_assert(P % U == 0 && (!Octets || P == 8), "whole steps of partial sums (octets: an octet a step)");
     const __m256i fifteen = _mm256_set1_epi32(15), high = _mm256_set1_epi32(0xF0);
     const __m256 unscale = _mm256_set1_ps(Subnormal ? 0x1p49f : 1.0f);
     __m256 a_lo[L], a_hi[L];
@@ -408,6 +437,30 @@ ORION_AVX2 void affine4_block_tile_fixed(const uint8_t* pairs, const uint16_t* p
         for (int64_t c = c0; c < c0 + B; c += P) {
             if constexpr (L < kConvSequentialLanes)  // (a decode tile: its panel streamed from memory once)
                 _mm_prefetch(reinterpret_cast<const char*>(pairs + c * 8 + kConvPrefetchBytes), _MM_HINT_T0);
+            if constexpr (Octets) {
+                const __m256i words[2] = {octet_words(pairs, c, 0), octet_words(pairs, c, 1)};
+                const __m256i upper[2] = {_mm256_srli_epi32(words[0], 12), _mm256_srli_epi32(words[1], 12)};
+                ORION_UNROLL
+                for (int h = 0; h < 8; h += 2) {
+                    __m256 w[2][2];
+                    ORION_UNROLL
+                    for (int r = 0; r < 2; ++r)
+                        ORION_UNROLL
+                        for (int half = 0; half < 2; ++half) {
+                            const int i = h + r;
+                            if constexpr (Subnormal) {
+                                const __m256i mask = _mm256_set1_epi32(15 << nibble_bit(i, true));
+                                const __m256i from = i < 5 ? words[half] : upper[half];
+                                w[r][half] = _mm256_castsi256_ps(_mm256_and_si256(from, mask));
+                            } else {
+                                w[r][half] = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(words[half], 4 * i),
+                                                                                 fifteen));
+                            }
+                        }
+                    fma_row_pair<L, U>(w, x, S, c + h, h, lo, hi);
+                }
+                continue;
+            }
             ORION_UNROLL
             for (int h = 0; h < P; h += 2) {
                 const __m256i b_lo = pair_bytes8(pairs + (c + h) * 8), b_hi = pair_bytes8(pairs + (c + h) * 8 + 8);
@@ -446,25 +499,34 @@ ORION_AVX2 void affine4_block_tile_fixed(const uint8_t* pairs, const uint16_t* p
 }
 
 // affine4_block_tile_fixed for any number of lanes (from 5 on, tiles of up to 3, which the registers hold).
-template <bool Subnormal>
+template <bool Subnormal, bool Octets>
 ORION_AVX2 void affine4_block_tile(const uint8_t* pairs, const uint16_t* params, int64_t B, const float* x, int64_t S,
                                    int64_t k, const float* x_sums, int stride, int lanes, float* acc, bool add) {
     switch (lanes) {
         case 1:
-            if (B >= 8) {  // a step of 8 rows: one cache line of the panel
-                return affine4_block_tile_fixed<1, 4, Subnormal, 8>(pairs, params, B, x, S, k, x_sums, stride, acc,
-                                                                    add);
+            if constexpr (Octets) {  // 2 partial sums, not 4 (Zen 1, an 18.8 MB weight: 17.2 -> 19.2 GFLOP/s a thread)
+                return affine4_block_tile_fixed<1, 2, Subnormal, true>(pairs, params, B, x, S, k, x_sums, stride, acc,
+                                                                       add);
+            } else {  // (pairs: blocks of 2 or 4 rows)
+                if (B >= 4)
+                    return affine4_block_tile_fixed<1, 4, Subnormal, false>(pairs, params, B, x, S, k, x_sums, stride,
+                                                                            acc, add);
+                return affine4_block_tile_fixed<1, 2, Subnormal, false>(pairs, params, B, x, S, k, x_sums, stride, acc,
+                                                                        add);
             }
-            if (B >= 4)
-                return affine4_block_tile_fixed<1, 4, Subnormal>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
-            return affine4_block_tile_fixed<1, 2, Subnormal>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
-        case 2: return affine4_block_tile_fixed<2, 2, Subnormal>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
-        case 3: return affine4_block_tile_fixed<3, 1, Subnormal>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
-        case 4: return affine4_block_tile_fixed<4, 1, Subnormal>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
+        case 2:
+            return affine4_block_tile_fixed<2, 2, Subnormal, Octets>(pairs, params, B, x, S, k, x_sums, stride, acc,
+                                                                     add);
+        case 3:
+            return affine4_block_tile_fixed<3, 1, Subnormal, Octets>(pairs, params, B, x, S, k, x_sums, stride, acc,
+                                                                     add);
+        case 4:
+            return affine4_block_tile_fixed<4, 1, Subnormal, Octets>(pairs, params, B, x, S, k, x_sums, stride, acc,
+                                                                     add);
         default:
-            affine4_block_tile_fixed<3, 1, Subnormal>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
-            return affine4_block_tile<Subnormal>(pairs, params, B, x + 3, S, k, x_sums + 3, stride, lanes - 3,
-                                                 acc + 3 * kConvPanel, add);
+            affine4_block_tile_fixed<3, 1, Subnormal, Octets>(pairs, params, B, x, S, k, x_sums, stride, acc, add);
+            return affine4_block_tile<Subnormal, Octets>(pairs, params, B, x + 3, S, k, x_sums + 3, stride, lanes - 3,
+                                                         acc + 3 * kConvPanel, add);
     }
 }
 
@@ -553,8 +615,8 @@ ORION_AVX2 void with_q_rows8(const QPanel& p, int64_t c0, F f) {
             return f(LutGatherRows8{w, p.lut, p.row_bytes, p.entries, p.kind == PackedConv1x1Q::Kind::lut6,
                                     p.channel_luts});
         case PackedConv1x1Q::Kind::affine4:
-            if (p.affine4_pairs) {
-                const Affine4PairRows8 rows{p.rows, p.params, c0, p.block_shift};
+            if (p.affine4_pairs || p.affine4_octets) {
+                const Affine4PairRows8 rows{p.rows, p.params, c0, p.block_shift, p.affine4_octets};
                 return c0 % 2 ? f(rows) : f.pairs(rows);
             }
             return f(Affine4Rows8{w, p.params, c0, p.block_shift});
@@ -718,13 +780,21 @@ ORION_AVX2 void conv_tile_q_avx2(const QPanel& p, int64_t c0, const float* x, in
                                  float* acc, bool add) {
     if (p.channel_bytes) return lut4_channel_tile(p, c0, x, S, k, lanes, acc, add);
     const int64_t block = int64_t{1} << p.block_shift;
-    if (p.kind == PackedConv1x1Q::Kind::affine4 && p.affine4_pairs && c0 % block == 0 && k % block == 0) {
-        const uint8_t* pairs = p.rows + c0 * p.row_bytes;
+    if (p.kind == PackedConv1x1Q::Kind::affine4 && (p.affine4_pairs || p.affine4_octets) && c0 % block == 0 &&
+        k % block == 0) {
+        const uint8_t* rows = p.rows + c0 * p.row_bytes;
         const uint16_t* params = p.params + (c0 >> p.block_shift) * 2 * kConvPanel;
-        const BlockX bx = block_x(p.call, x, S, block, k, lanes);
+        const BlockX bx = block_x(p.call, x, S, block, k, lanes, p.affine4_octets);
+        if (p.affine4_octets) {
+            if (bx.scaled)
+                return affine4_block_tile<true, true>(rows, params, block, bx.scaled, lanes, k, bx.sums, lanes, lanes,
+                                                      acc, add);
+            return affine4_block_tile<false, true>(rows, params, block, x, S, k, bx.sums, lanes, lanes, acc, add);
+        }
         if (bx.scaled)
-            return affine4_block_tile<true>(pairs, params, block, bx.scaled, lanes, k, bx.sums, lanes, lanes, acc, add);
-        return affine4_block_tile<false>(pairs, params, block, x, S, k, bx.sums, lanes, lanes, acc, add);
+            return affine4_block_tile<true, false>(rows, params, block, bx.scaled, lanes, k, bx.sums, lanes, lanes, acc,
+                                                   add);
+        return affine4_block_tile<false, false>(rows, params, block, x, S, k, bx.sums, lanes, lanes, acc, add);
     }
     with_q_rows8(p, c0, TileAvx2{x, S, k, lanes, acc, add});
 }
@@ -1108,6 +1178,7 @@ QPanel q_panel(const PackedConv1x1Q& w, int64_t p) {
     if (!w.params.empty()) panel.params = w.params.data() + p * (w.cin >> w.block_shift) * 2 * kConvPanel;
     panel.block_shift = w.block_shift;
     panel.affine4_pairs = w.affine4_pairs;
+    panel.affine4_octets = w.affine4_octets;
     if (w.channel_major) panel.channel_bytes = w.rows_stored() / 2;
     if (!w.channel_params.empty())
         panel.channel_params = w.channel_params.data() + p * kConvPanel * (w.cin >> w.block_shift) * 2;
@@ -1244,8 +1315,11 @@ PackedConv1x1Q pack_conv1x1_affine4(const uint8_t* u, const float* scale, const 
     int shift = 0;
     while ((int64_t{1} << shift) < block) ++shift;
     packed.block_shift = shift;
-    // The AVX2 flavour's layout for blocks of 2+ rows, rows in pairs (the other flavours' readers take the plain one).
-    packed.affine4_pairs = shift > 0 && std::string_view(simd_path()) == "avx2+f16c+fma";
+    // The AVX2 flavour's layouts: blocks of 8+ rows in octets, of 2 or 4 in pairs (the other flavours' readers take
+    // the plain one).
+    const bool avx2 = std::string_view(simd_path()) == "avx2+f16c+fma";
+    packed.affine4_octets = shift >= 3 && avx2;
+    packed.affine4_pairs = shift > 0 && shift < 3 && avx2;
     // The AVX-512 flavour's channel-major layout for blocks of whole chunks of 32 rows.
     packed.channel_major = block >= 32 && std::string_view(simd_path()) == "avx512f+f16c+fma";
     const int64_t panels = ceil_div(cout, kConvPanel), blocks = cin / block;
@@ -1277,6 +1351,9 @@ PackedConv1x1Q pack_conv1x1_affine4(const uint8_t* u, const float* scale, const 
             if (v > 15) throw std::invalid_argument("pack_conv1x1_affine4: a value is above 15");
             if (packed.channel_major)
                 rows[j * (cin / 2) + (c / 32) * 16 + chunk_byte(c % 32, true)] |= static_cast<uint8_t>(v << chunk_shift(c % 32, true));
+            else if (packed.affine4_octets)
+                rows[(c / 8) * 64 + (j / 8) * 32 + (j % 8) * 4 + (c % 8) / 2] |=
+                    static_cast<uint8_t>(v << (4 * (c % 2)));
             else if (packed.affine4_pairs)
                 rows[(c / 2) * 16 + j] |= static_cast<uint8_t>(v << (4 * (c % 2)));
             else

@@ -194,6 +194,20 @@ def test_conv1x1_every_lane_count(lanes):
     conv_case(70, 200, 64, lanes, round_=lanes % 2 == 0)
 
 
+@pytest.mark.parametrize("lanes", [4, 5, 6, 8, 9, 11, 12, 13, 16, 24, 37])
+def test_conv1x1_lanes_sum_alike_in_every_tiling(lanes):
+    # From 4 lanes a register tile on, each output sums its inputs c in order in one partial sum, whichever tiles
+    # take its lanes and whether the weights are widened in a tile, apart, or not at all (8+ lanes: the first
+    # tile widens each slice of rows for the others): each 4 lanes' outputs are bit for bit a 4-lane call's.
+    if lanes > 12 and kernels.simd_path() == "portable":
+        pytest.skip("the portable tile adds each slice's sum to the earlier ones' (converting path)")
+    weight = RNG.standard_normal((40, 300)).astype(np.float16)  # 300 input channels: three slices of rows
+    x = RNG.standard_normal((300, lanes)).astype(np.float32)
+    whole = kernels.conv1x1(weight, x)
+    for s in sorted({*range(0, lanes - 3, 4), lanes - 4}):
+        np.testing.assert_array_equal(whole[:, s:s + 4], kernels.conv1x1(weight, np.ascontiguousarray(x[:, s:s + 4])))
+
+
 def test_conv1x1_large_gpt2_shapes():
     for cout, cin in ((768, 768), (3072, 768), (768, 3072)):
         conv_case(cout, cin, 32, 32, round_=True)

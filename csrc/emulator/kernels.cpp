@@ -68,6 +68,10 @@ struct Kernels {
     // acc[l*16 + j] (+)= sum_{c<k} w[c*16 + j] * x[c*S + l] for l < lanes (<= conv_lanes).
     void (*conv_tile_f16)(const uint16_t* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
     void (*conv_tile_f32)(const float* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add);
+    // conv_tile_f16 (the same sums) that also writes the rows widened to fp32, w32[c*16 + j] = w[c*16 + j] (null
+    // when the flavour has none: conv_panels then widens them apart).
+    void (*conv_widen_tile_f16)(const uint16_t* w, float* w32, const float* x, int64_t S, int64_t k, int lanes,
+                                float* acc, bool add);
     // conv_tile_f16 with int8 weights w[c*16 + j] standing for the fp32 product w[c*16 + j] * scale[j]
     // (w[c*16 + j] itself when scale is null).
     void (*conv_tile_i8)(const int8_t* w, const float* scale, const float* x, int64_t S, int64_t k, int lanes,
@@ -168,6 +172,7 @@ constexpr Kernels kPortable = {
     "portable",         6,                             round_fp16_portable,           half_to_float_portable,
     float_to_half_portable, tanh_portable, sigmoid_portable, softmax_portable, scaled_softmax_portable,
     score_row_softmax_by_ops<round_fp16_portable, softmax_portable>, conv_tile_portable<uint16_t>, conv_tile_portable<float>,
+    nullptr,
     conv_tile_i8_portable, dequant_i8_portable, nullptr, conv_tile_q_portable, widen_q_portable, nullptr,
 };
 
@@ -196,6 +201,24 @@ struct PlainRows8 {
 template <typename W>
 ORION_AVX2 void conv_tile_avx2(const W* w, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add) {
     conv_tile_avx2_rows(PlainRows8<W>{w}, x, S, k, lanes, acc, add);
+}
+
+// fp16 rows read as PlainRows8 reads them, each also stored widened to w32 (row c at w32 + 16 c).
+struct WideningRows8 {
+    const uint16_t* w;
+    float* w32;
+    ORION_AVX2 __m256 lo(int64_t c) const { return widen(c * kConvPanel); }
+    ORION_AVX2 __m256 hi(int64_t c) const { return widen(c * kConvPanel + 8); }
+    ORION_AVX2 __m256 widen(int64_t i) const {
+        const __m256 v = load8(w + i);
+        _mm256_storeu_ps(w32 + i, v);
+        return v;
+    }
+};
+
+ORION_AVX2 void conv_widen_tile_avx2(const uint16_t* w, float* w32, const float* x, int64_t S, int64_t k, int lanes,
+                                     float* acc, bool add) {
+    conv_tile_avx2_rows(WideningRows8{w, w32}, x, S, k, lanes, acc, add);
 }
 
 // e^x for x in [-88, 88]: x = k ln2 + r with |r| <= ln2/2, e^r by its Taylor series to r^7
@@ -382,7 +405,7 @@ ORION_AVX2 void score_row_softmax_avx2(float* row, const float* mask, int64_t n,
 constexpr Kernels kAvx2 = {
     "avx2+f16c+fma",    6,                         round_fp16_avx2,           half_to_float_avx2,
     float_to_half_avx2, tanh_avx2, sigmoid_avx2, softmax_avx2, scaled_softmax_avx2, score_row_softmax_avx2,
-    conv_tile_avx2<uint16_t>, conv_tile_avx2<float>,
+    conv_tile_avx2<uint16_t>, conv_tile_avx2<float>, conv_widen_tile_avx2,
     conv_tile_i8_avx2, dequant_i8_avx2, nullptr, conv_tile_q_avx2, widen_q_avx2, nullptr,
 };
 
@@ -512,8 +535,8 @@ constexpr Kernels kAvx512 = {
     "avx512f+f16c+fma", kConvMaxLanes,             round_fp16_avx2,
     half_to_float_avx2, float_to_half_avx2,        tanh_avx2, sigmoid_avx2, softmax_avx2, scaled_softmax_avx2,
     score_row_softmax_avx2,
-    conv_tile_avx512<uint16_t>, conv_tile_avx512<float>, conv_tile_i8_avx512, dequant_i8_avx2, conv_pair_tile_avx512,
-    conv_tile_q_avx512, widen_q_avx512, conv_pair_tile_f16_avx512,
+    conv_tile_avx512<uint16_t>, conv_tile_avx512<float>, nullptr, conv_tile_i8_avx512, dequant_i8_avx2,
+    conv_pair_tile_avx512, conv_tile_q_avx512, widen_q_avx512, conv_pair_tile_f16_avx512,
 };
 
 bool cpu_has_avx2_f16c_fma() {
@@ -601,6 +624,20 @@ void conv_tile(const Kernels& k, QRows w, const float*, const float* x, int64_t 
     k.conv_tile_q(*w.panel, w.c0, x, S, kc, lanes, acc, add);
 }
 void widen_rows(const Kernels& k, QRows w, const float*, float* dst, int64_t rows) { k.widen_q(*w.panel, w.c0, dst, rows); }
+// The first lane tile over an fp16 panel's rows (acc, x, S, lanes as Kernels::conv_tile_f16's), widening them to
+// w32 for the other tiles as it reads them: the tiles it ran (1), or 0 when the flavour has no such tile and
+// for the other weights.
+int widening_tile(const Kernels& k, const uint16_t* w, float* w32, const float* x, int64_t S, int64_t kc, int lanes,
+                  float* acc, bool add) {
+    if (!k.conv_widen_tile_f16) return 0;
+    k.conv_widen_tile_f16(w, w32, x, S, kc, lanes, acc, add);
+    return 1;
+}
+template <typename W>
+int widening_tile(const Kernels&, W, float*, const float*, int64_t, int64_t, int, float*, bool) {
+    return 0;
+}
+
 // The panel's weights from row `rows` on.
 template <typename W>
 const W* advance(const W* w, int64_t rows) {
@@ -635,6 +672,14 @@ struct LaneTiling {
     int tile_width(int t) const { return static_cast<int>(tile_start(t + 1) - tile_start(t)); }
 };
 
+// Whether conv_panels' fp16 panels, unconverted, run slice by slice with the first lane tile widening each slice for
+// the others (Kernels::conv_widen_tile_f16): for 2+ tiles, all of kConvSequentialLanes lanes or more (each output
+// then sums c in order in one partial sum, sliced or not), unless the flavour pairs its panels instead.
+bool widens_in_tile(const Kernels& k, const LaneTiling& tiling) {
+    return k.conv_widen_tile_f16 && tiling.tiles > 1 && tiling.lanes / tiling.tiles >= kConvSequentialLanes &&
+           !pairs_fp16_panels(k, tiling.lanes);
+}
+
 // Where the tiles read x: its rows of S lanes (x[c*S + s]), or lane tiles packed by pack_lane_tiles, whose
 // rows are contiguous (the tile of n lanes from lane s: x[s*cin + c*n + l]), so that a tile reads one
 // stream instead of a cache line per input channel (rows of a power-of-two bucket, 4 KiB apart, also
@@ -667,7 +712,9 @@ void pack_lane_tiles(const Kernels& k, const float* x, int64_t S, int64_t cin, i
 // `count` conv panels (16 output channels each; panel_at(g) gives panel g's weights and scales, g < count)
 // over the first `lanes` lanes of x, written to out rows (rows of them in all, panel g's from row 16 g).
 // The converting path runs the panels slice by slice, so each slice of x is read from memory once for
-// all of them and from the cache by the others; each output sums its inputs as a single panel's would.
+// all of them and from the cache by the others; each output sums its inputs as a single panel's would. It
+// also takes fp16 panels in 2+ lane tiles of kConvSequentialLanes lanes or more (widens_in_tile), whose
+// first tile widens each slice for the others.
 template <typename PanelAt>
 void conv_panels(const Kernels& k, const PanelAt& panel_at, int64_t count, int64_t cin, XView x, int64_t S,
                  int64_t lanes, float* out, int64_t rows, bool round) {
@@ -675,9 +722,10 @@ void conv_panels(const Kernels& k, const PanelAt& panel_at, int64_t count, int64
     const int64_t panel_acc = lanes * kConvPanel;
     float* acc = scratch(acc_buffer, static_cast<size_t>(count * panel_acc));
     const LaneTiling tiling(k, lanes);
-    if (!converts_weights(k, cin, lanes)) {
+    constexpr bool fp16 = std::is_same_v<std::decay_t<decltype(panel_at(0).first)>, const uint16_t*>;
+    if (!converts_weights(k, cin, lanes) && !(fp16 && widens_in_tile(k, tiling))) {
         int64_t g = 0;
-        if constexpr (std::is_same_v<std::decay_t<decltype(panel_at(0).first)>, const uint16_t*>)
+        if constexpr (fp16)
             if (pairs_fp16_panels(k, lanes))
                 for (; g + 2 <= count; g += 2)
                     for (int t = 0; t < tiling.tiles; ++t) {
@@ -702,12 +750,14 @@ void conv_panels(const Kernels& k, const PanelAt& panel_at, int64_t count, int64
             const int64_t kc = std::min(kConvKBlock, cin - c0);
             for (int64_t g = 0; g < count; ++g) {
                 const auto [w, scales] = panel_at(g);
-                widen_rows(k, advance(w, c0), scales.inside, w32, kc);
-                for (int t = 0; t < tiling.tiles; ++t) {
+                float* g_acc = acc + g * panel_acc;
+                const int n0 = tiling.tile_width(0);
+                int t = widening_tile(k, advance(w, c0), w32, x.rows(c0, n0), x.stride(n0), kc, n0, g_acc, c0 > 0);
+                if (t == 0) widen_rows(k, advance(w, c0), scales.inside, w32, kc);
+                for (; t < tiling.tiles; ++t) {
                     const int64_t s0 = tiling.tile_start(t);
                     const int n = tiling.tile_width(t);
-                    k.conv_tile_f32(w32, x.from(s0).rows(c0, n), x.stride(n), kc, n,
-                                    acc + g * panel_acc + s0 * kConvPanel, c0 > 0);
+                    k.conv_tile_f32(w32, x.from(s0).rows(c0, n), x.stride(n), kc, n, g_acc + s0 * kConvPanel, c0 > 0);
                 }
             }
         }

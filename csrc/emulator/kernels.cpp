@@ -1062,7 +1062,7 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
     // lanes too, which amortizes a job's fixed cost (its QPanels, the tile dispatch).
     constexpr bool low_bit = std::is_same_v<Packed, PackedConv1x1Q>;
     static std::atomic<uint64_t> calls{0};
-    const uint64_t call = low_bit ? ++calls : 0;  // (QPanel::call)
+    [[maybe_unused]] const uint64_t call = low_bit ? ++calls : 0;  // (QPanel::call; unused by fp16 panels)
     const bool converts = converts_weights(k, w.cin, lanes / chunks);
     const bool pairs = !low_bit && k.conv_pair_tile_f32 && converts;
     // Unconverted fp16 panels (decode's lanes) go two to a job when conv_panels runs them as a pair.

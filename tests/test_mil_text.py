@@ -164,6 +164,10 @@ FOOTER = "    } -> (y);\n}\n"
      "expected a non-negative integer dimension, found '-2'"),
     ('        tensor<fp16, [1, 4, 1, 32]> x = relu(x=x)[name=string("y")];\n', 4, 37, "duplicate variable name 'x'"),
     ('        fp16 e = const()[name=string("e), val=fp16(1.0)];\n', 4, 38, "unterminated string"),
+    ('        fp16 e = const()[name=string("e\\n), val=fp16(1.0)];\n', 4, 38, "unterminated string"),
+    ('        fp16 e = const()[name=string("e\\q"), val=fp16(1.0)];\n', 4, 40, "unknown escape sequence in string"),
+    ('        fp16 e = const()[name=string("e"), val=fp16(1.0)];\n        fp16 f = const()[name=string("\\x65"), '
+     'val=fp16(1.0)];\n', 5, 38, 'duplicate op name "e"'),
     ('        fp16 e = const()[name=string("e"), val=fp16(1.0)]\n        fp16 f = const()[name=string("f"), val=fp16(1.0)];\n',
      5, 9, "expected ';' after the statement, found 'fp16'"),
     ('        tensor<fp16, [1, 4, 1, 32]> y = relu(x=x)[];\n', 4, 51, "expected an attribute name, found ']'"),

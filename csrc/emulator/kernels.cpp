@@ -26,6 +26,7 @@
 #include "emulator/buffer_pool.h"
 #include "emulator/conv_tiles.h"
 #include "emulator/fp16.h"
+#include "emulator/huge_pages.h"
 #include "emulator/simd.h"
 #include "emulator/weight_prefetch.h"
 
@@ -852,33 +853,13 @@ void score_row_softmax(float* row, const float* mask, int64_t n, const ScoreRowO
 
 void float_to_half(const float* src, uint16_t* dst, size_t n) { active().float_to_half(src, dst, n); }
 
-namespace {
-
-// n zeros, their whole 2 MiB pages backed by transparent huge pages where the kernel offers them on request
-// (madvise, before the first touch; a hint, its failure harmless). Decode streams a packed weight once per
-// token, and on 4 KiB pages each 4 KiB of it costs a TLB miss: GPT-2 124M's 52 convs at one lane, two
-// threads, 13.0-14.4 ms on 4 KiB pages, 12.2-13.3 ms on huge ones (Linux, THP "madvise").
-template <typename T>
-std::vector<T> huge_page_zeros(size_t n) {
-    std::vector<T> v;
-    v.reserve(n);  // allocated, not yet touched
-#ifdef MADV_HUGEPAGE
-    constexpr uintptr_t kHugePage = uintptr_t{1} << 21;
-    const uintptr_t begin = (reinterpret_cast<uintptr_t>(v.data()) + kHugePage - 1) & ~(kHugePage - 1);
-    const uintptr_t end = reinterpret_cast<uintptr_t>(v.data() + n) & ~(kHugePage - 1);
-    if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-#endif
-    v.resize(n);
-    return v;
-}
-
-}  // namespace
-
 PackedConv1x1 pack_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin) {
     if (cout < 0 || cin < 0) throw std::invalid_argument("pack_conv1x1: negative weight shape");
     PackedConv1x1 packed;
     packed.cout = cout;
     packed.cin = cin;
+    // On huge pages: decode streams a packed weight once per token, and on 4 KiB pages each 4 KiB of it costs a
+    // TLB miss (GPT-2 124M's 52 convs at one lane, two threads: 13.0-14.4 ms on 4 KiB pages, 12.2-13.3 on huge).
     std::vector<uint16_t> panels = huge_page_zeros<uint16_t>(static_cast<size_t>(ceil_div(cout, kConvPanel) * cin * kConvPanel));
     parallel_for(ceil_div(cout, kConvPanel), 1, [&](int64_t begin, int64_t end) {  // panels are independent
         for (int64_t o = begin * kConvPanel; o < std::min(cout, end * kConvPanel); ++o) {

@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdint>
+#include <deque>
 #include <optional>
-#include <set>
 #include <string>
+#include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "errors.h"
@@ -21,7 +23,9 @@ namespace {
 struct Token {
     enum class Kind { identifier, number, string, punct, arrow, end };
     Kind kind;
-    std::string text;  // identifier / number spelling, decoded string, punctuation character
+    // Identifier / number spelling, punctuation character: a view of the MIL text. A string's decoded value:
+    // a view of the text between its quotes, or of the lexer's copy when it has escapes.
+    std::string_view text;
     int line, column;
 };
 
@@ -71,7 +75,8 @@ bool valid_utf8(std::string_view s) {
 
 class Lexer {
    public:
-    explicit Lexer(std::string_view text) : text_(text) {}
+    // `decoded` keeps the strings with escapes, which tokens view (a deque: its strings never move).
+    Lexer(std::string_view text, std::deque<std::string>& decoded) : text_(text), decoded_(decoded) {}
 
     std::vector<Token> tokens() {
         std::vector<Token> out;
@@ -87,6 +92,7 @@ class Lexer {
 
    private:
     std::string_view text_;
+    std::deque<std::string>& decoded_;
     size_t pos_ = 0;
     int line_ = 1;
     size_t line_start_ = 0;
@@ -134,7 +140,7 @@ class Lexer {
         } else {
             throw ParseError("unexpected character " + printable(c), t.line, t.column);
         }
-        t.text = std::string(text_.substr(start, pos_ - start));
+        t.text = text_.substr(start, pos_ - start);
         return t;
     }
 
@@ -163,9 +169,17 @@ class Lexer {
         }
     }
 
-    std::string string_literal(const Token& t) {
-        std::string out;
+    std::string_view string_literal(const Token& t) {
         advance();  // opening quote
+        const size_t begin = pos_;
+        while (pos_ < text_.size() && text_[pos_] != '"' && text_[pos_] != '\\' && text_[pos_] != '\n') ++pos_;
+        if (pos_ < text_.size() && text_[pos_] == '"') {  // no escapes: the text itself
+            const std::string_view out = text_.substr(begin, pos_ - begin);
+            advance();  // closing quote
+            if (!valid_utf8(out)) throw ParseError("string is not valid UTF-8", t.line, t.column);
+            return out;
+        }
+        std::string out(text_.substr(begin, pos_ - begin));
         for (;;) {
             if (pos_ >= text_.size() || text_[pos_] == '\n')
                 throw ParseError("unterminated string", t.line, t.column);
@@ -191,31 +205,33 @@ class Lexer {
         }
         advance();  // closing quote
         if (!valid_utf8(out)) throw ParseError("string is not valid UTF-8", t.line, t.column);
-        return out;
+        return decoded_.emplace_back(std::move(out));
     }
 };
 
 class Parser {
    public:
-    explicit Parser(std::string_view text) : tokens_(Lexer(text).tokens()) {}
+    explicit Parser(std::string_view text) : tokens_(Lexer(text, decoded_).tokens()) {}
 
     Program program() {
         Program p;
         keyword("program", "at the start of the program");
-        expect("(", "after 'program'");
+        expect('(', "after 'program'");
         const Token& version = take(Token::Kind::number, "a version number like 1.3");
         p.version = version.text;
         if (!is_version_number(p.version)) fail("a version number like 1.3", version);
-        expect(")", "after the program version");
-        if (peek_punct("[")) p.build_info = build_info();
-        expect("{", "to open the program body");
+        expect(')', "after the program version");
+        if (peek_punct('[')) p.build_info = build_info();
+        expect('{', "to open the program body");
         while (peek().kind == Token::Kind::identifier && peek().text == "func") p.functions.push_back(function());
-        expect("}", "to close the program body (or 'func')");
+        expect('}', "to close the program body (or 'func')");
         if (peek().kind != Token::Kind::end) fail("end of input after the program", peek());
         return p;
     }
 
    private:
+    using Names = std::unordered_set<std::string_view>;  // views of the text or of decoded_
+    std::deque<std::string> decoded_;  // before tokens_, which view it
     std::vector<Token> tokens_;
     size_t pos_ = 0;
 
@@ -231,7 +247,7 @@ class Parser {
             case Token::Kind::end: return "end of input";
             case Token::Kind::string: return "a string";
             case Token::Kind::arrow: return "'->'";
-            default: return "'" + t.text + "'";
+            default: return "'" + std::string(t.text) + "'";
         }
     }
 
@@ -242,55 +258,56 @@ class Parser {
         throw ParseError(what, at.line, at.column);
     }
 
-    bool peek_punct(const char* p, size_t ahead = 0) const {
-        return peek(ahead).kind == Token::Kind::punct && peek(ahead).text == p;
+    bool peek_punct(char p, size_t ahead = 0) const {
+        const Token& t = peek(ahead);
+        return t.kind == Token::Kind::punct && t.text[0] == p;  // a punct token is one character
     }
-    void expect(const char* p, const std::string& context) {
+    void expect(char p, const char* context) {
         if (!peek_punct(p)) fail(std::string("'") + p + "' " + context, peek());
         advance();
     }
-    bool accept(const char* p) {
+    bool accept(char p) {
         if (!peek_punct(p)) return false;
         advance();
         return true;
     }
-    const Token& take(Token::Kind kind, const std::string& expected) {
+    const Token& take(Token::Kind kind, const char* expected) {
         if (peek().kind != kind) fail(expected, peek());
         return advance();
     }
-    const Token& keyword(const char* word, const std::string& context) {
+    const Token& keyword(const char* word, const char* context) {
         if (peek().kind != Token::Kind::identifier || peek().text != word)
             fail(std::string("'") + word + "' " + context, peek());
         return advance();
     }
-    std::string identifier(const std::string& expected) { return take(Token::Kind::identifier, expected).text; }
+    std::string identifier(const char* expected) { return std::string(take(Token::Kind::identifier, expected).text); }
 
     // `[buildInfo = dict<string, string>({{"k", "v"}, ...})]`
     BuildInfo build_info() {
         advance();
         keyword("buildInfo", "in the program attributes");
-        expect("=", "after 'buildInfo'");
+        expect('=', "after 'buildInfo'");
         keyword("dict", "as the buildInfo value");
-        expect("<", "after 'dict'");
+        expect('<', "after 'dict'");
         keyword("string", "as the dict key type");
-        expect(",", "between the dict key and value types");
+        expect(',', "between the dict key and value types");
         keyword("string", "as the dict value type");
-        expect(">", "after the dict value type");
-        expect("(", "before the dict entries");
-        expect("{", "to open the dict entries");
+        expect('>', "after the dict value type");
+        expect('(', "before the dict entries");
+        expect('{', "to open the dict entries");
         BuildInfo info;
-        if (!peek_punct("}")) {
+        if (!peek_punct('}')) {
             do {
-                expect("{", "to open a dict entry");
-                std::string key = take(Token::Kind::string, "a string key").text;
-                expect(",", "between dict key and value");
-                info.emplace_back(key, take(Token::Kind::string, "a string value").text);
-                expect("}", "to close a dict entry");
-            } while (accept(","));
+                expect('{', "to open a dict entry");
+                std::string key(take(Token::Kind::string, "a string key").text);
+                expect(',', "between dict key and value");
+                info.emplace_back(std::move(key), take(Token::Kind::string, "a string value").text);
+                expect('}', "to close a dict entry");
+            } while (accept(','));
         }
-        expect("}", "to close the dict entries");
-        expect(")", "after the dict entries");
-        expect("]", "to close the program attributes");
+        expect('}', "to close the dict entries");
+        expect(')', "after the dict entries");
+        expect(']', "to close the program attributes");
         return info;
     }
 
@@ -298,22 +315,23 @@ class Parser {
         Function f;
         advance();  // func
         f.name = identifier("a function name");
-        expect("<", "before the function opset");
+        expect('<', "before the function opset");
         f.opset = identifier("an opset name like ios18");
-        expect(">", "after the function opset");
-        expect("(", "before the function inputs");
-        std::set<std::string> variables, op_names;
-        if (!peek_punct(")")) {
+        expect('>', "after the function opset");
+        expect('(', "before the function inputs");
+        Names variables, op_names;
+        if (!peek_punct(')')) {
             do {
                 Type type = parse_type();
                 const Token& name = take(Token::Kind::identifier, "an input name");
-                if (!variables.insert(name.text).second) error("duplicate variable name '" + name.text + "'", name);
-                f.inputs.push_back({name.text, type});
-            } while (accept(","));
+                if (!variables.insert(name.text).second)
+                    error("duplicate variable name '" + std::string(name.text) + "'", name);
+                f.inputs.push_back({std::string(name.text), type});
+            } while (accept(','));
         }
-        expect(")", "after the function inputs");
-        expect("{", "to open the function body");
-        while (!peek_punct("}")) {
+        expect(')', "after the function inputs");
+        expect('{', "to open the function body");
+        while (!peek_punct('}')) {
             if (f.body.size() == limits::MAX_OPS)
                 error("function '" + f.name + "' has more than MAX_OPS (" + std::to_string(limits::MAX_OPS) +
                           ") statements: split the program",
@@ -322,13 +340,13 @@ class Parser {
         }
         advance();
         take(Token::Kind::arrow, "'->' after the function body");
-        expect("(", "before the returned names");
-        if (!peek_punct(")")) {
+        expect('(', "before the returned names");
+        if (!peek_punct(')')) {
             do f.outputs.push_back(identifier("a returned variable name"));
-            while (accept(","));
+            while (accept(','));
         }
-        expect(")", "after the returned names");
-        expect(";", "after the return tuple");
+        expect(')', "after the returned names");
+        expect(';', "after the return tuple");
         return f;
     }
 
@@ -357,7 +375,7 @@ class Parser {
     DType parse_dtype() {
         const Token& t = take(Token::Kind::identifier, "a dtype");
         auto d = dtype_from_name(t.text);
-        if (!d) error("unknown dtype '" + t.text + "'", t);
+        if (!d) error("unknown dtype '" + std::string(t.text) + "'", t);
         return *d;
     }
 
@@ -368,13 +386,13 @@ class Parser {
             return Type::scalar(parse_dtype());
         }
         advance();
-        expect("<", "after 'tensor'");
+        expect('<', "after 'tensor'");
         DType dtype = parse_dtype();
-        expect(",", "after the tensor dtype");
-        expect("[", "to open the tensor shape");
+        expect(',', "after the tensor dtype");
+        expect('[', "to open the tensor shape");
         std::vector<int64_t> shape;
         const Token& open = peek();
-        if (!peek_punct("]")) {
+        if (!peek_punct(']')) {
             do {
                 const Token& dim = peek();
                 int64_t d = 0;
@@ -383,52 +401,55 @@ class Parser {
                     d < 0)
                     fail("a non-negative integer dimension", dim);
                 if (d > limits::MAX_DIM)
-                    error("dimension " + dim.text + " is over MAX_DIM (" + std::to_string(limits::MAX_DIM) + ")", dim);
+                    error("dimension " + std::string(dim.text) + " is over MAX_DIM (" +
+                              std::to_string(limits::MAX_DIM) + ")",
+                          dim);
                 shape.push_back(d);
                 advance();
-            } while (accept(","));
+            } while (accept(','));
         }
         check_shape_limits(shape, open);
-        expect("]", "to close the tensor shape");
-        expect(">", "after the tensor shape");
+        expect(']', "to close the tensor shape");
+        expect('>', "after the tensor shape");
         return Type::tensor(dtype, std::move(shape));
     }
 
     // `TYPE var = op(args)[name=string("..."), val=VALUE];`
-    Operation statement(std::set<std::string>& variables, std::set<std::string>& op_names) {
+    Operation statement(Names& variables, Names& op_names) {
         Operation op;
         const Token& start = peek();
         op.loc = {start.line, start.column};
         if (!peek_type()) {
             if (start.kind == Token::Kind::identifier && peek(1).kind == Token::Kind::identifier)
-                error("unknown dtype '" + start.text + "'", start);
+                error("unknown dtype '" + std::string(start.text) + "'", start);
             fail("a statement (a type) or '}'", start);
         }
         op.type = parse_type();
         const Token& var = take(Token::Kind::identifier, "a variable name");
-        if (!variables.insert(var.text).second) error("duplicate variable name '" + var.text + "'", var);
+        if (!variables.insert(var.text).second) error("duplicate variable name '" + std::string(var.text) + "'", var);
         op.output = var.text;
-        expect("=", "after the variable name");
+        expect('=', "after the variable name");
         op.op = identifier("an op name");
-        expect("(", "after the op name");
-        if (!peek_punct(")")) {
+        expect('(', "after the op name");
+        if (!peek_punct(')')) {
             do op.args.push_back(argument());
-            while (accept(","));
+            while (accept(','));
         }
-        expect(")", "after argument list");
+        expect(')', "after argument list");
         const Token& attributes = peek();
-        expect("[", "before the op attributes");
+        expect('[', "before the op attributes");
         bool has_name = false;
         do {
             const Token& key = take(Token::Kind::identifier, "an attribute name");
-            expect("=", "after the attribute name");
+            expect('=', "after the attribute name");
             if (key.text == "name" && !has_name) {
                 keyword("string", "as the type of name=");
-                expect("(", "after 'string'");
+                expect('(', "after 'string'");
                 const Token& name = take(Token::Kind::string, "a quoted op name");
-                if (!op_names.insert(name.text).second) error("duplicate op name \"" + name.text + "\"", name);
+                if (!op_names.insert(name.text).second)
+                    error("duplicate op name \"" + std::string(name.text) + "\"", name);
                 op.name = name.text;
-                expect(")", "after the op name");
+                expect(')', "after the op name");
                 has_name = true;
             } else if (key.text == "val" && !op.val) {
                 const Token& at = peek();
@@ -442,17 +463,17 @@ class Parser {
                                     [&](const auto& a) { return a.first == key.text; })) {
                 op.attributes.emplace_back(key.text, value());  // a compile-time constant op's parameter
             } else {
-                error("unexpected or repeated attribute '" + key.text + "'" +
+                error("unexpected or repeated attribute '" + std::string(key.text) + "'" +
                           (key.text != "name" && key.text != "val" && !is_constexpr_op(op.op)
                                ? " (only constexpr_* ops take parameters as attributes; pass it as an argument)"
                                : ""),
                       key);
             }
-        } while (accept(","));
-        expect("]", "after the op attributes");
+        } while (accept(','));
+        expect(']', "after the op attributes");
         if (!has_name) error("op '" + op.output + "' has no name= attribute", attributes);
         if (op.op == "const" && !op.val) error("const '" + op.output + "' has no val= attribute", attributes);
-        expect(";", "after the statement");
+        expect(';', "after the statement");
         return op;
     }
 
@@ -460,20 +481,20 @@ class Parser {
         const Token& t = peek();
         if (t.kind != Token::Kind::identifier) return false;
         if (t.text == "true" || t.text == "false") return true;
-        return (t.text == "tensor" && peek_punct("<", 1)) || (dtype_from_name(t.text) && peek_punct("(", 1));
+        return (t.text == "tensor" && peek_punct('<', 1)) || (dtype_from_name(t.text) && peek_punct('(', 1));
     }
 
     // `x=ref`, `values=(a, b)` or an inline literal `transpose_x=false`, `y=fp16(2.0)`
     Argument argument() {
         std::string name = identifier("an argument name");
-        expect("=", "after the argument name");
-        if (accept("(")) {
+        expect('=', "after the argument name");
+        if (accept('(')) {
             std::vector<std::string> refs;
-            if (!peek_punct(")")) {
+            if (!peek_punct(')')) {
                 do refs.push_back(identifier("a variable name in the tuple"));
-                while (accept(","));
+                while (accept(','));
             }
-            expect(")", "to close the tuple");
+            expect(')', "to close the tuple");
             return Argument::tuple(std::move(name), std::move(refs));
         }
         if (peek_literal()) {
@@ -496,7 +517,7 @@ class Parser {
             v = to_double(t);
             bool fractional = t.text.find_first_of(is_hex(t.text) ? ".pP" : ".eE") != std::string::npos;
             if (!is_valid_number(dtype, v) || (!is_float(dtype) && fractional))
-                error(t.text + " is not a valid " + dtype_name(dtype) + " literal", t);
+                error(std::string(t.text) + " is not a valid " + dtype_name(dtype) + " literal", t);
         }
         advance();
         return v;
@@ -513,7 +534,7 @@ class Parser {
         if (s[0] == '-' || s[0] == '+') s.remove_prefix(1);
         if (hex) s.remove_prefix(2);
         const std::optional<double> v = parse_double(s, hex);  // not std::from_chars: see number_text.h
-        if (!v) error("number " + t.text + " is out of range", t);
+        if (!v) error("number " + std::string(t.text) + " is out of range", t);
         return negative ? -*v : *v;
     }
 
@@ -521,23 +542,24 @@ class Parser {
     Value value() {
         if (!peek_type()) fail("a value like fp16(1.0) or tensor<...>(...)", peek());
         Type type = parse_type();
-        expect("(", "after the value type");
+        expect('(', "after the value type");
         Value v;
         if (!type.is_tensor) {
-            v = type.dtype == DType::string ? Value::string(take(Token::Kind::string, "a quoted string").text)
-                                            : Value::number(type.dtype, number(type.dtype));
+            v = type.dtype == DType::string
+                    ? Value::string(std::string(take(Token::Kind::string, "a quoted string").text))
+                    : Value::number(type.dtype, number(type.dtype));
         } else if (peek().kind == Token::Kind::identifier && peek().text == "BLOBFILE") {
             v = blobfile(type);
         } else {
             const Token& at = peek();
             if (type.dtype == DType::string) error("string tensors cannot be literals", at);
             std::vector<double> numbers;
-            if (accept("[")) {
-                if (!peek_punct("]")) {
+            if (accept('[')) {
+                if (!peek_punct(']')) {
                     do numbers.push_back(number(type.dtype));
-                    while (accept(","));
+                    while (accept(','));
                 }
-                expect("]", "to close the value list");
+                expect(']', "to close the value list");
             } else if (type.shape.empty()) {
                 numbers.push_back(number(type.dtype));
             } else {
@@ -547,7 +569,7 @@ class Parser {
                 error(std::to_string(numbers.size()) + " values for " + type.str(), at);
             v = Value::list(type, std::move(numbers));
         }
-        expect(")", "after the value");
+        expect(')', "after the value");
         return v;
     }
 
@@ -565,26 +587,26 @@ class Parser {
     // `BLOBFILE(path=string("@model_path/weights/wq.bin"), offset=uint64(64))`
     Value blobfile(const Type& type) {
         advance();
-        expect("(", "after 'BLOBFILE'");
+        expect('(', "after 'BLOBFILE'");
         keyword("path", "as the first BLOBFILE argument");
-        expect("=", "after 'path'");
+        expect('=', "after 'path'");
         keyword("string", "as the type of path=");
-        expect("(", "after 'string'");
-        std::string path = take(Token::Kind::string, "a quoted path").text;
-        expect(")", "after the path");
-        expect(",", "between path= and offset=");
+        expect('(', "after 'string'");
+        std::string path(take(Token::Kind::string, "a quoted path").text);
+        expect(')', "after the path");
+        expect(',', "between path= and offset=");
         keyword("offset", "as the second BLOBFILE argument");
-        expect("=", "after 'offset'");
+        expect('=', "after 'offset'");
         keyword("uint64", "as the type of offset=");
-        expect("(", "after 'uint64'");
+        expect('(', "after 'uint64'");
         const Token& t = peek();
         uint64_t offset = 0;
         auto [end, ec] = std::from_chars(t.text.data(), t.text.data() + t.text.size(), offset);
         if (t.kind != Token::Kind::number || ec != std::errc() || end != t.text.data() + t.text.size())
             fail("an unsigned integer offset", t);
         advance();
-        expect(")", "after the offset");
-        expect(")", "to close BLOBFILE(...)");
+        expect(')', "after the offset");
+        expect(')', "to close BLOBFILE(...)");
         return Value::blob(type, std::move(path), offset);
     }
 };

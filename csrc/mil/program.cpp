@@ -68,7 +68,7 @@ bool is_version_number(std::string_view s) {
     return digits(s.substr(0, dot)) && (dot == s.npos || digits(s.substr(dot + 1)));
 }
 
-std::optional<DType> dtype_from_name(const std::string& name) {
+std::optional<DType> dtype_from_name(std::string_view name) {
     for (const auto& i : kDTypes)
         if (name == i.name) return i.dtype;
     return std::nullopt;

@@ -22,7 +22,7 @@ namespace orion::mil {
 enum class DType { fp16, fp32, int32, int16, int8, uint16, uint8, boolean, string, uint64, int4, uint4, uint6 };
 
 const char* dtype_name(DType dtype);                    // "fp16", ..., "bool", "string"
-std::optional<DType> dtype_from_name(const std::string& name);
+std::optional<DType> dtype_from_name(std::string_view name);
 size_t dtype_size(DType dtype);                          // bytes per element (0 for string and sub-byte types)
 size_t dtype_bits(DType dtype);                          // bits per element (0 for string)
 bool is_float(DType dtype);

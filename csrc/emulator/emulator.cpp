@@ -845,10 +845,10 @@ private:
             if (in.partial() && in.lanes > 0) {
                 StableNorm live = n;
                 live.lanes = in.lanes;
-                const std::vector<float> packed = gather_lanes(in.data.data(), n.channels, n.lanes, live.lanes);
-                std::vector<float> normed(packed.size());
+                std::vector<float> packed(static_cast<size_t>(n.channels * live.lanes)), normed(packed.size());
+                kernels::gather_lanes(in.data.data(), n.channels, n.lanes, live.lanes, packed.data());
                 run_stable_norm(live, packed.data(), data(gamma), data(beta), normed.data());
-                scatter_lanes(normed.data(), n.channels, live.lanes, out.data.data(), n.lanes);
+                kernels::scatter_lanes(normed.data(), n.channels, live.lanes, out.data.data(), n.lanes);
             } else {
                 run_stable_norm(n, data(x), data(gamma), data(beta), out.data.data());
             }

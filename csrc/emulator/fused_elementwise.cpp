@@ -81,7 +81,8 @@ void run_compacted(const ElementwiseRun& run, Frame& frame, int64_t live) {
             Tensor& copy = local.values[static_cast<size_t>(slot)];
             if (!copy.data.empty()) continue;
             if (o->kind == Kind::full) {
-                copy.data = gather_lanes(t.data.data(), R, W, live);
+                copy.data.resize(static_cast<size_t>(R * live));
+                kernels::gather_lanes(t.data.data(), R, W, live, copy.data.data());
             } else {  // a row of lanes (its live prefix), a value per row or a scalar: read as they are
                 copy.data.assign(t.data.begin(), o->kind == Kind::lanes ? t.data.begin() + live : t.data.end());
             }
@@ -94,7 +95,7 @@ void run_compacted(const ElementwiseRun& run, Frame& frame, int64_t live) {
     }
     run_elementwise(compact, local, nullptr);
     for (const auto& [slot, from] : stored)
-        scatter_lanes(local.values[static_cast<size_t>(from)].data.data(), R, live,
+        kernels::scatter_lanes(local.values[static_cast<size_t>(from)].data.data(), R, live,
                       frame.values[static_cast<size_t>(slot)].data.data(), W);
 }
 

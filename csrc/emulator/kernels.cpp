@@ -1029,9 +1029,9 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
         thread_local std::vector<float> compact_x, compact_out;
         float* xc = scratch(compact_x, static_cast<size_t>(w.cin * lanes));
         float* oc = scratch(compact_out, static_cast<size_t>(panels * kConvPanel * lanes));
-        for (int64_t c = 0; c < w.cin; ++c) std::copy(x + c * S, x + c * S + lanes, xc + c * lanes);
+        gather_lanes(x, w.cin, S, lanes, xc);
         conv1x1_packed(w, xc, lanes, lanes, oc, round_fp16);
-        for (int64_t o = 0; o < w.cout; ++o) std::copy(oc + o * lanes, oc + (o + 1) * lanes, out + o * S);
+        scatter_lanes(oc, w.cout, lanes, out, S);
         return;
     }
     // Long rows are cut into balanced chunks of about kConvLaneChunk lanes (each >= 18, so every

@@ -3,6 +3,7 @@
 // path is always there. Every kernel accumulates in fp32.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -232,5 +233,16 @@ void prefetch_in_background(std::vector<std::shared_ptr<const void>> owners,
 // Which SIMD path the kernels use on this CPU: "avx512f+f16c+fma", "avx2+f16c+fma" or "portable"
 // (ORION_SIMD=avx2 or ORION_SIMD=portable picks a narrower one).
 const char* simd_path();
+
+// The first `live` lanes of each of `rows` rows of `width` lanes, written to `packed` as rows of `live` (a few live
+// lanes of wide rows computed together: conv1x1's compact path, the fused norm and elementwise runs).
+inline void gather_lanes(const float* src, int64_t rows, int64_t width, int64_t live, float* packed) {
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(src + r * width, live, packed + r * live);
+}
+
+// Rows of `live` lanes written back as the first `live` lanes of each row of `width` (the rest untouched).
+inline void scatter_lanes(const float* packed, int64_t rows, int64_t live, float* dst, int64_t width) {
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(packed + r * live, live, dst + r * width);
+}
 
 }  // namespace orion::emu::kernels

@@ -37,24 +37,12 @@ struct Tensor {
     // a partial tensor whose rows are longer than kShortRow lanes. Shorter rows (a decode step's lanes,
     // one per sequence) are computed whole: a kernel call per short row costs more than the dead lanes
     // it skips, and a dead lane's value is undefined either way (the fused norm and elementwise runs
-    // gather the live lanes of short rows instead: gather_lanes). Reductions and matmuls over the lane
+    // gather the live lanes of short rows instead: kernels::gather_lanes). Reductions and matmuls over the lane
     // axis still see only the live prefix (partial()).
     static constexpr int64_t kShortRow = 32;
     bool skips_dead_lanes() const { return partial() && last_dim() > kShortRow; }
     bool prefix_partial() const { return live_prefix >= 0; }
 };
-
-// The first `live` lanes of each of `rows` rows of `width` lanes, packed as rows of `live`.
-inline std::vector<float> gather_lanes(const float* src, int64_t rows, int64_t width, int64_t live) {
-    std::vector<float> packed(static_cast<size_t>(rows * live));
-    for (int64_t r = 0; r < rows; ++r) std::copy_n(src + r * width, live, packed.data() + r * live);
-    return packed;
-}
-
-// Rows of `live` lanes written back as the first `live` lanes of each row of `width` (the rest untouched).
-inline void scatter_lanes(const float* packed, int64_t rows, int64_t live, float* dst, int64_t width) {
-    for (int64_t r = 0; r < rows; ++r) std::copy_n(packed + r * live, live, dst + r * width);
-}
 
 // Zeroes the dead elements past t's live prefix and makes it whole (for an op that reads every element).
 inline void settle_prefix(Tensor& t) {

@@ -632,10 +632,10 @@ class CausalLM(AdapterHost):
         runs = [(stage, {name: longest for i in layers for name in (f"k{i}", f"v{i}")} | {"mask": longest}
                  | {name: lanes[-1] + 1 for name in per_lane if name in stage.mil_name})
                 for stage, layers in zip(self._layers, self.decode_plan.layer_ranges)]
-        head = self.options.lm_head != "cpu"
-        # The layers and the head in one call: a layer's new key and value do not reach a later layer's program
-        # in this step, and an overflowed layer is named below, in order, as if the step had stopped there.
-        run_in_turn(runs + [(stage, {"x": lanes[-1] + 1}) for stage in self._heads if head])
+        # The layers and the head (no stages when it runs on the CPU) in one call: a layer's new key and value do
+        # not reach a later layer's program in this step, and an overflowed layer is named below, in order, as if
+        # the step had stopped there.
+        run_in_turn(runs + [(stage, {"x": lanes[-1] + 1}) for stage in self._heads])
         if not np.isfinite(_residual_lanes(self._layers[-1], lanes)).all():
             # An overflow reaches the last layer's output (each layer adds to the residual stream; NaN and inf
             # stay). The stages' residual outputs, and the first one's input, take turns in two surfaces, so the

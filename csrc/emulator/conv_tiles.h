@@ -123,12 +123,20 @@ struct AddressedRows : std::false_type {};
 template <typename Rows>
 struct AddressedRows<Rows, std::void_t<decltype(Rows::kRowBytes)>> : std::true_type {};
 
-// Row (c + u)'s cache line kConvPrefetchBytes ahead, in decode's tiles only, from a loop that reads U rows a
-// step from a c that is a multiple of U (u: the unrolled loop's index, so the test folds): the rows starting
-// a cache line when U rows span whole lines (fp16, int8 at one lane), else the step's first row.
+// Whether a row reader streams its rows from memory whatever the tile's lanes (`kStreamed`): fp16 panels, read
+// once per lane tile or by the tile that widens them for the others.
+template <typename Rows, typename = void>
+struct StreamedRows : std::false_type {};
+template <typename Rows>
+struct StreamedRows<Rows, std::void_t<decltype(Rows::kStreamed)>> : std::bool_constant<Rows::kStreamed> {};
+
+// Row (c + u)'s cache line kConvPrefetchBytes ahead, in decode's tiles and in tiles of any width over streamed
+// rows, from a loop that reads U rows a step from a c that is a multiple of U (u: the unrolled loop's index, so
+// the test folds): the rows starting a cache line when U rows span whole lines (fp16, int8 at one lane), else
+// the step's first row.
 template <int L, typename Rows>
 ORION_TILE_INLINE void prefetch_row(const Rows& rows, int64_t c, int u) {
-    if constexpr (L < kConvSequentialLanes && AddressedRows<Rows>::value) {
+    if constexpr ((L < kConvSequentialLanes || StreamedRows<Rows>::value) && AddressedRows<Rows>::value) {
         if ((u * Rows::kRowBytes) % 64 == 0)
             _mm_prefetch(reinterpret_cast<const char*>(rows.at(c + u + kConvPrefetchBytes / Rows::kRowBytes)), _MM_HINT_T0);
     }

@@ -206,8 +206,11 @@ ORION_AVX2 void conv_tile_avx2(const W* w, const float* x, int64_t S, int64_t k,
 
 // fp16 rows read as PlainRows8 reads them, each also stored widened to w32 (row c at w32 + 16 c).
 struct WideningRows8 {
+    static constexpr int64_t kRowBytes = kConvPanel * sizeof(uint16_t);
+    static constexpr bool kStreamed = true;
     const uint16_t* w;
     float* w32;
+    const uint16_t* at(int64_t c) const { return w + c * kConvPanel; }
     ORION_AVX2 __m256 lo(int64_t c) const { return widen(c * kConvPanel); }
     ORION_AVX2 __m256 hi(int64_t c) const { return widen(c * kConvPanel + 8); }
     ORION_AVX2 __m256 widen(int64_t i) const {

@@ -124,7 +124,7 @@ template <typename Rows>
 struct AddressedRows<Rows, std::void_t<decltype(Rows::kRowBytes)>> : std::true_type {};
 
 // Whether a row reader streams its rows from memory whatever the tile's lanes (`kStreamed`): fp16 panels, read
-// once per lane tile or by the tile that widens them for the others.
+// once per lane tile or by the tile that widens them for the others (not the widened fp32 rows, in L1).
 template <typename Rows, typename = void>
 struct StreamedRows : std::false_type {};
 template <typename Rows>

@@ -193,6 +193,7 @@ ORION_AVX2 void float_to_half_avx2(const float* src, uint16_t* dst, size_t n) {
 template <typename W>
 struct PlainRows8 {
     static constexpr int64_t kRowBytes = kConvPanel * sizeof(W);
+    static constexpr bool kStreamed = sizeof(W) == 2;
     const W* w;
     const W* at(int64_t c) const { return w + c * kConvPanel; }
     ORION_AVX2 __m256 lo(int64_t c) const { return load8(w + c * kConvPanel); }

@@ -52,8 +52,7 @@ bool causal_attention_applies(int64_t seq, int64_t value_depth) {
 }
 
 int64_t causal_attention_dead_end(const CausalAttention& a, int64_t live) {
-    const int64_t block = query_block(a.seq);
-    return std::min(a.seq, (live + block - 1) / block * block);
+    return std::min(a.seq, (live + kLaneGroup - 1) / kLaneGroup * kLaneGroup);
 }
 
 bool run_causal_attention(const CausalAttention& a, const float* q, const float* k, const float* v, float scale,
@@ -63,8 +62,8 @@ bool run_causal_attention(const CausalAttention& a, const float* q, const float*
     // The rows up to the last live one's group of 16 and the keys they reach (a 16-token prompt in a 1024-token
     // bucket: 16 rows and keys of its block's 128; the keys past a live row's L_i hold exact-0 probabilities whose
     // terms leave the sums as they are, and each row's sums are the gemm's in the same order whatever the rows).
-    const int64_t reached = std::min(S, (live + kLaneGroup - 1) / kLaneGroup * kLaneGroup);
-    if (!scores_are_bounded(a, q, k, scale, live, causal_attention_dead_end(a, live))) return false;
+    const int64_t reached = causal_attention_dead_end(a, live);
+    if (!scores_are_bounded(a, q, k, scale, live, reached)) return false;
     const kernels::ScoreRowOps row_ops{a.has_scale, scale, a.round_scaled, a.round_masked, a.round_probs};
     kernels::parallel_for(a.batches * blocks, 1, [&](int64_t begin, int64_t end) {
         thread_local std::vector<float> scratch;

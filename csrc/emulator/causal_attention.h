@@ -45,8 +45,8 @@ bool causal_attention_applies(int64_t seq, int64_t value_depth);
 bool run_causal_attention(const CausalAttention& a, const float* q, const float* k, const float* v, float scale,
                           const float* mask, float* out, int64_t live);
 
-// The end of the dead key lanes run_causal_attention reads with `live` lanes live: the last live query
-// block's end.
+// The end of the dead lanes run_causal_attention reads with `live` lanes live: the end of the last live
+// query's group of 16 (the rows it computes and the keys they reach).
 int64_t causal_attention_dead_end(const CausalAttention& a, int64_t live);
 
 }  // namespace orion::emu

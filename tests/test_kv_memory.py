@@ -279,6 +279,32 @@ def test_generate_compiles_the_buckets_it_reaches_before_the_first_token(monkeyp
     assert model.prepare(1024) == [] and 1024 not in model.decode_plan.layers_by_context
 
 
+def test_a_prompt_builds_no_decode_layer_and_the_first_decode_step_does() -> None:
+    """At one layer per program, the decode layer programs wait for the first decode step: a prompt's logits
+    come from its prefill programs and the LM head, so a (warm) start reaches its first token without them.
+    The prompt builds its bucket's programs and nothing more; the steps after (and a fork's) give, bit for bit,
+    what a model whose decode layers were compiled before the prompt (``prepare``, as ``generate`` does) gives."""
+    config = GPT2Config(n_layer=3, n_head=4, n_embd=64, vocab_size=512, n_positions=256)
+    weights = random_weights(config, seed=6)
+    ids = [int(t) for t in np.random.default_rng(7).integers(0, config.vocab_size, 20)]
+    eager = GPT2(config, weights, progress=False, fusion_depth=1)
+    shortest = eager.cache.buckets[0]
+    assert eager.prepare(len(ids) + 4) == [shortest] and sorted(eager.decode_plan.layers_by_context) == [shortest]
+    lazy = GPT2(config, weights, progress=False, fusion_depth=1)
+    programs = lambda: lazy.builder.built + lazy.builder.cached  # noqa: E731 -- built by this model's builder
+    heads = len(lazy.decode_plan.head_programs)
+    assert lazy.decode_plan.layers_by_context == {} and programs() == heads
+    np.testing.assert_array_equal(lazy.prefill(ids), eager.prefill(ids))
+    assert lazy.decode_plan.layers_by_context == {} and programs() == heads + config.n_layer  # the prompt bucket's
+    twin = lazy.fork()
+    for token in ids[:4]:
+        want = eager.decode_step(token)
+        np.testing.assert_array_equal(lazy.decode_step(token), want)
+        np.testing.assert_array_equal(twin.decode_step(token), want)
+    assert sorted(lazy.decode_plan.layers_by_context) == [shortest]
+    assert programs() == heads + 2 * config.n_layer  # the fork shares the plan
+
+
 def test_prompts_share_a_compiled_bucket_when_the_budget_is_short(monkeypatch) -> None:
     """Short of compiles for a prompt bucket of its own (after the decode buckets and the largest prompt
     bucket are reserved), a prompt runs in a compiled bucket that holds it, its tokens the live lanes: the

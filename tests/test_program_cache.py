@@ -87,6 +87,7 @@ def test_buckets_share_layer_weights_on_disk(tmp_path, monkeypatch) -> None:
     config = GPT2Config(n_layer=2, n_head=4, n_embd=256, vocab_size=512, n_positions=128)
     weights = lively_weights(config, seed=0)
     model = GPT2(config, weights, fusion_depth=1, progress=False)
+    model.prepare(1)  # the decode layer programs (at depth 1 they wait for their first use)
     after_decode = usage(tmp_path)["bytes"]
     for n in (5, 40, 70):  # three prefill buckets: 32, 64 and 128 tokens
         model.prefill(list(range(n)))

@@ -52,27 +52,30 @@ bool causal_attention_applies(int64_t seq, int64_t value_depth) {
 }
 
 int64_t causal_attention_dead_end(const CausalAttention& a, int64_t live) {
-    const int64_t block = query_block(a.seq);
-    return std::min(a.seq, (live + block - 1) / block * block);
+    return std::min(a.seq, (live + kLaneGroup - 1) / kLaneGroup * kLaneGroup);
 }
 
 bool run_causal_attention(const CausalAttention& a, const float* q, const float* k, const float* v, float scale,
                           const float* mask, float* out, int64_t live) {
     live = std::clamp<int64_t>(live, 0, a.seq);
     const int64_t S = a.seq, block = query_block(S), blocks = (live + block - 1) / block;
-    if (!scores_are_bounded(a, q, k, scale, live, causal_attention_dead_end(a, live))) return false;
+    // The rows up to the last live one's group of 16 and the keys they reach (a 16-token prompt in a 1024-token
+    // bucket: 16 rows and keys of its block's 128; the keys past a live row's L_i hold exact-0 probabilities whose
+    // terms leave the sums as they are, and each row's sums are the gemm's in the same order whatever the rows).
+    const int64_t reached = causal_attention_dead_end(a, live);
+    if (!scores_are_bounded(a, q, k, scale, live, reached)) return false;
     const kernels::ScoreRowOps row_ops{a.has_scale, scale, a.round_scaled, a.round_masked, a.round_probs};
     kernels::parallel_for(a.batches * blocks, 1, [&](int64_t begin, int64_t end) {
         thread_local std::vector<float> scratch;
         for (int64_t task = begin; task < end; ++task) {
             const int64_t b = task / blocks, i0 = task % blocks * block;
-            const int64_t keys = i0 + block;  // the block's last row needs keys [0, i0 + block)
-            scratch.resize(static_cast<size_t>(block * keys));
+            const int64_t rows = std::min(block, reached - i0), keys = i0 + rows;  // the last row needs keys [0, keys)
+            scratch.resize(static_cast<size_t>(rows * keys));
             float* p = scratch.data();
             // s[i][j] = sum_d q[d][i] k[d][j] for the block's rows i and keys j < keys.
-            kernels::gemm(block, keys, a.depth, q + a.q_offset[b] + i0, 1, S, k + a.k_offset[b], S, 1, p, keys,
+            kernels::gemm(rows, keys, a.depth, q + a.q_offset[b] + i0, 1, S, k + a.k_offset[b], S, 1, p, keys,
                           a.round_scores);
-            for (int64_t r = 0; r < block; ++r) {
+            for (int64_t r = 0; r < rows; ++r) {
                 const int64_t i = i0 + r;
                 const int64_t reach = std::min(keys, (i + kLaneGroup) / kLaneGroup * kLaneGroup);  // L_i
                 float* row = p + r * keys;
@@ -80,7 +83,7 @@ bool run_causal_attention(const CausalAttention& a, const float* q, const float*
                 std::fill(row + reach, row + keys, 0.0f);  // the masked tail: exact zeros
             }
             // o[d][i] = sum_j v[d][j] p[i][j] over the keys the block reaches.
-            kernels::gemm(a.value_depth, block, keys, v + a.v_offset[b], S, 1, p, 1, keys,
+            kernels::gemm(a.value_depth, rows, keys, v + a.v_offset[b], S, 1, p, 1, keys,
                           out + b * a.value_depth * S + i0, S, a.round_out);
         }
     });

@@ -37,14 +37,16 @@ bool causal_attention_applies(int64_t seq, int64_t value_depth);
 // Computes o as above, or returns false (writing nothing) when the exactness check fails.
 // scale is read only when has_scale; mask is the [S, S] additive mask, row-major.
 // `live`: the leading lanes (queries = keys) that hold data (a live-lanes hint; S when all do). Only the
-// query blocks holding live queries are computed, and o is defined on its live lanes only. The dead key
-// lanes a live block reaches, [live, dead_end(a, live)), must be finite (the caller zeroes them): each
-// is a masked key of some live row, read by both gemms with its probability an exact 0.
+// query blocks holding live queries are computed, up to the last live query's group of 16 rows and over the
+// keys those rows reach (the keys past a live row's L_i hold only exact-0 probabilities, and leaving those zero
+// terms out of the sums leaves them bit for bit), and o is defined on its live lanes only. The dead lanes those
+// rows read, within [live, dead_end(a, live)), must be finite (the caller zeroes them): a dead query's row is
+// computed and ignored, and a dead key is a masked key of some live row, read with its probability an exact 0.
 bool run_causal_attention(const CausalAttention& a, const float* q, const float* k, const float* v, float scale,
                           const float* mask, float* out, int64_t live);
 
-// The end of the dead key lanes run_causal_attention reads with `live` lanes live: the last live query
-// block's end.
+// The end of the dead lanes run_causal_attention reads with `live` lanes live: the end of the last live
+// query's group of 16 (the rows it computes and the keys they reach).
 int64_t causal_attention_dead_end(const CausalAttention& a, int64_t live);
 
 }  // namespace orion::emu

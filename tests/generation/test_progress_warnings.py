@@ -30,16 +30,21 @@ def test_model_users_get_one_summary_warning_per_batch(tiny_sram, capsys) -> Non
         warnings.simplefilter("always")
         model = GPT2(CONFIG, lively_weights(CONFIG), fusion_depth=1)
         model.prefill([1, 2, 3])
+        model.decode_step(4)
     sram = [w for w in caught if issubclass(w.category, SRAMBudgetWarning)]
-    assert len(sram) == 2, [str(w.message) for w in sram]  # the decode programs, then the prompt's bucket
-    assert str(sram[0].message).startswith("3 of 3 programs for GPT-2")
+    # The LM head with the model, the prompt's bucket, then the decode layers (at depth 1, on the first step).
+    assert len(sram) == 3, [str(w.message) for w in sram]
+    assert str(sram[0].message).startswith("1 of 1 programs for GPT-2")
     assert "ANE-26" in str(sram[0].message) and "fusion_depth" in str(sram[0].message)
     assert str(sram[1].message).startswith("2 of 2 programs for GPT-2 prompts up to 32 tokens")
+    assert str(sram[2].message).startswith("2 of 2 programs for decode with a KV cache of")
     assert all(w.filename == __file__ for w in sram)
     capsys.readouterr()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        GPT2(CONFIG, lively_weights(CONFIG), fusion_depth=1, progress=False).prefill([1, 2, 3])
+        quiet = GPT2(CONFIG, lively_weights(CONFIG), fusion_depth=1, progress=False)
+        quiet.prefill([1, 2, 3])
+        quiet.decode_step(4)
     assert caught == [], [(w.category, str(w.message)[:300], w.filename) for w in caught]
     assert capsys.readouterr().err == ""  # progress=False: silent
 

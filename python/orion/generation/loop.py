@@ -52,6 +52,7 @@ from orion.lora.hot_swap import AdapterHost
 from orion.ops import PACKED_MASK_INPUT, packed_causal_mask
 from orion.runtime.backend import backend, compiles_left
 from orion.runtime.builder import ProgramBuilder
+from orion.runtime.dtypes import numpy_dtype
 from orion.runtime.stage import Stage, run_in_turn
 
 
@@ -407,8 +408,9 @@ class CausalLM(AdapterHost):
         depth = self.options.fusion_depth or sram_fusion_depth(d.n_layer, self.layer_weight_bytes())
         heads = len(self._head_ranges) if self.options.lm_head == "ane" else 0
         millions = f"{d.parameters / 1e6:.{0 if d.parameters >= 1e7 else 1}f}M"
+        layer_programs = -(-d.n_layer // depth) if depth > 1 else 0  # at depth 1, on first use (build_decode_plan)
         builder.begin(f"{self.display_name} ({millions} parameters, {d.n_layer} layers) "
-                      f"on {backend()}", -(-d.n_layer // depth) + heads)
+                      f"on {backend()}", layer_programs + heads)
         # A decode_graph hook without the ``context`` argument reads full-context caches: one bucket.
         sized = "context" in inspect.signature(self.decode_graph).parameters
         self._kv_buckets = context_buckets(d.kv_heads * d.head_dim, d.context, self.options.io_dtype) \
@@ -492,30 +494,47 @@ class CausalLM(AdapterHost):
         self._bound_sets: dict[ProgramSet, _BoundStages] = {}  # this object's stages of the sets not in use
         self._busy = threading.Lock()
 
-    def _bind_decode(self, bucket: int) -> None:
-        """New decode stages for a KV cache of ``bucket`` positions (its layer programs compiled on first
-        use), the cache moved into their inputs."""
-        self._layers, self._heads = self.decode_plan.bind(bucket)
+    def _bind_decode(self, bucket: int, layers: bool = False) -> None:
+        """New decode stages for a KV cache of ``bucket`` positions, the cache moved into their inputs. The layer
+        stages only when ``layers`` or when the bucket's layer programs are compiled (``layers`` compiles them); else
+        the LM-head stages alone (a prompt's logits need no decode layer), the cache held in arrays of its own
+        until a decode step binds the layers (``_reserve``)."""
+        plan = self.decode_plan
+        if layers or bucket in plan.layers_by_context:
+            self._layers, self._heads = plan.bind(bucket)
+        else:
+            self._layers, self._heads = [], plan.bind_heads()
         self._bound_bucket = bucket
         self._write_stage_inputs([self._layers])
         self._attach_cache()
 
     def _attach_cache(self) -> None:
-        """The KV cache into the inputs of the bound decode stages (``KVCache.attach``)."""
-        tensors = {name: stage.input(name) for stage, layers in zip(self._layers, self.decode_plan.layer_ranges)
-                   for i in layers for name in (f"k{i}", f"v{i}")}
-        self.cache.attach(self._bound_bucket, tensors, [stage.input("mask") for stage in self._layers])
+        """The KV cache into the inputs of the bound decode stages (``KVCache.attach``), or into new arrays of the
+        bucket's shape when no layer stage is bound."""
+        ranges, bucket = self.decode_plan.layer_ranges, self._bound_bucket
+        if self._layers:
+            tensors = {name: stage.input(name) for stage, layers in zip(self._layers, ranges)
+                       for i in layers for name in (f"k{i}", f"v{i}")}
+            masks = [stage.input("mask") for stage in self._layers]
+        else:
+            dtype, lanes = numpy_dtype(self.options.io_dtype), self.options.lanes
+            tensors = {f"{kv}{i}": np.zeros((1, lanes * self.cache.width, 1, bucket), dtype)
+                       for i in range(self.dims.n_layer) for kv in "kv"}
+            masks = [np.zeros((1, lanes, 1, bucket), dtype) for _ in ranges]
+        self.cache.attach(bucket, tensors, masks)
 
-    def _reserve(self, n: int) -> None:
+    def _reserve(self, n: int, layers: bool = False) -> None:
         """Room for ``n`` positions: the shortest bucket holding them and the filled ones (an empty cache
-        may shrink), its decode stages bound."""
+        may shrink), its decode stages bound (``layers``: its layer stages too, for a decode step)."""
         bucket = self.cache.bucket_for(n)
         if bucket != self._bound_bucket:
             # The idle activations of earlier prompts go back to the OS before the new bucket's surfaces come,
             # not after every prompt: the next prompt's first program would fault them in again (GPT-2 124M:
             # ~80 ms a prompt in the 1,024-lane bucket).
             kernels.release_idle_buffers()
-            self._bind_decode(bucket)
+            self._bind_decode(bucket, layers)
+        elif layers and not self._layers:
+            self._bind_decode(bucket, layers)
 
     def fork(self) -> CausalLM:
         """A model sharing this one's compiled programs with its own copy of the KV cache (and its
@@ -620,7 +639,7 @@ class CausalLM(AdapterHost):
                                   f"reset() or start a new prompt")
         self._check_ids([_token_id(tokens[b], "decode_step's token") for b in lanes])
         longest = max(positions)
-        self._reserve(longest + 1)  # the cache grows by buckets (kv_cache)
+        self._reserve(longest + 1, layers=True)  # the cache grows by buckets (kv_cache)
         x, per_lane = self._layers[0].input("x"), {"x"}
         embedded = [self.embed([tokens[lane]], pos)[0] for lane, pos in zip(lanes, positions)]
         for lane, pos, row in zip(lanes, positions, embedded):

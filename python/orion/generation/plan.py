@@ -8,7 +8,10 @@ fails at some depth, the plan falls back to shallower fusion (the hardware's fus
 known). The residual stream ``x`` flows from each layer program to the next through one chain of
 surfaces; the KV cache lives in the decode programs' own ``k<i>``/``v<i>`` inputs (``KVCache.attach``). The
 layer programs exist per KV-cache length (``kv_cache.context_buckets``): the shortest is built with
-the plan, a longer one the first time a cache grows to it (``DecodePlan.layers_at``).
+the plan, a longer one the first time a cache grows to it (``DecodePlan.layers_at``). At one layer per program
+(no shallower fusion to fall back to, so the depth is settled without compiling) the shortest waits too, for the
+first decode step or ``CausalLM.prepare``: a model's first token comes from a prefill and its LM head, and
+a warm start of Qwen2.5-0.5B (24 decode layer programs) spent ~0.3 s of its 1.8 s reading them first.
 """
 
 from __future__ import annotations
@@ -135,8 +138,8 @@ def vocab_chunks(vocab_size: int, hidden: int, budget: int = SRAM_BYTES) -> list
 @dataclass
 class DecodePlan:
     """The compiled decode programs and what one token costs. ``layers_by_context``: the layer
-    programs by the KV-cache length they read (those built so far); ``build_layers`` compiles them for
-    another length (with ``builder``)."""
+    programs by the KV-cache length they read (those built so far; none yet when the shortest was deferred);
+    ``build_layers`` compiles them for another length (with ``builder``); ``shortest``: the shortest length."""
 
     options: PlanOptions
     fusion_depth: int
@@ -146,6 +149,7 @@ class DecodePlan:
     programs: list[ProgramInfo]
     builder: ProgramBuilder
     build_layers: Callable[[int], list[CompiledGraph]]
+    shortest: int
     layers_by_context: dict[int, list[CompiledGraph]] = field(default_factory=dict)
     compile_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # the model's (forks share it)
 
@@ -155,8 +159,8 @@ class DecodePlan:
 
     @property
     def layer_programs(self) -> list[CompiledGraph]:
-        """The layer programs of the shortest KV-cache length built."""
-        return self.layers_by_context[min(self.layers_by_context)]
+        """The layer programs of the shortest KV-cache length built (the shortest, compiled now if none is)."""
+        return self.layers_at(min(self.layers_by_context, default=self.shortest))
 
     def layers_at(self, context: int) -> list[CompiledGraph]:
         """The layer programs reading a KV cache of ``context`` positions, compiled on first use (forks
@@ -172,6 +176,11 @@ class DecodePlan:
         """Layer and LM-head stages for a KV cache of ``context`` positions, on new surfaces (the KV cache
         lives in the layer stages' inputs, ``KVCache.attach``), the residual stream chained between them."""
         return _bind(self.layers_at(context), self.head_programs, self.options.io_dtype)
+
+    def bind_heads(self) -> list[Stage]:
+        """LM-head stages on new surfaces, without layer stages (none before the layers are compiled): a
+        prompt's last position is written into their input ``x``."""
+        return _bind([], self.head_programs, self.options.io_dtype)[1] if self.head_programs else []
 
 
 # A prefill plan's (bucket, with the LM head, KV-cache length of a chunk plan or 0, packed prompts)
@@ -241,20 +250,24 @@ def build_decode_plan(builder: ProgramBuilder, options: PlanOptions, n_layer: in
                       costs: Callable[[list[range], list[range], str], list[ProgramInfo]], context: int,
                       compile_lock: threading.Lock) -> DecodePlan:
     """Compiles the decode programs, the layers' for a KV cache of ``context`` positions (falling back to
-    shallower fusion when a compile fails); ``decode_graph(layers, context)``. ``compile_lock`` guards
-    the later compiles (of other cache lengths) that share the builder."""
+    shallower fusion when a compile fails; at depth 1, which has no fallback, they wait for their first use,
+    ``DecodePlan.layers_at``); ``decode_graph(layers, context)``. ``compile_lock`` guards the later compiles
+    (of other cache lengths) that share the builder."""
 
     def build_depth(depth: int) -> list[CompiledGraph]:
         return _decode_layers(builder, layer_ranges(n_layer, depth), depth, decode_graph, context, options.lanes)
 
-    depth, layers = builder.with_fallback(options.fusion_depth or default_depth, build_depth)
+    depth = options.fusion_depth or default_depth
+    built: dict[int, list[CompiledGraph]] = {}
+    if depth > 1:
+        depth, built[context] = builder.with_fallback(depth, build_depth)
     ranges = layer_ranges(n_layer, depth)
     heads = []
     if options.lm_head == "ane":
         heads = [builder.build("lm_head", lambda r=r: lm_head_graph(r, options.lanes), vocab=[r.start, r.stop],
                                seq=options.lanes) for r in head_ranges]
     return DecodePlan(options, depth, ranges, head_ranges, heads, costs(ranges, head_ranges, options.lm_head),
-                      builder, _layer_builder(builder, ranges, depth, decode_graph, options.lanes), {context: layers},
+                      builder, _layer_builder(builder, ranges, depth, decode_graph, options.lanes), context, built,
                       compile_lock)
 
 
@@ -276,8 +289,7 @@ def rebuild_decode_layers(builder: ProgramBuilder, base: DecodePlan,
     the same layers, e.g. with LoRA inputs), for ``base``'s shortest KV-cache length (others when first
     used); the LM-head programs are ``base``'s own."""
     build = _layer_builder(builder, base.layer_ranges, base.fusion_depth, decode_graph, base.options.lanes)
-    context = min(base.layers_by_context)
-    return replace(base, builder=builder, build_layers=build, layers_by_context={context: build(context)})
+    return replace(base, builder=builder, build_layers=build, layers_by_context={base.shortest: build(base.shortest)})
 
 
 def _layer_builder(builder: ProgramBuilder, ranges: list[range], depth: int,

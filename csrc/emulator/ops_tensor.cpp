@@ -145,7 +145,7 @@ Kernel strided_copy(int x, int o, Shape in_shape, std::vector<int64_t> begin, st
         const int64_t width = box.back(), rows = n / width;
         const int64_t copied = live_rows ? std::min(width, fr.values[x].lanes) : width;
         const int64_t step = stride.back() * in_strides.back();  // between a row's elements in x
-        kernels::parallel_for(rows, std::max<int64_t>(1, (int64_t{1} << 15) / width), [&](int64_t first, int64_t end) {
+        kernels::parallel_for(rows, std::max<int64_t>(1, (int64_t{1} << 15) / copied), [&](int64_t first, int64_t end) {
             for (int64_t row = first; row < end; ++row) {
                 int64_t src = (begin.back()) * in_strides.back();
                 for (int64_t d = static_cast<int64_t>(rank) - 2, rest = row; d >= 0; --d) {

@@ -379,13 +379,20 @@ ChainsByStep<RotaryChain> ChainFinder::rotaries() const {
         if (sum.op->op != "add" || sum.op->type.dtype != mil::DType::fp16) continue;
         const Step *cos = made(arg(sum, "x"), "mul"), *sin = made(arg(sum, "y"), "mul");
         const Step* mate = sin ? made(arg(*sin, "x"), "matmul") : nullptr;
-        if (!cos || !mate) continue;
         RotaryChain chain;
+        if (!mate && cos) {  // the gradient: add(mul(dy, cos), matmul(partner, mul(dy, sin), transpose_x))
+            mate = made(arg(sum, "y"), "matmul");
+            sin = mate ? made(arg(*mate, "y"), "mul") : nullptr;
+            if (!sin || arg(*sin, "x") != arg(*cos, "x")) continue;
+            chain.gradient = true;
+        }
+        if (!cos || !mate) continue;
         chain.x = arg(*cos, "x"), chain.cos = arg(*cos, "y"), chain.sin = arg(*sin, "y");
         chain.partner = arg(*mate, "x");
         const auto& md = std::get<frontend::MatmulDims>(mate->typed.attrs);
         const Shape& x = shape_of(chain.x);  // [1, H, D, S]
-        if (arg(*mate, "y") != chain.x || md.transpose_x || md.transpose_y || x.size() != 4 || x[0] != 1 ||
+        if (arg(*mate, "y") != (chain.gradient ? sin->out : chain.x) || md.transpose_x != chain.gradient ||
+            md.transpose_y || x.size() != 4 || x[0] != 1 ||
             md.M != x[2] || md.K != x[2] || md.N != x[3] || element_count(md.x_batch) != 1 || md.y_batch != md.batch ||
             !value(chain.partner).constant || shape_of(chain.partner) != Shape{1, 1, x[2], x[2]} ||
             shape_of(chain.cos) != Shape{1, 1, x[2], x[3]} || shape_of(chain.sin) != Shape{1, 1, x[2], x[3]} ||

@@ -57,11 +57,13 @@ struct NormChain {
     StableNorm shape;
 };
 
-// A rotary embedding (rotary.h): its 4 steps in program order and its operands' value ids.
+// A rotary embedding (rotary.h): its 4 steps in program order and its operands' value ids. `gradient`: the
+// embedding's input gradient (run_rotary_gradient), x then being the output's gradient.
 struct RotaryChain {
     StepList steps;
     int x = -1, partner = -1, cos = -1, sin = -1;
     Rotary shape;
+    bool gradient = false;
 };
 
 // The I/O packing's placement of outputs in one surface (packed_outputs.h): its steps in order (the

@@ -865,6 +865,21 @@ private:
         const int o = chain.steps.back()->out;
         Rotary r = chain.shape;
         read_permutation(const_floats(values()[static_cast<size_t>(chain.partner)])->data(), r);
+        if (chain.gradient) {  // every lane of fp32 operands, else the chain's own kernels
+            add_group_kernel(chain.steps, results_before_last(chain.steps), parts, "rotary gradient (fused)",
+                             [=](Frame& fr) {
+                for (int s : {x, partner, cos, sin}) {
+                    const Tensor& t = fr.values[static_cast<size_t>(s)];
+                    if (t.partial() || t.prefix_partial() || t.half) return false;
+                }
+                Tensor& out = fr.values[o];
+                run_rotary_gradient(r, fr.values[x].data.data(), fr.values[partner].data.data(),
+                                    fr.values[cos].data.data(), fr.values[sin].data.data(), out.data.data());
+                out.lanes = out.last_dim(), out.live_prefix = -1;
+                return true;
+            });
+            return;
+        }
         add_group_kernel(chain.steps, results_before_last(chain.steps), parts, "rotary (fused)", [=](Frame& fr) {
             // Dead lanes (a batched step's dead sequences): as the ops, a long row's are not computed.
             int64_t lanes = fr.values[static_cast<size_t>(o)].last_dim();

@@ -18,7 +18,7 @@ from orion._core import kernels
 from orion.graph import Graph
 from orion.runtime import profile
 from support.attention import twins
-from support.twins import RAN_ITS_OPS
+from support.twins import RAN_ITS_OPS, stage_twins
 
 FUSED = "attention (causal, fused)"
 
@@ -149,3 +149,56 @@ def test_fusion_keeps_the_intermediates_out_of_the_frame() -> None:
                             check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     assert int(result.stdout.split()[-1]) < 40, f"the attention grew the peak RSS by {result.stdout.strip()} MiB"
+
+
+PROBABILITIES = "attention probabilities (causal, fused)"
+
+
+def recomputed_probabilities(seq: int, heads: int, d: int) -> Graph:
+    """A layer gradient's recomputed attention probabilities (the autodiff transform's form of GPT-2's attention): the
+    chain matmul -> mul(scale) -> add(causal mask) -> softmax, whose probabilities more than one op reads (here the
+    context matmul and the output "p")."""
+    g = Graph("probs")
+    q, k, v = (g.reshape(g.input(n, [1, heads * d, 1, seq]), [1, heads, d, seq]) for n in "qkv")
+    mask = g.const("causal_mask", (np.triu(np.ones((seq, seq)), k=1) * -65504.0).reshape(1, 1, seq, seq))
+    scores = g.matmul(q, k, transpose_x=True, name="attn_scores")
+    probs = g.softmax(g.add(g.mul(scores, float(1 / np.sqrt(d))), mask), axis=-1)
+    g.output(g.reshape(g.matmul(v, probs, transpose_y=True), [1, heads * d, 1, seq]), "y")
+    g.output(g.reshape(probs, [1, heads * seq, 1, seq]), "p")
+    return g
+
+
+@pytest.mark.parametrize("seq, heads, d, amplitude", [(64, 2, 16, 1.0), (256, 12, 64, 1.0), (256, 2, 64, 40.0)])
+def test_recomputed_probabilities_are_the_ops_bit_for_bit(seq, heads, d, amplitude) -> None:
+    """The probabilities chain runs as one kernel (its scores over the lower blocks only, exact zeros above the
+    diagonal), exactly what its four ops compute (the twin: the scores also returned, so nothing fuses; -0 == +0),
+    at a small shape, a Stories110M layer gradient's 12 heads of 256 and large scores (amplitude 40: the bound check
+    fails and the kernel falls back to the ops); and against float64 softmax within fp16
+    rounding."""
+    fused, unfused = stage_twins(recomputed_probabilities(seq, heads, d), "matmul", "_scores")
+    rng = np.random.default_rng(seq + heads)
+    xs = {n: (rng.standard_normal((1, heads * d, 1, seq)) * amplitude).astype(np.float16) for n in "qkv"}
+    outs = []
+    for stage in (fused, unfused):
+        for name, value in xs.items():
+            stage.input(name)[...] = value
+        profile.enable(True)
+        profile.reset()
+        try:
+            stage.run()
+            ops = {row.op for row in profile.snapshot()}
+        finally:
+            profile.enable(False)
+        assert (PROBABILITIES in ops or PROBABILITIES + RAN_ITS_OPS in ops) == (stage is fused), ops
+        if stage is fused:  # the kernel ran, or (amplitude 40: scores beyond the bound) fell back to the ops
+            assert (PROBABILITIES + RAN_ITS_OPS in ops) == (amplitude > 1.0), ops
+        outs.append((stage.output("p").copy(), stage.output("y").copy()))
+    for fused_out, unfused_out in zip(*outs, strict=True):
+        assert np.array_equal(fused_out, unfused_out, equal_nan=True)
+    if amplitude == 1.0:
+        q, k = (xs[n].astype(np.float64).reshape(heads, d, seq) for n in "qk")
+        scores = np.einsum("bdi,bdj->bij", q, k) / np.sqrt(d)
+        scores = np.where(np.triu(np.ones((seq, seq), bool), k=1), -np.inf, scores)
+        want = np.exp(scores - scores.max(-1, keepdims=True))
+        want /= want.sum(-1, keepdims=True)
+        np.testing.assert_allclose(outs[0][0].astype(np.float64).reshape(heads, seq, seq), want, rtol=0, atol=2e-3)

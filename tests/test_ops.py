@@ -170,10 +170,12 @@ def test_reductions(name, fn, profile, axes, keep) -> None:
 
 @pytest.mark.parametrize("name", ["reduce_sum", "reduce_max", "reduce_mean"])
 @pytest.mark.parametrize("shape,axes", [((1, 768, 1, 256), [1]), ((1, 768, 1, 256), [3]), ((2, 384, 1, 256), [0, 1]),
-                                        ((2, 384, 1, 256), [1, 3]), ((2, 384, 1, 200), [0, 3])])
+                                        ((2, 384, 1, 256), [1, 3]), ((2, 384, 1, 200), [0, 3]),
+                                        ((1, 12, 13, 256), [3])])
 def test_large_reductions_sum_in_row_then_lane_order(name, shape, axes) -> None:
     """Training-sized reductions, whose rows or lanes the emulator splits over its threads (a kept last axis: the
-    lanes; a reduced one: the rows, when each has a group of its own): every result is the fp32 sum of its
+    lanes; a reduced one: the rows, when each has a group of its own, 8 rows' sums interleaved, with a tail of
+    fewer, e.g. 156 rows): every result is the fp32 sum of its
     elements in row order, then lane order, as one thread computes it, bit for bit (fp32 in and out, against
     sequential fp32 sums by np.add.accumulate over the elements in that order); and within 2e-3 of float64."""
     x = f16(*shape).astype(np.float32)  # fp32 in and out: no fp16 rounding hides a change of order

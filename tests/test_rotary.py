@@ -125,3 +125,80 @@ def test_rotary_heads_over_the_threads_each_take_their_own_path() -> None:
         outs.append(stage.output("y").copy())
     assert np.isnan(outs[1][0, 5 * d:6 * d, 0, 7]).any() and np.isfinite(outs[1][0, :5 * d]).all()
     np.testing.assert_array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
+
+
+FUSED_GRADIENT = "rotary gradient (fused)"
+
+
+def rope_gradient_graph(heads: int, d: int, lanes: int, reciprocal: bool = False) -> Graph:
+    """The input gradient of :func:`rope_graph`'s rotation as the autodiff transform writes it (a layer gradient's
+    RoPE): ``dy * cos + partner^T (dy * sin)``, dy ``[1, H*D, 1, S]``, cos/sin tables and ``reciprocal`` as there."""
+    config = LlamaConfig(dim=heads * d, n_layers=1, n_heads=heads, n_kv_heads=heads, head_dim=d, hidden_dim=64,
+                         vocab_size=32, max_position_embeddings=64)
+    g = Graph("rope_gradient")
+    dy = g.reshape(g.input("dy", [1, heads * d, 1, lanes]), [1, heads, d, lanes])
+    cos, sin = (g.reshape(g.input(n, [1, d, 1, lanes]), [1, 1, d, lanes]) for n in ("cos", "sin"))
+    turned = g.mul(dy, sin, name="g_sin")
+    mate = g.matmul(rope_partner(g, config), turned, transpose_x=True, name="g_mate")
+    dx = g.add(g.mul(dy, cos, name="g_cos"), mate, name="g")
+    dx = g.reshape(dx, [1, heads * d, 1, lanes])
+    g.output(g.pow(dx, -1.0) if reciprocal else dx, "dx")
+    return g
+
+
+def run_twins(fused, unfused, inputs: dict[str, np.ndarray], kind: str) -> list[np.ndarray]:
+    """Each twin's ``dx`` on ``inputs``; checks that only the fused twin ran ``kind`` (and never fell back)."""
+    outs = []
+    for stage in (fused, unfused):
+        for name, value in inputs.items():
+            stage.input(name)[...] = value
+        profile.enable(True)
+        profile.reset()
+        try:
+            stage.run()
+            ops = {row.op for row in profile.snapshot()}
+        finally:
+            profile.enable(False)
+        assert (kind in ops and kind + RAN_ITS_OPS not in ops) == (stage is fused), ops
+        outs.append(stage.output("dx").copy())
+    return outs
+
+
+@pytest.mark.parametrize("heads, d, lanes", [(2, 16, 32), (12, 64, 256)])
+def test_rotary_gradient_is_its_ops_bit_for_bit(heads, d, lanes) -> None:
+    """A layer gradient's RoPE chain (a small one, and a training step's 12 heads of 256 lanes over the threads) runs
+    as one kernel, bit for bit the four ops; reference: float64 dy * cos + R^T (dy * sin), R the half-split rotation
+    (R^T v = [v2, -v1]), within fp16 rounding."""
+    fused, unfused = stage_twins(rope_gradient_graph(heads, d, lanes), "matmul", "_mate")
+    rng = np.random.default_rng(d + lanes + 1)
+    dy = rng.standard_normal((1, heads * d, 1, lanes)).astype(np.float16)
+    angles = rng.uniform(0, 2 * np.pi, (1, d // 2, 1, lanes))
+    cos = np.concatenate([np.cos(angles)] * 2, axis=1).astype(np.float16)
+    sin = np.concatenate([np.sin(angles)] * 2, axis=1).astype(np.float16)
+    outs = run_twins(fused, unfused, {"dy": dy, "cos": cos, "sin": sin}, FUSED_GRADIENT)
+    np.testing.assert_array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
+    dh = dy.astype(np.float64).reshape(heads, d, lanes)
+    turned = dh * sin.astype(np.float64).reshape(d, lanes)
+    half = d // 2
+    want = dh * cos.astype(np.float64).reshape(d, lanes) + np.concatenate([turned[:, half:], -turned[:, :half]], axis=1)
+    np.testing.assert_allclose(outs[0].astype(np.float64).reshape(heads, d, lanes), want, rtol=0,
+                               atol=0.01 * np.abs(want).max())
+
+
+def test_rotary_gradient_signed_zeros_and_non_finite_values_are_the_ops() -> None:
+    """The transposed partner applied as the inverse permutation (sign * v, +0 for a zero) while a head's products
+    are finite, and a head whose dy * sin holds an infinity through the matmul (NaN where 0 * inf enters a sum): the
+    ops' bits either way, the heads split over the threads."""
+    heads, d, lanes = 8, 64, 128
+    fused, unfused = stage_twins(rope_gradient_graph(heads, d, lanes, reciprocal=True), "matmul", "_mate")
+    rng = np.random.default_rng(12)
+    dy = rng.standard_normal((1, heads * d, 1, lanes)).astype(np.float16)
+    dy[0, :d, 0, 0], dy[0, :d, 0, 1] = np.float16(0.0), np.float16(-0.0)  # head 0: signed zeros through the mate
+    dy[0, 5 * d + 3, 0, 7] = np.float16(np.inf)  # head 5
+    cos = rng.standard_normal((1, d, 1, lanes)).astype(np.float16)
+    sin = rng.standard_normal((1, d, 1, lanes)).astype(np.float16)
+    cos[..., 0], sin[..., 0:2] = -1, 1
+    outs = run_twins(fused, unfused, {"dy": dy, "cos": cos, "sin": sin}, FUSED_GRADIENT)
+    assert np.isnan(outs[1][0, 5 * d:6 * d, 0, 7]).any()  # the matmul's case is reached
+    assert np.isinf(outs[1][0, :d, 0, :2]).all()  # and the zeros' (1 / +-0)
+    np.testing.assert_array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))

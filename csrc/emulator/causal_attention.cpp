@@ -90,4 +90,28 @@ bool run_causal_attention(const CausalAttention& a, const float* q, const float*
     return true;
 }
 
+bool run_causal_probabilities(const CausalAttention& a, const float* q, const float* k, float scale, const float* mask,
+                              float* probs) {
+    const int64_t S = a.seq, block = query_block(S), blocks = S / block;
+    if (!scores_are_bounded(a, q, k, scale, S, S)) return false;
+    const kernels::ScoreRowOps row_ops{a.has_scale, scale, a.round_scaled, a.round_masked, a.round_probs};
+    kernels::parallel_for(a.batches * blocks, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t task = begin; task < end; ++task) {
+            const int64_t b = task / blocks, i0 = task % blocks * block;
+            const int64_t keys = i0 + block;  // as run_causal_attention: keys [0, i0 + block) for the block's rows
+            float* p = probs + b * S * S + i0 * S;
+            kernels::gemm(block, keys, a.depth, q + a.q_offset[b] + i0, 1, S, k + a.k_offset[b], S, 1, p, S,
+                          a.round_scores);
+            for (int64_t r = 0; r < block; ++r) {
+                const int64_t i = i0 + r;
+                const int64_t reach = std::min(keys, (i + kLaneGroup) / kLaneGroup * kLaneGroup);  // L_i
+                float* row = p + r * S;
+                kernels::score_row_softmax(row, mask + i * S, reach, row_ops);
+                std::fill(row + reach, row + S, 0.0f);  // the masked tail: exact zeros
+            }
+        }
+    });
+    return true;
+}
+
 }  // namespace orion::emu

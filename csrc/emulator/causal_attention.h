@@ -45,6 +45,13 @@ bool causal_attention_applies(int64_t seq, int64_t value_depth);
 bool run_causal_attention(const CausalAttention& a, const float* q, const float* k, const float* v, float scale,
                           const float* mask, float* out, int64_t live);
 
+// The probabilities p of the chain above (its first four ops: o is not computed), every lane, into `probs`
+// ([batches, S, S]): each row i over the keys [0, L_i) and exact zeros after, what the ops compute bit for bit
+// under the same check (a layer gradient's recomputed attention: the gemm of its scores over the lower blocks
+// only). Returns false (writing nothing) when the check fails. value_depth and v_offset are not read.
+bool run_causal_probabilities(const CausalAttention& a, const float* q, const float* k, float scale, const float* mask,
+                              float* probs);
+
 // The end of the dead lanes run_causal_attention reads with `live` lanes live: the end of the last live
 // query's group of 16 (the rows it computes and the keys they reach).
 int64_t causal_attention_dead_end(const CausalAttention& a, int64_t live);

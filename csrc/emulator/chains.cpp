@@ -119,7 +119,10 @@ const Step* ChainFinder::sole_reader(int id) const {
     return nullptr;
 }
 
-ChainsByStep<AttentionChain> ChainFinder::causal_attention() const {
+// The chain matmul(q, k, transpose_x) -> [mul(scale)] -> add(mask) -> softmax(last axis) ending at `probs`, every
+// intermediate read by the chain only: its steps (program order) and its mask and scale ids, when the mask is
+// causal over the scores' S keys (`causal` caches that per mask and S) and the queries are the S keys.
+std::optional<AttentionChain> ChainFinder::probability_chain(const Step& probs, CausalMasks& causal) const {
     auto is_const = [&](int id) { return id >= 0 && value(id).constant != nullptr; };
     // The step computing `id`, when `op` is its kind and the chain is its only reader.
     auto private_producer = [&](int id, const char* op) -> const Step* {
@@ -134,40 +137,67 @@ ChainsByStep<AttentionChain> ChainFinder::causal_attention() const {
         *constant = is_const(x) ? x : y;
         return is_const(x) ? y : x;
     };
+    const int64_t rank = static_cast<int64_t>(probs.op->type.shape.size());
+    if (probs.op->op != "softmax" || std::get<frontend::Axis>(probs.typed.attrs).axis != rank - 1) return std::nullopt;
+    const Step* masked = private_producer(arg(probs, "x"), "add");
+    if (!masked) return std::nullopt;
+    AttentionChain chain;
+    int below = split(*masked, &chain.mask);
+    const Step* scaled = nullptr;
+    if (const Step* m = private_producer(below, "mul")) {
+        scaled = m;
+        below = split(*m, &chain.scale);
+        if (below < 0 || value(chain.scale).type.element_count() != 1) return std::nullopt;
+    }
+    const Step* scores = private_producer(below, "matmul");
+    if (!scores) return std::nullopt;
+    const auto& sd = std::get<frontend::MatmulDims>(scores->typed.attrs);
+    const int64_t S = sd.N;
+    if (!sd.transpose_x || sd.transpose_y || sd.x_batch != sd.batch || sd.y_batch != sd.batch || sd.M != S)
+        return std::nullopt;
+    const auto known = causal.try_emplace({chain.mask, S}, false);  // each head group reads one mask
+    if (known.second) known.first->second = is_causal_mask(value(chain.mask), S);
+    if (!known.first->second) return std::nullopt;
+    chain.steps = {scores};
+    if (scaled) chain.steps.push_back(scaled);
+    chain.steps.insert(chain.steps.end(), {masked, &probs});
+    return chain;
+}
+
+ChainsByStep<AttentionChain> ChainFinder::causal_attention() const {
     ChainsByStep<AttentionChain> chains;
-    std::map<std::pair<int, int64_t>, bool> causal;  // (mask, S) checked: is_causal_mask reads S * S values
+    CausalMasks causal;
     for (const auto& context : model_.steps_) {
         if (context.op->op != "matmul") continue;
         const auto& cd = std::get<frontend::MatmulDims>(context.typed.attrs);
         if (cd.transpose_x || !cd.transpose_y || cd.x_batch != cd.batch || cd.y_batch != cd.batch) continue;
-        const Step* probs = private_producer(arg(context, "y"), "softmax");
-        if (!probs) continue;
-        const int64_t rank = static_cast<int64_t>(probs->op->type.shape.size());
-        if (std::get<frontend::Axis>(probs->typed.attrs).axis != rank - 1) continue;
-        const Step* masked = private_producer(arg(*probs, "x"), "add");
-        if (!masked) continue;
-        AttentionChain chain;
-        int below = split(*masked, &chain.mask);
-        const Step* scaled = nullptr;
-        if (const Step* m = private_producer(below, "mul")) {
-            scaled = m;
-            below = split(*m, &chain.scale);
-            if (below < 0 || value(chain.scale).type.element_count() != 1) continue;
-        }
-        const Step* scores = private_producer(below, "matmul");
-        if (!scores) continue;
-        const auto& sd = std::get<frontend::MatmulDims>(scores->typed.attrs);
+        const int p = arg(context, "y");
+        const auto made = p >= 0 && reads(p) == 1 && value(p).slot == p ? producer_.find(p) : producer_.end();
+        if (made == producer_.end() || made->second->op->op != "softmax") continue;
+        std::optional<AttentionChain> chain = probability_chain(*made->second, causal);
+        if (!chain) continue;
+        const auto& sd = std::get<frontend::MatmulDims>(chain->steps.front()->typed.attrs);
         const int64_t S = sd.N;
-        if (!sd.transpose_x || sd.transpose_y || sd.x_batch != sd.batch || sd.y_batch != sd.batch ||
-            sd.batch != cd.batch || sd.M != S || cd.K != S || cd.N != S || !causal_attention_applies(S, cd.M))
+        if (sd.batch != cd.batch || cd.K != S || cd.N != S || !causal_attention_applies(S, cd.M)) continue;
+        chain->steps.push_back(&context);
+        for (const Step* step : chain->steps) chains[step] = *chain;
+    }
+    return chains;
+}
+
+ChainsByStep<AttentionChain> ChainFinder::causal_probabilities(const std::set<const Step*>& grouped) const {
+    ChainsByStep<AttentionChain> chains;
+    CausalMasks causal;
+    for (const auto& probs : model_.steps_) {
+        if (probs.op->op != "softmax" || grouped.count(&probs)) continue;
+        std::optional<AttentionChain> chain = probability_chain(probs, causal);
+        // The kernel's query blocks (value_depth: none is read; 16 passes the check)
+        if (!chain || !causal_attention_applies(std::get<frontend::MatmulDims>(chain->steps.front()->typed.attrs).N, 16))
             continue;
-        const auto known = causal.try_emplace({chain.mask, S}, false);  // each head group reads one mask
-        if (known.second) known.first->second = is_causal_mask(value(chain.mask), S);
-        if (!known.first->second) continue;
-        chain.steps = {scores};
-        if (scaled) chain.steps.push_back(scaled);
-        chain.steps.insert(chain.steps.end(), {masked, probs, &context});
-        for (const Step* step : chain.steps) chains[step] = chain;
+        bool free = true;
+        for (const Step* step : chain->steps) free &= !grouped.count(step);
+        if (!free) continue;
+        for (const Step* step : chain->steps) chains[step] = *chain;
     }
     return chains;
 }
@@ -379,13 +409,20 @@ ChainsByStep<RotaryChain> ChainFinder::rotaries() const {
         if (sum.op->op != "add" || sum.op->type.dtype != mil::DType::fp16) continue;
         const Step *cos = made(arg(sum, "x"), "mul"), *sin = made(arg(sum, "y"), "mul");
         const Step* mate = sin ? made(arg(*sin, "x"), "matmul") : nullptr;
-        if (!cos || !mate) continue;
         RotaryChain chain;
+        if (!mate && cos) {  // the gradient: add(mul(dy, cos), matmul(partner, mul(dy, sin), transpose_x))
+            mate = made(arg(sum, "y"), "matmul");
+            sin = mate ? made(arg(*mate, "y"), "mul") : nullptr;
+            if (!sin || arg(*sin, "x") != arg(*cos, "x")) continue;
+            chain.gradient = true;
+        }
+        if (!cos || !mate) continue;
         chain.x = arg(*cos, "x"), chain.cos = arg(*cos, "y"), chain.sin = arg(*sin, "y");
         chain.partner = arg(*mate, "x");
         const auto& md = std::get<frontend::MatmulDims>(mate->typed.attrs);
         const Shape& x = shape_of(chain.x);  // [1, H, D, S]
-        if (arg(*mate, "y") != chain.x || md.transpose_x || md.transpose_y || x.size() != 4 || x[0] != 1 ||
+        if (arg(*mate, "y") != (chain.gradient ? sin->out : chain.x) || md.transpose_x != chain.gradient ||
+            md.transpose_y || x.size() != 4 || x[0] != 1 ||
             md.M != x[2] || md.K != x[2] || md.N != x[3] || element_count(md.x_batch) != 1 || md.y_batch != md.batch ||
             !value(chain.partner).constant || shape_of(chain.partner) != Shape{1, 1, x[2], x[2]} ||
             shape_of(chain.cos) != Shape{1, 1, x[2], x[3]} || shape_of(chain.sin) != Shape{1, 1, x[2], x[3]} ||

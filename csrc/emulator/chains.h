@@ -57,11 +57,13 @@ struct NormChain {
     StableNorm shape;
 };
 
-// A rotary embedding (rotary.h): its 4 steps in program order and its operands' value ids.
+// A rotary embedding (rotary.h): its 4 steps in program order and its operands' value ids. `gradient`: the
+// embedding's input gradient (run_rotary_gradient), x then being the output's gradient.
 struct RotaryChain {
     StepList steps;
     int x = -1, partner = -1, cos = -1, sin = -1;
     Rotary shape;
+    bool gradient = false;
 };
 
 // The I/O packing's placement of outputs in one surface (packed_outputs.h): its steps in order (the
@@ -94,6 +96,10 @@ public:
     const std::vector<int>& readers() const { return readers_; }
 
     ChainsByStep<AttentionChain> causal_attention() const;
+    // Causal attention probabilities whose softmax has readers besides one context matmul (a layer gradient's
+    // recomputed probabilities): matmul(q, k, transpose_x) -> [mul(scale)] -> add(causal mask) -> softmax, none of
+    // their steps in `grouped` (the attention chains).
+    ChainsByStep<AttentionChain> causal_probabilities(const std::set<const Step*>& grouped) const;
     ChainsByStep<DecodeChain> decode_attention() const;
     ChainsByStep<ChunkChain> chunk_attention() const;
     ChainsByStep<NormChain> stable_norms() const;
@@ -114,6 +120,8 @@ public:
     std::optional<ElementwiseRun::Kind> operand_kind(int id, const Shape& out) const;
 
 private:
+    using CausalMasks = std::map<std::pair<int, int64_t>, bool>;  // (mask, S) -> causal: is_causal_mask, once each
+    std::optional<AttentionChain> probability_chain(const Step& probs, CausalMasks& causal) const;
     const ValueInfo& value(int id) const { return model_.values_[static_cast<size_t>(id)]; }
     int reads(int id) const { return readers_[static_cast<size_t>(id)]; }
     // The fp16 step computing value `id` into its own slot (not a view) when `op` is its kind, else null.

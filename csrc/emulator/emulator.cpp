@@ -276,6 +276,9 @@ private:
         take(rotaries, &EmulatedProgram::add_rotary);
         std::set<const Step*> grouped;
         for (const auto& [step, group] : groups) grouped.insert(step);
+        const ChainsByStep<AttentionChain> probabilities = find.causal_probabilities(grouped);
+        take(probabilities, &EmulatedProgram::add_causal_probabilities);
+        for (const auto& [step, chain] : probabilities) grouped.insert(step);
         const ChainsByStep<PackedChain> packs = find.packed_outputs(grouped);
         take(packs, &EmulatedProgram::add_packed_outputs);
         for (const auto& [step, chain] : packs) grouped.insert(step);
@@ -754,6 +757,39 @@ private:
         });
     }
 
+    // One kernel for causal attention probabilities (a layer gradient's recomputed ones): run_causal_probabilities
+    // when q and k are whole fp32 tensors and the check holds, else the chain's own kernels.
+    void add_causal_probabilities(const AttentionChain& chain, GroupParts& parts) {
+        const Step& scores = *chain.steps.front();
+        const auto& sd = std::get<frontend::MatmulDims>(scores.typed.attrs);
+        CausalAttention a;
+        a.batches = element_count(sd.batch), a.depth = sd.K, a.seq = sd.N;
+        for (int64_t b = 0; b < a.batches; ++b)
+            a.q_offset.push_back(b * a.depth * a.seq), a.k_offset.push_back(b * a.depth * a.seq);
+        auto is_fp16 = [](const Step* step) { return step->op->type.dtype == mil::DType::fp16; };
+        const size_t n = chain.steps.size();
+        a.has_scale = chain.scale >= 0;
+        a.round_scores = is_fp16(chain.steps[0]);
+        a.round_scaled = a.has_scale && is_fp16(chain.steps[1]);
+        a.round_masked = is_fp16(chain.steps[n - 2]), a.round_probs = is_fp16(chain.steps[n - 1]);
+        OpContext sc(*scores.op, scores.typed, values(), scores.arg_ids, scores.tuple_ids, scores.out, false);
+        const int q = sc.slot("x"), k = sc.slot("y"), o = chain.steps.back()->out;  // fp32 (no in-place fp16)
+        const int mask = values()[static_cast<size_t>(chain.mask)].slot;
+        const int scale = a.has_scale ? values()[static_cast<size_t>(chain.scale)].slot : -1;
+        add_group_kernel(chain.steps, results_before_last(chain.steps), parts, "attention probabilities (causal, fused)",
+                         [=](Frame& fr) {
+            const Tensor &tq = fr.values[q], &tk = fr.values[k];
+            for (const Tensor* t : {&tq, &tk})
+                if (t->partial() || t->prefix_partial() || t->half) return false;
+            Tensor& out = fr.values[o];
+            if (!run_causal_probabilities(a, tq.data.data(), tk.data.data(), scale >= 0 ? fr.values[scale].data[0] : 1.0f,
+                                          fr.values[mask].data.data(), out.data.data()))
+                return false;
+            out.lanes = out.last_dim(), out.live_prefix = -1;
+            return true;
+        });
+    }
+
     // One kernel for a decode attention chain: run_decode_attention when its operands are fp32 tensors (or an fp16
     // cache read in place) with no live prefix, else the chain's own kernels. The live lanes of the cache and the
     // mask (a cache filled up to some position) bound the positions as they bound the ops'.
@@ -865,6 +901,21 @@ private:
         const int o = chain.steps.back()->out;
         Rotary r = chain.shape;
         read_permutation(const_floats(values()[static_cast<size_t>(chain.partner)])->data(), r);
+        if (chain.gradient) {  // every lane of fp32 operands, else the chain's own kernels
+            add_group_kernel(chain.steps, results_before_last(chain.steps), parts, "rotary gradient (fused)",
+                             [=](Frame& fr) {
+                for (int s : {x, partner, cos, sin}) {
+                    const Tensor& t = fr.values[static_cast<size_t>(s)];
+                    if (t.partial() || t.prefix_partial() || t.half) return false;
+                }
+                Tensor& out = fr.values[o];
+                run_rotary_gradient(r, fr.values[x].data.data(), fr.values[partner].data.data(),
+                                    fr.values[cos].data.data(), fr.values[sin].data.data(), out.data.data());
+                out.lanes = out.last_dim(), out.live_prefix = -1;
+                return true;
+            });
+            return;
+        }
         add_group_kernel(chain.steps, results_before_last(chain.steps), parts, "rotary (fused)", [=](Frame& fr) {
             // Dead lanes (a batched step's dead sequences): as the ops, a long row's are not computed.
             int64_t lanes = fr.values[static_cast<size_t>(o)].last_dim();

@@ -97,6 +97,39 @@ RowGroups row_groups(const Shape& shape, const std::vector<int64_t>& axes) {
     return r;
 }
 
+// Rows [r0, r1) of a reduction over the last axis whose rows have results of their own (RowGroups::rows_apart),
+// kRowBatch rows at a time: each result is summed (or maxed) from its group's value in lane order, exactly as
+// one row after another, but the rows' chains of dependent adds interleave, so an add waits on its own row's
+// previous add only (one row alone is bound by the add latency: an attention gradient's [12, 256, 256]
+// reduce_sum took ~1.4 ms).
+constexpr int kRowBatch = 8;
+
+template <Reduce kind>
+void reduce_rows_interleaved(const RowGroups& g, const float* a, float* acc, int64_t r0, int64_t r1, int64_t lanes) {
+    const float* src[kRowBatch];
+    float* dst[kRowBatch];
+    int n = 0;
+    auto step = [](float v, float x) { return kind == Reduce::max ? std::max(v, x) : v + x; };
+    auto flush = [&] {
+        float v[kRowBatch];
+        for (int j = 0; j < n; ++j) v[j] = *dst[j];
+        if (n == kRowBatch) {
+            for (int64_t i = 0; i < lanes; ++i)
+                for (int j = 0; j < kRowBatch; ++j) v[j] = step(v[j], src[j][i]);
+        } else {
+            for (int j = 0; j < n; ++j)
+                for (int64_t i = 0; i < lanes; ++i) v[j] = step(v[j], src[j][i]);
+        }
+        for (int j = 0; j < n; ++j) *dst[j] = v[j];
+        n = 0;
+    };
+    g.for_each_row([&](int64_t row, int64_t start) {
+        src[n] = a + row * g.width, dst[n] = acc + start;
+        if (++n == kRowBatch) flush();
+    }, r1, r0);
+    flush();
+}
+
 BuiltOp build_reduce(OpContext& ctx, Reduce kind) {
     const mil::Type& tx = ctx.type("x");
     if (ctx.plan_only()) return {};
@@ -156,8 +189,10 @@ BuiltOp build_reduce(OpContext& ctx, Reduce kind) {
                                               [&](int64_t i0, int64_t i1) { rows_of(0, live_rows, i0, i1); });
                     } else if (g.rows_apart()) {
                         const int64_t grain = std::max<int64_t>(1, kReduceWork / std::max<int64_t>(lanes, 1));
-                        kernels::parallel_for(live_rows, grain,
-                                              [&](int64_t r0, int64_t r1) { rows_of(r0, r1, 0, lanes); });
+                        kernels::parallel_for(live_rows, grain, [&](int64_t r0, int64_t r1) {
+                            if (kind == Reduce::max) reduce_rows_interleaved<Reduce::max>(g, a, acc, r0, r1, lanes);
+                            else reduce_rows_interleaved<Reduce::sum>(g, a, acc, r0, r1, lanes);
+                        });
                     } else {
                         rows_of(0, live_rows, 0, lanes);
                     }

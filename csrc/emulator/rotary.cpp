@@ -78,4 +78,38 @@ void run_rotary(const Rotary& r, int64_t x_lanes, int64_t live, const float* x, 
     });
 }
 
+void run_rotary_gradient(const Rotary& r, const float* dy, const float* partner, const float* cos, const float* sin,
+                         float* out) {
+    const int64_t D = r.depth, S = r.lanes, block = D * S;
+    // Row c of partner^T is row k of partner's one entry read as a column: sign[k] at column mate[k].
+    std::vector<int64_t> from(r.mate.size());
+    std::vector<float> sign(r.mate.size());
+    for (size_t k = 0; k < r.mate.size(); ++k)
+        from[static_cast<size_t>(r.mate[k])] = static_cast<int64_t>(k), sign[static_cast<size_t>(r.mate[k])] = r.sign[k];
+    const int64_t grain = std::max<int64_t>(1, kParallelElements / std::max<int64_t>(block, 1));
+    kernels::parallel_for(r.heads, grain, [&](int64_t h0, int64_t h1) {
+        thread_local std::vector<float> scratch;  // grown, never shrunk
+        if (scratch.size() < static_cast<size_t>(2 * block)) scratch.resize(static_cast<size_t>(2 * block));
+        float *turned = scratch.data(), *mate = turned + block;
+        for (int64_t h = h0; h < h1; ++h) {
+            const float* dh = dy + h * block;
+            float* oh = out + h * block;
+            for (int64_t i = 0; i < block; ++i) oh[i] = dh[i] * cos[i], turned[i] = dh[i] * sin[i];
+            kernels::round_fp16(oh, static_cast<size_t>(block));
+            kernels::round_fp16(turned, static_cast<size_t>(block));
+            if (r.mate.empty() || !finite_lanes(turned, D, S, S)) {
+                kernels::gemm(D, S, D, partner, 1, D, turned, S, 1, mate, S, true);  // the matmul op's call
+            } else {
+                for (int64_t d = 0; d < D; ++d) {
+                    const float* row = turned + from[static_cast<size_t>(d)] * S;
+                    const float s = sign[static_cast<size_t>(d)];
+                    for (int64_t i = 0; i < S; ++i) mate[d * S + i] = s * row[i] + 0.0f;  // +0 for 0
+                }
+            }
+            for (int64_t i = 0; i < block; ++i) oh[i] += mate[i];
+            kernels::round_fp16(oh, static_cast<size_t>(block));
+        }
+    });
+}
+
 }  // namespace orion::emu

@@ -5,7 +5,8 @@
 // Each head's values are computed as the ops compute them: the same matmul kernel (kernels::gemm) on the
 // same operands, or, for a signed-permutation partner and finite values, the permutation itself (what that
 // gemm computes, exactly: see Rotary::mate); each product and sum in fp32, every op's result rounded to fp16.
-// So the kernel's result is the ops' bit for bit for any data; a decode step runs 4 of these per layer.
+// So the kernel's result is the ops' bit for bit for any data; a decode step runs 4 of these per layer. A training
+// step's layer gradient runs the chain of the input gradient (run_rotary_gradient) twice.
 #pragma once
 
 #include <cstdint>
@@ -30,5 +31,13 @@ void read_permutation(const float* partner, Rotary& r);
 // rows the ops compute whole); the rest of out is left as it was.
 void run_rotary(const Rotary& r, int64_t x_lanes, int64_t live, const float* x, const float* partner, const float* cos,
                 const float* sin, float* out);
+
+// The input gradient of the embedding, as the autodiff transform writes it (autodiff/transform.py):
+//   out = add(mul(dy, cos), matmul(partner, mul(dy, sin), transpose_x = true))
+// computed the same way: the products rounded to fp16, the transposed partner's matmul by the same gemm call as
+// the op's (or, for a signed permutation and finite values, the inverse permutation, what that gemm computes
+// exactly), the sum rounded. Every lane of dy, cos and sin ([H, D, S], [D, S], [D, S]) is computed.
+void run_rotary_gradient(const Rotary& r, const float* dy, const float* partner, const float* cos, const float* sin,
+                         float* out);
 
 }  // namespace orion::emu

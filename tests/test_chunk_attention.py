@@ -19,8 +19,7 @@ from orion.models.blocks import (
     window_mask_columns,
     window_mask_input,
 )
-from orion.runtime import profile
-from support.twins import RAN_ITS_OPS, stage_twins
+from support.twins import RAN_ITS_OPS, kernel_calls, stage_twins
 
 FUSED = "attention (chunk, fused)"
 
@@ -45,13 +44,7 @@ def run_both(graph: Graph, xs: dict[str, np.ndarray], hints: dict[str, int] | No
     for stage in stage_twins(graph, "exp"):
         for name, x in xs.items():
             stage.input(name)[...] = x
-        profile.enable(True)
-        profile.reset()
-        try:
-            stage.run(hints)
-            calls = {row.op: row.calls for row in profile.snapshot()}
-        finally:
-            profile.enable(False)
+        calls = kernel_calls(stage, hints)
         assert (FUSED in calls and FUSED + RAN_ITS_OPS not in calls) == (not outs), calls
         outs.append(stage.output("y").copy())
     return outs

@@ -13,9 +13,7 @@ import pytest
 
 from orion.graph import Graph
 from orion.models.blocks import cached_attention
-from orion.runtime import profile
-from orion.runtime.stage import Stage
-from support.twins import RAN_ITS_OPS, stage_twins
+from support.twins import RAN_ITS_OPS, kernel_calls, stage_twins
 
 FUSED = "attention (decode, fused)"
 
@@ -30,17 +28,6 @@ def decode_graph(heads: int, d: int, positions: int, lanes: int = 1) -> Graph:
     g.output(cached_attention(g, q, k, v, kc, vc, mask, heads), "y")
     return g
 
-
-
-def kernel_calls(stage: Stage, hints: dict[str, int] | None) -> dict[str, int]:
-    """Calls per op kind of one run of the stage."""
-    profile.enable(True)
-    profile.reset()
-    try:
-        stage.run(hints)
-        return {row.op: row.calls for row in profile.snapshot()}
-    finally:
-        profile.enable(False)
 
 
 def run_twins(heads: int, d: int, positions: int, filled: int, lanes: int = 1, amplitude: float = 1.0,

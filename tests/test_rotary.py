@@ -14,8 +14,7 @@ import pytest
 from orion.graph import Graph
 from orion.models.llama.config import LlamaConfig
 from orion.models.llama.graphs import apply_rope, rope_partner
-from orion.runtime import profile
-from support.twins import RAN_ITS_OPS, stage_twins
+from support.twins import RAN_ITS_OPS, kernel_calls, stage_twins
 
 FUSED = "rotary (fused)"
 
@@ -56,13 +55,7 @@ def test_rotary_is_its_ops_bit_for_bit(heads, d, lanes, amplitude, live) -> None
     for stage in (fused, unfused):
         stage.input("x")[...] = x
         stage.input("cos")[...], stage.input("sin")[...] = (t.reshape(1, d, 1, lanes) for t in (cos, sin))
-        profile.enable(True)
-        profile.reset()
-        try:
-            stage.run(None if live is None else {"x": live, "cos": live, "sin": live})
-            ops = {row.op for row in profile.snapshot()}
-        finally:
-            profile.enable(False)
+        ops = kernel_calls(stage, None if live is None else {"x": live, "cos": live, "sin": live})
         assert (FUSED in ops and FUSED + RAN_ITS_OPS not in ops) == (stage is fused), ops
         outs.append(stage.output("y").copy()[..., :live])
     x, cos, sin, lanes = x[..., :live], cos[..., :live], sin[..., :live], live or lanes
@@ -114,13 +107,7 @@ def test_rotary_heads_over_the_threads_each_take_their_own_path() -> None:
     outs = []
     for stage in (fused, unfused):
         stage.input("x")[...], stage.input("cos")[...], stage.input("sin")[...] = x, cos, sin
-        profile.enable(True)
-        profile.reset()
-        try:
-            stage.run()
-            ops = {row.op for row in profile.snapshot()}
-        finally:
-            profile.enable(False)
+        ops = kernel_calls(stage)
         assert (FUSED in ops and FUSED + RAN_ITS_OPS not in ops) == (stage is fused), ops
         outs.append(stage.output("y").copy())
     assert np.isnan(outs[1][0, 5 * d:6 * d, 0, 7]).any() and np.isfinite(outs[1][0, :5 * d]).all()
@@ -152,13 +139,7 @@ def run_twins(fused, unfused, inputs: dict[str, np.ndarray], kind: str) -> list[
     for stage in (fused, unfused):
         for name, value in inputs.items():
             stage.input(name)[...] = value
-        profile.enable(True)
-        profile.reset()
-        try:
-            stage.run()
-            ops = {row.op for row in profile.snapshot()}
-        finally:
-            profile.enable(False)
+        ops = kernel_calls(stage)
         assert (kind in ops and kind + RAN_ITS_OPS not in ops) == (stage is fused), ops
         outs.append(stage.output("dx").copy())
     return outs

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 from orion.graph import Graph
-from orion.runtime import profile
-from support.twins import RAN_ITS_OPS, stage_twins
+from support.twins import RAN_ITS_OPS, kernel_calls, stage_twins
 
 FUSED = "norm (fused)"
 EPS = 1e-5
@@ -40,13 +39,7 @@ def run_twins(kind: str, channels: int, lanes: int, x: np.ndarray, uniform: bool
     outs = []
     for stage in (fused, unfused):
         stage.input("x")[...] = x
-        profile.enable(True)
-        profile.reset()
-        try:
-            stage.run(None if live is None else {"x": live})
-            calls = {row.op for row in profile.snapshot()}
-        finally:
-            profile.enable(False)
+        calls = kernel_calls(stage, None if live is None else {"x": live})
         assert (FUSED in calls and FUSED + RAN_ITS_OPS not in calls) == (stage is fused), calls
         outs.append(stage.output("y").copy())
     return outs[0], outs[1], gamma, beta

@@ -11,6 +11,7 @@ import re
 import orion
 from orion.compiler import CompiledGraph, lower_graph
 from orion.graph import Graph
+from orion.runtime import profile
 from orion.runtime.stage import Stage
 
 # The suffix of a fused group's profile row for the calls that ran the group's own ops (its kernel did not apply).
@@ -47,3 +48,14 @@ def stage_twins(graph: Graph, op: str, suffix: str = "") -> tuple[Stage, Stage]:
     unfused = also_returning(lowered.mil, op, suffix)
     return (Stage(CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights))),
             Stage(CompiledGraph(lowered, orion.compile(unfused, lowered.weights, profile="permissive"))))
+
+
+def kernel_calls(stage: Stage, hints: dict[str, int] | None = None) -> dict[str, int]:
+    """Calls per op kind (the emulator's profile rows) of one run of ``stage`` with live-lanes ``hints``."""
+    profile.enable(True)
+    profile.reset()
+    try:
+        stage.run(hints)
+        return {row.op: row.calls for row in profile.snapshot()}
+    finally:
+        profile.enable(False)

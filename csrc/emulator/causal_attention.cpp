@@ -45,6 +45,23 @@ bool scores_are_bounded(const CausalAttention& a, const float* q, const float* k
     return true;
 }
 
+// The probabilities of batch b's query rows [i0, i0 + rows) over the keys [0, keys) into p (rows `ld` apart):
+// s[i][j] = sum_d q[d][i] k[d][j] by the gemm, then each row's softmax over its L_i keys and exact zeros from
+// there to the row's end (the masked tail).
+void block_probabilities(const CausalAttention& a, const float* q, const float* k, const float* mask,
+                         const kernels::ScoreRowOps& row_ops, int64_t b, int64_t i0, int64_t rows, int64_t keys,
+                         float* p, int64_t ld) {
+    const int64_t S = a.seq;
+    kernels::gemm(rows, keys, a.depth, q + a.q_offset[b] + i0, 1, S, k + a.k_offset[b], S, 1, p, ld, a.round_scores);
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = i0 + r;
+        const int64_t reach = std::min(keys, (i + kLaneGroup) / kLaneGroup * kLaneGroup);  // L_i
+        float* row = p + r * ld;
+        kernels::score_row_softmax(row, mask + i * S, reach, row_ops);
+        std::fill(row + reach, row + ld, 0.0f);
+    }
+}
+
 }  // namespace
 
 bool causal_attention_applies(int64_t seq, int64_t value_depth) {
@@ -72,16 +89,7 @@ bool run_causal_attention(const CausalAttention& a, const float* q, const float*
             const int64_t rows = std::min(block, reached - i0), keys = i0 + rows;  // the last row needs keys [0, keys)
             scratch.resize(static_cast<size_t>(rows * keys));
             float* p = scratch.data();
-            // s[i][j] = sum_d q[d][i] k[d][j] for the block's rows i and keys j < keys.
-            kernels::gemm(rows, keys, a.depth, q + a.q_offset[b] + i0, 1, S, k + a.k_offset[b], S, 1, p, keys,
-                          a.round_scores);
-            for (int64_t r = 0; r < rows; ++r) {
-                const int64_t i = i0 + r;
-                const int64_t reach = std::min(keys, (i + kLaneGroup) / kLaneGroup * kLaneGroup);  // L_i
-                float* row = p + r * keys;
-                kernels::score_row_softmax(row, mask + i * S, reach, row_ops);
-                std::fill(row + reach, row + keys, 0.0f);  // the masked tail: exact zeros
-            }
+            block_probabilities(a, q, k, mask, row_ops, b, i0, rows, keys, p, keys);
             // o[d][i] = sum_j v[d][j] p[i][j] over the keys the block reaches.
             kernels::gemm(a.value_depth, rows, keys, v + a.v_offset[b], S, 1, p, 1, keys,
                           out + b * a.value_depth * S + i0, S, a.round_out);
@@ -98,17 +106,8 @@ bool run_causal_probabilities(const CausalAttention& a, const float* q, const fl
     kernels::parallel_for(a.batches * blocks, 1, [&](int64_t begin, int64_t end) {
         for (int64_t task = begin; task < end; ++task) {
             const int64_t b = task / blocks, i0 = task % blocks * block;
-            const int64_t keys = i0 + block;  // as run_causal_attention: keys [0, i0 + block) for the block's rows
-            float* p = probs + b * S * S + i0 * S;
-            kernels::gemm(block, keys, a.depth, q + a.q_offset[b] + i0, 1, S, k + a.k_offset[b], S, 1, p, S,
-                          a.round_scores);
-            for (int64_t r = 0; r < block; ++r) {
-                const int64_t i = i0 + r;
-                const int64_t reach = std::min(keys, (i + kLaneGroup) / kLaneGroup * kLaneGroup);  // L_i
-                float* row = p + r * S;
-                kernels::score_row_softmax(row, mask + i * S, reach, row_ops);
-                std::fill(row + reach, row + S, 0.0f);  // the masked tail: exact zeros
-            }
+            // as run_causal_attention: keys [0, i0 + block) for the block's rows, exact zeros to the row's end
+            block_probabilities(a, q, k, mask, row_ops, b, i0, block, i0 + block, probs + b * S * S + i0 * S, S);
         }
     });
     return true;

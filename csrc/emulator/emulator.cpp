@@ -700,6 +700,24 @@ private:
         return life;
     }
 
+    static bool is_fp16(const Step* step) { return step->op->type.dtype == mil::DType::fp16; }
+
+    // The fused causal form's scores of a chain: their geometry (the scores matmul, steps[0]: q and k of `depth`
+    // x `seq` per batch) and roundings (the matmul, the scale when there is one, the mask add and the softmax, at
+    // steps[softmax - 1] and steps[softmax]).
+    static CausalAttention causal_scores(const AttentionChain& chain, size_t softmax) {
+        const auto& sd = std::get<frontend::MatmulDims>(chain.steps.front()->typed.attrs);
+        CausalAttention a;
+        a.batches = element_count(sd.batch), a.depth = sd.K, a.seq = sd.N;
+        for (int64_t b = 0; b < a.batches; ++b)
+            a.q_offset.push_back(b * a.depth * a.seq), a.k_offset.push_back(b * a.depth * a.seq);
+        a.has_scale = chain.scale >= 0;
+        a.round_scores = is_fp16(chain.steps[0]);
+        a.round_scaled = a.has_scale && is_fp16(chain.steps[1]);
+        a.round_masked = is_fp16(chain.steps[softmax - 1]), a.round_probs = is_fp16(chain.steps[softmax]);
+        return a;
+    }
+
     // One kernel for a chain: the fused causal attention when it is exact for this call, else the
     // chain's own kernels (add_group_kernel). A const mask that only fused chains read is held once per
     // process (shared_floats: a prefill bucket's layer programs bake the same [S, S] mask, 4 MiB of fp32
@@ -709,21 +727,10 @@ private:
                              GroupParts& parts) {
         const Step& scores = *chain.steps.front();
         const Step& context = *chain.steps.back();
-        const auto& sd = std::get<frontend::MatmulDims>(scores.typed.attrs);
-        const auto& cd = std::get<frontend::MatmulDims>(context.typed.attrs);
-        CausalAttention a;
-        a.batches = element_count(sd.batch), a.depth = sd.K, a.value_depth = cd.M, a.seq = sd.N;
-        for (int64_t b = 0; b < a.batches; ++b) {
-            a.q_offset.push_back(b * a.depth * a.seq), a.k_offset.push_back(b * a.depth * a.seq);
-            a.v_offset.push_back(b * a.value_depth * a.seq);
-        }
-        auto is_fp16 = [](const Step* step) { return step->op->type.dtype == mil::DType::fp16; };
-        const size_t n = chain.steps.size();
-        a.has_scale = chain.scale >= 0;
-        a.round_scores = is_fp16(chain.steps[0]);
-        a.round_scaled = a.has_scale && is_fp16(chain.steps[1]);
-        a.round_masked = is_fp16(chain.steps[n - 3]), a.round_probs = is_fp16(chain.steps[n - 2]);
-        a.round_out = is_fp16(chain.steps[n - 1]);
+        CausalAttention a = causal_scores(chain, chain.steps.size() - 2);
+        a.value_depth = std::get<frontend::MatmulDims>(context.typed.attrs).M;
+        for (int64_t b = 0; b < a.batches; ++b) a.v_offset.push_back(b * a.value_depth * a.seq);
+        a.round_out = is_fp16(&context);
         OpContext sc(*scores.op, scores.typed, values(), scores.arg_ids, scores.tuple_ids, scores.out, false);
         OpContext cc(*context.op, context.typed, values(), context.arg_ids, context.tuple_ids, context.out, false);
         const int q = sc.slot("x"), k = sc.slot("y"), v = cc.slot("x"), o = context.out;  // fp32 (no in-place fp16)
@@ -761,17 +768,7 @@ private:
     // when q and k are whole fp32 tensors and the check holds, else the chain's own kernels.
     void add_causal_probabilities(const AttentionChain& chain, GroupParts& parts) {
         const Step& scores = *chain.steps.front();
-        const auto& sd = std::get<frontend::MatmulDims>(scores.typed.attrs);
-        CausalAttention a;
-        a.batches = element_count(sd.batch), a.depth = sd.K, a.seq = sd.N;
-        for (int64_t b = 0; b < a.batches; ++b)
-            a.q_offset.push_back(b * a.depth * a.seq), a.k_offset.push_back(b * a.depth * a.seq);
-        auto is_fp16 = [](const Step* step) { return step->op->type.dtype == mil::DType::fp16; };
-        const size_t n = chain.steps.size();
-        a.has_scale = chain.scale >= 0;
-        a.round_scores = is_fp16(chain.steps[0]);
-        a.round_scaled = a.has_scale && is_fp16(chain.steps[1]);
-        a.round_masked = is_fp16(chain.steps[n - 2]), a.round_probs = is_fp16(chain.steps[n - 1]);
+        const CausalAttention a = causal_scores(chain, chain.steps.size() - 1);
         OpContext sc(*scores.op, scores.typed, values(), scores.arg_ids, scores.tuple_ids, scores.out, false);
         const int q = sc.slot("x"), k = sc.slot("y"), o = chain.steps.back()->out;  // fp32 (no in-place fp16)
         const int mask = values()[static_cast<size_t>(chain.mask)].slot;

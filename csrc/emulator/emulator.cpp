@@ -897,7 +897,7 @@ private:
         const int x = slot(chain.x), partner = slot(chain.partner), cos = slot(chain.cos), sin = slot(chain.sin);
         const int o = chain.steps.back()->out;
         Rotary r = chain.shape;
-        read_permutation(const_floats(values()[static_cast<size_t>(chain.partner)])->data(), r);
+        read_permutation(const_floats(values()[static_cast<size_t>(chain.partner)])->data(), r, chain.gradient);
         if (chain.gradient) {  // every lane of fp32 operands, else the chain's own kernels
             add_group_kernel(chain.steps, results_before_last(chain.steps), parts, "rotary gradient (fused)",
                              [=](Frame& fr) {

@@ -22,16 +22,33 @@ bool finite_lanes(const float* x, int64_t rows, int64_t S, int64_t lanes) {
     return finite;
 }
 
+// dst = the partner (its transpose when `transposed`, r then holding the transpose's permutation) times src, both
+// [D, S]: the matmul op's gemm call over src's first `gemm_lanes` lanes, or, for a signed permutation and finite
+// src, that permutation over the first `lanes` lanes (exactly what the gemm computes: see Rotary::mate).
+void partner_product(const Rotary& r, bool transposed, const float* partner, const float* src, int64_t gemm_lanes,
+                     int64_t lanes, float* dst) {
+    const int64_t D = r.depth, S = r.lanes;
+    if (r.mate.empty() || !finite_lanes(src, D, S, gemm_lanes)) {
+        kernels::gemm(D, gemm_lanes, D, partner, transposed ? 1 : D, transposed ? D : 1, src, S, 1, dst, S, true);
+        return;
+    }
+    for (int64_t d = 0; d < D; ++d) {
+        const float* from = src + r.mate[static_cast<size_t>(d)] * S;
+        const float sign = r.sign[static_cast<size_t>(d)];
+        for (int64_t i = 0; i < lanes; ++i) dst[d * S + i] = sign * from[i] + 0.0f;  // +0 for 0
+    }
+}
+
 }  // namespace
 
-void read_permutation(const float* partner, Rotary& r) {
+void read_permutation(const float* partner, Rotary& r, bool transposed) {
     const int64_t D = r.depth;
     r.mate.assign(static_cast<size_t>(D), -1);
     r.sign.assign(static_cast<size_t>(D), 0.0f);
     bool permutation = true;
     for (int64_t c = 0; c < D && permutation; ++c)
         for (int64_t k = 0; k < D && permutation; ++k) {
-            const float p = partner[c * D + k];
+            const float p = transposed ? partner[k * D + c] : partner[c * D + k];
             if (p == 0.0f) continue;
             permutation = (p == 1.0f || p == -1.0f) && r.mate[static_cast<size_t>(c)] < 0;
             r.mate[static_cast<size_t>(c)] = k, r.sign[static_cast<size_t>(c)] = p;
@@ -57,16 +74,7 @@ void run_rotary(const Rotary& r, int64_t x_lanes, int64_t live, const float* x, 
         for (int64_t h = h0; h < h1; ++h) {
             const float* xh = x + h * block;
             float* oh = out + h * block;
-            if (r.mate.empty() || !finite_lanes(xh, D, S, x_lanes)) {
-                kernels::gemm(D, x_lanes, D, partner, D, 1, xh, S, 1, mate, S, true);  // the matmul op's call
-            } else {
-                for (int64_t d = 0; d < D; ++d) {
-                    const float* from = xh + r.mate[static_cast<size_t>(d)] * S;
-                    const float sign = r.sign[static_cast<size_t>(d)];
-                    for (int64_t i = 0; i < std::max(x_lanes, live); ++i)
-                        mate[d * S + i] = sign * from[i] + 0.0f;  // +0 for 0
-                }
-            }
+            partner_product(r, false, partner, xh, x_lanes, std::max(x_lanes, live), mate);
             for (int64_t d = 0; d < rows; ++d)
                 for (int64_t i = d * S; i < d * S + width; ++i) oh[i] = xh[i] * cos[i], turned[i] = mate[i] * sin[i];
             round_rows(oh);
@@ -80,12 +88,7 @@ void run_rotary(const Rotary& r, int64_t x_lanes, int64_t live, const float* x, 
 
 void run_rotary_gradient(const Rotary& r, const float* dy, const float* partner, const float* cos, const float* sin,
                          float* out) {
-    const int64_t D = r.depth, S = r.lanes, block = D * S;
-    // Row c of partner^T is row k of partner's one entry read as a column: sign[k] at column mate[k].
-    std::vector<int64_t> from(r.mate.size());
-    std::vector<float> sign(r.mate.size());
-    for (size_t k = 0; k < r.mate.size(); ++k)
-        from[static_cast<size_t>(r.mate[k])] = static_cast<int64_t>(k), sign[static_cast<size_t>(r.mate[k])] = r.sign[k];
+    const int64_t S = r.lanes, block = r.depth * S;
     const int64_t grain = std::max<int64_t>(1, kParallelElements / std::max<int64_t>(block, 1));
     kernels::parallel_for(r.heads, grain, [&](int64_t h0, int64_t h1) {
         thread_local std::vector<float> scratch;  // grown, never shrunk
@@ -97,15 +100,7 @@ void run_rotary_gradient(const Rotary& r, const float* dy, const float* partner,
             for (int64_t i = 0; i < block; ++i) oh[i] = dh[i] * cos[i], turned[i] = dh[i] * sin[i];
             kernels::round_fp16(oh, static_cast<size_t>(block));
             kernels::round_fp16(turned, static_cast<size_t>(block));
-            if (r.mate.empty() || !finite_lanes(turned, D, S, S)) {
-                kernels::gemm(D, S, D, partner, 1, D, turned, S, 1, mate, S, true);  // the matmul op's call
-            } else {
-                for (int64_t d = 0; d < D; ++d) {
-                    const float* row = turned + from[static_cast<size_t>(d)] * S;
-                    const float s = sign[static_cast<size_t>(d)];
-                    for (int64_t i = 0; i < S; ++i) mate[d * S + i] = s * row[i] + 0.0f;  // +0 for 0
-                }
-            }
+            partner_product(r, true, partner, turned, S, S, mate);
             for (int64_t i = 0; i < block; ++i) oh[i] += mate[i];
             kernels::round_fp16(oh, static_cast<size_t>(block));
         }

@@ -23,8 +23,9 @@ struct Rotary {
     std::vector<float> sign;
 };
 
-// The signed permutation `partner` ([D, D]) stands for, in r.mate and r.sign (left empty when it is none).
-void read_permutation(const float* partner, Rotary& r);
+// The signed permutation `partner` ([D, D]), or its transpose when `transposed`, stands for, in r.mate and r.sign
+// (left empty when it is none).
+void read_permutation(const float* partner, Rotary& r, bool transposed = false);
 
 // out = the rotated x, both [H, D, S]; partner [D, D]; cos and sin [D, S]. With live lanes, as the ops: the
 // matmul covers x's first `x_lanes` lanes, the rest the first `live` lanes of each row (the caller passes S for
@@ -35,8 +36,9 @@ void run_rotary(const Rotary& r, int64_t x_lanes, int64_t live, const float* x, 
 // The input gradient of the embedding, as the autodiff transform writes it (autodiff/transform.py):
 //   out = add(mul(dy, cos), matmul(partner, mul(dy, sin), transpose_x = true))
 // computed the same way: the products rounded to fp16, the transposed partner's matmul by the same gemm call as
-// the op's (or, for a signed permutation and finite values, the inverse permutation, what that gemm computes
-// exactly), the sum rounded. Every lane of dy, cos and sin ([H, D, S], [D, S], [D, S]) is computed.
+// the op's (or, for a signed permutation and finite values, the transpose's permutation, read into r by
+// read_permutation(..., transposed = true): what that gemm computes exactly), the sum rounded. Every lane of dy,
+// cos and sin ([H, D, S], [D, S], [D, S]) is computed.
 void run_rotary_gradient(const Rotary& r, const float* dy, const float* partner, const float* cos, const float* sin,
                          float* out);
 

@@ -119,17 +119,17 @@ const Step* ChainFinder::sole_reader(int id) const {
     return nullptr;
 }
 
+const Step* ChainFinder::private_producer(int id, const char* op) const {
+    if (id < 0 || reads(id) != 1 || value(id).slot != id) return nullptr;
+    const auto found = producer_.find(id);
+    return found != producer_.end() && found->second->op->op == op ? found->second : nullptr;
+}
+
 // The chain matmul(q, k, transpose_x) -> [mul(scale)] -> add(mask) -> softmax(last axis) ending at `probs`, every
 // intermediate read by the chain only: its steps (program order) and its mask and scale ids, when the mask is
 // causal over the scores' S keys (`causal` caches that per mask and S) and the queries are the S keys.
 std::optional<AttentionChain> ChainFinder::probability_chain(const Step& probs, CausalMasks& causal) const {
     auto is_const = [&](int id) { return id >= 0 && value(id).constant != nullptr; };
-    // The step computing `id`, when `op` is its kind and the chain is its only reader.
-    auto private_producer = [&](int id, const char* op) -> const Step* {
-        if (id < 0 || reads(id) != 1 || value(id).slot != id) return nullptr;
-        const auto found = producer_.find(id);
-        return found != producer_.end() && found->second->op->op == op ? found->second : nullptr;
-    };
     // Of a binary step's operands, the one that is not a const (and the const).
     auto split = [&](const Step& step, int* constant) {
         const int x = arg(step, "x"), y = arg(step, "y");
@@ -171,10 +171,9 @@ ChainsByStep<AttentionChain> ChainFinder::causal_attention() const {
         if (context.op->op != "matmul") continue;
         const auto& cd = std::get<frontend::MatmulDims>(context.typed.attrs);
         if (cd.transpose_x || !cd.transpose_y || cd.x_batch != cd.batch || cd.y_batch != cd.batch) continue;
-        const int p = arg(context, "y");
-        const auto made = p >= 0 && reads(p) == 1 && value(p).slot == p ? producer_.find(p) : producer_.end();
-        if (made == producer_.end() || made->second->op->op != "softmax") continue;
-        std::optional<AttentionChain> chain = probability_chain(*made->second, causal);
+        const Step* probs = private_producer(arg(context, "y"), "softmax");
+        if (!probs) continue;
+        std::optional<AttentionChain> chain = probability_chain(*probs, causal);
         if (!chain) continue;
         const auto& sd = std::get<frontend::MatmulDims>(chain->steps.front()->typed.attrs);
         const int64_t S = sd.N;

@@ -126,6 +126,8 @@ private:
     int reads(int id) const { return readers_[static_cast<size_t>(id)]; }
     // The fp16 step computing value `id` into its own slot (not a view) when `op` is its kind, else null.
     const Step* fp16_producer(int id, const char* op) const;
+    // The step computing `id`, when `op` is its kind and its one reader is the chain (not a view of another value).
+    const Step* private_producer(int id, const char* op) const;
     // The chains `match` finds, each ending at one step of the program: `match(last, made)` returns a chain
     // or nothing, where made(id, op) is fp16_producer's step, recorded as the chain's, and made(step) records
     // `step`. The chain's steps are the recorded ones in program order.

@@ -21,6 +21,7 @@ from orion.graph.ir import Node
 from orion.lora.graph import Sites, adapted, adapted_parts
 from orion.ops import MASK_VALUE, PACKED_MASK_INPUT, PACKED_WINDOW_MASK_INPUT, graph_causal_mask, packed_causal_mask
 from orion.quant import weight_operand
+from orion.runtime.pages import huge_page_array
 
 # Hugging Face module (relative to its layer) -> its (weight, bias or None) parameters, output rows in order
 Projection = Mapping[str, Sequence[tuple[str, str | None]]]
@@ -62,7 +63,9 @@ class BakedParams(LayerParams):
         if fused is not None:
             return fused
         parts = [self.arrays[n] for n in names]
-        return lineage.derived(np.concatenate(parts), "concatenate", parts)
+        stacked = huge_page_array((sum(p.shape[0] for p in parts), *parts[0].shape[1:]),
+                                  np.result_type(*parts))
+        return lineage.derived(np.concatenate(parts, out=stacked), "concatenate", parts)
 
     def project(self, g: Graph, x: Node, modules: Projection, name: str) -> list[Node]:
         parts = [part for module in modules.values() for part in module]

@@ -1,16 +1,25 @@
-"""Resident pages of file maps: dropping them once their bytes have been copied elsewhere.
+"""Pages of weight-sized memory: dropping the resident pages of file maps once their bytes have been
+copied elsewhere, and new weight-sized arrays on huge pages.
 
 Weight files read through ``mmap`` (the program cache's blobs, a safetensors checkpoint) count in
 the process's RSS for every page touched. Once a compiled program holds its own copy of the weights
 (the emulator packs them), the mapped pages are only needed again if someone reads the bytes again;
 ``MADV_DONTNEED`` drops them from this process (the kernel's page cache keeps them, so a later read
 faults them back in cheaply, with the same contents).
+
+An array built once from a checkpoint (a fused projection's stacked weights) is written page by page;
+on 4 KiB pages its first writes fault ~250,000 times a gigabyte, on transparent huge pages 512 times
+fewer (Qwen2.5-0.5B's 24 stacked gate/up and QKV weights, 418 MiB: 0.8-1.8 s of a cold start to 0.6 s).
 """
 
 from __future__ import annotations
 
 import mmap
 from collections.abc import Iterable
+
+import numpy as np
+
+HUGE_PAGE_BYTES = 2 << 20  # smaller arrays gain nothing from a huge page
 
 
 def map_of(data: object) -> mmap.mmap | None:
@@ -31,3 +40,19 @@ def release_pages(buffers: Iterable[object]) -> int:
     for m in maps.values():
         m.madvise(mmap.MADV_DONTNEED)
     return len(maps)
+
+
+def huge_page_array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialized array for values written once and kept (weights): on an anonymous map advised to use
+    transparent huge pages where the OS has them (Linux), else ``np.empty``. The array holds its map."""
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is None or size < HUGE_PAGE_BYTES:
+        return np.empty(shape, dtype)
+    memory = mmap.mmap(-1, size)
+    try:
+        memory.madvise(advice)
+    except OSError:  # huge pages turned off: still an array, on small pages
+        pass
+    return np.frombuffer(memory, dtype).reshape(shape)

@@ -263,7 +263,9 @@ def test_the_mask_is_held_once_per_process() -> None:
     assert second["freed"] == [0, 0], second
 
 
-def test_generate_compiles_the_buckets_it_reaches_before_the_first_token(monkeypatch) -> None:
+def test_generate_compiles_the_buckets_it_reaches_before_the_first_decode_step(monkeypatch) -> None:
+    """The buckets a generation reaches are compiled after its first token (which needs none of them) and before
+    its first decode step: none in the middle of the generation (issue 25 item 3)."""
     import orion
     from orion.generation import loop
 
@@ -271,8 +273,11 @@ def test_generate_compiles_the_buckets_it_reaches_before_the_first_token(monkeyp
     ids = [int(t) for t in np.random.default_rng(3).integers(0, CONFIG.vocab_size, 60)]
     steps = model.generate(ids, 20, temperature=0, ignore_eos=True)
     next(steps)
+    assert model.decode_plan.layers_by_context == {}  # one layer, one program: none before the first decode step
+    next(steps)
     compiled = orion.compile_count()
-    assert len(list(steps)) == 19 and model.cache.bucket == 256  # grew from 64 to 256 positions mid-generation
+    assert sorted(model.decode_plan.layers_by_context) == [64, 256]
+    assert len(list(steps)) == 18 and model.cache.bucket == 256  # grew from 64 to 256 positions mid-generation
     assert orion.compile_count() == compiled and sorted(model.decode_plan.layers_by_context) == [64, 256]
     # Short of budget (ANE-11), the reserve for new prompt lengths wins: buckets compile when first used.
     monkeypatch.setattr(loop, "compiles_left", lambda: 2)
@@ -303,6 +308,77 @@ def test_a_prompt_builds_no_decode_layer_and_the_first_decode_step_does() -> Non
         np.testing.assert_array_equal(twin.decode_step(token), want)
     assert sorted(lazy.decode_plan.layers_by_context) == [shortest]
     assert programs() == heads + 2 * config.n_layer  # the fork shares the plan
+
+
+def test_a_streamed_generation_yields_its_first_token_before_any_decode_layer_is_built() -> None:
+    """``generate`` reads the prompt before it compiles the decode programs (``prepare``), so its first token
+    waits for the prompt's programs and the LM head only; the buckets it reaches come before its first decode
+    step. Every step's logits are, bit for bit, those of the order before (``prepare`` first), and a generation
+    of one token builds no decode layer at all."""
+    config = GPT2Config(n_layer=2, n_head=6, n_embd=384, vocab_size=512, n_positions=1024)  # buckets 64, 256, 1024
+    weights = random_weights(config, seed=8)
+    ids = [int(t) for t in np.random.default_rng(9).integers(0, config.vocab_size, 50)]
+    new = 30  # 80 positions: past the shortest bucket (64)
+
+    def run(model: GPT2, seen: list[np.ndarray]):
+        record = lambda history, logits: seen.append(logits.copy()) or logits  # noqa: E731
+        return model.generate(ids, new, temperature=0, ignore_eos=True, logits_processor=record)
+
+    eager = GPT2(config, weights, progress=False, fusion_depth=1)
+    reach = [t for t in eager.cache.buckets if t < len(ids) + new] + [eager.cache.bucket_for(len(ids) + new)]
+    assert len(reach) == 2 and eager.prepare(len(ids) + new) == reach  # the order before: decode programs first
+    want_logits: list[np.ndarray] = []
+    want = list(run(eager, want_logits))
+
+    lazy = GPT2(config, weights, progress=False, fusion_depth=1)
+    programs = lambda: lazy.builder.built + lazy.builder.cached  # noqa: E731 -- built by this model's builder
+    heads = len(lazy.decode_plan.head_programs)
+    seen: list[np.ndarray] = []
+    steps = run(lazy, seen)
+    got = [next(steps)]
+    assert lazy.decode_plan.layers_by_context == {} and programs() == heads + config.n_layer  # the prompt's bucket
+    got.append(next(steps))  # the first decode step: every bucket the generation reaches is compiled before it
+    assert sorted(lazy.decode_plan.layers_by_context) == reach
+    built = programs()
+    got += list(steps)
+    assert programs() == built and lazy.cache.bucket == reach[-1]  # none compiled in the middle
+    assert got == want and len(seen) == len(want_logits) == new
+    for step, (a, b) in enumerate(zip(seen, want_logits)):
+        np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
+
+    single = GPT2(config, weights, progress=False, fusion_depth=1)
+    assert list(single.generate(ids, 1, temperature=0)) == want[:1] and single.decode_plan.layers_by_context == {}
+
+
+def test_generate_compiles_what_prepare_before_the_prompt_did_when_the_budget_is_tight(monkeypatch) -> None:
+    """With the prompt read first, its compiles come out of ``prepare``'s reserve (it is a prompt of a new length):
+    on a budget that fits both decode buckets and the prompt's own bucket only so, the decode buckets and the
+    prompt's bucket are those of the order before (``prepare`` first); without that, ``prepare`` would stop a
+    bucket short (64 only) and compile 256 in the middle of the generation."""
+    import orion
+    from orion.generation import loop
+
+    config = GPT2Config(n_layer=2, n_head=6, n_embd=384, vocab_size=512, n_positions=1024)  # buckets 64, 256, 1024
+    ids = [int(t) for t in np.random.default_rng(11).integers(0, config.vocab_size, 50)]
+    new = 30
+    outcomes = []
+    for eager in (True, False):  # weights of their own: no program of one is the other's (the compile counts)
+        model = GPT2(config, random_weights(config, seed=10 + eager), progress=False, fusion_depth=1)
+        plan = model.decode_plan
+        assert (len(plan.layer_ranges), len(plan.head_programs), loop.COMPILE_RESERVE) == (2, 1, 2)
+        # prepare: 64 and 256 leave 2 + 6 (the reserve: two sets of 3); the prompt's own 64 bucket (2) then
+        # leaves room for the 1024 decode bucket (2) and the largest prompt bucket (2): 10 compiles, no fewer.
+        limit = orion.compile_count() + 10
+        monkeypatch.setattr(loop, "compiles_left", lambda limit=limit: limit - orion.compile_count())
+        if eager:
+            model.prepare(len(ids) + new)
+        steps = model.generate(ids, new, temperature=0, ignore_eos=True)
+        next(steps), next(steps)  # the first token, then the first decode step
+        ahead = sorted(plan.layers_by_context)
+        assert len(list(steps)) == new - 2
+        prompts = sorted(seq for seq, *_ in model.programs.prefill_plans)
+        outcomes.append((ahead, sorted(plan.layers_by_context), prompts, limit - orion.compile_count()))
+    assert outcomes[0] == ([64, 256], [64, 256], [64], 4) and outcomes[1] == outcomes[0], outcomes
 
 
 def test_prompts_share_a_compiled_bucket_when_the_budget_is_short(monkeypatch) -> None:

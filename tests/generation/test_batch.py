@@ -225,3 +225,39 @@ def test_the_compile_count_does_not_move_with_the_batch_size(gpt2) -> None:
             batch.submit(p, NEW, temperature=0)
         batch.run()
         assert orion.compile_count() == before, f"{size} sequences compiled a program"
+
+
+def test_a_joined_sequence_gets_its_first_logits_before_any_decode_layer_is_built() -> None:
+    """``join`` compiles a sequence's decode programs once its prompt is read, before its first decode step (its
+    first logits need none): every bucket it reaches then, none in the middle; its logits are, bit for bit, those
+    of the order before (``prepare`` first), and a fork of it decodes on the same programs."""
+    config = GPT2Config(n_layer=2, n_head=6, n_embd=384, vocab_size=300, n_positions=1024)  # KV buckets 64, 256, 1024
+    weights = lively_weights(config, seed=5)
+    ids = [int(t) for t in np.random.default_rng(6).integers(0, config.vocab_size, 50)]
+    new = 30  # 80 positions: buckets 64 and 256
+
+    def run(eager: bool) -> tuple[list[np.ndarray], list[list[int]]]:
+        model = GPT2(config, weights, progress=False, fusion_depth=1).with_lanes(2)
+        if eager:
+            model.prepare(len(ids) + new)
+        batch = Batch(model)
+        sequence = batch.join(ids, new_tokens=new)
+        rows = [batch.logits(sequence)]
+        buckets = [sorted(model.decode_plan.layers_by_context)]
+        twin = batch.fork(sequence)
+        for step in range(new - 1):
+            for s in (sequence, twin):
+                batch.feed(s, int(np.argmax(rows[-1])))
+            rows.append(batch.logits(sequence))
+            np.testing.assert_array_equal(batch.logits(twin), rows[-1])
+            if step == 0:
+                compiled = orion.compile_count()
+                buckets.append(sorted(model.decode_plan.layers_by_context))
+        assert orion.compile_count() == compiled and model.cache.bucket == 256
+        return rows, buckets
+
+    want, before = run(eager=True)
+    got, buckets = run(eager=False)
+    assert before == [[64, 256], [64, 256]] and buckets == [[], [64, 256]]
+    for step, (a, b) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(a, b, err_msg=f"step {step}")

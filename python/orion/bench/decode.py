@@ -44,7 +44,7 @@ def load_model(model_dir: str | None, shape: str = DEFAULT_SHAPE, **options: Any
 
 def measure_decode(model: CausalLM, prompt: list[int], new_tokens: int) -> dict[str, Any]:
     """Greedy-generates ``new_tokens`` after ``prompt``, timing the compiles ahead of the generation (the KV
-    buckets it reaches, as ``generate`` does before the first token), the prefill and every decode step."""
+    buckets it reaches, as ``generate`` does before its first decode step), the prefill and every decode step."""
     start = time.perf_counter()
     model.prepare(len(prompt) + new_tokens)
     prepare_s = time.perf_counter() - start

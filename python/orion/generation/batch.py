@@ -44,6 +44,7 @@ class _Lane:
     prompt: list[int] | None = None  # the prompt's ids while none of it is read (it may be read with others)
     logits: np.ndarray | None = None  # of the last token, until it is consumed by feed
     fed: int | None = None  # the token the next step appends
+    prepare: Callable[[], list[int]] | None = None  # its decode programs, compiled before its first decode step
 
 
 @dataclass
@@ -98,14 +99,15 @@ class Batch:
     def join(self, prompt_ids: Sequence[int], adapter: str | None = None, new_tokens: int = 0) -> int:
         """Start a sequence: its prompt is read over the next steps (one prefill chunk each, or in one pass
         with other prompts joining meanwhile) into a free lane of ``adapter``'s group; the decode programs for its prompt plus ``new_tokens`` are compiled
-        now (``CausalLM.prepare``). Returns the sequence's id; raises :class:`BatchFull` without a lane."""
+        once it is read, before its first decode step (``CausalLM.prepare``: its first logits need none). Returns the
+        sequence's id; raises :class:`BatchFull` without a lane."""
         model = self._model(adapter)
         ids = model._check_ids(list(prompt_ids))
-        model.prepare(len(ids) + new_tokens)
         lane = self._free_lane(model)
         sequence = self._next_id
         self._next_id += 1
-        self._lanes[sequence] = _Lane(model, lane, model._prefill_pieces(ids, lane), ids)
+        self._lanes[sequence] = _Lane(model, lane, model._prefill_pieces(ids, lane), ids,
+                                      prepare=model._prepare_later(len(ids) + new_tokens))
         return sequence
 
     def feed(self, sequence: int, token: int) -> None:
@@ -152,7 +154,7 @@ class Batch:
         entry.model.cache.copy_lane(entry.model.cache, entry.lane, lane)
         twin = self._next_id
         self._next_id += 1
-        self._lanes[twin] = _Lane(entry.model, lane, None, logits=entry.logits, fed=entry.fed)
+        self._lanes[twin] = _Lane(entry.model, lane, None, logits=entry.logits, fed=entry.fed, prepare=entry.prepare)
         return twin
 
     def check(self, sequence: int, tokens: list[int]) -> np.ndarray:
@@ -211,6 +213,11 @@ class Batch:
             fed = {s: e for s, e in self._lanes.items() if e.model is model and e.fed is not None}
             if not fed:
                 continue
+            for sequence, entry in fed.items():
+                if entry.prepare is not None:  # its prompt is read: its decode programs before its first step
+                    with self._failing([sequence]):
+                        entry.prepare()
+                    entry.prepare = None
             with self._failing(list(fed)), model._exclusive("Batch.step"):
                 logits = model._decode_lanes({e.lane: e.fed for e in fed.values()})
             for entry in fed.values():

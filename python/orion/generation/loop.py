@@ -445,13 +445,27 @@ class CausalLM(AdapterHost):
     def prepare(self, positions: int) -> list[int]:
         """Compile now the decode programs of every KV bucket a sequence of up to ``positions`` positions
         reaches, so that none is compiled in the middle of a generation (``generate`` calls it with the
-        prompt's length plus ``max_new_tokens``). Within the compile budget (ANE-11): a bucket is compiled
-        ahead only while :data:`COMPILE_RESERVE` sets of programs (prompts of new lengths) stay in the budget;
-        the others are compiled when first used. Returns the buckets compiled now."""
+        prompt's length plus ``max_new_tokens``, after the prompt: ``_steps``). Within the compile budget (ANE-11):
+        a bucket is compiled ahead only while :data:`COMPILE_RESERVE` sets of programs (prompts of new lengths)
+        stay in the budget; the others are compiled when first used. Returns the buckets compiled now."""
+        return self._prepare(positions)
+
+    def _prepare_later(self, positions: int) -> Callable[[], list[int]]:
+        """``prepare(positions)`` to run once the prompt is read, before the first decode step (a first token
+        needs no decode program, ``build_decode_plan``): the compiles in between (the prompt's, a prompt of a
+        new length as the reserve is for) come out of the reserve. The prompt's bucket was chosen reserving
+        every decode bucket not compiled yet (``_prompt_bucket``), so it is the one it would be after
+        ``prepare``, and ``prepare`` compiles the buckets it would have compiled before the prompt (fewer only
+        when the prompt took more than the reserve: the reserve goes no lower than none)."""
+        left = compiles_left()
+        return lambda: self._prepare(positions, left - compiles_left())
+
+    def _prepare(self, positions: int, spent: int = 0) -> list[int]:
+        """``prepare``, its reserve less ``spent`` compiles (``_prepare_later``)."""
         plan = self.decode_plan
         reach = next(t for t in self._kv_buckets if t >= min(max(positions, 1), self.dims.context))
         per_bucket = len(plan.layer_ranges)
-        reserve = COMPILE_RESERVE * (per_bucket + len(plan.head_programs))
+        reserve = max(0, COMPILE_RESERVE * (per_bucket + len(plan.head_programs)) - spent)
         done = []
         for bucket in (t for t in self._kv_buckets if t <= reach and t not in plan.layers_by_context):
             if compiles_left() < per_bucket + reserve:
@@ -829,7 +843,7 @@ class CausalLM(AdapterHost):
         """Yields ``(token, text safe to show)`` of one sequence in lane 0; fills in its ``finish`` on the last step.
         With a ``speculator``, the logits after each token come from it (checked drafts) instead of
         ``decode_step``; the positions of drafts never chosen leave the cache at the end."""
-        self.prepare(len(sequence.ids) + sequence.max_new_tokens)
+        prepare = self._prepare_later(len(sequence.ids) + sequence.max_new_tokens)
         logits = self.prefill(sequence.ids)
         try:
             while not sequence.done:
@@ -838,6 +852,9 @@ class CausalLM(AdapterHost):
                 yield token, piece
                 if sequence.done:
                     return
+                if prepare is not None:  # the first token needs no decode program: they come after it
+                    prepare()
+                    prepare = None
                 wanted = sequence.max_new_tokens - sequence.produced - 1  # tokens after the next one
                 logits = speculator.next_logits(token, wanted) if speculator else self.decode_step(token)
         finally:

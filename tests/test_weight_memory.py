@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import json
+import mmap
 import subprocess
 import sys
 import textwrap
@@ -20,7 +21,7 @@ from orion._core import kernels
 from orion.models.llama.config import LlamaConfig
 from orion.models.llama.model import Llama
 from orion.models.llama.weights import load_hf, random_weights, save_hf
-from orion.runtime.pages import map_of
+from orion.runtime.pages import huge_page_array, map_of, release_pages
 
 pytestmark = pytest.mark.skipif(orion.backend() != "emulator", reason="the emulator's packed weights and pool")
 
@@ -46,6 +47,20 @@ def test_an_fp16_checkpoint_loads_as_fp16_views_of_its_file(checkpoint) -> None:
         assert array.dtype == np.float16 and map_of(array) is not None and not array.flags.writeable, name
     reference = random_weights(CONFIG, seed=7)
     np.testing.assert_array_equal(weights.layers[1].w_up, reference.layers[1].w_up.astype(np.float16))
+
+
+def test_stacked_weights_on_huge_pages_keep_their_values_when_file_pages_are_released() -> None:
+    """A fused projection's stacked weights live on an anonymous map (huge_page_array): releasing the resident
+    pages of the maps behind a set of buffers (what a compile does to its weight files) must not zero them, as
+    MADV_DONTNEED does to an anonymous map."""
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        pytest.skip("no transparent huge pages here: huge_page_array is np.empty")
+    values = np.arange(3 << 20, dtype=np.float16).reshape(3, -1)  # 6 MiB: on its own map
+    stacked = huge_page_array(values.shape, values.dtype)
+    np.copyto(stacked, values)
+    assert map_of(stacked) is not None
+    assert release_pages([stacked]) == 0
+    np.testing.assert_array_equal(stacked, values)
 
 
 def test_every_program_shares_one_packed_fp16_copy_of_each_weight(checkpoint) -> None:

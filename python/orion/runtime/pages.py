@@ -15,11 +15,14 @@ fewer (Qwen2.5-0.5B's 24 stacked gate/up and QKV weights, 418 MiB: 0.8-1.8 s of 
 from __future__ import annotations
 
 import mmap
+import weakref
 from collections.abc import Iterable
 
 import numpy as np
 
 HUGE_PAGE_BYTES = 2 << 20  # smaller arrays gain nothing from a huge page
+# The anonymous maps behind huge_page_array's arrays: MADV_DONTNEED would zero them, so release_pages skips them.
+_ANONYMOUS: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()
 
 
 def map_of(data: object) -> mmap.mmap | None:
@@ -34,9 +37,10 @@ def map_of(data: object) -> mmap.mmap | None:
 
 
 def release_pages(buffers: Iterable[object]) -> int:
-    """Drops the resident pages of every distinct file map behind ``buffers`` (others are skipped);
-    returns how many maps were advised. The bytes stay readable."""
-    maps = {id(m): m for m in map(map_of, buffers) if m is not None and not m.closed}
+    """Drops the resident pages of every distinct file map behind ``buffers`` (other buffers are skipped, and so
+    are :func:`huge_page_array`'s anonymous maps, which it would zero); returns how many maps were advised. The
+    bytes stay readable."""
+    maps = {id(m): m for m in map(map_of, buffers) if m is not None and not m.closed and m not in _ANONYMOUS}
     for m in maps.values():
         m.madvise(mmap.MADV_DONTNEED)
     return len(maps)
@@ -51,6 +55,7 @@ def huge_page_array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     if advice is None or size < HUGE_PAGE_BYTES:
         return np.empty(shape, dtype)
     memory = mmap.mmap(-1, size)
+    _ANONYMOUS.add(memory)
     try:
         memory.madvise(advice)
     except OSError:  # huge pages turned off: still an array, on small pages

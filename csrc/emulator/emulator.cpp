@@ -776,8 +776,7 @@ private:
         add_group_kernel(chain.steps, results_before_last(chain.steps), parts, "attention probabilities (causal, fused)",
                          [=](Frame& fr) {
             const Tensor &tq = fr.values[q], &tk = fr.values[k];
-            for (const Tensor* t : {&tq, &tk})
-                if (t->partial() || t->prefix_partial() || t->half) return false;
+            if (!tq.whole_fp32() || !tk.whole_fp32()) return false;
             Tensor& out = fr.values[o];
             if (!run_causal_probabilities(a, tq.data.data(), tk.data.data(), scale >= 0 ? fr.values[scale].data[0] : 1.0f,
                                           fr.values[mask].data.data(), out.data.data()))
@@ -871,7 +870,7 @@ private:
             if (in.skips_dead_lanes() || in.prefix_partial() || in.half) return false;
             for (int s : {gamma, beta}) {
                 const Tensor* t = s >= 0 ? &fr.values[static_cast<size_t>(s)] : nullptr;
-                if (t && (t->partial() || t->prefix_partial() || t->half)) return false;
+                if (t && !t->whole_fp32()) return false;
             }
             auto data = [&](int s) { return s >= 0 ? fr.values[static_cast<size_t>(s)].data.data() : nullptr; };
             Tensor& out = fr.values[o];
@@ -901,10 +900,8 @@ private:
         if (chain.gradient) {  // every lane of fp32 operands, else the chain's own kernels
             add_group_kernel(chain.steps, results_before_last(chain.steps), parts, "rotary gradient (fused)",
                              [=](Frame& fr) {
-                for (int s : {x, partner, cos, sin}) {
-                    const Tensor& t = fr.values[static_cast<size_t>(s)];
-                    if (t.partial() || t.prefix_partial() || t.half) return false;
-                }
+                for (int s : {x, partner, cos, sin})
+                    if (!fr.values[static_cast<size_t>(s)].whole_fp32()) return false;
                 Tensor& out = fr.values[o];
                 run_rotary_gradient(r, fr.values[x].data.data(), fr.values[partner].data.data(),
                                     fr.values[cos].data.data(), fr.values[sin].data.data(), out.data.data());

@@ -42,6 +42,8 @@ struct Tensor {
     static constexpr int64_t kShortRow = 32;
     bool skips_dead_lanes() const { return partial() && last_dim() > kShortRow; }
     bool prefix_partial() const { return live_prefix >= 0; }
+    // Every element live and in `data` (fp32): what a fused kernel over all lanes reads.
+    bool whole_fp32() const { return !partial() && !prefix_partial() && !half; }
 };
 
 // Zeroes the dead elements past t's live prefix and makes it whole (for an op that reads every element).

@@ -69,6 +69,18 @@ def test_rotary_is_its_ops_bit_for_bit(heads, d, lanes, amplitude, live) -> None
     np.testing.assert_allclose(outs[0].astype(np.float64), want, rtol=0, atol=0.01 * np.abs(want).max())
 
 
+def run_twins(fused, unfused, inputs: dict[str, np.ndarray], kind: str, output: str = "dx") -> list[np.ndarray]:
+    """Each twin's ``output`` on ``inputs``; checks that only the fused twin ran ``kind`` (and never fell back)."""
+    outs = []
+    for stage in (fused, unfused):
+        for name, value in inputs.items():
+            stage.input(name)[...] = value
+        ops = kernel_calls(stage)
+        assert (kind in ops and kind + RAN_ITS_OPS not in ops) == (stage is fused), ops
+        outs.append(stage.output(output).copy())
+    return outs
+
+
 def test_rotary_signed_zeros_and_non_finite_values_are_the_ops() -> None:
     """The partner is a signed permutation, which the kernel applies as one (sign * x, +0 for a zero, as the
     matmul's sum from +0 gives) while a head's values are finite: -0 and +0 in x must come out as the ops give
@@ -84,11 +96,7 @@ def test_rotary_signed_zeros_and_non_finite_values_are_the_ops() -> None:
     cos = rng.standard_normal((1, d, 1, lanes)).astype(np.float16)
     sin = rng.standard_normal((1, d, 1, lanes)).astype(np.float16)
     cos[..., 0], sin[..., 0] = -1, 1
-    outs = []
-    for stage in (fused, unfused):
-        stage.input("x")[...], stage.input("cos")[...], stage.input("sin")[...] = x, cos, sin
-        stage.run()
-        outs.append(stage.output("y").copy())
+    outs = run_twins(fused, unfused, {"x": x, "cos": cos, "sin": sin}, FUSED, "y")
     assert np.isnan(outs[1][0, d:, 0, 2]).any()  # the case is reached: 0 * inf in the matmul's sums
     assert (outs[1][0, :d, 0, 0] == np.inf).all()  # and the zeros' case: 1 / +0 from the ops
     np.testing.assert_array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
@@ -104,12 +112,7 @@ def test_rotary_heads_over_the_threads_each_take_their_own_path() -> None:
     x[0, 5 * d + 3, 0, 7] = np.float16(np.inf)  # head 5
     cos = rng.standard_normal((1, d, 1, lanes)).astype(np.float16)
     sin = rng.standard_normal((1, d, 1, lanes)).astype(np.float16)
-    outs = []
-    for stage in (fused, unfused):
-        stage.input("x")[...], stage.input("cos")[...], stage.input("sin")[...] = x, cos, sin
-        ops = kernel_calls(stage)
-        assert (FUSED in ops and FUSED + RAN_ITS_OPS not in ops) == (stage is fused), ops
-        outs.append(stage.output("y").copy())
+    outs = run_twins(fused, unfused, {"x": x, "cos": cos, "sin": sin}, FUSED, "y")
     assert np.isnan(outs[1][0, 5 * d:6 * d, 0, 7]).any() and np.isfinite(outs[1][0, :5 * d]).all()
     np.testing.assert_array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
 
@@ -133,16 +136,6 @@ def rope_gradient_graph(heads: int, d: int, lanes: int, reciprocal: bool = False
     return g
 
 
-def run_twins(fused, unfused, inputs: dict[str, np.ndarray], kind: str) -> list[np.ndarray]:
-    """Each twin's ``dx`` on ``inputs``; checks that only the fused twin ran ``kind`` (and never fell back)."""
-    outs = []
-    for stage in (fused, unfused):
-        for name, value in inputs.items():
-            stage.input(name)[...] = value
-        ops = kernel_calls(stage)
-        assert (kind in ops and kind + RAN_ITS_OPS not in ops) == (stage is fused), ops
-        outs.append(stage.output("dx").copy())
-    return outs
 
 
 @pytest.mark.parametrize("heads, d, lanes", [(2, 16, 32), (12, 64, 256)])

@@ -620,8 +620,20 @@ def _references(entry: Path) -> set[str]:
         return set()
 
 
+def _file_size(path: str | Path) -> int:
+    """A file's bytes; 0 once it is gone (renamed into place or deleted meanwhile by a writer: the panel writer
+    thread, another process)."""
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
 def _size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+    """Bytes of the file, or of the files under the directory (os.walk skips directories that vanish)."""
+    if not path.is_dir():
+        return _file_size(path)
+    return sum(_file_size(os.path.join(folder, name)) for folder, _, names in os.walk(path) for name in names)
 
 
 def _stored_bytes(root: Path) -> int:

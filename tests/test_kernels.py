@@ -231,10 +231,10 @@ def test_conv1x1_prefill_rows():
     conv_case(40, 33, 600, 517, round_=False)
 
 
-@pytest.mark.parametrize("lanes", [4, 7, 8, 12, 20, 25, 64, 300, 1000])
+@pytest.mark.parametrize("lanes", [1, 4, 7, 8, 12, 20, 25, 64, 300, 1000])
 def test_conv1x1_output_rows_do_not_depend_on_their_neighbours(lanes):
     # Each output row sums its inputs the same way whether its panel runs alone or with another one
-    # (decode's few lanes: the fp16 pair tile; many lanes: the converting pair tile).
+    # (decode's lanes: the fp16 pair tiles, one lane's and 4+ lanes'; many lanes: the converting pair tile).
     weight = RNG.standard_normal((48, 200)).astype(np.float16)
     x = RNG.standard_normal((200, 1024)).astype(np.float32)
     whole = kernels.conv1x1(weight, x, lanes=lanes)

@@ -20,7 +20,7 @@ namespace orion::emu::kernels {
 
 constexpr int64_t kConvPanel = 16;     // output channels interleaved per packed conv panel
 // From this many lanes on, a conv tile sums each output in one partial sum, c in order (fewer lanes
-// interleave 2 or 4: conv_tile_avx2_rows, conv_tile_avx512_rows).
+// interleave 2: conv_tile_avx2_rows, conv_tile_avx512_rows).
 constexpr int kConvSequentialLanes = 4;
 // How far ahead a decode tile (fewer than kConvSequentialLanes lanes, its panel streamed from memory once)
 // prefetches its rows, when their reader gives their addresses (`at(c)` and `kRowBytes`): the hardware
@@ -229,7 +229,7 @@ ORION_AVX2 void conv_tile_avx2_fixed(Rows rows, const float* x, int64_t S, int64
 template <typename Rows>
 ORION_AVX2 void conv_tile_avx2_rows(Rows rows, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add) {
     switch (lanes) {
-        case 1: return conv_tile_avx2_fixed<1, 4>(rows, x, S, k, acc, add);
+        case 1: return conv_tile_avx2_fixed<1, 2>(rows, x, S, k, acc, add);
         case 2: return conv_tile_avx2_fixed<2, 2>(rows, x, S, k, acc, add);
         case 3: return conv_tile_avx2_fixed<3, 2>(rows, x, S, k, acc, add);
         case 4: return conv_tile_avx2_fixed<4, 1>(rows, x, S, k, acc, add);
@@ -323,7 +323,7 @@ ORION_AVX512 void conv_tile_avx512_fixed(Rows rows, const float* x, int64_t S, i
 template <typename Rows>
 ORION_AVX512 void conv_tile_avx512_rows(Rows rows, const float* x, int64_t S, int64_t k, int lanes, float* acc, bool add) {
     switch (lanes) {
-        case 1: return conv_tile_avx512_fixed<1, 4>(rows, x, S, k, acc, add);
+        case 1: return conv_tile_avx512_fixed<1, 2>(rows, x, S, k, acc, add);
         case 2: return conv_tile_avx512_fixed<2, 2>(rows, x, S, k, acc, add);
         case 3: return conv_tile_avx512_fixed<3, 2>(rows, x, S, k, acc, add);
         case 4: return conv_tile_avx512_fixed<4, 1>(rows, x, S, k, acc, add);

@@ -555,7 +555,7 @@ template <typename Rows>
 ORION_AVX2 void conv_tile_pairs_avx2(Rows rows, const float* x, int64_t S, int64_t k, int lanes, float* acc,
                                      bool add) {
     switch (lanes) {
-        case 1: return conv_tile_pairs_avx2_fixed<1, 4>(rows, x, S, k, acc, add);
+        case 1: return conv_tile_pairs_avx2_fixed<1, 2>(rows, x, S, k, acc, add);
         case 2: return conv_tile_pairs_avx2_fixed<2, 2>(rows, x, S, k, acc, add);
         case 3: return conv_tile_pairs_avx2_fixed<3, 2>(rows, x, S, k, acc, add);
         case 4: return conv_tile_pairs_avx2_fixed<4, 1>(rows, x, S, k, acc, add);
@@ -940,7 +940,7 @@ ORION_AVX512 void affine4_tile_avx512_fixed(const uint8_t* w, const uint16_t* pa
 ORION_AVX512 void affine4_tile_avx512(const uint8_t* w, const uint16_t* params, int64_t B, const float* x, int64_t S,
                                       int64_t k, int lanes, float* acc, bool add) {
     switch (lanes) {
-        case 1: return affine4_tile_avx512_fixed<1, 4>(w, params, B, x, S, k, acc, add);
+        case 1: return affine4_tile_avx512_fixed<1, 2>(w, params, B, x, S, k, acc, add);
         case 2: return affine4_tile_avx512_fixed<2, 2>(w, params, B, x, S, k, acc, add);
         case 3: return affine4_tile_avx512_fixed<3, 2>(w, params, B, x, S, k, acc, add);
         case 4: return affine4_tile_avx512_fixed<4, 1>(w, params, B, x, S, k, acc, add);

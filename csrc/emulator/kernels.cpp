@@ -93,10 +93,11 @@ struct Kernels {
     // [kConvSequentialLanes, conv_lanes]: each output summed as conv_tile_f16 sums it for those lanes.
     void (*conv_pair_tile_f16)(const uint16_t* w0, const uint16_t* w1, const float* x, int64_t S, int64_t k,
                                int lanes, float* acc0, float* acc1, bool add);
-    // Two fp16 panels at one lane (decode; null when the flavour has none): as conv_pair_tile_f16, each output
-    // summed as conv_tile_f16 sums it at one lane, the two panels' rows read as two streams at once.
-    void (*conv_pair_tile_f16_one)(const uint16_t* w0, const uint16_t* w1, const float* x, int64_t S, int64_t k,
-                                   float* acc0, float* acc1, bool add);
+    // `count` (2 or 3) fp16 panels w[0..count) at one lane (decode; null when the flavour has none): acc[g*16 + j] =
+    // sum_{c<k} w[g][c*16 + j] * x[c*S], each output summed as conv_tile_f16 sums it at one lane, the panels'
+    // rows read as `count` streams at once.
+    void (*conv_group_tile_f16_one)(const uint16_t* const* w, int count, const float* x, int64_t S, int64_t k,
+                                    float* acc);
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -411,39 +412,50 @@ ORION_AVX2 void score_row_softmax_avx2(float* row, const float* mask, int64_t n,
     }
 }
 
-// Two fp16 panels at one lane: conv_tile_avx2's sums at one lane (row c into partial sum c % 2, the tail rows
-// into sum 0, the sums added in order), in 8 accumulators. A decode step streams its weights from memory once, and
-// two panels read at once keep two streams in flight where one panel's leaves the memory system idler (a
-// standalone copy on this 2-core Zen: 14-15 -> 18-19 GB/s on one thread, 17 -> 21 GB/s on two).
-ORION_AVX2 void conv_pair_tile_f16_one_avx2(const uint16_t* w0, const uint16_t* w1, const float* x, int64_t S,
-                                            int64_t k, float* acc0, float* acc1, bool add) {
+// N fp16 panels at one lane (adjacent in acc): conv_tile_avx2's sums at one lane (row c into partial sum c % 2,
+// the tail rows into sum 0, the sums added in order), in 4N accumulators. A decode step streams its weights from
+// memory once, and panels read together keep several streams in flight where one panel's leaves the memory
+// system idler (a standalone copy on this 2-core Zen, one thread: one panel 14-15 GB/s, two 18-19, three 20-21).
+template <int N>
+ORION_AVX2 void conv_group_tile_f16_one_fixed(const uint16_t* const* w, const float* x, int64_t S, int64_t k,
+                                              float* acc) {
     constexpr int U = 2;
-    const PlainRows8<uint16_t> first{w0}, second{w1};
-    __m256 lo0[U][1], hi0[U][1], lo1[U][1], hi1[U][1];
-    conv_tile_start<1, U>(lo0, hi0, acc0, add);
-    conv_tile_start<1, U>(lo1, hi1, acc1, add);
+    PlainRows8<uint16_t> rows[N];
+    __m256 lo[N][U][1], hi[N][U][1];
+    ORION_UNROLL
+    for (int p = 0; p < N; ++p) {
+        rows[p] = PlainRows8<uint16_t>{w[p]};
+        conv_tile_start<1, U>(lo[p], hi[p], acc + p * kConvPanel, false);
+    }
     int64_t c = 0;
     for (; c + U <= k; c += U) {  // U rows: one cache line of each panel
-        prefetch_row<1>(first, c, 0);
-        prefetch_row<1>(second, c, 0);
+        ORION_UNROLL
+        for (int p = 0; p < N; ++p) prefetch_row<1>(rows[p], c, 0);
         ORION_UNROLL
         for (int u = 0; u < U; ++u) {
             const __m256 xv = _mm256_broadcast_ss(x + (c + u) * S);
-            lo0[u][0] = _mm256_fmadd_ps(first.lo(c + u), xv, lo0[u][0]);
-            hi0[u][0] = _mm256_fmadd_ps(first.hi(c + u), xv, hi0[u][0]);
-            lo1[u][0] = _mm256_fmadd_ps(second.lo(c + u), xv, lo1[u][0]);
-            hi1[u][0] = _mm256_fmadd_ps(second.hi(c + u), xv, hi1[u][0]);
+            ORION_UNROLL
+            for (int p = 0; p < N; ++p) {
+                lo[p][u][0] = _mm256_fmadd_ps(rows[p].lo(c + u), xv, lo[p][u][0]);
+                hi[p][u][0] = _mm256_fmadd_ps(rows[p].hi(c + u), xv, hi[p][u][0]);
+            }
         }
     }
-    conv_tile_finish<1, U>(lo0, hi0, first, x, S, c, k, acc0);
-    conv_tile_finish<1, U>(lo1, hi1, second, x, S, c, k, acc1);
+    ORION_UNROLL
+    for (int p = 0; p < N; ++p) conv_tile_finish<1, U>(lo[p], hi[p], rows[p], x, S, c, k, acc + p * kConvPanel);
+}
+
+ORION_AVX2 void conv_group_tile_f16_one_avx2(const uint16_t* const* w, int count, const float* x, int64_t S, int64_t k,
+                                             float* acc) {
+    if (count == 3) return conv_group_tile_f16_one_fixed<3>(w, x, S, k, acc);
+    conv_group_tile_f16_one_fixed<2>(w, x, S, k, acc);
 }
 
 constexpr Kernels kAvx2 = {
     "avx2+f16c+fma",    6,                         round_fp16_avx2,           half_to_float_avx2,
     float_to_half_avx2, tanh_avx2, sigmoid_avx2, softmax_avx2, scaled_softmax_avx2, score_row_softmax_avx2,
     conv_tile_avx2<uint16_t>, conv_tile_avx2<float>, conv_widen_tile_avx2,
-    conv_tile_i8_avx2, dequant_i8_avx2, nullptr, conv_tile_q_avx2, widen_q_avx2, nullptr, conv_pair_tile_f16_one_avx2,
+    conv_tile_i8_avx2, dequant_i8_avx2, nullptr, conv_tile_q_avx2, widen_q_avx2, nullptr, conv_group_tile_f16_one_avx2,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -630,10 +642,10 @@ bool converts_weights(const Kernels& k, int64_t cin, int64_t lanes) {
 }
 
 // Whether conv_panels' unconverted path runs fp16 panels two at a time for jobs of `lanes` lanes:
-// Kernels::conv_pair_tile_f16_one at one lane, Kernels::conv_pair_tile_f16 when every tile has at least
+// Kernels::conv_group_tile_f16_one at one lane, Kernels::conv_pair_tile_f16 when every tile has at least
 // kConvSequentialLanes lanes.
 bool pairs_fp16_panels(const Kernels& k, int64_t lanes) {
-    return lanes == 1 ? k.conv_pair_tile_f16_one != nullptr : k.conv_pair_tile_f16 && lanes >= kConvSequentialLanes;
+    return lanes == 1 ? k.conv_group_tile_f16_one != nullptr : k.conv_pair_tile_f16 && lanes >= kConvSequentialLanes;
 }
 
 // A panel's weights in the flavour's tile, and widened to fp32: fp16 ones, or int8 ones times their
@@ -766,9 +778,12 @@ void conv_panels(const Kernels& k, const PanelAt& panel_at, int64_t count, int64
         if constexpr (fp16)
             if (pairs_fp16_panels(k, lanes))
                 for (; g + 2 <= count; g += 2) {
-                    if (lanes == 1) {
-                        k.conv_pair_tile_f16_one(panel_at(g).first, panel_at(g + 1).first, x.rows(0, 1), x.stride(1),
-                                                 cin, acc + g * panel_acc, acc + (g + 1) * panel_acc, false);
+                    if (lanes == 1) {  // three panels a tile, then two
+                        const int n = count - g >= 3 ? 3 : 2;
+                        const uint16_t* w[3] = {panel_at(g).first, panel_at(g + 1).first,
+                                                n == 3 ? panel_at(g + 2).first : nullptr};
+                        k.conv_group_tile_f16_one(w, n, x.rows(0, 1), x.stride(1), cin, acc + g * panel_acc);
+                        g += n - 2;
                         continue;
                     }
                     for (int t = 0; t < tiling.tiles; ++t) {
@@ -1091,7 +1106,7 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
     const bool pairs = !low_bit && k.conv_pair_tile_f32 && converts;
     // Unconverted fp16 panels (decode's lanes) go two to a job when conv_panels runs them as a pair.
     const bool fp16_pairs = std::is_same_v<Packed, PackedConv1x1> && !converts && pairs_fp16_panels(k, lanes);
-    const int64_t per_job = pairs || fp16_pairs ? 2 : converts || low_bit ? kConvGroup : 1;
+    const int64_t per_job = pairs || fp16_pairs ? (lanes == 1 ? 3 : 2) : converts || low_bit ? kConvGroup : 1;
     const int64_t job_work = per_job * w.cin * kConvPanel * (lanes / chunks + 4);  // + the weight stream's cost
     // Long rows (the converting tiles, many panels per lane) read x packed in lane tiles, packed once here.
     std::vector<float> packed_x = converts ? buffer_pool::take(static_cast<size_t>(lanes * w.cin)) : std::vector<float>{};

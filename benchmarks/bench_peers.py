@@ -147,8 +147,7 @@ class OrionEngine:
     def __init__(self, spec: dict[str, Any]) -> None:
         from orion.models import load
 
-        context = {"context": spec["context"]} if spec["family"] == "llama" else {}  # GPT-2's is n_positions
-        self.model = load(spec["hf_dir"], progress=False, **context, **ORION_ENGINES[spec["engine"]].options)
+        self.model = load(spec["hf_dir"], progress=False, context=spec["context"], **ORION_ENGINES[spec["engine"]].options)
 
     def prefill(self, ids: list[int]):
         return self.model.prefill(ids)

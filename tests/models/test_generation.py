@@ -19,8 +19,9 @@ from tokenizers import models as tok_models
 import orion
 from orion import models
 from orion.generation.kv_cache import KVCache
-from orion.generation.loop import ActivationOverflow
+from orion.generation.loop import ActivationOverflow, ContextFull
 from orion.models import GPT2, GPT2Config
+from orion.models.gpt2.config import ConfigError
 from orion.models.gpt2.weights import save_hf
 from support.gpt2_fixtures import lively_weights
 from support.gpt2_reference import reference_logits
@@ -202,3 +203,19 @@ def test_progress_false_silences_weight_loading_too(model_dir, monkeypatch, caps
 def test_context_length_is_read_without_building_the_model(model_dir) -> None:
     assert models.context_length(model_dir) == CONFIG.n_positions
     assert models.context_length("gpt2") == 1024 and models.context_length(CONFIG) == 128
+
+
+def test_a_gpt2_context_option_caps_the_cache_like_a_llama_one(model_dir) -> None:
+    """``context`` (any family, through ``models.load``): the KV cache holds that many positions, the logits are the
+    reference's, one position more is refused; a context past ``n_positions`` is an error naming the fix."""
+    short = models.load(model_dir, progress=False, context=32)
+    assert short.cache.context == 32
+    ids = [int(t) for t in np.random.default_rng(5).integers(0, CONFIG.vocab_size, 33)]
+    want = reference_logits(CONFIG, lively_weights(CONFIG, seed=3), ids[:20])[-1]
+    got = short.prefill(ids[:20])
+    assert np.max(np.abs(got - want)) <= 0.03 * np.max(np.abs(want))
+    with pytest.raises(ContextFull, match="exceed the context length 32"):
+        short.prefill(ids)
+    for bad in (129, 0, 1.5, True):
+        with pytest.raises(ConfigError, match=f"context={bad!r}; .* n_positions \\(128\\)"):
+            models.load(model_dir, progress=False, context=bad)

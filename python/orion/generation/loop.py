@@ -291,6 +291,16 @@ class DecoderDims:
     parameters: int
 
 
+def checked_context(name: str, context: int | None, limit: int, limit_field: str, error: type[Exception]) -> int:
+    """A model's ``context`` option: the positions its KV cache holds, default the model's ``limit`` (its config's
+    ``limit_field``); anything but a whole number in ``1..limit`` raises ``error`` naming ``name``."""
+    context = limit if context is None else context
+    if isinstance(context, bool) or not isinstance(context, int) or not 0 < context <= limit:
+        raise error(f"{name}: context={context!r}; use a positive number of positions up to the model's "
+                    f"{limit_field} ({limit})")
+    return context
+
+
 class CausalLM(AdapterHost):
     """A decoder-only language model compiled for the ANE (or the emulator).
 

@@ -9,13 +9,13 @@ from typing import Any
 import numpy as np
 
 from orion.generation.defaults import GenerationDefaults
-from orion.generation.loop import CausalLM, DecoderDims
+from orion.generation.loop import CausalLM, DecoderDims, checked_context
 from orion.generation.plan import ProgramInfo
 from orion.generation.tokenizer import Tokenizer, TokenizerNotFound, load_tokenizer
 from orion.graph import Graph
 from orion.lora.adapter import Placement, Site
 from orion.models.gpt2 import graphs
-from orion.models.gpt2.config import GPT2Config
+from orion.models.gpt2.config import ConfigError, GPT2Config
 from orion.models.gpt2.costs import decode_program_costs, layer_params
 from orion.models.gpt2.weights import GPT2Weights, load_hf, random_weights
 from orion.models.weights_io import table_matvec, table_rows
@@ -36,14 +36,15 @@ class GPT2(CausalLM):
 
     def __init__(self, config: GPT2Config, weights: GPT2Weights, *, tokenizer: Tokenizer | None = None,
                  tokenizer_error: TokenizerNotFound | None = None, fusion_depth: int | None = None,
-                 lm_head: str = "ane", progress: bool = True, quant: str = "fp16", profile: str = "hardware",
-                 probe_report: Any = None, prefill_chunk: int | None = None) -> None:
+                 lm_head: str = "ane", progress: bool = True, context: int | None = None, quant: str = "fp16",
+                 profile: str = "hardware", probe_report: Any = None, prefill_chunk: int | None = None) -> None:
         weights.validate(config)
         self.config, self.weights = config, weights
         options = compile_options(quant, profile, probe_report)  # int8 needs ANE-35 relaxed (orion.quant)
         self.quant = quant
+        context = checked_context("GPT-2", context, config.n_positions, "n_positions", ConfigError)
         self.dims = DecoderDims(n_layer=config.n_layer, hidden=config.n_embd, kv_heads=config.n_head,
-                                head_dim=config.head_dim, context=config.n_positions,
+                                head_dim=config.head_dim, context=context,
                                 vocab_size=config.vocab_size, parameters=config.param_count())
         self._setup(tokenizer=tokenizer, tokenizer_error=tokenizer_error, fusion_depth=fusion_depth,
                     lm_head=lm_head, progress=progress, compile_options=options, prefill_chunk=prefill_chunk)

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from orion.generation.loop import CausalLM, DecoderDims
+from orion.generation.loop import CausalLM, DecoderDims, checked_context
 from orion.generation.plan import ProgramInfo
 from orion.generation.tokenizer import TOKENIZER_FILE, Tokenizer, TokenizerNotFound, load_tokenizer
 from orion.graph import Graph
@@ -160,11 +160,7 @@ def start_decoder(model: CausalLM, name: str, config: Any, weights: Any, context
     weights.validate(config)
     options = compile_options(quant, profile, probe_report)
     model.quant = quant
-    context = config.max_position_embeddings if context is None else context
-    if isinstance(context, bool) or not isinstance(context, int) or \
-            not 0 < context <= config.max_position_embeddings:
-        raise error(f"{name}: context={context!r}; use a positive number of positions up to the model's "
-                    f"max_position_embeddings ({config.max_position_embeddings})")
+    context = checked_context(name, context, config.max_position_embeddings, "max_position_embeddings", error)
     model.config, model.weights = config, weights  # type: ignore[attr-defined]
     model.dims = DecoderDims(n_layer=config.n_layers, hidden=config.dim, kv_heads=config.n_kv_heads,
                              head_dim=config.head_dim, context=context, vocab_size=config.vocab_size,

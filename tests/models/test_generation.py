@@ -219,3 +219,16 @@ def test_a_gpt2_context_option_caps_the_cache_like_a_llama_one(model_dir) -> Non
     for bad in (129, 0, 1.5, True):
         with pytest.raises(ConfigError, match=f"context={bad!r}; .* n_positions \\(128\\)"):
             models.load(model_dir, progress=False, context=bad)
+
+
+def test_a_misspelt_load_option_is_refused_before_the_weights_are_read(model_dir, monkeypatch) -> None:
+    """An option the model's class does not take is an Orion error naming it, the closest option and the
+    accepted ones, raised before the checkpoint is opened (it was a bare TypeError after reading it)."""
+    read = []
+    monkeypatch.setattr(GPT2, "from_pretrained", classmethod(lambda cls, *a, **k: read.append(a)))
+    with pytest.raises(models.UnknownOption, match="GPT2 takes no option 'progres'. Fix: did you mean "
+                                                            "'progress'\\? its options are context, .*quant"):
+        models.load(model_dir, progres=False)
+    with pytest.raises(models.UnknownOption, match="random\\(\\): GPT2 takes no option 'quantt'.*'quant'"):
+        models.random("gpt2", quantt="int8")
+    assert read == []

@@ -17,6 +17,7 @@ from orion.models.llama.trainable import LlamaTrainable
 from orion.models.registry import (
     Family,
     UnknownModel,
+    UnknownOption,
     context_length,
     family,
     family_of,
@@ -44,6 +45,7 @@ register_file_format(".bin", Llama.from_llama2c)
 register_file_format(".gguf", load_gguf, model_class_of, load_gguf_tokenizer)
 register_shape("stories110m", LlamaConfig.stories110m())
 
-__all__ = ["GPT2", "GPT2Config", "Family", "Gemma", "GemmaConfig", "Llama", "LlamaConfig", "UnknownModel", "context_length", "family",
+__all__ = ["GPT2", "GPT2Config", "Family", "Gemma", "GemmaConfig", "Llama", "LlamaConfig", "UnknownModel", "UnknownOption",
+           "context_length", "family",
            "family_of", "file_suffixes", "load", "load_tokenizer", "model_class", "model_types", "random", "register",
            "register_file_format", "register_shape", "shape_names"]

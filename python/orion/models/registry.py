@@ -12,6 +12,8 @@ weights)`` and ``random_weights(config, seed)``.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -26,6 +28,27 @@ from orion.generation.hf_files import CONFIG_FILE, ModelFileError, read_json_obj
 
 class UnknownModel(OrionError, ValueError):
     """No registered model runs this ``model_type``, shape name or config."""
+
+
+class UnknownOption(OrionError, TypeError):
+    """``load`` or ``random`` was given an option the model's class does not take."""
+
+
+# Keyword-only parameters of a model class's constructor that its loaders fill in themselves.
+_LOADER_OPTIONS = frozenset({"tokenizer", "tokenizer_error"})
+
+
+def check_options(model: type, options: Iterable[str], source: str) -> None:
+    """Refuses, before any weight is read, an option ``model``'s constructor does not take (a misspelt
+    ``progres=``), naming the options it does take and the closest one."""
+    accepted = {name for name, p in inspect.signature(model.__init__).parameters.items()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY} - _LOADER_OPTIONS
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], accepted, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UnknownOption(f"{source}: {model.__name__} takes no option {unknown[0]!r}. Fix: {hint}its options are "
+                            f"{', '.join(sorted(accepted))}")
 
 
 @dataclass(frozen=True)
@@ -160,9 +183,11 @@ def load(path: str | os.PathLike[str], **options: Any) -> Any:
     sampling defaults of its ``generation_config.json``; or in a checkpoint file of a registered format
     (by its suffix, e.g. a llama2.c ``.bin``)."""
     path = Path(path)
+    cls = model_class(path)
+    check_options(cls, options, f"load({str(path)!r})")
     if _checkpoint_file(path):
         return _FILE_FORMATS[path.suffix](path, **options)
-    model = model_class(path).from_pretrained(path, **options)
+    model = cls.from_pretrained(path, **options)
     if "generation_defaults" not in vars(model):  # a family whose from_pretrained does not read them
         model.generation_defaults = GenerationDefaults.from_directory(path)
     return model
@@ -175,4 +200,6 @@ def random(shape: str | Any, seed: int = 0, **options: Any) -> Any:
         if shape not in _SHAPES:
             raise UnknownModel(f"no random shape named {shape!r}; the registered shapes are {shape_names()}")
         shape = _SHAPES[shape]
-    return family_of(shape).model.random(shape, seed=seed, **options)
+    model = family_of(shape).model
+    check_options(model, options, "random()")
+    return model.random(shape, seed=seed, **options)

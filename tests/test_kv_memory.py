@@ -381,6 +381,33 @@ def test_generate_compiles_what_prepare_before_the_prompt_did_when_the_budget_is
     assert outcomes[0] == ([64, 256], [64, 256], [64], 4) and outcomes[1] == outcomes[0], outcomes
 
 
+def test_prepare_compiles_the_next_decode_steps_bucket_even_into_the_reserve(monkeypatch) -> None:
+    """A budget that keeps ``prepare`` from compiling buckets ahead (it leaves COMPILE_RESERVE sets for prompts of
+    new lengths) still lets it compile the bucket of the next decode step, which that step would compile anyway:
+    the first decode step then compiles nothing (it compiled the model's 24 Qwen2.5-0.5B layers in bench_peers'
+    timed steps), and the logits are unchanged."""
+    import orion
+    from orion.generation import loop
+
+    config = GPT2Config(n_layer=2, n_head=6, n_embd=384, vocab_size=512, n_positions=1024)  # buckets 64, 256, 1024
+    weights = random_weights(config, seed=21)
+    ids = [int(t) for t in np.random.default_rng(22).integers(0, config.vocab_size, 20)]
+    reference = GPT2(config, weights, progress=False, fusion_depth=1)
+    want = [reference.prefill(ids)]
+    want.append(reference.decode_step(int(np.argmax(want[0]))))
+    model = GPT2(config, weights, progress=False, fusion_depth=1)
+    plan = model.decode_plan
+    first = model.prefill(ids)
+    limit = orion.compile_count() + 2 + 5  # one bucket's 2 layer programs, less than the reserve (2 sets of 3) more
+    monkeypatch.setattr(loop, "compiles_left", lambda: limit - orion.compile_count())
+    assert model.prepare(len(ids) + 100) == [64]  # 256 and 1024 stay for later: the reserve holds
+    before = orion.compile_count()
+    step = model.decode_step(int(np.argmax(first)))
+    assert orion.compile_count() == before and sorted(plan.layers_by_context) == [64]
+    np.testing.assert_array_equal(first, want[0])
+    np.testing.assert_array_equal(step, want[1])
+
+
 def test_prompts_share_a_compiled_bucket_when_the_budget_is_short(monkeypatch) -> None:
     """Short of compiles for a prompt bucket of its own (after the decode buckets and the largest prompt
     bucket are reserved), a prompt runs in a compiled bucket that holds it, its tokens the live lanes: the

@@ -457,7 +457,9 @@ class CausalLM(AdapterHost):
         reaches, so that none is compiled in the middle of a generation (``generate`` calls it with the
         prompt's length plus ``max_new_tokens``, after the prompt: ``_steps``). Within the compile budget (ANE-11):
         a bucket is compiled ahead only while :data:`COMPILE_RESERVE` sets of programs (prompts of new lengths)
-        stay in the budget; the others are compiled when first used. Returns the buckets compiled now."""
+        stay in the budget; the others are compiled when first used. The bucket of the next decode step (the
+        cache's filled positions plus one) is exempt from the reserve: that step would compile it anyway.
+        Returns the buckets compiled now."""
         return self._prepare(positions)
 
     def _prepare_later(self, positions: int) -> Callable[[], list[int]]:
@@ -476,9 +478,12 @@ class CausalLM(AdapterHost):
         reach = next(t for t in self._kv_buckets if t >= min(max(positions, 1), self.dims.context))
         per_bucket = len(plan.layer_ranges)
         reserve = max(0, COMPILE_RESERVE * (per_bucket + len(plan.head_programs)) - spent)
+        following = self.cache.bucket_for(min(self.cache.length + 1, self.dims.context))
         done = []
         for bucket in (t for t in self._kv_buckets if t <= reach and t not in plan.layers_by_context):
-            if compiles_left() < per_bucket + reserve:
+            if compiles_left() < per_bucket + (0 if bucket == following else reserve):
+                if bucket < following:  # below the filled positions: not the next steps'
+                    continue
                 break
             plan.layers_at(bucket)
             done.append(bucket)

@@ -61,7 +61,11 @@ class ProgramBuilder:
         self._batch = (0, 0)
 
     def begin(self, what: str, total: int) -> None:
-        """Start a batch of ``total`` builds of ``what`` (e.g. "GPT-2 (124M parameters, 12 layers)")."""
+        """Start a batch of ``total`` builds of ``what`` (e.g. "GPT-2 (124M parameters, 12 layers)"). The idle
+        activations of earlier evaluates go back to the OS first (``release_idle_buffers``), so the compiles'
+        own heap does not come on top of them (GPT-2 124M's decode buckets after a 1,000-token prompt: +13 MiB
+        of peak RSS)."""
+        kernels.release_idle_buffers()
         self.what = what
         self._batch = (self.built, self.cached)
         self._over_sram = []

@@ -67,3 +67,12 @@ def test_top_ids_is_a_stable_descending_sort() -> None:
                    np.array([1.0, -np.inf, 3.0, np.nan, 3.0, -np.inf, 0.0]), np.full(9, -np.inf)):
         for n in (1, 2, 5, values.size, values.size + 3):
             np.testing.assert_array_equal(top_ids(values, n), np.argsort(-values, kind="stable")[:n])
+
+
+def test_the_descending_order_is_a_stable_sorts() -> None:
+    from orion.generation.sampling import _descending
+
+    rng = np.random.default_rng(2)
+    for values in (rng.random(1000), np.round(rng.random(5000), 2), np.zeros(7), np.array([1.0]),
+                   np.repeat(rng.random(40), 25)):  # no ties, many ties, all equal, one value, runs
+        np.testing.assert_array_equal(_descending(values), np.argsort(-values, kind="stable"))

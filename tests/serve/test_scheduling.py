@@ -3,6 +3,7 @@ active streams take turns."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -10,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from orion.serve.app import create_app
+from orion.serve.app import _Outbox, create_app
 
 from .conftest import LIMITS, serving
 
@@ -153,3 +154,24 @@ def test_active_streams_take_turns(engine) -> None:
     a, b = arrivals["a"], arrivals["b"]
     assert a and b
     assert max(a[0], b[0]) < min(a[-1], b[-1])  # each started before the other finished: interleaved
+
+
+def test_the_outbox_wakes_the_event_loop_once_for_the_events_before_it_runs() -> None:
+    loop = asyncio.new_event_loop()
+    wakes = []
+    schedule = loop.call_soon_threadsafe
+    loop.call_soon_threadsafe = lambda *args: (wakes.append(args), schedule(*args))[1]
+    outbox = _Outbox(loop)
+    queues = [asyncio.Queue() for _ in range(3)]
+    worker = threading.Thread(target=lambda: [outbox.put(queues[i % 3], i) for i in range(30)])  # a round's events
+    worker.start()
+    worker.join()
+    assert len(wakes) == 1
+    loop.run_until_complete(asyncio.sleep(0))  # the loop runs: every event reaches its queue, in order
+    assert [[q.get_nowait() for _ in range(q.qsize())] for q in queues] == [list(range(i, 30, 3)) for i in range(3)]
+    outbox.put(queues[0], 30)  # after the delivery: the next event wakes the loop again
+    assert len(wakes) == 2
+    loop.run_until_complete(asyncio.sleep(0))
+    assert queues[0].get_nowait() == 30
+    loop.close()
+    outbox.put(queues[1], 31)  # the loop has closed (the server is stopping): no error for the worker

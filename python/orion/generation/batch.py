@@ -8,8 +8,11 @@ others by at most one chunk), or, when several whole prompts joined and fit one 
 program, one weight stream, for every joiner), then advances every sequence that has a token to feed by
 one token, in one dispatch per layer program: the decode programs' lanes are fixed when they are compiled, so the
 number of sequences never causes a compile, and the emulator computes only the lanes in use (the
-live-lanes hint). Sequences join and leave between steps. Sequences with different LoRA adapters
-run in groups, one model copy (``fork``) per adapter with lanes of its own, one decode step per group.
+live-lanes hint). A step in which one sequence of the base group decodes runs it on a one-lane model
+instead, when the batch has one (``Batch(model, alone=)``, ``CausalLM._decode_alone``): the emulator's
+many-lane programs cost a lone lane more than one-lane programs. Sequences join and leave between steps.
+Sequences with different LoRA adapters run in groups, one model copy (``fork``) per adapter with lanes of
+its own, one decode step per group.
 
 Two levels: ``join``/``feed``/``logits``/``fork``/``leave`` drive lanes with the caller's own sampling
 (the server's engine), and ``submit``/``step``/``run`` generate as ``CausalLM.generate`` does, per
@@ -74,10 +77,16 @@ class BatchGeneration:
 
 class Batch:
     """Sequences sharing the decode lanes of ``model`` (a ``CausalLM``; ``model.with_lanes(n)`` gives
-    ``n`` lanes, a plain model one). Not thread-safe: one thread drives a batch."""
+    ``n`` lanes, a plain model one). ``alone``: a one-lane model with the same weights and no adapter (a ``fork``
+    of the model ``model`` is ``with_lanes`` of, its decode programs prepared) on which a step with one sequence of
+    the base group to decode runs it, in the buckets it has compiled. Not thread-safe: one thread drives a batch."""
 
-    def __init__(self, model: CausalLM) -> None:
+    def __init__(self, model: CausalLM, alone: CausalLM | None = None) -> None:
+        if alone is not None and (alone.options.lanes != 1 or alone.active_adapter is not None
+                                  or model.active_adapter is not None):
+            raise GenerationError("Batch(alone=): give a one-lane model without an adapter, for a model without one")
         self._models: dict[str | None, CausalLM] = {model.active_adapter: model}
+        self._alone = alone
         self._lanes: dict[int, _Lane] = {}
         self._failed: dict[int, BaseException] = {}  # sequences a failed step ended: their error
         self._next_id = 0
@@ -209,7 +218,7 @@ class Batch:
                 except StopIteration as read:
                     entry.reading = None
                     entry.logits = entry.model._prefill_logits({entry.lane: read.value[:, -1]})[entry.lane]
-        for model in self._models.values():
+        for adapter, model in self._models.items():
             fed = {s: e for s, e in self._lanes.items() if e.model is model and e.fed is not None}
             if not fed:
                 continue
@@ -218,8 +227,12 @@ class Batch:
                     with self._failing([sequence]):
                         entry.prepare()
                     entry.prepare = None
+            lone = next(iter(fed.values())) if len(fed) == 1 and adapter is None and self._alone is not None else None
             with self._failing(list(fed)), model._exclusive("Batch.step"):
-                logits = model._decode_lanes({e.lane: e.fed for e in fed.values()})
+                if lone is not None and model._alone_ready(self._alone, lone.lane):
+                    logits = {lone.lane: model._decode_alone(self._alone, lone.lane, lone.fed)}
+                else:
+                    logits = model._decode_lanes({e.lane: e.fed for e in fed.values()})
             for entry in fed.values():
                 entry.logits, entry.fed = logits[entry.lane], None
 

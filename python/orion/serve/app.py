@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 import time
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 
@@ -37,11 +39,38 @@ class Limits:
     disconnect_poll: float = 0.25  # how often a non-streaming request checks that its client is still there
 
 
+class _Outbox:
+    """Events from the worker thread to the request handlers' queues on one event loop: one call into the loop
+    (a write to its wake-up socket) for the events that arrive before it runs, not one per event (a batched
+    step's round emits one per stream)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._events: list[tuple[asyncio.Queue, Delta | Finished | Failed]] = []
+
+    def put(self, queue: asyncio.Queue, event: Delta | Finished | Failed) -> None:
+        """Deliver ``event`` to ``queue`` (called by the worker thread)."""
+        with self._lock:
+            self._events.append((queue, event))
+            if len(self._events) > 1:
+                return  # a delivery is scheduled and has not run yet: it takes this one too
+        with contextlib.suppress(RuntimeError):  # the event loop has closed: the server is stopping
+            self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            events, self._events = self._events, []
+        for queue, event in events:
+            queue.put_nowait(event)
+
+
 def create_app(engine: Engine, *, max_waiting: int = 64, retry_after: int = 1, limits: Limits = Limits()) -> Starlette:
     """The server for ``engine``; its worker thread starts and stops with the application's lifespan."""
     scheduler = Scheduler(engine, max_waiting=max_waiting, retry_after=retry_after)
     created = int(time.time())
     model_card = {"id": engine.model_id, "object": "model", "created": created, "owned_by": "orion"}
+    outboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Outbox] = weakref.WeakKeyDictionary()
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [model_card]})
@@ -83,11 +112,11 @@ def create_app(engine: Engine, *, max_waiting: int = 64, retry_after: int = 1, l
         body = parse_json(await read_body(request, limits))
         wanted = parse_request(body, engine, chat)
         loop = asyncio.get_running_loop()
+        outbox = outboxes.get(loop) or outboxes.setdefault(loop, _Outbox(loop))
         events: asyncio.Queue = asyncio.Queue()
 
         def emit(event: Delta | Finished | Failed) -> None:  # called by the worker thread
-            with contextlib.suppress(RuntimeError):  # the event loop has closed: the server is stopping
-                loop.call_soon_threadsafe(events.put_nowait, event)
+            outbox.put(events, event)
 
         job = Job(wanted.prompt_ids, wanted.params, wanted.stops, emit, wanted.n)
         try:

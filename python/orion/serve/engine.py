@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from orion.errors import OrionError
+from orion.generation.sampling import top_ids
 from orion.generation.structured import Grammar
 
 SCHEDULERS = ("batched", "turns")  # how ModelEngine steps its sequences (its ``scheduler``; serve --scheduler)
@@ -68,7 +69,7 @@ class TokenLogprob:
         finite = np.isfinite(z)
         peak = z[finite].max() if finite.any() else 0.0
         logp = z - (peak + np.log(np.exp(z[finite] - peak).sum()))
-        best = np.argsort(-logp, kind="stable")[:top]
+        best = top_ids(logp, top)
         return cls(int(token), float(logp[token]), tuple((int(i), float(logp[i])) for i in best))
 
 

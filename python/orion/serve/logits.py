@@ -23,6 +23,7 @@ class LogitsProcessor:
         self.params = params
         self._history = list(prompt_ids)  # prompt and new tokens (repetition penalty)
         self._counts = np.zeros(vocab_size, dtype=np.int64)  # new tokens only (frequency/presence)
+        self._penalties = np.zeros(vocab_size, dtype=np.float32)  # of the counts, kept as each token is recorded
         self._bias = np.zeros(vocab_size, dtype=np.float32)
         for token, bias in params.logit_bias:
             self._bias[token] = bias
@@ -37,6 +38,8 @@ class LogitsProcessor:
     def record(self, token: int) -> None:
         self._history.append(token)
         self._counts[token] += 1
+        count, p = int(self._counts[token]), self.params
+        self._penalties[token] = p.frequency_penalty * count + p.presence_penalty * (count > 0)
         if self._guide is not None:
             self._guide.consume(token)
 
@@ -46,7 +49,7 @@ class LogitsProcessor:
         p = self.params
         out = apply_repetition_penalty(logits.astype(np.float32), self._history, p.repetition_penalty)
         if p.frequency_penalty or p.presence_penalty:
-            out = out - (p.frequency_penalty * self._counts + p.presence_penalty * (self._counts > 0)).astype(np.float32)
+            out = out - self._penalties  # frequency * count + presence, per token: one pass, not five
         if p.logit_bias:
             out = out + self._bias
         return out if self._guide is None else self._guide.mask(out)

@@ -67,7 +67,13 @@ class ModelEngine:
         if scheduler == "batched":
             lanes = model.with_lanes(max_sequences) if max_sequences > 1 else model
             lanes.prepare(self.context_length)  # every KV bucket's decode programs before the first request
-            self._batches = [Batch(lanes)]
+            alone = None
+            if max_sequences > 1 and model.active_adapter is None:
+                # A lone sequence steps on the one-lane programs, in the buckets the compile budget leaves room for
+                # after the lanes' (prepare keeps the reserve for new prompt lengths; Batch's ``alone``)
+                model.prepare(self.context_length)
+                alone = model.fork()
+            self._batches = [Batch(lanes, alone)]
         else:
             model.prepare(self.context_length)
             self._batches = [Batch(model), *(Batch(model.fork()) for _ in range(max_sequences - 1))]

@@ -507,6 +507,53 @@ def test_panels_are_evicted_with_their_blobs_and_cleared(tmp_path, monkeypatch) 
     assert not (tmp_path / PANELS).exists()
 
 
+def test_an_entry_stored_by_the_writer_is_named_only_once_its_blobs_are_whole(tmp_path, monkeypatch) -> None:
+    """``lower_cached(wait=False)`` returns before the writer thread stores the entry: the program compiles from
+    the bytes in memory, nothing is on disk under a name a reader would take, and a program asked again meanwhile
+    is read back once stored. A write failing mid-entry (a full disk) leaves no entry and no temporary files."""
+    import threading
+
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    hold = threading.Event()
+    program_cache._writer().submit(hold.wait)  # the writer is busy
+    try:
+        lowered, cached = lower_cached({"test": "writer entry"}, graph, wait=False)
+        assert not cached and list((tmp_path / "blobs").iterdir()) == []
+        assert [p.name for p in tmp_path.iterdir()] == ["blobs"]  # no entry, not even a temporary one yet
+        check_runs(compile_lowered(lowered))
+    finally:
+        hold.set()
+    again, cached = lower_cached({"test": "writer entry"}, graph)  # waits for the queued entry, then reads it
+    assert cached and again.weights == lowered.weights
+    check_runs(compile_lowered(again))
+
+    real = program_cache._write_blob
+    calls: list[object] = []
+
+    def full_disk(path, data):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(path, data)
+
+    monkeypatch.setattr(program_cache, "_write_blob", full_disk)
+    other = np.random.default_rng(5).standard_normal((64, 64)).astype(np.float32)
+
+    def two_weights() -> orion.Graph:
+        g = orion.Graph("two_weights")
+        x = g.input("x", [1, 64, 1, 32])
+        g.output(g.linear(g.relu(g.linear(x, W)), other), "y")
+        return g
+
+    before = {p.name for p in tmp_path.iterdir()}
+    lower_cached({"test": "failed entry"}, two_weights)
+    assert len(calls) == 2 and {p.name for p in tmp_path.iterdir()} == before  # no entry, no .tmp- directory
+    assert not [p for p in (tmp_path / "blobs").iterdir() if p.name.startswith(".tmp-")]
+    monkeypatch.setattr(program_cache, "_write_blob", real)
+    _, cached = lower_cached({"test": "failed entry"}, two_weights)
+    assert not cached and lower_cached({"test": "failed entry"}, two_weights)[1]
+
+
 def test_a_file_changed_within_a_clock_tick_is_hashed_every_time(tmp_path, monkeypatch) -> None:
     """A rewrite within one tick of the file system's clock can keep a file's size and times, so a memo keyed
     by its identity could stand for the bytes before it: a file changed less than RACY_NS ago is hashed at
@@ -578,6 +625,7 @@ def _load_run(directory):
 
     model = models.load(directory, progress=False)
     logits = model.logits([5, 17, 3, 60])
+    program_cache.flush()  # the builder's entries are stored by the writer thread
     return logits, model.builder.built, model.builder.cached
 
 

@@ -554,6 +554,27 @@ def test_an_entry_stored_by_the_writer_is_named_only_once_its_blobs_are_whole(tm
     assert not cached and lower_cached({"test": "failed entry"}, two_weights)[1]
 
 
+@pytest.mark.parametrize("size", [0, 100, 3 * 8192, 3 * 8192 + 5])
+def test_a_files_digest_is_the_sha256_of_its_pieces_sha256(tmp_path, monkeypatch, size) -> None:
+    """file_digest hashes the pieces on threads: it must be the SHA-256 of the size and of each piece's SHA-256
+    (computed here with hashlib alone), the same for the same bytes under another name, other for a changed byte."""
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(program_cache, "DIGEST_PIECE", 8192)  # several pieces of a small file
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    want = hashlib.sha256(f"orion file digest\0{8192}\0{size}\0".encode())
+    for start in range(0, size, 8192):
+        want.update(hashlib.sha256(data[start:start + 8192]).digest())
+    first, second = tmp_path / "a.bin", tmp_path / "b.bin"
+    first.write_bytes(data)
+    second.write_bytes(data)
+    assert program_cache.file_digest(first) == program_cache.file_digest(second) == want.hexdigest()
+    if size:
+        changed = bytearray(data)
+        changed[-1] ^= 1
+        second.write_bytes(bytes(changed))
+        assert program_cache.file_digest(second) != want.hexdigest()
+
+
 def test_a_file_changed_within_a_clock_tick_is_hashed_every_time(tmp_path, monkeypatch) -> None:
     """A rewrite within one tick of the file system's clock can keep a file's size and times, so a memo keyed
     by its identity could stand for the bytes before it: a file changed less than RACY_NS ago is hashed at

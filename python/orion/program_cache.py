@@ -611,21 +611,39 @@ def _by_identity(path: Path, kind: str, compute: Callable[[], str], valid: Calla
     return text
 
 
+DIGEST_PIECE = 64 << 20  # file_digest hashes a file in pieces of this many bytes, on every core
+
+
 def file_digest(path: Path, file: BinaryIO | None = None) -> str:
-    """SHA-256 (hex) of the file at ``path`` (or of the open ``file``: the version a caller mapped, even if
-    the name was given to another file since), computed once per file version (``_by_identity``). It is
-    read, never mapped, so hashing leaves none of its pages in this process."""
+    """A SHA-256 (hex) that the bytes of the file at ``path`` alone determine (or of the open ``file``: the
+    version a caller mapped, even if the name was given to another file since), computed once per file version
+    (``_by_identity``): the SHA-256 of the file's size and of the SHA-256 of each of its :data:`DIGEST_PIECE`
+    pieces, which are hashed on every core (hashlib releases the GIL; one SHA-256 of the Qwen2.5-0.5B
+    checkpoint took ~0.7 s on one core). The pieces are read through a private map of the file, each piece's
+    pages dropped once hashed, so hashing copies nothing and leaves none of its pages in this process."""
     fd = file.fileno() if file is not None else None
 
     def compute() -> str:
-        h = hashlib.sha256()
         with path.open("rb") if fd is None else open(os.dup(fd), "rb") as f:
-            f.seek(0)
-            while chunk := f.read(1 << 22):
-                h.update(chunk)
+            size = os.fstat(f.fileno()).st_size
+            pieces = []
+            if size:
+                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as found:
+                    def piece(start: int) -> bytes:
+                        with memoryview(found)[start:start + DIGEST_PIECE] as view:
+                            digest = hashlib.sha256(view).digest()
+                        found.madvise(mmap.MADV_DONTNEED, start, min(DIGEST_PIECE, size - start))
+                        return digest
+
+                    starts = range(0, size, DIGEST_PIECE)
+                    with ThreadPoolExecutor(min(len(starts), os.cpu_count() or 1)) as pool:
+                        pieces = list(pool.map(piece, starts))
+        h = hashlib.sha256(f"orion file digest\0{DIGEST_PIECE}\0{size}\0".encode())
+        for digest in pieces:
+            h.update(digest)
         return h.hexdigest()
 
-    return _by_identity(path, "sha256", compute, lambda text: bool(_SHA256_HEX.fullmatch(text)),
+    return _by_identity(path, "sha256 of pieces", compute, lambda text: bool(_SHA256_HEX.fullmatch(text)),
                         None if fd is None else os.fstat(fd))
 
 

@@ -13,11 +13,11 @@ memory (a read entry's weight files are read-only maps of its blobs, one map per
 pages are dropped after the program is compiled: it holds its own copy). An entry lowered here is stored
 by one writer thread (:func:`lower_cached` with ``wait=False`` returns at once, and the program compiles
 from the bytes in memory): its blobs first, then its own files in a temporary directory renamed into place,
-so no entry is seen before every blob it references is whole; :func:`flush` waits. Every entry carries a manifest with each file's size and
-CRC-32 (its blobs' too), checked on every read, a blob's once per blob version (its CRC is memoized
-under the blob's path, inode and size, so a replaced or truncated blob is checked again, but not under
-its modification time, which a writer referencing the blob refreshes as a use stamp): a damaged entry (a
-truncated weight file, a disk error) is rebuilt with a one-line warning, never used. A program's
+so no entry is seen before every blob it references is whole; :func:`flush` waits. Every entry carries a
+manifest with each file's size and CRC-32 (its blobs' too), checked on every read, a blob's once per blob
+version (its CRC is memoized under the blob's path, inode and size, so a replaced or truncated blob is
+checked again, but not under its modification time, which a writer referencing the blob refreshes as a use
+stamp): a damaged entry (a truncated weight file, a disk error) is rebuilt with a one-line warning, never used. A program's
 content hash comes from its blobs' names (their SHA-256), so reading an entry hashes no weights.
 
 The emulator's packed form of each fp16 conv weight (panels of 16 output channels, what it would

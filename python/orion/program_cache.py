@@ -296,7 +296,8 @@ def _verified_checksum(data: memoryview | bytes, path: Path, known: dict[str, in
                 return False
 
         compute = lambda: json.dumps(known if known is not None else _checksum(data))  # noqa: E731
-        _MAP_CHECKSUMS[shared] = json.loads(_by_identity(path, "crc32", compute, valid, times=False))
+        _MAP_CHECKSUMS[shared] = json.loads(_by_identity(path, "crc32", compute, valid, times=False,
+                                                         root=path.parent.parent))  # the blob's cache
     return _MAP_CHECKSUMS[shared]
 
 

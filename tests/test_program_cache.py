@@ -554,6 +554,15 @@ def test_an_entry_stored_by_the_writer_is_named_only_once_its_blobs_are_whole(tm
     assert not cached and lower_cached({"test": "failed entry"}, two_weights)[1]
 
 
+def test_the_writer_holds_a_bounded_amount_of_weight_bytes(tmp_path, monkeypatch) -> None:
+    """Past QUEUE_BYTES of queued weight files, lower_cached(wait=False) waits for the writer (a large model's cold
+    start must not hold a second copy of all its weights)."""
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(program_cache, "QUEUE_BYTES", 0)
+    lower_cached({"test": "bounded queue"}, graph, wait=False)
+    assert program_cache.usage(tmp_path)["entries"] == 1 and not program_cache._QUEUE  # stored before returning
+
+
 @pytest.mark.parametrize("size", [0, 100, 3 * 8192, 3 * 8192 + 5])
 def test_a_files_digest_is_the_sha256_of_its_pieces_sha256(tmp_path, monkeypatch, size) -> None:
     """file_digest hashes the pieces on threads: it must be the SHA-256 of the size and of each piece's SHA-256

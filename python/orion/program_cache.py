@@ -13,12 +13,14 @@ memory (a read entry's weight files are read-only maps of its blobs, one map per
 pages are dropped after the program is compiled: it holds its own copy). An entry lowered here is stored
 by one writer thread (:func:`lower_cached` with ``wait=False`` returns at once, and the program compiles
 from the bytes in memory): its blobs first, then its own files in a temporary directory renamed into place,
-so no entry is seen before every blob it references is whole; :func:`flush` waits. Every entry carries a
-manifest with each file's size and CRC-32 (its blobs' too), checked on every read, a blob's once per blob
-version (its CRC is memoized under the blob's path, inode and size, so a replaced or truncated blob is
-checked again, but not under its modification time, which a writer referencing the blob refreshes as a use
-stamp): a damaged entry (a truncated weight file, a disk error) is rebuilt with a one-line warning, never used. A program's
-content hash comes from its blobs' names (their SHA-256), so reading an entry hashes no weights.
+so no entry is seen before every blob it references is whole; :func:`flush` waits. Past :data:`QUEUE_BYTES`
+of queued weight files a caller waits for the writer.
+Every entry carries a manifest with each file's size and CRC-32 (its blobs' too), checked on every read, a
+blob's once per blob version (its CRC is memoized under the blob's path, inode and size, so a replaced or
+truncated blob is checked again, but not under its modification time, which a writer referencing the blob
+refreshes as a use stamp): a damaged entry (a truncated weight file, a disk error) is rebuilt with a one-line
+warning, never used. A program's content hash comes from its blobs' names (their SHA-256), so reading an
+entry hashes no weights.
 
 The emulator's packed form of each fp16 conv weight (panels of 16 output channels, what it would
 otherwise repack from the weight files at every start) is stored too, once per weight, in ``panels/``:
@@ -58,7 +60,9 @@ import tempfile
 import time
 import weakref
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterable
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from functools import lru_cache, partial
@@ -167,6 +171,10 @@ def _write_blob(path: Path, data: bytes | memoryview) -> bool:
 # values emit these bytes (emit.FILE_COPY) until the writer has stored them.
 _QUEUED_BLOBS: dict[Path, bytes | memoryview] = {}
 _QUEUED_ENTRIES: set[Path] = set()  # entries queued for storing and not yet stored (or given up)
+# The weight bytes held for the writer at most: past them, _save waits for the oldest entries (a cold start of a
+# large model would otherwise hold a copy of all its weights until the disk caught up).
+QUEUE_BYTES = 256 << 20
+_QUEUE: deque[tuple[futures.Future, int]] = deque()  # (the writer's future, the weight bytes it holds) of each queued entry
 
 
 def _save(directory: Path, lowered: Lowered) -> None:
@@ -189,7 +197,9 @@ def _save(directory: Path, lowered: Lowered) -> None:
                 lineage.remember(sources[path], emit.FILE_COPY, partial(_QUEUED_BLOBS.get, blob))
     _QUEUED_BLOBS.update(queued)
     _QUEUED_ENTRIES.add(directory)
-    _writer().submit(_store, directory, lowered, set(queued))
+    _QUEUE.append((_writer().submit(_store, directory, lowered, set(queued)), sum(map(len, queued.values()))))
+    while _QUEUE and (_QUEUE[0][0].done() or sum(n for _, n in _QUEUE) > QUEUE_BYTES):
+        futures.wait([_QUEUE.popleft()[0]])
 
 
 def _store(directory: Path, lowered: Lowered, queued: set[Path]) -> None:
@@ -490,6 +500,7 @@ def _forget_writer() -> None:
     _PENDING.clear()
     _QUEUED_BLOBS.clear()
     _QUEUED_ENTRIES.clear()
+    _QUEUE.clear()
 
 
 os.register_at_fork(after_in_child=_forget_writer)

@@ -554,13 +554,20 @@ def test_an_entry_stored_by_the_writer_is_named_only_once_its_blobs_are_whole(tm
     assert not cached and lower_cached({"test": "failed entry"}, two_weights)[1]
 
 
-def test_the_writer_holds_a_bounded_amount_of_weight_bytes(tmp_path, monkeypatch) -> None:
+def test_the_writer_holds_a_bounded_amount_of_weight_bytes_and_yields_to_the_foreground(tmp_path, monkeypatch) -> None:
     """Past QUEUE_BYTES of queued weight files, lower_cached(wait=False) waits for the writer (a large model's cold
-    start must not hold a second copy of all its weights)."""
+    start must not hold a second copy of all its weights); on Linux the writer runs 10 nice levels below the
+    thread that started the process's work."""
+    import sys
+    import threading
+
     monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(program_cache, "QUEUE_BYTES", 0)
     lower_cached({"test": "bounded queue"}, graph, wait=False)
     assert program_cache.usage(tmp_path)["entries"] == 1 and not program_cache._QUEUE  # stored before returning
+    if sys.platform == "linux":
+        writer = program_cache._writer().submit(threading.get_native_id).result()
+        assert os.getpriority(os.PRIO_PROCESS, writer) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)
 
 
 @pytest.mark.parametrize("size", [0, 100, 3 * 8192, 3 * 8192 + 5])

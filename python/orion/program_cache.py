@@ -174,7 +174,7 @@ _QUEUED_BLOBS: dict[Path, bytes | memoryview] = {}
 _QUEUED_ENTRIES: set[Path] = set()  # entries queued for storing and not yet stored (or given up)
 # The weight bytes held for the writer at most: past them, _save waits for the oldest entries (a cold start of a
 # large model would otherwise hold a copy of all its weights until the disk caught up).
-QUEUE_BYTES = 1 << 30
+QUEUE_BYTES = 512 << 20
 _QUEUE: deque[tuple[futures.Future, int]] = deque()  # (the writer's future, the weight bytes it holds) of each queued entry
 
 

@@ -507,6 +507,90 @@ def test_panels_are_evicted_with_their_blobs_and_cleared(tmp_path, monkeypatch) 
     assert not (tmp_path / PANELS).exists()
 
 
+def test_an_entry_stored_by_the_writer_is_named_only_once_its_blobs_are_whole(tmp_path, monkeypatch) -> None:
+    """``lower_cached(wait=False)`` returns before the writer thread stores the entry: the program compiles from
+    the bytes in memory, nothing is on disk under a name a reader would take, and a program asked again meanwhile
+    is read back once stored. A write failing mid-entry (a full disk) leaves no entry and no temporary files."""
+    import threading
+
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    hold = threading.Event()
+    program_cache._writer().submit(hold.wait)  # the writer is busy
+    try:
+        lowered, cached = lower_cached({"test": "writer entry"}, graph, wait=False)
+        assert not cached and list((tmp_path / "blobs").iterdir()) == []
+        assert [p.name for p in tmp_path.iterdir()] == ["blobs"]  # no entry, not even a temporary one yet
+        check_runs(compile_lowered(lowered))
+    finally:
+        hold.set()
+    again, cached = lower_cached({"test": "writer entry"}, graph)  # waits for the queued entry, then reads it
+    assert cached and again.weights == lowered.weights
+    check_runs(compile_lowered(again))
+
+    real = program_cache._write_blob
+    calls: list[object] = []
+
+    def full_disk(path, data):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(path, data)
+
+    monkeypatch.setattr(program_cache, "_write_blob", full_disk)
+    other = np.random.default_rng(5).standard_normal((64, 64)).astype(np.float32)
+
+    def two_weights() -> orion.Graph:
+        g = orion.Graph("two_weights")
+        x = g.input("x", [1, 64, 1, 32])
+        g.output(g.linear(g.relu(g.linear(x, W)), other), "y")
+        return g
+
+    before = {p.name for p in tmp_path.iterdir()}
+    lower_cached({"test": "failed entry"}, two_weights)
+    assert len(calls) == 2 and {p.name for p in tmp_path.iterdir()} == before  # no entry, no .tmp- directory
+    assert not [p for p in (tmp_path / "blobs").iterdir() if p.name.startswith(".tmp-")]
+    monkeypatch.setattr(program_cache, "_write_blob", real)
+    _, cached = lower_cached({"test": "failed entry"}, two_weights)
+    assert not cached and lower_cached({"test": "failed entry"}, two_weights)[1]
+
+
+def test_the_writer_holds_a_bounded_amount_of_weight_bytes_and_yields_to_the_foreground(tmp_path, monkeypatch) -> None:
+    """Past QUEUE_BYTES of queued weight files, lower_cached(wait=False) waits for the writer (a large model's cold
+    start must not hold a second copy of all its weights); on Linux the writer runs 10 nice levels below the
+    thread that started the process's work."""
+    import sys
+    import threading
+
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(program_cache, "QUEUE_BYTES", 0)
+    lower_cached({"test": "bounded queue"}, graph, wait=False)
+    assert program_cache.usage(tmp_path)["entries"] == 1 and not program_cache._QUEUE  # stored before returning
+    if sys.platform == "linux":
+        writer = program_cache._writer().submit(threading.get_native_id).result()
+        assert os.getpriority(os.PRIO_PROCESS, writer) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)
+
+
+@pytest.mark.parametrize("size", [0, 100, 3 * 8192, 3 * 8192 + 5])
+def test_a_files_digest_is_the_sha256_of_its_pieces_sha256(tmp_path, monkeypatch, size) -> None:
+    """file_digest hashes the pieces on threads: it must be the SHA-256 of the size and of each piece's SHA-256
+    (computed here with hashlib alone), the same for the same bytes under another name, other for a changed byte."""
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(program_cache, "DIGEST_PIECE", 8192)  # several pieces of a small file
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    want = hashlib.sha256(f"orion file digest\0{8192}\0{size}\0".encode())
+    for start in range(0, size, 8192):
+        want.update(hashlib.sha256(data[start:start + 8192]).digest())
+    first, second = tmp_path / "a.bin", tmp_path / "b.bin"
+    first.write_bytes(data)
+    second.write_bytes(data)
+    assert program_cache.file_digest(first) == program_cache.file_digest(second) == want.hexdigest()
+    if size:
+        changed = bytearray(data)
+        changed[-1] ^= 1
+        second.write_bytes(bytes(changed))
+        assert program_cache.file_digest(second) != want.hexdigest()
+
+
 def test_a_file_changed_within_a_clock_tick_is_hashed_every_time(tmp_path, monkeypatch) -> None:
     """A rewrite within one tick of the file system's clock can keep a file's size and times, so a memo keyed
     by its identity could stand for the bytes before it: a file changed less than RACY_NS ago is hashed at
@@ -578,6 +662,7 @@ def _load_run(directory):
 
     model = models.load(directory, progress=False)
     logits = model.logits([5, 17, 3, 60])
+    program_cache.flush()  # the builder's entries are stored by the writer thread
     return logits, model.builder.built, model.builder.cached
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 import orion
-from orion import models, quant
+from orion import models, program_cache, quant
 from orion.cli import HelpFormatter, positive_int, report_errors
 from orion.errors import OrionError
 from orion.generation.loop import CausalLM
@@ -108,6 +108,7 @@ def run(model_dir: str | None = None, prompt_tokens: int = 16, new_tokens: int =
             prompt = [int(t) for t in np.random.default_rng(0).integers(0, model.dims.vocab_size, prompt_tokens)]
             result = measure_decode(model, prompt, new_tokens)  # compiles the prompt's bucket into the cache
         finally:
+            program_cache.flush()  # the writer thread's files land in this cache, before it may be removed
             if previous is None:
                 os.environ.pop("ORION_CACHE_DIR")
             else:

@@ -100,7 +100,13 @@ def key_of(array: Any) -> Key | None:
 def derived(result: np.ndarray, operation: str, sources: Sequence[np.ndarray], *params: Hashable) -> np.ndarray:
     """``result``, computed by ``operation`` (with ``params``) from ``sources`` alone, made read-only and
     recorded under a key made of those (when every source has a key). The caller vouches that the
-    computation is deterministic and reads nothing else."""
+    computation is deterministic and reads nothing else. ``result`` must own its data or view a buffer that is
+    not an array: numpy makes a view of a view point at the first array, so views of ``result`` (a reshape for a
+    conv weight) could not be traced to it."""
+    if isinstance(result.base, np.ndarray):
+        raise ValueError(f"lineage.derived({operation!r}): the result is a view of another array, so views of it "
+                         "would not be traced to it; pass an array owning its data (np.take, not fancy indexing "
+                         "past the first axis) or a view of a buffer (np.ndarray(buffer=...))")
     result.flags.writeable = False
     keys = [key_of(s) for s in sources]
     if all(k is not None for k in keys):

@@ -92,7 +92,7 @@ class ProgramBuilder:
         label = program_label(kind, params)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            lowered, was_cached = lower_cached({**self.identity, "kind": kind, **params}, graph,
+            lowered, was_cached = lower_cached({**self.identity, "kind": kind, **params}, graph, wait=False,
                                                io_dtype=self.io_dtype, max_layers=max_layers)
         if not was_cached and self.after_lowering is not None:
             self.after_lowering()

@@ -60,4 +60,4 @@ def huge_page_array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         memory.madvise(advice)
     except OSError:  # huge pages turned off: still an array, on small pages
         pass
-    return np.frombuffer(memory, dtype).reshape(shape)
+    return np.ndarray(shape, dtype, buffer=memory)  # the map its base: a view of it keeps this array as its base

@@ -154,7 +154,7 @@ def group_split(wq: np.ndarray, wo: np.ndarray, rows: np.ndarray) -> tuple[np.nd
     """A query group's rows ``rows`` of ``wq`` and the same columns of ``wo`` (read-only, their derivation
     recorded: :mod:`orion.graph.lineage`)."""
     return lineage.derived(wq[rows], "rows", [wq], lineage.index_key(rows)), \
-        lineage.derived(wo[:, rows], "columns", [wo], lineage.index_key(rows))
+        lineage.derived(np.take(wo, rows, axis=1), "columns", [wo], lineage.index_key(rows))  # owns its data
 
 
 def layer_arrays(config: LlamaConfig, layer: LayerWeights) -> dict[str, np.ndarray]:

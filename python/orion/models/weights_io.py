@@ -11,8 +11,8 @@ programs compute in fp16 anyway), F64 ones to float32. Rows of a table looked up
 time (a token embedding) are read from the file (:func:`table_rows`), not through the map: a
 mapped page counts in the process's memory once touched, and this kernel maps a whole large folio
 (about 2 MiB) per touch, so a lookup of 1,000 tokens would make the whole table resident. While a model's arrays are still
-the loaded ones, the files' SHA-256, computed once per file version (``program_cache.file_digest``),
-stands for their bytes in the content hash: a warm start hashes no weights."""
+the loaded ones, each file's digest, computed once per file version (``program_cache.file_digest``: a SHA-256
+of its 64 MiB pieces' SHA-256s), stands for its bytes in the content hash: a warm start hashes no weights."""
 
 from __future__ import annotations
 
@@ -115,8 +115,9 @@ class WeightsSource:
         return current.keys() == self.arrays.keys() and all(current[k] is a for k, a in self.arrays.items())
 
     def digest(self) -> str:
-        """SHA-256 over the files' own SHA-256s (each computed once per file version). Each file's stands for its
-        map's bytes from then on (``lineage.name_source``): weight files of its values are named by it."""
+        """SHA-256 over the files' own digests (``program_cache.file_digest``, each computed once per file version).
+        Each file's stands for its map's bytes from then on (``lineage.name_source``): weight files of its values are
+        named by it."""
         from orion.program_cache import file_digest
 
         h = hashlib.sha256()

@@ -641,9 +641,9 @@ bool converts_weights(const Kernels& k, int64_t cin, int64_t lanes) {
     return cin > 0 && lanes > (kConvConvertBlocks - 1) * k.conv_lanes;  // ceil(lanes / conv_lanes) >= blocks, undivided
 }
 
-// Whether conv_panels' unconverted path runs fp16 panels two at a time for jobs of `lanes` lanes:
-// Kernels::conv_group_tile_f16_one at one lane, Kernels::conv_pair_tile_f16 when every tile has at least
-// kConvSequentialLanes lanes.
+// Whether conv_panels' unconverted path runs fp16 panels several to a tile for jobs of `lanes` lanes:
+// three (then two) with Kernels::conv_group_tile_f16_one at one lane, two with Kernels::conv_pair_tile_f16 when
+// every tile has at least kConvSequentialLanes lanes.
 bool pairs_fp16_panels(const Kernels& k, int64_t lanes) {
     return lanes == 1 ? k.conv_group_tile_f16_one != nullptr : k.conv_pair_tile_f16 && lanes >= kConvSequentialLanes;
 }
@@ -775,17 +775,16 @@ void conv_panels(const Kernels& k, const PanelAt& panel_at, int64_t count, int64
     constexpr bool fp16 = std::is_same_v<std::decay_t<decltype(panel_at(0).first)>, const uint16_t*>;
     if (!converts_weights(k, cin, lanes) && !(fp16 && widens_in_tile(k, tiling))) {
         int64_t g = 0;
-        if constexpr (fp16)
-            if (pairs_fp16_panels(k, lanes))
-                for (; g + 2 <= count; g += 2) {
-                    if (lanes == 1) {  // three panels a tile, then two
-                        const int n = count - g >= 3 ? 3 : 2;
-                        const uint16_t* w[3] = {panel_at(g).first, panel_at(g + 1).first,
-                                                n == 3 ? panel_at(g + 2).first : nullptr};
-                        k.conv_group_tile_f16_one(w, n, x.rows(0, 1), x.stride(1), cin, acc + g * panel_acc);
-                        g += n - 2;
-                        continue;
-                    }
+        if constexpr (fp16) {
+            if (pairs_fp16_panels(k, lanes) && lanes == 1)
+                for (int n = 0; g + 2 <= count; g += n) {  // three panels a tile, then two
+                    n = count - g >= 3 ? 3 : 2;
+                    const uint16_t* w[3] = {panel_at(g).first, panel_at(g + 1).first,
+                                            n == 3 ? panel_at(g + 2).first : nullptr};
+                    k.conv_group_tile_f16_one(w, n, x.rows(0, 1), x.stride(1), cin, acc + g * panel_acc);
+                }
+            else if (pairs_fp16_panels(k, lanes))
+                for (; g + 2 <= count; g += 2)
                     for (int t = 0; t < tiling.tiles; ++t) {
                         const int64_t s0 = tiling.tile_start(t);
                         const int n = tiling.tile_width(t);
@@ -793,7 +792,7 @@ void conv_panels(const Kernels& k, const PanelAt& panel_at, int64_t count, int64
                                              x.stride(n), cin, n, acc + g * panel_acc + s0 * kConvPanel,
                                              acc + (g + 1) * panel_acc + s0 * kConvPanel, false);
                     }
-                }
+        }
         for (; g < count; ++g) {
             const auto [w, scales] = panel_at(g);
             for (int t = 0; t < tiling.tiles; ++t) {
@@ -1104,7 +1103,8 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
     [[maybe_unused]] const uint64_t call = low_bit ? ++calls : 0;  // (QPanel::call; unused by fp16 panels)
     const bool converts = converts_weights(k, w.cin, lanes / chunks);
     const bool pairs = !low_bit && k.conv_pair_tile_f32 && converts;
-    // Unconverted fp16 panels (decode's lanes) go two to a job when conv_panels runs them as a pair.
+    // Unconverted fp16 panels (decode's lanes) go three to a job at one lane, else two, when conv_panels runs them
+    // several to a tile.
     const bool fp16_pairs = std::is_same_v<Packed, PackedConv1x1> && !converts && pairs_fp16_panels(k, lanes);
     const int64_t per_job = pairs || fp16_pairs ? (lanes == 1 ? 3 : 2) : converts || low_bit ? kConvGroup : 1;
     const int64_t job_work = per_job * w.cin * kConvPanel * (lanes / chunks + 4);  // + the weight stream's cost

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import os
+import threading
 import zlib
 from types import SimpleNamespace
 
@@ -20,6 +21,7 @@ from orion import program_cache
 from orion._core import kernels
 from orion.compiler import compile_lowered
 from orion.program_cache import PANELS, compile_cached, lower_cached, panel_files
+from orion.runtime.builder import ProgramBuilder
 
 RNG = np.random.default_rng(0)
 W = RNG.standard_normal((64, 64)).astype(np.float32) * 0.1
@@ -733,3 +735,54 @@ def test_a_touched_checkpoint_with_the_same_bytes_is_still_served(tmp_path, monk
     assert built_again == 0 and cached == built
     np.testing.assert_array_equal(logits, first)
     assert {b.name for b in (tmp_path / "cache" / "blobs").iterdir()} == blobs
+
+
+def _scaled_graph(scale: float) -> orion.Graph:
+    g = orion.Graph("scaled_block")
+    g.output(g.relu(g.linear(g.input("x", [1, 64, 1, 32]), W * scale)), "y")
+    return g
+
+
+def test_a_builder_compiles_read_programs_on_its_compile_thread_in_order(tmp_path, monkeypatch) -> None:
+    """ProgramBuilder.build_all: a program lowered here compiles before the next is lowered (its weights are in
+    memory); one read from the cache compiles on the compile thread while the next is read. The programs come
+    back in order, and a failed compile is raised only once none is left compiling."""
+    from orion.runtime import builder as builder_module
+
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    scales = [1.0, 2.0, 3.0]
+    graphs = [(lambda s=s: _scaled_graph(s), {"scale": s}) for s in scales]
+    events: list[tuple[str, str]] = []
+    real_lower, real_compile = builder_module.lower_cached, builder_module.compile_cached
+
+    def lower(description, build, **options):
+        events.append(("lower", threading.current_thread().name))
+        return real_lower(description, build, **options)
+
+    def compile_(lowered, **options):
+        events.append(("compile", threading.current_thread().name))
+        if os.environ.get("FAIL_SECOND") and sum(e[0] == "compile" for e in events) == 2:
+            raise orion.CompileError("simulated compile failure")
+        compiled = real_compile(lowered, **options)
+        events.append(("compiled", ""))
+        return compiled
+
+    monkeypatch.setattr(builder_module, "lower_cached", lower)
+    monkeypatch.setattr(builder_module, "compile_cached", compile_)
+    cold = ProgramBuilder({"test": "build_all"}, progress=False)
+    cold_programs = cold.build_all("block", graphs)
+    assert [e[0] for e in events] == ["lower", "compile", "compiled"] * 3 and cold.built == 3
+    program_cache.flush()
+    events.clear()
+    warm = ProgramBuilder({"test": "build_all"}, progress=False)
+    programs = warm.build_all("block", graphs)
+    assert warm.cached == 3 and {name for kind, name in events if kind == "compile"} == {"orion-compile_0"}
+    for compiled, plain, s in zip(programs, cold_programs, scales, strict=True):
+        want = np.maximum(s * W @ X[0, :, 0, :], 0)[None, :, None, :]
+        np.testing.assert_allclose(compiled(x=X)["y"], want, rtol=0, atol=2e-2 * float(np.abs(want).max()))
+        np.testing.assert_array_equal(compiled(x=X)["y"], plain(x=X)["y"])
+    events.clear()
+    monkeypatch.setenv("FAIL_SECOND", "1")
+    with pytest.raises(orion.CompileError, match="simulated"):
+        ProgramBuilder({"test": "build_all"}, progress=False).build_all("block", graphs)
+    assert [e[0] for e in events].count("compile") == 3 and [e[0] for e in events].count("compiled") == 2

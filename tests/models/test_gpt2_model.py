@@ -120,14 +120,14 @@ def test_cpu_lm_head_agrees_with_the_ane_one() -> None:
 def test_fusion_depth_falls_back_when_a_compile_fails(monkeypatch) -> None:
     config = GPT2Config(n_layer=4, n_head=2, n_embd=64, vocab_size=256, n_positions=64)
     weights = lively_weights(config, seed=1)
-    real = ProgramBuilder.build
+    real = ProgramBuilder.build_all
 
-    def refuse_deep(self, kind, graph, max_layers=1, **params):
+    def refuse_deep(self, kind, graphs, max_layers=1):
         if kind == "decode" and max_layers > 1:
             raise orion.CompileError(f"simulated ANE compile failure at fusion depth {max_layers}")
-        return real(self, kind, graph, max_layers, **params)
+        return real(self, kind, graphs, max_layers)
 
-    monkeypatch.setattr(ProgramBuilder, "build", refuse_deep)
+    monkeypatch.setattr(ProgramBuilder, "build_all", refuse_deep)
     model = GPT2(config, weights, fusion_depth=4, progress=False)
     assert model.decode_plan.fusion_depth == 1 and len(model.decode_plan.layer_programs) == 4
     ids = [1, 2, 3]

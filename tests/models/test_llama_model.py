@@ -128,14 +128,14 @@ def test_fusion_depth_is_sized_to_the_sram_and_falls_back(monkeypatch) -> None:
     weights = lively(config, seed=1)
     default = Llama(config, weights, progress=False)
     assert default.decode_plan.fusion_depth == sram_fusion_depth(config.n_layers, 2 * config.layer_param_count()) == 3
-    real = ProgramBuilder.build
+    real = ProgramBuilder.build_all
 
-    def refuse_deep(self, kind, graph, max_layers=1, **params):
+    def refuse_deep(self, kind, graphs, max_layers=1):
         if kind == "decode" and max_layers > 1:
             raise orion.CompileError(f"simulated ANE compile failure at fusion depth {max_layers}")
-        return real(self, kind, graph, max_layers, **params)
+        return real(self, kind, graphs, max_layers)
 
-    monkeypatch.setattr(ProgramBuilder, "build", refuse_deep)
+    monkeypatch.setattr(ProgramBuilder, "build_all", refuse_deep)
     layered = Llama(config, weights, progress=False)
     decode = layered.decode_plan
     assert decode.fusion_depth == 1 and len(decode.layer_programs) == config.n_layers

@@ -264,8 +264,8 @@ def build_decode_plan(builder: ProgramBuilder, options: PlanOptions, n_layer: in
     ranges = layer_ranges(n_layer, depth)
     heads = []
     if options.lm_head == "ane":
-        heads = [builder.build("lm_head", lambda r=r: lm_head_graph(r, options.lanes), vocab=[r.start, r.stop],
-                               seq=options.lanes) for r in head_ranges]
+        heads = builder.build_all("lm_head", [(lambda r=r: lm_head_graph(r, options.lanes),
+                                               {"vocab": [r.start, r.stop], "seq": options.lanes}) for r in head_ranges])
     return DecodePlan(options, depth, ranges, head_ranges, heads, costs(ranges, head_ranges, options.lm_head),
                       builder, _layer_builder(builder, ranges, depth, decode_graph, options.lanes), context, built,
                       compile_lock)
@@ -300,8 +300,9 @@ def _layer_builder(builder: ProgramBuilder, ranges: list[range], depth: int,
 def _decode_layers(builder: ProgramBuilder, ranges: list[range], depth: int,
                    decode_graph: Callable[[range, int], Graph], context: int, lanes: int) -> list[CompiledGraph]:
     extra = {"lanes": lanes} if lanes > 1 else {}  # the cache key of single-lane programs is unchanged
-    return [builder.build("decode", lambda r=r: decode_graph(r, context), max_layers=depth,
-                          layers=[r.start, r.stop], context=context, **extra) for r in ranges]
+    return builder.build_all("decode", [(lambda r=r: decode_graph(r, context),
+                                         {"layers": [r.start, r.stop], "context": context, **extra}) for r in ranges],
+                             max_layers=depth)
 
 
 def build_prefill_plan(builder: ProgramBuilder, n_layer: int, depth: int, seq: int, head_ranges: list[range],
@@ -314,9 +315,9 @@ def build_prefill_plan(builder: ProgramBuilder, n_layer: int, depth: int, seq: i
     ranges = layer_ranges(n_layer, depth)
     kind, extra = ("prefill_chunk", {"past": True, "context": past}) if past else \
         ("prefill_packed", {"packed": True}) if packed else ("prefill", {})
-    layers = [builder.build(kind, lambda r=r: prefill_graph(r, seq, **extra), max_layers=depth,
-                            layers=[r.start, r.stop], seq=seq, **({"context": past} if past else {}))
-              for r in ranges]
-    heads = [builder.build("lm_head", lambda r=r: lm_head_graph(r, seq), vocab=[r.start, r.stop], seq=seq)
-             for r in head_ranges]
+    layers = builder.build_all(kind, [(lambda r=r: prefill_graph(r, seq, **extra),
+                                       {"layers": [r.start, r.stop], "seq": seq, **({"context": past} if past else {})})
+                                      for r in ranges], max_layers=depth)
+    heads = builder.build_all("lm_head", [(lambda r=r: lm_head_graph(r, seq), {"vocab": [r.start, r.stop], "seq": seq})
+                                          for r in head_ranges])
     return PrefillPlan(seq, ranges, layers, heads, bool(past))

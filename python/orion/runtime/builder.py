@@ -6,11 +6,12 @@ from __future__ import annotations
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
 from orion._core import kernels
-from orion.compiler import CompiledGraph
+from orion.compiler import CompiledGraph, Lowered
 from orion.errors import CompileBudgetExhausted, CompileError, ConstraintError
 from orion.graph import Graph
 from orion.passes.sram import SRAMBudgetWarning
@@ -18,6 +19,16 @@ from orion.program_cache import compile_cached, lower_cached
 from orion.progress import ProgressLine, warn_user
 
 T = TypeVar("T")
+
+
+_COMPILE_THREAD: list[ThreadPoolExecutor] = []
+
+
+def _compile_thread() -> ThreadPoolExecutor:
+    """The one thread that compiles programs while the builders read the next ones (created on first use)."""
+    if not _COMPILE_THREAD:
+        _COMPILE_THREAD.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="orion-compile"))
+    return _COMPILE_THREAD[0]
 
 
 def _programs(n: int) -> str:
@@ -88,8 +99,30 @@ class ProgramBuilder:
     def build(self, kind: str, graph: Callable[[], Graph], max_layers: int = 1, **params: Any) -> CompiledGraph:
         """The compiled program of ``graph()`` (called only on a cache miss); ``kind`` and ``params``
         (JSON-able) name it in the cache key and in the progress line."""
+        return self.build_all(kind, [(graph, params)], max_layers)[0]
+
+    def build_all(self, kind: str, graphs: Iterable[tuple[Callable[[], Graph], dict[str, Any]]],
+                  max_layers: int = 1) -> list[CompiledGraph]:
+        """``build(kind, graph, max_layers, **params)`` for each ``(graph, params)``, in order. A program read
+        from the cache compiles on the compile thread while the next one is read (the compile releases the GIL):
+        a warm start's reads and compiles overlap. One lowered here holds its weights in memory until compiled,
+        so it compiles before the next is lowered, as alone."""
         start = time.perf_counter()
-        label = program_label(kind, params)
+        pending: list[Future[CompiledGraph]] = []
+        try:
+            for graph, params in graphs:
+                label = program_label(kind, params)
+                lowered, was_cached = self._lower(kind, graph, max_layers, params, label)
+                pending.append(_compile_thread().submit(self._compile, lowered, was_cached, label))
+                if not was_cached:
+                    pending[-1].result()
+            return [future.result() for future in pending]
+        finally:
+            wait(pending)  # none left compiling (the compile budget counts it) when one failed
+            self.seconds += time.perf_counter() - start
+
+    def _lower(self, kind: str, graph: Callable[[], Graph], max_layers: int, params: dict[str, Any],
+               label: str) -> tuple[Lowered, bool]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             lowered, was_cached = lower_cached({**self.identity, "kind": kind, **params}, graph, wait=False,
@@ -101,9 +134,11 @@ class ProgramBuilder:
                 self._over_sram.append(label)
             else:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        return lowered, was_cached
+
+    def _compile(self, lowered: Lowered, was_cached: bool, label: str) -> CompiledGraph:
         # Nothing patches these programs' weights: the lowered copy goes (with no program cache, bytes in memory).
         compiled = CompiledGraph(lowered.without_weights(), compile_cached(lowered, **self.compile_options).program)
-        self.seconds += time.perf_counter() - start
         self.cached += was_cached
         self.built += not was_cached
         self.line.step(f"{label}{' (loaded from cache)' if was_cached else ''}")

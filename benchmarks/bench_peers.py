@@ -59,21 +59,23 @@ HERE = Path(__file__).resolve().parent
 @dataclass(frozen=True)
 class OrionMode:
     """One of Orion's precisions: its llama.cpp peer's GGUF type, Orion's load options, and the bits each
-    weight-matrix element streams per decoded token (the roofline)."""
+    layer weight-matrix element and LM-head element streams per decoded token (the roofline)."""
 
     peer: str
     options: dict[str, Any]
     matrix_bits: float
+    head_bits: float
 
 
 # Orion's precisions, each against its llama.cpp peer (the quantized ones compile under the permissive profile:
 # their ops are disputed, ANE-35 and ANE-38). Bits per matrix element include the per-block fp16 scale and
-# offset of int4 (32 inputs a block: +1 bit); a LUT of 16 fp16 entries per 8 output channels adds ~0.
+# offset of int4 (32 inputs a block: +1 bit); a LUT of 16 fp16 entries per 8 output channels adds ~0. The LM head
+# of the 4-bit modes is int8 (orion.quant.head_quant), as the q4_0 peer's is Q8_0 (gguf_export.HEAD_TYPES).
 ORION_ENGINES: dict[str, OrionMode] = {
-    "orion": OrionMode("f16", {}, 16),
-    "orion-int8": OrionMode("q8_0", {"quant": "int8", "profile": "permissive"}, 8),
-    "orion-int4": OrionMode("q4_0", {"quant": "int4", "profile": "permissive"}, 5),
-    "orion-lut4": OrionMode("q4_0", {"quant": "lut4", "profile": "permissive"}, 4),
+    "orion": OrionMode("f16", {}, 16, 16),
+    "orion-int8": OrionMode("q8_0", {"quant": "int8", "profile": "permissive"}, 8, 8),
+    "orion-int4": OrionMode("q4_0", {"quant": "int4", "profile": "permissive"}, 5, 8),
+    "orion-lut4": OrionMode("q4_0", {"quant": "lut4", "profile": "permissive"}, 4, 8),
 }
 LLAMA_TYPES = ("f16", "q8_0", "q4_0", "f32")  # gguf_export.TYPES
 ENGINES = (*ORION_ENGINES, "transformers", *(f"llama.cpp-{t}" for t in LLAMA_TYPES))
@@ -466,8 +468,8 @@ def prepare(workdir: Path, model: str, seed: int, llama_types: list[str]) -> dic
             "context": min(CONTEXT, config.n_positions if gpt2 else config.max_position_embeddings),
             "n_layer": layers, "hidden": hidden, "kv_dim": hidden if gpt2 else config.kv_dim,
             "params": config.param_count(),
-            "matrix_params": sum(a.size for n, a in arrays.items() if a.ndim == 2 and n not in tables)
-            + config.vocab_size * hidden,
+            "matrix_params": sum(a.size for n, a in arrays.items() if a.ndim == 2 and n not in tables),
+            "head_params": config.vocab_size * hidden,
             "small_params": sum(a.size for a in arrays.values() if a.ndim == 1)}
 
 
@@ -636,12 +638,14 @@ def advantage(orion: float, peer: float, higher_is_better: bool) -> float:
     return orion / peer if higher_is_better else peer / orion
 
 
-def roofline(prepared: dict[str, Any], setup: Setup, dram_gbs: float, matrix_bits: float = 16) -> dict[str, float]:
-    """Decode upper bound: bytes read per token over the probe's bandwidth, with ``matrix_bits`` per
-    weight-matrix element (the layers' matrices and the LM head; 16: fp16, 8: int8) and fp16 for the rest."""
+def roofline(prepared: dict[str, Any], setup: Setup, dram_gbs: float, matrix_bits: float = 16,
+             head_bits: float = 16) -> dict[str, float]:
+    """Decode upper bound: bytes read per token over the probe's bandwidth, with ``matrix_bits`` per element of the
+    layers' weight matrices and ``head_bits`` per LM-head element (16: fp16, 8: int8) and fp16 for the rest."""
     mean_context = setup.prompt_tokens + setup.new_tokens // 2
     kv = 2 * prepared["n_layer"] * prepared["kv_dim"] * mean_context  # keys and values read per token
-    nbytes = matrix_bits / 8 * prepared["matrix_params"] + 2 * (prepared["small_params"] + kv)
+    nbytes = (matrix_bits * prepared["matrix_params"] + head_bits * prepared["head_params"]) / 8 \
+        + 2 * (prepared["small_params"] + kv)
     return {"bytes_per_token": nbytes, "mean_context": mean_context, "tok_s": dram_gbs * 1e9 / nbytes}
 
 
@@ -711,10 +715,10 @@ def report(result: dict[str, Any], setup: Setup) -> str:
         for e in engines:
             if e in ORION_ENGINES and "decode_tok_s" in result["medians"].get(e, {}):
                 mode = ORION_ENGINES[e]
-                r = roofline(prep, setup, probe["dram_gbs"], mode.matrix_bits)
+                r = roofline(prep, setup, probe["dram_gbs"], mode.matrix_bits, mode.head_bits)
                 share = result["medians"][e]["decode_tok_s"] / r["tok_s"]
                 lines.append(f"{e} decode = {100 * share:.0f}% of its roofline: {r['bytes_per_token'] / 1e6:.1f} MB "
-                             f"read per token ({mode.matrix_bits:g}-bit matrices and LM head, fp16 norms/biases, KV at "
+                             f"read per token ({mode.matrix_bits:g}-bit matrices, {mode.head_bits:g}-bit LM head, fp16 norms/biases, KV at "
                              f"{r['mean_context']} tokens) / {probe['dram_gbs']:.1f} GB/s = {r['tok_s']:.1f} tok/s")
     width = max(14, *(len(e) + 2 for e in engines))
     lines += ["", f"{'median over passes':<46}" + "".join(f"{e:>{width}}" for e in engines)]

@@ -9,7 +9,8 @@ Orion's ``[out, in]`` projection layout is GGUF's row-major layout for ggml's ``
 so the matrices are written as they are (Hugging Face's ``Conv1D`` ``[in, out]`` is transposed on
 load by ``load_hf``). As llama.cpp's own ``convert_hf_to_gguf.py`` does: 1-D tensors (LayerNorms,
 biases) and the position embedding stay float32, every other matrix takes the requested type, and
-the tied LM head is written as ``output.weight``, a copy of the token embedding.
+the tied LM head is written as ``output.weight``, a copy of the token embedding. In a q4_0 file the LM head
+(``output.weight``, else the token embedding) is Q8_0 (:data:`HEAD_TYPES`).
 
 The tokenizer section is synthetic, enough for llama.cpp to load and for callers that feed token
 ids: GPT-2's 256 byte-level symbols first (so any text still tokenizes), then placeholders
@@ -35,6 +36,10 @@ TYPES = {
     "q8_0": (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
     "q4_0": (gguf.GGMLQuantizationType.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0),
 }
+HEAD_TYPES = {"q4_0": gguf.GGMLQuantizationType.Q8_0}
+"""The LM head's type where it differs from the matrices': llama.cpp's quantizer keeps ``output.weight`` (or a tied
+model's token embedding, which serves as it) at 6+ bits in its 4-bit files (Q6_K, which the gguf package cannot
+write; Q8_0 here), as Orion keeps a 4-bit model's LM head at int8 (``orion.quant.head_quant``)."""
 LLAMA_LAYER = {"attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight",
                "bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias", "wo": "attn_output.weight",
                "mlp_norm": "ffn_norm.weight", "w_gate": "ffn_gate.weight", "w_up": "ffn_up.weight",
@@ -124,8 +129,10 @@ def _write(path: Path, arch: str, name: str, hparams: list[tuple[str, object]], 
     writer.add_token_merges([f"{tokens[ord(' ')]} {tokens[ord('t')]}"])  # "Ġ t": one merge of two byte symbols
     writer.add_bos_token_id(vocab_size - 1)
     writer.add_eos_token_id(vocab_size - 1)
+    names = [tensor for tensor, _, _ in tensors]
+    head = "output.weight" if "output.weight" in names else "token_embd.weight"
     for tensor, array, typed in tensors:
-        target = qtype if typed else gguf.GGMLQuantizationType.F32
+        target = HEAD_TYPES.get(dtype, qtype) if tensor == head else qtype if typed else gguf.GGMLQuantizationType.F32
         writer.add_tensor(tensor, gguf.quants.quantize(np.ascontiguousarray(array, np.float32), target),
                           raw_dtype=target)
     writer.write_header_to_file()

@@ -46,7 +46,7 @@ def fake_child(bench, broken: set[str], role: str, spec: dict[str, Any], workdir
     if role == "prepare":
         return {"model": spec["model"], "family": "llama", "hf_dir": "", "gguf": {"f16": ""}, "vocab_size": 512,
                 "context": 256, "n_layer": 2, "hidden": 64, "kv_dim": 32, "params": 100_000,
-                "matrix_params": 90_000, "small_params": 256}
+                "matrix_params": 80_000, "head_params": 10_000, "small_params": 256}
     if role == "probe":
         return {"threads": threads, "array_mib": 1, "dram_gbs": 10.0, "dram_1thread_gbs": 8.0,
                 "in_cache_1thread_gbs": 50.0, "method": "fake"}

@@ -293,6 +293,28 @@ def test_ane38_low_bit_weights_are_refused_unless_relaxed() -> None:
         assert "ANE-38" in notes[0] and op in notes[0]
 
 
+def test_a_low_bit_models_lm_head_is_int8_and_needs_its_op_relaxed_too() -> None:
+    """The 4- and 6-bit modes keep the LM head at int8 (the real SmolLM2-135M-Instruct: +6.6% perplexity for an int4
+    head, none for int8, docs/quantization.md), so the hardware profile needs int8's op relaxed as well."""
+    config = LlamaConfig(dim=64, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=96, vocab_size=160,
+                         max_position_embeddings=32)
+    weights = lively(config, seed=7)
+    for mode in MODES:
+        model = Llama(config, weights, quant=mode, profile="permissive", progress=False)
+        stored = [n.attrs["quantized"] for n in model.lm_head_graph(range(0, 160), 1).nodes if "quantized" in n.attrs]
+        assert len(stored) == 1 and isinstance(stored[0], quant.Int8Weight), mode
+        assert model.builder.identity["head"] == "int8"
+        layers = [n.attrs["quantized"] for n in model.decode_graph(range(0, 1), context=32).nodes if "quantized" in n.attrs]
+        assert layers and not any(isinstance(w, quant.Int8Weight) for w in layers), mode
+        relaxed = probes.Relaxations(ops=(quant.MODE_OPS[mode],), source="a test report")
+        with pytest.raises(orion.ConstraintError, match="ANE-35") as e:
+            quant.compile_options(mode, "hardware", relaxed)
+        assert "LM head is int8" in str(e.value) and "quantized_weights" in str(e.value)
+        both = probes.Relaxations(ops=(quant.MODE_OPS[mode], quant.INT8_OP))
+        assert quant.compile_options(mode, "hardware", both)["relaxed_ops"] == both.ops
+    assert quant.head_quant("fp16") == "fp16" and quant.head_quant("int8") == "int8"
+
+
 def test_low_bit_probes_and_what_their_reports_relax() -> None:
     for mode in MODES:
         outcome, detail = probes._low_bit_weights(orion.backend(), mode)
@@ -537,7 +559,7 @@ def test_gpt2_low_bit_matches_the_reference_on_its_quantized_weights(mode) -> No
         for name in ("w_qkv", "w_attn_out", "w_fc", "w_proj"):
             setattr(b, name, dequantized(getattr(b, name), mode))
     ids = [int(i) for i in RNG.integers(0, config.vocab_size, 9)]
-    want = _gpt2_logits_with_head(config, qweights, dequantized(weights.wte, mode), ids)
+    want = _gpt2_logits_with_head(config, qweights, dequantized(weights.wte, quant.head_quant(mode)), ids)
     tolerance = 0.03 * float(np.abs(want).max())
     np.testing.assert_allclose(model.logits(ids), want, rtol=0, atol=tolerance)
     np.testing.assert_allclose(model.prefill(ids[:5]), want[4], rtol=0, atol=tolerance)  # the decode programs
@@ -559,7 +581,7 @@ def test_llama_low_bit_matches_the_reference_on_its_quantized_weights(mode) -> N
             cols = group_rows(config, j)
             wo[:, cols] = dequantized(layer.wo[:, cols], mode)
         layer.wo = wo
-    ref.lm_head = dequantized(weights.classifier, mode)
+    ref.lm_head = dequantized(weights.classifier, quant.head_quant(mode))
     ids = [int(i) for i in RNG.integers(0, config.vocab_size, 11)]
     want = llama_reference(config, ref, ids)
     tolerance = 0.02 * float(np.abs(want).max())

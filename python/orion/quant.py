@@ -21,6 +21,10 @@ form; emission writes that form with the op Apple's tools use for it:
   ``q - z`` is an fp16 value, and its product with ``s`` is exact in fp32: the emulator's 4-bit kernel
   rounds it once, as coremltools' fp16 decompression does.
 
+The LM head of a 4- or 6-bit model is int8 (:func:`head_quant`), as llama.cpp's quantizer keeps ``output.weight``
+at 6 bits or more and bitsandbytes leaves ``lm_head`` unquantized: on the real SmolLM2-135M-Instruct a 4-bit LM
+head alone costs +6.6% perplexity and an int8 one nothing measurable (docs/quantization.md).
+
 The emulator's conv reads each of these in its stored form, never the dequantized tensor (the 4-bit
 modes stream half of int8's bytes); the result equals the fp16 conv of the dequantized weight bit for
 bit. The disputed ops compile under the hardware profile only when a probe report relaxes them, or
@@ -57,6 +61,8 @@ MODE_HELP = {"int8": "W8A16, int8 linear weights with per-output-channel scales"
              "lut4": "4-bit palettized: a 16-entry fp16 LUT per 8 output channels (ANEMLL's LUT4)",
              "lut6": "6-bit palettized: a 64-entry fp16 LUT per 8 output channels (ANEMLL's LUT6)",
              "int4": "block-wise 4-bit: a scale and zero point per output channel and 32 inputs (like Q4_1)"}
+HEAD_QUANT = {"fp16": "fp16", "int8": "int8", "lut4": "int8", "lut6": "int8", "int4": "int8"}
+"""How each mode stores the LM head (:func:`head_quant`)."""
 MIN_SCALE = 2.0**-21  # 8 * 2**-24: a 4-bit scale at or above it keeps q * scale on fp16's subnormal grid
 LUT_GROUP = 8  # output channels per LUT (ANEMLL's per_channel default)
 INT4_BLOCK = 32  # input channels per int4 scale (llama.cpp's Q4_0/Q4_1 block)
@@ -406,17 +412,27 @@ def compile_options(quant: str, profile: str = "hardware", probe_report: Any = N
     relax = probes.load_report(probe_report) if isinstance(probe_report, (str, bytes)) or \
         hasattr(probe_report, "__fspath__") else (probe_report or probes.Relaxations())
     options: dict[str, Any] = {"profile": profile, "relaxed_ops": tuple(relax.ops)}
-    op = MODE_OPS.get(quant)
-    if op and profile == "hardware" and op not in relax.ops:
-        raise violation(MODE_RULES[quant], f"quant={quant!r}",
-                        f"{quant} weights compile to {op}, which some ANE generations refuse, and no probe report "
-                        f"relaxed it ({relax.source or 'no probe_report given'})",
-                        "run `python -m orion doctor --probe --out report.json` on this Mac and pass "
-                        f"probe_report='report.json' (it relaxes the op if its {MODE_PROBES[quant]} probe works), or "
-                        "pass profile='permissive' (Orion's op bans lifted: the emulator computes what the ANE would; "
-                        f"a real ANE may refuse the program); on the command line, --quant {quant} with --probe-report "
-                        f"PATH, or --quant {quant} alone, which uses the permissive profile and says so")
+    for mode in dict.fromkeys((quant, head_quant(quant))):  # the layers' op, then the LM head's
+        op = MODE_OPS.get(mode)
+        if op and profile == "hardware" and op not in relax.ops:
+            stored = f"{quant} weights compile" if mode == quant else f"a {quant} model's LM head is {mode}, which compiles"
+            raise violation(MODE_RULES[mode], f"quant={quant!r}",
+                            f"{stored} to {op}, which some ANE generations refuse, and no probe report "
+                            f"relaxed it ({relax.source or 'no probe_report given'})",
+                            "run `python -m orion doctor --probe --out report.json` on this Mac and pass "
+                            f"probe_report='report.json' (it relaxes the op if its {MODE_PROBES[mode]} probe works), "
+                            "or pass profile='permissive' (Orion's op bans lifted: the emulator computes what the ANE "
+                            f"would; a real ANE may refuse the program); on the command line, --quant {quant} with "
+                            f"--probe-report PATH, or --quant {quant} alone, which uses the permissive profile and says so")
     return options
+
+
+def head_quant(quant: str) -> str:
+    """How a ``quant`` model stores its LM head (:data:`HEAD_QUANT`): as its layers, except int8 for the 4- and 6-bit
+    modes. The logits are the most sensitive product of the model (the real SmolLM2-135M-Instruct: +6.6% perplexity
+    for an int4 LM head, none for int8), and llama.cpp's quantizer keeps ``output.weight`` at 6+ bits for the same
+    reason."""
+    return HEAD_QUANT[check_mode(quant)]
 
 
 def weight_bytes(quant: str) -> float:
@@ -426,13 +442,15 @@ def weight_bytes(quant: str) -> float:
 
 def quant_identity(quant: str) -> dict[str, str]:
     """What a model's program-cache identity adds for ``quant`` (nothing for fp16, so fp16 keys stay): the
-    mode and, for the LUT modes, the k-means settings that chose the LUTs (a cache written by another
-    quantizer must not serve its LUTs)."""
+    mode, the LM head's when it differs, and, for the LUT modes, the k-means settings that chose the LUTs (a
+    cache written by another quantizer must not serve its LUTs)."""
     if check_mode(quant) == "fp16":
         return {}
+    head = {} if head_quant(quant) == quant else {"head": head_quant(quant)}
     if quant in ("lut4", "lut6"):
-        return {"quant": quant, "quantizer": f"kmeans-power{KMEANS_POWER[int(quant[3:])]:g}-steps{KMEANS_ITERATIONS}"}
-    return {"quant": quant}
+        return {"quant": quant, "quantizer": f"kmeans-power{KMEANS_POWER[int(quant[3:])]:g}-steps{KMEANS_ITERATIONS}",
+                **head}
+    return {"quant": quant, **head}
 
 
 def add_arguments(parser: Any) -> None:
@@ -441,8 +459,8 @@ def add_arguments(parser: Any) -> None:
                         help="how linear and LM-head weights are stored: fp16; int8 (W8A16, per-output-channel "
                              "scales; disputed on the ANE, ANE-35); lut4 / lut6 (4-/6-bit palettized, a LUT per 8 "
                              "output channels, as ANEMLL ships) or int4 (block-wise 4-bit, per 32 inputs) (disputed, "
-                             "ANE-38). Without --probe-report a quantized mode compiles with the permissive profile, "
-                             "and says so")
+                             "ANE-38); the LM head of a 4- or 6-bit model is int8. Without --probe-report a quantized "
+                             "mode compiles with the permissive profile, and says so")
     parser.add_argument("--probe-report", default=None, metavar="PATH",
                         help="a `python -m orion doctor --probe --out PATH` report of this machine: a quantized "
                              "--quant then compiles under the hardware profile if the report relaxes its op")

@@ -24,7 +24,7 @@ from orion.models.llama.costs import decode_program_costs
 from orion.models.llama.lora import lora_placements
 from orion.models.llama.model import from_hf_dir, start_decoder
 from orion.models.weights_io import table_rows
-from orion.quant import quant_identity, weight_bytes
+from orion.quant import head_quant, quant_identity, weight_bytes
 
 RESIDUAL_HEADROOM = 2.0  # the scaled stream's bound stays at most FP16_MAX / this (room for rounding)
 
@@ -95,7 +95,7 @@ class Gemma(CausalLM):
         return lora_placements(self.config)
 
     def lm_head_graph(self, vocab: range, seq: int) -> Graph:
-        return graphs.lm_head_graph(self.config, self.weights, vocab, seq, self.quant, self.residual_scale)
+        return graphs.lm_head_graph(self.config, self.weights, vocab, seq, head_quant(self.quant), self.residual_scale)
 
     def embed(self, ids: list[int], start: int) -> np.ndarray:
         """The embedding rows times sqrt(dim) (rounded to float32, as transformers rounds it to the table's dtype),
@@ -131,4 +131,5 @@ class Gemma(CausalLM):
 
     def program_costs(self, layer_ranges: list[range], head_ranges: list[range], lm_head: str) -> list[ProgramInfo]:
         return decode_program_costs(self.config, self.dims.context, layer_ranges, head_ranges, lm_head,
-                                    weight_bytes(self.quant))
+                                    weight_bytes(self.quant),
+                                    weight_bytes(head_quant(self.quant)))

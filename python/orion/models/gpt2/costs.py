@@ -13,9 +13,9 @@ def layer_params(config: GPT2Config) -> int:
 
 
 def decode_program_costs(config: GPT2Config, layer_ranges: list[range], head_ranges: list[range],
-                         lm_head: str, matrix_bytes: int = 2) -> list[ProgramInfo]:
+                         lm_head: str, matrix_bytes: float = 2, head_bytes: float | None = None) -> list[ProgramInfo]:
     """FLOPs and bytes moved per token of each decode program (weight matrices at ``matrix_bytes`` per
-    element: 2 for fp16, 1 for int8; everything else fp16; full-context caches)."""
+    element: 2 for fp16, 1 for int8; the LM head's at ``head_bytes``, default the same; everything else fp16; full-context caches)."""
     c, t = config.n_embd, config.n_positions
     infos = []
     for r in layer_ranges:
@@ -29,5 +29,5 @@ def decode_program_costs(config: GPT2Config, layer_ranges: list[range], head_ran
         for r in head_ranges:
             v = len(r)
             infos.append(ProgramInfo(f"lm_head {r.start}-{r.stop - 1}", 2 * v * c,
-                                     matrix_bytes * v * c + 2 * (c * 32 + v * 32)))
+                                     (matrix_bytes if head_bytes is None else head_bytes) * v * c + 2 * (c * 32 + v * 32)))
     return infos

@@ -917,14 +917,18 @@ PackedConv1x1 pack_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin) {
     packed.cin = cin;
     // On huge pages: decode streams a packed weight once per token, and on 4 KiB pages each 4 KiB of it costs a
     // TLB miss (GPT-2 124M's 52 convs at one lane, two threads: 13.0-14.4 ms on 4 KiB pages, 12.2-13.3 on huge).
-    std::vector<uint16_t> panels = huge_page_zeros<uint16_t>(static_cast<size_t>(ceil_div(cout, kConvPanel) * cin * kConvPanel));
+    // The panels are written once, on the threads: a fresh map's pages are zeroed by the kernel as each thread first
+    // touches them (the last panel's missing channels stay zero), with no single-threaded memset before.
+    const size_t n = static_cast<size_t>(ceil_div(cout, kConvPanel) * cin * kConvPanel);
+    if (n == 0) return packed;
+    std::shared_ptr<uint16_t> panels = huge_page_map<uint16_t>(n);
     parallel_for(ceil_div(cout, kConvPanel), 1, [&](int64_t begin, int64_t end) {  // panels are independent
         for (int64_t o = begin * kConvPanel; o < std::min(cout, end * kConvPanel); ++o) {
-            uint16_t* panel = panels.data() + (o / kConvPanel) * cin * kConvPanel + o % kConvPanel;
+            uint16_t* panel = panels.get() + (o / kConvPanel) * cin * kConvPanel + o % kConvPanel;
             for (int64_t c = 0; c < cin; ++c) panel[c * kConvPanel] = weight[o * cin + c];
         }
     });
-    packed.data = PanelData<uint16_t>(std::move(panels));
+    packed.data = PanelData<uint16_t>(panels.get(), n, panels, /*mapped=*/false);
     return packed;
 }
 

@@ -48,7 +48,7 @@ struct ScoreRowOps {
 void score_row_softmax(float* row, const float* mask, int64_t n, const ScoreRowOps& ops);
 
 // A packed weight's panels, read-only: owned, or read in place from memory that `owner` keeps alive
-// (a read-only map of a file of panels, map_conv1x1). Copies share the memory.
+// (a read-only map of a file of panels, map_conv1x1, or pack_conv1x1's anonymous map). Copies share the memory.
 template <typename T>
 class PanelData {
 public:
@@ -59,8 +59,9 @@ public:
         size_ = held->size();
         owner_ = std::move(held);
     }
-    PanelData(const T* data, size_t size, std::shared_ptr<const void> owner)
-        : data_(data), size_(size), owner_(std::move(owner)), mapped_(true) {}
+    // `mapped`: read from a file's map (map_conv1x1), not packed in this process.
+    PanelData(const T* data, size_t size, std::shared_ptr<const void> owner, bool mapped = true)
+        : data_(data), size_(size), owner_(std::move(owner)), mapped_(mapped) {}
     const T* data() const { return data_; }
     size_t size() const { return size_; }
     const T& operator[](size_t i) const { return data_[i]; }

@@ -299,3 +299,29 @@ def test_a_joined_sequence_gets_its_first_logits_before_any_decode_layer_is_buil
     assert before == [[64, 256], [64, 256]] and buckets == [[], [64, 256]]
     for step, (a, b) in enumerate(zip(got, want)):
         np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
+
+
+def test_an_occupied_cache_keeps_its_bucket_when_the_longest_sequence_leaves() -> None:
+    """Only an empty cache shrinks: were the bucket to follow the longest sequence down, every lane's positions
+    would move to a shorter one and back as sequences come and go. The short one's tokens are its own run's."""
+    config = GPT2Config(n_layer=2, n_head=6, n_embd=384, vocab_size=300, n_positions=1024)  # KV buckets 64, 256, 1024
+    model = GPT2(config, lively_weights(config, seed=5), progress=False, fusion_depth=1)
+    lanes = model.with_lanes(2)
+    assert lanes.cache.buckets == (64, 256, 1024)
+    short, long = [7, 3, 11, 5], [int(t) for t in np.random.default_rng(4).integers(0, config.vocab_size, 70)]
+    want = alone(model, short, temperature=0)
+    batch = Batch(lanes)
+    a, b = batch.join(long), batch.join(short)
+    got = []
+    for step in range(NEW):
+        got.append(int(np.argmax(batch.logits(b))))
+        batch.feed(b, got[-1])
+        if step < 2:
+            batch.feed(a, int(np.argmax(batch.logits(a))))
+        elif step == 2:
+            assert lanes.cache.bucket == 256  # the long sequence's
+            batch.leave(a)
+    assert lanes.cache.bucket == 256 and got == want
+    batch.leave(b)
+    batch.logits(batch.join(short))  # the cache was empty: the shortest bucket again
+    assert lanes.cache.bucket == 64

@@ -103,9 +103,11 @@ def test_gated_activations_are_one_fused_run_bit_for_bit(profiling, act, c, s) -
     np.testing.assert_allclose(y.astype(np.float64), gate64 * activation * up64, rtol=3e-3, atol=1e-3)  # 3 roundings
 
 
-def test_partially_live_operands_take_the_unfused_path() -> None:
-    """With a live-lanes hint the ops compute only the live lanes; the run must too (its ops' own kernels)."""
-    g, xs = layer(64, 64)
+# (64, 17) and (1024, 16): a short live prefix, gathered (a short prompt in a large bucket); (1024, 100): row by row
+@pytest.mark.parametrize("s, live", [(64, 17), (1024, 16), (1024, 100)])
+def test_partially_live_operands_take_the_unfused_path(s, live) -> None:
+    """With a live-lanes hint the ops compute only the live lanes; the run must too, with the same bits."""
+    g, xs = layer(64, s)
     lowered = lower_graph(g, surface_counts=(16, 16))  # unpacked inputs: the hint names x's own lanes
     fused = orion.compile(lowered.mil, lowered.weights, surface_counts=(16, 16))
     twin = orion.compile(unfused_twin(lowered.mil), lowered.weights, profile="permissive")
@@ -117,8 +119,8 @@ def test_partially_live_operands_take_the_unfused_path() -> None:
         ins, outs = p.allocate_surfaces()
         for name, value in packed.items():
             ins[name].write(value)
-        p.evaluate(ins, outs, live_lanes={x_name: 17})
-        results.append({n: s.read() for n, s in outs.items()})
+        p.evaluate(ins, outs, live_lanes={x_name: live})
+        results.append({n: surface.read() for n, surface in outs.items()})
     for name in results[0]:
-        live = results[0][name].reshape(-1, 64)[:, :17]
-        np.testing.assert_array_equal(live.view(np.uint16), results[1][name].reshape(-1, 64)[:, :17].view(np.uint16))
+        got, want = (r[name].reshape(-1, s)[:, :live] for r in results)
+        np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))

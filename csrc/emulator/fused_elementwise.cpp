@@ -54,7 +54,8 @@ std::vector<int64_t> live_lanes_of_steps(const ElementwiseRun& run, const Frame&
 
 namespace {
 
-// Short rows whose steps all have the same `live` lanes (a batched decode step's dead sequences): the run over
+// Rows whose steps all have the same `live` lanes, short rows or a short live prefix (a batched decode step's dead
+// sequences, a short prompt in a large bucket): the run over
 // the live lanes gathered into rows of that width, in a frame of its own, its stored results scattered back.
 // Each live element is computed and rounded as the whole run computes it; the dead lanes stay stale.
 void run_compacted(const ElementwiseRun& run, Frame& frame, int64_t live) {
@@ -104,13 +105,17 @@ void run_compacted(const ElementwiseRun& run, Frame& frame, int64_t live) {
 void run_elementwise(const ElementwiseRun& run, Frame& frame, const std::vector<int64_t>* live) {
     using Kind = ElementwiseRun::Kind;
     using Fn = ElementwiseRun::Fn;
-    if (live && run.width <= Tensor::kShortRow) {
+    if (live) {
         // Short rows (a decode step's sequences): one kernel call per row would cost more than the dead lanes it
-        // skips, so they are computed whole, or gathered when every step has the same live lanes.
+        // skips, so they are computed whole, or gathered when every step has the same live lanes. So are long rows
+        // with a short live prefix (a short prompt in a large bucket: Qwen2.5-0.5B's 16 tokens on 1,024 lanes), where
+        // a call per row of a few lanes costs more than gathering them.
         const int64_t first = live->empty() ? run.width : live->front();
         const bool uniform = std::all_of(live->begin(), live->end(), [&](int64_t l) { return l == first; });
-        if (uniform && first > 0 && first < run.width) return run_compacted(run, frame, first);
-        live = nullptr;
+        const bool short_rows = run.width <= Tensor::kShortRow;
+        if (uniform && first > 0 && first < run.width && (short_rows || first <= Tensor::kShortRow))
+            return run_compacted(run, frame, first);
+        if (short_rows) live = nullptr;
     }
     const int64_t total = run.rows * run.width;
     // A "row" here is a chunk of the flat tensor (flat runs) or a row of the last axis. Short rows (a

@@ -570,6 +570,32 @@ def test_the_writer_holds_a_bounded_amount_of_weight_bytes_and_yields_to_the_for
         assert os.getpriority(os.PRIO_PROCESS, writer) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)
 
 
+def test_the_writer_holds_at_most_an_eighth_of_a_models_weights(tmp_path, monkeypatch) -> None:
+    """A caller giving its model's weight bytes waits past queue_bound of them (an eighth, at most QUEUE_BYTES): a
+    small model's cold start must not hold half its weights again for the writer. The entry's 8 KiB weight file
+    is over an eighth of 8 KiB, so it is stored before lower_cached returns; unbounded (no weight_bytes, 128 MiB) it
+    is still queued behind the slowed writer."""
+    import time
+
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    assert program_cache.queue_bound(None) == program_cache.QUEUE_BYTES == 128 << 20
+    assert program_cache.queue_bound(8 << 20) == 1 << 20 and program_cache.queue_bound(4 << 30) == 128 << 20
+    store = program_cache._store
+
+    def slow_store(*args) -> None:
+        time.sleep(0.3)
+        store(*args)
+
+    monkeypatch.setattr(program_cache, "_store", slow_store)
+    lowered, _ = lower_cached({"test": "share of the weights"}, graph, wait=False, weight_bytes=8 << 10)
+    assert sum(map(len, lowered.weights.values())) > 1 << 10
+    assert program_cache.usage(tmp_path)["entries"] == 1 and not program_cache._QUEUE
+    lower_cached({"test": "unbounded"}, graph, wait=False)
+    assert program_cache.usage(tmp_path)["entries"] == 1 and program_cache._QUEUE
+    program_cache.flush()
+    assert program_cache.usage(tmp_path)["entries"] == 2
+
+
 @pytest.mark.parametrize("size", [0, 100, 3 * 8192, 3 * 8192 + 5])
 def test_a_files_digest_is_the_sha256_of_its_pieces_sha256(tmp_path, monkeypatch, size) -> None:
     """file_digest hashes the pieces on threads: it must be the SHA-256 of the size and of each piece's SHA-256

@@ -570,16 +570,16 @@ def test_the_writer_holds_a_bounded_amount_of_weight_bytes_and_yields_to_the_for
         assert os.getpriority(os.PRIO_PROCESS, writer) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)
 
 
-def test_the_writer_holds_at_most_an_eighth_of_a_models_weights(tmp_path, monkeypatch) -> None:
-    """A caller giving its model's weight bytes waits past queue_bound of them (an eighth, at most QUEUE_BYTES): a
+def test_the_writer_holds_at_most_a_sixteenth_of_a_models_weights(tmp_path, monkeypatch) -> None:
+    """A caller giving its model's weight bytes waits past queue_bound of them (a sixteenth, at most QUEUE_BYTES): a
     small model's cold start must not hold half its weights again for the writer. The entry's 8 KiB weight file
-    is over an eighth of 8 KiB, so it is stored before lower_cached returns; unbounded (no weight_bytes, 128 MiB) it
+    is over a sixteenth of 8 KiB, so it is stored before lower_cached returns; unbounded (no weight_bytes, 128 MiB) it
     is still queued behind the slowed writer."""
     import time
 
     monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
     assert program_cache.queue_bound(None) == program_cache.QUEUE_BYTES == 128 << 20
-    assert program_cache.queue_bound(8 << 20) == 1 << 20 and program_cache.queue_bound(4 << 30) == 128 << 20
+    assert program_cache.queue_bound(16 << 20) == 1 << 20 and program_cache.queue_bound(4 << 30) == 128 << 20
     store = program_cache._store
 
     def slow_store(*args) -> None:

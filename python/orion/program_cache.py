@@ -14,7 +14,7 @@ pages are dropped after the program is compiled: it holds its own copy). An entr
 by one writer thread (:func:`lower_cached` with ``wait=False`` returns at once, and the program compiles
 from the bytes in memory): its blobs first, then its own files in a temporary directory renamed into place,
 so no entry is seen before every blob it references is whole; :func:`flush` waits. The writer runs at a lower
-priority (Linux: 10 nice levels), and past :func:`queue_bound` of queued weight files (an eighth of the model's weights,
+priority (Linux: 10 nice levels), and past :func:`queue_bound` of queued weight files (a sixteenth of the model's weights,
 at most :data:`QUEUE_BYTES`) a caller waits for it.
 Every entry carries a manifest with each file's size and CRC-32 (its blobs' too), checked on every read, a
 blob's once per blob version (its CRC is memoized under the blob's path, inode and size, so a replaced or
@@ -179,10 +179,12 @@ _QUEUED_ENTRIES: set[Path] = set()  # entries queued for storing and not yet sto
 # interleaved passes: bound 128 MiB 4.74 s / 1161 MiB, 256 MiB 3.84 s / 1275, 512 MiB 3.19 s / 1388; before the
 # writer thread 5.97 s / 1045 MiB).
 QUEUE_BYTES = 128 << 20
-# A caller that knows its model's weight bytes holds at most this share of them (lower_cached's queue_bytes): 128 MiB
+# A caller that knows its model's weight bytes holds at most this share of them (lower_cached's weight_bytes): 128 MiB
 # is half of a small model's weights (GPT-2 124M's cold workload peaked at 456 MiB against 394 with no queue; the
-# queue's bytes come on top of the packed weights and a long prompt's activations).
-QUEUE_SHARE = 1 / 8
+# queue's bytes come on top of the packed weights and a long prompt's activations), and an eighth of Qwen2.5-0.5B's
+# left its cold start at 1268-1279 MiB, over 1.3 GB; a sixteenth (59 MiB) 1191-1217 MiB, with no change to the time
+# to the first token seen (3 interleaved cold starts each, medians 16.8 and 16.7 s, load average 5).
+QUEUE_SHARE = 1 / 16
 
 
 def queue_bound(weight_bytes: int | None) -> int:

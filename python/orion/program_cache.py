@@ -15,7 +15,7 @@ by one writer thread (:func:`lower_cached` with ``wait=False`` returns at once, 
 from the bytes in memory): its blobs first, then its own files in a temporary directory renamed into place,
 so no entry is seen before every blob it references is whole; :func:`flush` waits. The writer runs at a lower
 priority (Linux: 10 nice levels), and past :func:`queue_bound` of queued weight files (a sixteenth of the model's weights,
-at most :data:`QUEUE_BYTES`) a caller waits for it.
+at most :data:`QUEUE_BYTES`) a caller waits for the entries queued before its own.
 Every entry carries a manifest with each file's size and CRC-32 (its blobs' too), checked on every read, a
 blob's once per blob version (its CRC is memoized under the blob's path, inode and size, so a replaced or
 truncated blob is checked again, but not under its modification time, which a writer referencing the blob
@@ -197,8 +197,9 @@ _QUEUE: deque[tuple[futures.Future, int]] = deque()  # (the writer's future, the
 def _save(directory: Path, lowered: Lowered, queue_bytes: int) -> None:
     """Queues ``lowered`` for storing as entry ``directory`` on the writer thread (:func:`_store`), so the
     caller compiles from the bytes in memory while its weight files are written; :func:`flush` waits for it.
-    Past ``queue_bytes`` of queued weight files it waits for the oldest entries first. A later program baking
-    values of one of its weight files emits the queued bytes until they are stored."""
+    Past ``queue_bytes`` of queued weight files it waits for the oldest entries, not for this one: its program
+    compiles while it is written. A later program baking values of one of its weight files emits the queued bytes
+    until they are stored."""
     root = directory.parent
     try:
         (root / BLOBS).mkdir(parents=True, exist_ok=True)
@@ -216,7 +217,7 @@ def _save(directory: Path, lowered: Lowered, queue_bytes: int) -> None:
     _QUEUED_BLOBS.update(queued)
     _QUEUED_ENTRIES.add(directory)
     _QUEUE.append((_writer().submit(_store, directory, lowered, set(queued)), sum(map(len, queued.values()))))
-    while _QUEUE and (_QUEUE[0][0].done() or sum(n for _, n in _QUEUE) > queue_bytes):
+    while _QUEUE and (_QUEUE[0][0].done() or len(_QUEUE) > 1 and sum(n for _, n in _QUEUE) > queue_bytes):
         futures.wait([_QUEUE.popleft()[0]])
 
 

@@ -183,15 +183,16 @@ QUEUE_BYTES = 128 << 20
 # is half of a small model's weights (GPT-2 124M's cold workload peaked at 456 MiB against 394 with no queue; the
 # queue's bytes come on top of the packed weights and a long prompt's activations), and an eighth of Qwen2.5-0.5B's
 # left its cold start at 1268-1279 MiB, over 1.3 GB; a sixteenth (59 MiB) 1191-1217 MiB, with no change to the time
-# to the first token seen (3 interleaved cold starts each, medians 16.8 and 16.7 s, load average 5).
+# to the first token seen (3 interleaved cold starts each, medians 16.8 and 16.7 s, load average 5). A small model's
+# cold start waits more for the writer: GPT-2 124M's took 3.1 s against the 128 MiB queue's 2.4 when the writer lagged.
 QUEUE_SHARE = 1 / 16
+_QUEUE: deque[tuple[futures.Future, int]] = deque()  # (the writer's future, the weight bytes it holds) of each queued entry
 
 
 def queue_bound(weight_bytes: int | None) -> int:
     """The weight bytes the writer may hold for a model of ``weight_bytes`` (None: unknown): :data:`QUEUE_SHARE` of
     them, at most :data:`QUEUE_BYTES`."""
     return QUEUE_BYTES if weight_bytes is None else min(QUEUE_BYTES, int(weight_bytes * QUEUE_SHARE))
-_QUEUE: deque[tuple[futures.Future, int]] = deque()  # (the writer's future, the weight bytes it holds) of each queued entry
 
 
 def _save(directory: Path, lowered: Lowered, queue_bytes: int) -> None:

@@ -557,19 +557,54 @@ def test_an_entry_stored_by_the_writer_is_named_only_once_its_blobs_are_whole(tm
 
 
 def test_the_writer_holds_a_bounded_amount_of_weight_bytes_and_yields_to_the_foreground(tmp_path, monkeypatch) -> None:
-    """Past QUEUE_BYTES of queued weight files, lower_cached(wait=False) waits for the writer (a large model's cold
-    start must not hold a second copy of all its weights); on Linux the writer runs 10 nice levels below the
-    thread that started the process's work."""
+    """Past QUEUE_BYTES of queued weight files, lower_cached(wait=False) waits for the writer to store the entries
+    queued before its own (a large model's cold start must not hold a second copy of all its weights); on Linux
+    the writer runs 10 nice levels below the thread that started the process's work."""
     import sys
     import threading
 
     monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(program_cache, "QUEUE_BYTES", 0)
-    lower_cached({"test": "bounded queue"}, graph, wait=False)
-    assert program_cache.usage(tmp_path)["entries"] == 1 and not program_cache._QUEUE  # stored before returning
+    for seed in (81, 82):  # weights of their own: each queues its bytes
+        lower_cached({"test": f"bounded queue {seed}"}, lambda seed=seed: _panel_graph(seed)[0], wait=False)
+    assert program_cache.usage(tmp_path)["entries"] >= 1 and len(program_cache._QUEUE) <= 1  # the first stored
+    program_cache.flush()
     if sys.platform == "linux":
         writer = program_cache._writer().submit(threading.get_native_id).result()
         assert os.getpriority(os.PRIO_PROCESS, writer) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)
+
+
+def test_the_writer_holds_at_most_a_sixteenth_of_a_models_weights(tmp_path, monkeypatch) -> None:
+    """A caller giving its model's weight bytes waits past queue_bound of them (a sixteenth, at most QUEUE_BYTES) for
+    the entries queued before its newest (which compiles meanwhile): a small model's cold start must not hold half
+    its weights again for the writer. Each entry's 9 KiB weight file is over a sixteenth of 8 KiB, so the first is
+    stored before the second lower_cached returns; unbounded (no weight_bytes, 128 MiB) the second is still queued
+    behind the slowed writer when the third returns."""
+    import time
+
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    assert program_cache.queue_bound(None) == program_cache.QUEUE_BYTES == 128 << 20
+    assert program_cache.queue_bound(16 << 20) == 1 << 20 and program_cache.queue_bound(4 << 30) == 128 << 20
+    store = program_cache._store
+
+    def slow_store(*args) -> None:
+        time.sleep(0.5)
+        store(*args)
+
+    def entries() -> int:
+        return program_cache.usage(tmp_path)["entries"]
+
+    monkeypatch.setattr(program_cache, "_store", slow_store)
+    graphs = [_panel_graph(seed)[0] for seed in (71, 72, 73)]  # weights of their own: each queues its bytes
+    lowered, _ = lower_cached({"test": "share 1"}, lambda: graphs[0], wait=False, weight_bytes=8 << 10)
+    assert sum(map(len, lowered.weights.values())) > 8 << 10 >> 4
+    assert entries() == 0 and len(program_cache._QUEUE) == 1  # the newest is not waited for
+    lower_cached({"test": "share 2"}, lambda: graphs[1], wait=False, weight_bytes=8 << 10)
+    assert entries() == 1 and len(program_cache._QUEUE) == 1
+    lower_cached({"test": "unbounded"}, lambda: graphs[2], wait=False)
+    assert entries() == 1 and len(program_cache._QUEUE) == 2
+    program_cache.flush()
+    assert entries() == 3
 
 
 @pytest.mark.parametrize("size", [0, 100, 3 * 8192, 3 * 8192 + 5])

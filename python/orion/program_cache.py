@@ -14,7 +14,8 @@ pages are dropped after the program is compiled: it holds its own copy). An entr
 by one writer thread (:func:`lower_cached` with ``wait=False`` returns at once, and the program compiles
 from the bytes in memory): its blobs first, then its own files in a temporary directory renamed into place,
 so no entry is seen before every blob it references is whole; :func:`flush` waits. The writer runs at a lower
-priority (Linux: 10 nice levels), and past :data:`QUEUE_BYTES` of queued weight files a caller waits for it.
+priority (Linux: 10 nice levels), and past :func:`queue_bound` of queued weight files (a sixteenth of the model's weights,
+at most :data:`QUEUE_BYTES`) a caller waits for the entries queued before its own.
 Every entry carries a manifest with each file's size and CRC-32 (its blobs' too), checked on every read, a
 blob's once per blob version (its CRC is memoized under the blob's path, inode and size, so a replaced or
 truncated blob is checked again, but not under its modification time, which a writer referencing the blob
@@ -178,13 +179,28 @@ _QUEUED_ENTRIES: set[Path] = set()  # entries queued for storing and not yet sto
 # interleaved passes: bound 128 MiB 4.74 s / 1161 MiB, 256 MiB 3.84 s / 1275, 512 MiB 3.19 s / 1388; before the
 # writer thread 5.97 s / 1045 MiB).
 QUEUE_BYTES = 128 << 20
+# A caller that knows its model's weight bytes holds at most this share of them (lower_cached's weight_bytes): 128 MiB
+# is half of a small model's weights (GPT-2 124M's cold workload peaked at 456 MiB against 394 with no queue; the
+# queue's bytes come on top of the packed weights and a long prompt's activations), and an eighth of Qwen2.5-0.5B's
+# left its cold start at 1268-1279 MiB, over 1.3 GB; a sixteenth (59 MiB) 1191-1217 MiB, with no change to the time
+# to the first token seen (3 interleaved cold starts each, medians 16.8 and 16.7 s, load average 5). A small model's
+# cold start waits more for the writer: GPT-2 124M's took 3.1 s against the 128 MiB queue's 2.4 when the writer lagged.
+QUEUE_SHARE = 1 / 16
 _QUEUE: deque[tuple[futures.Future, int]] = deque()  # (the writer's future, the weight bytes it holds) of each queued entry
 
 
-def _save(directory: Path, lowered: Lowered) -> None:
+def queue_bound(weight_bytes: int | None) -> int:
+    """The weight bytes the writer may hold for a model of ``weight_bytes`` (None: unknown): :data:`QUEUE_SHARE` of
+    them, at most :data:`QUEUE_BYTES`."""
+    return QUEUE_BYTES if weight_bytes is None else min(QUEUE_BYTES, int(weight_bytes * QUEUE_SHARE))
+
+
+def _save(directory: Path, lowered: Lowered, queue_bytes: int) -> None:
     """Queues ``lowered`` for storing as entry ``directory`` on the writer thread (:func:`_store`), so the
     caller compiles from the bytes in memory while its weight files are written; :func:`flush` waits for it.
-    A later program baking values of one of its weight files emits the queued bytes until they are stored."""
+    Past ``queue_bytes`` of queued weight files it waits for the oldest entries, not for this one: its program
+    compiles while it is written. A later program baking values of one of its weight files emits the queued bytes
+    until they are stored."""
     root = directory.parent
     try:
         (root / BLOBS).mkdir(parents=True, exist_ok=True)
@@ -202,7 +218,7 @@ def _save(directory: Path, lowered: Lowered) -> None:
     _QUEUED_BLOBS.update(queued)
     _QUEUED_ENTRIES.add(directory)
     _QUEUE.append((_writer().submit(_store, directory, lowered, set(queued)), sum(map(len, queued.values()))))
-    while _QUEUE and (_QUEUE[0][0].done() or sum(n for _, n in _QUEUE) > QUEUE_BYTES):
+    while _QUEUE and (_QUEUE[0][0].done() or len(_QUEUE) > 1 and sum(n for _, n in _QUEUE) > queue_bytes):
         futures.wait([_QUEUE.popleft()[0]])
 
 
@@ -354,12 +370,13 @@ def _load(directory: Path) -> Lowered:
     return Lowered(files["model.mil"].decode(), dict(sorted(weights.items())), layout, report=None, digests=digests)
 
 
-def lower_cached(description: dict, build: Callable[[], Graph], *, wait: bool = True,
+def lower_cached(description: dict, build: Callable[[], Graph], *, wait: bool = True, weight_bytes: int | None = None,
                  **lower_options) -> tuple[Lowered, bool]:
     """The lowered program for ``description``: from the cache when there, else built with ``build()``
     and lowered with ``lower_options``, then stored. Returns ``(lowered, was_cached)``; a lowered program's
     weight files are the bytes in memory. ``wait=False`` returns before it is stored (the writer thread
-    stores it; :func:`flush` waits), so a cold start compiles while its weight files are written."""
+    stores it; :func:`flush` waits), so a cold start compiles while its weight files are written; the writer
+    then holds at most :func:`queue_bound` of ``weight_bytes`` (the model's weights; None: unknown)."""
     root = cache_dir()
     key = program_key({**description, "lower": lower_options})
     if root is not None and root / key in _QUEUED_ENTRIES:
@@ -373,7 +390,7 @@ def lower_cached(description: dict, build: Callable[[], Graph], *, wait: bool = 
             shutil.rmtree(root / key, ignore_errors=True)
     lowered = compiler.lower_graph(build(), **lower_options)
     if root is not None:
-        _save(root / key, lowered)
+        _save(root / key, lowered, queue_bound(weight_bytes))
         if wait:
             flush()
     return lowered, False

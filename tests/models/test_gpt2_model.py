@@ -161,3 +161,12 @@ def test_from_pretrained_reads_a_hugging_face_directory(tmp_path, monkeypatch) -
     np.testing.assert_array_equal(again.logits(ids), model.logits(ids))
     with pytest.raises(orion.OrionError, match="tokenizer.json"):
         _ = model.tokenizer
+
+
+@pytest.mark.parametrize("quant", ["fp16", "int8"])
+def test_the_builder_knows_the_weight_bytes_at_their_stored_precision(quant) -> None:
+    """The program builder bounds the cache writer's queue by the model's weights (program_cache.queue_bound): it is
+    given their bytes at the stored precision, 2 a parameter at fp16 and 1 at int8."""
+    config = CONFIGS[0]
+    model = GPT2.random(config, quant=quant, profile="permissive", progress=False)
+    assert model.builder.weight_bytes == config.param_count() * {"fp16": 2, "int8": 1}[quant]

@@ -50,6 +50,7 @@ from orion.generation.tokenizer import Tokenizer, TokenizerNotFound
 from orion.graph import Graph
 from orion.lora.hot_swap import AdapterHost
 from orion.ops import PACKED_MASK_INPUT, packed_causal_mask
+from orion.quant import weight_bytes
 from orion.runtime.backend import backend, compiles_left
 from orion.runtime.builder import ProgramBuilder
 from orion.runtime.dtypes import numpy_dtype
@@ -413,7 +414,8 @@ class CausalLM(AdapterHost):
         self.options = replace(self.options, join_chunk=min(self.options.join_chunk, largest))
         start = time.perf_counter()
         builder = ProgramBuilder(self.program_identity(), self.options.io_dtype, progress, compile_options,
-                                 after_lowering=self.release_weight_pages)
+                                 after_lowering=self.release_weight_pages,
+                                 weight_bytes=int(d.parameters * weight_bytes(self.quant)))
         self._head_ranges = vocab_chunks(d.vocab_size, d.hidden)
         depth = self.options.fusion_depth or sram_fusion_depth(d.n_layer, self.layer_weight_bytes())
         heads = len(self._head_ranges) if self.options.lm_head == "ane" else 0
@@ -611,7 +613,8 @@ class CausalLM(AdapterHost):
         base = self._base_programs
         ranks = dict(adapters)
         builder = ProgramBuilder({**base.builder.identity, "lora": ranks}, base.builder.io_dtype,
-                                 base.builder.progress, base.builder.compile_options)
+                                 base.builder.progress, base.builder.compile_options,
+                                 weight_bytes=base.builder.weight_bytes)
         lanes = base.decode_plan.options.lanes
         with self._exclusive(caller):
             plan = rebuild_decode_layers(builder, base.decode_plan, lambda r, t: self._decode_graph(r, t, ranks, lanes))

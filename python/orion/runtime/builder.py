@@ -56,12 +56,14 @@ class ProgramBuilder:
     Between ``begin`` and ``end`` the builds show as one progress line, and the SRAM-budget warnings
     of the per-graph compiler become one summary warning (``progress=False`` silences both).
     ``after_lowering`` is called after each graph built here is lowered (e.g. to drop the mapped
-    checkpoint pages it read: the program holds the weights now)."""
+    checkpoint pages it read: the program holds the weights now). ``weight_bytes``: the model's weights at
+    their stored precision, which bound the weight files the cache's writer holds (``program_cache.queue_bound``)."""
 
     def __init__(self, identity: dict[str, Any], io_dtype: str = "fp16", progress: bool = True,
                  compile_options: dict[str, Any] | None = None,
-                 after_lowering: Callable[[], None] | None = None) -> None:
+                 after_lowering: Callable[[], None] | None = None, weight_bytes: int | None = None) -> None:
         self.identity, self.io_dtype, self.progress = identity, io_dtype, progress
+        self.weight_bytes = weight_bytes
         self.compile_options = compile_options or {}  # profile / relaxed_ops for compile_cached (orion.quant)
         self.after_lowering = after_lowering
         self.seconds = 0.0
@@ -126,7 +128,8 @@ class ProgramBuilder:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             lowered, was_cached = lower_cached({**self.identity, "kind": kind, **params}, graph, wait=False,
-                                               io_dtype=self.io_dtype, max_layers=max_layers)
+                                               weight_bytes=self.weight_bytes, io_dtype=self.io_dtype,
+                                               max_layers=max_layers)
         if not was_cached and self.after_lowering is not None:
             self.after_lowering()
         for w in caught:

@@ -1,5 +1,5 @@
 """The emulator's fused chunk attention (csrc/emulator/chunk_attention.h): a prompt chunk's attention over its
-KV cache plus itself (``blocks.chunk_attention``: a speculative check's drafts, a prompt read in pieces), 22
+KV cache plus itself (``blocks.chunk_attention``: a speculative check's drafts, a prompt read in pieces), 23
 MIL ops, runs as one kernel.
 
 It must compute exactly what the ops do, for any data. The unfused twin is the same MIL with one intermediate

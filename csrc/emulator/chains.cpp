@@ -256,11 +256,12 @@ ChainsByStep<DecodeChain> ChainFinder::decode_attention() const {
 ChainsByStep<ChunkChain> ChainFinder::chunk_attention() const {
     return fp16_chains<ChunkChain>([&](const Step& last, auto& made, StepList& steps) -> std::optional<ChunkChain> {
         // Made from the end: every step found once (made records it), every shared operand compared by id.
-        const Step* out = made(last.out, "add");
-        const Step* past_ctx = out ? made(arg(*out, "x"), "matmul") : nullptr;
-        const Step* own_ctx = past_ctx ? made(arg(*out, "y"), "matmul") : nullptr;
-        const Step* past_p = own_ctx ? made(arg(*past_ctx, "y"), "mul") : nullptr;
-        const Step* own_p = past_p ? made(arg(*own_ctx, "y"), "mul") : nullptr;
+        const Step* out = made(last.out, "transpose");
+        const Step* ctx = out ? made(arg(*out, "x"), "add") : nullptr;
+        const Step* past_ctx = ctx ? made(arg(*ctx, "x"), "matmul") : nullptr;
+        const Step* own_ctx = past_ctx ? made(arg(*ctx, "y"), "matmul") : nullptr;
+        const Step* past_p = own_ctx ? made(arg(*past_ctx, "x"), "mul") : nullptr;
+        const Step* own_p = past_p ? made(arg(*own_ctx, "x"), "mul") : nullptr;
         if (!own_p || arg(*past_p, "y") != arg(*own_p, "y")) return std::nullopt;
         const Step* inv = made(arg(*past_p, "y"), "pow");
         const Step* denom = inv ? made(arg(*inv, "x"), "add") : nullptr;
@@ -287,10 +288,11 @@ ChainsByStep<ChunkChain> ChainFinder::chunk_attention() const {
         if (!own_scores || arg(*past_scores, "x") != arg(*own_scores, "x")) return std::nullopt;
         ChunkChain chain;
         chain.q = arg(*past_scores, "x"), chain.keys = arg(*past_scores, "y"), chain.k = arg(*own_scores, "y");
-        chain.values = arg(*past_ctx, "x"), chain.v = arg(*own_ctx, "x");
+        chain.values = arg(*past_ctx, "y"), chain.v = arg(*own_ctx, "y");
         chain.past_mask = arg(*past, "y"), chain.own_mask = arg(*own, "y"), chain.exponent = arg(*inv, "y");
         // Shapes: q, k, v [.., D, S] and the caches [.., D, T], one batch axis set for all four matmuls (the
-        // heads), the scores transposing q, the contexts the probabilities; every reduction over the last axis.
+        // heads), the scores transposing q, the contexts values and v; every reduction over the last axis; the
+        // contexts' sum [.., S, D] transposed back to [.., D, S].
         using Dims = frontend::MatmulDims;
         const Dims &ps = std::get<Dims>(past_scores->typed.attrs), &os = std::get<Dims>(own_scores->typed.attrs);
         const Dims &pc = std::get<Dims>(past_ctx->typed.attrs), &oc = std::get<Dims>(own_ctx->typed.attrs);
@@ -299,9 +301,13 @@ ChainsByStep<ChunkChain> ChainFinder::chunk_attention() const {
             if (d->x_batch != ps.batch || d->y_batch != ps.batch || d->batch != ps.batch) return std::nullopt;
         if (!ps.transpose_x || ps.transpose_y || !os.transpose_x || os.transpose_y || pc.transpose_x ||
             !pc.transpose_y || oc.transpose_x || !oc.transpose_y || os.M != S || os.K != D || os.N != S ||
-            pc.M != D || pc.K != T || pc.N != S || oc.M != D || oc.K != S || oc.N != S || D <= 0 || S <= 0 || T <= 0)
+            pc.M != S || pc.K != T || pc.N != D || oc.M != S || oc.K != S || oc.N != D || D <= 0 || S <= 0 || T <= 0)
             return std::nullopt;
         const int64_t rank = static_cast<int64_t>(past_scores->op->type.shape.size());
+        std::vector<int64_t> swap(static_cast<size_t>(rank));
+        for (int64_t d = 0; d < rank; ++d) swap[static_cast<size_t>(d)] = d;
+        std::swap(swap[static_cast<size_t>(rank - 1)], swap[static_cast<size_t>(rank - 2)]);
+        if (std::get<frontend::Permutation>(out->typed.attrs).perm != swap) return std::nullopt;
         for (const Step* r : {past_sum, own_sum, top_past, top_own}) {
             const auto& axes = std::get<frontend::Reduction>(r->typed.attrs).axes;
             if (axes != std::vector<int64_t>{rank - 1} || r->op->type.shape.back() != 1) return std::nullopt;

@@ -41,7 +41,7 @@ struct DecodeChain {
     DecodeAttention shape;
 };
 
-// A prompt chunk's attention over its KV cache plus itself (chunk_attention.h): its 22 steps in program order,
+// A prompt chunk's attention over its KV cache plus itself (chunk_attention.h): its 23 steps in program order,
 // its operands' value ids and its shape.
 struct ChunkChain {
     StepList steps;

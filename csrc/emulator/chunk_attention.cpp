@@ -26,20 +26,21 @@ void scale_row(float* row, float by, int64_t n) {
 
 }  // namespace
 
-void run_chunk_attention(const ChunkAttention& a, const ChunkLive& live, const float* q, CacheView k,
-                         const float* v, CacheView keys, const float* values, const float* past_mask,
-                         const float* own_mask, float exponent, float* out) {
+void run_chunk_attention(const ChunkAttention& a, const ChunkLive& live, const float* q, CacheView k, CacheView v,
+                         CacheView keys, CacheView values, const float* past_mask, const float* own_mask,
+                         float exponent, float* out) {
     const int64_t D = a.depth, S = a.seq, T = a.positions, Q = live.queries;
-    const int64_t rows = S <= kGemvRows ? S : std::clamp<int64_t>(Q, kGemvRows + 1, S);  // score rows computed
+    // Query rows computed (of the scores and the contexts): the live ones, but never across the gemm's gemv bound.
+    const int64_t rows = S <= kGemvRows ? S : std::clamp<int64_t>(Q, kGemvRows + 1, S);
     kernels::parallel_for(a.heads, std::max<int64_t>(1, kHeadBytes / std::max<int64_t>(4 * D * (T + S), 1)),
                           [&](int64_t begin, int64_t end) {
         thread_local std::vector<float> scratch;  // grown, never shrunk
-        const size_t need = static_cast<size_t>(rows * (T + S) + 2 * D * S);
+        const size_t need = static_cast<size_t>(rows * (T + S) + 2 * rows * D);
         if (scratch.size() < need) scratch.resize(need);
-        float* past = scratch.data();       // [rows, T]: scores, masked, e, p (the ops' row layout)
-        float* own = past + rows * T;       // [rows, S]
-        float* past_ctx = own + rows * S;   // [D, S]
-        float* own_ctx = past_ctx + D * S;  // [D, S]
+        float* past = scratch.data();          // [rows, T]: scores, masked, e, p (the ops' row layout)
+        float* own = past + rows * T;          // [rows, S]
+        float* past_ctx = own + rows * S;      // [rows, D]
+        float* own_ctx = past_ctx + rows * D;  // [rows, D]
         for (int64_t h = begin; h < end; ++h) {
             const float* qh = q + h * D * S;
             cache_gemm(rows, live.scored, D, qh, 1, S, keys, h * D * T, T, 1, past, T);  // scores: q^T keys
@@ -56,15 +57,18 @@ void run_chunk_attention(const ChunkAttention& a, const ChunkLive& live, const f
                 scale_row(pr, inv, live.scored);
                 scale_row(orow, inv, live.own_scored);
             }
-            // The contexts: values [D, T] times the probabilities' rows (B transposed), as the ops' matmuls.
-            kernels::gemm(D, Q, live.summed, values + h * D * T, T, 1, past, 1, T, past_ctx, S, true);
-            kernels::gemm(D, Q, live.own_summed, v + h * D * S, S, 1, own, 1, S, own_ctx, S, true);
-            float* oh = out + h * D * S;
-            for (int64_t d = 0; d < D; ++d) {
-                for (int64_t i = 0; i < Q; ++i) oh[d * S + i] = past_ctx[d * S + i] + own_ctx[d * S + i];
-                kernels::round_fp16(oh + d * S, static_cast<size_t>(Q));
-                std::fill(oh + d * S + Q, oh + (d + 1) * S, 0.0f);  // dead queries: finite for whole-row ops
+            // The contexts: the probabilities' rows times values [D, T] (B transposed), as the ops' matmuls.
+            cache_gemm(rows, D, live.summed, past, T, 1, values, h * D * T, 1, T, past_ctx, D);
+            cache_gemm(rows, D, live.own_summed, own, S, 1, v, h * D * S, 1, S, own_ctx, D);
+            float* oh = out + h * D * S;  // the sum [Q, D], transposed: [D, S]
+            for (int64_t i = 0; i < Q; ++i) {
+                float* sum = past_ctx + i * D;
+                for (int64_t d = 0; d < D; ++d) sum[d] += own_ctx[i * D + d];
+                kernels::round_fp16(sum, static_cast<size_t>(D));
+                for (int64_t d = 0; d < D; ++d) oh[d * S + i] = sum[d];
             }
+            for (int64_t d = 0; d < D; ++d)
+                std::fill(oh + d * S + Q, oh + (d + 1) * S, 0.0f);  // dead queries: finite for whole-row ops
         }
     });
 }

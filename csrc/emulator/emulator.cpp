@@ -827,9 +827,10 @@ private:
         });
     }
 
-    // One kernel for a chunk attention chain: run_chunk_attention when its operands are fp32 tensors (the score
-    // matmuls' keys may be fp16 read in place) with no live prefix, else the chain's own kernels. Live lanes bound the
-    // queries, the cached positions and the chunk's keys as they bound the ops'; the output is live on the queries'.
+    // One kernel for a chunk attention chain: run_chunk_attention when its operands are fp32 tensors (the matmuls'
+    // y operands, the caches, may be fp16 read in place) with no live prefix, else the chain's own kernels. Live
+    // lanes bound the queries, the cached positions and the chunk's keys as they bound the ops'; the output is live
+    // on the queries'.
     void add_chunk_attention(const ChunkChain& chain, GroupParts& parts) {
         auto slot = [&](int id) { return values()[static_cast<size_t>(id)].slot; };
         const int q = slot(chain.q), k = slot(chain.k), v = slot(chain.v), keys = slot(chain.keys);
@@ -839,7 +840,8 @@ private:
         add_group_kernel(chain.steps, results_before_last(chain.steps), parts, kChunkAttentionRow, [=](Frame& fr) {
             auto at = [&](int s) -> const Tensor& { return fr.values[static_cast<size_t>(s)]; };
             for (int s : {q, k, v, keys, cache_values, past_mask, own_mask})
-                if (at(s).prefix_partial() || (at(s).half && s != keys && s != k)) return false;
+                if (at(s).prefix_partial() || (at(s).half && s != keys && s != k && s != cache_values && s != v))
+                    return false;
             auto live = [&](int s, int64_t whole) { return at(s).partial() ? std::min(at(s).lanes, whole) : whole; };
             ChunkLive l;
             l.queries = live(q, a.seq);
@@ -849,9 +851,9 @@ private:
             l.own_summed = std::min(l.own_scored, live(v, a.seq));
             auto view = [&](int s) { return CacheView{at(s).half ? nullptr : at(s).data.data(), at(s).half}; };
             Tensor& out = fr.values[static_cast<size_t>(o)];
-            run_chunk_attention(a, l, at(q).data.data(), view(k), at(v).data.data(), view(keys),
-                                at(cache_values).data.data(), at(past_mask).data.data(), at(own_mask).data.data(),
-                                at(exponent).data[0], out.data.data());
+            run_chunk_attention(a, l, at(q).data.data(), view(k), view(v), view(keys), view(cache_values),
+                                at(past_mask).data.data(), at(own_mask).data.data(), at(exponent).data[0],
+                                out.data.data());
             out.lanes = l.queries, out.live_prefix = -1;
             return true;
         });

@@ -235,15 +235,41 @@ void prefetch_in_background(std::vector<std::shared_ptr<const void>> owners,
 // (ORION_SIMD=avx2 or ORION_SIMD=portable picks a narrower one).
 const char* simd_path();
 
+namespace detail {
+template <int64_t N>
+inline void copy_short_rows(const float* from, int64_t from_stride, float* to, int64_t to_stride, int64_t rows) {
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < N; ++j) to[r * to_stride + j] = from[r * from_stride + j];
+}
+}  // namespace detail
+
+// The first `n` floats of each of `rows` rows, from rows `from_stride` apart to rows `to_stride` apart. A few lanes
+// (a check's drafts, a batch's live sequences) are copied by a loop of that constant width: a library copy per row
+// of 1-8 floats (what std::copy_n becomes) cost a check's fused norm and elementwise runs more than their arithmetic.
+inline void copy_lanes(const float* from, int64_t from_stride, float* to, int64_t to_stride, int64_t rows, int64_t n) {
+    switch (n) {
+        case 1: return detail::copy_short_rows<1>(from, from_stride, to, to_stride, rows);
+        case 2: return detail::copy_short_rows<2>(from, from_stride, to, to_stride, rows);
+        case 3: return detail::copy_short_rows<3>(from, from_stride, to, to_stride, rows);
+        case 4: return detail::copy_short_rows<4>(from, from_stride, to, to_stride, rows);
+        case 5: return detail::copy_short_rows<5>(from, from_stride, to, to_stride, rows);
+        case 6: return detail::copy_short_rows<6>(from, from_stride, to, to_stride, rows);
+        case 7: return detail::copy_short_rows<7>(from, from_stride, to, to_stride, rows);
+        case 8: return detail::copy_short_rows<8>(from, from_stride, to, to_stride, rows);
+        default:
+            for (int64_t r = 0; r < rows; ++r) std::copy_n(from + r * from_stride, n, to + r * to_stride);
+    }
+}
+
 // The first `live` lanes of each of `rows` rows of `width` lanes, written to `packed` as rows of `live` (a few live
 // lanes of wide rows computed together: conv1x1's compact path, the fused norm and elementwise runs).
 inline void gather_lanes(const float* src, int64_t rows, int64_t width, int64_t live, float* packed) {
-    for (int64_t r = 0; r < rows; ++r) std::copy_n(src + r * width, live, packed + r * live);
+    copy_lanes(src, width, packed, live, rows, live);
 }
 
 // Rows of `live` lanes written back as the first `live` lanes of each row of `width` (the rest untouched).
 inline void scatter_lanes(const float* packed, int64_t rows, int64_t live, float* dst, int64_t width) {
-    for (int64_t r = 0; r < rows; ++r) std::copy_n(packed + r * live, live, dst + r * width);
+    copy_lanes(packed, live, dst, width, rows, live);
 }
 
 }  // namespace orion::emu::kernels

@@ -18,8 +18,9 @@ void round(float* v, int64_t n) { kernels::round_fp16(v, static_cast<size_t>(n))
 // acc[s] = acc[s] (+ or max) v[c, s] over the channels in order, then rounded: reduce_sum / reduce_max over axis 1.
 // The running values are kept in a local array (S <= kStableNormMaxLanes), which v cannot alias: in acc, each
 // step was a store and a reload (a decode step's 768 channels: a chain of ~9 cycles a channel instead of 4).
-template <typename F>
-void reduce_channels(const float* v, int64_t C, int64_t S, float init, float* acc, F f) {
+template <int64_t kS, typename F>
+void reduce_channels(const float* v, int64_t C, int64_t S_, float init, float* acc, F f) {
+    const int64_t S = kS > 0 ? kS : S_;
     if (S == 1) {
         float running = init;
         for (int64_t c = 0; c < C; ++c) running = f(running, v[c]);
@@ -35,8 +36,9 @@ void reduce_channels(const float* v, int64_t C, int64_t S, float init, float* ac
 }
 
 // dst[c, s] = f(src[c, s], lane[s]): one flat loop when there is one lane (a decode step), which vectorises.
-template <typename F>
-void per_lane(const float* src, const float* lane, int64_t C, int64_t S, float* dst, F f) {
+template <int64_t kS, typename F>
+void per_lane(const float* src, const float* lane, int64_t C, int64_t S_, float* dst, F f) {
+    const int64_t S = kS > 0 ? kS : S_;
     if (S == 1) {
         const float v = lane[0];
         for (int64_t i = 0; i < C; ++i) dst[i] = f(src[i], v);
@@ -46,10 +48,11 @@ void per_lane(const float* src, const float* lane, int64_t C, int64_t S, float* 
         for (int64_t s = 0; s < S; ++s) dst[c * S + s] = f(src[c * S + s], lane[s]);
 }
 
-}  // namespace
-
-void run_stable_norm(const StableNorm& n, const float* x, const float* gamma, const float* beta, float* out) {
-    const int64_t C = n.channels, S = n.lanes, size = C * S;
+// The norm of `kS` lanes known at compile time (0: n.lanes), so that a check's or a batch's 2-8 lanes are loops of
+// that width the compiler unrolls; every value is computed as for any other width.
+template <int64_t kS>
+void stable_norm_lanes(const StableNorm& n, const float* x, const float* gamma, const float* beta, float* out) {
+    const int64_t C = n.channels, S = kS > 0 ? kS : n.lanes, size = C * S;
     thread_local std::vector<float> scratch;  // grown, never shrunk
     if (scratch.size() < static_cast<size_t>(size)) scratch.resize(static_cast<size_t>(size));
     float* tmp = scratch.data();
@@ -57,10 +60,10 @@ void run_stable_norm(const StableNorm& n, const float* x, const float* gamma, co
     auto max = [](float a, float b) { return std::max(a, b); };
     auto sum = [](float a, float b) { return a + b; };
     const float lowest = -std::numeric_limits<float>::infinity();
-    reduce_channels(x, C, S, lowest, top, max);
+    reduce_channels<kS>(x, C, S, lowest, top, max);
     for (int64_t i = 0; i < size; ++i) tmp[i] = x[i] * n.neg_y;  // neg
     round(tmp, size);
-    reduce_channels(tmp, C, S, lowest, bottom, max);
+    reduce_channels<kS>(tmp, C, S, lowest, bottom, max);
     for (int64_t s = 0; s < S; ++s) {
         float gap = bottom[s] - top[s];
         round(&gap, 1);
@@ -73,19 +76,19 @@ void run_stable_norm(const StableNorm& n, const float* x, const float* gamma, co
     round(inv, S);
     auto times = [](float a, float b) { return a * b; };
     float* y = out;  // the unit (then centered) values, normalized in place at the end
-    per_lane(x, inv, C, S, y, times);
+    per_lane<kS>(x, inv, C, S, y, times);
     round(y, size);
     if (n.center) {
         float mean[kStableNormMaxLanes];
-        reduce_channels(y, C, S, 0.0f, mean, sum);
+        reduce_channels<kS>(y, C, S, 0.0f, mean, sum);
         for (int64_t s = 0; s < S; ++s) mean[s] *= n.mean_y;
         round(mean, S);
-        per_lane(y, mean, C, S, y, [](float a, float b) { return a - b; });
+        per_lane<kS>(y, mean, C, S, y, [](float a, float b) { return a - b; });
         round(y, size);
     }
     for (int64_t i = 0; i < size; ++i) tmp[i] = y[i] * y[i];  // sq
     round(tmp, size);
-    reduce_channels(tmp, C, S, 0.0f, rstd, sum);  // the squares' sum, then the rstd
+    reduce_channels<kS>(tmp, C, S, 0.0f, rstd, sum);  // the squares' sum, then the rstd
     for (int64_t s = 0; s < S; ++s) {
         float terms[3] = {rstd[s] * n.meansq_y, inv[s] * n.root_eps_y, 0.0f};  // meansq, root_eps
         round(terms, 2);
@@ -96,7 +99,7 @@ void run_stable_norm(const StableNorm& n, const float* x, const float* gamma, co
         rstd[s] = std::pow(var, n.rsqrt_y);
     }
     round(rstd, S);
-    per_lane(y, rstd, C, S, y, times);
+    per_lane<kS>(y, rstd, C, S, y, times);
     round(y, size);
     for (const auto& [per_channel, stride, add] : {std::tuple{gamma, n.gamma_stride, false}, std::tuple{beta, n.beta_stride, true}}) {
         if (!per_channel) continue;
@@ -109,6 +112,22 @@ void run_stable_norm(const StableNorm& n, const float* x, const float* gamma, co
             }
         }
         round(y, size);
+    }
+}
+
+}  // namespace
+
+void run_stable_norm(const StableNorm& n, const float* x, const float* gamma, const float* beta, float* out) {
+    switch (n.lanes) {
+        case 1: return stable_norm_lanes<1>(n, x, gamma, beta, out);
+        case 2: return stable_norm_lanes<2>(n, x, gamma, beta, out);
+        case 3: return stable_norm_lanes<3>(n, x, gamma, beta, out);
+        case 4: return stable_norm_lanes<4>(n, x, gamma, beta, out);
+        case 5: return stable_norm_lanes<5>(n, x, gamma, beta, out);
+        case 6: return stable_norm_lanes<6>(n, x, gamma, beta, out);
+        case 7: return stable_norm_lanes<7>(n, x, gamma, beta, out);
+        case 8: return stable_norm_lanes<8>(n, x, gamma, beta, out);
+        default: return stable_norm_lanes<0>(n, x, gamma, beta, out);
     }
 }
 

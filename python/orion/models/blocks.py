@@ -172,7 +172,9 @@ def chunk_attention(g: Graph, q: Node, k: Node, v: Node, k_cache: Node, v_cache:
     :func:`window_mask_input`) and ``causal`` ``[1, 1, S, S]`` (additive: 0 on and below the diagonal, or
     within the window, :func:`causal_mask_node`). As in :func:`cached_attention`, the two score blocks share one softmax through reductions,
     so no concat is needed: m = max(max_t s_t, max_j s_j); p = e / (sum_t e_t + sum_j e_j);
-    out = V_cache p_past + v p_chunk.
+    out = (p_past V_cache^T + p_chunk v^T)^T. The caches are the matmuls' ``y`` operands (as in
+    :func:`cached_attention`), which the emulator reads in place in fp16; the context is made ``[1, H, S, D]``
+    and transposed once.
     """
     c, s, t = q.shape[1], q.shape[3], k_cache.shape[3]
     d = c // heads
@@ -195,9 +197,9 @@ def chunk_attention(g: Graph, q: Node, k: Node, v: Node, k_cache: Node, v_cache:
     inv = g.pow(denom, -1.0, name="inv")
     p_past = g.mul(e_past, inv, name="past_p")
     p_own = g.mul(e_own, inv, name="own_p")
-    ctx = g.add(g.matmul(values, p_past, transpose_y=True, name="past_ctx"),
-                g.matmul(vh, p_own, transpose_y=True, name="own_ctx"), name="ctx")  # [1,H,D,S]
-    return g.reshape(ctx, [1, c, 1, s], name="merged")
+    ctx = g.add(g.matmul(p_past, values, transpose_y=True, name="past_ctx"),
+                g.matmul(p_own, vh, transpose_y=True, name="own_ctx"), name="ctx")  # [1,H,S,D]
+    return g.reshape(g.transpose(ctx, [0, 1, 3, 2], name="ctx_t"), [1, c, 1, s], name="merged")  # [1,H,D,S]
 
 
 # -- packed prompts -----------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import os
+import signal
 import threading
 import zlib
 from types import SimpleNamespace
@@ -816,6 +817,13 @@ def test_a_builder_compiles_read_programs_on_its_compile_thread_in_order(tmp_pat
         want = np.maximum(s * W @ X[0, :, 0, :], 0)[None, :, None, :]
         np.testing.assert_allclose(compiled(x=X)["y"], want, rtol=0, atol=2e-2 * float(np.abs(want).max()))
         np.testing.assert_array_equal(compiled(x=X)["y"], plain(x=X)["y"])
+    pid = os.fork()  # a forked child has no compile thread of its parent's: it builds on one of its own
+    if pid == 0:
+        signal.alarm(20)
+        ok = len(ProgramBuilder({"test": "build_all"}, progress=False).build_all("block", graphs)) == 3
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
     events.clear()
     monkeypatch.setenv("FAIL_SECOND", "1")
     with pytest.raises(orion.CompileError, match="simulated"):

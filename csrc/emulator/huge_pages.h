@@ -41,7 +41,7 @@ std::shared_ptr<T> huge_page_map(size_t n) {
     const uintptr_t base = reinterpret_cast<uintptr_t>(map);
     T* data = reinterpret_cast<T*>((base + kHugePage - 1) & ~(uintptr_t{kHugePage} - 1));
 #ifdef MADV_HUGEPAGE
-    const size_t whole = n * sizeof(T) & ~(kHugePage - 1);  // the whole huge pages: a partial one would be RSS
+    const size_t whole = (n * sizeof(T)) & ~(kHugePage - 1);  // the whole huge pages: a partial one would be RSS
     if (whole) ::madvise(data, whole, MADV_HUGEPAGE);           // a hint, as above
 #endif
     return std::shared_ptr<T>(data, [map, bytes](T*) { ::munmap(map, bytes); });

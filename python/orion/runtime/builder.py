@@ -3,6 +3,7 @@ per process, shown as one progress line, with a fallback to shallower fusion whe
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import warnings
@@ -25,10 +26,14 @@ _COMPILE_THREAD: list[ThreadPoolExecutor] = []
 
 
 def _compile_thread() -> ThreadPoolExecutor:
-    """The one thread that compiles programs while the builders read the next ones (created on first use)."""
+    """The one thread that compiles programs while the builders read the next ones (created on first use; a forked
+    child, which does not have its parent's, makes its own)."""
     if not _COMPILE_THREAD:
         _COMPILE_THREAD.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="orion-compile"))
     return _COMPILE_THREAD[0]
+
+
+os.register_at_fork(after_in_child=_COMPILE_THREAD.clear)
 
 
 def _programs(n: int) -> str:

@@ -535,6 +535,37 @@ def child_env(workdir: Path, threads: int, cache: Path | None = None) -> dict[st
     return env
 
 
+KERNEL_EVENTS = ("compact_stall", "thp_fault_fallback")
+"""Linux memory events (/proc/vmstat) that slow a process by more than the load average shows: a synchronous
+compaction for a huge page (THP defrag "madvise" compacts on fault), a huge page refused."""
+
+
+def kernel_memory_events() -> dict[str, int]:
+    """The machine's :data:`KERNEL_EVENTS` counts so far ({} where /proc/vmstat is not readable)."""
+    try:
+        fields = dict(line.split() for line in Path("/proc/vmstat").read_text().splitlines())
+        return {name: int(fields[name]) for name in KERNEL_EVENTS}
+    except (OSError, KeyError, ValueError):
+        return {}
+
+
+def kernel_events_line(result: dict[str, Any]) -> str | None:
+    """The kernel memory events during each engine's children over the run's passes (None when none was counted)."""
+    totals: dict[str, dict[str, int]] = {}
+    for this_pass in result["passes"]:
+        for engine, figures in this_pass.items():
+            if not isinstance(figures, dict) or "failed" in figures:
+                continue
+            for child in figures.values():
+                for name, count in (child or {}).get("kernel_events", {}).items():
+                    totals.setdefault(engine, dict.fromkeys(KERNEL_EVENTS, 0))[name] += count
+    if not totals:
+        return None
+    return ("kernel memory events during each engine's children (/proc/vmstat; a compaction stall blocks the faulting "
+            "process): " + "; ".join(f"{engine} {t['compact_stall']} compaction stalls, {t['thp_fault_fallback']} "
+                                     "huge pages refused" for engine, t in totals.items()))
+
+
 def spawn(role: str, spec: dict[str, Any], workdir: Path, threads: int, tag: str, cold: bool = False) -> dict[str, Any]:
     """Run one child; its result plus its wall time and peak RSS as seen by ``wait4``. ``cold``: with an
     empty program cache of its own (removed after)."""
@@ -553,7 +584,7 @@ def _spawn(role: str, spec: dict[str, Any], workdir: Path, threads: int, tag: st
     with log.open("w") as stderr:
         spec["spawn_monotonic"] = time.monotonic()
         spec_path.write_text(json.dumps(spec))
-        start = time.monotonic()
+        start, events = time.monotonic(), kernel_memory_events()
         proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", role, str(spec_path)],
                                 stdout=stderr, stderr=subprocess.STDOUT, env=child_env(workdir, threads, cache))
         _, status, usage = os.wait4(proc.pid, 0)
@@ -562,7 +593,9 @@ def _spawn(role: str, spec: dict[str, Any], workdir: Path, threads: int, tag: st
     if proc.returncode != 0:
         raise ChildFailed(tag, proc.returncode, log)
     result = json.loads(Path(spec["out"]).read_text())
-    return {**result, "wall_s": wall, "wait4_maxrss_mib": usage.ru_maxrss / 1024}
+    after = kernel_memory_events()
+    during = {name: after[name] - events[name] for name in events if name in after}
+    return {**result, "wall_s": wall, "wait4_maxrss_mib": usage.ru_maxrss / 1024, "kernel_events": during}
 
 
 def available_engines(wanted: list[str]) -> tuple[list[str], list[str]]:
@@ -703,6 +736,8 @@ def report(result: dict[str, Any], setup: Setup) -> str:
              f"machine: {os.cpu_count()} CPUs",
              f"load average (1/5/15 min) before {fmt_load(result['load_before'])}, "
              f"after {fmt_load(result['load_after'])}; shared machine: compare within a run, not across runs"]
+    if events := kernel_events_line(result):
+        lines.append(events)
     engines = result["ran"]
     lines += [f"FAILED in pass {f['pass']}: {failure_text(f)}" for f in result["failed"]]
     if not engines:

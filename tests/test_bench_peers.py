@@ -97,3 +97,22 @@ def test_a_model_that_cannot_be_prepared_is_skipped(bench, monkeypatch, tmp_path
 def test_a_clean_run_exits_0(bench, monkeypatch, tmp_path):
     status, out = run_with(bench, monkeypatch, tmp_path, broken=set(), passes=1)
     assert status == 0 and out["failures"] == []
+
+
+def test_each_childs_kernel_memory_events_are_counted_and_reported(bench, monkeypatch, tmp_path, capsys):
+    """Compaction stalls and refused huge pages during each child (/proc/vmstat) are summed per engine in the report,
+    so a run slowed by them says so; a machine without /proc/vmstat reports none."""
+    counts = iter(range(0, 1000, 3))  # each read 3 more of every event: a child sees 3 of each
+    monkeypatch.setattr(bench, "kernel_memory_events", lambda: dict.fromkeys(bench.KERNEL_EVENTS, next(counts)))
+    probed = bench.spawn("probe", {"threads": 1, "probe_mib": 8}, tmp_path, 1, "probe")  # a real child, fast
+    assert probed["kernel_events"] == dict.fromkeys(bench.KERNEL_EVENTS, 3)  # read before and after it
+    monkeypatch.undo()
+    result = {"passes": [{"load_before": [0.0] * 3,
+                          "orion": {"workload": {"kernel_events": {"compact_stall": 2, "thp_fault_fallback": 5}},
+                                    "start": {"kernel_events": {"compact_stall": 1, "thp_fault_fallback": 0}}},
+                          "llama.cpp-f16": {"failed": {}}}]}
+    line = bench.kernel_events_line(result)
+    assert "orion 3 compaction stalls, 5 huge pages refused" in line and "llama.cpp" not in line
+    assert bench.kernel_events_line({"passes": [{"orion": {"workload": {}}}]}) is None
+    events = bench.kernel_memory_events()
+    assert events == {} or set(events) == set(bench.KERNEL_EVENTS)

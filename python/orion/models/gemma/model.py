@@ -24,7 +24,7 @@ from orion.models.llama.costs import decode_program_costs
 from orion.models.llama.lora import lora_placements
 from orion.models.llama.model import from_hf_dir, start_decoder
 from orion.models.weights_io import table_rows
-from orion.quant import head_quant, quant_identity, weight_bytes
+from orion.quant import head_quant, quant_identity
 
 RESIDUAL_HEADROOM = 2.0  # the scaled stream's bound stays at most FP16_MAX / this (room for rounding)
 
@@ -130,6 +130,4 @@ class Gemma(CausalLM):
         return 2 * self.config.layer_param_count()
 
     def program_costs(self, layer_ranges: list[range], head_ranges: list[range], lm_head: str) -> list[ProgramInfo]:
-        return decode_program_costs(self.config, self.dims.context, layer_ranges, head_ranges, lm_head,
-                                    weight_bytes(self.quant),
-                                    weight_bytes(head_quant(self.quant)))
+        return decode_program_costs(self.config, self.dims.context, layer_ranges, head_ranges, lm_head, self.quant)

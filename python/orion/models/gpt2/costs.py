@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from orion.generation.plan import ProgramInfo
 from orion.models.gpt2.config import GPT2Config
+from orion.quant import head_quant, weight_bytes
 
 
 def layer_params(config: GPT2Config) -> int:
@@ -13,9 +14,11 @@ def layer_params(config: GPT2Config) -> int:
 
 
 def decode_program_costs(config: GPT2Config, layer_ranges: list[range], head_ranges: list[range],
-                         lm_head: str, matrix_bytes: float = 2, head_bytes: float | None = None) -> list[ProgramInfo]:
-    """FLOPs and bytes moved per token of each decode program (weight matrices at ``matrix_bytes`` per
-    element: 2 for fp16, 1 for int8; the LM head's at ``head_bytes``, default the same; everything else fp16; full-context caches)."""
+                         lm_head: str, quant: str = "fp16") -> list[ProgramInfo]:
+    """FLOPs and bytes moved per token of each decode program (weight matrices as ``quant`` stores them and
+    the LM head as ``head_quant(quant)`` does, ``orion.quant.weight_bytes`` per element; everything else fp16;
+    full-context caches)."""
+    matrix_bytes, head_bytes = weight_bytes(quant), weight_bytes(head_quant(quant))
     c, t = config.n_embd, config.n_positions
     infos = []
     for r in layer_ranges:
@@ -29,5 +32,5 @@ def decode_program_costs(config: GPT2Config, layer_ranges: list[range], head_ran
         for r in head_ranges:
             v = len(r)
             infos.append(ProgramInfo(f"lm_head {r.start}-{r.stop - 1}", 2 * v * c,
-                                     (matrix_bytes if head_bytes is None else head_bytes) * v * c + 2 * (c * 32 + v * 32)))
+                                     head_bytes * v * c + 2 * (c * 32 + v * 32)))
     return infos

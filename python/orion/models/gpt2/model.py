@@ -19,7 +19,7 @@ from orion.models.gpt2.config import ConfigError, GPT2Config
 from orion.models.gpt2.costs import decode_program_costs, layer_params
 from orion.models.gpt2.weights import GPT2Weights, load_hf, random_weights
 from orion.models.weights_io import table_matvec, table_rows
-from orion.quant import compile_options, head_quant, quant_identity, weight_bytes
+from orion.quant import compile_options, head_quant, quant_identity
 
 
 class GPT2(CausalLM):
@@ -117,5 +117,4 @@ class GPT2(CausalLM):
         return 2 * layer_params(self.config)
 
     def program_costs(self, layer_ranges: list[range], head_ranges: list[range], lm_head: str) -> list[ProgramInfo]:
-        return decode_program_costs(self.config, layer_ranges, head_ranges, lm_head, weight_bytes(self.quant),
-                                    weight_bytes(head_quant(self.quant)))
+        return decode_program_costs(self.config, layer_ranges, head_ranges, lm_head, self.quant)

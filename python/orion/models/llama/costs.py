@@ -5,13 +5,15 @@ from __future__ import annotations
 from orion.generation.plan import ProgramInfo
 from orion.limits import MIN_LANES
 from orion.models.llama.config import LlamaConfig
+from orion.quant import head_quant, weight_bytes
 
 
 def decode_program_costs(config: LlamaConfig, context: int, layer_ranges: list[range], head_ranges: list[range],
-                         lm_head: str, matrix_bytes: float = 2, head_bytes: float | None = None) -> list[ProgramInfo]:
-    """FLOPs and bytes moved per token of each decode program (weight matrices at ``matrix_bytes`` per
-    element: 2 for fp16, 1 for int8; the LM head's at ``head_bytes``, default the same; the rest fp16; full-``context`` KV caches of ``n_kv_heads`` heads;
-    every small surface is padded to the ANE's minimum lanes)."""
+                         lm_head: str, quant: str = "fp16") -> list[ProgramInfo]:
+    """FLOPs and bytes moved per token of each decode program (weight matrices as ``quant`` stores them and
+    the LM head as ``head_quant(quant)`` does, ``orion.quant.weight_bytes`` per element; the rest fp16;
+    full-``context`` KV caches of ``n_kv_heads`` heads; every small surface is padded to the ANE's minimum lanes)."""
+    matrix_bytes, head_bytes = weight_bytes(quant), weight_bytes(head_quant(quant))
     d, q, kv, t, lanes = config.dim, config.q_dim, config.kv_dim, context, MIN_LANES["fp16"]
     matmuls = d * q + 2 * d * kv + q * d + 3 * d * config.hidden_dim
     infos = []
@@ -26,5 +28,5 @@ def decode_program_costs(config: LlamaConfig, context: int, layer_ranges: list[r
         for r in head_ranges:
             v = len(r)
             infos.append(ProgramInfo(f"lm_head {r.start}-{r.stop - 1}", 2 * v * d,
-                                     (matrix_bytes if head_bytes is None else head_bytes) * v * d + 2 * (d + d * lanes + v * lanes)))
+                                     head_bytes * v * d + 2 * (d + d * lanes + v * lanes)))
     return infos

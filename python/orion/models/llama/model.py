@@ -23,7 +23,7 @@ from orion.models.llama.costs import decode_program_costs
 from orion.models.llama.lora import lora_placements
 from orion.models.llama.weights import LlamaWeights, load_hf, load_llama2c, random_weights
 from orion.models.weights_io import table_matvec, table_rows
-from orion.quant import compile_options, head_quant, quant_identity, weight_bytes
+from orion.quant import compile_options, head_quant, quant_identity
 
 Model = TypeVar("Model", bound=CausalLM)
 
@@ -147,9 +147,7 @@ class Llama(CausalLM):
         return 2 * self.config.layer_param_count()
 
     def program_costs(self, layer_ranges: list[range], head_ranges: list[range], lm_head: str) -> list[ProgramInfo]:
-        return decode_program_costs(self.config, self.dims.context, layer_ranges, head_ranges, lm_head,
-                                    weight_bytes(self.quant),
-                                    weight_bytes(head_quant(self.quant)))
+        return decode_program_costs(self.config, self.dims.context, layer_ranges, head_ranges, lm_head, self.quant)
 
 
 def start_decoder(model: CausalLM, name: str, config: Any, weights: Any, context: int | None, quant: str, profile: str,

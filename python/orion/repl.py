@@ -80,7 +80,8 @@ def chat(args: argparse.Namespace) -> int:
     opening = [{"role": "system", "content": args.system}] if args.system else []
     load_tokenizer(directory).apply_chat_template([*opening, {"role": "user", "content": "hi"}])  # a chat format?
     note = (lambda text: None) if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
-    model = models.load(directory, progress=not args.quiet, **quant.model_options(args.quant, args.probe_report, note))
+    model = models.load(directory, progress=not args.quiet,
+                        **quant.model_options(args.quant, args.probe_report, note, imatrix=args.imatrix))
     try:  # line editing and history where the platform has it
         import readline  # noqa: F401
     except ImportError:

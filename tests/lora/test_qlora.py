@@ -85,3 +85,27 @@ def test_full_fine_tune_of_a_quantized_base_is_refused(tokens: Path, tmp_path: P
     status = cli_main(["--model", str(base_dir), "--data", str(tokens), "--steps", "2", "--out", str(tmp_path / "cli"),
                        "--quant", "lut4", "--quiet"])
     assert status != 0 and "refused" in capsys.readouterr().err
+
+
+def test_a_lut_base_is_fitted_by_its_importance_matrix(tokens: Path, tmp_path: Path, capsys) -> None:  # noqa: F811
+    """``imatrix=``: the frozen base is what the quantizer makes with the importance collected on its weights."""
+    from orion import importance, models
+
+    base_dir = _base_dir("llama", tmp_path / "base")
+    found = importance.collect(models.load(base_dir, progress=False), [i % 64 for i in range(3, 90)], "ids",
+                               progress=False)
+    path = found.save(tmp_path / "base.imatrix")
+    spec = LoraSpec(r=4, alpha=8.0, targets=ALL_TARGETS["llama"])
+    trainer = Trainer(base_dir, tokens, tmp_path / "run", steps=1, seq=SEQ, quiet=True, lora=spec, from_scratch=True,
+                      quant="lut4", imatrix=str(path))
+    model, loaded, _ = load_model(base_dir)
+    weighted, plain = quantized_base(model, loaded, "lut4", found), quantized_base(model, loaded, "lut4")
+    key = model.layer_param(1, "w_down")
+    assert np.array_equal(trainer.model.base_params[key], weighted[key])
+    assert not np.array_equal(weighted[key], plain[key])
+    with pytest.raises(TrainError, match="only lut4, lut6 use an importance matrix"):
+        Trainer(base_dir, tokens, tmp_path / "run2", steps=1, seq=SEQ, quiet=True, lora=spec, quant="int4",
+                imatrix=str(path))
+    with pytest.raises(importance.ImportanceError, match="collected on weights"):
+        Trainer(_base_dir("llama", tmp_path / "other", seed=9), tokens, tmp_path / "run3", steps=1, seq=SEQ,
+                quiet=True, lora=spec, quant="lut4", imatrix=str(path), from_scratch=True)

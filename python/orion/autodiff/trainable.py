@@ -11,6 +11,7 @@ norm, classifier, cross-entropy) are fp32 numpy on the CPU.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any
 
 import numpy as np
 
@@ -42,6 +43,11 @@ class TrainableModel(ABC):
     @abstractmethod
     def layer_shapes(self) -> dict[str, tuple[int, ...]]:
         """Natural shape of each per-layer parameter, by its name inside the layer."""
+
+    @abstractmethod
+    def layer_params(self, weights: Any, layer: int) -> dict[str, np.ndarray]:
+        """Layer ``layer``'s parameters of the family's loaded ``weights``, by name inside the layer, in their
+        natural shapes and stored dtype (:meth:`params` has them as fp32 copies)."""
 
     @abstractmethod
     def layer_graph(self, seq: int) -> Graph:

@@ -171,9 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.model and not Path(args.model).exists():
         parser.error(f"--model {args.model}: no such directory or file, and not a random shape "
                      f"({', '.join(models.shape_names())})")
+    options = quant.model_options(args.quant, args.probe_report, _note, imatrix=args.imatrix)
     return report_errors(lambda: _print(run(args.model, args.prompt_tokens, args.new_tokens, args.fusion_depth,
-                                            args.lm_head, args.random, args.cache, not args.quiet,
-                                            quant.model_options(args.quant, args.probe_report, _note)), args.json))
+                                            args.lm_head, args.random, args.cache, not args.quiet, options), args.json))
 
 
 def _note(text: str) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -138,6 +139,10 @@ class LoraTrainable(TrainableModel):
     def layer_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every input of the layer graph: the base's (frozen) and the adapters' (trained)."""
         return self.base.layer_shapes() | self.adapter_shapes()
+
+    def layer_params(self, weights: Any, layer: int) -> dict[str, np.ndarray]:
+        """The base model's parameters of ``weights`` (the adapters are not in them)."""
+        return self.base.layer_params(weights, layer)
 
     def layer_graph(self, seq: int) -> Graph:
         return self.base.layer_graph(seq, {t.site: self.spec.r for t in self.targets.values()}, self.spec.scale)

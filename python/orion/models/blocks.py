@@ -46,12 +46,19 @@ class LayerParams(ABC):
 class BakedParams(LayerParams):
     """Inference: ``arrays`` (parameter name -> array) as consts stored as ``quant`` says; the parameters of
     one :meth:`project` are one fused linear (``fused`` gives a stacked array the weights already hold,
-    keyed by the names it stacks) on the LoRA site ``sites[module]`` of its first module."""
+    keyed by the names it stacks) on the LoRA site ``sites[module]`` of its first module. ``importance``: the
+    layer's importance matrix by parameter name (:meth:`orion.importance.Importance.layer`), for the quantizer;
+    the parameters of one linear share its input, so its first parameter's values stand for all of them."""
 
     def __init__(self, arrays: Mapping[str, np.ndarray], sites: Mapping[str, str], adapters: Sites | None,
-                 quant: str, fused: Mapping[tuple[str, ...], np.ndarray] | None = None) -> None:
+                 quant: str, fused: Mapping[tuple[str, ...], np.ndarray] | None = None,
+                 importance: Mapping[str, np.ndarray] | None = None) -> None:
         self.arrays, self.sites, self.adapters, self.quant = arrays, sites, adapters, quant
         self.fused = fused or {}
+        self.importance = importance
+
+    def _importance(self, weight: str) -> np.ndarray | None:
+        return None if self.importance is None else self.importance[weight]
 
     def vector(self, name: str) -> np.ndarray:
         return self.arrays[name]
@@ -71,7 +78,7 @@ class BakedParams(LayerParams):
         parts = [part for module in modules.values() for part in module]
         biases = [b for _, b in parts]
         bias = None if None in biases else self._stacked(biases)  # type: ignore[arg-type]
-        y = linear(g, x, self._stacked([w for w, _ in parts]), bias, self.quant, name)
+        y = linear(g, x, self._stacked([w for w, _ in parts]), bias, self.quant, name, self._importance(parts[0][0]))
         y = adapted(g, y, [x], self.sites[next(iter(modules))], self.adapters)
         if len(parts) == 1:
             return [y]
@@ -80,7 +87,7 @@ class BakedParams(LayerParams):
     def project_sum(self, g: Graph, pieces: Sequence[Node], module: str, weights: Sequence[str], name: str) -> Node:
         acc = None
         for j, (piece, weight) in enumerate(zip(pieces, weights, strict=True)):
-            part = linear(g, piece, self.arrays[weight], None, self.quant, f"{name}_g{j}")
+            part = linear(g, piece, self.arrays[weight], None, self.quant, f"{name}_g{j}", self._importance(weight))
             acc = part if acc is None else g.add(acc, part, name=f"{name}_sum{j}")
         return adapted(g, acc, list(pieces), self.sites[module], self.adapters)
 
@@ -115,10 +122,11 @@ class InputParams(LayerParams):
         return adapted(g, acc, list(pieces), self.sites[module], self.adapters, self.lora_scale)
 
 
-def linear(g: Graph, x: Node, weight: np.ndarray, bias: np.ndarray | None, quant: str, name: str) -> Node:
-    """``g.linear`` by a const ``weight`` [Cout, Cin] stored as ``quant`` says ("fp16", or "int8": W8A16
-    with per-output-channel scales, orion.quant); the bias stays fp16."""
-    return g.linear(x, weight_operand(g, weight, quant, name), bias, name=name)
+def linear(g: Graph, x: Node, weight: np.ndarray, bias: np.ndarray | None, quant: str, name: str,
+           importance: np.ndarray | None = None) -> Node:
+    """``g.linear`` by a const ``weight`` [Cout, Cin] stored as ``quant`` says (orion.quant; ``importance`` [Cin]
+    of its input channels for the LUT quantizer); the bias stays fp16."""
+    return g.linear(x, weight_operand(g, weight, quant, name, importance), bias, name=name)
 
 
 def cached_attention(g: Graph, q: Node, k: Node, v: Node, k_cache: Node, v_cache: Node, mask: Node,

@@ -22,6 +22,7 @@ from safetensors import SafetensorError, safe_open
 
 from orion.errors import OrionError
 from orion.generation.hf_files import CONFIG_FILE
+from orion.importance import Importance
 from orion.models.weights_io import (
     INDEX_FILE,
     PROGRESS_EVERY,
@@ -54,7 +55,8 @@ Names = dict[str, tuple[str, int | None]]  # Hugging Face tensor name -> (Orion 
 @dataclass
 class DecoderWeights(Generic[Layer]):
     """A decoder's weights: ``lm_head`` is None when tied to ``embed``; ``layers`` are a family's layer
-    dataclass; ``source``: the checkpoint they were loaded from (None for weights made in memory).
+    dataclass; ``source``: the checkpoint they were loaded from (None for weights made in memory); ``importance``:
+    the importance matrix their LUT quantizer weights its k-means by (a model's ``imatrix`` option).
     A subclass names its ``HASH_TAG`` and the optional layer fields present exactly when a config flag is
     true (``OPTIONAL``: field -> flag)."""
 
@@ -66,6 +68,7 @@ class DecoderWeights(Generic[Layer]):
     layers: list[Layer]
     lm_head: np.ndarray | None = None
     source: WeightsSource | None = field(default=None, repr=False, compare=False)
+    importance: Importance | None = field(default=None, repr=False, compare=False)
 
     @property
     def classifier(self) -> np.ndarray:

@@ -191,7 +191,7 @@ def _grad_linear(ctx: GradContext, n: Node, dy: Node) -> Grads:
 
 def _linear_reference(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
     w = xs[1] if xs[1].ndim == 2 else xs[1][0, :, 0, :]
-    y = np.einsum("oc,bcis->bois", w, xs[0])
+    y = np.matmul(w, xs[0].transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)  # one BLAS product per [c, s] slice
     return y + xs[2].reshape(1, -1, 1, 1) if len(xs) == 3 else y
 
 

@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     with listener:
         try:
-            options = quant.model_options(args.quant, args.probe_report, lambda text: print(text, file=sys.stderr))
+            options = quant.model_options(args.quant, args.probe_report, lambda text: print(text, file=sys.stderr),
+                                          imatrix=args.imatrix)
             engine = ModelEngine.from_directory(args.model, model_id=args.model_name, progress=not args.quiet,
                                                max_sequences=args.max_sequences, model_options=options,
                                                scheduler=args.scheduler,

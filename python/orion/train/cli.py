@@ -86,6 +86,9 @@ def parser() -> argparse.ArgumentParser:
                    help="with --lora: the frozen base's layer weights as orion.quant stores them (int8, lut4, lut6, "
                         "int4), the adapters trained against those values as QLoRA does; a full fine-tune of a "
                         "quantized base is refused")
+    p.add_argument("--imatrix", default=None, metavar="PATH",
+                   help="with --quant lut4/lut6: an importance matrix of the base (python -m orion imatrix) that its "
+                        "LUTs are fitted by")
     p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in --out")
     p.add_argument("--from-scratch", action="store_true",
                    help="train a model directory whose weights are meant to be untrained (without it, a fine-tune "
@@ -109,7 +112,7 @@ def _train(args: argparse.Namespace, given: set[str] | None = None) -> int:
                          max_grad_norm=args.max_grad_norm, loss_scale=args.loss_scale, seed=args.seed,
                          prefer=args.prefer, weights=args.weights, eval_every=args.eval_every,
                          eval_batches=args.eval_batches, checkpoint_every=args.checkpoint_every, keep=args.keep,
-                         lora=args.lora, quant=args.quant)
+                         lora=args.lora, quant=args.quant, imatrix=args.imatrix)
     out = Path(args.out)
     data = _stdlib_data(args.model, out, args.data_bytes, args.quiet) if args.data == STDLIB else args.data
     data_options = {"train_on_prompt": args.train_on_prompt, "max_examples": args.max_examples,

@@ -35,7 +35,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from orion import compile_count, quant
+from orion import compile_count, importance, quant
 from orion._core import kernels
 from orion.autodiff.partition import ANE, Plan, partition
 from orion.autodiff.runner import WEIGHT_STRATEGIES, GradientRunner, NonFiniteGradient, planned_compiles
@@ -89,6 +89,7 @@ class TrainConfig:
     keep: int = 3
     lora: LoraSpec | None = None      # fine-tune only LoRA adapters of these targets (the base frozen)
     quant: str = "fp16"               # the frozen base's projections as orion.quant stores them (LoRA only: QLoRA)
+    imatrix: str | None = None        # with quant lut4/lut6: the importance matrix file its LUTs are fitted by
 
     def __post_init__(self) -> None:
         for name in ("steps", "seq", "batch", "accum", "eval_every", "eval_batches", "checkpoint_every", "keep"):
@@ -113,6 +114,10 @@ class TrainConfig:
                              "would move every weight off its quantization grid, so it is refused. Fix: fine-tune "
                              "LoRA adapters over the frozen quantized base (--lora r=16,alpha=32,targets=q,v, as "
                              "QLoRA does), or train the fp16 model and quantize it after (quant= on load)")
+        if self.imatrix is not None and self.quant not in quant.IMPORTANCE_MODES:
+            raise TrainError(f"TrainConfig.imatrix={self.imatrix!r} with quant={self.quant!r}: only "
+                             f"{', '.join(quant.IMPORTANCE_MODES)} use an importance matrix. Fix: pass one of them, "
+                             "or no imatrix")
 
     @property
     def warmup_steps(self) -> int:
@@ -130,22 +135,49 @@ class TrainConfig:
             del hashed["lora"]
         if hashed["quant"] == "fp16":  # likewise
             del hashed["quant"]
+        if hashed["imatrix"] is None:  # likewise; a file stands for its values
+            del hashed["imatrix"]
+        else:
+            hashed["imatrix"] = importance.read(hashed["imatrix"]).digest
         return hashed
 
 
-def quantized_base(model: TrainableModel, params: dict[str, np.ndarray], mode: str) -> dict[str, np.ndarray]:
+def quantized_base(model: TrainableModel, params: dict[str, np.ndarray], mode: str,
+                   weighted: importance.Importance | None = None) -> dict[str, np.ndarray]:
     """``params`` with every layer's weight matrix replaced by the values ``mode`` stores it as
-    (``orion.quant.quantize(...).dequantized()``): the frozen base a QLoRA fine-tune trains its adapters
-    against. Each matrix of the training layout is quantized on its own (Llama's query and output projections
-    per query group, the slices inference quantizes them in). The training programs hold those values in fp16;
-    the embedding, the norms and the CPU head stay as they are."""
+    (``orion.quant.quantize(...).dequantized()``, by the importance matrix ``weighted`` when given): the frozen
+    base a QLoRA fine-tune trains its adapters against. Each matrix of the training layout is quantized on its
+    own (Llama's query and output projections per query group, the slices inference quantizes them in). The
+    training programs hold those values in fp16; the embedding, the norms and the CPU head stay as they are."""
     out = dict(params)
     for layer in range(model.n_layers):
         for name, shape in model.layer_shapes().items():
             key = model.layer_param(layer, name)
             if len(shape) == 2 and key in out:
-                out[key] = quant.quantize(out[key], mode, key).dequantized().astype(np.float32)
+                values = None if weighted is None else weighted.layers[layer][name]
+                out[key] = quant.quantize(out[key], mode, key, importance=values).dequantized().astype(np.float32)
     return out
+
+
+def base_importance(model: str | os.PathLike | GPT2Config | LlamaConfig, seed: int,
+                    path: str | None) -> importance.Importance | None:
+    """The importance matrix file ``path`` (None: none), checked against the weights of the base ``model`` (a
+    directory, or a shape's or config's random weights from ``seed``) it must have been collected on."""
+    if path is None:
+        return None
+    found = importance.read(path)
+    if _is_model_directory(model):
+        model_type = json.loads((Path(model) / "config.json").read_text()).get("model_type")
+        config, weights = family(model_type, str(Path(model) / "config.json")).weights.load_hf(Path(model))
+    elif isinstance(model, str) and model in SHAPES or isinstance(model, (GPT2Config, LlamaConfig)):
+        config = SHAPES[model] if isinstance(model, str) else model
+        weights = family_of(config).weights.random_weights(config, seed=seed)
+    else:
+        raise TrainError(f"imatrix with the base {model!r}: a trainer checkpoint's weights are not those an "
+                         "importance matrix is collected on. Fix: merge it into a model directory (python -m orion "
+                         "lora merge) and collect one on that (python -m orion imatrix)")
+    found.check(config, weights)
+    return found
 
 
 def load_model(model: str | os.PathLike | GPT2Config | LlamaConfig, seed: int = 0
@@ -269,7 +301,8 @@ class Trainer:
         self.check_base = not from_scratch and _is_model_directory(model)
         if cfg.lora is not None:  # the base becomes frozen; the parameters are the adapters alone
             if cfg.quant != "fp16":
-                self.params = quantized_base(self.model, self.params, cfg.quant)
+                self.params = quantized_base(self.model, self.params, cfg.quant,
+                                             base_importance(model, cfg.seed, cfg.imatrix))
             self.model = LoraTrainable(self.model, self.params, cfg.lora, modules_of(self.model, cfg.lora.targets))
             self.params = self.model.init_params(cfg.seed)
         if cfg.seq is None:

@@ -155,7 +155,8 @@ def group_attention(g: Graph, qh: Node, kh: Node, vh: Node, mask: Node, config: 
 
 
 def _baked(config: GemmaConfig, weights: GemmaWeights, i: int, adapters: Sites | None, quant: str) -> BakedParams:
-    return BakedParams(layer_arrays(config, weights.layers[i]), lora_site_names(config, i), adapters, quant)
+    return BakedParams(layer_arrays(config, weights.layers[i]), lora_site_names(config, i), adapters, quant,
+                       importance=None if weights.importance is None else weights.importance.layers[i])
 
 
 def _check_span(config: GemmaConfig, length: int, what: str) -> None:

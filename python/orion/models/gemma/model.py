@@ -42,7 +42,8 @@ class Gemma(CausalLM):
     ``context`` caps the KV cache below ``max_position_embeddings``. ``residual_scale``: the power of two the
     residual stream is divided by (exact, see ``orion.models.gemma.graphs``); None (the default) picks the least
     one that the weights prove enough (:func:`residual_scale_for`), 1 runs the stream unscaled. ``quant="int8"``:
-    int8 projection and LM-head weights (W8A16, :mod:`orion.quant`)."""
+    int8 projection and LM-head weights (W8A16, :mod:`orion.quant`); ``imatrix``: an importance matrix
+    (:mod:`orion.importance`, or its file) for the lut4/lut6 quantizer."""
 
     model_type = "gemma2"
     display_name = "Gemma"
@@ -51,8 +52,9 @@ class Gemma(CausalLM):
                  tokenizer_error: TokenizerNotFound | None = None, fusion_depth: int | None = None,
                  lm_head: str = "ane", progress: bool = True, context: int | None = None, quant: str = "fp16",
                  profile: str = "hardware", probe_report: Any = None, prefill_chunk: int | None = None,
-                 residual_scale: float | None = None) -> None:
-        options = start_decoder(self, "Gemma", config, weights, context, quant, profile, probe_report, ConfigError)
+                 residual_scale: float | None = None, imatrix: Any = None) -> None:
+        options = start_decoder(self, "Gemma", config, weights, context, quant, profile, probe_report, ConfigError,
+                                imatrix)
         if residual_scale is None:
             residual_scale = residual_scale_for(config, weights)
         if isinstance(residual_scale, bool) or not isinstance(residual_scale, (int, float)) or residual_scale <= 0 \
@@ -78,7 +80,7 @@ class Gemma(CausalLM):
     def program_identity(self) -> dict[str, Any]:
         return {"model_type": self.config.model_type, "config": asdict(self.config), "context": self.dims.context,
                 "residual_scale": self.residual_scale, "weights": self.weights.content_hash(self.config),
-                **quant_identity(self.quant)}
+                **quant_identity(self.quant, self.weights.importance)}
 
     def decode_graph(self, layers: range, adapters: Mapping[str, int] | None = None,
                      context: int | None = None, lanes: int = 1) -> Graph:

@@ -43,7 +43,10 @@ class GemmaTrainable(TrainableModel):
 
     def params(self, weights: GemmaWeights) -> dict[str, np.ndarray]:
         """The flat fp32 parameters of ``weights`` (``wq``/``wo`` split by query group, as Llama's)."""
-        return flat_params(self, weights, graphs.layer_arrays)
+        return flat_params(self, weights)
+
+    def layer_params(self, weights: GemmaWeights, layer: int) -> dict[str, np.ndarray]:
+        return graphs.layer_arrays(self.config, weights.layers[layer])
 
     def weights(self, params: dict[str, np.ndarray]) -> GemmaWeights:
         """The inverse of :meth:`params`: float32 :class:`GemmaWeights`."""

@@ -99,7 +99,8 @@ def _layers(g: Graph, x: Node, config: GPT2Config, weights: GPT2Weights, layers:
     for i in layers:
         b = weights.blocks[i]
         params = BakedParams(layer_arrays(b), lora_site_names(i), adapters, quant,
-                             {("w_q", "w_k", "w_v"): b.w_qkv, ("b_q", "b_k", "b_v"): b.b_qkv})
+                             {("w_q", "w_k", "w_v"): b.w_qkv, ("b_q", "b_k", "b_v"): b.b_qkv},
+                             None if weights.importance is None else weights.importance.layers[i])
         x, k, v = block(g, x, config, params, i, attend)
         g.output(k, f"k{i}")
         g.output(v, f"v{i}")

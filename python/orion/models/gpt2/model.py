@@ -13,6 +13,7 @@ from orion.generation.loop import CausalLM, DecoderDims, checked_context
 from orion.generation.plan import ProgramInfo
 from orion.generation.tokenizer import Tokenizer, TokenizerNotFound, load_tokenizer
 from orion.graph import Graph
+from orion.importance import attached
 from orion.lora.adapter import Placement, Site
 from orion.models.gpt2 import graphs
 from orion.models.gpt2.config import ConfigError, GPT2Config
@@ -28,7 +29,8 @@ class GPT2(CausalLM):
     See :class:`orion.generation.loop.CausalLM` for ``prefill``, ``decode_step``, ``logits``,
     ``generate``, ``generate_text`` and ``fork``, and for which objects are thread-safe.
     ``quant="int8"`` stores the projection and LM-head weights as int8 with per-output-channel scales
-    (W8A16, :mod:`orion.quant`); it needs ``probe_report`` or ``profile="permissive"`` (ANE-35).
+    (W8A16, :mod:`orion.quant`); it needs ``probe_report`` or ``profile="permissive"`` (ANE-35). ``imatrix``: an
+    importance matrix (:mod:`orion.importance`, or its file) for the lut4/lut6 quantizer.
     """
 
     model_type = "gpt2"
@@ -37,11 +39,13 @@ class GPT2(CausalLM):
     def __init__(self, config: GPT2Config, weights: GPT2Weights, *, tokenizer: Tokenizer | None = None,
                  tokenizer_error: TokenizerNotFound | None = None, fusion_depth: int | None = None,
                  lm_head: str = "ane", progress: bool = True, context: int | None = None, quant: str = "fp16",
-                 profile: str = "hardware", probe_report: Any = None, prefill_chunk: int | None = None) -> None:
+                 profile: str = "hardware", probe_report: Any = None, prefill_chunk: int | None = None,
+                 imatrix: Any = None) -> None:
         weights.validate(config)
         self.config, self.weights = config, weights
         options = compile_options(quant, profile, probe_report)  # int8 needs ANE-35 relaxed (orion.quant)
         self.quant = quant
+        self.weights = attached(self, imatrix)  # the lut4/lut6 quantizer's importance matrix (orion.importance)
         context = checked_context("GPT-2", context, config.n_positions, "n_positions", ConfigError)
         self.dims = DecoderDims(n_layer=config.n_layer, hidden=config.n_embd, kv_heads=config.n_head,
                                 head_dim=config.head_dim, context=context,
@@ -74,7 +78,7 @@ class GPT2(CausalLM):
     # -- hooks of CausalLM ----------------------------------------------------------------------------
     def program_identity(self) -> dict[str, Any]:
         return {"model_type": self.model_type, "config": self.config.to_hf_json(),
-                "weights": self.weights.content_hash(self.config), **quant_identity(self.quant)}
+                "weights": self.weights.content_hash(self.config), **quant_identity(self.quant, self.weights.importance)}
 
     def decode_graph(self, layers: range, adapters: Mapping[str, int] | None = None,
                      context: int | None = None, lanes: int = 1) -> Graph:

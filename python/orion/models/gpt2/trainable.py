@@ -35,9 +35,12 @@ class GPT2Trainable(TrainableModel):
     def params(self, weights: GPT2Weights) -> dict[str, np.ndarray]:
         """The flat fp32 parameters of ``weights`` (``w_qkv`` split into ``w_q``, ``w_k``, ``w_v``)."""
         out = {"wte": weights.wte, "wpe": weights.wpe, "ln_f_g": weights.ln_f_g, "ln_f_b": weights.ln_f_b}
-        for i, b in enumerate(weights.blocks):
-            out.update({self.layer_param(i, k): v for k, v in layer_arrays(b).items()})
+        for i in range(len(weights.blocks)):
+            out.update({self.layer_param(i, k): v for k, v in self.layer_params(weights, i).items()})
         return {k: np.array(v, np.float32) for k, v in out.items()}
+
+    def layer_params(self, weights: GPT2Weights, layer: int) -> dict[str, np.ndarray]:
+        return layer_arrays(weights.blocks[layer])
 
     def weights(self, params: dict[str, np.ndarray]) -> GPT2Weights:
         """The inverse of :meth:`params`: float32 :class:`GPT2Weights` (``w_q``, ``w_k``, ``w_v`` fused again)."""

@@ -23,6 +23,7 @@ from safetensors import SafetensorError, safe_open
 
 from orion.errors import OrionError
 from orion.generation.hf_files import CONFIG_FILE
+from orion.importance import Importance
 from orion.models.gpt2.config import GPT2Config
 from orion.models.weights_io import (
     PROGRESS_EVERY,
@@ -96,6 +97,7 @@ class GPT2Weights:
     ln_f_b: np.ndarray
     blocks: list[BlockWeights]
     source: WeightsSource | None = field(default=None, repr=False, compare=False)
+    importance: Importance | None = field(default=None, repr=False, compare=False)  # as DecoderWeights'
 
     def arrays(self) -> Iterator[tuple[str, np.ndarray]]:
         """Every array with its Orion name (``wte``, ``blocks.0.w_qkv``, ...), in a fixed order."""

@@ -244,7 +244,8 @@ def layer(g: Graph, x: Node, config: LlamaConfig, p: LayerParams, rope: Rope, at
 
 
 def _baked(config: LlamaConfig, weights: LlamaWeights, i: int, adapters: Sites | None, quant: str) -> BakedParams:
-    return BakedParams(layer_arrays(config, weights.layers[i]), lora_site_names(config, i), adapters, quant)
+    return BakedParams(layer_arrays(config, weights.layers[i]), lora_site_names(config, i), adapters, quant,
+                       importance=None if weights.importance is None else weights.importance.layers[i])
 
 
 def _group_attention(g: Graph, q: Node, k: Node, v: Node, mask: Node, name: str) -> Node:

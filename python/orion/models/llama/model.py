@@ -15,6 +15,7 @@ from orion.generation.loop import CausalLM, DecoderDims, checked_context
 from orion.generation.plan import ProgramInfo
 from orion.generation.tokenizer import TOKENIZER_FILE, Tokenizer, TokenizerNotFound, load_tokenizer
 from orion.graph import Graph
+from orion.importance import attached
 from orion.lora.adapter import Placement
 from orion.models.blocks import packed_mask_inputs, window_mask_inputs
 from orion.models.llama import graphs
@@ -36,7 +37,8 @@ class Llama(CausalLM):
     it defaults to. Beyond it, ``prefill``/``logits`` and ``decode_step`` raise
     :class:`orion.generation.loop.ContextFull` and ``generate`` stops. See
     :class:`orion.generation.loop.CausalLM` for the API and threads. ``quant="int8"``: int8 projection
-    and LM-head weights (W8A16, :mod:`orion.quant`), with ``probe_report`` or ``profile="permissive"`` (ANE-35).
+    and LM-head weights (W8A16, :mod:`orion.quant`), with ``probe_report`` or ``profile="permissive"`` (ANE-35);
+    ``imatrix``: an importance matrix (:mod:`orion.importance`, or its file) for the lut4/lut6 quantizer.
     """
 
     model_type = "llama"
@@ -45,8 +47,10 @@ class Llama(CausalLM):
     def __init__(self, config: LlamaConfig, weights: LlamaWeights, *, tokenizer: Tokenizer | None = None,
                  tokenizer_error: TokenizerNotFound | None = None, fusion_depth: int | None = None,
                  lm_head: str = "ane", progress: bool = True, context: int | None = None, quant: str = "fp16",
-                 profile: str = "hardware", probe_report: Any = None, prefill_chunk: int | None = None) -> None:
-        options = start_decoder(self, "Llama", config, weights, context, quant, profile, probe_report, ConfigError)
+                 profile: str = "hardware", probe_report: Any = None, prefill_chunk: int | None = None,
+                 imatrix: Any = None) -> None:
+        options = start_decoder(self, "Llama", config, weights, context, quant, profile, probe_report, ConfigError,
+                                imatrix)
         self.display_name = display_name(config.model_type)
         self._setup(tokenizer=tokenizer, tokenizer_error=tokenizer_error, fusion_depth=fusion_depth,
                     lm_head=lm_head, progress=progress, compile_options=options, prefill_chunk=prefill_chunk)
@@ -86,7 +90,7 @@ class Llama(CausalLM):
     def program_identity(self) -> dict[str, Any]:
         return {"model_type": self.config.model_type, "config": asdict(self.config),
                 "context": self.dims.context,  # the decode programs' cache length
-                "weights": self.weights.content_hash(self.config), **quant_identity(self.quant)}
+                "weights": self.weights.content_hash(self.config), **quant_identity(self.quant, self.weights.importance)}
 
     def decode_graph(self, layers: range, adapters: Mapping[str, int] | None = None,
                      context: int | None = None, lanes: int = 1) -> Graph:
@@ -151,16 +155,17 @@ class Llama(CausalLM):
 
 
 def start_decoder(model: CausalLM, name: str, config: Any, weights: Any, context: int | None, quant: str, profile: str,
-                  probe_report: Any, error: type[Exception]) -> dict[str, Any]:
+                  probe_report: Any, error: type[Exception], imatrix: Any = None) -> dict[str, Any]:
     """The start of a Llama-layer decoder's ``__init__`` (Llama's, Gemma's): validates ``weights`` against
     ``config`` and ``context`` (default ``max_position_embeddings``; else ``error`` naming ``name``), sets
-    ``model``'s ``quant``, ``config``, ``weights`` and ``dims``; returns the programs' compile options (int8
-    needs ANE-35 relaxed, :mod:`orion.quant`)."""
+    ``model``'s ``quant``, ``config``, ``weights`` (with ``imatrix``, :func:`orion.importance.attached`) and
+    ``dims``; returns the programs' compile options (int8 needs ANE-35 relaxed, :mod:`orion.quant`)."""
     weights.validate(config)
     options = compile_options(quant, profile, probe_report)
     model.quant = quant
     context = checked_context(name, context, config.max_position_embeddings, "max_position_embeddings", error)
     model.config, model.weights = config, weights  # type: ignore[attr-defined]
+    model.weights = attached(model, imatrix)  # type: ignore[attr-defined]
     model.dims = DecoderDims(n_layer=config.n_layers, hidden=config.dim, kv_heads=config.n_kv_heads,
                              head_dim=config.head_dim, context=context, vocab_size=config.vocab_size,
                              parameters=config.param_count())

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -52,7 +51,10 @@ class LlamaTrainable(TrainableModel):
 
     def params(self, weights: LlamaWeights) -> dict[str, np.ndarray]:
         """The flat fp32 parameters of ``weights`` (``wq``/``bq``/``wo`` split by query group)."""
-        return flat_params(self, weights, layer_arrays)
+        return flat_params(self, weights)
+
+    def layer_params(self, weights: LlamaWeights, layer: int) -> dict[str, np.ndarray]:
+        return layer_arrays(self.config, weights.layers[layer])
 
     def weights(self, params: dict[str, np.ndarray]) -> LlamaWeights:
         """The inverse of :meth:`params`: float32 :class:`LlamaWeights` (query groups merged back)."""
@@ -153,16 +155,15 @@ class LlamaTrainable(TrainableModel):
         return loss, dx, {} if frozen else {self.head_param: d_cls, "norm": d_norm}
 
 
-def flat_params(model: TrainableModel, weights: DecoderWeights[Any],
-                arrays: Callable[[Any, Any], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def flat_params(model: TrainableModel, weights: DecoderWeights[Any]) -> dict[str, np.ndarray]:
     """The flat fp32 parameters of a decoder's ``weights`` (``model.config``'s family): embedding, final norm, the
-    LM head when untied, and each layer's ``arrays(config, layer)`` (its graph inputs, query groups split)."""
+    LM head when untied, and each layer's :meth:`~TrainableModel.layer_params` (its graph inputs, query groups split)."""
     config = model.config  # type: ignore[attr-defined]
     out = {"embed": weights.embed, "norm": weights.norm}
     if not config.tie_embeddings:
         out["lm_head"] = weights.classifier
-    for i, part in enumerate(weights.layers):
-        out.update({model.layer_param(i, k): v for k, v in arrays(config, part).items()})
+    for i in range(len(weights.layers)):
+        out.update({model.layer_param(i, k): v for k, v in model.layer_params(weights, i).items()})
     return {k: np.array(v, np.float32) for k, v in out.items()}
 
 

@@ -291,6 +291,10 @@ def test_ane38_low_bit_weights_are_refused_unless_relaxed() -> None:
         notes: list[str] = []
         assert quant.model_options(mode, None, notes.append) == {"quant": mode, "profile": "permissive"}
         assert "ANE-38" in notes[0] and op in notes[0]
+        assert ("without --imatrix" in notes[-1]) == (mode in quant.IMPORTANCE_MODES)
+        notes.clear()
+        weighted = quant.model_options(mode, None, notes.append, imatrix="m.npz")
+        assert weighted == {"quant": mode, "profile": "permissive", "imatrix": "m.npz"} and len(notes) == 1
 
 
 def test_a_low_bit_models_lm_head_is_int8_and_needs_its_op_relaxed_too() -> None:

@@ -76,7 +76,8 @@ def main() -> None:
             t0 = time.perf_counter()
             subprocess.run([sys.executable, __file__, "--one", "collect", "--imatrix", imatrix, "--imatrix-tokens",
                             str(args.imatrix_tokens)], check=True)
-            print(f"importance matrix over Macbeth's first {args.imatrix_tokens} tokens: {time.perf_counter() - t0:.1f} s")
+            print(f"importance matrix over Macbeth's first {args.imatrix_tokens} tokens: "
+                  f"{time.perf_counter() - t0:.1f} s")
         for mode in args.modes.split(","):
             rows.append(score(mode, args, imatrix))
     base = next((r[1] for r in rows if r[0] == "fp16"), None)

@@ -27,6 +27,7 @@ from orion.errors import OrionError
 from orion.graph.builder import Graph
 from orion.limits import MIN_LANES
 from orion.progress import ProgressLine
+from orion.quant import IMPORTANCE_MODES
 
 FORMAT = "orion-importance-1"
 DEFAULT_WINDOW = 512  # calibration tokens per forward pass (each window from position 0, as llama-imatrix's chunks)
@@ -128,7 +129,7 @@ def collect(model: Any, ids: Sequence[int], text: str, window: int = DEFAULT_WIN
     window = min(window, 1 << (model.dims.context.bit_length() - 1))  # padded, a window stays within the context
     trainable = _trainable(model.config)
     sums: list[dict[str, np.ndarray]] = [{} for _ in range(trainable.n_layers)]
-    graphs: dict[int, tuple[Graph, dict[int, list[str]]]] = {}
+    graphs: dict[int, tuple[Graph, dict[int, list[str]]]] = {}  # by padded length: the graph, its linears' inputs
     line = ProgressLine(progress)
     starts = range(0, len(ids), window)
     line.start("importance", len(starts) * trainable.n_layers)
@@ -136,12 +137,12 @@ def collect(model: Any, ids: Sequence[int], text: str, window: int = DEFAULT_WIN
         piece = ids[start:start + window]
         seq = max(MIN_LANES["fp16"], 1 << (len(piece) - 1).bit_length())
         if seq not in graphs:
-            graphs[seq] = _linear_inputs(trainable.layer_graph(seq))
+            graph = trainable.layer_graph(seq)
+            graphs[seq] = graph, _linear_inputs(graph)
         graph, sources = graphs[seq]
         x = np.asarray(model.embed(piece + [0] * (seq - len(piece)), 0), np.float32)
         for i in range(trainable.n_layers):
             params = {trainable.layer_param(i, k): v for k, v in trainable.layer_params(model.weights, i).items()}
-
             out = numpy_eval.evaluate(graph, {"x": cpu.to_channels(x), **trainable.layer_inputs(params, i)},
                                       observe=_summing(sources, len(piece), sums[i]))
             x = cpu.from_channels(out["y"])
@@ -169,8 +170,6 @@ def attached(model: Any, imatrix: Importance | str | os.PathLike[str] | None) ->
     """``model.weights`` with the importance matrix ``imatrix`` (an :class:`Importance` or the path of one) that
     its quantizer is to use, checked against them (the weights as they are for None). Raises
     :class:`ImportanceError` for a model whose ``quant`` uses none (:data:`orion.quant.IMPORTANCE_MODES`)."""
-    from orion.quant import IMPORTANCE_MODES
-
     if imatrix is None:
         return model.weights
     if model.quant not in IMPORTANCE_MODES:
@@ -187,11 +186,11 @@ def _trainable(config: Any) -> Any:
     return family_of(config).trainable(config)
 
 
-def _linear_inputs(graph: Graph) -> tuple[Graph, dict[int, list[str]]]:
-    """``graph`` and, by the id of each value a linear reads as its ``x``, the input names of those linears'
-    weights (several linears may read one ``x``: fused q/k/v)."""
+def _linear_inputs(graph: Graph) -> dict[int, list[str]]:
+    """By the id of each value a linear of ``graph`` reads as its ``x``, the input names of those linears' weights
+    (several linears may read one ``x``: q, k and v)."""
     sources: dict[int, list[str]] = {}
     for node in graph.nodes:
         if node.op == "linear" and node.inputs[1].op == "input":
             sources.setdefault(id(node.inputs[0]), []).append(node.inputs[1].name)
-    return graph, sources
+    return sources

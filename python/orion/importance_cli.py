@@ -57,7 +57,8 @@ def _read(path: Path) -> str:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ImportanceError(f"calibration text {path}: cannot be read as UTF-8 ({exc}). Fix: pass text files") from None
+        raise ImportanceError(f"calibration text {path}: cannot be read as UTF-8 ({exc}). Fix: pass text "
+                              "files") from None
     if not text.strip():
         raise ImportanceError(f"calibration text {path}: empty. Fix: pass a file with text")
     return text

@@ -99,4 +99,4 @@ def test_lut6_with_an_importance_matrix_from_macbeth_keeps_smollm2_perplexity_on
     ids = transformers.AutoTokenizer.from_pretrained(smollm2_f32_dir)(hamlet())["input_ids"][:TOKENS]
     base = perplexity(torch, model, ids)
     ppl = perplexity(torch, quantized_copy(torch, model, "lut6", found, orion_model.config), ids)
-    assert ppl <= base * 1.03, f"lut6 with importance: perplexity {ppl:.2f} vs {base:.2f} (+{100 * (ppl / base - 1):.1f}%)"
+    assert ppl <= base * 1.03, f"lut6 with importance: {ppl:.2f} vs {base:.2f} (+{100 * (ppl / base - 1):.1f}%)"

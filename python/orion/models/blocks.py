@@ -47,7 +47,7 @@ class BakedParams(LayerParams):
     """Inference: ``arrays`` (parameter name -> array) as consts stored as ``quant`` says; the parameters of
     one :meth:`project` are one fused linear (``fused`` gives a stacked array the weights already hold,
     keyed by the names it stacks) on the LoRA site ``sites[module]`` of its first module. ``importance``: the
-    layer's importance matrix by parameter name (:meth:`orion.importance.Importance.layer`), for the quantizer;
+    layer's importance matrix by parameter name (``orion.importance.Importance.layers[i]``), for the quantizer;
     the parameters of one linear share its input, so its first parameter's values stand for all of them."""
 
     def __init__(self, arrays: Mapping[str, np.ndarray], sites: Mapping[str, str], adapters: Sites | None,

@@ -78,7 +78,8 @@ class GPT2(CausalLM):
     # -- hooks of CausalLM ----------------------------------------------------------------------------
     def program_identity(self) -> dict[str, Any]:
         return {"model_type": self.model_type, "config": self.config.to_hf_json(),
-                "weights": self.weights.content_hash(self.config), **quant_identity(self.quant, self.weights.importance)}
+                "weights": self.weights.content_hash(self.config),
+                **quant_identity(self.quant, self.weights.importance)}
 
     def decode_graph(self, layers: range, adapters: Mapping[str, int] | None = None,
                      context: int | None = None, lanes: int = 1) -> Graph:

@@ -90,7 +90,8 @@ class Llama(CausalLM):
     def program_identity(self) -> dict[str, Any]:
         return {"model_type": self.config.model_type, "config": asdict(self.config),
                 "context": self.dims.context,  # the decode programs' cache length
-                "weights": self.weights.content_hash(self.config), **quant_identity(self.quant, self.weights.importance)}
+                "weights": self.weights.content_hash(self.config),
+                **quant_identity(self.quant, self.weights.importance)}
 
     def decode_graph(self, layers: range, adapters: Mapping[str, int] | None = None,
                      context: int | None = None, lanes: int = 1) -> Graph:

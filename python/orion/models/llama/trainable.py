@@ -157,7 +157,7 @@ class LlamaTrainable(TrainableModel):
 
 def flat_params(model: TrainableModel, weights: DecoderWeights[Any]) -> dict[str, np.ndarray]:
     """The flat fp32 parameters of a decoder's ``weights`` (``model.config``'s family): embedding, final norm, the
-    LM head when untied, and each layer's :meth:`~TrainableModel.layer_params` (its graph inputs, query groups split)."""
+    LM head when untied, and each layer's ``model.layer_params`` (its graph inputs, query groups split)."""
     config = model.config  # type: ignore[attr-defined]
     out = {"embed": weights.embed, "norm": weights.norm}
     if not config.tie_embeddings:

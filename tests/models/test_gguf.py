@@ -187,3 +187,36 @@ def test_the_cli_and_the_server_take_a_gguf_file(tmp_path, capsys) -> None:
     cli._check(parser.parse_args(["--model", str(path)]), parser)  # accepted, not "not a directory"
     engine = ModelEngine.from_directory(path, progress=False)
     assert engine.chat_prompt([{"role": "user", "content": "hi"}]) == f"<|user|>hi{EOS}"
+
+
+def _same_file_reading(path) -> None:
+    """Orion's header parser and the gguf package's GGUFReader read ``path`` alike: metadata, and each tensor's
+    name, ggml dims, type and bytes."""
+    import gguf
+
+    from orion.models.gguf.reader import _parse, _read_with_package
+
+    ours, theirs = _parse(path, gguf), _read_with_package(path, gguf)
+    assert ours[0] == theirs[0]
+    assert [t.name for t in ours[1]] == [t.name for t in theirs[1]]
+    for a, b in zip(ours[1], theirs[1], strict=True):
+        assert a.shape == tuple(int(n) for n in b.shape) and a.tensor_type == b.tensor_type, a.name
+        assert a.data.dtype == b.data.dtype and a.data.shape == b.data.shape and np.array_equal(a.data, b.data), a.name
+
+
+@pytest.mark.parametrize("family, qtype", [("llama", "F32"), ("qwen2", "Q4_0"), ("gpt2", "Q8_0"), ("llama", "F16")])
+def test_the_header_parser_reads_written_gguf_files_as_the_gguf_package_does(tmp_path, family, qtype) -> None:
+    directory = hf_model(tmp_path, family)
+    _same_file_reading(write_gguf(directory, directory / f"model-{qtype}.gguf", qtype, chat_template=TEMPLATE))
+
+
+def test_the_header_parser_reads_the_real_smollm2_gguf_as_the_gguf_package_does(smollm2_gguf_path) -> None:
+    _same_file_reading(smollm2_gguf_path)
+
+
+def test_a_gguf_file_the_parser_leaves_alone_is_read_by_the_package(tmp_path) -> None:
+    """A version-1 header (counts of 32 bits) goes to GGUFReader, whose refusal is the error."""
+    path = tmp_path / "v1.gguf"
+    path.write_bytes(b"GGUF" + (1).to_bytes(4, "little") + bytes(16))
+    with pytest.raises(GGUFError, match="not a readable GGUF file"):
+        models.load(path, progress=False)

@@ -588,4 +588,69 @@ ElementwiseRuns ChainFinder::elementwise_runs(const std::set<const Step*>& group
     return runs;
 }
 
+ChainsByStep<MlpChain> ChainFinder::mlps(const ElementwiseRuns& runs) const {
+    // A 1x1 conv of one image whose rows are its channels ([1, C, 1, S] to [1, C', 1, S]), into its own slot.
+    auto pointwise = [&](const Step* step) {
+        if (!step || step->op->op != "conv" || value(step->out).slot != step->out) return false;
+        const auto* geometry = std::get_if<frontend::ConvGeometry>(&step->typed.attrs);
+        if (!geometry) return false;
+        const frontend::ConvGeometry& g = *geometry;
+        return g.n == 1 && g.h == 1 && g.kh == 1 && g.kw == 1 && g.groups == 1 && g.sh == 1 && g.sw == 1 &&
+               g.pt == 0 && g.pb == 0 && g.pl == 0 && g.pr == 0;
+    };
+    ChainsByStep<MlpChain> found;
+    for (const auto& [first, run] : runs) {
+        if (first != run.front()) continue;
+        const Shape& shape = run.back()->op->type.shape;
+        MlpChain chain;
+        chain.run = run;
+        chain.down = sole_reader(run.back()->out);
+        if (shape.size() != 4 || !pointwise(chain.down) || arg(*chain.down, "x") != run.back()->out) continue;
+        std::set<int> computed;  // the run's results
+        for (const Step* step : run) computed.insert(step->out);
+        StepList slices;
+        bool fits = true;
+        for (const Step* step : run)
+            for (int id : step->arg_ids) {
+                const auto kind = operand_kind(id, shape);
+                if (computed.count(id) || kind == ElementwiseRun::Kind::per_row || kind == ElementwiseRun::Kind::scalar)
+                    continue;
+                // A whole operand: up's result, or a slice of its channels [c0, c0 + C) with every lane.
+                const auto made = producer_.find(id);
+                const Step* producer = made == producer_.end() || value(id).slot != id ? nullptr : made->second;
+                int64_t channel = 0;
+                if (producer && producer->op->op == "slice_by_size") {
+                    const auto& box = std::get<frontend::Slice>(producer->typed.attrs);
+                    const int from = arg(*producer, "x");
+                    const auto up = producer_.find(from);
+                    const Shape& whole = value(from).type.shape;
+                    if (up == producer_.end() || whole.size() != 4 || whole[3] != shape[3] || box.begin[0] != 0 ||
+                        box.begin[2] != 0 || box.begin[3] != 0 ||
+                        box.stride != std::vector<int64_t>(4, 1) || box.extent != shape) {
+                        fits = false;
+                        break;
+                    }
+                    channel = box.begin[1];
+                    chain.slices[id] = channel;
+                    if (std::find(slices.begin(), slices.end(), producer) == slices.end()) slices.push_back(producer);
+                    producer = up->second;
+                }
+                if (kind != ElementwiseRun::Kind::full || !pointwise(producer) || (chain.up && chain.up != producer)) {
+                    fits = false;
+                    break;
+                }
+                chain.up = producer;
+            }
+        if (!fits || !chain.up) continue;
+        chain.steps = {chain.up};
+        chain.steps.insert(chain.steps.end(), slices.begin(), slices.end());
+        chain.steps.insert(chain.steps.end(), run.begin(), run.end());
+        chain.steps.push_back(chain.down);
+        if (!private_results(chain.steps, chain.down)) continue;
+        std::sort(chain.steps.begin(), chain.steps.end());  // program order: steps_ is a vector
+        for (const Step* step : chain.steps) found[step] = chain;
+    }
+    return found;
+}
+
 }  // namespace orion::emu

@@ -75,6 +75,17 @@ struct PackedChain {
     PackedOutputs placement;
 };
 
+// A transformer MLP: a pointwise conv -> an elementwise run -> a pointwise conv over [1, C, 1, S] values (GPT-2:
+// fc, its bias and GELU, proj; Llama: gate|up, its two channel slices and SwiGLU, down), whose intermediates nothing
+// else reads: computed lane block by lane block (lane_blocks.h).
+struct MlpChain {
+    StepList steps;  // program order: up, its slices, the run, down
+    const Step* up = nullptr;
+    const Step* down = nullptr;
+    StepList run;
+    std::map<int, int64_t> slices;  // each channel slice of up's result the run reads: value id -> first channel
+};
+
 // An output the I/O padding writes as add(all-+0 const, value repeated along the output's leading
 // axes): which output, the repeated block's element count and the value repeated.
 struct ReplicatedOutput {
@@ -111,6 +122,10 @@ public:
     // Runs of two or more consecutive elementwise steps (binary, sigmoid or tanh) of one float output shape,
     // none of them in `grouped`.
     ElementwiseRuns elementwise_runs(const std::set<const Step*>& grouped) const;
+    // The runs of `runs` that sit between two pointwise convs of one image ([1, C, 1, S], one row per channel) as
+    // MlpChain describes: the run reads the first conv's result whole or in channel slices (and values per row or
+    // scalars), and only the second conv reads its result.
+    ChainsByStep<MlpChain> mlps(const ElementwiseRuns& runs) const;
     // Outputs ([1, k, 1, C*S], the value in every row) whose step is in no group or run: their kernel
     // computes one block and the store copies it, in the surface's dtype, into the other rows.
     ChainsByStep<ReplicatedOutput> replicated_outputs(const std::set<const Step*>& grouped,

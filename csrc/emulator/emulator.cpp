@@ -21,6 +21,7 @@
 #include "emulator/stable_norm.h"
 #include "emulator/const_fold.h"
 #include "emulator/fused_elementwise.h"
+#include "emulator/lane_blocks.h"
 #include "emulator/ops.h"
 #include "emulator/packed_outputs.h"
 #include "emulator/profile.h"
@@ -196,6 +197,7 @@ private:
         for (ScheduledKernel& kernel : schedule_.kernels) free(kernel.steps);
         free(model_.ids_), free(model_.values_), free(model_.steps_), free(program_.functions), free(folded_);
         free(used_parts_), free(cut_values_), free(unread_), free(unmaterialised_), free(held_masks_), free(internal_);
+        free(lane_blocks_);
     }
 
     // Folds every op whose operands are all constants (const_fold.h): its result becomes a constant and
@@ -283,8 +285,16 @@ private:
         take(packs, &EmulatedProgram::add_packed_outputs);
         for (const auto& [step, chain] : packs) grouped.insert(step);
         const ElementwiseRuns runs = find.elementwise_runs(grouped);
+        const ChainsByStep<MlpChain> mlps = find.mlps(runs);
+        for (const auto& [step, chain] : mlps) {
+            groups[step] = {chain.steps.back(), [this, &chain = chain, &find](GroupParts& parts) {
+                                add_lane_blocked_mlp(chain, find, parts);
+                            }};
+            grouped.insert(step);
+        }
         for (const auto& [step, run] : runs)
-            groups[step] = {run.back(), [this, &run = run, &find](GroupParts& parts) { add_fused_elementwise(run, find, parts); }};
+            if (!mlps.count(step))
+                groups[step] = {run.back(), [this, &run = run, &find](GroupParts& parts) { add_fused_elementwise(run, find, parts); }};
         // A compile-time constant op's kernel (constexpr_*) is built after its readers,
         // and kept only if one of them reads its values or the program returns them: conv takes its
         // weight in its stored form (ValueInfo::compressed), so the values are never materialised.
@@ -334,6 +344,7 @@ private:
             if (step.op->type.element_count() == 0) continue;
             if (const auto found = groups.find(&step); found != groups.end()) {
                 group_parts[&step] = std::move(built[i].kernel);
+                if (built[i].lane_block) lane_blocks_[&step] = std::move(built[i].lane_block);
                 if (&step == found->second.last) found->second.add(group_parts);
                 continue;  // the group runs at its last step
             }
@@ -574,16 +585,15 @@ private:
         });
     }
 
-    // One kernel for a run: its rows in one pass when every operand is whole (no live-lane hint, no
-    // fp16 read in place), else the run's own kernels (add_group_kernel).
-    void add_fused_elementwise(const StepList& steps, const ChainFinder& find,
-                               GroupParts& parts) {
+    // A run's steps as run_elementwise computes them: each operand a frame slot or an earlier step, each result
+    // stored to its slot only when something outside the run reads it. `reads`: the frame slots the run reads;
+    // `intermediates`: the results nothing outside the run reads.
+    ElementwiseRun describe_run(const StepList& steps, const ChainFinder& find, std::vector<int>& reads,
+                                std::vector<int>& intermediates) {
         const Shape& shape = steps.front()->op->type.shape;
         ElementwiseRun run;
         run.width = shape.back(), run.rows = element_count(shape) / shape.back();
         std::map<int, int> step_of;  // value id -> index in the run
-        std::vector<int> reads;      // frame slots the run reads (checked whole at run time)
-        std::vector<int> intermediates;
         bool flat = true;
         auto all_whole_or_scalar = [&](const ElementwiseRun::Step& s) {
             for (const ElementwiseRun::Operand* o : {&s.x, &s.y})
@@ -619,6 +629,14 @@ private:
             flat = flat && all_whole_or_scalar(s);
         }
         run.flat = flat;
+        return run;
+    }
+
+    // One kernel for a run: its rows in one pass when every operand is whole (no live-lane hint, no
+    // fp16 read in place), else the run's own kernels (add_group_kernel).
+    void add_fused_elementwise(const StepList& steps, const ChainFinder& find, GroupParts& parts) {
+        std::vector<int> reads, intermediates;  // frame slots the run reads (checked whole at run time)
+        ElementwiseRun run = describe_run(steps, find, reads, intermediates);
         add_group_kernel(steps, intermediates, parts, "elementwise (fused)", [run = std::move(run), reads](Frame& fr) {
             for (int slot : reads) {
                 const Tensor& t = fr.values[static_cast<size_t>(slot)];
@@ -632,6 +650,38 @@ private:
                 if (const int out = run.steps[s].out; out >= 0)
                     fr.values[static_cast<size_t>(out)].lanes = live[s], fr.values[static_cast<size_t>(out)].live_prefix = -1;
             return true;
+        });
+    }
+
+    // One kernel for an MLP chain: run_lane_blocked_mlp when the run's other frame operands (values per row) are
+    // whole fp32, else the chain's own kernels.
+    void add_lane_blocked_mlp(const MlpChain& chain, const ChainFinder& find, GroupParts& parts) {
+        LaneBlockedMlp mlp;
+        std::vector<int> reads, intermediates;
+        mlp.run = describe_run(chain.run, find, reads, intermediates);
+        OpContext up(*chain.up->op, chain.up->typed, values(), chain.up->arg_ids, chain.up->tuple_ids, chain.up->out, false);
+        mlp.x = up.slot("x");
+        mlp.hidden = chain.up->out, mlp.act = chain.run.back()->out, mlp.out = chain.down->out;
+        const Shape& hidden = chain.up->op->type.shape;  // [1, C, 1, S], as the run's and down's
+        mlp.hidden_rows = hidden[1], mlp.act_rows = chain.run.back()->op->type.shape[1], mlp.lanes = hidden[3];
+        std::vector<int> frame_reads;  // the run's operands besides the hidden value and its slices
+        for (int slot : reads)
+            if (slot != mlp.hidden && !chain.slices.count(slot)) frame_reads.push_back(slot);
+        for (ElementwiseRun::Step& step : mlp.run.steps)
+            for (ElementwiseRun::Operand* o : {&step.x, &step.y})
+                if (const auto slice = chain.slices.find(o->slot); o->step < 0 && slice != chain.slices.end())
+                    o->slot = mlp.hidden, o->offset = slice->second;
+        const auto up_block = lane_blocks_.find(chain.up), down_block = lane_blocks_.find(chain.down);
+        if (up_block == lane_blocks_.end() || down_block == lane_blocks_.end())
+            throw std::logic_error("add_lane_blocked_mlp: a conv of the chain has no lane-block kernel");
+        mlp.up = up_block->second, mlp.down = down_block->second;
+        add_group_kernel(chain.steps, results_before_last(chain.steps), parts, "mlp (lane blocks)",
+                         [mlp = std::move(mlp), frame_reads](Frame& fr) {
+            for (int slot : frame_reads) {
+                const Tensor& t = fr.values[static_cast<size_t>(slot)];
+                if (t.half || t.prefix_partial()) return false;
+            }
+            return run_lane_blocked_mlp(mlp, fr);
         });
     }
 
@@ -983,6 +1033,7 @@ private:
     // causal-mask consts held once per process, not in the frame (add_fused_attention)
     std::map<int, std::shared_ptr<const std::vector<float>>> held_masks_;
     std::vector<bool> internal_;  // per slot: an intermediate of a fused chain (in no frame or pool plan)
+    std::map<const Step*, LaneBlockKernel> lane_blocks_;  // grouped convs' lane-block forms (add_lane_blocked_mlp)
     std::string label_;                         // the program's name in the profile
     std::vector<size_t> slot_elements_;         // per frame slot, its tensor's element count (drop_build_state)
     Frame frame_;

@@ -285,15 +285,15 @@ private:
         take(packs, &EmulatedProgram::add_packed_outputs);
         for (const auto& [step, chain] : packs) grouped.insert(step);
         const ElementwiseRuns runs = find.elementwise_runs(grouped);
-        const ChainsByStep<MlpChain> mlps = find.mlps(runs);
-        for (const auto& [step, chain] : mlps) {
+        const ChainsByStep<LaneBlockChain> blocked = find.lane_block_chains(runs, grouped);
+        for (const auto& [step, chain] : blocked) {
             groups[step] = {chain.steps.back(), [this, &chain = chain, &find](GroupParts& parts) {
-                                add_lane_blocked_mlp(chain, find, parts);
+                                add_lane_blocked_chain(chain, find, parts);
                             }};
             grouped.insert(step);
         }
         for (const auto& [step, run] : runs)
-            if (!mlps.count(step))
+            if (!blocked.count(step))
                 groups[step] = {run.back(), [this, &run = run, &find](GroupParts& parts) { add_fused_elementwise(run, find, parts); }};
         // A compile-time constant op's kernel (constexpr_*) is built after its readers,
         // and kept only if one of them reads its values or the program returns them: conv takes its
@@ -653,36 +653,64 @@ private:
         });
     }
 
-    // One kernel for an MLP chain: run_lane_blocked_mlp when the run's other frame operands (values per row) are
-    // whole fp32, else the chain's own kernels.
-    void add_lane_blocked_mlp(const MlpChain& chain, const ChainFinder& find, GroupParts& parts) {
-        LaneBlockedMlp mlp;
-        std::vector<int> reads, intermediates;
-        mlp.run = describe_run(chain.run, find, reads, intermediates);
-        OpContext up(*chain.up->op, chain.up->typed, values(), chain.up->arg_ids, chain.up->tuple_ids, chain.up->out, false);
-        mlp.x = up.slot("x");
-        mlp.hidden = chain.up->out, mlp.act = chain.run.back()->out, mlp.out = chain.down->out;
-        const Shape& hidden = chain.up->op->type.shape;  // [1, C, 1, S], as the run's and down's
-        mlp.hidden_rows = hidden[1], mlp.act_rows = chain.run.back()->op->type.shape[1], mlp.lanes = hidden[3];
+    // One kernel for a lane-blocked conv chain: run_lane_blocked_chain when the run's other frame operands (values
+    // per row) are whole fp32, else the chain's own kernels.
+    void add_lane_blocked_chain(const LaneBlockChain& chain, const ChainFinder& find, GroupParts& parts) {
+        LaneBlockedChain blocked;
+        const Step& up = *chain.up;
+        OpContext up_ctx(*up.op, up.typed, values(), up.arg_ids, up.tuple_ids, up.out, false);
+        blocked.x = up_ctx.slot("x");
+        blocked.hidden = up.out;
+        blocked.hidden_rows = up.op->type.shape[1], blocked.lanes = up.op->type.shape[3];  // [1, C, 1, S]
         std::vector<int> frame_reads;  // the run's operands besides the hidden value and its slices
-        for (int slot : reads)
-            if (slot != mlp.hidden && !chain.slices.count(slot)) frame_reads.push_back(slot);
-        for (ElementwiseRun::Step& step : mlp.run.steps)
-            for (ElementwiseRun::Operand* o : {&step.x, &step.y})
-                if (const auto slice = chain.slices.find(o->slot); o->step < 0 && slice != chain.slices.end())
-                    o->slot = mlp.hidden, o->offset = slice->second;
-        const auto up_block = lane_blocks_.find(chain.up), down_block = lane_blocks_.find(chain.down);
-        if (up_block == lane_blocks_.end() || down_block == lane_blocks_.end())
-            throw std::logic_error("add_lane_blocked_mlp: a conv of the chain has no lane-block kernel");
-        mlp.up = up_block->second, mlp.down = down_block->second;
-        add_group_kernel(chain.steps, results_before_last(chain.steps), parts, "mlp (lane blocks)",
-                         [mlp = std::move(mlp), frame_reads](Frame& fr) {
+        if (!chain.run.empty()) {
+            std::vector<int> reads, intermediates;
+            blocked.run = describe_run(chain.run, find, reads, intermediates);
+            blocked.act = chain.run.back()->out, blocked.act_rows = chain.run.back()->op->type.shape[1];
+            for (int slot : reads)
+                if (slot != blocked.hidden && !chain.slices.count(slot)) frame_reads.push_back(slot);
+            // The result overwrites the hidden block when no row it writes is read but by the same row of the run
+            // (the run's last step, its only stored one, computes a row block after every step reading it): every
+            // read of the hidden value starts at channel 0 (the same rows) or at act_rows or later (rows not written).
+            bool in_place = true;
+            for (ElementwiseRun::Step& step : blocked.run.steps)
+                for (ElementwiseRun::Operand* o : {&step.x, &step.y}) {
+                    if (const auto slice = chain.slices.find(o->slot); o->step < 0 && slice != chain.slices.end())
+                        o->slot = blocked.hidden, o->offset = slice->second;
+                    if (o->step < 0 && o->slot == blocked.hidden)
+                        in_place = in_place && (o->offset == 0 || o->offset >= blocked.act_rows);
+                }
+            if (in_place) blocked.act = blocked.run.steps.back().out = blocked.hidden;
+        }
+        auto lane_block = [&](const Step* conv) {
+            const auto found = lane_blocks_.find(conv);
+            if (found == lane_blocks_.end())
+                throw std::logic_error("add_lane_blocked_chain: a conv of the chain has no lane-block kernel");
+            return found->second;
+        };
+        blocked.up = lane_block(chain.up);
+        if (chain.down) blocked.down = lane_block(chain.down), blocked.out = chain.down->out;
+        for (const auto& [slice, channel] : chain.outputs)
+            blocked.outputs.push_back({slice->out, channel, slice->op->type.shape[1]});
+        add_group_kernel(chain.steps, internal_results(chain), parts, "conv chain (lane blocks)",
+                         [blocked = std::move(blocked), frame_reads](Frame& fr) {
             for (int slot : frame_reads) {
                 const Tensor& t = fr.values[static_cast<size_t>(slot)];
                 if (t.half || t.prefix_partial()) return false;
             }
-            return run_lane_blocked_mlp(mlp, fr);
+            return run_lane_blocked_chain(blocked, fr);
         });
+    }
+
+    // A lane-blocked chain's results but its sinks' (the second conv's, or the output slices'): what only it reads.
+    static std::vector<int> internal_results(const LaneBlockChain& chain) {
+        std::vector<int> results;
+        for (const Step* step : chain.steps) {
+            const bool output = std::any_of(chain.outputs.begin(), chain.outputs.end(),
+                                            [&](const auto& o) { return o.first == step; });
+            if (step != chain.down && !output) results.push_back(step->out);
+        }
+        return results;
     }
 
     // The results of a chain's steps but its last's: what only the chain reads (its fallback's intermediates).
@@ -1033,7 +1061,7 @@ private:
     // causal-mask consts held once per process, not in the frame (add_fused_attention)
     std::map<int, std::shared_ptr<const std::vector<float>>> held_masks_;
     std::vector<bool> internal_;  // per slot: an intermediate of a fused chain (in no frame or pool plan)
-    std::map<const Step*, LaneBlockKernel> lane_blocks_;  // grouped convs' lane-block forms (add_lane_blocked_mlp)
+    std::map<const Step*, LaneBlockKernel> lane_blocks_;  // grouped convs' lane-block forms (add_lane_blocked_chain)
     std::string label_;                         // the program's name in the profile
     std::vector<size_t> slot_elements_;         // per frame slot, its tensor's element count (drop_build_state)
     Frame frame_;

@@ -610,7 +610,9 @@ ChainsByStep<LaneBlockChain> ChainFinder::lane_block_chains(const ElementwiseRun
     // [1, c, 1, S]) into its own slot, else -1.
     auto channel_slice = [&](const Step* step, int id) -> int64_t {
         const Shape& whole = value(id).type.shape;
-        if (grouped.count(step) || step->op->op != "slice_by_size" || arg(*step, "x") != id || value(step->out).slot != step->out) return -1;
+        if (grouped.count(step) || step->op->op != "slice_by_size" || arg(*step, "x") != id ||
+            value(step->out).slot != step->out)
+            return -1;
         const auto& box = std::get<frontend::Slice>(step->typed.attrs);
         const bool fits = box.begin.size() == 4 && box.begin[0] == 0 && box.begin[2] == 0 && box.begin[3] == 0 &&
                           box.stride == std::vector<int64_t>(4, 1) && box.extent.size() == 4 && box.extent[0] == 1 &&
@@ -630,7 +632,7 @@ ChainsByStep<LaneBlockChain> ChainFinder::lane_block_chains(const ElementwiseRun
     ChainsByStep<LaneBlockChain> found;
     for (const auto& up : model_.steps_) {
         const Shape& hidden = up.op->type.shape;
-        if (!pointwise(&up)) continue;
+        if (!pointwise(&up) || found.count(&up)) continue;  // (a chain's second conv starts none)
         LaneBlockChain chain;
         chain.up = &up;
         StepList slices, consumers;  // up's channel slices; the steps reading up's result or a slice of it
@@ -644,17 +646,17 @@ ChainsByStep<LaneBlockChain> ChainFinder::lane_block_chains(const ElementwiseRun
             chain.slices[reader->out] = channel;
             for (const Step* next : readers_of(reader->out)) consumers.push_back(next);
         }
-        // The elementwise steps: the run of the first consumer, or that step alone; none when only slices read up.
+        // The elementwise steps: the run of the first consumer, or that step alone; none when the first consumer is
+        // no elementwise step (up's slices are then the outputs).
+        std::sort(consumers.begin(), consumers.end());  // program order: steps_ is a vector
         if (!consumers.empty()) {
-            std::sort(consumers.begin(), consumers.end());  // program order: steps_ is a vector
             const auto run = runs.find(consumers.front());
             if (run != runs.end()) chain.run = run->second;
             else if (elementwise(consumers.front())) chain.run = {consumers.front()};
-            else continue;
         }
         bool fits = true;
-        for (const Step* step : consumers)
-            fits = fits && std::find(chain.run.begin(), chain.run.end(), step) != chain.run.end();
+        for (const Step* step : consumers)  // (with no run, the slices' readers are outside the chain)
+            fits = fits && (chain.run.empty() || std::find(chain.run.begin(), chain.run.end(), step) != chain.run.end());
         std::set<int> computed;  // the run's results
         for (const Step* step : chain.run) computed.insert(step->out);
         for (const Step* step : chain.run)
@@ -686,14 +688,14 @@ ChainsByStep<LaneBlockChain> ChainFinder::lane_block_chains(const ElementwiseRun
         chain.steps.insert(chain.steps.end(), chain.run.begin(), chain.run.end());
         if (chain.down) chain.steps.push_back(chain.down);
         for (const auto& [sink, channel] : chain.outputs) chain.steps.push_back(sink);
-        // Every result but the sinks' is read in the chain alone (a program output never is).
+        // Every result but the sinks' is read in the chain alone (a program output never is); no step is in two chains.
         std::map<int, int> reads_inside;
         for (const Step* step : chain.steps)
             for (int id : step->arg_ids) ++reads_inside[id];
         for (const Step* step : chain.steps) {
             const bool sink = step == chain.down || std::any_of(chain.outputs.begin(), chain.outputs.end(),
                                                                 [&](const auto& o) { return o.first == step; });
-            fits = fits && (sink || reads(step->out) == reads_inside[step->out]);
+            fits = fits && (sink || reads(step->out) == reads_inside[step->out]) && !found.count(step);
         }
         if (!fits) continue;
         std::sort(chain.steps.begin(), chain.steps.end());  // program order: steps_ is a vector

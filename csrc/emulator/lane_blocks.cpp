@@ -8,6 +8,12 @@
 
 namespace orion::emu {
 
+namespace {
+
+constexpr int64_t kCopyGrain = int64_t{1} << 15;  // elements worth a thread's share of a block's slice copies
+
+}  // namespace
+
 bool run_lane_blocked_chain(const LaneBlockedChain& chain, Frame& frame) {
     const Tensor& in = frame.values[static_cast<size_t>(chain.x)];
     const int64_t live = std::min(in.lanes, chain.lanes);  // the convs compute x's live lanes
@@ -31,9 +37,13 @@ bool run_lane_blocked_chain(const LaneBlockedChain& chain, Frame& frame) {
             run_elementwise(run, frame);
         }
         if (chain.down) chain.down(result, n, frame.values[static_cast<size_t>(chain.out)].data.data() + s0, chain.lanes, n);
-        for (const LaneBlockedChain::Output& o : chain.outputs)
-            kernels::copy_lanes(result + o.channel * n, n, frame.values[static_cast<size_t>(o.slot)].data.data() + s0,
-                                chain.lanes, o.channels, n);
+        for (const LaneBlockedChain::Output& o : chain.outputs) {  // the slices' rows, split across the threads
+            const float* from = result + o.channel * n;
+            float* to = frame.values[static_cast<size_t>(o.slot)].data.data() + s0;
+            kernels::parallel_for(o.channels, std::max<int64_t>(1, kCopyGrain / n), [&](int64_t begin, int64_t end) {
+                kernels::copy_lanes(from + begin * n, n, to + begin * chain.lanes, chain.lanes, end - begin, n);
+            });
+        }
     }
     buffer_pool::give(std::exchange(hidden, {}));
     if (own_act) buffer_pool::give(std::exchange(frame.values[static_cast<size_t>(chain.act)].data, {}));

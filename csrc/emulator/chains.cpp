@@ -588,4 +588,120 @@ ElementwiseRuns ChainFinder::elementwise_runs(const std::set<const Step*>& group
     return runs;
 }
 
+StepList ChainFinder::readers_of(int id) const {
+    StepList found;
+    for (const auto& step : model_.steps_)
+        if (std::find(step.arg_ids.begin(), step.arg_ids.end(), id) != step.arg_ids.end()) found.push_back(&step);
+    return found;
+}
+
+ChainsByStep<LaneBlockChain> ChainFinder::lane_block_chains(const ElementwiseRuns& runs,
+                                                            const std::set<const Step*>& grouped) const {
+    // A 1x1 conv of one image whose rows are its channels ([1, C, 1, S] to [1, C', 1, S]), into its own slot.
+    auto pointwise = [&](const Step* step) {
+        if (!step || grouped.count(step) || step->op->op != "conv" || value(step->out).slot != step->out) return false;
+        const auto* geometry = std::get_if<frontend::ConvGeometry>(&step->typed.attrs);
+        if (!geometry) return false;
+        const frontend::ConvGeometry& g = *geometry;
+        return g.n == 1 && g.h == 1 && g.kh == 1 && g.kw == 1 && g.groups == 1 && g.sh == 1 && g.sw == 1 &&
+               g.pt == 0 && g.pb == 0 && g.pl == 0 && g.pr == 0;
+    };
+    // The first channel of a slice of every lane of `id` ([1, C, 1, S]: begin [0, c0, 0, 0], stride 1, extent
+    // [1, c, 1, S]) into its own slot, else -1.
+    auto channel_slice = [&](const Step* step, int id) -> int64_t {
+        const Shape& whole = value(id).type.shape;
+        if (grouped.count(step) || step->op->op != "slice_by_size" || arg(*step, "x") != id ||
+            value(step->out).slot != step->out)
+            return -1;
+        const auto& box = std::get<frontend::Slice>(step->typed.attrs);
+        const bool fits = box.begin.size() == 4 && box.begin[0] == 0 && box.begin[2] == 0 && box.begin[3] == 0 &&
+                          box.stride == std::vector<int64_t>(4, 1) && box.extent.size() == 4 && box.extent[0] == 1 &&
+                          box.extent[2] == 1 && box.extent[3] == whole[3];
+        return fits ? box.begin[1] : -1;
+    };
+    // One elementwise step a run would take (any operand per row or a scalar, or of its shape).
+    auto elementwise = [&](const Step* step) {
+        ElementwiseRun::Fn fn;
+        if (grouped.count(step) || !elementwise_fn(step->op->op, &fn) || !mil::is_float(step->op->type.dtype) ||
+            step->arg_ids.size() != (is_unary(fn) ? 1u : 2u))
+            return false;
+        for (int id : step->arg_ids)
+            if (id < 0 || !operand_kind(id, step->op->type.shape)) return false;
+        return true;
+    };
+    ChainsByStep<LaneBlockChain> found;
+    for (const auto& up : model_.steps_) {
+        const Shape& hidden = up.op->type.shape;
+        if (!pointwise(&up) || found.count(&up)) continue;  // (a chain's second conv starts none)
+        LaneBlockChain chain;
+        chain.up = &up;
+        StepList slices, consumers;  // up's channel slices; the steps reading up's result or a slice of it
+        for (const Step* reader : readers_of(up.out)) {
+            const int64_t channel = channel_slice(reader, up.out);
+            if (channel < 0) {
+                consumers.push_back(reader);
+                continue;
+            }
+            slices.push_back(reader);
+            chain.slices[reader->out] = channel;
+            for (const Step* next : readers_of(reader->out)) consumers.push_back(next);
+        }
+        // The elementwise steps: the run of the first consumer, or that step alone; none when the first consumer is
+        // no elementwise step (up's slices are then the outputs).
+        std::sort(consumers.begin(), consumers.end());  // program order: steps_ is a vector
+        if (!consumers.empty()) {
+            const auto run = runs.find(consumers.front());
+            if (run != runs.end()) chain.run = run->second;
+            else if (elementwise(consumers.front())) chain.run = {consumers.front()};
+        }
+        bool fits = true;
+        for (const Step* step : consumers)  // (with no run, the slices' readers are outside the chain)
+            fits = fits && (chain.run.empty() || std::find(chain.run.begin(), chain.run.end(), step) != chain.run.end());
+        std::set<int> computed;  // the run's results
+        for (const Step* step : chain.run) computed.insert(step->out);
+        for (const Step* step : chain.run)
+            for (int id : step->arg_ids) {
+                const auto kind = operand_kind(id, step->op->type.shape);
+                if (kind == ElementwiseRun::Kind::full)
+                    fits = fits && (computed.count(id) || id == up.out || chain.slices.count(id));
+                else
+                    fits = fits && (kind == ElementwiseRun::Kind::per_row || kind == ElementwiseRun::Kind::scalar);
+            }
+        // What reads the result: one pointwise conv, or channel slices of every lane.
+        const int result = chain.run.empty() ? up.out : chain.run.back()->out;
+        const Shape& shape = value(result).type.shape;
+        if (!fits || shape.size() != 4 || shape[3] != hidden[3]) continue;
+        if (chain.run.empty()) chain.slices.clear(), slices.clear();  // up's slices are the outputs
+        const StepList sinks = readers_of(result);
+        if (sinks.size() == 1 && pointwise(sinks[0]) && arg(*sinks[0], "x") == result) {
+            chain.down = sinks[0];
+        } else {
+            for (const Step* sink : sinks) {
+                const int64_t channel = channel_slice(sink, result);
+                fits = fits && channel >= 0;
+                chain.outputs.emplace_back(sink, channel);
+            }
+            if (!fits || sinks.empty()) continue;
+        }
+        chain.steps = {&up};
+        chain.steps.insert(chain.steps.end(), slices.begin(), slices.end());
+        chain.steps.insert(chain.steps.end(), chain.run.begin(), chain.run.end());
+        if (chain.down) chain.steps.push_back(chain.down);
+        for (const auto& [sink, channel] : chain.outputs) chain.steps.push_back(sink);
+        // Every result but the sinks' is read in the chain alone (a program output never is); no step is in two chains.
+        std::map<int, int> reads_inside;
+        for (const Step* step : chain.steps)
+            for (int id : step->arg_ids) ++reads_inside[id];
+        for (const Step* step : chain.steps) {
+            const bool sink = step == chain.down || std::any_of(chain.outputs.begin(), chain.outputs.end(),
+                                                                [&](const auto& o) { return o.first == step; });
+            fits = fits && (sink || reads(step->out) == reads_inside[step->out]) && !found.count(step);
+        }
+        if (!fits) continue;
+        std::sort(chain.steps.begin(), chain.steps.end());  // program order: steps_ is a vector
+        for (const Step* step : chain.steps) found[step] = chain;
+    }
+    return found;
+}
+
 }  // namespace orion::emu

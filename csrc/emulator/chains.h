@@ -75,6 +75,19 @@ struct PackedChain {
     PackedOutputs placement;
 };
 
+// A pointwise conv whose result goes through elementwise steps (or none) to a second pointwise conv or to channel
+// slices, every intermediate read by the chain alone: a transformer's MLP (GPT-2: fc, its bias and GELU, proj;
+// Llama: gate|up, its two channel slices and SwiGLU, down) or projection (GPT-2: qkv and its bias, cut into q, k
+// and v; Llama: qkv cut into heads). Computed lane block by lane block (lane_blocks.h).
+struct LaneBlockChain {
+    StepList steps;  // program order
+    const Step* up = nullptr;
+    StepList run;                   // the elementwise steps (a run, one step, or none)
+    std::map<int, int64_t> slices;  // channel slices of up's result the run reads: value id -> first channel
+    const Step* down = nullptr;     // the second conv, or null: then the outputs are
+    std::vector<std::pair<const Step*, int64_t>> outputs;  // channel slices of the result: (step, first channel)
+};
+
 // An output the I/O padding writes as add(all-+0 const, value repeated along the output's leading
 // axes): which output, the repeated block's element count and the value repeated.
 struct ReplicatedOutput {
@@ -111,6 +124,12 @@ public:
     // Runs of two or more consecutive elementwise steps (binary, sigmoid or tanh) of one float output shape,
     // none of them in `grouped`.
     ElementwiseRuns elementwise_runs(const std::set<const Step*>& grouped) const;
+    // The chains LaneBlockChain describes, from each pointwise conv of one image ([1, C, 1, S], one row per
+    // channel) not in `grouped`: the elementwise steps are one of `runs` or a single step, read the conv's result
+    // whole or in channel slices of every lane (besides values per row and scalars), and their result (or the
+    // conv's) is read by one pointwise conv or by channel slices of every lane alone.
+    ChainsByStep<LaneBlockChain> lane_block_chains(const ElementwiseRuns& runs,
+                                                   const std::set<const Step*>& grouped) const;
     // Outputs ([1, k, 1, C*S], the value in every row) whose step is in no group or run: their kernel
     // computes one block and the store copies it, in the surface's dtype, into the other rows.
     ChainsByStep<ReplicatedOutput> replicated_outputs(const std::set<const Step*>& grouped,
@@ -135,6 +154,8 @@ private:
     ChainsByStep<Chain> fp16_chains(Match match) const;
     // Whether every result of `steps` but `out`'s is read by `steps` only (a program output never is).
     bool private_results(const StepList& steps, const Step* out) const;
+    // The steps reading value `id`, in program order (a step reading it twice once).
+    StepList readers_of(int id) const;
     // The step that reads value `id` when it is its only reader (and the program does not return it), else null.
     const Step* sole_reader(int id) const;
     // The row a const [1, rows, 1, 1] of fp16 +0s and one 1 selects, or -1.

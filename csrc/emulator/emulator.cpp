@@ -21,6 +21,7 @@
 #include "emulator/stable_norm.h"
 #include "emulator/const_fold.h"
 #include "emulator/fused_elementwise.h"
+#include "emulator/lane_blocks.h"
 #include "emulator/ops.h"
 #include "emulator/packed_outputs.h"
 #include "emulator/profile.h"
@@ -196,6 +197,7 @@ private:
         for (ScheduledKernel& kernel : schedule_.kernels) free(kernel.steps);
         free(model_.ids_), free(model_.values_), free(model_.steps_), free(program_.functions), free(folded_);
         free(used_parts_), free(cut_values_), free(unread_), free(unmaterialised_), free(held_masks_), free(internal_);
+        free(lane_blocks_);
     }
 
     // Folds every op whose operands are all constants (const_fold.h): its result becomes a constant and
@@ -283,8 +285,16 @@ private:
         take(packs, &EmulatedProgram::add_packed_outputs);
         for (const auto& [step, chain] : packs) grouped.insert(step);
         const ElementwiseRuns runs = find.elementwise_runs(grouped);
+        const ChainsByStep<LaneBlockChain> blocked = find.lane_block_chains(runs, grouped);
+        for (const auto& [step, chain] : blocked) {
+            groups[step] = {chain.steps.back(), [this, &chain = chain, &find](GroupParts& parts) {
+                                add_lane_blocked_chain(chain, find, parts);
+                            }};
+            grouped.insert(step);
+        }
         for (const auto& [step, run] : runs)
-            groups[step] = {run.back(), [this, &run = run, &find](GroupParts& parts) { add_fused_elementwise(run, find, parts); }};
+            if (!blocked.count(step))
+                groups[step] = {run.back(), [this, &run = run, &find](GroupParts& parts) { add_fused_elementwise(run, find, parts); }};
         // A compile-time constant op's kernel (constexpr_*) is built after its readers,
         // and kept only if one of them reads its values or the program returns them: conv takes its
         // weight in its stored form (ValueInfo::compressed), so the values are never materialised.
@@ -334,6 +344,7 @@ private:
             if (step.op->type.element_count() == 0) continue;
             if (const auto found = groups.find(&step); found != groups.end()) {
                 group_parts[&step] = std::move(built[i].kernel);
+                if (built[i].lane_block) lane_blocks_[&step] = std::move(built[i].lane_block);
                 if (&step == found->second.last) found->second.add(group_parts);
                 continue;  // the group runs at its last step
             }
@@ -574,16 +585,15 @@ private:
         });
     }
 
-    // One kernel for a run: its rows in one pass when every operand is whole (no live-lane hint, no
-    // fp16 read in place), else the run's own kernels (add_group_kernel).
-    void add_fused_elementwise(const StepList& steps, const ChainFinder& find,
-                               GroupParts& parts) {
+    // A run's steps as run_elementwise computes them: each operand a frame slot or an earlier step, each result
+    // stored to its slot only when something outside the run reads it. `reads`: the frame slots the run reads;
+    // `intermediates`: the results nothing outside the run reads.
+    ElementwiseRun describe_run(const StepList& steps, const ChainFinder& find, std::vector<int>& reads,
+                                std::vector<int>& intermediates) {
         const Shape& shape = steps.front()->op->type.shape;
         ElementwiseRun run;
         run.width = shape.back(), run.rows = element_count(shape) / shape.back();
         std::map<int, int> step_of;  // value id -> index in the run
-        std::vector<int> reads;      // frame slots the run reads (checked whole at run time)
-        std::vector<int> intermediates;
         bool flat = true;
         auto all_whole_or_scalar = [&](const ElementwiseRun::Step& s) {
             for (const ElementwiseRun::Operand* o : {&s.x, &s.y})
@@ -619,6 +629,14 @@ private:
             flat = flat && all_whole_or_scalar(s);
         }
         run.flat = flat;
+        return run;
+    }
+
+    // One kernel for a run: its rows in one pass when every operand is whole (no live-lane hint, no
+    // fp16 read in place), else the run's own kernels (add_group_kernel).
+    void add_fused_elementwise(const StepList& steps, const ChainFinder& find, GroupParts& parts) {
+        std::vector<int> reads, intermediates;  // frame slots the run reads (checked whole at run time)
+        ElementwiseRun run = describe_run(steps, find, reads, intermediates);
         add_group_kernel(steps, intermediates, parts, "elementwise (fused)", [run = std::move(run), reads](Frame& fr) {
             for (int slot : reads) {
                 const Tensor& t = fr.values[static_cast<size_t>(slot)];
@@ -633,6 +651,66 @@ private:
                     fr.values[static_cast<size_t>(out)].lanes = live[s], fr.values[static_cast<size_t>(out)].live_prefix = -1;
             return true;
         });
+    }
+
+    // One kernel for a lane-blocked conv chain: run_lane_blocked_chain when the run's other frame operands (values
+    // per row) are whole fp32, else the chain's own kernels.
+    void add_lane_blocked_chain(const LaneBlockChain& chain, const ChainFinder& find, GroupParts& parts) {
+        LaneBlockedChain blocked;
+        const Step& up = *chain.up;
+        OpContext up_ctx(*up.op, up.typed, values(), up.arg_ids, up.tuple_ids, up.out, false);
+        blocked.x = up_ctx.slot("x");
+        blocked.hidden = up.out;
+        blocked.hidden_rows = up.op->type.shape[1], blocked.lanes = up.op->type.shape[3];  // [1, C, 1, S]
+        std::vector<int> frame_reads;  // the run's operands besides the hidden value and its slices
+        if (!chain.run.empty()) {
+            std::vector<int> reads, intermediates;
+            blocked.run = describe_run(chain.run, find, reads, intermediates);
+            blocked.act = chain.run.back()->out, blocked.act_rows = chain.run.back()->op->type.shape[1];
+            for (int slot : reads)
+                if (slot != blocked.hidden && !chain.slices.count(slot)) frame_reads.push_back(slot);
+            // The result overwrites the hidden block when no row it writes is read but by the same row of the run
+            // (the run's last step, its only stored one, computes a row block after every step reading it): every
+            // read of the hidden value starts at channel 0 (the same rows) or at act_rows or later (rows not written).
+            bool in_place = true;
+            for (ElementwiseRun::Step& step : blocked.run.steps)
+                for (ElementwiseRun::Operand* o : {&step.x, &step.y}) {
+                    if (const auto slice = chain.slices.find(o->slot); o->step < 0 && slice != chain.slices.end())
+                        o->slot = blocked.hidden, o->offset = slice->second;
+                    if (o->step < 0 && o->slot == blocked.hidden)
+                        in_place = in_place && (o->offset == 0 || o->offset >= blocked.act_rows);
+                }
+            if (in_place) blocked.act = blocked.run.steps.back().out = blocked.hidden;
+        }
+        auto lane_block = [&](const Step* conv) {
+            const auto found = lane_blocks_.find(conv);
+            if (found == lane_blocks_.end())
+                throw std::logic_error("add_lane_blocked_chain: a conv of the chain has no lane-block kernel");
+            return found->second;
+        };
+        blocked.up = lane_block(chain.up);
+        if (chain.down) blocked.down = lane_block(chain.down), blocked.out = chain.down->out;
+        for (const auto& [slice, channel] : chain.outputs)
+            blocked.outputs.push_back({slice->out, channel, slice->op->type.shape[1]});
+        add_group_kernel(chain.steps, internal_results(chain), parts, "conv chain (lane blocks)",
+                         [blocked = std::move(blocked), frame_reads](Frame& fr) {
+            for (int slot : frame_reads) {
+                const Tensor& t = fr.values[static_cast<size_t>(slot)];
+                if (t.half || t.prefix_partial()) return false;
+            }
+            return run_lane_blocked_chain(blocked, fr);
+        });
+    }
+
+    // A lane-blocked chain's results but its sinks' (the second conv's, or the output slices'): what only it reads.
+    static std::vector<int> internal_results(const LaneBlockChain& chain) {
+        std::vector<int> results;
+        for (const Step* step : chain.steps) {
+            const bool output = std::any_of(chain.outputs.begin(), chain.outputs.end(),
+                                            [&](const auto& o) { return o.first == step; });
+            if (step != chain.down && !output) results.push_back(step->out);
+        }
+        return results;
     }
 
     // The results of a chain's steps but its last's: what only the chain reads (its fallback's intermediates).
@@ -983,6 +1061,7 @@ private:
     // causal-mask consts held once per process, not in the frame (add_fused_attention)
     std::map<int, std::shared_ptr<const std::vector<float>>> held_masks_;
     std::vector<bool> internal_;  // per slot: an intermediate of a fused chain (in no frame or pool plan)
+    std::map<const Step*, LaneBlockKernel> lane_blocks_;  // grouped convs' lane-block forms (add_lane_blocked_chain)
     std::string label_;                         // the program's name in the profile
     std::vector<size_t> slot_elements_;         // per frame slot, its tensor's element count (drop_build_state)
     Frame frame_;

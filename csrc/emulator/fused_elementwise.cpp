@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <utility>
 
 namespace orion::emu {
@@ -64,38 +65,40 @@ void run_compacted(const ElementwiseRun& run, Frame& frame, int64_t live) {
     ElementwiseRun compact = run;
     compact.width = live;
     Frame local;
-    std::vector<std::pair<int, int>> stored;  // (frame slot, local slot) of the run's stored results
-    std::vector<std::pair<int, int>> read;    // (frame slot, local slot) of the operands it reads
-    auto local_slot = [&](int slot, std::vector<std::pair<int, int>>& table) {
-        for (const auto& [from, to] : table)
-            if (from == slot) return to;
-        table.emplace_back(slot, static_cast<int>(local.values.size()));
+    // (frame slot, offset, local slot) of the run's stored results and of the operands it reads
+    using Place = std::tuple<int, int64_t, int>;
+    std::vector<Place> stored, read;
+    auto local_slot = [&](int slot, int64_t offset, std::vector<Place>& table) {
+        for (const auto& [from, at, to] : table)
+            if (from == slot && at == offset) return to;
+        table.emplace_back(slot, offset, static_cast<int>(local.values.size()));
         local.values.emplace_back();
-        return table.back().second;
+        return std::get<2>(table.back());
     };
     for (ElementwiseRun::Step& step : compact.steps) {
         for (ElementwiseRun::Operand* o : {&step.x, &step.y}) {
             if (o->step >= 0) continue;
             const Tensor& t = frame.values[static_cast<size_t>(o->slot)];
-            const int slot = local_slot(o->slot, read);
-            o->slot = slot;
-            Tensor& copy = local.values[static_cast<size_t>(slot)];
+            const auto from = t.data.begin() + o->offset;
+            o->slot = local_slot(o->slot, o->offset, read);
+            o->offset = 0;
+            Tensor& copy = local.values[static_cast<size_t>(o->slot)];
             if (!copy.data.empty()) continue;
             if (o->kind == Kind::full) {
                 copy.data.resize(static_cast<size_t>(R * live));
-                kernels::gather_lanes(t.data.data(), R, W, live, copy.data.data());
+                kernels::gather_lanes(&*from, R, W, live, copy.data.data());
             } else {  // a row of lanes (its live prefix), a value per row or a scalar: read as they are
-                copy.data.assign(t.data.begin(), o->kind == Kind::lanes ? t.data.begin() + live : t.data.end());
+                copy.data.assign(from, o->kind == Kind::lanes ? from + live : t.data.end());
             }
         }
         if (step.out >= 0) {
-            const int slot = local_slot(step.out, stored);
+            const int slot = local_slot(step.out, 0, stored);
             local.values[static_cast<size_t>(slot)].data.resize(static_cast<size_t>(R * live));
             step.out = slot;
         }
     }
     run_elementwise(compact, local, nullptr);
-    for (const auto& [slot, from] : stored)
+    for (const auto& [slot, at, from] : stored)
         kernels::scatter_lanes(local.values[static_cast<size_t>(from)].data.data(), R, live,
                       frame.values[static_cast<size_t>(slot)].data.data(), W);
 }
@@ -144,7 +147,7 @@ void run_elementwise(const ElementwiseRun& run, Frame& frame, const std::vector<
             auto source = [&](const ElementwiseRun::Operand& o, int64_t r, int64_t* stride) -> const float* {
                 *stride = o.kind == Kind::full || o.kind == Kind::lanes ? 1 : 0;
                 if (o.step >= 0) return results[static_cast<size_t>(o.step)] + (r - r0) * W;
-                const float* d = frame.values[static_cast<size_t>(o.slot)].data.data();
+                const float* d = frame.values[static_cast<size_t>(o.slot)].data.data() + o.offset;
                 switch (o.kind) {
                     case Kind::full: return d + r * W;
                     case Kind::lanes: return d;

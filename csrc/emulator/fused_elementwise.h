@@ -23,6 +23,7 @@ struct ElementwiseRun {
         Kind kind = Kind::full;
         int slot = -1;   // the frame value it reads, or
         int step = -1;   // (>= 0) an earlier step of the run whose row it reads
+        int64_t offset = 0;  // where in the slot's data it starts (a channel slice of a lane block, lane_blocks.h)
     };
     struct Step {
         Fn fn = Fn::add;

@@ -766,7 +766,7 @@ void pack_lane_tiles(const Kernels& k, const float* x, int64_t S, int64_t cin, i
 // also takes fp16 panels in 2+ lane tiles of kConvSequentialLanes lanes or more (widens_in_tile), whose
 // first tile widens each slice for the others.
 template <typename PanelAt>
-void conv_panels(const Kernels& k, const PanelAt& panel_at, int64_t count, int64_t cin, XView x, int64_t S,
+void conv_panels(const Kernels& k, const PanelAt& panel_at, int64_t count, int64_t cin, XView x, int64_t out_stride,
                  int64_t lanes, float* out, int64_t rows, bool round) {
     thread_local std::vector<float> acc_buffer, weight_buffer;
     const int64_t panel_acc = lanes * kConvPanel;
@@ -825,7 +825,7 @@ void conv_panels(const Kernels& k, const PanelAt& panel_at, int64_t count, int64
         scale_outputs(panel, panel_at(g).second.after, lanes, kConvPanel);
         if (round) k.round_fp16(panel, static_cast<size_t>(panel_acc));
         for (int64_t j = 0; j < std::min(kConvPanel, rows - g * kConvPanel); ++j)
-            for (int64_t s = 0; s < lanes; ++s) out[(g * kConvPanel + j) * S + s] = panel[s * kConvPanel + j];
+            for (int64_t s = 0; s < lanes; ++s) out[(g * kConvPanel + j) * out_stride + s] = panel[s * kConvPanel + j];
     }
 }
 
@@ -833,8 +833,8 @@ void conv_panels(const Kernels& k, const PanelAt& panel_at, int64_t count, int64
 // first `lanes` lanes, written to out rows: conv_panels' converting path with the pair tile. Each
 // output sums exactly as conv_panels' would.
 template <typename W>
-void conv_pair(const Kernels& k, const W* w, PanelScales scales, int64_t cin, XView x, int64_t S, int64_t lanes,
-               float* out, int64_t rows, bool round) {
+void conv_pair(const Kernels& k, const W* w, PanelScales scales, int64_t cin, XView x, int64_t out_stride,
+               int64_t lanes, float* out, int64_t rows, bool round) {
     constexpr int64_t P = 2 * kConvPanel;
     const float* scale = scales.inside;
     thread_local std::vector<float> acc_buffer, weight_buffer;
@@ -858,7 +858,7 @@ void conv_pair(const Kernels& k, const W* w, PanelScales scales, int64_t cin, XV
     scale_outputs(acc, scales.after, lanes, P);  // the pair's 32 scales are contiguous
     if (round) k.round_fp16(acc, static_cast<size_t>(lanes * P));
     for (int64_t j = 0; j < rows; ++j)
-        for (int64_t s = 0; s < lanes; ++s) out[j * S + s] = acc[s * P + j];
+        for (int64_t s = 0; s < lanes; ++s) out[j * out_stride + s] = acc[s * P + j];
 }
 
 }  // namespace
@@ -1074,7 +1074,8 @@ PanelScales panel_scales(const PackedConv1x1I8& w, int64_t o0) {
 
 // conv1x1 of either packed weight type: the same jobs, tiles and summation order for both.
 template <typename Packed>
-void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16) {
+void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, float* out, int64_t out_stride,
+                    bool round_fp16) {
     const int64_t panels = ceil_div(w.cout, kConvPanel);
     if (w.cout < 0 || w.cin < 0 || static_cast<int64_t>(w.data.size()) != panels * panel_size(w))
         throw std::invalid_argument("conv1x1: weight is not a packed [cout, cin] conv weight");
@@ -1091,8 +1092,8 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
         float* xc = scratch(compact_x, static_cast<size_t>(w.cin * lanes));
         float* oc = scratch(compact_out, static_cast<size_t>(panels * kConvPanel * lanes));
         gather_lanes(x, w.cin, S, lanes, xc);
-        conv1x1_packed(w, xc, lanes, lanes, oc, round_fp16);
-        scatter_lanes(oc, w.cout, lanes, out, S);
+        conv1x1_packed(w, xc, lanes, lanes, oc, lanes, round_fp16);
+        scatter_lanes(oc, w.cout, lanes, out, out_stride);
         return;
     }
     // Long rows are cut into balanced chunks of about kConvLaneChunk lanes (each >= 18, so every
@@ -1124,7 +1125,7 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
                          const int64_t o0 = p * kConvPanel;
                          const int64_t s0 = chunks == 1 ? 0 : chunk_start(c), n = chunks == 1 ? lanes : chunk_start(c + 1) - s0;
                          const int64_t count = std::min(per_job, panels - p);
-                         float* job_out = out + o0 * S + s0;
+                         float* job_out = out + o0 * out_stride + s0;
                          if constexpr (low_bit) {
                              QPanel group[kConvGroup];
                              for (int64_t g = 0; g < count; ++g) {
@@ -1132,16 +1133,16 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
                                  group[g].call = call;
                              }
                              conv_panels(k, [&](int64_t g) { return std::pair{QRows{&group[g], 0}, PanelScales{}}; },
-                                         count, w.cin, xv.from(s0), S, n, job_out, w.cout - o0, round_fp16);
+                                         count, w.cin, xv.from(s0), out_stride, n, job_out, w.cout - o0, round_fp16);
                          } else {
                              const auto* panel = w.data.data() + o0 * w.cin;
                              if (pairs && count == 2)
-                                 conv_pair(k, panel, panel_scales(w, o0), w.cin, xv.from(s0), S, n, job_out,
+                                 conv_pair(k, panel, panel_scales(w, o0), w.cin, xv.from(s0), out_stride, n, job_out,
                                            std::min(2 * kConvPanel, w.cout - o0), round_fp16);
                              else
                                  conv_panels(k, [&](int64_t g) {
                                      return std::pair{panel + g * w.cin * kConvPanel, panel_scales(w, o0 + g * kConvPanel)};
-                                 }, count, w.cin, xv.from(s0), S, n, job_out, w.cout - o0, round_fp16);
+                                 }, count, w.cin, xv.from(s0), out_stride, n, job_out, w.cout - o0, round_fp16);
                          }
                      }
                  });
@@ -1218,11 +1219,13 @@ std::pair<int64_t, int64_t> shared_conv1x1_usage() {
     return {count, bytes};
 }
 
-void conv1x1(const PackedConv1x1& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16) {
-    conv1x1_packed(w, x, S, lanes, out, round_fp16);
+void conv1x1(const PackedConv1x1& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16,
+             int64_t out_stride) {
+    conv1x1_packed(w, x, S, lanes, out, out_stride > 0 ? out_stride : S, round_fp16);
 }
 
-void conv1x1(const PackedConv1x1Q& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16) {
+void conv1x1(const PackedConv1x1Q& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16,
+             int64_t out_stride) {
     const int64_t panels = ceil_div(w.cout, kConvPanel);
     const bool lut = w.kind != PackedConv1x1Q::Kind::affine4;
     const bool lut_ok = w.lut_bytes.empty()
@@ -1233,13 +1236,14 @@ void conv1x1(const PackedConv1x1Q& w, const float* x, int64_t S, int64_t lanes, 
                   static_cast<int64_t>(w.channel_major ? w.channel_params.size() : w.params.size()) !=
                       panels * (w.cin >> w.block_shift) * 2 * kConvPanel)))
         throw std::invalid_argument("conv1x1: low-bit weight without its LUTs or block parameters");
-    conv1x1_packed(w, x, S, lanes, out, round_fp16);
+    conv1x1_packed(w, x, S, lanes, out, out_stride > 0 ? out_stride : S, round_fp16);
 }
 
-void conv1x1(const PackedConv1x1I8& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16) {
+void conv1x1(const PackedConv1x1I8& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16,
+             int64_t out_stride) {
     if (static_cast<int64_t>(w.scale.size()) != ceil_div(w.cout, kConvPanel) * kConvPanel)
         throw std::invalid_argument("conv1x1: int8 weight without one scale per (padded) output channel");
-    conv1x1_packed(w, x, S, lanes, out, round_fp16);
+    conv1x1_packed(w, x, S, lanes, out, out_stride > 0 ? out_stride : S, round_fp16);
 }
 
 const char* simd_path() { return active().name; }

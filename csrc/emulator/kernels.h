@@ -202,13 +202,18 @@ std::shared_ptr<const PackedConv1x1Q> shared_conv1x1_q(PackedConv1x1Q packed);
 
 // out[o*S + s] = sum_c W[o][c] * x[c*S + s] for s < lanes (fp32 accumulation); the first `lanes`
 // lanes of each output row are written (rounded to fp16 when round_fp16 is set), the others are
-// left untouched. x is [cin][S], out is [cout][S], both channel-major fp32.
-void conv1x1(const PackedConv1x1& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16);
+// left untouched. x is [cin][S], out is [cout][S], both channel-major fp32. `out_stride` > 0: out's rows
+// are that far apart instead (a lane block of wider rows written to rows of its own width, or back):
+// the sums depend only on `lanes`, not on either stride.
+void conv1x1(const PackedConv1x1& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16,
+             int64_t out_stride = 0);
 // The same with int8 weights: equal, bit for bit, to conv1x1 of the fp16 weight q * scale[o].
-void conv1x1(const PackedConv1x1I8& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16);
+void conv1x1(const PackedConv1x1I8& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16,
+             int64_t out_stride = 0);
 // The same with 4- or 6-bit weights: equal, bit for bit, to conv1x1 of the fp16 weight they stand for
 // (AVX2 int4 and per-channel lut4 on up to 12 lanes: within the fp16 rounding of those weights, see PackedConv1x1Q).
-void conv1x1(const PackedConv1x1Q& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16);
+void conv1x1(const PackedConv1x1Q& w, const float* x, int64_t S, int64_t lanes, float* out, bool round_fp16,
+             int64_t out_stride = 0);
 
 // C[m][n] = sum_k A(m,k) * B(k,n), with A(m,k) = a[m*a_rs + k*a_cs] and B(k,n) = b[k*b_rs + n*b_cs]
 // (strides express transposes), C row-major with row stride c_rs; fp32 accumulation, rounded to

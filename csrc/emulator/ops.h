@@ -132,12 +132,19 @@ private:
     bool plan_only_;
 };
 
+// A pointwise conv over one block of lanes of its [1, C, 1, S] operand (lane_blocks.h): out[o*out_stride + s]
+// for s < lanes from x[c*x_stride + s], each value computed as the op's kernel computes it.
+using LaneBlockKernel = std::function<void(const float* x, int64_t x_stride, float* out, int64_t out_stride,
+                                           int64_t lanes)>;
+
 struct BuiltOp {
     Kernel kernel;
     int view_of = -1;  // >= 0: no kernel, the output is a view of this slot's data (same order)
     double scratch_bytes = 0;  // plan step: memory the kernel step holds besides the frame (tables, copies)
     // plan step of a constexpr op: its output's compile-time value (ValueInfo::compressed)
     std::shared_ptr<const CompressedConst> compressed;
+    // kernel step of a 1x1 conv of one image with one row per channel ([1, C, 1, S]): its lane-block form
+    LaneBlockKernel lane_block;
 };
 
 using OpBuilder = BuiltOp (*)(OpContext&);

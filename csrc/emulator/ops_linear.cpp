@@ -118,8 +118,20 @@ BuiltOp build_conv(OpContext& ctx) {
     };
     const bool pointwise = g.kh == 1 && g.kw == 1 && g.groups == 1 && g.sh == 1 && g.sw == 1 && g.pt == 0 && g.pb == 0 &&
                            g.pl == 0 && g.pr == 0;
-    // The pointwise kernel over a packed weight (fp16 or int8: the same sums, bit for bit).
+    // The pointwise kernel over a packed weight (fp16 or int8: the same sums, bit for bit), with its lane-block
+    // form when the lanes are independent (one image, H = 1): conv1x1 sums each lane alike for any strides, and
+    // the bias is added and the sum rounded once, as the whole op does.
     auto pointwise_kernel = [=](auto packed) -> BuiltOp {
+        LaneBlockKernel lane_block;
+        if (g.n == 1 && g.h == 1)
+            lane_block = [=](const float* in, int64_t in_stride, float* c, int64_t c_stride, int64_t lanes) {
+                kernels::conv1x1(*packed, in, in_stride, lanes, c, round && bias.empty(), c_stride);
+                for (int64_t oc = 0; oc < g.cout && !bias.empty(); ++oc) {
+                    float* row = c + oc * c_stride;
+                    for (int64_t s = 0; s < lanes; ++s) row[s] += bias[static_cast<size_t>(oc)];
+                    if (round) kernels::round_fp16(row, static_cast<size_t>(lanes));
+                }
+            };
         return {[=](Frame& fr) {
                     const int64_t S = g.h * g.w;
                     const Tensor& in = fr.values[x];
@@ -133,7 +145,7 @@ BuiltOp build_conv(OpContext& ctx) {
                         add_bias(c);
                     }
                     if (!bias.empty()) finish(out);
-                }};
+                }, -1, 0, nullptr, std::move(lane_block)};
     };
     if (pointwise) {
         if (const CompressedConst* a = ctx.compressed("weight")) {

@@ -91,26 +91,30 @@ def evaluate(program: orion.Program, lowered, x: np.ndarray, live: int | None) -
     return {name.split("_")[-1]: surface.read().reshape(-1, s)[:, :live or s] for name, surface in outs.items()}
 
 
+def blocks_match(g, x: np.ndarray, live: int | None, ref: dict[str, np.ndarray]) -> None:
+    """``g``'s outputs y, q, k, v (its lane-blocked chains) equal its twin's (the ops apart) bit for bit, and
+    ``ref`` (float64) within 2% of each output's largest value, over the ``live`` lanes (None: all)."""
+    fused, twin, lowered = fused_and_twin(g)
+    got, want = evaluate(fused, lowered, x, live), evaluate(twin, lowered, x, live)
+    assert set(got) == {"y", "q", "k", "v"}
+    for name in got:
+        np.testing.assert_array_equal(got[name].view(np.uint16), want[name].view(np.uint16), err_msg=name)
+        want64 = ref[name][:, :live or x.shape[-1]]
+        np.testing.assert_allclose(got[name].astype(np.float64), want64, atol=2e-2 * np.abs(want64).max(), err_msg=name)
+
+
 # 1024: four blocks of 256; 1000 live: four of 250; 600: three of 200; 257: two of 128/129; 100 and 3: one block
 @pytest.mark.parametrize("live", [None, 1000, 600, 257, 100, 3])
 def test_a_gpt2_mlp_and_qkv_in_lane_blocks_are_their_ops_bit_for_bit(profiling, live) -> None:
     rng = np.random.default_rng(live or 0)
     c, s = 64, 1024
     g, w = gpt2_mlp(c, s, rng, qkv=True)
-    fused, twin, lowered = fused_and_twin(g)
     x = rng.standard_normal((1, c, 1, s)).astype(np.float16)
-    got, want = evaluate(fused, lowered, x, live), evaluate(twin, lowered, x, live)
-    assert set(got) == {"y", "q", "k", "v"}
-    for name in got:
-        np.testing.assert_array_equal(got[name].view(np.uint16), want[name].view(np.uint16), err_msg=name)
+    blocks_match(g, x, live, gpt2_reference(x, w))
     rows = profile.snapshot()
     assert sum(r.calls for r in rows if r.op == BLOCKED) == 2, rows  # the MLP and the projection; the twin has none
     assert not [r for r in rows if r.op.endswith(RAN_ITS_OPS)], rows
     assert not [r for r in rows if r.op == "conv" and r.program == next(r.program for r in rows if r.op == BLOCKED)]
-    ref = gpt2_reference(x, w)
-    for name in got:
-        want64 = ref[name][:, :live or s]
-        np.testing.assert_allclose(got[name].astype(np.float64), want64, atol=2e-2 * np.abs(want64).max(), err_msg=name)
 
 
 @pytest.mark.parametrize("live", [None, 990, 300, 17])
@@ -119,17 +123,9 @@ def test_a_llama_mlp_and_a_cut_projection_in_lane_blocks_are_their_ops_bit_for_b
     rng = np.random.default_rng(live or 1)
     c, h, s = 64, 96, 1024
     g, w = llama_mlp_and_qkv(c, h, s, rng)
-    fused, twin, lowered = fused_and_twin(g)
     x = rng.standard_normal((1, c, 1, s)).astype(np.float16)
-    got, want = evaluate(fused, lowered, x, live), evaluate(twin, lowered, x, live)
-    assert set(got) == {"y", "q", "k", "v"}
-    for name in got:
-        np.testing.assert_array_equal(got[name].view(np.uint16), want[name].view(np.uint16), err_msg=name)
+    blocks_match(g, x, live, llama_reference(x, w))
     assert sum(r.calls for r in profile.snapshot() if r.op == BLOCKED) == 2  # the MLP and the projection
-    ref = llama_reference(x, w)
-    for name in got:
-        want64 = ref[name][:, :live or s]
-        np.testing.assert_allclose(got[name].astype(np.float64), want64, atol=2e-2 * np.abs(want64).max(), err_msg=name)
 
 
 def test_a_conv_ending_one_chain_starts_none(profiling) -> None:

@@ -114,9 +114,8 @@ bool ChainFinder::private_results(const StepList& steps, const Step* out) const 
 
 const Step* ChainFinder::sole_reader(int id) const {
     if (reads(id) != 1) return nullptr;
-    for (const auto& step : model_.steps_)
-        if (std::find(step.arg_ids.begin(), step.arg_ids.end(), id) != step.arg_ids.end()) return &step;
-    return nullptr;
+    const StepList found = readers_of(id);
+    return found.empty() ? nullptr : found.front();
 }
 
 const Step* ChainFinder::private_producer(int id, const char* op) const {
@@ -692,11 +691,8 @@ ChainsByStep<LaneBlockChain> ChainFinder::lane_block_chains(const ElementwiseRun
         std::map<int, int> reads_inside;
         for (const Step* step : chain.steps)
             for (int id : step->arg_ids) ++reads_inside[id];
-        for (const Step* step : chain.steps) {
-            const bool sink = step == chain.down || std::any_of(chain.outputs.begin(), chain.outputs.end(),
-                                                                [&](const auto& o) { return o.first == step; });
-            fits = fits && (sink || reads(step->out) == reads_inside[step->out]) && !found.count(step);
-        }
+        for (const Step* step : chain.steps)
+            fits = fits && (chain.sink(step) || reads(step->out) == reads_inside[step->out]) && !found.count(step);
         if (!fits) continue;
         std::sort(chain.steps.begin(), chain.steps.end());  // program order: steps_ is a vector
         for (const Step* step : chain.steps) found[step] = chain;

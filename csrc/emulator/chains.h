@@ -5,6 +5,7 @@
 // rotary.h, packed_outputs.h and fused_elementwise.h.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -86,6 +87,10 @@ struct LaneBlockChain {
     std::map<int, int64_t> slices;  // channel slices of up's result the run reads: value id -> first channel
     const Step* down = nullptr;     // the second conv, or null: then the outputs are
     std::vector<std::pair<const Step*, int64_t>> outputs;  // channel slices of the result: (step, first channel)
+    // Whether `step` is a sink (the second conv or an output slice): its result is read outside the chain.
+    bool sink(const Step* step) const {
+        return step == down || std::any_of(outputs.begin(), outputs.end(), [&](const auto& o) { return o.first == step; });
+    }
 };
 
 // An output the I/O padding writes as add(all-+0 const, value repeated along the output's leading

@@ -705,11 +705,8 @@ private:
     // A lane-blocked chain's results but its sinks' (the second conv's, or the output slices'): what only it reads.
     static std::vector<int> internal_results(const LaneBlockChain& chain) {
         std::vector<int> results;
-        for (const Step* step : chain.steps) {
-            const bool output = std::any_of(chain.outputs.begin(), chain.outputs.end(),
-                                            [&](const auto& o) { return o.first == step; });
-            if (step != chain.down && !output) results.push_back(step->out);
-        }
+        for (const Step* step : chain.steps)
+            if (!chain.sink(step)) results.push_back(step->out);
         return results;
     }
 

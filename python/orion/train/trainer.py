@@ -166,16 +166,12 @@ def base_importance(model: str | os.PathLike | GPT2Config | LlamaConfig, seed: i
     if path is None:
         return None
     found = importance.read(path)
-    if _is_model_directory(model):
-        model_type = json.loads((Path(model) / "config.json").read_text()).get("model_type")
-        config, weights = family(model_type, str(Path(model) / "config.json")).weights.load_hf(Path(model))
-    elif isinstance(model, str) and model in SHAPES or isinstance(model, (GPT2Config, LlamaConfig)):
-        config = SHAPES[model] if isinstance(model, str) else model
-        weights = family_of(config).weights.random_weights(config, seed=seed)
-    else:
+    base = _base_weights(model, seed)
+    if base is None:
         raise TrainError(f"imatrix with the base {model!r}: a trainer checkpoint's weights are not those an "
                          "importance matrix is collected on. Fix: merge it into a model directory (python -m orion "
                          "lora merge) and collect one on that (python -m orion imatrix)")
+    config, weights, _ = base
     found.check(config, weights)
     return found
 
@@ -191,15 +187,25 @@ def load_model(model: str | os.PathLike | GPT2Config | LlamaConfig, seed: int = 
 
 def _load_model(model: str | os.PathLike | GPT2Config | LlamaConfig, seed: int
                 ) -> tuple[TrainableModel, dict[str, np.ndarray], dict[str, Any]]:
+    base = _base_weights(model, seed)
+    if base is None:
+        return _checkpoint_model(_checkpoint_manifest(Path(model)))  # type: ignore[arg-type]
+    config, weights, origin = base
+    trainable = _trainable(config)
+    return trainable, trainable.params(weights), {"config": _config_dict(config), "origin": origin}
+
+
+def _base_weights(model: str | os.PathLike | GPT2Config | LlamaConfig, seed: int) -> tuple[Any, Any, str] | None:
+    """``(config, weights as loaded, origin)`` of a shape name or config (random weights from ``seed``) or a model
+    directory; None for a trainer checkpoint."""
     if isinstance(model, str) and model in SHAPES:
         config, origin = SHAPES[model], f"random {model}, seed {seed}"
     elif not isinstance(model, (str, os.PathLike)):
         config, origin = model, f"random, seed {seed}"
     else:
         path = Path(model)
-        manifest = _checkpoint_manifest(path)
-        if manifest is not None:
-            return _checkpoint_model(manifest)
+        if _checkpoint_manifest(path) is not None:
+            return None
         if not path.is_dir():
             raise TrainError(f"model {model!r} is neither a shape ({', '.join(SHAPES)}), a model config, a model "
                              "directory nor a trainer checkpoint. Fix: name a shape or pass a Hugging Face model "
@@ -212,11 +218,8 @@ def _load_model(model: str | os.PathLike | GPT2Config | LlamaConfig, seed: int
             config, weights = family(model_type, str(path / "config.json")).weights.load_hf(path)
         except UnknownModel as exc:
             raise TrainError(f"{exc}; the trainer trains every model type Orion runs") from None
-        trainable = _trainable(config)
-        return trainable, trainable.params(weights), {"config": _config_dict(config), "origin": str(path.resolve())}
-    trainable = _trainable(config)
-    params = trainable.params(family_of(config).weights.random_weights(config, seed=seed))
-    return trainable, params, {"config": _config_dict(config), "origin": origin}
+        return config, weights, str(path.resolve())
+    return config, _family(config).weights.random_weights(config, seed=seed), origin
 
 
 def _is_model_directory(model: str | os.PathLike | GPT2Config | LlamaConfig) -> bool:
@@ -264,8 +267,13 @@ def _checkpoint_model(manifest: Path) -> tuple[TrainableModel, dict[str, np.ndar
 
 def _trainable(config: Any) -> TrainableModel:
     """The registered family's trainable of ``config``."""
+    return _family(config).trainable(config)
+
+
+def _family(config: Any) -> Any:
+    """The registered family of ``config`` (a TrainError for none)."""
     try:
-        return family_of(config).trainable(config)
+        return family_of(config)
     except UnknownModel as exc:
         raise TrainError(f"model {config!r}: {exc}") from None
 

@@ -39,6 +39,10 @@ and a later program baking the same values (a prefill bucket after the decode pr
 queued for writing, or once stored the blob itself (checked as a read entry's blobs are): each weight is
 serialized, hashed, checksummed and written once per process.
 
+A checkpoint file stored in a form a model cannot map as it is (BF16 safetensors) has its converted copy in
+``converted/<file digest>.<suffix>`` (:func:`converted_file`): a start maps the copy instead of converting the
+file into memory again. Copies are evicted with the entries, least recently used first.
+
 The cache has a size cap, ``ORION_CACHE_MAX_SIZE`` (bytes, or with a K/M/G suffix; default
 :data:`DEFAULT_MAX_SIZE`): when a new entry takes it over the cap (the cache is walked once per process,
 then counted up by what the process adds), the least recently used entries are removed until it
@@ -86,6 +90,7 @@ _COMPILER_PARTS = ("compiler.py", "ops", "graph", "legalize", "passes", "emit.py
 MANIFEST = "manifest.json"
 BLOBS = "blobs"
 PANELS = "panels"  # files of packed conv panels (compile_cached)
+CONVERTED = "converted"  # converted copies of checkpoint files (converted_file)
 FILES = "files"  # _by_identity's memo: one small file per (kind, file version): checkpoint digests, blob CRCs
 FORMAT = 2  # the entry layout: 2 = weight files as shared blobs
 DEFAULT_MAX_SIZE = 8 << 30
@@ -579,6 +584,38 @@ def compile_cached(lowered: Lowered, **options) -> CompiledGraph:
 _STORED: dict[Path, int] = {}  # per cache directory: its stored bytes as of this process's last count, plus what it added
 
 
+def converted_file(digest: str, suffix: str, size: int, write: Callable[[BinaryIO], None],
+                   valid: Callable[[Path], bool]) -> Path | None:
+    """The cache's converted copy of a checkpoint file, ``converted/<digest>.<suffix>`` (``digest``: a name its
+    bytes alone determine, from the source file's digest and the conversion), written by ``write`` (``size``
+    bytes, to a temporary file renamed into place) unless there and ``valid`` (a copy that is not is written
+    again, with a one-line warning), its time then refreshed as a use stamp. None when caching is off, the
+    cache cannot be written or the copy would take over half of its cap (the caller converts in memory)."""
+    root = cache_dir()
+    if root is None or size > max_size() // 2:
+        return None
+    path = root / CONVERTED / f"{digest}.{suffix}"
+    try:
+        if path.is_file():
+            if valid(path):
+                os.utime(path)
+                return path
+            print(f"orion: {path}: damaged converted copy; converting again", file=sys.stderr)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                write(out)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        _keep_under_cap(root, path.stat().st_size)
+    except OSError:
+        return None
+    return path if valid(path) else None
+
+
 def _keep_under_cap(root: Path, added: int) -> None:
     """After storing an entry of ``added`` new bytes: evict (``enforce_cap``) when the cache may exceed
     :func:`max_size`. The cache is walked once per process and after each eviction, not after every entry
@@ -713,6 +750,16 @@ def _entries(root: Path) -> list[Path]:
     return [p for p in root.iterdir() if p.is_dir() and (p / MANIFEST).is_file() and not p.name.startswith(".")]
 
 
+def _converted(root: Path) -> list[Path]:
+    folder = root / CONVERTED
+    return [p for p in folder.iterdir() if not p.name.startswith(".")] if folder.is_dir() else []
+
+
+def _last_use(item: Path) -> float:
+    """An entry's (its manifest's) or a converted copy's modification time: a use stamp."""
+    return (item / MANIFEST if item.is_dir() else item).stat().st_mtime
+
+
 def _references(entry: Path) -> set[str]:
     try:
         return {ref["blob"] for ref in json.loads((entry / MANIFEST).read_text()).get("weights", {}).values()}
@@ -742,17 +789,19 @@ def _stored_bytes(root: Path) -> int:
 
 
 def usage(root: Path | None = None) -> dict[str, int]:
-    """``{"entries", "blobs", "bytes"}`` of the cache (zeros when it is off or empty)."""
+    """``{"entries", "blobs", "converted", "bytes"}`` of the cache (zeros when it is off or empty)."""
     root = cache_dir() if root is None else root
     if root is None or not root.is_dir():
-        return {"entries": 0, "blobs": 0, "bytes": 0}
+        return {"entries": 0, "blobs": 0, "converted": 0, "bytes": 0}
     blobs = [b for b in (root / BLOBS).iterdir()] if (root / BLOBS).is_dir() else []
-    return {"entries": len(_entries(root)), "blobs": len(blobs), "bytes": _stored_bytes(root)}
+    return {"entries": len(_entries(root)), "blobs": len(blobs), "converted": len(_converted(root)),
+            "bytes": _stored_bytes(root)}
 
 
 def enforce_cap(root: Path, cap: int) -> None:
-    """Remove least recently used entries until the cache fits ``cap``, then unreferenced blobs."""
-    entries = sorted(_entries(root), key=lambda e: (e / MANIFEST).stat().st_mtime)
+    """Remove least recently used entries and converted copies until the cache fits ``cap``, then unreferenced
+    blobs."""
+    entries = sorted(_entries(root) + _converted(root), key=_last_use)
     refs = {e: _references(e) for e in entries}
     blob_dir = root / BLOBS
     total = _stored_bytes(root)
@@ -766,7 +815,10 @@ def enforce_cap(root: Path, cap: int) -> None:
         if total <= cap:
             break
         total -= _size(entry)
-        shutil.rmtree(entry, ignore_errors=True)
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
         for name in refs[entry]:
             count[name] -= 1
             if count[name] == 0 and (blob_dir / name).is_file():
@@ -795,7 +847,7 @@ def clear(root: Path | None = None) -> int:
     flush()  # no file of panels lands after the clear
     freed = 0
     for path in root.iterdir():
-        if path.name in (BLOBS, PANELS, FILES) or path.name.startswith(".tmp-") or (path / MANIFEST).is_file():
+        if path.name in (BLOBS, PANELS, CONVERTED, FILES) or path.name.startswith(".tmp-") or (path / MANIFEST).is_file():
             freed += _size(path)
             shutil.rmtree(path, ignore_errors=True)
     _PANEL_NAMES.pop(root, None)
@@ -814,7 +866,8 @@ def main(action: str) -> int:
         return 0
     u = usage(root)
     print(f"program cache:   {root} (ORION_CACHE_DIR)")
-    print(f"entries:         {u['entries']} programs, {u['blobs']} weight files stored once by content")
+    print(f"entries:         {u['entries']} programs, {u['blobs']} weight files stored once by content, "
+          f"{u['converted']} converted checkpoint files")
     print(f"size:            {u['bytes'] / 1e6:.1f} MB of a {max_size() / 1e6:.0f} MB cap (ORION_CACHE_MAX_SIZE; "
           f"least recently used entries go first)")
     return 0

@@ -220,3 +220,40 @@ def test_a_gguf_file_the_parser_leaves_alone_is_read_by_the_package(tmp_path) ->
     path.write_bytes(b"GGUF" + (1).to_bytes(4, "little") + bytes(16))
     with pytest.raises(GGUFError, match="not a readable GGUF file"):
         models.load(path, progress=False)
+
+
+@pytest.mark.parametrize("family, qtype", [("llama", "Q4_1"), ("qwen2", "F16"), ("gpt2", "Q8_0")])
+def test_a_gguf_is_dequantized_once_into_a_copy_that_later_starts_map(tmp_path, monkeypatch, capsys, family,
+                                                                      qtype) -> None:
+    """With the program cache on, the first load writes every tensor dequantized (llama's q/k rows already in
+    rotate-half order) to a float32 copy; a later start maps it and dequantizes only the rows that check it. The
+    weights are views of the copy, and logits are bit for bit those of the cache-off load, which dequantizes
+    each tensor into memory. A damaged copy is written again with one warning."""
+    import gguf
+
+    from orion.models.gguf import _parsed
+
+    path = write_gguf(hf_model(tmp_path, family), tmp_path / f"{family}-{qtype}.gguf", qtype)
+    in_memory = models.load(path, progress=False)
+    want = in_memory.logits(IDS)
+    assert in_memory.weights.source is None
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path / "cache"))
+    dequantized = []
+    real = gguf.quants.dequantize
+    monkeypatch.setattr(gguf.quants, "dequantize", lambda data, kind: dequantized.append(data.size) or real(data, kind))
+    total = sum(t.data.size for t in models.gguf.open_gguf(path).tensors.values())
+    for start in ("cold", "warm", "damaged"):
+        _parsed.cache_clear()  # as a new process
+        dequantized.clear()
+        if start == "damaged":
+            (copy,) = (tmp_path / "cache" / "converted").iterdir()
+            copy.write_bytes(copy.read_bytes()[:-4] + bytes(4))  # in the last row of the last tensor
+        model = models.load(path, progress=False)
+        np.testing.assert_array_equal(model.logits(IDS), want, err_msg=start)
+        mapped = model.weights.source.files[0]
+        assert all(mapped.offset_of(a) is not None and a.dtype == np.float32 for _, a in model.weights.arrays())
+        if start == "warm":
+            assert sum(dequantized) < 0.2 * total, (sum(dequantized), total)  # sampled rows only
+        else:
+            assert sum(dequantized) >= total
+        assert capsys.readouterr().err.count("damaged converted copy") == (start == "damaged")

@@ -5,9 +5,11 @@ checkpoints, and the content hash that identifies a model's weights in the progr
 Loaded weights keep the precision the file stores and are not copied when it is F32 or F16: each
 array is a read-only float32 or float16 view of the file's map, so only the pages something reads
 are in memory, and :meth:`WeightsSource.release_pages` drops them again after the programs are
-built (which hold their own fp16 copy: the only resident one). BF16 tensors are converted once to
-float16 arrays (one converted copy; bf16 values in fp16's normal range are exact in fp16, and the
-programs compute in fp16 anyway), F64 ones to float32. Rows of a table looked up a few at a
+built (which hold their own fp16 copy: the only resident one). A file with BF16 (or F64) tensors is converted
+once, BF16 to F16 (bf16 values in fp16's normal range are exact in fp16, and the programs compute in fp16
+anyway) and F64 to F32, into a copy in the program cache (``program_cache.converted_file``), whose map then
+serves as an F16 file's does: a start maps it instead of converting again, and its pages are dropped as a map's
+are. With the cache off (or not writable) the tensors are converted into memory. Rows of a table looked up a few at a
 time (a token embedding) are read from the file (:func:`table_rows`), not through the map: a
 mapped page counts in the process's memory once touched, and this kernel maps a whole large folio
 (about 2 MiB) per touch, so a lookup of 1,000 tokens would make the whole table resident. While a model's arrays are still
@@ -23,9 +25,11 @@ import os
 import struct
 import sys
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -43,11 +47,18 @@ PROGRESS_MIN_BYTES = 64 << 20  # with progress=None, report only for files at le
 WEIGHT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))  # what a model's weight arrays may be
 
 
+# Safetensors dtypes a model reads converted, and what to; F32 and F16 are mapped as they are (little-endian).
+CONVERTED_DTYPES = {"BF16": "F16", "F64": "F32"}
+COPY_VERSION = 1  # the layout of converted copies (_copy_layout)
+
+
 class MappedSafetensors:
     """A safetensors file mapped read-only; ``array(name)`` gives one tensor at its stored precision
-    (a view of the map), ``float32(name)`` as a float32 array."""
+    (a view of the map), ``float32(name)`` as a float32 array. ``copy``: the map of the file's converted copy
+    (``convert`` and a BF16 or F64 tensor in it, a little-endian machine and the cache on), where ``array``
+    reads the converted tensors."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, convert: bool = True) -> None:
         self.path = path
         self.file = path.open("rb")  # kept open: the file as mapped, even if its name is replaced later
         weakref.finalize(self, self.file.close)  # closed with this object (no ResourceWarning whenever it is collected)
@@ -56,6 +67,15 @@ class MappedSafetensors:
         self.header = json.loads(self.map[8:8 + header_len])
         self.data_start = 8 + header_len
         self.address = np.frombuffer(self.map, dtype=np.uint8, count=1).ctypes.data  # where the map starts
+        self.digest: str | None = None  # what names this file's bytes when known without hashing it (a copy's)
+        self.copy: MappedSafetensors | None = None
+        if convert and sys.byteorder == "little" and any(
+                e["dtype"] in CONVERTED_DTYPES for n, e in self.header.items() if n != "__metadata__"):
+            self.copy = _converted_copy(self)
+
+    def views(self) -> list[MappedSafetensors]:
+        """The maps arrays of this file may view: its own, and its converted copy's."""
+        return [self] if self.copy is None else [self, self.copy]
 
     def offset_of(self, array: np.ndarray) -> int | None:
         """The file offset of ``array``'s first byte when it is a C-contiguous view of this map, else None."""
@@ -66,31 +86,27 @@ class MappedSafetensors:
 
     def array(self, name: str) -> np.ndarray:
         """Tensor ``name`` as a read-only array of a :data:`WEIGHT_DTYPES` type: a view of the map when
-        stored as F32 or F16 (on a little-endian machine), else converted (BF16 to float16, F64 to float32)."""
+        stored as F32 or F16 (on a little-endian machine), else of the converted copy's, else converted
+        (BF16 to float16, F64 to float32)."""
         entry = self.header[name]
         if entry["dtype"] in ("F32", "F16") and sys.byteorder == "little":
-            start, end = entry["data_offsets"]
-            dtype = np.dtype(np.float32 if entry["dtype"] == "F32" else np.float16)
-            array = np.frombuffer(self.map, dtype=dtype, count=(end - start) // dtype.itemsize,
-                                  offset=self.data_start + start).reshape(entry["shape"])
-            origins.record(array, f"{self.path.name}: tensor {name!r}")
-            return array
-        wide = self.float32(name)
-        array = wide.astype(np.float16) if entry["dtype"] == "BF16" else wide
-        array.flags.writeable = False
-        origins.record(array, f"{self.path.name}: tensor {name!r}")
+            array = self._stored(name)
+        elif self.copy is not None:
+            array = self.copy.array(name)
+        else:
+            array = _converted(self._stored(name), entry["dtype"])
+            array.flags.writeable = False
+        array = array.reshape(entry["shape"])
+        origins.record(array, f"{self.path.name}: tensor {name!r}")  # errors about its values name it
         return array
 
     def float32(self, name: str) -> np.ndarray:
         """Tensor ``name`` as a read-only float32 array: a view of the map when stored as F32 (on a
         little-endian machine), else converted (F16, F64; BF16 widened without a bfloat16 dtype)."""
         entry = self.header[name]
-        start, end = entry["data_offsets"]
-        stored = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "BF16": "<u2"}[entry["dtype"]]
-        raw = np.frombuffer(self.map, dtype=stored, count=(end - start) // int(stored[-1]),
-                            offset=self.data_start + start)
+        raw = self._stored(name)
         if entry["dtype"] == "BF16":
-            array = (raw.astype(np.uint32) << 16).view(np.float32)
+            array = _bf16_to_f32(raw)
         elif entry["dtype"] == "F32" and sys.byteorder == "little":
             array = raw
         else:
@@ -99,6 +115,124 @@ class MappedSafetensors:
         array.flags.writeable = False
         origins.record(array, f"{self.path.name}: tensor {name!r}")  # errors about its values name it
         return array
+
+    def _stored(self, name: str) -> np.ndarray:
+        """Tensor ``name``'s elements as stored (BF16 as uint16), flat: a view of the map."""
+        entry = self.header[name]
+        start, end = entry["data_offsets"]
+        stored = np.dtype(_STORED[entry["dtype"]])
+        return np.frombuffer(self.map, dtype=stored, count=(end - start) // stored.itemsize,
+                             offset=self.data_start + start)
+
+
+_STORED = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "BF16": "<u2"}
+
+
+def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
+    return (raw.astype(np.uint32) << 16).view(np.float32)
+
+
+def _converted(raw: np.ndarray, dtype: str) -> np.ndarray:
+    """Stored elements ``raw`` of safetensors type ``dtype`` as float16 (BF16, F16) or float32 (F64, F32). Values
+    beyond the type's range become infinite (a program baking one is refused: ANE-25)."""
+    with np.errstate(over="ignore"):
+        if dtype == "BF16":
+            return _bf16_to_f32(raw).astype(np.float16)
+        return raw.astype(np.float32 if dtype in ("F64", "F32") else np.float16)
+
+
+def copy_header(tensors: Iterable[tuple[str, str, Sequence[int]]], about: str) -> tuple[bytes, dict[str, int], int]:
+    """A safetensors header of ``tensors`` (name, dtype, shape), stored in that order: its bytes with the 8-byte
+    length before them, padded so the data starts at a multiple of 64 bytes (``about`` in its metadata), each
+    tensor's data offset and the data's size."""
+    header: dict[str, object] = {"__metadata__": {"format": "pt", "orion": about}}
+    offsets, offset = {}, 0
+    for name, dtype, shape in tensors:
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(_STORED[dtype]).itemsize
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offsets[name] = offset
+        offset += size
+    text = json.dumps(header).encode()
+    text += b" " * (-(8 + len(text)) % 64)
+    return struct.pack("<Q", len(text)) + text, offsets, offset
+
+
+def _copy_layout(f: MappedSafetensors) -> tuple[bytes, dict[str, int], int]:
+    """:func:`copy_header` of ``f``'s converted copy: BF16 stored as F16 and F64 as F32, the F32 tensors first
+    (so each is aligned for its type)."""
+    def dtype(name: str) -> str:
+        return CONVERTED_DTYPES.get(f.header[name]["dtype"], f.header[name]["dtype"])
+
+    names = sorted((n for n in f.header if n != "__metadata__"), key=lambda n: dtype(n) != "F32")
+    return copy_header(((n, dtype(n), f.header[n]["shape"]) for n in names), f"converted copy {COPY_VERSION}")
+
+
+COPY_CHUNK = 1 << 22  # elements converted at a time (16 MiB of float32)
+
+
+def _write_copy(f: MappedSafetensors, out: BinaryIO) -> None:
+    """Writes ``f``'s converted copy (:func:`_copy_layout`), a chunk at a time, then drops the pages of ``f``
+    that it read."""
+    head, offsets, _ = _copy_layout(f)
+    out.write(head)
+    for name in offsets:
+        raw, dtype = f._stored(name), f.header[name]["dtype"]
+        for i in range(0, raw.size, COPY_CHUNK):
+            part = raw[i:i + COPY_CHUNK]
+            out.write(memoryview(_converted(part, dtype) if dtype in CONVERTED_DTYPES else part).cast("B"))
+    release_pages([f.map])
+
+
+COPY_SAMPLES = 8  # elements of each tensor a converted copy is checked at, against the file's conversion
+
+
+def _copy_agrees(f: MappedSafetensors, path: Path) -> bool:
+    """Whether the file at ``path`` is ``f``'s converted copy: its header and size as :func:`_copy_layout` says,
+    and each tensor's first, last and evenly spaced elements equal to ``f``'s, converted (read with ``pread``:
+    no page of either file is mapped)."""
+    head, offsets, data_bytes = _copy_layout(f)
+    with path.open("rb") as copy:
+        fd = copy.fileno()
+        if os.fstat(fd).st_size != len(head) + data_bytes or os.pread(fd, len(head), 0) != head:
+            return False
+        for name, offset in offsets.items():
+            entry = f.header[name]
+            stored = np.dtype(_STORED[entry["dtype"]])
+            start = f.data_start + entry["data_offsets"][0]
+            count = (entry["data_offsets"][1] - entry["data_offsets"][0]) // stored.itemsize
+            for i in sorted({0, count - 1, *range(0, count, max(count // COPY_SAMPLES, 1))}) if count else []:
+                raw = np.frombuffer(os.pread(f.file.fileno(), stored.itemsize, start + i * stored.itemsize), stored)
+                want = (_converted(raw, entry["dtype"]) if entry["dtype"] in CONVERTED_DTYPES else raw).tobytes()
+                if os.pread(fd, len(want), len(head) + offset + i * len(want)) != want:
+                    return False
+    return True
+
+
+def _converted_copy(f: MappedSafetensors) -> MappedSafetensors | None:
+    """The map of ``f``'s converted copy in the program cache (written on first use), or None with the cache off
+    or not writable."""
+    from orion.program_cache import file_digest
+
+    head, _, data_bytes = _copy_layout(f)
+    return mapped_copy(file_digest(f.path, f.file), f"converted copy {COPY_VERSION}", "safetensors",
+                       len(head) + data_bytes, partial(_write_copy, f), partial(_copy_agrees, f))
+
+
+def mapped_copy(source_digest: str, kind: str, suffix: str, size: int, write: Callable[[BinaryIO], None],
+                valid: Callable[[Path], bool]) -> MappedSafetensors | None:
+    """The map of a converted copy (a safetensors file of F16/F32 tensors, ``size`` bytes) of the file whose digest
+    is ``source_digest``, made by ``kind`` of conversion (``program_cache.converted_file``: written by ``write``
+    unless there and ``valid``); its ``digest`` names its bytes by the source's. None when the cache does not
+    take it."""
+    from orion.program_cache import converted_file
+
+    digest = hashlib.sha256(f"{source_digest}\0{kind}".encode()).hexdigest()
+    path = converted_file(digest, suffix, size, write, valid)
+    if path is None:
+        return None
+    copy = MappedSafetensors(path, convert=False)
+    copy.digest = digest
+    return copy
 
 
 @dataclass(eq=False)
@@ -122,14 +256,15 @@ class WeightsSource:
 
         h = hashlib.sha256()
         for f in self.files:
-            file_sha = file_digest(f.path, f.file)
-            lineage.name_source(f.map, file_sha)
+            file_sha = file_digest(f.path, f.file) if f.digest is None else f.digest
+            for mapped in f.views():
+                lineage.name_source(mapped.map, file_sha if mapped is f else mapped.digest)
             h.update(bytes.fromhex(file_sha))
         return h.hexdigest()
 
     def release_pages(self) -> None:
         """Drops the files' pages from this process's memory (they stay readable)."""
-        release_pages(f.map for f in self.files)
+        release_pages(m.map for f in self.files for m in f.views())
 
 
 
@@ -138,7 +273,7 @@ def table_rows(table: np.ndarray, ids: Sequence[int] | range, source: WeightsSou
     ``table`` is a view of one of ``source``'s file maps, each row (a ``range`` of rows at once) is read from
     the file with ``os.preadv``, so no page of the map becomes resident; otherwise by indexing."""
     if source is not None and table.ndim == 2 and table.dtype in WEIGHT_DTYPES:
-        for f in source.files:
+        for f in (m for mapped in source.files for m in mapped.views()):
             offset = f.offset_of(table)
             if offset is not None:
                 return _read_rows(f, offset, table.shape, table.dtype, ids).astype(np.float32, copy=False)

@@ -1,8 +1,9 @@
 """llama.cpp GGUF files: ``orion.models.load("model.gguf")``.
 
 The file's architecture picks the family (``llama`` -- Llama, Mistral, SmolLM, TinyLlama --,
-``qwen2`` and ``gpt2``); its metadata gives the config, its tensors are dequantized to float32 (the
-model then runs in fp16 as any other; ``quant="int8"`` re-quantizes per output channel), and its
+``qwen2`` and ``gpt2``); its metadata gives the config, its tensors are dequantized to float32 (once, into a
+copy in the program cache that later starts map; the model then runs in fp16 as any other; ``quant="int8"``
+re-quantizes per output channel), and its
 ``tokenizer.ggml.*`` metadata and chat template give the tokenizer.
 
 llama.cpp's converter stores the q/k rows of ``llama`` models permuted per head so that RoPE rotates
@@ -22,6 +23,7 @@ from typing import Any
 
 from orion.generation.tokenizer import TokenizerNotFound
 from orion.models.gguf.reader import GGUFError, GGUFFile
+from orion.models.weights_io import WeightsSource
 
 ARCHITECTURES = ("llama", "qwen2", "gpt2")
 
@@ -54,6 +56,9 @@ def load_gguf(path: str | os.PathLike[str], **options: Any) -> Any:
     file = open_gguf(path)
     cls, read = _family(file)
     config, weights = read(file)
+    if file.copy is not None:  # the copy's digest names the weights: none are hashed, and their pages are dropped
+        weights.source = WeightsSource([file.copy], dict(weights.arrays()))
+        weights.source.release_pages()
     try:
         tokenizer, error = gguf_tokenizer(file), None
     except GGUFError as err:

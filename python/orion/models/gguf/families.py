@@ -13,7 +13,7 @@ from orion.models.gguf.reader import GGUFError, GGUFFile
 from orion.models.gpt2.config import GPT2Config
 from orion.models.gpt2.weights import BlockWeights, GPT2Weights
 from orion.models.llama.config import LlamaConfig
-from orion.models.llama.weights import LayerWeights, LlamaWeights, expected_shapes, to_rope_convention
+from orion.models.llama.weights import LayerWeights, LlamaWeights, expected_shapes, interleaved_rows
 
 # GGUF name under "blk.N." -> Orion's LayerWeights field.
 _LLAMA_LAYER = {"attn_norm.weight": "attn_norm", "attn_q.weight": "wq", "attn_k.weight": "wk",
@@ -48,7 +48,7 @@ def read_llama(file: GGUFFile) -> tuple[LlamaConfig, LlamaWeights]:
             max_position_embeddings=file.arch("context_length", int),
             rms_norm_eps=file.arch("attention.layer_norm_rms_epsilon", float),
             rope_theta=file.arch("rope.freq_base", float, 10000.0),
-            rope_convention="half" if qwen2 else "interleaved", tie_embeddings=not file.has("output.weight"),
+            rope_convention="half", tie_embeddings=not file.has("output.weight"),
             qkv_bias=qwen2, model_type="qwen2" if qwen2 else "llama",
             bos_token_id=file.get("tokenizer.ggml.bos_token_id", int, None),
             eos_token_ids=tuple(i for i in (file.get("tokenizer.ggml.eos_token_id", int, None),) if i is not None))
@@ -59,12 +59,17 @@ def read_llama(file: GGUFFile) -> tuple[LlamaConfig, LlamaWeights]:
     layer_fields = {**_LLAMA_LAYER, **(_QKV_BIASES if qwen2 else {})}
     names |= {f"blk.{i}.{name}" for i in range(config.n_layers) for name in layer_fields}
     _check_tensor_names(file, names)
+    # llama.cpp's interleaved q/k rows are read in rotate-half order (as to_rope_convention permutes them)
+    row_orders = {} if qwen2 else {f"blk.{i}.{name}": interleaved_rows(heads, config.head_dim)
+                                   for i in range(config.n_layers)
+                                   for name, heads in (("attn_q.weight", config.n_heads),
+                                                       ("attn_k.weight", config.n_kv_heads))}
+    file.prepare_tensors(row_orders)
     layers = [LayerWeights(**{ours: file.float32(f"blk.{i}.{name}", shapes[ours]) for name, ours in layer_fields.items()})
               for i in range(config.n_layers)]
-    weights = LlamaWeights(embed=file.float32("token_embd.weight", shapes["embed"]),
-                           norm=file.float32("output_norm.weight", shapes["norm"]), layers=layers,
-                           lm_head=None if config.tie_embeddings else file.float32("output.weight", shapes["lm_head"]))
-    return to_rope_convention(config, weights, "half")
+    return config, LlamaWeights(embed=file.float32("token_embd.weight", shapes["embed"]),
+                                norm=file.float32("output_norm.weight", shapes["norm"]), layers=layers,
+                                lm_head=None if config.tie_embeddings else file.float32("output.weight", shapes["lm_head"]))
 
 
 def read_gpt2(file: GGUFFile) -> tuple[GPT2Config, GPT2Weights]:
@@ -87,6 +92,7 @@ def read_gpt2(file: GGUFFile) -> tuple[GPT2Config, GPT2Weights]:
     names = {"token_embd.weight", "position_embd.weight", "output_norm.weight", "output_norm.bias", "output.weight"}
     names |= {f"blk.{i}.{name}" for i in range(config.n_layer) for name in _GPT2_BLOCK}
     _check_tensor_names(file, names, optional={"output.weight"})
+    file.prepare_tensors()
     wte = file.float32("token_embd.weight", (v, c))
     if file.has("output.weight"):
         head = file.float32("output.weight", (v, c))

@@ -148,6 +148,12 @@ def _permute_heads(array: np.ndarray, heads: int, order: np.ndarray) -> np.ndarr
     return np.ascontiguousarray(array[_head_rows(heads, order)])
 
 
+def interleaved_rows(heads: int, head_dim: int) -> np.ndarray:
+    """For q (``heads = n_heads``) or k (``n_kv_heads``) rows in rotate-half order: the interleaved row each one is
+    (the rows :func:`to_rope_convention` takes to convert to ``"half"``)."""
+    return _head_rows(heads, _half_order(head_dim))
+
+
 def hf_rows(config: LlamaConfig, heads: int) -> np.ndarray:
     """For q (``heads = n_heads``) or k (``n_kv_heads``): the Hugging Face (rotate-half) row of each of Orion's rows
     in ``config``'s RoPE convention, as :func:`to_rope_convention` permutes them."""

@@ -28,9 +28,9 @@ def unplaced_twin(mil: str) -> str:
     return identity_after(mil, PACKING_OP)
 
 
-def packed_graph(lanes: int, factors: tuple[float, ...] = FACTORS) -> Graph:
+def packed_graph(lanes: int, factors: tuple[float, ...] = FACTORS, channels: int = 64) -> Graph:
     g = Graph("packed_outputs")
-    x = g.input("x", [1, 64, 1, lanes])
+    x = g.input("x", [1, channels, 1, lanes])
     for i, factor in enumerate(factors):
         g.output(g.mul(x, factor, name=f"scaled{i}"), f"o{i}")
     return g
@@ -49,9 +49,9 @@ def literal_reference(x: np.ndarray, factors: tuple[float, ...] = FACTORS) -> li
     return out
 
 
-def _x(seed: int, lanes: int) -> np.ndarray:
+def _x(seed: int, lanes: int, channels: int = 64) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((1, 64, 1, lanes)).astype(np.float16)
+    x = rng.standard_normal((1, channels, 1, lanes)).astype(np.float16)
     x.flat[::5] = np.float16(0.0)
     x.flat[1::7] = np.float16(-0.0)
     return x
@@ -119,6 +119,35 @@ def test_placement_of_a_batched_step_with_dead_sequences(profiling) -> None:
         np.testing.assert_array_equal(outs[0][f"o{i}"].view(np.uint16), outs[1][f"o{i}"].view(np.uint16))
     ops = {r.op for r in profile.snapshot()}
     assert PLACED in ops and PLACED + RAN_ITS_OPS not in ops, ops
+
+
+@pytest.mark.parametrize("channels, lanes, live", [(64, 512, 300), (64, 64, 40), (1, 512, 300)])
+def test_placement_of_a_prompt_shorter_than_its_bucket(profiling, channels, lanes, live) -> None:
+    """Rows of more than 32 lanes, ``live`` of them live (a prompt in a wider bucket): placed in one pass, not
+    by the ops (their fp32 intermediates of the packed size were a 30-layer model's peak). The live lanes are
+    the ops' bit for bit. An output reshaped to the packing's width (64 channels) has its dead lanes +0, as the
+    reshape makes them: there the whole output is the ops'; one that keeps its lane axis (1 channel) leaves
+    them undefined, as the ops do."""
+    lowered = lower_graph(packed_graph(lanes, channels=channels))
+    placed = Stage(CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights)))
+    twin = Stage(CompiledGraph(lowered, orion.compile(unplaced_twin(lowered.mil), lowered.weights, profile="permissive")))
+    x = _x(5, lanes, channels)
+    outs = []
+    for stage in (placed, twin):
+        stage.input("x")[...] = x
+        stage.run({"x": live})
+        outs.append({f"o{i}": stage.output(f"o{i}").copy() for i in range(len(FACTORS))})
+    for i, ref in enumerate(literal_reference(x[..., :live])):
+        got, want = outs[0][f"o{i}"], outs[1][f"o{i}"]
+        np.testing.assert_array_equal(got[..., :live].view(np.uint16), ref.view(np.uint16), err_msg=f"o{i}")
+        if channels > 1:
+            np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16), err_msg=f"o{i}")
+            assert not got[..., live:].view(np.uint16).any()  # +0
+        else:
+            np.testing.assert_array_equal(got[..., :live].view(np.uint16), want[..., :live].view(np.uint16))
+    ops = {r.op for r in profile.snapshot()}
+    assert PLACED in ops, ops
+    assert not [r for r in profile.snapshot() if r.op == PLACED + RAN_ITS_OPS], ops
 
 
 def test_a_fallback_holds_only_the_intermediates_live_at_once(profiling) -> None:

@@ -563,24 +563,30 @@ private:
         };
     }
 
-    // One kernel for a placement: each row written once when every block is finite and has no live prefix nor
-    // long partial rows, else the chain's own kernels (add_group_kernel; its last add overwrites what a
-    // non-finite block left written).
+    // One kernel for a placement: each row written once when every block is finite and has no live prefix,
+    // else the chain's own kernels (add_group_kernel; its last add overwrites what a non-finite block left
+    // written). Blocks with long rows of dead lanes (a prompt shorter than its bucket) are placed over their
+    // live lanes when they all have the same: a block that keeps its lane axis leaves the output's dead lanes
+    // as the ops' lane-separable kernels do, one reshaped to another last axis makes them +0, as the reshape
+    // does. Dead lanes of short rows (a batched step's dead sequences) are placed, as the ops place them.
     void add_packed_outputs(const PackedChain& chain, GroupParts& parts) {
         std::vector<int> slots;
         for (int id : chain.blocks) slots.push_back(values()[static_cast<size_t>(id)].slot);
         const int o = values()[static_cast<size_t>(chain.steps.back()->out)].slot;
         add_group_kernel(chain.steps, results_before_last(chain.steps), parts, "I/O packing (placed)", [=, placement = chain.placement](Frame& fr) {
             std::vector<const float*> blocks;
+            Tensor& out = fr.values[static_cast<size_t>(o)];
+            DeadLanes dead;
             for (int slot : slots) {
                 const Tensor& t = fr.values[static_cast<size_t>(slot)];
-                // dead lanes of short rows (a batched step's dead sequences) are placed, as the ops place them
-                if (t.half || t.prefix_partial() || t.skips_dead_lanes() || t.size() < placement.block) return false;
+                if (t.half || t.prefix_partial() || t.size() < placement.block) return false;
+                const DeadLanes own{t.last_dim(), t.skips_dead_lanes() ? t.lanes : t.last_dim(), t.last_dim() != out.last_dim()};
+                if (blocks.empty()) dead = own;
+                else if (own.width != dead.width || own.lanes != dead.lanes || own.zeroed != dead.zeroed) return false;
                 blocks.push_back(t.data.data());
             }
-            Tensor& out = fr.values[static_cast<size_t>(o)];
-            if (!run_packed_outputs(placement, blocks, out.data.data())) return false;
-            out.lanes = out.last_dim(), out.live_prefix = -1;
+            if (!run_packed_outputs(placement, blocks, out.data.data(), dead)) return false;
+            out.lanes = dead.zeroed ? out.last_dim() : dead.lanes, out.live_prefix = -1;
             return true;
         });
     }

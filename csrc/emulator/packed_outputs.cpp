@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <utility>
 
 #include "emulator/kernels.h"
 #include "emulator/simd.h"
@@ -99,11 +100,21 @@ ORION_AVX2 void place_avx2(const float* b, const uint32_t* sign, int64_t len, fl
 
 }  // namespace
 
-bool run_packed_outputs(const PackedOutputs& p, const std::vector<const float*>& blocks, float* out) {
+bool run_packed_outputs(const PackedOutputs& p, const std::vector<const float*>& blocks, float* out,
+                        const DeadLanes& dead) {
     const int64_t slices = std::max<int64_t>(1, static_cast<int64_t>(blocks.size()));
     int64_t chunk = kChunk;
     while (chunk > kMinChunk && chunk * slices > kChunkBudget) chunk /= 2;
-    const int64_t n = p.block, chunks = (n + chunk - 1) / chunk;
+    const int64_t n = p.block;
+    // The pieces (first element, length) to place: chunks of the whole block, or of each row's live lanes.
+    const bool some_dead = dead.width > 0 && dead.lanes < dead.width;
+    const int64_t row = some_dead ? dead.width : n, live = some_dead ? dead.lanes : n;
+    std::vector<std::pair<int64_t, int64_t>> pieces;
+    for (int64_t r0 = 0; r0 < n; r0 += row)
+        for (int64_t e = 0; e < live; e += chunk) pieces.emplace_back(r0 + e, std::min(chunk, live - e));
+    if (some_dead && dead.zeroed)
+        for (int64_t h = 0; h < p.rows; ++h)
+            for (int64_t r0 = 0; r0 < n; r0 += row) std::fill(out + h * n + r0 + live, out + h * n + r0 + row, 0.0f);
     const int64_t grain = std::max<int64_t>(1, kJobWork / (chunk * (slices + p.rows)));
     std::vector<int> block_of(static_cast<size_t>(p.rows), -1);
     for (size_t i = 0; i < p.hot.size(); ++i) block_of[static_cast<size_t>(p.hot[i])] = static_cast<int>(i);
@@ -116,10 +127,10 @@ bool run_packed_outputs(const PackedOutputs& p, const std::vector<const float*>&
     const auto place = place_portable;
 #endif
     std::atomic<bool> finite{true};
-    kernels::parallel_for(chunks, grain, [&](int64_t begin, int64_t end) {
+    kernels::parallel_for(static_cast<int64_t>(pieces.size()), grain, [&](int64_t begin, int64_t end) {
         uint32_t sign[kChunk];  // per element: the sign a zero sum takes (set only if every block's is)
         for (int64_t c = begin; c < end && finite.load(std::memory_order_relaxed); ++c) {
-            const int64_t e0 = c * chunk, len = std::min(n, e0 + chunk) - e0;
+            const auto [e0, len] = pieces[static_cast<size_t>(c)];
             std::fill(sign, sign + len, kSign);
             // the largest magnitude's bits: a non-finite block leaves the output to the ops
             if (signs(blocks, e0, len, sign) >= kNonFinite) {

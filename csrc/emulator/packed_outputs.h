@@ -18,9 +18,20 @@ struct PackedOutputs {
     std::vector<int64_t> hot;       // block i's row
 };
 
-// out[h * block + e] for every row h from blocks[i] (fp16 values in fp32) placed in rows p.hot[i].
-// Returns false when some block holds Inf or NaN (x*0 is then NaN): the caller runs the ops themselves,
-// which overwrite every element of `out`.
-bool run_packed_outputs(const PackedOutputs& p, const std::vector<const float*>& blocks, float* out);
+// Lanes of the blocks' rows that are dead (a prompt shorter than its bucket): with `lanes` < `width`, the
+// elements of each row of `width` past its first `lanes` are not read. `zeroed`: they count as +0 in every
+// block (the blocks reach the placement through a reshape that moves the lane axis, which zeroes them), so
+// they are +0 in every row of the output; else they are left as they are, as the ops leave dead lanes.
+struct DeadLanes {
+    int64_t width = 0;
+    int64_t lanes = 0;
+    bool zeroed = false;
+};
+
+// out[h * block + e] for every row h from blocks[i] (fp16 values in fp32) placed in rows p.hot[i], but for
+// `dead` lanes. Returns false when some block holds Inf or NaN (x*0 is then NaN): the caller runs the ops
+// themselves, which overwrite every element of `out` that they compute.
+bool run_packed_outputs(const PackedOutputs& p, const std::vector<const float*>& blocks, float* out,
+                        const DeadLanes& dead = {});
 
 }  // namespace orion::emu

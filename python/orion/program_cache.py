@@ -39,9 +39,10 @@ and a later program baking the same values (a prefill bucket after the decode pr
 queued for writing, or once stored the blob itself (checked as a read entry's blobs are): each weight is
 serialized, hashed, checksummed and written once per process.
 
-A checkpoint file stored in a form a model cannot map as it is (BF16 safetensors) has its converted copy in
-``converted/<file digest>.<suffix>`` (:func:`converted_file`): a start maps the copy instead of converting the
-file into memory again. Copies are evicted with the entries, least recently used first.
+A checkpoint file stored in a form a model cannot map as it is (BF16 safetensors, GGUF) has its converted copy
+in ``converted/`` (:func:`converted_file`), named by the file's digest and the conversion: a start maps the copy
+instead of converting the file into memory again. Copies are evicted with the entries, least recently used
+first.
 
 The cache has a size cap, ``ORION_CACHE_MAX_SIZE`` (bytes, or with a K/M/G suffix; default
 :data:`DEFAULT_MAX_SIZE`): when a new entry takes it over the cap (the cache is walked once per process,
@@ -584,22 +585,24 @@ def compile_cached(lowered: Lowered, **options) -> CompiledGraph:
 _STORED: dict[Path, int] = {}  # per cache directory: its stored bytes as of this process's last count, plus what it added
 
 
-def converted_file(digest: str, suffix: str, size: int, write: Callable[[BinaryIO], None],
-                   valid: Callable[[Path], bool]) -> Path | None:
-    """The cache's converted copy of a checkpoint file, ``converted/<digest>.<suffix>`` (``digest``: a name its
-    bytes alone determine, from the source file's digest and the conversion), written by ``write`` (``size``
-    bytes, to a temporary file renamed into place) unless there and ``valid`` (a copy that is not is written
-    again, with a one-line warning), its time then refreshed as a use stamp. None when caching is off, the
-    cache cannot be written or the copy would take over half of its cap (the caller converts in memory)."""
+def converted_file(source: Path, file: BinaryIO | None, kind: str, size: int, write: Callable[[BinaryIO], None],
+                   valid: Callable[[Path], bool]) -> tuple[Path, str] | None:
+    """The cache's converted copy of checkpoint file ``source`` (``file``: the version open, as for
+    :func:`file_digest`) made by ``kind`` of conversion, and the digest naming its bytes (the source's digest and
+    ``kind``): ``converted/<digest>.safetensors``, written by ``write`` (``size`` bytes, to a temporary file
+    renamed into place) unless there and ``valid`` (a copy that is not is written again, with a one-line
+    warning), its time then refreshed as a use stamp. None when caching is off, the cache cannot be written or
+    the copy would take over half of its cap (the caller converts in memory; the source is not hashed)."""
     root = cache_dir()
     if root is None or size > max_size() // 2:
         return None
-    path = root / CONVERTED / f"{digest}.{suffix}"
+    digest = hashlib.sha256(f"{file_digest(source, file)}\0{kind}".encode()).hexdigest()
+    path = root / CONVERTED / f"{digest}.safetensors"
     try:
         if path.is_file():
             if valid(path):
                 os.utime(path)
-                return path
+                return path, digest
             print(f"orion: {path}: damaged converted copy; converting again", file=sys.stderr)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
@@ -613,7 +616,7 @@ def converted_file(digest: str, suffix: str, size: int, write: Callable[[BinaryI
         _keep_under_cap(root, path.stat().st_size)
     except OSError:
         return None
-    return path if valid(path) else None
+    return path, digest
 
 
 def _keep_under_cap(root: Path, added: int) -> None:

@@ -211,27 +211,23 @@ def _copy_agrees(f: MappedSafetensors, path: Path) -> bool:
 def _converted_copy(f: MappedSafetensors) -> MappedSafetensors | None:
     """The map of ``f``'s converted copy in the program cache (written on first use), or None with the cache off
     or not writable."""
-    from orion.program_cache import file_digest
-
     head, _, data_bytes = _copy_layout(f)
-    return mapped_copy(file_digest(f.path, f.file), f"converted copy {COPY_VERSION}", "safetensors",
-                       len(head) + data_bytes, partial(_write_copy, f), partial(_copy_agrees, f))
+    return mapped_copy(f.path, f.file, f"converted copy {COPY_VERSION}", len(head) + data_bytes,
+                       partial(_write_copy, f), partial(_copy_agrees, f))
 
 
-def mapped_copy(source_digest: str, kind: str, suffix: str, size: int, write: Callable[[BinaryIO], None],
+def mapped_copy(source: Path, file: BinaryIO | None, kind: str, size: int, write: Callable[[BinaryIO], None],
                 valid: Callable[[Path], bool]) -> MappedSafetensors | None:
-    """The map of a converted copy (a safetensors file of F16/F32 tensors, ``size`` bytes) of the file whose digest
-    is ``source_digest``, made by ``kind`` of conversion (``program_cache.converted_file``: written by ``write``
-    unless there and ``valid``); its ``digest`` names its bytes by the source's. None when the cache does not
-    take it."""
+    """The map of the converted copy (a safetensors file of F16/F32 tensors, ``size`` bytes) that ``kind`` of
+    conversion makes of file ``source`` (``program_cache.converted_file``: written by ``write`` unless there and
+    ``valid``), its ``digest`` set; None when the cache does not take it."""
     from orion.program_cache import converted_file
 
-    digest = hashlib.sha256(f"{source_digest}\0{kind}".encode()).hexdigest()
-    path = converted_file(digest, suffix, size, write, valid)
-    if path is None:
+    found = converted_file(source, file, kind, size, write, valid)
+    if found is None:
         return None
-    copy = MappedSafetensors(path, convert=False)
-    copy.digest = digest
+    copy = MappedSafetensors(found[0], convert=False)
+    copy.digest = found[1]
     return copy
 
 

@@ -80,12 +80,10 @@ class GGUFFile:
         if self.copy is not None and orders.keys() == self._row_orders.keys() and all(
                 np.array_equal(order, self._row_orders[name]) for name, order in orders.items()):
             return
-        from orion.program_cache import file_digest
-
         self._row_orders = orders
         head, _, data_bytes = self._copy_layout()
-        self.copy = mapped_copy(file_digest(self.path), self._copy_kind(), "safetensors", len(head) + data_bytes,
-                                self._write_copy, self._copy_agrees)
+        self.copy = mapped_copy(self.path, None, self._copy_kind(), len(head) + data_bytes, self._write_copy,
+                                self._copy_agrees)
 
     def get(self, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
         """Metadata ``key`` (``kind``: the Python type(s) it must have); missing without a default is an error."""
@@ -172,10 +170,9 @@ class GGUFFile:
                 return False
             for name, offset in offsets.items():
                 shape = self.shape(name)
-                row_bytes = 4 * int(np.prod(shape[1:], dtype=np.int64))
                 if not shape or not shape[0]:
                     continue
-                last = shape[0] - 1
+                row_bytes, last = 4 * int(np.prod(shape[1:], dtype=np.int64)), shape[0] - 1
                 stored = int(self._row_orders[name][last]) if name in self._row_orders else last
                 want = self._dequantized(name, slice(stored, stored + 1)).tobytes()
                 if os.pread(fd, row_bytes, len(head) + offset + last * row_bytes) != want:

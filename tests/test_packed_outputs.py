@@ -150,6 +150,26 @@ def test_placement_of_a_prompt_shorter_than_its_bucket(profiling, channels, lane
     assert not [r for r in profile.snapshot() if r.op == PLACED + RAN_ITS_OPS], ops
 
 
+def test_blocks_of_outputs_with_other_lane_axes_are_placed_together(profiling) -> None:
+    """Outputs of different shapes and one block size ([1, 64, 1, 512] and [1, 32, 1, 1024], as a layer
+    gradient's dW of several shapes), every lane live: placed in one pass, each output its values."""
+    g = Graph("mixed_blocks")
+    x, y = g.input("x", [1, 64, 1, 512]), g.input("y", [1, 32, 1, 1024])
+    for i, factor in enumerate(FACTORS[:4]):
+        g.output(g.mul(x, factor, name=f"sx{i}"), f"a{i}")
+        g.output(g.mul(y, factor, name=f"sy{i}"), f"b{i}")
+    lowered = lower_graph(g)
+    placed = CompiledGraph(lowered, orion.compile(lowered.mil, lowered.weights))
+    xv = _x(6, 512)
+    yv = np.random.default_rng(7).standard_normal((1, 32, 1, 1024)).astype(np.float16)
+    got = placed(x=xv, y=yv)
+    for i, factor in enumerate(FACTORS[:4]):
+        for name, value in ((f"a{i}", xv), (f"b{i}", yv)):
+            np.testing.assert_array_equal(got[name], (value * np.float16(factor)).astype(np.float16), err_msg=name)
+    ops = {r.op for r in profile.snapshot()}
+    assert PLACED in ops and PLACED + RAN_ITS_OPS not in ops, ops
+
+
 def test_a_fallback_holds_only_the_intermediates_live_at_once(profiling) -> None:
     """When the placement falls back, each of the ops' intermediates (every one of the packed size) is taken
     from the buffer pool at the op that computes it and given back after its last reader: the pool's peak is

@@ -576,17 +576,20 @@ private:
         add_group_kernel(chain.steps, results_before_last(chain.steps), parts, "I/O packing (placed)", [=, placement = chain.placement](Frame& fr) {
             std::vector<const float*> blocks;
             Tensor& out = fr.values[static_cast<size_t>(o)];
-            DeadLanes dead;
+            DeadLanes dead;  // none, unless a block has some: then every block must have the same
             for (int slot : slots) {
                 const Tensor& t = fr.values[static_cast<size_t>(slot)];
                 if (t.half || t.prefix_partial() || t.size() < placement.block) return false;
-                const DeadLanes own{t.last_dim(), t.skips_dead_lanes() ? t.lanes : t.last_dim(), t.last_dim() != out.last_dim()};
-                if (blocks.empty()) dead = own;
-                else if (own.width != dead.width || own.lanes != dead.lanes || own.zeroed != dead.zeroed) return false;
+                if (t.skips_dead_lanes()) dead = {t.last_dim(), t.lanes, t.last_dim() != out.last_dim()};
                 blocks.push_back(t.data.data());
             }
+            for (int slot : slots) {
+                const Tensor& t = fr.values[static_cast<size_t>(slot)];
+                if (dead.width && (t.last_dim() != dead.width || (t.skips_dead_lanes() ? t.lanes : t.last_dim()) != dead.lanes))
+                    return false;
+            }
             if (!run_packed_outputs(placement, blocks, out.data.data(), dead)) return false;
-            out.lanes = dead.zeroed ? out.last_dim() : dead.lanes, out.live_prefix = -1;
+            out.lanes = dead.width && !dead.zeroed ? dead.lanes : out.last_dim(), out.live_prefix = -1;
             return true;
         });
     }

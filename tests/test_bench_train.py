@@ -53,3 +53,11 @@ def test_profile_splits_the_step_into_parts_that_add_up() -> None:
     assert parts["layer gradient programs"] + parts["layer forward programs"] >= parts["  of the programs: emulator evaluate"]
     assert result["profile"]["emulator"].count("\nprogram ") == 2
     assert "where Orion's step goes" in bench.report(result)
+
+
+def test_a_skipped_first_step_is_reported_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loss scaler may skip a step (non-finite gradients): its loss is None, and the report says so."""
+    monkeypatch.setattr(bench, "torch_available", lambda: "No module named 'torch'")
+    result = bench.run("tiny-llama", seq=32, steps=1, prefer="ane")
+    result["first_loss"] = None
+    assert "first loss none (step skipped: non-finite gradients)" in bench.report(result)

@@ -219,6 +219,11 @@ def run(model: str = DEFAULT_MODEL, seq: int = 256, batch: int = 1, accum: int =
     return result
 
 
+def _loss(value: float | None) -> str:
+    """A step's loss, or why it has none (the loss scaler skipped the step: non-finite gradients)."""
+    return "none (step skipped: non-finite gradients)" if value is None else f"{value:.4f}"
+
+
 def report(r: dict[str, Any]) -> str:
     """The benchmark's figures as text."""
     tokens, ms = r["tokens_per_step"], r["ms_per_step"]
@@ -229,13 +234,13 @@ def report(r: dict[str, Any]) -> str:
              f"orion:   {ms:9.1f} ms/step {tokens / ms * 1e3:9.1f} tokens/s | first step {r['first_step_ms']:.0f} ms "
              f"(compiles) | {r['dispatches_per_step']} ANE dispatches/step, {r['compiles_per_step']:.2f} compiles/step "
              f"| FLOPs ANE {r['ane_gflop']:.3g} GFLOP ({share:.1f}%), CPU {r['cpu_gflop']:.3g} GFLOP | first loss "
-             f"{r['first_loss']:.4f}"]
+             f"{_loss(r['first_loss'])}"]
     if r["torch"] is None:
         lines.append(f"pytorch: not run ({r['torch_missing']}); Orion alone")
     else:
         ref = r["torch"]["ms_per_step"]
         lines.append(f"pytorch: {ref:9.1f} ms/step {tokens / ref * 1e3:9.1f} tokens/s | fp32 CPU, {THREADS} threads | "
-                     f"first loss {r['torch']['first_loss']:.4f}")
+                     f"first loss {_loss(r['torch']['first_loss'])}")
         lines.append(f"ratio:   Orion takes {ms / ref:.2f}x PyTorch's time per step")
     m4 = r["m4"]
     lines.append(f"M4 cost model: {m4['total']:.1f} ms/step ({tokens / m4['total'] * 1e3:.0f} tokens/s): ANE "

@@ -41,6 +41,7 @@ def test_bench_decode_json(model_dir) -> None:
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["backend"] == orion.backend() and result["decode_tok_s"] > 0
+    assert 20 < result["cached_start_peak_rss_mib"] < 4096  # a fresh process's, read from /proc
     layer_programs = -(-CONFIG.n_layer // result["fusion_depth"])
     assert result["dispatches_per_token"] == layer_programs + 1  # plus one LM-head chunk
     assert "compiled 2 programs for GPT-2" in out.stderr and "program for GPT-2 prompts up to" in out.stderr

@@ -70,15 +70,27 @@ def measure_decode(model: CausalLM, prompt: list[int], new_tokens: int) -> dict[
     }
 
 
-def _cached_start(model_dir: str | None, shape: str, cache: str, quant_options: dict[str, Any]) -> float:
-    """Seconds to build the model in a fresh process whose program cache is already filled."""
-    code = ("import json, sys, time; from orion.bench.decode import load_model; t = time.perf_counter(); "
+def _cached_start(model_dir: str | None, shape: str, cache: str, quant_options: dict[str, Any]) -> tuple[float, float]:
+    """Seconds to build the model in a fresh process whose program cache is already filled, and that process's
+    peak RSS (MiB; NaN where /proc is absent): what a user's second start costs (a BF16 or GGUF checkpoint maps
+    its converted copy then)."""
+    code = ("import json, sys, time; from orion.bench.decode import load_model, peak_rss_mib; t = time.perf_counter(); "
             "load_model(sys.argv[1] or None, sys.argv[2], progress=False, **json.loads(sys.argv[3])); "
-            "print(time.perf_counter() - t)")
+            "print(time.perf_counter() - t, peak_rss_mib())")
     env = {**os.environ, "ORION_CACHE_DIR": cache}
     out = subprocess.run([sys.executable, "-c", code, model_dir or "", shape, json.dumps(quant_options)], env=env,
                          capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+    seconds, rss = out.stdout.strip().splitlines()[-1].split()
+    return float(seconds), float(rss)
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set (VmHWM) in MiB, or NaN without /proc."""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return float("nan")
 
 
 def _check_context(context: int | None, prompt_tokens: int, new_tokens: int) -> None:
@@ -114,7 +126,8 @@ def run(model_dir: str | None = None, prompt_tokens: int = 16, new_tokens: int =
             else:
                 os.environ["ORION_CACHE_DIR"] = previous
         loaded, total = model.builder.cached, model.builder.cached + model.builder.built
-        cached_s = _cached_start(model_dir, shape, where, quant_options) if fusion_depth is None and lm_head == "ane" else float("nan")
+        cached_s, cached_rss = (_cached_start(model_dir, shape, where, quant_options) if fusion_depth is None
+                                and lm_head == "ane" else (float("nan"), float("nan")))
     plan = model.decode_plan
     return {
         "backend": orion.backend(),
@@ -125,6 +138,7 @@ def run(model_dir: str | None = None, prompt_tokens: int = 16, new_tokens: int =
         "start": "warm" if total and loaded == total else "partly warm" if loaded else "cold",
         "compile_s": start_s,
         "compile_cached_s": cached_s,
+        "cached_start_peak_rss_mib": cached_rss,
         "programs": total,
         "programs_from_cache": loaded,
         "cache": cache or "temporary (removed afterwards)",
@@ -147,8 +161,8 @@ def report(r: dict[str, Any]) -> str:
         f"model              {r['model']} ({r['parameters'] / 1e6:.1f}M parameters, {r['quant']} weights)",
         f"start              {r['start']}: {r['compile_s']:.2f} s to build the model, {r['programs_from_cache']} of "
         f"{r['programs']} programs loaded from the cache ({r['cache']})",
-        f"compile            a new process reading that cache: {r['compile_cached_s']:.2f} s; "
-        f"{r['compiles']} compiles in this process",
+        f"compile            a new process reading that cache: {r['compile_cached_s']:.2f} s, peak RSS "
+        f"{r['cached_start_peak_rss_mib']:.0f} MiB; {r['compiles']} compiles in this process",
         f"prefill            {r['prefill_ms']:.1f} ms for {r['prompt_tokens']} tokens",
         f"decode             {r['decode_tok_s']:.1f} tok/s over every step; ms/token p50 {r['ms_per_token_p50']:.2f}, "
         f"p90 {r['ms_per_token_p90']:.2f} ({r['new_tokens']} new tokens, greedy)",

@@ -238,6 +238,13 @@ def _parse(path: Path, gguf: Any) -> tuple[dict[str, Any], list[_Tensor]]:
                 values = np.frombuffer(buf, dtype, count, at).tolist()
                 at += count * dtype.itemsize
                 return values
+            if item == _STRING:  # a vocabulary's or merges' strings: one loop, no call per string
+                strings, length = [], struct.Struct("<Q").unpack_from
+                for _ in range(count):
+                    (n,) = length(buf, at)
+                    strings.append(buf[at + 8:at + 8 + n].decode("utf-8"))
+                    at += 8 + n
+                return strings
             return [value(item) for _ in range(count)]
         if kind not in _SCALARS:
             raise ValueError(f"metadata value type {kind} is not GGUF's")

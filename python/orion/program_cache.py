@@ -157,21 +157,26 @@ def _checksum(data: bytes) -> dict[str, int]:
     return {"size": len(data), "crc32": zlib.crc32(data)}
 
 
+def _write_in_place(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Writes the file ``path`` by ``write(file)`` into a temporary file beside it, renamed into place: it is never
+    seen partly written, and the temporary file goes when writing fails."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            write(out)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def _write_blob(path: Path, data: bytes | memoryview) -> bool:
     """Stores ``data`` as the blob at ``path`` (named by its SHA-256) unless there with its size (then refreshes
-    its time, a use stamp); True when this call wrote it. Written to a temporary name and renamed into place,
-    so a blob is never seen partly written."""
+    its time, a use stamp); True when this call wrote it (:func:`_write_in_place`)."""
     if path.is_file() and path.stat().st_size == len(data):
         os.utime(path)
         return False
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    _write_in_place(path, lambda out: out.write(data))
     return True
 
 
@@ -501,14 +506,7 @@ def _write_panels(root: Path, stem: str, digest: str, panels: object) -> None:
         crc = zlib.crc32(data)
         name = f"{stem}{crc:08x}"
         (root / PANELS).mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=root / PANELS, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, root / PANELS / name)
-        except OSError:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        _write_in_place(root / PANELS / name, lambda out: out.write(data))
         _panel_crc(root / PANELS / name, known=crc)
         _panel_names(root).setdefault(digest, []).append(name)
     except OSError:
@@ -589,8 +587,8 @@ def converted_file(source: Path, file: BinaryIO | None, kind: str, size: int, wr
                    valid: Callable[[Path], bool]) -> tuple[Path, str] | None:
     """The cache's converted copy of checkpoint file ``source`` (``file``: the version open, as for
     :func:`file_digest`) made by ``kind`` of conversion, and the digest naming its bytes (the source's digest and
-    ``kind``): ``converted/<digest>.safetensors``, written by ``write`` (``size`` bytes, to a temporary file
-    renamed into place) unless there and ``valid`` (a copy that is not is written again, with a one-line
+    ``kind``): ``converted/<digest>.safetensors``, written by ``write`` (``size`` bytes, :func:`_write_in_place`)
+    unless there and ``valid`` (a copy that is not is written again, with a one-line
     warning), its time then refreshed as a use stamp. None when caching is off, the cache cannot be written or
     the copy would take over half of its cap (the caller converts in memory; the source is not hashed)."""
     root = cache_dir()
@@ -605,14 +603,7 @@ def converted_file(source: Path, file: BinaryIO | None, kind: str, size: int, wr
                 return path, digest
             print(f"orion: {path}: damaged converted copy; converting again", file=sys.stderr)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                write(out)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        _write_in_place(path, write)
         _keep_under_cap(root, path.stat().st_size)
     except OSError:
         return None
@@ -685,10 +676,7 @@ def _by_identity(path: Path, kind: str, compute: Callable[[], str], valid: Calla
         if memo is not None:
             try:
                 memo.parent.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(dir=memo.parent, prefix=".tmp-")
-                with os.fdopen(fd, "w") as out:
-                    out.write(text)
-                os.replace(tmp, memo)
+                _write_in_place(memo, lambda out: out.write(text.encode()))
             except OSError:  # a read-only cache: compute again next time
                 pass
     _MEMO[given] = text

@@ -170,10 +170,13 @@ def _copy_layout(f: MappedSafetensors) -> tuple[bytes, dict[str, int], int]:
 COPY_CHUNK = 1 << 22  # elements converted at a time (16 MiB of float32)
 
 
-def _write_copy(f: MappedSafetensors, out: BinaryIO) -> None:
-    """Writes ``f``'s converted copy (:func:`_copy_layout`), a chunk at a time, then drops the pages of ``f``
-    that it read."""
-    head, offsets, _ = _copy_layout(f)
+Layout = tuple[bytes, dict[str, int], int]  # a converted copy's header, data offsets and data size (copy_header)
+
+
+def _write_copy(f: MappedSafetensors, layout: Layout, out: BinaryIO) -> None:
+    """Writes ``f``'s converted copy (laid out as :func:`_copy_layout` says), a chunk at a time, then drops the
+    pages of ``f`` that it read."""
+    head, offsets, _ = layout
     out.write(head)
     for name in offsets:
         raw, dtype = f._stored(name), f.header[name]["dtype"]
@@ -186,11 +189,11 @@ def _write_copy(f: MappedSafetensors, out: BinaryIO) -> None:
 COPY_SAMPLES = 8  # elements of each tensor a converted copy is checked at, against the file's conversion
 
 
-def _copy_agrees(f: MappedSafetensors, path: Path) -> bool:
-    """Whether the file at ``path`` is ``f``'s converted copy: its header and size as :func:`_copy_layout` says,
-    and each tensor's first, last and evenly spaced elements equal to ``f``'s, converted (read with ``pread``:
-    no page of either file is mapped)."""
-    head, offsets, data_bytes = _copy_layout(f)
+def _copy_agrees(f: MappedSafetensors, layout: Layout, path: Path) -> bool:
+    """Whether the file at ``path`` is ``f``'s converted copy: its header and size as ``layout`` says, and each
+    tensor's first, last and evenly spaced elements equal to ``f``'s, converted (read with ``pread``: no page of
+    either file is mapped)."""
+    head, offsets, data_bytes = layout
     with path.open("rb") as copy:
         fd = copy.fileno()
         if os.fstat(fd).st_size != len(head) + data_bytes or os.pread(fd, len(head), 0) != head:
@@ -211,19 +214,20 @@ def _copy_agrees(f: MappedSafetensors, path: Path) -> bool:
 def _converted_copy(f: MappedSafetensors) -> MappedSafetensors | None:
     """The map of ``f``'s converted copy in the program cache (written on first use), or None with the cache off
     or not writable."""
-    head, _, data_bytes = _copy_layout(f)
-    return mapped_copy(f.path, f.file, f"converted copy {COPY_VERSION}", len(head) + data_bytes,
-                       partial(_write_copy, f), partial(_copy_agrees, f))
+    layout = _copy_layout(f)
+    return mapped_copy(f.path, f.file, f"converted copy {COPY_VERSION}", layout, partial(_write_copy, f, layout),
+                       partial(_copy_agrees, f, layout))
 
 
-def mapped_copy(source: Path, file: BinaryIO | None, kind: str, size: int, write: Callable[[BinaryIO], None],
+def mapped_copy(source: Path, file: BinaryIO | None, kind: str, layout: Layout, write: Callable[[BinaryIO], None],
                 valid: Callable[[Path], bool]) -> MappedSafetensors | None:
-    """The map of the converted copy (a safetensors file of F16/F32 tensors, ``size`` bytes) that ``kind`` of
+    """The map of the converted copy (a safetensors file of F16/F32 tensors laid out as ``layout``) that ``kind`` of
     conversion makes of file ``source`` (``program_cache.converted_file``: written by ``write`` unless there and
     ``valid``), its ``digest`` set; None when the cache does not take it."""
     from orion.program_cache import converted_file
 
-    found = converted_file(source, file, kind, size, write, valid)
+    head, _, data_bytes = layout
+    found = converted_file(source, file, kind, len(head) + data_bytes, write, valid)
     if found is None:
         return None
     copy = MappedSafetensors(found[0], convert=False)

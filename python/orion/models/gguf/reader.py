@@ -16,13 +16,14 @@ import os
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from orion.errors import OrionError
-from orion.models.weights_io import MappedSafetensors, copy_header, mapped_copy
+from orion.models.weights_io import Layout, MappedSafetensors, copy_header, mapped_copy
 from orion.runtime.pages import release_pages
 
 INSTALL_HINT = "pip install 'orion-ane[gguf]' (or pip install gguf)"
@@ -32,6 +33,7 @@ class GGUFError(OrionError, ValueError):
     """A GGUF file cannot be read, or holds a model Orion does not run."""
 
 
+@lru_cache(maxsize=1)
 def _package_version() -> str:
     """The gguf package's version (its dequantization makes the converted copies)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -81,9 +83,10 @@ class GGUFFile:
                 np.array_equal(order, self._row_orders[name]) for name, order in orders.items()):
             return
         self._row_orders = orders
-        head, _, data_bytes = self._copy_layout()
-        self.copy = mapped_copy(self.path, None, self._copy_kind(), len(head) + data_bytes, self._write_copy,
-                                self._copy_agrees)
+        kind = self._copy_kind()
+        layout = copy_header(((name, "F32", self.shape(name)) for name in sorted(self.tensors)), kind)
+        self.copy = mapped_copy(self.path, None, kind, layout, partial(self._write_copy, layout),
+                                partial(self._copy_agrees, layout))
 
     def get(self, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
         """Metadata ``key`` (``kind``: the Python type(s) it must have); missing without a default is an error."""
@@ -147,23 +150,21 @@ class GGUFFile:
             orders.update(name.encode() + b"\0" + self._row_orders[name].astype("<i8").tobytes())
         return f"gguf {_package_version()} float32 copy, rows {orders.hexdigest()}"
 
-    def _copy_layout(self) -> tuple[bytes, dict[str, int], int]:
-        """:func:`copy_header` of the converted copy: every tensor as F32, by its GGUF name, in name order."""
-        return copy_header(((name, "F32", self.shape(name)) for name in sorted(self.tensors)), self._copy_kind())
-
-    def _write_copy(self, out: BinaryIO) -> None:
-        """Writes the converted copy a tensor at a time, then drops the pages of the file that it read."""
-        head, offsets, _ = self._copy_layout()
+    def _write_copy(self, layout: Layout, out: BinaryIO) -> None:
+        """Writes the converted copy (``layout``: every tensor as F32, by its GGUF name, in name order) a tensor at
+        a time, then drops the pages of the file that it read."""
+        head, offsets, _ = layout
         out.write(head)
         for name in offsets:
             array = self._dequantized(name)
             out.write(memoryview(array[self._row_orders[name]] if name in self._row_orders else array).cast("B"))
         release_pages(t.data for t in self.tensors.values())
 
-    def _copy_agrees(self, path: Path) -> bool:
-        """Whether the file at ``path`` is the converted copy: its header and size, and each tensor's last row (along
-        its first axis) equal to its dequantization (read with ``pread``; a row costs the gguf package ~0.15 ms)."""
-        head, offsets, data_bytes = self._copy_layout()
+    def _copy_agrees(self, layout: Layout, path: Path) -> bool:
+        """Whether the file at ``path`` is the converted copy: its header and size as ``layout`` says, and each
+        tensor's last row (along its first axis) equal to its dequantization (read with ``pread``; a row costs the
+        gguf package ~0.15 ms)."""
+        head, offsets, data_bytes = layout
         with path.open("rb") as copy:
             fd = copy.fileno()
             if os.fstat(fd).st_size != len(head) + data_bytes or os.pread(fd, len(head), 0) != head:

@@ -98,7 +98,8 @@ def test_a_damaged_copy_is_converted_again_with_one_warning(bf16_dir, monkeypatc
     assert capsys.readouterr().err.count("damaged converted copy") == 1
     source = weights_io.MappedSafetensors(bf16_dir / "model.safetensors", convert=False)
     assert converted_files(bf16_dir) == [copy]
-    assert weights_io._copy_agrees(source, weights_io._copy_layout(source), copy)  # noqa: SLF001
+    layout = weights_io._copy_layout(source)  # noqa: SLF001
+    assert weights_io.copy_agrees(copy, layout, lambda name: weights_io._copy_samples(source, name))  # noqa: SLF001
 
 
 def test_with_the_cache_off_tensors_are_converted_in_memory_to_the_same_values(bf16_dir, monkeypatch) -> None:

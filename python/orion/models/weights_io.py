@@ -25,7 +25,7 @@ import os
 import struct
 import sys
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -189,26 +189,30 @@ def _write_copy(f: MappedSafetensors, layout: Layout, out: BinaryIO) -> None:
 COPY_SAMPLES = 8  # elements of each tensor a converted copy is checked at, against the file's conversion
 
 
-def _copy_agrees(f: MappedSafetensors, layout: Layout, path: Path) -> bool:
-    """Whether the file at ``path`` is ``f``'s converted copy: its header and size as ``layout`` says, and each
-    tensor's first, last and evenly spaced elements equal to ``f``'s, converted (read with ``pread``: no page of
-    either file is mapped)."""
+def copy_agrees(path: Path, layout: Layout, expected: Callable[[str], Iterable[tuple[int, bytes]]]) -> bool:
+    """Whether the file at ``path`` is the converted copy ``layout`` describes: its header and size, and for each
+    tensor the bytes ``expected(name)`` gives (``(offset in the tensor's data, bytes)`` pairs), read with ``pread``
+    (no page of the copy is mapped)."""
     head, offsets, data_bytes = layout
     with path.open("rb") as copy:
         fd = copy.fileno()
         if os.fstat(fd).st_size != len(head) + data_bytes or os.pread(fd, len(head), 0) != head:
             return False
-        for name, offset in offsets.items():
-            entry = f.header[name]
-            stored = np.dtype(_STORED[entry["dtype"]])
-            start = f.data_start + entry["data_offsets"][0]
-            count = (entry["data_offsets"][1] - entry["data_offsets"][0]) // stored.itemsize
-            for i in sorted({0, count - 1, *range(0, count, max(count // COPY_SAMPLES, 1))}) if count else []:
-                raw = np.frombuffer(os.pread(f.file.fileno(), stored.itemsize, start + i * stored.itemsize), stored)
-                want = (_converted(raw, entry["dtype"]) if entry["dtype"] in CONVERTED_DTYPES else raw).tobytes()
-                if os.pread(fd, len(want), len(head) + offset + i * len(want)) != want:
-                    return False
-    return True
+        return all(os.pread(fd, len(want), len(head) + offset + at) == want
+                   for name, offset in offsets.items() for at, want in expected(name))
+
+
+def _copy_samples(f: MappedSafetensors, name: str) -> Iterator[tuple[int, bytes]]:
+    """Tensor ``name``'s first, last and evenly spaced elements, converted, where ``f``'s converted copy holds them
+    (for :func:`copy_agrees`; read from ``f`` with ``pread``, so no page of it is mapped)."""
+    entry = f.header[name]
+    stored = np.dtype(_STORED[entry["dtype"]])
+    start = f.data_start + entry["data_offsets"][0]
+    count = (entry["data_offsets"][1] - entry["data_offsets"][0]) // stored.itemsize
+    for i in sorted({0, count - 1, *range(0, count, max(count // COPY_SAMPLES, 1))}) if count else []:
+        raw = np.frombuffer(os.pread(f.file.fileno(), stored.itemsize, start + i * stored.itemsize), stored)
+        want = (_converted(raw, entry["dtype"]) if entry["dtype"] in CONVERTED_DTYPES else raw).tobytes()
+        yield i * len(want), want
 
 
 def _converted_copy(f: MappedSafetensors) -> MappedSafetensors | None:
@@ -216,7 +220,7 @@ def _converted_copy(f: MappedSafetensors) -> MappedSafetensors | None:
     or not writable."""
     layout = _copy_layout(f)
     return mapped_copy(f.path, f.file, f"converted copy {COPY_VERSION}", layout, partial(_write_copy, f, layout),
-                       partial(_copy_agrees, f, layout))
+                       partial(copy_agrees, layout=layout, expected=partial(_copy_samples, f)))
 
 
 def mapped_copy(source: Path, file: BinaryIO | None, kind: str, layout: Layout, write: Callable[[BinaryIO], None],

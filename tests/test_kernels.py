@@ -324,6 +324,28 @@ def test_int8_weights_fp16_exact_detects_inexact_products():
     assert kernels.int8_weights_fp16_exact(np.full((3, 2), 63, np.int8), big)
 
 
+def test_int8_weights_fp16_exact_agrees_with_float64_on_every_row():
+    """The check decides a row from its largest odd part, smallest power of two and largest |q|: each row, alone,
+    against float64 products of every weight (exact) and their float16 round trip, over scales whose products land
+    on every edge: 11 significant bits, the subnormal step 2^-24, the largest value 65504, zero and non-finite."""
+    rows, scales = [], []
+    for mantissa_bits in range(1, 13):
+        for exponent in (-40, -34, -31, -30, -29, -26, -24, -20, -8, 0, 3, 5, 6, 8, 9):
+            mantissa = int(RNG.integers(1 << (mantissa_bits - 1), 1 << mantissa_bits)) | 1
+            scales.append(np.float32(np.ldexp(mantissa, exponent)))
+            rows.append(RNG.integers(-128, 128, size=6))
+    for q in ([0, 0, 0], [1, 2, 4], [127, -127, 1], [-128, 64, 8], [3, 5, 7], [96, 48, 0]):
+        for s in (0.0, 2.0 ** -24, 2.0 ** -25, 2.0 ** -17, 511.75, 65504 / 127, 1 / 3, np.inf, np.nan):
+            rows.append(np.resize(q, 6))
+            scales.append(np.float32(s))
+    for q, s in zip(rows, scales):
+        q8 = np.asarray(q, np.int8)[None]
+        with np.errstate(invalid="ignore", over="ignore"):
+            exact = q8.astype(np.float64) * np.float64(s)
+            expected = bool(np.all(np.isfinite(exact)) and np.all(exact.astype(np.float16).astype(np.float64) == exact))
+        assert kernels.int8_weights_fp16_exact(q8, np.array([s], np.float32)) == expected, (q, s)
+
+
 @pytest.mark.parametrize("pow2", [False, True], ids=["4-bit scales", "power-of-two scales"])
 @pytest.mark.parametrize("cout,cin", [(1, 1), (5, 7), (16, 40), (33, 129), (100, 300), (768, 768), (48, 3072)])
 def test_conv1x1_i8_matches_float64_and_the_fp16_kernel_bit_for_bit(cout, cin, pow2):

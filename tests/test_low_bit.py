@@ -423,6 +423,37 @@ def test_low_bit_conv_equals_the_fp16_program_of_its_weight_bit_for_bit(mode, co
     np.testing.assert_allclose(got[0, :, 0, :].astype(np.float64), ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
 
 
+@pytest.mark.parametrize("mode", MODES + ("int8",))
+def test_keyed_quantized_weights_are_packed_once_and_a_key_naming_other_bytes_is_refused(mode) -> None:
+    """With weight keys (a file's SHA-256, as compile_lowered gives Lowered.file_digests) a quantized weight that
+    another program packed is found under its key (its data's and tables' keys, dtype and blocks), not checked and
+    packed again: every bucket of a model shares it. Another weight gets its own; a key given for other bytes is
+    refused at a few sampled bytes, as fp16 weights' are (test_shared_weights); values against numpy float64."""
+    if orion.backend() != "emulator":
+        pytest.skip("the emulator's packed weights")
+    w1, w2 = (RNG.standard_normal((48, 64)) * 0.05 for _ in range(2))
+    a, b = (compiler.lower_graph(low_bit_graph(w, 4, mode)) for w in (w1, w2))
+    x = RNG.standard_normal((1, 64, 1, 4)).astype(np.float16)
+
+    def compiled(lowered, weights, keys):
+        return compiler.CompiledGraph(lowered, orion.compile(lowered.mil, weights, weight_keys=keys, profile="permissive"))
+
+    with no_collection():
+        before = kernels.shared_conv_weights()[0]
+        first = compiled(a, a.weights, a.file_digests)
+        second = compiled(a, {p: bytes(d) for p, d in a.weights.items()}, a.file_digests)  # other buffers
+        assert kernels.shared_conv_weights()[0] == before + 1
+        other = compiled(b, b.weights, b.file_digests)
+        assert kernels.shared_conv_weights()[0] == before + 2
+        with pytest.raises(ValueError, match="names bytes that differ"):
+            compiled(b, b.weights, a.file_digests)  # b's bytes under a's keys
+    np.testing.assert_array_equal(first(x=x)["y"], second(x=x)["y"])
+    for program, w in ((first, w1), (other, w2)):
+        ref = quant.quantize(w, mode).dequantized() @ x[0, :, 0, :].astype(np.float64)
+        np.testing.assert_allclose(program(x=x)["y"][0, :, 0, :].astype(np.float64), ref, rtol=2e-3,
+                                   atol=2e-3 * np.abs(ref).max())
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("cout,cin", [(40, 33), (24, 72), (56, 97), (37, 45)])
 def test_low_bit_conv_of_odd_sizes_against_float64(mode, cout, cin) -> None:

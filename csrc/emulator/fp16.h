@@ -58,4 +58,17 @@ inline uint16_t float_to_half(float f) {
 
 inline float round_to_fp16(float f) { return half_to_float(float_to_half(f)); }
 
+// Whether f is an fp16 value (finite, on fp16's grid: round_to_fp16(f) == f), from its bits.
+inline bool is_fp16_value(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, sizeof x);
+    const uint32_t abs = x & 0x7FFFFFFFu;
+    if (abs == 0) return true;
+    if (abs > 0x477FE000u) return false;  // beyond 65504, inf or NaN
+    const int exponent = static_cast<int>(abs >> 23) - 127;
+    if (exponent < -24) return false;     // under the smallest subnormal, 2^-24
+    const int dropped = 13 + (exponent < -14 ? -14 - exponent : 0);  // fp16 keeps 10 bits, fewer as a subnormal
+    return (abs & ((1u << dropped) - 1u)) == 0;
+}
+
 }  // namespace orion::emu

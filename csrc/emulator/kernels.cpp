@@ -25,6 +25,7 @@
 
 #include "emulator/buffer_pool.h"
 #include "emulator/conv_tiles.h"
+#include "emulator/keyed_weights.h"
 #include "emulator/fp16.h"
 #include "emulator/huge_pages.h"
 #include "emulator/simd.h"
@@ -1208,6 +1209,13 @@ std::vector<std::pair<std::string, std::shared_ptr<const PackedConv1x1>>> keyed_
 std::shared_ptr<const PackedConv1x1I8> shared_conv1x1_i8(const int8_t* q, const float* scale, int64_t cout,
                                                          int64_t cin) {
     return share(shared_i8, q, scale, cout, cin, [&] { return pack_conv1x1_i8(q, scale, cout, cin); });
+}
+
+std::shared_ptr<const PackedConv1x1I8> keyed_conv1x1_i8(
+    const std::string& key, const std::string& samples,
+    const std::function<std::shared_ptr<const PackedConv1x1I8>()>& make) {
+    static KeyedWeights<PackedConv1x1I8> keyed;
+    return keyed.get(key, samples, make);
 }
 
 std::pair<int64_t, int64_t> shared_conv1x1_usage() {

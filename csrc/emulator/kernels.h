@@ -200,6 +200,16 @@ PackedConv1x1Q pack_conv1x1_affine4(const uint8_t* u, const float* scale, const 
 // A packed weight held once per process for each distinct content (as shared_conv1x1).
 std::shared_ptr<const PackedConv1x1Q> shared_conv1x1_q(PackedConv1x1Q packed);
 
+// A keyed int8 or low-bit weight (CompressedConst::key with its shape, keyed_weights.h): the one held under
+// `key`, else make()'s (shared_conv1x1_i8's or shared_conv1x1_q's; nullptr when the kernels do not take it).
+// `samples`: a few of its stored bytes; a key held with other samples throws std::invalid_argument.
+std::shared_ptr<const PackedConv1x1I8> keyed_conv1x1_i8(
+    const std::string& key, const std::string& samples,
+    const std::function<std::shared_ptr<const PackedConv1x1I8>()>& make);
+std::shared_ptr<const PackedConv1x1Q> keyed_conv1x1_q(
+    const std::string& key, const std::string& samples,
+    const std::function<std::shared_ptr<const PackedConv1x1Q>()>& make);
+
 // out[o*S + s] = sum_c W[o][c] * x[c*S + s] for s < lanes (fp32 accumulation); the first `lanes`
 // lanes of each output row are written (rounded to fp16 when round_fp16 is set), the others are
 // left untouched. x is [cin][S], out is [cout][S], both channel-major fp32. `out_stride` > 0: out's rows

@@ -2,6 +2,8 @@
 // block-wise affine): their packing and the tiles that decode them exactly inside the conv, one per SIMD
 // flavour. kernels.cpp's conv driver runs these tiles as it runs the fp16 ones.
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <memory>
 #include <mutex>
@@ -13,6 +15,7 @@
 #include "emulator/conv_tiles.h"
 #include "emulator/fp16.h"
 #include "emulator/kernels.h"
+#include "emulator/keyed_weights.h"
 
 namespace orion::emu::kernels {
 namespace {
@@ -1196,17 +1199,31 @@ void add_low_bit_usage(int64_t& count, int64_t& bytes) {
 }
 
 bool int8_weights_fp16_exact(const int8_t* q, const float* scale, int64_t cout, int64_t cin) {
-    for (int64_t o = 0; o < cout; ++o) {
-        // Which of the 256 values q may take give an exact fp16 product with this row's scale.
-        bool exact[256];
-        for (int v = -128; v < 128; ++v) {
-            const float w = static_cast<float>(v) * scale[o];
-            exact[v + 128] = std::isfinite(w) && emu::half_to_float(emu::float_to_half(w)) == w &&
-                             static_cast<double>(v) * scale[o] == static_cast<double>(w);
+    // With s = m * 2^e and q = q' * 2^t (m, q' odd), q * s = (q' * m) * 2^(e + t) is an fp16 value (and then exact
+    // in fp32 too) iff q' * m < 2^11 (11 significant bits), e + t >= -24 (the subnormals' step) and |q * s| <=
+    // 65504: a row's largest odd part q' (needed only when 127 * m >= 2^11), smallest t (that of the OR of its
+    // |q|) and largest |q| decide it for all its weights.
+    for (int64_t o = 0; o < cout && cin > 0; ++o) {
+        const float s = scale[o];
+        if (!std::isfinite(s)) return false;
+        const int8_t* row = q + o * cin;
+        unsigned bits = 0, largest = 0;
+        for (int64_t c = 0; c < cin; ++c) {  // (vectorized)
+            const unsigned v = static_cast<unsigned>(std::abs(static_cast<int>(row[c])));
+            bits |= v;
+            largest = std::max(largest, v);
         }
-        bool row = true;
-        for (int64_t c = 0; c < cin; ++c) row &= exact[q[o * cin + c] + 128];
-        if (!row) return false;
+        if (largest == 0 || s == 0.0f) continue;  // every product is 0
+        int x = 0;
+        int64_t m = static_cast<int64_t>(std::ldexp(std::frexp(static_cast<double>(std::fabs(s)), &x), 24));
+        int e = x - 24;
+        for (; m % 2 == 0; m /= 2) ++e;
+        if (e + __builtin_ctz(bits) < -24 || largest * static_cast<double>(std::fabs(s)) > 65504.0) return false;
+        if (127 * m < 2048) continue;
+        for (int64_t c = 0; c < cin; ++c) {
+            const unsigned v = static_cast<unsigned>(std::abs(static_cast<int>(row[c])));
+            if (v && (v >> __builtin_ctz(v)) * m >= 2048) return false;
+        }
     }
     return true;
 }
@@ -1295,11 +1312,19 @@ PackedConv1x1Q pack_conv1x1_lut(const uint8_t* indices, int bits, const float* l
 }
 
 bool affine4_packable(float scale, float zero) {
-    const auto is_half = [](float v) { return std::isfinite(v) && emu::half_to_float(emu::float_to_half(v)) == v; };
-    if (!is_half(scale) || !is_half(zero)) return false;
-    for (int u = 0; u < 16; ++u)
-        if (!is_half(static_cast<float>(u) - zero)) return false;  // exact in fp32: fp16 operands below 2^11
-    return true;
+    if (!emu::is_fp16_value(scale) || !emu::is_fp16_value(zero)) return false;
+    // Whether u - zero is an fp16 value for every u, found once per zero point (a weight's millions of blocks
+    // share a few): by zero's fp16 bits, 0 not yet known, 1 yes, 2 no.
+    static std::array<std::atomic<uint8_t>, 65536> known{};
+    std::atomic<uint8_t>& entry = known[emu::float_to_half(zero)];
+    uint8_t verdict = entry.load(std::memory_order_relaxed);
+    if (verdict == 0) {
+        verdict = 1;
+        for (int u = 0; u < 16; ++u)
+            if (!emu::is_fp16_value(static_cast<float>(u) - zero)) verdict = 2;  // exact in fp32: fp16 operands below 2^11
+        entry.store(verdict, std::memory_order_relaxed);
+    }
+    return verdict == 1;
 }
 
 PackedConv1x1Q pack_conv1x1_affine4(const uint8_t* u, const float* scale, const float* zero, int64_t block,
@@ -1346,16 +1371,21 @@ PackedConv1x1Q pack_conv1x1_affine4(const uint8_t* u, const float* scale, const 
             at[kConvPanel + j] = emu::float_to_half(z);
         }
         uint8_t* rows = packed.data.data() + p * cin * 8;
+        const uint8_t* row = u + o * cin;
+        if (std::any_of(row, row + cin, [](uint8_t v) { return v > 15; }))
+            throw std::invalid_argument("pack_conv1x1_affine4: a value is above 15");
+        if (packed.affine4_octets || packed.affine4_pairs) {  // rows c and c + 1 in one byte (blocks of 2+: cin even)
+            uint8_t* at = rows + (packed.affine4_octets ? (j / 8) * 32 + (j % 8) * 4 : j);
+            for (int64_t c = 0; c < cin; c += 2) {
+                const int64_t byte = packed.affine4_octets ? (c / 8) * 64 + (c % 8) / 2 : (c / 2) * 16;
+                at[byte] = static_cast<uint8_t>(row[c] | row[c + 1] << 4);
+            }
+            continue;
+        }
         for (int64_t c = 0; c < cin; ++c) {
-            const unsigned v = u[o * cin + c];
-            if (v > 15) throw std::invalid_argument("pack_conv1x1_affine4: a value is above 15");
+            const unsigned v = row[c];
             if (packed.channel_major)
                 rows[j * (cin / 2) + (c / 32) * 16 + chunk_byte(c % 32, true)] |= static_cast<uint8_t>(v << chunk_shift(c % 32, true));
-            else if (packed.affine4_octets)
-                rows[(c / 8) * 64 + (j / 8) * 32 + (j % 8) * 4 + (c % 8) / 2] |=
-                    static_cast<uint8_t>(v << (4 * (c % 2)));
-            else if (packed.affine4_pairs)
-                rows[(c / 2) * 16 + j] |= static_cast<uint8_t>(v << (4 * (c % 2)));
             else
                 rows[c * 8 + j / 2] |= static_cast<uint8_t>(v << (4 * (j % 2)));
         }
@@ -1380,6 +1410,13 @@ std::shared_ptr<const PackedConv1x1Q> shared_conv1x1_q(PackedConv1x1Q packed) {
     auto made = std::make_shared<const PackedConv1x1Q>(std::move(packed));
     shared_q.emplace(key, made);
     return made;
+}
+
+std::shared_ptr<const PackedConv1x1Q> keyed_conv1x1_q(
+    const std::string& key, const std::string& samples,
+    const std::function<std::shared_ptr<const PackedConv1x1Q>()>& make) {
+    static KeyedWeights<PackedConv1x1Q> keyed;
+    return keyed.get(key, samples, make);
 }
 
 }  // namespace orion::emu::kernels

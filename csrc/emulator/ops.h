@@ -81,6 +81,10 @@ struct CompressedConst {
     std::vector<float> offset;  // shift_scale: the offsets (empty: 0)
     frontend::BlockLayout blocks;  // lut, shift_scale
     mil::Type type;  // the dequantized tensor's
+    // A name its stored form alone determines (its BLOBFILE consts' keys, ValueInfo::blob_key, and its few inline
+    // values, with the stored dtype and block shape), under which conv's packed weight is shared across programs
+    // without hashing or packing it again; empty when some const has no key (a caller that gave no keys).
+    std::string key;
 };
 // Its values in fp32, rounded to the output dtype as the ANE produces them: (q - z) * s (exact for fp16
 // scales and integer data), or the LUT's entries.

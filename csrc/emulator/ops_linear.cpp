@@ -65,14 +65,41 @@ std::vector<uint8_t> unpacked(const ValueInfo& v) {
     const int bits = static_cast<int>(mil::dtype_bits(v.type.dtype));
     const std::string_view bytes = *v.blob;
     std::vector<uint8_t> out(static_cast<size_t>(n));
+    if (bits == 4) {  // two a byte, the low nibble first
+        const uint8_t flip = v.type.dtype == mil::DType::int4 ? 0x88 : 0;
+        for (int64_t i = 0; i + 1 < n; i += 2) {
+            const uint8_t b = static_cast<uint8_t>(bytes[static_cast<size_t>(i / 2)]) ^ flip;
+            out[static_cast<size_t>(i)] = b & 15;
+            out[static_cast<size_t>(i + 1)] = b >> 4;
+        }
+        if (n % 2) out[static_cast<size_t>(n - 1)] = (static_cast<uint8_t>(bytes[static_cast<size_t>(n / 2)]) ^ flip) & 15;
+        return out;
+    }
     for (int64_t i = 0; i < n; ++i) {
         const int64_t bit = i * bits;
         uint32_t word = static_cast<uint8_t>(bytes[static_cast<size_t>(bit / 8)]);
         if (bit % 8 + bits > 8) word |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[static_cast<size_t>(bit / 8 + 1)])) << 8;
         const uint32_t value = (word >> (bit % 8)) & ((1u << bits) - 1);
-        out[static_cast<size_t>(i)] = static_cast<uint8_t>(v.type.dtype == mil::DType::int4 ? (value ^ 8u) : value);
+        out[static_cast<size_t>(i)] = static_cast<uint8_t>(value);
     }
     return out;
+}
+
+// A few of a compressed weight's stored bytes (the first, middle and last 16 of its data and of each table): what
+// a keyed weight is checked by on each use (kernels::KeyedWeights), a constant cost that catches a key naming
+// other bytes.
+std::string stored_samples(const OpContext& ctx, const CompressedConst& c) {
+    std::string samples;
+    auto take = [&](std::string_view bytes) {
+        for (size_t at : {size_t{0}, bytes.size() / 2, bytes.size() - std::min<size_t>(bytes.size(), 16)})
+            samples.append(bytes.substr(at, 16));
+    };
+    auto floats = [](const std::vector<float>& v) {
+        return std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+    };
+    take(ctx.value(c.data).blob.value_or(std::string_view()));
+    for (const auto* table : {&c.table, &c.offset, &c.params.scale, &c.params.zero}) take(floats(*table));
+    return samples;
 }
 
 // The packed 4-/6-bit form of a LUT or block-wise weight [cout, cin, 1, 1], when the low-bit kernel takes
@@ -149,11 +176,20 @@ BuiltOp build_conv(OpContext& ctx) {
     };
     if (pointwise) {
         if (const CompressedConst* a = ctx.compressed("weight")) {
+            // (held under its key when another program packed it: checked and packed once per process)
+            const std::string key = a->key.empty() ? "" : a->key + "/" + std::to_string(g.cout) + "x" + std::to_string(g.cin);
+            const std::string samples = key.empty() ? "" : stored_samples(ctx, *a);
             if (a->kind == CompressedConst::Kind::affine) {
-                if (const auto w = exact_int8_weight(ctx, *a, g.cout, g.cin))
-                    return pointwise_kernel(kernels::shared_conv1x1_i8(w->q, w->scale.data(), g.cout, g.cin));
-            } else if (auto w = low_bit_weight(ctx, *a, g.cout, g.cin)) {
-                return pointwise_kernel(kernels::shared_conv1x1_q(std::move(*w)));
+                if (auto w = kernels::keyed_conv1x1_i8(key, samples, [&]() -> std::shared_ptr<const kernels::PackedConv1x1I8> {
+                        const auto exact = exact_int8_weight(ctx, *a, g.cout, g.cin);
+                        return exact ? kernels::shared_conv1x1_i8(exact->q, exact->scale.data(), g.cout, g.cin) : nullptr;
+                    }))
+                    return pointwise_kernel(std::move(w));
+            } else if (auto w = kernels::keyed_conv1x1_q(key, samples, [&]() -> std::shared_ptr<const kernels::PackedConv1x1Q> {
+                           auto packed = low_bit_weight(ctx, *a, g.cout, g.cin);
+                           return packed ? kernels::shared_conv1x1_q(std::move(*packed)) : nullptr;
+                       })) {
+                return pointwise_kernel(std::move(w));
             }
         }
         if (!ctx.compressed("weight")) {  // an fp16 BLOBFILE weight is packed from its bytes: no transient copy

@@ -2,6 +2,7 @@
 // constexpr_lut_to_dense and constexpr_blockwise_shift_scale, which conv reads in their stored form.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "emulator/fp16.h"
 #include "emulator/ops.h"
@@ -46,6 +47,29 @@ BuiltOp build_dequantize(OpContext& ctx) {
             }};
 }
 
+// CompressedConst::key of the consts `args` (those the op has) holding data of `dtype` in blocks of `blocks`.
+std::string compressed_key(const OpContext& ctx, std::initializer_list<const char*> args, mil::DType dtype,
+                           const Shape& blocks) {
+    std::string key = mil::dtype_name(dtype);
+    for (int64_t b : blocks) key += "x" + std::to_string(b);
+    for (const char* arg : args) {
+        if (!ctx.has(arg)) continue;
+        const ValueInfo& v = ctx.constant(arg);
+        key += ";" + std::string(arg) + "=" + v.type.str() + ":";
+        if (!v.blob_key.empty()) {
+            key += v.blob_key;
+            continue;
+        }
+        if (v.blob || v.folded || v.constant->numbers.size() > 16) return {};  // unkeyed bytes
+        for (double n : v.constant->numbers) {  // a few values written in the text: themselves, exactly
+            char exact[32];
+            std::snprintf(exact, sizeof exact, "%a,", n);
+            key += exact;
+        }
+    }
+    return key;
+}
+
 // A compile-time constant: conv reads it in its stored form (ValueInfo::compressed); the emulator
 // runs this kernel only when some other kernel reads the values (or the program returns them).
 BuiltOp constexpr_op(OpContext& ctx, std::shared_ptr<CompressedConst> c) {
@@ -60,6 +84,8 @@ BuiltOp build_constexpr_affine_dequantize(OpContext& ctx) {
     auto c = std::make_shared<CompressedConst>();
     c->data = ctx.constant("quantized_data").slot;  // a const is its own slot
     c->params = affine(ctx);
+    c->key = compressed_key(ctx, {"quantized_data", "scale", "zero_point"}, ctx.value(c->data).type.dtype,
+                            {c->params.n, c->params.inner});
     return constexpr_op(ctx, std::move(c));
 }
 
@@ -69,6 +95,7 @@ BuiltOp build_constexpr_lut_to_dense(OpContext& ctx) {
     c->data = ctx.constant("indices").slot;
     c->table = ctx.floats("lut");
     c->blocks = ctx.attrs<frontend::BlockLayout>();
+    c->key = compressed_key(ctx, {"indices", "lut"}, ctx.value(c->data).type.dtype, c->blocks.block);
     return constexpr_op(ctx, std::move(c));
 }
 
@@ -79,6 +106,7 @@ BuiltOp build_constexpr_blockwise_shift_scale(OpContext& ctx) {
     c->table = ctx.floats("scale");
     if (ctx.has("offset")) c->offset = ctx.floats("offset");
     c->blocks = ctx.attrs<frontend::BlockLayout>();
+    c->key = compressed_key(ctx, {"data", "scale", "offset"}, ctx.value(c->data).type.dtype, c->blocks.block);
     return constexpr_op(ctx, std::move(c));
 }
 

@@ -203,6 +203,9 @@ def test_progress_false_silences_weight_loading_too(model_dir, monkeypatch, caps
 def test_context_length_is_read_without_building_the_model(model_dir) -> None:
     assert models.context_length(model_dir) == CONFIG.n_positions
     assert models.context_length("gpt2") == 1024 and models.context_length(CONFIG) == 128
+    # every registered shape, Stories110M's interleaved RoPE among them (its config has no Hugging Face form)
+    assert {name: models.context_length(name) for name in models.shape_names()} == {
+        "124m": 1024, "gpt2": 1024, "stories110m": 1024}
 
 
 def test_a_gpt2_context_option_caps_the_cache_like_a_llama_one(model_dir) -> None:

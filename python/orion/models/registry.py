@@ -154,8 +154,8 @@ def context_length(source: str | os.PathLike[str] | Any) -> int | None:
         if _checkpoint_file(Path(source)):
             return None
         data = read_json_object(Path(source) / CONFIG_FILE)
-    else:
-        data = source.to_hf_json()
+    else:  # a config's own field (not its to_hf_json, which refuses configs no checkpoint holds: llama2.c's RoPE)
+        data = {k: getattr(source, k, None) for k in _CONTEXT_KEYS}
     values = [data[k] for k in _CONTEXT_KEYS if isinstance(data.get(k), int)]
     return values[0] if values else None
 

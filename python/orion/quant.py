@@ -45,6 +45,7 @@ import numpy as np
 from orion import origins
 from orion.constraints import violation
 from orion.errors import OrionError
+from orion.graph import lineage
 from orion.limits import FP16_MAX
 
 QUANT_MODES = ("fp16", "int8", "lut4", "lut6", "int4")
@@ -403,12 +404,22 @@ decode programs quantize each weight once, not once per program (k-means is the 
 
 def quantize_once(weight: np.ndarray, quant: str, name: str = "weight",
                   importance: np.ndarray | None = None) -> Int8Weight | LutWeight | Int4Weight:
-    """:func:`quantize`, remembered by the weight's content (its bytes' BLAKE2b digest, dtype and shape) and the
-    importance's."""
+    """:func:`quantize`, remembered by the weight's values and the importance's (its BLAKE2b digest): a checkpoint's
+    weight (or an array derived from its weights, as a fused projection) by its lineage key
+    (:mod:`orion.graph.lineage`, for as long as the checkpoint is open: named, not hashed), any other by its bytes'
+    BLAKE2b digest, dtype and shape."""
+    weighted = None if importance is None else \
+        hashlib.blake2b(np.ascontiguousarray(importance, np.float64).data, digest_size=20).digest()
+    source = lineage.key_of(weight)
+    if source is not None:
+        fact = f"quantized {quant} {weighted.hex() if weighted else ''}"
+        held = lineage.recall(source, fact)
+        if held is None:
+            held = quantize(np.ascontiguousarray(weight), quant, name, importance)
+            lineage.remember(source, fact, held)
+        return held
     w = np.ascontiguousarray(weight)
-    weighted = None if importance is None else np.ascontiguousarray(importance, np.float64)
-    key = (quant, w.dtype.str, w.shape, hashlib.blake2b(w.data, digest_size=20).digest(),
-           None if weighted is None else hashlib.blake2b(weighted.data, digest_size=20).digest())
+    key = (quant, w.dtype.str, w.shape, hashlib.blake2b(w.data, digest_size=20).digest(), weighted)
     held = _QUANTIZED.get(key)
     if held is None:
         held = _QUANTIZED[key] = quantize(w, quant, name, importance)

@@ -391,9 +391,16 @@ ORION_AVX2 BlockX block_x(uint64_t call, const float* x, int64_t S, int64_t B, i
     exact = (_mm_getcsr() & 0x8040) == 0 && scalable(x, S, k, lanes);  // (FTZ 0x8000, DAZ 0x40)
     if (exact) {
         scaled.resize(static_cast<size_t>(k * lanes));
-        for (int64_t c = 0; c < k; ++c) {
-            const float scale = std::ldexp(1.0f, x_shift(c, octets));
-            for (int l = 0; l < lanes; ++l) scaled[static_cast<size_t>(c * lanes + l)] = x[c * S + l] * scale;
+        alignas(32) float factor[8];  // x_shift depends on c % 8 alone (pairs: c % 2)
+        for (int i = 0; i < 8; ++i) factor[i] = std::ldexp(1.0f, x_shift(i, octets));
+        if (S == 1 && lanes == 1) {  // a compact decode call: 8 rows a multiply
+            const __m256 factors = _mm256_load_ps(factor);
+            int64_t c = 0;
+            for (; c + 8 <= k; c += 8) _mm256_storeu_ps(scaled.data() + c, _mm256_mul_ps(_mm256_loadu_ps(x + c), factors));
+            for (; c < k; ++c) scaled[static_cast<size_t>(c)] = x[c] * factor[c % 8];
+        } else {
+            for (int64_t c = 0; c < k; ++c)
+                for (int l = 0; l < lanes; ++l) scaled[static_cast<size_t>(c * lanes + l)] = x[c * S + l] * factor[c % 8];
         }
     }
     made = {call, x, S, B, k, lanes, octets};

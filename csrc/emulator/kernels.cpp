@@ -955,16 +955,17 @@ bool packs(const Packed& packed, const W* weight, const float* scale, int64_t co
     return equal.load();
 }
 
-// The packed weights alive in this process, by content hash, so that equal weights are packed once;
-// those compiled with a key (shared_conv1x1's), by key.
+// The packed weights alive in this process, by content hash, so that equal weights are packed once; those
+// compiled with a key, by key (keyed_weights.h).
 template <typename Packed>
 struct SharedPacked {
     std::unordered_multimap<size_t, std::weak_ptr<const Packed>> held;
-    std::unordered_map<std::string, std::weak_ptr<const Packed>> by_key;
 };
 std::mutex shared_mutex;
 SharedPacked<PackedConv1x1> shared_f16;
 SharedPacked<PackedConv1x1I8> shared_i8;
+KeyedWeights<PackedConv1x1> keyed_f16;
+KeyedWeights<PackedConv1x1I8> keyed_i8;
 
 // The live packed weights under `key` (taken under the lock; compared outside it).
 template <typename Packed>
@@ -1017,42 +1018,8 @@ bool samples_match(const PackedConv1x1& packed, const uint16_t* weight, int64_t 
     return true;
 }
 
-// The weight packed under `key`, else `pack()`'s result, kept under it: no hashing, no comparison
-// beyond samples_match (std::invalid_argument when the samples differ: the key names other bytes).
-template <typename Pack>
-std::shared_ptr<const PackedConv1x1> share_by_key(SharedPacked<PackedConv1x1>& shared, std::string_view key,
-                                                  const uint16_t* weight, int64_t cout, int64_t cin, const Pack& pack) {
-    // The same bytes read as another shape (a reshaped file) are another packed weight.
-    const std::string shaped = std::string(key) + "/" + std::to_string(cout) + "x" + std::to_string(cin);
-    auto found = [&]() -> std::shared_ptr<const PackedConv1x1> {  // under the lock
-        auto it = shared.by_key.find(shaped);
-        auto alive = it == shared.by_key.end() ? nullptr : it->second.lock();
-        if (alive && !samples_match(*alive, weight, cout, cin))
-            throw std::invalid_argument("shared_conv1x1: the weight key '" + std::string(key) +
-                                        "' names bytes that differ from the weight packed under it (a key must be "
-                                        "determined by the weight's bytes, e.g. their SHA-256)");
-        return alive;
-    };
-    {
-        std::lock_guard<std::mutex> lock(shared_mutex);
-        if (auto alive = found()) return alive;
-    }
-    auto packed = std::make_shared<const PackedConv1x1>(pack());  // outside the lock: others pack meanwhile
-    std::lock_guard<std::mutex> lock(shared_mutex);
-    if (auto alive = found()) return alive;  // packed by another thread meanwhile
-    for (auto it = shared.by_key.begin(); it != shared.by_key.end();)
-        it = it->second.expired() ? shared.by_key.erase(it) : std::next(it);
-    shared.by_key.emplace(shaped, packed);
-    return packed;
-}
-
 template <typename Packed>
 void add_usage(const SharedPacked<Packed>& shared, int64_t& count, int64_t& bytes) {
-    for (const auto& [key, weak] : shared.by_key)
-        if (auto alive = weak.lock()) {
-            ++count;
-            bytes += static_cast<int64_t>(alive->data.size() * sizeof(alive->data[0]));
-        }
     for (const auto& [key, weak] : shared.held)
         if (auto alive = weak.lock()) {
             ++count;
@@ -1190,19 +1157,23 @@ PackedConv1x1 map_conv1x1(const std::string& path, const uint16_t* weight, int64
 
 std::shared_ptr<const PackedConv1x1> shared_conv1x1(const uint16_t* weight, int64_t cout, int64_t cin,
                                                     std::string_view key, const std::string& packed_file) {
-    auto pack = [&] { return pack_conv1x1(weight, cout, cin); };
-    if (key.empty()) return share(shared_f16, weight, nullptr, cout, cin, pack);
+    if (key.empty()) return share(shared_f16, weight, nullptr, cout, cin, [&] { return pack_conv1x1(weight, cout, cin); });
     if (cout < 0 || cin < 0) throw std::invalid_argument("shared_conv1x1: negative weight shape");
-    if (!packed_file.empty() && cout > 0 && cin > 0)
-        return share_by_key(shared_f16, key, weight, cout, cin, [&] { return map_conv1x1(packed_file, weight, cout, cin); });
-    return share_by_key(shared_f16, key, weight, cout, cin, pack);
+    // The same bytes read as another shape (a reshaped file) are another packed weight.
+    const std::string shaped = std::string(key) + "/" + std::to_string(cout) + "x" + std::to_string(cin);
+    const std::string_view bytes(reinterpret_cast<const char*>(weight), static_cast<size_t>(cout * cin) * 2);
+    return keyed_f16.get(shaped, sampled_bytes(bytes), [&] {
+        return std::make_shared<const PackedConv1x1>(!packed_file.empty() && cout > 0 && cin > 0
+                                                         ? map_conv1x1(packed_file, weight, cout, cin)
+                                                         : pack_conv1x1(weight, cout, cin));
+    });
 }
 
 std::vector<std::pair<std::string, std::shared_ptr<const PackedConv1x1>>> keyed_conv1x1_packed() {
     std::vector<std::pair<std::string, std::shared_ptr<const PackedConv1x1>>> out;
-    std::lock_guard<std::mutex> lock(shared_mutex);
-    for (const auto& [key, weak] : shared_f16.by_key)
-        if (auto alive = weak.lock(); alive && !alive->data.mapped()) out.emplace_back(key, std::move(alive));
+    keyed_f16.for_each([&](const std::string& key, const std::shared_ptr<const PackedConv1x1>& alive) {
+        if (!alive->data.mapped()) out.emplace_back(key, alive);
+    });
     return out;
 }
 
@@ -1214,13 +1185,16 @@ std::shared_ptr<const PackedConv1x1I8> shared_conv1x1_i8(const int8_t* q, const 
 std::shared_ptr<const PackedConv1x1I8> keyed_conv1x1_i8(
     const std::string& key, const std::string& samples,
     const std::function<std::shared_ptr<const PackedConv1x1I8>()>& make) {
-    static KeyedWeights<PackedConv1x1I8> keyed;
-    return keyed.get(key, samples, make);
+    return keyed_i8.get(key, samples, make);
 }
 
 std::pair<int64_t, int64_t> shared_conv1x1_usage() {
-    std::lock_guard<std::mutex> lock(shared_mutex);
     int64_t count = 0, bytes = 0;
+    keyed_f16.for_each([&](const std::string&, const std::shared_ptr<const PackedConv1x1>& alive) {
+        ++count;  // (keyed fp16 weights are held by key alone; keyed int8 and low-bit ones by content too)
+        bytes += static_cast<int64_t>(alive->data.size() * sizeof(alive->data[0]));
+    });
+    std::lock_guard<std::mutex> lock(shared_mutex);
     add_usage(shared_f16, count, bytes);
     add_usage(shared_i8, count, bytes);
     add_low_bit_usage(count, bytes);

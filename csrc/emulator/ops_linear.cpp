@@ -12,6 +12,7 @@
 
 #include <utility>
 
+#include "emulator/keyed_weights.h"
 #include "emulator/ops.h"
 
 namespace orion::emu {
@@ -89,16 +90,10 @@ std::vector<uint8_t> unpacked(const ValueInfo& v) {
 // a keyed weight is checked by on each use (kernels::KeyedWeights), a constant cost that catches a key naming
 // other bytes.
 std::string stored_samples(const OpContext& ctx, const CompressedConst& c) {
-    std::string samples;
-    auto take = [&](std::string_view bytes) {
-        for (size_t at : {size_t{0}, bytes.size() / 2, bytes.size() - std::min<size_t>(bytes.size(), 16)})
-            samples.append(bytes.substr(at, 16));
-    };
-    auto floats = [](const std::vector<float>& v) {
-        return std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
-    };
-    take(ctx.value(c.data).blob.value_or(std::string_view()));
-    for (const auto* table : {&c.table, &c.offset, &c.params.scale, &c.params.zero}) take(floats(*table));
+    std::string samples = kernels::sampled_bytes(ctx.value(c.data).blob.value_or(std::string_view()));
+    for (const auto* table : {&c.table, &c.offset, &c.params.scale, &c.params.zero})
+        samples += kernels::sampled_bytes(std::string_view(reinterpret_cast<const char*>(table->data()),
+                                                           table->size() * sizeof(float)));
     return samples;
 }
 

@@ -1053,15 +1053,13 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
     if (lanes < S && (lanes <= kCompactLanes || !converts_weights(k, w.cin, lanes))) {
         // A few live lanes of wide rows (decode: 1 of 32; a short prompt in a long bucket: 16 of 1024, whose
         // rows 4 KiB apart would all meet in one L1 set): the panels read x as a contiguous [cin][lanes]
-        // copy (in L1, not a cache line per input channel) and write a compact result, scattered to
-        // out's rows after. The same values in the same order: the same sums. (More lanes convert the
-        // weights and read x packed in lane tiles, below.)
-        thread_local std::vector<float> compact_x, compact_out;
+        // copy (in L1, not a cache line per input channel) and each job writes its outputs' lanes to out's
+        // rows (in parallel: no compact result scattered after by one thread). The same values in the same
+        // order: the same sums. (More lanes convert the weights and read x packed in lane tiles, below.)
+        thread_local std::vector<float> compact_x;
         float* xc = scratch(compact_x, static_cast<size_t>(w.cin * lanes));
-        float* oc = scratch(compact_out, static_cast<size_t>(panels * kConvPanel * lanes));
         gather_lanes(x, w.cin, S, lanes, xc);
-        conv1x1_packed(w, xc, lanes, lanes, oc, lanes, round_fp16);
-        scatter_lanes(oc, w.cout, lanes, out, out_stride);
+        conv1x1_packed(w, xc, lanes, lanes, out, out_stride, round_fp16);
         return;
     }
     // Long rows are cut into balanced chunks of about kConvLaneChunk lanes (each >= 18, so every

@@ -829,3 +829,78 @@ def test_a_builder_compiles_read_programs_on_its_compile_thread_in_order(tmp_pat
     with pytest.raises(orion.CompileError, match="simulated"):
         ProgramBuilder({"test": "build_all"}, progress=False).build_all("block", graphs)
     assert [e[0] for e in events].count("compile") == 3 and [e[0] for e in events].count("compiled") == 2
+
+
+def test_a_builder_building_ahead_returns_programs_still_compiling(tmp_path, monkeypatch) -> None:
+    """build_all(..., ahead=True) returns once every program is read from the cache, the programs still compiling
+    on the compile thread in order: a program's layout is there at once, its ``program`` when compiled, so the
+    first runs while a later one compiles. A failed compile is raised where that program is read."""
+    from orion.runtime import builder as builder_module
+
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    graphs = [(lambda s=s: _scaled_graph(s), {"scale": s}) for s in (1.0, 2.0, 3.0)]
+    cold = ProgramBuilder({"test": "ahead"}, progress=False).build_all("block", graphs)
+    program_cache.flush()
+    release, compiled = threading.Event(), []
+    real_compile = builder_module.compile_cached
+
+    def compile_(lowered, **options):
+        if len(compiled) == 2:  # the last program: held until the test releases it
+            assert release.wait(20)
+            if os.environ.get("FAIL_LAST"):
+                raise orion.CompileError("simulated compile failure")
+        compiled.append(lowered.content_hash)
+        return real_compile(lowered, **options)
+
+    monkeypatch.setattr(builder_module, "compile_cached", compile_)
+    warm = ProgramBuilder({"test": "ahead"}, progress=False)
+    programs = warm.build_all("block", graphs, ahead=True)
+    assert warm.cached == 3 and all(isinstance(p, builder_module.CompilingGraph) for p in programs)
+    assert [p.layout for p in programs] == [p.layout for p in cold]
+    first = programs[0](x=X)["y"]
+    assert len(compiled) == 2  # the first ran while the last was still compiling
+    release.set()
+    for program, plain in zip(programs, cold, strict=True):
+        np.testing.assert_array_equal(program(x=X)["y"], plain(x=X)["y"])
+    assert compiled == [p.content_hash for p in cold]
+    np.testing.assert_array_equal(first, cold[0](x=X)["y"])
+    compiled.clear()
+    release.clear()
+    monkeypatch.setenv("FAIL_LAST", "1")
+    failing = ProgramBuilder({"test": "ahead"}, progress=False).build_all("block", graphs, ahead=True)
+    np.testing.assert_array_equal(failing[0](x=X)["y"], first)
+    release.set()
+    with pytest.raises(orion.CompileError, match="simulated"):
+        failing[2](x=X)
+
+
+def test_a_warm_first_prefill_runs_its_first_layer_while_the_last_one_compiles(tmp_path, monkeypatch) -> None:
+    """A warm start's first prefill binds the programs it read from the cache and runs each layer as soon as its
+    program is compiled (build_prefill_plan builds ahead): its first layer program has run before the last one
+    compiles, and the logits are the cold start's."""
+    from orion import models
+    from orion.runtime import builder as builder_module
+    from orion.runtime.stage import Stage
+
+    directory = _llama_dir(tmp_path / "model", seed=3)
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path / "cache"))
+    cold = models.load(directory, progress=False, fusion_depth=1)
+    want = cold.logits([5, 17, 3, 60])
+    program_cache.flush()
+    ran, waited = threading.Event(), []
+    real_run, real_compile = Stage.run, builder_module.ProgramBuilder._compile
+
+    def run(self, live_lanes=None):
+        ran.set()
+        return real_run(self, live_lanes)
+
+    def compile_(self, lowered, label, show):
+        if label.startswith("prefill layers 1-1"):  # the last layer program of the prompt's bucket
+            waited.append(ran.wait(20))
+        return real_compile(self, lowered, label, show)
+
+    monkeypatch.setattr(Stage, "run", run)
+    monkeypatch.setattr(builder_module.ProgramBuilder, "_compile", compile_)
+    warm = models.load(directory, progress=False, fusion_depth=1)
+    np.testing.assert_array_equal(warm.logits([5, 17, 3, 60]), want)
+    assert warm.builder.built == 0 and waited == [True]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import weakref
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -25,6 +26,7 @@ from orion.graph.builder import Graph
 from orion.legalize import IOLayout, check_fusion_depth, legalize, prepare_io
 from orion.limits import MAX_INPUT_SURFACES, MAX_OUTPUT_SURFACES, MIN_SURFACE_BYTES, SRAM_BYTES
 from orion.passes import PassContext, PipelineReport, run_pipeline
+from orion.runtime.dtypes import mil_dtype
 from orion.runtime.packing import copied, copy_into, packed_view
 from orion.runtime.pages import release_pages
 
@@ -137,6 +139,11 @@ class CompiledGraph:
     def content_hash(self) -> str:
         return self.lowered.content_hash
 
+    def surfaces(self, side: str) -> dict[str, tuple[tuple[int, ...], str]]:
+        """The program's ``"inputs"`` or ``"outputs"`` surfaces: MIL name -> (shape, MIL dtype)."""
+        specs = self.program.inputs if side == "inputs" else self.program.outputs
+        return {name: (tuple(spec.shape), mil_dtype(spec.dtype)) for name, spec in specs.items()}
+
     def _check_inputs(self, arrays: dict[str, np.ndarray]) -> None:
         missing = sorted({s.name for s in self.layout.inputs} - set(arrays))
         extra = sorted(set(arrays) - {s.name for s in self.layout.inputs})
@@ -178,6 +185,22 @@ class CompiledGraph:
             return {s.name: copied(packed_view(surfaces[s.surface_name], s.shape, s.offset)) for s in self.layout.outputs}
 
         return self.program.call_in_place(fill, read)
+
+
+class CompilingGraph(CompiledGraph):
+    """A lowered graph compiling on another thread (``ProgramBuilder.build_all(..., ahead=True)``): its I/O layout,
+    and so its surfaces, now; its ``program`` once compiled (reading it waits; a compile error is raised there)."""
+
+    def __init__(self, lowered: Lowered, compiling: Future[CompiledGraph]) -> None:
+        self.lowered, self._compiling = lowered, compiling
+
+    @property
+    def program(self) -> Any:
+        return self._compiling.result().program
+
+    def surfaces(self, side: str) -> dict[str, tuple[tuple[int, ...], str]]:
+        """By the layout (a lowered graph's program has exactly its layout's surfaces), without waiting."""
+        return IOLayout.surfaces(self.layout.inputs if side == "inputs" else self.layout.outputs)
 
 
 def compile_lowered(lowered: Lowered, *, profile: str = "hardware", min_surface_bytes: int | None = None,

@@ -122,10 +122,10 @@ def test_fusion_depth_falls_back_when_a_compile_fails(monkeypatch) -> None:
     weights = lively_weights(config, seed=1)
     real = ProgramBuilder.build_all
 
-    def refuse_deep(self, kind, graphs, max_layers=1):
+    def refuse_deep(self, kind, graphs, max_layers=1, **options):
         if kind == "decode" and max_layers > 1:
             raise orion.CompileError(f"simulated ANE compile failure at fusion depth {max_layers}")
-        return real(self, kind, graphs, max_layers)
+        return real(self, kind, graphs, max_layers, **options)
 
     monkeypatch.setattr(ProgramBuilder, "build_all", refuse_deep)
     model = GPT2(config, weights, fusion_depth=4, progress=False)

@@ -130,10 +130,10 @@ def test_fusion_depth_is_sized_to_the_sram_and_falls_back(monkeypatch) -> None:
     assert default.decode_plan.fusion_depth == sram_fusion_depth(config.n_layers, 2 * config.layer_param_count()) == 3
     real = ProgramBuilder.build_all
 
-    def refuse_deep(self, kind, graphs, max_layers=1):
+    def refuse_deep(self, kind, graphs, max_layers=1, **options):
         if kind == "decode" and max_layers > 1:
             raise orion.CompileError(f"simulated ANE compile failure at fusion depth {max_layers}")
-        return real(self, kind, graphs, max_layers)
+        return real(self, kind, graphs, max_layers, **options)
 
     monkeypatch.setattr(ProgramBuilder, "build_all", refuse_deep)
     layered = Llama(config, weights, progress=False)

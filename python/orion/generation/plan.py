@@ -28,7 +28,7 @@ from orion.errors import OrionError
 from orion.graph import Graph
 from orion.limits import MIN_LANES, MIN_SURFACE_BYTES, SRAM_BYTES
 from orion.runtime.builder import ProgramBuilder
-from orion.runtime.dtypes import mil_dtype
+from orion.runtime.dtypes import numpy_dtype
 from orion.runtime.stage import Stage
 from orion.runtime.surface import Surface
 
@@ -220,12 +220,11 @@ def _bind(programs: list[CompiledGraph], heads: list[CompiledGraph], io_dtype: s
     for i, cg in enumerate(programs):
         given = {"x": x[i % 2], "out:x": x[(i + 1) % 2]}
         x_surface = next(s.surface_name for s in cg.layout.outputs if s.name == "x")
-        others = [(name, spec) for name, spec in cg.program.outputs.items() if name != x_surface] \
-            if share_outputs else []
+        others = [(name, surface) for name, surface in cg.surfaces("outputs").items()
+                  if name != x_surface] if share_outputs else []
         surfaces = {}
-        for place, (name, spec) in enumerate(others):
-            key = (place, tuple(spec.shape), mil_dtype(spec.dtype))
-            surfaces[name] = outputs.setdefault(key, Surface(spec.shape, mil_dtype(spec.dtype), nbytes))
+        for place, (name, (shape, dtype)) in enumerate(others):
+            surfaces[name] = outputs.setdefault((place, tuple(shape), dtype), Surface(shape, dtype, nbytes))
         layers.append(Stage(cg, given, surfaces))
     return layers, [Stage(cg, {"x": x[len(programs) % 2]}) for cg in heads]
 
@@ -239,9 +238,10 @@ def _surface_shape(programs: list[CompiledGraph]) -> tuple[int, ...]:
 
 
 def largest_surface(programs: list[CompiledGraph]) -> int:
-    """Bytes of the largest input or output tensor of ``programs``."""
-    return max(int(np.prod(spec.shape)) * spec.dtype.itemsize for cg in programs
-               for specs in (cg.program.inputs, cg.program.outputs) for spec in specs.values())
+    """Bytes of the largest input or output surface of ``programs`` (``CompiledGraph.surfaces``: a program still
+    compiling has them too)."""
+    return max(int(np.prod(shape)) * numpy_dtype(dtype).itemsize for cg in programs
+               for side in ("inputs", "outputs") for shape, dtype in cg.surfaces(side).values())
 
 
 def build_decode_plan(builder: ProgramBuilder, options: PlanOptions, n_layer: int, default_depth: int,
@@ -311,13 +311,15 @@ def build_prefill_plan(builder: ProgramBuilder, n_layer: int, depth: int, seq: i
     """Compiles the layer programs for ``seq`` tokens (``past``: the chunk programs over a KV cache of
     ``past`` positions, ``prefill_graph(r, seq, past=True, context=past)``; ``packed``: several whole prompts
     on the lanes, ``prefill_graph(r, seq, packed=True)``), and the LM head over all of them when
-    ``head_ranges`` is not empty."""
+    ``head_ranges`` is not empty. Those read from the program cache are still compiling when it returns
+    (``ProgramBuilder.build_all(..., ahead=True)``): the first prefill binds them and runs each layer as soon
+    as its program is compiled."""
     ranges = layer_ranges(n_layer, depth)
     kind, extra = ("prefill_chunk", {"past": True, "context": past}) if past else \
         ("prefill_packed", {"packed": True}) if packed else ("prefill", {})
     layers = builder.build_all(kind, [(lambda r=r: prefill_graph(r, seq, **extra),
                                        {"layers": [r.start, r.stop], "seq": seq, **({"context": past} if past else {})})
-                                      for r in ranges], max_layers=depth)
+                                      for r in ranges], max_layers=depth, ahead=True)
     heads = builder.build_all("lm_head", [(lambda r=r: lm_head_graph(r, seq), {"vocab": [r.start, r.stop], "seq": seq})
-                                          for r in head_ranges])
+                                          for r in head_ranges], ahead=True)
     return PrefillPlan(seq, ranges, layers, heads, bool(past))

@@ -12,7 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
 from orion._core import kernels
-from orion.compiler import CompiledGraph, Lowered
+from orion.compiler import CompiledGraph, CompilingGraph, Lowered
 from orion.errors import CompileBudgetExhausted, CompileError, ConstraintError
 from orion.graph import Graph
 from orion.passes.sram import SRAMBudgetWarning
@@ -109,23 +109,36 @@ class ProgramBuilder:
         return self.build_all(kind, [(graph, params)], max_layers)[0]
 
     def build_all(self, kind: str, graphs: Iterable[tuple[Callable[[], Graph], dict[str, Any]]],
-                  max_layers: int = 1) -> list[CompiledGraph]:
+                  max_layers: int = 1, ahead: bool = False) -> list[CompiledGraph]:
         """``build(kind, graph, max_layers, **params)`` for each ``(graph, params)``, in order. A program read
         from the cache compiles on the compile thread while the next one is read (the compile releases the GIL):
         a warm start's reads and compiles overlap. One lowered here holds its weights in memory until compiled,
-        so it compiles before the next is lowered, as alone."""
-        start = time.perf_counter()
+        so it compiles before the next is lowered, as alone. ``ahead``: return once every program is read or
+        built; those read from the cache are :class:`CompilingGraph` s still compiling, in order, while the
+        caller binds and runs the first ones (a warm start's first prefill runs its layers as they compile)."""
+        start, counts = time.perf_counter(), (self.built, self.cached)
         pending: list[Future[CompiledGraph]] = []
+        lowered_all: list[Lowered] = []
         try:
             for graph, params in graphs:
                 label = program_label(kind, params)
                 lowered, was_cached = self._lower(kind, graph, max_layers, params, label)
-                pending.append(_compile_thread().submit(self._compile, lowered, was_cached, label))
+                self.cached += was_cached
+                self.built += not was_cached
+                shown = f"{label}{' (loaded from cache)' if was_cached else ''}"
+                pending.append(_compile_thread().submit(self._compile, lowered, shown, not ahead))
+                lowered_all.append(lowered.without_weights())
                 if not was_cached:
                     pending[-1].result()
+            if ahead:
+                return [CompilingGraph(lowered, future) for lowered, future in zip(lowered_all, pending, strict=True)]
             return [future.result() for future in pending]
+        except BaseException:
+            self.built, self.cached = counts  # (a batch retried at a shallower fusion counts its programs once)
+            raise
         finally:
-            wait(pending)  # none left compiling (the compile budget counts it) when one failed
+            if not ahead:
+                wait(pending)  # none left compiling (the compile budget counts it) when one failed
             self.seconds += time.perf_counter() - start
 
     def _lower(self, kind: str, graph: Callable[[], Graph], max_layers: int, params: dict[str, Any],
@@ -144,12 +157,11 @@ class ProgramBuilder:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         return lowered, was_cached
 
-    def _compile(self, lowered: Lowered, was_cached: bool, label: str) -> CompiledGraph:
+    def _compile(self, lowered: Lowered, label: str, show: bool) -> CompiledGraph:
         # Nothing patches these programs' weights: the lowered copy goes (with no program cache, bytes in memory).
         compiled = CompiledGraph(lowered.without_weights(), compile_cached(lowered, **self.compile_options).program)
-        self.cached += was_cached
-        self.built += not was_cached
-        self.line.step(f"{label}{' (loaded from cache)' if was_cached else ''}")
+        if show:  # (a compile ahead may end after its batch's line)
+            self.line.step(label)
         return compiled
 
     def with_fallback(self, depth: int, build_depth: Callable[[int], T]) -> tuple[int, T]:

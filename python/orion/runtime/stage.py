@@ -9,14 +9,16 @@ import numpy as np
 from orion.compiler import CompiledGraph
 from orion.legalize.io import IOSpec
 from orion.limits import MIN_SURFACE_BYTES
-from orion.runtime.dtypes import mil_dtype
+from orion.runtime.dtypes import numpy_dtype
 from orion.runtime.packing import packed_view
-from orion.runtime.program import BoundProgram, TensorSpec
+from orion.runtime.program import BoundProgram, Program
 from orion.runtime.surface import Surface
 
 
 class Stage:
-    """A compiled graph bound once to its surfaces; ``run()`` evaluates it on them.
+    """A compiled graph bound once to its surfaces; ``run()`` evaluates it on them. The surfaces follow the
+    graph's I/O layout and the program is bound to them at the first run: a stage of a program still compiling
+    (``CompilingGraph``) is made and written at once, and its first run waits for the compile.
 
     ``input(name)`` and ``output(name)`` are views in the graph's (unpadded) shapes, made once: of the
     tensor's own surface, of the packed surface holding it (ANE-37, ``orion.passes.io_packing``), or of
@@ -34,15 +36,13 @@ class Stage:
         one too), bound as they are: stages run in turn may share them when each one's outputs are read
         before the next runs."""
         self.compiled = compiled
-        self.program = compiled.program
         layout = compiled.layout
         self.mil_name = {s.name: s.mil_name for s in layout.inputs}
-        self._hint_name = {s.name: _cut_name(s, self.program.input_parts) for s in layout.inputs}
         shared = dict(shared or {})
         given_in = {n: s for n, s in shared.items() if not n.startswith("out:")}
         given_out = {n[4:]: s for n, s in shared.items() if n.startswith("out:")}
-        self.inputs = _fill(layout.inputs, self.program.inputs, given_in)
-        self.outputs = _fill(layout.outputs, self.program.outputs, given_out, output_surfaces or {})
+        self.inputs = _fill(layout.inputs, compiled.surfaces("inputs"), given_in)
+        self.outputs = _fill(layout.outputs, compiled.surfaces("outputs"), given_out, output_surfaces or {})
         copy_in = {s.name: (packed_view(given_in[s.name].array, s.shape), _view(self.inputs, s))
                    for s in layout.inputs if s.surface and s.name in given_in}
         copy_out = {s.name: (_view(self.outputs, s), packed_view(given_out[s.name].array, s.shape))
@@ -52,7 +52,26 @@ class Stage:
         self._inputs.update({name: source for name, (source, _) in copy_in.items()})
         self._outputs = {s.name: _view(self.outputs, s) for s in layout.outputs}
         self._outputs.update({name: target for name, (_, target) in copy_out.items()})
-        self._bound = self.program.bind(self.inputs, self.outputs, copy_in.values(), copy_out.values())
+        self._copies = (list(copy_in.values()), list(copy_out.values()))
+        self._binding: tuple[BoundProgram, dict[str, str]] | None = None
+
+    @property
+    def program(self) -> Program:
+        """The compiled program (a stage of a program still compiling, ``CompilingGraph``, waits for it here)."""
+        return self.compiled.program
+
+    @property
+    def _bound(self) -> BoundProgram:
+        return self._bind()[0]
+
+    def _bind(self) -> tuple[BoundProgram, dict[str, str]]:
+        """The program bound to the surfaces, and the hint name of each input: made on first use, so a stage is
+        bound (and written) before its program has compiled."""
+        if self._binding is None:
+            layout, parts = self.compiled.layout, self.program.input_parts
+            self._binding = (self.program.bind(self.inputs, self.outputs, *self._copies),
+                             {s.name: _cut_name(s, parts) for s in layout.inputs})
+        return self._binding
 
     def input(self, name: str) -> np.ndarray:
         """A writable view of input ``name`` in the graph's shape."""
@@ -70,7 +89,7 @@ class Stage:
         self._bound(self._hints(live_lanes))
 
     def _hints(self, live_lanes: Mapping[str, int] | None) -> dict[str, int] | None:
-        return {self._hint_name[n]: v for n, v in live_lanes.items()} if live_lanes else None
+        return {self._bind()[1][n]: v for n, v in live_lanes.items()} if live_lanes else None
 
 
 def run_in_turn(runs: Iterable[tuple[Stage, Mapping[str, int] | None]]) -> None:
@@ -91,12 +110,13 @@ def _view(surfaces: Mapping[str, Surface], spec: IOSpec) -> np.ndarray:
     return packed_view(surfaces[spec.surface_name].array, spec.shape, spec.offset)
 
 
-def _fill(specs: list[IOSpec], programs: Mapping[str, TensorSpec], given: Mapping[str, Surface],
+def _fill(specs: list[IOSpec], surfaces: Mapping[str, tuple[tuple[int, ...], str]], given: Mapping[str, Surface],
           by_surface: Mapping[str, Surface] | None = None) -> dict[str, Surface]:
-    """By MIL surface name: given surfaces where a tensor has its own, ``by_surface``'s by MIL surface name,
-    new ones elsewhere, all of one size (ANE-13)."""
+    """By MIL surface name (``surfaces``: the program's inputs or outputs, ``CompiledGraph.surfaces``): given
+    surfaces where a tensor has its own, ``by_surface``'s by MIL surface name, new ones elsewhere, all of one
+    size (ANE-13)."""
     own = {s.surface_name: given[s.name] for s in specs if not s.surface and s.name in given}
     own |= by_surface or {}
-    size = max([MIN_SURFACE_BYTES] + [int(np.prod(p.shape)) * p.dtype.itemsize for p in programs.values()]
-               + [s.nbytes for s in own.values()])
-    return {name: own.get(name) or Surface(p.shape, mil_dtype(p.dtype), size) for name, p in programs.items()}
+    size = max([MIN_SURFACE_BYTES] + [int(np.prod(shape)) * numpy_dtype(dtype).itemsize
+                                      for shape, dtype in surfaces.values()] + [s.nbytes for s in own.values()])
+    return {name: own.get(name) or Surface(shape, dtype, size) for name, (shape, dtype) in surfaces.items()}

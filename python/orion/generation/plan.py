@@ -265,7 +265,8 @@ def build_decode_plan(builder: ProgramBuilder, options: PlanOptions, n_layer: in
     heads = []
     if options.lm_head == "ane":
         heads = builder.build_all("lm_head", [(lambda r=r: lm_head_graph(r, options.lanes),
-                                               {"vocab": [r.start, r.stop], "seq": options.lanes}) for r in head_ranges])
+                                               {"vocab": [r.start, r.stop], "seq": options.lanes}) for r in head_ranges],
+                                  ahead=True)
     return DecodePlan(options, depth, ranges, head_ranges, heads, costs(ranges, head_ranges, options.lm_head),
                       builder, _layer_builder(builder, ranges, depth, decode_graph, options.lanes), context, built,
                       compile_lock)

@@ -89,6 +89,7 @@ def test_a_warm_start_hashes_no_weights(checkpoint, monkeypatch) -> None:
     time.sleep(program_cache.RACY_NS / 1e9)  # a file changed within a clock tick is hashed every time
     GPT2.from_pretrained(checkpoint, progress=False).prefill(IDS)  # cold: hashes, lowers, stores
     monkeypatch.setattr(program_cache, "_MEMO", {})  # as a new process: no in-memory memo, no programs
+    monkeypatch.setattr(program_cache, "_MEMO_LOGS", {})
     monkeypatch.setattr(compiler, "_PROGRAMS", {})
     monkeypatch.setattr(hashlib, "sha256", CountingSha256)
     CountingSha256.fed = 0
@@ -100,6 +101,7 @@ def test_a_warm_start_hashes_no_weights(checkpoint, monkeypatch) -> None:
     before = model.program_identity()["weights"]
     save_hf(checkpoint, CONFIG, random_weights(CONFIG, seed=5))
     monkeypatch.setattr(program_cache, "_MEMO", {})
+    monkeypatch.setattr(program_cache, "_MEMO_LOGS", {})
     CountingSha256.fed = 0
     changed = GPT2.from_pretrained(checkpoint, progress=False)
     assert CountingSha256.fed >= (checkpoint / "model.safetensors").stat().st_size

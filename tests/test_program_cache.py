@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import zlib
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -183,6 +184,7 @@ def test_a_warm_read_checks_no_blob_another_entry_stamped(tmp_path, monkeypatch)
     lower_cached({"test": "stamped blob", "entry": 1}, graph)  # the same weights: the blobs' times are refreshed
     assert [b.stat().st_mtime_ns for b in blobs] != times_before
     program_cache._MEMO.clear()  # as a new process: no in-process memo, no open map
+    program_cache._MEMO_LOGS.clear()
     gc.collect()
     computed: list[int] = []
     real = program_cache._checksum
@@ -192,6 +194,7 @@ def test_a_warm_read_checks_no_blob_another_entry_stamped(tmp_path, monkeypatch)
     check_runs(compile_lowered(first))
     del first
     program_cache._MEMO.clear()
+    program_cache._MEMO_LOGS.clear()
     gc.collect()
     blob = max(blobs, key=lambda b: b.stat().st_size)
     blob.write_bytes(blob.read_bytes()[:-64])  # truncated in place (same inode)
@@ -683,6 +686,46 @@ def test_a_file_asked_again_is_served_by_the_memo_and_a_changed_one_is_computed_
     assert ask() == zlib.crc32(b"b" * 2048) and computed == [4096, 2048, 2048]
 
 
+
+def test_memoized_values_are_one_log_read_once_and_a_damaged_line_is_computed_again(tmp_path, monkeypatch) -> None:
+    """``_by_identity`` keeps its values in one log per cache (``files/memo.log``), read once by a new process: the
+    hundreds of blob CRCs a warm start asks cost one file read, not one file each. A line that is not intact (a
+    torn or damaged write) is skipped and its value computed again; a log past its limit is started again."""
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path / "cache"))
+    paths = [tmp_path / f"blob{i}.bin" for i in range(3)]
+    for i, path in enumerate(paths):
+        path.write_bytes(bytes([i + 1]) * 4096)
+    want = [zlib.crc32(path.read_bytes()) for path in paths]
+    computed: list[str] = []
+
+    def ask(path) -> int:
+        def crc() -> str:
+            computed.append(path.name)
+            return str(zlib.crc32(path.read_bytes()))
+        return int(program_cache._by_identity(path, "crc32", crc, str.isdigit, times=False))
+
+    def new_process() -> list[str]:
+        """The files whose values a new process computes when it asks for all three (and gets them right)."""
+        monkeypatch.setattr(program_cache, "_MEMO", {})
+        monkeypatch.setattr(program_cache, "_MEMO_LOGS", {})
+        computed.clear()
+        assert [ask(path) for path in paths] == want
+        return list(computed)
+
+    assert [ask(path) for path in paths] == want and computed == [p.name for p in paths]
+    log = tmp_path / "cache" / program_cache.FILES / program_cache.MEMO_LOG
+    assert [f.name for f in log.parent.iterdir()] == [program_cache.MEMO_LOG] and len(log.read_text().splitlines()) == 3
+    opened: list[str] = []
+    real_read = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: opened.append(self.name) or real_read(self))
+    assert new_process() == [] and opened.count(program_cache.MEMO_LOG) == 1
+    lines = log.read_text().splitlines(keepends=True)
+    value = lines[1].split("\t")[1]
+    log.write_text(lines[0] + lines[1].replace(value, value[:-1], 1) + lines[2][:-5])  # a wrong value, a torn line
+    assert new_process() == [paths[1].name, paths[2].name]
+    monkeypatch.setattr(program_cache, "MEMO_LOG_LIMIT", 10)
+    assert new_process() == [p.name for p in paths] and len(log.read_text().splitlines()) == 3
+
 # -- a checkpoint's weight files: named by where their values come from; a changed checkpoint is noticed ----------
 def _llama_dir(path, seed: int):
     from orion.models.llama import weights as llama_weights
@@ -724,6 +767,7 @@ def test_a_checkpoints_weight_files_are_named_without_hashing_them(tmp_path, mon
     assert not {real_sha(blobs[n]).hexdigest() for n in named} & hashed  # none of their bytes went through SHA-256
     # What a name stands for is recomputed from scratch in a fresh process: the same names, all served.
     program_cache._MEMO.clear()
+    program_cache._MEMO_LOGS.clear()
     from orion.graph import lineage
 
     lineage._FACTS.clear()  # noqa: SLF001 (as a new process: nothing remembered under lineage keys)

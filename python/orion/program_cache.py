@@ -92,7 +92,9 @@ MANIFEST = "manifest.json"
 BLOBS = "blobs"
 PANELS = "panels"  # files of packed conv panels (compile_cached)
 CONVERTED = "converted"  # converted copies of checkpoint files (converted_file)
-FILES = "files"  # _by_identity's memo: one small file per (kind, file version): checkpoint digests, blob CRCs
+FILES = "files"  # _by_identity's memo (MEMO_LOG): checkpoint digests, blob CRCs
+MEMO_LOG = "memo.log"  # in FILES: a line per memoized value, "<key>\t<value>\t<CRC-32>", appended whole
+MEMO_LOG_LIMIT = 4 << 20  # a log past this many bytes is started again (its values are computed again as asked)
 FORMAT = 2  # the entry layout: 2 = weight files as shared blobs
 DEFAULT_MAX_SIZE = 8 << 30
 BLOB_GRACE_S = 60.0
@@ -666,21 +668,51 @@ def _by_identity(path: Path, kind: str, compute: Callable[[], str], valid: Calla
     identity = f"{kind}\0{resolved}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}{stamp}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:32]
     root = cache_dir() if root is None else root
-    memo = root / FILES / key if root is not None else None
-    try:
-        text = memo.read_text().strip() if memo is not None and memo.is_file() else ""
-    except OSError:
-        text = ""
+    log = _memo_log(root) if root is not None else {}
+    text = log.get(key, "")
     if not valid(text):
         text = compute()
-        if memo is not None:
+        if root is not None and "\n" not in text:
+            log[key] = text
             try:
-                memo.parent.mkdir(parents=True, exist_ok=True)
-                _write_in_place(memo, lambda out: out.write(text.encode()))
+                (root / FILES).mkdir(parents=True, exist_ok=True)
+                with open(root / FILES / MEMO_LOG, "ab") as out:  # one write of a whole line: never interleaved
+                    out.write(_memo_line(key, text).encode())
             except OSError:  # a read-only cache: compute again next time
                 pass
     _MEMO[given] = text
     return text
+
+
+def _memo_line(key: str, value: str) -> str:
+    return f"{key}\t{value}\t{zlib.crc32(f'{key}{value}'.encode()):08x}\n"
+
+
+_MEMO_LOGS: dict[Path, dict[str, str]] = {}  # per cache directory: its memo log as read once, plus what was added
+
+
+def _memo_log(root: Path) -> dict[str, str]:
+    """The values ``root``'s memo log holds, by key: read once per process (a warm start asks hundreds, one small
+    file each before), then kept up to date with what this process appends. A line that is not whole and
+    intact (its CRC-32, :func:`_memo_line`: read while another process wrote it, or damaged) is skipped, its
+    value computed again when asked; a log past :data:`MEMO_LOG_LIMIT` is removed and started again."""
+    found = _MEMO_LOGS.get(root)
+    if found is None:
+        found = {}
+        path = root / FILES / MEMO_LOG
+        try:
+            if path.stat().st_size > MEMO_LOG_LIMIT:
+                path.unlink()
+            else:
+                for line in path.read_bytes().decode(errors="replace").splitlines(keepends=True):
+                    key, _, rest = line.partition("\t")
+                    value = rest.rpartition("\t")[0]
+                    if line == _memo_line(key, value):
+                        found[key] = value
+        except OSError:
+            pass
+        _MEMO_LOGS[root] = found
+    return found
 
 
 DIGEST_PIECE = 64 << 20  # file_digest hashes a file in pieces of this many bytes, on every core
@@ -842,6 +874,7 @@ def clear(root: Path | None = None) -> int:
             freed += _size(path)
             shutil.rmtree(path, ignore_errors=True)
     _PANEL_NAMES.pop(root, None)
+    _MEMO_LOGS.pop(root, None)
     _PANELS_CHECKED.clear()
     return freed
 

@@ -71,6 +71,7 @@ def test_a_warm_start_maps_the_copy_and_converts_nothing(bf16_dir, monkeypatch) 
     inode = copy.stat().st_ino
     time.sleep(program_cache.RACY_NS / 1e9)
     monkeypatch.setattr(program_cache, "_MEMO", {})  # as a new process
+    monkeypatch.setattr(program_cache, "_MEMO_LOGS", {})
     monkeypatch.setattr(weights_io, "_write_copy", lambda *a: pytest.fail("converted again"))
     model = load(bf16_dir, progress=False)
     assert not any(a.flags.owndata for _, a in model.weights.arrays())  # views of the copy
@@ -92,6 +93,7 @@ def test_a_damaged_copy_is_converted_again_with_one_warning(bf16_dir, monkeypatc
         data[20:24] = b"XXXX"
     copy.write_bytes(bytes(data))
     monkeypatch.setattr(program_cache, "_MEMO", {})
+    monkeypatch.setattr(program_cache, "_MEMO_LOGS", {})
     monkeypatch.setenv("ORION_CACHE_DIR", str(bf16_dir.parent / "cache"))
     capsys.readouterr()
     np.testing.assert_array_equal(load(bf16_dir, progress=False).logits(IDS), cold)

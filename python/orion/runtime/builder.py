@@ -118,7 +118,7 @@ class ProgramBuilder:
         caller binds and runs the first ones (a warm start's first prefill runs its layers as they compile)."""
         start, counts = time.perf_counter(), (self.built, self.cached)
         pending: list[Future[CompiledGraph]] = []
-        lowered_all: list[Lowered] = []
+        compiling: list[CompiledGraph] = []
         try:
             for graph, params in graphs:
                 label = program_label(kind, params)
@@ -127,12 +127,11 @@ class ProgramBuilder:
                 self.built += not was_cached
                 shown = f"{label}{' (loaded from cache)' if was_cached else ''}"
                 pending.append(_compile_thread().submit(self._compile, lowered, shown, not ahead))
-                lowered_all.append(lowered.without_weights())
+                if ahead:
+                    compiling.append(CompilingGraph(lowered.without_weights(), pending[-1]))
                 if not was_cached:
                     pending[-1].result()
-            if ahead:
-                return [CompilingGraph(lowered, future) for lowered, future in zip(lowered_all, pending, strict=True)]
-            return [future.result() for future in pending]
+            return compiling if ahead else [future.result() for future in pending]
         except BaseException:
             self.built, self.cached = counts  # (a batch retried at a shallower fusion counts its programs once)
             raise

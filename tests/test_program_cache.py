@@ -948,3 +948,30 @@ def test_a_warm_first_prefill_runs_its_first_layer_while_the_last_one_compiles(t
     warm = models.load(directory, progress=False, fusion_depth=1)
     np.testing.assert_array_equal(warm.logits([5, 17, 3, 60]), want)
     assert warm.builder.built == 0 and waited == [True]
+
+
+def test_building_ahead_shows_a_step_per_program_it_compiles_now(tmp_path, monkeypatch) -> None:
+    """On a terminal, a batch built ahead shows a step for each program it builds and compiles before returning (a
+    cold one); the programs read from the cache compile after the batch's line may have ended, so they show none."""
+    import io
+
+    from orion.progress import ProgressLine
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
+    graphs = [(lambda s=s: _scaled_graph(s), {"scale": s}) for s in (1.0, 2.0, 3.0)]
+    shown = []
+    for _ in range(2):  # cold, then warm
+        builder = ProgramBuilder({"test": "ahead steps"})
+        builder.line = ProgressLine(stream=Terminal())
+        builder.begin("blocks", 3)
+        programs = builder.build_all("block", graphs, ahead=True)
+        builder.end()
+        [program.program for program in programs]  # noqa: B018 (all compiled)
+        shown.append(builder.line.stream.getvalue())
+        program_cache.flush()
+    assert shown[0].count("block scale") == 3 and "/3: block scale 3.0" in shown[0]
+    assert "block scale" not in shown[1] and "(0 built, 3 loaded from cache)" in shown[1]

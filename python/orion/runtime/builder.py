@@ -126,7 +126,7 @@ class ProgramBuilder:
                 self.cached += was_cached
                 self.built += not was_cached
                 shown = f"{label}{' (loaded from cache)' if was_cached else ''}"
-                pending.append(_compile_thread().submit(self._compile, lowered, shown, not ahead))
+                pending.append(_compile_thread().submit(self._compile, lowered, shown, not (ahead and was_cached)))
                 if ahead:
                     compiling.append(CompilingGraph(lowered.without_weights(), pending[-1]))
                 if not was_cached:
@@ -159,7 +159,7 @@ class ProgramBuilder:
     def _compile(self, lowered: Lowered, label: str, show: bool) -> CompiledGraph:
         # Nothing patches these programs' weights: the lowered copy goes (with no program cache, bytes in memory).
         compiled = CompiledGraph(lowered.without_weights(), compile_cached(lowered, **self.compile_options).program)
-        if show:  # (a compile ahead may end after its batch's line)
+        if show:  # (not for a program read ahead, whose compile may end after its batch's line)
             self.line.step(label)
         return compiled
 

@@ -239,13 +239,8 @@ def test_progress_is_one_summary_line_per_batch_and_quiet_is_silent(model_dir) -
 
 
 def test_progress_line_updates_in_place_on_a_terminal() -> None:
-    import io
-
     from orion.progress import ProgressLine
-
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
+    from support.terminal import Terminal
 
     term = Terminal()
     line = ProgressLine(stream=term)

@@ -953,13 +953,8 @@ def test_a_warm_first_prefill_runs_its_first_layer_while_the_last_one_compiles(t
 def test_building_ahead_shows_a_step_per_program_it_compiles_now(tmp_path, monkeypatch) -> None:
     """On a terminal, a batch built ahead shows a step for each program it builds and compiles before returning (a
     cold one); the programs read from the cache compile after the batch's line may have ended, so they show none."""
-    import io
-
     from orion.progress import ProgressLine
-
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
+    from support.terminal import Terminal
 
     monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path))
     graphs = [(lambda s=s: _scaled_graph(s), {"scale": s}) for s in (1.0, 2.0, 3.0)]

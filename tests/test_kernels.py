@@ -130,22 +130,28 @@ def test_round_fp16_rejects_other_dtypes():
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 def test_store_columns_writes_each_lanes_column_at_its_position(dtype):
-    # dst [lanes, width, T] and src [width, S] as the decode surfaces give them: strided views
-    dst_surface = RNG.standard_normal((8, 40, 1, 64)).astype(dtype)
-    dst = dst_surface.reshape(8 * 40, 1, 64)[:, 0].reshape(8, 40, 64)
-    src = RNG.standard_normal((1, 40, 1, 11)).astype(dtype)[0, :, 0]
+    # dst [lanes, width, T] and src [width, S] as the decode surfaces give them: strided views; three pairs in one
+    # call (a step's keys and values of every layer), their channels in blocks spread over the threads
+    def surfaces(width):
+        dst_surface = RNG.standard_normal((8, width, 1, 64)).astype(dtype)
+        dst = dst_surface.reshape(8 * width, 1, 64)[:, 0].reshape(8, width, 64)
+        return dst, RNG.standard_normal((1, width, 1, 11)).astype(dtype)[0, :, 0]
+    pairs = [surfaces(width) for width in (40, 200, 65)]
     lanes, positions = [0, 2, 3, 7], [5, 63, 0, 17]
-    want = dst.copy()
-    for lane, pos in zip(lanes, positions):
-        want[lane, :, pos] = src[:, lane]
-    kernels.store_columns(dst, src, lanes, positions)
-    np.testing.assert_array_equal(dst, want)
-    kernels.store_columns(dst[:, :, ::2], src, [1], [31])  # any strides
-    want[1, :, 62] = src[:, 1]
-    np.testing.assert_array_equal(dst, want)
+    wants = [dst.copy() for dst, _ in pairs]
+    for want, (_, src) in zip(wants, pairs):
+        for lane, pos in zip(lanes, positions):
+            want[lane, :, pos] = src[:, lane]
+    kernels.store_columns([dst for dst, _ in pairs], [src for _, src in pairs], lanes, positions)
+    for want, (dst, _) in zip(wants, pairs):
+        np.testing.assert_array_equal(dst, want)
+    dst, src = pairs[0]
+    kernels.store_columns([dst[:, :, ::2]], [src], [1], [31])  # any strides
+    wants[0][1, :, 62] = src[:, 1]
+    np.testing.assert_array_equal(dst, wants[0])
 
 
-def test_store_columns_rejects_bad_input():
+def test_store_columns_rejects_bad_input_before_writing_anything():
     dst, src = np.zeros((4, 6, 16), np.float16), np.zeros((6, 4), np.float16)
     cases = [((dst, src.astype(np.float32), [0], [0]), "dtype"),
              ((dst.astype(np.int16), src.astype(np.int16), [0], [0]), "dtype"),
@@ -157,12 +163,18 @@ def test_store_columns_rejects_bad_input():
              ((dst, src, [0], [16]), "position 16"),
              ((dst, src, [0], [-1]), "position -1"),
              ((dst.tolist(), src, [0], [0]), "numpy arrays")]
-    for args, match in cases:
+    first = np.zeros_like(dst)
+    for (bad_dst, bad_src, lanes, positions), match in cases:
         with pytest.raises(ValueError, match=match):
-            kernels.store_columns(*args)
+            kernels.store_columns([first, bad_dst], [src + 1, bad_src], lanes, positions)
+        assert not first.any()  # the good pair before the bad one is not written either
+    with pytest.raises(ValueError, match="pair 1: every dst and src must have one dtype"):
+        kernels.store_columns([dst, dst.astype(np.float32)], [src, src.astype(np.float32)], [0], [0])
+    with pytest.raises(ValueError, match="one src per dst"):
+        kernels.store_columns([dst, dst], [src], [0], [0])
     dst.setflags(write=False)
     with pytest.raises(ValueError, match="read-only"):
-        kernels.store_columns(dst, src, [0], [0])
+        kernels.store_columns([dst], [src], [0], [0])
 
 
 # --- conv1x1 ------------------------------------------------------------------------------------

@@ -238,55 +238,89 @@ py::array_t<float> map_to_float32(const py::object& a_obj, const char* dtype, Fn
     return out;
 }
 
-// dst[lanes[i], :, positions[i]] = src[:, lanes[i]] for each i, elements of `Elem`'s size (strides in bytes).
-template <typename Elem>
-void store_columns_as(py::array& dst, const py::array& src, const std::vector<int64_t>& lanes,
-                      const std::vector<int64_t>& positions) {
-    const int64_t width = src.shape(0);
-    const int64_t d0 = dst.strides(0), d1 = dst.strides(1), d2 = dst.strides(2), s0 = src.strides(0), s1 = src.strides(1);
-    char* out = static_cast<char*>(dst.mutable_data());
-    const char* in = static_cast<const char*>(src.data());
+// One KV-cache tensor's new columns: dst [lanes, width, positions] and src [width, lanes] (strides in bytes).
+struct ColumnStore {
+    char* out;
+    const char* in;
+    int64_t width, d0, d1, d2, s0, s1;
+};
+
+// dst[lanes[i], c, positions[i]] = src[c, lanes[i]] for channels [begin, end), elements of `bytes` bytes.
+template <size_t bytes>
+void store_channels(const ColumnStore& t, int64_t begin, int64_t end, const std::vector<int64_t>& lanes,
+                    const std::vector<int64_t>& positions) {
     constexpr int64_t kAhead = 8;  // channels whose destinations (each on a cache line of its own) are fetched ahead
-    for (int64_t c = 0; c < width; ++c)
+    for (int64_t c = begin; c < end; ++c)
         for (size_t i = 0; i < lanes.size(); ++i) {
-            char* row = out + lanes[i] * d0 + positions[i] * d2;
-            if (c + kAhead < width) __builtin_prefetch(row + (c + kAhead) * d1, 1);
-            std::memcpy(row + c * d1, in + c * s0 + lanes[i] * s1, sizeof(Elem));
+            char* row = t.out + lanes[i] * t.d0 + positions[i] * t.d2;
+            if (c + kAhead < end) __builtin_prefetch(row + (c + kAhead) * t.d1, 1);
+            std::memcpy(row + c * t.d1, t.in + c * t.s0 + lanes[i] * t.s1, bytes);
         }
 }
 
-void store_columns(const py::object& dst_obj, const py::object& src_obj, const std::vector<int64_t>& lanes,
-                   const std::vector<int64_t>& positions) {
-    if (!py::isinstance<py::array>(dst_obj) || !py::isinstance<py::array>(src_obj))
-        throw py::value_error("store_columns: dst and src must be numpy arrays");
-    auto dst = py::reinterpret_borrow<py::array>(dst_obj);
-    const auto src = py::reinterpret_borrow<py::array>(src_obj);
+// For each pair j: dsts[j][lanes[i], :, positions[i]] = srcs[j][:, lanes[i]] for each i. Every pair is checked
+// before any is written; the copies (a cache line per element: the columns of positions-last caches) run on
+// every thread, without the GIL.
+void store_columns(const std::vector<py::object>& dsts, const std::vector<py::object>& srcs,
+                   const std::vector<int64_t>& lanes, const std::vector<int64_t>& positions) {
+    if (dsts.size() != srcs.size())
+        throw py::value_error("store_columns: give one src per dst (" + std::to_string(dsts.size()) + " dsts, " +
+                              std::to_string(srcs.size()) + " srcs)");
+    if (lanes.size() != positions.size())
+        throw py::value_error("store_columns: give one position per lane (" + std::to_string(lanes.size()) + " lanes, " +
+                              std::to_string(positions.size()) + " positions)");
     auto shape = [](const py::array& a) {
         std::string text = "(";
         for (py::ssize_t d = 0; d < a.ndim(); ++d) text += (d ? ", " : "") + std::to_string(a.shape(d));
         return text + ")";
     };
-    if (dst.ndim() != 3 || src.ndim() != 2 || dst.shape(1) != src.shape(0))
-        throw py::value_error("store_columns: dst must be [lanes, width, positions] and src [width, lanes] with the same "
-                              "width; got " + shape(dst) + " and " + shape(src));
-    if (!dst.dtype().equal(src.dtype()) || dst.dtype().kind() != 'f' || (dst.itemsize() != 2 && dst.itemsize() != 4))
-        throw py::value_error("store_columns: dst and src must have one dtype of 2 or 4 bytes (float16 or float32), got " +
-                              py::str(dst.dtype()).cast<std::string>() + " and " + py::str(src.dtype()).cast<std::string>());
-    if (!dst.writeable()) throw py::value_error("store_columns: dst is read-only");
-    if (lanes.size() != positions.size())
-        throw py::value_error("store_columns: give one position per lane (" + std::to_string(lanes.size()) + " lanes, " +
-                              std::to_string(positions.size()) + " positions)");
-    for (size_t i = 0; i < lanes.size(); ++i) {
-        if (lanes[i] < 0 || lanes[i] >= std::min<int64_t>(dst.shape(0), src.shape(1)))
-            throw py::value_error("store_columns: lane " + std::to_string(lanes[i]) + " is outside dst's " +
-                                  std::to_string(dst.shape(0)) + " and src's " + std::to_string(src.shape(1)) + " lanes");
-        if (positions[i] < 0 || positions[i] >= dst.shape(2))
-            throw py::value_error("store_columns: position " + std::to_string(positions[i]) + " of lane " +
-                                  std::to_string(lanes[i]) + " is outside dst's " + std::to_string(dst.shape(2)) +
-                                  " positions");
+    std::vector<ColumnStore> stores;
+    py::ssize_t itemsize = 0;
+    for (size_t j = 0; j < dsts.size(); ++j) {
+        const std::string where = "store_columns: pair " + std::to_string(j) + ": ";
+        if (!py::isinstance<py::array>(dsts[j]) || !py::isinstance<py::array>(srcs[j]))
+            throw py::value_error(where + "dst and src must be numpy arrays");
+        auto dst = py::reinterpret_borrow<py::array>(dsts[j]);
+        const auto src = py::reinterpret_borrow<py::array>(srcs[j]);
+        if (dst.ndim() != 3 || src.ndim() != 2 || dst.shape(1) != src.shape(0))
+            throw py::value_error(where + "dst must be [lanes, width, positions] and src [width, lanes] with the same "
+                                  "width; got " + shape(dst) + " and " + shape(src));
+        if (!dst.dtype().equal(src.dtype()) || dst.dtype().kind() != 'f' || (dst.itemsize() != 2 && dst.itemsize() != 4) ||
+            (itemsize && dst.itemsize() != itemsize))
+            throw py::value_error(where + "every dst and src must have one dtype of 2 or 4 bytes (float16 or float32), "
+                                  "got " + py::str(dst.dtype()).cast<std::string>() + " and " +
+                                  py::str(src.dtype()).cast<std::string>());
+        itemsize = dst.itemsize();
+        if (!dst.writeable()) throw py::value_error(where + "dst is read-only");
+        for (size_t i = 0; i < lanes.size(); ++i) {
+            if (lanes[i] < 0 || lanes[i] >= std::min<int64_t>(dst.shape(0), src.shape(1)))
+                throw py::value_error(where + "lane " + std::to_string(lanes[i]) + " is outside dst's " +
+                                      std::to_string(dst.shape(0)) + " and src's " + std::to_string(src.shape(1)) +
+                                      " lanes");
+            if (positions[i] < 0 || positions[i] >= dst.shape(2))
+                throw py::value_error(where + "position " + std::to_string(positions[i]) + " of lane " +
+                                      std::to_string(lanes[i]) + " is outside dst's " + std::to_string(dst.shape(2)) +
+                                      " positions");
+        }
+        stores.push_back({static_cast<char*>(dst.mutable_data()), static_cast<const char*>(src.data()), src.shape(0),
+                          dst.strides(0), dst.strides(1), dst.strides(2), src.strides(0), src.strides(1)});
     }
-    if (dst.itemsize() == 2) store_columns_as<uint16_t>(dst, src, lanes, positions);
-    else store_columns_as<uint32_t>(dst, src, lanes, positions);
+    if (stores.empty() || lanes.empty()) return;
+    // Blocks of kBlock channels of one pair; a thread's chunk holds about kChunkElements elements.
+    constexpr int64_t kBlock = 64, kChunkElements = 4096;
+    int64_t widest = 0;
+    for (const ColumnStore& t : stores) widest = std::max(widest, t.width);
+    const int64_t blocks = std::max<int64_t>(1, (widest + kBlock - 1) / kBlock);  // per pair
+    const int64_t grain = std::max<int64_t>(1, kChunkElements / (kBlock * static_cast<int64_t>(lanes.size())));
+    py::gil_scoped_release release;
+    kern::parallel_for(static_cast<int64_t>(stores.size()) * blocks, grain, [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) {
+            const ColumnStore& t = stores[static_cast<size_t>(b / blocks)];
+            const int64_t begin = b % blocks * kBlock, end = std::min(t.width, begin + kBlock);
+            if (itemsize == 2) store_channels<2>(t, begin, end, lanes, positions);
+            else store_channels<4>(t, begin, end, lanes, positions);
+        }
+    });
 }
 
 }  // namespace
@@ -376,10 +410,11 @@ void bind_kernels(py::module_& m) {
           "float32 op(a) @ op(b) with fp32 accumulation, rounded to fp16 if `round`; op transposes if asked.");
     k.def("to_fp16", &to_fp16, py::arg("src"), py::arg("out"),
           "Rounds float32 `src` to fp16 into float16 `out` (same size, C-contiguous; ties to even, as numpy).");
-    k.def("store_columns", &store_columns, py::arg("dst"), py::arg("src"), py::arg("lanes"), py::arg("positions"),
-          "dst[lanes[i], :, positions[i]] = src[:, lanes[i]] for each i (dst [lanes, width, positions], src [width, "
-          "lanes], any strides, one float16 or float32 dtype): a decode step's new keys or values into the KV cache "
-          "in one call, instead of one numpy assignment (and GIL release) per lane.");
+    k.def("store_columns", &store_columns, py::arg("dsts"), py::arg("srcs"), py::arg("lanes"), py::arg("positions"),
+          "dsts[j][lanes[i], :, positions[i]] = srcs[j][:, lanes[i]] for each pair j and each i (dst [lanes, width, "
+          "positions], src [width, lanes], any strides, one float16 or float32 dtype): a decode step's new keys and "
+          "values of every layer into the KV cache in one call, on every thread, instead of a numpy assignment per "
+          "lane and layer.");
     k.def("copy", &copy, py::arg("dst"), py::arg("src"),
           "Copies `src` into `dst` (one dtype, as many elements, both C-contiguous) on every thread.");
     k.def("has_nan", &has_nan, py::arg("array"), "Whether a C-contiguous float16 or float32 array holds a NaN.");

@@ -701,10 +701,12 @@ class CausalLM(AdapterHost):
             for (stage, live), layers in zip(runs, self.decode_plan.layer_ranges):
                 stage.run(live)
                 _check_finite(stage, layers, lanes, "tokens at positions " + ", ".join(map(str, positions)))
+        caches, new = [], []  # each lane's new key and value of every layer, stored at its position in one call
         for stage, layers in zip(self._layers, self.decode_plan.layer_ranges):
-            for i in layers:  # each lane's new key and value at its position
-                kernels.store_columns(cache.keys[i], stage.output(f"k{i}")[0, :, 0], lanes, positions)
-                kernels.store_columns(cache.values[i], stage.output(f"v{i}")[0, :, 0], lanes, positions)
+            for i in layers:
+                caches += [cache.keys[i], cache.values[i]]
+                new += [stage.output(f"k{i}")[0, :, 0], stage.output(f"v{i}")[0, :, 0]]
+        kernels.store_columns(caches, new, lanes, positions)
         for lane, pos in zip(lanes, positions):
             cache.filled(lane, pos + 1)
         return self._read_logits(lanes)

@@ -10,7 +10,9 @@ prompt-lookup speculative decoding against plain decoding, shared-prefix reuse, 
    on every server in turn (interleaved, so they see the same machine load). Prompts are token ids,
    greedy, ``--new-tokens`` each; throughput counts the completion tokens the server reports
    (``stream_options.include_usage``) over the level's wall time; TTFT is from sending a request to its
-   first text chunk. Both servers get ``--threads`` threads (Orion: ``ORION_NUM_THREADS``). ``--temperature`` and
+   first text chunk; each level also gives the load average after it. A summary gives, from the medians of
+   repeated levels (``--clients 1 8 1 8``), each count's tok/s over the same server's at 1 client and each Orion
+   server's over llama-server's at as many clients. Both servers get ``--threads`` threads (Orion: ``ORION_NUM_THREADS``). ``--temperature`` and
    ``--top-p`` sample instead (every server gets them, and a seed per request); a variant's ``ARGS`` may start with
    ``NAME=VALUE`` words, that server's environment (``old=PYTHONPATH=/path/to/old/python``: an A/B of two trees).
 2. **speculative**: prompt-lookup speculative decoding against plain greedy decoding, in process, on a
@@ -87,6 +89,7 @@ class Level:
     ttft_p99_ms: float
     token_gap_p50_ms: float
     token_gap_p99_ms: float
+    load_average: float  # the 1-minute load average right after the level (the machine may be shared)
 
 
 # -- models --------------------------------------------------------------------------------------------------
@@ -250,7 +253,23 @@ async def run_level(server: str, url: str, clients: int, requests: int, prompts:
     tokens = sum(r[2] for r in results)
     return Level(server, clients, len(results), tokens, round(seconds, 3), round(tokens / seconds, 2),
                  round(float(np.percentile(ttft, 50)), 1), round(float(np.percentile(ttft, 99)), 1),
-                 round(float(np.percentile(gaps, 50)), 2), round(float(np.percentile(gaps, 99)), 2))
+                 round(float(np.percentile(gaps, 50)), 2), round(float(np.percentile(gaps, 99)), 2),
+                 round(os.getloadavg()[0], 2))
+
+
+def scaling(levels: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median tok/s per server and client count (levels may repeat: ``--clients 1 8 1 8``); each count's median over
+    the server's one-client median, and each Orion server's median over llama-server's at the same count."""
+    medians: dict[str, dict[int, float]] = {}
+    for name in dict.fromkeys(lv["server"] for lv in levels):
+        counts = dict.fromkeys(lv["clients"] for lv in levels if lv["server"] == name)
+        medians[name] = {n: statistics.median(lv["tok_s"] for lv in levels if lv["server"] == name and lv["clients"] == n)
+                         for n in counts}
+    over_one = {name: {n: round(rate / m[1], 2) for n, rate in m.items() if n != 1} for name, m in medians.items() if 1 in m}
+    peer = medians.get("llama-server", {})
+    over_peer = {name: {n: round(rate / peer[n], 2) for n, rate in m.items() if n in peer}
+                 for name, m in medians.items() if name != "llama-server"}
+    return {"median_tok_s": medians, "over_one_client": over_one, "over_llama_server": over_peer}
 
 
 def serve_section(args: argparse.Namespace, model: Path, workdir: Path) -> dict[str, Any]:
@@ -287,7 +306,8 @@ def serve_section(args: argparse.Namespace, model: Path, workdir: Path) -> dict[
             proc.terminate()
             proc.wait(30)
     return {"slots": slots, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-            "requests_per_client": args.requests, "sampling": sampling or "greedy", "threads": args.threads, "levels": levels, "notes": notes}
+            "requests_per_client": args.requests, "sampling": sampling or "greedy", "threads": args.threads, "levels": levels,
+            "scaling": scaling(levels), "notes": notes}
 
 
 # -- speculative ----------------------------------------------------------------------------------------------
@@ -567,10 +587,16 @@ def render(report: dict[str, Any]) -> str:
                 f"{s['requests_per_client']} requests per client, {s['threads']} threads each, "
                 f"sampling {s.get('sampling', 'greedy')}",
                 f"{'server':<16} {'clients':>7} {'reqs':>5} {'tokens':>6} {'tok/s':>8} {'TTFT p50':>9} "
-                f"{'TTFT p99':>9} {'gap p50':>8} {'gap p99':>8}  (ms)"]
+                f"{'TTFT p99':>9} {'gap p50':>8} {'gap p99':>8}  (ms)  load"]
         out += [f"{lv['server']:<16} {lv['clients']:>7} {lv['requests']:>5} {lv['tokens']:>6} {lv['tok_s']:>8.1f} "
                 f"{lv['ttft_p50_ms']:>9.1f} {lv['ttft_p99_ms']:>9.1f} {lv['token_gap_p50_ms']:>8.2f} "
-                f"{lv['token_gap_p99_ms']:>8.2f}" for lv in s["levels"]]
+                f"{lv['token_gap_p99_ms']:>8.2f}        {lv['load_average']:.2f}" for lv in s["levels"]]
+        for title, table in (("aggregate tok/s over the same server's at 1 client (medians)", s["scaling"]["over_one_client"]),
+                             ("aggregate tok/s over llama-server's at as many clients (medians)",
+                              s["scaling"]["over_llama_server"])):
+            if any(table.values()):
+                out.append(title + ": " + "; ".join(f"{name} " + ", ".join(f"{n}: {r:.2f}x" for n, r in ratios.items())
+                                                    for name, ratios in table.items() if ratios))
         out += s["notes"]
     if "speculative" in report:
         s = report["speculative"]

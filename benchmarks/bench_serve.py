@@ -295,19 +295,37 @@ def serve_section(args: argparse.Namespace, model: Path, workdir: Path) -> dict[
             notes.append(f"llama-server {note}")
         else:
             notes.append(note)
-        for name, (_, url) in servers.items():  # warm-up: compiles, first-touch of the weights
-            asyncio.run(run_level(name, url, 1, 1, prompts, 4))
         sampling = None if not args.temperature else \
             {"temperature": args.temperature, **({"top_p": args.top_p} if args.top_p is not None else {})}
-        levels = [asdict(asyncio.run(run_level(name, url, clients, args.requests, prompts, args.new_tokens, sampling)))
-                  for clients in args.clients for name, (_, url) in servers.items()]
+        levels: list[dict[str, Any]] = []
+        failed: dict[str, str] = {}  # a server whose request failed: why; its later levels are skipped
+
+        def run(name: str, clients: int, requests: int, new_tokens: int) -> Level | None:
+            proc, url = servers[name]
+            if name in failed:
+                return None
+            try:
+                return asyncio.run(run_level(name, url, clients, requests, prompts, new_tokens, sampling))
+            except RuntimeError as error:
+                log = workdir / "llama-server.log"
+                failed[name] = str(error) + ("" if proc.poll() is None else f" (the server exited with {proc.returncode})") \
+                    + (f"; the end of its log: {log.read_text()[-300:]!r}" if name == "llama-server" and log.exists() else "")
+                notes.append(f"{name}: failed, its other levels are skipped: {failed[name]}")
+                return None
+
+        for name in servers:  # warm-up: compiles, first-touch of the weights
+            run(name, 1, 1, 4)
+        for clients in args.clients:
+            for name in servers:
+                if (level := run(name, clients, args.requests, args.new_tokens)) is not None:
+                    levels.append(asdict(level))
     finally:
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(30)
     return {"slots": slots, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
             "requests_per_client": args.requests, "sampling": sampling or "greedy", "threads": args.threads, "levels": levels,
-            "scaling": scaling(levels), "notes": notes}
+            "scaling": scaling(levels), "failed": failed, "notes": notes}
 
 
 # -- speculative ----------------------------------------------------------------------------------------------
@@ -576,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report))
     else:
         print(render(report))
-    return 0
+    return 1 if report.get("serve", {}).get("failed") else 0  # the figures that were measured are still printed
 
 
 def render(report: dict[str, Any]) -> str:

@@ -1,8 +1,9 @@
 """benchmarks/bench_serve.py's summary of the serve section: medians over repeated levels, each count over the
-server's own one-client figure and over llama-server's at as many clients (the figures are given, no server runs)."""
+server's own one-client figure and over llama-server's at as many clients (the figures are given, no server runs); a server whose requests fail is reported, and the run goes on."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 from pathlib import Path
@@ -38,3 +39,44 @@ def test_scaling_takes_medians_of_repeated_levels_and_divides_by_one_client_and_
                         token_gap_p99_ms=2.0, load_average=0.5) for level in levels],
         "scaling": got, "notes": []}})
     assert "orion-batched 8: 3.75x" in rendered and "orion-turns 8: 0.47x" in rendered
+
+
+FAKE_LLAMA_SERVER = '''#!{python}
+"""A stand-in llama-server: answers /health, drops the connection of every completion request."""
+import http.server
+import sys
+
+port = int(sys.argv[sys.argv.index("--port") + 1])
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def do_POST(self):
+        sys.stderr.write("dropped a request\\n")
+        sys.stderr.flush()
+        self.connection.close()
+
+
+http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+'''
+
+
+def test_a_server_whose_requests_fail_is_reported_with_its_log_and_the_run_goes_on(bench, tmp_path):
+    fake = tmp_path / "llama-server"
+    fake.write_text(FAKE_LLAMA_SERVER.format(python=sys.executable))
+    fake.chmod(0o755)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"vocab_size": 100}')
+    args = argparse.Namespace(clients=[1, 2], slots=0, requests=1, prompt_tokens=4, new_tokens=2, threads=1,
+                                    temperature=0.0, top_p=None, servers=["llama-server"], orion_variant=[],
+                                    llama_server=str(fake), gguf=str(tmp_path / "unused.gguf"))
+    report = bench.serve_section(args, model, tmp_path)
+    assert report["levels"] == []  # its levels after the failure were skipped, not retried
+    why = report["failed"]["llama-server"]
+    assert "1 clients: a request failed" in why and "dropped a request" in why  # the error and its log's end
+    assert any(note.startswith("llama-server: failed") for note in report["notes"])

@@ -1,5 +1,6 @@
 """benchmarks/bench_serve.py's summary of the serve section: medians over repeated levels, each count over the
-server's own one-client figure and over llama-server's at as many clients (the figures are given, no server runs); a server whose requests fail is reported, and the run goes on."""
+server's own one-client figure and over llama-server's at as many clients (the figures are given, no server runs);
+and a server whose requests fail is reported with its log while the run goes on (a stand-in server)."""
 
 from __future__ import annotations
 

@@ -5,23 +5,16 @@ and a server whose requests fail is reported with its log while the run goes on 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_serve.py"
+from support.benchmarks import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_serve_under_test", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    yield from benchmark_module("bench_serve.py")
 
 
 def test_scaling_takes_medians_of_repeated_levels_and_divides_by_one_client_and_by_the_peer(bench):

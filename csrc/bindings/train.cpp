@@ -23,12 +23,6 @@ namespace orion::bindings {
 
 namespace {
 
-std::string shape_text(const py::array& a) {
-    std::string s = "(";
-    for (py::ssize_t d = 0; d < a.ndim(); ++d) s += (d ? ", " : "") + std::to_string(a.shape(d));
-    return s + (a.ndim() == 1 ? ",)" : ")");
-}
-
 // Checks that `a` (the `role` of tensor `name`) is a C-contiguous float32 array, writable if asked,
 // with the shape of `like` if given.
 void check_array(const py::handle& obj, const std::string& name, const char* role, bool writable,

@@ -11,10 +11,6 @@
 #include <string>
 #include <vector>
 
-#if defined(__linux__)
-#include <malloc.h>  // malloc_trim (glibc)
-#endif
-
 #include "bindings/bindings.h"
 #include "emulator/buffer_pool.h"
 #include "emulator/const_fold.h"
@@ -455,14 +451,10 @@ void bind_kernels(py::module_& m) {
     k.def("release_idle_buffers", [] {
               const size_t idle = orion::emu::buffer_pool::pooled_bytes();
               orion::emu::buffer_pool::clear();
-#ifdef __GLIBC__
-              malloc_trim(0);  // free heap pages back to the OS: glibc keeps them resident otherwise
-#endif
               return idle;
           },
           "Frees the pool's idle buffers (e.g. a long prompt's activations once its prefill is done, so decode "
-          "does not keep them resident) and returns the heap's free pages to the OS (glibc's malloc_trim: "
-          "freed memory below the heap's top stays resident otherwise); returns the pool bytes freed. Later "
+          "does not keep them resident) and returns the heap's free pages to the OS (buffer_pool::clear); returns the pool bytes freed. Later "
           "evaluates allocate what they need again.");
     k.def("num_threads", &kern::num_threads, "Threads the kernels use (ORION_NUM_THREADS, else the hardware's).");
     k.def("simd_path", &kern::simd_path, "\"avx512f+f16c+fma\", \"avx2+f16c+fma\" or \"portable\" (ORION_SIMD=avx2 or =portable narrows it).");

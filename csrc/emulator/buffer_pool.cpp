@@ -7,9 +7,22 @@
 #include <mutex>
 #include <utility>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 namespace orion::emu::buffer_pool {
 
 namespace {
+
+// Gives the free pages inside the heap back to the OS. Freed buffers leave holes that glibc's free() keeps resident
+// (it trims only the heap's top), and the next, larger values come from fresh memory beside them: GPT-2 124M's
+// 1,000-token prefill after shorter ones peaked 18 MiB higher (386 against 368 MiB) without this.
+void return_free_pages() {
+#if defined(__GLIBC__)
+    malloc_trim(0);
+#endif
+}
 
 struct Pool {
     std::mutex mutex;
@@ -73,7 +86,10 @@ std::vector<float> take(size_t n) {
         p.live += n * sizeof(float);
         p.note();
     }
-    replaced.clear();  // freed outside the lock, before the new buffer exists: never both resident
+    if (!replaced.empty()) {
+        replaced.clear();  // freed outside the lock, before the new buffer exists: never both resident
+        return_free_pages();
+    }
     // A large one on huge pages: a 1,024-lane bucket's activations are touched on every 4 KiB row even for a
     // 16-token prompt, and faulting them in 4 KiB pages cost a warm start tens of thousands of faults.
     return large ? huge_page_zeros<float>(n) : std::vector<float>(n, 0.0f);
@@ -102,7 +118,9 @@ void clear() {
         idle.swap(p.idle);
         p.bytes = 0;
     }
-}  // freed here, outside the lock
+    idle.clear();  // freed outside the lock
+    return_free_pages();
+}
 
 size_t pooled_bytes() {
     Pool& p = pool();

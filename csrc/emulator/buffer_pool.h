@@ -13,11 +13,13 @@ namespace orion::emu::buffer_pool {
 
 constexpr size_t kMaxPooledBytes = size_t{256} << 20;
 
-// A buffer of exactly n floats: a pooled one (stale contents; its capacity up to 2n) or a new zero-filled one.
+// A buffer of exactly n floats: a pooled one (stale contents; its capacity up to 2n) or a new zero-filled one
+// (freeing the idle ones it replaces, their pages given back to the OS).
 std::vector<float> take(size_t n);
 // Returns a buffer to the pool at its capacity (or frees it when the pool is full); its contents stay stale.
 void give(std::vector<float>&& buffer);
-// Frees every idle buffer (the emulator calls it when a program is unloaded or destroyed).
+// Frees every idle buffer and gives the heap's free pages back to the OS (the emulator calls it when a program is
+// unloaded or destroyed).
 void clear();
 // Bytes held idle in the pool.
 size_t pooled_bytes();

@@ -950,6 +950,32 @@ def test_a_warm_first_prefill_runs_its_first_layer_while_the_last_one_compiles(t
     assert warm.builder.built == 0 and waited == [True]
 
 
+def test_a_prefill_plan_whose_ahead_compile_failed_is_built_again_on_the_next_prompt(tmp_path, monkeypatch) -> None:
+    """A program the prefill plan read ahead from the cache that fails to compile raises where it first runs, and the
+    next prompt builds the plan again instead of raising that error for good; its logits are the cold start's."""
+    from orion import models
+    from orion.runtime import builder as builder_module
+
+    directory = _llama_dir(tmp_path / "model", seed=4)
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path / "cache"))
+    want = models.load(directory, progress=False, fusion_depth=1).logits([5, 17, 3, 60])
+    program_cache.flush()
+    real_compile, failures = builder_module.ProgramBuilder._compile, []
+
+    def compile_(self, lowered, label, show):
+        if label.startswith("prefill layers 1-1") and not failures:  # the prompt bucket's last layer, once
+            failures.append(label)
+            raise orion.CompileError("simulated compile failure")
+        return real_compile(self, lowered, label, show)
+
+    monkeypatch.setattr(builder_module.ProgramBuilder, "_compile", compile_)
+    warm = models.load(directory, progress=False, fusion_depth=1)
+    with pytest.raises(orion.CompileError, match="simulated"):
+        warm.logits([5, 17, 3, 60])
+    np.testing.assert_array_equal(warm.logits([5, 17, 3, 60]), want)
+    assert len(failures) == 1 and warm.builder.built == 0
+
+
 def test_building_ahead_shows_a_step_per_program_it_compiles_now(tmp_path, monkeypatch) -> None:
     """On a terminal, a batch built ahead shows a step for each program it builds and compiles before returning (a
     cold one); the programs read from the cache compile after the batch's line may have ended, so they show none."""

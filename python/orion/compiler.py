@@ -198,6 +198,11 @@ class CompilingGraph(CompiledGraph):
     def program(self) -> Any:
         return self._compiling.result().program
 
+    @property
+    def failed(self) -> bool:
+        """Whether its compile has ended in an error (``program`` raises it)."""
+        return self._compiling.done() and self._compiling.exception() is not None
+
     def surfaces(self, side: str) -> dict[str, tuple[tuple[int, ...], str]]:
         """By the layout (a lowered graph's program has exactly its layout's surfaces), without waiting."""
         return IOLayout.surfaces(self.layout.inputs if side == "inputs" else self.layout.outputs)

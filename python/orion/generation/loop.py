@@ -979,10 +979,12 @@ class CausalLM(AdapterHost):
         its bucket of ``past`` positions; ``packed``: of several prompts at once): programs compiled once per
         bucket, surfaces per fork."""
         key = (seq, with_head, past, packed)
-        if key not in self._prefill_stages:
-            self._prefill_stages[key] = self._prefill_plan(key).bind(self.options.io_dtype)
-            self._write_stage_inputs(self._prefill_stages[key][:1])
-        return self._prefill_stages[key]
+        plan = self._prefill_plan(key)
+        stages = self._prefill_stages.get(key)
+        if stages is None or stages[0][0].compiled is not plan.layer_programs[0]:  # (new, or the plan was rebuilt)
+            stages = self._prefill_stages[key] = plan.bind(self.options.io_dtype)
+            self._write_stage_inputs(stages[:1])
+        return stages
 
     def _prompt_bucket(self, natural: int, with_head: bool) -> int:
         """The bucket a prompt of ``natural``'s bucket runs in (its tokens the live lanes, the rest dead: the
@@ -992,8 +994,8 @@ class CausalLM(AdapterHost):
         the first piece's bucket of a context-long prompt when that is shorter). A 24-layer model at one layer per program spends 24 compiles per bucket: Qwen2.5-0.5B's prompts of 16,
         128 and 1000 tokens and their decode buckets took 131 compiles, past the budget, before this."""
         largest = self.options.prefill_pieces(self.dims.context)[0][2]
-        compiled = sorted(seq for seq, head, past, packed in self._programs.prefill_plans
-                          if head == with_head and not past and not packed and seq >= natural)
+        compiled = sorted(seq for (seq, head, past, packed), built in self._programs.prefill_plans.items()
+                          if head == with_head and not past and not packed and seq >= natural and not built.failed)
         if natural in compiled or natural == largest:
             return natural
         plan = self.decode_plan
@@ -1005,11 +1007,12 @@ class CausalLM(AdapterHost):
         return compiled[0] if compiled else largest
 
     def _prefill_plan(self, key: PrefillKey) -> PrefillPlan:
-        """The prefill plan ``key`` of the program set in use, compiled on first use."""
+        """The prefill plan ``key`` of the program set in use, compiled on first use, and again when a program it
+        read ahead from the cache failed to compile (that error was raised where the program first ran)."""
         seq, with_head, past, packed = key
         programs = self._programs
         with self._compile_lock:
-            if key not in programs.prefill_plans:
+            if key not in programs.prefill_plans or programs.prefill_plans[key].failed:
                 plan = self.decode_plan
                 what = f"chunks of {seq} tokens over {past} cached" if past else \
                     f"prompts read together on {seq} lanes" if packed else f"prompts up to {seq} tokens"

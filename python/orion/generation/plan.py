@@ -198,6 +198,12 @@ class PrefillPlan:
     head_programs: list[CompiledGraph]  # empty unless the plan computes every position's logits
     past: bool = False
 
+    @property
+    def failed(self) -> bool:
+        """Whether a program read ahead from the cache failed to compile (``CompilingGraph.failed``): built again
+        on next use instead of raising that error at every prompt."""
+        return any(getattr(p, "failed", False) for p in (*self.layer_programs, *self.head_programs))
+
     def bind(self, io_dtype: str) -> tuple[list[Stage], list[Stage]]:
         """Layer and LM-head stages on new surfaces, the residual stream chained between them (a ``past``
         plan's cache inputs are the stages' own: the loop copies the filled positions in). The layer stages share

@@ -47,6 +47,22 @@ def test_bench_decode_json(model_dir) -> None:
     assert "compiled 2 programs for GPT-2" in out.stderr and "program for GPT-2 prompts up to" in out.stderr
 
 
+def test_bench_decode_of_a_random_shape_loads_its_checkpoint_in_both_processes() -> None:
+    """Without --model, the bench writes the shape's random weights as a checkpoint and both processes load it: the
+    new process reading the program cache starts as a user's second start does (every program read, none built),
+    on the weights of ``models.random`` (the same greedy tokens)."""
+    import numpy as np
+
+    from orion import models
+    from orion.bench.decode import measure_decode
+    from orion.bench.decode import run as bench_run
+
+    result = bench_run(shape=CONFIG, prompt_tokens=3, new_tokens=4, progress=False)
+    assert result["cached_start_built"] == 0 and result["programs"] > 0
+    prompt = [int(t) for t in np.random.default_rng(0).integers(0, CONFIG.vocab_size, 3)]
+    assert result["tokens"] == measure_decode(models.random(CONFIG, seed=0, progress=False), prompt, 4)["tokens"]
+
+
 def test_bench_decode_report(model_dir) -> None:
     out = run("orion.bench", "decode", "--model", str(model_dir), "--prompt-tokens", "3", "--new-tokens", "4")
     assert out.returncode == 0, out.stderr

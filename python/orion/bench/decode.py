@@ -4,7 +4,8 @@ moved per token.
 
 By default the programs go to a temporary cache that is removed afterwards, so every run is a cold
 start and nothing is left in your program cache. ``--cache DIR`` keeps them in DIR: the first run
-there is cold, later runs are warm starts and the report says so."""
+there is cold, later runs are warm starts and the report says so. A random shape is written as a
+checkpoint (fp16 safetensors) first, which both processes load, as a user's would be."""
 
 from __future__ import annotations
 
@@ -32,14 +33,6 @@ DEFAULT_SHAPE = "gpt2"
 
 class BenchError(OrionError):
     """The benchmark's settings do not fit the model."""
-
-
-def load_model(model_dir: str | None, shape: str = DEFAULT_SHAPE, **options: Any) -> CausalLM:
-    """The model in a Hugging Face directory (or a checkpoint file of a registered format), or registered
-    random ``shape`` with deterministic weights."""
-    if model_dir:
-        return models.load(model_dir, **options)
-    return models.random(shape, seed=0, **options)
 
 
 def measure_decode(model: CausalLM, prompt: list[int], new_tokens: int) -> dict[str, Any]:
@@ -70,18 +63,18 @@ def measure_decode(model: CausalLM, prompt: list[int], new_tokens: int) -> dict[
     }
 
 
-def _cached_start(model_dir: str | None, shape: str, cache: str, quant_options: dict[str, Any]) -> tuple[float, float]:
-    """Seconds to build the model in a fresh process whose program cache is already filled, and that process's
-    peak RSS (MiB; NaN where /proc is absent): what a user's second start costs (a BF16 or GGUF checkpoint maps
-    its converted copy then)."""
-    code = ("import json, sys, time; from orion.bench.decode import load_model, peak_rss_mib; t = time.perf_counter(); "
-            "load_model(sys.argv[1] or None, sys.argv[2], progress=False, **json.loads(sys.argv[3])); "
-            "print(time.perf_counter() - t, peak_rss_mib())")
+def _cached_start(model_dir: str, cache: str, quant_options: dict[str, Any]) -> tuple[float, float, int]:
+    """Seconds to load the checkpoint in a fresh process whose program cache is already filled, that process's
+    peak RSS (MiB; NaN where /proc is absent) and the programs it built rather than read: what a user's second
+    start costs (a BF16 or GGUF checkpoint maps its converted copy then)."""
+    code = ("import json, sys, time; from orion import models; from orion.bench.decode import peak_rss_mib; "
+            "t = time.perf_counter(); m = models.load(sys.argv[1], progress=False, **json.loads(sys.argv[2])); "
+            "print(time.perf_counter() - t, peak_rss_mib(), m.builder.built)")
     env = {**os.environ, "ORION_CACHE_DIR": cache}
-    out = subprocess.run([sys.executable, "-c", code, model_dir or "", shape, json.dumps(quant_options)], env=env,
+    out = subprocess.run([sys.executable, "-c", code, model_dir, json.dumps(quant_options)], env=env,
                          capture_output=True, text=True, check=True)
-    seconds, rss = out.stdout.strip().splitlines()[-1].split()
-    return float(seconds), float(rss)
+    seconds, rss, built = out.stdout.strip().splitlines()[-1].split()
+    return float(seconds), float(rss), int(built)
 
 
 def peak_rss_mib() -> float:
@@ -108,13 +101,16 @@ def run(model_dir: str | None = None, prompt_tokens: int = 16, new_tokens: int =
     quant_options = quant_options or {}
     options = dict(fusion_depth=fusion_depth, lm_head=lm_head, progress=progress, **quant_options)
     _check_context(models.context_length(model_dir or shape), prompt_tokens, new_tokens)
+    name = str(model_dir or f"random {shape}")
     with tempfile.TemporaryDirectory(prefix="orion-bench-cache-") as temporary:
         where = cache or temporary
+        if not model_dir:  # a checkpoint of the shape's random weights: both processes load it as a user would
+            model_dir = str(models.save_random(shape, Path(temporary) / "random-checkpoint"))
         previous = os.environ.get("ORION_CACHE_DIR")
         os.environ["ORION_CACHE_DIR"] = where
         try:
             start = time.perf_counter()
-            model = load_model(model_dir, shape, **options)
+            model = models.load(model_dir, **options)
             start_s = time.perf_counter() - start
             _check_context(model.dims.context, prompt_tokens, new_tokens)
             prompt = [int(t) for t in np.random.default_rng(0).integers(0, model.dims.vocab_size, prompt_tokens)]
@@ -126,12 +122,12 @@ def run(model_dir: str | None = None, prompt_tokens: int = 16, new_tokens: int =
             else:
                 os.environ["ORION_CACHE_DIR"] = previous
         loaded, total = model.builder.cached, model.builder.cached + model.builder.built
-        cached_s, cached_rss = (_cached_start(model_dir, shape, where, quant_options) if fusion_depth is None
-                                and lm_head == "ane" else (float("nan"), float("nan")))
+        cached_s, cached_rss, cached_built = (_cached_start(model_dir, where, quant_options) if fusion_depth is None
+                                              and lm_head == "ane" else (float("nan"), float("nan"), -1))
     plan = model.decode_plan
     return {
         "backend": orion.backend(),
-        "model": str(model_dir or f"random {shape} ({model.display_name})"),
+        "model": name if name != model_dir else f"{name} ({model.display_name})",
         "parameters": model.dims.parameters,
         "quant": model.quant,
         "config": model.builder.identity["config"],
@@ -139,6 +135,7 @@ def run(model_dir: str | None = None, prompt_tokens: int = 16, new_tokens: int =
         "compile_s": start_s,
         "compile_cached_s": cached_s,
         "cached_start_peak_rss_mib": cached_rss,
+        "cached_start_built": cached_built,
         "programs": total,
         "programs_from_cache": loaded,
         "cache": cache or "temporary (removed afterwards)",
@@ -162,7 +159,8 @@ def report(r: dict[str, Any]) -> str:
         f"start              {r['start']}: {r['compile_s']:.2f} s to build the model, {r['programs_from_cache']} of "
         f"{r['programs']} programs loaded from the cache ({r['cache']})",
         f"compile            a new process reading that cache: {r['compile_cached_s']:.2f} s, peak RSS "
-        f"{r['cached_start_peak_rss_mib']:.0f} MiB; {r['compiles']} compiles in this process",
+        f"{r['cached_start_peak_rss_mib']:.0f} MiB, {r['cached_start_built']} programs built; {r['compiles']} "
+        f"compiles in this process",
         f"prefill            {r['prefill_ms']:.1f} ms for {r['prompt_tokens']} tokens",
         f"decode             {r['decode_tok_s']:.1f} tok/s over every step; ms/token p50 {r['ms_per_token_p50']:.2f}, "
         f"p90 {r['ms_per_token_p90']:.2f} ({r['new_tokens']} new tokens, greedy)",

@@ -30,6 +30,7 @@ from orion.models.registry import (
     register,
     register_file_format,
     register_shape,
+    save_random,
     shape_names,
 )
 
@@ -48,4 +49,4 @@ register_shape("stories110m", LlamaConfig.stories110m())
 __all__ = ["GPT2", "GPT2Config", "Family", "Gemma", "GemmaConfig", "Llama", "LlamaConfig", "UnknownModel", "UnknownOption",
            "context_length", "family",
            "family_of", "file_suffixes", "load", "load_tokenizer", "model_class", "model_types", "random", "register",
-           "register_file_format", "register_shape", "shape_names"]
+           "register_file_format", "register_shape", "save_random", "shape_names"]

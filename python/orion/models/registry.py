@@ -196,10 +196,24 @@ def load(path: str | os.PathLike[str], **options: Any) -> Any:
 def random(shape: str | Any, seed: int = 0, **options: Any) -> Any:
     """A model with deterministic random weights: ``shape`` is a registered name (see
     :func:`shape_names`) or a config of a registered model."""
-    if isinstance(shape, str):
-        if shape not in _SHAPES:
-            raise UnknownModel(f"no random shape named {shape!r}; the registered shapes are {shape_names()}")
-        shape = _SHAPES[shape]
-    model = family_of(shape).model
+    config = _shape_config(shape)
+    model = family_of(config).model
     check_options(model, options, "random()")
-    return model.random(shape, seed=seed, **options)
+    return model.random(config, seed=seed, **options)
+
+
+def save_random(shape: str | Any, path: str | os.PathLike[str], seed: int = 0) -> Path:
+    """Writes :func:`random`'s weights of ``shape`` to ``path`` as a Hugging Face directory (``config.json``
+    and fp16 safetensors, no tokenizer): a checkpoint to :func:`load` as a user's, with the same values."""
+    config = _shape_config(shape)
+    weights = family_of(config).weights
+    weights.save_hf(path, config, weights.random_weights(config, seed), dtype="float16")
+    return Path(path)
+
+
+def _shape_config(shape: str | Any) -> Any:
+    if not isinstance(shape, str):
+        return shape
+    if shape not in _SHAPES:
+        raise UnknownModel(f"no random shape named {shape!r}; the registered shapes are {shape_names()}")
+    return _SHAPES[shape]

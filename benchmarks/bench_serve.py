@@ -7,8 +7,9 @@ prompt-lookup speculative decoding against plain decoding, shared-prefix reuse, 
    ``--orion-variant NAME=ARGS``) and for ``llama-server`` with the same number of parallel slots
    (``-np``, continuous batching on: llama.cpp's default), on the same GPT-2 weights (random 124M, or
    ``--model DIR``), written as GGUF f16 by ``gguf_export.py``. The servers start once; each level runs
-   on every server in turn (interleaved, so they see the same machine load). Prompts are token ids,
-   greedy, ``--new-tokens`` each; throughput counts the completion tokens the server reports
+   on every server in turn (interleaved, so they see the same machine load). Prompts are token ids, the same
+   for every server at a level and new at each level (a repeated one would be a prompt-cache hit where its first
+   run was not), greedy, ``--new-tokens`` each; throughput counts the completion tokens the server reports
    (``stream_options.include_usage``) over the level's wall time; TTFT is from sending a request to its
    first text chunk; each level also gives the load average after it. A summary gives, from the medians of
    repeated levels (``--clients 1 8 1 8``), each count's tok/s over the same server's at 1 client and each Orion
@@ -232,17 +233,26 @@ async def one_request(http: httpx.AsyncClient, url: str, prompt: list[int], new_
     return arrivals[0] - sent, list(np.diff(arrivals)), tokens or len(arrivals)
 
 
+def level_prompts(level: int, count: int, vocab: int, length: int) -> list[list[int]]:
+    """``count`` random prompts of ``length`` tokens for level ``level`` of a run (0: the warm-up), the same for every
+    server at that level and new at each level: a prompt repeated from an earlier level would let a server's prompt
+    cache (llama-server's slots, Orion's prefix cache) skip its prefill there and not at its first run."""
+    rng = np.random.default_rng([0, level])
+    return [[int(t) for t in rng.integers(0, vocab - 1, length)] for _ in range(count)]
+
+
 async def run_level(server: str, url: str, clients: int, requests: int, prompts: list[list[int]],
                     new_tokens: int, sampling: dict[str, Any] | None = None) -> Level:
-    """One concurrency level; ``sampling`` (temperature, top_p): each request also gets a seed of its own."""
+    """One concurrency level, request ``r`` of client ``i`` sending ``prompts[i * requests + r]``; ``sampling``
+    (temperature, top_p): each request also gets a seed of its own."""
     async with httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_connections=clients + 4)) as http:
         async def client(i: int) -> list[tuple[float, list[float], int]]:
             def seeded(n: int) -> dict[str, Any] | None:
                 return None if sampling is None else {**sampling, "seed": n}
 
             try:
-                return [await one_request(http, url, prompts[(i * requests + r) % len(prompts)], new_tokens,
-                                          seeded(i * requests + r)) for r in range(requests)]
+                return [await one_request(http, url, prompts[i * requests + r], new_tokens, seeded(i * requests + r))
+                        for r in range(requests)]
             except httpx.HTTPError as failed:
                 raise RuntimeError(f"{server} at {url}, {clients} clients: a request failed: "
                                    f"{type(failed).__name__}: {failed}") from failed
@@ -276,8 +286,6 @@ def scaling(levels: list[dict[str, Any]]) -> dict[str, Any]:
 
 def serve_section(args: argparse.Namespace, model: Path, workdir: Path) -> dict[str, Any]:
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
-    rng = np.random.default_rng(0)
-    prompts = [[int(t) for t in rng.integers(0, vocab - 1, args.prompt_tokens)] for _ in range(64)]
     slots = args.slots or max(args.clients)
     queue = max(args.clients) * args.requests
     servers: dict[str, tuple[subprocess.Popen, str]] = {}
@@ -302,10 +310,11 @@ def serve_section(args: argparse.Namespace, model: Path, workdir: Path) -> dict[
         levels: list[dict[str, Any]] = []
         failed: dict[str, str] = {}  # a server whose request failed: why; its later levels are skipped
 
-        def run(name: str, clients: int, requests: int, new_tokens: int) -> Level | None:
+        def run(name: str, level: int, clients: int, requests: int, new_tokens: int) -> Level | None:
             proc, url = servers[name]
             if name in failed:
                 return None
+            prompts = level_prompts(level, clients * requests, vocab, args.prompt_tokens)
             try:
                 return asyncio.run(run_level(name, url, clients, requests, prompts, new_tokens, sampling))
             except RuntimeError as error:
@@ -317,10 +326,10 @@ def serve_section(args: argparse.Namespace, model: Path, workdir: Path) -> dict[
                 return None
 
         for name in servers:  # warm-up: compiles, first-touch of the weights
-            run(name, 1, 1, 4)
-        for clients in args.clients:
+            run(name, 0, 1, 1, 4)
+        for number, clients in enumerate(args.clients, 1):
             for name in servers:
-                if (level := run(name, clients, args.requests, args.new_tokens)) is not None:
+                if (level := run(name, number, clients, args.requests, args.new_tokens)) is not None:
                     levels.append(asdict(level))
     finally:
         for proc, _ in servers.values():

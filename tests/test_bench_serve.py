@@ -1,6 +1,7 @@
 """benchmarks/bench_serve.py's summary of the serve section: medians over repeated levels, each count over the
 server's own one-client figure and over llama-server's at as many clients (the figures are given, no server runs);
-and a server whose requests fail is reported with its log while the run goes on (a stand-in server)."""
+a server whose requests fail is reported with its log while the run goes on (a stand-in server); and each level's
+prompts are new."""
 
 from __future__ import annotations
 
@@ -74,3 +75,12 @@ def test_a_server_whose_requests_fail_is_reported_with_its_log_and_the_run_goes_
     why = report["failed"]["llama-server"]
     assert "1 clients: a request failed" in why and "dropped a request" in why  # the error and its log's end
     assert any(note.startswith("llama-server: failed") for note in report["notes"])
+
+
+def test_each_level_sends_new_prompts_the_same_for_every_server(bench):
+    """A level's prompts are the same whichever server asks (its server runs see one workload) and none repeats one
+    of another level's, which a server's prompt cache would then skip (llama-server's slots, Orion's prefix cache)."""
+    levels = [bench.level_prompts(level, 16, 50257, 16) for level in range(7)]
+    assert levels[3] == bench.level_prompts(3, 16, 50257, 16)
+    every = [tuple(p) for prompts in levels for p in prompts]
+    assert len(set(every)) == len(every) and all(len(p) == 16 and max(p) < 50256 for p in every)

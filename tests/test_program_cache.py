@@ -976,6 +976,35 @@ def test_a_prefill_plan_whose_ahead_compile_failed_is_built_again_on_the_next_pr
     assert len(failures) == 1 and warm.builder.built == 0
 
 
+def test_a_decode_lm_head_whose_ahead_compile_failed_is_built_again_on_the_next_call(tmp_path, monkeypatch) -> None:
+    """The decode plan's LM-head programs are read ahead from the cache too: one that fails to compile raises where
+    the head first runs (a prompt's logits), and the next call runs a new build of the head; the logits and the
+    greedy tokens after them are the cold start's."""
+    from orion import models
+    from orion.runtime import builder as builder_module
+
+    directory = _llama_dir(tmp_path / "model", seed=5)
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path / "cache"))
+    cold = models.load(directory, progress=False, fusion_depth=1)
+    want = [cold.prefill([5, 17, 3, 60]), cold.decode_step(7)]
+    program_cache.flush()
+    real_compile, failures = builder_module.ProgramBuilder._compile, []
+
+    def compile_(self, lowered, label, show):
+        if label.startswith("lm_head") and not failures:
+            failures.append(label)
+            raise orion.CompileError("simulated compile failure")
+        return real_compile(self, lowered, label, show)
+
+    monkeypatch.setattr(builder_module.ProgramBuilder, "_compile", compile_)
+    warm = models.load(directory, progress=False, fusion_depth=1)
+    with pytest.raises(orion.CompileError, match="simulated"):
+        warm.prefill([5, 17, 3, 60])
+    np.testing.assert_array_equal(warm.prefill([5, 17, 3, 60]), want[0])
+    np.testing.assert_array_equal(warm.decode_step(7), want[1])
+    assert len(failures) == 1 and warm.builder.built == 0
+
+
 def test_building_ahead_shows_a_step_per_program_it_compiles_now(tmp_path, monkeypatch) -> None:
     """On a terminal, a batch built ahead shows a step for each program it builds and compiles before returning (a
     cold one); the programs read from the cache compile after the batch's line may have ended, so they show none."""

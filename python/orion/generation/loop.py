@@ -690,7 +690,7 @@ class CausalLM(AdapterHost):
         # The layers and the head (no stages when it runs on the CPU) in one call: a layer's new key and value do
         # not reach a later layer's program in this step, and an overflowed layer is named below, in order, as if
         # the step had stopped there.
-        run_in_turn(runs + [(stage, {"x": lanes[-1] + 1}) for stage in self._heads])
+        self._run_with_heads(runs + [(stage, {"x": lanes[-1] + 1}) for stage in self._heads])
         if not np.isfinite(_residual_lanes(self._layers[-1], lanes)).all():
             # An overflow reaches the last layer's output (each layer adds to the residual stream; NaN and inf
             # stay). The stages' residual outputs, and the first one's input, take turns in two surfaces, so the
@@ -1151,8 +1151,20 @@ class CausalLM(AdapterHost):
         for lane, x in xs.items():
             self._heads[0].input("x")[0, :, 0, lane] = x
         lanes = sorted(xs)
-        run_in_turn((head, {"x": lanes[-1] + 1}) for head in self._heads)
+        self._run_with_heads([(head, {"x": lanes[-1] + 1}) for head in self._heads])
         return self._read_logits(lanes)
+
+    def _run_with_heads(self, runs: list[tuple[Stage, Mapping[str, int] | None]]) -> None:
+        """``run_in_turn(runs)``, whose last stages are the LM head's. A head program read ahead from the cache that
+        failed to compile raises its error here (before any stage runs), and the decode stages are bound again to a
+        new build of the head, so the next call works instead of raising it for good."""
+        try:
+            run_in_turn(runs)
+        except Exception:
+            if any(getattr(stage.compiled, "failed", False) for stage in self._heads):
+                self.decode_plan.rebuild_failed_heads()
+                self._bind_decode(self._bound_bucket, bool(self._layers))
+            raise
 
     def _read_logits(self, lanes: list[int]) -> dict[int, np.ndarray]:
         """Logits at each of ``lanes`` (ascending) of the decode chain's last output ``x``: from the LM head programs'

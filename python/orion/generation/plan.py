@@ -152,6 +152,7 @@ class DecodePlan:
     shortest: int
     layers_by_context: dict[int, list[CompiledGraph]] = field(default_factory=dict)
     compile_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # the model's (forks share it)
+    build_heads: Callable[[], list[CompiledGraph]] = field(default=list, repr=False)  # builds head_programs again
 
     @property
     def dispatches_per_token(self) -> int:
@@ -171,6 +172,13 @@ class DecodePlan:
                 self.layers_by_context[context] = self.build_layers(context)
                 self.builder.end()
             return self.layers_by_context[context]
+
+    def rebuild_failed_heads(self) -> None:
+        """Builds the LM-head programs again when one read ahead from the cache failed to compile (its error was
+        raised where it first ran; ``CompilingGraph.failed``), for the stages bound next."""
+        with self.compile_lock:
+            if any(getattr(p, "failed", False) for p in self.head_programs):
+                self.head_programs = self.build_heads()
 
     def bind(self, context: int) -> tuple[list[Stage], list[Stage]]:
         """Layer and LM-head stages for a KV cache of ``context`` positions, on new surfaces (the KV cache
@@ -268,14 +276,15 @@ def build_decode_plan(builder: ProgramBuilder, options: PlanOptions, n_layer: in
     if depth > 1:
         depth, built[context] = builder.with_fallback(depth, build_depth)
     ranges = layer_ranges(n_layer, depth)
-    heads = []
-    if options.lm_head == "ane":
-        heads = builder.build_all("lm_head", [(lambda r=r: lm_head_graph(r, options.lanes),
-                                               {"vocab": [r.start, r.stop], "seq": options.lanes}) for r in head_ranges],
-                                  ahead=True)
-    return DecodePlan(options, depth, ranges, head_ranges, heads, costs(ranges, head_ranges, options.lm_head),
+
+    def build_heads() -> list[CompiledGraph]:
+        return builder.build_all("lm_head", [(lambda r=r: lm_head_graph(r, options.lanes),
+                                              {"vocab": [r.start, r.stop], "seq": options.lanes}) for r in head_ranges],
+                                 ahead=True) if options.lm_head == "ane" else []
+
+    return DecodePlan(options, depth, ranges, head_ranges, build_heads(), costs(ranges, head_ranges, options.lm_head),
                       builder, _layer_builder(builder, ranges, depth, decode_graph, options.lanes), context, built,
-                      compile_lock)
+                      compile_lock, build_heads)
 
 
 @dataclass(eq=False)

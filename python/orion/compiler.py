@@ -139,6 +139,11 @@ class CompiledGraph:
     def content_hash(self) -> str:
         return self.lowered.content_hash
 
+    @property
+    def failed(self) -> bool:
+        """Whether its compile ended in an error: never once compiled (a ``CompilingGraph`` may have)."""
+        return False
+
     def surfaces(self, side: str) -> dict[str, tuple[tuple[int, ...], str]]:
         """The program's ``"inputs"`` or ``"outputs"`` surfaces: MIL name -> (shape, MIL dtype)."""
         specs = self.program.inputs if side == "inputs" else self.program.outputs

@@ -1161,7 +1161,7 @@ class CausalLM(AdapterHost):
         try:
             run_in_turn(runs)
         except Exception:
-            if any(getattr(stage.compiled, "failed", False) for stage in self._heads):
+            if any(stage.compiled.failed for stage in self._heads):
                 self.decode_plan.rebuild_failed_heads()
                 self._bind_decode(self._bound_bucket, bool(self._layers))
             raise

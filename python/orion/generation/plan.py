@@ -177,7 +177,7 @@ class DecodePlan:
         """Builds the LM-head programs again when one read ahead from the cache failed to compile (its error was
         raised where it first ran; ``CompilingGraph.failed``), for the stages bound next."""
         with self.compile_lock:
-            if any(getattr(p, "failed", False) for p in self.head_programs):
+            if any(p.failed for p in self.head_programs):
                 self.head_programs = self.build_heads()
 
     def bind(self, context: int) -> tuple[list[Stage], list[Stage]]:
@@ -210,7 +210,7 @@ class PrefillPlan:
     def failed(self) -> bool:
         """Whether a program read ahead from the cache failed to compile (``CompilingGraph.failed``): built again
         on next use instead of raising that error at every prompt."""
-        return any(getattr(p, "failed", False) for p in (*self.layer_programs, *self.head_programs))
+        return any(p.failed for p in (*self.layer_programs, *self.head_programs))
 
     def bind(self, io_dtype: str) -> tuple[list[Stage], list[Stage]]:
         """Layer and LM-head stages on new surfaces, the residual stream chained between them (a ``past``

@@ -101,10 +101,10 @@ def run(model_dir: str | None = None, prompt_tokens: int = 16, new_tokens: int =
     quant_options = quant_options or {}
     options = dict(fusion_depth=fusion_depth, lm_head=lm_head, progress=progress, **quant_options)
     _check_context(models.context_length(model_dir or shape), prompt_tokens, new_tokens)
-    name = str(model_dir or f"random {shape}")
+    random_shape = not model_dir
     with tempfile.TemporaryDirectory(prefix="orion-bench-cache-") as temporary:
         where = cache or temporary
-        if not model_dir:  # a checkpoint of the shape's random weights: both processes load it as a user would
+        if random_shape:  # a checkpoint of the shape's random weights: both processes load it as a user would
             model_dir = str(models.save_random(shape, Path(temporary) / "random-checkpoint"))
         previous = os.environ.get("ORION_CACHE_DIR")
         os.environ["ORION_CACHE_DIR"] = where
@@ -127,7 +127,7 @@ def run(model_dir: str | None = None, prompt_tokens: int = 16, new_tokens: int =
     plan = model.decode_plan
     return {
         "backend": orion.backend(),
-        "model": name if name != model_dir else f"{name} ({model.display_name})",
+        "model": f"random {shape} ({model.display_name})" if random_shape else str(model_dir),
         "parameters": model.dims.parameters,
         "quant": model.quant,
         "config": model.builder.identity["config"],

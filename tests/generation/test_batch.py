@@ -168,6 +168,33 @@ def test_with_a_prefix_cache_new_prompts_are_read_together_and_stored(gpt2) -> N
     assert not lanes._packable(ps[2] + [1, 2])  # starts with the stored prompt: copies it in, reads the rest alone
 
 
+@pytest.mark.parametrize("length", [17, 40], ids=["packable", "read in chunks"])
+def test_a_prompt_the_prefix_cache_holds_is_not_read_again_and_decodes_with_the_others(gpt2, monkeypatch,
+                                                                                       length) -> None:
+    """A repeated prompt (its every position but the last in the prefix cache) joins with no prefill: its positions
+    are copied in and its last token decodes in the step it joins at, with the other lanes'; its tokens are a
+    separate run's (greedy)."""
+    lanes = gpt2.with_lanes(4)
+    lanes.prefix_cache = PrefixCache(1 << 24)  # keeps prompts of 16 tokens or more
+    p = next(q for q in prompts(GPT2_CONFIG.vocab_size, seed=8) if len(q) == length)
+    want = alone(gpt2, p, temperature=0)
+    batch = Batch(lanes)
+    first = batch.submit(p, NEW, temperature=0)
+    batch.run()
+    assert first.token_ids == want and len(lanes.prefix_cache) == 1
+
+    def read(*args):
+        raise AssertionError("a prompt held by the prefix cache was read again")
+
+    monkeypatch.setattr(lanes, "_prefill_pieces", read)
+    monkeypatch.setattr(lanes, "_read_packed", read)
+    again = [batch.submit(p, NEW, temperature=0) for _ in range(3)]
+    batch.step()  # the three join and this one decode step gives each its first token
+    assert [len(r.token_ids) for r in again] == [1, 1, 1]
+    batch.run()
+    assert [r.token_ids for r in again] == [want] * 3 and lanes.prefix_cache.stats.hits == 3
+
+
 def test_a_packed_read_without_the_per_prompt_mask_is_caught(gpt2, gpt2_lanes, monkeypatch) -> None:
     """The comparison above fails when the prompts see each other: a plain causal mask over the packed lanes."""
     ps = [p for p in prompts(GPT2_CONFIG.vocab_size, seed=8) if len(p) < 20][:3]

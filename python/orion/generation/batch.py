@@ -3,7 +3,8 @@ programs (``CausalLM.with_lanes``).
 
 Each sequence owns a lane: its KV cache rows, its position, its sampler and stop rules. One
 :meth:`Batch.step` reads one prefill chunk of one joining sequence (so a long prompt delays the
-others by at most one chunk), or, when several whole prompts joined and fit one packed chunk
+others by at most one chunk; a prompt the prefix cache holds but for its last token is not read: that token
+decodes with the others), or, when several whole prompts joined and fit one packed chunk
 (``PlanOptions.join_chunk``), all of them in one pass (``CausalLM._read_packed``: one dispatch per layer
 program, one weight stream, for every joiner), then advances every sequence that has a token to feed by
 one token, in one dispatch per layer program: the decode programs' lanes are fixed when they are compiled, so the
@@ -108,15 +109,20 @@ class Batch:
     def join(self, prompt_ids: Sequence[int], adapter: str | None = None, new_tokens: int = 0) -> int:
         """Start a sequence: its prompt is read over the next steps (one prefill chunk each, or in one pass
         with other prompts joining meanwhile) into a free lane of ``adapter``'s group; the decode programs for its prompt plus ``new_tokens`` are compiled
-        once it is read, before its first decode step (``CausalLM.prepare``: its first logits need none). Returns the
+        once it is read, before its first decode step (``CausalLM.prepare``: its first logits need none). A prompt
+        whose every position but the last is in the model's prefix cache (a repeated prompt) is copied in now, and its
+        last token is fed to the next decode step with the other lanes' tokens: it costs no prefill. Returns the
         sequence's id; raises :class:`BatchFull` without a lane."""
         model = self._model(adapter)
         ids = model._check_ids(list(prompt_ids))
         lane = self._free_lane(model)
         sequence = self._next_id
         self._next_id += 1
-        self._lanes[sequence] = _Lane(model, lane, model._prefill_pieces(ids, lane), ids,
-                                      prepare=model._prepare_later(len(ids) + new_tokens))
+        prepare = model._prepare_later(len(ids) + new_tokens)
+        if _restored_but_last(model, ids, lane):
+            self._lanes[sequence] = _Lane(model, lane, None, fed=ids[-1], prepare=prepare)
+        else:
+            self._lanes[sequence] = _Lane(model, lane, model._prefill_pieces(ids, lane), ids, prepare=prepare)
         return sequence
 
     def feed(self, sequence: int, token: int) -> None:
@@ -349,6 +355,19 @@ class Batch:
                             f"(CausalLM.with_lanes)")
         return lane
 
+
+
+def _restored_but_last(model: CausalLM, ids: list[int], lane: int) -> bool:
+    """Whether ``model``'s prefix cache held every position of ``ids`` but the last, now copied into its empty lane
+    ``lane`` (False: the lane is left empty, the prompt is to be read)."""
+    cache = model.prefix_cache
+    if cache is None or len(ids) < 2 or cache.reusable(model, ids) < len(ids) - 1:
+        return False
+    with model._exclusive("Batch.join"):
+        if cache.restore(model, ids, lane) == len(ids) - 1:
+            return True
+        model.cache.clear(lane)  # (evicted meanwhile by another fork's store) read as any other
+        return False
 
 
 class LaneTarget:

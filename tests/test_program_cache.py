@@ -950,25 +950,33 @@ def test_a_warm_first_prefill_runs_its_first_layer_while_the_last_one_compiles(t
     assert warm.builder.built == 0 and waited == [True]
 
 
-def test_a_prefill_plan_whose_ahead_compile_failed_is_built_again_on_the_next_prompt(tmp_path, monkeypatch) -> None:
-    """A program the prefill plan read ahead from the cache that fails to compile raises where it first runs, and the
-    next prompt builds the plan again instead of raising that error for good; its logits are the cold start's."""
-    from orion import models
+def _fail_one_compile(monkeypatch, label_start: str) -> list[str]:
+    """Makes the first compile of a program whose label starts with ``label_start`` raise a CompileError; returns
+    the labels that failed."""
     from orion.runtime import builder as builder_module
 
-    directory = _llama_dir(tmp_path / "model", seed=4)
-    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path / "cache"))
-    want = models.load(directory, progress=False, fusion_depth=1).logits([5, 17, 3, 60])
-    program_cache.flush()
     real_compile, failures = builder_module.ProgramBuilder._compile, []
 
     def compile_(self, lowered, label, show):
-        if label.startswith("prefill layers 1-1") and not failures:  # the prompt bucket's last layer, once
+        if label.startswith(label_start) and not failures:
             failures.append(label)
             raise orion.CompileError("simulated compile failure")
         return real_compile(self, lowered, label, show)
 
     monkeypatch.setattr(builder_module.ProgramBuilder, "_compile", compile_)
+    return failures
+
+
+def test_a_prefill_plan_whose_ahead_compile_failed_is_built_again_on_the_next_prompt(tmp_path, monkeypatch) -> None:
+    """A program the prefill plan read ahead from the cache that fails to compile raises where it first runs, and the
+    next prompt builds the plan again instead of raising that error for good; its logits are the cold start's."""
+    from orion import models
+
+    directory = _llama_dir(tmp_path / "model", seed=4)
+    monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path / "cache"))
+    want = models.load(directory, progress=False, fusion_depth=1).logits([5, 17, 3, 60])
+    program_cache.flush()
+    failures = _fail_one_compile(monkeypatch, "prefill layers 1-1")  # the prompt bucket's last layer
     warm = models.load(directory, progress=False, fusion_depth=1)
     with pytest.raises(orion.CompileError, match="simulated"):
         warm.logits([5, 17, 3, 60])
@@ -981,22 +989,13 @@ def test_a_decode_lm_head_whose_ahead_compile_failed_is_built_again_on_the_next_
     the head first runs (a prompt's logits), and the next call runs a new build of the head; the logits and the
     greedy tokens after them are the cold start's."""
     from orion import models
-    from orion.runtime import builder as builder_module
 
     directory = _llama_dir(tmp_path / "model", seed=5)
     monkeypatch.setenv("ORION_CACHE_DIR", str(tmp_path / "cache"))
     cold = models.load(directory, progress=False, fusion_depth=1)
     want = [cold.prefill([5, 17, 3, 60]), cold.decode_step(7)]
     program_cache.flush()
-    real_compile, failures = builder_module.ProgramBuilder._compile, []
-
-    def compile_(self, lowered, label, show):
-        if label.startswith("lm_head") and not failures:
-            failures.append(label)
-            raise orion.CompileError("simulated compile failure")
-        return real_compile(self, lowered, label, show)
-
-    monkeypatch.setattr(builder_module.ProgramBuilder, "_compile", compile_)
+    failures = _fail_one_compile(monkeypatch, "lm_head")
     warm = models.load(directory, progress=False, fusion_depth=1)
     with pytest.raises(orion.CompileError, match="simulated"):
         warm.prefill([5, 17, 3, 60])

@@ -68,8 +68,8 @@ def test_a_server_whose_requests_fail_is_reported_with_its_log_and_the_run_goes_
     model.mkdir()
     (model / "config.json").write_text('{"vocab_size": 100}')
     args = argparse.Namespace(clients=[1, 2], slots=0, requests=1, prompt_tokens=4, new_tokens=2, threads=1,
-                                    temperature=0.0, top_p=None, servers=["llama-server"], orion_variant=[],
-                                    llama_server=str(fake), gguf=str(tmp_path / "unused.gguf"))
+                              temperature=0.0, top_p=None, servers=["llama-server"], orion_variant=[],
+                              llama_server=str(fake), gguf=str(tmp_path / "unused.gguf"))
     report = bench.serve_section(args, model, tmp_path)
     assert report["levels"] == []  # its levels after the failure were skipped, not retried
     why = report["failed"]["llama-server"]

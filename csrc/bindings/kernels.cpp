@@ -454,8 +454,8 @@ void bind_kernels(py::module_& m) {
               return idle;
           },
           "Frees the pool's idle buffers (e.g. a long prompt's activations once its prefill is done, so decode "
-          "does not keep them resident) and returns the heap's free pages to the OS (buffer_pool::clear); returns the pool bytes freed. Later "
-          "evaluates allocate what they need again.");
+          "does not keep them resident) and returns the heap's free pages to the OS (buffer_pool::clear); returns "
+          "the pool bytes freed. Later evaluates allocate what they need again.");
     k.def("num_threads", &kern::num_threads, "Threads the kernels use (ORION_NUM_THREADS, else the hardware's).");
     k.def("simd_path", &kern::simd_path, "\"avx512f+f16c+fma\", \"avx2+f16c+fma\" or \"portable\" (ORION_SIMD=avx2 or =portable narrows it).");
     k.def("_parallel_for_probe", &parallel_for_probe, py::arg("n"), py::arg("grain"), py::arg("fail_at") = -1,

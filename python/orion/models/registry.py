@@ -173,8 +173,10 @@ def model_class(path: str | os.PathLike[str]) -> type:
                              f"(config.json and model.safetensors){formats}")
     config_path = directory / CONFIG_FILE
     if not config_path.is_file():
+        run = f". Fix: {directory} is a training run; its trained model is {directory / 'model'}" \
+            if (directory / "model" / CONFIG_FILE).is_file() else ""
         raise ModelFileError(f"{config_path}: no such file; a model directory holds the model's Hugging Face "
-                             f"{CONFIG_FILE} (its model_type picks the model) and weights")
+                             f"{CONFIG_FILE} (its model_type picks the model) and weights{run}")
     return family(read_json_object(config_path).get("model_type"), str(config_path)).model
 
 

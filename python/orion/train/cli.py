@@ -7,7 +7,9 @@ assistant turns only unless ``--train-on-prompt``. The run's first line prints e
 defaults; the last line gives the validation loss and perplexity over trained tokens.
 
 ``--lora`` fine-tunes only LoRA adapters over the frozen base (:mod:`orion.lora.train`): the checkpoints hold the
-adapters and the run state, and the run ends by writing ``RUN_DIR/adapter`` in PEFT's format.
+adapters and the run state, and the run ends by writing ``RUN_DIR/adapter`` in PEFT's format. A full run ends by
+writing ``RUN_DIR/model``, the trained model as a Hugging Face directory (:mod:`orion.train.export`) that
+``generate``, ``serve``, ``orion.models.load`` and transformers read.
 
 ``--data stdlib`` tokenizes the built-in standard-library corpus on first use into ``RUN_DIR/data`` (with the
 model directory's ``tokenizer.json`` if it has one, else a byte-level BPE of the model's vocabulary size,
@@ -30,10 +32,11 @@ from orion.quant import QUANT_MODES
 from orion.train.data import eval_batches
 from orion.train.errors import TrainError
 from orion.train.examples import ExampleSplit, describe
+from orion.train.export import SAVE_DTYPES
 from orion.train.trainer import SHAPES, WEIGHT_STRATEGIES, TrainConfig, Trainer, loss_summary, read_log
 
 STDLIB = "stdlib"
-DATA_SUBDIR, PLOT_FILE, ADAPTER_SUBDIR = "data", "loss.png", "adapter"
+DATA_SUBDIR, PLOT_FILE, ADAPTER_SUBDIR, MODEL_SUBDIR = "data", "loss.png", "adapter", "model"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -89,6 +92,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--imatrix", default=None, metavar="PATH",
                    help="with --quant lut4/lut6: an importance matrix of the base (python -m orion imatrix) that its "
                         "LUTs are fitted by")
+    p.add_argument("--save-dtype", choices=SAVE_DTYPES, default="float32",
+                   help="a full run ends by writing RUN_DIR/model, a Hugging Face directory of the trained weights in "
+                        "this dtype (default float32: the master weights exactly)")
     p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in --out")
     p.add_argument("--from-scratch", action="store_true",
                    help="train a model directory whose weights are meant to be untrained (without it, a fine-tune "
@@ -139,6 +145,13 @@ def _train(args: argparse.Namespace, given: set[str] | None = None) -> int:
         trainer.model.save_peft(str(adapter), trainer.params, base_name=str(args.model))
         trainer.log_event({"event": "adapter", "path": ADAPTER_SUBDIR})
         print(f"{adapter}: the LoRA adapter (PEFT format; load it with model.load_adapter or peft)")
+    else:
+        model = trainer.save_model(out / MODEL_SUBDIR, args.save_dtype)
+        trainer.log_event({"event": "model", "path": MODEL_SUBDIR, "dtype": args.save_dtype})
+        tokenizer = "" if (model / "tokenizer.json").is_file() else \
+            " (no tokenizer: the token data names none; copy the one its ids came from into it)"
+        print(f"{model}: the trained model, a Hugging Face directory{tokenizer} "
+              f"(python -m orion generate --model {model}; transformers reads it too)")
     _plot(trainer, records)
     return 0
 
@@ -155,7 +168,9 @@ def _settings_line(args: argparse.Namespace, trainer: Trainer, given: set[str]) 
              "keep": cfg.keep, "lora": "off" if args.lora is None else
              f"r={args.lora.r},alpha={args.lora.alpha:g},targets={','.join(args.lora.targets)}", "quant": cfg.quant,
              "train_on_prompt": args.train_on_prompt, "max_examples": args.max_examples or "all",
-             "val_examples": args.val_examples or "all", "data_bytes": args.data_bytes}
+             "val_examples": args.val_examples or "all", "data_bytes": args.data_bytes, "save_dtype": args.save_dtype}
+    if args.lora is not None:
+        del shown["save_dtype"]
     if trainer.data.layout != "examples":
         for name in ("train_on_prompt", "max_examples", "val_examples"):
             del shown[name]

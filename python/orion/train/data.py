@@ -97,6 +97,7 @@ class Dataset:
     val: TokenSplit | ExampleSplit
     layout: str  # "nanogpt", "llama2c", "single-file" or "examples"
     meta: dict[str, Any] = field(default_factory=dict)  # meta.json, when there is one
+    tokenizer_file: Path | None = None  # the tokenizer.json the ids came from, when meta.json names one that exists
 
     def eval_windows(self, default: int) -> int:
         """How many validation windows an evaluation uses: every example of an example split, else ``default``."""
@@ -143,12 +144,13 @@ def open_dataset(path: str | os.PathLike, vocab_size: int | None = None, val_fra
         meta["vocab_sha256"] = vocab_digest(_load_tokenizer(tokenizer_file))
     vocab_size = vocab_size if vocab_size is not None else meta.get("vocab_size")
     dtype = str(meta.get("dtype", "uint16"))
+    tokenizer = tokenizer_file if meta and tokenizer_file.is_file() else None
     if path.is_dir() and (path / "train.bin").exists():
         if not (path / "val.bin").exists():
             raise DataError(f"{path} has train.bin but no val.bin; nanoGPT's layout holds both (prepare writes both)")
         train, val = (open_tokens(path / f"{n}.bin", vocab_size, dtype) for n in ("train", "val"))
         return Dataset(TokenSplit("train", [train], [str(path / "train.bin")]),
-                       TokenSplit("val", [val], [str(path / "val.bin")]), "nanogpt", meta)
+                       TokenSplit("val", [val], [str(path / "val.bin")]), "nanogpt", meta, tokenizer)
     if path.is_dir():
         shards = sorted(path.glob("*.bin"))
         if len(shards) < 2:
@@ -157,13 +159,13 @@ def open_dataset(path: str | os.PathLike, vocab_size: int | None = None, val_fra
                             "with train.bin and val.bin")
         arrays = [open_tokens(s, vocab_size, dtype) for s in shards]
         return Dataset(TokenSplit("train", arrays[1:], [str(s) for s in shards[1:]]),
-                       TokenSplit("val", arrays[:1], [str(shards[0])]), "llama2c", meta)
+                       TokenSplit("val", arrays[:1], [str(shards[0])]), "llama2c", meta, tokenizer)
     if not 0 < val_fraction < 1:
         raise DataError(f"open_dataset: val_fraction={val_fraction} must be between 0 and 1")
     tokens = open_tokens(path, vocab_size, dtype)
     cut = int(round(len(tokens) * (1 - val_fraction)))
     return Dataset(TokenSplit("train", [tokens[:cut]], [f"{path}[:{cut}]"]),
-                   TokenSplit("val", [tokens[cut:]], [f"{path}[{cut}:]"]), "single-file", meta)
+                   TokenSplit("val", [tokens[cut:]], [f"{path}[{cut}:]"]), "single-file", meta, tokenizer)
 
 
 def open_data(path: str | os.PathLike, *, vocab_size: int | None = None, model_dir: str | os.PathLike | None = None,

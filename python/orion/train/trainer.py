@@ -46,7 +46,7 @@ from orion.lora.train import LoraSpec, LoraTrainable, modules_of
 from orion.models import UnknownModel, family, family_of
 from orion.models.gpt2.config import GPT2Config
 from orion.models.llama.config import LlamaConfig
-from orion.train import checkpoint, loss_scale, restart, schedule
+from orion.train import checkpoint, export, loss_scale, restart, schedule
 from orion.train.data import BatchSampler, Dataset, eval_batches, open_data
 from orion.train.errors import CheckpointError, TrainError
 from orion.train.optim import AdamW, clip_coefficient, grad_norm
@@ -305,8 +305,9 @@ class Trainer:
                              f"({', '.join(f.name for f in dataclasses.fields(TrainConfig))})") from None
         cfg = self.config
         self.model, self.params, model_description = load_model(model, cfg.seed)
+        self.base_dir = Path(model) if _is_model_directory(model) else None  # type: ignore[arg-type]
         # a fine-tune of pretrained weights (a model directory) must start from a sane loss; shapes start at random
-        self.check_base = not from_scratch and _is_model_directory(model)
+        self.check_base = not from_scratch and self.base_dir is not None
         if cfg.lora is not None:  # the base becomes frozen; the parameters are the adapters alone
             if cfg.quant != "fp16":
                 self.params = quantized_base(self.model, self.params, cfg.quant,
@@ -564,6 +565,15 @@ class Trainer:
                  "accumulation_phase": 0, "loss_scale": loss_scale.state_dict(self.scaler),
                  "clamps_total": self.clamps_total}
         return tensors, state
+
+    def save_model(self, path: str | os.PathLike, dtype: str = "float32") -> Path:
+        """The trained model as a Hugging Face directory at ``path`` (:func:`orion.train.export.save_model`): the
+        weights in ``dtype``, with the base directory's tokenizer and settings, else the token data's tokenizer."""
+        if self.config.lora is not None:
+            raise TrainError("a LoRA run's parameters are its adapters: write them with model.save_peft, or merge "
+                             "them into the base with python -m orion lora merge")
+        return export.save_model(self.model, self.params, path, base_dir=self.base_dir,
+                                 tokenizer_file=self.data.tokenizer_file, dtype=dtype)
 
     def save_checkpoint(self) -> Path:
         """Writes the full state at the current step (atomically; the newest ``config.keep`` are kept)."""

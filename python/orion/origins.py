@@ -36,7 +36,9 @@ def origin_of(array: object) -> str | None:
     if not isinstance(array, np.ndarray) or array.nbytes == 0:
         return None
     address = array.ctypes.data
-    for start, (end, ref, origin) in list(_RECORDS.items()):
+    # A copy, made in one C call: building a list of the items allocates, an allocation can run the cyclic garbage
+    # collector, and an array it frees drops its record (_forget) from the dict being listed.
+    for start, (end, ref, origin) in _RECORDS.copy().items():
         if start <= address < end and ref() is not None:
             return origin
     return None

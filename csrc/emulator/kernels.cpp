@@ -49,7 +49,9 @@ constexpr int64_t kConvLaneChunk = 256;
 constexpr int64_t kConvGroup = 4;
 constexpr int64_t kCompactLanes = 4;  // conv1x1 copies x's live lanes when there are at most this many
 constexpr int64_t kParallelWork = int64_t{1} << 16;  // multiply-adds worth a chunk of their own
-// Rows of an fp16 panel (32 bytes each) the pair tile prefetches ahead of the row it reads.
+// Most lanes of a tile of three fp16 panels (Kernels::conv_group_tile_f16): 3 x 8 accumulators of 32 registers.
+constexpr int kConvTripleLanes = 8;
+// Rows of an fp16 panel (32 bytes each) the group tiles prefetch ahead of the row they read.
 constexpr int64_t kConvPrefetchRows = kConvPrefetchBytes / (kConvPanel * sizeof(uint16_t));
 
 // The inner kernels of one SIMD flavour.
@@ -89,11 +91,12 @@ struct Kernels {
                         bool add);
     // dst[r*16 + j] = the weight of row c0 + r, output j, in fp32, for r < rows.
     void (*widen_q)(const QPanel& p, int64_t c0, float* dst, int64_t rows);
-    // Two fp16 panels at once (null when the flavour has no registers for it): acc0[l*16 + j] (+)=
-    // sum_{c<k} w0[c*16 + j] * x[c*S + l], acc1 likewise from w1, for l < lanes, lanes in
-    // [kConvSequentialLanes, conv_lanes]: each output summed as conv_tile_f16 sums it for those lanes.
-    void (*conv_pair_tile_f16)(const uint16_t* w0, const uint16_t* w1, const float* x, int64_t S, int64_t k,
-                               int lanes, float* acc0, float* acc1, bool add);
+    // `count` fp16 panels at once (null when the flavour has no registers for it): acc[g][l*16 + j] (+)=
+    // sum_{c<k} w[g][c*16 + j] * x[c*S + l] for g < count and l < lanes, lanes in [kConvSequentialLanes,
+    // conv_lanes]: each output summed as conv_tile_f16 sums it for those lanes. count is 2, or 3 for up to
+    // kConvTripleLanes lanes.
+    void (*conv_group_tile_f16)(const uint16_t* const* w, int count, const float* x, int64_t S, int64_t k, int lanes,
+                                float* const* acc, bool add);
     // `count` (2 or 3) fp16 panels w[0..count) at one lane (decode; null when the flavour has none): acc[g*16 + j] =
     // sum_{c<k} w[g][c*16 + j] * x[c*S], each output summed as conv_tile_f16 sums it at one lane, the panels'
     // rows read as `count` streams at once.
@@ -524,60 +527,70 @@ ORION_AVX512 void conv_pair_tile_avx512(const float* w, const float* x, int64_t 
     }
 }
 
-// Row c of two fp16 panels times its L lanes of x, into their sums.
-template <int L>
-ORION_AVX512 __attribute__((always_inline)) inline void fma_pair_row(const uint16_t* w0, const uint16_t* w1,
-                                                                     const float* xc, int64_t c, __m512 (&sum0)[L],
-                                                                     __m512 (&sum1)[L]) {
-    const __m512 a = load16(w0 + c * kConvPanel), b = load16(w1 + c * kConvPanel);
+// Row c of N fp16 panels times its L lanes of x, into their sums.
+template <int N, int L>
+ORION_AVX512 __attribute__((always_inline)) inline void fma_group_row(const uint16_t* const* w, const float* xc,
+                                                                      int64_t c, __m512 (&sum)[N][L]) {
+    __m512 rows[N];
+    ORION_UNROLL
+    for (int g = 0; g < N; ++g) rows[g] = load16(w[g] + c * kConvPanel);
     ORION_UNROLL
     for (int l = 0; l < L; ++l) {
         const __m512 xv = _mm512_set1_ps(xc[l]);
-        sum0[l] = _mm512_fmadd_ps(a, xv, sum0[l]);
-        sum1[l] = _mm512_fmadd_ps(b, xv, sum1[l]);
+        ORION_UNROLL
+        for (int g = 0; g < N; ++g) sum[g][l] = _mm512_fmadd_ps(rows[g], xv, sum[g][l]);
     }
 }
 
-// Two fp16 panels x L lanes in 2L accumulators, one partial sum per output (conv_tile_avx512's sums from
-// kConvSequentialLanes lanes on): per row two weight loads and L broadcasts feed 2L FMAs, twice the
-// independent sums of the one-panel tile. Each panel's rows are prefetched kConvPrefetchRows ahead: a
-// decode step streams them from memory, and the hardware prefetcher alone leaves the FMAs waiting.
-template <int L>
-ORION_AVX512 void conv_pair_tile_f16_avx512_fixed(const uint16_t* w0, const uint16_t* w1, const float* x, int64_t S,
-                                                  int64_t k, float* acc0, float* acc1, bool add) {
-    __m512 sum0[L], sum1[L];
+// N fp16 panels x L lanes in N*L accumulators (at most 24 of the 32 registers), one partial sum per output
+// (conv_tile_avx512's sums from kConvSequentialLanes lanes on): per row N weight loads and L broadcasts feed N*L
+// FMAs. Three panels a tile run 10-11% faster than two at 4-8 lanes on this Zen 4, from memory or from L2
+// (a standalone copy, one thread). Each panel's rows are prefetched kConvPrefetchRows ahead: a decode step
+// streams them from memory, and the hardware prefetcher alone leaves the FMAs waiting.
+template <int N, int L>
+ORION_AVX512 void conv_group_tile_f16_avx512_fixed(const uint16_t* const* w, const float* x, int64_t S, int64_t k,
+                                                   float* const* acc, bool add) {
+    __m512 sum[N][L];
     ORION_UNROLL
-    for (int l = 0; l < L; ++l) {
-        sum0[l] = add ? _mm512_loadu_ps(acc0 + l * kConvPanel) : _mm512_setzero_ps();
-        sum1[l] = add ? _mm512_loadu_ps(acc1 + l * kConvPanel) : _mm512_setzero_ps();
-    }
+    for (int g = 0; g < N; ++g)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) sum[g][l] = add ? _mm512_loadu_ps(acc[g] + l * kConvPanel) : _mm512_setzero_ps();
     int64_t c = 0;
     for (; c + 2 <= k; c += 2) {  // two rows: one cache line of each panel
-        _mm_prefetch(reinterpret_cast<const char*>(w0 + (c + kConvPrefetchRows) * kConvPanel), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(w1 + (c + kConvPrefetchRows) * kConvPanel), _MM_HINT_T0);
-        fma_pair_row<L>(w0, w1, x + c * S, c, sum0, sum1);
-        fma_pair_row<L>(w0, w1, x + (c + 1) * S, c + 1, sum0, sum1);
+        ORION_UNROLL
+        for (int g = 0; g < N; ++g)
+            _mm_prefetch(reinterpret_cast<const char*>(w[g] + (c + kConvPrefetchRows) * kConvPanel), _MM_HINT_T0);
+        fma_group_row<N, L>(w, x + c * S, c, sum);
+        fma_group_row<N, L>(w, x + (c + 1) * S, c + 1, sum);
     }
-    if (c < k) fma_pair_row<L>(w0, w1, x + c * S, c, sum0, sum1);
+    if (c < k) fma_group_row<N, L>(w, x + c * S, c, sum);
     ORION_UNROLL
-    for (int l = 0; l < L; ++l) {
-        _mm512_storeu_ps(acc0 + l * kConvPanel, sum0[l]);
-        _mm512_storeu_ps(acc1 + l * kConvPanel, sum1[l]);
+    for (int g = 0; g < N; ++g)
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) _mm512_storeu_ps(acc[g] + l * kConvPanel, sum[g][l]);
+}
+
+template <int N>
+ORION_AVX512 void conv_group_tile_f16_avx512_lanes(const uint16_t* const* w, const float* x, int64_t S, int64_t k,
+                                                   int lanes, float* const* acc, bool add) {
+    switch (lanes) {
+        case 4: return conv_group_tile_f16_avx512_fixed<N, 4>(w, x, S, k, acc, add);
+        case 5: return conv_group_tile_f16_avx512_fixed<N, 5>(w, x, S, k, acc, add);
+        case 6: return conv_group_tile_f16_avx512_fixed<N, 6>(w, x, S, k, acc, add);
+        case 7: return conv_group_tile_f16_avx512_fixed<N, 7>(w, x, S, k, acc, add);
+        default: return conv_group_tile_f16_avx512_fixed<N, 8>(w, x, S, k, acc, add);
     }
 }
 
-ORION_AVX512 void conv_pair_tile_f16_avx512(const uint16_t* w0, const uint16_t* w1, const float* x, int64_t S,
-                                            int64_t k, int lanes, float* acc0, float* acc1, bool add) {
+ORION_AVX512 void conv_group_tile_f16_avx512(const uint16_t* const* w, int count, const float* x, int64_t S, int64_t k,
+                                             int lanes, float* const* acc, bool add) {
+    if (count == 3) return conv_group_tile_f16_avx512_lanes<3>(w, x, S, k, lanes, acc, add);
     switch (lanes) {
-        case 4: return conv_pair_tile_f16_avx512_fixed<4>(w0, w1, x, S, k, acc0, acc1, add);
-        case 5: return conv_pair_tile_f16_avx512_fixed<5>(w0, w1, x, S, k, acc0, acc1, add);
-        case 6: return conv_pair_tile_f16_avx512_fixed<6>(w0, w1, x, S, k, acc0, acc1, add);
-        case 7: return conv_pair_tile_f16_avx512_fixed<7>(w0, w1, x, S, k, acc0, acc1, add);
-        case 8: return conv_pair_tile_f16_avx512_fixed<8>(w0, w1, x, S, k, acc0, acc1, add);
-        case 9: return conv_pair_tile_f16_avx512_fixed<9>(w0, w1, x, S, k, acc0, acc1, add);
-        case 10: return conv_pair_tile_f16_avx512_fixed<10>(w0, w1, x, S, k, acc0, acc1, add);
-        case 11: return conv_pair_tile_f16_avx512_fixed<11>(w0, w1, x, S, k, acc0, acc1, add);
-        default: return conv_pair_tile_f16_avx512_fixed<12>(w0, w1, x, S, k, acc0, acc1, add);
+        case 9: return conv_group_tile_f16_avx512_fixed<2, 9>(w, x, S, k, acc, add);
+        case 10: return conv_group_tile_f16_avx512_fixed<2, 10>(w, x, S, k, acc, add);
+        case 11: return conv_group_tile_f16_avx512_fixed<2, 11>(w, x, S, k, acc, add);
+        case 12: return conv_group_tile_f16_avx512_fixed<2, 12>(w, x, S, k, acc, add);
+        default: return conv_group_tile_f16_avx512_lanes<2>(w, x, S, k, lanes, acc, add);
     }
 }
 
@@ -586,7 +599,7 @@ constexpr Kernels kAvx512 = {
     half_to_float_avx2, float_to_half_avx2,        tanh_avx2, sigmoid_avx2, softmax_avx2, scaled_softmax_avx2,
     score_row_softmax_avx2,
     conv_tile_avx512<uint16_t>, conv_tile_avx512<float>, nullptr, conv_tile_i8_avx512, dequant_i8_avx2,
-    conv_pair_tile_avx512, conv_tile_q_avx512, widen_q_avx512, conv_pair_tile_f16_avx512, nullptr,
+    conv_pair_tile_avx512, conv_tile_q_avx512, widen_q_avx512, conv_group_tile_f16_avx512, nullptr,
 };
 
 bool cpu_has_avx2_f16c_fma() {
@@ -643,10 +656,10 @@ bool converts_weights(const Kernels& k, int64_t cin, int64_t lanes) {
 }
 
 // Whether conv_panels' unconverted path runs fp16 panels several to a tile for jobs of `lanes` lanes:
-// three (then two) with Kernels::conv_group_tile_f16_one at one lane, two with Kernels::conv_pair_tile_f16 when
-// every tile has at least kConvSequentialLanes lanes.
+// with Kernels::conv_group_tile_f16_one at one lane, with Kernels::conv_group_tile_f16 when every tile has at
+// least kConvSequentialLanes lanes (fp16_tile_panels says how many).
 bool pairs_fp16_panels(const Kernels& k, int64_t lanes) {
-    return lanes == 1 ? k.conv_group_tile_f16_one != nullptr : k.conv_pair_tile_f16 && lanes >= kConvSequentialLanes;
+    return lanes == 1 ? k.conv_group_tile_f16_one != nullptr : k.conv_group_tile_f16 && lanes >= kConvSequentialLanes;
 }
 
 // A panel's weights in the flavour's tile, and widened to fp32: fp16 ones, or int8 ones times their
@@ -723,6 +736,13 @@ struct LaneTiling {
     int tile_width(int t) const { return static_cast<int>(tile_start(t + 1) - tile_start(t)); }
 };
 
+// Panels per tile of conv_panels' grouped fp16 path (pairs_fp16_panels) for jobs of `lanes` lanes: three at one
+// lane, or when no tile is wider than kConvTripleLanes; else two.
+int64_t fp16_tile_panels(const Kernels& k, int64_t lanes) {
+    const LaneTiling tiling(k, lanes);
+    return lanes == 1 || ceil_div(lanes, tiling.tiles) <= kConvTripleLanes ? 3 : 2;
+}
+
 // Whether conv_panels' fp16 panels, unconverted, run slice by slice with the first lane tile widening each slice for
 // the others (Kernels::conv_widen_tile_f16): for 2+ tiles, all of kConvSequentialLanes lanes or more (each output
 // then sums c in order in one partial sum, sliced or not), unless the flavour pairs its panels instead.
@@ -785,14 +805,20 @@ void conv_panels(const Kernels& k, const PanelAt& panel_at, int64_t count, int64
                     k.conv_group_tile_f16_one(w, n, x.rows(0, 1), x.stride(1), cin, acc + g * panel_acc);
                 }
             else if (pairs_fp16_panels(k, lanes))
-                for (; g + 2 <= count; g += 2)
+                for (int64_t n = 0, most = fp16_tile_panels(k, lanes); g + 2 <= count; g += n) {  // three (or two)
+                    n = std::min(most, count - g);
+                    const uint16_t* w[3] = {panel_at(g).first, panel_at(g + 1).first,
+                                            n == 3 ? panel_at(g + 2).first : nullptr};
                     for (int t = 0; t < tiling.tiles; ++t) {
                         const int64_t s0 = tiling.tile_start(t);
-                        const int n = tiling.tile_width(t);
-                        k.conv_pair_tile_f16(panel_at(g).first, panel_at(g + 1).first, x.from(s0).rows(0, n),
-                                             x.stride(n), cin, n, acc + g * panel_acc + s0 * kConvPanel,
-                                             acc + (g + 1) * panel_acc + s0 * kConvPanel, false);
+                        const int width = tiling.tile_width(t);
+                        float* tile_acc[3] = {acc + g * panel_acc + s0 * kConvPanel,
+                                              acc + (g + 1) * panel_acc + s0 * kConvPanel,
+                                              n == 3 ? acc + (g + 2) * panel_acc + s0 * kConvPanel : nullptr};
+                        k.conv_group_tile_f16(w, static_cast<int>(n), x.from(s0).rows(0, width), x.stride(width), cin,
+                                              width, tile_acc, false);
                     }
+                }
         }
         for (; g < count; ++g) {
             const auto [w, scales] = panel_at(g);
@@ -1074,10 +1100,9 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
     [[maybe_unused]] const uint64_t call = low_bit ? ++calls : 0;  // (QPanel::call; unused by fp16 panels)
     const bool converts = converts_weights(k, w.cin, lanes / chunks);
     const bool pairs = !low_bit && k.conv_pair_tile_f32 && converts;
-    // Unconverted fp16 panels (decode's lanes) go three to a job at one lane, else two, when conv_panels runs them
-    // several to a tile.
-    const bool fp16_pairs = std::is_same_v<Packed, PackedConv1x1> && !converts && pairs_fp16_panels(k, lanes);
-    const int64_t per_job = pairs || fp16_pairs ? (lanes == 1 ? 3 : 2) : converts || low_bit ? kConvGroup : 1;
+    // Unconverted fp16 panels (decode's lanes) go as many to a job as conv_panels runs to a tile.
+    const bool fp16_groups = std::is_same_v<Packed, PackedConv1x1> && !converts && pairs_fp16_panels(k, lanes);
+    const int64_t per_job = fp16_groups ? fp16_tile_panels(k, lanes) : pairs ? 2 : converts || low_bit ? kConvGroup : 1;
     const int64_t job_work = per_job * w.cin * kConvPanel * (lanes / chunks + 4);  // + the weight stream's cost
     // Long rows (the converting tiles, many panels per lane) read x packed in lane tiles, packed once here.
     std::vector<float> packed_x = converts ? buffer_pool::take(static_cast<size_t>(lanes * w.cin)) : std::vector<float>{};

@@ -9,6 +9,7 @@ importance matrix (orion.importance) that Orion collects over the first ``--imat
 play, Macbeth: the only text the quantizers see, never scored.
 
     python benchmarks/perplexity.py [--modes fp16,int8,lut6,lut6+imatrix,lut4,lut4+imatrix,int4] [--seq 256]
+        [--model DIR]   (another model and its tokenizer, e.g. benchmarks/trained_quality.py's)
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def perplexity(model, ids: list[int], seq: int, windows: int, start: int) -> tup
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None, help="another model to score (a directory with its tokenizer; default: "
+                   "SmolLM2-135M-Instruct's GGUF)")
     p.add_argument("--modes", default="fp16,int8,lut6,lut6+imatrix,lut4,lut4+imatrix,int4")
     p.add_argument("--imatrix-tokens", type=int, default=4096, help="calibration tokens of Macbeth")
     p.add_argument("--imatrix", default=None, help=argparse.SUPPRESS)  # the importance file of a --one run
@@ -53,7 +56,7 @@ def main() -> None:
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # score one mode in this process
     args = p.parse_args()
     if args.one == "collect":  # the importance matrix, in a process of its own (its model's compiles)
-        model = models.load(str(smollm2_gguf()), progress=False, context=512)
+        model = models.load(args.model or str(smollm2_gguf()), progress=False, context=512)
         ids = model.tokenizer.encode(macbeth())[:args.imatrix_tokens]
         importance.collect(model, ids, f"Macbeth's first {len(ids)} tokens", progress=False).save(args.imatrix)
         return
@@ -62,7 +65,7 @@ def main() -> None:
         mode, weighted = args.one.removesuffix("+imatrix"), args.one.endswith("+imatrix")
         options = {} if mode == "fp16" else {"quant": mode, "profile": "permissive",
                                              **({"imatrix": args.imatrix} if weighted else {})}
-        model = models.load(str(smollm2_gguf()), progress=False, context=args.seq, **options)
+        model = models.load(args.model or str(smollm2_gguf()), progress=False, context=args.seq, **options)
         ids = model.tokenizer.encode(hamlet())
         loaded = time.perf_counter() - t0
         ppl, tokens = perplexity(model, ids, args.seq, args.windows, args.start)
@@ -75,7 +78,7 @@ def main() -> None:
         if "+imatrix" in args.modes:
             t0 = time.perf_counter()
             subprocess.run([sys.executable, __file__, "--one", "collect", "--imatrix", imatrix, "--imatrix-tokens",
-                            str(args.imatrix_tokens)], check=True)
+                            str(args.imatrix_tokens), *model_args(args)], check=True)
             print(f"importance matrix over Macbeth's first {args.imatrix_tokens} tokens: "
                   f"{time.perf_counter() - t0:.1f} s")
         for mode in args.modes.split(","):
@@ -87,11 +90,16 @@ def main() -> None:
             print(f"| {mode} | {ppl:.2f} | {100 * (ppl / base - 1):+.1f}% |")
 
 
+def model_args(args: argparse.Namespace) -> list[str]:
+    """The ``--model`` argument of the per-mode processes."""
+    return ["--model", args.model] if args.model else []
+
+
 def score(mode: str, args: argparse.Namespace, imatrix: str) -> tuple[str, float]:
     """``mode``'s perplexity, in a process of its own (each compiles its own programs: the ANE-11 budget)."""
     out = subprocess.run([sys.executable, __file__, "--one", mode, "--seq", str(args.seq), "--windows",
-                          str(args.windows), "--start", str(args.start), "--imatrix", imatrix], capture_output=True,
-                         text=True, check=True).stdout
+                          str(args.windows), "--start", str(args.start), "--imatrix", imatrix, *model_args(args)],
+                         capture_output=True, text=True, check=True).stdout
     row = json.loads(out.strip().splitlines()[-1])
     print(f"{mode:12s} perplexity {row['ppl']:9.3f} over {row['tokens']} tokens (load {row['load_s']:.1f} s, "
           f"score {row['score_s']:.1f} s)", flush=True)

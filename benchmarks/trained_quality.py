@@ -49,7 +49,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--modes", default="fp16,int8,lut6,lut6+imatrix,lut4,lut4+imatrix,int4")
-    p.add_argument("--windows", type=int, default=8, help="Hamlet windows of 256 tokens scored (default 8)")
+    p.add_argument("--windows", type=int, default=220, help="Hamlet windows of 256 tokens scored (default 220: all of it)")
     args = p.parse_args()
     work = Path(args.workdir)
     text, data, base, out = work / "text", work / "data", work / "init", work / "run"

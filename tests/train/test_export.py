@@ -21,11 +21,12 @@ from orion import models
 from orion.lora.train import LoraSpec
 from orion.models.llama import weights as llama_weights
 from orion.models.llama.config import LlamaConfig
-from orion.train import checkpoint, data
+from orion.train import checkpoint
 from orion.train.cli import main as train_main
 from orion.train.errors import TrainError
 from orion.train.trainer import Trainer, load_model
 from support import references
+from support.token_files import prepared_text
 
 TEXT = "The quick brown fox jumps over the lazy dog. What is two plus two? Two plus two is four.\n" * 40
 
@@ -33,10 +34,7 @@ TEXT = "The quick brown fox jumps over the lazy dog. What is two plus two? Two p
 @pytest.fixture(scope="module")
 def bpe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A prepared data directory (and its 512-token BPE) of TEXT."""
-    root = tmp_path_factory.mktemp("bpe")
-    (root / "text.txt").write_text(TEXT)
-    data.prepare([root / "text.txt"], root / "data", vocab_size=512)
-    return root / "data"
+    return prepared_text(tmp_path_factory.mktemp("bpe"), TEXT, 512)
 
 
 def _run(out: Path, model: str, data_dir: Path, *extra: str) -> Path:

@@ -31,6 +31,7 @@ from orion.train.cli import main as train_main
 from orion.train.errors import DataError
 from orion.train.examples import IGNORE
 from orion.train.trainer import Trainer
+from support.token_files import prepared_text
 
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
@@ -52,10 +53,7 @@ def _llama_dir(directory: Path, vocab: int, tokenizer_json: Path, template: str 
 @pytest.fixture(scope="module")
 def bpe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A prepared data directory (and its 400-token BPE) of TEXT."""
-    root = tmp_path_factory.mktemp("bpe")
-    (root / "text.txt").write_text(TEXT)
-    data.prepare([root / "text.txt"], root / "data", vocab_size=400)
-    return root / "data"
+    return prepared_text(tmp_path_factory.mktemp("bpe"), TEXT, 400)
 
 
 def _chats(n: int) -> list[dict]:

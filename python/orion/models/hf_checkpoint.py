@@ -27,6 +27,7 @@ from orion.models.weights_io import (
     INDEX_FILE,
     PROGRESS_EVERY,
     PROGRESS_MIN_BYTES,
+    SAVE_DTYPES,
     WEIGHTS_FILE,
     MappedSafetensors,
     WeightsSource,
@@ -36,7 +37,6 @@ from orion.models.weights_io import (
     write_safetensors,
 )
 
-SAVE_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 READ_DTYPES = {"F16", "BF16", "F32", "F64"}
 # Orion field -> Hugging Face name of the arrays outside the layers (the same in every family here).
 TOP_NAMES: dict[str, str] = {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight",

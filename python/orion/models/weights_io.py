@@ -40,6 +40,8 @@ from orion.runtime.pages import map_of, release_pages
 
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+# The dtypes a model directory is written in: name -> safetensors code (write_safetensors).
+SAVE_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 PROGRESS_EVERY = 50  # tensors between progress lines
 PROGRESS_MIN_BYTES = 64 << 20  # with progress=None, report only for files at least this large
 

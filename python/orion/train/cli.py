@@ -28,11 +28,11 @@ from typing import Any
 from orion.cli import positive_int, report_errors
 from orion.lora.adapter import AdapterError
 from orion.lora.train import LoraSpec
+from orion.models.weights_io import SAVE_DTYPES
 from orion.quant import QUANT_MODES
 from orion.train.data import eval_batches
 from orion.train.errors import TrainError
 from orion.train.examples import ExampleSplit, describe
-from orion.train.export import SAVE_DTYPES
 from orion.train.trainer import SHAPES, WEIGHT_STRATEGIES, TrainConfig, Trainer, loss_summary, read_log
 
 STDLIB = "stdlib"
@@ -92,7 +92,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--imatrix", default=None, metavar="PATH",
                    help="with --quant lut4/lut6: an importance matrix of the base (python -m orion imatrix) that its "
                         "LUTs are fitted by")
-    p.add_argument("--save-dtype", choices=SAVE_DTYPES, default="float32",
+    p.add_argument("--save-dtype", choices=list(SAVE_DTYPES), default="float32",
                    help="a full run ends by writing RUN_DIR/model, a Hugging Face directory of the trained weights in "
                         "this dtype (default float32: the master weights exactly)")
     p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in --out")

@@ -19,9 +19,7 @@ import numpy as np
 from orion.autodiff.trainable import TrainableModel
 from orion.generation.hf_files import CONFIG_FILE, read_json_object
 from orion.models import family_of
-from orion.train.errors import TrainError
 
-SAVE_DTYPES = ("float32", "float16", "bfloat16")
 # The files of a model directory that describe its tokenizer and generation (everything but config and weights).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "chat_template.jinja", "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt")
@@ -32,10 +30,9 @@ def save_model(model: TrainableModel, params: Mapping[str, np.ndarray], path: st
                dtype: str = "float32") -> Path:
     """Write ``model``'s weights ``params`` (a trainer's flat parameters) to the Hugging Face directory ``path``
     in ``dtype``, with ``base_dir``'s tokenizer files and extra config fields (a fine-tune), else
-    ``tokenizer_file`` as ``tokenizer.json`` (if given). The directory is written beside ``path`` and then
+    ``tokenizer_file`` as ``tokenizer.json`` (if given); ``dtype`` is one of ``weights_io.SAVE_DTYPES`` (the family's
+    save_hf refuses another before writing). The directory is written beside ``path`` and then
     put in its place, so ``path`` never holds half a model. Returns ``path``."""
-    if dtype not in SAVE_DTYPES:
-        raise TrainError(f"save dtype {dtype!r}: use one of {', '.join(SAVE_DTYPES)}")
     path = Path(path)
     staging = path.with_name(path.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)

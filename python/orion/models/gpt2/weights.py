@@ -28,6 +28,7 @@ from orion.models.gpt2.config import GPT2Config
 from orion.models.weights_io import (
     PROGRESS_EVERY,
     PROGRESS_MIN_BYTES,
+    SAVE_DTYPES,
     WEIGHTS_FILE,
     MappedSafetensors,
     WeightsSource,
@@ -35,8 +36,6 @@ from orion.models.weights_io import (
     content_hash,
     write_safetensors,
 )
-
-SAVE_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 
 PREFIX = "transformer."
 DIRECTORY_HELP = (

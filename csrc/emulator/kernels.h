@@ -240,11 +240,16 @@ void gemm_f16b(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, in
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 int num_threads();  // ORION_NUM_THREADS, else the hardware's
 
-// Reads `ranges` into the caches on an idle pool thread while the caller goes on, holding `owners`
-// (their memory) until done. A newer request replaces one not yet done, and pool jobs come first:
-// it is only a hint, and no result depends on whether or when the data arrives.
-void prefetch_in_background(std::vector<std::shared_ptr<const void>> owners,
-                            std::vector<std::pair<const char*, size_t>> ranges);
+// Memory to read into the caches: ranges[i] belongs to owners[i], and is read only while that owner lives.
+struct PrefetchRanges {
+    std::vector<std::weak_ptr<const void>> owners;
+    std::vector<std::pair<const char*, size_t>> ranges;
+};
+
+// Reads `request` into the caches on an idle pool thread while the caller goes on. A newer request
+// replaces one not yet done (its ranges that the older one had read already are skipped), and pool
+// jobs come first: it is only a hint, and no result depends on whether or when the data arrives.
+void prefetch_in_background(std::shared_ptr<const PrefetchRanges> request);
 
 // Which SIMD path the kernels use on this CPU: "avx512f+f16c+fma", "avx2+f16c+fma" or "portable"
 // (ORION_SIMD=avx2 or ORION_SIMD=portable picks a narrower one).

@@ -58,12 +58,6 @@ bool spin_until(Predicate done) {
     }
 }
 
-struct Prefetch {
-    std::vector<std::shared_ptr<const void>> owners;  // keep the ranges' memory alive
-    std::vector<std::pair<const char*, size_t>> ranges;
-    size_t range = 0, offset = 0;  // where a job interrupted it
-};
-
 class ThreadPool {
 public:
     explicit ThreadPool(int threads) {
@@ -156,37 +150,51 @@ private:
 
     // Reads the posted request's ranges a step at a time until they are done or a newer request
     // replaces it (the rest of this one is then dropped: it is only a hint). A job interrupts it: the
-    // worker runs the job, then goes on where it was unless a newer request came meanwhile.
+    // worker runs the job, then goes on where it was unless a newer request came meanwhile. Where a
+    // request repeats the range this worker was reading (the chain ahead of the next weight repeats
+    // most of the chain ahead of the last), it starts there: the ranges before it were read already.
     template <typename Predicate>
     void prefetch(Predicate has_new_job) {
-        std::unique_ptr<Prefetch> request;
+        thread_local const char* reading = nullptr;  // this worker's place: a range and the bytes read of it
+        thread_local size_t read = 0;
+        std::shared_ptr<const PrefetchRanges> request;
         {
             std::lock_guard<std::mutex> lock(prefetch_mutex_);
             request = std::move(prefetch_);
             prefetch_posted_.store(false, std::memory_order_relaxed);
         }
         if (!request) return;  // another worker took it
-        for (; request->range < request->ranges.size(); ++request->range, request->offset = 0) {
-            const auto [data, bytes] = request->ranges[request->range];
-            for (; request->offset < bytes; request->offset += kPrefetchStep) {
+        const auto& ranges = request->ranges;
+        size_t first = 0, offset = 0;
+        for (size_t i = 0; i < ranges.size(); ++i)
+            if (ranges[i].first == reading) {
+                first = i, offset = read;
+                break;
+            }
+        for (size_t i = first; i < ranges.size(); ++i, offset = 0) {
+            const auto [data, bytes] = ranges[i];
+            const std::shared_ptr<const void> owner = request->owners[i].lock();  // its memory stays while read
+            if (!owner) continue;
+            reading = data;
+            for (read = offset; read < bytes; read += kPrefetchStep) {
                 if (prefetch_posted_.load(std::memory_order_relaxed)) return;
                 if (has_new_job()) {
                     std::lock_guard<std::mutex> lock(prefetch_mutex_);
-                    if (!prefetch_) {  // resumed after the job
+                    if (!prefetch_) {  // resumed after the job, from `reading`
                         prefetch_ = std::move(request);
                         prefetch_posted_.store(true, std::memory_order_relaxed);
                     }
                     return;
                 }
-                const size_t end = std::min(bytes, request->offset + kPrefetchStep);
-                for (size_t line = request->offset; line < end; line += kCacheLine) __builtin_prefetch(data + line);
+                const size_t end = std::min(bytes, read + kPrefetchStep);
+                for (size_t line = read; line < end; line += kCacheLine) __builtin_prefetch(data + line);
             }
         }
     }
 
 public:
-    void post(std::unique_ptr<Prefetch> request) {
-        std::unique_ptr<Prefetch> replaced;  // released outside the locks
+    void post(std::shared_ptr<const PrefetchRanges> request) {
+        std::shared_ptr<const PrefetchRanges> replaced;  // released outside the locks
         {
             std::lock_guard<std::mutex> lock(prefetch_mutex_);
             replaced = std::exchange(prefetch_, std::move(request));
@@ -204,7 +212,7 @@ private:
     Job* job_ = nullptr;
     std::atomic<uint64_t> generation_{0};
     std::mutex prefetch_mutex_;  // guards prefetch_
-    std::unique_ptr<Prefetch> prefetch_;
+    std::shared_ptr<const PrefetchRanges> prefetch_;
     std::atomic<bool> prefetch_posted_{false};
     std::vector<std::thread> workers_;
 };
@@ -247,10 +255,9 @@ int num_threads() {
     return threads;
 }
 
-void prefetch_in_background(std::vector<std::shared_ptr<const void>> owners,
-                            std::vector<std::pair<const char*, size_t>> ranges) {
-    if (num_threads() == 1 || ranges.empty()) return;
-    pool().post(std::make_unique<Prefetch>(Prefetch{std::move(owners), std::move(ranges)}));
+void prefetch_in_background(std::shared_ptr<const PrefetchRanges> request) {
+    if (num_threads() == 1 || !request || request->ranges.empty()) return;
+    pool().post(std::move(request));
 }
 
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {

@@ -27,6 +27,14 @@ interleaved (A, B, C, A, B, C, ...). Per pass and engine:
 - for Orion, a cold-start process the same way with an empty program cache of its own (every program
   lowered), compared with the peer's start (transformers: ``from_pretrained`` plus one prefill).
 
+Every start process (warm or cold, every engine) runs right after a child that touched
+:data:`WARM_UP_WEIGHTS` times the model's fp16 weight bytes and exited, so each finds the same memory ready
+for it. On a virtual machine whose balloon reports free pages to the host (this one: ``virtio_balloon``
+with free page reporting), memory the guest has not touched for a few seconds comes back at about 0.1 GB/s
+(the host faults it in again): a start that followed a child which freed less memory than it needed took
+16-23 s for Orion's Qwen2.5-0.5B cold start, 2.8 s after such a warm-up. The report gives the warm-ups'
+rates, which show the machine's state.
+
 Ratios are Orion's advantage: the peer's time (or RSS) over Orion's, Orion's tok/s over the
 peer's; above 1 means Orion is better. A probe measures the machine's DRAM read bandwidth, giving
 the decode roofline for fp16 weights (and int8 ones for orion-int8). ``--check`` verifies instead that every engine's logits agree
@@ -85,6 +93,7 @@ LLAMA_TYPES = ("f16", "q8_0", "q4_0", "q4_1", "f32")  # gguf_export.TYPES
 ENGINES = (*ORION_ENGINES, "transformers", *(f"llama.cpp-{t}" for t in LLAMA_TYPES))
 CONTEXT = 2048  # positions every engine is set up for (the model's own when smaller)
 START_NEW_TOKENS = 32  # tokens the warm-start process generates before it reports its peak RSS
+WARM_UP_WEIGHTS = 5  # the memory a start's warm-up child touches, in fp16 weight bytes of the model (at least 1 GiB)
 MiB = 1 << 20
 
 # Largest |logit - transformers fp32 logit| allowed, as a fraction of max |transformers logit|.
@@ -349,6 +358,16 @@ def child_start(spec: dict[str, Any]) -> dict[str, Any]:
             "peak_rss_mib": peak_rss_mib()}
 
 
+def child_warm_up(spec: dict[str, Any]) -> dict[str, Any]:
+    """Touches ``warm_up_mib`` MiB of new memory and exits (see the module docstring): seconds and GB/s."""
+    import numpy as np
+
+    start = time.perf_counter()
+    np.ones(spec["warm_up_mib"] * MiB // 8)
+    seconds = time.perf_counter() - start
+    return {"warm_up_mib": spec["warm_up_mib"], "seconds": seconds, "gbs": spec["warm_up_mib"] * MiB / seconds / 1e9}
+
+
 def child_check(spec: dict[str, Any]) -> dict[str, Any]:
     """Teacher-forced logits: prefill the first half of the prompt, then decode the rest of it."""
     import numpy as np
@@ -522,7 +541,7 @@ def child_prepare(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 CHILD_ROLES = {"prepare": child_prepare, "workload": child_workload, "start": child_start, "check": child_check,
-               "probe": child_probe, "profile": child_profile}
+               "probe": child_probe, "profile": child_profile, "warm_up": child_warm_up}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -786,6 +805,11 @@ def report(result: dict[str, Any], setup: Setup) -> str:
              f"after {fmt_load(result['load_after'])}; shared machine: compare within a run, not across runs"]
     if events := kernel_events_line(result):
         lines.append(events)
+    if warm_ups := [w for p in result["passes"] for w in p.get("warm_ups", []) if w]:
+        rates = sorted(w["gbs"] for w in warm_ups)
+        lines.append(f"each start process ran right after a child touching {warm_ups[0]['warm_up_mib']} MiB of new "
+                     f"memory (the module docstring says why): {len(rates)} warm-ups at {rates[0]:.2f}-{rates[-1]:.2f} "
+                     f"GB/s, median {statistics.median(rates):.2f}")
     engines = result["ran"]
     lines += [f"FAILED in pass {f['pass']}: {failure_text(f)}" for f in result["failed"]]
     if not engines:
@@ -1016,6 +1040,10 @@ def run_pass(model: str, p: int, passes: int, engines: list[str], base: dict[str
             children.append(("cold", "start", True))
         figures_of: dict[str, Any] = {}
         for key, role, cold in children:
+            if role == "start":
+                warm_up_mib = max(1024, round(WARM_UP_WEIGHTS * 2 * prepared["params"] / MiB))
+                warm_up = failures.spawn("warm_up", {"warm_up_mib": warm_up_mib}, workdir, threads, f"{tag}-{key}-warm-up")
+                this_pass.setdefault("warm_ups", []).append(warm_up)
             figures_of[key] = failures.spawn(role, spec, workdir, threads, f"{tag}-{key}", cold=cold)
             if figures_of[key] is None:
                 figures_of = {"failed": failures.records[-1]}

@@ -44,6 +44,8 @@ def fake_child(bench, broken: set[str], role: str, spec: dict[str, Any], workdir
     if role == "probe":
         return {"threads": threads, "array_mib": 1, "dram_gbs": 10.0, "dram_1thread_gbs": 8.0,
                 "in_cache_1thread_gbs": 50.0, "method": "fake"}
+    if role == "warm_up":
+        return {"warm_up_mib": spec["warm_up_mib"], "seconds": 2.0, "gbs": spec["warm_up_mib"] / 2048}
     speed = 20.0 if spec["engine"] == "orion" else 10.0
     if role == "workload":
         prefill = {str(n): {"first_s": 0.1, "warm_s": [0.05]} for n in spec["prefill_lengths"]}
@@ -52,9 +54,9 @@ def fake_child(bench, broken: set[str], role: str, spec: dict[str, Any], workdir
     return {"to_main_s": 0.1, "to_loaded_s": 0.5, "to_first_token_s": 1.0, "peak_rss_mib": 90.0}
 
 
-def run_with(bench, monkeypatch, tmp_path, broken: set[str], passes: int = 2,
-             profile: bool = False) -> tuple[int, dict[str, Any]]:
-    monkeypatch.setattr(bench, "spawn", lambda *a, **k: fake_child(bench, broken, *a, **k))
+def run_with(bench, monkeypatch, tmp_path, broken: set[str], passes: int = 2, profile: bool = False,
+             spawn: Any = None) -> tuple[int, dict[str, Any]]:
+    monkeypatch.setattr(bench, "spawn", spawn or (lambda *a, **k: fake_child(bench, broken, *a, **k)))
     monkeypatch.setattr(bench, "available_engines", lambda wanted: (wanted, []))
     out = tmp_path / "out.json"
     args = argparse.Namespace(threads=1, models=["tiny-llama", "tiny-gpt2"], seed=0, flash_attn=True, check=False,
@@ -91,6 +93,27 @@ def test_a_model_that_cannot_be_prepared_is_skipped(bench, monkeypatch, tmp_path
 def test_a_clean_run_exits_0(bench, monkeypatch, tmp_path):
     status, out = run_with(bench, monkeypatch, tmp_path, broken=set(), passes=1)
     assert status == 0 and out["failures"] == []
+
+
+def test_every_start_runs_right_after_a_memory_warm_up(bench, monkeypatch, tmp_path, capsys):
+    """Each start process (warm or cold, every engine) follows a child touching WARM_UP_WEIGHTS x the model's fp16
+    weight bytes (at least 1 GiB), so that no start finds memory another child left it; the report gives their rates."""
+    spawned: list[tuple[str, str, dict[str, Any]]] = []
+
+    def recording(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        spawned.append((args[0], args[4], args[1]))
+        return fake_child(bench, set(), *args, **kwargs)
+
+    status, _ = run_with(bench, monkeypatch, tmp_path, broken=set(), passes=1, spawn=recording)
+    assert status == 0
+    starts = [i for i, (role, _, _) in enumerate(spawned) if role == "start"]
+    assert len(starts) == 2 * 4  # two models: orion's warm and cold starts, llama.cpp's and transformers' starts
+    for i in starts:
+        role, tag, spec = spawned[i - 1]
+        assert role == "warm_up" and tag == f"{spawned[i][1]}-warm-up"
+        assert spec["warm_up_mib"] == max(1024, round(bench.WARM_UP_WEIGHTS * 2 * 100_000 / bench.MiB))
+    assert sum(role == "warm_up" for role, _, _ in spawned) == len(starts)
+    assert "each start process ran right after a child touching 1024 MiB of new memory" in capsys.readouterr().out
 
 
 def test_each_childs_kernel_memory_events_are_counted_and_reported(bench, monkeypatch, tmp_path, capsys):

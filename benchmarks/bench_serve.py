@@ -245,7 +245,11 @@ async def run_level(server: str, url: str, clients: int, requests: int, prompts:
                     new_tokens: int, sampling: dict[str, Any] | None = None) -> Level:
     """One concurrency level, request ``r`` of client ``i`` sending ``prompts[i * requests + r]``; ``sampling``
     (temperature, top_p): each request also gets a seed of its own."""
-    async with httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_connections=clients + 4)) as http:
+    # No connection is kept alive between requests: llama-server closes a kept connection after a few requests, and a
+    # request sent on it then fails ("Server disconnected without sending a response"; its third on one connection,
+    # here). Every server's requests each open their own connection (on loopback, well under a millisecond).
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=900, limits=limits) as http:
         async def client(i: int) -> list[tuple[float, list[float], int]]:
             def seeded(n: int) -> dict[str, Any] | None:
                 return None if sampling is None else {**sampling, "seed": n}

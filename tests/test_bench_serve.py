@@ -1,12 +1,16 @@
 """benchmarks/bench_serve.py's summary of the serve section: medians over repeated levels, each count over the
 server's own one-client figure and over llama-server's at as many clients (the figures are given, no server runs);
 a server whose requests fail is reported with its log while the run goes on (a stand-in server); and each level's
-prompts are new."""
+prompts are new; no request is sent on a connection a server may have closed."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import http.server
+import json
 import sys
+import threading
 
 import pytest
 
@@ -84,3 +88,41 @@ def test_each_level_sends_new_prompts_the_same_for_every_server(bench):
     assert levels[3] == bench.level_prompts(3, 16, 50257, 16)
     every = [tuple(p) for prompts in levels for p in prompts]
     assert len(set(every)) == len(every) and all(len(p) == 16 and max(p) < 50256 for p in every)
+
+
+class OneRequestPerConnection(http.server.BaseHTTPRequestHandler):
+    """Streams a two-chunk completion on HTTP/1.1 and keeps the connection open, but closes it without an answer when
+    a second request comes on it, as llama-server does past its kept requests."""
+
+    protocol_version = "HTTP/1.1"
+    answered = False
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        if self.answered:
+            self.close_connection = True
+            return
+        self.answered = True
+        events = [{"choices": [{"text": "a"}]}, {"choices": [{"text": "b"}]}, {"usage": {"completion_tokens": 2}}]
+        body = "".join(f"data: {json.dumps(e)}\n\n" for e in events).encode() + b"data: [DONE]\n\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_each_request_opens_its_own_connection(bench):
+    """A client's requests in turn do not reuse a kept-alive connection, which the server may close meanwhile (with
+    reuse, the client's second request here fails: 'Server disconnected without sending a response')."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OneRequestPerConnection)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        level = asyncio.run(bench.run_level("stand-in", url, 2, 3, [[1, 2]] * 6, 2))
+    finally:
+        server.shutdown()
+    assert (level.requests, level.tokens) == (6, 12)

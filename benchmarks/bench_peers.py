@@ -358,6 +358,11 @@ def child_start(spec: dict[str, Any]) -> dict[str, Any]:
             "peak_rss_mib": peak_rss_mib()}
 
 
+def fp16_weight_mib(prepared: dict[str, Any]) -> float:
+    """The model's weights at 2 bytes a parameter, in MiB."""
+    return 2 * prepared["params"] / MiB
+
+
 def child_warm_up(spec: dict[str, Any]) -> dict[str, Any]:
     """Touches ``warm_up_mib`` MiB of new memory and exits (see the module docstring): seconds and GB/s."""
     import numpy as np
@@ -832,7 +837,7 @@ def report(result: dict[str, Any], setup: Setup) -> str:
     for key, label, unit, _ in metrics(setup):
         values = "".join(f"{result['medians'][e][key]:>{width}.{digits(key)}f}" for e in engines)
         lines.append(f"{label + ' (' + unit + ')':<46}" + values)
-    weights_mib = 2 * prep["params"] / 2**20
+    weights_mib = fp16_weight_mib(prep)
     lines.append(f"fp16 weights: {weights_mib:.0f} MiB; peak RSS / weights: "
                  + ", ".join(f"{e} {result['medians'][e]['peak_rss_mib'] / weights_mib:.2f}" for e in engines))
     for name, ratios in result["ratios"].items():
@@ -1031,6 +1036,7 @@ def run_pass(model: str, p: int, passes: int, engines: list[str], base: dict[str
     """One interleaved pass: each engine's workload, warm start and (Orion) cold start processes. An engine
     whose child fails has ``{"failed": record}`` for this pass; its remaining children are not run."""
     this_pass: dict[str, Any] = {"load_before": list(os.getloadavg())}
+    warm_up = {"warm_up_mib": max(1024, round(WARM_UP_WEIGHTS * fp16_weight_mib(prepared)))}
     for engine in engines:
         spec = engine_spec(base, prepared, engine)
         tag = f"{model}-p{p}-{engine}"
@@ -1041,9 +1047,8 @@ def run_pass(model: str, p: int, passes: int, engines: list[str], base: dict[str
         figures_of: dict[str, Any] = {}
         for key, role, cold in children:
             if role == "start":
-                warm_up_mib = max(1024, round(WARM_UP_WEIGHTS * 2 * prepared["params"] / MiB))
-                warm_up = failures.spawn("warm_up", {"warm_up_mib": warm_up_mib}, workdir, threads, f"{tag}-{key}-warm-up")
-                this_pass.setdefault("warm_ups", []).append(warm_up)
+                this_pass.setdefault("warm_ups", []).append(
+                    failures.spawn("warm_up", warm_up, workdir, threads, f"{tag}-{key}-warm-up"))
             figures_of[key] = failures.spawn(role, spec, workdir, threads, f"{tag}-{key}", cold=cold)
             if figures_of[key] is None:
                 figures_of = {"failed": failures.records[-1]}

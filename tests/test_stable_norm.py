@@ -1,6 +1,6 @@
 """The emulator's fused stable norm (csrc/emulator/stable_norm.h): LayerNorm's and RMSNorm's overflow-safe
-normalization of a decode step's [1, C, 1, S] (ops/reduction.py stable_norm, 17 or 20 MIL ops) runs as one
-kernel.
+normalization of [1, C, 1, S] (ops/reduction.py stable_norm, 17 or 20 MIL ops) runs as one kernel: a decode
+step's few lanes in one pass, a prompt's in blocks of 64 lanes.
 
 It must compute exactly what the ops do, for any data. The unfused twin is the same MIL with one
 intermediate (the rstd) also returned: an intermediate something else reads is never fused. Both are
@@ -101,3 +101,17 @@ def test_stable_norm_of_a_batched_step_with_dead_sequences(kind) -> None:
     assert_same_bits(fused[..., :3], unfused[..., :3])
     want = reference(kind, x[..., :3], gamma, beta)
     np.testing.assert_allclose(fused[..., :3].astype(np.float64), want, rtol=0, atol=0.01 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("live", [None, 150])
+def test_stable_norm_of_a_prompt_in_blocks_of_lanes(kind, live) -> None:
+    """200 lanes (three blocks of 64 and one of 8), all live or 150 (a prompt shorter than its bucket, NaN past it):
+    the live lanes are the ops' bit for bit, and match float64 within fp16 rounding."""
+    x = (np.random.default_rng(5).standard_normal((1, 96, 1, 200)) * 40).astype(np.float16)
+    n = 200 if live is None else live
+    x[..., n:] = np.nan
+    fused, unfused, gamma, beta = run_twins(kind, 96, 200, x, live=live)
+    assert_same_bits(fused[..., :n], unfused[..., :n])
+    want = reference(kind, x[..., :n], gamma, beta)
+    np.testing.assert_allclose(fused[..., :n].astype(np.float64), want, rtol=0, atol=0.01 * np.abs(want).max())

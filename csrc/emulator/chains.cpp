@@ -401,7 +401,7 @@ ChainsByStep<NormChain> ChainFinder::stable_norms() const {
         chain.x = arg(*unit, "x");
         if (arg(*top, "x") != chain.x || arg(*neg, "x") != chain.x) return std::nullopt;
         const Shape& shape = value(chain.x).type.shape;  // [1, C, 1, S]
-        ok = shape.size() == 4 && shape[0] == 1 && shape[2] == 1 && shape[3] <= kStableNormMaxLanes &&
+        ok = shape.size() == 4 && shape[0] == 1 && shape[2] == 1 &&
              normed->op->type.shape == shape;
         for (const Step* r : {top, bottom, sqsum, sum}) ok = ok && (!r || reduces_channels(*r));  // sum: LayerNorm's
         StableNorm& n = chain.shape;

@@ -943,33 +943,24 @@ private:
         });
     }
 
-    // One kernel for a stable norm chain: run_stable_norm when x is an fp32 tensor with no live prefix and at most
-    // short partial rows (Tensor::skips_dead_lanes), else the chain's own kernels.
+    // One kernel for a stable norm chain: run_stable_norm over x's live lanes when x is an fp32 tensor with no live
+    // prefix, else the chain's own kernels.
     void add_stable_norm(const NormChain& chain, GroupParts& parts) {
         auto slot = [&](int id) { return id >= 0 ? values()[static_cast<size_t>(id)].slot : -1; };
         const int x = slot(chain.x), gamma = slot(chain.gamma), beta = slot(chain.beta), o = chain.steps.back()->out;
         const StableNorm n = chain.shape;
         add_group_kernel(chain.steps, results_before_last(chain.steps), parts, "norm (fused)", [=](Frame& fr) {
-            // x's dead lanes (a batched step's dead sequences, rows this short) are left out: the lanes are
-            // independent, each summed over the channels in order, so the live ones are the ops' bit for bit.
+            // x's dead lanes (a batched step's dead sequences, a prompt's lanes past its length) are left out: the
+            // lanes are independent, each summed over the channels in order, so the live ones are the ops' bit for bit.
             const Tensor& in = fr.values[static_cast<size_t>(x)];
-            if (in.skips_dead_lanes() || in.prefix_partial() || in.half) return false;
+            if (in.prefix_partial() || in.half) return false;
             for (int s : {gamma, beta}) {
                 const Tensor* t = s >= 0 ? &fr.values[static_cast<size_t>(s)] : nullptr;
                 if (t && !t->whole_fp32()) return false;
             }
             auto data = [&](int s) { return s >= 0 ? fr.values[static_cast<size_t>(s)].data.data() : nullptr; };
             Tensor& out = fr.values[o];
-            if (in.partial() && in.lanes > 0) {
-                StableNorm live = n;
-                live.lanes = in.lanes;
-                std::vector<float> packed(static_cast<size_t>(n.channels * live.lanes)), normed(packed.size());
-                kernels::gather_lanes(in.data.data(), n.channels, n.lanes, live.lanes, packed.data());
-                run_stable_norm(live, packed.data(), data(gamma), data(beta), normed.data());
-                kernels::scatter_lanes(normed.data(), n.channels, live.lanes, out.data.data(), n.lanes);
-            } else {
-                run_stable_norm(n, data(x), data(gamma), data(beta), out.data.data());
-            }
+            run_stable_norm(n, in.lanes > 0 && in.partial() ? in.lanes : n.lanes, data(x), data(gamma), data(beta), out.data.data());
             out.lanes = in.lanes, out.live_prefix = -1;
             return true;
         });

@@ -16,7 +16,7 @@ namespace {
 void round(float* v, int64_t n) { kernels::round_fp16(v, static_cast<size_t>(n)); }
 
 // acc[s] = acc[s] (+ or max) v[c, s] over the channels in order, then rounded: reduce_sum / reduce_max over axis 1.
-// The running values are kept in a local array (S <= kStableNormMaxLanes), which v cannot alias: in acc, each
+// The running values are kept in a local array (S <= kStableNormBlockLanes), which v cannot alias: in acc, each
 // step was a store and a reload (a decode step's 768 channels: a chain of ~9 cycles a channel instead of 4).
 template <int64_t kS, typename F>
 void reduce_channels(const float* v, int64_t C, int64_t S_, float init, float* acc, F f) {
@@ -26,7 +26,7 @@ void reduce_channels(const float* v, int64_t C, int64_t S_, float init, float* a
         for (int64_t c = 0; c < C; ++c) running = f(running, v[c]);
         acc[0] = running;
     } else {
-        float running[kStableNormMaxLanes];
+        float running[kStableNormBlockLanes];
         std::fill(running, running + S, init);
         for (int64_t c = 0; c < C; ++c)
             for (int64_t s = 0; s < S; ++s) running[s] = f(running[s], v[c * S + s]);
@@ -56,7 +56,7 @@ void stable_norm_lanes(const StableNorm& n, const float* x, const float* gamma, 
     thread_local std::vector<float> scratch;  // grown, never shrunk
     if (scratch.size() < static_cast<size_t>(size)) scratch.resize(static_cast<size_t>(size));
     float* tmp = scratch.data();
-    float top[kStableNormMaxLanes], bottom[kStableNormMaxLanes], inv[kStableNormMaxLanes], rstd[kStableNormMaxLanes];
+    float top[kStableNormBlockLanes], bottom[kStableNormBlockLanes], inv[kStableNormBlockLanes], rstd[kStableNormBlockLanes];
     auto max = [](float a, float b) { return std::max(a, b); };
     auto sum = [](float a, float b) { return a + b; };
     const float lowest = -std::numeric_limits<float>::infinity();
@@ -79,7 +79,7 @@ void stable_norm_lanes(const StableNorm& n, const float* x, const float* gamma, 
     per_lane<kS>(x, inv, C, S, y, times);
     round(y, size);
     if (n.center) {
-        float mean[kStableNormMaxLanes];
+        float mean[kStableNormBlockLanes];
         reduce_channels<kS>(y, C, S, 0.0f, mean, sum);
         for (int64_t s = 0; s < S; ++s) mean[s] *= n.mean_y;
         round(mean, S);
@@ -115,9 +115,8 @@ void stable_norm_lanes(const StableNorm& n, const float* x, const float* gamma, 
     }
 }
 
-}  // namespace
-
-void run_stable_norm(const StableNorm& n, const float* x, const float* gamma, const float* beta, float* out) {
+// The norm of one contiguous [C, n.lanes] block (n.lanes <= kStableNormBlockLanes).
+void stable_norm_block(const StableNorm& n, const float* x, const float* gamma, const float* beta, float* out) {
     switch (n.lanes) {
         case 1: return stable_norm_lanes<1>(n, x, gamma, beta, out);
         case 2: return stable_norm_lanes<2>(n, x, gamma, beta, out);
@@ -129,6 +128,27 @@ void run_stable_norm(const StableNorm& n, const float* x, const float* gamma, co
         case 8: return stable_norm_lanes<8>(n, x, gamma, beta, out);
         default: return stable_norm_lanes<0>(n, x, gamma, beta, out);
     }
+}
+
+}  // namespace
+
+void run_stable_norm(const StableNorm& n, int64_t live, const float* x, const float* gamma, const float* beta,
+                     float* out) {
+    if (live == n.lanes && live <= kStableNormBlockLanes) return stable_norm_block(n, x, gamma, beta, out);
+    const int64_t C = n.channels, blocks = (live + kStableNormBlockLanes - 1) / kStableNormBlockLanes;
+    kernels::parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
+        thread_local std::vector<float> packed, normed;  // grown, never shrunk
+        for (int64_t b = b0; b < b1; ++b) {
+            StableNorm block = n;
+            const int64_t first = b * kStableNormBlockLanes;
+            block.lanes = std::min(kStableNormBlockLanes, live - first);
+            const auto size = static_cast<size_t>(C * block.lanes);
+            if (packed.size() < size) packed.resize(size), normed.resize(size);
+            kernels::gather_lanes(x + first, C, n.lanes, block.lanes, packed.data());
+            stable_norm_block(block, packed.data(), gamma, beta, normed.data());
+            kernels::scatter_lanes(normed.data(), C, block.lanes, out + first, n.lanes);
+        }
+    });
 }
 
 }  // namespace orion::emu

@@ -7,7 +7,8 @@
 //   out  = mul(y, rstd)                                  (then, when the chain has them, mul(out, gamma), add(.., beta))
 // Every value is computed as its op computes it: each elementwise result in fp32, each reduction over the
 // channels from the first to the last in fp32, every op's result rounded to fp16. So the kernel's result is the
-// ops' bit for bit for any data; what it saves is a decode step's ~20 kernel calls per norm.
+// ops' bit for bit for any data; what it saves is a decode step's ~20 kernel calls per norm, and a prompt's ~20
+// passes over [C, S] with the intermediates they write (GPT-2 124M's 1,024-lane layer: 9 MiB of them at its peak).
 #pragma once
 
 #include <cstdint>
@@ -22,11 +23,13 @@ struct StableNorm {
     int64_t gamma_stride = 1, beta_stride = 1;  // 1: a value per channel; 0: one value for every channel
 };
 
-// Lanes a fused norm handles: a decode step's (one per sequence). Longer rows (a prompt's) run the ops.
-constexpr int64_t kStableNormMaxLanes = 64;
+// Lanes one kernel pass normalizes together (a decode step's are fewer); a prompt's longer rows go in blocks of
+// them, each gathered from the rows, normalized in the caches and scattered back, the blocks on every thread.
+constexpr int64_t kStableNormBlockLanes = 64;
 
-// out = the normalized x, both [C, S] channel-major; then times gamma[c] and plus beta[c] where given (each null
-// when the chain has no such op).
-void run_stable_norm(const StableNorm& n, const float* x, const float* gamma, const float* beta, float* out);
+// out = the normalized x, both [C, S] channel-major (S = n.lanes), for the first `live` lanes (the rest of out
+// untouched); then times gamma[c] and plus beta[c] where given (each null when the chain has no such op).
+void run_stable_norm(const StableNorm& n, int64_t live, const float* x, const float* gamma, const float* beta,
+                     float* out);
 
 }  // namespace orion::emu

@@ -138,7 +138,7 @@ template <int L, typename Rows>
 ORION_TILE_INLINE void prefetch_row(const Rows& rows, int64_t c, int u) {
     if constexpr ((L < kConvSequentialLanes || StreamedRows<Rows>::value) && AddressedRows<Rows>::value) {
         if ((u * Rows::kRowBytes) % 64 == 0)
-            _mm_prefetch(reinterpret_cast<const char*>(rows.at(c + u + kConvPrefetchBytes / Rows::kRowBytes)), _MM_HINT_T0);
+            prefetch_streamed(rows.at(c + u + kConvPrefetchBytes / Rows::kRowBytes));
     }
 }
 template <int L, int U>

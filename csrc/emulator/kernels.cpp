@@ -559,7 +559,7 @@ ORION_AVX512 void conv_group_tile_f16_avx512_fixed(const uint16_t* const* w, con
     for (; c + 2 <= k; c += 2) {  // two rows: one cache line of each panel
         ORION_UNROLL
         for (int g = 0; g < N; ++g)
-            _mm_prefetch(reinterpret_cast<const char*>(w[g] + (c + kConvPrefetchRows) * kConvPanel), _MM_HINT_T0);
+            prefetch_streamed(w[g] + (c + kConvPrefetchRows) * kConvPanel);
         fma_group_row<N, L>(w, x + c * S, c, sum);
         fma_group_row<N, L>(w, x + (c + 1) * S, c + 1, sum);
     }

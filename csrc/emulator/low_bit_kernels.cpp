@@ -446,7 +446,7 @@ ORION_AVX2 void affine4_block_tile_fixed(const uint8_t* pairs, const uint16_t* p
             for (int l = 0; l < L; ++l) lo[u][l] = hi[u][l] = _mm256_setzero_ps();
         for (int64_t c = c0; c < c0 + B; c += P) {
             if constexpr (L < kConvSequentialLanes)  // (a decode tile: its panel streamed from memory once)
-                _mm_prefetch(reinterpret_cast<const char*>(pairs + c * 8 + kConvPrefetchBytes), _MM_HINT_T0);
+                prefetch_streamed(pairs + c * 8 + kConvPrefetchBytes);
             if constexpr (Octets) {
                 const __m256i words[2] = {octet_words(pairs, c, 0), octet_words(pairs, c, 1)};
                 const __m256i upper[2] = {_mm256_srli_epi32(words[0], 12), _mm256_srli_epi32(words[1], 12)};
@@ -686,7 +686,7 @@ ORION_AVX2 void lut4_channel_tile(const QPanel& p, int64_t c0, const float* x, i
             __m256 sum[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
             for (int64_t t = 0; t < chunks; ++t) {
                 // (the panel's channels, then the next panel's, lie one after another: one stream)
-                if (t % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(w + 16 * t + kConvPrefetchBytes), _MM_HINT_T0);
+                if (t % 4 == 0) prefetch_streamed(w + 16 * t + kConvPrefetchBytes);
                 __m256i first, second;
                 decode_chunk(w + 16 * t, low, high, first, second);
                 const float* xt = xl + 32 * t;  // rows 0-7, 8-15 (first), 16-23, 24-31 (second)
@@ -932,7 +932,7 @@ ORION_AVX512 void affine4_tile_avx512_fixed(const uint8_t* w, const uint16_t* pa
         const __m512 n = _mm512_mul_ps(interleave16(load16(params + kConvPanel)), _mm512_sub_ps(_mm512_setzero_ps(), s));
         for (int64_t c = c0; c < c0 + B; c += U) {
             if constexpr (L < kConvSequentialLanes)
-                _mm_prefetch(reinterpret_cast<const char*>(w + c * 8 + kConvPrefetchBytes), _MM_HINT_T0);
+                prefetch_streamed(w + c * 8 + kConvPrefetchBytes);
             ORION_UNROLL
             for (int u = 0; u < U; ++u) {
                 const __m512 v = _mm512_cvtepi32_ps(_mm512_and_si512(interleaved_nibbles16(w + (c + u) * 8), fifteen));
@@ -1034,7 +1034,7 @@ ORION_AVX512 void channel_tile_avx512_fixed(const QPanel& p, int64_t c0, const f
         int64_t t = 0;
         for (; t + 2 <= chunks; t += 2) {
             // (the panel's channels, then the next panel's, lie one after another: one stream)
-            _mm_prefetch(reinterpret_cast<const char*>(w + 16 * t + kConvPrefetchBytes), _MM_HINT_T0);
+            prefetch_streamed(w + 16 * t + kConvPrefetchBytes);
             if (Affine && t > 0 && (t & ((int64_t{1} << block_chunks) - 1)) == 0)
                 table = channel_table<Affine>(p, j, b0 + (t >> block_chunks));
             lut4_channel_chunk<L>(w, table, columns, chunks, t, sum[0]);

@@ -33,6 +33,14 @@ enum class SimdFlavour { portable, avx2, avx512 };
 // the whole process (kernels::simd_path names it).
 SimdFlavour simd_flavour();
 
+#ifdef ORION_X86
+// A weight stream's line read ahead of the tile that reads it once, non-temporally: the stream (a decode step's
+// whole weights, hundreds of MB) then evicts less of the caches' activations, KV cache lines and interpreter
+// state. In-process A/B on this Zen 4 (ab_env, 16 rounds of 63 steps): SmolLM2-135M lut4 0.90-0.97x the step time,
+// int4 0.98x, fp16 0.99x, GPT-2 124M 1.00x.
+inline void prefetch_streamed(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_NTA); }
+#endif
+
 // The fp16 conversions and vector helpers every kernel file uses.
 inline void round_fp16_portable(float* data, size_t n) {
     for (size_t i = 0; i < n; ++i) data[i] = emu::round_to_fp16(data[i]);

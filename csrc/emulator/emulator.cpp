@@ -960,7 +960,8 @@ private:
             }
             auto data = [&](int s) { return s >= 0 ? fr.values[static_cast<size_t>(s)].data.data() : nullptr; };
             Tensor& out = fr.values[o];
-            run_stable_norm(n, in.lanes > 0 && in.partial() ? in.lanes : n.lanes, data(x), data(gamma), data(beta), out.data.data());
+            const int64_t live = in.lanes > 0 && in.partial() ? in.lanes : n.lanes;
+            run_stable_norm(n, live, data(x), data(gamma), data(beta), out.data.data());
             out.lanes = in.lanes, out.live_prefix = -1;
             return true;
         });

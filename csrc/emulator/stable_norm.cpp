@@ -115,7 +115,8 @@ void stable_norm_lanes(const StableNorm& n, const float* x, const float* gamma, 
     }
 }
 
-// The norm of one contiguous [C, n.lanes] block (n.lanes <= kStableNormBlockLanes).
+// The norm of one contiguous [C, n.lanes] block (n.lanes <= kStableNormBlockLanes); out may be x (x is last read
+// where y = x * inv is written, element by element).
 void stable_norm_block(const StableNorm& n, const float* x, const float* gamma, const float* beta, float* out) {
     switch (n.lanes) {
         case 1: return stable_norm_lanes<1>(n, x, gamma, beta, out);
@@ -137,16 +138,16 @@ void run_stable_norm(const StableNorm& n, int64_t live, const float* x, const fl
     if (live == n.lanes && live <= kStableNormBlockLanes) return stable_norm_block(n, x, gamma, beta, out);
     const int64_t C = n.channels, blocks = (live + kStableNormBlockLanes - 1) / kStableNormBlockLanes;
     kernels::parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
-        thread_local std::vector<float> packed, normed;  // grown, never shrunk
+        thread_local std::vector<float> packed;  // grown, never shrunk
         for (int64_t b = b0; b < b1; ++b) {
             StableNorm block = n;
             const int64_t first = b * kStableNormBlockLanes;
             block.lanes = std::min(kStableNormBlockLanes, live - first);
             const auto size = static_cast<size_t>(C * block.lanes);
-            if (packed.size() < size) packed.resize(size), normed.resize(size);
+            if (packed.size() < size) packed.resize(size);
             kernels::gather_lanes(x + first, C, n.lanes, block.lanes, packed.data());
-            stable_norm_block(block, packed.data(), gamma, beta, normed.data());
-            kernels::scatter_lanes(normed.data(), C, block.lanes, out + first, n.lanes);
+            stable_norm_block(block, packed.data(), gamma, beta, packed.data());  // in place
+            kernels::scatter_lanes(packed.data(), C, block.lanes, out + first, n.lanes);
         }
     });
 }

@@ -36,8 +36,8 @@ struct Tensor {
     // Whether a lane-separable kernel (elementwise, loads and stores) walks only each row's live prefix:
     // a partial tensor whose rows are longer than kShortRow lanes. Shorter rows (a decode step's lanes,
     // one per sequence) are computed whole: a kernel call per short row costs more than the dead lanes
-    // it skips, and a dead lane's value is undefined either way (the fused norm and elementwise runs
-    // gather the live lanes of short rows instead: kernels::gather_lanes). Reductions and matmuls over the lane
+    // it skips, and a dead lane's value is undefined either way (the fused elementwise runs gather the live
+    // lanes of short rows instead, and the fused norm those of any rows: kernels::gather_lanes). Reductions and matmuls over the lane
     // axis still see only the live prefix (partial()).
     static constexpr int64_t kShortRow = 32;
     bool skips_dead_lanes() const { return partial() && last_dim() > kShortRow; }

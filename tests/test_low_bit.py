@@ -381,9 +381,9 @@ def evaluate_live(compiled, x: np.ndarray, lanes: int) -> np.ndarray:
 def sums_differ(mode: str, qw, lanes: int) -> bool:
     """Whether the conv runs a decode tile that sums in another way than the fp16 tile (register tiles of under 13
     lanes on AVX2, 25 on AVX-512; the converting path from there on stays bit for bit): AVX2's int4 with blocks of
-    2+ inputs applies each block's scale and zero point to the block's sums of u * x and of x (the unrounded
-    weights (u - z) * s); lut4 with a LUT per channel (AVX2 and AVX-512) and AVX-512's int4 with blocks of 32+
-    sum each channel's exact weights along the inputs in 8 or 4 partial sums."""
+    2+ inputs, and AVX-512's with blocks of 32+, apply each block's scale and zero point to the block's sums of
+    u * x and of x (the unrounded weights (u - z) * s); lut4 with a LUT per channel (AVX2 and AVX-512) sums each
+    channel's exact weights along the inputs in 8 or 4 partial sums."""
     path = kernels.simd_path()
     if path == "avx2+f16c+fma" and lanes < 13:
         return (mode == "int4" and qw.block >= 2) or (mode == "lut4" and qw.group % 8 != 0)
@@ -393,8 +393,8 @@ def sums_differ(mode: str, qw, lanes: int) -> bool:
 
 
 def summed_weights(mode: str, qw) -> np.ndarray:
-    """The float64 weights such a tile sums: AVX2's int4 the unrounded (u - z) * s, the others the weights."""
-    if mode != "int4" or kernels.simd_path() != "avx2+f16c+fma":
+    """The float64 weights such a tile sums: int4's (AVX2, AVX-512) the unrounded (u - z) * s, lut4's its weights."""
+    if mode != "int4":
         return qw.dequantized()
     rows = qw.q.reshape(qw.q.shape[0], -1).astype(np.float64)
     return ((rows - np.repeat(qw.zero.astype(np.float64), qw.block, axis=1))
@@ -415,13 +415,11 @@ def packed_bytes(qw, mode: str, cout: int, cin: int) -> int:
     """The bytes the emulator holds for a low-bit conv weight (kernels.h, PackedConv1x1Q): the indices at their
     width per panel of 16 output channels, plus LUTs (fp32 per panel half or channel; on the AVX2 flavour, LUTs
     per 8 channels: rows in pairs and the entries' fp16 bytes as vpshufb tables; lut4 with a LUT per channel on
-    AVX2 and AVX-512: channel-major) or the fp16 block parameters (AVX-512's blocks of 32+: channel-major, s and
-    -(z * s) in fp32)."""
+    AVX2 and AVX-512: channel-major) or the fp16 block parameters (a scale and a zero point per channel and block)."""
     panels = -(-cout // 16)
     bits = 6 if mode == "lut6" else 4
     if mode == "int4":
-        per_block = 32 * 4 if qw.block >= 32 and kernels.simd_path() == "avx512f+f16c+fma" else 32 * 2
-        return panels * cin * 8 + panels * (cin // qw.block) * per_block
+        return panels * cin * 8 + panels * (cin // qw.block) * 32 * 2
     if qw.group % 8 == 0 and kernels.simd_path() == "avx2+f16c+fma":
         return panels * (cin + cin % 2) * 2 * bits + panels * (1 << bits) * 4
     if bits == 4 and qw.group % 8 and kernels.simd_path() != "portable":  # a LUT per channel: channel-major, rows padded to 32

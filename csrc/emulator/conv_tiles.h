@@ -42,7 +42,7 @@ struct QPanel {
     bool affine4_octets = false;        // affine4 in the AVX2 layout (PackedConv1x1Q::affine4_octets)
     int64_t channel_bytes = 0;          // the channel-major layout (PackedConv1x1Q::channel_major): the bytes of
                                         // each channel's rows (0: another layout)
-    const float* channel_params = nullptr;  // affine4 channel-major: per channel and block, s and -(z * s)
+    const uint16_t* channel_params = nullptr;  // affine4 channel-major: per channel, its blocks' fp16 s, then z
     uint64_t call = 0;                  // which conv1x1 call reads it (0: unknown): the channel-major tiles copy x
                                         // once per call and thread, not once per panel
 };

@@ -172,8 +172,8 @@ struct PackedConv1x1Q : std::enable_shared_from_this<PackedConv1x1Q> {
     std::vector<uint8_t> data;     // panels x rows_stored() x row_bytes
     std::vector<float> lut;        // lut kinds: panels x (2 halves or 16 channels) x entries
     std::vector<uint16_t> params;  // affine4: panels x blocks x (16 fp16 scales, then 16 fp16 zero points)
-    // affine4 channel-major: panels x 16 channels x blocks x (s, n = -(z * s)) in fp32 (exact: two fp16 values)
-    std::vector<float> channel_params;
+    // affine4 channel-major: panels x 16 channels x (the blocks' fp16 scales, then their fp16 zero points)
+    std::vector<uint16_t> channel_params;
     // LUTs per panel half, packed for the AVX2 flavour (its lookups are vpshufb): the rows in pairs (2 *
     // row_bytes for rows 2q and 2q + 1: byte b < 16 holds in its low nibble the index's low 4 bits for
     // row 2q + b / 8, output b % 8, in its high nibble those of output 8 + b % 8; lut6: byte 16 + i holds

@@ -966,13 +966,13 @@ ORION_AVX512 void affine4_tile_avx512(const uint8_t* w, const uint16_t* params, 
 }
 
 // The channel-major layout (PackedConv1x1Q::channel_major, AVX-512's chunks: lut4 with a LUT per output channel,
-// int4 with blocks of 32+), decoded along the input axis: a channel's table (its LUT, or its block's 16 levels)
-// is one register of fp32 weights, and a chunk's 16 bytes give its 32 rows' weights by one widening, one shift
-// and two permutes, rows 0-15 (low nibbles), then 16-31. Each output is a dot product of its channel's exact
-// weights with x in 4 partial sums of 16 (chunks alternating between two pairs), added, then the 16 channels'
-// lanes summed together (lane_sums16): the values the fp16 tile multiplies, summed in another order (within
-// fp32 rounding of it). Rows c0 to c0 + k, c0 a multiple of 32 (and of an int4 block; conv_panel's tiles: all
-// rows from 0); each decoded chunk feeds the L lanes.
+// int4 with blocks of 32+), decoded along the input axis. lut4: a channel's LUT is one register of fp32 weights,
+// and a chunk's 16 bytes give its 32 rows' weights by one widening, one shift and two permutes, rows 0-15 (low
+// nibbles), then 16-31. Each output is a dot product of its channel's exact weights with x in 4 partial sums of 16
+// (chunks alternating between two pairs), added, then the 16 channels' lanes summed together (lane_sums16): the
+// values the fp16 tile multiplies, summed in another order (within fp32 rounding of it). Rows c0 to c0 + k, c0 a
+// multiple of 32 (and of an int4 block; conv_panel's tiles: all rows from 0); each decoded chunk feeds the L lanes.
+// (int4's decode tile, affine4_channel_tile_avx512_fixed, applies its blocks' parameters to sums instead.)
 // Chunk t's 32 weights of one channel (its 16 bytes at w + 16 t) times the L lanes' columns, into sum.
 template <int L>
 ORION_AVX512 __attribute__((always_inline)) inline void lut4_channel_chunk(const uint8_t* w, __m512 table,
@@ -988,15 +988,17 @@ ORION_AVX512 __attribute__((always_inline)) inline void lut4_channel_chunk(const
         sum[l][1] = _mm512_fmadd_ps(high, _mm512_loadu_ps(xt + 16), sum[l][1]);
     }
 }
-// Channel j's table: its LUT (lut4), or its block's 16 weights fp16(fma(u, s, n)), u = 0..15 (affine4: the
-// exact (u - z) * s rounded once, Affine4Rows16's values), for chunk t of the panel's (block of chunk 0: b0).
+// Channel j's table: its LUT (lut4), or block b's 16 weights fp16((u - z) * s), u = 0..15 (affine4: the exact
+// (u - z) * s rounded once, Affine4Rows16's values; the converting path's).
 template <bool Affine>
 ORION_AVX512 __attribute__((always_inline)) inline __m512 channel_table(const QPanel& p, int j, int64_t b) {
     if constexpr (Affine) {
-        const float* sn = p.channel_params + (j * (p.channel_bytes * 2 >> p.block_shift) + b) * 2;
+        const int64_t blocks = p.channel_bytes * 2 >> p.block_shift;
+        const uint16_t* sz = p.channel_params + j * blocks * 2 + b;
         const __m512 u = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        return _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_fmadd_ps(u, _mm512_set1_ps(sn[0]), _mm512_set1_ps(sn[1])),
-                                               _MM_FROUND_TO_NEAREST_INT));
+        const __m512 levels = _mm512_mul_ps(_mm512_sub_ps(u, _mm512_set1_ps(emu::half_to_float(sz[blocks]))),
+                                            _mm512_set1_ps(emu::half_to_float(sz[0])));  // exact: fp16 operands
+        return _mm512_cvtph_ps(_mm512_cvtps_ph(levels, _MM_FROUND_TO_NEAREST_INT));
     } else {
         return _mm512_loadu_ps(p.lut + 16 * j);
     }
@@ -1017,15 +1019,13 @@ ORION_AVX512 inline __m512 lane_sums16(const __m512 (&v)[16]) {
     return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), z);
 }
 
-template <int L, bool Affine>
+template <int L>
 ORION_AVX512 void channel_tile_avx512_fixed(const QPanel& p, int64_t c0, const float* columns, int64_t chunks,
                                             float* acc, bool add) {
-    const int block_chunks = Affine ? p.block_shift - 5 : 0;  // log2 of the chunks per block (affine4: 32+ rows)
-    const int64_t b0 = c0 >> p.block_shift;
     __m512 channel_sums[L][kConvPanel];
     for (int j = 0; j < kConvPanel; ++j) {
         const uint8_t* w = p.rows + j * p.channel_bytes + c0 / 2;
-        __m512 table = channel_table<Affine>(p, j, b0);
+        const __m512 table = channel_table<false>(p, j, 0);
         __m512 sum[2][L][2];
         ORION_UNROLL
         for (int h = 0; h < 2; ++h)
@@ -1035,21 +1035,98 @@ ORION_AVX512 void channel_tile_avx512_fixed(const QPanel& p, int64_t c0, const f
         for (; t + 2 <= chunks; t += 2) {
             // (the panel's channels, then the next panel's, lie one after another: one stream)
             prefetch_streamed(w + 16 * t + kConvPrefetchBytes);
-            if (Affine && t > 0 && (t & ((int64_t{1} << block_chunks) - 1)) == 0)
-                table = channel_table<Affine>(p, j, b0 + (t >> block_chunks));
             lut4_channel_chunk<L>(w, table, columns, chunks, t, sum[0]);
-            if (Affine && block_chunks == 0) table = channel_table<Affine>(p, j, b0 + t + 1);
             lut4_channel_chunk<L>(w, table, columns, chunks, t + 1, sum[1]);
         }
-        if (t < chunks) {
-            if (Affine && t > 0 && (t & ((int64_t{1} << block_chunks) - 1)) == 0)
-                table = channel_table<Affine>(p, j, b0 + (t >> block_chunks));
-            lut4_channel_chunk<L>(w, table, columns, chunks, t, sum[0]);
-        }
+        if (t < chunks) lut4_channel_chunk<L>(w, table, columns, chunks, t, sum[0]);
         ORION_UNROLL
         for (int l = 0; l < L; ++l)
             channel_sums[l][j] = _mm512_add_ps(_mm512_add_ps(sum[0][l][0], sum[0][l][1]),
                                                _mm512_add_ps(sum[1][l][0], sum[1][l][1]));
+    }
+    ORION_UNROLL
+    for (int l = 0; l < L; ++l) {
+        const __m512 total = lane_sums16(channel_sums[l]);
+        _mm512_storeu_ps(acc + l * kConvPanel, add ? _mm512_add_ps(_mm512_loadu_ps(acc + l * kConvPanel), total) : total);
+    }
+}
+
+// The int4 decode tile of the channel-major layout (blocks of 32+ rows): per channel, block and lane the sum of u * x
+// (u the stored 4-bit values, exact in fp32), then acc += s * sum(u * x) per block, and once per channel the blocks'
+// n = -(z * s) (exact: fp16 operands) times their sums of x (`x_sums`, per lane and block), 16 blocks a register. As
+// AVX2's int4 tile, it sums the unrounded weights (u - z) * s: within their fp16 rounding of the fp16 conv of the
+// dequantized weight (the converting path stays bit for bit). Per chunk one widening, a mask, a shift and two
+// conversions, no table: the tables' fp16 rounding and permutes held the tile to about half of lut4's rate.
+// Blocks alternate between two sums per lane; each decoded chunk feeds the L lanes.
+// The first n <= 16 fp16 values at p as fp32, the rest 0.
+ORION_AVX512 inline __m512 first_fp16(const uint16_t* p, int n) {
+    if (n == 16) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    alignas(32) uint16_t part[16] = {};
+    std::copy(p, p + n, part);
+    return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(part)));
+}
+// OneChunk: blocks of 32 rows (block_shift 5; llama.cpp's and Orion's quantizers' block).
+template <int L, bool OneChunk>
+ORION_AVX512 void affine4_channel_tile_avx512_fixed(const QPanel& p, int64_t c0, const float* columns,
+                                                    const float* x_sums, int64_t chunks, float* acc, bool add) {
+    const int block_chunks = OneChunk ? 0 : p.block_shift - 5;  // log2 of the chunks per block
+    const int64_t blocks = p.channel_bytes * 2 >> p.block_shift, b0 = c0 >> p.block_shift;
+    const int64_t used = (chunks + (int64_t{1} << block_chunks) - 1) >> block_chunks;  // the call's blocks
+    const __m512i low_nibble = _mm512_set1_epi32(15);
+    __m512 channel_sums[L][kConvPanel];
+    for (int j = 0; j < kConvPanel; ++j) {
+        const uint8_t* w = p.rows + j * p.channel_bytes + c0 / 2;
+        const uint16_t* scales = p.channel_params + j * blocks * 2 + b0;
+        const uint16_t* zeros = scales + blocks;
+        if (j + 1 < kConvPanel) {  // the next channel's parameters (the rows are one prefetched stream)
+            prefetch_streamed(scales + blocks * 2);
+            prefetch_streamed(zeros + blocks * 2);
+        }
+        __m512 sum[L][2];
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) sum[l][0] = sum[l][1] = _mm512_setzero_ps();
+        for (int64_t g = 0; g < used; g += 16) {  // 16 blocks at a time: their s and z in two registers
+            const int n = static_cast<int>(std::min<int64_t>(16, used - g));
+            const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
+            const __m512 s = first_fp16(scales + g, n), z = first_fp16(zeros + g, n);
+            const __m512 zs = _mm512_mul_ps(z, s);  // exact
+            alignas(64) float block_scale[16];
+            _mm512_store_ps(block_scale, s);
+            for (int i = 0; i < n; i += 2) {  // (two blocks a step: each into its own sums)
+                __m512 part[2][L];
+                ORION_UNROLL
+                for (int h = 0; h < 2; ++h) {
+                    ORION_UNROLL
+                    for (int l = 0; l < L; ++l) part[h][l] = _mm512_setzero_ps();
+                    if (h == 1 && i + 1 == n) break;
+                    const int64_t t0 = (g + i + h) << block_chunks;
+                    const int64_t t1 = OneChunk ? t0 + 1 : std::min(chunks, t0 + (int64_t{1} << block_chunks));
+                    for (int64_t t = t0; t < t1; ++t) {
+                        if (t % 2 == 0) prefetch_streamed(w + 16 * t + kConvPrefetchBytes);
+                        const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16 * t)));
+                        const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, low_nibble));
+                        const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
+                        ORION_UNROLL
+                        for (int l = 0; l < L; ++l) {
+                            const float* xt = columns + (l * chunks + t) * 32;
+                            part[h][l] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xt), part[h][l]);
+                            part[h][l] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xt + 16), part[h][l]);
+                        }
+                    }
+                }
+                const __m512 s0 = _mm512_set1_ps(block_scale[i]), s1 = _mm512_set1_ps(block_scale[i + 1]);
+                ORION_UNROLL
+                for (int l = 0; l < L; ++l) {
+                    sum[l][0] = _mm512_fmadd_ps(s0, part[0][l], sum[l][0]);
+                    sum[l][1] = _mm512_fmadd_ps(s1, part[1][l], sum[l][1]);  // (0 past the last block)
+                }
+            }
+            ORION_UNROLL
+            for (int l = 0; l < L; ++l)  // the blocks' n * sum(x), n = -(z * s)
+                sum[l][0] = _mm512_fnmadd_ps(zs, _mm512_maskz_loadu_ps(m, x_sums + l * used + g), sum[l][0]);
+        }
+        ORION_UNROLL
+        for (int l = 0; l < L; ++l) channel_sums[l][j] = _mm512_add_ps(sum[l][0], sum[l][1]);
     }
     ORION_UNROLL
     for (int l = 0; l < L; ++l) {
@@ -1063,37 +1140,62 @@ ORION_AVX512 void channel_tile_avx512(const QPanel& p, int64_t c0, const float* 
     if (c0 % 32 || (p.kind == PackedConv1x1Q::Kind::affine4 && c0 % (int64_t{1} << p.block_shift)))
         throw std::logic_error("channel_tile_avx512: rows from inside a chunk of 32 (or an int4 block)");
     const int64_t chunks = (k + 31) / 32;
-    // Each lane's x contiguous, padded rows 0: x itself for one lane of contiguous whole chunks, else a copy, made
-    // once per conv1x1 call and thread (the panels of a call read the same x).
-    thread_local std::vector<float> copy;
+    const bool affine = p.kind == PackedConv1x1Q::Kind::affine4;
+    const int64_t used = affine ? ((chunks << 5) + (int64_t{1} << p.block_shift) - 1) >> p.block_shift : 0;
+    // Each lane's x contiguous, padded rows 0: x itself for one lane of contiguous whole chunks, else a copy; int4:
+    // each lane's sums of x over the call's blocks. Made once per conv1x1 call and thread (the panels of a call read
+    // the same x).
+    thread_local std::vector<float> copy, sums;
     thread_local struct { uint64_t call; const float* x; int64_t S, k; int lanes; } copied{};
-    const float* columns = x;
-    if (S != 1 || k % 32) {
-        if (!p.call || p.call != copied.call || x != copied.x || S != copied.S || k != copied.k || lanes != copied.lanes) {
+    const bool in_place = S == 1 && k % 32 == 0;
+    const float* columns = in_place ? x : copy.data();
+    if (!p.call || p.call != copied.call || x != copied.x || S != copied.S || k != copied.k || lanes != copied.lanes) {
+        if (!in_place) {
             if (copy.size() < static_cast<size_t>(lanes * chunks * 32)) copy.resize(static_cast<size_t>(lanes * chunks * 32));
             for (int l = 0; l < lanes; ++l) {
                 float* to = copy.data() + l * chunks * 32;
                 for (int64_t c = 0; c < k; ++c) to[c] = x[c * S + l];
                 std::fill(to + k, to + chunks * 32, 0.0f);
             }
-            copied = {p.call, x, S, k, lanes};
+            columns = copy.data();
         }
-        columns = copy.data();
+        if (affine) {
+            if (sums.size() < static_cast<size_t>(lanes * used)) sums.resize(static_cast<size_t>(lanes * used));
+            const int64_t block_chunks = int64_t{1} << (p.block_shift - 5);
+            for (int l = 0; l < lanes; ++l)
+                for (int64_t b = 0; b < used; ++b) {
+                    __m512 total = _mm512_setzero_ps();
+                    for (int64_t t = b * block_chunks; t < std::min(chunks, (b + 1) * block_chunks); ++t) {
+                        const float* xt = columns + (l * chunks + t) * 32;
+                        total = _mm512_add_ps(total, _mm512_add_ps(_mm512_loadu_ps(xt), _mm512_loadu_ps(xt + 16)));
+                    }
+                    sums[l * used + b] = _mm512_reduce_add_ps(total);
+                }
+        }
+        copied = {p.call, x, S, k, lanes};
     }
     for (int l0 = 0; l0 < lanes; l0 += 4) {
         const float* cols = columns + l0 * chunks * 32;
         float* a = acc + l0 * kConvPanel;
         const int n = static_cast<int>(std::min(lanes - l0, 4));
-        if (p.kind == PackedConv1x1Q::Kind::affine4) {
-            if (n == 1) channel_tile_avx512_fixed<1, true>(p, c0, cols, chunks, a, add);
-            else if (n == 2) channel_tile_avx512_fixed<2, true>(p, c0, cols, chunks, a, add);
-            else if (n == 3) channel_tile_avx512_fixed<3, true>(p, c0, cols, chunks, a, add);
-            else channel_tile_avx512_fixed<4, true>(p, c0, cols, chunks, a, add);
+        if (affine) {
+            const float* x_sums = sums.data() + l0 * used;
+            if (p.block_shift == 5) {
+                if (n == 1) affine4_channel_tile_avx512_fixed<1, true>(p, c0, cols, x_sums, chunks, a, add);
+                else if (n == 2) affine4_channel_tile_avx512_fixed<2, true>(p, c0, cols, x_sums, chunks, a, add);
+                else if (n == 3) affine4_channel_tile_avx512_fixed<3, true>(p, c0, cols, x_sums, chunks, a, add);
+                else affine4_channel_tile_avx512_fixed<4, true>(p, c0, cols, x_sums, chunks, a, add);
+            } else {
+                if (n == 1) affine4_channel_tile_avx512_fixed<1, false>(p, c0, cols, x_sums, chunks, a, add);
+                else if (n == 2) affine4_channel_tile_avx512_fixed<2, false>(p, c0, cols, x_sums, chunks, a, add);
+                else if (n == 3) affine4_channel_tile_avx512_fixed<3, false>(p, c0, cols, x_sums, chunks, a, add);
+                else affine4_channel_tile_avx512_fixed<4, false>(p, c0, cols, x_sums, chunks, a, add);
+            }
         } else {
-            if (n == 1) channel_tile_avx512_fixed<1, false>(p, c0, cols, chunks, a, add);
-            else if (n == 2) channel_tile_avx512_fixed<2, false>(p, c0, cols, chunks, a, add);
-            else if (n == 3) channel_tile_avx512_fixed<3, false>(p, c0, cols, chunks, a, add);
-            else channel_tile_avx512_fixed<4, false>(p, c0, cols, chunks, a, add);
+            if (n == 1) channel_tile_avx512_fixed<1>(p, c0, cols, chunks, a, add);
+            else if (n == 2) channel_tile_avx512_fixed<2>(p, c0, cols, chunks, a, add);
+            else if (n == 3) channel_tile_avx512_fixed<3>(p, c0, cols, chunks, a, add);
+            else channel_tile_avx512_fixed<4>(p, c0, cols, chunks, a, add);
         }
     }
 }
@@ -1201,7 +1303,7 @@ void add_low_bit_usage(int64_t& count, int64_t& bytes) {
         if (auto alive = weak.lock()) {
             ++count;
             bytes += static_cast<int64_t>(alive->data.size() + alive->lut.size() * 4 + alive->params.size() * 2 +
-                                          alive->lut_bytes.size() + alive->channel_params.size() * 4);
+                                          alive->lut_bytes.size() + alive->channel_params.size() * 2);
         }
 }
 
@@ -1357,7 +1459,7 @@ PackedConv1x1Q pack_conv1x1_affine4(const uint8_t* u, const float* scale, const 
     const int64_t panels = ceil_div(cout, kConvPanel), blocks = cin / block;
     packed.data.assign(static_cast<size_t>(panels * cin * 8), 0);
     if (packed.channel_major)
-        packed.channel_params.assign(static_cast<size_t>(panels * kConvPanel * blocks * 2), 0.0f);
+        packed.channel_params.assign(static_cast<size_t>(panels * kConvPanel * blocks * 2), 0);
     else
         packed.params.assign(static_cast<size_t>(panels * blocks * 2 * kConvPanel), 0);
     for (int64_t o = 0; o < cout; ++o) {
@@ -1368,9 +1470,9 @@ PackedConv1x1Q pack_conv1x1_affine4(const uint8_t* u, const float* scale, const 
                 throw std::invalid_argument("pack_conv1x1_affine4: a scale or zero point is not an fp16 value, or some "
                                             "u - zero is not (dequantize to fp16 instead)");
             if (packed.channel_major) {
-                float* at = packed.channel_params.data() + ((p * kConvPanel + j) * blocks + b) * 2;
-                at[0] = s;
-                at[1] = z * -s;  // exact: two fp16 values
+                uint16_t* at = packed.channel_params.data() + (p * kConvPanel + j) * blocks * 2 + b;
+                at[0] = emu::float_to_half(s);
+                at[blocks] = emu::float_to_half(z);
                 continue;
             }
             uint16_t* at = packed.params.data() + (p * blocks + b) * 2 * kConvPanel;
@@ -1406,7 +1508,7 @@ std::shared_ptr<const PackedConv1x1Q> shared_conv1x1_q(PackedConv1x1Q packed) {
     key ^= content_key(std::string_view(reinterpret_cast<const char*>(packed.params.data()), packed.params.size() * 2)) << 2;
     key ^= content_key(std::string_view(reinterpret_cast<const char*>(packed.lut_bytes.data()), packed.lut_bytes.size())) << 3;
     key ^= content_key(std::string_view(reinterpret_cast<const char*>(packed.channel_params.data()),
-                                        packed.channel_params.size() * 4)) << 4;
+                                        packed.channel_params.size() * 2)) << 4;
     key ^= static_cast<size_t>(packed.cout) * 0x9E3779B97F4A7C15ull + static_cast<size_t>(packed.kind);
     std::lock_guard<std::mutex> lock(shared_q_mutex);
     auto [first, last] = shared_q.equal_range(key);

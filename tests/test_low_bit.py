@@ -415,11 +415,13 @@ def packed_bytes(qw, mode: str, cout: int, cin: int) -> int:
     """The bytes the emulator holds for a low-bit conv weight (kernels.h, PackedConv1x1Q): the indices at their
     width per panel of 16 output channels, plus LUTs (fp32 per panel half or channel; on the AVX2 flavour, LUTs
     per 8 channels: rows in pairs and the entries' fp16 bytes as vpshufb tables; lut4 with a LUT per channel on
-    AVX2 and AVX-512: channel-major) or the fp16 block parameters (a scale and a zero point per channel and block)."""
+    AVX2 and AVX-512: channel-major) or the fp16 block parameters (a scale and a zero point per channel and block;
+    AVX-512's blocks of 32+: channel-major, and 16 values of padding)."""
     panels = -(-cout // 16)
     bits = 6 if mode == "lut6" else 4
     if mode == "int4":
-        return panels * cin * 8 + panels * (cin // qw.block) * 32 * 2
+        tail = 16 * 2 if qw.block >= 32 and kernels.simd_path() == "avx512f+f16c+fma" else 0
+        return panels * cin * 8 + panels * (cin // qw.block) * 32 * 2 + tail
     if qw.group % 8 == 0 and kernels.simd_path() == "avx2+f16c+fma":
         return panels * (cin + cin % 2) * 2 * bits + panels * (1 << bits) * 4
     if bits == 4 and qw.group % 8 and kernels.simd_path() != "portable":  # a LUT per channel: channel-major, rows padded to 32

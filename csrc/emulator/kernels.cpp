@@ -688,6 +688,11 @@ void conv_tile(const Kernels& k, QRows w, const float*, const float* x, int64_t 
     k.conv_tile_q(*w.panel, w.c0, x, S, kc, lanes, acc, add);
 }
 void widen_rows(const Kernels& k, QRows w, const float*, float* dst, int64_t rows) { k.widen_q(*w.panel, w.c0, dst, rows); }
+// Whether the tile takes all of a job's lanes in one call (it runs them in passes of its own, over x it copies once
+// per conv1x1 call and thread): the channel-major layout's.
+bool lanes_in_passes(QRows w) { return w.panel->channel_bytes != 0; }
+template <typename W>
+bool lanes_in_passes(const W*) { return false; }
 // The first lane tile over an fp16 panel's rows (acc, x, S, lanes as Kernels::conv_tile_f16's), widening them to
 // w32 for the other tiles as it reads them: the tiles it ran (1), or 0 when the flavour has no such tile and
 // for the other weights.
@@ -822,6 +827,11 @@ void conv_panels(const Kernels& k, const PanelAt& panel_at, int64_t count, int64
         }
         for (; g < count; ++g) {
             const auto [w, scales] = panel_at(g);
+            if (lanes_in_passes(w)) {
+                conv_tile(k, w, scales.inside, x.rows(0, lanes), x.stride(lanes), cin, static_cast<int>(lanes),
+                          acc + g * panel_acc, false);
+                continue;
+            }
             for (int t = 0; t < tiling.tiles; ++t) {
                 const int64_t s0 = tiling.tile_start(t);
                 const int n = tiling.tile_width(t);
@@ -1238,7 +1248,7 @@ void conv1x1(const PackedConv1x1Q& w, const float* x, int64_t S, int64_t lanes, 
                             : !w.channel_luts && static_cast<int64_t>(w.lut_bytes.size()) == panels * w.entries * 4;
     if ((lut && !lut_ok) ||
         (!lut && (w.block_shift < 0 || w.block_shift > 30 || (w.cin & ((int64_t{1} << w.block_shift) - 1)) ||
-                  static_cast<int64_t>(w.channel_major ? w.channel_params.size() : w.params.size()) !=
+                  static_cast<int64_t>(w.channel_major ? w.channel_params.size() - kChannelParamsTail : w.params.size()) !=
                       panels * (w.cin >> w.block_shift) * 2 * kConvPanel)))
         throw std::invalid_argument("conv1x1: low-bit weight without its LUTs or block parameters");
     conv1x1_packed(w, x, S, lanes, out, out_stride > 0 ? out_stride : S, round_fp16);

@@ -146,6 +146,9 @@ std::shared_ptr<const PackedConv1x1I8> shared_conv1x1_i8(const int8_t* q, const 
 //    rounding gives what coremltools' fp16 decompression gives.
 // A row is 8 bytes (4-bit: output j in nibble j, low nibble first) or 12 (6-bit: those 8 bytes with
 // the index's low 4 bits, then 4 bytes with its high 2 bits, output j at bits 2j..2j+1).
+// The zeros after PackedConv1x1Q::channel_params' values.
+constexpr size_t kChannelParamsTail = 16;
+
 struct PackedConv1x1Q : std::enable_shared_from_this<PackedConv1x1Q> {
     enum class Kind { lut4, lut6, affine4 };
     Kind kind = Kind::lut4;
@@ -172,7 +175,8 @@ struct PackedConv1x1Q : std::enable_shared_from_this<PackedConv1x1Q> {
     std::vector<uint8_t> data;     // panels x rows_stored() x row_bytes
     std::vector<float> lut;        // lut kinds: panels x (2 halves or 16 channels) x entries
     std::vector<uint16_t> params;  // affine4: panels x blocks x (16 fp16 scales, then 16 fp16 zero points)
-    // affine4 channel-major: panels x 16 channels x (the blocks' fp16 scales, then their fp16 zero points)
+    // affine4 channel-major: panels x 16 channels x (the blocks' fp16 scales, then their fp16 zero points), then
+    // kChannelParamsTail zeros (the tile reads 16 values from any block's)
     std::vector<uint16_t> channel_params;
     // LUTs per panel half, packed for the AVX2 flavour (its lookups are vpshufb): the rows in pairs (2 *
     // row_bytes for rows 2q and 2q + 1: byte b < 16 holds in its low nibble the index's low 4 bits for

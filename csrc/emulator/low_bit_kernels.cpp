@@ -1058,12 +1058,10 @@ ORION_AVX512 void channel_tile_avx512_fixed(const QPanel& p, int64_t c0, const f
 // dequantized weight (the converting path stays bit for bit). Per chunk one widening, a mask, a shift and two
 // conversions, no table: the tables' fp16 rounding and permutes held the tile to about half of lut4's rate.
 // Blocks alternate between two sums per lane; each decoded chunk feeds the L lanes.
-// The first n <= 16 fp16 values at p as fp32, the rest 0.
-ORION_AVX512 inline __m512 first_fp16(const uint16_t* p, int n) {
-    if (n == 16) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    alignas(32) uint16_t part[16] = {};
-    std::copy(p, p + n, part);
-    return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(part)));
+// The 16 fp16 values at p as fp32, those of lanes outside `m` 0 (they may be any bytes: channel_params ends with a
+// tail of kChannelParamsTail values, so that 16 can be read from any of its own).
+ORION_AVX512 inline __m512 fp16_lanes(const uint16_t* p, __mmask16 m) {
+    return _mm512_maskz_mov_ps(m, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
 }
 // OneChunk: blocks of 32 rows (block_shift 5; llama.cpp's and Orion's quantizers' block).
 template <int L, bool OneChunk>
@@ -1088,7 +1086,7 @@ ORION_AVX512 void affine4_channel_tile_avx512_fixed(const QPanel& p, int64_t c0,
         for (int64_t g = 0; g < used; g += 16) {  // 16 blocks at a time: their s and z in two registers
             const int n = static_cast<int>(std::min<int64_t>(16, used - g));
             const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
-            const __m512 s = first_fp16(scales + g, n), z = first_fp16(zeros + g, n);
+            const __m512 s = fp16_lanes(scales + g, m), z = fp16_lanes(zeros + g, m);
             const __m512 zs = _mm512_mul_ps(z, s);  // exact
             alignas(64) float block_scale[16];
             _mm512_store_ps(block_scale, s);
@@ -1459,7 +1457,7 @@ PackedConv1x1Q pack_conv1x1_affine4(const uint8_t* u, const float* scale, const 
     const int64_t panels = ceil_div(cout, kConvPanel), blocks = cin / block;
     packed.data.assign(static_cast<size_t>(panels * cin * 8), 0);
     if (packed.channel_major)
-        packed.channel_params.assign(static_cast<size_t>(panels * kConvPanel * blocks * 2), 0);
+        packed.channel_params.assign(static_cast<size_t>(panels * kConvPanel * blocks * 2 + kChannelParamsTail), 0);
     else
         packed.params.assign(static_cast<size_t>(panels * blocks * 2 * kConvPanel), 0);
     for (int64_t o = 0; o < cout; ++o) {

@@ -1051,19 +1051,20 @@ ORION_AVX512 void channel_tile_avx512_fixed(const QPanel& p, int64_t c0, const f
     }
 }
 
-// The int4 decode tile of the channel-major layout (blocks of 32+ rows): per channel, block and lane the sum of u * x
-// (u the stored 4-bit values, exact in fp32), then acc += s * sum(u * x) per block, and once per channel the blocks'
-// n = -(z * s) (exact: fp16 operands) times their sums of x (`x_sums`, per lane and block), 16 blocks a register. As
-// AVX2's int4 tile, it sums the unrounded weights (u - z) * s: within their fp16 rounding of the fp16 conv of the
-// dequantized weight (the converting path stays bit for bit). Per chunk one widening, a mask, a shift and two
-// conversions, no table: the tables' fp16 rounding and permutes held the tile to about half of lut4's rate.
-// Blocks alternate between two sums per lane; each decoded chunk feeds the L lanes.
 // The 16 fp16 values at p as fp32, those of lanes outside `m` 0 (they may be any bytes: channel_params ends with a
 // tail of kChannelParamsTail values, so that 16 can be read from any of its own).
 ORION_AVX512 inline __m512 fp16_lanes(const uint16_t* p, __mmask16 m) {
     return _mm512_maskz_mov_ps(m, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
 }
-// OneChunk: blocks of 32 rows (block_shift 5; llama.cpp's and Orion's quantizers' block).
+
+// The int4 decode tile of the channel-major layout (blocks of 32+ rows): per channel, block and lane the sum of u * x
+// (u the stored 4-bit values, exact in fp32), then acc += s * sum(u * x) per block, and once per channel the blocks'
+// n = -(z * s) (exact: fp16 operands) times their sums of x (`x_sums`, per lane and block), 16 blocks a register. As
+// AVX2's int4 tile, it sums the unrounded weights (u - z) * s: within their fp16 rounding of the fp16 conv of the
+// dequantized weight (the converting path stays bit for bit), each lane the same way at any lane count. Per chunk
+// one widening, a mask, a shift and two conversions, no table: the tables of fp16 levels it replaced held the tile
+// to about two thirds of lut4's rate. Blocks alternate between two sums per lane; each decoded chunk feeds the L
+// lanes. OneChunk: blocks of 32 rows (block_shift 5; llama.cpp's and Orion's quantizers' block).
 template <int L, bool OneChunk>
 ORION_AVX512 void affine4_channel_tile_avx512_fixed(const QPanel& p, int64_t c0, const float* columns,
                                                     const float* x_sums, int64_t chunks, float* acc, bool add) {
@@ -1133,6 +1134,16 @@ ORION_AVX512 void affine4_channel_tile_avx512_fixed(const QPanel& p, int64_t c0,
     }
 }
 
+// affine4_channel_tile_avx512_fixed for n (1-4) lanes.
+template <bool OneChunk>
+ORION_AVX512 void affine4_channel_tile_avx512(const QPanel& p, int64_t c0, const float* columns, const float* x_sums,
+                                              int64_t chunks, int n, float* acc, bool add) {
+    if (n == 1) affine4_channel_tile_avx512_fixed<1, OneChunk>(p, c0, columns, x_sums, chunks, acc, add);
+    else if (n == 2) affine4_channel_tile_avx512_fixed<2, OneChunk>(p, c0, columns, x_sums, chunks, acc, add);
+    else if (n == 3) affine4_channel_tile_avx512_fixed<3, OneChunk>(p, c0, columns, x_sums, chunks, acc, add);
+    else affine4_channel_tile_avx512_fixed<4, OneChunk>(p, c0, columns, x_sums, chunks, acc, add);
+}
+
 ORION_AVX512 void channel_tile_avx512(const QPanel& p, int64_t c0, const float* x, int64_t S, int64_t k, int lanes,
                                            float* acc, bool add) {
     if (c0 % 32 || (p.kind == PackedConv1x1Q::Kind::affine4 && c0 % (int64_t{1} << p.block_shift)))
@@ -1178,17 +1189,8 @@ ORION_AVX512 void channel_tile_avx512(const QPanel& p, int64_t c0, const float* 
         const int n = static_cast<int>(std::min(lanes - l0, 4));
         if (affine) {
             const float* x_sums = sums.data() + l0 * used;
-            if (p.block_shift == 5) {
-                if (n == 1) affine4_channel_tile_avx512_fixed<1, true>(p, c0, cols, x_sums, chunks, a, add);
-                else if (n == 2) affine4_channel_tile_avx512_fixed<2, true>(p, c0, cols, x_sums, chunks, a, add);
-                else if (n == 3) affine4_channel_tile_avx512_fixed<3, true>(p, c0, cols, x_sums, chunks, a, add);
-                else affine4_channel_tile_avx512_fixed<4, true>(p, c0, cols, x_sums, chunks, a, add);
-            } else {
-                if (n == 1) affine4_channel_tile_avx512_fixed<1, false>(p, c0, cols, x_sums, chunks, a, add);
-                else if (n == 2) affine4_channel_tile_avx512_fixed<2, false>(p, c0, cols, x_sums, chunks, a, add);
-                else if (n == 3) affine4_channel_tile_avx512_fixed<3, false>(p, c0, cols, x_sums, chunks, a, add);
-                else affine4_channel_tile_avx512_fixed<4, false>(p, c0, cols, x_sums, chunks, a, add);
-            }
+            if (p.block_shift == 5) affine4_channel_tile_avx512<true>(p, c0, cols, x_sums, chunks, n, a, add);
+            else affine4_channel_tile_avx512<false>(p, c0, cols, x_sums, chunks, n, a, add);
         } else {
             if (n == 1) channel_tile_avx512_fixed<1>(p, c0, cols, chunks, a, add);
             else if (n == 2) channel_tile_avx512_fixed<2>(p, c0, cols, chunks, a, add);

@@ -1170,11 +1170,11 @@ ORION_AVX512 void channel_tile_avx512(const QPanel& p, int64_t c0, const float* 
         }
         if (affine) {
             if (sums.size() < static_cast<size_t>(lanes * used)) sums.resize(static_cast<size_t>(lanes * used));
-            const int64_t block_chunks = int64_t{1} << (p.block_shift - 5);
+            const int64_t per_block = int64_t{1} << (p.block_shift - 5);  // chunks
             for (int l = 0; l < lanes; ++l)
                 for (int64_t b = 0; b < used; ++b) {
                     __m512 total = _mm512_setzero_ps();
-                    for (int64_t t = b * block_chunks; t < std::min(chunks, (b + 1) * block_chunks); ++t) {
+                    for (int64_t t = b * per_block; t < std::min(chunks, (b + 1) * per_block); ++t) {
                         const float* xt = columns + (l * chunks + t) * 32;
                         total = _mm512_add_ps(total, _mm512_add_ps(_mm512_loadu_ps(xt), _mm512_loadu_ps(xt + 16)));
                     }

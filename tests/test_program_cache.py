@@ -885,11 +885,12 @@ def test_a_builder_building_ahead_returns_programs_still_compiling(tmp_path, mon
     graphs = [(lambda s=s: _scaled_graph(s), {"scale": s}) for s in (1.0, 2.0, 3.0)]
     cold = ProgramBuilder({"test": "ahead"}, progress=False).build_all("block", graphs)
     program_cache.flush()
-    release, compiled = threading.Event(), []
+    release, holding_last, compiled = threading.Event(), threading.Event(), []
     real_compile = builder_module.compile_cached
 
     def compile_(lowered, **options):
         if len(compiled) == 2:  # the last program: held until the test releases it
+            holding_last.set()
             assert release.wait(20)
             if os.environ.get("FAIL_LAST"):
                 raise orion.CompileError("simulated compile failure")
@@ -901,8 +902,8 @@ def test_a_builder_building_ahead_returns_programs_still_compiling(tmp_path, mon
     programs = warm.build_all("block", graphs, ahead=True)
     assert warm.cached == 3 and all(isinstance(p, builder_module.CompilingGraph) for p in programs)
     assert [p.layout for p in programs] == [p.layout for p in cold]
-    first = programs[0](x=X)["y"]
-    assert len(compiled) == 2  # the first ran while the last was still compiling
+    first = programs[0](x=X)["y"]  # returns although the last program cannot compile before release
+    assert holding_last.wait(20) and len(compiled) == 2  # the compile thread went on in order to the last
     release.set()
     for program, plain in zip(programs, cold, strict=True):
         np.testing.assert_array_equal(program(x=X)["y"], plain(x=X)["y"])
@@ -910,6 +911,7 @@ def test_a_builder_building_ahead_returns_programs_still_compiling(tmp_path, mon
     np.testing.assert_array_equal(first, cold[0](x=X)["y"])
     compiled.clear()
     release.clear()
+    holding_last.clear()
     monkeypatch.setenv("FAIL_LAST", "1")
     failing = ProgramBuilder({"test": "ahead"}, progress=False).build_all("block", graphs, ahead=True)
     np.testing.assert_array_equal(failing[0](x=X)["y"], first)

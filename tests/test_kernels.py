@@ -555,18 +555,35 @@ def test_copy_into_and_copied_are_numpy_copyto_and_copy():
 # --- thread pool --------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("guided", [False, True])
 @pytest.mark.parametrize("n,grain", [(0, 1), (1, 1), (7, 1), (100, 3), (1000, 1), (1000, 400), (12345, 17)])
-def test_parallel_for_covers_each_index_once(n, grain):
-    assert np.all(kernels._parallel_for_probe(n, grain) == 1)
-    assert np.all(kernels._parallel_for_probe(n, grain, nested=True) == 1)
+def test_parallel_for_covers_each_index_once(n, grain, guided):
+    assert np.all(kernels._parallel_for_probe(n, grain, guided=guided) == 1)
+    assert np.all(kernels._parallel_for_probe(n, grain, nested=True, guided=guided) == 1)
+
+
+@pytest.mark.parametrize("n,grain", [(7, 1), (100, 3), (1000, 1), (1000, 400), (12345, 17), (10**6, 1)])
+def test_parallel_for_guided_chunks_shrink_and_partition_the_range(n, grain):
+    """Guided chunks tile [0, n) in order; each is at least grain and at most the one before it, but the last, which
+    takes a rest shorter than grain (or, at the 64th chunk, all the rest); with 2+ threads the first is a
+    1/(2 * threads) share of the whole."""
+    chunks = kernels._parallel_for_guided_chunks(n, grain)
+    assert [b for b, _ in chunks] == [0] + [e for _, e in chunks[:-1]] and chunks[-1][1] == n
+    sizes = [e - b for b, e in chunks]
+    assert all(s >= grain for s in sizes) and all(a >= b for a, b in zip(sizes[:-2], sizes[1:-1]))
+    if len(sizes) > 1:
+        share = 2 * kernels.num_threads()
+        assert sizes[0] == max(grain, -(-n // share)) and len(sizes) <= 64
+        assert len(sizes) == 64 or sizes[-1] < sizes[-2] + grain
 
 
 def test_parallel_for_propagates_exceptions_and_survives():
     for fail_at in (0, 5, 999):
-        with pytest.raises(ValueError, match=f"failure at index {fail_at}"):
-            kernels._parallel_for_probe(1000, 1, fail_at=fail_at)
-        with pytest.raises(ValueError, match="failure"):
-            kernels._parallel_for_probe(1000, 1, fail_at=fail_at, nested=True)
+        for guided in (False, True):
+            with pytest.raises(ValueError, match=f"failure at index {fail_at}"):
+                kernels._parallel_for_probe(1000, 1, fail_at=fail_at, guided=guided)
+            with pytest.raises(ValueError, match="failure"):
+                kernels._parallel_for_probe(1000, 1, fail_at=fail_at, nested=True, guided=guided)
     assert np.all(kernels._parallel_for_probe(1000, 1) == 1)
     weight = RNG.standard_normal((64, 64)).astype(np.float16)
     x = RNG.standard_normal((64, 4)).astype(np.float32)

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -196,10 +197,10 @@ bool has_nan(const py::array& arr) {
     return found;
 }
 
-// Test hook: how often each index of [0, n) was visited by parallel_for; raises ValueError from
-// inside the chunk that holds `fail_at`; with `nested`, each chunk visits its range through a
+// Test hook: how often each index of [0, n) was visited by parallel_for (`guided`: parallel_for_guided); raises
+// ValueError from inside the chunk that holds `fail_at`; with `nested`, each chunk visits its range through a
 // nested parallel_for.
-py::array_t<int32_t> parallel_for_probe(int64_t n, int64_t grain, int64_t fail_at, bool nested) {
+py::array_t<int32_t> parallel_for_probe(int64_t n, int64_t grain, int64_t fail_at, bool nested, bool guided) {
     if (n < 0) throw py::value_error("n must be >= 0");
     std::vector<std::atomic<int32_t>> visits(static_cast<size_t>(n));
     auto visit = [&](int64_t begin, int64_t end) {
@@ -208,7 +209,7 @@ py::array_t<int32_t> parallel_for_probe(int64_t n, int64_t grain, int64_t fail_a
     };
     {
         py::gil_scoped_release release;
-        kern::parallel_for(n, grain, [&](int64_t begin, int64_t end) {
+        (guided ? kern::parallel_for_guided : kern::parallel_for)(n, grain, [&](int64_t begin, int64_t end) {
             if (nested)
                 kern::parallel_for(end - begin, 1, [&](int64_t b, int64_t e) { visit(begin + b, begin + e); });
             else
@@ -218,6 +219,21 @@ py::array_t<int32_t> parallel_for_probe(int64_t n, int64_t grain, int64_t fail_a
     py::array_t<int32_t> out(n);
     for (int64_t i = 0; i < n; ++i) out.mutable_data()[i] = visits[static_cast<size_t>(i)].load();
     return out;
+}
+
+// Test hook: the chunks [begin, end) parallel_for_guided splits [0, n) into, in order.
+std::vector<std::pair<int64_t, int64_t>> parallel_for_guided_chunks(int64_t n, int64_t grain) {
+    std::mutex mutex;
+    std::vector<std::pair<int64_t, int64_t>> chunks;
+    {
+        py::gil_scoped_release release;
+        kern::parallel_for_guided(n, grain, [&](int64_t begin, int64_t end) {
+            std::lock_guard<std::mutex> lock(mutex);
+            chunks.emplace_back(begin, end);
+        });
+    }
+    std::sort(chunks.begin(), chunks.end());
+    return chunks;
 }
 
 // A float32 array of `a_obj`'s shape filled by fn(src, dst, n) from its data (numpy `dtype`, C order),
@@ -459,7 +475,8 @@ void bind_kernels(py::module_& m) {
     k.def("num_threads", &kern::num_threads, "Threads the kernels use (ORION_NUM_THREADS, else the hardware's).");
     k.def("simd_path", &kern::simd_path, "\"avx512f+f16c+fma\", \"avx2+f16c+fma\" or \"portable\" (ORION_SIMD=avx2 or =portable narrows it).");
     k.def("_parallel_for_probe", &parallel_for_probe, py::arg("n"), py::arg("grain"), py::arg("fail_at") = -1,
-          py::arg("nested") = false);
+          py::arg("nested") = false, py::arg("guided") = false);
+    k.def("_parallel_for_guided_chunks", &parallel_for_guided_chunks, py::arg("n"), py::arg("grain"));
 }
 
 }  // namespace orion::bindings

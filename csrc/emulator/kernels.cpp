@@ -1118,7 +1118,9 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
     std::vector<float> packed_x = converts ? buffer_pool::take(static_cast<size_t>(lanes * w.cin)) : std::vector<float>{};
     if (converts) pack_lane_tiles(k, x, S, w.cin, lanes, chunks, packed_x.data());
     const XView xv{converts ? packed_x.data() : x, S, w.cin, converts};
-    parallel_for(ceil_div(panels, per_job) * chunks, std::max<int64_t>(1, kParallelWork / std::max<int64_t>(job_work, 1)),
+    // Decode's few lanes stream the weights (guided chunks: the threads end together); more lanes compute.
+    (converts ? parallel_for : parallel_for_guided)(
+                 ceil_div(panels, per_job) * chunks, std::max<int64_t>(1, kParallelWork / std::max<int64_t>(job_work, 1)),
                  [&](int64_t begin, int64_t end) {
                      for (int64_t job = begin; job < end; ++job) {
                          // One lane chunk (decode, short prompts): no divisions per job.

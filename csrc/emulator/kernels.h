@@ -242,6 +242,10 @@ void gemm_f16b(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, in
 // Runs fn(begin, end) over [0, n) split across the pool's threads in chunks of at least `grain`.
 // Runs inline when the work is small or when called from inside a pool thread.
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+// parallel_for in guided chunks: each a 1/(2 * threads) share of the work left (at least `grain`), so the first are
+// long (contiguous streams) and the last short, and the threads finish together. For memory-bound loops, where
+// parallel_for's equal quarters left a thread waiting up to a quarter of its share (decode's weight streams).
+void parallel_for_guided(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 int num_threads();  // ORION_NUM_THREADS, else the hardware's
 
 // Memory to read into the caches: ranges[i] belongs to owners[i], and is read only while that owner lives.

@@ -260,25 +260,55 @@ void prefetch_in_background(std::shared_ptr<const PrefetchRanges> request) {
     pool().post(std::move(request));
 }
 
-void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
-    if (n <= 0) return;
-    grain = std::max<int64_t>(grain, 1);
-    const int threads = num_threads();
-    if (threads == 1 || n < 2 * grain || t_in_parallel_region) {
+namespace {
+
+// Whether [0, n) in chunks of at least `grain` is worth the pool; else fn(0, n) runs here.
+bool runs_inline(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+    if (n <= 0) return true;
+    if (num_threads() == 1 || n < 2 * grain || t_in_parallel_region) {
         fn(0, n);
-        return;
+        return true;
     }
-    // A few chunks per thread balance the load when a neighbour steals a core; each is >= grain.
-    const int64_t chunks = std::min<int64_t>(n / grain, int64_t{4} * threads);
-    const int64_t base = n / chunks, extra = n % chunks;
-    const std::function<void(int64_t)> chunk_fn = [&](int64_t i) {
-        const int64_t begin = i * base + std::min(i, extra);
-        fn(begin, begin + base + (i < extra ? 1 : 0));
-    };
+    return false;
+}
+
+// chunk_fn(i) for i in [0, chunks), on the pool's threads as each takes the next.
+void run_chunks(int64_t chunks, const std::function<void(int64_t)>& chunk_fn) {
     if (!pool().try_run(chunks, chunk_fn)) {
         // The pool is busy with another caller's job: do this one on the calling thread.
         for (int64_t i = 0; i < chunks; ++i) chunk_fn(i);
     }
+}
+
+}  // namespace
+
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+    grain = std::max<int64_t>(grain, 1);
+    if (runs_inline(n, grain, fn)) return;
+    // A few chunks per thread balance the load when a neighbour steals a core; each is >= grain.
+    const int64_t chunks = std::min<int64_t>(n / grain, int64_t{4} * num_threads());
+    const int64_t base = n / chunks, extra = n % chunks;
+    run_chunks(chunks, [&](int64_t i) {
+        const int64_t begin = i * base + std::min(i, extra);
+        fn(begin, begin + base + (i < extra ? 1 : 0));
+    });
+}
+
+void parallel_for_guided(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+    grain = std::max<int64_t>(grain, 1);
+    if (runs_inline(n, grain, fn)) return;
+    // Each chunk a 1/(2 * threads) share of what is left, at least grain (the last takes a shorter rest): long ones
+    // first, short ones last.
+    constexpr int64_t kMaxChunks = 64;
+    const int64_t share = 2 * num_threads();
+    int64_t ends[kMaxChunks];
+    int64_t chunks = 0;
+    for (int64_t done = 0; done < n; ++chunks) {
+        const int64_t left = n - done, size = std::max(grain, (left + share - 1) / share);
+        done += left - size < grain || chunks == kMaxChunks - 1 ? left : size;
+        ends[chunks] = done;
+    }
+    run_chunks(chunks, [&](int64_t i) { fn(i ? ends[i - 1] : 0, ends[i]); });
 }
 
 }  // namespace orion::emu::kernels

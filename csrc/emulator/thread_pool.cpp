@@ -262,8 +262,9 @@ void prefetch_in_background(std::shared_ptr<const PrefetchRanges> request) {
 
 namespace {
 
-// Whether [0, n) in chunks of at least `grain` is worth the pool; else fn(0, n) runs here.
-bool runs_inline(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+// Runs fn(0, n) on this thread and returns true when [0, n) is too small for chunks of at least `grain` on the
+// pool, or when this thread is in the pool's job already.
+bool ran_inline(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
     if (n <= 0) return true;
     if (num_threads() == 1 || n < 2 * grain || t_in_parallel_region) {
         fn(0, n);
@@ -284,7 +285,7 @@ void run_chunks(int64_t chunks, const std::function<void(int64_t)>& chunk_fn) {
 
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
     grain = std::max<int64_t>(grain, 1);
-    if (runs_inline(n, grain, fn)) return;
+    if (ran_inline(n, grain, fn)) return;
     // A few chunks per thread balance the load when a neighbour steals a core; each is >= grain.
     const int64_t chunks = std::min<int64_t>(n / grain, int64_t{4} * num_threads());
     const int64_t base = n / chunks, extra = n % chunks;
@@ -296,7 +297,7 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
 
 void parallel_for_guided(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
     grain = std::max<int64_t>(grain, 1);
-    if (runs_inline(n, grain, fn)) return;
+    if (ran_inline(n, grain, fn)) return;
     // Each chunk a 1/(2 * threads) share of what is left, at least grain (the last takes a shorter rest): long ones
     // first, short ones last.
     constexpr int64_t kMaxChunks = 64;

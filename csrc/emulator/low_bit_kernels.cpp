@@ -9,6 +9,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string_view>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -1134,14 +1135,13 @@ ORION_AVX512 void affine4_channel_tile_avx512_fixed(const QPanel& p, int64_t c0,
     }
 }
 
-// affine4_channel_tile_avx512_fixed for n (1-4) lanes.
-template <bool OneChunk>
-ORION_AVX512 void affine4_channel_tile_avx512(const QPanel& p, int64_t c0, const float* columns, const float* x_sums,
-                                              int64_t chunks, int n, float* acc, bool add) {
-    if (n == 1) affine4_channel_tile_avx512_fixed<1, OneChunk>(p, c0, columns, x_sums, chunks, acc, add);
-    else if (n == 2) affine4_channel_tile_avx512_fixed<2, OneChunk>(p, c0, columns, x_sums, chunks, acc, add);
-    else if (n == 3) affine4_channel_tile_avx512_fixed<3, OneChunk>(p, c0, columns, x_sums, chunks, acc, add);
-    else affine4_channel_tile_avx512_fixed<4, OneChunk>(p, c0, columns, x_sums, chunks, acc, add);
+// tile(std::integral_constant<int, L>{}) for L = n (1-4): a channel-major tile's lane count as its template argument.
+template <typename Tile>
+ORION_AVX512 void for_lane_count(int n, Tile tile) {
+    if (n == 1) tile(std::integral_constant<int, 1>{});
+    else if (n == 2) tile(std::integral_constant<int, 2>{});
+    else if (n == 3) tile(std::integral_constant<int, 3>{});
+    else tile(std::integral_constant<int, 4>{});
 }
 
 ORION_AVX512 void channel_tile_avx512(const QPanel& p, int64_t c0, const float* x, int64_t S, int64_t k, int lanes,
@@ -1189,13 +1189,13 @@ ORION_AVX512 void channel_tile_avx512(const QPanel& p, int64_t c0, const float* 
         const int n = static_cast<int>(std::min(lanes - l0, 4));
         if (affine) {
             const float* x_sums = sums.data() + l0 * used;
-            if (p.block_shift == 5) affine4_channel_tile_avx512<true>(p, c0, cols, x_sums, chunks, n, a, add);
-            else affine4_channel_tile_avx512<false>(p, c0, cols, x_sums, chunks, n, a, add);
+            for_lane_count(n, [&](auto L) {
+                constexpr int kLanes = decltype(L)::value;
+                if (p.block_shift == 5) affine4_channel_tile_avx512_fixed<kLanes, true>(p, c0, cols, x_sums, chunks, a, add);
+                else affine4_channel_tile_avx512_fixed<kLanes, false>(p, c0, cols, x_sums, chunks, a, add);
+            });
         } else {
-            if (n == 1) channel_tile_avx512_fixed<1>(p, c0, cols, chunks, a, add);
-            else if (n == 2) channel_tile_avx512_fixed<2>(p, c0, cols, chunks, a, add);
-            else if (n == 3) channel_tile_avx512_fixed<3>(p, c0, cols, chunks, a, add);
-            else channel_tile_avx512_fixed<4>(p, c0, cols, chunks, a, add);
+            for_lane_count(n, [&](auto L) { channel_tile_avx512_fixed<decltype(L)::value>(p, c0, cols, chunks, a, add); });
         }
     }
 }

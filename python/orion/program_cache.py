@@ -669,15 +669,15 @@ def _by_identity(path: Path, kind: str, compute: Callable[[], str], valid: Calla
     key = hashlib.sha256(identity.encode()).hexdigest()[:32]
     root = cache_dir() if root is None else root
     log = _memo_log(root) if root is not None else {}
-    text = log.get(key, "")
+    text = _memo_value(log, key)
     if not valid(text):
         text = compute()
         if root is not None and "\n" not in text:
-            log[key] = text
+            log[key] = line = _memo_line(key, text)
             try:
                 (root / FILES).mkdir(parents=True, exist_ok=True)
                 with open(root / FILES / MEMO_LOG, "ab") as out:  # one write of a whole line: never interleaved
-                    out.write(_memo_line(key, text).encode())
+                    out.write(line.encode())
             except OSError:  # a read-only cache: compute again next time
                 pass
     _MEMO[given] = text
@@ -688,14 +688,14 @@ def _memo_line(key: str, value: str) -> str:
     return f"{key}\t{value}\t{zlib.crc32(f'{key}{value}'.encode()):08x}\n"
 
 
-_MEMO_LOGS: dict[Path, dict[str, str]] = {}  # per cache directory: its memo log as read once, plus what was added
+_MEMO_LOGS: dict[Path, dict[str, str]] = {}  # per cache directory: its memo log's lines by key, as read once
 
 
 def _memo_log(root: Path) -> dict[str, str]:
-    """The values ``root``'s memo log holds, by key: read once per process (a warm start asks hundreds, one small
-    file each before), then kept up to date with what this process appends. A line that is not whole and
-    intact (its CRC-32, :func:`_memo_line`: read while another process wrote it, or damaged) is skipped, its
-    value computed again when asked; a log past :data:`MEMO_LOG_LIMIT` is removed and started again."""
+    """``root``'s memo log, its lines by key (the last line of each key): read once per process (a warm start
+    asks hundreds, one small file each before), then kept up to date with what this process appends. A line is
+    checked when its key is asked (:func:`_memo_value`), not here: a warm start asks a few hundred of the
+    log's thousands of lines. A log past :data:`MEMO_LOG_LIMIT` is removed and started again."""
     found = _MEMO_LOGS.get(root)
     if found is None:
         found = {}
@@ -704,15 +704,20 @@ def _memo_log(root: Path) -> dict[str, str]:
             if path.stat().st_size > MEMO_LOG_LIMIT:
                 path.unlink()
             else:
-                for line in path.read_bytes().decode(errors="replace").splitlines(keepends=True):
-                    key, _, rest = line.partition("\t")
-                    value = rest.rpartition("\t")[0]
-                    if line == _memo_line(key, value):
-                        found[key] = value
+                text = path.read_bytes().decode(errors="replace")
+                found = {line.partition("\t")[0]: line for line in text.splitlines(keepends=True)}
         except OSError:
             pass
         _MEMO_LOGS[root] = found
     return found
+
+
+def _memo_value(log: dict[str, str], key: str) -> str:
+    """The value ``log`` holds for ``key``, or "" when it has none or its line is not whole and intact (its
+    CRC-32, :func:`_memo_line`: read while another process wrote it, or damaged); the caller computes it again."""
+    line = log.get(key, "")
+    value = line.partition("\t")[2].rpartition("\t")[0]
+    return value if line and line == _memo_line(key, value) else ""
 
 
 DIGEST_PIECE = 64 << 20  # file_digest hashes a file in pieces of this many bytes, on every core

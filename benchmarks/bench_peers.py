@@ -840,6 +840,13 @@ def report(result: dict[str, Any], setup: Setup) -> str:
     weights_mib = fp16_weight_mib(prep)
     lines.append(f"fp16 weights: {weights_mib:.0f} MiB; peak RSS / weights: "
                  + ", ".join(f"{e} {result['medians'][e]['peak_rss_mib'] / weights_mib:.2f}" for e in engines))
+    longest = max(setup.prefill_lengths + (setup.prompt_tokens + setup.new_tokens,))
+    kv_mib = 2 * 2 * prep["n_layer"] * prep["kv_dim"] * longest / MiB  # fp16 keys and values
+    if fp16 := [e for e in engines if e in ("orion", "llama.cpp-f16")]:
+        lines.append(f"fp16 KV cache of the workload's longest sequence ({longest} positions): {kv_mib:.0f} MiB; "
+                     f"peak RSS / (fp16 weights + that KV cache): "
+                     + ", ".join(f"{e} {result['medians'][e]['peak_rss_mib'] / (weights_mib + kv_mib):.2f}"
+                                 for e in fp16))
     for name, ratios in result["ratios"].items():
         own = ORION_ENGINES[name].peer
         peer = f"llama.cpp-{prep['peer_types'].get(own, own)}"

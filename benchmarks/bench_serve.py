@@ -28,6 +28,9 @@ prompt-lookup speculative decoding against plain decoding, shared-prefix reuse, 
 3. **prefix**: time to first token of a prompt with a long shared system prompt, recomputed against
    reused from the prefix cache (``orion.generation.prefix_cache``), with the logits compared.
 4. **cost model**: the ANE's modelled ms per decode step at 1, 8 and 32 lanes (assumptions printed).
+5. **engine**: the serve section's workload (levels, prompts, ``--new-tokens``, ``--requests``) on the batched
+   server's engine and scheduler in this process, each client a thread and no HTTP: what the server's figures would
+   be without its event loop and the clients, which on this machine share its cores (``--threads`` of them).
 
 llama.cpp: ``--llama-server PATH`` or ``$LLAMA_SERVER`` or ``/work/llama-build/bin/llama-server`` or
 ``llama-server`` on PATH (build it from the llama.cpp sources in the llama-cpp-python sdist: ``pip download
@@ -38,7 +41,7 @@ absent peer or model is skipped with a note.
     python benchmarks/bench_serve.py [--config 124m|tiny] [--model DIR] [--clients 1 4 8 16]
         [--prompt-tokens 16] [--new-tokens 32] [--requests 2] [--slots N] [--threads 2]
         [--temperature 0] [--top-p P] [--orion-variant NAME=ARGS ...] [--llama-server PATH]
-        [--sections serve speculative prefix cost]
+        [--sections serve speculative prefix cost engine]
         [--spec-model PATH] [--spec-tokens 160] [--spec-repeats 2] [--json]
 """
 
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
 import os
 import re
@@ -56,6 +60,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -74,7 +79,7 @@ CONFIGS = {
     "tiny": GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=512, n_positions=256),
 }
 EOS = "<|endoftext|>"
-SECTIONS = ("serve", "speculative", "prefix", "cost")
+SECTIONS = ("serve", "speculative", "prefix", "cost", "engine")
 LLAMA_SERVER_PLACES = ("/work/llama-build/bin/llama-server",)
 
 
@@ -547,6 +552,56 @@ def positions_within(cost: DecodeCostModel, model: Any, bound: float, lanes: int
     return low
 
 
+def engine_section(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
+    from orion.serve.cli import build_parser
+    from orion.serve.engine import SamplingParams
+    from orion.serve.model_engine import ModelEngine
+    from orion.serve.scheduler import Failed, Finished, Job, Scheduler
+
+    os.environ["ORION_NUM_THREADS"] = str(args.threads)
+    slots = args.slots or max(args.clients)
+    defaults = build_parser().parse_args(["--model", str(model_dir)])  # the server's own (its prefix cache's size)
+    engine = ModelEngine.from_directory(model_dir, "bench", progress=False, max_sequences=slots,
+                                        prefix_cache_bytes=defaults.prefix_cache_mb << 20)
+    scheduler = Scheduler(engine, max_waiting=max(args.clients) * args.requests)
+    scheduler.start()
+
+    def run(level: int, clients: int, requests: int, new_tokens: int) -> dict[str, Any]:
+        prompts = level_prompts(level, clients * requests, engine.vocab_size, args.prompt_tokens)
+
+        def request(prompt: list[int]) -> int:
+            """One greedy request through the scheduler, as the server sends it; its completion tokens."""
+            ended: list[Finished | Failed] = []
+            finished = threading.Event()
+
+            def emit(event: Any) -> None:
+                if isinstance(event, (Finished, Failed)):
+                    ended.append(event)
+                    finished.set()
+
+            scheduler.submit(Job(prompt, SamplingParams(new_tokens, temperature=0.0), [], emit))
+            finished.wait()
+            if isinstance(ended[0], Failed):
+                raise RuntimeError(f"engine, {clients} clients: a request failed: {ended[0].error}")
+            return ended[0].completion_tokens
+
+        start = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+            tokens = sum(pool.map(lambda i: sum(request(prompts[i * requests + r]) for r in range(requests)),
+                                  range(clients)))
+        seconds = time.perf_counter() - start
+        return {"server": "engine-batched", "clients": clients, "tokens": tokens, "tok_s": round(tokens / seconds, 2),
+                "load_average": round(os.getloadavg()[0], 2)}
+
+    try:
+        run(0, 1, 1, 4)  # warm-up: the first prompt's compiles
+        levels = [run(number, clients, args.requests, args.new_tokens) for number, clients in enumerate(args.clients, 1)]
+    finally:
+        scheduler.stop()
+    return {"slots": slots, "threads": args.threads, "levels": levels,
+            "over_one_client": scaling(levels)["over_one_client"].get("engine-batched", {})}
+
+
 # -- main -----------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
@@ -606,6 +661,8 @@ def main(argv: list[str] | None = None) -> int:
             report["speculative"] = speculative_section(args, workdir)
         if "serve" in args.sections:
             report["serve"] = serve_section(args, model, workdir)
+        if "engine" in args.sections:
+            report["engine"] = engine_section(args, model)
     if args.json:
         print(json.dumps(report))
     else:
@@ -633,6 +690,15 @@ def render(report: dict[str, Any]) -> str:
                 out.append(title + ": " + "; ".join(f"{name} " + ", ".join(f"{n}: {r:.2f}x" for n, r in ratios.items())
                                                     for name, ratios in table.items() if ratios))
         out += s["notes"]
+    if "engine" in report:
+        s = report["engine"]
+        out += [f"\n## engine (the batched server's engine and scheduler in process, no HTTP): {s['slots']} slots, "
+                f"{s['threads']} threads",
+                "clients: tok/s (load) " + "; ".join(f"{lv['clients']}: {lv['tok_s']:.1f} ({lv['load_average']:.2f})"
+                                                     for lv in s["levels"])]
+        if s["over_one_client"]:
+            out.append("aggregate tok/s over 1 client (medians): " +
+                       ", ".join(f"{n}: {r:.2f}x" for n, r in s["over_one_client"].items()))
     if "speculative" in report:
         s = report["speculative"]
         if "note" in s:

@@ -1,7 +1,8 @@
 """benchmarks/bench_serve.py's summary of the serve section: medians over repeated levels, each count over the
 server's own one-client figure and over llama-server's at as many clients (the figures are given, no server runs);
 a server whose requests fail is reported with its log while the run goes on (a stand-in server); and each level's
-prompts are new; no request is sent on a connection a server may have closed."""
+prompts are new; no request is sent on a connection a server may have closed; and the engine section (the same
+workload on the batched scheduler in process) generates every request."""
 
 from __future__ import annotations
 
@@ -126,3 +127,19 @@ def test_each_request_opens_its_own_connection(bench):
     finally:
         server.shutdown()
     assert (level.requests, level.tokens) == (6, 12)
+
+
+def test_the_engine_section_runs_the_serve_workload_through_the_batched_scheduler_in_process(bench, tmp_path,
+                                                                                            monkeypatch):
+    """Every request of every level is generated, greedy, to its max_tokens; each count's tok/s is also given over the
+    one-client figure's."""
+    monkeypatch.setenv("ORION_NUM_THREADS", "1")  # restored after: the section sets the variable for its engine
+    model = tmp_path / "model"
+    model.mkdir()
+    bench.write_random_model(model, bench.CONFIGS["tiny"])
+    args = argparse.Namespace(clients=[1, 3, 1], slots=0, requests=2, prompt_tokens=4, new_tokens=5, threads=1)
+    report = bench.engine_section(args, model)
+    assert report["slots"] == 3
+    assert [(lv["clients"], lv["tokens"]) for lv in report["levels"]] == [(1, 10), (3, 30), (1, 10)]
+    assert set(report["over_one_client"]) == {3} and report["over_one_client"][3] > 0
+    assert "## engine" in bench.render({"backend": "emulator", "model": "m", "engine": report})

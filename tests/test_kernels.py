@@ -220,6 +220,18 @@ def test_conv1x1_lanes_sum_alike_in_every_tiling(lanes):
         np.testing.assert_array_equal(whole[:, s:s + 4], kernels.conv1x1(weight, np.ascontiguousarray(x[:, s:s + 4])))
 
 
+def test_conv1x1_sums_alike_on_both_sides_of_the_group_tiles_bound():
+    # AVX-512 reads fp16 panels in its group tiles while x ([cin][lanes] fp32) is at most 4 MiB, and converts them once
+    # per slice beyond (the other flavours convert from 25 lanes on): each output's sum is the same either way.
+    weight = RNG.standard_normal((40, 1100)).astype(np.float16)
+    x = RNG.standard_normal((1100, 1000)).astype(np.float32)  # 4.4 MB of x
+    whole = kernels.conv1x1(weight, x)
+    np.testing.assert_array_equal(whole[:, :900], kernels.conv1x1(weight, np.ascontiguousarray(x[:, :900])))  # 3.96 MB
+    np.testing.assert_array_equal(whole[:, 996:], kernels.conv1x1(weight, np.ascontiguousarray(x[:, 996:])))  # 4 lanes
+    w32 = weight.astype(np.float32)
+    assert_close(whole, w32.astype(np.float64) @ x.astype(np.float64), fp32_bound(w32, x), True)
+
+
 def test_conv1x1_large_gpt2_shapes():
     for cout, cin in ((768, 768), (3072, 768), (768, 3072)):
         conv_case(cout, cin, 32, 32, round_=True)

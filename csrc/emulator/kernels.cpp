@@ -48,6 +48,7 @@ constexpr int64_t kConvLaneChunk = 256;
 // once for all of them; their accumulators (64 KiB) and the slice stay in L2.
 constexpr int64_t kConvGroup = 4;
 constexpr int64_t kCompactLanes = 4;  // conv1x1 copies x's live lanes when there are at most this many
+constexpr size_t kCompactKeptFloats = size_t{1} << 17;  // a larger copy of them is pooled, not kept by its thread
 constexpr int64_t kParallelWork = int64_t{1} << 16;  // multiply-adds worth a chunk of their own
 // Most lanes of a tile of three fp16 panels (Kernels::conv_group_tile_f16): 3 x 8 accumulators of 32 registers.
 constexpr int kConvTripleLanes = 8;
@@ -655,6 +656,16 @@ bool converts_weights(const Kernels& k, int64_t cin, int64_t lanes) {
     return cin > 0 && lanes > (kConvConvertBlocks - 1) * k.conv_lanes;  // ceil(lanes / conv_lanes) >= blocks, undivided
 }
 
+// Whether fp16 panels over `lanes` lanes of x ([cin][lanes] fp32) are read by the flavour's group tiles, each tile
+// widening its rows as it reads them, rather than converted once per slice (converts_weights): faster while x stays
+// within kGroupTileXBytes (it is then read from L2/L3 row by row, not packed). AVX-512 on this 2-core Zen, best of
+// 3 isolated runs, GFLOP/s of the two ways: 768->3072 conv at 32 lanes 335 vs 210, 64: 350 vs 283, 128: 351 vs 302,
+// 1024: 306 vs 278; 3072->768 at 32: 398 vs 230, 256: 358 vs 307, but 512 (6 MiB of x): 307 vs 325.
+constexpr int64_t kGroupTileXBytes = int64_t{4} << 20;
+bool reads_fp16_in_tiles(const Kernels& k, int64_t cin, int64_t lanes) {
+    return k.conv_group_tile_f16 && cin * lanes * static_cast<int64_t>(sizeof(float)) <= kGroupTileXBytes;
+}
+
 // Whether conv_panels' unconverted path runs fp16 panels several to a tile for jobs of `lanes` lanes:
 // with Kernels::conv_group_tile_f16_one at one lane, with Kernels::conv_group_tile_f16 when every tile has at
 // least kConvSequentialLanes lanes (fp16_tile_panels says how many).
@@ -799,7 +810,7 @@ void conv_panels(const Kernels& k, const PanelAt& panel_at, int64_t count, int64
     float* acc = scratch(acc_buffer, static_cast<size_t>(count * panel_acc));
     const LaneTiling tiling(k, lanes);
     constexpr bool fp16 = std::is_same_v<std::decay_t<decltype(panel_at(0).first)>, const uint16_t*>;
-    if (!converts_weights(k, cin, lanes) && !(fp16 && widens_in_tile(k, tiling))) {
+    if (!x.packed && !(fp16 && widens_in_tile(k, tiling))) {  // x is packed for (only) the converting path
         int64_t g = 0;
         if constexpr (fp16) {
             if (pairs_fp16_panels(k, lanes) && lanes == 1)
@@ -1086,16 +1097,22 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
     if (lanes < 0 || lanes > S) throw std::invalid_argument("conv1x1: lanes must be in [0, S]");
     if (lanes == 0 || panels == 0) return;
     const Kernels& k = active();
-    if (lanes < S && (lanes <= kCompactLanes || !converts_weights(k, w.cin, lanes))) {
+    constexpr bool fp16 = std::is_same_v<Packed, PackedConv1x1>;
+    const bool in_tiles = fp16 && reads_fp16_in_tiles(k, w.cin, lanes);
+    if (lanes < S && (lanes <= kCompactLanes || in_tiles || !converts_weights(k, w.cin, lanes))) {
         // A few live lanes of wide rows (decode: 1 of 32; a short prompt in a long bucket: 16 of 1024, whose
         // rows 4 KiB apart would all meet in one L1 set): the panels read x as a contiguous [cin][lanes]
         // copy (in L1, not a cache line per input channel) and each job writes its outputs' lanes to out's
         // rows (in parallel: no compact result scattered after by one thread). The same values in the same
-        // order: the same sums. (More lanes convert the weights and read x packed in lane tiles, below.)
+        // order: the same sums. (More lanes convert the weights and read x packed in lane tiles, below.) A large copy
+        // (a prompt's lanes read in tiles) is pooled, not kept by the thread.
+        const size_t n = static_cast<size_t>(w.cin * lanes);
         thread_local std::vector<float> compact_x;
-        float* xc = scratch(compact_x, static_cast<size_t>(w.cin * lanes));
+        std::vector<float> pooled = n > kCompactKeptFloats ? buffer_pool::take(n) : std::vector<float>{};
+        float* xc = pooled.empty() ? scratch(compact_x, n) : pooled.data();
         gather_lanes(x, w.cin, S, lanes, xc);
         conv1x1_packed(w, xc, lanes, lanes, out, out_stride, round_fp16);
+        if (!pooled.empty()) buffer_pool::give(std::move(pooled));
         return;
     }
     // Long rows are cut into balanced chunks of about kConvLaneChunk lanes (each >= 18, so every
@@ -1108,10 +1125,10 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
     constexpr bool low_bit = std::is_same_v<Packed, PackedConv1x1Q>;
     static std::atomic<uint64_t> calls{0};
     [[maybe_unused]] const uint64_t call = low_bit ? ++calls : 0;  // (QPanel::call; unused by fp16 panels)
-    const bool converts = converts_weights(k, w.cin, lanes / chunks);
+    const bool converts = !in_tiles && converts_weights(k, w.cin, lanes / chunks);
     const bool pairs = !low_bit && k.conv_pair_tile_f32 && converts;
-    // Unconverted fp16 panels (decode's lanes) go as many to a job as conv_panels runs to a tile.
-    const bool fp16_groups = std::is_same_v<Packed, PackedConv1x1> && !converts && pairs_fp16_panels(k, lanes);
+    // Unconverted fp16 panels (decode's lanes, and prompts' on AVX-512) go as many to a job as conv_panels runs to a tile.
+    const bool fp16_groups = fp16 && !converts && pairs_fp16_panels(k, lanes);
     const int64_t per_job = fp16_groups ? fp16_tile_panels(k, lanes) : pairs ? 2 : converts || low_bit ? kConvGroup : 1;
     const int64_t job_work = per_job * w.cin * kConvPanel * (lanes / chunks + 4);  // + the weight stream's cost
     // Long rows (the converting tiles, many panels per lane) read x packed in lane tiles, packed once here.

@@ -222,7 +222,7 @@ def test_conv1x1_lanes_sum_alike_in_every_tiling(lanes):
 
 def test_conv1x1_sums_alike_on_both_sides_of_the_group_tiles_bound():
     # AVX-512 reads fp16 panels in its group tiles while x ([cin][lanes] fp32) is at most 4 MiB, and converts them once
-    # per slice beyond (the other flavours convert from 25 lanes on): each output's sum is the same either way.
+    # per slice beyond (the other flavours convert by their lane count alone): each output's sum is the same either way.
     weight = RNG.standard_normal((40, 1100)).astype(np.float16)
     x = RNG.standard_normal((1100, 1000)).astype(np.float32)  # 4.4 MB of x
     whole = kernels.conv1x1(weight, x)

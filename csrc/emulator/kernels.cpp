@@ -1100,12 +1100,12 @@ void conv1x1_packed(const Packed& w, const float* x, int64_t S, int64_t lanes, f
     constexpr bool fp16 = std::is_same_v<Packed, PackedConv1x1>;
     const bool in_tiles = fp16 && reads_fp16_in_tiles(k, w.cin, lanes);
     if (lanes < S && (lanes <= kCompactLanes || in_tiles || !converts_weights(k, w.cin, lanes))) {
-        // A few live lanes of wide rows (decode: 1 of 32; a short prompt in a long bucket: 16 of 1024, whose
-        // rows 4 KiB apart would all meet in one L1 set): the panels read x as a contiguous [cin][lanes]
-        // copy (in L1, not a cache line per input channel) and each job writes its outputs' lanes to out's
-        // rows (in parallel: no compact result scattered after by one thread). The same values in the same
-        // order: the same sums. (More lanes convert the weights and read x packed in lane tiles, below.) A large copy
-        // (a prompt's lanes read in tiles) is pooled, not kept by the thread.
+        // Live lanes of wider rows that do not convert the weights (decode: 1 of 32; a short prompt in a long
+        // bucket: 16 of 1024, whose rows 4 KiB apart would all meet in one L1 set; on AVX-512 most prompts): the
+        // panels read x as a contiguous [cin][lanes] copy (not a cache line per input channel) and each job writes
+        // its outputs' lanes to out's rows (in parallel: no compact result scattered after by one thread). The same
+        // values in the same order: the same sums. (Lanes that convert the weights read x packed in lane tiles,
+        // below.) A large copy (a prompt's) is pooled, not kept by the thread.
         const size_t n = static_cast<size_t>(w.cin * lanes);
         thread_local std::vector<float> compact_x;
         std::vector<float> pooled = n > kCompactKeptFloats ? buffer_pool::take(n) : std::vector<float>{};

@@ -28,9 +28,10 @@ prompt-lookup speculative decoding against plain decoding, shared-prefix reuse, 
 3. **prefix**: time to first token of a prompt with a long shared system prompt, recomputed against
    reused from the prefix cache (``orion.generation.prefix_cache``), with the logits compared.
 4. **cost model**: the ANE's modelled ms per decode step at 1, 8 and 32 lanes (assumptions printed).
-5. **engine**: the serve section's workload (levels, prompts, ``--new-tokens``, ``--requests``) on the batched
-   server's engine and scheduler in this process, each client a thread and no HTTP: what the server's figures would
-   be without its event loop and the clients, which on this machine share its cores (``--threads`` of them).
+5. **engine**: the serve section's workload (levels, prompts, ``--new-tokens``, ``--requests``, sampling: each
+   request's body read by the server's own parser) on the batched server's engine and scheduler in this process,
+   each client a thread and no HTTP: what the server's figures would be without its event loop and the clients,
+   which on this machine share its cores (``--threads`` of them).
 
 llama.cpp: ``--llama-server PATH`` or ``$LLAMA_SERVER`` or ``/work/llama-build/bin/llama-server`` or
 ``llama-server`` on PATH (build it from the llama.cpp sources in the llama-cpp-python sdist: ``pip download
@@ -215,12 +216,28 @@ def start_llama(binary: str | None, gguf: Path, slots: int, slot_context: int, t
     return None, None, "llama-server: skipped (it did not answer within 300 s)"
 
 
+def completion_body(prompt: list[int], new_tokens: int, sampling: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The streaming /v1/completions request a client sends (greedy, or ``sampling``: its temperature, top_p and
+    seed)."""
+    return {"model": "bench", "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, **(sampling or {})}
+
+
+def sampling_of(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The requests' sampling (``--temperature``, ``--top-p``), None for greedy."""
+    return None if not args.temperature else \
+        {"temperature": args.temperature, **({"top_p": args.top_p} if args.top_p is not None else {})}
+
+
+def seeded(sampling: dict[str, Any] | None, n: int) -> dict[str, Any] | None:
+    """Request ``n``'s sampling: ``sampling`` with a seed of its own."""
+    return None if sampling is None else {**sampling, "seed": n}
+
+
 async def one_request(http: httpx.AsyncClient, url: str, prompt: list[int], new_tokens: int,
                       sampling: dict[str, Any] | None = None) -> tuple[float, list[float], int]:
-    """(TTFT s, gaps between text chunks s, completion tokens) of one streaming completion (greedy, or ``sampling``:
-    the request's temperature, top_p and seed)."""
-    body = {"model": "bench", "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}, **(sampling or {})}
+    """(TTFT s, gaps between text chunks s, completion tokens) of one streaming completion (``completion_body``)."""
+    body = completion_body(prompt, new_tokens, sampling)
     sent = time.perf_counter()
     arrivals, tokens = [], 0
     async with http.stream("POST", url + "/v1/completions", json=body) as response:
@@ -256,12 +273,9 @@ async def run_level(server: str, url: str, clients: int, requests: int, prompts:
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=900, limits=limits) as http:
         async def client(i: int) -> list[tuple[float, list[float], int]]:
-            def seeded(n: int) -> dict[str, Any] | None:
-                return None if sampling is None else {**sampling, "seed": n}
-
             try:
-                return [await one_request(http, url, prompts[i * requests + r], new_tokens, seeded(i * requests + r))
-                        for r in range(requests)]
+                return [await one_request(http, url, prompts[i * requests + r], new_tokens,
+                                          seeded(sampling, i * requests + r)) for r in range(requests)]
             except httpx.HTTPError as failed:
                 raise RuntimeError(f"{server} at {url}, {clients} clients: a request failed: "
                                    f"{type(failed).__name__}: {failed}") from failed
@@ -314,8 +328,7 @@ def serve_section(args: argparse.Namespace, model: Path, workdir: Path) -> dict[
             notes.append(f"llama-server {note}")
         else:
             notes.append(note)
-        sampling = None if not args.temperature else \
-            {"temperature": args.temperature, **({"top_p": args.top_p} if args.top_p is not None else {})}
+        sampling = sampling_of(args)
         levels: list[dict[str, Any]] = []
         failed: dict[str, str] = {}  # a server whose request failed: why; its later levels are skipped
 
@@ -554,9 +567,9 @@ def positions_within(cost: DecodeCostModel, model: Any, bound: float, lanes: int
 
 def engine_section(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     from orion.serve.cli import build_parser
-    from orion.serve.engine import SamplingParams
     from orion.serve.model_engine import ModelEngine
     from orion.serve.scheduler import Failed, Finished, Job, Scheduler
+    from orion.serve.schema import parse_request
 
     os.environ["ORION_NUM_THREADS"] = str(args.threads)
     slots = args.slots or max(args.clients)
@@ -565,12 +578,15 @@ def engine_section(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
                                         prefix_cache_bytes=defaults.prefix_cache_mb << 20)
     scheduler = Scheduler(engine, max_waiting=max(args.clients) * args.requests)
     scheduler.start()
+    sampling = sampling_of(args)
 
     def run(level: int, clients: int, requests: int, new_tokens: int) -> dict[str, Any]:
         prompts = level_prompts(level, clients * requests, engine.vocab_size, args.prompt_tokens)
 
-        def request(prompt: list[int]) -> int:
-            """One greedy request through the scheduler, as the server sends it; its completion tokens."""
+        def request(n: int) -> int:
+            """Request ``n`` (the body a client sends, read by the server's own parser) through the scheduler; its
+            completion tokens."""
+            wanted = parse_request(completion_body(prompts[n], new_tokens, seeded(sampling, n)), engine, chat=False)
             ended: list[Finished | Failed] = []
             finished = threading.Event()
 
@@ -579,7 +595,7 @@ def engine_section(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
                     ended.append(event)
                     finished.set()
 
-            scheduler.submit(Job(prompt, SamplingParams(new_tokens, temperature=0.0), [], emit))
+            scheduler.submit(Job(wanted.prompt_ids, wanted.params, wanted.stops, emit, wanted.n))
             finished.wait()
             if isinstance(ended[0], Failed):
                 raise RuntimeError(f"engine, {clients} clients: a request failed: {ended[0].error}")
@@ -587,8 +603,7 @@ def engine_section(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
 
         start = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(clients) as pool:
-            tokens = sum(pool.map(lambda i: sum(request(prompts[i * requests + r]) for r in range(requests)),
-                                  range(clients)))
+            tokens = sum(pool.map(lambda i: sum(request(i * requests + r) for r in range(requests)), range(clients)))
         seconds = time.perf_counter() - start
         return {"server": "engine-batched", "clients": clients, "tokens": tokens, "tok_s": round(tokens / seconds, 2),
                 "load_average": round(os.getloadavg()[0], 2)}

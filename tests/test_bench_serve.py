@@ -137,7 +137,8 @@ def test_the_engine_section_runs_the_serve_workload_through_the_batched_schedule
     model = tmp_path / "model"
     model.mkdir()
     bench.write_random_model(model, bench.CONFIGS["tiny"])
-    args = argparse.Namespace(clients=[1, 3, 1], slots=0, requests=2, prompt_tokens=4, new_tokens=5, threads=1)
+    args = argparse.Namespace(clients=[1, 3, 1], slots=0, requests=2, prompt_tokens=4, new_tokens=5, threads=1,
+                              temperature=0.0, top_p=None)
     report = bench.engine_section(args, model)
     assert report["slots"] == 3
     assert [(lv["clients"], lv["tokens"]) for lv in report["levels"]] == [(1, 10), (3, 30), (1, 10)]

@@ -105,6 +105,18 @@ def test_growing_keeps_the_filled_positions_and_the_masks() -> None:
     for mask in cache.masks:  # every program's copy of the mask
         np.testing.assert_array_equal(mask[1], np.r_[np.zeros(16), np.full(48, MASKED)].astype(np.float16))
         np.testing.assert_array_equal(mask[0], np.r_[np.zeros(3), np.full(61, MASKED)].astype(np.float16))
+    grown = KVCache(layers=2, kv_heads=12, head_dim=64, context=256, buckets=(32, 64, 256), lanes=2)
+    grown.attach(64, *storage(grown, 64, programs=2))
+    grown.filled(0, 3)
+    grown.filled(1, 16)
+    grown.appended([0, 1])  # a decode step's position on each lane: filled(lane, n + 1) of both
+    cache.filled(0, 4)
+    cache.filled(1, 17)
+    assert list(grown.lengths) == list(cache.lengths) == [4, 17]
+    for got, want in zip(grown.masks, cache.masks):
+        np.testing.assert_array_equal(got, want)
+    cache.filled(0, 3)
+    cache.filled(1, 16)
     twin = KVCache(layers=2, kv_heads=12, head_dim=64, context=256, buckets=(32, 64, 256), lanes=2)
     twin.attach(64, *storage(twin, 64))
     twin.copy_lane(cache, 1, 0)  # a fork of lane 1 into lane 0
@@ -150,8 +162,27 @@ def test_embeddings_are_read_from_the_file_not_through_its_map(tmp_path, monkeyp
     np.testing.assert_array_equal(table_rows(wte, ids, source), np.asarray(wte)[ids])
     np.testing.assert_array_equal(table_rows(weights.wpe, range(3, 40), source), np.asarray(weights.wpe)[3:40])
     np.testing.assert_array_equal(table_rows(wte, [7], None), np.asarray(wte)[[7]])  # no file: indexing
+    np.testing.assert_array_equal(table_rows(weights.wpe, [9, 3, 4, 5, 0], source), np.asarray(weights.wpe)[[9, 3, 4, 5, 0]])
     with pytest.raises(IndexError, match="outside the table's 8192 rows"):
         table_rows(wte, [8192], source)
+    rows = np.asarray(model.embed(ids[:3], [17, 2, 3]))  # a decode step's lanes: each token at its own position
+    np.testing.assert_array_equal(rows, np.asarray(wte)[ids[:3]].astype(np.float32) + np.asarray(weights.wpe)[[17, 2, 3]])
+
+
+def test_a_table_row_past_a_truncated_file_is_an_error_naming_it(tmp_path) -> None:
+    config = GPT2Config(n_layer=1, n_head=4, n_embd=64, vocab_size=512, n_positions=128)
+    save_hf(tmp_path / "hf", config, random_weights(config, seed=2))
+    _, weights = load_hf(tmp_path / "hf")
+    path = tmp_path / "hf" / "model.safetensors"
+    offsets = [f.offset_of(weights.wte) for mapped in weights.source.files for f in mapped.views()]
+    end = next(o for o in offsets if o is not None) + 100 * 64 * weights.wte.dtype.itemsize
+    if end >= path.stat().st_size:
+        pytest.skip("the table is the file's last tensor")
+    with open(path, "r+b") as f:  # the map keeps its pages; the file now ends inside row 100
+        f.truncate(end + 10)
+    np.testing.assert_array_equal(table_rows(weights.wte, [99], weights.source), np.asarray(weights.wte)[[99]])
+    with pytest.raises(OSError, match=r"model\.safetensors: short read of row 100"):
+        table_rows(weights.wte, [3, 100], weights.source)
 
 
 SMALL_FRAMES = textwrap.dedent("""

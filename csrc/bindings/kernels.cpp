@@ -3,13 +3,17 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <cstring>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "bindings/bindings.h"
@@ -195,6 +199,91 @@ bool has_nan(const py::array& arr) {
         }
     });
     return found;
+}
+
+// out[i, c] = float32(part[c', lanes[i]]) for c running over every part's channels in turn (each part a C-contiguous
+// float16 or float32 array, lanes its last axis and its other axes flattened its channels): the logits of a decode
+// step's lanes from the LM head programs' outputs, in one call holding the GIL (the pool's threads do not need it),
+// instead of a strided copy, a conversion releasing the GIL and a concatenation per lane and head.
+py::array_t<float> gather_lanes(const std::vector<py::array>& parts, const std::vector<int64_t>& lanes) {
+    struct Part {
+        const void* data;
+        int64_t channels, lanes, offset;
+    };
+    std::vector<Part> from;
+    int64_t total = 0;
+    bool half = false;
+    for (size_t j = 0; j < parts.size(); ++j) {
+        const py::array& a = parts[j];
+        const std::string where = "gather_lanes: part " + std::to_string(j) + ": ";
+        const bool is_half = a.dtype().equal(py::dtype("float16"));
+        if ((!is_half && !a.dtype().equal(py::dtype("float32"))) || (j && is_half != half))
+            throw py::value_error(where + "give float16 or float32 parts of one dtype, got " +
+                                  py::str(a.dtype()).cast<std::string>());
+        if (a.ndim() < 1 || !(a.flags() & py::array::c_style) || a.shape(a.ndim() - 1) == 0)
+            throw py::value_error(where + "must be C-contiguous with lanes on its last axis, got " + shape_text(a));
+        half = is_half;
+        const int64_t width = a.shape(a.ndim() - 1);
+        for (int64_t lane : lanes)
+            if (lane < 0 || lane >= width)
+                throw py::value_error(where + "lane " + std::to_string(lane) + " is outside its " + std::to_string(width) + " lanes");
+        from.push_back({a.data(), a.size() / width, width, total});
+        total += a.size() / width;
+    }
+    py::array_t<float> out({static_cast<py::ssize_t>(lanes.size()), static_cast<py::ssize_t>(total)});
+    float* dst = out.mutable_data();
+    constexpr int64_t kBlock = 1024;  // channels a unit of work converts at once
+    std::vector<std::tuple<size_t, size_t, int64_t>> units;  // (lane index, part, first channel)
+    for (size_t i = 0; i < lanes.size(); ++i)
+        for (size_t j = 0; j < from.size(); ++j)
+            for (int64_t c = 0; c < from[j].channels; c += kBlock) units.emplace_back(i, j, c);
+    kern::parallel_for(static_cast<int64_t>(units.size()), 8, [&](int64_t u0, int64_t u1) {
+        uint16_t staged[kBlock];
+        for (int64_t u = u0; u < u1; ++u) {
+            const auto [i, j, c0] = units[static_cast<size_t>(u)];
+            const Part& p = from[j];
+            const int64_t n = std::min(kBlock, p.channels - c0), lane = lanes[i];
+            float* row = dst + static_cast<int64_t>(i) * total + p.offset + c0;
+            if (half) {
+                const auto* src = static_cast<const uint16_t*>(p.data) + c0 * p.lanes + lane;
+                for (int64_t c = 0; c < n; ++c) staged[c] = src[c * p.lanes];
+                kern::half_to_float(staged, row, static_cast<size_t>(n));
+            } else {
+                const auto* src = static_cast<const float*>(p.data) + c0 * p.lanes + lane;
+                for (int64_t c = 0; c < n; ++c) row[c] = src[c * p.lanes];
+            }
+        }
+    });
+    return out;
+}
+
+// Rows `rows` of the `count`-row table at byte `offset` of the file open as `fd` (`row_bytes` bytes a row) into
+// C-contiguous `out` ([len(rows)] rows), consecutive rows in one read. The GIL stays held: a decode step's few
+// page-cache reads are shorter than a thread switch, and os.preadv released it for each, so each read then waited
+// for the server's event loop to hand it back. Returns the rows read in full: len(rows), or the first short one.
+size_t read_rows(int fd, int64_t offset, int64_t row_bytes, int64_t count, const std::vector<int64_t>& rows,
+                 py::array out) {
+    if (!(out.flags() & py::array::c_style) || !out.writeable() || out.nbytes() != row_bytes * static_cast<int64_t>(rows.size()))
+        throw py::value_error("read_rows: out must be a writeable C-contiguous array of len(rows) * row_bytes bytes");
+    for (int64_t r : rows)
+        if (r < 0 || r >= count)
+            throw py::index_error("row " + std::to_string(r) + " is outside the table's " + std::to_string(count) + " rows");
+    auto* dst = static_cast<char*>(out.mutable_data());
+    for (size_t at = 0; at < rows.size();) {
+        size_t run = 1;  // rows[at], rows[at] + 1, ...: one read
+        while (at + run < rows.size() && rows[at + run] == rows[at] + static_cast<int64_t>(run)) ++run;
+        const auto want = static_cast<ssize_t>(run) * row_bytes;
+        ssize_t got = 0;
+        while (got < want) {
+            const ssize_t n = pread(fd, dst + at * row_bytes + got, static_cast<size_t>(want - got),
+                                    static_cast<off_t>(offset + rows[at] * row_bytes + got));
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) return at + static_cast<size_t>(got / row_bytes);
+            got += n;
+        }
+        at += run;
+    }
+    return rows.size();
 }
 
 // Test hook: how often each index of [0, n) was visited by parallel_for (`guided`: parallel_for_guided); raises
@@ -422,6 +511,14 @@ void bind_kernels(py::module_& m) {
           "positions], src [width, lanes], any strides, one float16 or float32 dtype): a decode step's new keys and "
           "values of every layer into the KV cache in one call, on every thread, instead of a numpy assignment per "
           "lane and layer.");
+    k.def("gather_lanes", &gather_lanes, py::arg("parts"), py::arg("lanes"),
+          "float32 [len(lanes), channels]: row i holds lane lanes[i] of every part in turn (C-contiguous float16 or "
+          "float32 arrays, lanes on the last axis, the other axes their channels): a decode step's logits from the LM "
+          "head programs' outputs in one call, holding the GIL.");
+    k.def("read_rows", &read_rows, py::arg("fd"), py::arg("offset"), py::arg("row_bytes"), py::arg("count"),
+          py::arg("rows"), py::arg("out"),
+          "Rows `rows` of the `count`-row table at byte `offset` of the file open as `fd` into C-contiguous `out`, "
+          "holding the GIL (os.preadv releases it for each read); returns how many rows were read in full.");
     k.def("copy", &copy, py::arg("dst"), py::arg("src"),
           "Copies `src` into `dst` (one dtype, as many elements, both C-contiguous) on every thread.");
     k.def("has_nan", &has_nan, py::arg("array"), "Whether a C-contiguous float16 or float32 array holds a NaN.");

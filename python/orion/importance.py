@@ -140,7 +140,7 @@ def collect(model: Any, ids: Sequence[int], text: str, window: int = DEFAULT_WIN
             graph = trainable.layer_graph(seq)
             graphs[seq] = graph, _linear_inputs(graph)
         graph, sources = graphs[seq]
-        x = np.asarray(model.embed(piece + [0] * (seq - len(piece)), 0), np.float32)
+        x = np.asarray(model.embed(piece + [0] * (seq - len(piece)), range(seq)), np.float32)
         for i in range(trainable.n_layers):
             params = {trainable.layer_param(i, k): v for k, v in trainable.layer_params(model.weights, i).items()}
             out = numpy_eval.evaluate(graph, {"x": cpu.to_channels(x), **trainable.layer_inputs(params, i)},

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -150,7 +151,7 @@ class InGraphPositions(GPT2):
     """GPT-2 whose position embedding enters layer 0's programs as a per-position input ``pos``
     (the way a rotary model passes its tables), instead of being added on the CPU by ``embed``."""
 
-    def embed(self, ids: list[int], start: int) -> np.ndarray:
+    def embed(self, ids: list[int], positions: Sequence[int]) -> np.ndarray:
         return self.weights.wte[ids]
 
     def position_inputs(self, positions: range) -> dict[str, np.ndarray]:

@@ -135,6 +135,14 @@ class KVCache:
         for mask in self.masks:
             mask[lane, old:n] = 0.0
 
+    def appended(self, lanes: Sequence[int]) -> None:
+        """Each of ``lanes`` now holds one more position (a decode step wrote its key and value there): ``filled``
+        of every lane at once, one assignment per mask instead of one per lane and mask."""
+        at = self.lengths[lanes]
+        self.lengths[lanes] = at + 1
+        for mask in self.masks:
+            mask[lanes, at] = 0.0
+
     def copy_lane(self, source: KVCache, source_lane: int, lane: int) -> None:
         """Lane ``lane`` takes ``source``'s lane ``source_lane`` (a cache of the same shape and bucket)."""
         n = int(source.lengths[source_lane])

@@ -313,7 +313,7 @@ class CausalLM(AdapterHost):
 
     Hooks a model implements: ``model_type`` (its ``config.json`` name) and ``display_name`` (class
     attributes), ``program_identity()``, ``decode_graph(layers)``, ``prefill_graph(layers, seq)``,
-    ``lm_head_graph(vocab, seq)``, ``embed(ids, start)``, ``cpu_logits(x)``, ``layer_weight_bytes()``
+    ``lm_head_graph(vocab, seq)``, ``embed(ids, positions)``, ``cpu_logits(x)``, ``layer_weight_bytes()``
     and ``program_costs(layer_ranges, head_ranges, lm_head)``; optionally ``position_inputs(positions)``,
     ``mask_inputs(positions, length)`` and ``packed_mask_inputs(lengths, seq)``.
     The layer graph hooks take ``adapters`` (LoRA site ranks, None: the base graph) and ``lora_placements()``
@@ -357,8 +357,9 @@ class CausalLM(AdapterHost):
         """Final norm and LM head for token ids ``vocab``: ``x`` -> ``logits`` [1, len(vocab), 1, seq]."""
         raise NotImplementedError
 
-    def embed(self, ids: list[int], start: int) -> np.ndarray:
-        """The residual stream entering layer 0 for ``ids`` at positions ``start...``: float32 [n, hidden]."""
+    def embed(self, ids: list[int], positions: Sequence[int]) -> np.ndarray:
+        """The residual stream entering layer 0 for ``ids[i]`` at position ``positions[i]`` (a ``range`` for a prompt's
+        consecutive tokens, a list for a decode step's lanes): float32 [n, hidden]."""
         raise NotImplementedError
 
     def cpu_logits(self, x: np.ndarray) -> np.ndarray:
@@ -677,9 +678,9 @@ class CausalLM(AdapterHost):
         longest = max(positions)
         self._reserve(longest + 1, layers=True)  # the cache grows by buckets (kv_cache)
         x, per_lane = self._layers[0].input("x"), {"x"}
-        embedded = [self.embed([tokens[lane]], pos)[0] for lane, pos in zip(lanes, positions)]
-        for lane, pos, row in zip(lanes, positions, embedded):
-            x[0, :, 0, lane] = row
+        embedded = self.embed([tokens[lane] for lane in lanes], positions)
+        x[0, :, 0, lanes] = embedded  # (the lanes axis comes first in a fancy index split by slices)
+        for lane, pos in zip(lanes, positions):
             extra = self.position_inputs(range(pos, pos + 1)) | self.mask_inputs(range(pos, pos + 1), cache.bucket)
             _write_lanes(self._layers, extra, lane)
             per_lane |= set(extra)
@@ -696,8 +697,7 @@ class CausalLM(AdapterHost):
             # stay). The stages' residual outputs, and the first one's input, take turns in two surfaces, so the
             # step runs again from the embedding, a stage at a time, to name the first layer that overflowed (the
             # cache is as it was: nothing was stored yet).
-            for lane, row in zip(lanes, embedded):
-                x[0, :, 0, lane] = row
+            x[0, :, 0, lanes] = embedded
             for (stage, live), layers in zip(runs, self.decode_plan.layer_ranges):
                 stage.run(live)
                 _check_finite(stage, layers, lanes, "tokens at positions " + ", ".join(map(str, positions)))
@@ -707,8 +707,7 @@ class CausalLM(AdapterHost):
                 caches += [cache.keys[i], cache.values[i]]
                 new += [stage.output(f"k{i}")[0, :, 0], stage.output(f"v{i}")[0, :, 0]]
         kernels.store_columns(caches, new, lanes, positions)
-        for lane, pos in zip(lanes, positions):
-            cache.filled(lane, pos + 1)
+        cache.appended(lanes)
         return self._read_logits(lanes)
 
     def _alone_ready(self, solo: CausalLM, lane: int) -> bool:
@@ -1099,7 +1098,7 @@ class CausalLM(AdapterHost):
         :data:`EMBED_ROWS` tokens at a time (``embed`` is per token: the same values as at once)."""
         for a in range(0, len(ids), EMBED_ROWS):
             piece = ids[a:a + EMBED_ROWS]
-            x[:, a:a + len(piece)] = self.embed(piece, start + a).T
+            x[:, a:a + len(piece)] = self.embed(piece, range(start + a, start + a + len(piece))).T
 
     def _read_packed(self, prompts: Mapping[int, list[int]]) -> dict[int, np.ndarray]:
         """Reads whole prompts (lane -> checked ids, together at most ``options.packed_chunk`` tokens; the hook
@@ -1171,7 +1170,7 @@ class CausalLM(AdapterHost):
         outputs (they have run on it), or by the CPU head."""
         if self.options.lm_head == "cpu":
             return {b: self.cpu_logits(self._layers[-1].output("x")[0, :, 0, b]) for b in lanes}
-        return {b: _float32(np.concatenate([h.output("logits")[0, :, 0, b] for h in self._heads])) for b in lanes}
+        return dict(zip(lanes, kernels.gather_lanes([h.output("logits") for h in self._heads], lanes)))
 
 
 def _float32(logits: np.ndarray) -> np.ndarray:
@@ -1185,8 +1184,8 @@ def _residual_lanes(stage: Stage, lanes: int | list[int]) -> np.ndarray:
     out = stage.output("x")[0, :, 0]
     if isinstance(lanes, int):
         return out[:, :lanes]
-    if len(lanes) == 1:  # a single sequence's step: a view, not a fancy-indexed copy
-        return out[:, lanes[0]:lanes[0] + 1]
+    if lanes[-1] - lanes[0] == len(lanes) - 1:  # consecutive (ascending) lanes: a view, not a fancy-indexed copy
+        return out[:, lanes[0]:lanes[-1] + 1]
     return out[:, lanes]
 
 

@@ -34,6 +34,7 @@ from typing import BinaryIO
 import numpy as np
 
 from orion import origins
+from orion._core import kernels
 from orion.errors import OrionError
 from orion.graph import lineage
 from orion.runtime.pages import map_of, release_pages
@@ -296,21 +297,15 @@ def table_matvec(table: np.ndarray, h: np.ndarray, rows: int = 8192) -> np.ndarr
 
 def _read_rows(f: MappedSafetensors, offset: int, shape: tuple[int, ...], dtype: np.dtype,
                ids: Sequence[int] | range) -> np.ndarray:
-    """Rows ``ids`` of the ``shape`` ``dtype`` table stored at ``offset`` in ``f``'s file, read with ``preadv``."""
+    """Rows ``ids`` of the ``shape`` ``dtype`` table stored at ``offset`` in ``f``'s file, read with ``pread`` holding
+    the GIL (``kernels.read_rows``: os.preadv releases it, and a decode step's reads then waited on the server's event
+    loop)."""
     count, width = shape
-    row_bytes = width * dtype.itemsize
     out = np.empty((len(ids), width), dtype=dtype)
-    buffer = memoryview(out).cast("B")
-    if isinstance(ids, range) and ids.step == 1:  # one read of consecutive rows
-        runs = [(0, ids.start, len(ids))] if len(ids) else []
-    else:
-        runs = [(j, int(i), 1) for j, i in enumerate(ids)]
-    for at, first, n in runs:
-        if first < 0 or first + n > count:
-            raise IndexError(f"row {first if first < 0 else first + n - 1} is outside the table's {count} rows")
-        want = n * row_bytes
-        if os.preadv(f.file.fileno(), [buffer[at * row_bytes: at * row_bytes + want]], offset + first * row_bytes) != want:
-            raise OSError(f"{f.path}: short read of {n} row(s) at row {first} (was the file truncated?)")
+    rows = list(ids)
+    read = kernels.read_rows(f.file.fileno(), offset, width * dtype.itemsize, count, rows, out)
+    if read < len(rows):
+        raise OSError(f"{f.path}: short read of row {rows[read]} (was the file truncated?)")
     return out
 
 

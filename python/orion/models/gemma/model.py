@@ -99,7 +99,7 @@ class Gemma(CausalLM):
     def lm_head_graph(self, vocab: range, seq: int) -> Graph:
         return graphs.lm_head_graph(self.config, self.weights, vocab, seq, head_quant(self.quant), self.residual_scale)
 
-    def embed(self, ids: list[int], start: int) -> np.ndarray:
+    def embed(self, ids: list[int], positions: Sequence[int]) -> np.ndarray:
         """The embedding rows times sqrt(dim) (rounded to float32, as transformers rounds it to the table's dtype),
         divided by the residual scale (a power of two: exact)."""
         rows = table_rows(self.weights.embed, ids, self.weights.source)

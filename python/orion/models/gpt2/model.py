@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -107,9 +107,9 @@ class GPT2(CausalLM):
     def lm_head_graph(self, vocab: range, seq: int) -> Graph:
         return graphs.lm_head_graph(self.config, self.weights, vocab, seq, head_quant(self.quant))
 
-    def embed(self, ids: list[int], start: int) -> np.ndarray:
+    def embed(self, ids: list[int], positions: Sequence[int]) -> np.ndarray:
         w = self.weights  # rows read from the checkpoint file, not through its map (weights_io.table_rows)
-        return table_rows(w.wte, ids, w.source) + table_rows(w.wpe, range(start, start + len(ids)), w.source)
+        return table_rows(w.wte, ids, w.source) + table_rows(w.wpe, positions, w.source)
 
     def cpu_logits(self, x: np.ndarray) -> np.ndarray:
         """Final LayerNorm and tied LM head in numpy float32."""

@@ -116,7 +116,7 @@ class Llama(CausalLM):
     def lm_head_graph(self, vocab: range, seq: int) -> Graph:
         return graphs.lm_head_graph(self.config, self.weights, vocab, seq, head_quant(self.quant))
 
-    def embed(self, ids: list[int], start: int) -> np.ndarray:
+    def embed(self, ids: list[int], positions: Sequence[int]) -> np.ndarray:
         return table_rows(self.weights.embed, ids, self.weights.source)  # from the file, not its map (weights_io)
 
     def position_inputs(self, positions: range) -> dict[str, np.ndarray]:

@@ -573,10 +573,10 @@ def engine_section(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
 
     os.environ["ORION_NUM_THREADS"] = str(args.threads)
     slots = args.slots or max(args.clients)
-    defaults = build_parser().parse_args(["--model", str(model_dir)])  # the server's own (its prefix cache's size)
+    defaults = build_parser().parse_args(["--model", str(model_dir)])  # the server's own (prefix cache, burst wait)
     engine = ModelEngine.from_directory(model_dir, "bench", progress=False, max_sequences=slots,
                                         prefix_cache_bytes=defaults.prefix_cache_mb << 20)
-    scheduler = Scheduler(engine, max_waiting=max(args.clients) * args.requests)
+    scheduler = Scheduler(engine, max_waiting=max(args.clients) * args.requests, burst_wait=defaults.burst_wait_ms / 1000)
     scheduler.start()
     sampling = sampling_of(args)
 

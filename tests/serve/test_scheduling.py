@@ -12,6 +12,8 @@ import openai
 import pytest
 
 from orion.serve.app import _Outbox, create_app
+from orion.serve.engine import SamplingParams
+from orion.serve.scheduler import Finished, Job, Scheduler
 
 from .conftest import LIMITS, serving
 
@@ -175,3 +177,45 @@ def test_the_outbox_wakes_the_event_loop_once_for_the_events_before_it_runs() ->
     assert queues[0].get_nowait() == 30
     loop.close()
     outbox.put(queues[1], 31)  # the loop has closed (the server is stopping): no error for the worker
+
+
+class _OneTokenEngine:
+    """Each generation yields one token; records how many generations were open at each one's first step."""
+
+    max_sequences = 4
+
+    def __init__(self) -> None:
+        self.opened, self.first_steps = 0, []
+
+    def generate(self, prompt_ids, params, cancelled):  # noqa: ANN001, ANN201
+        self.opened += 1
+
+        def tokens():  # noqa: ANN202
+            self.first_steps.append((self.opened, time.monotonic()))
+            yield 1
+
+        return tokens()
+
+    def decode(self, ids) -> str:  # noqa: ANN001
+        return "x"
+
+
+def test_an_idle_worker_starts_a_burst_of_requests_in_one_round() -> None:
+    engine = _OneTokenEngine()
+    scheduler = Scheduler(engine, burst_wait=0.25)
+    scheduler.start()
+    done = threading.Semaphore(0)
+    emit = lambda event: isinstance(event, Finished) and done.release()  # noqa: E731
+    submitted = time.monotonic()
+    for _ in range(3):  # a burst: each request well within burst_wait of the last
+        scheduler.submit(Job([1, 2], SamplingParams(max_tokens=1), [], emit))
+        time.sleep(0.01)
+    assert all(done.acquire(timeout=10) for _ in range(3))
+    assert [opened for opened, _ in engine.first_steps] == [3, 3, 3]  # all admitted before the first step
+    scheduler.submit(Job([1, 2], SamplingParams(max_tokens=1), [], emit))  # alone: starts after one quiet wait
+    lone = time.monotonic()
+    assert done.acquire(timeout=10)
+    assert engine.first_steps[-1][1] - lone >= 0.24 and engine.first_steps[0][1] - submitted >= 0.24
+    scheduler.stop()
+    with pytest.raises(ValueError, match="burst_wait=2: use 0 to 1 seconds"):
+        Scheduler(engine, burst_wait=2)

@@ -65,9 +65,11 @@ class _Outbox:
             queue.put_nowait(event)
 
 
-def create_app(engine: Engine, *, max_waiting: int = 64, retry_after: int = 1, limits: Limits = Limits()) -> Starlette:
-    """The server for ``engine``; its worker thread starts and stops with the application's lifespan."""
-    scheduler = Scheduler(engine, max_waiting=max_waiting, retry_after=retry_after)
+def create_app(engine: Engine, *, max_waiting: int = 64, retry_after: int = 1, limits: Limits = Limits(),
+               burst_wait: float = 0.0) -> Starlette:
+    """The server for ``engine``; its worker thread starts and stops with the application's lifespan (``burst_wait``:
+    the scheduler's)."""
+    scheduler = Scheduler(engine, max_waiting=max_waiting, retry_after=retry_after, burst_wait=burst_wait)
     created = int(time.time())
     model_card = {"id": engine.model_id, "object": "model", "created": created, "owned_by": "orion"}
     outboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Outbox] = weakref.WeakKeyDictionary()

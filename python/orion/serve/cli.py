@@ -17,6 +17,7 @@ try:
     import uvicorn
 
     from orion.serve.app import Limits, create_app
+    from orion.serve.scheduler import BURST_WAIT
 except ImportError as exc:  # the optional 'serve' extra
     raise ImportError(f"python -m orion serve needs the 'serve' extra: pip install 'orion-ane[serve]' ({exc})") from exc
 
@@ -36,6 +37,9 @@ def build_parser(prog: str = "python -m orion serve") -> argparse.ArgumentParser
     p.add_argument("--scheduler", choices=SCHEDULERS, default="batched",
                    help="batched: one decode step advances every sequence (lanes of one program); turns: each "
                         "sequence alone, one step each in turn (the server before batching, a baseline)")
+    p.add_argument("--burst-wait-ms", type=float, default=BURST_WAIT * 1000,
+                   help="batched: an idle server waits this long after a request for the next (and so on, up to "
+                        "--max-sequences) so that a burst of requests reads its prompts in one pass (0: start at once)")
     p.add_argument("--max-body-bytes", type=int, default=Limits.max_body_bytes, help="larger request bodies get 413")
     p.add_argument("--body-timeout", type=float, default=Limits.body_timeout,
                    help="seconds for a request body to arrive, else 408")
@@ -75,6 +79,8 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     for name in ("max_queue", "max_sequences", "max_body_bytes", "retry_after"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: use 1 or more")
+    if not 0 <= args.burst_wait_ms <= 1000:
+        parser.error(f"--burst-wait-ms {args.burst_wait_ms}: use 0 to 1000")
     for name in ("body_timeout", "send_timeout"):
         if not getattr(args, name) > 0:
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: use a positive number of seconds")
@@ -123,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         limits = Limits(max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout,
                         send_timeout=args.send_timeout)
-        app = create_app(engine, max_waiting=args.max_queue, retry_after=args.retry_after, limits=limits)
+        burst_wait = args.burst_wait_ms / 1000 if args.scheduler == "batched" else 0.0  # turns reads prompts apart
+        app = create_app(engine, max_waiting=args.max_queue, retry_after=args.retry_after, limits=limits,
+                         burst_wait=burst_wait)
         host, port = listener.getsockname()[:2]
         host = f"[{host}]" if ":" in host else host
         server = _ReadyServer(uvicorn.Config(app, log_level=args.log_level),

@@ -1,8 +1,9 @@
 """benchmarks/bench_serve.py's summary of the serve section: medians over repeated levels, each count over the
 server's own one-client figure and over llama-server's at as many clients (the figures are given, no server runs);
 a server whose requests fail is reported with its log while the run goes on (a stand-in server); and each level's
-prompts are new; no request is sent on a connection a server may have closed; and the engine section (the same
-workload on the batched scheduler in process) generates every request."""
+prompts are new; no request is sent on a connection a server may have closed; the client reads chunked event
+streams and reports an error status; and the engine section (the same workload on the batched scheduler in process)
+generates every request."""
 
 from __future__ import annotations
 
@@ -127,6 +128,50 @@ def test_each_request_opens_its_own_connection(bench):
     finally:
         server.shutdown()
     assert (level.requests, level.tokens) == (6, 12)
+
+
+class ChunkedStream(http.server.BaseHTTPRequestHandler):
+    """Streams three text chunks and the usage as chunked SSE in 7-byte pieces (lines split across chunks), or
+    answers 404 with a JSON error on /missing/...."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        if self.path.startswith("/missing/"):
+            body = b'{"error": {"message": "no such model"}}'
+            self.send_response(404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        events = [{"choices": [{"text": t}]} for t in "xyz"] + [{"choices": [], "usage": {"completion_tokens": 3}}]
+        data = "".join(f"data: {json.dumps(e)}\r\n\r\n" for e in events).encode() + b"data: [DONE]\r\n\r\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for at in range(0, len(data), 7):
+            piece = data[at:at + 7]
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+        self.wfile.write(b"0\r\n\r\n")
+        self.close_connection = True
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_client_reads_chunked_event_streams_and_reports_an_error_status(bench):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ChunkedStream)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        ttft, gaps, tokens = asyncio.run(bench.one_request(url, [1, 2], 3))
+        with pytest.raises(bench.RequestFailed, match="404.*no such model"):
+            asyncio.run(bench.one_request(url + "/missing", [1, 2], 3))
+    finally:
+        server.shutdown()
+    assert tokens == 3 and len(gaps) == 2 and ttft > 0
 
 
 def test_the_engine_section_runs_the_serve_workload_through_the_batched_scheduler_in_process(bench, tmp_path,

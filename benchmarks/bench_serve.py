@@ -7,9 +7,10 @@ prompt-lookup speculative decoding against plain decoding, shared-prefix reuse, 
    ``--orion-variant NAME=ARGS``) and for ``llama-server`` with the same number of parallel slots
    (``-np``, continuous batching on: llama.cpp's default), on the same GPT-2 weights (random 124M, or
    ``--model DIR``), written as GGUF f16 by ``gguf_export.py``. The servers start once; each level runs
-   on every server in turn (interleaved, so they see the same machine load). Prompts are token ids, the same
-   for every server at a level and new at each level (a repeated one would be a prompt-cache hit where its first
-   run was not), greedy, ``--new-tokens`` each; throughput counts the completion tokens the server reports
+   on every server in turn (interleaved, so they see the same machine load; who goes first rotates from one
+   repeat of a client count to the next). Prompts are token ids, the same for every server at a level and new
+   at each level (a repeated one would be a prompt-cache hit where its first run was not), greedy,
+   ``--new-tokens`` each; throughput counts the completion tokens the server reports
    (``stream_options.include_usage``) over the level's wall time; TTFT is from sending a request to its
    first text chunk; each level also gives the load average after it. A summary gives, from the medians of
    repeated levels (``--clients 1 8 1 8``), each count's tok/s over the same server's at 1 client and each Orion
@@ -400,8 +401,11 @@ def serve_section(args: argparse.Namespace, model: Path, workdir: Path) -> dict[
 
         for name in servers:  # warm-up: compiles, first-touch of the weights
             run(name, 0, 1, 1, 4)
+        repeats: dict[int, int] = {}  # the levels of each client count so far: who goes first rotates with them
         for number, clients in enumerate(args.clients, 1):
-            for name in servers:
+            turn = repeats[clients] = repeats.get(clients, -1) + 1
+            names = list(servers)
+            for name in names[turn % len(names):] + names[:turn % len(names)]:
                 if (level := run(name, number, clients, args.requests, args.new_tokens)) is not None:
                     levels.append(asdict(level))
     finally:

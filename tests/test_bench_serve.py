@@ -1,9 +1,9 @@
 """benchmarks/bench_serve.py's summary of the serve section: medians over repeated levels, each count over the
 server's own one-client figure and over llama-server's at as many clients (the figures are given, no server runs);
-a server whose requests fail is reported with its log while the run goes on (a stand-in server); and each level's
-prompts are new; no request is sent on a connection a server may have closed; the client reads chunked event
-streams and reports an error status; and the engine section (the same workload on the batched scheduler in process)
-generates every request."""
+a server whose requests fail is reported with its log while the run goes on (a stand-in server); each level's
+prompts are new, and who goes first rotates; no request is sent on a connection a server may have closed; the client
+reads chunked event streams and reports an error status; and the engine section (the same workload on the batched
+scheduler in process) generates every request."""
 
 from __future__ import annotations
 
@@ -81,6 +81,38 @@ def test_a_server_whose_requests_fail_is_reported_with_its_log_and_the_run_goes_
     why = report["failed"]["llama-server"]
     assert "1 clients: a request failed" in why and "dropped a request" in why  # the error and its log's end
     assert any(note.startswith("llama-server: failed") for note in report["notes"])
+
+
+def test_who_runs_a_level_first_rotates_over_the_repeats_of_its_client_count(bench, tmp_path, monkeypatch):
+    class Running:
+        returncode = None
+
+        def poll(self):
+            return None
+
+        def terminate(self):
+            pass
+
+        def wait(self, timeout=None):
+            return 0
+
+    order = []
+
+    async def level(server, url, clients, requests, prompts, new_tokens, sampling=None):
+        order.append((server, clients))
+        return bench.Level(server, clients, requests, 10, 1.0, 10.0, 1.0, 1.0, 1.0, 1.0, 0.0)
+
+    monkeypatch.setattr(bench, "start_orion", lambda *args, **kwargs: (Running(), "http://127.0.0.1:1"))
+    monkeypatch.setattr(bench, "run_level", level)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"vocab_size": 100}')
+    args = argparse.Namespace(clients=[1, 8, 1, 8, 1], slots=0, requests=1, prompt_tokens=4, new_tokens=2, threads=1,
+                              temperature=0.0, top_p=None, servers=["orion"], orion_variant=["a=", "b="],
+                              llama_server=None, gguf=None)
+    bench.serve_section(args, model, tmp_path)
+    assert order[2:] == [("a", 1), ("b", 1), ("a", 8), ("b", 8), ("b", 1), ("a", 1), ("b", 8), ("a", 8),
+                         ("a", 1), ("b", 1)]  # after the warm-ups
 
 
 def test_each_level_sends_new_prompts_the_same_for_every_server(bench):

@@ -238,6 +238,9 @@ def seeded(sampling: dict[str, Any] | None, n: int) -> dict[str, Any] | None:
     return None if sampling is None else {**sampling, "seed": n}
 
 
+REQUEST_TIMEOUT = 900  # seconds a streaming request may take in all before it counts as failed
+
+
 class RequestFailed(Exception):
     """A streaming request the server refused, dropped or answered with an error status."""
 
@@ -326,9 +329,10 @@ async def run_level(server: str, url: str, clients: int, requests: int, prompts:
     # here). Every server's requests each open their own connection (on loopback, well under a millisecond).
     async def client(i: int) -> list[tuple[float, list[float], int]]:
         try:
-            return [await one_request(url, prompts[i * requests + r], new_tokens, seeded(sampling, i * requests + r))
+            return [await asyncio.wait_for(one_request(url, prompts[i * requests + r], new_tokens,
+                                                       seeded(sampling, i * requests + r)), REQUEST_TIMEOUT)
                     for r in range(requests)]
-        except (RequestFailed, OSError, asyncio.IncompleteReadError, ValueError) as failed:
+        except (RequestFailed, OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError) as failed:
             raise RuntimeError(f"{server} at {url}, {clients} clients: a request failed: "
                                f"{type(failed).__name__}: {failed}") from failed
 

